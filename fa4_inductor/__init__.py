@@ -1,0 +1,30 @@
+"""fa4_inductor: a torch.compile backend that runs attention on FA4-class kernels.
+
+    import fa4_inductor
+    model = torch.compile(model, backend=fa4_inductor)     # the module itself is the backend
+    model = torch.compile(model, backend="fa4_inductor")   # by name (entry point)
+    fa4_inductor.explain(model, *example_inputs)           # what was rewritten, what was kept and why
+"""
+
+from __future__ import annotations
+
+import sys
+import types
+
+from . import kernels  # noqa: F401  (registers the fa4:: ops)
+from .backend import Backend, backend, fa4_inductor
+from .options import Options
+from .report import Report, explain, graph_summary
+
+__all__ = ["Backend", "Options", "Report", "backend", "explain", "fa4_inductor", "graph_summary"]
+__version__ = "0.1.0"
+
+
+class _BackendModule(types.ModuleType):
+    """Lets `torch.compile(model, backend=fa4_inductor)` take the module itself."""
+
+    def __call__(self, gm, example_inputs, **kwargs):
+        return fa4_inductor(gm, example_inputs, **kwargs)
+
+
+sys.modules[__name__].__class__ = _BackendModule

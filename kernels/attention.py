@@ -1,0 +1,206 @@
+"""`fa4::attention` and `fa4::attention_backward`: attention over SDPA-layout tensors.
+
+    out, lse = torch.ops.fa4.attention(q, k, v, seqused_k=None, *, scale, causal=False,
+                                       window_left=-1, window_right=-1, softcap=0.0)
+
+q [B, Hq, Sq, D], k [B, Hkv, Sk, D], v [B, Hkv, Sk, Dv], any strides (HF hands in transposed views
+of [B, S, H, D]). `Hq % Hkv == 0` is grouped-query attention: query head h reads K/V head
+`h // (Hq // Hkv)`; K/V are never repeated. `scale` multiplies q.k; `softcap > 0` applies
+`softcap * tanh(s / softcap)` to the scaled scores; the masks follow FlashAttention's bottom-right
+alignment (see `reference.py`); `seqused_k` [B] int32 gives per-sequence used key lengths.
+
+Outputs: `out` [B, Hq, Sq, Dv] in q's dtype, stored as [B, Sq, Hq, Dv] (so the usual
+`out.transpose(1, 2).reshape(B, S, -1)` is free), and `lse` [B, Hq, Sq] float32 (float64 for float64 inputs), the natural-log
+log-sum-exp of each row (-inf for a row that sees no key), which the backward consumes.
+
+Kernels: CPU runs the float32/float64 reference. CUDA runs FA4 (`fa4.py`) where it takes the
+call, else the reference on the device; `kernel_for` says which and why.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from . import reference
+
+log = logging.getLogger("fa4_inductor.kernels")
+
+MAX_HEAD_DIM = 256
+HEAD_DIM_MULTIPLE = 8
+CUDA_DTYPES = (torch.float16, torch.bfloat16)
+CPU_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+def unsupported_reason(device_type: str, dtype: torch.dtype, head_dim: int, head_dim_v: int) -> str | None:
+    """Why `fa4::attention` cannot take inputs of this kind on this device, or None if it can.
+
+    Head-dim limits are FA4's (8..256, a multiple of 8) on every device, so that a graph rewritten
+    on the CPU is the graph a GPU would get.
+    """
+    dtypes = CUDA_DTYPES if device_type == "cuda" else CPU_DTYPES
+    if dtype not in dtypes:
+        names = ", ".join(str(d).removeprefix("torch.") for d in dtypes)
+        return f"dtype {str(dtype).removeprefix('torch.')} is not supported on {device_type} (takes {names})"
+    for name, d in (("head_dim", head_dim), ("head_dim_v", head_dim_v)):
+        if isinstance(d, int) and (d % HEAD_DIM_MULTIPLE or not 0 < d <= MAX_HEAD_DIM):
+            return f"{name} {d} is not a multiple of {HEAD_DIM_MULTIPLE} in 8..{MAX_HEAD_DIM}"
+        if not isinstance(d, int):
+            return f"{name} is symbolic ({d}); kernels are compiled per head dim"
+    if device_type not in ("cpu", "cuda"):
+        return f"device {device_type} has no fa4 kernel"
+    return None
+
+
+def kernel_for(q: Tensor, k: Tensor, v: Tensor, **flags) -> tuple[str, str]:
+    """(kernel name, why) for a call with these inputs."""
+    if q.device.type != "cuda":
+        return "reference", f"{q.device.type} runs the reference"
+    from . import fa4
+
+    reason = fa4.unsupported_reason(q, k, v, **flags)
+    if reason is None:
+        return "fa4", "FA4 takes this call"
+    return "reference", reason
+
+
+def _check_inputs(q: Tensor, k: Tensor, v: Tensor, seqused_k: Optional[Tensor]) -> None:
+    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
+        raise ValueError(f"fa4::attention wants 4-D q, k, v; got {q.dim()}, {k.dim()}, {v.dim()} dims")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise ValueError(f"fa4::attention wants one dtype for q, k, v; got {q.dtype}, {k.dtype}, {v.dtype}")
+    torch._check(q.shape[0] == k.shape[0] == v.shape[0], lambda: "q, k, v batch sizes differ")
+    torch._check(k.shape[1] == v.shape[1], lambda: "k and v head counts differ")
+    torch._check(q.shape[1] % k.shape[1] == 0, lambda: f"{q.shape[1]} query heads is not a multiple of {k.shape[1]} kv heads")
+    torch._check(k.shape[2] == v.shape[2], lambda: "k and v sequence lengths differ")
+    torch._check(q.shape[3] == k.shape[3], lambda: "q and k head dims differ")
+    if seqused_k is not None:
+        torch._check(seqused_k.shape == (q.shape[0],), lambda: "seqused_k must have shape [B]")
+
+
+def _empty_bshd(b, h, s, d, like: Tensor) -> Tensor:
+    """[b, h, s, d] tensor stored as [b, s, h, d]: the layout every fa4 attention output has."""
+    return like.new_empty((b, s, h, d)).transpose(1, 2)
+
+
+def _forward_outputs(q: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+    b, hq, sq, _ = q.shape
+    return _empty_bshd(b, hq, sq, v.shape[-1], q), q.new_empty((b, hq, sq), dtype=reference.compute_dtype(q.dtype))
+
+
+def _reference_forward(q, k, v, seqused_k, **flags) -> tuple[Tensor, Tensor]:
+    out, lse = _forward_outputs(q, v)
+    ref_out, ref_lse = reference.attention_forward(q, k, v, seqused_k=seqused_k, **flags)
+    out.copy_(ref_out)
+    lse.copy_(ref_lse)
+    return out, lse
+
+
+def _reference_backward(grad_out, q, k, v, out, lse, grad_lse, seqused_k, **flags) -> tuple[Tensor, Tensor, Tensor]:
+    grads = _backward_outputs(q, k, v)
+    ref = reference.attention_backward(grad_out, q, k, v, out, lse, grad_lse, seqused_k=seqused_k, **flags)
+    for g, r in zip(grads, ref):
+        g.copy_(r)
+    return grads
+
+
+@torch.library.custom_op("fa4::attention", mutates_args=())
+def attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    seqused_k: Optional[Tensor] = None,
+    *,
+    scale: float,
+    causal: bool = False,
+    window_left: int = -1,
+    window_right: int = -1,
+    softcap: float = 0.0,
+) -> tuple[Tensor, Tensor]:
+    _check_inputs(q, k, v, seqused_k)
+    return _reference_forward(q, k, v, seqused_k, scale=scale, causal=causal, window_left=window_left,
+                              window_right=window_right, softcap=softcap)
+
+
+@attention.register_kernel("cuda")
+def _attention_cuda(q, k, v, seqused_k=None, **flags):
+    _check_inputs(q, k, v, seqused_k)
+    name, why = kernel_for(q, k, v, seqused_k=seqused_k, **flags)
+    log.debug("fa4::attention q%s k%s %s: kernel %s (%s)", tuple(q.shape), tuple(k.shape), q.dtype, name, why)
+    if name == "fa4":
+        from . import fa4
+
+        return fa4.forward(q, k, v, seqused_k, **flags)
+    return _reference_forward(q, k, v, seqused_k, **flags)
+
+
+@attention.register_fake
+def _attention_fake(q, k, v, seqused_k=None, **flags):
+    _check_inputs(q, k, v, seqused_k)
+    return _forward_outputs(q, v)
+
+
+def _backward_outputs(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    return tuple(_empty_bshd(*t.shape[:2], t.shape[2], t.shape[3], t) for t in (q, k, v))
+
+
+@torch.library.custom_op("fa4::attention_backward", mutates_args=())
+def attention_backward(
+    grad_out: Tensor,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    out: Tensor,
+    lse: Tensor,
+    grad_lse: Optional[Tensor] = None,
+    seqused_k: Optional[Tensor] = None,
+    *,
+    scale: float,
+    causal: bool = False,
+    window_left: int = -1,
+    window_right: int = -1,
+    softcap: float = 0.0,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Gradients of `fa4::attention` with respect to q, k, v (same shapes, [B, S, H, D] storage).
+
+    `grad_lse` is the gradient flowing into the forward's lse output (None when lse is unused)."""
+    _check_inputs(q, k, v, seqused_k)
+    return _reference_backward(grad_out, q, k, v, out, lse, grad_lse, seqused_k, scale=scale, causal=causal,
+                               window_left=window_left, window_right=window_right, softcap=softcap)
+
+
+@attention_backward.register_kernel("cuda")
+def _attention_backward_cuda(grad_out, q, k, v, out, lse, grad_lse=None, seqused_k=None, **flags):
+    _check_inputs(q, k, v, seqused_k)
+    name, _ = kernel_for(q, k, v, seqused_k=seqused_k, **flags)
+    if name == "fa4":
+        from . import fa4
+
+        return fa4.backward(grad_out, q, k, v, out, lse, grad_lse, seqused_k, **flags)
+    return _reference_backward(grad_out, q, k, v, out, lse, grad_lse, seqused_k, **flags)
+
+
+@attention_backward.register_fake
+def _attention_backward_fake(grad_out, q, k, v, out, lse, grad_lse=None, seqused_k=None, **flags):
+    _check_inputs(q, k, v, seqused_k)
+    return _backward_outputs(q, k, v)
+
+
+def _setup_context(ctx, inputs, keyword_only_inputs, output):
+    q, k, v, seqused_k = inputs
+    out, lse = output
+    ctx.flags = dict(keyword_only_inputs)
+    ctx.save_for_backward(q, k, v, out, lse, seqused_k)
+
+
+def _backward(ctx, grad_out, grad_lse):
+    q, k, v, out, lse, seqused_k = ctx.saved_tensors
+    dq, dk, dv = torch.ops.fa4.attention_backward(
+        grad_out, q, k, v, out, lse, grad_lse, seqused_k, **ctx.flags)
+    return dq, dk, dv, None
+
+
+attention.register_autograd(_backward, setup_context=_setup_context)

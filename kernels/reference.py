@@ -1,0 +1,112 @@
+"""Reference attention (forward and backward) in float32, or float64 for float64 inputs.
+
+These are the CPU bodies of the `fa4::` attention ops and the oracle the tests compare against.
+GQA is computed by grouping query heads (`h // group` uses K/V head `h`), never by repeating K/V.
+
+Masking convention (FlashAttention's): with `offset = seqlen_k - seqlen_q` (per batch when
+`seqused_k` gives the used cache lengths), query row i may see key j when
+    j < seqlen_k,
+    j <= i + offset                      if causal,
+    j >= i + offset - window_left        if window_left >= 0,
+    j <= i + offset + window_right       if window_right >= 0.
+A row that sees no key returns zeros and a log-sum-exp of -inf.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def allowed_keys(
+    seqlen_q: int,
+    seqlen_k: int,
+    *,
+    causal: bool,
+    window_left: int,
+    window_right: int,
+    seqused_k: torch.Tensor | None,
+    device: torch.device,
+) -> torch.Tensor | None:
+    """Boolean [B or 1, 1, 1, Sq, Sk] mask of visible keys, or None when every key is visible."""
+    if not causal and window_left < 0 and window_right < 0 and seqused_k is None:
+        return None
+    i = torch.arange(seqlen_q, device=device).view(1, 1, 1, -1, 1)
+    j = torch.arange(seqlen_k, device=device).view(1, 1, 1, 1, -1)
+    if seqused_k is None:
+        used = torch.full((1, 1, 1, 1, 1), seqlen_k, device=device, dtype=torch.long)
+    else:
+        used = seqused_k.to(device=device, dtype=torch.long).view(-1, 1, 1, 1, 1)
+    diagonal = i + used - seqlen_q
+    keep = j < used
+    if causal:
+        keep = keep & (j <= diagonal)
+    if window_left >= 0:
+        keep = keep & (j >= diagonal - window_left)
+    if window_right >= 0:
+        keep = keep & (j <= diagonal + window_right)
+    return keep
+
+
+def _grouped(q: torch.Tensor, num_kv_heads: int) -> torch.Tensor:
+    """[B, Hq, S, D] -> [B, Hkv, G, S, D], query heads of one K/V head side by side."""
+    return q.unflatten(1, (num_kv_heads, q.shape[1] // num_kv_heads))
+
+
+def _scores(q, k, scale, softcap, keep):
+    """Scaled, soft-capped and masked scores [B, Hkv, G, Sq, Sk] in the compute dtype."""
+    acc = compute_dtype(q.dtype)
+    s = _grouped(q.to(acc), k.shape[1]) @ k.to(acc).unsqueeze(2).transpose(-1, -2) * scale
+    if softcap > 0:
+        s = softcap * torch.tanh(s / softcap)
+    if keep is not None:
+        s = s.masked_fill(~keep, float("-inf"))
+    return s
+
+
+def attention_forward(
+    q, k, v, *, scale, causal, window_left, window_right, softcap, seqused_k
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Returns (out [B, Hq, Sq, Dv], lse [B, Hq, Sq]), both in the compute dtype."""
+    keep = allowed_keys(q.shape[2], k.shape[2], causal=causal, window_left=window_left,
+                        window_right=window_right, seqused_k=seqused_k, device=q.device)
+    s = _scores(q, k, scale, softcap, keep)
+    lse = torch.logsumexp(s, dim=-1, keepdim=True)
+    p = torch.exp(s - lse.masked_fill(lse == float("-inf"), 0.0))
+    out = p @ v.to(s.dtype).unsqueeze(2)
+    return out.flatten(1, 2), lse.squeeze(-1).flatten(1, 2)
+
+
+def attention_backward(
+    grad_out, q, k, v, out, lse, grad_lse=None, *, scale, causal, window_left, window_right, softcap, seqused_k
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Gradients (dq, dk, dv) in the compute dtype, from the forward's out and lse.
+
+    d lse / d s = p, so a gradient on lse adds `p * grad_lse` to the score gradient."""
+    keep = allowed_keys(q.shape[2], k.shape[2], causal=causal, window_left=window_left,
+                        window_right=window_right, seqused_k=seqused_k, device=q.device)
+    num_kv_heads = k.shape[1]
+    s = _scores(q, k, scale, softcap, keep)
+    acc = s.dtype
+    lse5 = _grouped(lse.to(acc), num_kv_heads).unsqueeze(-1)
+    p = torch.exp(s - lse5.masked_fill(lse5 == float("-inf"), 0.0))
+    if keep is not None:
+        p = p.masked_fill(~keep, 0.0)
+    do = _grouped(grad_out.to(acc), num_kv_heads)
+    o = _grouped(out.to(acc), num_kv_heads)
+    v5 = v.to(acc).unsqueeze(2)
+    k5 = k.to(acc).unsqueeze(2)
+    dv = (p.transpose(-1, -2) @ do).sum(2)
+    dp = do @ v5.transpose(-1, -2)
+    row_term = (do * o).sum(-1, keepdim=True)
+    if grad_lse is not None:
+        row_term = row_term - _grouped(grad_lse.to(acc), num_kv_heads).unsqueeze(-1)
+    ds = p * (dp - row_term)
+    if softcap > 0:
+        ds = ds * (1 - (s.masked_fill(torch.isinf(s), 0.0) / softcap) ** 2)
+    dq = (ds @ k5).flatten(1, 2) * scale
+    dk = (ds.transpose(-1, -2) @ _grouped(q.to(acc), num_kv_heads)).sum(2) * scale
+    return dq, dk, dv

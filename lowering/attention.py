@@ -1,0 +1,371 @@
+"""Attention subgraphs -> `fa4::attention`, on the Dynamo (torch-IR) graph.
+
+Rewriting before AOTAutograd keeps training correct: the op's registered autograd puts
+`fa4::attention_backward` into the backward graph. Two families:
+
+sdpa: `F.scaled_dot_product_attention(q, k, v, attn_mask=None|band, dropout_p=0.0, is_causal=?,
+    scale=?, enable_gqa=?)`
+
+handwritten (every spelling of each step is accepted, see `spellings.py`):
+
+    s = q @ k^T                    matmul / @ / bmm; k^T by .transpose(-2, -1), .mT or permute
+    s = s * c   or   s / c         on the scores, on q, or on k (any number of constant factors)
+    s = c * tanh(s / c)            softcap (Gemma-2), after the scale
+    s = mask(s)                    masked_fill / torch.where / + additive band (masks.py)
+    p = softmax(s, dim=-1)         F / torch / Tensor softmax, optionally float32 and cast back
+    p = dropout(p)                 p == 0 or not training
+    out = p @ v
+
+K/V feeding either family may be repeated for GQA (`gqa.py`); the repetition is folded.
+
+A candidate is kept as written, with the reason recorded, when: dropout is active, a mask is not a
+provable band (masks.py), the scores or weights are used elsewhere (e.g. `output_attentions`), a
+scale is not a constant, dtypes differ, or the device's kernel cannot take the dtype or head dim
+(`kernels.attention.unsupported_reason`).
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+from dataclasses import dataclass, field
+
+import torch
+from torch.fx import GraphModule, Node
+
+from ..kernels import attention as attention_op
+from . import gqa
+from .masks import MaskNotUnderstood, band_args, keep_band, Band
+from .records import Decline, Record
+from .spellings import (ADD, CAST, DIV, DROPOUT, MASKED_FILL, MATMUL, MUL, SDPA, SOFTMAX, TANH, WHERE, arg,
+                        location, normalize_dim, same_size, scalar, shape, single_user, transposed_last_two, value)
+
+ATTENTION = torch.ops.fa4.attention.default
+
+
+@dataclass
+class AttentionCall:
+    """A matched attention: the op's inputs and flags, the node it replaces and the nodes it makes dead."""
+
+    q: Node
+    k: Node
+    v: Node
+    output: Node
+    scale: float
+    flags: dict = field(default_factory=dict)
+    matched: list = field(default_factory=list)
+    gqa: str = ""
+
+
+def _check_kernel_support(q: Node, k: Node, v: Node) -> None:
+    qv, kv, vv = value(q), value(k), value(v)
+    if not (qv.dtype == kv.dtype == vv.dtype):
+        raise Decline(f"q, k, v dtypes differ ({qv.dtype}, {kv.dtype}, {vv.dtype})")
+    if qv.device != kv.device or qv.device != vv.device:
+        raise Decline("q, k, v are on different devices")
+    if qv.dim() not in (3, 4) or kv.dim() != qv.dim() or vv.dim() != qv.dim():
+        raise Decline(f"q, k, v have {qv.dim()}, {kv.dim()}, {vv.dim()} dims (want 4, or 3 for bmm)")
+    reason = attention_op.unsupported_reason(qv.device.type, qv.dtype, qv.shape[-1], vv.shape[-1])
+    if reason:
+        raise Decline(reason)
+
+
+def _fold_gqa(call: AttentionCall, enabled: bool) -> None:
+    """Let attention read K/V un-repeated when both are repeated the same way."""
+    if not enabled:
+        return
+    uk, uv = gqa.unrepeat(call.k), gqa.unrepeat(call.v)
+    if uk.spelling and uv.spelling and same_size(shape(uk.source)[1], shape(uv.source)[1]):
+        call.matched += [call.k, call.v]
+        call.k, call.v = uk.source, uv.source
+        spelling = uk.spelling if uk.spelling == uv.spelling else f"{uk.spelling}/{uv.spelling}"
+        call.gqa = f"{spelling} folded, group {uk.group}"
+
+
+def _require_square(scores_shape, what: str) -> None:
+    if not same_size(scores_shape[-2], scores_shape[-1]):
+        raise Decline(f"{what} needs seqlen_q == seqlen_k ({scores_shape[-2]} vs {scores_shape[-1]}): SDPA and "
+                      "hand-written masks align top-left, FA4 bottom-right")
+
+
+def _mask_flags(kind: str, mask, constants, scores_shape, fill=None) -> Band:
+    try:
+        band = keep_band(kind, mask, constants, fill)
+    except MaskNotUnderstood as e:
+        raise Decline(f"mask not recognized: {e}") from None
+    if isinstance(mask, Node) and band != Band():
+        mshape = shape(mask)
+        if len(mshape) < 2 or not all(same_size(a, b) for a, b in zip(mshape[-2:], scores_shape[-2:])):
+            raise Decline(f"mask not recognized: its last dims {mshape[-2:]} are not the scores' {scores_shape[-2:]}")
+    return band
+
+
+def _flags_for(band: Band, scores_shape) -> dict:
+    if band == Band():
+        return {}
+    _require_square(scores_shape, "a mask")
+    try:
+        return band_args(band)
+    except MaskNotUnderstood as e:
+        raise Decline(f"mask not recognized: {e}") from None
+
+
+def match_sdpa(node: Node, constants: dict) -> AttentionCall:
+    q, k, v = arg(node, 0, "query"), arg(node, 1, "key"), arg(node, 2, "value")
+    attn_mask = arg(node, 3, "attn_mask", None)
+    dropout_p = arg(node, 4, "dropout_p", 0.0)
+    is_causal = arg(node, 5, "is_causal", False)
+    scale = arg(node, 6, "scale", None)
+    if scalar(dropout_p) != 0.0:
+        raise Decline(f"dropout_p={dropout_p} (dropout is not supported)")
+    if not isinstance(is_causal, bool):
+        raise Decline(f"is_causal is not a constant ({is_causal})")
+    _check_kernel_support(q, k, v)
+    scores_shape = shape(q)[:-1] + (shape(k)[-2],)
+    flags = {}
+    if attn_mask is not None:
+        kind = "bool" if value(attn_mask).dtype == torch.bool else "additive"
+        flags = _flags_for(_mask_flags(kind, attn_mask, constants, scores_shape), scores_shape)
+    if is_causal:
+        _require_square(scores_shape, "is_causal")
+        flags["causal"] = True
+    if scale is None:
+        scale = 1.0 / math.sqrt(shape(q)[-1])
+    elif scalar(scale) is None:
+        raise Decline(f"scale is not a constant ({scale})")
+    return AttentionCall(q, k, v, output=node, scale=float(scale), flags=flags, matched=[node])
+
+
+def _constant_factor(node: Node) -> tuple[Node, float] | None:
+    """(x, c) when node is x * c or x / c (c = 1/divisor) for a constant c; None otherwise."""
+    if MUL(node):
+        a, b = node.args[0], node.args[1]
+        if isinstance(a, Node) and scalar(b) is not None:
+            return a, scalar(b)
+        if isinstance(b, Node) and scalar(a) is not None:
+            return b, scalar(a)
+    if DIV(node) and isinstance(node.args[0], Node) and scalar(node.args[1]):
+        return node.args[0], 1.0 / scalar(node.args[1])
+    return None
+
+
+def _softcap(node: Node) -> tuple[Node, float, list] | None:
+    """(x, c, inner nodes) when node is `tanh(x / c) * c`."""
+    outer = _constant_factor(node)
+    if outer is None or not TANH(outer[0]):
+        return None
+    tanh = outer[0]
+    inner = _constant_factor(tanh.args[0])
+    if inner is None or not math.isclose(inner[1] * outer[1], 1.0, rel_tol=1e-12):
+        return None
+    _only_feeds(tanh, node)
+    _only_feeds(tanh.args[0], tanh)
+    return inner[0], outer[1], [tanh, tanh.args[0]]
+
+
+def _only_feeds(node, consumer: Node) -> None:
+    if isinstance(node, Node) and set(node.users) != {consumer}:
+        raise Decline(f"an intermediate ({node.name}) is also used outside the attention")
+
+
+def _peel_scales(node: Node, matched: list) -> tuple[Node, float]:
+    factor = 1.0
+    while (found := _constant_factor(node)) is not None:
+        _only_feeds(found[0], node)
+        matched.append(node)
+        node, c = found
+        factor *= c
+    return node, factor
+
+
+def _dropout_is_noop(node: Node) -> bool:
+    p = arg(node, 1, "p", 0.5)
+    training = arg(node, 2, "training", True)
+    return scalar(p) == 0.0 or training is False
+
+
+def match_handwritten(softmax: Node, constants: dict) -> AttentionCall | None:
+    """The attention around a softmax node, None if the softmax is not attention at all."""
+    matched = [softmax]
+    probs = softmax
+    while True:
+        users = list(probs.users)
+        pv = [u for u in users if MATMUL(u) and u.args[0] is probs]
+        if pv:
+            if len(users) != 1:
+                raise Decline("the attention weights are also used outside the attention (output_attentions?)")
+            break
+        nxt = single_user(probs)
+        if nxt is None or not (CAST(nxt) or DROPOUT(nxt)):
+            return None
+        if DROPOUT(nxt) and not _dropout_is_noop(nxt):
+            raise Decline(f"dropout p={arg(nxt, 1, 'p', 0.5)} in training")
+        matched.append(nxt)
+        probs = nxt
+    output = pv[0]
+    v = output.args[1]
+
+    dim = arg(softmax, 1, "dim", None)
+    ndim = len(shape(softmax))
+    if not isinstance(dim, int) or normalize_dim(dim, ndim) != ndim - 1:
+        raise Decline(f"softmax over dim {dim}, not the key dim")
+
+    # Walking up from the softmax meets the steps in reverse: masks, then the softcap, then scales.
+    scale, softcap, band = 1.0, 0.0, Band()
+    scores_shape = shape(softmax)
+    node = softmax.args[0]
+    consumer = softmax
+    while not MATMUL(node):
+        _only_feeds(node, consumer)
+        matched.append(node)
+        consumer = node
+        if CAST(node):
+            node = node.args[0]
+        elif (capped := _softcap(node)) is not None:
+            if softcap or scale != 1.0:
+                raise Decline("a softcap applied twice or before a scale")
+            node, softcap, inner = capped
+            matched += inner
+        elif (found := _constant_factor(node)) is not None:
+            node, c = found
+            if c <= 0:
+                raise Decline(f"a non-positive scale factor {c}")
+            scale *= c
+        elif MASKED_FILL(node) or WHERE(node) or ADD(node):
+            if softcap:
+                raise Decline("a mask applied before the softcap")
+            node, visible = _strip_mask(node, constants, scores_shape)
+            band &= visible
+        else:
+            raise Decline(f"{node.format_node()} between q @ k^T and softmax is not understood")
+    qk = node
+    _only_feeds(qk, consumer)
+    matched.append(qk)
+    q, q_scale = _peel_scales(qk.args[0], matched)
+    kt, k_scale = _peel_scales(qk.args[1], matched)
+    k = transposed_last_two(kt)
+    if k is None:
+        raise Decline("the second operand of q @ k^T is not a transposed k")
+    _only_feeds(kt, qk)
+    matched.append(kt)
+    k, k_scale2 = _peel_scales(k, matched)
+    scale *= q_scale * k_scale * k_scale2
+    _check_kernel_support(q, k, v)
+    if value(output).dtype != value(q).dtype:
+        raise Decline(f"the output dtype {value(output).dtype} is not q's {value(q).dtype}")
+    flags = _flags_for(band, scores_shape)
+    if softcap:
+        flags["softcap"] = softcap
+    return AttentionCall(q, k, v, output=output, scale=scale, flags=flags, matched=matched + [output])
+
+
+def _strip_mask(node: Node, constants, scores_shape) -> tuple[Node, Band]:
+    """(scores, visible band) for a masking step: masked_fill, where(cond, scores, fill) or scores + mask."""
+    if MASKED_FILL(node):
+        return node.args[0], _mask_flags("masked_fill", node.args[1], constants, scores_shape, arg(node, 2, "value"))
+    if WHERE(node):
+        if len(node.args) != 3 or not isinstance(node.args[1], Node):
+            raise Decline(f"{node.format_node()} is not where(mask, scores, fill)")
+        return node.args[1], _mask_flags("where", node.args[0], constants, scores_shape, node.args[2])
+    errors = []
+    for scores, mask in ((node.args[0], node.args[1]), (node.args[1], node.args[0])):
+        if not isinstance(scores, Node):
+            continue
+        try:
+            return scores, _mask_flags("additive", mask, constants, scores_shape)
+        except Decline as e:
+            errors.append(str(e))
+    raise Decline(errors[0] if errors else f"{node.format_node()} adds no tensor")
+
+
+def _removable(node: Node) -> bool:
+    if node.op == "call_method":
+        return not node.target.endswith("_")
+    return node.op == "call_function" and not node.is_impure() and node.target is not operator.setitem
+
+
+def _erased(node: Node) -> bool:
+    return getattr(node, "_erased", False)
+
+
+def _erase_dead(graph, nodes) -> None:
+    work = list(nodes)
+    while work:
+        node = work.pop()
+        if _erased(node) or node.users or not _removable(node):
+            continue
+        inputs = [n for n in node.all_input_nodes]
+        graph.erase_node(node)
+        work.extend(inputs)
+
+
+def emit(gm: GraphModule, call: AttentionCall, fake_mode) -> str:
+    """Insert `fa4::attention` for `call`, reroute the output's users, drop what became dead; returns the call text."""
+    graph = gm.graph
+    three_d = len(shape(call.q)) == 3
+    kwargs = {"scale": call.scale, **call.flags}
+    with graph.inserting_before(call.output):
+        q, k, v = call.q, call.k, call.v
+        if three_d:
+            q, k, v = (graph.call_method("unsqueeze", (t, 0)) for t in (q, k, v))
+        op = graph.call_function(ATTENTION, (q, k, v), kwargs)
+        out = graph.call_function(operator.getitem, (op, 0))
+        new_nodes = [op, out]
+        if three_d:
+            out = graph.call_method("squeeze", (out, 0))
+            new_nodes.append(out)
+    _propagate_meta(new_nodes, call.output, fake_mode)
+    call.output.replace_all_uses_with(out)
+    for user in list(out.users):
+        if user.op == "call_method" and user.target == "view":
+            user.target = "reshape"  # our output is stored [B, S, H, D]; view may not apply
+    _erase_dead(graph, [call.output] + call.matched)
+    return _describe_call(call, kwargs)
+
+
+def _propagate_meta(new_nodes, original: Node, fake_mode) -> None:
+    for node in new_nodes:
+        node.meta["stack_trace"] = original.meta.get("stack_trace")
+        if fake_mode is None:
+            continue
+        args = torch.fx.node.map_arg(node.args, value)
+        kwargs = torch.fx.node.map_arg(node.kwargs, value)
+        with fake_mode:
+            if node.op == "call_method":
+                result = getattr(args[0], node.target)(*args[1:], **kwargs)
+            else:
+                result = node.target(*args, **kwargs)
+        node.meta["example_value"] = result
+
+
+def _describe_call(call: AttentionCall, kwargs: dict) -> str:
+    def fmt(n):
+        return "x".join(str(s) for s in shape(n))
+
+    flags = ", ".join(f"{k}={round(v, 6) if isinstance(v, float) else v}" for k, v in kwargs.items())
+    text = f"fa4.attention(q[{fmt(call.q)}], k[{fmt(call.k)}], v[{fmt(call.v)}], {flags})"
+    return text + (f"; {call.gqa}" if call.gqa else "")
+
+
+def rewrite_attention(gm: GraphModule, constants: dict, options, fake_mode) -> list[Record]:
+    """Rewrite every attention in gm that fa4::attention can take; one record per candidate."""
+    records = []
+    for node in list(gm.graph.nodes):
+        if _erased(node):
+            continue  # removed by an earlier rewrite
+        if SDPA(node) and options.sdpa:
+            family, matcher = "sdpa", match_sdpa
+        elif SOFTMAX(node) and options.handwritten:
+            family, matcher = "handwritten", match_handwritten
+        else:
+            continue
+        where = location(node)
+        try:
+            call = matcher(node, constants)
+            if call is None:
+                continue
+            _fold_gqa(call, options.gqa)
+            records.append(Record(family, where, True, emit(gm, call, fake_mode)))
+        except Decline as e:
+            records.append(Record(family, where, False, str(e)))
+    return records

@@ -1,0 +1,156 @@
+"""Torch-IR spellings: one predicate per operation, whichever way the model code wrote it.
+
+Dynamo graphs are not normalized: `q @ k.mT`, `torch.matmul(q, k.transpose(-2, -1))` and
+`q.matmul(k.transpose(2, 3))` are different nodes. The matchers in this package ask these
+predicates instead of comparing targets, so each pattern is written once.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch.fx import Node
+from torch.fx.experimental.symbolic_shapes import statically_known_true
+
+_MISSING = object()
+
+
+@dataclass(frozen=True)
+class Spelling:
+    """An operation: the torch functions (call_function) and Tensor methods (call_method) that spell it."""
+
+    functions: tuple = ()
+    methods: tuple = ()
+
+    def __call__(self, node) -> bool:
+        if not isinstance(node, Node):
+            return False
+        if node.op == "call_function":
+            return node.target in self.functions
+        if node.op == "call_method":
+            return node.target in self.methods
+        return False
+
+
+SDPA = Spelling((F.scaled_dot_product_attention,))
+MATMUL = Spelling((torch.matmul, operator.matmul, torch.bmm), ("matmul", "bmm", "__matmul__"))
+SOFTMAX = Spelling((F.softmax, torch.softmax, torch.Tensor.softmax), ("softmax",))
+DROPOUT = Spelling((F.dropout, torch.dropout), ("dropout",))
+MUL = Spelling((operator.mul, torch.mul), ("mul", "__mul__", "__rmul__"))
+DIV = Spelling((operator.truediv, torch.div, torch.true_divide), ("div", "true_divide", "__truediv__"))
+ADD = Spelling((operator.add, torch.add), ("add", "__add__", "__radd__"))
+TANH = Spelling((torch.tanh,), ("tanh",))
+MASKED_FILL = Spelling((torch.masked_fill,), ("masked_fill",))
+WHERE = Spelling((torch.where,))
+TRANSPOSE = Spelling((torch.transpose, torch.swapaxes, torch.swapdims), ("transpose", "swapaxes", "swapdims"))
+PERMUTE = Spelling((torch.permute,), ("permute",))
+RESHAPE = Spelling((torch.reshape,), ("reshape", "view"))
+FLATTEN = Spelling((torch.flatten,), ("flatten",))
+EXPAND = Spelling((), ("expand",))
+UNSQUEEZE = Spelling((torch.unsqueeze,), ("unsqueeze",))
+REPEAT_INTERLEAVE = Spelling((torch.repeat_interleave,), ("repeat_interleave",))
+GETITEM = Spelling((operator.getitem,))
+CAST = Spelling((), ("to", "type_as", "type", "float", "half", "bfloat16", "double", "bool"))
+ONES = Spelling((torch.ones,))
+ZEROS = Spelling((torch.zeros,))
+FULL = Spelling((torch.full,))
+TRIL = Spelling((torch.tril,), ("tril",))
+TRIU = Spelling((torch.triu,), ("triu",))
+EQ = Spelling((operator.eq, torch.eq), ("eq", "__eq__"))
+NE = Spelling((operator.ne, torch.ne), ("ne", "__ne__"))
+LOGICAL_NOT = Spelling((torch.logical_not, operator.invert, torch.bitwise_not), ("logical_not", "bitwise_not", "__invert__"))
+CONTIGUOUS = Spelling((), ("contiguous",))
+
+
+def arg(node: Node, index: int, name: str, default=_MISSING):
+    """Argument `name` of a call, given positionally at `index` (the tensor itself is index 0) or by keyword."""
+    if len(node.args) > index:
+        return node.args[index]
+    if name in node.kwargs:
+        return node.kwargs[name]
+    if default is _MISSING:
+        raise KeyError(f"{node.format_node()} has no argument {name}")
+    return default
+
+
+def value(node):
+    """The example value (FakeTensor, SymInt, ...) Dynamo recorded for a node, or the constant itself."""
+    if isinstance(node, Node):
+        return node.meta.get("example_value", node.meta.get("val"))
+    return node
+
+
+def shape(node) -> tuple:
+    return tuple(value(node).shape)
+
+
+def same_size(a, b) -> bool:
+    """True when two sizes (ints or SymInts) are provably equal, without adding guards."""
+    return statically_known_true(a == b)
+
+
+def is_getattr(node, attribute: str) -> bool:
+    return isinstance(node, Node) and node.op == "call_function" and node.target is getattr and node.args[1] == attribute
+
+
+def normalize_dim(dim: int, ndim: int) -> int:
+    return dim + ndim if dim < 0 else dim
+
+
+def transposed_last_two(node) -> Node | None:
+    """The tensor x when node is x with its last two dims swapped (`x.mT`, `x.transpose(-2, -1)`, a permute)."""
+    if is_getattr(node, "mT"):
+        return node.args[0]
+    if TRANSPOSE(node):
+        ndim = len(shape(node))
+        dims = {normalize_dim(arg(node, 1, "dim0"), ndim), normalize_dim(arg(node, 2, "dim1"), ndim)}
+        if dims == {ndim - 2, ndim - 1}:
+            return node.args[0]
+    if PERMUTE(node):
+        dims = node.args[1] if isinstance(node.args[1], (tuple, list)) else node.args[1:]
+        ndim = len(dims)
+        swapped = list(range(ndim - 2)) + [ndim - 1, ndim - 2]
+        if [normalize_dim(d, ndim) for d in dims] == swapped:
+            return node.args[0]
+    return None
+
+
+def scalar(x) -> float | None:
+    """A Python number argument as a float, None for tensors, nodes and symbolic values."""
+    if isinstance(x, bool) or not isinstance(x, (int, float)):
+        return None
+    return float(x)
+
+
+def is_large_negative(fill) -> bool:
+    """-inf, or the most negative finite value of a floating dtype (`torch.finfo(dtype).min`)."""
+    f = scalar(fill)
+    if f is None:
+        return False
+    return f == -math.inf or f in {torch.finfo(d).min for d in (torch.float16, torch.bfloat16, torch.float32, torch.float64)}
+
+
+def single_user(node: Node) -> Node | None:
+    users = list(node.users)
+    return users[0] if len(users) == 1 else None
+
+
+def location(node: Node) -> str:
+    """`file:line in function` of the model code that produced a node, from Dynamo's stack trace."""
+    trace = node.meta.get("stack_trace") or ""
+    lines = [line.strip() for line in trace.strip().splitlines() if line.strip().startswith("File ")]
+    if not lines:
+        return "<unknown>"
+    last = lines[-1]  # File "path", line N, in fn
+    try:
+        path = last.split('"')[1]
+        rest = last.split('"')[2].strip(", ")
+        line_no = rest.split(",")[0].replace("line ", "")
+        func = rest.split(" in ")[-1]
+        return f"{path.rsplit('/', 1)[-1]}:{line_no} in {func}"
+    except IndexError:
+        return last
