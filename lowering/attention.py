@@ -308,8 +308,8 @@ def emit(gm: GraphModule, call: AttentionCall, fake_mode) -> str:
         q, k, v = call.q, call.k, call.v
         if three_d:
             q, k, v = (graph.call_method("unsqueeze", (t, 0)) for t in (q, k, v))
-        op = graph.call_function(ATTENTION, (q, k, v), kwargs)
-        out = graph.call_function(operator.getitem, (op, 0))
+        op = graph.create_node("call_function", ATTENTION, (q, k, v), kwargs, name="fa4_attention")
+        out = graph.create_node("call_function", operator.getitem, (op, 0), name="attention_out")
         new_nodes = [op, out]
         if three_d:
             out = graph.call_method("squeeze", (out, 0))

@@ -1,0 +1,54 @@
+"""Test helpers: a recording backend and float64 comparisons."""
+
+from __future__ import annotations
+
+import torch
+from torch._inductor.compile_fx import compile_fx
+
+import fa4_inductor
+from fa4_inductor.backend import inductor_config_patches
+from fa4_inductor.lowering import run_torch_ir_passes
+
+
+class Recorder(fa4_inductor.Backend):
+    """Runs the backend's rewrites and keeps each rewritten graph and its records.
+
+    `inductor=False` runs the rewritten graph eagerly (fast: graph-capture tests); True hands it to
+    Inductor as the real backend does (numerics of compiled code)."""
+
+    def __init__(self, inductor: bool = False, **options):
+        super().__init__(fa4_inductor.Options(**options))
+        self.inductor = inductor
+        self.graphs: list[torch.fx.GraphModule] = []
+        self.records = []
+
+    def __call__(self, gm, example_inputs, mode=None, options=None):
+        self.records += run_torch_ir_passes(gm, example_inputs, self.options)
+        self.graphs.append(gm)
+        if self.inductor:
+            return compile_fx(gm, example_inputs, config_patches=inductor_config_patches(mode, options))
+        return gm.forward
+
+    @property
+    def summary(self) -> str:
+        return "\n\n".join(fa4_inductor.graph_summary(g) for g in self.graphs)
+
+    @property
+    def reasons(self) -> list[str]:
+        return [r.detail for r in self.records if not r.rewritten]
+
+    def count(self, op=torch.ops.fa4.attention.default) -> int:
+        return sum(n.target is op for g in self.graphs for n in g.graph.nodes)
+
+
+def compile_and_record(fn, *args, inductor=False, **options):
+    torch._dynamo.reset()
+    recorder = Recorder(inductor=inductor, **options)
+    out = torch.compile(fn, backend=recorder, fullgraph=True)(*args)
+    return recorder, out
+
+
+def assert_close_to_reference(actual, expected_fn, *args, atol=None, rtol=None):
+    """`actual` matches fn(*args) computed in float64."""
+    ref = expected_fn(*[a.double() if isinstance(a, torch.Tensor) and a.is_floating_point() else a for a in args])
+    torch.testing.assert_close(actual.double(), ref, atol=atol, rtol=rtol)

@@ -1,0 +1,174 @@
+"""`fa4::attention` and `fa4::attention_backward`: opcheck, float64 numerics, gradcheck, fake strides."""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import fa4_inductor  # noqa: F401  (registers the ops)
+from fa4_inductor.kernels import attention as attention_op
+from fa4_inductor.kernels import reference
+
+ATTENTION = torch.ops.fa4.attention.default
+BACKWARD = torch.ops.fa4.attention_backward.default
+
+FLAG_CASES = [
+    dict(),
+    dict(causal=True),
+    dict(causal=True, window_left=3),
+    dict(window_left=2, window_right=1),
+    dict(softcap=2.5),
+    dict(causal=True, softcap=1.5, window_left=4),
+]
+
+
+def qkv(b=2, hq=4, hkv=2, sq=7, sk=7, d=16, dv=None, dtype=torch.float32, requires_grad=False, bshd=False):
+    dv = dv or d
+
+    def make(h, s, dd):
+        if bshd:  # what HF hands over: a transposed view of [B, S, H, D]
+            t = torch.randn(b, s, h, dd, dtype=dtype).transpose(1, 2)
+        else:
+            t = torch.randn(b, h, s, dd, dtype=dtype)
+        return t.detach().requires_grad_(requires_grad)
+
+    return make(hq, sq, d), make(hkv, sk, d), make(hkv, sk, dv)
+
+
+def masked_sdpa(q, k, v, scale, causal=False, window_left=-1, window_right=-1, softcap=0.0, seqused_k=None):
+    """The same attention spelled with PyTorch ops and an explicit boolean mask (an independent oracle)."""
+    keep = reference.allowed_keys(q.shape[2], k.shape[2], causal=causal, window_left=window_left,
+                                  window_right=window_right, seqused_k=seqused_k, device=q.device)
+    group = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+    s = q @ k.transpose(-1, -2) * scale
+    if softcap:
+        s = softcap * torch.tanh(s / softcap)
+    if keep is not None:
+        s = s.masked_fill(~keep.squeeze(2), float("-inf"))
+    return torch.softmax(s, -1) @ v
+
+
+@pytest.mark.parametrize("flags", FLAG_CASES, ids=str)
+@pytest.mark.parametrize("group", [1, 4])
+def test_forward_matches_float64(flags, group):
+    q, k, v = qkv(hq=4 * group, hkv=4, dtype=torch.float32)
+    out, lse = ATTENTION(q, k, v, scale=0.3, **flags)
+    expected = masked_sdpa(q.double(), k.double(), v.double(), 0.3, **flags)
+    torch.testing.assert_close(out.double(), expected, atol=2e-6, rtol=2e-6)
+    assert lse.dtype == torch.float32 and lse.shape == q.shape[:3]
+
+
+def test_matches_pytorch_sdpa_with_gqa():
+    q, k, v = qkv(hq=8, hkv=2, sq=9, sk=9, d=32, dtype=torch.float64)
+    out, _ = ATTENTION(q, k, v, scale=1 / math.sqrt(32), causal=True)
+    torch.testing.assert_close(out, F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True))
+
+
+def test_seqused_k_and_bottom_right_alignment():
+    q, k, v = qkv(b=3, sq=2, sk=9, dtype=torch.float64)
+    used = torch.tensor([9, 5, 1], dtype=torch.int32)
+    out, _ = ATTENTION(q, k, v, used, scale=0.25, causal=True)
+    for b, n in enumerate(used.tolist()):
+        qb, kb, vb = q[b:b + 1], k[b:b + 1, :, :n], v[b:b + 1, :, :n]
+        # bottom-right: the last query row sees keys [0, n), the first [0, n - 1)
+        keep = torch.arange(n)[None, :] <= torch.arange(2)[:, None] + n - 2
+        expected = masked_sdpa_with_keep(qb, kb, vb, 0.25, keep)
+        if n == 1:
+            expected[:, :, 0] = 0  # the first row sees no key: zeros
+        torch.testing.assert_close(out[b:b + 1], expected)
+
+
+def masked_sdpa_with_keep(q, k, v, scale, keep):
+    group = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+    s = (q @ k.transpose(-1, -2) * scale).masked_fill(~keep, float("-inf"))
+    return torch.softmax(s, -1).nan_to_num() @ v
+
+
+def test_empty_rows_give_zeros_and_minus_inf_lse():
+    q, k, v = qkv(sq=5, sk=3)
+    out, lse = ATTENTION(q, k, v, scale=0.5, causal=True)  # bottom-right: rows 0 and 1 see nothing
+    assert torch.equal(out[:, :, :2], torch.zeros_like(out[:, :, :2]))
+    assert torch.isinf(lse[:, :, :2]).all() and torch.isfinite(lse[:, :, 2:]).all()
+
+
+@pytest.mark.parametrize("bshd", [False, True])
+def test_output_layout_is_bshd_and_fake_agrees(bshd):
+    q, k, v = qkv(d=16, dv=8, bshd=bshd)
+    out, lse = ATTENTION(q, k, v, scale=0.25)
+    b, hq, sq, _ = q.shape
+    assert out.shape == (b, hq, sq, 8) and out.stride() == (sq * hq * 8, 8, hq * 8, 1)
+    with torch._subclasses.fake_tensor.FakeTensorMode() as mode:
+        fq, fk, fv = (mode.from_tensor(t) for t in (q, k, v))
+        fout, flse = ATTENTION(fq, fk, fv, scale=0.25)
+    assert fout.stride() == out.stride() and flse.stride() == lse.stride()
+
+
+@pytest.mark.parametrize("flags", FLAG_CASES[:4], ids=str)
+def test_opcheck_forward(flags):
+    q, k, v = qkv(hq=4, hkv=2, requires_grad=True)
+    torch.library.opcheck(ATTENTION, (q, k, v), dict(scale=0.3, **flags))
+
+
+def test_opcheck_forward_with_seqused_k():
+    q, k, v = qkv(b=2, sq=3, sk=8)
+    torch.library.opcheck(ATTENTION, (q, k, v, torch.tensor([8, 4], dtype=torch.int32)), dict(scale=0.3, causal=True))
+
+
+def test_opcheck_backward():
+    q, k, v = qkv(hq=4, hkv=2)
+    out, lse = ATTENTION(q, k, v, scale=0.3, causal=True)
+    grad = torch.randn_like(out)
+    torch.library.opcheck(BACKWARD, (grad, q, k, v, out, lse), dict(scale=0.3, causal=True))
+    torch.library.opcheck(BACKWARD, (grad, q, k, v, out, lse, torch.randn_like(lse)), dict(scale=0.3))
+
+
+@pytest.mark.parametrize("flags", FLAG_CASES, ids=str)
+def test_gradcheck_float64(flags):
+    q, k, v = qkv(b=1, hq=4, hkv=2, sq=5, sk=5, d=8, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda q, k, v: ATTENTION(q, k, v, scale=0.4, **flags)[0], (q, k, v))
+
+
+def test_gradcheck_through_lse():
+    q, k, v = qkv(b=1, hq=2, hkv=1, sq=4, sk=6, d=8, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda q, k, v: ATTENTION(q, k, v, scale=0.4, causal=True)[1], (q, k, v))
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(hq=3, hkv=2), "not a multiple"),
+        (dict(sk=5, sq=5, dv=None), None),
+    ],
+)
+def test_input_validation(kwargs, message):
+    q, k, v = qkv(**kwargs)
+    if message is None:
+        ATTENTION(q, k, v, scale=1.0)
+        with pytest.raises(ValueError, match="one dtype"):
+            ATTENTION(q, k.double(), v, scale=1.0)
+        return
+    with pytest.raises(RuntimeError, match=message):
+        ATTENTION(q, k, v, scale=1.0)
+
+
+@pytest.mark.parametrize(
+    "device, dtype, d, reason",
+    [
+        ("cuda", torch.float32, 128, "dtype float32 is not supported on cuda"),
+        ("cuda", torch.bfloat16, 12, "head_dim 12 is not a multiple of 8"),
+        ("cuda", torch.bfloat16, 512, "head_dim 512"),
+        ("cpu", torch.float64, 64, None),
+        ("cuda", torch.float16, 256, None),
+    ],
+)
+def test_unsupported_reason(device, dtype, d, reason):
+    got = attention_op.unsupported_reason(device, dtype, d, d)
+    assert got == reason if reason is None else reason in got
+
+
+def test_kernel_for_cpu_is_reference():
+    q, k, v = qkv()
+    assert attention_op.kernel_for(q, k, v)[0] == "reference"

@@ -1,0 +1,87 @@
+"""`F.scaled_dot_product_attention` calls -> `fa4::attention` (graph capture + numerics + fallbacks)."""
+
+import expecttest
+import torch
+import torch.nn.functional as F
+
+from helpers import compile_and_record
+
+
+def inputs(hq=4, hkv=4, s=6, d=8, dtype=torch.float32):
+    return torch.randn(2, hq, s, d, dtype=dtype), torch.randn(2, hkv, s, d, dtype=dtype), torch.randn(2, hkv, s, d, dtype=dtype)
+
+
+class TestSdpaRewrite(expecttest.TestCase):
+    def check(self, fn, *args, **options):
+        rec, out = compile_and_record(fn, *args, **options)
+        torch.testing.assert_close(out, fn(*args), atol=1e-5, rtol=1e-5)
+        return rec
+
+    def test_plain(self):
+        rec = self.check(lambda q, k, v: F.scaled_dot_product_attention(q, k, v), *inputs())
+        self.assertExpectedInline(rec.summary, """\
+fa4_attention: (f32[2, 4, 6, 8], f32[2, 4, 6]) = fa4.attention(l_q_, l_k_, l_v_, scale=0.353553)
+attention_out: f32[2, 4, 6, 8] = getitem(fa4_attention, 0)""")
+
+    def test_is_causal_and_scale(self):
+        rec = self.check(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=0.3), *inputs())
+        self.assertExpectedInline(rec.summary, """\
+fa4_attention: (f32[2, 4, 6, 8], f32[2, 4, 6]) = fa4.attention(l_q_, l_k_, l_v_, scale=0.3, causal=True)
+attention_out: f32[2, 4, 6, 8] = getitem(fa4_attention, 0)""")
+
+    def test_enable_gqa(self):
+        fn = lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)  # noqa: E731
+        rec = self.check(fn, *inputs(hq=8, hkv=2))
+        self.assertExpectedInline(rec.summary, """\
+fa4_attention: (f32[2, 8, 6, 8], f32[2, 8, 6]) = fa4.attention(l_q_, l_k_, l_v_, scale=0.353553, causal=True)
+attention_out: f32[2, 8, 6, 8] = getitem(fa4_attention, 0)""")
+
+    def test_boolean_tril_mask_becomes_causal(self):
+        def fn(q, k, v):
+            s = q.shape[-2]
+            mask = torch.ones(s, s, dtype=torch.bool).tril()
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+        rec = self.check(fn, *inputs())
+        self.assertExpectedInline(rec.summary, """\
+fa4_attention: (f32[2, 4, 6, 8], f32[2, 4, 6]) = fa4.attention(l_q_, l_k_, l_v_, scale=0.353553, causal=True)
+attention_out: f32[2, 4, 6, 8] = getitem(fa4_attention, 0)""")
+
+    def test_additive_sliding_window_mask(self):
+        def fn(q, k, v):
+            s = q.shape[-2]
+            band = torch.ones(s, s).tril().triu(-2)
+            additive = torch.zeros(s, s).masked_fill(band == 0, float("-inf"))
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=additive)
+
+        rec = self.check(fn, *inputs())
+        self.assertExpectedInline(rec.summary, """\
+fa4_attention: (f32[2, 4, 6, 8], f32[2, 4, 6]) = fa4.attention(l_q_, l_k_, l_v_, scale=0.353553, causal=True, window_left=2)
+attention_out: f32[2, 4, 6, 8] = getitem(fa4_attention, 0)""")
+
+    def test_fallback_dropout(self):
+        fn = lambda q, k, v: F.scaled_dot_product_attention(q, k, v, dropout_p=0.1)  # noqa: E731
+        rec, _ = compile_and_record(fn, *inputs())
+        self.assertEqual(rec.count(), 0)
+        self.assertEqual(rec.reasons, ["dropout_p=0.1 (dropout is not supported)"])
+
+    def test_fallback_mask_from_input(self):
+        fn = lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=m)  # noqa: E731
+        rec = self.check(fn, *inputs(), torch.randn(6, 6))
+        self.assertEqual(rec.count(), 0)
+        self.assertEqual(rec.reasons, ["mask not recognized: the mask is the graph input l_m_; its values are unknown when compiling"])
+
+    def test_fallback_head_dim(self):
+        rec = self.check(lambda q, k, v: F.scaled_dot_product_attention(q, k, v), *inputs(d=12))
+        self.assertEqual(rec.count(), 0)
+        self.assertEqual(rec.reasons, ["head_dim 12 is not a multiple of 8 in 8..256"])
+
+    def test_fallback_causal_not_square(self):
+        q, k, v = inputs()
+        rec = self.check(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True), q[:, :, :3], k, v)
+        self.assertEqual(rec.count(), 0)
+        self.assertIn("is_causal needs seqlen_q == seqlen_k (3 vs 6)", rec.reasons[0])
+
+    def test_option_off(self):
+        rec = self.check(lambda q, k, v: F.scaled_dot_product_attention(q, k, v), *inputs(), sdpa=False)
+        self.assertEqual((rec.count(), rec.records), (0, []))
