@@ -168,11 +168,13 @@ def _only_feeds(node, consumer: Node) -> None:
         raise Decline(f"an intermediate ({node.name}) is also used outside the attention")
 
 
-def _peel_scales(node: Node, matched: list) -> tuple[Node, float]:
+def _peel_scales(node: Node, consumer: Node, matched: list) -> tuple[Node, float]:
+    """(x, c) for node = x * c1 / c2 ...: constant factors on an operand of q @ k^T."""
     factor = 1.0
     while (found := _constant_factor(node)) is not None:
-        _only_feeds(found[0], node)
+        _only_feeds(node, consumer)
         matched.append(node)
+        consumer = node
         node, c = found
         factor *= c
     return node, factor
@@ -226,6 +228,7 @@ def match_handwritten(softmax: Node, constants: dict) -> AttentionCall | None:
                 raise Decline("a softcap applied twice or before a scale")
             node, softcap, inner = capped
             matched += inner
+            consumer = inner[-1]
         elif (found := _constant_factor(node)) is not None:
             node, c = found
             if c <= 0:
@@ -241,14 +244,15 @@ def match_handwritten(softmax: Node, constants: dict) -> AttentionCall | None:
     qk = node
     _only_feeds(qk, consumer)
     matched.append(qk)
-    q, q_scale = _peel_scales(qk.args[0], matched)
-    kt, k_scale = _peel_scales(qk.args[1], matched)
+    q, q_scale = _peel_scales(qk.args[0], qk, matched)
+    kt, k_scale = _peel_scales(qk.args[1], qk, matched)
     k = transposed_last_two(kt)
     if k is None:
         raise Decline("the second operand of q @ k^T is not a transposed k")
-    _only_feeds(kt, qk)
+    if len(kt.users) != 1:
+        raise Decline(f"an intermediate ({kt.name}) is also used outside the attention")
     matched.append(kt)
-    k, k_scale2 = _peel_scales(k, matched)
+    k, k_scale2 = _peel_scales(k, kt, matched)
     scale *= q_scale * k_scale * k_scale2
     _check_kernel_support(q, k, v)
     if value(output).dtype != value(q).dtype:
@@ -306,11 +310,12 @@ def emit(gm: GraphModule, call: AttentionCall, fake_mode) -> str:
     kwargs = {"scale": call.scale, **call.flags}
     with graph.inserting_before(call.output):
         q, k, v = call.q, call.k, call.v
+        new_nodes = []
         if three_d:
-            q, k, v = (graph.call_method("unsqueeze", (t, 0)) for t in (q, k, v))
+            q, k, v = new_nodes = [graph.call_method("unsqueeze", (t, 0)) for t in (q, k, v)]
         op = graph.create_node("call_function", ATTENTION, (q, k, v), kwargs, name="fa4_attention")
         out = graph.create_node("call_function", operator.getitem, (op, 0), name="attention_out")
-        new_nodes = [op, out]
+        new_nodes += [op, out]
         if three_d:
             out = graph.call_method("squeeze", (out, 0))
             new_nodes.append(out)

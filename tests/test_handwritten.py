@@ -1,0 +1,217 @@
+"""Hand-written `softmax(q @ k^T * scale + mask) @ v` -> `fa4::attention`, every spelling of every step."""
+
+import math
+
+import expecttest
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from helpers import compile_and_record
+
+# One description of the pattern: each step and the spellings models use for it. A variant picks one
+# spelling per step (the first is the default), so each spelling is tested against the defaults.
+SCORES = {
+    "at_mT": lambda q, k: q @ k.mT,
+    "matmul_transpose": lambda q, k: torch.matmul(q, k.transpose(-2, -1)),
+    "method_transpose23": lambda q, k: q.matmul(k.transpose(2, 3)),
+    "permute": lambda q, k: q @ k.permute(0, 1, 3, 2),
+}
+SCALE = {
+    "mul_scores": lambda s, q, c: (s(q * 1.0) * c),
+    "div_scores": lambda s, q, c: s(q) / (1.0 / c),
+    "mul_q": lambda s, q, c: s(q * c),
+    "mul_both_sides": lambda s, q, c: s(q * math.sqrt(c)) * math.sqrt(c),
+}
+
+
+def _tril(n):
+    return torch.tril(torch.ones(n, n))
+
+
+MASK = {
+    "masked_fill_tril_eq0": lambda s, n: s.masked_fill(_tril(n) == 0, float("-inf")),
+    "none": lambda s, n: s,
+    "where_tril_bool_finfo_min": lambda s, n: torch.where(_tril(n).bool(), s, torch.finfo(s.dtype).min),
+    "add_triu_minus_inf": lambda s, n: s + torch.full((n, n), float("-inf"), dtype=s.dtype).triu(1),
+    "add_finfo_min_band": lambda s, n: s + torch.zeros(n, n, dtype=s.dtype).masked_fill(_tril(n) == 0, torch.finfo(s.dtype).min),
+    "masked_fill_not_bool_tril": lambda s, n: s.masked_fill(~torch.ones(n, n, dtype=torch.bool).tril(), float("-inf")),
+}
+SOFTMAX = {
+    "F_softmax": lambda s, q: F.softmax(s, dim=-1),
+    "torch_softmax": lambda s, q: torch.softmax(s, -1),
+    "method_softmax": lambda s, q: s.softmax(dim=3),
+    "float32_then_to": lambda s, q: F.softmax(s, dim=-1, dtype=torch.float32).to(q.dtype),
+    "float_then_type_as": lambda s, q: s.float().softmax(-1).type_as(q),
+}
+DROPOUT = {
+    "none": lambda p: p,
+    "p0": lambda p: F.dropout(p, p=0.0),
+    "eval": lambda p: F.dropout(p, p=0.1, training=False),
+}
+STEPS = {"scores": SCORES, "scale": SCALE, "mask": MASK, "softmax": SOFTMAX, "dropout": DROPOUT}
+
+
+def attention_fn(scores, scale, mask, softmax, dropout):
+    def fn(q, k, v):
+        s = SCALE[scale](lambda x: SCORES[scores](x, k), q, 1 / math.sqrt(q.shape[-1]))
+        s = MASK[mask](s, q.shape[-2])
+        return DROPOUT[dropout](SOFTMAX[softmax](s, q)) @ v
+
+    return fn
+
+
+def variants():
+    base = {step: next(iter(choices)) for step, choices in STEPS.items()}
+    for step, choices in STEPS.items():
+        for choice in choices:
+            if choice != base[step] or step == "scores":
+                yield pytest.param({**base, step: choice}, id=f"{step}={choice}")
+
+
+def inputs(hq=4, hkv=4, s=6, d=16, dtype=torch.float32):
+    return (torch.randn(2, hq, s, d, dtype=dtype), torch.randn(2, hkv, s, d, dtype=dtype),
+            torch.randn(2, hkv, s, d, dtype=dtype))
+
+
+@pytest.mark.parametrize("choice", variants())
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_variant_is_rewritten_and_matches_eager(choice, dtype):
+    fn = attention_fn(**choice)
+    q, k, v = inputs(dtype=dtype)
+    rec, out = compile_and_record(fn, q, k, v)
+    assert rec.count() == 1, rec.records
+    (node,) = [n for g in rec.graphs for n in g.graph.nodes if n.target is torch.ops.fa4.attention.default]
+    assert node.kwargs.get("causal", False) == (choice["mask"] != "none")
+    assert node.kwargs["scale"] == pytest.approx(0.25)
+    expected = fn(q.double(), k.double(), v.double())
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(out.double(), expected, atol=tol, rtol=tol)
+
+
+def test_bmm_on_merged_heads():
+    def fn(q, k, v):  # [B * H, S, D]
+        return torch.softmax(torch.bmm(q, k.transpose(1, 2)) / 4.0, dim=-1).bmm(v)
+
+    q, k, v = (torch.randn(6, 5, 16) for _ in range(3))
+    rec, out = compile_and_record(fn, q, k, v)
+    assert rec.count() == 1
+    torch.testing.assert_close(out, fn(q, k, v), atol=1e-5, rtol=1e-5)
+
+
+class CausalSelfAttention(nn.Module):
+    """nanoGPT's attention without flash: a tril buffer sliced to T and `masked_fill(bias == 0, -inf)`."""
+
+    def __init__(self, n_embd=32, n_head=2, block_size=16):
+        super().__init__()
+        self.c_attn = nn.Linear(n_embd, 3 * n_embd)
+        self.c_proj = nn.Linear(n_embd, n_embd)
+        self.n_head = n_head
+        self.attn_dropout = nn.Dropout(0.1)
+        self.register_buffer("bias", torch.tril(torch.ones(block_size, block_size)).view(1, 1, block_size, block_size))
+
+    def forward(self, x):
+        B, T, C = x.size()
+        q, k, v = self.c_attn(x).split(C, dim=2)
+        k = k.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
+        q = q.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
+        v = v.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
+        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
+        att = att.masked_fill(self.bias[:, :, :T, :T] == 0, float("-inf"))
+        att = F.softmax(att, dim=-1)
+        att = self.attn_dropout(att)
+        y = att @ v
+        y = y.transpose(1, 2).contiguous().view(B, T, C)
+        return self.c_proj(y)
+
+
+class TestHandwrittenGraphs(expecttest.TestCase):
+    def test_nanogpt_buffer_mask(self):
+        m = CausalSelfAttention().eval()
+        x = torch.randn(2, 10, 32)
+        rec, out = compile_and_record(m, x)
+        torch.testing.assert_close(out, m(x), atol=1e-5, rtol=1e-5)
+        self.assertExpectedInline(rec.summary, """\
+linear: f32[2, 10, 96] = linear(l_x_, l_self_modules_c_attn_parameters_weight_, l_self_modules_c_attn_parameters_bias_)
+split: (f32[2, 10, 32], f32[2, 10, 32], f32[2, 10, 32]) = .split(linear, 32, dim=2)
+q: f32[2, 10, 32] = getitem(split, 0)
+k: f32[2, 10, 32] = getitem(split, 1)
+v: f32[2, 10, 32] = getitem(split, 2)
+view: f32[2, 10, 2, 16] = .view(k, 2, 10, 2, 16)
+k_1: f32[2, 2, 10, 16] = .transpose(view, 1, 2)
+view_1: f32[2, 10, 2, 16] = .view(q, 2, 10, 2, 16)
+q_1: f32[2, 2, 10, 16] = .transpose(view_1, 1, 2)
+view_2: f32[2, 10, 2, 16] = .view(v, 2, 10, 2, 16)
+v_1: f32[2, 2, 10, 16] = .transpose(view_2, 1, 2)
+fa4_attention: (f32[2, 2, 10, 16], f32[2, 2, 10]) = fa4.attention(q_1, k_1, v_1, scale=0.25, causal=True)
+attention_out: f32[2, 2, 10, 16] = getitem(fa4_attention, 0)
+transpose_4: f32[2, 10, 2, 16] = .transpose(attention_out, 1, 2)
+contiguous: f32[2, 10, 2, 16] = .contiguous(transpose_4)
+y_1: f32[2, 10, 32] = .view(contiguous, 2, 10, 32)
+linear_1: f32[2, 10, 32] = linear(y_1, l_self_modules_c_proj_parameters_weight_, l_self_modules_c_proj_parameters_bias_)""")
+
+    def test_softcap_and_window(self):
+        def fn(q, k, v):
+            s = q @ k.transpose(-1, -2) * 0.25
+            s = torch.tanh(s / 30.0) * 30.0
+            n = q.shape[-2]
+            band = torch.ones(n, n, dtype=torch.bool).tril().triu(-3)
+            s = s.masked_fill(~band, float("-inf"))
+            return s.softmax(-1) @ v
+
+        q, k, v = inputs(d=16, s=9)
+        rec, out = compile_and_record(fn, q, k, v)
+        torch.testing.assert_close(out, fn(q, k, v), atol=1e-5, rtol=1e-5)
+        self.assertExpectedInline(rec.summary, """\
+fa4_attention: (f32[2, 4, 9, 16], f32[2, 4, 9]) = fa4.attention(l_q_, l_k_, l_v_, scale=0.25, causal=True, window_left=3, softcap=30)
+attention_out: f32[2, 4, 9, 16] = getitem(fa4_attention, 0)""")
+
+    def test_fallback_arbitrary_mask(self):
+        def fn(q, k, v, m):
+            return torch.softmax(q @ k.mT * 0.25 + m, -1) @ v
+
+        rec, _ = compile_and_record(fn, *inputs(), torch.randn(6, 6))
+        self.assertEqual(rec.count(), 0)
+        self.assertExpectedInline("\n".join(rec.reasons), """mask not recognized: the mask is the graph input l_m_; its values are unknown when compiling""")
+
+    def test_fallback_dropout_in_training(self):
+        m = CausalSelfAttention().train()
+        rec, _ = compile_and_record(m, torch.randn(2, 10, 32))
+        self.assertEqual(rec.count(), 0)
+        self.assertExpectedInline("\n".join(rec.reasons), """dropout p=0.1 in training""")
+
+    def test_fallback_weights_returned(self):
+        def fn(q, k, v):
+            w = torch.softmax(q @ k.mT * 0.25, -1)
+            return w @ v, w
+
+        rec, _ = compile_and_record(fn, *inputs())
+        self.assertEqual(rec.count(), 0)
+        self.assertExpectedInline("\n".join(rec.reasons), """the attention weights are also used outside the attention (output_attentions?)""")
+
+    def test_fallback_mask_hides_diagonal(self):
+        def fn(q, k, v):
+            n = q.shape[-2]
+            return torch.softmax((q @ k.mT).masked_fill(torch.ones(n, n).tril(-1) == 0, float("-inf")), -1) @ v
+
+        rec, _ = compile_and_record(fn, *inputs())
+        self.assertEqual(rec.count(), 0)
+        self.assertExpectedInline("\n".join(rec.reasons), """mask not recognized: the visible band -inf <= j - i <= -1 does not contain the diagonal""")
+
+    def test_fallback_small_fill_value(self):
+        def fn(q, k, v):
+            n = q.shape[-2]
+            return torch.softmax((q @ k.mT).masked_fill(torch.ones(n, n).tril() == 0, -1e4), -1) @ v
+
+        rec, _ = compile_and_record(fn, *inputs())
+        self.assertEqual(rec.count(), 0)
+        self.assertExpectedInline("\n".join(rec.reasons), """mask not recognized: the mask fill value -10000.0 is not -inf or finfo.min""")
+
+    def test_fallback_head_dim(self):
+        rec, _ = compile_and_record(lambda q, k, v: torch.softmax(q @ k.mT, -1) @ v, *inputs(d=20))
+        self.assertEqual(rec.reasons, ["head_dim 20 is not a multiple of 8 in 8..256"])
+
+    def test_softmax_elsewhere_is_no_candidate(self):
+        rec, _ = compile_and_record(lambda x, w: torch.softmax(x @ w, -1).sum(), torch.randn(3, 8), torch.randn(8, 8))
+        self.assertEqual(rec.records, [])
