@@ -46,10 +46,8 @@ def unsupported_reason(device_type: str, dtype: torch.dtype, head_dim: int, head
         names = ", ".join(str(d).removeprefix("torch.") for d in dtypes)
         return f"dtype {str(dtype).removeprefix('torch.')} is not supported on {device_type} (takes {names})"
     for name, d in (("head_dim", head_dim), ("head_dim_v", head_dim_v)):
-        if isinstance(d, int) and (d % HEAD_DIM_MULTIPLE or not 0 < d <= MAX_HEAD_DIM):
+        if d % HEAD_DIM_MULTIPLE or not 0 < d <= MAX_HEAD_DIM:
             return f"{name} {d} is not a multiple of {HEAD_DIM_MULTIPLE} in 8..{MAX_HEAD_DIM}"
-        if not isinstance(d, int):
-            return f"{name} is symbolic ({d}); kernels are compiled per head dim"
     if device_type not in ("cpu", "cuda"):
         return f"device {device_type} has no fa4 kernel"
     return None

@@ -1,11 +1,299 @@
-"""Adapter from `fa4::attention` to the flash-attn-4 package (`flash_attn.cute`).
+"""Adapter from `fa4::attention` / `fa4::attention_backward` to flash-attn-4 (`flash_attn.cute`, 4.0.0b36).
 
-Not wired yet: `unsupported_reason` names why FA4 does not take a call, and the CUDA path of
-`fa4::attention` then runs the reference on the device.
+It calls FA4's internal entry points, `_flash_attn_fwd` and `_flash_attn_bwd` from
+`flash_attn.cute.interface`, because only they take caller-allocated outputs (`out`, `lse`, `dq`,
+`dk`, `dv`) and a gradient on lse (`dlse`); the public `flash_attn_func` takes neither.
+
+Layouts. Our op sees SDPA layout: q [B, Hq, Sq, D], k [B, Hkv, Sk, D], v [B, Hkv, Sk, Dv]. FA4 reads
+[B, S, H, D], so each input is passed as `t.transpose(1, 2)`, a view. FA4 addresses any strides with
+a unit stride on D, a 16-byte aligned start and the other strides multiples of 16 bytes (stride 0,
+a broadcast, is fine); the HF layout (a transposed view of a contiguous [B, S, H, D]) and a
+contiguous [B, H, S, D] both qualify and are never copied. Other layouts are copied to a contiguous
+[B, S, H, D] first (FA4 would copy them too), so they cost a copy but still run FA4.
+Outputs are allocated here: `out` as a contiguous [B, Sq, Hq, Dv] returned transposed to
+[B, Hq, Sq, Dv], lse as a contiguous float32 [B, Hq, Sq] (FA4's own lse layout, natural log, -inf
+for a row that sees no key), and dq, dk, dv as contiguous [B, S, H, D] returned transposed.
+GQA (Hq a multiple of Hkv) goes to FA4 as is: it packs the query heads of a KV head together.
+Flags map one to one: `scale` -> softmax_scale, `causal` (bottom-right aligned in both),
+`window_left` / `window_right` -> window_size_left / right with -1 (unbounded) sent as None (FA4
+reads a negative bound as a real bound on one side), `softcap` (0 = off), `seqused_k` (int32).
+
+What `unsupported_reason` rejects, so that the reference runs instead:
+- FA4 disabled with FA4_INDUCTOR_DISABLE_FA4=1 (A/B benchmarks), or not installed / not importable;
+- a device other than CUDA sm90 / sm100 (FA4 also has sm80 / sm120 paths, which we do not test);
+- dtypes other than float16 / bfloat16 (FA4's fp8 forward needs descales and has no backward);
+- head dims FA4 asserts against: multiples of 8 in 8..256 on sm90; on sm100 both <= 128, or
+  (192, 128), or (256, 256).
+The backward takes every call the forward takes except two that FA4 asserts against, which
+`backward` hands to the reference itself: GQA with head_dim != head_dim_v on sm90, and
+head_dim 256 with softcap or a gradient on lse on sm100 (its dedicated kernel has neither).
+
+Compilation. FA4 JIT-compiles one kernel per variant (dtype, head dims, GQA ratio, causal / window
+flags, softcap value, whether seqused_k is given, arch), seconds each; call `warmup` for the
+variants a model uses before capturing CUDA graphs. Its disk cache is turned on here before the
+first import of `flash_attn.cute`: FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=1 and
+FLASH_ATTENTION_CUTE_DSL_CACHE_DIR=$XDG_CACHE_HOME/fa4_inductor/fa4-cute (~/.cache/... by
+default), unless the user set them (FA4 reads them once, at import). FA4 keys that cache by a
+hash of its own sources, Python, cutlass and tvm_ffi versions, so an upgrade never loads a stale
+kernel.
 """
 
 from __future__ import annotations
 
+import functools
+import logging
+import os
+from pathlib import Path
+from typing import Optional
 
-def unsupported_reason(q, k, v, **flags) -> str | None:
-    return "the FA4 adapter is not wired yet (issue 4); running the reference on the device"
+import torch
+from torch import Tensor
+
+from . import reference
+
+log = logging.getLogger("fa4_inductor.kernels")
+
+DISABLE_ENV = "FA4_INDUCTOR_DISABLE_FA4"
+CACHE_ENABLED_ENV = "FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED"
+CACHE_DIR_ENV = "FLASH_ATTENTION_CUTE_DSL_CACHE_DIR"
+DTYPES = (torch.float16, torch.bfloat16)
+ALIGN_BYTES = 16
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "fa4_inductor" / "fa4-cute"
+
+
+def _enable_disk_cache() -> None:
+    if CACHE_ENABLED_ENV in os.environ:
+        return
+    directory = os.environ.get(CACHE_DIR_ENV) or str(cache_dir())
+    try:
+        Path(directory).mkdir(parents=True, exist_ok=True)
+    except OSError as e:  # FA4 would fail to import on an unwritable cache dir
+        log.warning("FA4 disk cache stays off: cannot create %s (%s)", directory, e)
+        return
+    os.environ[CACHE_ENABLED_ENV] = "1"
+    os.environ[CACHE_DIR_ENV] = directory
+
+
+@functools.cache
+def _interface():
+    """(`flash_attn.cute.interface`, None), or (None, why it cannot be imported)."""
+    _enable_disk_cache()
+    try:
+        from flash_attn.cute import interface
+    except ModuleNotFoundError as e:
+        if (e.name or "").split(".")[0] == "flash_attn":
+            return None, "flash-attn-4 is not installed"
+        return None, f"flash-attn-4 cannot be imported: {e}"
+    except Exception as e:  # cutlass / CUDA driver problems surface here
+        log.warning("importing flash_attn.cute failed", exc_info=True)
+        return None, f"flash-attn-4 cannot be imported: {type(e).__name__}: {e}"
+    return interface, None
+
+
+def _require():
+    interface, reason = _interface()
+    if interface is None:
+        raise NotImplementedError(f"the FA4 adapter cannot run: {reason}")
+    return interface
+
+
+@functools.cache
+def _capability(device_index: int) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(device_index)
+
+
+def _disabled() -> bool:
+    return os.environ.get(DISABLE_ENV, "0").strip().lower() in ("1", "true", "yes", "on")
+
+
+def _head_dim_reason(major: int, d: int, dv: int) -> str | None:
+    if d % 8 or dv % 8 or min(d, dv) < 8:
+        return f"FA4 needs head dims that are multiples of 8 (>= 8); got ({d}, {dv})"
+    if major == 9 and max(d, dv) > 256:
+        return f"FA4 on sm90 takes head dims up to 256; got ({d}, {dv})"
+    if major == 10 and not (max(d, dv) <= 128 or (d, dv) in ((192, 128), (256, 256))):
+        return f"FA4 on sm100 takes head dims <= 128, (192, 128) or (256, 256); got ({d}, {dv})"
+    return None
+
+
+def unsupported_reason(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    seqused_k: Optional[Tensor] = None,
+    scale: float,
+    causal: bool = False,
+    window_left: int = -1,
+    window_right: int = -1,
+    softcap: float = 0.0,
+) -> str | None:
+    """Why FA4 cannot take this call on this device, or None if it can (see the module docstring)."""
+    if _disabled():
+        return f"FA4 is disabled by {DISABLE_ENV}"
+    if q.device.type != "cuda":
+        return f"FA4 runs on CUDA, not {q.device.type}"
+    if q.dtype not in DTYPES:
+        return f"FA4 takes float16 / bfloat16, not {str(q.dtype).removeprefix('torch.')}"
+    major, minor = _capability(q.device.index)
+    if major not in (9, 10):
+        return f"FA4 is wired for sm90 / sm100; this GPU is sm{major}{minor}"
+    reason = _head_dim_reason(major, q.shape[-1], v.shape[-1])
+    if reason is not None:
+        return reason
+    if q.shape[1] % k.shape[1]:
+        return f"{q.shape[1]} query heads is not a multiple of {k.shape[1]} kv heads"
+    return _interface()[1]
+
+
+def _backward_unsupported_reason(q: Tensor, v: Tensor, softcap: float, grad_lse: Optional[Tensor]) -> str | None:
+    """What FA4's backward asserts against among calls its forward takes."""
+    major, _ = _capability(q.device.index)
+    d, dv = q.shape[-1], v.shape[-1]
+    if major == 9 and q.shape[1] != v.shape[1] and d != dv:
+        return f"FA4's sm90 backward needs head_dim == head_dim_v for GQA; got ({d}, {dv})"
+    if major == 10 and d == dv == 256 and (softcap > 0 or grad_lse is not None):
+        return "FA4's sm100 head_dim 256 backward takes neither softcap nor a gradient on lse"
+    return None
+
+
+def _window(bound: int) -> Optional[int]:
+    return bound if bound >= 0 else None
+
+
+def _bshd(t: Tensor) -> Tensor:
+    """The [B, S, H, D] view of an SDPA-layout tensor, copied only when FA4 cannot address it."""
+    t = t.transpose(1, 2)
+    step = ALIGN_BYTES // t.element_size()
+    if t.stride(-1) == 1 and t.data_ptr() % ALIGN_BYTES == 0 and all(s % step == 0 for s in t.stride()[:-1]):
+        return t
+    log.debug("fa4: copying a %s tensor with strides %s to an aligned layout", tuple(t.shape), t.stride())
+    return t.clone(memory_format=torch.contiguous_format)
+
+
+def _empty_bshd(like: Tensor, zero: bool = False) -> Tensor:
+    """A [B, S, H, D] buffer shaped like the SDPA-layout `like`, returned as its [B, S, H, D] storage."""
+    b, h, s, d = like.shape
+    return (torch.zeros if zero else torch.empty)((b, s, h, d), dtype=like.dtype, device=like.device)
+
+
+def _seqused(seqused_k: Optional[Tensor], device: torch.device) -> Optional[Tensor]:
+    if seqused_k is None:
+        return None
+    return seqused_k.to(device=device, dtype=torch.int32).contiguous()
+
+
+def forward(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    seqused_k: Optional[Tensor] = None,
+    *,
+    scale: float,
+    causal: bool = False,
+    window_left: int = -1,
+    window_right: int = -1,
+    softcap: float = 0.0,
+) -> tuple[Tensor, Tensor]:
+    """FA4 forward: (out [B, Hq, Sq, Dv] stored as [B, Sq, Hq, Dv], lse [B, Hq, Sq] float32)."""
+    fa = _require()
+    b, hq, sq, _ = q.shape
+    out = q.new_empty((b, sq, hq, v.shape[-1]))
+    lse = q.new_empty((b, hq, sq), dtype=torch.float32)
+    with torch.cuda.device(q.device):
+        fa._flash_attn_fwd(
+            _bshd(q), _bshd(k), _bshd(v),
+            seqused_k=_seqused(seqused_k, q.device),
+            softmax_scale=scale,
+            causal=causal,
+            softcap=max(softcap, 0.0),
+            window_size_left=_window(window_left),
+            window_size_right=_window(window_right),
+            return_lse=True,
+            out=out,
+            lse=lse,
+        )
+    return out.transpose(1, 2), lse
+
+
+def backward(
+    grad_out: Tensor,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    out: Tensor,
+    lse: Tensor,
+    grad_lse: Optional[Tensor] = None,
+    seqused_k: Optional[Tensor] = None,
+    *,
+    scale: float,
+    causal: bool = False,
+    window_left: int = -1,
+    window_right: int = -1,
+    softcap: float = 0.0,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """FA4 backward: (dq, dk, dv) shaped like q, k, v, each stored as [B, S, H, D]."""
+    flags = dict(scale=scale, causal=causal, window_left=window_left, window_right=window_right, softcap=softcap)
+    # FA4 leaves dk / dv rows past seqused_k unwritten; the op's contract makes them zero.
+    grads = [_empty_bshd(t, zero=seqused_k is not None and t is not q) for t in (q, k, v)]
+    reason = _backward_unsupported_reason(q, v, softcap, grad_lse)
+    if reason is not None:
+        log.debug("fa4::attention_backward runs the reference: %s", reason)
+        ref = reference.attention_backward(grad_out, q, k, v, out, lse, grad_lse, seqused_k=seqused_k, **flags)
+        for g, r in zip(grads, ref):
+            g.copy_(r.transpose(1, 2))
+        return tuple(g.transpose(1, 2) for g in grads)
+    fa = _require()
+    with torch.cuda.device(q.device):
+        fa._flash_attn_bwd(
+            _bshd(q), _bshd(k), _bshd(v), _bshd(out), _bshd(grad_out), lse.float().contiguous(),
+            softmax_scale=scale,
+            causal=causal,
+            softcap=max(softcap, 0.0),
+            window_size_left=_window(window_left),
+            window_size_right=_window(window_right),
+            seqused_k=_seqused(seqused_k, q.device),
+            dq=grads[0],
+            dk=grads[1],
+            dv=grads[2],
+            dlse=None if grad_lse is None else grad_lse.float().contiguous(),
+        )
+    return tuple(g.transpose(1, 2) for g in grads)
+
+
+def warmup(
+    dtype: torch.dtype,
+    head_dim: int,
+    head_dim_v: int,
+    group: int = 1,
+    causal: bool = False,
+    window: tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
+    device: torch.device | str = "cuda",
+    *,
+    seqused_k: bool = False,
+    with_backward: bool = False,
+    seqlen_q: int = 512,
+    seqlen_k: int = 512,
+) -> None:
+    """Compile (or load from the disk cache) the FA4 kernels of one variant, outside CUDA-graph capture.
+
+    `window` is (window_left, window_right), -1 = unbounded. The sequence lengths matter only where
+    FA4 specializes on them: its backward has a one-block variant, and sm100 picks q tiles and 2-CTA
+    kernels by length; the defaults hit the long-sequence (prefill) variants, pass seqlen_q=1 for decode.
+    """
+    device = torch.device(device)
+    q = torch.randn(1, seqlen_q, group, head_dim, dtype=dtype, device=device).transpose(1, 2)
+    k = torch.randn(1, seqlen_k, 1, head_dim, dtype=dtype, device=device).transpose(1, 2)
+    v = torch.randn(1, seqlen_k, 1, head_dim_v, dtype=dtype, device=device).transpose(1, 2)
+    used = torch.full((1,), seqlen_k, dtype=torch.int32, device=device) if seqused_k else None
+    flags = dict(scale=head_dim ** -0.5, causal=causal, window_left=window[0], window_right=window[1], softcap=softcap)
+    reason = unsupported_reason(q, k, v, seqused_k=used, **flags)
+    if reason is not None:
+        raise ValueError(f"FA4 does not take this variant: {reason}")
+    out, lse = forward(q, k, v, used, **flags)
+    if with_backward:
+        backward(torch.randn_like(out), q, k, v, out, lse, None, used, **flags)

@@ -65,7 +65,8 @@ def _check_kernel_support(q: Node, k: Node, v: Node) -> None:
         raise Decline("q, k, v are on different devices")
     if qv.dim() not in (3, 4) or kv.dim() != qv.dim() or vv.dim() != qv.dim():
         raise Decline(f"q, k, v have {qv.dim()}, {kv.dim()}, {vv.dim()} dims (want 4, or 3 for bmm)")
-    reason = attention_op.unsupported_reason(qv.device.type, qv.dtype, qv.shape[-1], vv.shape[-1])
+    # Kernels are compiled per head dim: a symbolic one is specialized (guarded), as no model varies it.
+    reason = attention_op.unsupported_reason(qv.device.type, qv.dtype, int(qv.shape[-1]), int(vv.shape[-1]))
     if reason:
         raise Decline(reason)
 
@@ -130,7 +131,7 @@ def match_sdpa(node: Node, constants: dict) -> AttentionCall:
         _require_square(scores_shape, "is_causal")
         flags["causal"] = True
     if scale is None:
-        scale = 1.0 / math.sqrt(shape(q)[-1])
+        scale = 1.0 / math.sqrt(int(shape(q)[-1]))
     elif scalar(scale) is None:
         raise Decline(f"scale is not a constant ({scale})")
     return AttentionCall(q, k, v, output=node, scale=float(scale), flags=flags, matched=[node])
