@@ -40,6 +40,7 @@ kernel.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import os
@@ -48,6 +49,7 @@ from typing import Optional
 
 import torch
 from torch import Tensor
+from torch._subclasses.fake_tensor import FakeTensor
 
 from . import reference
 
@@ -149,9 +151,8 @@ def unsupported_reason(
     return _interface()[1]
 
 
-def _backward_unsupported_reason(q: Tensor, v: Tensor, softcap: float, grad_lse: Optional[Tensor]) -> str | None:
+def _backward_unsupported_reason(major: int, q: Tensor, v: Tensor, softcap: float, grad_lse: Optional[Tensor]) -> str | None:
     """What FA4's backward asserts against among calls its forward takes."""
-    major, _ = _capability(q.device.index)
     d, dv = q.shape[-1], v.shape[-1]
     if major == 9 and q.shape[1] != v.shape[1] and d != dv:
         return f"FA4's sm90 backward needs head_dim == head_dim_v for GQA; got ({d}, {dv})"
@@ -164,11 +165,20 @@ def _window(bound: int) -> Optional[int]:
     return bound if bound >= 0 else None
 
 
+def _address(t: Tensor) -> int:
+    # Fake tensors (FA4 compiles without launching under FakeTensorMode) have no data pointer.
+    return t.storage_offset() * t.element_size() if isinstance(t, FakeTensor) else t.data_ptr()
+
+
+def _device_guard(t: Tensor):
+    return contextlib.nullcontext() if isinstance(t, FakeTensor) else torch.cuda.device(t.device)
+
+
 def _bshd(t: Tensor) -> Tensor:
     """The [B, S, H, D] view of an SDPA-layout tensor, copied only when FA4 cannot address it."""
     t = t.transpose(1, 2)
     step = ALIGN_BYTES // t.element_size()
-    if t.stride(-1) == 1 and t.data_ptr() % ALIGN_BYTES == 0 and all(s % step == 0 for s in t.stride()[:-1]):
+    if t.stride(-1) == 1 and _address(t) % ALIGN_BYTES == 0 and all(s % step == 0 for s in t.stride()[:-1]):
         return t
     log.debug("fa4: copying a %s tensor with strides %s to an aligned layout", tuple(t.shape), t.stride())
     return t.clone(memory_format=torch.contiguous_format)
@@ -203,7 +213,7 @@ def forward(
     b, hq, sq, _ = q.shape
     out = q.new_empty((b, sq, hq, v.shape[-1]))
     lse = q.new_empty((b, hq, sq), dtype=torch.float32)
-    with torch.cuda.device(q.device):
+    with _device_guard(q):
         fa._flash_attn_fwd(
             _bshd(q), _bshd(k), _bshd(v),
             seqused_k=_seqused(seqused_k, q.device),
@@ -236,18 +246,18 @@ def backward(
     softcap: float = 0.0,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """FA4 backward: (dq, dk, dv) shaped like q, k, v, each stored as [B, S, H, D]."""
+    fa = _require()
     flags = dict(scale=scale, causal=causal, window_left=window_left, window_right=window_right, softcap=softcap)
     # FA4 leaves dk / dv rows past seqused_k unwritten; the op's contract makes them zero.
     grads = [_empty_bshd(t, zero=seqused_k is not None and t is not q) for t in (q, k, v)]
-    reason = _backward_unsupported_reason(q, v, softcap, grad_lse)
+    reason = _backward_unsupported_reason(fa._get_device_arch() // 10, q, v, softcap, grad_lse)
     if reason is not None:
         log.debug("fa4::attention_backward runs the reference: %s", reason)
         ref = reference.attention_backward(grad_out, q, k, v, out, lse, grad_lse, seqused_k=seqused_k, **flags)
         for g, r in zip(grads, ref):
             g.copy_(r.transpose(1, 2))
         return tuple(g.transpose(1, 2) for g in grads)
-    fa = _require()
-    with torch.cuda.device(q.device):
+    with _device_guard(q):
         fa._flash_attn_bwd(
             _bshd(q), _bshd(k), _bshd(v), _bshd(out), _bshd(grad_out), lse.float().contiguous(),
             softmax_scale=scale,

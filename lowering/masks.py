@@ -29,8 +29,9 @@ from dataclasses import dataclass
 import torch
 from torch.fx import Node
 
-from .spellings import (CAST, CONTIGUOUS, EQ, EXPAND, FULL, GETITEM, LOGICAL_NOT, MASKED_FILL, MUL, NE, ONES, RESHAPE,
-                        TRIL, TRIU, UNSQUEEZE, WHERE, ZEROS, arg, is_large_negative, same_size, scalar, shape, value)
+from .spellings import (ADD, AND, ARANGE, CAST, CONTIGUOUS, EQ, EXPAND, FULL, GE, GETITEM, GT, LE, LOGICAL_NOT, LT,
+                        MASKED_FILL, MUL, NE, ONES, RESHAPE, SUB, TRIL, TRIU, UNSQUEEZE, WHERE, ZEROS, arg,
+                        is_large_negative, normalize_dim, same_size, scalar, shape, value)
 
 INF = math.inf
 
@@ -91,6 +92,73 @@ class TwoValued:
     @property
     def uniform(self) -> bool:
         return self.band == ALL or self.inside == self.outside
+
+
+@dataclass(frozen=True)
+class Position:
+    """`arange(n) + offset` laid along the query axis (-2: value i + offset) or the key axis (-1: j + offset);
+    axis None while it is still 1-D."""
+
+    offset: int
+    axis: int | None = None
+
+
+def _compare(node: Node, a: Position, b: Position) -> TwoValued:
+    """a OP b for positions on different axes, as a band in j - i."""
+    if a.axis is None or b.axis is None or a.axis == b.axis:
+        raise MaskNotUnderstood(f"{_describe(node)} compares positions not laid along the query and key axes")
+    flip = {"le": "ge", "lt": "gt", "ge": "le", "gt": "lt", "eq": "eq"}
+    op = next(name for name, spelled in (("le", LE), ("lt", LT), ("ge", GE), ("gt", GT), ("eq", EQ)) if spelled(node))
+    if a.axis == -2:  # make it key OP query
+        a, b, op = b, a, flip[op]
+    d = b.offset - a.offset  # j + a.offset OP i + b.offset  <=>  j - i OP d
+    band = {"le": Band(-INF, d), "lt": Band(-INF, d - 1), "ge": Band(d, INF), "gt": Band(d + 1, INF),
+            "eq": Band(d, d)}[op]
+    return TwoValued(band, True, False)
+
+
+def _position(node, constants) -> Position | None:
+    """The position vector a node computes, None if it is not one."""
+    if not isinstance(node, Node):
+        return None
+    if ARANGE(node):
+        if len(node.args) != 1 or any(k in node.kwargs for k in ("start", "step")):
+            return None
+        return Position(0)
+    if (ADD(node) or SUB(node)) and scalar(node.args[1]) is not None:
+        inner = _position(node.args[0], constants)
+        c = scalar(node.args[1])
+        if inner is None or c != int(c):
+            return None
+        return Position(inner.offset + int(c) * (1 if ADD(node) else -1), inner.axis)
+    if GETITEM(node) or UNSQUEEZE(node) or EXPAND(node):
+        inner = _position(node.args[0], constants)
+        if inner is None:
+            return None
+        if inner.axis is None:
+            return None if EXPAND(node) else _placed(node, inner)
+        leading_only = not GETITEM(node) or _top_left_slice(node.args[1])
+        return inner if leading_only and _keeps_last_two_dims(node, node.args[0]) else None
+    return None
+
+
+def _placed(node: Node, inner: Position) -> Position | None:
+    """A 1-D position given its axis by `x[None, :]`, `x[:, None]`, `x.unsqueeze(d)`."""
+    out_ndim = len(shape(node))
+    if UNSQUEEZE(node):
+        dim = normalize_dim(arg(node, 1, "dim"), out_ndim)
+        p = 1 if dim == 0 else 0
+    else:
+        index = node.args[1] if isinstance(node.args[1], tuple) else (node.args[1],)
+        if Ellipsis in index:
+            at = index.index(Ellipsis)
+            index = index[:at] + (slice(None),) * (1 - sum(i is not None and i is not Ellipsis for i in index)) + index[at + 1:]
+        slices = [p for p, i in enumerate(index) if i is not None]
+        if len(slices) != 1 or index[slices[0]] != slice(None):
+            return None
+        p = slices[0]
+    axis = p - out_ndim
+    return Position(inner.offset, axis) if axis in (-1, -2) else None
 
 
 def _uniform(v) -> TwoValued:
@@ -187,6 +255,14 @@ def evaluate(node, constants: dict) -> TwoValued:
         if x.outside == 0:
             return _coerce(node, TwoValued(x.band & kept, x.inside, 0))
         raise MaskNotUnderstood(f"{_describe(node)} of a band with nonzero outside")
+    if (LE(node) or LT(node) or GE(node) or GT(node) or EQ(node)) and all(
+            (positions := [_position(a, constants) for a in node.args[:2]])):
+        return _compare(node, *positions)
+    if AND(node):
+        a, b = (evaluate(x, constants) for x in node.args[:2])
+        if (a.inside, a.outside, b.inside, b.outside) == (True, False, True, False):
+            return TwoValued(a.band & b.band, True, False)
+        raise MaskNotUnderstood(f"{_describe(node)} of masks that are not both boolean bands")
     if EQ(node) or NE(node):
         other = scalar(node.args[1])
         if other is None:
@@ -203,10 +279,10 @@ def evaluate(node, constants: dict) -> TwoValued:
         return _coerce(node, evaluate(tensor, constants).map(lambda x: x * factor))
     if WHERE(node) and len(node.args) == 3:
         cond = evaluate(node.args[0], constants)
-        a, b = (scalar(x) for x in node.args[1:])
-        if a is None or b is None:
-            raise MaskNotUnderstood(f"{_describe(node)} between non-constants")
-        return _coerce(node, cond.map(lambda c: a if c else b))
+        a, b = (evaluate(x, constants) for x in node.args[1:])
+        if not a.uniform or not b.uniform:
+            raise MaskNotUnderstood(f"{_describe(node)} between non-uniform tensors")
+        return _coerce(node, cond.map(lambda c: a.inside if c else b.inside))
     if MASKED_FILL(node):
         x = evaluate(node.args[0], constants)
         fill = scalar(arg(node, 2, "value"))

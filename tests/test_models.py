@@ -1,0 +1,105 @@
+"""Model-style attention modules, compiled with the backend (Inductor included): every attention
+layer reaches `fa4::attention` with K/V un-repeated, and outputs match eager."""
+
+import math
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from fa4_inductor.demo import Config, TinyLlama
+from helpers import Recorder
+from test_handwritten import CausalSelfAttention
+
+
+class GptFastAttention(nn.Module):
+    """gpt-fast's Attention (fused wqkv, repeat_interleave, SDPA) for a forward without a KV cache."""
+
+    def __init__(self, dim=64, n_head=8, n_local_heads=2):
+        super().__init__()
+        self.head_dim = dim // n_head
+        self.n_head, self.n_local_heads = n_head, n_local_heads
+        self.wqkv = nn.Linear(dim, (n_head + 2 * n_local_heads) * self.head_dim, bias=False)
+        self.wo = nn.Linear(dim, dim, bias=False)
+
+    def forward(self, x):
+        bsz, seqlen, _ = x.shape
+        kv_size = self.n_local_heads * self.head_dim
+        q, k, v = self.wqkv(x).split([self.n_head * self.head_dim, kv_size, kv_size], dim=-1)
+        q = q.view(bsz, seqlen, self.n_head, self.head_dim)
+        k = k.view(bsz, seqlen, self.n_local_heads, self.head_dim)
+        v = v.view(bsz, seqlen, self.n_local_heads, self.head_dim)
+        q, k, v = map(lambda t: t.transpose(1, 2), (q, k, v))
+        k = k.repeat_interleave(self.n_head // self.n_local_heads, dim=1)
+        v = v.repeat_interleave(self.n_head // self.n_local_heads, dim=1)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=0.0)
+        return self.wo(y.transpose(1, 2).contiguous().view(bsz, seqlen, -1))
+
+
+class NanoGptFlashAttention(CausalSelfAttention):
+    """nanoGPT's attention when flash is available: `F.scaled_dot_product_attention(..., is_causal=True)`."""
+
+    def forward(self, x):
+        B, T, C = x.size()
+        q, k, v = self.c_attn(x).split(C, dim=2)
+        q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=True)
+        return self.c_proj(y.transpose(1, 2).contiguous().view(B, T, C))
+
+
+def hf_llama(attn_implementation):
+    transformers = pytest.importorskip("transformers")
+    config = transformers.LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
+                                      num_attention_heads=8, num_key_value_heads=2,
+                                      attn_implementation=attn_implementation)
+    model = transformers.LlamaForCausalLM(config).eval()
+    return lambda tokens, **kw: model(tokens, **kw).logits
+
+
+MODELS = {
+    # name: (builder, input maker, attention layers)
+    "nanogpt_manual": (lambda: nn.Sequential(CausalSelfAttention(), CausalSelfAttention()).eval(),
+                       lambda: (torch.randn(2, 11, 32),), 2),
+    "nanogpt_flash": (lambda: nn.Sequential(NanoGptFlashAttention(), NanoGptFlashAttention()).eval(),
+                      lambda: (torch.randn(2, 11, 32),), 2),
+    "gpt_fast": (lambda: nn.Sequential(GptFastAttention(), GptFastAttention()), lambda: (torch.randn(2, 9, 64),), 2),
+    "hf_llama_eager": (lambda: hf_llama("eager"), lambda: (torch.randint(0, 128, (2, 10)),), 3),
+    "hf_llama_sdpa": (lambda: hf_llama("sdpa"), lambda: (torch.randint(0, 128, (2, 10)),), 3),
+    "tiny_llama_eager": (lambda: TinyLlama(Config(attention="eager")).eval(), lambda: (torch.randint(0, 512, (1, 24)),), 2),
+}
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_every_attention_layer_is_rewritten(name):
+    build, make_inputs, layers = MODELS[name]
+    torch.manual_seed(0)
+    model, args = build(), make_inputs()
+    torch._dynamo.reset()
+    recorder = Recorder(inductor=True)
+    with torch.no_grad():
+        got = torch.compile(model, backend=recorder)(*args)
+        expected = model(*args)
+    assert recorder.count() == layers, [str(r) for r in recorder.records]
+    assert all(r.rewritten for r in recorder.records)
+    gqa_models = {"gpt_fast", "hf_llama_eager", "hf_llama_sdpa", "tiny_llama_eager"}
+    for graph in recorder.graphs:
+        for node in graph.graph.nodes:
+            if node.target is torch.ops.fa4.attention.default and name in gqa_models:
+                q, k = (a.meta["example_value"] for a in node.args[:2])
+                assert q.shape[1] == 4 * k.shape[1]  # K/V arrive un-repeated
+    torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
+
+
+def test_hf_padding_mask_falls_back_with_reason():
+    model = hf_llama("eager")
+    tokens = torch.randint(0, 128, (2, 10))
+    padding = torch.ones(2, 10, dtype=torch.long)
+    padding[1, :3] = 0
+    torch._dynamo.reset()
+    recorder = Recorder()
+    with torch.no_grad():
+        got = torch.compile(model, backend=recorder)(tokens, attention_mask=padding)
+        torch.testing.assert_close(got, model(tokens, attention_mask=padding))
+    assert recorder.count() == 0
+    assert len(recorder.reasons) == 3 and all(r.startswith("mask not recognized") for r in recorder.reasons), recorder.reasons
