@@ -1,0 +1,281 @@
+"""GPU tier: `fa4::attention` on FA4 (`kernels/fa4.py`), run with `pytest -m gpu` on an sm90 / sm100 GPU.
+
+Numerics follow FlashAttention's rule: against the float64 reference, our max abs error is at most
+2x PyTorch's own error in the same dtype, plus 1e-5. PyTorch's own is SDPA (`enable_gqa=True`)
+where SDPA expresses the call, else the same attention as eager ops in the input dtype
+(FlashAttention's `upcast=False` baseline). Softcap gets 3x and +3e-4 on gradients, FA4's own
+tests' allowance for its `tanh.approx`.
+"""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import fa4_inductor  # noqa: F401  (registers the ops)
+from fa4_inductor.kernels import attention as attention_op
+from fa4_inductor.kernels import fa4, reference
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+
+ATTENTION = torch.ops.fa4.attention.default
+BACKWARD = torch.ops.fa4.attention_backward.default
+HQ = 16
+
+
+@pytest.fixture(autouse=True)
+def fa4_device(monkeypatch):
+    major, minor = torch.cuda.get_device_capability()
+    if major not in (9, 10):
+        pytest.skip(f"FA4 is wired for sm90 / sm100, not sm{major}{minor}")
+    monkeypatch.delenv(fa4.DISABLE_ENV, raising=False)
+    torch.manual_seed(0)
+
+
+def qkv(dtype=torch.bfloat16, b=2, sq=1024, sk=None, group=1, d=128, dv=None, requires_grad=False):
+    """Fresh q, k, v as HF hands them over: [B, H, S, D] views of contiguous [B, S, H, D]."""
+    sk, dv = sk or sq, dv or d
+
+    def make(s, h, dd):
+        return torch.randn(b, s, h, dd, dtype=dtype, device="cuda").transpose(1, 2).requires_grad_(requires_grad)
+
+    return make(sq, HQ, d), make(sk, HQ // group, d), make(sk, HQ // group, dv)
+
+
+def attention_flags(d, causal=False, window_left=-1, window_right=-1, softcap=0.0):
+    return dict(scale=d ** -0.5, causal=causal, window_left=window_left, window_right=window_right, softcap=softcap)
+
+
+def eager(q, k, v, seqused_k=None, *, scale, causal, window_left, window_right, softcap):
+    """The attention as plain PyTorch ops in q's dtype: (out, lse)."""
+    keep = reference.allowed_keys(q.shape[2], k.shape[2], causal=causal, window_left=window_left,
+                                  window_right=window_right, seqused_k=seqused_k, device=q.device)
+    group = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+    s = q @ k.transpose(-1, -2) * scale
+    if softcap > 0:
+        s = softcap * torch.tanh(s / softcap)
+    if keep is not None:
+        s = s.masked_fill(~keep.squeeze(2), float("-inf"))
+    return torch.softmax(s, dim=-1).nan_to_num(0.0) @ v, torch.logsumexp(s, dim=-1)
+
+
+def pytorch(q, k, v, seqused_k=None, **flags):
+    """PyTorch's own attention: SDPA where it says the same thing (its causal mask is top-left, ours
+    bottom-right: the same when Sq == Sk), else `eager`."""
+    plain = flags["window_left"] < 0 and flags["window_right"] < 0 and flags["softcap"] == 0
+    if plain and seqused_k is None and q.shape[2] == k.shape[2]:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=flags["causal"], scale=flags["scale"], enable_gqa=True)
+    return eager(q, k, v, seqused_k, **flags)[0]
+
+
+def float64(*tensors):
+    return [t.detach().double() for t in tensors]
+
+
+def assert_fa_rule(name, ours, ref, pt, softcap=0.0, grad=False):
+    assert ours.isfinite().all(), f"{name} has non-finite values"
+    rtol, atol = (3.0, 1e-5 + (3e-4 if grad else 0.0)) if softcap else (2.0, 1e-5)
+    err = (ours.double() - ref).abs().max().item()
+    pt_err = (pt.double() - ref).abs().max().item()
+    assert err <= rtol * pt_err + atol, f"{name}: error {err:.3g} > {rtol} x PyTorch's {pt_err:.3g} + {atol:.0e}"
+
+
+def assert_runs_fa4(q, k, v, seqused_k=None, **flags):
+    name, why = attention_op.kernel_for(q, k, v, seqused_k=seqused_k, **flags)
+    assert name == "fa4", why
+
+
+def check_forward(q, k, v, seqused_k=None, **flags):
+    assert_runs_fa4(q, k, v, seqused_k, **flags)
+    out, lse = ATTENTION(q, k, v, seqused_k, **flags)
+    b, hq, sq, dv = out.shape
+    assert out.dtype == q.dtype and out.stride() == (sq * hq * dv, dv, hq * dv, 1)
+    assert lse.dtype == torch.float32 and lse.shape == (b, hq, sq) and lse.is_contiguous()
+    ref_out, ref_lse = reference.attention_forward(*float64(q, k, v), seqused_k=seqused_k, **flags)
+    assert_fa_rule("out", out, ref_out, pytorch(q, k, v, seqused_k, **flags), flags["softcap"])
+    torch.testing.assert_close(lse.double(), ref_lse, rtol=0, atol=1e-2 if flags["softcap"] else 1e-3)
+
+
+def check_backward(q, k, v, seqused_k=None, with_grad_lse=False, **flags):
+    """Gradients through the op's autograd (fa4::attention_backward), by the FA rule."""
+    assert_runs_fa4(q, k, v, seqused_k, **flags)
+    out, lse = ATTENTION(q, k, v, seqused_k, **flags)
+    dout = torch.randn_like(out)
+    dlse = torch.randn_like(lse) if with_grad_lse else None
+    outputs, grads_in = ((out, lse), (dout, dlse)) if with_grad_lse else ((out,), (dout,))
+    grads = torch.autograd.grad(outputs, (q, k, v), grads_in)
+    for g, t in zip(grads, (q, k, v)):
+        b, h, s, d = t.shape
+        assert g.dtype == t.dtype and g.stride() == (s * h * d, d, h * d, 1)
+
+    q64, k64, v64, dout64 = float64(q, k, v, dout)
+    out64, lse64 = reference.attention_forward(q64, k64, v64, seqused_k=seqused_k, **flags)
+    refs = reference.attention_backward(dout64, q64, k64, v64, out64, lse64, None if dlse is None else dlse.double(),
+                                        seqused_k=seqused_k, **flags)
+
+    qp, kp, vp = (t.detach().requires_grad_() for t in (q, k, v))
+    if with_grad_lse:
+        pt_out, pt_lse = eager(qp, kp, vp, seqused_k, **flags)
+        pt_grads = torch.autograd.grad((pt_out, pt_lse), (qp, kp, vp), (dout, dlse.to(pt_lse.dtype)))
+    else:
+        pt_grads = torch.autograd.grad(pytorch(qp, kp, vp, seqused_k, **flags), (qp, kp, vp), dout)
+    for name, g, r, p in zip(("dq", "dk", "dv"), grads, refs, pt_grads):
+        assert_fa_rule(name, g, r, p, flags["softcap"], grad=True)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("group", [1, 4, 8])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_forward(dtype, group, d, causal):
+    check_forward(*qkv(dtype, group=group, d=d), **attention_flags(d, causal))
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_forward_head_dim_256(dtype, causal):
+    check_forward(*qkv(dtype, sq=512, group=4, d=256), **attention_flags(256, causal))
+
+
+@pytest.mark.parametrize(
+    "sq, sk, causal",
+    [(1000, 1000, False), (1000, 1000, True), (256, 1000, True), (1, 1000, True), (1000, 256, False)],
+)
+def test_forward_odd_lengths(sq, sk, causal):
+    check_forward(*qkv(sq=sq, sk=sk, group=4), **attention_flags(128, causal))
+
+
+MASKS = [
+    dict(causal=True, window_left=64),
+    dict(window_left=64, window_right=32),
+    dict(softcap=30.0),
+    dict(causal=True, softcap=30.0),
+]
+
+
+@pytest.mark.parametrize("mask", MASKS, ids=str)
+@pytest.mark.parametrize("group", [1, 4])
+def test_forward_window_and_softcap(mask, group):
+    check_forward(*qkv(group=group), **attention_flags(128, **mask))
+
+
+@pytest.mark.parametrize("sq, causal", [(1024, False), (256, True)])
+def test_forward_seqused_k(sq, causal):
+    used = torch.tensor([1024, 517], dtype=torch.int32, device="cuda")
+    check_forward(*qkv(sq=sq, sk=1024, group=4), used, **attention_flags(128, causal))
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("group", [1, 4, 8])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_backward(dtype, group, d, causal):
+    check_backward(*qkv(dtype, group=group, d=d, requires_grad=True), **attention_flags(d, causal))
+
+
+@pytest.mark.parametrize("mask", MASKS, ids=str)
+def test_backward_window_and_softcap(mask):
+    check_backward(*qkv(group=4, requires_grad=True), **attention_flags(128, **mask))
+
+
+@pytest.mark.parametrize("sq, sk, causal", [(1000, 1000, True), (256, 1000, True), (1000, 256, False)])
+def test_backward_odd_lengths(sq, sk, causal):
+    check_backward(*qkv(sq=sq, sk=sk, group=4, requires_grad=True), **attention_flags(128, causal))
+
+
+@pytest.mark.parametrize("sq, causal", [(1024, False), (256, True)])
+def test_backward_seqused_k(sq, causal):
+    used = torch.tensor([1024, 517], dtype=torch.int32, device="cuda")
+    check_backward(*qkv(sq=sq, sk=1024, group=4, requires_grad=True), used, **attention_flags(128, causal))
+
+
+def test_backward_through_lse():
+    check_backward(*qkv(group=4, requires_grad=True), with_grad_lse=True, **attention_flags(128, causal=True))
+
+
+def test_hf_and_sdpa_layouts_are_not_copied():
+    hf = torch.randn(2, 256, HQ, 128, dtype=torch.bfloat16, device="cuda").transpose(1, 2)
+    sdpa = torch.randn(2, HQ, 256, 128, dtype=torch.bfloat16, device="cuda")
+    for t in (hf, sdpa):
+        assert fa4._bshd(t).data_ptr() == t.data_ptr()
+
+
+@pytest.mark.parametrize("layout", ["misaligned", "strided_head_dim"])
+def test_other_layouts_are_copied_and_run_fa4(layout):
+    q, k, v = qkv(sq=256, group=4)
+    if layout == "misaligned":  # starts one element past a 16-byte boundary
+        flat = torch.randn(q.numel() + 1, dtype=q.dtype, device="cuda")
+        q = flat[1:].view(2, 256, HQ, 128).transpose(1, 2)
+    else:
+        q = q.transpose(-1, -2).contiguous().transpose(-1, -2)
+    check_forward(q, k, v, **attention_flags(128, causal=True))
+
+
+@pytest.mark.parametrize(
+    "dtype, d, dv, reason",
+    [
+        (torch.float32, 128, 128, "float16 / bfloat16"),
+        (torch.bfloat16, 12, 12, "multiples of 8"),
+        (torch.bfloat16, 128, 264, "head dims"),
+    ],
+)
+def test_unsupported_reason(dtype, d, dv, reason):
+    q, k, v = qkv(dtype, sq=64, d=d, dv=dv)
+    got = fa4.unsupported_reason(q, k, v, **attention_flags(d))
+    assert got is not None and reason in got
+
+
+def test_disable_env_runs_the_reference(monkeypatch):
+    q, k, v = qkv(sq=256)
+    flags = attention_flags(128, causal=True)
+    monkeypatch.setenv(fa4.DISABLE_ENV, "1")
+    name, why = attention_op.kernel_for(q, k, v, **flags)
+    assert name == "reference" and fa4.DISABLE_ENV in why
+    out, _ = ATTENTION(q, k, v, **flags)
+    monkeypatch.delenv(fa4.DISABLE_ENV)
+    fa4_out, _ = ATTENTION(q, k, v, **flags)
+    torch.testing.assert_close(out, fa4_out)
+
+
+def test_warmup_compiles_the_variant_calls_use():
+    interface, _ = fa4._interface()
+    caches = (interface._flash_attn_fwd.compile_cache, interface._flash_attn_bwd.compile_cache)
+    flags = attention_flags(64, window_left=64, window_right=0)  # a variant no other test compiles
+    fa4.warmup(torch.float16, 64, 64, group=8, window=(64, 0), device="cuda", with_backward=True)
+    compiled = [len(c.cache) for c in caches]
+    q, k, v = qkv(torch.float16, group=8, d=64, requires_grad=True)
+    out, _ = ATTENTION(q, k, v, **flags)
+    out.sum().backward()
+    assert [len(c.cache) for c in caches] == compiled
+
+
+def test_cuda_graph_capture_and_replay():
+    flags = attention_flags(128, causal=True)
+    fa4.warmup(torch.bfloat16, 128, 128, group=4, causal=True, device="cuda", seqused_k=True, with_backward=True)
+    q, k, v = qkv(sq=256, sk=1024, group=4)
+    dout = torch.randn(2, 256, HQ, 128, dtype=torch.bfloat16, device="cuda").transpose(1, 2)
+    used = torch.tensor([1024, 1024], dtype=torch.int32, device="cuda")
+
+    def step():
+        out, lse = ATTENTION(q, k, v, used, **flags)
+        return (out, lse, *BACKWARD(dout, q, k, v, out, lse, None, used, **flags))
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static = step()
+
+    for lengths in ([1024, 700], [300, 1024]):
+        for t, fresh in zip((q, k, v, dout), (*qkv(sq=256, sk=1024, group=4), torch.randn_like(dout))):
+            t.copy_(fresh)
+        used.copy_(torch.tensor(lengths))
+        graph.replay()
+        expected = step()
+        for name, got, want in zip(("out", "lse"), static, expected):
+            torch.testing.assert_close(got, want, rtol=0, atol=0, msg=name)
+        for got, want in zip(static[2:], expected[2:]):  # dq accumulates with atomics: order varies
+            torch.testing.assert_close(got, want)
