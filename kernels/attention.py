@@ -105,7 +105,13 @@ def _reference_backward(grad_out, q, k, v, out, lse, grad_lse, seqused_k, **flag
     return grads
 
 
-@torch.library.custom_op("fa4::attention", mutates_args=())
+# Explicit schemas: `int`, not the inferred `SymInt`, for the window flags (they are compile-time constants).
+_FLAGS_SCHEMA = "float scale, bool causal=False, int window_left=-1, int window_right=-1, float softcap=0."
+
+
+@torch.library.custom_op(
+    "fa4::attention", mutates_args=(),
+    schema=f"(Tensor q, Tensor k, Tensor v, Tensor? seqused_k=None, *, {_FLAGS_SCHEMA}) -> (Tensor, Tensor)")
 def attention(
     q: Tensor,
     k: Tensor,
@@ -145,7 +151,10 @@ def _backward_outputs(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, 
     return tuple(_empty_bshd(*t.shape[:2], t.shape[2], t.shape[3], t) for t in (q, k, v))
 
 
-@torch.library.custom_op("fa4::attention_backward", mutates_args=())
+@torch.library.custom_op(
+    "fa4::attention_backward", mutates_args=(),
+    schema="(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor? grad_lse=None, "
+           f"Tensor? seqused_k=None, *, {_FLAGS_SCHEMA}) -> (Tensor, Tensor, Tensor)")
 def attention_backward(
     grad_out: Tensor,
     q: Tensor,

@@ -16,7 +16,7 @@ for a row that sees no key), and dq, dk, dv as contiguous [B, S, H, D] returned 
 GQA (Hq a multiple of Hkv) goes to FA4 as is: it packs the query heads of a KV head together.
 Flags map one to one: `scale` -> softmax_scale, `causal` (bottom-right aligned in both),
 `window_left` / `window_right` -> window_size_left / right with -1 (unbounded) sent as None (FA4
-reads a negative bound as a real bound on one side), `softcap` (0 = off), `seqused_k` (int32).
+drops negative bounds only when both are negative), `softcap` (0 = off), `seqused_k` (int32).
 
 What `unsupported_reason` rejects, so that the reference runs instead:
 - FA4 disabled with FA4_INDUCTOR_DISABLE_FA4=1 (A/B benchmarks), or not installed / not importable;
@@ -185,7 +185,7 @@ def _bshd(t: Tensor) -> Tensor:
 
 
 def _empty_bshd(like: Tensor, zero: bool = False) -> Tensor:
-    """A [B, S, H, D] buffer shaped like the SDPA-layout `like`, returned as its [B, S, H, D] storage."""
+    """A [B, S, H, D] buffer for a gradient of the SDPA-layout [B, H, S, D] `like`."""
     b, h, s, d = like.shape
     return (torch.zeros if zero else torch.empty)((b, s, h, d), dtype=like.dtype, device=like.device)
 
@@ -291,9 +291,9 @@ def warmup(
 ) -> None:
     """Compile (or load from the disk cache) the FA4 kernels of one variant, outside CUDA-graph capture.
 
-    `window` is (window_left, window_right), -1 = unbounded. The sequence lengths matter only where
-    FA4 specializes on them: its backward has a one-block variant, and sm100 picks q tiles and 2-CTA
-    kernels by length; the defaults hit the long-sequence (prefill) variants, pass seqlen_q=1 for decode.
+    `window` is (window_left, window_right), -1 = unbounded. The lengths matter only where FA4
+    specializes on them (queries that fit one tile, a one-block backward, sm100's q tiles and 2-CTA
+    kernels): the defaults compile the prefill variants; pass seqlen_q=1 for decode.
     """
     device = torch.device(device)
     q = torch.randn(1, seqlen_q, group, head_dim, dtype=dtype, device=device).transpose(1, 2)
