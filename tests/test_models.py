@@ -1,8 +1,6 @@
 """Model-style attention modules, compiled with the backend (Inductor included): every attention
 layer reaches `fa4::attention` with K/V un-repeated, and outputs match eager."""
 
-import math
-
 import pytest
 import torch
 import torch.nn as nn
