@@ -1,3 +1,13 @@
 """Ops in the `fa4` torch.library namespace and the kernels behind them. Importing registers them."""
 
-from . import attention  # noqa: F401
+import sys
+
+if __name__ != "fa4_inductor.kernels":
+    # Found as a top-level `kernels` because the repo root is on sys.path (e.g. `python -m pytest` run
+    # there; transformers probes for a `kernels` package by importing it). Loading this folder a
+    # second time under that name would register the ops again; hand out the installed package.
+    import importlib
+
+    sys.modules[__name__] = importlib.import_module("fa4_inductor.kernels")
+else:
+    from . import attention  # noqa: F401

@@ -14,7 +14,8 @@ Outputs: `out` [B, Hq, Sq, Dv] in q's dtype, stored as [B, Sq, Hq, Dv] (so the u
 log-sum-exp of each row (-inf for a row that sees no key), which the backward consumes.
 
 Kernels: CPU runs the float32/float64 reference. CUDA runs FA4 (`fa4.py`) where it takes the
-call, else the reference on the device; `kernel_for` says which and why.
+call, else PyTorch's memory-efficient SDPA kernel (`sdpa_fallback.py`, forward only), else the
+reference on the device; `kernel_for` says which and why.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from . import reference
+from . import reference, sdpa_fallback
 
 log = logging.getLogger("fa4_inductor.kernels")
 
@@ -62,7 +63,10 @@ def kernel_for(q: Tensor, k: Tensor, v: Tensor, **flags) -> tuple[str, str]:
     reason = fa4.unsupported_reason(q, k, v, **flags)
     if reason is None:
         return "fa4", "FA4 takes this call"
-    return "reference", reason
+    fallback_reason = sdpa_fallback.unsupported_reason(q, flags.get("softcap", 0.0))
+    if fallback_reason is None:
+        return "sdpa", reason
+    return "reference", f"{reason}; {fallback_reason}"
 
 
 def _check_inputs(q: Tensor, k: Tensor, v: Tensor, seqused_k: Optional[Tensor]) -> None:
@@ -138,6 +142,8 @@ def _attention_cuda(q, k, v, seqused_k=None, **flags):
         from . import fa4
 
         return fa4.forward(q, k, v, seqused_k, **flags)
+    if name == "sdpa":
+        return sdpa_fallback.forward(q, k, v, seqused_k, **flags)
     return _reference_forward(q, k, v, seqused_k, **flags)
 
 

@@ -89,3 +89,18 @@ def test_dynamic_sequence_length_compiles_once():
         x = inputs(s)
         torch.testing.assert_close(compiled(*x), causal_gqa(*x), atol=1e-5, rtol=1e-5)
     assert len(backend.graphs) == 1 and backend.count() == 1
+
+
+@pytest.mark.parametrize("name", ["kernels", "lowering"])
+def test_repo_folders_imported_top_level_are_the_installed_packages(monkeypatch, name):
+    """transformers probes for a `kernels` package by importing it; from the repo root that finds our
+    folder, which must not register the ops a second time."""
+    import importlib
+    import pathlib
+    import sys
+
+    op = torch.ops.fa4.attention.default
+    monkeypatch.syspath_prepend(str(pathlib.Path(fa4_inductor.__file__).parents[1]))
+    monkeypatch.delitem(sys.modules, name, raising=False)
+    assert importlib.import_module(name) is importlib.import_module(f"fa4_inductor.{name}")
+    assert torch.ops.fa4.attention.default is op

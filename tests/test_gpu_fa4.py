@@ -229,16 +229,60 @@ def test_unsupported_reason(dtype, d, dv, reason):
     assert got is not None and reason in got
 
 
-def test_disable_env_runs_the_reference(monkeypatch):
-    q, k, v = qkv(sq=256)
-    flags = attention_flags(128, causal=True)
+FALLBACK_CASES = [
+    dict(sq=256, sk=256, group=4, seqused=None, flags=dict(causal=True)),
+    dict(sq=200, sk=1000, group=1, seqused=None, flags=dict(causal=True)),
+    dict(sq=1000, sk=256, group=4, seqused=None, flags=dict(causal=True)),  # rows that see no key
+    dict(sq=256, sk=1024, group=8, seqused=[1024, 517], flags=dict(causal=True)),
+    dict(sq=512, sk=512, group=4, seqused=None, flags=dict(window_left=64, window_right=32)),
+]
+
+
+@pytest.mark.parametrize("case", FALLBACK_CASES, ids=str)
+def test_disabled_fa4_falls_back_to_sdpa(monkeypatch, case):
+    q, k, v = qkv(sq=case["sq"], sk=case["sk"], group=case["group"])
+    used = None if case["seqused"] is None else torch.tensor(case["seqused"], dtype=torch.int32, device="cuda")
+    flags = attention_flags(128, **case["flags"])
+    monkeypatch.setenv(fa4.DISABLE_ENV, "1")
+    name, why = attention_op.kernel_for(q, k, v, seqused_k=used, **flags)
+    assert name == "sdpa" and fa4.DISABLE_ENV in why
+    out, lse = ATTENTION(q, k, v, used, **flags)
+    b, hq, sq, dv = out.shape
+    assert out.stride() == (sq * hq * dv, dv, hq * dv, 1) and lse.dtype == torch.float32
+    ref_out, ref_lse = reference.attention_forward(*float64(q, k, v), seqused_k=used, **flags)
+    assert_fa_rule("out", out, ref_out, pytorch(q, k, v, used, **flags))
+    torch.testing.assert_close(lse.double(), ref_lse, rtol=0, atol=1e-3)
+
+
+def test_disabled_fa4_with_softcap_runs_the_reference(monkeypatch):
+    q, k, v = qkv(sq=128, group=4)
+    flags = attention_flags(128, softcap=30.0, scale=1.0)
     monkeypatch.setenv(fa4.DISABLE_ENV, "1")
     name, why = attention_op.kernel_for(q, k, v, **flags)
-    assert name == "reference" and fa4.DISABLE_ENV in why
+    assert name == "reference" and fa4.DISABLE_ENV in why and "softcap" in why
     out, _ = ATTENTION(q, k, v, **flags)
-    monkeypatch.delenv(fa4.DISABLE_ENV)
-    fa4_out, _ = ATTENTION(q, k, v, **flags)
-    torch.testing.assert_close(out, fa4_out, atol=1e-2, rtol=1e-2)
+    ref_out, _ = reference.attention_forward(*float64(q, k, v), seqused_k=None, **flags)
+    assert_fa_rule("out", out, ref_out, pytorch(q, k, v, **flags), softcap=30.0)
+
+
+def test_reduce_overhead_replays_cuda_graphs_with_fa4():
+    """`mode="reduce-overhead"` under our backend: Inductor's CUDA graphs take the fa4 op (no skip)."""
+    from torch._dynamo.utils import counters
+
+    from fa4_inductor.demo import Config, TinyLlama
+
+    torch.manual_seed(0)
+    model = TinyLlama(Config(attention="eager")).to(device="cuda", dtype=torch.bfloat16).eval()
+    counters.clear()
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend=fa4_inductor, mode="reduce-overhead")
+    with torch.no_grad():
+        for _ in range(3):  # warm-up run, recording, replay
+            tokens = torch.randint(0, model.cfg.vocab, (2, 512), device="cuda")
+            got = compiled(tokens).float()
+            expected = model(tokens).float()
+            assert ((got - expected).abs().max() / expected.abs().max()).item() < 2e-2
+    assert not counters["inductor"]["cudagraph_skips"], dict(counters["inductor"])
 
 
 def test_warmup_compiles_the_variant_calls_use():

@@ -1,0 +1,444 @@
+"""`python -m fa4_inductor bench`: the GPU benchmarks behind `docs/benchmarks.md`.
+
+Suites (`--suite`, comma-separated; all by default):
+- `op`: prefill attention, `fa4::attention` against FA4 called directly (`flash_attn_func`) and SDPA
+  (cuDNN and flash backends), 16k tokens per batch over sequence lengths 1k..16k, head dims 64 / 128,
+  causal and not; TFLOP/s from GPU time (`triton.testing.do_bench`, median).
+- `overhead`: host cost per call of a tiny attention (the GPU is idle, so launches are the limit):
+  FA4 directly, our adapter (`kernels/fa4.forward`), the `fa4::attention` op, and a compiled SDPA
+  call under our backend and under default `torch.compile`.
+- `decode`: one query token against a KV cache (GQA), `fa4::attention` (whichever kernel it picks)
+  against SDPA `enable_gqa` and FA4 directly; GPU time under a CUDA graph, as TB/s of K/V read.
+- `e2e`: a Llama-1B-shaped HF transformers model (hidden 2048, 16 layers, 32 query / 8 KV heads,
+  bf16, random weights) with `attn_implementation` "eager" and "sdpa": prefill latency at 2k / 8k
+  tokens, and decode tokens/s with a static cache under `mode="reduce-overhead"`, default
+  `torch.compile` against `backend=fa4_inductor`.
+
+Results print as markdown tables; `--out FILE` writes them (with the date, GPU, versions and the
+command) and `--plot FILE.png` draws the op suite. Functions here take a `device` so the CPU test
+suite can run them on tiny shapes; numbers only mean something on a GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import platform
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+SUITES = ("op", "overhead", "decode", "e2e")
+
+
+@dataclass
+class Table:
+    title: str
+    columns: list[str]
+    rows: list[list] = field(default_factory=list)
+    note: str = ""
+
+    def markdown(self) -> str:
+        def cell(x):
+            return f"{x:.3g}" if isinstance(x, float) and abs(x) < 100 else (f"{x:.0f}" if isinstance(x, float) else str(x))
+
+        lines = [f"### {self.title}", ""]
+        if self.note:
+            lines += [self.note, ""]
+        lines += ["| " + " | ".join(self.columns) + " |", "|" + "---|" * len(self.columns)]
+        lines += ["| " + " | ".join(cell(x) for x in row) + " |" for row in self.rows]
+        return "\n".join(lines) + "\n"
+
+
+# ----------------------------------------------------------------------------------------- timing
+
+
+def gpu_ms(fn: Callable[[], object], cuda_graph: bool = False) -> float:
+    """Median GPU milliseconds of `fn` (L2 flushed between runs); under a CUDA graph if asked."""
+    if not torch.cuda.is_available():
+        return _host_ms(fn)
+    from triton.testing import do_bench, do_bench_cudagraph
+
+    fn()  # compile / warm up outside the graph
+    torch.cuda.synchronize()
+    if cuda_graph:
+        return do_bench_cudagraph(fn, rep=50, return_mode="median")
+    return do_bench(fn, warmup=10, rep=50, return_mode="median")
+
+
+def _host_ms(fn: Callable[[], object], repeats: int = 5) -> float:
+    fn()
+    times = []
+    for _ in range(repeats):
+        _sync()
+        start = time.perf_counter()
+        fn()
+        _sync()
+        times.append((time.perf_counter() - start) * 1e3)
+    return statistics.median(times)
+
+
+def _sync():
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def host_us_per_call(fn: Callable[[], object], calls: int = 200, repeats: int = 5) -> float:
+    """Microseconds per call of back-to-back calls (no sync in between): the launch cost when the
+    GPU work is tiny."""
+    for _ in range(10):
+        fn()
+    best = math.inf
+    for _ in range(repeats):
+        _sync()
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        _sync()
+        best = min(best, (time.perf_counter() - start) / calls * 1e6)
+    return best
+
+
+# -------------------------------------------------------------------------------------- op suites
+
+
+def _hf_qkv(b, sq, sk, hq, hkv, d, dtype, device):
+    """q, k, v as HF hands them to attention: [B, H, S, D] views of contiguous [B, S, H, D]."""
+    def make(s, h):
+        return torch.randn(b, s, h, d, dtype=dtype, device=device).transpose(1, 2)
+
+    return make(sq, hq), make(sk, hkv), make(sk, hkv)
+
+
+def _fa4_direct():
+    """FA4's public `flash_attn_func` over [B, S, H, D] tensors, or None when FA4 is not importable."""
+    from fa4_inductor.kernels import fa4
+
+    interface, _ = fa4._interface()
+    if interface is None:
+        return None
+
+    def call(q, k, v, causal, scale):
+        return interface.flash_attn_func(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                         softmax_scale=scale, causal=causal)
+    return call
+
+
+def _sdpa(backend):
+    from torch.nn.attention import sdpa_kernel
+
+    def call(q, k, v, causal, scale):
+        with sdpa_kernel(backend):
+            return F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale,
+                                                  enable_gqa=q.shape[1] != k.shape[1])
+    return call
+
+
+def _ours(q, k, v, causal, scale):
+    return torch.ops.fa4.attention(q, k, v, scale=scale, causal=causal)
+
+
+def attention_impls(device) -> dict[str, Callable]:
+    from torch.nn.attention import SDPBackend
+
+    impls = {"fa4::attention": _ours}
+    direct = _fa4_direct() if device == "cuda" else None
+    if direct is not None:
+        impls["FA4 direct"] = direct
+    if device == "cuda":
+        impls["SDPA cuDNN"] = _sdpa(SDPBackend.CUDNN_ATTENTION)
+        impls["SDPA flash"] = _sdpa(SDPBackend.FLASH_ATTENTION)
+    else:
+        impls["SDPA math"] = _sdpa(SDPBackend.MATH)
+    return impls
+
+
+def op_suite(device="cuda", dtype=torch.bfloat16, seqlens=(1024, 2048, 4096, 8192, 16384), head_dims=(64, 128),
+             tokens=16384, width=2048) -> Table:
+    """Prefill TFLOP/s; batch = tokens // seqlen, heads = width // head_dim (FA's benchmark shapes)."""
+    impls = attention_impls(device)
+    table = Table("Prefill attention, TFLOP/s (higher is better)",
+                  ["head dim", "causal", "seqlen", "batch x heads", *impls, "ours / FA4 direct"],
+                  note=f"{dtype}, {tokens} tokens per batch, heads = {width} / head dim, q/k/v as HF's "
+                       "[B, H, S, D] views of [B, S, H, D]; GPU time, median, L2 flushed.")
+    for d in head_dims:
+        for causal in (False, True):
+            for s in seqlens:
+                b, h = max(1, tokens // s), width // d
+                q, k, v = _hf_qkv(b, s, s, h, h, d, dtype, device)
+                flops = 4 * b * h * s * s * d / (2 if causal else 1)
+                results = {}
+                for name, impl in impls.items():
+                    try:
+                        ms = gpu_ms(lambda: impl(q, k, v, causal, d ** -0.5))
+                        results[name] = flops / ms / 1e9
+                    except Exception as e:  # a backend that does not take the shape
+                        print(f"  {name} d{d} s{s} causal={causal}: {type(e).__name__}: {e}", file=sys.stderr)
+                        results[name] = float("nan")
+                ratio = results["fa4::attention"] / results.get("FA4 direct", float("nan"))
+                table.rows.append([d, causal, s, f"{b}x{h}", *results.values(), ratio])
+                del q, k, v
+    return table
+
+
+def overhead_suite(device="cuda", dtype=torch.bfloat16) -> Table:
+    """Host microseconds per call for a tiny attention (b1, h8, s128, d64, causal)."""
+    import fa4_inductor
+    from fa4_inductor.kernels import fa4
+
+    q, k, v = _hf_qkv(1, 128, 128, 8, 8, 64, dtype, device)
+    scale = 64 ** -0.5
+    calls = {"fa4::attention op": lambda: _ours(q, k, v, True, scale)}
+    direct = _fa4_direct() if device == "cuda" else None
+    if direct is not None:
+        calls = {"FA4 flash_attn_func": lambda: direct(q, k, v, True, scale),
+                 "our adapter (kernels/fa4.forward)": lambda: fa4.forward(q, k, v, scale=scale, causal=True),
+                 **calls}
+
+    def sdpa(q, k, v):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+    torch._dynamo.reset()
+    calls["compiled SDPA, backend=fa4_inductor"] = _bind(torch.compile(sdpa, backend=fa4_inductor), q, k, v)
+    calls["compiled SDPA, default torch.compile"] = _bind(torch.compile(sdpa), q, k, v)
+    table = Table("Host overhead per attention call, microseconds (lower is better)", ["call", "us / call"],
+                  note=f"b1 h8 s128 d64 causal {dtype}: the kernels are tiny, so back-to-back calls measure "
+                       "the host path (best of 5 rounds of 200 calls).")
+    for name, call in calls.items():
+        with torch.no_grad():
+            table.rows.append([name, host_us_per_call(call)])
+    return table
+
+
+def _bind(fn, *args):
+    return lambda: fn(*args)
+
+
+def decode_suite(device="cuda", dtype=torch.bfloat16, batches=(1, 8, 64), cache_lens=(4096, 32768, 131072),
+                 heads=((32, 8), (64, 8)), head_dims=(128, 64), max_kv_gib=40.0) -> Table:
+    """One new token against a full KV cache: GPU time under a CUDA graph, TB/s of K/V bytes."""
+    impls = {"fa4::attention": _ours}
+    direct = _fa4_direct() if device == "cuda" else None
+    if direct is not None:
+        impls["FA4 direct"] = direct
+    impls["SDPA enable_gqa"] = _sdpa_default
+    table = Table("Decode attention (1 query token), TB/s of K/V read (us in brackets)",
+                  ["hq/hkv", "head dim", "batch", "cache", *impls],
+                  note=f"{dtype}, contiguous [B, H, S, D] caches (HF static cache layout), CUDA-graph "
+                       "replay, median.")
+    for hq, hkv in heads:
+        for d in head_dims:
+            for b in batches:
+                for sk in cache_lens:
+                    kv_bytes = 2 * b * hkv * sk * d * torch.tensor([], dtype=dtype).element_size()
+                    if kv_bytes > max_kv_gib * 2**30:
+                        continue
+                    q = torch.randn(b, hq, 1, d, dtype=dtype, device=device)
+                    k = torch.randn(b, hkv, sk, d, dtype=dtype, device=device)
+                    v = torch.randn(b, hkv, sk, d, dtype=dtype, device=device)
+                    cells = []
+                    for name, impl in impls.items():
+                        try:
+                            ms = gpu_ms(lambda: impl(q, k, v, False, d ** -0.5), cuda_graph=device == "cuda")
+                            cells.append(f"{kv_bytes / ms / 1e9:.2f} ({ms * 1e3:.0f})")
+                        except Exception as e:
+                            print(f"  {name} b{b} sk{sk}: {type(e).__name__}: {e}", file=sys.stderr)
+                            cells.append("n/a")
+                    table.rows.append([f"{hq}/{hkv}", d, b, sk, *cells])
+                    del q, k, v
+    return table
+
+
+def _sdpa_default(q, k, v, causal, scale):
+    return F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale, enable_gqa=q.shape[1] != k.shape[1])
+
+
+# ------------------------------------------------------------------------------------------ e2e
+
+
+LLAMA_1B = dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32,
+                num_key_value_heads=8, vocab_size=128256, max_position_embeddings=16384, rope_theta=500000.0,
+                tie_word_embeddings=True)
+
+
+def llama(attention: str, device, dtype, **overrides):
+    """A Llama-1B-shaped `LlamaForCausalLM` (random weights) with the given attn_implementation."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(**{**LLAMA_1B, **overrides})
+    config._attn_implementation = attention
+    with torch.device(device):
+        model = LlamaForCausalLM(config)
+    return model.to(dtype).eval()
+
+
+def _compile(model_fn, backend_name, **kwargs):
+    import fa4_inductor
+
+    if backend_name == "fa4_inductor":
+        return torch.compile(model_fn, backend=fa4_inductor, **kwargs)
+    return torch.compile(model_fn, **kwargs)
+
+
+def prefill_ms(model, backend_name, seqlens, device) -> dict[int, float]:
+    """Forward latency of the compiled model per prompt length (batch 1, all logits)."""
+    compiled = _compile(model, backend_name, dynamic=True)
+    out = {}
+    with torch.no_grad():
+        for s in seqlens:
+            tokens = torch.randint(0, model.config.vocab_size, (1, s), device=device)
+            out[s] = _host_ms(lambda: compiled(tokens), repeats=7)
+    return out
+
+
+def decode_tokens_per_s(model, backend_name, prompt: int, steps: int, device, mode="reduce-overhead") -> tuple[float, torch.Tensor]:
+    """Greedy decode with a static cache: the one-token forward compiled with `mode`; tokens/s and the tokens."""
+    from transformers import StaticCache
+
+    cache = StaticCache(config=model.config, max_cache_len=prompt + steps + 8)
+    tokens = torch.randint(0, model.config.vocab_size, (1, prompt), generator=torch.Generator().manual_seed(0)).to(device)
+
+    def step(token, position):
+        return model(token, position_ids=position, past_key_values=cache, use_cache=True).logits[:, -1]
+
+    compiled = _compile(step, backend_name, mode=mode, fullgraph=True) if mode != "eager" else step
+    with torch.no_grad():
+        logits = model(tokens, position_ids=torch.arange(prompt, device=device)[None], past_key_values=cache,
+                       use_cache=True).logits[:, -1]
+        generated = [logits.argmax(-1)]
+        position = torch.tensor([[prompt]], device=device)
+        warm = 3
+        for i in range(steps):
+            if i == warm:
+                _sync()
+                start = time.perf_counter()
+            logits = compiled(generated[-1][:, None].clone(), position.clone())
+            generated.append(logits.argmax(-1))
+            position += 1
+        _sync()
+        elapsed = time.perf_counter() - start
+    return (steps - warm) / elapsed, torch.cat(generated)
+
+
+def e2e_suite(device="cuda", dtype=torch.bfloat16, seqlens=(2048, 8192), prompt=2048, steps=64,
+              model_overrides=None) -> list[Table]:
+    backends = ("default torch.compile", "fa4_inductor")
+    prefill = Table("Llama-1B-shaped HF model, prefill latency (ms, lower is better)",
+                    ["attention code", "tokens", *backends, "speedup"],
+                    note=f"{dtype}, batch 1, all logits, compiled with dynamic=True; median of 7 forwards.")
+    decode = Table("Llama-1B-shaped HF model, decode with a static cache (tokens/s, higher is better)",
+                   ["attention code", "prompt", *backends, "speedup", "same tokens"],
+                   note=f"{dtype}, batch 1, greedy, the one-token step compiled with mode='reduce-overhead'; "
+                        f"{steps} steps, first 3 excluded.")
+    for attention in ("eager", "sdpa"):
+        torch.manual_seed(0)
+        model = llama(attention, device, dtype, **(model_overrides or {}))
+        times = {}
+        for name in backends:
+            torch._dynamo.reset()
+            times[name] = prefill_ms(model, "fa4_inductor" if name == "fa4_inductor" else "inductor", seqlens, device)
+        for s in seqlens:
+            base, ours = times[backends[0]][s], times[backends[1]][s]
+            prefill.rows.append([attention, s, base, ours, f"{base / ours:.2f}x"])
+        rates, tokens = {}, {}
+        for name in backends:
+            torch._dynamo.reset()
+            rates[name], tokens[name] = decode_tokens_per_s(
+                model, "fa4_inductor" if name == "fa4_inductor" else "inductor", prompt, steps, device,
+                mode="reduce-overhead" if device == "cuda" else "default")
+        same = bool(torch.equal(tokens[backends[0]], tokens[backends[1]]))
+        decode.rows.append([attention, prompt, rates[backends[0]], rates[backends[1]],
+                            f"{rates[backends[1]] / rates[backends[0]]:.2f}x", same])
+        del model
+        torch._dynamo.reset()
+        if device == "cuda":
+            torch.cuda.empty_cache()
+    return [prefill, decode]
+
+
+# ------------------------------------------------------------------------------------------ output
+
+
+def environment() -> dict:
+    info = {"date": datetime.date.today().isoformat(), "torch": torch.__version__, "python": platform.python_version()}
+    if torch.cuda.is_available():
+        info["gpu"] = torch.cuda.get_device_name()
+        info["cuda"] = torch.version.cuda
+    for package in ("nvidia-cutlass-dsl", "flash-attn-4", "transformers", "triton"):
+        try:
+            from importlib.metadata import version
+
+            info[package] = version(package)
+        except Exception:
+            pass
+    return info
+
+
+def plot(table: Table, path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    impls = table.columns[4:-1]
+    variants = sorted({(row[0], row[1]) for row in table.rows})
+    fig, axes = plt.subplots(1, len(variants), figsize=(4.5 * len(variants), 4), squeeze=False)
+    for ax, (d, causal) in zip(axes[0], variants):
+        rows = [r for r in table.rows if (r[0], r[1]) == (d, causal)]
+        for i, name in enumerate(impls):
+            ax.plot([r[2] for r in rows], [r[4 + i] for r in rows], marker="o", label=name)
+        ax.set_xscale("log", base=2)
+        ax.set_title(f"d{d}, {'causal' if causal else 'non-causal'}")
+        ax.set_xlabel("sequence length")
+        ax.set_ylabel("TFLOP/s")
+        ax.grid(alpha=0.3)
+    axes[0][0].legend(fontsize=8)
+    fig.suptitle(table.title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m fa4_inductor bench", description=__doc__.split("\n")[0])
+    parser.add_argument("--suite", default=",".join(SUITES), help=f"comma-separated, from {SUITES}")
+    parser.add_argument("--out", help="write the tables (markdown) here")
+    parser.add_argument("--json", help="write the raw tables as JSON here")
+    parser.add_argument("--plot", help="write the op suite's plot (PNG) here")
+    args = parser.parse_args(argv)
+    suites = [s for s in args.suite.split(",") if s]
+    unknown = set(suites) - set(SUITES)
+    if unknown:
+        parser.error(f"unknown suites {sorted(unknown)}")
+    if not torch.cuda.is_available():
+        print("bench needs a CUDA GPU", file=sys.stderr)
+        return 2
+    import fa4_inductor  # noqa: F401  (registers the ops)
+
+    env = environment()
+    command = "python -m fa4_inductor bench " + " ".join(argv if argv is not None else sys.argv[1:])
+    print(json.dumps(env))
+    tables: list[Table] = []
+    for suite in suites:
+        started = time.perf_counter()
+        produced = {"op": op_suite, "overhead": overhead_suite, "decode": decode_suite, "e2e": e2e_suite}[suite]()
+        for table in produced if isinstance(produced, list) else [produced]:
+            tables.append(table)
+            print(table.markdown(), flush=True)
+            if args.plot and suite == "op":
+                plot(table, args.plot)
+        print(f"[{suite} took {time.perf_counter() - started:.0f} s]", flush=True)
+    header = (f"## {env['date']}: `{command}`\n\n" + ", ".join(f"{k} {v}" for k, v in env.items() if k != "date") + "\n\n")
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(header + "\n".join(t.markdown() for t in tables))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"environment": env, "command": command, "tables": [asdict(t) for t in tables]}, f, indent=1)
+    return 0

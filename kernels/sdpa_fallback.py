@@ -1,0 +1,67 @@
+"""CUDA forward of `fa4::attention` for calls FA4 cannot take: PyTorch's memory-efficient SDPA kernel.
+
+It runs when FA4 is missing, disabled (`FA4_INDUCTOR_DISABLE_FA4=1`) or the GPU is neither sm90 nor
+sm100 (A100, consumer Blackwell). `aten::_scaled_dot_product_efficient_attention` takes an additive
+bias and returns the log-sum-exp our op must produce, so every flag except softcap maps onto it:
+causal / window / seqused_k become one bias built from `reference.allowed_keys` (bottom-right
+alignment, exactly the op's contract), and GQA repeats K/V heads (a copy this path accepts).
+Rows that see no key come back as zeros with lse -inf, as the contract says. Softcap has no SDPA
+spelling and stays with the reference. The backward keeps the reference.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from . import reference
+
+DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+BIAS_ALIGN = 16  # the efficient kernel wants the bias's last dim padded to this many elements
+
+
+def unsupported_reason(q: Tensor, softcap: float) -> str | None:
+    if q.device.type != "cuda":
+        return f"the SDPA fallback runs on CUDA, not {q.device.type}"
+    if q.dtype not in DTYPES:
+        return f"the SDPA fallback takes float16 / bfloat16 / float32, not {str(q.dtype).removeprefix('torch.')}"
+    if softcap > 0:
+        return "softcap has no SDPA spelling"
+    return None
+
+
+def _bias(keep: Optional[Tensor], b: int, h: int, sq: int, sk: int, dtype: torch.dtype) -> Optional[Tensor]:
+    """Additive [B, H, Sq, Sk] bias (a broadcast view of a padded buffer), or None when all keys are visible."""
+    if keep is None:
+        return None
+    padded = math.ceil(sk / BIAS_ALIGN) * BIAS_ALIGN
+    bias = torch.full((keep.shape[0], 1, sq, padded), float("-inf"), dtype=dtype, device=keep.device)
+    bias[..., :sk].masked_fill_(keep[:, 0], 0.0)
+    return bias[..., :sk].expand(b, h, sq, sk)
+
+
+def forward(q: Tensor, k: Tensor, v: Tensor, seqused_k: Optional[Tensor] = None, *, scale: float, causal: bool = False,
+            window_left: int = -1, window_right: int = -1, softcap: float = 0.0) -> tuple[Tensor, Tensor]:
+    """(out [B, Hq, Sq, Dv] stored as [B, Sq, Hq, Dv], lse [B, Hq, Sq] float32)."""
+    reason = unsupported_reason(q, softcap)
+    if reason is not None:
+        raise ValueError(reason)
+    b, hq, sq, _ = q.shape
+    sk, group = k.shape[2], hq // k.shape[1]
+    keep = reference.allowed_keys(sq, sk, causal=causal, window_left=window_left, window_right=window_right,
+                                  seqused_k=seqused_k, device=q.device)
+    if group > 1:
+        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+    result, lse, _, _ = torch.ops.aten._scaled_dot_product_efficient_attention(
+        q, k, v, _bias(keep, b, hq, sq, sk, q.dtype), True, scale=scale)
+    lse = lse[..., :sq].float()
+    if keep is not None:
+        blind = ~keep[:, 0].any(-1)  # [B or 1, 1, Sq]: rows that see no key
+        result = result.masked_fill(blind[..., None], 0.0)
+        lse = lse.masked_fill(blind, float("-inf"))
+    out = q.new_empty((b, sq, hq, v.shape[-1])).transpose(1, 2)
+    out.copy_(result)
+    return out, lse.contiguous()

@@ -1,0 +1,39 @@
+"""The benchmark code paths, run on the CPU with tiny shapes (the numbers mean nothing here)."""
+
+import math
+
+import torch
+
+from fa4_inductor import bench
+from fa4_inductor.__main__ import main
+
+
+def test_op_suite_rows_cover_every_variant():
+    table = bench.op_suite("cpu", torch.float32, seqlens=(64, 128), head_dims=(64,), tokens=256, width=128)
+    assert [row[:4] for row in table.rows] == [
+        [64, False, 64, "4x2"], [64, False, 128, "2x2"], [64, True, 64, "4x2"], [64, True, 128, "2x2"]]
+    assert all(math.isfinite(x) and x > 0 for row in table.rows for x in row[4:6])
+    assert "| head dim | causal |" in table.markdown()
+
+
+def test_decode_suite_skips_caches_over_the_memory_cap():
+    table = bench.decode_suite("cpu", torch.float32, batches=(1,), cache_lens=(256, 4096), heads=((4, 2),),
+                               head_dims=(64,), max_kv_gib=2 * 2 * 256 * 64 * 4 / 2**30)
+    assert [row[:4] for row in table.rows] == [["4/2", 64, 1, 256]]
+    assert all(cell != "n/a" for cell in table.rows[0][4:])
+
+
+def test_e2e_suite_compiles_prefill_and_static_cache_decode():
+    tiny = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                num_key_value_heads=2, vocab_size=128, max_position_embeddings=256)
+    prefill, decode = bench.e2e_suite("cpu", torch.float32, seqlens=(16,), prompt=8, steps=5, model_overrides=tiny)
+    assert [row[:2] for row in prefill.rows] == [["eager", 16], ["sdpa", 16]]
+    assert [row[0] for row in decode.rows] == ["eager", "sdpa"]
+    assert all(row[-1] is True for row in decode.rows), "greedy tokens differ between the backends"
+
+
+def test_bench_needs_a_gpu(capsys):
+    if torch.cuda.is_available():
+        return
+    assert main(["bench", "--suite", "op"]) == 2
+    assert "needs a CUDA GPU" in capsys.readouterr().err
