@@ -38,8 +38,9 @@ class Backend:
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs, mode: str | None = None, options: dict | None = None):
         records = run_torch_ir_passes(gm, example_inputs, self.options)
-        report.publish(records)
-        return compile_fx(gm, example_inputs, config_patches=inductor_config_patches(mode, options))
+        compiled = compile_fx(gm, example_inputs, config_patches=inductor_config_patches(mode, options))
+        report.publish(records)  # after compile_fx: a restarted analysis (it raises) leaves no stale records
+        return compiled
 
     def rewrite_only(self, gm: torch.fx.GraphModule, example_inputs, **_):
         """The same rewrites, run eagerly without Inductor: what `explain` uses."""

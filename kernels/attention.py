@@ -137,7 +137,8 @@ def attention(
 def _attention_cuda(q, k, v, seqused_k=None, **flags):
     _check_inputs(q, k, v, seqused_k)
     name, why = kernel_for(q, k, v, seqused_k=seqused_k, **flags)
-    log.debug("fa4::attention q%s k%s %s: kernel %s (%s)", tuple(q.shape), tuple(k.shape), q.dtype, name, why)
+    if log.isEnabledFor(logging.DEBUG):
+        log.debug("fa4::attention q%s k%s %s: kernel %s (%s)", tuple(q.shape), tuple(k.shape), q.dtype, name, why)
     if name == "fa4":
         from . import fa4
 

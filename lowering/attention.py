@@ -53,6 +53,7 @@ class AttentionCall:
     output: Node
     scale: float
     flags: dict = field(default_factory=dict)
+    scale_factors: list = field(default_factory=list)  # (node, exponent): runtime floats multiplying `scale`
     matched: list = field(default_factory=list)
     gqa: str = ""
 
@@ -130,11 +131,14 @@ def match_sdpa(node: Node, constants: dict) -> AttentionCall:
     if is_causal:
         _require_square(scores_shape, "is_causal")
         flags["causal"] = True
+    factors = []
     if scale is None:
         scale = 1.0 / math.sqrt(int(shape(q)[-1]))
+    elif _is_runtime_float(scale):
+        scale, factors = 1.0, [(scale, 1)]
     elif scalar(scale) is None:
         raise Decline(f"scale is not a constant ({scale})")
-    return AttentionCall(q, k, v, output=node, scale=float(scale), flags=flags, matched=[node])
+    return AttentionCall(q, k, v, output=node, scale=float(scale), flags=flags, matched=[node], scale_factors=factors)
 
 
 def _constant_factor(node: Node) -> tuple[Node, float] | None:
@@ -147,6 +151,23 @@ def _constant_factor(node: Node) -> tuple[Node, float] | None:
             return b, scalar(a)
     if DIV(node) and isinstance(node.args[0], Node) and scalar(node.args[1]):
         return node.args[0], 1.0 / scalar(node.args[1])
+    return None
+
+
+def _is_runtime_float(x) -> bool:
+    """A node computing a Python float at run time (Dynamo's `.item()` of a float attribute under dynamic=True)."""
+    return isinstance(x, Node) and isinstance(x.meta.get("example_value", x.meta.get("val")), (float, torch.SymFloat))
+
+
+def _runtime_factor(node: Node) -> tuple[Node, tuple[Node, int]] | None:
+    """(x, (s, +1)) when node is x * s, (x, (s, -1)) when x / s, for a runtime float s."""
+    if MUL(node):
+        a, b = node.args[0], node.args[1]
+        for x, s in ((a, b), (b, a)):
+            if isinstance(x, Node) and not _is_runtime_float(x) and _is_runtime_float(s):
+                return x, (s, 1)
+    if DIV(node) and isinstance(node.args[0], Node) and _is_runtime_float(node.args[1]):
+        return node.args[0], (node.args[1], -1)
     return None
 
 
@@ -214,7 +235,7 @@ def match_handwritten(softmax: Node, constants: dict) -> AttentionCall | None:
         raise Decline(f"softmax over dim {dim}, not the key dim")
 
     # Walking up from the softmax meets the steps in reverse: masks, then the softcap, then scales.
-    scale, softcap, band = 1.0, 0.0, Band()
+    scale, softcap, band, factors = 1.0, 0.0, Band(), []
     scores_shape = shape(softmax)
     node = softmax.args[0]
     consumer = softmax
@@ -225,7 +246,7 @@ def match_handwritten(softmax: Node, constants: dict) -> AttentionCall | None:
         if CAST(node):
             node = node.args[0]
         elif (capped := _softcap(node)) is not None:
-            if softcap or scale != 1.0:
+            if softcap or scale != 1.0 or factors:
                 raise Decline("a softcap applied twice or before a scale")
             node, softcap, inner = capped
             matched += inner
@@ -235,6 +256,9 @@ def match_handwritten(softmax: Node, constants: dict) -> AttentionCall | None:
             if c <= 0:
                 raise Decline(f"a non-positive scale factor {c}")
             scale *= c
+        elif (found := _runtime_factor(node)) is not None:
+            node, factor = found
+            factors.append(factor)
         elif MASKED_FILL(node) or WHERE(node) or ADD(node):
             if softcap:
                 raise Decline("a mask applied before the softcap")
@@ -261,7 +285,8 @@ def match_handwritten(softmax: Node, constants: dict) -> AttentionCall | None:
     flags = _flags_for(band, scores_shape)
     if softcap:
         flags["softcap"] = softcap
-    return AttentionCall(q, k, v, output=output, scale=scale, flags=flags, matched=matched + [output])
+    return AttentionCall(q, k, v, output=output, scale=scale, flags=flags, matched=matched + [output],
+                         scale_factors=factors)
 
 
 def _strip_mask(node: Node, constants, scores_shape) -> tuple[Node, Band]:
@@ -312,6 +337,12 @@ def emit(gm: GraphModule, call: AttentionCall, fake_mode) -> str:
     with graph.inserting_before(call.output):
         q, k, v = call.q, call.k, call.v
         new_nodes = []
+        if call.scale_factors:
+            scale = call.scale
+            for factor, exponent in call.scale_factors:
+                scale = graph.call_function(operator.mul if exponent > 0 else operator.truediv, (scale, factor))
+                new_nodes.append(scale)
+            kwargs["scale"] = scale
         if three_d:
             q, k, v = new_nodes = [graph.call_method("unsqueeze", (t, 0)) for t in (q, k, v)]
         op = graph.create_node("call_function", ATTENTION, (q, k, v), kwargs, name="fa4_attention")

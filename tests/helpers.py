@@ -23,11 +23,13 @@ class Recorder(fa4_inductor.Backend):
         self.records = []
 
     def __call__(self, gm, example_inputs, mode=None, options=None):
-        self.records += run_torch_ir_passes(gm, example_inputs, self.options)
-        self.graphs.append(gm)
+        records = run_torch_ir_passes(gm, example_inputs, self.options)
+        compiled = gm.forward
         if self.inductor:
-            return compile_fx(gm, example_inputs, config_patches=inductor_config_patches(mode, options))
-        return gm.forward
+            compiled = compile_fx(gm, example_inputs, config_patches=inductor_config_patches(mode, options))
+        self.records += records
+        self.graphs.append(gm)
+        return compiled
 
     @property
     def summary(self) -> str:

@@ -327,3 +327,23 @@ def test_cuda_graph_capture_and_replay():
             torch.testing.assert_close(got, want, rtol=0, atol=0, msg=name)
         for got, want in zip(static[2:], expected[2:]):  # dq accumulates with atomics: order varies
             torch.testing.assert_close(got, want)
+
+
+REPLAY_CASES = [dict(causal=True), dict(), dict(window_left=64, window_right=0), dict(softcap=30.0, scale=1.0)]
+
+
+@pytest.mark.parametrize("seqused", [False, True])
+@pytest.mark.parametrize("mask", REPLAY_CASES, ids=str)
+def test_replayed_launches_match_fa4s_entry_point(monkeypatch, mask, seqused):
+    """The third call of a signature replays the recorded launch: same results, bit for bit."""
+    flags = attention_flags(128, **mask)
+    monkeypatch.setattr(fa4, "_LAUNCHES", type(fa4._LAUNCHES)())
+    for _ in range(3):
+        q, k, v = qkv(sq=300, sk=700, group=4)
+        used = torch.tensor([700, 333], dtype=torch.int32, device="cuda") if seqused else None
+        out, lse = ATTENTION(q, k, v, used, **flags)
+    assert any(launch is not None for launch in fa4._LAUNCHES.values()), "nothing was replayable"
+    monkeypatch.setenv(fa4.NO_REPLAY_ENV, "1")
+    want_out, want_lse = ATTENTION(q, k, v, used, **flags)
+    torch.testing.assert_close(out, want_out, rtol=0, atol=0)
+    torch.testing.assert_close(lse, want_lse, rtol=0, atol=0)

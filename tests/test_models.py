@@ -101,3 +101,19 @@ def test_hf_padding_mask_falls_back_with_reason():
         torch.testing.assert_close(got, model(tokens, attention_mask=padding))
     assert recorder.count() == 0
     assert len(recorder.reasons) == 3 and all(r.startswith("mask not recognized") for r in recorder.reasons), recorder.reasons
+
+
+@pytest.mark.parametrize("attention", ["eager", "sdpa"])
+def test_hf_llama_with_dynamic_true_is_rewritten_once(attention):
+    """dynamic=True hands `self.scaling` over as a runtime float; the rewrite takes it, Inductor's
+    scalar pass then specializes it (one restart), and a new length runs without recompiling."""
+    model = hf_llama(attention)
+    torch._dynamo.reset()
+    recorder = Recorder(inductor=True)
+    compiled = torch.compile(model, backend=recorder, dynamic=True)
+    with torch.no_grad():
+        for length in (10, 17):
+            tokens = torch.randint(0, 128, (2, length))
+            torch.testing.assert_close(compiled(tokens), model(tokens), atol=1e-4, rtol=1e-4)
+    assert len(recorder.graphs) == 1 and recorder.count() == 3
+    assert all(r.rewritten for r in recorder.records), [str(r) for r in recorder.records]
