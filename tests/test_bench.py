@@ -29,7 +29,7 @@ def test_e2e_suite_compiles_prefill_and_static_cache_decode():
     prefill, decode = bench.e2e_suite("cpu", torch.float32, seqlens=(16,), prompt=8, steps=5, model_overrides=tiny)
     assert [row[:2] for row in prefill.rows] == [["eager", 16], ["sdpa", 16]]
     assert [row[0] for row in decode.rows] == ["eager", "sdpa"]
-    assert all(row[-1] is True for row in decode.rows), "greedy tokens differ between the backends"
+    assert all(float(row[-1]) < 1e-4 for row in decode.rows), decode.rows
 
 
 def test_bench_needs_a_gpu(capsys):
