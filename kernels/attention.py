@@ -109,8 +109,17 @@ def _reference_backward(grad_out, q, k, v, out, lse, grad_lse, seqused_k, **flag
     return grads
 
 
+FLAG_DEFAULTS = dict(causal=False, window_left=-1, window_right=-1, softcap=0.0)
+
+
+def _complete(flags: dict) -> dict:
+    """Device kernels get only the flags a caller passed; the schema's defaults fill in the rest."""
+    return flags if len(flags) == 5 else {**FLAG_DEFAULTS, **flags}
+
+
 # Explicit schemas: `int`, not the inferred `SymInt`, for the window flags (they are compile-time constants).
-_FLAGS_SCHEMA = "float scale, bool causal=False, int window_left=-1, int window_right=-1, float softcap=0."
+_FLAGS_SCHEMA = "float scale, " + ", ".join(
+    f"{type(default).__name__} {name}={default}" for name, default in FLAG_DEFAULTS.items())
 
 
 @torch.library.custom_op(
@@ -136,6 +145,7 @@ def attention(
 @attention.register_kernel("cuda")
 def _attention_cuda(q, k, v, seqused_k=None, **flags):
     _check_inputs(q, k, v, seqused_k)
+    flags = _complete(flags)
     name, why = kernel_for(q, k, v, seqused_k=seqused_k, **flags)
     if log.isEnabledFor(logging.DEBUG):
         log.debug("fa4::attention q%s k%s %s: kernel %s (%s)", tuple(q.shape), tuple(k.shape), q.dtype, name, why)
@@ -189,6 +199,7 @@ def attention_backward(
 @attention_backward.register_kernel("cuda")
 def _attention_backward_cuda(grad_out, q, k, v, out, lse, grad_lse=None, seqused_k=None, **flags):
     _check_inputs(q, k, v, seqused_k)
+    flags = _complete(flags)
     name, _ = kernel_for(q, k, v, seqused_k=seqused_k, **flags)
     if name == "fa4":
         from . import fa4

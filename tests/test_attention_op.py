@@ -166,3 +166,15 @@ def test_unsupported_reason(device, dtype, d, reason):
 def test_kernel_for_cpu_is_reference():
     q, k, v = qkv()
     assert attention_op.kernel_for(q, k, v)[0] == "reference"
+
+
+def test_device_kernels_fill_in_the_flags_a_caller_leaves_out():
+    """A call passes only some flags (the rest take the schema's defaults); the CUDA kernel body gets
+    exactly those, so it must complete them. Run on CPU tensors, it takes the reference path."""
+    from fa4_inductor.kernels import attention as attention_op
+
+    q, k, v = (torch.randn(2, 4, 6, 16) for _ in range(3))
+    out, lse = attention_op._attention_cuda(q, k, v, scale=0.5, softcap=3.0)
+    want_out, want_lse = torch.ops.fa4.attention(q, k, v, scale=0.5, softcap=3.0)
+    torch.testing.assert_close(out, want_out)
+    torch.testing.assert_close(lse, want_lse)
