@@ -13,8 +13,10 @@ Outputs: `out` [B, Hq, Sq, Dv] in q's dtype, stored as [B, Sq, Hq, Dv] (so the u
 `out.transpose(1, 2).reshape(B, S, -1)` is free), and `lse` [B, Hq, Sq] float32 (float64 for float64 inputs), the natural-log
 log-sum-exp of each row (-inf for a row that sees no key), which the backward consumes.
 
-Kernels: CPU runs the float32/float64 reference. CUDA runs FA4 (`fa4.py`) where it takes the
-call, else the reference on the device; `kernel_for` says which and why.
+Kernels: CPU runs the float32/float64 reference. CUDA runs our split-KV decode kernel
+(`decode.py`) for decode-shaped calls, FA4 (`fa4.py`) where it takes the call, else the reference
+on the device; `kernel_for` says which and why (`backward_kernel_for` for the backward: FA4 or
+the reference).
 """
 
 from __future__ import annotations
@@ -54,7 +56,25 @@ def unsupported_reason(device_type: str, dtype: torch.dtype, head_dim: int, head
 
 
 def kernel_for(q: Tensor, k: Tensor, v: Tensor, **flags) -> tuple[str, str]:
-    """(kernel name, why) for a call with these inputs."""
+    """(kernel name, why) for a forward call with these inputs: "decode", "fa4" or "reference".
+
+    Decode-shaped calls (few packed query rows against a long cache, `decode.dispatch_reason`)
+    go to our split-KV decode kernel; the rest to FA4 where it takes them."""
+    if q.device.type != "cuda":
+        return "reference", f"{q.device.type} runs the reference"
+    from . import decode, fa4
+
+    decode_reason = decode.dispatch_reason(q, k, v, **flags)
+    if decode_reason is None:
+        return "decode", "decode-shaped: the split-KV decode kernel takes this call"
+    reason = fa4.unsupported_reason(q, k, v, **flags)
+    if reason is None:
+        return "fa4", f"FA4 takes this call ({decode_reason})"
+    return "reference", reason
+
+
+def backward_kernel_for(q: Tensor, k: Tensor, v: Tensor, **flags) -> tuple[str, str]:
+    """(kernel name, why) for a backward call: "fa4" or "reference" (the decode kernel has no backward)."""
     if q.device.type != "cuda":
         return "reference", f"{q.device.type} runs the reference"
     from . import fa4
@@ -134,6 +154,10 @@ def _attention_cuda(q, k, v, seqused_k=None, **flags):
     _check_inputs(q, k, v, seqused_k)
     name, why = kernel_for(q, k, v, seqused_k=seqused_k, **flags)
     log.debug("fa4::attention q%s k%s %s: kernel %s (%s)", tuple(q.shape), tuple(k.shape), q.dtype, name, why)
+    if name == "decode":
+        from . import decode
+
+        return decode.forward(q, k, v, seqused_k, **flags)
     if name == "fa4":
         from . import fa4
 
@@ -182,7 +206,7 @@ def attention_backward(
 @attention_backward.register_kernel("cuda")
 def _attention_backward_cuda(grad_out, q, k, v, out, lse, grad_lse=None, seqused_k=None, **flags):
     _check_inputs(q, k, v, seqused_k)
-    name, _ = kernel_for(q, k, v, seqused_k=seqused_k, **flags)
+    name, _ = backward_kernel_for(q, k, v, seqused_k=seqused_k, **flags)
     if name == "fa4":
         from . import fa4
 
