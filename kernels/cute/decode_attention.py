@@ -209,7 +209,7 @@ class DecodeAttentionSm90:
         n_cta = cutlass.max(tile_end - tile_begin, 0)
         n_warp = (cutlass.max(n_cta - warp_idx, 0) + NUM_WARPS - 1) // NUM_WARPS
 
-        smem = cutlass.utils.SmemAllocator()
+        smem = cutlass.memory.SmemAllocator()
         storage = smem.allocate(SharedStorage)
         sQ = storage.sQ.get_tensor(sQ_layout)
         sK_all = storage.sK.get_tensor(sKV_layout)
@@ -268,8 +268,8 @@ class DecodeAttentionSm90:
         for r in cutlass.range_constexpr(n_rows):
             limit[r] = seqlen_k
             if const_expr(self.causal):
-                i = (row_tile * TILE_M + tScS[r, 0][0]) // group
-                limit[r] = cutlass.min(seqlen_k - seqlen_q + i + 1, seqlen_k)
+                token = (row_tile * TILE_M + tScS[r, 0][0]) // group
+                limit[r] = cutlass.min(seqlen_k - seqlen_q + token + 1, seqlen_k)
         row_max = cute.make_rmem_tensor((n_rows,), Float32)
         row_sum = cute.make_rmem_tensor((n_rows,), Float32)
         row_max.fill(-Float32.inf)

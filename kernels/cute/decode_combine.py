@@ -81,7 +81,7 @@ class DecodeCombine:
         r = (hm - kvh * row_tiles) * TILE_M + rr
         num_rows = mO.shape[2] * group
 
-        smem = cutlass.utils.SmemAllocator()
+        smem = cutlass.memory.SmemAllocator()
         storage = smem.allocate(SharedStorage)
         sW = storage.weights.get_tensor(cute.make_layout(MAX_SPLITS))
         sScratch = storage.scratch.get_tensor(cute.make_layout((num_warps, 2), stride=(1, num_warps)))
