@@ -215,18 +215,6 @@ class DecodeAttentionSm90:
         sK_all = storage.sK.get_tensor(sKV_layout)
         sV_all = storage.sV.get_tensor(sKV_layout)
 
-        # ---- Q: the packed rows of this tile into shared memory (zeros past the last row) ----
-        for it in cutlass.range_constexpr(TILE_M * D // self.num_threads):
-            e = tidx + it * self.num_threads
-            rr = e // D
-            d = e - rr * D
-            r = row_tile * TILE_M + rr
-            sQ[rr, d] = self.dtype(0.0)
-            if r < num_rows:
-                i = r // group
-                sQ[rr, d] = mQ[b, kvh * group + (r - i * group), i, d]
-        cute.arch.barrier()
-
         # ---- this warp's K / V ring: slots warp_idx * stages + s ----
         sK = cute.local_tile(sK_all, (TILE_N, D, stages), (0, 0, warp_idx))
         sV = cute.local_tile(sV_all, (TILE_N, D, stages), (0, 0, warp_idx))
@@ -240,6 +228,25 @@ class DecodeAttentionSm90:
         tVgV = thr_copy.partition_S(gV)
         tVsV = thr_copy.partition_D(sV)
         tKcK = thr_copy.partition_S(cute.make_identity_tensor((TILE_N, D)))
+
+        # ---- prologue: start streaming this warp's first tiles before anything else ----
+        first = tile_begin + warp_idx
+        for s in cutlass.range_constexpr(stages - 1):
+            if s < n_warp:
+                self.load_tile(gmem_copy, tKgK, tKsK, tVgV, tVsV, tKcK, seqlen_k, first + s * NUM_WARPS, s)
+            cute.arch.cp_async_commit_group()
+
+        # ---- Q, while the KV tiles are in flight: this tile's packed rows (zeros past the last) ----
+        for it in cutlass.range_constexpr(TILE_M * D // self.num_threads):
+            e = tidx + it * self.num_threads
+            rr = e // D
+            d = e - rr * D
+            r = row_tile * TILE_M + rr
+            sQ[rr, d] = self.dtype(0.0)
+            if r < num_rows:
+                i = r // group
+                sQ[rr, d] = mQ[b, kvh * group + (r - i * group), i, d]
+        cute.arch.barrier()
 
         thr_mma = tiled_mma.get_slice(lane)
         tSrQ = thr_mma.make_fragment_A(thr_mma.partition_A(sQ))
@@ -276,12 +283,6 @@ class DecodeAttentionSm90:
         row_sum.fill(0.0)
 
         # ---- main loop: cp.async ring of `stages` slots, one commit group per tile ----
-        first = tile_begin + warp_idx
-        for s in cutlass.range_constexpr(stages - 1):
-            if s < n_warp:
-                self.load_tile(gmem_copy, tKgK, tKsK, tVgV, tVsV, tKcK, seqlen_k, first + s * NUM_WARPS, s)
-            cute.arch.cp_async_commit_group()
-
         for it in range(n_warp):
             cute.arch.cp_async_wait_group(stages - 2)
             cute.arch.sync_warp()  # tile `it` visible to the warp; slot (it - 1) % stages free
