@@ -8,7 +8,8 @@ log-sum-exp L_s (-inf for a split that saw no key). The exact result is
 
 with O = 0 and lse = -inf for a row that saw no key at all. Grid (rows, Hkv * row_tiles, B); a
 CTA of 128 threads takes one packed row: thread t weighs split t (up to MAX_SPLITS splits), then
-the threads sweep the head dim, each summing its columns over a share of the splits.
+each thread sums 4 columns over every (512 / D)-th split (latency: few dependent rounds of loads)
+and the split groups add up in shared memory.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ LN_2 = math.log(2.0)
 TILE_M = 16
 NUM_THREADS = 128
 MAX_SPLITS = NUM_THREADS
+VEC = 4  # output columns per thread in the weighted sum
 
 
 def _warp_reduce(x: Float32, op) -> Float32:
@@ -57,7 +59,7 @@ class DecodeCombine:
         class SharedStorage:
             weights: cute.struct.Align[cute.struct.MemRange[Float32, MAX_SPLITS], 16]
             scratch: cute.struct.Align[cute.struct.MemRange[Float32, 2 * num_warps], 16]
-            partial: cute.struct.Align[cute.struct.MemRange[Float32, NUM_THREADS * max(1, self.head_dim // NUM_THREADS)], 16]
+            partial: cute.struct.Align[cute.struct.MemRange[Float32, NUM_THREADS * VEC], 16]
 
         self.kernel(mOpart, mLSEpart, mO, mLSE, row_tiles, SharedStorage).launch(
             grid=(cutlass.min(num_rows, TILE_M), mOpart.shape[1], mOpart.shape[0]),
@@ -112,33 +114,32 @@ class DecodeCombine:
                 sW[tidx] = w_s * inv
             cute.arch.barrier()
 
-            # ---- O = sum_s w_s O_s: columns over threads, splits over groups of threads ----
-            cols = min(D, NUM_THREADS)
-            col_reps = max(1, D // NUM_THREADS)
-            split_groups = max(1, NUM_THREADS // D)
-            sg = tidx // cols
-            d0 = tidx - sg * cols
-            acc = cute.make_rmem_tensor((col_reps,), Float32)
+            # ---- O = sum_s w_s O_s: thread (split group sg, 4 columns from d0) sums every
+            # split_groups-th split, then the split groups add up through shared memory ----
+            chunks = D // VEC
+            split_groups = NUM_THREADS // chunks
+            sg = tidx // chunks
+            d0 = (tidx - sg * chunks) * VEC
+            acc = cute.make_rmem_tensor((VEC,), Float32)
             acc.fill(0.0)
             for s in cutlass.range(sg, num_splits, split_groups, unroll=4):
-                w = sW[s]
-                for c in cutlass.range_constexpr(col_reps):
-                    acc[c] = acc[c] + w * mOpart[b, hm, s, rr, d0 + c * cols]
+                weight = sW[s]
+                for j in cutlass.range_constexpr(VEC):
+                    acc[j] = acc[j] + weight * mOpart[b, hm, s, rr, d0 + j]
+            sPartial = storage.partial.get_tensor(cute.make_layout((D, split_groups), stride=(1, D)))
+            for j in cutlass.range_constexpr(VEC):
+                sPartial[d0 + j, sg] = acc[j]
+            cute.arch.barrier()
 
             i = r // group
             h = kvh * group + (r - i * group)
-            if const_expr(split_groups == 1):
-                for c in cutlass.range_constexpr(col_reps):
-                    mO[b, h, i, d0 + c * cols] = acc[c].to(self.dtype)
-            else:
-                sPartial = storage.partial.get_tensor(cute.make_layout((cols, split_groups), stride=(1, cols)))
-                sPartial[d0, sg] = acc[0]
-                cute.arch.barrier()
-                if tidx < cols:
-                    o = sPartial[tidx, 0]
+            for c in cutlass.range_constexpr(max(1, D // NUM_THREADS)):
+                d = tidx + c * NUM_THREADS
+                if d < D:
+                    o = sPartial[d, 0]
                     for g in cutlass.range_constexpr(1, split_groups):
-                        o = o + sPartial[tidx, g]
-                    mO[b, h, i, tidx] = o.to(self.dtype)
+                        o = o + sPartial[d, g]
+                    mO[b, h, i, d] = o.to(self.dtype)
             if tidx == 0:
                 lse = -Float32.inf
                 if total > 0.0:
