@@ -24,7 +24,9 @@ that get no key at run time (short sequences) write lse = -inf partials; the com
 
 Compilation: one main-kernel variant per (dtype, head_dim, group, causal, softcap on/off,
 seqused_k given, split or not, arch) and one combine variant per (dtype, head_dim, group, arch),
-about a second each, kept in `_COMPILED` for the process. Batch, heads, Sq, Sk, strides and the
+about a second each, kept in `_COMPILED` for the process. The combine kernel is launched as a
+programmatic dependent of the main kernel (Hopper PDL, overlapping its launch with the main
+kernel's tail; FA4_INDUCTOR_DECODE_PDL=0 turns that off). Batch, heads, Sq, Sk, strides and the
 split count are runtime values. Call `warmup` before capturing CUDA graphs. Launches go to the
 current torch stream (TVM-FFI environment stream): no host sync, no host read of seqused_k.
 """
@@ -41,6 +43,7 @@ import torch
 from torch import Tensor
 
 DISABLE_ENV = "FA4_INDUCTOR_DISABLE_DECODE"
+PDL_ENV = "FA4_INDUCTOR_DECODE_PDL"  # 0 launches the combine kernel without programmatic dependent launch
 DTYPES = (torch.float16, torch.bfloat16)
 HEAD_DIMS = (64, 128, 256)
 MAX_GROUP = 16
@@ -183,6 +186,7 @@ class _Key(NamedTuple):
     seqused: bool
     split: bool
     arch: str
+    pdl: bool = False  # combine kernel: programmatic dependent launch
 
 
 _COMPILED: dict[_Key, object] = {}
@@ -240,7 +244,8 @@ def _compile(key: _Key):
     if key.kernel == "combine":
         from .cute.decode_combine import DecodeCombine
 
-        return cute.compile(DecodeCombine(dt, d, key.group), *partials(), out, lse, stream, options="--enable-tvm-ffi")
+        combine = DecodeCombine(dt, d, key.group, pdl=key.pdl)
+        return cute.compile(combine, *partials(), out, lse, stream, options="--enable-tvm-ffi")
 
     from .cute.decode_attention import DecodeAttentionSm90
 
@@ -273,8 +278,12 @@ def _keys(q: Tensor, k: Tensor, seqused_k: Optional[Tensor], causal: bool, softc
     group = q.shape[1] // k.shape[1]
     common = dict(dtype=q.dtype, head_dim=q.shape[-1], group=group, arch=_arch(q.device))
     main = _Key("main", causal=bool(causal), softcap=softcap > 0, seqused=seqused_k is not None, split=split, **common)
-    combine = _Key("combine", causal=False, softcap=False, seqused=False, split=True, **common)
+    combine = _Key("combine", causal=False, softcap=False, seqused=False, split=True, pdl=_pdl(), **common)
     return main, combine
+
+
+def _pdl() -> bool:
+    return os.environ.get(PDL_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
 
 
 def forward(
@@ -352,7 +361,7 @@ def warmup(
         for used in ((False, True) if seqused_k is None else (bool(seqused_k),)):
             for split in (False, True):
                 compiled(_Key("main", dtype, head_dim, group, c, bool(softcap), used, split, arch))
-    compiled(_Key("combine", dtype, head_dim, group, False, False, False, True, arch))
+    compiled(_Key("combine", dtype, head_dim, group, False, False, False, True, arch, _pdl()))
     return len(_COMPILED) - before
 
 

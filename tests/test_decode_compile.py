@@ -41,9 +41,11 @@ def test_main_kernel_compiles(cute_dsl, variant):
     assert decode.compiled(key) is decode.compiled(key)  # the explicit cache holds it
 
 
-@pytest.mark.parametrize("dtype, head_dim, group", [(torch.bfloat16, 128, 4), (torch.float16, 64, 8), (torch.bfloat16, 256, 16)])
-def test_combine_kernel_compiles(cute_dsl, dtype, head_dim, group):
-    assert callable(decode.compiled(decode._Key("combine", dtype, head_dim, group, False, False, False, True, ARCH)))
+@pytest.mark.parametrize(
+    "dtype, head_dim, group, pdl", [(torch.bfloat16, 128, 4, True), (torch.float16, 64, 8, False), (torch.bfloat16, 256, 16, True)])
+def test_combine_kernel_compiles(cute_dsl, dtype, head_dim, group, pdl):
+    key = decode._Key("combine", dtype, head_dim, group, False, False, False, True, ARCH, pdl)
+    assert callable(decode.compiled(key))
 
 
 def test_warmup_compiles_every_variant_of_a_shape(cute_dsl):

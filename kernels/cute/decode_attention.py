@@ -328,6 +328,8 @@ class DecodeAttentionSm90:
                 cute.gemm(tiled_mma, acc_O, tOrP[None, None, k], tOrVt[None, None, k], acc_O)
 
         # ---- merge the warps: stash (m, l, O) per warp, then every thread sums its elements ----
+        if const_expr(self.split):
+            cute.arch.griddepcontrol_launch_dependents()  # let the combine kernel get scheduled
         cute.arch.cp_async_wait_group(0)
         cute.arch.barrier()  # every warp is done with the K ring, which now holds the fp32 O's
         sRed = storage.sK.get_tensor(sRed_layout, dtype=Float32)

@@ -38,13 +38,18 @@ def _add(a, b):
 
 
 class DecodeCombine:
-    """One compiled variant per (dtype, head_dim, group).
+    """One compiled variant per (dtype, head_dim, group, pdl).
+
+    pdl: launched as a programmatic dependent of the main kernel (Hopper PDL): its CTAs may be
+    scheduled while the main kernel drains, and wait in `griddepcontrol.wait` (which returns once
+    the main grid has finished and its writes are visible) before reading any partial.
 
     Call: (mOpart [B, Hkv * row_tiles, splits, 16, D] fp32, mLSEpart [B, Hkv * row_tiles, splits,
     16] fp32 (log2), mO [B, Hq, Sq, D] (any strides, unit on D), mLSE [B, Hq, Sq] fp32, stream).
     """
 
-    def __init__(self, dtype, head_dim: int, group: int):
+    def __init__(self, dtype, head_dim: int, group: int, pdl: bool = False):
+        self.pdl = pdl
         self.dtype = dtype
         self.head_dim = head_dim
         self.group = group
@@ -66,6 +71,7 @@ class DecodeCombine:
             block=(NUM_THREADS, 1, 1),
             smem=SharedStorage.size_in_bytes(),
             stream=stream,
+            use_pdl=self.pdl,
         )
 
     @cute.kernel
@@ -88,6 +94,8 @@ class DecodeCombine:
         sW = storage.weights.get_tensor(cute.make_layout(MAX_SPLITS))
         sScratch = storage.scratch.get_tensor(cute.make_layout((num_warps, 2), stride=(1, num_warps)))
 
+        if const_expr(self.pdl):
+            cute.arch.griddepcontrol_wait()  # the main kernel's partials are complete past this
         if r < num_rows:  # uniform over the CTA
             # ---- weights: w_s = 2^(L_s - L) ----
             lse_s = -Float32.inf
