@@ -134,6 +134,11 @@ def test_seqused_k_shorter_than_query():
     assert (lse[0, :, :5] == float("-inf")).all() and (out[0, :, :5] == 0).all()
 
 
+def test_combine_without_pdl(monkeypatch):
+    monkeypatch.setenv(decode.PDL_ENV, "0")
+    check(*make_inputs(b=2, group=4, sq=1, sk=3000), splits=12, **flags(128, causal=True))
+
+
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_softcap(dtype, causal):

@@ -200,13 +200,11 @@ class DecodeAttentionSm90:
             seqlen_k = cutlass.max(cutlass.min(mSeqused[b], mK.shape[2]), 0)
         num_rows = seqlen_q * group
 
-        # This CTA's run of 16-key tiles: a multiple of NUM_WARPS tiles per split.
+        # This CTA's run of 16-key tiles: splits differ by at most one tile; a split is empty only
+        # when there are fewer tiles than splits.
         n_tiles = (seqlen_k + TILE_N - 1) // TILE_N
-        per_split = (n_tiles + num_splits - 1) // num_splits
-        per_split = (per_split + NUM_WARPS - 1) // NUM_WARPS * NUM_WARPS
-        tile_begin = split_idx * per_split
-        tile_end = cutlass.min(tile_begin + per_split, n_tiles)
-        n_cta = cutlass.max(tile_end - tile_begin, 0)
+        tile_begin = split_idx * n_tiles // num_splits
+        n_cta = (split_idx + 1) * n_tiles // num_splits - tile_begin
         n_warp = (cutlass.max(n_cta - warp_idx, 0) + NUM_WARPS - 1) // NUM_WARPS
 
         smem = cutlass.memory.SmemAllocator()
