@@ -303,7 +303,7 @@ class DecodeAttentionSm90:
                 for c in cutlass.range_constexpr(n_cols):
                     x = s_mn[r, c]
                     if const_expr(self.has_softcap):
-                        x = cute.math.tanh(x * softcap_in, fastmath=True) * softcap_out
+                        x = cute.math.tanh(x * softcap_in) * softcap_out  # accurate tanh: decode has time to spare
                     else:
                         x = x * scale_log2
                     s_mn[r, c] = x if tile * TILE_N + tScS[0, c][1] < limit[r] else -Float32.inf
