@@ -6,6 +6,8 @@ in range, and the dispatch declines what the kernel cannot take. Numerics are in
 """
 
 import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -102,3 +104,9 @@ def test_disable_env(monkeypatch):
     monkeypatch.setenv(decode.DISABLE_ENV, "1")
     q, k = torch.randn(1, 32, 1, 128), torch.randn(1, 8, 4096, 128)
     assert decode.DISABLE_ENV in decode.unsupported_reason(q, k, k, scale=0.1)
+
+
+def test_host_module_imports_no_cutlass():
+    """`kernel_for` imports `decode` on every CUDA call: it must not pay cutlass's ~3 s import."""
+    code = "import sys, fa4_inductor.kernels.decode; assert 'cutlass' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True)
