@@ -176,8 +176,8 @@ def test_misaligned_cache_is_declined():
 def test_disable_env(monkeypatch):
     q, k, v = make_inputs(b=1, hkv=8, group=4, sq=1, sk=4096)
     monkeypatch.setenv(decode.DISABLE_ENV, "1")
-    name, why = attention_op.kernel_for(q, k, v, **flags(128, causal=True))
-    assert name != "decode" and decode.DISABLE_ENV in why
+    assert decode.DISABLE_ENV in decode.dispatch_reason(q, k, v, **flags(128, causal=True))
+    assert attention_op.kernel_for(q, k, v, **flags(128, causal=True))[0] != "decode"
 
 
 def test_warmup_then_no_compile():
