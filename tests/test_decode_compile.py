@@ -88,6 +88,15 @@ def test_num_splits_targets():
     assert decode.num_splits(64, 8, 1, 4, 32768, 128, 132) == 1
 
 
+def test_host_mirrors_the_kernel_tiling(cute_dsl):
+    from fa4_inductor.kernels.cute import decode_attention
+
+    assert (decode.TILE_M, decode.TILE_N, decode.NUM_WARPS) == (
+        decode_attention.TILE_M, decode_attention.TILE_N, decode_attention.NUM_WARPS)
+    for d in decode.HEAD_DIMS:
+        assert decode.stages_for(d) == decode_attention.stages_for(d)
+
+
 def test_stages_fit_shared_memory():
     for d in decode.HEAD_DIMS:
         assert decode.stages_for(d) >= 2

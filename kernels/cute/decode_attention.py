@@ -49,11 +49,6 @@ def stages_for(head_dim: int) -> int:
     return max(2, min(8, (_SMEM_BUDGET - TILE_M * head_dim * 2) // per_stage))
 
 
-def smem_bytes(head_dim: int) -> int:
-    return (TILE_M * head_dim * 2 + stages_for(head_dim) * NUM_WARPS * 2 * TILE_N * head_dim * 2
-            + 2 * NUM_WARPS * TILE_M * 4 + 3 * 1024)
-
-
 def _mn_view(t: cute.Tensor) -> cute.Tensor:
     """A (rows, cols) view of an m16n8 accumulator fragment ((2 cols, 2 rows), M, N)."""
     shape, stride = t.layout.shape, t.layout.stride
