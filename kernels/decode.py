@@ -312,6 +312,8 @@ def forward(
         return out, lse
     if q.stride(-1) != 1:
         q = q.contiguous()
+    if seqused_k is not None and seqused_k.shape != (b,):
+        raise ValueError(f"seqused_k must have shape ({b},), got {tuple(seqused_k.shape)}")
     if seqused_k is not None and (seqused_k.dtype != torch.int32 or not seqused_k.is_contiguous()):
         seqused_k = seqused_k.to(torch.int32).contiguous()
     device_index = q.device.index if q.device.index is not None else torch.cuda.current_device()
