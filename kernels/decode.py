@@ -21,6 +21,7 @@ stays valid when the cache lengths change. It fills the GPU's CTA slots (SM coun
 SM from the shared-memory footprint) with at most MAX_SPLITS splits of at least
 MIN_TILES_PER_SPLIT 16-key tiles each; 1 means the main kernel writes the output itself. Splits
 that get no key at run time (short sequences) write lse = -inf partials; the combine weighs them 0.
+FA4_INDUCTOR_DECODE_SPLITS=N fixes the split count for every call (for tuning the heuristic).
 
 Compilation: one main-kernel variant per (dtype, head_dim, group, causal, softcap on/off,
 seqused_k given, split or not, arch) and one combine variant per (dtype, head_dim, group, arch),
@@ -44,6 +45,7 @@ from torch import Tensor
 
 DISABLE_ENV = "FA4_INDUCTOR_DISABLE_DECODE"
 PDL_ENV = "FA4_INDUCTOR_DECODE_PDL"  # 0 launches the combine kernel without programmatic dependent launch
+SPLITS_ENV = "FA4_INDUCTOR_DECODE_SPLITS"  # a fixed split count for every call (tuning experiments)
 DTYPES = (torch.float16, torch.bfloat16)
 HEAD_DIMS = (64, 128, 256)
 MAX_GROUP = 16
@@ -317,6 +319,8 @@ def forward(
     if seqused_k is not None and (seqused_k.dtype != torch.int32 or not seqused_k.is_contiguous()):
         seqused_k = seqused_k.to(torch.int32).contiguous()
     device_index = q.device.index if q.device.index is not None else torch.cuda.current_device()
+    if splits is None and os.environ.get(SPLITS_ENV):
+        splits = int(os.environ[SPLITS_ENV])
     if splits is None:
         splits = num_splits(b, hkv, sq, group, sk, d, _num_sms(device_index))
     splits = max(1, min(int(splits), MAX_SPLITS))
