@@ -217,7 +217,6 @@ def _cutlass_dtype(dtype: torch.dtype):
 def _compile(key: _Key):
     """Compile one variant with fake tensors (no GPU needed: set CUTE_DSL_ARCH=sm_90a on a CPU)."""
     os.environ.setdefault("CUTE_DSL_ARCH", key.arch)
-    import cutlass
     import cutlass.cute as cute
     from cutlass import Float32, Int32
 
@@ -229,7 +228,8 @@ def _compile(key: _Key):
 
     def bhsd(div=1, align=None):
         return cute.runtime.make_fake_tensor(
-            dt, (cute.sym_int(), cute.sym_int(), cute.sym_int(), d), (sym(div), sym(div), sym(div), 1), assumed_align=align)
+            dt, (cute.sym_int(), cute.sym_int(), cute.sym_int(), d), (sym(div), sym(div), sym(div), 1),
+            assumed_align=align)
 
     def partials():
         o = cute.runtime.make_fake_compact_tensor(
@@ -359,7 +359,8 @@ def warmup(
     `q_len` only validates the shape (query length is a runtime value). Returns how many
     variants were compiled now (0 when all were cached)."""
     if dtype not in DTYPES or head_dim not in HEAD_DIMS or not 1 <= group <= MAX_GROUP or not 1 <= q_len <= MAX_Q_LEN:
-        raise ValueError(f"the decode kernel does not take dtype {dtype}, head_dim {head_dim}, group {group}, q_len {q_len}")
+        raise ValueError(
+            f"the decode kernel does not take dtype {dtype}, head_dim {head_dim}, group {group}, q_len {q_len}")
     device = torch.device(device)
     arch = _arch(device) if device.type == "cuda" else os.environ.get("CUTE_DSL_ARCH", "sm_90a")
     before = len(_COMPILED)
@@ -411,7 +412,8 @@ def bench_decode(
     def sdpa():
         # SDPA's causal mask is top-left aligned: for one query token it would hide all but key 0.
         is_causal = causal and q_len > 1 and q_len == sk
-        return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=is_causal, scale=scale, enable_gqa=True)
+        return torch.nn.functional.scaled_dot_product_attention(
+            q, k, v, is_causal=is_causal, scale=scale, enable_gqa=True)
 
     fns = {"decode": ours, "sdpa": sdpa}
     try:

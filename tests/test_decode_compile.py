@@ -44,7 +44,8 @@ def test_main_kernel_compiles(cute_dsl, variant):
 
 
 @pytest.mark.parametrize(
-    "dtype, head_dim, group, pdl", [(torch.bfloat16, 128, 4, True), (torch.float16, 64, 8, False), (torch.bfloat16, 256, 16, True)])
+    "dtype, head_dim, group, pdl",
+    [(torch.bfloat16, 128, 4, True), (torch.float16, 64, 8, False), (torch.bfloat16, 256, 16, True)])
 def test_combine_kernel_compiles(cute_dsl, dtype, head_dim, group, pdl):
     key = decode._Key("combine", dtype, head_dim, group, False, False, False, True, ARCH, pdl)
     assert callable(decode.compiled(key))
