@@ -7,9 +7,10 @@ log-sum-exp L_s (-inf for a split that saw no key). The exact result is
     O = sum_s 2^(L_s - L) * O_s,
 
 with O = 0 and lse = -inf for a row that saw no key at all. Grid (rows, Hkv * row_tiles, B); a
-CTA of 128 threads takes one packed row: thread t weighs split t (up to MAX_SPLITS splits), then
-each thread sums 4 columns over every (512 / D)-th split (latency: few dependent rounds of loads)
-and the split groups add up in shared memory.
+CTA of 256 threads takes one packed row: thread t weighs split t (up to MAX_SPLITS splits), then
+each thread sums 4 columns over every (1024 / D)-th split with all its loads in flight at once
+(the kernel is latency-bound: one round trip to L2 for up to MAX_SPLITS splits), and the split
+groups add up in shared memory.
 """
 
 from __future__ import annotations
@@ -22,8 +23,8 @@ from cutlass import Float32, Int32, const_expr
 
 LN_2 = math.log(2.0)
 TILE_M = 16
-NUM_THREADS = 128
-MAX_SPLITS = NUM_THREADS
+NUM_THREADS = 256
+MAX_SPLITS = 128  # the host caps the split count here (decode.MAX_SPLITS)
 VEC = 4  # output columns per thread in the weighted sum
 
 
@@ -62,7 +63,7 @@ class DecodeCombine:
 
         @cute.struct
         class SharedStorage:
-            weights: cute.struct.Align[cute.struct.MemRange[Float32, MAX_SPLITS], 16]
+            weights: cute.struct.Align[cute.struct.MemRange[Float32, NUM_THREADS], 16]
             scratch: cute.struct.Align[cute.struct.MemRange[Float32, 2 * num_warps], 16]
             partial: cute.struct.Align[cute.struct.MemRange[Float32, NUM_THREADS * VEC], 16]
 
@@ -91,7 +92,7 @@ class DecodeCombine:
 
         smem = cutlass.memory.SmemAllocator()
         storage = smem.allocate(SharedStorage)
-        sW = storage.weights.get_tensor(cute.make_layout(MAX_SPLITS))
+        sW = storage.weights.get_tensor(cute.make_layout(NUM_THREADS))
         sScratch = storage.scratch.get_tensor(cute.make_layout((num_warps, 2), stride=(1, num_warps)))
 
         if const_expr(self.pdl):
@@ -122,21 +123,32 @@ class DecodeCombine:
                 sW[tidx] = w_s * inv
             cute.arch.barrier()
 
-            # ---- O = sum_s w_s O_s: thread (split group sg, 4 columns from d0) sums every
-            # split_groups-th split, then the split groups add up through shared memory ----
+            # ---- O = sum_s w_s O_s: thread (split group sg, 4 columns from d0) takes splits
+            # sg, sg + split_groups, ...: every load is issued before the first use, so the
+            # whole sum costs one round trip to L2 ----
             chunks = D // VEC
             split_groups = NUM_THREADS // chunks
+            slots = MAX_SPLITS // split_groups
             sg = tidx // chunks
             d0 = (tidx - sg * chunks) * VEC
+            vals = cute.make_rmem_tensor((VEC, slots), Float32)
+            vals.fill(0.0)
+            for j in cutlass.range_constexpr(slots):
+                s = sg + j * split_groups
+                if s < num_splits:
+                    for v in cutlass.range_constexpr(VEC):
+                        vals[v, j] = mOpart[b, hm, s, rr, d0 + v]
             acc = cute.make_rmem_tensor((VEC,), Float32)
             acc.fill(0.0)
-            for s in cutlass.range(sg, num_splits, split_groups, unroll=4):
-                weight = sW[s]
-                for j in cutlass.range_constexpr(VEC):
-                    acc[j] = acc[j] + weight * mOpart[b, hm, s, rr, d0 + j]
+            for j in cutlass.range_constexpr(slots):
+                s = sg + j * split_groups
+                if s < num_splits:
+                    weight = sW[s]
+                    for v in cutlass.range_constexpr(VEC):
+                        acc[v] = acc[v] + weight * vals[v, j]
             sPartial = storage.partial.get_tensor(cute.make_layout((D, split_groups), stride=(1, D)))
-            for j in cutlass.range_constexpr(VEC):
-                sPartial[d0 + j, sg] = acc[j]
+            for v in cutlass.range_constexpr(VEC):
+                sPartial[d0 + v, sg] = acc[v]
             cute.arch.barrier()
 
             i = r // group
