@@ -230,15 +230,19 @@ class DecodeAttentionSm90:
             cute.arch.cp_async_commit_group()
 
         # ---- Q, while the KV tiles are in flight: this tile's packed rows (zeros past the last) ----
-        for it in cutlass.range_constexpr(TILE_M * D // self.num_threads):
+        # All loads go out before the first store (one round trip, not one per element).
+        q_per_thread = TILE_M * D // self.num_threads
+        q_vals = cute.make_rmem_tensor((q_per_thread,), self.dtype)
+        q_vals.fill(0.0)
+        for it in cutlass.range_constexpr(q_per_thread):
             e = tidx + it * self.num_threads
-            rr = e // D
-            d = e - rr * D
-            r = row_tile * TILE_M + rr
-            sQ[rr, d] = self.dtype(0.0)
+            r = row_tile * TILE_M + e // D
             if r < num_rows:
                 i = r // group
-                sQ[rr, d] = mQ[b, kvh * group + (r - i * group), i, d]
+                q_vals[it] = mQ[b, kvh * group + (r - i * group), i, e % D]
+        for it in cutlass.range_constexpr(q_per_thread):
+            e = tidx + it * self.num_threads
+            sQ[e // D, e % D] = q_vals[it]
         cute.arch.barrier()
 
         thr_mma = tiled_mma.get_slice(lane)
