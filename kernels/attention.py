@@ -13,9 +13,10 @@ Outputs: `out` [B, Hq, Sq, Dv] in q's dtype, stored as [B, Sq, Hq, Dv] (so the u
 `out.transpose(1, 2).reshape(B, S, -1)` is free), and `lse` [B, Hq, Sq] float32 (float64 for float64 inputs), the natural-log
 log-sum-exp of each row (-inf for a row that sees no key), which the backward consumes.
 
-Kernels: CPU runs the float32/float64 reference. CUDA runs FA4 (`fa4.py`) where it takes the
-call, else PyTorch's memory-efficient SDPA kernel (`sdpa_fallback.py`, forward only), else the
-reference on the device; `kernel_for` says which and why.
+Kernels: CPU runs the float32/float64 reference. CUDA runs our split-KV decode kernel
+(`decode.py`) for decode-shaped calls, FA4 (`fa4.py`) where it takes the call, else PyTorch's
+memory-efficient SDPA kernel (`sdpa_fallback.py`, forward only), else the reference on the device;
+`kernel_for` says which and why (`backward_kernel_for` for the backward: FA4 or the reference).
 """
 
 from __future__ import annotations
@@ -55,7 +56,29 @@ def unsupported_reason(device_type: str, dtype: torch.dtype, head_dim: int, head
 
 
 def kernel_for(q: Tensor, k: Tensor, v: Tensor, **flags) -> tuple[str, str]:
-    """(kernel name, why) for a call with these inputs."""
+    """(kernel name, why) for a forward call with these inputs: "decode", "fa4", "sdpa" or "reference".
+
+    Decode-shaped calls (few packed query rows against a long cache, `decode.dispatch_reason`)
+    go to our split-KV decode kernel; the rest to FA4 where it takes them, else to the SDPA fallback."""
+    if q.device.type != "cuda":
+        return "reference", f"{q.device.type} runs the reference"
+    from . import decode
+
+    decode_reason = decode.dispatch_reason(q, k, v, **flags)
+    if decode_reason is None:
+        return "decode", "decode-shaped: the split-KV decode kernel takes this call"
+    name, why = backward_kernel_for(q, k, v, **flags)
+    if name == "fa4":
+        return name, f"FA4 takes this call ({decode_reason})"
+    fallback_reason = sdpa_fallback.unsupported_reason(q, flags.get("softcap", 0.0))
+    if fallback_reason is None:
+        return "sdpa", why
+    return "reference", f"{why}; {fallback_reason}"
+
+
+def backward_kernel_for(q: Tensor, k: Tensor, v: Tensor, **flags) -> tuple[str, str]:
+    """(kernel name, why) for a backward call: "fa4" or "reference" (the decode kernel and the SDPA
+    fallback have no backward)."""
     if q.device.type != "cuda":
         return "reference", f"{q.device.type} runs the reference"
     from . import fa4
@@ -63,10 +86,7 @@ def kernel_for(q: Tensor, k: Tensor, v: Tensor, **flags) -> tuple[str, str]:
     reason = fa4.unsupported_reason(q, k, v, **flags)
     if reason is None:
         return "fa4", "FA4 takes this call"
-    fallback_reason = sdpa_fallback.unsupported_reason(q, flags.get("softcap", 0.0))
-    if fallback_reason is None:
-        return "sdpa", reason
-    return "reference", f"{reason}; {fallback_reason}"
+    return "reference", reason
 
 
 def _check_inputs(q: Tensor, k: Tensor, v: Tensor, seqused_k: Optional[Tensor]) -> None:
@@ -149,6 +169,10 @@ def _attention_cuda(q, k, v, seqused_k=None, **flags):
     name, why = kernel_for(q, k, v, seqused_k=seqused_k, **flags)
     if log.isEnabledFor(logging.DEBUG):
         log.debug("fa4::attention q%s k%s %s: kernel %s (%s)", tuple(q.shape), tuple(k.shape), q.dtype, name, why)
+    if name == "decode":
+        from . import decode
+
+        return decode.forward(q, k, v, seqused_k, **flags)
     if name == "fa4":
         from . import fa4
 
@@ -200,7 +224,7 @@ def attention_backward(
 def _attention_backward_cuda(grad_out, q, k, v, out, lse, grad_lse=None, seqused_k=None, **flags):
     _check_inputs(q, k, v, seqused_k)
     flags = _complete(flags)
-    name, _ = kernel_for(q, k, v, seqused_k=seqused_k, **flags)
+    name, _ = backward_kernel_for(q, k, v, seqused_k=seqused_k, **flags)
     if name == "fa4":
         from . import fa4
 

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 import fa4_inductor  # noqa: F401  (registers the ops)
 from fa4_inductor.kernels import attention as attention_op
-from fa4_inductor.kernels import fa4, reference
+from fa4_inductor.kernels import decode, fa4, reference
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
@@ -28,6 +28,7 @@ def fa4_device(monkeypatch):
     if major not in (9, 10):
         pytest.skip(f"FA4 is wired for sm90 / sm100, not sm{major}{minor}")
     monkeypatch.delenv(fa4.DISABLE_ENV, raising=False)
+    monkeypatch.setenv(decode.DISABLE_ENV, "1")  # decode-shaped cases here are FA4's (test_gpu_decode.py has ours)
     torch.manual_seed(0)
 
 

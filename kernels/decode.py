@@ -1,0 +1,469 @@
+"""Host side of our split-KV decode attention kernel (`cute/decode_attention.py` + `cute/decode_combine.py`).
+
+What it takes (`unsupported_reason` says why not, otherwise):
+- CUDA sm90 (Hopper; the kernel is compiled for sm_90a), float16 / bfloat16;
+- head_dim == head_dim_v in (64, 128, 256); Hq a multiple of Hkv with group Hq / Hkv <= 16;
+  query length Sq <= 8 (packed rows Sq * group, 16 per CTA row tile);
+- no local window (causal, softcap and seqused_k are fine);
+- K and V with a unit stride on D, a 16-byte aligned start and the other strides multiples of
+  16 bytes (HF static caches and transposed views of [B, S, H, D] qualify); Q any strides
+  with a unit stride on D.
+Disable it with FA4_INDUCTOR_DISABLE_DECODE=1.
+
+When `fa4::attention` uses it (`dispatch_reason`): on top of the above, decode-shaped calls only:
+Sq * group <= DISPATCH_MAX_ROWS (16: one row tile, so each KV tile is read once) and
+Sk >= DISPATCH_MIN_SEQLEN_K (512: shorter caches are a few microseconds on any kernel). These are
+first guesses to be replaced by the measured crossover against FA4 / SDPA on the H200.
+
+Split count (`num_splits`): a host function of shapes only (batch, KV heads, row tiles, the
+maximum Sk, head dim, SM count), never of seqused_k's contents, so a CUDA graph captured once
+stays valid when the cache lengths change. It fills the GPU's CTA slots (SM count x CTAs per
+SM from the shared-memory footprint) with at most MAX_SPLITS splits of at least
+MIN_TILES_PER_SPLIT 16-key tiles each; 1 means the main kernel writes the output itself. Splits
+that get no key at run time (short sequences) write lse = -inf partials; the combine weighs them 0.
+FA4_INDUCTOR_DECODE_SPLITS=N fixes the split count for every call (for tuning the heuristic).
+
+Compilation: one main-kernel variant per (dtype, head_dim, group, causal, softcap on/off,
+seqused_k given, split or not, arch) and one combine variant per (dtype, head_dim, group, arch),
+about a second each, kept in `_COMPILED` for the process. The combine kernel is launched as a
+programmatic dependent of the main kernel (Hopper PDL, overlapping its launch with the main
+kernel's tail; FA4_INDUCTOR_DECODE_PDL=0 turns that off). Batch, heads, Sq, Sk, strides and the
+split count are runtime values. Call `warmup` before capturing CUDA graphs. Launches go to the
+current torch stream (TVM-FFI environment stream): no host sync, no host read of seqused_k.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import os
+import threading
+from typing import NamedTuple, Optional
+
+import torch
+from torch import Tensor
+
+DISABLE_ENV = "FA4_INDUCTOR_DISABLE_DECODE"
+PDL_ENV = "FA4_INDUCTOR_DECODE_PDL"  # 0 launches the combine kernel without programmatic dependent launch
+SPLITS_ENV = "FA4_INDUCTOR_DECODE_SPLITS"  # a fixed split count for every call (tuning experiments)
+DTYPES = (torch.float16, torch.bfloat16)
+HEAD_DIMS = (64, 128, 256)
+MAX_GROUP = 16
+MAX_Q_LEN = 8
+ALIGN_BYTES = 16
+TILE_M = 16  # packed rows per CTA
+TILE_N = 16  # keys per warp tile
+NUM_WARPS = 4
+MAX_SPLITS = 128
+MIN_TILES_PER_SPLIT = 2 * NUM_WARPS
+DISPATCH_MAX_ROWS = 16
+DISPATCH_MIN_SEQLEN_K = 512
+_SMEM_PER_SM = 227 * 1024
+_LOG2_E = math.log2(math.e)
+
+
+def _disabled() -> bool:
+    return os.environ.get(DISABLE_ENV, "0").strip().lower() in ("1", "true", "yes", "on")
+
+
+@functools.cache
+def _capability(device_index: int) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(device_index)
+
+
+@functools.cache
+def _num_sms(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _kv_layout_reason(name: str, t: Tensor) -> str | None:
+    step = ALIGN_BYTES // t.element_size()
+    if t.stride(-1) != 1:
+        return f"{name} has stride {t.stride(-1)} on the head dim (needs 1)"
+    if any(s % step for s in t.stride()[:-1]):
+        return f"{name} strides {t.stride()} are not multiples of {ALIGN_BYTES} bytes"
+    if t.data_ptr() % ALIGN_BYTES:
+        return f"{name} does not start on a {ALIGN_BYTES}-byte boundary"
+    return None
+
+
+def unsupported_reason(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    seqused_k: Optional[Tensor] = None,
+    scale: float,
+    causal: bool = False,
+    window_left: int = -1,
+    window_right: int = -1,
+    softcap: float = 0.0,
+) -> str | None:
+    """Why the decode kernel cannot take this call, or None if it can (see the module docstring)."""
+    if _disabled():
+        return f"the decode kernel is disabled by {DISABLE_ENV}"
+    if q.device.type != "cuda":
+        return f"the decode kernel runs on CUDA, not {q.device.type}"
+    if q.dtype not in DTYPES:
+        return f"the decode kernel takes float16 / bfloat16, not {_dtype_name(q.dtype)}"
+    major, minor = _capability(q.device.index if q.device.index is not None else torch.cuda.current_device())
+    if major != 9:
+        return f"the decode kernel is built for sm90; this GPU is sm{major}{minor}"
+    d, dv = q.shape[-1], v.shape[-1]
+    if d != dv or d not in HEAD_DIMS:
+        return f"the decode kernel takes head dims {HEAD_DIMS} with head_dim == head_dim_v; got ({d}, {dv})"
+    hq, hkv = q.shape[1], k.shape[1]
+    if hq % hkv or hq // hkv > MAX_GROUP:
+        return f"the decode kernel takes GQA groups up to {MAX_GROUP}; got {hq} query / {hkv} kv heads"
+    if q.shape[2] > MAX_Q_LEN:
+        return f"the decode kernel takes up to {MAX_Q_LEN} query tokens; got {q.shape[2]}"
+    if window_left >= 0 or window_right >= 0:
+        return "the decode kernel has no local window"
+    if q.stride(-1) != 1 and q.shape[-1] > 1:
+        return f"q has stride {q.stride(-1)} on the head dim (needs 1)"
+    for name, t in (("k", k), ("v", v)):
+        reason = _kv_layout_reason(name, t)
+        if reason is not None:
+            return reason
+    if seqused_k is not None and (seqused_k.device != q.device or seqused_k.dim() != 1):
+        return "seqused_k must be a 1-D tensor on q's device"
+    return None
+
+
+def dispatch_reason(q: Tensor, k: Tensor, v: Tensor, **flags) -> str | None:
+    """Why `fa4::attention` should not send this call to the decode kernel, or None if it should."""
+    reason = unsupported_reason(q, k, v, **flags)
+    if reason is not None:
+        return reason
+    rows = q.shape[2] * (q.shape[1] // k.shape[1])
+    if rows > DISPATCH_MAX_ROWS:
+        return f"not decode-shaped: Sq * group = {rows} > {DISPATCH_MAX_ROWS}"
+    if k.shape[2] < DISPATCH_MIN_SEQLEN_K:
+        return f"not decode-shaped: Sk = {k.shape[2]} < {DISPATCH_MIN_SEQLEN_K}"
+    return None
+
+
+def stages_for(head_dim: int) -> int:
+    """Depth of each warp's K / V ring (mirrors `cute.decode_attention.stages_for`, no cutlass import)."""
+    per_stage = NUM_WARPS * 2 * TILE_N * head_dim * 2
+    return max(2, min(8, (100 * 1024 - TILE_M * head_dim * 2) // per_stage))
+
+
+def ctas_per_sm(head_dim: int) -> int:
+    smem = (TILE_M * head_dim * 2 + stages_for(head_dim) * NUM_WARPS * 2 * TILE_N * head_dim * 2
+            + 2 * NUM_WARPS * TILE_M * 4 + 3 * 1024)
+    return max(1, min(4, _SMEM_PER_SM // smem))
+
+
+def row_tiles(q_len: int, group: int) -> int:
+    return -(-q_len * group // TILE_M)
+
+
+def num_splits(batch: int, kv_heads: int, q_len: int, group: int, seqlen_k: int, head_dim: int, num_sms: int) -> int:
+    """KV splits per (batch, KV head, row tile): fill the CTA slots, each split >= MIN_TILES_PER_SPLIT tiles.
+
+    A function of shapes only (`seqlen_k` is the cache's maximum length, k.shape[2])."""
+    ctas = batch * kv_heads * row_tiles(q_len, group)
+    slots = num_sms * ctas_per_sm(head_dim)
+    tiles = -(-seqlen_k // TILE_N)
+    return max(1, min(slots // max(ctas, 1), tiles // MIN_TILES_PER_SPLIT, MAX_SPLITS))
+
+
+# ---------------------------------------------------------------------------------------------
+# Compilation
+# ---------------------------------------------------------------------------------------------
+
+
+class _Key(NamedTuple):
+    kernel: str  # "main" or "combine"
+    dtype: torch.dtype
+    head_dim: int
+    group: int
+    causal: bool
+    softcap: bool
+    seqused: bool
+    split: bool
+    arch: str
+    pdl: bool = False  # combine kernel: programmatic dependent launch
+
+
+_COMPILED: dict[_Key, object] = {}
+_LOCK = threading.Lock()
+
+
+def _arch(device: torch.device) -> str:
+    override = os.environ.get("CUTE_DSL_ARCH")
+    if override:
+        return override
+    major, minor = _capability(device.index if device.index is not None else torch.cuda.current_device())
+    return f"sm_{major}{minor}a"
+
+
+def compile_cache_info() -> int:
+    """How many kernel variants this process has compiled."""
+    return len(_COMPILED)
+
+
+def _cutlass_dtype(dtype: torch.dtype):
+    import cutlass
+
+    return {torch.float16: cutlass.Float16, torch.bfloat16: cutlass.BFloat16}[dtype]
+
+
+def _compile(key: _Key):
+    """Compile one variant with fake tensors (no GPU needed: set CUTE_DSL_ARCH=sm_90a on a CPU)."""
+    os.environ.setdefault("CUTE_DSL_ARCH", key.arch)
+    import cutlass.cute as cute
+    from cutlass import Float32, Int32
+
+    dt = _cutlass_dtype(key.dtype)
+    d = key.head_dim
+
+    def sym(div=1):
+        return cute.sym_int64(divisibility=div)
+
+    def bhsd(div=1, align=None):
+        return cute.runtime.make_fake_tensor(
+            dt, (cute.sym_int(), cute.sym_int(), cute.sym_int(), d), (sym(div), sym(div), sym(div), 1),
+            assumed_align=align)
+
+    def partials():
+        o = cute.runtime.make_fake_compact_tensor(
+            Float32, (cute.sym_int(), cute.sym_int(), cute.sym_int(), TILE_M, d), stride_order=(4, 3, 2, 1, 0),
+            assumed_align=16)
+        lse = cute.runtime.make_fake_compact_tensor(
+            Float32, (cute.sym_int(), cute.sym_int(), cute.sym_int(), TILE_M), stride_order=(3, 2, 1, 0),
+            assumed_align=16)
+        return o, lse
+
+    out = bhsd()
+    lse = cute.runtime.make_fake_tensor(Float32, (cute.sym_int(),) * 3, (sym(), sym(), 1))
+    stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
+    if key.kernel == "combine":
+        from .cute.decode_combine import DecodeCombine
+
+        combine = DecodeCombine(dt, d, key.group, pdl=key.pdl)
+        return cute.compile(combine, *partials(), out, lse, stream, options="--enable-tvm-ffi")
+
+    from .cute.decode_attention import DecodeAttentionSm90
+
+    kernel = DecodeAttentionSm90(dt, d, key.group, key.causal, key.softcap, key.seqused, key.split)
+    align = ALIGN_BYTES // 2
+    used = cute.runtime.make_fake_compact_tensor(Int32, (cute.sym_int(),)) if key.seqused else None
+    o_part, lse_part = partials() if key.split else (None, None)
+    return cute.compile(
+        kernel, bhsd(), bhsd(align, ALIGN_BYTES), bhsd(align, ALIGN_BYTES), used,
+        None if key.split else out, None if key.split else lse, o_part, lse_part,
+        Float32(1.0), Float32(1.0), Float32(1.0), stream, options="--enable-tvm-ffi")
+
+
+def compiled(key: _Key):
+    fn = _COMPILED.get(key)
+    if fn is None:
+        with _LOCK:
+            fn = _COMPILED.get(key)
+            if fn is None:
+                fn = _COMPILED[key] = _compile(key)
+    return fn
+
+
+# ---------------------------------------------------------------------------------------------
+# Launch
+# ---------------------------------------------------------------------------------------------
+
+
+def _keys(q: Tensor, k: Tensor, seqused_k: Optional[Tensor], causal: bool, softcap: float, split: bool):
+    group = q.shape[1] // k.shape[1]
+    common = dict(dtype=q.dtype, head_dim=q.shape[-1], group=group, arch=_arch(q.device))
+    main = _Key("main", causal=bool(causal), softcap=softcap > 0, seqused=seqused_k is not None, split=split, **common)
+    combine = _Key("combine", causal=False, softcap=False, seqused=False, split=True, pdl=_pdl(), **common)
+    return main, combine
+
+
+def _pdl() -> bool:
+    return os.environ.get(PDL_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+def forward(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    seqused_k: Optional[Tensor] = None,
+    *,
+    scale: float,
+    causal: bool = False,
+    window_left: int = -1,
+    window_right: int = -1,
+    softcap: float = 0.0,
+    splits: Optional[int] = None,
+) -> tuple[Tensor, Tensor]:
+    """(out [B, Hq, Sq, D] stored as [B, Sq, Hq, D], lse [B, Hq, Sq] float32, natural log).
+
+    `splits` overrides `num_splits` (tests and benchmarks); it must not depend on seqused_k."""
+    assert window_left < 0 and window_right < 0, "the decode kernel has no local window"
+    b, hq, sq, d = q.shape
+    hkv, sk = k.shape[1], k.shape[2]
+    group = hq // hkv
+    out = q.new_empty((b, sq, hq, d)).transpose(1, 2)
+    lse = torch.empty((b, hq, sq), dtype=torch.float32, device=q.device)
+    if out.numel() == 0:
+        return out, lse
+    if q.stride(-1) != 1:
+        q = q.contiguous()
+    if seqused_k is not None and seqused_k.shape != (b,):
+        raise ValueError(f"seqused_k must have shape ({b},), got {tuple(seqused_k.shape)}")
+    if seqused_k is not None and (seqused_k.dtype != torch.int32 or not seqused_k.is_contiguous()):
+        seqused_k = seqused_k.to(torch.int32).contiguous()
+    device_index = q.device.index if q.device.index is not None else torch.cuda.current_device()
+    if splits is None and os.environ.get(SPLITS_ENV):
+        splits = int(os.environ[SPLITS_ENV])
+    if splits is None:
+        splits = num_splits(b, hkv, sq, group, sk, d, _num_sms(device_index))
+    splits = max(1, min(int(splits), MAX_SPLITS))
+    if softcap > 0:
+        scale_log2, softcap_in, softcap_out = 0.0, scale / softcap, softcap * _LOG2_E
+    else:
+        scale_log2, softcap_in, softcap_out = scale * _LOG2_E, 0.0, 0.0
+    main_key, combine_key = _keys(q, k, seqused_k, causal, softcap, splits > 1)
+    with torch.cuda.device(q.device):
+        if splits == 1:
+            compiled(main_key)(q, k, v, seqused_k, out, lse, None, None, scale_log2, softcap_in, softcap_out)
+            return out, lse
+        tiles = row_tiles(sq, group)
+        o_part = torch.empty((b, hkv * tiles, splits, TILE_M, d), dtype=torch.float32, device=q.device)
+        lse_part = torch.empty((b, hkv * tiles, splits, TILE_M), dtype=torch.float32, device=q.device)
+        compiled(main_key)(q, k, v, seqused_k, None, None, o_part, lse_part, scale_log2, softcap_in, softcap_out)
+        compiled(combine_key)(o_part, lse_part, out, lse)
+    return out, lse
+
+
+def warmup(
+    dtype: torch.dtype,
+    head_dim: int,
+    group: int,
+    q_len: int = 1,
+    device: torch.device | str = "cuda",
+    *,
+    causal: Optional[bool] = None,
+    softcap: bool = False,
+    seqused_k: Optional[bool] = None,
+) -> int:
+    """Compile every kernel variant a decode step with these shapes can hit, outside CUDA-graph capture.
+
+    `causal` / `seqused_k` None compile both settings; both split and one-split main kernels and
+    the combine kernel are compiled (which one runs depends on the batch and cache sizes).
+    `q_len` only validates the shape (query length is a runtime value). Returns how many
+    variants were compiled now (0 when all were cached)."""
+    if dtype not in DTYPES or head_dim not in HEAD_DIMS or not 1 <= group <= MAX_GROUP or not 1 <= q_len <= MAX_Q_LEN:
+        raise ValueError(
+            f"the decode kernel does not take dtype {dtype}, head_dim {head_dim}, group {group}, q_len {q_len}")
+    device = torch.device(device)
+    arch = _arch(device) if device.type == "cuda" else os.environ.get("CUTE_DSL_ARCH", "sm_90a")
+    before = len(_COMPILED)
+    for c in ((False, True) if causal is None else (bool(causal),)):
+        for used in ((False, True) if seqused_k is None else (bool(seqused_k),)):
+            for split in (False, True):
+                compiled(_Key("main", dtype, head_dim, group, c, bool(softcap), used, split, arch))
+    compiled(_Key("combine", dtype, head_dim, group, False, False, False, True, arch, _pdl()))
+    return len(_COMPILED) - before
+
+
+# ---------------------------------------------------------------------------------------------
+# Benchmark entry point (GPU)
+# ---------------------------------------------------------------------------------------------
+
+
+def bench_decode(
+    b: int = 1,
+    sk: int = 32768,
+    hq: int = 32,
+    hkv: int = 8,
+    d: int = 128,
+    *,
+    q_len: int = 1,
+    dtype: torch.dtype = torch.bfloat16,
+    causal: bool = True,
+    seqused: bool = False,
+    splits: Optional[int] = None,
+    graphs: bool = True,
+) -> dict:
+    """Time our decode kernel against SDPA (enable_gqa) and FA4 (when importable) on one shape.
+
+    Inputs as HF static caches hand them over: K / V contiguous [B, Hkv, Sk, D], q [B, Hq, Sq, D].
+    Times are medians of `triton.testing.do_bench` (or CUDA events) over CUDA-graph replays when
+    `graphs` (what decode runs under), in milliseconds; `tbps` is KV bytes / time in TB/s."""
+    device = "cuda"
+    q = torch.randn(b, hq, q_len, d, dtype=dtype, device=device)
+    k = torch.randn(b, hkv, sk, d, dtype=dtype, device=device)
+    v = torch.randn(b, hkv, sk, d, dtype=dtype, device=device)
+    used = torch.full((b,), sk, dtype=torch.int32, device=device) if seqused else None
+    scale = d ** -0.5
+    kv_bytes = 2 * k.numel() * k.element_size()
+    n_splits = splits or num_splits(b, hkv, q_len, hq // hkv, sk, d, _num_sms(torch.cuda.current_device()))
+    warmup(dtype, d, hq // hkv, q_len, device, causal=causal, seqused_k=seqused)
+
+    def ours():
+        return forward(q, k, v, used, scale=scale, causal=causal, splits=n_splits)
+
+    def sdpa():
+        # SDPA's causal mask is top-left aligned: for one query token it would hide all but key 0.
+        is_causal = causal and q_len > 1 and q_len == sk
+        return torch.nn.functional.scaled_dot_product_attention(
+            q, k, v, is_causal=is_causal, scale=scale, enable_gqa=True)
+
+    fns = {"decode": ours, "sdpa": sdpa}
+    try:
+        from . import fa4
+
+        if fa4.unsupported_reason(q, k, v, seqused_k=used, scale=scale, causal=causal) is None:
+            fns["fa4"] = lambda: fa4.forward(q, k, v, used, scale=scale, causal=causal)
+    except Exception:  # FA4 missing or broken: compare with SDPA only
+        pass
+
+    result = {"b": b, "sk": sk, "hq": hq, "hkv": hkv, "d": d, "q_len": q_len, "splits": n_splits,
+              "kv_mb": kv_bytes / 1e6}
+    for name, fn in fns.items():
+        ms = _time(fn, graphs)
+        result[f"{name}_ms"] = ms
+        result[f"{name}_tbps"] = kv_bytes / (ms * 1e-3) / 1e12
+    ref = sdpa() if not causal or q_len == 1 else None
+    if ref is not None:
+        result["max_abs_diff_vs_sdpa"] = (ours()[0] - ref).abs().max().item()
+    return result
+
+
+def _time(fn, graphs: bool) -> float:
+    fn()
+    torch.cuda.synchronize()
+    if graphs:
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            fn()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            fn()
+        run = graph.replay
+    else:
+        run = fn
+    try:
+        from triton.testing import do_bench
+
+        return do_bench(run, warmup=25, rep=200, return_mode="median")
+    except ImportError:
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        for _ in range(10):
+            run()
+        times = []
+        for _ in range(50):
+            start.record()
+            run()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+        return sorted(times)[len(times) // 2]

@@ -1,0 +1,122 @@
+"""Compile-only tier for the split-KV decode kernel: CuTe DSL compiles it for sm_90a on a CPU.
+
+Also the host-side rules that need no GPU: the split count is a function of shapes only and stays
+in range, and the dispatch declines what the kernel cannot take. Numerics are in
+`test_gpu_decode.py` (GPU tier).
+"""
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from fa4_inductor.kernels import decode
+
+ARCH = "sm_90a"
+
+
+@pytest.fixture(scope="module")
+def cute_dsl():
+    """Import cutlass (~3 s) only for this module, targeting Hopper without a GPU."""
+    os.environ.setdefault("CUTE_DSL_ARCH", ARCH)
+    pytest.importorskip("cutlass")
+    pytest.importorskip("tvm_ffi", reason="the decode kernel compiles with --enable-tvm-ffi")
+
+
+# A representative few: each main-kernel feature (both dtypes, head dims 64 / 128 / 256, GQA 1 to
+# 16, causal, softcap, seqused_k, split and one-split epilogues) appears at least once.
+MAIN_VARIANTS = [
+    # dtype, head_dim, group, causal, softcap, seqused, split
+    (torch.bfloat16, 128, 4, False, False, False, True),
+    (torch.float16, 64, 8, True, True, False, True),
+    (torch.bfloat16, 128, 16, True, False, True, False),
+    (torch.bfloat16, 256, 1, True, False, True, True),
+]
+
+
+@pytest.mark.parametrize("variant", MAIN_VARIANTS, ids=lambda v: "-".join(map(str, v)).replace("torch.", ""))
+def test_main_kernel_compiles(cute_dsl, variant):
+    key = decode._Key("main", *variant, ARCH)
+    assert callable(decode.compiled(key))
+    assert decode.compiled(key) is decode.compiled(key)  # the explicit cache holds it
+
+
+@pytest.mark.parametrize(
+    "dtype, head_dim, group, pdl",
+    [(torch.bfloat16, 128, 4, True), (torch.float16, 64, 8, False), (torch.bfloat16, 256, 16, True)])
+def test_combine_kernel_compiles(cute_dsl, dtype, head_dim, group, pdl):
+    key = decode._Key("combine", dtype, head_dim, group, False, False, False, True, ARCH, pdl)
+    assert callable(decode.compiled(key))
+
+
+def test_warmup_compiles_every_variant_of_a_shape(cute_dsl):
+    decode.warmup(torch.float16, 128, 2, q_len=1, device="cpu", causal=True, seqused_k=True)
+    assert decode.warmup(torch.float16, 128, 2, q_len=1, device="cpu", causal=True, seqused_k=True) == 0
+    with pytest.raises(ValueError):
+        decode.warmup(torch.float16, 96, 2)
+
+
+SHAPES = [
+    # batch, kv_heads, q_len, group, seqlen_k, head_dim
+    (1, 8, 1, 4, 32768, 128),
+    (8, 8, 1, 4, 32768, 128),
+    (64, 8, 1, 4, 32768, 128),
+    (1, 8, 1, 4, 4096, 128),
+    (1, 8, 8, 16, 4096, 128),
+    (1, 1, 1, 1, 17, 64),
+    (2, 4, 4, 8, 1000, 256),
+    (1, 2, 1, 4, 0, 128),
+]
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+def test_num_splits_is_in_range(shape):
+    batch, kv_heads, q_len, group, seqlen_k, head_dim = shape
+    n = decode.num_splits(batch, kv_heads, q_len, group, seqlen_k, head_dim, num_sms=132)
+    assert 1 <= n <= decode.MAX_SPLITS
+    tiles = -(-seqlen_k // decode.TILE_N)
+    assert n == 1 or tiles // n >= decode.MIN_TILES_PER_SPLIT
+    ctas = batch * kv_heads * decode.row_tiles(q_len, group)
+    assert n == 1 or ctas * n <= 132 * decode.ctas_per_sm(head_dim)
+
+
+def test_num_splits_targets():
+    """The H200 decode shapes of issue 5 (hq32 hkv8 d128): b1 spreads over the GPU, b64 does not split."""
+    assert decode.num_splits(1, 8, 1, 4, 32768, 128, 132) >= 32
+    assert decode.num_splits(8, 8, 1, 4, 32768, 128, 132) >= 4
+    assert decode.num_splits(64, 8, 1, 4, 32768, 128, 132) == 1
+
+
+def test_host_mirrors_the_kernel_tiling(cute_dsl):
+    from fa4_inductor.kernels.cute import decode_attention
+
+    assert (decode.TILE_M, decode.TILE_N, decode.NUM_WARPS) == (
+        decode_attention.TILE_M, decode_attention.TILE_N, decode_attention.NUM_WARPS)
+    for d in decode.HEAD_DIMS:
+        assert decode.stages_for(d) == decode_attention.stages_for(d)
+
+
+def test_stages_fit_shared_memory():
+    for d in decode.HEAD_DIMS:
+        assert decode.stages_for(d) >= 2
+        assert decode.ctas_per_sm(d) >= 1
+
+
+def test_declines_off_gpu():
+    q, k = torch.randn(1, 32, 1, 128), torch.randn(1, 8, 4096, 128)
+    reason = decode.dispatch_reason(q, k, k, scale=0.1)
+    assert reason is not None and "CUDA" in reason
+
+
+def test_disable_env(monkeypatch):
+    monkeypatch.setenv(decode.DISABLE_ENV, "1")
+    q, k = torch.randn(1, 32, 1, 128), torch.randn(1, 8, 4096, 128)
+    assert decode.DISABLE_ENV in decode.unsupported_reason(q, k, k, scale=0.1)
+
+
+def test_host_module_imports_no_cutlass():
+    """`kernel_for` imports `decode` on every CUDA call: it must not pay cutlass's ~3 s import."""
+    code = "import sys, fa4_inductor.kernels.decode; assert 'cutlass' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True)

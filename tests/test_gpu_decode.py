@@ -1,0 +1,231 @@
+"""GPU tier: the split-KV decode kernel (`kernels/decode.py`), run with `pytest -m gpu` on an sm90 GPU.
+
+Numerics follow FlashAttention's rule against the float64 reference (`kernels/reference.py`): our
+max abs error is at most 2x PyTorch's own error in the same dtype, plus 1e-5. PyTorch's own is the
+same attention as eager ops in the input dtype (SDPA's causal mask is top-left aligned, ours
+bottom-right, so SDPA cannot express decode with a causal Sq > 1). Softcap gets 3x (tanh.approx).
+Inputs are fresh random tensors: odd cache lengths, lengths that are not a multiple of the
+16-key tile, cache lengths that differ across the batch (including 0 and 1), split counts from 1
+to 64 (most splits empty for short sequences), and non-finite garbage past seqused_k.
+"""
+
+import pytest
+import torch
+
+import fa4_inductor  # noqa: F401  (registers the ops)
+from fa4_inductor.kernels import attention as attention_op
+from fa4_inductor.kernels import decode, reference
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+
+ATTENTION = torch.ops.fa4.attention.default
+
+
+@pytest.fixture(autouse=True)
+def sm90(monkeypatch):
+    major, minor = torch.cuda.get_device_capability()
+    if major != 9:
+        pytest.skip(f"the decode kernel is built for sm90, not sm{major}{minor}")
+    monkeypatch.delenv(decode.DISABLE_ENV, raising=False)
+    torch.manual_seed(0)
+
+
+def make_inputs(dtype=torch.bfloat16, b=2, hkv=2, group=4, sq=1, sk=1000, d=128, layout="hf"):
+    """q [B, Hq, Sq, D]; k, v [B, Hkv, Sk, D] as an HF static cache ("bhsd": contiguous) or as
+    transposed views of [B, S, H, D] ("hf")."""
+    hq = hkv * group
+    q = torch.randn(b, sq, hq, d, dtype=dtype, device="cuda").transpose(1, 2)
+    if layout == "bhsd":
+        k = torch.randn(b, hkv, sk, d, dtype=dtype, device="cuda")
+        v = torch.randn(b, hkv, sk, d, dtype=dtype, device="cuda")
+    else:
+        k = torch.randn(b, sk, hkv, d, dtype=dtype, device="cuda").transpose(1, 2)
+        v = torch.randn(b, sk, hkv, d, dtype=dtype, device="cuda").transpose(1, 2)
+    return q, k, v
+
+
+def flags(d, causal=False, softcap=0.0, scale=None):
+    return dict(scale=d ** -0.5 if scale is None else scale, causal=causal, window_left=-1, window_right=-1,
+                softcap=softcap)
+
+
+def eager(q, k, v, seqused_k=None, *, scale, causal, window_left, window_right, softcap):
+    """The attention as plain PyTorch ops in q's dtype (PyTorch's own error for the FA rule)."""
+    keep = reference.allowed_keys(q.shape[2], k.shape[2], causal=causal, window_left=window_left,
+                                  window_right=window_right, seqused_k=seqused_k, device=q.device)
+    group = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+    s = q @ k.transpose(-1, -2) * scale
+    if softcap > 0:
+        s = softcap * torch.tanh(s / softcap)
+    if keep is not None:
+        s = s.masked_fill(~keep.squeeze(2), float("-inf"))
+    return torch.softmax(s, dim=-1).nan_to_num(0.0) @ v
+
+
+def assert_fa_rule(name, ours, ref, pt, softcap=0.0):
+    assert ours.isfinite().all(), f"{name} has non-finite values"
+    rtol, atol = (3.0, 1e-5) if softcap else (2.0, 1e-5)
+    err = (ours.double() - ref).abs().max().item()
+    pt_err = (pt.double() - ref).abs().max().item()
+    assert err <= rtol * pt_err + atol, f"{name}: error {err:.3g} > {rtol} x PyTorch's {pt_err:.3g} + {atol:.0e}"
+
+
+def check(q, k, v, seqused_k=None, splits=None, via_op=False, **fl):
+    """Run the decode kernel (directly, or through fa4::attention asserting it dispatches to it)
+    and compare out / lse with the float64 reference."""
+    if via_op:
+        name, why = attention_op.kernel_for(q, k, v, seqused_k=seqused_k, **fl)
+        assert name == "decode", why
+        out, lse = ATTENTION(q, k, v, seqused_k, **fl)
+    else:
+        assert decode.unsupported_reason(q, k, v, seqused_k=seqused_k, **fl) is None
+        out, lse = decode.forward(q, k, v, seqused_k, splits=splits, **fl)
+    b, hq, sq, dv = out.shape
+    assert out.dtype == q.dtype and out.stride() == (sq * hq * dv, dv, hq * dv, 1)
+    assert lse.dtype == torch.float32 and lse.shape == (b, hq, sq) and lse.is_contiguous()
+    # Keys past seqused_k may hold anything: the reference must not see them either.
+    ref_out, ref_lse = reference.attention_forward(q.double(), k.double().nan_to_num(0.0), v.double().nan_to_num(0.0),
+                                                   seqused_k=seqused_k, **fl)
+    k_clean, v_clean = k.nan_to_num(0.0), v.nan_to_num(0.0)
+    assert_fa_rule("out", out, ref_out, eager(q, k_clean, v_clean, seqused_k, **fl), fl["softcap"])
+    torch.testing.assert_close(lse.double(), ref_lse, rtol=0, atol=1e-3 + fl["softcap"] * 2 ** -9)
+    return out, lse
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("group", [1, 4, 8, 16])
+@pytest.mark.parametrize("d", [64, 128, 256])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_single_token(dtype, d, group, causal):
+    check(*make_inputs(dtype, group=group, d=d, sk=1000), **flags(d, causal))
+
+
+@pytest.mark.parametrize("sq", [2, 3, 4, 8])
+@pytest.mark.parametrize("group", [1, 2, 4, 16])  # 16 x 8 = 128 packed rows: eight row tiles
+def test_several_query_tokens_causal(sq, group):
+    check(*make_inputs(group=group, sq=sq, sk=777), **flags(128, causal=True))
+
+
+@pytest.mark.parametrize("sk", [1, 15, 16, 17, 100, 517, 4097, 32768 + 5])
+@pytest.mark.parametrize("splits", [None, 1, 3, 64])
+def test_cache_lengths_and_split_counts(sk, splits):
+    check(*make_inputs(b=1, group=4, sq=2, sk=sk), splits=splits, **flags(128, causal=True))
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("layout", ["hf", "bhsd"])
+@pytest.mark.parametrize("splits", [None, 1, 16, 64])
+def test_seqused_k_differs_across_the_batch(causal, layout, splits):
+    q, k, v = make_inputs(b=5, group=4, sq=4, sk=2048, layout=layout)
+    used = torch.tensor([2048, 1000, 17, 1, 0], dtype=torch.int32, device="cuda")
+    # what sits past the used length is garbage, possibly non-finite: it must never reach the output
+    for t in (k, v):
+        for i, n in enumerate(used.tolist()):
+            t[i, :, n:] = float("nan")
+    check(q, k, v, used, splits=splits, **flags(128, causal))
+
+
+def test_seqused_k_shorter_than_query():
+    """Causal rows before the first key (Sq > seqused_k) see nothing: zeros and lse = -inf."""
+    q, k, v = make_inputs(b=2, group=2, sq=8, sk=600)
+    used = torch.tensor([3, 600], dtype=torch.int32, device="cuda")
+    out, lse = check(q, k, v, used, **flags(128, causal=True))
+    assert (lse[0, :, :5] == float("-inf")).all() and (out[0, :, :5] == 0).all()
+
+
+def test_combine_without_pdl(monkeypatch):
+    monkeypatch.setenv(decode.PDL_ENV, "0")
+    check(*make_inputs(b=2, group=4, sq=1, sk=3000), splits=12, **flags(128, causal=True))
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_softcap(dtype, causal):
+    # scale 1 puts scores where tanh bends: a dropped softcap would show
+    check(*make_inputs(dtype, group=8, sq=2, sk=3000), **flags(128, causal, softcap=30.0, scale=1.0))
+
+
+def test_issue_shape_through_the_op():
+    """hq32 hkv8 d128, one token against a 32k cache: fa4::attention sends it to the decode kernel."""
+    q, k, v = make_inputs(b=1, hkv=8, group=4, sq=1, sk=32768, layout="bhsd")
+    check(q, k, v, via_op=True, **flags(128, causal=True))
+    used = torch.tensor([12345], dtype=torch.int32, device="cuda")
+    check(q, k, v, used, via_op=True, **flags(128, causal=True))
+
+
+def test_dispatch_rule():
+    q, k, v = make_inputs(b=1, hkv=8, group=4, sq=1, sk=4096)
+    assert attention_op.kernel_for(q, k, v, **flags(128, causal=True))[0] == "decode"
+    q, k, v = make_inputs(b=1, hkv=8, group=4, sq=8, sk=4096)  # 32 packed rows: FA4's
+    assert attention_op.kernel_for(q, k, v, **flags(128, causal=True))[0] != "decode"
+    q, k, v = make_inputs(b=1, hkv=8, group=4, sq=1, sk=256)  # short cache: FA4's
+    assert attention_op.kernel_for(q, k, v, **flags(128, causal=True))[0] != "decode"
+    q, k, v = make_inputs(b=1, hkv=8, group=4, sq=1, sk=4096)
+    windowed = dict(flags(128, causal=True), window_left=128)
+    assert attention_op.kernel_for(q, k, v, **windowed)[0] != "decode"
+
+
+def test_misaligned_cache_is_declined():
+    q, _, _ = make_inputs(b=1, hkv=2, group=4, sk=1024)
+    flat = torch.randn(1 * 2 * 1024 * 128 + 1, dtype=q.dtype, device="cuda")
+    k = flat[1:].view(1, 2, 1024, 128)
+    assert "16-byte" in decode.unsupported_reason(q, k, k, **flags(128))
+
+
+def test_disable_env(monkeypatch):
+    q, k, v = make_inputs(b=1, hkv=8, group=4, sq=1, sk=4096)
+    monkeypatch.setenv(decode.DISABLE_ENV, "1")
+    assert decode.DISABLE_ENV in decode.dispatch_reason(q, k, v, **flags(128, causal=True))
+    assert attention_op.kernel_for(q, k, v, **flags(128, causal=True))[0] != "decode"
+
+
+def test_warmup_then_no_compile():
+    decode.warmup(torch.bfloat16, 128, 4, q_len=1, device="cuda", causal=True, seqused_k=True)
+    compiled = decode.compile_cache_info()
+    q, k, v = make_inputs(b=1, hkv=2, group=4, sk=4096)
+    used = torch.tensor([3000], dtype=torch.int32, device="cuda")
+    decode.forward(q, k, v, used, splits=1, **flags(128, causal=True))
+    decode.forward(q, k, v, used, splits=8, **flags(128, causal=True))
+    assert decode.compile_cache_info() == compiled
+
+
+@pytest.mark.parametrize("splits", [None, 1])
+def test_cuda_graph_replay_with_changing_cache_lengths(splits):
+    """Capture once; change q / k / v contents and seqused_k between replays: each replay equals a
+    fresh call bit for bit (the kernels use no atomics) and the float64 reference by the FA rule."""
+    fl = flags(128, causal=True)
+    decode.warmup(torch.bfloat16, 128, 4, q_len=2, device="cuda", causal=True, seqused_k=True)
+    q, k, v = make_inputs(b=3, hkv=2, group=4, sq=2, sk=4096, layout="bhsd")
+    used = torch.tensor([4096, 4096, 4096], dtype=torch.int32, device="cuda")
+
+    def step():
+        return decode.forward(q, k, v, used, splits=splits, **fl)
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_out, static_lse = step()
+
+    for lengths in ([4096, 700, 1], [0, 4095, 2049], [33, 17, 4000]):
+        for t, fresh in zip((q, k, v), make_inputs(b=3, hkv=2, group=4, sq=2, sk=4096, layout="bhsd")):
+            t.copy_(fresh)
+        used.copy_(torch.tensor(lengths))
+        graph.replay()
+        torch.cuda.synchronize()
+        out, lse = step()
+        torch.testing.assert_close(static_out, out, rtol=0, atol=0)
+        torch.testing.assert_close(static_lse, lse, rtol=0, atol=0)
+        ref_out, ref_lse = reference.attention_forward(q.double(), k.double(), v.double(), seqused_k=used, **fl)
+        assert_fa_rule("out", static_out, ref_out, eager(q, k, v, used, **fl))
+        torch.testing.assert_close(static_lse.double(), ref_lse, rtol=0, atol=1e-3)
+
+
+def test_bench_entry_point_runs():
+    result = decode.bench_decode(b=1, sk=4096, hq=32, hkv=8, d=128, graphs=True)
+    assert result["decode_ms"] > 0 and result["sdpa_ms"] > 0
+    assert result["max_abs_diff_vs_sdpa"] < 2e-2
