@@ -241,7 +241,7 @@ def _compile(key: _Key):
         return o, lse
 
     out = bhsd()
-    lse = cute.runtime.make_fake_tensor(Float32, (cute.sym_int(),) * 3, (sym(), sym(), 1))
+    lse = cute.runtime.make_fake_tensor(Float32, tuple(cute.sym_int() for _ in range(3)), (sym(), sym(), 1))
     stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
     if key.kernel == "combine":
         from .cute.decode_combine import DecodeCombine

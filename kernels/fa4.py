@@ -278,7 +278,8 @@ def _as_replay(recorder: _Recorder, ours: tuple) -> tuple[_Launch | None, str]:
             slots[position] = which[0]
         elif isinstance(a, (list, tuple)) and any(isinstance(x, Tensor) for x in a):
             return None, f"argument {position} holds tensors"
-    return _Launch(fn, args, slots), "replayable"
+    # Keep no tensor alive: CUDA-graph pools (reduce-overhead) must own every allocation they made.
+    return _Launch(fn, tuple(None if p in slots else a for p, a in enumerate(args)), slots), "replayable"
 
 
 _LAUNCHES: collections.OrderedDict = collections.OrderedDict()
