@@ -27,7 +27,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from . import reference, sdpa_fallback
+from . import reference, sdpa_fallback, switches
 
 log = logging.getLogger("fa4_inductor.kernels")
 
@@ -162,13 +162,33 @@ def attention(
                               window_right=window_right, softcap=softcap)
 
 
+_ROUTES: dict = {}
+_ROUTES_MAX = 4096
+
+
+def _route(q: Tensor, k: Tensor, v: Tensor, seqused_k: Optional[Tensor], flags: dict) -> str:
+    """`kernel_for`'s choice, remembered per call signature: everything it reads (shapes, strides,
+    16-byte alignment, dtype, device, flags, the routing switches) is in the key. Decode steps call
+    with one signature thousands of times; this keeps the checks off their host path."""
+    key = (q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype, q.device,
+           q.data_ptr() % 16, k.data_ptr() % 16, v.data_ptr() % 16,
+           None if seqused_k is None else (seqused_k.shape, seqused_k.dtype, seqused_k.device),
+           tuple(flags.values()), switches.routing_state())
+    name = _ROUTES.get(key)
+    if name is None:
+        _check_inputs(q, k, v, seqused_k)
+        name, why = kernel_for(q, k, v, seqused_k=seqused_k, **flags)
+        log.debug("fa4::attention q%s k%s %s: kernel %s (%s)", tuple(q.shape), tuple(k.shape), q.dtype, name, why)
+        if len(_ROUTES) >= _ROUTES_MAX:
+            _ROUTES.clear()
+        _ROUTES[key] = name
+    return name
+
+
 @attention.register_kernel("cuda")
 def _attention_cuda(q, k, v, seqused_k=None, **flags):
-    _check_inputs(q, k, v, seqused_k)
     flags = _complete(flags)
-    name, why = kernel_for(q, k, v, seqused_k=seqused_k, **flags)
-    if log.isEnabledFor(logging.DEBUG):
-        log.debug("fa4::attention q%s k%s %s: kernel %s (%s)", tuple(q.shape), tuple(k.shape), q.dtype, name, why)
+    name = _route(q, k, v, seqused_k, flags)
     if name == "decode":
         from . import decode
 

@@ -43,7 +43,9 @@ from typing import NamedTuple, Optional
 import torch
 from torch import Tensor
 
-DISABLE_ENV = "FA4_INDUCTOR_DISABLE_DECODE"
+from . import switches
+
+DISABLE_ENV = switches.DISABLE_DECODE
 PDL_ENV = "FA4_INDUCTOR_DECODE_PDL"  # 0 launches the combine kernel without programmatic dependent launch
 SPLITS_ENV = "FA4_INDUCTOR_DECODE_SPLITS"  # a fixed split count for every call (tuning experiments)
 DTYPES = (torch.float16, torch.bfloat16)
@@ -63,7 +65,7 @@ _LOG2_E = math.log2(math.e)
 
 
 def _disabled() -> bool:
-    return os.environ.get(DISABLE_ENV, "0").strip().lower() in ("1", "true", "yes", "on")
+    return switches.is_on(DISABLE_ENV)
 
 
 @functools.cache

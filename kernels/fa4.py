@@ -62,12 +62,12 @@ from torch import Tensor
 from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from . import reference
+from . import reference, switches
 
 log = logging.getLogger("fa4_inductor.kernels")
 
-DISABLE_ENV = "FA4_INDUCTOR_DISABLE_FA4"
-NO_REPLAY_ENV = "FA4_INDUCTOR_NO_REPLAY"
+DISABLE_ENV = switches.DISABLE_FA4
+NO_REPLAY_ENV = switches.NO_REPLAY
 CACHE_ENABLED_ENV = "FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED"
 CACHE_DIR_ENV = "FLASH_ATTENTION_CUTE_DSL_CACHE_DIR"
 DTYPES = (torch.float16, torch.bfloat16)
@@ -120,7 +120,7 @@ def _capability(device_index: int) -> tuple[int, int]:
 
 
 def _disabled() -> bool:
-    return os.environ.get(DISABLE_ENV, "0").strip().lower() in ("1", "true", "yes", "on")
+    return switches.is_on(DISABLE_ENV)
 
 
 def _head_dim_reason(major: int, d: int, dv: int) -> str | None:
@@ -293,7 +293,7 @@ def _signature(tensors: tuple, flags: tuple) -> tuple:
 
 
 def _replay_enabled() -> bool:
-    return os.environ.get(NO_REPLAY_ENV, "0").strip().lower() not in ("1", "true", "yes", "on")
+    return not switches.is_on(NO_REPLAY_ENV)
 
 
 def _launch_forward(fa, tensors: tuple, flags: tuple, call) -> None:
