@@ -240,7 +240,7 @@ def evaluate(node, constants: dict) -> TwoValued:
     if ZEROS(node):
         return _coerce(node, _uniform(0))
     if FULL(node):
-        fill = arg(node, 1, "fill_value")
+        fill = arg(node, 2 if node.op == "call_method" else 1, "fill_value")
         if scalar(fill) is None and not isinstance(fill, bool):
             raise MaskNotUnderstood(f"torch.full with a non-constant fill ({node.name})")
         return _coerce(node, _uniform(fill))
@@ -260,9 +260,9 @@ def evaluate(node, constants: dict) -> TwoValued:
         return _compare(node, *positions)
     if AND(node):
         a, b = (evaluate(x, constants) for x in node.args[:2])
-        if (a.inside, a.outside, b.inside, b.outside) == (True, False, True, False):
-            return TwoValued(a.band & b.band, True, False)
-        raise MaskNotUnderstood(f"{_describe(node)} of masks that are not both boolean bands")
+        if not all(isinstance(v, bool) for v in (a.inside, a.outside, b.inside, b.outside)):
+            raise MaskNotUnderstood(f"{_describe(node)} of masks that are not both boolean")
+        return TwoValued(a.where(bool) & b.where(bool), True, False)
     if EQ(node) or NE(node):
         other = scalar(node.args[1])
         if other is None:
