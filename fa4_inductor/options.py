@@ -16,6 +16,9 @@ class Options:
     gqa: bool = True
     """Fold K/V head repetition (repeat_kv, repeat_interleave, expand + reshape) into GQA."""
 
+    padding: bool = True
+    """Rewrite attention under a run-time key-padding mask to seqused_k, checking in the graph that it is right padding."""
+
     @classmethod
     def names(cls) -> list[str]:
         return [f.name for f in fields(cls)]

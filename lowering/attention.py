@@ -34,8 +34,8 @@ import torch
 from torch.fx import GraphModule, Node
 
 from ..kernels import attention as attention_op
-from . import gqa
-from .masks import MaskNotUnderstood, band_args, keep_band, Band
+from . import gqa, kv_cache, padding
+from .masks import INF, MaskNotUnderstood, band_args, keep_band, Band, Shift
 from .records import Decline, Record
 from .spellings import (ADD, CAST, DIV, DROPOUT, MASKED_FILL, MATMUL, MUL, SDPA, SOFTMAX, TANH, WHERE, arg,
                         location, normalize_dim, same_size, scalar, shape, single_user, transposed_last_two, value)
@@ -55,6 +55,7 @@ class AttentionCall:
     flags: dict = field(default_factory=dict)
     matched: list = field(default_factory=list)
     gqa: str = ""
+    seqused_k: Node | Shift | None = None  # a run-time key mask (padding.py) or query start (kv_cache.py)
 
 
 def _check_kernel_support(q: Node, k: Node, v: Node) -> None:
@@ -101,12 +102,23 @@ def _mask_flags(kind: str, mask, constants, scores_shape, fill=None) -> Band:
     return band
 
 
-def _flags_for(band: Band, scores_shape) -> dict:
-    if band == Band():
-        return {}
-    _require_square(scores_shape, "a mask")
+def _flags_for(band: Band, scores_shape) -> tuple[dict, Node | Shift | None]:
+    """The op's flags for the visible keys `band`, and what its seqused_k is computed from."""
+    if band.keys is not None:
+        if band.bounded:
+            raise Decline("a key-padding mask together with a causal or window band: fa4::attention aligns the "
+                          "diagonal to seqused_k (bottom-right), so right padding would move it")
+        return {}, band.keys
+    if not band.bounded:
+        return {}, None
+    shift = band.shift
+    if shift is None and not same_size(scores_shape[-2], scores_shape[-1]):
+        shift = Shift(None)  # queries at 0..Sq-1 over a longer cache (prefill into a static cache)
+    if shift is not None and band.hi != 0:
+        raise Decline(f"a band with j - i <= {band.hi} over a KV cache: seqused_k (the keys in use) can only "
+                      "express a causal upper bound")
     try:
-        return band_args(band)
+        return band_args(band), shift
     except MaskNotUnderstood as e:
         raise Decline(f"mask not recognized: {e}") from None
 
@@ -123,10 +135,10 @@ def match_sdpa(node: Node, constants: dict) -> AttentionCall:
         raise Decline(f"is_causal is not a constant ({is_causal})")
     _check_kernel_support(q, k, v)
     scores_shape = shape(q)[:-1] + (shape(k)[-2],)
-    flags = {}
+    flags, seqused_k = {}, None
     if attn_mask is not None:
         kind = "bool" if value(attn_mask).dtype == torch.bool else "additive"
-        flags = _flags_for(_mask_flags(kind, attn_mask, constants, scores_shape), scores_shape)
+        flags, seqused_k = _flags_for(_mask_flags(kind, attn_mask, constants, scores_shape), scores_shape)
     if is_causal:
         _require_square(scores_shape, "is_causal")
         flags["causal"] = True
@@ -134,7 +146,7 @@ def match_sdpa(node: Node, constants: dict) -> AttentionCall:
         scale = 1.0 / math.sqrt(int(shape(q)[-1]))
     elif scalar(scale) is None:
         raise Decline(f"scale is not a constant ({scale})")
-    return AttentionCall(q, k, v, output=node, scale=float(scale), flags=flags, matched=[node])
+    return AttentionCall(q, k, v, output=node, scale=float(scale), flags=flags, matched=[node], seqused_k=seqused_k)
 
 
 def _constant_factor(node: Node) -> tuple[Node, float] | None:
@@ -258,10 +270,11 @@ def match_handwritten(softmax: Node, constants: dict) -> AttentionCall | None:
     _check_kernel_support(q, k, v)
     if value(output).dtype != value(q).dtype:
         raise Decline(f"the output dtype {value(output).dtype} is not q's {value(q).dtype}")
-    flags = _flags_for(band, scores_shape)
+    flags, seqused_k = _flags_for(band, scores_shape)
     if softcap:
         flags["softcap"] = softcap
-    return AttentionCall(q, k, v, output=output, scale=scale, flags=flags, matched=matched + [output])
+    return AttentionCall(q, k, v, output=output, scale=scale, flags=flags, matched=matched + [output],
+                         seqused_k=seqused_k)
 
 
 def _strip_mask(node: Node, constants, scores_shape) -> tuple[Node, Band]:
@@ -304,23 +317,80 @@ def _erase_dead(graph, nodes) -> None:
         work.extend(inputs)
 
 
-def emit(gm: GraphModule, call: AttentionCall, fake_mode) -> str:
-    """Insert `fa4::attention` for `call`, reroute the output's users, drop what became dead; returns the call text."""
+class NodeMaker:
+    """Creates nodes at the graph's current insertion point with Dynamo's metadata (example values under
+    the graph's fake mode, the replaced node's stack trace): `make(target, *args, **kwargs)`, a string
+    target being a Tensor method."""
+
+    def __init__(self, graph, original: Node, fake_mode):
+        self.graph, self.original, self.fake_mode = graph, original, fake_mode
+
+    def __call__(self, target, *args, name=None, **kwargs) -> Node:
+        op = "call_method" if isinstance(target, str) else "call_function"
+        node = self.graph.create_node(op, target, args, kwargs, name=name)
+        node.meta["stack_trace"] = self.original.meta.get("stack_trace")
+        if self.fake_mode is not None:
+            fake_args = torch.fx.node.map_arg(args, value)
+            fake_kwargs = torch.fx.node.map_arg(kwargs, value)
+            with self.fake_mode:
+                if op == "call_method":
+                    result = getattr(fake_args[0], target)(*fake_args[1:], **fake_kwargs)
+                else:
+                    result = target(*fake_args, **fake_kwargs)
+            node.meta["example_value"] = result
+        return node
+
+
+def _seqused_k(graph, make: NodeMaker, call: AttentionCall, shared: dict) -> Node | None:
+    """The op's seqused_k input, built once per graph for each mask or cache position it comes from.
+
+    What reads run-time data (the key mask, the cache offset) is placed right after that data is
+    defined, as the model's own mask is, before any in-place update of it."""
+    source = call.seqused_k
+    if source is None:
+        return None
+    if source not in shared:
+        if isinstance(source, Shift):
+            starts = []
+            for node, vector in ((source.node, source.vector), (source.minus, False)):
+                if node is None:
+                    starts.append(None)
+                    continue
+                with graph.inserting_before(_after_definition(node)):
+                    starts.append(kv_cache.snapshot(make, node, vector))
+            shared[source] = kv_cache.seqused_k(make, *starts, call.q)
+        else:
+            with graph.inserting_before(_after_definition(source)):
+                shared[source] = padding.seqused_k(make, source)
+    return shared[source]
+
+
+def _after_definition(node: Node) -> Node:
+    """The node before which code reading `node` right after its definition goes (after all placeholders)."""
+    after = node.next
+    while after.op == "placeholder":
+        after = after.next
+    return after
+
+
+def emit(gm: GraphModule, call: AttentionCall, fake_mode, shared: dict) -> str:
+    """Insert `fa4::attention` for `call`, reroute the output's users, drop what became dead; returns the call text.
+
+    `shared`: nodes computed once per graph (seqused_k), reused by every attention that needs them."""
     graph = gm.graph
     three_d = len(shape(call.q)) == 3
     kwargs = {"scale": call.scale, **call.flags}
+    make = NodeMaker(graph, call.output, fake_mode)
     with graph.inserting_before(call.output):
         q, k, v = call.q, call.k, call.v
-        new_nodes = []
         if three_d:
-            q, k, v = new_nodes = [graph.call_method("unsqueeze", (t, 0)) for t in (q, k, v)]
-        op = graph.create_node("call_function", ATTENTION, (q, k, v), kwargs, name="fa4_attention")
-        out = graph.create_node("call_function", operator.getitem, (op, 0), name="attention_out")
-        new_nodes += [op, out]
+            q, k, v = (make("unsqueeze", t, 0) for t in (q, k, v))
+        seqused_k = _seqused_k(graph, make, call, shared)
+        inputs = (q, k, v) if seqused_k is None else (q, k, v, seqused_k)
+        op = make(ATTENTION, *inputs, name="fa4_attention", **kwargs)
+        out = make(operator.getitem, op, 0, name="attention_out")
         if three_d:
-            out = graph.call_method("squeeze", (out, 0))
-            new_nodes.append(out)
-    _propagate_meta(new_nodes, call.output, fake_mode)
+            out = make("squeeze", out, 0)
     call.output.replace_all_uses_with(out)
     for user in list(out.users):
         if user.op == "call_method" and user.target == "view":
@@ -329,33 +399,19 @@ def emit(gm: GraphModule, call: AttentionCall, fake_mode) -> str:
     return _describe_call(call, kwargs)
 
 
-def _propagate_meta(new_nodes, original: Node, fake_mode) -> None:
-    for node in new_nodes:
-        node.meta["stack_trace"] = original.meta.get("stack_trace")
-        if fake_mode is None:
-            continue
-        args = torch.fx.node.map_arg(node.args, value)
-        kwargs = torch.fx.node.map_arg(node.kwargs, value)
-        with fake_mode:
-            if node.op == "call_method":
-                result = getattr(args[0], node.target)(*args[1:], **kwargs)
-            else:
-                result = node.target(*args, **kwargs)
-        node.meta["example_value"] = result
-
-
 def _describe_call(call: AttentionCall, kwargs: dict) -> str:
     def fmt(n):
         return "x".join(str(s) for s in shape(n))
 
     flags = ", ".join(f"{k}={round(v, 6) if isinstance(v, float) else v}" for k, v in kwargs.items())
-    text = f"fa4.attention(q[{fmt(call.q)}], k[{fmt(call.k)}], v[{fmt(call.v)}], {flags})"
+    used = {type(None): "", Shift: ", seqused_k=cache position + Sq"}.get(type(call.seqused_k), ", seqused_k=padding mask sum")
+    text = f"fa4.attention(q[{fmt(call.q)}], k[{fmt(call.k)}], v[{fmt(call.v)}]{used}, {flags})"
     return text + (f"; {call.gqa}" if call.gqa else "")
 
 
 def rewrite_attention(gm: GraphModule, constants: dict, options, fake_mode) -> list[Record]:
     """Rewrite every attention in gm that fa4::attention can take; one record per candidate."""
-    records = []
+    records, shared = [], {}
     for node in list(gm.graph.nodes):
         if _erased(node):
             continue  # removed by an earlier rewrite
@@ -370,8 +426,10 @@ def rewrite_attention(gm: GraphModule, constants: dict, options, fake_mode) -> l
             call = matcher(node, constants)
             if call is None:
                 continue
+            if isinstance(call.seqused_k, Node) and not options.padding:
+                raise Decline("a run-time key-padding mask, and the padding option is off")
             _fold_gqa(call, options.gqa)
-            records.append(Record(family, where, True, emit(gm, call, fake_mode)))
+            records.append(Record(family, where, True, emit(gm, call, fake_mode, shared)))
         except Decline as e:
             records.append(Record(family, where, False, str(e)))
     return records
