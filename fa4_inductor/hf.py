@@ -46,6 +46,20 @@ class Tiny:
             kwargs["decoder_input_ids"] = torch.randint(0, config.vocab_size, (batch, max(seq - 4, 1)), generator=generator)
         return kwargs
 
+    def phases(self) -> list[tuple[str, dict]]:
+        """(name, inputs) of the forwards `explain` runs in order: prefill and decode through one StaticCache
+        for causal LMs; plain and right-padded inputs for text encoders."""
+        if self.kind == "causal-lm":
+            from transformers import StaticCache
+
+            cache = StaticCache(config=self.model.config, max_cache_len=32)
+            prompt, token = self.inputs(seq=12)["input_ids"], self.inputs(seq=1)["input_ids"]
+            return [("prefill", {"input_ids": prompt, "past_key_values": cache, "use_cache": True}),
+                    ("decode", {"input_ids": token, "past_key_values": cache, "use_cache": True})]
+        if self.kind == "vision":
+            return [("forward", self.inputs())]
+        return [("forward", self.inputs()), ("forward, right-padded", self.inputs(padding=True))]
+
     def forward(self, **kwargs) -> torch.Tensor:
         out = self.model(**kwargs)
         return out.logits if hasattr(out, "logits") else out.last_hidden_state

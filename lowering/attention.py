@@ -38,7 +38,7 @@ from . import gqa, kv_cache, padding
 from .masks import INF, MaskNotUnderstood, band_args, keep_band, Band, Shift
 from .records import Decline, Record
 from .spellings import (ADD, CAST, DIV, DROPOUT, MASKED_FILL, MATMUL, MUL, SDPA, SOFTMAX, TANH, WHERE, arg,
-                        location, normalize_dim, same_size, scalar, shape, single_user, transposed_last_two, value)
+                        location, module_path, normalize_dim, same_size, scalar, shape, single_user, transposed_last_two, value)
 
 ATTENTION = torch.ops.fa4.attention.default
 
@@ -429,7 +429,7 @@ def rewrite_attention(gm: GraphModule, constants: dict, options, fake_mode) -> l
             if isinstance(call.seqused_k, Node) and not options.padding:
                 raise Decline("a run-time key-padding mask, and the padding option is off")
             _fold_gqa(call, options.gqa)
-            records.append(Record(family, where, True, emit(gm, call, fake_mode, shared)))
+            records.append(Record(family, where, True, emit(gm, call, fake_mode, shared), module_path(node)))
         except Decline as e:
-            records.append(Record(family, where, False, str(e)))
+            records.append(Record(family, where, False, str(e), module_path(node)))
     return records

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import operator
+import re
 from dataclasses import dataclass
 
 import torch
@@ -144,6 +145,15 @@ def is_large_negative(fill) -> bool:
 def single_user(node: Node) -> Node | None:
     users = list(node.users)
     return users[0] if len(users) == 1 else None
+
+
+def module_path(node: Node) -> str:
+    """The path of the innermost module that produced a node ("model.layers.0.self_attn"), "" outside modules."""
+    stack = node.meta.get("nn_module_stack") or {}
+    if not stack:
+        return ""
+    path = list(stack.values())[-1][0]
+    return re.sub(r"^L\['[^']*'\]\.?", "", path)
 
 
 def location(node: Node) -> str:

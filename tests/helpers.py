@@ -38,7 +38,7 @@ class Recorder(fa4_inductor.Backend):
         return [r.detail for r in self.records if not r.rewritten]
 
     def calls(self, graph, op="fa4::attention") -> list[torch.fx.Node]:
-        """The calls of `op` in one graph, by name (loading transformers may re-create `torch.ops` objects)."""
+        """The calls of `op` (a qualified name) in one graph."""
         return [n for n in graph.graph.nodes if isinstance(n.target, torch._ops.OpOverload) and n.target.name() == op]
 
     def count(self, op="fa4::attention") -> int:

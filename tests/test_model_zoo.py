@@ -250,3 +250,15 @@ def test_gpt_fast_non_consecutive_positions_are_stopped_by_the_run_time_check():
         compiled(torch.randn(2, 4, 64), torch.arange(4))
         with pytest.raises(RuntimeError, match="do not count up by one"):
             compiled(torch.randn(2, 4, 64), torch.tensor([0, 1, 3, 4]))
+
+
+def test_explain_by_model_type(capsys):
+    from fa4_inductor.__main__ import main
+
+    pytest.importorskip("transformers")
+    torch._dynamo.reset()
+    assert main(["explain", "hf:qwen2"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "qwen2 (sdpa): Qwen2ForCausalLM, 2 attention layers per forward"
+    assert "prefill: 2/2 attention layers rewritten" in lines and "decode: 2/2 attention layers rewritten" in lines
+    assert sum("[rewritten] sdpa        model.model.layers.1.self_attn" in line for line in lines) == 2
