@@ -26,16 +26,18 @@ scale is not a constant, dtypes differ, or the device's kernel cannot take the d
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import operator
 from dataclasses import dataclass, field
 
 import torch
 from torch.fx import GraphModule, Node
+from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from ..kernels import attention as attention_op
 from . import gqa, kv_cache, padding
-from .masks import INF, MaskNotUnderstood, band_args, keep_band, Band, Shift
+from .masks import INF, MaskNotUnderstood, Band, Shift, band_args, broadcasts_last_two_dims, keep_band
 from .records import Decline, Record
 from .spellings import (ADD, CAST, DIV, DROPOUT, MASKED_FILL, MATMUL, MUL, SDPA, SOFTMAX, TANH, WHERE, arg,
                         location, module_path, normalize_dim, same_size, scalar, shape, single_user, transposed_last_two, value)
@@ -97,7 +99,9 @@ def _mask_flags(kind: str, mask, constants, scores_shape, fill=None) -> Band:
         raise Decline(f"mask not recognized: {e}") from None
     if isinstance(mask, Node) and band != Band():
         mshape = shape(mask)
-        if len(mshape) < 2 or not all(same_size(a, b) for a, b in zip(mshape[-2:], scores_shape[-2:])):
+        same = len(mshape) >= 2 and all(same_size(a, b) for a, b in zip(mshape[-2:], scores_shape[-2:]))
+        # A mask the same for every query (a key-padding mask) may be broadcast over the query rows.
+        if not same and (band.bounded or not broadcasts_last_two_dims(mshape, scores_shape)):
             raise Decline(f"mask not recognized: its last dims {mshape[-2:]} are not the scores' {scores_shape[-2:]}")
     return band
 
@@ -111,16 +115,22 @@ def _flags_for(band: Band, scores_shape) -> tuple[dict, Node | Shift | None]:
         return {}, band.keys
     if not band.bounded:
         return {}, None
-    shift = band.shift
-    if shift is None and not same_size(scores_shape[-2], scores_shape[-1]):
-        shift = Shift(None)  # queries at 0..Sq-1 over a longer cache (prefill into a static cache)
-    if shift is not None and band.hi != 0:
-        raise Decline(f"a band with j - i <= {band.hi} over a KV cache: seqused_k (the keys in use) can only "
-                      "express a causal upper bound")
     try:
-        return band_args(band), shift
+        flags = band_args(band)
     except MaskNotUnderstood as e:
         raise Decline(f"mask not recognized: {e}") from None
+    if same_size(scores_shape[-2], scores_shape[-1]) and band.shift is None:
+        return flags, None
+    # Queries over a longer cache, or at run-time positions: the band's upper bound j - i <= top (+ start)
+    # is the last key in use, seqused_k = start + Sq + top, and bottom-right alignment puts it on the diagonal.
+    if band.hi == INF:
+        raise Decline("a band with no upper bound over a KV cache (or at run-time positions): keys past the last "
+                      "position are visible, which seqused_k cannot express")
+    shift = dataclasses.replace(band.shift or Shift(None), top=int(band.hi))
+    if band.shift is None and not statically_known_true(scores_shape[-2] + shift.top <= scores_shape[-1]):
+        raise Decline(f"a band with j - i <= {shift.top} over {scores_shape[-1]} keys for {scores_shape[-2]} queries "
+                      "reaches past the last key")
+    return band_args(Band(band.lo - band.hi, 0)), shift
 
 
 def match_sdpa(node: Node, constants: dict) -> AttentionCall:
@@ -358,7 +368,7 @@ def _seqused_k(graph, make: NodeMaker, call: AttentionCall, shared: dict) -> Nod
                     continue
                 with graph.inserting_before(_after_definition(node)):
                     starts.append(kv_cache.snapshot(make, node, vector))
-            shared[source] = kv_cache.seqused_k(make, *starts, call.q)
+            shared[source] = kv_cache.seqused_k(make, *starts, source.top, call.q)
         else:
             with graph.inserting_before(_after_definition(source)):
                 shared[source] = padding.seqused_k(make, source)

@@ -47,10 +47,10 @@ def snapshot(make, pos: Node, vector: bool):
     return make(operator.getitem, pos, 0, name="cache_start")
 
 
-def seqused_k(make, start, key_start, q: Node) -> Node:
-    """[B] int32 keys in use: start - key_start + Sq for every sequence (None is 0)."""
+def seqused_k(make, start, key_start, top: int, q: Node) -> Node:
+    """[B] int32 keys in use: start - key_start + Sq + top for every sequence (None is 0)."""
     b, _, sq, _ = shape(q)
-    sq = sq if isinstance(sq, int) else make("size", q, 2)
+    sq = sq + top if isinstance(sq, int) else make(operator.add, make("size", q, 2), top)
     b = b if isinstance(b, int) else make("size", q, 0)
     used = sq if start is None else make(operator.add, start, sq)
     if key_start is not None:

@@ -47,11 +47,13 @@ class Shift:
     `node` is a 0-d integer tensor or SymInt (`arange(Sq) + start`, HF's cache position), or, with
     `vector`, a 1-D tensor of positions (gpt-fast's `input_pos`) that is `input_pos[0] + arange(Sq)` only
     if a run-time check says so (kv_cache.py emits it); None is position 0. `minus`: the position of key
-    slot 0 (HF's sliding-window cache), None for 0."""
+    slot 0 (HF's sliding-window cache), None for 0. `top`: the band's upper bound, set by attention.py
+    (query i sees slots up to node - minus + i + top)."""
 
     node: Node | None
     vector: bool = False
     minus: Node | None = None
+    top: int = 0
 
 
 @dataclass(frozen=True)
@@ -255,6 +257,13 @@ def _keeps_last_two_dims(node: Node, source) -> bool:
     return all(same_size(a, b) for a, b in zip(shape(node)[-2:], shape(source)[-2:]))
 
 
+def broadcasts_last_two_dims(mshape, tshape) -> bool:
+    """Each of a mask's last two dims (shape mshape) equals the target's (tshape) or is 1 (broadcast)."""
+    if len(mshape) < 2:
+        return False
+    return all(same_size(a, b) or same_size(a, 1) for a, b in zip(mshape[-2:], tshape[-2:]))
+
+
 def _top_left_slice(index) -> bool:
     """An index that only adds axes and takes leading blocks (`[:, :, :T, :T]`, `[None, None]`)."""
     index = index if isinstance(index, tuple) else (index,)
@@ -368,6 +377,10 @@ def evaluate(node, constants: dict) -> TwoValued:
     if CAST(node) or CONTIGUOUS(node) or RESHAPE(node) or UNSQUEEZE(node) or EXPAND(node):
         source = node.args[0]
         if not _keeps_last_two_dims(node, source):
+            if EXPAND(node) and broadcasts_last_two_dims(shape(source), shape(node)):
+                tv = evaluate(source, constants)
+                if not tv.band.bounded:  # the same for every query: broadcasting over rows keeps it
+                    return _coerce(node, tv)
             raise MaskNotUnderstood(f"{_describe(node)} changes the last two mask dims")
         return _coerce(node, evaluate(source, constants))
     if GETITEM(node) and (keys := _key_lookup(node, constants)) is not None:
