@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 
 import torch
 from torch.fx import GraphModule, Node
-from torch.fx.experimental.symbolic_shapes import statically_known_true
+from torch.fx.experimental.symbolic_shapes import guard_or_false
 
 from ..kernels import attention as attention_op
 from . import gqa, kv_cache, padding
@@ -127,7 +127,8 @@ def _flags_for(band: Band, scores_shape) -> tuple[dict, Node | Shift | None]:
         raise Decline("a band with no upper bound over a KV cache (or at run-time positions): keys past the last "
                       "position are visible, which seqused_k cannot express")
     shift = dataclasses.replace(band.shift or Shift(None), top=int(band.hi))
-    if band.shift is None and not statically_known_true(scores_shape[-2] + shift.top <= scores_shape[-1]):
+    # Symbolic sizes: guarded (a longer prompt recompiles, and that graph declines).
+    if band.shift is None and not guard_or_false(scores_shape[-2] + shift.top <= scores_shape[-1]):
         raise Decline(f"a band with j - i <= {shift.top} over {scores_shape[-1]} keys for {scores_shape[-2]} queries "
                       "reaches past the last key")
     return band_args(Band(band.lo - band.hi, 0)), shift

@@ -30,7 +30,7 @@ import torch
 from torch.fx import Node
 
 from .spellings import (ADD, AND, ARANGE, CAST, CONTIGUOUS, EQ, EXPAND, FULL, GE, GETITEM, GT, LE, LOGICAL_NOT, LT,
-                        MASKED_FILL, MUL, NE, ONES, RESHAPE, SUB, TRIL, TRIU, UNSQUEEZE, WHERE, ZEROS, arg,
+                        MASKED_FILL, MUL, NE, ONES, RESHAPE, SUB, TENSOR, TRIL, TRIU, UNSQUEEZE, WHERE, ZEROS, arg,
                         is_large_negative, normalize_dim, same_size, scalar, shape, value)
 
 INF = math.inf
@@ -320,6 +320,11 @@ def evaluate(node, constants: dict) -> TwoValued:
         if scalar(fill) is None and not isinstance(fill, bool):
             raise MaskNotUnderstood(f"torch.full with a non-constant fill ({node.name})")
         return _coerce(node, _uniform(fill))
+    if TENSOR(node):
+        data = node.args[1] if node.op == "call_method" else node.args[0]
+        if scalar(data) is None and not isinstance(data, bool):
+            raise MaskNotUnderstood(f"{_describe(node)} of {data!r}, not a number")
+        return _coerce(node, _uniform(data))
     if TRIL(node) or TRIU(node):
         x = evaluate(node.args[0], constants)
         d = arg(node, 1, "diagonal", 0)

@@ -59,6 +59,7 @@ CAST = Spelling((), ("to", "type_as", "type", "float", "half", "bfloat16", "doub
 ONES = Spelling((torch.ones,), ("new_ones",))
 ZEROS = Spelling((torch.zeros,), ("new_zeros",))
 FULL = Spelling((torch.full,), ("new_full",))
+TENSOR = Spelling((torch.tensor, torch.as_tensor, torch.scalar_tensor), ("new_tensor",))
 TRIL = Spelling((torch.tril,), ("tril",))
 TRIU = Spelling((torch.triu,), ("triu",))
 EQ = Spelling((operator.eq, torch.eq), ("eq", "__eq__"))
