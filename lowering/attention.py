@@ -37,7 +37,7 @@ from torch.fx.experimental.symbolic_shapes import guard_or_false
 
 from ..kernels import attention as attention_op
 from . import gqa, kv_cache, padding
-from .masks import INF, MaskNotUnderstood, Band, Shift, band_args, broadcasts_last_two_dims, keep_band
+from .masks import INF, MaskNotUnderstood, Band, KeyMask, Shift, band_args, broadcasts_last_two_dims, keep_band
 from .records import Decline, Record
 from .spellings import (ADD, CAST, DIV, DROPOUT, MASKED_FILL, MATMUL, MUL, SDPA, SOFTMAX, TANH, WHERE, arg,
                         location, module_path, normalize_dim, same_size, scalar, shape, single_user, transposed_last_two, value)
@@ -58,6 +58,7 @@ class AttentionCall:
     matched: list = field(default_factory=list)
     gqa: str = ""
     seqused_k: Node | Shift | None = None  # a run-time key mask (padding.py) or query start (kv_cache.py)
+    covering_mask: KeyMask | None = None  # a run-time key mask that must hide none of the band's keys (padding.py)
 
 
 def _check_kernel_support(q: Node, k: Node, v: Node) -> None:
@@ -106,15 +107,24 @@ def _mask_flags(kind: str, mask, constants, scores_shape, fill=None) -> Band:
     return band
 
 
-def _flags_for(band: Band, scores_shape) -> tuple[dict, Node | Shift | None]:
-    """The op's flags for the visible keys `band`, and what its seqused_k is computed from."""
-    if band.keys is not None:
-        if band.bounded:
-            raise Decline("a key-padding mask together with a causal or window band: fa4::attention aligns the "
-                          "diagonal to seqused_k (bottom-right), so right padding would move it")
-        return {}, band.keys
+def _flags_for(band: Band, scores_shape) -> tuple[dict, Node | Shift | None, KeyMask | None]:
+    """The op's flags for the visible keys `band`, what its seqused_k is computed from, and a key mask that
+    must hide none of the visible keys (checked at run time).
+
+    A key mask alone is right padding (seqused_k = its sum). A key mask with a causal band cannot be: the
+    band's diagonal sits at seqused_k (bottom-right), so padding would move it; such a mask is exact only
+    if it hides nothing the band shows (no padding in the batch, HF generate's all-ones mask)."""
+    if band.keys is not None and not band.bounded:
+        if band.keys.start is not None:
+            raise Decline("a key-padding mask read from a run-time key offset, with no causal band")
+        return {}, band.keys.node, None
     if not band.bounded:
-        return {}, None
+        return {}, None, None
+    flags, shift = _band_flags(band, scores_shape)
+    return flags, shift, band.keys
+
+
+def _band_flags(band: Band, scores_shape) -> tuple[dict, Shift | None]:
     try:
         flags = band_args(band)
     except MaskNotUnderstood as e:
@@ -146,10 +156,10 @@ def match_sdpa(node: Node, constants: dict) -> AttentionCall:
         raise Decline(f"is_causal is not a constant ({is_causal})")
     _check_kernel_support(q, k, v)
     scores_shape = shape(q)[:-1] + (shape(k)[-2],)
-    flags, seqused_k = {}, None
+    flags, seqused_k, covering = {}, None, None
     if attn_mask is not None:
         kind = "bool" if value(attn_mask).dtype == torch.bool else "additive"
-        flags, seqused_k = _flags_for(_mask_flags(kind, attn_mask, constants, scores_shape), scores_shape)
+        flags, seqused_k, covering = _flags_for(_mask_flags(kind, attn_mask, constants, scores_shape), scores_shape)
     if is_causal:
         _require_square(scores_shape, "is_causal")
         flags["causal"] = True
@@ -157,7 +167,8 @@ def match_sdpa(node: Node, constants: dict) -> AttentionCall:
         scale = 1.0 / math.sqrt(int(shape(q)[-1]))
     elif scalar(scale) is None:
         raise Decline(f"scale is not a constant ({scale})")
-    return AttentionCall(q, k, v, output=node, scale=float(scale), flags=flags, matched=[node], seqused_k=seqused_k)
+    return AttentionCall(q, k, v, output=node, scale=float(scale), flags=flags, matched=[node], seqused_k=seqused_k,
+                         covering_mask=covering)
 
 
 def _constant_factor(node: Node) -> tuple[Node, float] | None:
@@ -281,11 +292,11 @@ def match_handwritten(softmax: Node, constants: dict) -> AttentionCall | None:
     _check_kernel_support(q, k, v)
     if value(output).dtype != value(q).dtype:
         raise Decline(f"the output dtype {value(output).dtype} is not q's {value(q).dtype}")
-    flags, seqused_k = _flags_for(band, scores_shape)
+    flags, seqused_k, covering = _flags_for(band, scores_shape)
     if softcap:
         flags["softcap"] = softcap
     return AttentionCall(q, k, v, output=output, scale=scale, flags=flags, matched=matched + [output],
-                         seqused_k=seqused_k)
+                         seqused_k=seqused_k, covering_mask=covering)
 
 
 def _strip_mask(node: Node, constants, scores_shape) -> tuple[Node, Band]:
@@ -397,6 +408,8 @@ def emit(gm: GraphModule, call: AttentionCall, fake_mode, shared: dict) -> str:
         if three_d:
             q, k, v = (make("unsqueeze", t, 0) for t in (q, k, v))
         seqused_k = _seqused_k(graph, make, call, shared)
+        if call.covering_mask is not None and (call.covering_mask, seqused_k) not in shared:
+            shared[call.covering_mask, seqused_k] = padding.check_hides_none(make, call.covering_mask, seqused_k)
         inputs = (q, k, v) if seqused_k is None else (q, k, v, seqused_k)
         op = make(ATTENTION, *inputs, name="fa4_attention", **kwargs)
         out = make(operator.getitem, op, 0, name="attention_out")
@@ -416,6 +429,7 @@ def _describe_call(call: AttentionCall, kwargs: dict) -> str:
 
     flags = ", ".join(f"{k}={round(v, 6) if isinstance(v, float) else v}" for k, v in kwargs.items())
     used = {type(None): "", Shift: ", seqused_k=cache position + Sq"}.get(type(call.seqused_k), ", seqused_k=padding mask sum")
+    used += ", padding mask checked to hide none of its keys" if call.covering_mask is not None else ""
     text = f"fa4.attention(q[{fmt(call.q)}], k[{fmt(call.k)}], v[{fmt(call.v)}]{used}, {flags})"
     return text + (f"; {call.gqa}" if call.gqa else "")
 
@@ -437,7 +451,7 @@ def rewrite_attention(gm: GraphModule, constants: dict, options, fake_mode) -> l
             call = matcher(node, constants)
             if call is None:
                 continue
-            if isinstance(call.seqused_k, Node) and not options.padding:
+            if (isinstance(call.seqused_k, Node) or call.covering_mask is not None) and not options.padding:
                 raise Decline("a run-time key-padding mask, and the padding option is off")
             _fold_gqa(call, options.gqa)
             records.append(Record(family, where, True, emit(gm, call, fake_mode, shared), module_path(node)))

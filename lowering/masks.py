@@ -57,16 +57,25 @@ class Shift:
 
 
 @dataclass(frozen=True)
+class KeyMask:
+    """A [B, L] run-time tensor of visible key positions (an `attention_mask`): key slot j is visible in
+    sequence b when node[b, start + j] != 0; `start` is a SymInt key offset (HF's sliding-window cache) or None."""
+
+    node: Node
+    start: Node | None = None
+
+
+@dataclass(frozen=True)
 class Band:
-    """The (b, i, j) with lo + s <= j - i <= hi + s and, with `keys`, keys[b, j] != 0.
+    """The (b, i, j) with lo + s <= j - i <= hi + s and, with `keys`, key j visible in sequence b.
 
     s is 0, or the run-time start of the query positions with `shift` (decode with a KV cache);
-    `keys` is a [B, Sk] tensor of visible keys known only at run time (a padding mask)."""
+    `keys` is a tensor of visible keys known only at run time (a padding mask)."""
 
     lo: float = -INF
     hi: float = INF
     shift: Shift | None = None
-    keys: Node | None = None
+    keys: KeyMask | None = None
 
     def __post_init__(self):
         if not self.bounded:
@@ -79,7 +88,7 @@ class Band:
     def __and__(self, other: "Band") -> "Band":
         if self.bounded and other.bounded and self.shift != other.shift:
             raise MaskNotUnderstood("a band at run-time query positions combined with one at fixed positions")
-        if self.keys is not None and other.keys is not None and self.keys is not other.keys:
+        if self.keys is not None and other.keys is not None and self.keys != other.keys:
             raise MaskNotUnderstood("two different key-padding masks combined")
         return Band(max(self.lo, other.lo), min(self.hi, other.hi), self.shift or other.shift,
                     self.keys if self.keys is not None else other.keys)
@@ -90,7 +99,7 @@ class Band:
 
     def complement(self) -> "Band":
         if self.keys is not None:
-            raise MaskNotUnderstood(f"the complement of the key-padding mask {self.keys.name}")
+            raise MaskNotUnderstood(f"the complement of the key-padding mask {self.keys.node.name}")
         if self.empty:
             return Band()
         if not self.bounded:
@@ -404,25 +413,27 @@ def _tensor_entries(index) -> list:
     return [i for i in (index if isinstance(index, tuple) else (index,)) if isinstance(i, Node)]
 
 
-def _key_lookup(node: Node, constants) -> Node | None:
-    """m when node reads a [B, Sk] run-time key mask m broadcast over queries: m[:, None, None, :] (BERT-style)
-    or m[arange(B)[:, None, None, None], kv_positions] (HF masking_utils, key positions from 0)."""
+def _key_lookup(node: Node, constants) -> KeyMask | None:
+    """The key mask when node reads a run-time [B, Sk] mask m broadcast over queries: m[:, None, None, :]
+    (BERT-style) or m[arange(B)[:, None, None, None], kv_positions] (HF masking_utils; key positions from 0, or
+    from a SymInt offset in a sliding-window cache)."""
     m = node.args[0]
     index = node.args[1] if isinstance(node.args[1], tuple) else (node.args[1],)
     if not isinstance(m, Node) or len(shape(m)) != 2 or len(shape(node)) != 4:
         return None
     if index == (slice(None), None, None, slice(None)):
-        return m
+        return KeyMask(m)
     if len(index) != 2 or not all(isinstance(i, Node) for i in index):
         return None
     batch, keys = index
     kv = _position(keys, constants)
-    if kv is None or kv.axis != -1 or kv.offset != 0 or kv.start is not None:
+    if kv is None or kv.axis != -1 or kv.offset != 0 or isinstance(value(kv.start), torch.Tensor):
         return None
     if not (GETITEM(batch) and batch.args[1] == (slice(None), None, None, None) and ARANGE(batch.args[0])
-            and same_size(shape(batch)[0], shape(m)[0]) and same_size(shape(keys)[-1], shape(m)[1])):
+            and same_size(shape(batch)[0], shape(m)[0])
+            and (kv.start is not None or same_size(shape(keys)[-1], shape(m)[1]))):
         return None
-    return m
+    return KeyMask(m, kv.start)
 
 
 def _row_gather(node: Node, constants) -> TwoValued | None:

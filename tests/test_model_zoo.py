@@ -54,28 +54,36 @@ def test_prefill_every_attention_layer_is_rewritten(name, impl, padding):
         torch.testing.assert_close(got, model.forward(**kwargs), atol=1e-5, rtol=1e-5)
 
 
-def generate_with_static_cache(forward, model, prompt, steps, capacity=16):
-    """Logits of a prefill and of `steps` one-token decode steps through a StaticCache, and the cache."""
+def generate_with_static_cache(forward, model, prompt, steps, capacity=16, attention_mask=False):
+    """Logits of a prefill and of `steps` one-token decode steps through a StaticCache, and the cache.
+    `attention_mask`: pass the all-ones mask over the tokens so far, as `generate` does."""
     from transformers import StaticCache
 
     cache = StaticCache(config=model.config, max_cache_len=capacity)
-    logits = [forward(input_ids=prompt, past_key_values=cache, use_cache=True)]
-    for token in steps.unbind(1):
-        logits.append(forward(input_ids=token[:, None], past_key_values=cache, use_cache=True))
+
+    def mask(length):
+        return {"attention_mask": torch.ones(prompt.shape[0], length, dtype=torch.long)} if attention_mask else {}
+
+    logits = [forward(input_ids=prompt, past_key_values=cache, use_cache=True, **mask(prompt.shape[1]))]
+    for t, token in enumerate(steps.unbind(1)):
+        logits.append(forward(input_ids=token[:, None], past_key_values=cache, use_cache=True,
+                              **mask(prompt.shape[1] + t + 1)))
     return logits, cache
 
 
 @pytest.mark.parametrize("impl", IMPLEMENTATIONS)
 @pytest.mark.parametrize("name", DECODERS)
 def test_static_cache_decode_every_layer_is_rewritten(name, impl):
-    """Prefill, then decode past the sliding window (4) where there is one: two graphs, every layer rewritten."""
+    """Prefill, then decode past the sliding window (4) where there is one, with generate's all-ones
+    attention mask: two graphs, every layer rewritten."""
     model = tiny(name, impl)
     prompt, steps = torch.randint(0, 128, (2, 6)), torch.randint(0, 128, (2, 5))
     torch._dynamo.reset()
     recorder = Recorder()
     with torch.no_grad():
-        got, _ = generate_with_static_cache(torch.compile(model.forward, backend=recorder), model.model, prompt, steps)
-        expected, _ = generate_with_static_cache(model.forward, model.model, prompt, steps)
+        compiled = torch.compile(model.forward, backend=recorder)
+        got, _ = generate_with_static_cache(compiled, model.model, prompt, steps, attention_mask=True)
+        expected, _ = generate_with_static_cache(model.forward, model.model, prompt, steps, attention_mask=True)
     assert len(recorder.graphs) == 2, recorder.records  # prefill and decode, each compiled once
     decode_calls = recorder.calls(recorder.graphs[1])
     assert len(decode_calls) == model.attention_layers
@@ -130,16 +138,14 @@ def test_padding_option_off_keeps_padding_masks():
     assert set(recorder.reasons) == {"a run-time key-padding mask, and the padding option is off"}
 
 
-def test_decoder_padding_mask_falls_back_with_reason():
-    """Causal + right padding: seqused_k would move the bottom-right-aligned diagonal, so it stays as written."""
+def test_decoder_padded_batch_is_stopped_by_the_run_time_check():
+    """Causal + padding: exact only when the mask hides no key the causal band shows, checked at run time."""
     model = tiny("qwen2", "sdpa")
     kwargs = model.inputs(padding=True)
-    recorder, got = compile_and_run(model.forward, kwargs)
-    assert recorder.count() == 0
-    assert len(recorder.reasons) == 2
-    assert all(r.startswith("a key-padding mask together with a causal or window band") for r in recorder.reasons)
-    with torch.no_grad():
-        torch.testing.assert_close(got, model.forward(**kwargs))
+    recorder, _ = compile_and_run(model.forward, {**kwargs, "attention_mask": torch.ones_like(kwargs["attention_mask"])})
+    assert recorder.count() == model.attention_layers
+    with torch.no_grad(), pytest.raises(RuntimeError, match="hides keys that the causal mask shows"):
+        torch.compile(model.forward, backend=recorder)(**kwargs)
 
 
 @pytest.mark.parametrize("name", ["llama", "mistral"])

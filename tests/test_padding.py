@@ -82,15 +82,23 @@ attention_out: f32[3, 4, 8, 16] = getitem(fa4_attention, 0)""")
                 with pytest.raises(RuntimeError, match="not right padding"):
                     compiled(q, k, v, bad)
 
-    def test_fallback_padding_with_causal(self):
+    def test_causal_with_unpadded_mask(self):
+        """`causal & padding` (HF decoders): exact when the mask hides nothing, which a run-time check asserts."""
         def fn(q, k, v, attention_mask):
             causal = torch.ones(S, S, dtype=torch.bool).tril()
             return F.scaled_dot_product_attention(q, k, v, attn_mask=causal & attention_mask.bool()[:, None, None, :])
 
-        rec = self.check(fn, right_padding())
-        self.assertEqual(rec.count(), 0)
-        self.assertEqual(rec.reasons, ["a key-padding mask together with a causal or window band: fa4::attention "
-                                       "aligns the diagonal to seqused_k (bottom-right), so right padding would move it"])
+        rec = self.check(fn, torch.ones(B, S, dtype=torch.long))
+        self.assertExpectedInline(rec.summary, """\
+bool_1: b8[3, 8] = .bool(l_attention_mask_)
+ne: b8[3, 8] = ne(bool_1, 0)
+all_1: b8[] = .all(ne)
+_assert_async: NoneType = _assert_async(all_1, 'fa4_inductor: the attention mask hides keys that the causal mask shows (a padded batch); this graph was compiled for unpadded input. Use fa4_inductor.backend(padding=False) for padded batches.')
+fa4_attention: (f32[3, 4, 8, 16], f32[3, 4, 8]) = fa4.attention(l_q_, l_k_, l_v_, scale=0.25, causal=True)
+attention_out: f32[3, 4, 8, 16] = getitem(fa4_attention, 0)""")
+        compiled = torch.compile(fn, backend=Recorder())
+        with pytest.raises(RuntimeError, match="hides keys that the causal mask shows"):
+            compiled(*qkv(), right_padding())
 
     def test_fallback_padding_option_off(self):
         rec = self.check(hf_padding_mask_sdpa, right_padding(), padding=False)
