@@ -93,15 +93,18 @@ def test_static_cache_decode_every_layer_is_rewritten(name, impl):
         torch.testing.assert_close(g, e, atol=1e-5, rtol=1e-5)
 
 
-def test_static_cache_decode_with_inductor_writes_the_cache_in_place():
-    """Compiled by Inductor: decode logits and the cache contents match eager."""
+@pytest.mark.parametrize("attention_mask", [False, True], ids=["no-mask", "generate-mask"])
+def test_static_cache_decode_with_inductor_writes_the_cache_in_place(attention_mask):
+    """Compiled by Inductor (run-time checks included): decode logits and the cache contents match eager."""
     model = tiny("llama", "sdpa")
     prompt, steps = torch.randint(0, 128, (2, 5)), torch.randint(0, 128, (2, 3))
     torch._dynamo.reset()
     recorder = Recorder(inductor=True)
     with torch.no_grad():
-        got, cache = generate_with_static_cache(torch.compile(model.forward, backend=recorder), model.model, prompt, steps)
-        expected, expected_cache = generate_with_static_cache(model.forward, model.model, prompt, steps)
+        compiled = torch.compile(model.forward, backend=recorder)
+        got, cache = generate_with_static_cache(compiled, model.model, prompt, steps, attention_mask=attention_mask)
+        expected, expected_cache = generate_with_static_cache(model.forward, model.model, prompt, steps,
+                                                              attention_mask=attention_mask)
     assert recorder.count() == 2 * model.attention_layers
     for g, e in zip(got, expected):
         torch.testing.assert_close(g, e, atol=1e-5, rtol=1e-5)
@@ -268,3 +271,19 @@ def test_explain_by_model_type(capsys):
     assert lines[0] == "qwen2 (sdpa): Qwen2ForCausalLM, 2 attention layers per forward"
     assert "prefill: 2/2 attention layers rewritten" in lines and "decode: 2/2 attention layers rewritten" in lines
     assert sum("[rewritten] sdpa        model.model.layers.1.self_attn" in line for line in lines) == 2
+
+
+def test_generate_with_static_cache_precomputed_masks_fall_back_with_reason():
+    """`generate(cache_implementation="static")` builds the 4-D masks outside the compiled forward, so they
+    reach the graph as inputs whose values cannot be proven: those layers stay as written, with the reason."""
+    model = tiny("llama", "sdpa").model
+    model.generation_config.pad_token_id = 0
+    prompt = torch.randint(3, 128, (2, 6))
+    with torch.no_grad():
+        expected = model.generate(prompt, max_new_tokens=4, do_sample=False, cache_implementation="static")
+        torch._dynamo.reset()
+        recorder = Recorder()
+        model.forward = torch.compile(model.forward, backend=recorder)
+        got = model.generate(prompt, max_new_tokens=4, do_sample=False, cache_implementation="static")
+    assert torch.equal(got, expected)
+    assert recorder.reasons and all(r.startswith("mask not recognized: the mask is the graph input") for r in recorder.reasons)
