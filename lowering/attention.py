@@ -144,6 +144,14 @@ def _band_flags(band: Band, scores_shape) -> tuple[dict, Shift | None]:
     return band_args(Band(band.lo - band.hi, 0)), shift
 
 
+def _constant(x) -> float | None:
+    """A number argument as a float; a symbolic one (a float module attribute under `dynamic=True`) is
+    specialized to its value, which guards on it."""
+    if isinstance(x, Node) and isinstance(v := value(x), (torch.SymFloat, torch.SymInt)):
+        return float(v)
+    return scalar(x)
+
+
 def match_sdpa(node: Node, constants: dict) -> AttentionCall:
     q, k, v = arg(node, 0, "query"), arg(node, 1, "key"), arg(node, 2, "value")
     attn_mask = arg(node, 3, "attn_mask", None)
@@ -165,9 +173,9 @@ def match_sdpa(node: Node, constants: dict) -> AttentionCall:
         flags["causal"] = True
     if scale is None:
         scale = 1.0 / math.sqrt(int(shape(q)[-1]))
-    elif scalar(scale) is None:
+    elif _constant(scale) is None:
         raise Decline(f"scale is not a constant ({scale})")
-    return AttentionCall(q, k, v, output=node, scale=float(scale), flags=flags, matched=[node], seqused_k=seqused_k,
+    return AttentionCall(q, k, v, output=node, scale=_constant(scale), flags=flags, matched=[node], seqused_k=seqused_k,
                          covering_mask=covering)
 
 
@@ -175,12 +183,12 @@ def _constant_factor(node: Node) -> tuple[Node, float] | None:
     """(x, c) when node is x * c or x / c (c = 1/divisor) for a constant c; None otherwise."""
     if MUL(node):
         a, b = node.args[0], node.args[1]
-        if isinstance(a, Node) and scalar(b) is not None:
-            return a, scalar(b)
-        if isinstance(b, Node) and scalar(a) is not None:
-            return b, scalar(a)
-    if DIV(node) and isinstance(node.args[0], Node) and scalar(node.args[1]):
-        return node.args[0], 1.0 / scalar(node.args[1])
+        if isinstance(a, Node) and _constant(b) is not None:
+            return a, _constant(b)
+        if isinstance(b, Node) and _constant(a) is not None:
+            return b, _constant(a)
+    if DIV(node) and isinstance(node.args[0], Node) and _constant(node.args[1]):
+        return node.args[0], 1.0 / _constant(node.args[1])
     return None
 
 

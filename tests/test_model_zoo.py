@@ -287,3 +287,17 @@ def test_generate_with_static_cache_precomputed_masks_fall_back_with_reason():
         got = model.generate(prompt, max_new_tokens=4, do_sample=False, cache_implementation="static")
     assert torch.equal(got, expected)
     assert recorder.reasons and all(r.startswith("mask not recognized: the mask is the graph input") for r in recorder.reasons)
+
+
+@pytest.mark.parametrize("impl", IMPLEMENTATIONS)
+def test_dynamic_true_compiles_once(impl):
+    """`dynamic=True` makes HF's float `scaling` attribute symbolic: it is specialized (guarded), not declined."""
+    model = tiny("llama", impl)
+    torch._dynamo.reset()
+    recorder = Recorder()
+    compiled = torch.compile(model.forward, backend=recorder, dynamic=True)
+    with torch.no_grad():
+        for batch, seq in ((2, 8), (3, 11), (4, 5)):
+            kwargs = model.inputs(batch=batch, seq=seq)
+            torch.testing.assert_close(compiled(**kwargs), model.forward(**kwargs), atol=1e-5, rtol=1e-5)
+    assert len(recorder.graphs) == 1 and recorder.count() == model.attention_layers and not recorder.reasons
