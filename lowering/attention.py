@@ -16,7 +16,9 @@ handwritten (every spelling of each step is accepted, see `spellings.py`):
     p = dropout(p)                 p == 0 or not training
     out = p @ v
 
-K/V feeding either family may be repeated for GQA (`gqa.py`); the repetition is folded.
+K/V feeding either family may be repeated for GQA (`gqa.py`); the repetition is folded. A mask that
+depends on run-time data becomes the op's seqused_k: a KV cache position (`kv_cache.py`) or a padding
+mask (`padding.py`), built once per graph and shared by every layer.
 
 A candidate is kept as written, with the reason recorded, when: dropout is active, a mask is not a
 provable band (masks.py), the scores or weights are used elsewhere (e.g. `output_attentions`), a

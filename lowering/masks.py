@@ -4,11 +4,20 @@ Attention masks arrive as small subgraphs of constants and sizes: `torch.tril(to
 a `tril` buffer sliced `[:, :, :T, :T]` and compared `== 0`, `torch.full((T, T), -inf).triu(1)`, ...
 `evaluate` runs such a subgraph on an abstract value, `TwoValued(band, inside, outside)`: a
 [..., R, C] tensor equal to `inside` where `lo <= j - i <= hi` and to `outside` elsewhere. Every op
-it understands maps two-valued bands to two-valued bands; anything else (a mask computed from an
-input tensor, an index by position tensor, ...) raises `MaskNotUnderstood` with the reason, and the
-attention stays as written. Nothing is guessed from sample values, with one exception: a mask read
-from a module buffer is read by value at compile time (nanoGPT's `bias`), which assumes the buffer
-is not modified afterwards; the record says so.
+it understands maps two-valued bands to two-valued bands; anything else (a mask that is a graph
+input, an index it cannot follow, ...) raises `MaskNotUnderstood` with the reason, and the attention
+stays as written. Nothing is guessed from sample values, with one exception: a mask read from a
+module buffer is read by value at compile time (nanoGPT's `bias`), which assumes the buffer is not
+modified afterwards.
+
+Two kinds of run-time data are followed exactly, and become `fa4::attention`'s seqused_k:
+
+    positions  `arange(Sq) + start` (start: a 0-d tensor or SymInt, HF's cache position) compared with
+               key positions, or a band buffer's rows picked by `input_pos` (gpt-fast): a band that
+               moves by start at run time (`Band.shift`, `Shift`; kv_cache.py)
+    key masks  `m[arange(B)[:, None, None, None], kv_positions]` or `m[:, None, None, :]` of a [B, L]
+               tensor m (an `attention_mask`): visible keys per sequence (`Band.keys`, `KeyMask`;
+               padding.py), with a run-time check of what the replacement assumes about m
 
 The use site turns the value into the set of visible keys (`keep_band`):
 
@@ -17,8 +26,8 @@ The use site turns the value into the set of visible keys (`keep_band`):
     scores + A                       keep where A == 0, A elsewhere -inf or finfo.min
     SDPA attn_mask=M                 bool: keep where True; float: as `scores + M`
 
-and `band_args` into `fa4::attention` flags (the band must contain the diagonal and, as masks are
-applied to square scores here, top-left and bottom-right alignment agree).
+and `band_args` into `fa4::attention` flags (the band must contain the diagonal; on square scores
+top-left and bottom-right alignment agree, otherwise attention.py adds seqused_k to align them).
 """
 
 from __future__ import annotations
