@@ -301,3 +301,16 @@ def test_dynamic_true_compiles_once(impl):
             kwargs = model.inputs(batch=batch, seq=seq)
             torch.testing.assert_close(compiled(**kwargs), model.forward(**kwargs), atol=1e-5, rtol=1e-5)
     assert len(recorder.graphs) == 1 and recorder.count() == model.attention_layers and not recorder.reasons
+
+
+def test_explain_by_local_checkpoint_path(tmp_path, capsys):
+    """A local checkpoint directory: its config.json, shrunk like a model type's default config."""
+    from fa4_inductor.__main__ import main
+
+    transformers = pytest.importorskip("transformers")
+    transformers.AutoConfig.for_model("bert").save_pretrained(tmp_path)
+    torch._dynamo.reset()
+    assert main(["explain", str(tmp_path), "--attn", "eager"]) == 0
+    out = capsys.readouterr().out
+    assert "forward, right-padded: 2/2 attention layers rewritten" in out
+    assert "seqused_k=padding mask sum" in out
