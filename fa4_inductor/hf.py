@@ -43,7 +43,8 @@ class Tiny:
             lengths[0] = seq - 1  # at least one row is padded
             kwargs["attention_mask"] = (torch.arange(seq)[None, :] < lengths[:, None]).long()
         if self.kind == "seq2seq":
-            kwargs["decoder_input_ids"] = torch.randint(0, config.vocab_size, (batch, max(seq - 4, 1)), generator=generator)
+            decoder_shape = (batch, max(seq - 4, 1))
+            kwargs["decoder_input_ids"] = torch.randint(0, config.vocab_size, decoder_shape, generator=generator)
         return kwargs
 
     def phases(self) -> list[tuple[str, dict]]:

@@ -17,7 +17,7 @@ class Options:
     """Fold K/V head repetition (repeat_kv, repeat_interleave, expand + reshape) into GQA."""
 
     padding: bool = True
-    """Rewrite attention under a run-time key-padding mask to seqused_k, checking in the graph that it is right padding."""
+    """Rewrite attention under a run-time padding mask (seqused_k, with an in-graph check of the mask's form)."""
 
     @classmethod
     def names(cls) -> list[str]:

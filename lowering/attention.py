@@ -42,7 +42,8 @@ from . import gqa, kv_cache, padding
 from .masks import INF, MaskNotUnderstood, Band, KeyMask, Shift, band_args, broadcasts_last_two_dims, keep_band
 from .records import Decline, Record
 from .spellings import (ADD, CAST, DIV, DROPOUT, MASKED_FILL, MATMUL, MUL, SDPA, SOFTMAX, TANH, WHERE, arg,
-                        location, module_path, normalize_dim, same_size, scalar, shape, single_user, transposed_last_two, value)
+                        location, module_path, normalize_dim, same_size, scalar, shape, single_user,
+                        transposed_last_two, value)
 
 ATTENTION = torch.ops.fa4.attention.default
 
@@ -438,7 +439,8 @@ def _describe_call(call: AttentionCall, kwargs: dict) -> str:
         return "x".join(str(s) for s in shape(n))
 
     flags = ", ".join(f"{k}={round(v, 6) if isinstance(v, float) else v}" for k, v in kwargs.items())
-    used = {type(None): "", Shift: ", seqused_k=cache position + Sq"}.get(type(call.seqused_k), ", seqused_k=padding mask sum")
+    used = {type(None): "", Shift: ", seqused_k=cache position + Sq"}.get(type(call.seqused_k),
+                                                                          ", seqused_k=padding mask sum")
     used += ", padding mask checked to hide none of its keys" if call.covering_mask is not None else ""
     text = f"fa4.attention(q[{fmt(call.q)}], k[{fmt(call.k)}], v[{fmt(call.v)}]{used}, {flags})"
     return text + (f"; {call.gqa}" if call.gqa else "")

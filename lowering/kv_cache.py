@@ -42,7 +42,8 @@ def snapshot(make, pos: Node, vector: bool):
     if not vector:
         return make("clone", pos, name="cache_start") if isinstance(value(pos), torch.Tensor) else pos
     if not (isinstance(shape(pos)[0], int) and shape(pos)[0] == 1):
-        steps = make(operator.sub, make(operator.getitem, pos, slice(1, None)), make(operator.getitem, pos, slice(None, -1)))
+        later, earlier = make(operator.getitem, pos, slice(1, None)), make(operator.getitem, pos, slice(None, -1))
+        steps = make(operator.sub, later, earlier)
         make(torch._assert_async, make("all", make(operator.eq, steps, 1)), NOT_CONSECUTIVE)
     return make(operator.getitem, pos, 0, name="cache_start")
 

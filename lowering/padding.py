@@ -39,21 +39,24 @@ from .masks import KeyMask
 from .spellings import value
 
 NOT_RIGHT_PADDING = ("fa4_inductor: the attention mask is not right padding (1...1 0...0 per row, first key visible); "
-                     "this graph was compiled for right-padded masks. Use fa4_inductor.backend(padding=False) for other masks.")
+                     "this graph was compiled for right-padded masks. "
+                     "Use fa4_inductor.backend(padding=False) for other masks.")
 
 
 def seqused_k(make, m: Node) -> Node:
     """[B] int32 number of visible keys of the key mask m [B, Sk], after checking m is right padding."""
     binary = make("all", make(operator.or_, make(operator.eq, m, 0), make(operator.eq, m, 1)))
-    rest, head = make(operator.getitem, m, (slice(None), slice(1, None))), make(operator.getitem, m, (slice(None), slice(None, -1)))
+    rest = make(operator.getitem, m, (slice(None), slice(1, None)))
+    head = make(operator.getitem, m, (slice(None), slice(None, -1)))
     descending = make("all", make(operator.le, rest, head))
     first = make("all", make(operator.eq, make(operator.getitem, m, (slice(None), 0)), 1))
     make(torch._assert_async, make(operator.and_, make(operator.and_, binary, descending), first), NOT_RIGHT_PADDING)
     return make("sum", make(operator.ne, m, 0), -1, dtype=torch.int32, name="seqused_k")
 
 
-HIDES_VISIBLE_KEYS = ("fa4_inductor: the attention mask hides keys that the causal mask shows (a padded batch); this graph "
-                      "was compiled for unpadded input. Use fa4_inductor.backend(padding=False) for padded batches.")
+HIDES_VISIBLE_KEYS = ("fa4_inductor: the attention mask hides keys that the causal mask shows (a padded batch); "
+                      "this graph was compiled for unpadded input. "
+                      "Use fa4_inductor.backend(padding=False) for padded batches.")
 
 
 def check_hides_none(make, keys: KeyMask, seqused_k: Node | None) -> Node:

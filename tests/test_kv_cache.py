@@ -87,7 +87,8 @@ attention_out: f32[2, 4, 1, 16] = getitem(fa4_attention, 0)""")
         rec, out = compile_and_record(hf_static_cache_attention, q, k, v, k_cache, v_cache, torch.tensor(3))
         torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
         self.assertEqual(rec.count(), 1)
-        self.assertIn("seqused_k=cache position + Sq, scale=0.25, causal=True); repeat_kv folded", rec.records[0].detail)
+        detail = rec.records[0].detail
+        self.assertIn("seqused_k=cache position + Sq, scale=0.25, causal=True); repeat_kv folded", detail)
 
     def test_gpt_fast_decode(self):
         module, reference = GptFastCachedAttention(), GptFastCachedAttention()

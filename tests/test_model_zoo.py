@@ -145,7 +145,8 @@ def test_decoder_padded_batch_is_stopped_by_the_run_time_check():
     """Causal + padding: exact only when the mask hides no key the causal band shows, checked at run time."""
     model = tiny("qwen2", "sdpa")
     kwargs = model.inputs(padding=True)
-    recorder, _ = compile_and_run(model.forward, {**kwargs, "attention_mask": torch.ones_like(kwargs["attention_mask"])})
+    unpadded = {**kwargs, "attention_mask": torch.ones_like(kwargs["attention_mask"])}
+    recorder, _ = compile_and_run(model.forward, unpadded)
     assert recorder.count() == model.attention_layers
     with torch.no_grad(), pytest.raises(RuntimeError, match="hides keys that the causal mask shows"):
         torch.compile(model.forward, backend=recorder)(**kwargs)
@@ -212,7 +213,8 @@ class GptFastAttention(nn.Module):
 class GptFastDecoder(nn.Module):
     def __init__(self, dim=64, n_head=4, n_local_heads=2, layers=2, batch=2, capacity=32):
         super().__init__()
-        self.layers = nn.ModuleList(GptFastAttention(dim, n_head, n_local_heads, batch, capacity) for _ in range(layers))
+        self.layers = nn.ModuleList(GptFastAttention(dim, n_head, n_local_heads, batch, capacity)
+                                    for _ in range(layers))
         self.register_buffer("causal_mask", torch.tril(torch.ones(capacity, capacity, dtype=torch.bool)))
 
     def forward(self, x, input_pos):
@@ -286,7 +288,8 @@ def test_generate_with_static_cache_precomputed_masks_fall_back_with_reason():
         model.forward = torch.compile(model.forward, backend=recorder)
         got = model.generate(prompt, max_new_tokens=4, do_sample=False, cache_implementation="static")
     assert torch.equal(got, expected)
-    assert recorder.reasons and all(r.startswith("mask not recognized: the mask is the graph input") for r in recorder.reasons)
+    assert recorder.reasons
+    assert all(r.startswith("mask not recognized: the mask is the graph input") for r in recorder.reasons)
 
 
 @pytest.mark.parametrize("impl", IMPLEMENTATIONS)
