@@ -317,3 +317,22 @@ def test_explain_by_local_checkpoint_path(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "forward, right-padded: 2/2 attention layers rewritten" in out
     assert "seqused_k=padding mask sum" in out
+
+
+def test_gpt_fast_no_recompile_across_prompt_lengths():
+    """Prefill recompiles once (automatic dynamic shapes), decode never: the position check is symbolic."""
+    torch.manual_seed(0)
+    model, reference = GptFastDecoder(), GptFastDecoder()
+    reference.load_state_dict(model.state_dict())
+    torch._dynamo.reset()
+    recorder = Recorder()
+    compiled = torch.compile(model, backend=recorder)
+    graphs = []
+    with torch.no_grad():
+        for length in (5, 7, 9, 6):
+            prompt, steps = torch.randn(2, length, 64), torch.randn(2, 3, 64)
+            for g, e in zip(gpt_fast_generate(compiled, prompt, steps), gpt_fast_generate(reference, prompt, steps)):
+                torch.testing.assert_close(g, e, atol=1e-5, rtol=1e-5)
+            graphs.append(len(recorder.graphs))
+    assert graphs == [2, 3, 3, 3]  # static prefill + decode, then one dynamic prefill
+    assert recorder.count() == 6 and not recorder.reasons
