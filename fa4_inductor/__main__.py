@@ -1,9 +1,15 @@
-"""`python -m fa4_inductor demo | explain module:function | bench [--suite ...]`."""
+"""`python -m fa4_inductor demo | explain MODEL | bench [--suite ...]`.
+
+MODEL is `module:function` (returning (model_or_fn, example_args)), or a transformers model built from
+its default config shrunk to a tiny size (random weights, no download): `hf:llama` (any model type),
+`hf:/path/to/checkpoint` (its config.json), or a local checkpoint path.
+"""
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 
@@ -18,20 +24,49 @@ def main(argv=None) -> int:
     demo = sub.add_parser("demo", help="compile a small Llama-style model, print the rewrites, check against eager")
     demo.add_argument("--seq-len", type=int, default=None, help="tokens per forward (default: 64 on CPU, 2048 on GPU)")
     sub.add_parser("bench", help="GPU benchmarks (see `python -m fa4_inductor bench --help`)")
-    explain = sub.add_parser("explain", help="report the rewrites for a model built by MODULE:FUNCTION")
-    explain.add_argument("builder", help="MODULE:FUNCTION returning (model_or_fn, example_args)")
+    explain = sub.add_parser("explain", help="report the rewrites for a model, layer by layer")
+    explain.add_argument("model", help="MODULE:FUNCTION returning (model_or_fn, example_args), hf:MODEL_TYPE, "
+                                       "hf:PATH or a local checkpoint PATH")
+    explain.add_argument("--attn", default="sdpa", choices=["eager", "sdpa"],
+                         help="transformers attn_implementation for hf: models (default: sdpa)")
     args = parser.parse_args(argv)
 
     if args.command == "demo":
         from .demo import run
 
         return run(args.seq_len)
+    if args.model.startswith("hf:") or os.path.isdir(args.model):
+        return explain_transformers(args.model.removeprefix("hf:"), args.attn)
     import fa4_inductor
 
-    module, _, function = args.builder.partition(":")
+    module, _, function = args.model.partition(":")
     fn, example_args = getattr(importlib.import_module(module), function)()
     report = fa4_inductor.explain(fn, *example_args)
     return 0 if not report.kept else 2
+
+
+def explain_transformers(name: str, attn_implementation: str) -> int:
+    """Per-layer coverage of a tiny transformers model, for each phase (prefill, decode, padded input)."""
+    import torch
+
+    from . import hf
+    from .backend import fa4_inductor
+    from .report import Report, collecting
+
+    tiny = hf.build(name, attn_implementation)
+    print(f"{name} ({attn_implementation}): {type(tiny.model).__name__}, "
+          f"{tiny.attention_layers} attention layers per forward")
+    compiled = torch.compile(tiny.forward, backend=fa4_inductor.rewrite_only)
+    all_rewritten = True
+    for phase, inputs in tiny.phases():
+        with torch.no_grad(), collecting() as records:
+            compiled(**inputs)
+        report = Report(list(records))
+        print(f"{phase}: {len(report.rewritten)}/{tiny.attention_layers} attention layers rewritten")
+        for record in report.records:
+            print(f"  {record}")
+        all_rewritten &= not report.kept and len(report.rewritten) == tiny.attention_layers
+    return 0 if all_rewritten else 2
 
 
 if __name__ == "__main__":

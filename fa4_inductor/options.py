@@ -16,6 +16,9 @@ class Options:
     gqa: bool = True
     """Fold K/V head repetition (repeat_kv, repeat_interleave, expand + reshape) into GQA."""
 
+    padding: bool = True
+    """Rewrite attention under a run-time padding mask (seqused_k, with an in-graph check of the mask's form)."""
+
     @classmethod
     def names(cls) -> list[str]:
         return [f.name for f in fields(cls)]

@@ -16,7 +16,9 @@ handwritten (every spelling of each step is accepted, see `spellings.py`):
     p = dropout(p)                 p == 0 or not training
     out = p @ v
 
-K/V feeding either family may be repeated for GQA (`gqa.py`); the repetition is folded.
+K/V feeding either family may be repeated for GQA (`gqa.py`); the repetition is folded. A mask that
+depends on run-time data becomes the op's seqused_k: a KV cache position (`kv_cache.py`) or a padding
+mask (`padding.py`), built once per graph and shared by every layer.
 
 A candidate is kept as written, with the reason recorded, when: dropout is active, a mask is not a
 provable band (masks.py), the scores or weights are used elsewhere (e.g. `output_attentions`), a
@@ -26,19 +28,22 @@ scale is not a constant, dtypes differ, or the device's kernel cannot take the d
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import operator
 from dataclasses import dataclass, field
 
 import torch
 from torch.fx import GraphModule, Node
+from torch.fx.experimental.symbolic_shapes import guard_or_false
 
 from ..kernels import attention as attention_op
-from . import gqa
-from .masks import MaskNotUnderstood, band_args, keep_band, Band
+from . import gqa, kv_cache, padding
+from .masks import INF, MaskNotUnderstood, Band, KeyMask, Shift, band_args, broadcasts_last_two_dims, keep_band
 from .records import Decline, Record
 from .spellings import (ADD, CAST, DIV, DROPOUT, MASKED_FILL, MATMUL, MUL, SDPA, SOFTMAX, TANH, WHERE, arg,
-                        location, normalize_dim, same_size, scalar, shape, single_user, transposed_last_two, value)
+                        location, module_path, normalize_dim, same_size, scalar, shape, single_user,
+                        transposed_last_two, value)
 
 ATTENTION = torch.ops.fa4.attention.default
 
@@ -53,9 +58,10 @@ class AttentionCall:
     output: Node
     scale: float
     flags: dict = field(default_factory=dict)
-    scale_factors: list = field(default_factory=list)  # (node, exponent): runtime floats multiplying `scale`
     matched: list = field(default_factory=list)
     gqa: str = ""
+    seqused_k: Node | Shift | None = None  # a run-time key mask (padding.py) or query start (kv_cache.py)
+    covering_mask: KeyMask | None = None  # a run-time key mask that must hide none of the band's keys (padding.py)
 
 
 def _check_kernel_support(q: Node, k: Node, v: Node) -> None:
@@ -97,19 +103,56 @@ def _mask_flags(kind: str, mask, constants, scores_shape, fill=None) -> Band:
         raise Decline(f"mask not recognized: {e}") from None
     if isinstance(mask, Node) and band != Band():
         mshape = shape(mask)
-        if len(mshape) < 2 or not all(same_size(a, b) for a, b in zip(mshape[-2:], scores_shape[-2:])):
+        same = len(mshape) >= 2 and all(same_size(a, b) for a, b in zip(mshape[-2:], scores_shape[-2:]))
+        # A mask the same for every query (a key-padding mask) may be broadcast over the query rows.
+        if not same and (band.bounded or not broadcasts_last_two_dims(mshape, scores_shape)):
             raise Decline(f"mask not recognized: its last dims {mshape[-2:]} are not the scores' {scores_shape[-2:]}")
     return band
 
 
-def _flags_for(band: Band, scores_shape) -> dict:
-    if band == Band():
-        return {}
-    _require_square(scores_shape, "a mask")
+def _flags_for(band: Band, scores_shape) -> tuple[dict, Node | Shift | None, KeyMask | None]:
+    """The op's flags for the visible keys `band`, what its seqused_k is computed from, and a key mask that
+    must hide none of the visible keys (checked at run time).
+
+    A key mask alone is right padding (seqused_k = its sum). A key mask with a causal band cannot be: the
+    band's diagonal sits at seqused_k (bottom-right), so padding would move it; such a mask is exact only
+    if it hides nothing the band shows (no padding in the batch, HF generate's all-ones mask)."""
+    if band.keys is not None and not band.bounded:
+        if band.keys.start is not None:
+            raise Decline("a key-padding mask read from a run-time key offset, with no causal band")
+        return {}, band.keys.node, None
+    if not band.bounded:
+        return {}, None, None
+    flags, shift = _band_flags(band, scores_shape)
+    return flags, shift, band.keys
+
+
+def _band_flags(band: Band, scores_shape) -> tuple[dict, Shift | None]:
     try:
-        return band_args(band)
+        flags = band_args(band)
     except MaskNotUnderstood as e:
         raise Decline(f"mask not recognized: {e}") from None
+    if same_size(scores_shape[-2], scores_shape[-1]) and band.shift is None:
+        return flags, None
+    # Queries over a longer cache, or at run-time positions: the band's upper bound j - i <= top (+ start)
+    # is the last key in use, seqused_k = start + Sq + top, and bottom-right alignment puts it on the diagonal.
+    if band.hi == INF:
+        raise Decline("a band with no upper bound over a KV cache (or at run-time positions): keys past the last "
+                      "position are visible, which seqused_k cannot express")
+    shift = dataclasses.replace(band.shift or Shift(None), top=int(band.hi))
+    # Symbolic sizes: guarded (a longer prompt recompiles, and that graph declines).
+    if band.shift is None and not guard_or_false(scores_shape[-2] + shift.top <= scores_shape[-1]):
+        raise Decline(f"a band with j - i <= {shift.top} over {scores_shape[-1]} keys for {scores_shape[-2]} queries "
+                      "reaches past the last key")
+    return band_args(Band(band.lo - band.hi, 0)), shift
+
+
+def _constant(x) -> float | None:
+    """A number argument as a float; a symbolic one (a float module attribute under `dynamic=True`) is
+    specialized to its value, which guards on it."""
+    if isinstance(x, Node) and isinstance(v := value(x), (torch.SymFloat, torch.SymInt)):
+        return float(v)
+    return scalar(x)
 
 
 def match_sdpa(node: Node, constants: dict) -> AttentionCall:
@@ -124,50 +167,31 @@ def match_sdpa(node: Node, constants: dict) -> AttentionCall:
         raise Decline(f"is_causal is not a constant ({is_causal})")
     _check_kernel_support(q, k, v)
     scores_shape = shape(q)[:-1] + (shape(k)[-2],)
-    flags = {}
+    flags, seqused_k, covering = {}, None, None
     if attn_mask is not None:
         kind = "bool" if value(attn_mask).dtype == torch.bool else "additive"
-        flags = _flags_for(_mask_flags(kind, attn_mask, constants, scores_shape), scores_shape)
+        flags, seqused_k, covering = _flags_for(_mask_flags(kind, attn_mask, constants, scores_shape), scores_shape)
     if is_causal:
         _require_square(scores_shape, "is_causal")
         flags["causal"] = True
-    factors = []
     if scale is None:
         scale = 1.0 / math.sqrt(int(shape(q)[-1]))
-    elif _is_runtime_float(scale):
-        scale, factors = 1.0, [(scale, 1)]
-    elif scalar(scale) is None:
+    elif _constant(scale) is None:
         raise Decline(f"scale is not a constant ({scale})")
-    return AttentionCall(q, k, v, output=node, scale=float(scale), flags=flags, matched=[node], scale_factors=factors)
+    return AttentionCall(q, k, v, output=node, scale=_constant(scale), flags=flags, matched=[node], seqused_k=seqused_k,
+                         covering_mask=covering)
 
 
 def _constant_factor(node: Node) -> tuple[Node, float] | None:
     """(x, c) when node is x * c or x / c (c = 1/divisor) for a constant c; None otherwise."""
     if MUL(node):
         a, b = node.args[0], node.args[1]
-        if isinstance(a, Node) and scalar(b) is not None:
-            return a, scalar(b)
-        if isinstance(b, Node) and scalar(a) is not None:
-            return b, scalar(a)
-    if DIV(node) and isinstance(node.args[0], Node) and scalar(node.args[1]):
-        return node.args[0], 1.0 / scalar(node.args[1])
-    return None
-
-
-def _is_runtime_float(x) -> bool:
-    """A node computing a Python float at run time (Dynamo's `.item()` of a float attribute under dynamic=True)."""
-    return isinstance(x, Node) and isinstance(x.meta.get("example_value", x.meta.get("val")), (float, torch.SymFloat))
-
-
-def _runtime_factor(node: Node) -> tuple[Node, tuple[Node, int]] | None:
-    """(x, (s, +1)) when node is x * s, (x, (s, -1)) when x / s, for a runtime float s."""
-    if MUL(node):
-        a, b = node.args[0], node.args[1]
-        for x, s in ((a, b), (b, a)):
-            if isinstance(x, Node) and not _is_runtime_float(x) and _is_runtime_float(s):
-                return x, (s, 1)
-    if DIV(node) and isinstance(node.args[0], Node) and _is_runtime_float(node.args[1]):
-        return node.args[0], (node.args[1], -1)
+        if isinstance(a, Node) and _constant(b) is not None:
+            return a, _constant(b)
+        if isinstance(b, Node) and _constant(a) is not None:
+            return b, _constant(a)
+    if DIV(node) and isinstance(node.args[0], Node) and _constant(node.args[1]):
+        return node.args[0], 1.0 / _constant(node.args[1])
     return None
 
 
@@ -235,7 +259,7 @@ def match_handwritten(softmax: Node, constants: dict) -> AttentionCall | None:
         raise Decline(f"softmax over dim {dim}, not the key dim")
 
     # Walking up from the softmax meets the steps in reverse: masks, then the softcap, then scales.
-    scale, softcap, band, factors = 1.0, 0.0, Band(), []
+    scale, softcap, band = 1.0, 0.0, Band()
     scores_shape = shape(softmax)
     node = softmax.args[0]
     consumer = softmax
@@ -246,7 +270,7 @@ def match_handwritten(softmax: Node, constants: dict) -> AttentionCall | None:
         if CAST(node):
             node = node.args[0]
         elif (capped := _softcap(node)) is not None:
-            if softcap or scale != 1.0 or factors:
+            if softcap or scale != 1.0:
                 raise Decline("a softcap applied twice or before a scale")
             node, softcap, inner = capped
             matched += inner
@@ -256,9 +280,6 @@ def match_handwritten(softmax: Node, constants: dict) -> AttentionCall | None:
             if c <= 0:
                 raise Decline(f"a non-positive scale factor {c}")
             scale *= c
-        elif (found := _runtime_factor(node)) is not None:
-            node, factor = found
-            factors.append(factor)
         elif MASKED_FILL(node) or WHERE(node) or ADD(node):
             if softcap:
                 raise Decline("a mask applied before the softcap")
@@ -282,11 +303,11 @@ def match_handwritten(softmax: Node, constants: dict) -> AttentionCall | None:
     _check_kernel_support(q, k, v)
     if value(output).dtype != value(q).dtype:
         raise Decline(f"the output dtype {value(output).dtype} is not q's {value(q).dtype}")
-    flags = _flags_for(band, scores_shape)
+    flags, seqused_k, covering = _flags_for(band, scores_shape)
     if softcap:
         flags["softcap"] = softcap
     return AttentionCall(q, k, v, output=output, scale=scale, flags=flags, matched=matched + [output],
-                         scale_factors=factors)
+                         seqused_k=seqused_k, covering_mask=covering)
 
 
 def _strip_mask(node: Node, constants, scores_shape) -> tuple[Node, Band]:
@@ -329,29 +350,82 @@ def _erase_dead(graph, nodes) -> None:
         work.extend(inputs)
 
 
-def emit(gm: GraphModule, call: AttentionCall, fake_mode) -> str:
-    """Insert `fa4::attention` for `call`, reroute the output's users, drop what became dead; returns the call text."""
+class NodeMaker:
+    """Creates nodes at the graph's current insertion point with Dynamo's metadata (example values under
+    the graph's fake mode, the replaced node's stack trace): `make(target, *args, **kwargs)`, a string
+    target being a Tensor method."""
+
+    def __init__(self, graph, original: Node, fake_mode):
+        self.graph, self.original, self.fake_mode = graph, original, fake_mode
+
+    def __call__(self, target, *args, name=None, **kwargs) -> Node:
+        op = "call_method" if isinstance(target, str) else "call_function"
+        node = self.graph.create_node(op, target, args, kwargs, name=name)
+        node.meta["stack_trace"] = self.original.meta.get("stack_trace")
+        if self.fake_mode is not None:
+            fake_args = torch.fx.node.map_arg(args, value)
+            fake_kwargs = torch.fx.node.map_arg(kwargs, value)
+            with self.fake_mode:
+                if op == "call_method":
+                    result = getattr(fake_args[0], target)(*fake_args[1:], **fake_kwargs)
+                else:
+                    result = target(*fake_args, **fake_kwargs)
+            node.meta["example_value"] = result
+        return node
+
+
+def _seqused_k(graph, make: NodeMaker, call: AttentionCall, shared: dict) -> Node | None:
+    """The op's seqused_k input, built once per graph for each mask or cache position it comes from.
+
+    What reads run-time data (the key mask, the cache offset) is placed right after that data is
+    defined, as the model's own mask is, before any in-place update of it."""
+    source = call.seqused_k
+    if source is None:
+        return None
+    if source not in shared:
+        if isinstance(source, Shift):
+            starts = []
+            for node, vector in ((source.node, source.vector), (source.minus, False)):
+                if node is None:
+                    starts.append(None)
+                    continue
+                with graph.inserting_before(_after_definition(node)):
+                    starts.append(kv_cache.snapshot(make, node, vector))
+            shared[source] = kv_cache.seqused_k(make, *starts, source.top, call.q)
+        else:
+            with graph.inserting_before(_after_definition(source)):
+                shared[source] = padding.seqused_k(make, source)
+    return shared[source]
+
+
+def _after_definition(node: Node) -> Node:
+    """The node before which code reading `node` right after its definition goes (after all placeholders)."""
+    after = node.next
+    while after.op == "placeholder":
+        after = after.next
+    return after
+
+
+def emit(gm: GraphModule, call: AttentionCall, fake_mode, shared: dict) -> str:
+    """Insert `fa4::attention` for `call`, reroute the output's users, drop what became dead; returns the call text.
+
+    `shared`: nodes computed once per graph (seqused_k), reused by every attention that needs them."""
     graph = gm.graph
     three_d = len(shape(call.q)) == 3
     kwargs = {"scale": call.scale, **call.flags}
+    make = NodeMaker(graph, call.output, fake_mode)
     with graph.inserting_before(call.output):
         q, k, v = call.q, call.k, call.v
-        new_nodes = []
-        if call.scale_factors:
-            scale = call.scale
-            for factor, exponent in call.scale_factors:
-                scale = graph.call_function(operator.mul if exponent > 0 else operator.truediv, (scale, factor))
-                new_nodes.append(scale)
-            kwargs["scale"] = scale
         if three_d:
-            q, k, v = new_nodes = [graph.call_method("unsqueeze", (t, 0)) for t in (q, k, v)]
-        op = graph.create_node("call_function", ATTENTION, (q, k, v), kwargs, name="fa4_attention")
-        out = graph.create_node("call_function", operator.getitem, (op, 0), name="attention_out")
-        new_nodes += [op, out]
+            q, k, v = (make("unsqueeze", t, 0) for t in (q, k, v))
+        seqused_k = _seqused_k(graph, make, call, shared)
+        if call.covering_mask is not None and (call.covering_mask, seqused_k) not in shared:
+            shared[call.covering_mask, seqused_k] = padding.check_hides_none(make, call.covering_mask, seqused_k)
+        inputs = (q, k, v) if seqused_k is None else (q, k, v, seqused_k)
+        op = make(ATTENTION, *inputs, name="fa4_attention", **kwargs)
+        out = make(operator.getitem, op, 0, name="attention_out")
         if three_d:
-            out = graph.call_method("squeeze", (out, 0))
-            new_nodes.append(out)
-    _propagate_meta(new_nodes, call.output, fake_mode)
+            out = make("squeeze", out, 0)
     call.output.replace_all_uses_with(out)
     for user in list(out.users):
         if user.op == "call_method" and user.target == "view":
@@ -360,33 +434,21 @@ def emit(gm: GraphModule, call: AttentionCall, fake_mode) -> str:
     return _describe_call(call, kwargs)
 
 
-def _propagate_meta(new_nodes, original: Node, fake_mode) -> None:
-    for node in new_nodes:
-        node.meta["stack_trace"] = original.meta.get("stack_trace")
-        if fake_mode is None:
-            continue
-        args = torch.fx.node.map_arg(node.args, value)
-        kwargs = torch.fx.node.map_arg(node.kwargs, value)
-        with fake_mode:
-            if node.op == "call_method":
-                result = getattr(args[0], node.target)(*args[1:], **kwargs)
-            else:
-                result = node.target(*args, **kwargs)
-        node.meta["example_value"] = result
-
-
 def _describe_call(call: AttentionCall, kwargs: dict) -> str:
     def fmt(n):
         return "x".join(str(s) for s in shape(n))
 
     flags = ", ".join(f"{k}={round(v, 6) if isinstance(v, float) else v}" for k, v in kwargs.items())
-    text = f"fa4.attention(q[{fmt(call.q)}], k[{fmt(call.k)}], v[{fmt(call.v)}], {flags})"
+    used = {type(None): "", Shift: ", seqused_k=cache position + Sq"}.get(type(call.seqused_k),
+                                                                          ", seqused_k=padding mask sum")
+    used += ", padding mask checked to hide none of its keys" if call.covering_mask is not None else ""
+    text = f"fa4.attention(q[{fmt(call.q)}], k[{fmt(call.k)}], v[{fmt(call.v)}]{used}, {flags})"
     return text + (f"; {call.gqa}" if call.gqa else "")
 
 
 def rewrite_attention(gm: GraphModule, constants: dict, options, fake_mode) -> list[Record]:
     """Rewrite every attention in gm that fa4::attention can take; one record per candidate."""
-    records = []
+    records, shared = [], {}
     for node in list(gm.graph.nodes):
         if _erased(node):
             continue  # removed by an earlier rewrite
@@ -401,8 +463,10 @@ def rewrite_attention(gm: GraphModule, constants: dict, options, fake_mode) -> l
             call = matcher(node, constants)
             if call is None:
                 continue
+            if (isinstance(call.seqused_k, Node) or call.covering_mask is not None) and not options.padding:
+                raise Decline("a run-time key-padding mask, and the padding option is off")
             _fold_gqa(call, options.gqa)
-            records.append(Record(family, where, True, emit(gm, call, fake_mode)))
+            records.append(Record(family, where, True, emit(gm, call, fake_mode, shared), module_path(node)))
         except Decline as e:
-            records.append(Record(family, where, False, str(e)))
+            records.append(Record(family, where, False, str(e), module_path(node)))
     return records

@@ -4,11 +4,20 @@ Attention masks arrive as small subgraphs of constants and sizes: `torch.tril(to
 a `tril` buffer sliced `[:, :, :T, :T]` and compared `== 0`, `torch.full((T, T), -inf).triu(1)`, ...
 `evaluate` runs such a subgraph on an abstract value, `TwoValued(band, inside, outside)`: a
 [..., R, C] tensor equal to `inside` where `lo <= j - i <= hi` and to `outside` elsewhere. Every op
-it understands maps two-valued bands to two-valued bands; anything else (a mask computed from an
-input tensor, an index by position tensor, ...) raises `MaskNotUnderstood` with the reason, and the
-attention stays as written. Nothing is guessed from sample values, with one exception: a mask read
-from a module buffer is read by value at compile time (nanoGPT's `bias`), which assumes the buffer
-is not modified afterwards; the record says so.
+it understands maps two-valued bands to two-valued bands; anything else (a mask that is a graph
+input, an index it cannot follow, ...) raises `MaskNotUnderstood` with the reason, and the attention
+stays as written. Nothing is guessed from sample values, with one exception: a mask read from a
+module buffer is read by value at compile time (nanoGPT's `bias`), which assumes the buffer is not
+modified afterwards.
+
+Two kinds of run-time data are followed exactly, and become `fa4::attention`'s seqused_k:
+
+    positions  `arange(Sq) + start` (start: a 0-d tensor or SymInt, HF's cache position) compared with
+               key positions, or a band buffer's rows picked by `input_pos` (gpt-fast): a band that
+               moves by start at run time (`Band.shift`, `Shift`; kv_cache.py)
+    key masks  `m[arange(B)[:, None, None, None], kv_positions]` or `m[:, None, None, :]` of a [B, L]
+               tensor m (an `attention_mask`): visible keys per sequence (`Band.keys`, `KeyMask`;
+               padding.py), with a run-time check of what the replacement assumes about m
 
 The use site turns the value into the set of visible keys (`keep_band`):
 
@@ -17,8 +26,8 @@ The use site turns the value into the set of visible keys (`keep_band`):
     scores + A                       keep where A == 0, A elsewhere -inf or finfo.min
     SDPA attn_mask=M                 bool: keep where True; float: as `scores + M`
 
-and `band_args` into `fa4::attention` flags (the band must contain the diagonal and, as masks are
-applied to square scores here, top-left and bottom-right alignment agree).
+and `band_args` into `fa4::attention` flags (the band must contain the diagonal; on square scores
+top-left and bottom-right alignment agree, otherwise attention.py adds seqused_k to align them).
 """
 
 from __future__ import annotations
@@ -30,7 +39,7 @@ import torch
 from torch.fx import Node
 
 from .spellings import (ADD, AND, ARANGE, CAST, CONTIGUOUS, EQ, EXPAND, FULL, GE, GETITEM, GT, LE, LOGICAL_NOT, LT,
-                        MASKED_FILL, MUL, NE, ONES, RESHAPE, SUB, TRIL, TRIU, UNSQUEEZE, WHERE, ZEROS, arg,
+                        MASKED_FILL, MUL, NE, ONES, RESHAPE, SUB, TENSOR, TRIL, TRIU, UNSQUEEZE, WHERE, ZEROS, arg,
                         is_large_negative, normalize_dim, same_size, scalar, shape, value)
 
 INF = math.inf
@@ -41,28 +50,73 @@ class MaskNotUnderstood(Exception):
 
 
 @dataclass(frozen=True)
+class Shift:
+    """Positions known only at run time: query row i sits at `node + i`, key slot j at `minus + j`.
+
+    `node` is a 0-d integer tensor or SymInt (`arange(Sq) + start`, HF's cache position), or, with
+    `vector`, a 1-D tensor of positions (gpt-fast's `input_pos`) that is `input_pos[0] + arange(Sq)` only
+    if a run-time check says so (kv_cache.py emits it); None is position 0. `minus`: the position of key
+    slot 0 (HF's sliding-window cache), None for 0. `top`: the band's upper bound, set by attention.py
+    (query i sees slots up to node - minus + i + top)."""
+
+    node: Node | None
+    vector: bool = False
+    minus: Node | None = None
+    top: int = 0
+
+
+@dataclass(frozen=True)
+class KeyMask:
+    """A [B, L] run-time tensor of visible key positions (an `attention_mask`): key slot j is visible in
+    sequence b when node[b, start + j] != 0; `start` is a SymInt key offset (HF's sliding-window cache) or None."""
+
+    node: Node
+    start: Node | None = None
+
+
+@dataclass(frozen=True)
 class Band:
-    """The (i, j) with lo <= j - i <= hi."""
+    """The (b, i, j) with lo + s <= j - i <= hi + s and, with `keys`, key j visible in sequence b.
+
+    s is 0, or the run-time start of the query positions with `shift` (decode with a KV cache);
+    `keys` is a tensor of visible keys known only at run time (a padding mask)."""
 
     lo: float = -INF
     hi: float = INF
+    shift: Shift | None = None
+    keys: KeyMask | None = None
+
+    def __post_init__(self):
+        if not self.bounded:
+            object.__setattr__(self, "shift", None)
+
+    @property
+    def bounded(self) -> bool:
+        return self.lo != -INF or self.hi != INF
 
     def __and__(self, other: "Band") -> "Band":
-        return Band(max(self.lo, other.lo), min(self.hi, other.hi))
+        if self.bounded and other.bounded and self.shift != other.shift:
+            raise MaskNotUnderstood("a band at run-time query positions combined with one at fixed positions")
+        if self.keys is not None and other.keys is not None and self.keys != other.keys:
+            raise MaskNotUnderstood("two different key-padding masks combined")
+        return Band(max(self.lo, other.lo), min(self.hi, other.hi), self.shift or other.shift,
+                    self.keys if self.keys is not None else other.keys)
 
     @property
     def empty(self) -> bool:
         return self.lo > self.hi
 
     def complement(self) -> "Band":
+        if self.keys is not None:
+            raise MaskNotUnderstood(f"the complement of the key-padding mask {self.keys.node.name}")
         if self.empty:
             return Band()
-        if self.lo == -INF and self.hi == INF:
+        if not self.bounded:
             return Band(1, 0)
         if self.lo == -INF:
-            return Band(self.hi + 1, INF)
+            return Band(self.hi + 1, INF, self.shift)
         if self.hi == INF:
-            return Band(-INF, self.lo - 1)
+            return Band(-INF, self.lo - 1, self.shift)
         raise MaskNotUnderstood(f"the complement of the band {self.lo} <= j - i <= {self.hi} is two bands")
 
 
@@ -93,28 +147,47 @@ class TwoValued:
     def uniform(self) -> bool:
         return self.band == ALL or self.inside == self.outside
 
+    @property
+    def boolean(self) -> bool:
+        return isinstance(self.inside, bool) and isinstance(self.outside, bool)
+
 
 @dataclass(frozen=True)
 class Position:
-    """`arange(n) + offset` laid along the query axis (-2: value i + offset) or the key axis (-1: j + offset);
-    axis None while it is still 1-D."""
+    """`arange(n) + offset (+ start)` laid along the query axis (-2: value i + offset) or the key axis
+    (-1: j + offset); axis None while it is still 1-D. `start`: a 0-d integer tensor added at run time."""
 
     offset: int
     axis: int | None = None
+    start: Node | None = None
 
 
 def _compare(node: Node, a: Position, b: Position) -> TwoValued:
     """a OP b for positions on different axes, as a band in j - i."""
     if a.axis is None or b.axis is None or a.axis == b.axis:
         raise MaskNotUnderstood(f"{_describe(node)} compares positions not laid along the query and key axes")
-    flip = {"le": "ge", "lt": "gt", "ge": "le", "gt": "lt", "eq": "eq"}
-    op = next(name for name, spelled in (("le", LE), ("lt", LT), ("ge", GE), ("gt", GT), ("eq", EQ)) if spelled(node))
+    op = _comparison(node)
     if a.axis == -2:  # make it key OP query
-        a, b, op = b, a, flip[op]
-    d = b.offset - a.offset  # j + a.offset OP i + b.offset  <=>  j - i OP d
-    band = {"le": Band(-INF, d), "lt": Band(-INF, d - 1), "ge": Band(d, INF), "gt": Band(d + 1, INF),
-            "eq": Band(d, d)}[op]
-    return TwoValued(band, True, False)
+        a, b, op = b, a, _FLIPPED[op]
+    d = b.offset - a.offset  # j + a.offset (+ a.start) OP i + b.offset (+ b.start)  <=>  j - i OP d (+ shift)
+    shift = Shift(b.start, minus=a.start) if b.start is not None or a.start is not None else None
+    lo, hi = {"le": (-INF, d), "lt": (-INF, d - 1), "ge": (d, INF), "gt": (d + 1, INF), "eq": (d, d)}[op]
+    return TwoValued(Band(lo, hi, shift), True, False)
+
+
+_FLIPPED = {"le": "ge", "lt": "gt", "ge": "le", "gt": "lt", "eq": "eq"}
+
+
+def _comparison(node: Node) -> str:
+    return next(name for name, spelled in (("le", LE), ("lt", LT), ("ge", GE), ("gt", GT), ("eq", EQ)) if spelled(node))
+
+
+def _compare_to_constant(node: Node, p: Position, c: float, position_first: bool) -> TwoValued:
+    """`position OP c` that holds at every position (HF's `q_idx >= 0`): a uniform True."""
+    op = _comparison(node) if position_first else _FLIPPED[_comparison(node)]
+    if p.start is None and op in ("ge", "gt") and (p.offset > c if op == "gt" else p.offset >= c):
+        return _uniform(True)
+    raise MaskNotUnderstood(f"{_describe(node)} compares positions with the constant {c}")
 
 
 def _position(node, constants) -> Position | None:
@@ -130,7 +203,13 @@ def _position(node, constants) -> Position | None:
         c = scalar(node.args[1])
         if inner is None or c != int(c):
             return None
-        return Position(inner.offset + int(c) * (1 if ADD(node) else -1), inner.axis)
+        return Position(inner.offset + int(c) * (1 if ADD(node) else -1), inner.axis, inner.start)
+    if ADD(node) and all(isinstance(a, Node) for a in node.args[:2]):
+        for a, b in (node.args[:2], node.args[1::-1]):
+            inner = _position(a, constants)
+            if inner is not None and inner.axis is None and inner.start is None and _integer_scalar(b):
+                return Position(inner.offset, None, b)
+        return None
     if GETITEM(node) or UNSQUEEZE(node) or EXPAND(node):
         inner = _position(node.args[0], constants)
         if inner is None:
@@ -158,7 +237,15 @@ def _placed(node: Node, inner: Position) -> Position | None:
             return None
         p = slices[0]
     axis = p - out_ndim
-    return Position(inner.offset, axis) if axis in (-1, -2) else None
+    return Position(inner.offset, axis, inner.start) if axis in (-1, -2) else None
+
+
+def _integer_scalar(node) -> bool:
+    """A 0-d integer tensor or a SymInt: a run-time position offset (HF's cache `cumulative_length`)."""
+    v = value(node)
+    if isinstance(v, torch.SymInt):
+        return True
+    return isinstance(v, torch.Tensor) and v.dim() == 0 and not v.dtype.is_floating_point and v.dtype != torch.bool
 
 
 def _uniform(v) -> TwoValued:
@@ -186,6 +273,13 @@ def _keeps_last_two_dims(node: Node, source) -> bool:
     if not isinstance(source, Node) or len(shape(node)) < 2 or len(shape(source)) < 2:
         return False
     return all(same_size(a, b) for a, b in zip(shape(node)[-2:], shape(source)[-2:]))
+
+
+def broadcasts_last_two_dims(mshape, tshape) -> bool:
+    """Each of a mask's last two dims (shape mshape) equals the target's (tshape) or is 1 (broadcast)."""
+    if len(mshape) < 2:
+        return False
+    return all(same_size(a, b) or same_size(a, 1) for a, b in zip(mshape[-2:], tshape[-2:]))
 
 
 def _top_left_slice(index) -> bool:
@@ -240,10 +334,15 @@ def evaluate(node, constants: dict) -> TwoValued:
     if ZEROS(node):
         return _coerce(node, _uniform(0))
     if FULL(node):
-        fill = arg(node, 1, "fill_value")
+        fill = arg(node, 2 if node.op == "call_method" else 1, "fill_value")
         if scalar(fill) is None and not isinstance(fill, bool):
             raise MaskNotUnderstood(f"torch.full with a non-constant fill ({node.name})")
         return _coerce(node, _uniform(fill))
+    if TENSOR(node):
+        data = node.args[1] if node.op == "call_method" else node.args[0]
+        if scalar(data) is None and not isinstance(data, bool):
+            raise MaskNotUnderstood(f"{_describe(node)} of {data!r}, not a number")
+        return _coerce(node, _uniform(data))
     if TRIL(node) or TRIU(node):
         x = evaluate(node.args[0], constants)
         d = arg(node, 1, "diagonal", 0)
@@ -255,14 +354,19 @@ def evaluate(node, constants: dict) -> TwoValued:
         if x.outside == 0:
             return _coerce(node, TwoValued(x.band & kept, x.inside, 0))
         raise MaskNotUnderstood(f"{_describe(node)} of a band with nonzero outside")
-    if (LE(node) or LT(node) or GE(node) or GT(node) or EQ(node)) and all(
-            (positions := [_position(a, constants) for a in node.args[:2]])):
-        return _compare(node, *positions)
+    if LE(node) or LT(node) or GE(node) or GT(node) or EQ(node):
+        a, b = (_position(x, constants) for x in node.args[:2])
+        if a is not None and b is not None:
+            return _compare(node, a, b)
+        if a is not None and scalar(node.args[1]) is not None:
+            return _compare_to_constant(node, a, scalar(node.args[1]), True)
+        if b is not None and scalar(node.args[0]) is not None:
+            return _compare_to_constant(node, b, scalar(node.args[0]), False)
     if AND(node):
         a, b = (evaluate(x, constants) for x in node.args[:2])
-        if (a.inside, a.outside, b.inside, b.outside) == (True, False, True, False):
-            return TwoValued(a.band & b.band, True, False)
-        raise MaskNotUnderstood(f"{_describe(node)} of masks that are not both boolean bands")
+        if not (a.boolean and b.boolean):
+            raise MaskNotUnderstood(f"{_describe(node)} of masks that are not both boolean")
+        return TwoValued(a.where(bool) & b.where(bool), True, False)
     if EQ(node) or NE(node):
         other = scalar(node.args[1])
         if other is None:
@@ -271,6 +375,9 @@ def evaluate(node, constants: dict) -> TwoValued:
         return x.map(lambda a: a == other) if EQ(node) else x.map(lambda a: a != other)
     if LOGICAL_NOT(node):
         return evaluate(node.args[0], constants).map(lambda a: not a)
+    if SUB(node) and scalar(node.args[0]) is not None and isinstance(node.args[1], Node):
+        c = scalar(node.args[0])
+        return _coerce(node, evaluate(node.args[1], constants).map(lambda x: c - x))
     if MUL(node):
         a, b = node.args[0], node.args[1]
         tensor, factor = (a, scalar(b)) if isinstance(a, Node) else (b, scalar(a))
@@ -293,14 +400,74 @@ def evaluate(node, constants: dict) -> TwoValued:
     if CAST(node) or CONTIGUOUS(node) or RESHAPE(node) or UNSQUEEZE(node) or EXPAND(node):
         source = node.args[0]
         if not _keeps_last_two_dims(node, source):
+            if EXPAND(node) and broadcasts_last_two_dims(shape(source), shape(node)):
+                tv = evaluate(source, constants)
+                if not tv.band.bounded:  # the same for every query: broadcasting over rows keeps it
+                    return _coerce(node, tv)
             raise MaskNotUnderstood(f"{_describe(node)} changes the last two mask dims")
         return _coerce(node, evaluate(source, constants))
+    if GETITEM(node) and (keys := _key_lookup(node, constants)) is not None:
+        return _coerce(node, TwoValued(Band(keys=keys), 1, 0))
+    if GETITEM(node) and (rows := _row_gather(node, constants)) is not None:
+        return rows
     if GETITEM(node):
         source = node.args[0]
         if not _top_left_slice(node.args[1]) or len(shape(node)) < 2:
             raise MaskNotUnderstood(f"{_describe(node)} indexes the mask by something other than leading slices")
         return _coerce(node, evaluate(source, constants))
     raise MaskNotUnderstood(f"the mask is built by {_describe(node)}, which is not understood")
+
+
+def _tensor_entries(index) -> list:
+    return [i for i in (index if isinstance(index, tuple) else (index,)) if isinstance(i, Node)]
+
+
+def _key_lookup(node: Node, constants) -> KeyMask | None:
+    """The key mask when node reads a run-time [B, Sk] mask m broadcast over queries: m[:, None, None, :]
+    (BERT-style) or m[arange(B)[:, None, None, None], kv_positions] (HF masking_utils; key positions from 0, or
+    from a SymInt offset in a sliding-window cache)."""
+    m = node.args[0]
+    index = node.args[1] if isinstance(node.args[1], tuple) else (node.args[1],)
+    if not isinstance(m, Node) or len(shape(m)) != 2 or len(shape(node)) != 4:
+        return None
+    if index == (slice(None), None, None, slice(None)):
+        return KeyMask(m)
+    if len(index) != 2 or not all(isinstance(i, Node) for i in index):
+        return None
+    batch, keys = index
+    kv = _position(keys, constants)
+    if kv is None or kv.axis != -1 or kv.offset != 0 or isinstance(value(kv.start), torch.Tensor):
+        return None
+    if not (GETITEM(batch) and batch.args[1] == (slice(None), None, None, None) and ARANGE(batch.args[0])
+            and same_size(shape(batch)[0], shape(m)[0])
+            and (kv.start is not None or same_size(shape(keys)[-1], shape(m)[1]))):
+        return None
+    return KeyMask(m, kv.start)
+
+
+def _row_gather(node: Node, constants) -> TwoValued | None:
+    """A band mask whose query rows are picked by a position tensor: `causal_mask[None, None, input_pos]`
+    (gpt-fast). Row i is the source row input_pos[i], so the band moves by input_pos[0] (with a run-time
+    check that input_pos counts up by one)."""
+    tensors = _tensor_entries(node.args[1])
+    if len(tensors) != 1:
+        return None
+    index = node.args[1] if isinstance(node.args[1], tuple) else (node.args[1],)
+    pos = tensors[0]
+    source = node.args[0]
+    picked = [i for i in index if i is not None and i is not Ellipsis]
+    source_ndim = len(shape(source))
+    at = picked.index(pos)
+    if (Ellipsis in index or len(picked) > source_ndim or at != source_ndim - 2
+            or any(i != slice(None) for i in picked if i is not pos)
+            or len(shape(pos)) != 1 or value(pos).dtype.is_floating_point):
+        return None
+    tv = evaluate(source, constants)
+    if tv.band.shift is not None or tv.band.keys is not None:
+        raise MaskNotUnderstood(f"{_describe(node)} picks rows of a mask that already moves at run time")
+    band = tv.band
+    moved = Band(band.lo, band.hi, Shift(pos, vector=True) if band.bounded else None)
+    return _coerce(node, TwoValued(moved, tv.inside, tv.outside))
 
 
 def keep_band(kind: str, mask, constants: dict, fill=None) -> Band:

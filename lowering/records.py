@@ -11,10 +11,12 @@ class Record:
     location: str  # model source, "file.py:12 in forward"
     rewritten: bool
     detail: str  # the op call when rewritten, the reason when not
+    module: str = ""  # the attention module's path in the model, "model.layers.0.self_attn"
 
     def __str__(self) -> str:
         verdict = "rewritten" if self.rewritten else "kept"
-        return f"[{verdict}] {self.family:<11} {self.location}: {self.detail}"
+        where = f"{self.module} ({self.location})" if self.module else self.location
+        return f"[{verdict}] {self.family:<11} {where}: {self.detail}"
 
 
 class Decline(Exception):

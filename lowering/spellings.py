@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import operator
+import re
 from dataclasses import dataclass
 
 import torch
@@ -55,9 +56,10 @@ UNSQUEEZE = Spelling((torch.unsqueeze,), ("unsqueeze",))
 REPEAT_INTERLEAVE = Spelling((torch.repeat_interleave,), ("repeat_interleave",))
 GETITEM = Spelling((operator.getitem,))
 CAST = Spelling((), ("to", "type_as", "type", "float", "half", "bfloat16", "double", "bool"))
-ONES = Spelling((torch.ones,))
-ZEROS = Spelling((torch.zeros,))
-FULL = Spelling((torch.full,))
+ONES = Spelling((torch.ones,), ("new_ones",))
+ZEROS = Spelling((torch.zeros,), ("new_zeros",))
+FULL = Spelling((torch.full,), ("new_full",))
+TENSOR = Spelling((torch.tensor, torch.as_tensor, torch.scalar_tensor), ("new_tensor",))
 TRIL = Spelling((torch.tril,), ("tril",))
 TRIU = Spelling((torch.triu,), ("triu",))
 EQ = Spelling((operator.eq, torch.eq), ("eq", "__eq__"))
@@ -144,6 +146,15 @@ def is_large_negative(fill) -> bool:
 def single_user(node: Node) -> Node | None:
     users = list(node.users)
     return users[0] if len(users) == 1 else None
+
+
+def module_path(node: Node) -> str:
+    """The path of the innermost module that produced a node ("model.layers.0.self_attn"), "" outside modules."""
+    stack = node.meta.get("nn_module_stack") or {}
+    if not stack:
+        return ""
+    path = list(stack.values())[-1][0]
+    return re.sub(r"^L\['[^']*'\]\.?", "", path)
 
 
 def location(node: Node) -> str:

@@ -39,8 +39,12 @@ class Recorder(fa4_inductor.Backend):
     def reasons(self) -> list[str]:
         return [r.detail for r in self.records if not r.rewritten]
 
-    def count(self, op=torch.ops.fa4.attention.default) -> int:
-        return sum(n.target is op for g in self.graphs for n in g.graph.nodes)
+    def calls(self, graph, op="fa4::attention") -> list[torch.fx.Node]:
+        """The calls of `op` (a qualified name) in one graph."""
+        return [n for n in graph.graph.nodes if isinstance(n.target, torch._ops.OpOverload) and n.target.name() == op]
+
+    def count(self, op="fa4::attention") -> int:
+        return sum(len(self.calls(g, op)) for g in self.graphs)
 
 
 def compile_and_record(fn, *args, inductor=False, **options):

@@ -59,6 +59,19 @@ attention_out: f32[2, 4, 6, 8] = getitem(fa4_attention, 0)""")
 fa4_attention: (f32[2, 4, 6, 8], f32[2, 4, 6]) = fa4.attention(l_q_, l_k_, l_v_, scale=0.353553, causal=True, window_left=2)
 attention_out: f32[2, 4, 6, 8] = getitem(fa4_attention, 0)""")
 
+    def test_hf_sliding_window_mask(self):
+        """HF masking_utils: `new_ones(()) & (kv_idx > q_idx - W) & (kv_idx <= q_idx)` over arange positions."""
+        def fn(q, k, v):
+            q_idx = (torch.arange(q.shape[2]) + 0)[None, None, :, None]
+            kv_idx = (torch.arange(k.shape[2]) + 0)[None, None, None, :]
+            mask = q_idx.new_ones((), dtype=torch.bool) & (kv_idx > q_idx - 3) & (kv_idx <= q_idx)
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask.expand(q.shape[0], -1, -1, -1))
+
+        rec = self.check(fn, *inputs())
+        self.assertExpectedInline(rec.summary, """\
+fa4_attention: (f32[2, 4, 6, 8], f32[2, 4, 6]) = fa4.attention(l_q_, l_k_, l_v_, scale=0.353553, causal=True, window_left=2)
+attention_out: f32[2, 4, 6, 8] = getitem(fa4_attention, 0)""")
+
     def test_fallback_dropout(self):
         fn = lambda q, k, v: F.scaled_dot_product_attention(q, k, v, dropout_p=0.1)  # noqa: E731
         rec, _ = compile_and_record(fn, *inputs())

@@ -1,0 +1,114 @@
+"""Small HuggingFace transformers models built from a config (random weights, nothing downloaded).
+
+    tiny = hf.build("llama", "sdpa")          # any model type transformers knows, or a local config path
+    tiny.model(*tiny.inputs(), **tiny.kwargs())  # what `explain hf:llama` and tests/test_model_zoo.py run
+
+The config is the model type's default, shrunk (2 layers, hidden 64, 4 heads of 16, 2 KV heads where
+the model has GQA, sliding window 4 where it has one) so a CPU builds and runs it in a second.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+
+TINY = dict(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+            max_position_embeddings=64)
+# Set only where the default config has the attribute (None counts as absent: the feature is off).
+TINY_IF_PRESENT = dict(num_key_value_heads=2, head_dim=16, sliding_window=4, decoder_layers=2, encoder_layers=2,
+                       decoder_attention_heads=4, encoder_attention_heads=4, encoder_ffn_dim=128, decoder_ffn_dim=128,
+                       image_size=32, patch_size=8)
+TOKEN_IDS = ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id")
+
+
+@dataclass
+class Tiny:
+    """A built model, what its inputs look like, and how many attention layers one forward runs."""
+
+    model: torch.nn.Module
+    kind: str  # "causal-lm", "encoder", "vision", "seq2seq"
+    attention_layers: int
+
+    def inputs(self, batch: int = 2, seq: int = 12, padding: bool = False, generator=None) -> dict:
+        """Fresh random inputs; `padding` right-pads the encoder tokens to random lengths (at least 1)."""
+        config = self.model.config
+        if self.kind == "vision":
+            size = config.image_size
+            return {"pixel_values": torch.randn(batch, config.num_channels, size, size, generator=generator)}
+        kwargs = {"input_ids": torch.randint(0, config.vocab_size, (batch, seq), generator=generator)}
+        if padding:
+            lengths = torch.randint(1, seq + 1, (batch,), generator=generator)
+            lengths[0] = seq - 1  # at least one row is padded
+            kwargs["attention_mask"] = (torch.arange(seq)[None, :] < lengths[:, None]).long()
+        if self.kind == "seq2seq":
+            decoder_shape = (batch, max(seq - 4, 1))
+            kwargs["decoder_input_ids"] = torch.randint(0, config.vocab_size, decoder_shape, generator=generator)
+        return kwargs
+
+    def phases(self) -> list[tuple[str, dict]]:
+        """(name, inputs) of the forwards `explain` runs in order: prefill and decode through one StaticCache
+        for causal LMs; plain and right-padded inputs for text encoders."""
+        if self.kind == "causal-lm":
+            from transformers import StaticCache
+
+            cache = StaticCache(config=self.model.config, max_cache_len=32)
+            prompt, token = self.inputs(seq=12)["input_ids"], self.inputs(seq=1)["input_ids"]
+            return [("prefill", {"input_ids": prompt, "past_key_values": cache, "use_cache": True}),
+                    ("decode", {"input_ids": token, "past_key_values": cache, "use_cache": True})]
+        if self.kind == "vision":
+            return [("forward", self.inputs())]
+        return [("forward", self.inputs()), ("forward, right-padded", self.inputs(padding=True))]
+
+    def forward(self, **kwargs) -> torch.Tensor:
+        out = self.model(**kwargs)
+        return out.logits if hasattr(out, "logits") else out.last_hidden_state
+
+
+def _kind(config) -> str:
+    if getattr(config, "is_encoder_decoder", False):
+        return "seq2seq"
+    if hasattr(config, "image_size"):
+        return "vision"
+    architectures = " ".join(getattr(config, "architectures", None) or [])
+    if getattr(config, "is_decoder", False) or "CausalLM" in architectures or hasattr(config, "rope_parameters") \
+            or config.model_type in {"gpt2", "gpt_neox", "gptj", "opt", "bloom", "falcon"}:
+        return "causal-lm"
+    return "encoder"
+
+
+def tiny_config(name: str, attn_implementation: str = "sdpa"):
+    """The default config of model type `name` (or the config.json under a local path), shrunk."""
+    import transformers
+
+    if os.path.exists(name):
+        config = transformers.AutoConfig.from_pretrained(name)
+    else:
+        config = transformers.AutoConfig.for_model(name)
+    for key, v in TINY.items():
+        setattr(config, key, v)
+    for key, v in TINY_IF_PRESENT.items():
+        if getattr(config, key, None) is not None:
+            setattr(config, key, v)
+    for i, key in enumerate(TOKEN_IDS):
+        token = getattr(config, key, None)
+        if isinstance(token, int) and token >= config.vocab_size:
+            setattr(config, key, i)
+    config._attn_implementation = attn_implementation
+    return config
+
+
+def build(name: str, attn_implementation: str = "sdpa", seed: int = 0) -> Tiny:
+    """A tiny model of type `name` in eval mode; raises ValueError when the model has no such attention code."""
+    import transformers
+
+    config = tiny_config(name, attn_implementation)
+    kind = _kind(config)
+    auto = {"causal-lm": transformers.AutoModelForCausalLM}.get(kind, transformers.AutoModel)
+    torch.manual_seed(seed)
+    model = auto.from_config(config, attn_implementation=attn_implementation).eval()
+    layers = config.num_hidden_layers
+    if kind == "seq2seq":
+        layers = config.encoder_layers + 2 * config.decoder_layers  # decoder: self- and cross-attention
+    return Tiny(model, kind, layers)

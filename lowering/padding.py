@@ -1,0 +1,72 @@
+"""Key-padding masks from a run-time `attention_mask` -> `fa4::attention(..., seqused_k)`.
+
+masks.py recognizes a [B, Sk] tensor m of visible keys read as a mask over the scores (`keys` of a Band):
+
+    m.to(bool)[arange(B)[:, None, None, None], kv_positions]      HF masking_utils (then where / +)
+    (1.0 - m[:, None, None, :]) * finfo.min                       BERT-style extended masks
+
+Its values are data, so the graph cannot prove that m is right padding (1...1 0...0). The replacement
+computes seqused_k = m.sum(-1) and checks at run time, in the graph, that m is exactly that:
+
+    torch._assert_async((m == 0 | m == 1).all() & (m[:, 1:] <= m[:, :-1]).all() & (m[:, 0] == 1).all())
+
+The check is one small fused kernel (a device assert on CUDA, an exception on CPU): a left-padded or
+holed mask stops the program instead of giving a wrong answer. The first key must be visible, since
+an all-padding row means different things to eager (uniform weights over finfo.min scores) and to
+the kernel (zeros). Compile with `fa4_inductor.backend(padding=False)` to keep such masks as written.
+Queries at padded positions see the same keys as in eager (the mask only hides keys), so every
+output row matches, padded ones included.
+
+With a causal or window band (decoder LLMs: HF always builds `causal & padding`), seqused_k would move
+the bottom-right-aligned diagonal, so padding cannot be encoded; the mask is exact only when it hides
+none of the keys the band shows, i.e. an unpadded batch (HF generate's all-ones mask, padded in decode
+to the cache length). The replacement checks exactly that at run time:
+
+    torch._assert_async(((m != 0) | (arange(Sk)[None, :] >= seqused_k[:, None])).all())
+
+(`m != 0` everywhere when there is no cache), so a padded batch stops with a message naming
+`padding=False` instead of running with the wrong mask. Left padding is never expressible.
+"""
+
+from __future__ import annotations
+
+import operator
+
+import torch
+from torch.fx import Node
+
+from .masks import KeyMask
+from .spellings import value
+
+NOT_RIGHT_PADDING = ("fa4_inductor: the attention mask is not right padding (1...1 0...0 per row, first key visible); "
+                     "this graph was compiled for right-padded masks. "
+                     "Use fa4_inductor.backend(padding=False) for other masks.")
+
+
+def seqused_k(make, m: Node) -> Node:
+    """[B] int32 number of visible keys of the key mask m [B, Sk], after checking m is right padding."""
+    binary = make("all", make(operator.or_, make(operator.eq, m, 0), make(operator.eq, m, 1)))
+    rest = make(operator.getitem, m, (slice(None), slice(1, None)))
+    head = make(operator.getitem, m, (slice(None), slice(None, -1)))
+    descending = make("all", make(operator.le, rest, head))
+    first = make("all", make(operator.eq, make(operator.getitem, m, (slice(None), 0)), 1))
+    make(torch._assert_async, make(operator.and_, make(operator.and_, binary, descending), first), NOT_RIGHT_PADDING)
+    return make("sum", make(operator.ne, m, 0), -1, dtype=torch.int32, name="seqused_k")
+
+
+HIDES_VISIBLE_KEYS = ("fa4_inductor: the attention mask hides keys that the causal mask shows (a padded batch); "
+                      "this graph was compiled for unpadded input. "
+                      "Use fa4_inductor.backend(padding=False) for padded batches.")
+
+
+def check_hides_none(make, keys: KeyMask, seqused_k: Node | None) -> Node:
+    """Check that the key mask is nonzero at every key position in use: below seqused_k (+ the key offset), or all."""
+    m = keys.node
+    visible = make(operator.ne, m, 0)
+    if seqused_k is not None:
+        bound = seqused_k if keys.start is None else make(operator.add, seqused_k, keys.start)
+        positions = make(torch.arange, make("size", m, 1), device=value(m).device)
+        unused = make(operator.ge, make(operator.getitem, positions, (None, slice(None))),
+                      make(operator.getitem, bound, (slice(None), None)))
+        visible = make(operator.or_, visible, unused)
+    return make(torch._assert_async, make("all", visible), HIDES_VISIBLE_KEYS)

@@ -1,0 +1,183 @@
+"""KV-cache attention -> `fa4::attention(q, k_cache, v_cache, seqused_k)` (lowering/kv_cache.py): the cache
+position becomes seqused_k, the cache writes stay in place, K/V repetition is folded."""
+
+import expecttest
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from helpers import Recorder, compile_and_record
+
+B, HQ, HKV, CAPACITY, D = 2, 4, 2, 16, 16
+
+
+def caches():
+    return torch.randn(B, HKV, CAPACITY, D), torch.randn(B, HKV, CAPACITY, D)
+
+
+def new_tokens(sq):
+    return torch.randn(B, HQ, sq, D), torch.randn(B, HKV, sq, D), torch.randn(B, HKV, sq, D)
+
+
+def hf_static_cache_attention(q, k, v, k_cache, v_cache, offset):
+    """HF's StaticCache + masking_utils: positions `arange(Sq) + offset` (a 0-d tensor the cache advances in
+    place), `index_copy_` writes, a `kv_idx <= q_idx` mask over the whole cache, repeat_kv."""
+    sq, capacity = q.shape[2], k_cache.shape[2]
+    q_pos = torch.arange(sq) + offset
+    kv_pos = torch.arange(capacity)
+    mask = (kv_pos[None, None, None, :] <= q_pos[None, None, :, None]).expand(q.shape[0], -1, -1, -1)
+    k_cache.index_copy_(2, q_pos, k)
+    v_cache.index_copy_(2, q_pos, v)
+    offset.add_(sq)
+    group = q.shape[1] // k_cache.shape[1]
+    k_all = k_cache[:, :, None].expand(-1, -1, group, -1, -1).reshape(q.shape[0], -1, capacity, q.shape[-1])
+    v_all = v_cache[:, :, None].expand(-1, -1, group, -1, -1).reshape(q.shape[0], -1, capacity, q.shape[-1])
+    return F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=mask)
+
+
+class GptFastCachedAttention(nn.Module):
+    """gpt-fast: `k_cache[:, :, input_pos] = k`, a bool mask `causal_mask[None, None, input_pos]`, repeat_interleave."""
+
+    def __init__(self):
+        super().__init__()
+        k_cache, v_cache = caches()
+        self.register_buffer("k_cache", k_cache)
+        self.register_buffer("v_cache", v_cache)
+        self.register_buffer("causal_mask", torch.tril(torch.ones(CAPACITY, CAPACITY, dtype=torch.bool)))
+
+    def forward(self, q, k, v, input_pos):
+        mask = self.causal_mask[None, None, input_pos]
+        self.k_cache[:, :, input_pos] = k
+        self.v_cache[:, :, input_pos] = v
+        k_all = self.k_cache.repeat_interleave(HQ // HKV, dim=1)
+        v_all = self.v_cache.repeat_interleave(HQ // HKV, dim=1)
+        return F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=mask)
+
+
+class TestKvCache(expecttest.TestCase):
+    def test_hf_static_cache_decode(self):
+        k_cache, v_cache = caches()
+        q, k, v = new_tokens(1)
+        offset = torch.tensor(5)
+        expected = hf_static_cache_attention(q, k, v, k_cache.clone(), v_cache.clone(), offset.clone())
+        rec, out = compile_and_record(hf_static_cache_attention, q, k, v, k_cache, v_cache, offset)
+        torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+        self.assertEqual(int(offset), 6)
+        torch.testing.assert_close(k_cache[:, :, 5:6], k)  # the write happened, in place
+        self.assertExpectedInline(rec.summary, """\
+cache_start: i64[] = .clone(l_offset_)
+arange: i64[1] = arange(1)
+q_pos: i64[1] = add(arange, l_offset_)
+index_copy_: f32[2, 2, 16, 16] = .index_copy_(l_k_cache_, 2, q_pos, l_k_)
+index_copy__1: f32[2, 2, 16, 16] = .index_copy_(l_v_cache_, 2, q_pos, l_v_)
+add_: i64[] = .add_(l_offset_, 1)
+add_1: i64[] = add(cache_start, 1)
+to: i32[] = .to(add_1, int32)
+expand_3: i32[2] = .expand(to, 2)
+seqused_k: i32[2] = .contiguous(expand_3)
+fa4_attention: (f32[2, 4, 1, 16], f32[2, 4, 1]) = fa4.attention(l_q_, l_k_cache_, l_v_cache_, seqused_k, scale=0.25, causal=True)
+attention_out: f32[2, 4, 1, 16] = getitem(fa4_attention, 0)""")
+
+    def test_hf_static_cache_chunked_prefill(self):
+        """Several new tokens at a run-time offset: causal among them, bottom-right aligned at the offset."""
+        k_cache, v_cache = caches()
+        q, k, v = new_tokens(4)
+        expected = hf_static_cache_attention(q, k, v, k_cache.clone(), v_cache.clone(), torch.tensor(3))
+        rec, out = compile_and_record(hf_static_cache_attention, q, k, v, k_cache, v_cache, torch.tensor(3))
+        torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+        self.assertEqual(rec.count(), 1)
+        detail = rec.records[0].detail
+        self.assertIn("seqused_k=cache position + Sq, scale=0.25, causal=True); repeat_kv folded", detail)
+
+    def test_gpt_fast_decode(self):
+        module, reference = GptFastCachedAttention(), GptFastCachedAttention()
+        reference.load_state_dict(module.state_dict())
+        q, k, v = new_tokens(1)
+        pos = torch.tensor([7])
+        rec, out = compile_and_record(module, q, k, v, pos)
+        torch.testing.assert_close(out, reference(q, k, v, pos), atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(module.k_cache, reference.k_cache)
+        self.assertExpectedInline(rec.summary, """\
+cache_start: i64[] = getitem(l_input_pos_, 0)
+setitem: NoneType = setitem(l_self_buffers_k_cache_, (:, :, l_input_pos_), l_k_)
+setitem_1: NoneType = setitem(l_self_buffers_v_cache_, (:, :, l_input_pos_), l_v_)
+add: i64[] = add(cache_start, 1)
+to: i32[] = .to(add, int32)
+expand: i32[2] = .expand(to, 2)
+seqused_k: i32[2] = .contiguous(expand)
+fa4_attention: (f32[2, 4, 1, 16], f32[2, 4, 1]) = fa4.attention(l_q_, l_self_buffers_k_cache_, l_self_buffers_v_cache_, seqused_k, scale=0.25, causal=True)
+attention_out: f32[2, 4, 1, 16] = getitem(fa4_attention, 0)""")
+
+    def test_gpt_fast_prefill_checks_positions_are_consecutive(self):
+        module, reference = GptFastCachedAttention(), GptFastCachedAttention()
+        reference.load_state_dict(module.state_dict())
+        q, k, v = new_tokens(5)
+        rec, out = compile_and_record(module, q, k, v, torch.arange(5))
+        torch.testing.assert_close(out, reference(q, k, v, torch.arange(5)), atol=1e-5, rtol=1e-5)
+        self.assertExpectedInline(rec.summary, """\
+getitem_1: i64[4] = getitem(l_input_pos_, 1:)
+getitem_2: i64[4] = getitem(l_input_pos_, :-1)
+sub: i64[4] = sub(getitem_1, getitem_2)
+eq: b8[4] = eq(sub, 1)
+all_1: b8[] = .all(eq)
+_assert_async: NoneType = _assert_async(all_1, 'fa4_inductor: the query positions indexing the causal mask do not count up by one; this graph was compiled for consecutive cache positions.')
+cache_start: i64[] = getitem(l_input_pos_, 0)
+setitem: NoneType = setitem(l_self_buffers_k_cache_, (:, :, l_input_pos_), l_k_)
+setitem_1: NoneType = setitem(l_self_buffers_v_cache_, (:, :, l_input_pos_), l_v_)
+add: i64[] = add(cache_start, 5)
+to: i32[] = .to(add, int32)
+expand: i32[2] = .expand(to, 2)
+seqused_k: i32[2] = .contiguous(expand)
+fa4_attention: (f32[2, 4, 5, 16], f32[2, 4, 5]) = fa4.attention(l_q_, l_self_buffers_k_cache_, l_self_buffers_v_cache_, seqused_k, scale=0.25, causal=True)
+attention_out: f32[2, 4, 5, 16] = getitem(fa4_attention, 0)""")
+
+    def test_fallback_band_without_upper_bound_at_run_time_positions(self):
+        """`kv_idx >= q_idx - 2` alone lets a query see every later cache slot: no seqused_k expresses that."""
+        def fn(q, k_cache, v_cache, offset):
+            q_pos = torch.arange(q.shape[2]) + offset
+            kv_pos = torch.arange(k_cache.shape[2])
+            mask = kv_pos[None, None, None, :] >= q_pos[None, None, :, None] - 2
+            return F.scaled_dot_product_attention(q, k_cache, v_cache, attn_mask=mask)
+
+        k_cache, v_cache = torch.randn(B, HQ, CAPACITY, D), torch.randn(B, HQ, CAPACITY, D)
+        q = torch.randn(B, HQ, 1, D)
+        rec, out = compile_and_record(fn, q, k_cache, v_cache, torch.tensor(4))
+        torch.testing.assert_close(out, fn(q, k_cache, v_cache, torch.tensor(4)))
+        self.assertEqual(rec.count(), 0)
+        self.assertEqual(rec.reasons, ["a band with no upper bound over a KV cache (or at run-time positions): keys "
+                                       "past the last position are visible, which seqused_k cannot express"])
+
+
+def hf_sliding_window_cache_attention(q, k_cache, v_cache, q_start, kv_start):
+    """HF's sliding-window cache (window 4): the cache holds positions kv_start.. (ints), a window band over them."""
+    q_pos = (torch.arange(q.shape[2]) + q_start)[None, None, :, None]
+    kv_pos = (torch.arange(k_cache.shape[2]) + kv_start)[None, None, None, :]
+    mask = q_pos.new_ones((), dtype=torch.bool) & (kv_pos > q_pos - 4) & (kv_pos <= q_pos)
+    return F.scaled_dot_product_attention(q, k_cache, v_cache, attn_mask=mask)
+
+
+@pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
+def test_hf_sliding_window_cache_decode(dynamic):
+    """Positions as ints: burnt in (the band moves by a constant) or symbolic (a run-time shift)."""
+    k_cache, v_cache = torch.randn(B, HQ, 4, D), torch.randn(B, HQ, 4, D)
+    torch._dynamo.reset()
+    rec = Recorder()
+    compiled = torch.compile(hf_sliding_window_cache_attention, backend=rec, dynamic=dynamic)
+    for q_start, kv_start in ((9, 6), (2, 0), (12, 9)):
+        q = torch.randn(B, HQ, 1, D)
+        torch.testing.assert_close(compiled(q, k_cache, v_cache, q_start, kv_start),
+                                   hf_sliding_window_cache_attention(q, k_cache, v_cache, q_start, kv_start),
+                                   atol=1e-5, rtol=1e-5)
+    assert rec.count() == len(rec.graphs) and not rec.reasons
+    assert all("causal=True, window_left=3" in r.detail for r in rec.records)
+
+
+def test_gpt_fast_non_consecutive_positions_raise():
+    module = GptFastCachedAttention()
+    q, k, v = new_tokens(3)
+    torch._dynamo.reset()
+    compiled = torch.compile(module, backend=Recorder())
+    compiled(q, k, v, torch.tensor([0, 1, 2]))
+    with pytest.raises(RuntimeError, match="do not count up by one"):
+        compiled(q, k, v, torch.tensor([0, 2, 4]))

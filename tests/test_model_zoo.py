@@ -1,0 +1,338 @@
+"""Real models reach `fa4::attention`: HuggingFace transformers models built from tiny configs (random
+weights, `fa4_inductor.hf`), prefill and KV-cache decode, and a gpt-fast-style decoder with its KVCache.
+
+Each test counts the `fa4::attention` calls in the compiled graphs (every attention layer), and compares
+with eager in float32 (the graphs run the op's CPU reference). Padded inputs are right-padded; every
+output row is compared, padded ones included (the mask only hides keys, so they match eager too).
+"""
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from fa4_inductor import hf
+from helpers import Recorder
+
+DECODERS = ["llama", "mistral", "qwen2", "qwen3", "gemma2", "phi3", "gpt_neox", "gpt2"]
+ENCODERS = ["bert", "roberta", "vit", "bart"]  # bart: encoder, causal decoder, cross-attention
+IMPLEMENTATIONS = ["eager", "sdpa"]
+
+
+def tiny(name, attn_implementation):
+    pytest.importorskip("transformers")
+    try:
+        return hf.build(name, attn_implementation)
+    except ValueError as e:  # e.g. Gemma2 has no sdpa attention in some transformers versions
+        pytest.skip(str(e)[:120])
+
+
+def prefill_cases():
+    for name in DECODERS + ENCODERS:
+        for impl in IMPLEMENTATIONS:
+            yield pytest.param(name, impl, False, id=f"{name}-{impl}")
+            if name in ("bert", "roberta", "bart"):
+                yield pytest.param(name, impl, True, id=f"{name}-{impl}-padded")
+
+
+def compile_and_run(fn, kwargs, **options):
+    torch._dynamo.reset()
+    recorder = Recorder(**options)
+    with torch.no_grad():
+        got = torch.compile(fn, backend=recorder)(**kwargs)
+    return recorder, got
+
+
+@pytest.mark.parametrize("name, impl, padding", prefill_cases())
+def test_prefill_every_attention_layer_is_rewritten(name, impl, padding):
+    model = tiny(name, impl)
+    kwargs = model.inputs(padding=padding)
+    recorder, got = compile_and_run(model.forward, kwargs)
+    assert recorder.count() == model.attention_layers, [str(r) for r in recorder.records]
+    assert all(r.rewritten for r in recorder.records), [str(r) for r in recorder.records]
+    with torch.no_grad():
+        torch.testing.assert_close(got, model.forward(**kwargs), atol=1e-5, rtol=1e-5)
+
+
+def generate_with_static_cache(forward, model, prompt, steps, capacity=16, attention_mask=False):
+    """Logits of a prefill and of `steps` one-token decode steps through a StaticCache, and the cache.
+    `attention_mask`: pass the all-ones mask over the tokens so far, as `generate` does."""
+    from transformers import StaticCache
+
+    cache = StaticCache(config=model.config, max_cache_len=capacity)
+
+    def mask(length):
+        return {"attention_mask": torch.ones(prompt.shape[0], length, dtype=torch.long)} if attention_mask else {}
+
+    logits = [forward(input_ids=prompt, past_key_values=cache, use_cache=True, **mask(prompt.shape[1]))]
+    for t, token in enumerate(steps.unbind(1)):
+        logits.append(forward(input_ids=token[:, None], past_key_values=cache, use_cache=True,
+                              **mask(prompt.shape[1] + t + 1)))
+    return logits, cache
+
+
+@pytest.mark.parametrize("impl", IMPLEMENTATIONS)
+@pytest.mark.parametrize("name", DECODERS)
+def test_static_cache_decode_every_layer_is_rewritten(name, impl):
+    """Prefill, then decode past the sliding window (4) where there is one, with generate's all-ones
+    attention mask: two graphs, every layer rewritten."""
+    model = tiny(name, impl)
+    prompt, steps = torch.randint(0, 128, (2, 6)), torch.randint(0, 128, (2, 5))
+    torch._dynamo.reset()
+    recorder = Recorder()
+    with torch.no_grad():
+        compiled = torch.compile(model.forward, backend=recorder)
+        got, _ = generate_with_static_cache(compiled, model.model, prompt, steps, attention_mask=True)
+        expected, _ = generate_with_static_cache(model.forward, model.model, prompt, steps, attention_mask=True)
+    assert len(recorder.graphs) == 2, recorder.records  # prefill and decode, each compiled once
+    decode_calls = recorder.calls(recorder.graphs[1])
+    assert len(decode_calls) == model.attention_layers
+    assert all(n.args[3] is not None for n in decode_calls)  # seqused_k: the cache length
+    assert recorder.count() == 2 * model.attention_layers and not recorder.reasons, recorder.reasons
+    for g, e in zip(got, expected):
+        torch.testing.assert_close(g, e, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("attention_mask", [False, True], ids=["no-mask", "generate-mask"])
+def test_static_cache_decode_with_inductor_writes_the_cache_in_place(attention_mask):
+    """Compiled by Inductor (run-time checks included): decode logits and the cache contents match eager."""
+    model = tiny("llama", "sdpa")
+    prompt, steps = torch.randint(0, 128, (2, 5)), torch.randint(0, 128, (2, 3))
+    torch._dynamo.reset()
+    recorder = Recorder(inductor=True)
+    with torch.no_grad():
+        compiled = torch.compile(model.forward, backend=recorder)
+        got, cache = generate_with_static_cache(compiled, model.model, prompt, steps, attention_mask=attention_mask)
+        expected, expected_cache = generate_with_static_cache(model.forward, model.model, prompt, steps,
+                                                              attention_mask=attention_mask)
+    assert recorder.count() == 2 * model.attention_layers
+    for g, e in zip(got, expected):
+        torch.testing.assert_close(g, e, atol=1e-5, rtol=1e-5)
+    for layer, expected_layer in zip(cache.layers, expected_cache.layers):
+        torch.testing.assert_close(layer.keys, expected_layer.keys)
+        torch.testing.assert_close(layer.values, expected_layer.values)
+
+
+def test_padding_with_inductor_matches_eager():
+    model = tiny("bert", "sdpa")
+    kwargs = model.inputs(padding=True)
+    recorder, got = compile_and_run(model.forward, kwargs, inductor=True)
+    assert recorder.count() == model.attention_layers
+    with torch.no_grad():
+        torch.testing.assert_close(got, model.forward(**kwargs), atol=1e-5, rtol=1e-5)
+
+
+def test_left_padding_is_stopped_by_the_run_time_check():
+    """A graph compiled for right padding never silently runs a left-padded mask."""
+    model = tiny("bert", "eager")
+    kwargs = model.inputs(padding=True)
+    compiled_recorder, _ = compile_and_run(model.forward, kwargs)
+    assert compiled_recorder.count() == model.attention_layers
+    compiled = torch.compile(model.forward, backend=compiled_recorder)
+    kwargs["attention_mask"] = kwargs["attention_mask"].flip(-1)
+    with torch.no_grad(), pytest.raises(RuntimeError, match="not right padding"):
+        compiled(**kwargs)
+
+
+def test_padding_option_off_keeps_padding_masks():
+    model = tiny("bert", "sdpa")
+    recorder, _ = compile_and_run(model.forward, model.inputs(padding=True), padding=False)
+    assert recorder.count() == 0
+    assert set(recorder.reasons) == {"a run-time key-padding mask, and the padding option is off"}
+
+
+def test_decoder_padded_batch_is_stopped_by_the_run_time_check():
+    """Causal + padding: exact only when the mask hides no key the causal band shows, checked at run time."""
+    model = tiny("qwen2", "sdpa")
+    kwargs = model.inputs(padding=True)
+    unpadded = {**kwargs, "attention_mask": torch.ones_like(kwargs["attention_mask"])}
+    recorder, _ = compile_and_run(model.forward, unpadded)
+    assert recorder.count() == model.attention_layers
+    with torch.no_grad(), pytest.raises(RuntimeError, match="hides keys that the causal mask shows"):
+        torch.compile(model.forward, backend=recorder)(**kwargs)
+
+
+@pytest.mark.parametrize("name", ["llama", "mistral"])
+def test_no_recompile_across_batch_and_sequence_length(name):
+    """After the first dynamic compile (torch.compile's automatic dynamic shapes: the second shape seen),
+    new batch sizes, prompt lengths and cache positions reuse the prefill and the decode graph."""
+    model = tiny(name, "sdpa")
+    torch._dynamo.reset()
+    recorder = Recorder()
+    compiled = torch.compile(model.forward, backend=recorder)
+    compiled_graphs = []
+    with torch.no_grad():
+        for batch, length in ((2, 6), (3, 9), (4, 7), (5, 11)):  # batch 1 is specialized, as always
+            prompt, steps = torch.randint(0, 128, (batch, length)), torch.randint(0, 128, (batch, 3))
+            got, _ = generate_with_static_cache(compiled, model.model, prompt, steps)
+            expected, _ = generate_with_static_cache(model.forward, model.model, prompt, steps)
+            for g, e in zip(got, expected):
+                torch.testing.assert_close(g, e, atol=1e-5, rtol=1e-5)
+            compiled_graphs.append(len(recorder.graphs))
+    assert compiled_graphs == [2, 4, 4, 4]  # static prefill + decode, then dynamic prefill + decode
+    assert recorder.count() == 4 * model.attention_layers and not recorder.reasons, recorder.reasons
+
+
+# gpt-fast (pytorch-labs/gpt-fast model.py), its decode-relevant parts: a KVCache of static capacity
+# written by index, a causal-mask buffer indexed by input_pos, repeat_interleave and SDPA.
+class KVCache(nn.Module):
+    def __init__(self, batch, heads, capacity, head_dim):
+        super().__init__()
+        self.register_buffer("k_cache", torch.zeros(batch, heads, capacity, head_dim))
+        self.register_buffer("v_cache", torch.zeros(batch, heads, capacity, head_dim))
+
+    def update(self, input_pos, k_val, v_val):
+        k_out, v_out = self.k_cache, self.v_cache
+        k_out[:, :, input_pos] = k_val
+        v_out[:, :, input_pos] = v_val
+        return k_out, v_out
+
+
+class GptFastAttention(nn.Module):
+    def __init__(self, dim, n_head, n_local_heads, batch, capacity):
+        super().__init__()
+        self.head_dim, self.n_head, self.n_local_heads = dim // n_head, n_head, n_local_heads
+        self.wqkv = nn.Linear(dim, (n_head + 2 * n_local_heads) * self.head_dim, bias=False)
+        self.wo = nn.Linear(dim, dim, bias=False)
+        self.kv_cache = KVCache(batch, n_local_heads, capacity, self.head_dim)
+
+    def forward(self, x, mask, input_pos):
+        bsz, seqlen, _ = x.shape
+        kv_size = self.n_local_heads * self.head_dim
+        q, k, v = self.wqkv(x).split([self.n_head * self.head_dim, kv_size, kv_size], dim=-1)
+        q = q.view(bsz, seqlen, self.n_head, self.head_dim).transpose(1, 2)
+        k = k.view(bsz, seqlen, self.n_local_heads, self.head_dim).transpose(1, 2)
+        v = v.view(bsz, seqlen, self.n_local_heads, self.head_dim).transpose(1, 2)
+        k, v = self.kv_cache.update(input_pos, k, v)
+        k = k.repeat_interleave(self.n_head // self.n_local_heads, dim=1)
+        v = v.repeat_interleave(self.n_head // self.n_local_heads, dim=1)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=0.0)
+        return self.wo(y.transpose(1, 2).contiguous().view(bsz, seqlen, -1))
+
+
+class GptFastDecoder(nn.Module):
+    def __init__(self, dim=64, n_head=4, n_local_heads=2, layers=2, batch=2, capacity=32):
+        super().__init__()
+        self.layers = nn.ModuleList(GptFastAttention(dim, n_head, n_local_heads, batch, capacity)
+                                    for _ in range(layers))
+        self.register_buffer("causal_mask", torch.tril(torch.ones(capacity, capacity, dtype=torch.bool)))
+
+    def forward(self, x, input_pos):
+        mask = self.causal_mask[None, None, input_pos]
+        for layer in self.layers:
+            x = x + layer(x, mask, input_pos)
+        return x
+
+
+def gpt_fast_generate(model, prompt, steps):
+    """Outputs of a prefill at positions 0..P-1 and of one-token steps after it."""
+    p = prompt.shape[1]
+    outs = [model(prompt, torch.arange(p))]
+    for t, x in enumerate(steps.unbind(1)):
+        outs.append(model(x[:, None], torch.tensor([p + t])))
+    return outs
+
+
+@pytest.mark.parametrize("inductor", [False, True], ids=["rewrite", "inductor"])
+def test_gpt_fast_kv_cache_prefill_and_decode(inductor):
+    torch.manual_seed(0)
+    model, reference = GptFastDecoder(), GptFastDecoder()
+    reference.load_state_dict(model.state_dict())
+    prompt, steps = torch.randn(2, 7, 64), torch.randn(2, 4, 64)
+    torch._dynamo.reset()
+    recorder = Recorder(inductor=inductor)
+    with torch.no_grad():
+        got = gpt_fast_generate(torch.compile(model, backend=recorder), prompt, steps)
+        expected = gpt_fast_generate(reference, prompt, steps)
+    assert len(recorder.graphs) == 2  # prefill and decode
+    assert recorder.count() == 4 and not recorder.reasons, recorder.reasons
+    for g, e in zip(got, expected):
+        torch.testing.assert_close(g, e, atol=1e-5, rtol=1e-5)
+    for layer, ref in zip(model.layers, reference.layers):
+        torch.testing.assert_close(layer.kv_cache.k_cache, ref.kv_cache.k_cache, atol=1e-6, rtol=1e-6)
+
+
+def test_gpt_fast_non_consecutive_positions_are_stopped_by_the_run_time_check():
+    model = GptFastDecoder()
+    torch._dynamo.reset()
+    recorder = Recorder()
+    compiled = torch.compile(model, backend=recorder)
+    with torch.no_grad():
+        compiled(torch.randn(2, 4, 64), torch.arange(4))
+        with pytest.raises(RuntimeError, match="do not count up by one"):
+            compiled(torch.randn(2, 4, 64), torch.tensor([0, 1, 3, 4]))
+
+
+def test_explain_by_model_type(capsys):
+    from fa4_inductor.__main__ import main
+
+    pytest.importorskip("transformers")
+    torch._dynamo.reset()
+    assert main(["explain", "hf:qwen2"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "qwen2 (sdpa): Qwen2ForCausalLM, 2 attention layers per forward"
+    assert "prefill: 2/2 attention layers rewritten" in lines and "decode: 2/2 attention layers rewritten" in lines
+    assert sum("[rewritten] sdpa        model.model.layers.1.self_attn" in line for line in lines) == 2
+
+
+def test_generate_with_static_cache_precomputed_masks_fall_back_with_reason():
+    """`generate(cache_implementation="static")` builds the 4-D masks outside the compiled forward, so they
+    reach the graph as inputs whose values cannot be proven: those layers stay as written, with the reason."""
+    model = tiny("llama", "sdpa").model
+    model.generation_config.pad_token_id = 0
+    prompt = torch.randint(3, 128, (2, 6))
+    with torch.no_grad():
+        expected = model.generate(prompt, max_new_tokens=4, do_sample=False, cache_implementation="static")
+        torch._dynamo.reset()
+        recorder = Recorder()
+        model.forward = torch.compile(model.forward, backend=recorder)
+        got = model.generate(prompt, max_new_tokens=4, do_sample=False, cache_implementation="static")
+    assert torch.equal(got, expected)
+    assert recorder.reasons
+    assert all(r.startswith("mask not recognized: the mask is the graph input") for r in recorder.reasons)
+
+
+@pytest.mark.parametrize("impl", IMPLEMENTATIONS)
+def test_dynamic_true_compiles_once(impl):
+    """`dynamic=True` makes HF's float `scaling` attribute symbolic: it is specialized (guarded), not declined."""
+    model = tiny("llama", impl)
+    torch._dynamo.reset()
+    recorder = Recorder()
+    compiled = torch.compile(model.forward, backend=recorder, dynamic=True)
+    with torch.no_grad():
+        for batch, seq in ((2, 8), (3, 11), (4, 5)):
+            kwargs = model.inputs(batch=batch, seq=seq)
+            torch.testing.assert_close(compiled(**kwargs), model.forward(**kwargs), atol=1e-5, rtol=1e-5)
+    assert len(recorder.graphs) == 1 and recorder.count() == model.attention_layers and not recorder.reasons
+
+
+def test_explain_by_local_checkpoint_path(tmp_path, capsys):
+    """A local checkpoint directory: its config.json, shrunk like a model type's default config."""
+    from fa4_inductor.__main__ import main
+
+    transformers = pytest.importorskip("transformers")
+    transformers.AutoConfig.for_model("bert").save_pretrained(tmp_path)
+    torch._dynamo.reset()
+    assert main(["explain", str(tmp_path), "--attn", "eager"]) == 0
+    out = capsys.readouterr().out
+    assert "forward, right-padded: 2/2 attention layers rewritten" in out
+    assert "seqused_k=padding mask sum" in out
+
+
+def test_gpt_fast_no_recompile_across_prompt_lengths():
+    """Prefill recompiles once (automatic dynamic shapes), decode never: the position check is symbolic."""
+    torch.manual_seed(0)
+    model, reference = GptFastDecoder(), GptFastDecoder()
+    reference.load_state_dict(model.state_dict())
+    torch._dynamo.reset()
+    recorder = Recorder()
+    compiled = torch.compile(model, backend=recorder)
+    graphs = []
+    with torch.no_grad():
+        for length in (5, 7, 9, 6):
+            prompt, steps = torch.randn(2, length, 64), torch.randn(2, 3, 64)
+            for g, e in zip(gpt_fast_generate(compiled, prompt, steps), gpt_fast_generate(reference, prompt, steps)):
+                torch.testing.assert_close(g, e, atol=1e-5, rtol=1e-5)
+            graphs.append(len(recorder.graphs))
+    assert graphs == [2, 3, 3, 3]  # static prefill + decode, then one dynamic prefill
+    assert recorder.count() == 6 and not recorder.reasons

@@ -1,0 +1,105 @@
+"""Key-padding masks from a run-time `attention_mask` -> `fa4::attention(..., seqused_k=mask.sum(-1))` with an
+in-graph check that the mask is right padding (lowering/padding.py)."""
+
+import expecttest
+import pytest
+import torch
+import torch.nn.functional as F
+
+from helpers import Recorder, compile_and_record
+
+B, H, S, D = 3, 4, 8, 16
+
+
+def qkv():
+    return torch.randn(B, H, S, D), torch.randn(B, H, S, D), torch.randn(B, H, S, D)
+
+
+def right_padding(lengths=(8, 5, 1)):
+    return (torch.arange(S)[None, :] < torch.tensor(lengths)[:, None]).long()
+
+
+def hf_padding_mask_sdpa(q, k, v, attention_mask):
+    """HF masking_utils for a bidirectional encoder: `mask[batch_idx, kv_idx]` broadcast over queries."""
+    keep = attention_mask.to(torch.bool)
+    batch_idx = torch.arange(q.shape[0])[:, None, None, None]
+    kv_idx = torch.arange(k.shape[2])[None, None, None, :]
+    mask = keep[batch_idx, kv_idx].expand(-1, -1, q.shape[2], -1)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+
+def bert_extended_mask_handwritten(q, k, v, attention_mask):
+    """BERT-style `(1.0 - mask[:, None, None, :]) * finfo.min` added to hand-written scores."""
+    extended = (1.0 - attention_mask[:, None, None, :].to(q.dtype)) * torch.finfo(q.dtype).min
+    scores = q @ k.transpose(-2, -1) / q.shape[-1] ** 0.5 + extended
+    return scores.softmax(-1) @ v
+
+
+class TestPadding(expecttest.TestCase):
+    def check(self, fn, mask, **options):
+        q, k, v = qkv()
+        rec, out = compile_and_record(fn, q, k, v, mask, **options)
+        torch.testing.assert_close(out, fn(q, k, v, mask), atol=1e-5, rtol=1e-5)  # every row, padded ones too
+        return rec
+
+    def test_hf_padding_mask(self):
+        rec = self.check(hf_padding_mask_sdpa, right_padding())
+        self.assertExpectedInline(rec.summary, """\
+keep: b8[3, 8] = .to(l_attention_mask_, bool)
+eq: b8[3, 8] = eq(keep, 0)
+eq_1: b8[3, 8] = eq(keep, 1)
+or_: b8[3, 8] = or_(eq, eq_1)
+all_1: b8[] = .all(or_)
+getitem_3: b8[3, 7] = getitem(keep, (:, 1:))
+getitem_4: b8[3, 7] = getitem(keep, (:, :-1))
+le: b8[3, 7] = le(getitem_3, getitem_4)
+all_2: b8[] = .all(le)
+getitem_5: b8[3] = getitem(keep, (:, 0))
+eq_2: b8[3] = eq(getitem_5, 1)
+all_3: b8[] = .all(eq_2)
+and_: b8[] = and_(all_1, all_2)
+and__1: b8[] = and_(and_, all_3)
+_assert_async: NoneType = _assert_async(and__1, 'fa4_inductor: the attention mask is not right padding (1...1 0...0 per row, first key visible); this graph was compiled for right-padded masks. Use fa4_inductor.backend(padding=False) for other masks.')
+ne: b8[3, 8] = ne(keep, 0)
+seqused_k: i32[3] = .sum(ne, -1, dtype=int32)
+fa4_attention: (f32[3, 4, 8, 16], f32[3, 4, 8]) = fa4.attention(l_q_, l_k_, l_v_, seqused_k, scale=0.25)
+attention_out: f32[3, 4, 8, 16] = getitem(fa4_attention, 0)""")
+
+    def test_bert_extended_mask(self):
+        rec = self.check(bert_extended_mask_handwritten, right_padding())
+        self.assertEqual(rec.count(), 1)
+        self.assertIn("seqused_k=padding mask sum, scale=0.25)", rec.records[0].detail)
+
+    def test_masks_that_are_not_right_padding_raise(self):
+        q, k, v = qkv()
+        left, empty_row, not_binary = right_padding().flip(-1), right_padding((8, 5, 0)), right_padding() * 2
+        for fn, bad_masks in ((hf_padding_mask_sdpa, (left, empty_row)),
+                              (bert_extended_mask_handwritten, (left, empty_row, not_binary))):
+            torch._dynamo.reset()
+            compiled = torch.compile(fn, backend=Recorder())
+            compiled(q, k, v, right_padding())
+            for bad in bad_masks:
+                with pytest.raises(RuntimeError, match="not right padding"):
+                    compiled(q, k, v, bad)
+
+    def test_causal_with_unpadded_mask(self):
+        """`causal & padding` (HF decoders): exact when the mask hides nothing, which a run-time check asserts."""
+        def fn(q, k, v, attention_mask):
+            causal = torch.ones(S, S, dtype=torch.bool).tril()
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=causal & attention_mask.bool()[:, None, None, :])
+
+        rec = self.check(fn, torch.ones(B, S, dtype=torch.long))
+        self.assertExpectedInline(rec.summary, """\
+bool_1: b8[3, 8] = .bool(l_attention_mask_)
+ne: b8[3, 8] = ne(bool_1, 0)
+all_1: b8[] = .all(ne)
+_assert_async: NoneType = _assert_async(all_1, 'fa4_inductor: the attention mask hides keys that the causal mask shows (a padded batch); this graph was compiled for unpadded input. Use fa4_inductor.backend(padding=False) for padded batches.')
+fa4_attention: (f32[3, 4, 8, 16], f32[3, 4, 8]) = fa4.attention(l_q_, l_k_, l_v_, scale=0.25, causal=True)
+attention_out: f32[3, 4, 8, 16] = getitem(fa4_attention, 0)""")
+        compiled = torch.compile(fn, backend=Recorder())
+        with pytest.raises(RuntimeError, match="hides keys that the causal mask shows"):
+            compiled(*qkv(), right_padding())
+
+    def test_fallback_padding_option_off(self):
+        rec = self.check(hf_padding_mask_sdpa, right_padding(), padding=False)
+        self.assertEqual(rec.reasons, ["a run-time key-padding mask, and the padding option is off"])
