@@ -463,7 +463,10 @@ def rewrite_attention(gm: GraphModule, constants: dict, options, fake_mode) -> l
             call = matcher(node, constants)
             if call is None:
                 continue
-            if (isinstance(call.seqused_k, Node) or call.covering_mask is not None) and not options.padding:
+            if call.covering_mask is not None and not options.causal_padding:
+                raise Decline("a run-time padding mask on a causal band (rewritten only with "
+                              "backend(causal_padding=True), where a padded batch stops with an error)")
+            if isinstance(call.seqused_k, Node) and not options.padding:
                 raise Decline("a run-time key-padding mask, and the padding option is off")
             _fold_gqa(call, options.gqa)
             records.append(Record(family, where, True, emit(gm, call, fake_mode, shared), module_path(node)))

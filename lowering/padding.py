@@ -24,8 +24,10 @@ to the cache length). The replacement checks exactly that at run time:
 
     torch._assert_async(((m != 0) | (arange(Sk)[None, :] >= seqused_k[:, None])).all())
 
-(`m != 0` everywhere when there is no cache), so a padded batch stops with a message naming
-`padding=False` instead of running with the wrong mask. Left padding is never expressible.
+(`m != 0` everywhere when there is no cache), so a padded batch stops with a message instead of
+running with the wrong mask. Since that stops batches default torch.compile runs (and a device-side
+assert ends a CUDA process), this rewrite is opt-in: `backend(causal_padding=True)`; by default such
+layers keep their mask, with the reason recorded. Left padding is never expressible.
 """
 
 from __future__ import annotations
@@ -56,7 +58,7 @@ def seqused_k(make, m: Node) -> Node:
 
 HIDES_VISIBLE_KEYS = ("fa4_inductor: the attention mask hides keys that the causal mask shows (a padded batch); "
                       "this graph was compiled for unpadded input. "
-                      "Use fa4_inductor.backend(padding=False) for padded batches.")
+                      "Compile without fa4_inductor.backend(causal_padding=True) for padded batches.")
 
 
 def check_hides_none(make, keys: KeyMask, seqused_k: Node | None) -> Node:

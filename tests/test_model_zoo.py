@@ -75,11 +75,11 @@ def generate_with_static_cache(forward, model, prompt, steps, capacity=16, atten
 @pytest.mark.parametrize("name", DECODERS)
 def test_static_cache_decode_every_layer_is_rewritten(name, impl):
     """Prefill, then decode past the sliding window (4) where there is one, with generate's all-ones
-    attention mask: two graphs, every layer rewritten."""
+    attention mask (rewritten under causal_padding=True): two graphs, every layer rewritten."""
     model = tiny(name, impl)
     prompt, steps = torch.randint(0, 128, (2, 6)), torch.randint(0, 128, (2, 5))
     torch._dynamo.reset()
-    recorder = Recorder()
+    recorder = Recorder(causal_padding=True)
     with torch.no_grad():
         compiled = torch.compile(model.forward, backend=recorder)
         got, _ = generate_with_static_cache(compiled, model.model, prompt, steps, attention_mask=True)
@@ -99,7 +99,7 @@ def test_static_cache_decode_with_inductor_writes_the_cache_in_place(attention_m
     model = tiny("llama", "sdpa")
     prompt, steps = torch.randint(0, 128, (2, 5)), torch.randint(0, 128, (2, 3))
     torch._dynamo.reset()
-    recorder = Recorder(inductor=True)
+    recorder = Recorder(inductor=True, causal_padding=attention_mask)
     with torch.no_grad():
         compiled = torch.compile(model.forward, backend=recorder)
         got, cache = generate_with_static_cache(compiled, model.model, prompt, steps, attention_mask=attention_mask)
@@ -146,7 +146,9 @@ def test_decoder_padded_batch_is_stopped_by_the_run_time_check():
     model = tiny("qwen2", "sdpa")
     kwargs = model.inputs(padding=True)
     unpadded = {**kwargs, "attention_mask": torch.ones_like(kwargs["attention_mask"])}
-    recorder, _ = compile_and_run(model.forward, unpadded)
+    default, _ = compile_and_run(model.forward, unpadded)
+    assert default.count() == 0 and all("causal_padding=True" in r for r in default.reasons), default.reasons
+    recorder, _ = compile_and_run(model.forward, unpadded, causal_padding=True)
     assert recorder.count() == model.attention_layers
     with torch.no_grad(), pytest.raises(RuntimeError, match="hides keys that the causal mask shows"):
         torch.compile(model.forward, backend=recorder)(**kwargs)

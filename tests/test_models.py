@@ -90,22 +90,23 @@ def test_every_attention_layer_is_rewritten(name):
 
 
 def test_hf_left_padding_is_stopped_or_kept_with_reason():
-    """Causal + padding: rewritten with a run-time check that the mask hides nothing (it does here, so the
-    call stops); with padding=False the attention stays as written and the report says why."""
+    """Causal + padding: by default the attention stays as written and the report says why; opted in with
+    causal_padding=True, it is rewritten with a run-time check that the mask hides nothing (it does
+    here, so the call stops)."""
     model = hf_llama("eager")
     tokens = torch.randint(0, 128, (2, 10))
     padding = torch.ones(2, 10, dtype=torch.long)
     padding[1, :3] = 0
     torch._dynamo.reset()
     with torch.no_grad(), pytest.raises(RuntimeError, match="hides keys that the causal mask shows"):
-        torch.compile(model, backend=Recorder())(tokens, attention_mask=padding)
+        torch.compile(model, backend=Recorder(causal_padding=True))(tokens, attention_mask=padding)
     torch._dynamo.reset()
-    recorder = Recorder(padding=False)
+    recorder = Recorder()
     with torch.no_grad():
         got = torch.compile(model, backend=recorder)(tokens, attention_mask=padding)
         torch.testing.assert_close(got, model(tokens, attention_mask=padding))
     assert recorder.count() == 0
-    assert recorder.reasons == ["a run-time key-padding mask, and the padding option is off"] * 3, recorder.reasons
+    assert len(recorder.reasons) == 3 and all("causal_padding=True" in r for r in recorder.reasons), recorder.reasons
 
 
 @pytest.mark.parametrize("attention", ["eager", "sdpa"])

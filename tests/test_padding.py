@@ -88,15 +88,18 @@ attention_out: f32[3, 4, 8, 16] = getitem(fa4_attention, 0)""")
             causal = torch.ones(S, S, dtype=torch.bool).tril()
             return F.scaled_dot_product_attention(q, k, v, attn_mask=causal & attention_mask.bool()[:, None, None, :])
 
-        rec = self.check(fn, torch.ones(B, S, dtype=torch.long))
+        default = self.check(fn, torch.ones(B, S, dtype=torch.long))
+        self.assertEqual(default.count(), 0)
+        self.assertIn("causal_padding=True", default.reasons[0])
+        rec = self.check(fn, torch.ones(B, S, dtype=torch.long), causal_padding=True)
         self.assertExpectedInline(rec.summary, """\
 bool_1: b8[3, 8] = .bool(l_attention_mask_)
 ne: b8[3, 8] = ne(bool_1, 0)
 all_1: b8[] = .all(ne)
-_assert_async: NoneType = _assert_async(all_1, 'fa4_inductor: the attention mask hides keys that the causal mask shows (a padded batch); this graph was compiled for unpadded input. Use fa4_inductor.backend(padding=False) for padded batches.')
+_assert_async: NoneType = _assert_async(all_1, 'fa4_inductor: the attention mask hides keys that the causal mask shows (a padded batch); this graph was compiled for unpadded input. Compile without fa4_inductor.backend(causal_padding=True) for padded batches.')
 fa4_attention: (f32[3, 4, 8, 16], f32[3, 4, 8]) = fa4.attention(l_q_, l_k_, l_v_, scale=0.25, causal=True)
 attention_out: f32[3, 4, 8, 16] = getitem(fa4_attention, 0)""")
-        compiled = torch.compile(fn, backend=Recorder())
+        compiled = torch.compile(fn, backend=Recorder(causal_padding=True))
         with pytest.raises(RuntimeError, match="hides keys that the causal mask shows"):
             compiled(*qkv(), right_padding())
 
