@@ -27,7 +27,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from . import reference, sdpa_fallback, switches
+from . import layout, reference, sdpa_fallback, switches
 
 log = logging.getLogger("fa4_inductor.kernels")
 
@@ -104,8 +104,7 @@ def _check_inputs(q: Tensor, k: Tensor, v: Tensor, seqused_k: Optional[Tensor]) 
 
 
 def _empty_bshd(b, h, s, d, like: Tensor) -> Tensor:
-    """[b, h, s, d] tensor stored as [b, s, h, d]: the layout every fa4 attention output has."""
-    return like.new_empty((b, s, h, d)).transpose(1, 2)
+    return layout.empty_bhsd(b, h, s, d, dtype=like.dtype, device=like.device)
 
 
 def _forward_outputs(q: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:

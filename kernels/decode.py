@@ -43,7 +43,7 @@ from typing import NamedTuple, Optional
 import torch
 from torch import Tensor
 
-from . import switches
+from . import layout, switches
 
 DISABLE_ENV = switches.DISABLE_DECODE
 PDL_ENV = "FA4_INDUCTOR_DECODE_PDL"  # 0 launches the combine kernel without programmatic dependent launch
@@ -310,7 +310,7 @@ def forward(
     b, hq, sq, d = q.shape
     hkv, sk = k.shape[1], k.shape[2]
     group = hq // hkv
-    out = q.new_empty((b, sq, hq, d)).transpose(1, 2)
+    out = layout.empty_bhsd(b, hq, sq, d, dtype=q.dtype, device=q.device)
     lse = torch.empty((b, hq, sq), dtype=torch.float32, device=q.device)
     if out.numel() == 0:
         return out, lse

@@ -62,7 +62,7 @@ from torch import Tensor
 from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from . import reference, switches
+from . import layout, reference, switches
 
 log = logging.getLogger("fa4_inductor.kernels")
 
@@ -194,12 +194,6 @@ def _bshd(t: Tensor) -> Tensor:
         return t
     log.debug("fa4: copying a %s tensor with strides %s to an aligned layout", tuple(t.shape), t.stride())
     return t.clone(memory_format=torch.contiguous_format)
-
-
-def _empty_bshd(like: Tensor, zero: bool = False) -> Tensor:
-    """A [B, S, H, D] buffer for a gradient of the SDPA-layout [B, H, S, D] `like`."""
-    b, h, s, d = like.shape
-    return (torch.zeros if zero else torch.empty)((b, s, h, d), dtype=like.dtype, device=like.device)
 
 
 def _seqused(seqused_k: Optional[Tensor], device: torch.device) -> Optional[Tensor]:
@@ -342,11 +336,11 @@ def forward(
     """FA4 forward: (out [B, Hq, Sq, Dv] stored as [B, Sq, Hq, Dv], lse [B, Hq, Sq] float32)."""
     fa = _require()
     b, hq, sq, _ = q.shape
-    out = q.new_empty((b, sq, hq, v.shape[-1]))
+    out = layout.empty_bhsd(b, hq, sq, v.shape[-1], dtype=q.dtype, device=q.device)
     lse = q.new_empty((b, hq, sq), dtype=torch.float32)
-    qb, kb, vb, used = _bshd(q), _bshd(k), _bshd(v), _seqused(seqused_k, q.device)
+    qb, kb, vb, ob, used = _bshd(q), _bshd(k), _bshd(v), out.transpose(1, 2), _seqused(seqused_k, q.device)
     with _device_guard(q):
-        _launch_forward(fa, (qb, kb, vb, out, lse, used), (scale, causal, window_left, window_right, softcap),
+        _launch_forward(fa, (qb, kb, vb, ob, lse, used), (scale, causal, window_left, window_right, softcap),
                         lambda: fa._flash_attn_fwd(
                             qb, kb, vb,
                             seqused_k=used,
@@ -356,10 +350,10 @@ def forward(
                             window_size_left=_window(window_left),
                             window_size_right=_window(window_right),
                             return_lse=True,
-                            out=out,
+                            out=ob,
                             lse=lse,
                         ))
-    return out.transpose(1, 2), lse
+    return out, lse
 
 
 def backward(
@@ -382,14 +376,15 @@ def backward(
     fa = _require()
     flags = dict(scale=scale, causal=causal, window_left=window_left, window_right=window_right, softcap=softcap)
     # FA4 leaves dk / dv rows past seqused_k unwritten; the op's contract makes them zero.
-    grads = [_empty_bshd(t, zero=seqused_k is not None and t is not q) for t in (q, k, v)]
+    grads = [layout.empty_bhsd(*t.shape, dtype=t.dtype, device=t.device, zero=seqused_k is not None and t is not q)
+             for t in (q, k, v)]
     reason = _backward_unsupported_reason(fa._get_device_arch() // 10, q, v, softcap, grad_lse)
     if reason is not None:
         log.debug("fa4::attention_backward runs the reference: %s", reason)
         ref = reference.attention_backward(grad_out, q, k, v, out, lse, grad_lse, seqused_k=seqused_k, **flags)
         for g, r in zip(grads, ref):
-            g.copy_(r.transpose(1, 2))
-        return tuple(g.transpose(1, 2) for g in grads)
+            g.copy_(r)
+        return tuple(grads)
     with _device_guard(q):
         fa._flash_attn_bwd(
             _bshd(q), _bshd(k), _bshd(v), _bshd(out), _bshd(grad_out), lse.float().contiguous(),
@@ -399,12 +394,12 @@ def backward(
             window_size_left=_window(window_left),
             window_size_right=_window(window_right),
             seqused_k=_seqused(seqused_k, q.device),
-            dq=grads[0],
-            dk=grads[1],
-            dv=grads[2],
+            dq=grads[0].transpose(1, 2),
+            dk=grads[1].transpose(1, 2),
+            dv=grads[2].transpose(1, 2),
             dlse=None if grad_lse is None else grad_lse.float().contiguous(),
         )
-    return tuple(g.transpose(1, 2) for g in grads)
+    return tuple(grads)
 
 
 def warmup(

@@ -17,7 +17,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from . import reference
+from . import layout, reference
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 BIAS_ALIGN = 16  # the efficient kernel wants the bias's last dim padded to this many elements
@@ -62,6 +62,6 @@ def forward(q: Tensor, k: Tensor, v: Tensor, seqused_k: Optional[Tensor] = None,
         blind = ~keep[:, 0].any(-1)  # [B or 1, 1, Sq]: rows that see no key
         result = result.masked_fill(blind[..., None], 0.0)
         lse = lse.masked_fill(blind, float("-inf"))
-    out = q.new_empty((b, sq, hq, v.shape[-1])).transpose(1, 2)
+    out = layout.empty_bhsd(b, hq, sq, v.shape[-1], dtype=q.dtype, device=q.device)
     out.copy_(result)
     return out, lse.contiguous()

@@ -1,0 +1,16 @@
+"""The layout every fa4 attention output and gradient has: [B, H, S, D] tensors stored as [B, S, H, D]."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+def empty_bhsd(b, h, s, d, *, dtype: torch.dtype, device, zero: bool = False) -> Tensor:
+    """An uninitialized (or zero) [b, h, s, d] tensor with [b, s, h, d] storage, strides (s*h*d, d, h*d, 1).
+
+    Allocated with those strides rather than as a transposed view, so that a compiled graph that
+    returns it needs no view regeneration (AOTAutograd replays views of intermediates on every call).
+    Kernels that want [B, S, H, D] take `.transpose(1, 2)` of it."""
+    out = torch.empty_strided((b, h, s, d), (s * h * d, d, h * d, 1), dtype=dtype, device=device)
+    return out.zero_() if zero else out
