@@ -318,8 +318,7 @@ def forward(
         q = q.contiguous()
     if seqused_k is not None and seqused_k.shape != (b,):
         raise ValueError(f"seqused_k must have shape ({b},), got {tuple(seqused_k.shape)}")
-    if seqused_k is not None and (seqused_k.dtype != torch.int32 or not seqused_k.is_contiguous()):
-        seqused_k = seqused_k.to(torch.int32).contiguous()
+    seqused_k = layout.lengths_int32(seqused_k, q.device)
     device_index = q.device.index if q.device.index is not None else torch.cuda.current_device()
     if splits is None and os.environ.get(SPLITS_ENV):
         splits = int(os.environ[SPLITS_ENV])

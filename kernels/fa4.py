@@ -196,12 +196,6 @@ def _bshd(t: Tensor) -> Tensor:
     return t.clone(memory_format=torch.contiguous_format)
 
 
-def _seqused(seqused_k: Optional[Tensor], device: torch.device) -> Optional[Tensor]:
-    if seqused_k is None:
-        return None
-    return seqused_k.to(device=device, dtype=torch.int32).contiguous()
-
-
 class _Launch:
     """One recorded launch of a compiled FA4 kernel; `slots` says which argument is which of our tensors."""
 
@@ -338,7 +332,7 @@ def forward(
     b, hq, sq, _ = q.shape
     out = layout.empty_bhsd(b, hq, sq, v.shape[-1], dtype=q.dtype, device=q.device)
     lse = q.new_empty((b, hq, sq), dtype=torch.float32)
-    qb, kb, vb, ob, used = _bshd(q), _bshd(k), _bshd(v), out.transpose(1, 2), _seqused(seqused_k, q.device)
+    qb, kb, vb, ob, used = _bshd(q), _bshd(k), _bshd(v), out.transpose(1, 2), layout.lengths_int32(seqused_k, q.device)
     with _device_guard(q):
         _launch_forward(fa, (qb, kb, vb, ob, lse, used), (scale, causal, window_left, window_right, softcap),
                         lambda: fa._flash_attn_fwd(
@@ -393,7 +387,7 @@ def backward(
             softcap=max(softcap, 0.0),
             window_size_left=_window(window_left),
             window_size_right=_window(window_right),
-            seqused_k=_seqused(seqused_k, q.device),
+            seqused_k=layout.lengths_int32(seqused_k, q.device),
             dq=grads[0].transpose(1, 2),
             dk=grads[1].transpose(1, 2),
             dv=grads[2].transpose(1, 2),

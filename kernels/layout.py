@@ -14,3 +14,15 @@ def empty_bhsd(b, h, s, d, *, dtype: torch.dtype, device, zero: bool = False) ->
     Kernels that want [B, S, H, D] take `.transpose(1, 2)` of it."""
     out = torch.empty_strided((b, h, s, d), (s * h * d, d, h * d, 1), dtype=dtype, device=device)
     return out.zero_() if zero else out
+
+
+def lengths_int32(lengths: Tensor | None, device) -> Tensor | None:
+    """Per-sequence lengths (`seqused_k`) as a unit-stride int32 [B] tensor on `device`.
+
+    A graph often hands an expanded one (stride 0: one cache position for the whole batch), and a
+    size-1 tensor counts as contiguous whatever its stride, so `.contiguous()` alone keeps stride 0,
+    which kernels that index lengths[b] with a unit stride (FA4 asserts it) cannot take."""
+    if lengths is None:
+        return None
+    lengths = lengths.to(device=device, dtype=torch.int32)
+    return lengths if lengths.stride(-1) == 1 else lengths.clone(memory_format=torch.contiguous_format)

@@ -178,3 +178,12 @@ def test_device_kernels_fill_in_the_flags_a_caller_leaves_out():
     want_out, want_lse = torch.ops.fa4.attention(q, k, v, scale=0.5, softcap=3.0)
     torch.testing.assert_close(out, want_out)
     torch.testing.assert_close(lse, want_lse)
+
+
+@pytest.mark.parametrize("lengths", [torch.tensor([7]).expand(3), torch.tensor([5]), torch.arange(8)[::2]])
+def test_lengths_reach_kernels_with_unit_stride(lengths):
+    """seqused_k often arrives expanded from one cache position (stride 0); FA4 asserts stride 1."""
+    from fa4_inductor.kernels import layout
+
+    got = layout.lengths_int32(lengths, "cpu")
+    assert got.dtype == torch.int32 and got.stride() == (1,) and torch.equal(got, lengths.int())
