@@ -24,7 +24,7 @@ that get no key at run time (short sequences) write lse = -inf partials; the com
 FA4_INDUCTOR_DECODE_SPLITS=N fixes the split count for every call (for tuning the heuristic).
 
 Compilation: one main-kernel variant per (dtype, head_dim, group, causal, softcap on/off,
-seqused_k given, split or not, arch) and one combine variant per (dtype, head_dim, group, arch),
+seqused_k given, split or not, arch) and one combine variant per (dtype, head_dim, group, PDL on/off, arch),
 about a second each, kept in `_COMPILED` for the process. The combine kernel is launched as a
 programmatic dependent of the main kernel (Hopper PDL, overlapping its launch with the main
 kernel's tail; FA4_INDUCTOR_DECODE_PDL=0 turns that off). Batch, heads, Sq, Sk, strides and the

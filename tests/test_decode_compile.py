@@ -90,10 +90,11 @@ def test_num_splits_targets():
 
 
 def test_host_mirrors_the_kernel_tiling(cute_dsl):
-    from fa4_inductor.kernels.cute import decode_attention
+    from fa4_inductor.kernels.cute import decode_attention, decode_combine
 
     assert (decode.TILE_M, decode.TILE_N, decode.NUM_WARPS) == (
         decode_attention.TILE_M, decode_attention.TILE_N, decode_attention.NUM_WARPS)
+    assert decode.MAX_SPLITS == decode_combine.MAX_SPLITS
     for d in decode.HEAD_DIMS:
         assert decode.stages_for(d) == decode_attention.stages_for(d)
 
