@@ -28,6 +28,7 @@ import torch
 from torch import Tensor
 
 from . import layout, reference, sdpa_fallback, switches
+from .flags import SCHEMA as FLAGS_SCHEMA, Flags
 
 log = logging.getLogger("fa4_inductor.kernels")
 
@@ -128,37 +129,19 @@ def _reference_backward(grad_out, q, k, v, out, lse, grad_lse, seqused_k, **flag
     return grads
 
 
-FLAG_DEFAULTS = dict(causal=False, window_left=-1, window_right=-1, softcap=0.0)
-
-
 def _complete(flags: dict) -> dict:
     """Device kernels get only the flags a caller passed; the schema's defaults fill in the rest."""
-    return flags if len(flags) == 5 else {**FLAG_DEFAULTS, **flags}
+    return flags if len(flags) == len(Flags._fields) else Flags(**flags)._asdict()
 
-
-# Explicit schemas: `int`, not the inferred `SymInt`, for the window flags (they are compile-time constants).
-_FLAGS_SCHEMA = "float scale, " + ", ".join(
-    f"{type(default).__name__} {name}={default}" for name, default in FLAG_DEFAULTS.items())
 
 
 @torch.library.custom_op(
     "fa4::attention", mutates_args=(),
-    schema=f"(Tensor q, Tensor k, Tensor v, Tensor? seqused_k=None, *, {_FLAGS_SCHEMA}) -> (Tensor, Tensor)")
-def attention(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    seqused_k: Optional[Tensor] = None,
-    *,
-    scale: float,
-    causal: bool = False,
-    window_left: int = -1,
-    window_right: int = -1,
-    softcap: float = 0.0,
-) -> tuple[Tensor, Tensor]:
+    schema=f"(Tensor q, Tensor k, Tensor v, Tensor? seqused_k=None, *, {FLAGS_SCHEMA}) -> (Tensor, Tensor)")
+def attention(q: Tensor, k: Tensor, v: Tensor, seqused_k: Optional[Tensor] = None, **flags) -> tuple[Tensor, Tensor]:
+    """The flags are `flags.Flags` (scale, causal, window_left, window_right, softcap)."""
     _check_inputs(q, k, v, seqused_k)
-    return _reference_forward(q, k, v, seqused_k, scale=scale, causal=causal, window_left=window_left,
-                              window_right=window_right, softcap=softcap)
+    return _reference_forward(q, k, v, seqused_k, **_complete(flags))
 
 
 _ROUTES: dict = {}
@@ -214,7 +197,7 @@ def _backward_outputs(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, 
 @torch.library.custom_op(
     "fa4::attention_backward", mutates_args=(),
     schema="(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor? grad_lse=None, "
-           f"Tensor? seqused_k=None, *, {_FLAGS_SCHEMA}) -> (Tensor, Tensor, Tensor)")
+           f"Tensor? seqused_k=None, *, {FLAGS_SCHEMA}) -> (Tensor, Tensor, Tensor)")
 def attention_backward(
     grad_out: Tensor,
     q: Tensor,
@@ -224,19 +207,13 @@ def attention_backward(
     lse: Tensor,
     grad_lse: Optional[Tensor] = None,
     seqused_k: Optional[Tensor] = None,
-    *,
-    scale: float,
-    causal: bool = False,
-    window_left: int = -1,
-    window_right: int = -1,
-    softcap: float = 0.0,
+    **flags,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Gradients of `fa4::attention` with respect to q, k, v (same shapes, [B, S, H, D] storage).
 
     `grad_lse` is the gradient flowing into the forward's lse output (None when lse is unused)."""
     _check_inputs(q, k, v, seqused_k)
-    return _reference_backward(grad_out, q, k, v, out, lse, grad_lse, seqused_k, scale=scale, causal=causal,
-                               window_left=window_left, window_right=window_right, softcap=softcap)
+    return _reference_backward(grad_out, q, k, v, out, lse, grad_lse, seqused_k, **_complete(flags))
 
 
 @attention_backward.register_kernel("cuda")

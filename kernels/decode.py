@@ -44,6 +44,7 @@ import torch
 from torch import Tensor
 
 from . import layout, switches
+from .flags import Flags
 
 DISABLE_ENV = switches.DISABLE_DECODE
 PDL_ENV = "FA4_INDUCTOR_DECODE_PDL"  # 0 launches the combine kernel without programmatic dependent launch
@@ -64,22 +65,9 @@ _SMEM_PER_SM = 227 * 1024
 _LOG2_E = math.log2(math.e)
 
 
-def _disabled() -> bool:
-    return switches.is_on(DISABLE_ENV)
-
-
-@functools.cache
-def _capability(device_index: int) -> tuple[int, int]:
-    return torch.cuda.get_device_capability(device_index)
-
-
 @functools.cache
 def _num_sms(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
-
-
-def _dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
 
 
 def _kv_layout_reason(name: str, t: Tensor) -> str | None:
@@ -93,26 +81,13 @@ def _kv_layout_reason(name: str, t: Tensor) -> str | None:
     return None
 
 
-def unsupported_reason(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    *,
-    seqused_k: Optional[Tensor] = None,
-    scale: float,
-    causal: bool = False,
-    window_left: int = -1,
-    window_right: int = -1,
-    softcap: float = 0.0,
-) -> str | None:
+def unsupported_reason(q: Tensor, k: Tensor, v: Tensor, *, seqused_k: Optional[Tensor] = None, **flags) -> str | None:
     """Why the decode kernel cannot take this call, or None if it can (see the module docstring)."""
-    if _disabled():
-        return f"the decode kernel is disabled by {DISABLE_ENV}"
-    if q.device.type != "cuda":
-        return f"the decode kernel runs on CUDA, not {q.device.type}"
-    if q.dtype not in DTYPES:
-        return f"the decode kernel takes float16 / bfloat16, not {_dtype_name(q.dtype)}"
-    major, minor = _capability(q.device.index if q.device.index is not None else torch.cuda.current_device())
+    f = Flags(**flags)
+    reason = switches.gate("the decode kernel", DISABLE_ENV, q, DTYPES)
+    if reason is not None:
+        return reason
+    major, minor = switches.capability(q.device.index)
     if major != 9:
         return f"the decode kernel is built for sm90; this GPU is sm{major}{minor}"
     d, dv = q.shape[-1], v.shape[-1]
@@ -123,7 +98,7 @@ def unsupported_reason(
         return f"the decode kernel takes GQA groups up to {MAX_GROUP}; got {hq} query / {hkv} kv heads"
     if q.shape[2] > MAX_Q_LEN:
         return f"the decode kernel takes up to {MAX_Q_LEN} query tokens; got {q.shape[2]}"
-    if window_left >= 0 or window_right >= 0:
+    if f.window_left >= 0 or f.window_right >= 0:
         return "the decode kernel has no local window"
     if q.stride(-1) != 1 and q.shape[-1] > 1:
         return f"q has stride {q.stride(-1)} on the head dim (needs 1)"
@@ -201,7 +176,7 @@ def _arch(device: torch.device) -> str:
     override = os.environ.get("CUTE_DSL_ARCH")
     if override:
         return override
-    major, minor = _capability(device.index if device.index is not None else torch.cuda.current_device())
+    major, minor = switches.capability(device.index)
     return f"sm_{major}{minor}a"
 
 
@@ -290,22 +265,12 @@ def _pdl() -> bool:
     return os.environ.get(PDL_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
 
 
-def forward(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    seqused_k: Optional[Tensor] = None,
-    *,
-    scale: float,
-    causal: bool = False,
-    window_left: int = -1,
-    window_right: int = -1,
-    softcap: float = 0.0,
-    splits: Optional[int] = None,
-) -> tuple[Tensor, Tensor]:
+def forward(q: Tensor, k: Tensor, v: Tensor, seqused_k: Optional[Tensor] = None, *, splits: Optional[int] = None,
+            **flags) -> tuple[Tensor, Tensor]:
     """(out [B, Hq, Sq, D] stored as [B, Sq, Hq, D], lse [B, Hq, Sq] float32, natural log).
 
     `splits` overrides `num_splits` (tests and benchmarks); it must not depend on seqused_k."""
+    scale, causal, window_left, window_right, softcap = Flags(**flags)
     assert window_left < 0 and window_right < 0, "the decode kernel has no local window"
     b, hq, sq, d = q.shape
     hkv, sk = k.shape[1], k.shape[2]
@@ -438,33 +403,11 @@ def bench_decode(
 
 
 def _time(fn, graphs: bool) -> float:
+    """Median milliseconds of `fn` (Triton's do_bench, L2 flushed), replayed from a CUDA graph if `graphs`."""
+    from triton.testing import do_bench, do_bench_cudagraph
+
     fn()
     torch.cuda.synchronize()
     if graphs:
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            fn()
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            fn()
-        run = graph.replay
-    else:
-        run = fn
-    try:
-        from triton.testing import do_bench
-
-        return do_bench(run, warmup=25, rep=200, return_mode="median")
-    except ImportError:
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        for _ in range(10):
-            run()
-        times = []
-        for _ in range(50):
-            start.record()
-            run()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end))
-        return sorted(times)[len(times) // 2]
+        return do_bench_cudagraph(fn, rep=200, return_mode="median")
+    return do_bench(fn, warmup=25, rep=200, return_mode="median")

@@ -63,6 +63,7 @@ from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from . import layout, reference, switches
+from .flags import Flags
 
 log = logging.getLogger("fa4_inductor.kernels")
 
@@ -114,15 +115,6 @@ def _require():
     return interface
 
 
-@functools.cache
-def _capability(device_index: int) -> tuple[int, int]:
-    return torch.cuda.get_device_capability(device_index)
-
-
-def _disabled() -> bool:
-    return switches.is_on(DISABLE_ENV)
-
-
 def _head_dim_reason(major: int, d: int, dv: int) -> str | None:
     if d % 8 or dv % 8 or min(d, dv) < 8:
         return f"FA4 needs head dims that are multiples of 8 (>= 8); got ({d}, {dv})"
@@ -133,26 +125,12 @@ def _head_dim_reason(major: int, d: int, dv: int) -> str | None:
     return None
 
 
-def unsupported_reason(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    *,
-    seqused_k: Optional[Tensor] = None,
-    scale: float,
-    causal: bool = False,
-    window_left: int = -1,
-    window_right: int = -1,
-    softcap: float = 0.0,
-) -> str | None:
+def unsupported_reason(q: Tensor, k: Tensor, v: Tensor, *, seqused_k: Optional[Tensor] = None, **flags) -> str | None:
     """Why FA4 cannot take this call on this device, or None if it can (see the module docstring)."""
-    if _disabled():
-        return f"FA4 is disabled by {DISABLE_ENV}"
-    if q.device.type != "cuda":
-        return f"FA4 runs on CUDA, not {q.device.type}"
-    if q.dtype not in DTYPES:
-        return f"FA4 takes float16 / bfloat16, not {str(q.dtype).removeprefix('torch.')}"
-    major, minor = _capability(q.device.index)
+    reason = switches.gate("FA4", DISABLE_ENV, q, DTYPES)
+    if reason is not None:
+        return reason
+    major, minor = switches.capability(q.device.index)
     if major not in (9, 10):
         return f"FA4 is wired for sm90 / sm100; this GPU is sm{major}{minor}"
     reason = _head_dim_reason(major, q.shape[-1], v.shape[-1])
@@ -315,19 +293,9 @@ def _launch_forward(fa, tensors: tuple, flags: tuple, call) -> None:
         _LAUNCHES.popitem(last=False)
 
 
-def forward(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    seqused_k: Optional[Tensor] = None,
-    *,
-    scale: float,
-    causal: bool = False,
-    window_left: int = -1,
-    window_right: int = -1,
-    softcap: float = 0.0,
-) -> tuple[Tensor, Tensor]:
+def forward(q: Tensor, k: Tensor, v: Tensor, seqused_k: Optional[Tensor] = None, **flags) -> tuple[Tensor, Tensor]:
     """FA4 forward: (out [B, Hq, Sq, Dv] stored as [B, Sq, Hq, Dv], lse [B, Hq, Sq] float32)."""
+    scale, causal, window_left, window_right, softcap = Flags(**flags)
     fa = _require()
     b, hq, sq, _ = q.shape
     out = layout.empty_bhsd(b, hq, sq, v.shape[-1], dtype=q.dtype, device=q.device)
@@ -359,16 +327,12 @@ def backward(
     lse: Tensor,
     grad_lse: Optional[Tensor] = None,
     seqused_k: Optional[Tensor] = None,
-    *,
-    scale: float,
-    causal: bool = False,
-    window_left: int = -1,
-    window_right: int = -1,
-    softcap: float = 0.0,
+    **flags,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """FA4 backward: (dq, dk, dv) shaped like q, k, v, each stored as [B, S, H, D]."""
     fa = _require()
-    flags = dict(scale=scale, causal=causal, window_left=window_left, window_right=window_right, softcap=softcap)
+    flags = Flags(**flags)._asdict()
+    scale, causal, window_left, window_right, softcap = flags.values()
     # FA4 leaves dk / dv rows past seqused_k unwritten; the op's contract makes them zero.
     grads = [layout.empty_bhsd(*t.shape, dtype=t.dtype, device=t.device, zero=seqused_k is not None and t is not q)
              for t in (q, k, v)]

@@ -18,6 +18,7 @@ import torch
 from torch import Tensor
 
 from . import layout, reference
+from .flags import Flags
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 BIAS_ALIGN = 16  # the efficient kernel wants the bias's last dim padded to this many elements
@@ -43,9 +44,9 @@ def _bias(keep: Optional[Tensor], b: int, h: int, sq: int, sk: int, dtype: torch
     return bias[..., :sk].expand(b, h, sq, sk)
 
 
-def forward(q: Tensor, k: Tensor, v: Tensor, seqused_k: Optional[Tensor] = None, *, scale: float, causal: bool = False,
-            window_left: int = -1, window_right: int = -1, softcap: float = 0.0) -> tuple[Tensor, Tensor]:
+def forward(q: Tensor, k: Tensor, v: Tensor, seqused_k: Optional[Tensor] = None, **flags) -> tuple[Tensor, Tensor]:
     """(out [B, Hq, Sq, Dv] stored as [B, Sq, Hq, Dv], lse [B, Hq, Sq] float32)."""
+    scale, causal, window_left, window_right, softcap = Flags(**flags)
     reason = unsupported_reason(q, softcap)
     if reason is not None:
         raise ValueError(reason)

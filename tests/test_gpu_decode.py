@@ -15,6 +15,7 @@ import torch
 import fa4_inductor  # noqa: F401  (registers the ops)
 from fa4_inductor.kernels import attention as attention_op
 from fa4_inductor.kernels import decode, reference
+from gpu_helpers import assert_fa_rule, capture, eager
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
@@ -49,28 +50,6 @@ def flags(d, causal=False, softcap=0.0, scale=None):
                 softcap=softcap)
 
 
-def eager(q, k, v, seqused_k=None, *, scale, causal, window_left, window_right, softcap):
-    """The attention as plain PyTorch ops in q's dtype (PyTorch's own error for the FA rule)."""
-    keep = reference.allowed_keys(q.shape[2], k.shape[2], causal=causal, window_left=window_left,
-                                  window_right=window_right, seqused_k=seqused_k, device=q.device)
-    group = q.shape[1] // k.shape[1]
-    k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
-    s = q @ k.transpose(-1, -2) * scale
-    if softcap > 0:
-        s = softcap * torch.tanh(s / softcap)
-    if keep is not None:
-        s = s.masked_fill(~keep.squeeze(2), float("-inf"))
-    return torch.softmax(s, dim=-1).nan_to_num(0.0) @ v
-
-
-def assert_fa_rule(name, ours, ref, pt, softcap=0.0):
-    assert ours.isfinite().all(), f"{name} has non-finite values"
-    rtol, atol = (3.0, 1e-5) if softcap else (2.0, 1e-5)
-    err = (ours.double() - ref).abs().max().item()
-    pt_err = (pt.double() - ref).abs().max().item()
-    assert err <= rtol * pt_err + atol, f"{name}: error {err:.3g} > {rtol} x PyTorch's {pt_err:.3g} + {atol:.0e}"
-
-
 def check(q, k, v, seqused_k=None, splits=None, via_op=False, **fl):
     """Run the decode kernel (directly, or through fa4::attention asserting it dispatches to it)
     and compare out / lse with the float64 reference."""
@@ -88,7 +67,7 @@ def check(q, k, v, seqused_k=None, splits=None, via_op=False, **fl):
     ref_out, ref_lse = reference.attention_forward(q.double(), k.double().nan_to_num(0.0), v.double().nan_to_num(0.0),
                                                    seqused_k=seqused_k, **fl)
     k_clean, v_clean = k.nan_to_num(0.0), v.nan_to_num(0.0)
-    assert_fa_rule("out", out, ref_out, eager(q, k_clean, v_clean, seqused_k, **fl), fl["softcap"])
+    assert_fa_rule("out", out, ref_out, eager(q, k_clean, v_clean, seqused_k, **fl)[0], fl["softcap"])
     torch.testing.assert_close(lse.double(), ref_lse, rtol=0, atol=1e-3 + fl["softcap"] * 2 ** -9)
     return out, lse
 
@@ -202,14 +181,7 @@ def test_cuda_graph_replay_with_changing_cache_lengths(splits):
     def step():
         return decode.forward(q, k, v, used, splits=splits, **fl)
 
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        step()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        static_out, static_lse = step()
+    graph, (static_out, static_lse) = capture(step)
 
     for lengths in ([4096, 700, 1], [0, 4095, 2049], [33, 17, 4000]):
         for t, fresh in zip((q, k, v), make_inputs(b=3, hkv=2, group=4, sq=2, sk=4096, layout="bhsd")):
@@ -221,7 +193,7 @@ def test_cuda_graph_replay_with_changing_cache_lengths(splits):
         torch.testing.assert_close(static_out, out, rtol=0, atol=0)
         torch.testing.assert_close(static_lse, lse, rtol=0, atol=0)
         ref_out, ref_lse = reference.attention_forward(q.double(), k.double(), v.double(), seqused_k=used, **fl)
-        assert_fa_rule("out", static_out, ref_out, eager(q, k, v, used, **fl))
+        assert_fa_rule("out", static_out, ref_out, eager(q, k, v, used, **fl)[0])
         torch.testing.assert_close(static_lse.double(), ref_lse, rtol=0, atol=1e-3)
 
 

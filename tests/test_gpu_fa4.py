@@ -14,6 +14,7 @@ import torch.nn.functional as F
 import fa4_inductor  # noqa: F401  (registers the ops)
 from fa4_inductor.kernels import attention as attention_op
 from fa4_inductor.kernels import decode, fa4, reference
+from gpu_helpers import assert_fa_rule, capture, eager
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
@@ -47,20 +48,6 @@ def attention_flags(d, causal=False, window_left=-1, window_right=-1, softcap=0.
     return dict(scale=scale, causal=causal, window_left=window_left, window_right=window_right, softcap=softcap)
 
 
-def eager(q, k, v, seqused_k=None, *, scale, causal, window_left, window_right, softcap):
-    """The attention as plain PyTorch ops in q's dtype: (out, lse)."""
-    keep = reference.allowed_keys(q.shape[2], k.shape[2], causal=causal, window_left=window_left,
-                                  window_right=window_right, seqused_k=seqused_k, device=q.device)
-    group = q.shape[1] // k.shape[1]
-    k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
-    s = q @ k.transpose(-1, -2) * scale
-    if softcap > 0:
-        s = softcap * torch.tanh(s / softcap)
-    if keep is not None:
-        s = s.masked_fill(~keep.squeeze(2), float("-inf"))
-    return torch.softmax(s, dim=-1).nan_to_num(0.0) @ v, torch.logsumexp(s, dim=-1)
-
-
 def pytorch(q, k, v, seqused_k=None, **flags):
     """PyTorch's own attention: SDPA where it says the same thing (its causal mask is top-left, ours
     bottom-right: the same when Sq == Sk), else `eager`."""
@@ -72,14 +59,6 @@ def pytorch(q, k, v, seqused_k=None, **flags):
 
 def float64(*tensors):
     return [t.detach().double() for t in tensors]
-
-
-def assert_fa_rule(name, ours, ref, pt, softcap=0.0, grad=False):
-    assert ours.isfinite().all(), f"{name} has non-finite values"
-    rtol, atol = (3.0, 1e-5 + (3e-4 if grad else 0.0)) if softcap else (2.0, 1e-5)
-    err = (ours.double() - ref).abs().max().item()
-    pt_err = (pt.double() - ref).abs().max().item()
-    assert err <= rtol * pt_err + atol, f"{name}: error {err:.3g} > {rtol} x PyTorch's {pt_err:.3g} + {atol:.0e}"
 
 
 def assert_runs_fa4(q, k, v, seqused_k=None, **flags):
@@ -309,14 +288,7 @@ def test_cuda_graph_capture_and_replay():
         out, lse = ATTENTION(q, k, v, used, **flags)
         return (out, lse, *BACKWARD(dout, q, k, v, out, lse, None, used, **flags))
 
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        step()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        static = step()
+    graph, static = capture(step)
 
     for lengths in ([1024, 700], [300, 1024]):
         for t, fresh in zip((q, k, v, dout), (*qkv(sq=256, sk=1024, group=4), torch.randn_like(dout))):

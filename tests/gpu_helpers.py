@@ -1,0 +1,40 @@
+"""Helpers shared by the GPU-tier test modules: PyTorch's own attention, the FA rule, CUDA-graph capture."""
+
+import torch
+
+from fa4_inductor.kernels import reference
+
+
+def eager(q, k, v, seqused_k=None, *, scale, causal, window_left, window_right, softcap):
+    """The attention as plain PyTorch ops in q's dtype: (out, lse)."""
+    keep = reference.allowed_keys(q.shape[2], k.shape[2], causal=causal, window_left=window_left,
+                                  window_right=window_right, seqused_k=seqused_k, device=q.device)
+    group = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+    s = q @ k.transpose(-1, -2) * scale
+    if softcap > 0:
+        s = softcap * torch.tanh(s / softcap)
+    if keep is not None:
+        s = s.masked_fill(~keep.squeeze(2), float("-inf"))
+    return torch.softmax(s, dim=-1).nan_to_num(0.0) @ v, torch.logsumexp(s, dim=-1)
+
+
+def assert_fa_rule(name, ours, ref, pt, softcap=0.0, grad=False):
+    assert ours.isfinite().all(), f"{name} has non-finite values"
+    rtol, atol = (3.0, 1e-5 + (3e-4 if grad else 0.0)) if softcap else (2.0, 1e-5)
+    err = (ours.double() - ref).abs().max().item()
+    pt_err = (pt.double() - ref).abs().max().item()
+    assert err <= rtol * pt_err + atol, f"{name}: error {err:.3g} > {rtol} x PyTorch's {pt_err:.3g} + {atol:.0e}"
+
+
+def capture(step):
+    """(graph, static outputs) of `step` captured in a CUDA graph, after one warm-up run on a side stream."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static = step()
+    return graph, static
