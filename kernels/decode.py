@@ -10,7 +10,9 @@ What it takes (`unsupported_reason` says why not, otherwise):
   with a unit stride on D.
 Disable it with FA4_INDUCTOR_DISABLE_DECODE=1.
 
-When `fa4::attention` uses it (`dispatch_reason`): on top of the above, decode-shaped calls only:
+When `fa4::attention` uses it (`dispatch_reason`): only with FA4_INDUCTOR_DECODE=1 for now (its
+numerics have not yet been checked on a GPU; direct calls of `forward` are unaffected), and on top of
+the above, decode-shaped calls only:
 Sq * group <= DISPATCH_MAX_ROWS (16: one row tile, so each KV tile is read once) and
 Sk >= DISPATCH_MIN_SEQLEN_K (512: shorter caches are a few microseconds on any kernel). These are
 first guesses to be replaced by the measured crossover against FA4 / SDPA on the H200.
@@ -113,6 +115,9 @@ def unsupported_reason(q: Tensor, k: Tensor, v: Tensor, *, seqused_k: Optional[T
 
 def dispatch_reason(q: Tensor, k: Tensor, v: Tensor, **flags) -> str | None:
     """Why `fa4::attention` should not send this call to the decode kernel, or None if it should."""
+    if not switches.is_on(switches.ENABLE_DECODE_DISPATCH):
+        return (f"the decode kernel is not yet verified on a GPU; {switches.ENABLE_DECODE_DISPATCH}=1 "
+                "sends decode-shaped calls to it")
     reason = unsupported_reason(q, k, v, **flags)
     if reason is not None:
         return reason

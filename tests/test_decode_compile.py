@@ -105,7 +105,10 @@ def test_stages_fit_shared_memory():
         assert decode.ctas_per_sm(d) >= 1
 
 
-def test_declines_off_gpu():
+def test_declines_off_gpu(monkeypatch):
+    from fa4_inductor.kernels import switches
+
+    monkeypatch.setenv(switches.ENABLE_DECODE_DISPATCH, "1")
     q, k = torch.randn(1, 32, 1, 128), torch.randn(1, 8, 4096, 128)
     reason = decode.dispatch_reason(q, k, k, scale=0.1)
     assert reason is not None and "CUDA" in reason
@@ -121,3 +124,12 @@ def test_host_module_imports_no_cutlass():
     """`kernel_for` imports `decode` on every CUDA call: it must not pay cutlass's ~3 s import."""
     code = "import sys, fa4_inductor.kernels.decode; assert 'cutlass' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_dispatch_is_opt_in_until_verified_on_a_gpu(monkeypatch):
+    from fa4_inductor.kernels import switches
+
+    q = torch.randn(1, 4, 1, 128, dtype=torch.bfloat16)
+    k = torch.randn(1, 1, 4096, 128, dtype=torch.bfloat16)
+    monkeypatch.delenv(switches.ENABLE_DECODE_DISPATCH, raising=False)
+    assert switches.ENABLE_DECODE_DISPATCH in decode.dispatch_reason(q, k, k, scale=0.1)

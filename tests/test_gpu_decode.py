@@ -14,7 +14,7 @@ import torch
 
 import fa4_inductor  # noqa: F401  (registers the ops)
 from fa4_inductor.kernels import attention as attention_op
-from fa4_inductor.kernels import decode, reference
+from fa4_inductor.kernels import decode, reference, switches
 from gpu_helpers import assert_fa_rule, capture, eager
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
@@ -28,6 +28,7 @@ def sm90(monkeypatch):
     if major != 9:
         pytest.skip(f"the decode kernel is built for sm90, not sm{major}{minor}")
     monkeypatch.delenv(decode.DISABLE_ENV, raising=False)
+    monkeypatch.setenv(switches.ENABLE_DECODE_DISPATCH, "1")
     torch.manual_seed(0)
 
 
