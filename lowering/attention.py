@@ -330,8 +330,8 @@ def _strip_mask(node: Node, constants, scores_shape) -> tuple[Node, Band]:
 
 
 def _removable(node: Node) -> bool:
-    if node.op == "call_method":
-        return not node.target.endswith("_")
+    if node.op == "call_method":  # in-place methods end in one underscore; dunders (`__eq__`, torch 2.11) do not mutate
+        return not node.target.endswith("_") or node.target.endswith("__")
     return node.op == "call_function" and not node.is_impure() and node.target is not operator.setitem
 
 
