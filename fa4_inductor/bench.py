@@ -330,42 +330,70 @@ def decode_tokens_per_s(model, backend_name, prompt: int, steps: int, device, mo
     return (steps - warm) / elapsed, torch.stack(seen)
 
 
+def _attempt(what: str, fn):
+    """fn(), or None after printing why it failed: one broken measurement must not cost the others."""
+    try:
+        return fn()
+    except Exception as e:  # reported in the table and on stderr, never hidden
+        import traceback
+
+        print(f"  {what} failed: {type(e).__name__}: {e}", file=sys.stderr)
+        traceback.print_exc(file=sys.stderr)
+        return None
+
+
+def _ratio(base, ours, invert=False) -> str:
+    if base is None or ours is None:
+        return "n/a"
+    return f"{(ours / base if invert else base / ours):.2f}x"
+
+
 def e2e_suite(device="cuda", dtype=torch.bfloat16, seqlens=(2048, 8192), prompt=2048, steps=64,
-              model_overrides=None) -> list[Table]:
-    backends = ("default torch.compile", "fa4_inductor")
+              model_overrides=None):
+    """Yields the prefill table, then the decode table (each as soon as it is measured)."""
+    backends = {"default torch.compile": "inductor", "fa4_inductor": "fa4_inductor"}
+    models = {}
+    for attention in ("eager", "sdpa"):
+        torch.manual_seed(0)
+        models[attention] = llama(attention, device, dtype, **(model_overrides or {}))
+
     prefill = Table("Llama-1B-shaped HF model, prefill latency (ms, lower is better)",
                     ["attention code", "tokens", *backends, "speedup"],
                     note=f"{dtype}, batch 1, last-token logits (`logits_to_keep=1`, as `generate` runs prefill), "
                          "compiled with dynamic=True; median of 7 forwards.")
+    for attention, model in models.items():
+        times = {}
+        for name, backend in backends.items():
+            torch._dynamo.reset()
+            times[name] = _attempt(f"prefill {attention} {name}", lambda: prefill_ms(model, backend, seqlens, device))
+        for s in seqlens:
+            base, ours = (None if times[name] is None else times[name][s] for name in backends)
+            prefill.rows.append([attention, s, "failed" if base is None else base, "failed" if ours is None else ours,
+                                 _ratio(base, ours)])
+    yield prefill
+
     decode = Table("Llama-1B-shaped HF model, decode with a static cache (tokens/s, higher is better)",
                    ["attention code", "prompt", *backends, "speedup", "logits differ by (relative)"],
                    note=f"{dtype}, batch 1, greedy, the one-token step compiled with mode='reduce-overhead'; "
                         f"{steps} steps, first 3 excluded.")
-    for attention in ("eager", "sdpa"):
-        torch.manual_seed(0)
-        model = llama(attention, device, dtype, **(model_overrides or {}))
-        times = {}
-        for name in backends:
+    mode = "reduce-overhead" if device == "cuda" else "default"
+    for attention, model in models.items():
+        results = {}
+        for name, backend in backends.items():
             torch._dynamo.reset()
-            times[name] = prefill_ms(model, "fa4_inductor" if name == "fa4_inductor" else "inductor", seqlens, device)
-        for s in seqlens:
-            base, ours = times[backends[0]][s], times[backends[1]][s]
-            prefill.rows.append([attention, s, base, ours, f"{base / ours:.2f}x"])
-        rates, tokens = {}, {}
-        for name in backends:
-            torch._dynamo.reset()
-            rates[name], tokens[name] = decode_tokens_per_s(
-                model, "fa4_inductor" if name == "fa4_inductor" else "inductor", prompt, steps, device,
-                mode="reduce-overhead" if device == "cuda" else "default")
-        base, ours = tokens[backends[0]][:2], tokens[backends[1]][:2]  # before greedy choices can diverge
-        difference = ((ours - base).abs().max() / base.abs().max()).item()
-        decode.rows.append([attention, prompt, rates[backends[0]], rates[backends[1]],
-                            f"{rates[backends[1]] / rates[backends[0]]:.2f}x", f"{difference:.1e}"])
-        del model
-        torch._dynamo.reset()
-        if device == "cuda":
-            torch.cuda.empty_cache()
-    return [prefill, decode]
+            results[name] = _attempt(f"decode {attention} {name}",
+                                     lambda: decode_tokens_per_s(model, backend, prompt, steps, device, mode=mode))
+        (base_rate, base_logits), (rate, logits) = (results[name] or (None, None) for name in backends)
+        difference = "n/a"
+        if base_logits is not None and logits is not None:  # the first steps, before greedy choices can diverge
+            difference = f"{((logits[:2] - base_logits[:2]).abs().max() / base_logits[:2].abs().max()).item():.1e}"
+        decode.rows.append([attention, prompt, "failed" if base_rate is None else base_rate,
+                            "failed" if rate is None else rate, _ratio(base_rate, rate, invert=True), difference])
+    yield decode
+    models.clear()
+    torch._dynamo.reset()
+    if device == "cuda":
+        torch.cuda.empty_cache()
 
 
 # ------------------------------------------------------------------------------------------ output
@@ -433,7 +461,7 @@ def main(argv=None) -> int:
     for suite in suites:
         started = time.perf_counter()
         produced = {"op": op_suite, "overhead": overhead_suite, "decode": decode_suite, "e2e": e2e_suite}[suite]()
-        for table in produced if isinstance(produced, list) else [produced]:
+        for table in [produced] if isinstance(produced, Table) else produced:
             tables.append(table)
             print(table.markdown(), flush=True)
             if args.plot and suite == "op":

@@ -27,6 +27,7 @@ def test_e2e_suite_compiles_prefill_and_static_cache_decode():
     tiny = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                 num_key_value_heads=2, vocab_size=128, max_position_embeddings=256)
     prefill, decode = bench.e2e_suite("cpu", torch.float32, seqlens=(16,), prompt=8, steps=5, model_overrides=tiny)
+    assert "failed" not in prefill.markdown() + decode.markdown()
     assert [row[:2] for row in prefill.rows] == [["eager", 16], ["sdpa", 16]]
     assert [row[0] for row in decode.rows] == ["eager", "sdpa"]
     assert all(float(row[-1]) < 1e-4 for row in decode.rows), decode.rows
@@ -37,3 +38,17 @@ def test_bench_needs_a_gpu(capsys):
         return
     assert main(["bench", "--suite", "op"]) == 2
     assert "needs a CUDA GPU" in capsys.readouterr().err
+
+
+def test_a_failed_measurement_is_reported_not_fatal(monkeypatch, capsys):
+    tiny = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=4,
+                num_key_value_heads=2, vocab_size=128, max_position_embeddings=256)
+
+    def broken(*args, **kwargs):
+        raise AssertionError("seqused_k must be contiguous")
+
+    monkeypatch.setattr(bench, "decode_tokens_per_s", broken)
+    prefill, decode = bench.e2e_suite("cpu", torch.float32, seqlens=(16,), prompt=8, steps=5, model_overrides=tiny)
+    assert "failed" not in prefill.markdown()
+    assert decode.rows[0][2:5] == ["failed", "failed", "n/a"]
+    assert "seqused_k must be contiguous" in capsys.readouterr().err
