@@ -135,9 +135,14 @@ def _complete(flags: dict) -> dict:
 
 
 
-@torch.library.custom_op(
-    "fa4::attention", mutates_args=(),
-    schema=f"(Tensor q, Tensor k, Tensor v, Tensor? seqused_k=None, *, {FLAGS_SCHEMA}) -> (Tensor, Tensor)")
+# Defined with torch.library.Library rather than custom_op: custom_op wraps every device kernel in
+# Python layers (aliasing checks, a Dynamo-disable frame) that cost more host time than the launch.
+_LIB = torch.library.Library("fa4", "DEF")
+_LIB.define(f"attention(Tensor q, Tensor k, Tensor v, Tensor? seqused_k=None, *, {FLAGS_SCHEMA}) -> (Tensor, Tensor)")
+_LIB.define("attention_backward(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, "
+            f"Tensor? grad_lse=None, Tensor? seqused_k=None, *, {FLAGS_SCHEMA}) -> (Tensor, Tensor, Tensor)")
+
+
 def attention(q: Tensor, k: Tensor, v: Tensor, seqused_k: Optional[Tensor] = None, **flags) -> tuple[Tensor, Tensor]:
     """The flags are `flags.Flags` (scale, causal, window_left, window_right, softcap)."""
     _check_inputs(q, k, v, seqused_k)
@@ -167,7 +172,6 @@ def _route(q: Tensor, k: Tensor, v: Tensor, seqused_k: Optional[Tensor], flags: 
     return name
 
 
-@attention.register_kernel("cuda")
 def _attention_cuda(q, k, v, seqused_k=None, **flags):
     flags = _complete(flags)
     name = _route(q, k, v, seqused_k, flags)
@@ -184,7 +188,6 @@ def _attention_cuda(q, k, v, seqused_k=None, **flags):
     return _reference_forward(q, k, v, seqused_k, **flags)
 
 
-@attention.register_fake
 def _attention_fake(q, k, v, seqused_k=None, **flags):
     _check_inputs(q, k, v, seqused_k)
     return _forward_outputs(q, v)
@@ -194,10 +197,6 @@ def _backward_outputs(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, 
     return tuple(_empty_bshd(*t.shape[:2], t.shape[2], t.shape[3], t) for t in (q, k, v))
 
 
-@torch.library.custom_op(
-    "fa4::attention_backward", mutates_args=(),
-    schema="(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor? grad_lse=None, "
-           f"Tensor? seqused_k=None, *, {FLAGS_SCHEMA}) -> (Tensor, Tensor, Tensor)")
 def attention_backward(
     grad_out: Tensor,
     q: Tensor,
@@ -216,7 +215,6 @@ def attention_backward(
     return _reference_backward(grad_out, q, k, v, out, lse, grad_lse, seqused_k, **_complete(flags))
 
 
-@attention_backward.register_kernel("cuda")
 def _attention_backward_cuda(grad_out, q, k, v, out, lse, grad_lse=None, seqused_k=None, **flags):
     _check_inputs(q, k, v, seqused_k)
     flags = _complete(flags)
@@ -228,7 +226,6 @@ def _attention_backward_cuda(grad_out, q, k, v, out, lse, grad_lse=None, seqused
     return _reference_backward(grad_out, q, k, v, out, lse, grad_lse, seqused_k, **flags)
 
 
-@attention_backward.register_fake
 def _attention_backward_fake(grad_out, q, k, v, out, lse, grad_lse=None, seqused_k=None, **flags):
     _check_inputs(q, k, v, seqused_k)
     return _backward_outputs(q, k, v)
@@ -248,4 +245,10 @@ def _backward(ctx, grad_out, grad_lse):
     return dq, dk, dv, None
 
 
-attention.register_autograd(_backward, setup_context=_setup_context)
+_LIB.impl("attention", attention, "CompositeExplicitAutograd")
+_LIB.impl("attention", _attention_cuda, "CUDA")
+_LIB.impl("attention_backward", attention_backward, "CompositeExplicitAutograd")
+_LIB.impl("attention_backward", _attention_backward_cuda, "CUDA")
+torch.library.register_fake("fa4::attention", _attention_fake, lib=_LIB)
+torch.library.register_fake("fa4::attention_backward", _attention_backward_fake, lib=_LIB)
+torch.library.register_autograd("fa4::attention", _backward, setup_context=_setup_context, lib=_LIB)
