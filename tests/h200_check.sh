@@ -2,7 +2,7 @@
 # One pass over everything that needs the H200, in the order that matters, each step time-boxed so a
 # hang cannot eat the session's GPU time. Run from the repo root after `. /opt/fa4-env.sh`; logs and
 # tables go to $OUT (or ./h200-out). Record what it prints in docs/benchmarks.md.
-#   scripts/h200_check.sh [tests|bench|all]   (default all)
+#   tests/h200_check.sh [tests|bench|all]   (default all)
 set -uo pipefail
 OUT=${OUT:-h200-out}
 mkdir -p "$OUT"
