@@ -69,7 +69,7 @@ def kernel_for(q: Tensor, k: Tensor, v: Tensor, **flags) -> tuple[str, str]:
     decode_reason = decode.dispatch_reason(q, k, v, **flags)
     if decode_reason is None:
         return "decode", "decode-shaped: the split-KV decode kernel takes this call"
-    name, why = backward_kernel_for(q, k, v, **flags)
+    name, why = _fa4_or_reference(q, k, v, **flags)
     if name == "fa4":
         return name, f"FA4 takes this call ({decode_reason})"
     fallback_reason = sdpa_fallback.unsupported_reason(q, flags.get("softcap", 0.0))
@@ -81,6 +81,10 @@ def kernel_for(q: Tensor, k: Tensor, v: Tensor, **flags) -> tuple[str, str]:
 def backward_kernel_for(q: Tensor, k: Tensor, v: Tensor, **flags) -> tuple[str, str]:
     """(kernel name, why) for a backward call: "fa4" or "reference" (the decode kernel and the SDPA
     fallback have no backward)."""
+    return _fa4_or_reference(q, k, v, **flags)
+
+
+def _fa4_or_reference(q: Tensor, k: Tensor, v: Tensor, **flags) -> tuple[str, str]:
     if q.device.type != "cuda":
         return "reference", f"{q.device.type} runs the reference"
     from . import fa4
@@ -158,10 +162,7 @@ def _route(q: Tensor, k: Tensor, v: Tensor, seqused_k: Optional[Tensor], flags: 
     """`kernel_for`'s choice, remembered per call signature: everything it reads (shapes, strides,
     16-byte alignment, dtype, device, flags, the routing switches) is in the key. Decode steps call
     with one signature thousands of times; this keeps the checks off their host path."""
-    key = (q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype, q.device,
-           q.data_ptr() % 16, k.data_ptr() % 16, v.data_ptr() % 16,
-           None if seqused_k is None else (seqused_k.shape, seqused_k.dtype, seqused_k.device),
-           tuple(flags.values()), switches.routing_state())
+    key = (layout.describe(q, k, v, seqused_k), tuple(flags.values()), switches.routing_state())
     name = _ROUTES.get(key)
     if name is None:
         _check_inputs(q, k, v, seqused_k)

@@ -72,7 +72,7 @@ NO_REPLAY_ENV = switches.NO_REPLAY
 CACHE_ENABLED_ENV = "FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED"
 CACHE_DIR_ENV = "FLASH_ATTENTION_CUTE_DSL_CACHE_DIR"
 DTYPES = (torch.float16, torch.bfloat16)
-ALIGN_BYTES = 16
+ALIGN_BYTES = layout.ALIGN_BYTES
 
 
 def cache_dir() -> Path:
@@ -253,11 +253,6 @@ _LAUNCHES_MAX = 1024
 _RECORD_LOCK = threading.Lock()
 
 
-def _signature(tensors: tuple, flags: tuple) -> tuple:
-    return flags + tuple(None if t is None else (t.shape, t.stride(), t.dtype, t.device, t.data_ptr() % ALIGN_BYTES)
-                         for t in tensors)
-
-
 def _replay_enabled() -> bool:
     return not switches.is_on(NO_REPLAY_ENV)
 
@@ -267,7 +262,7 @@ def _launch_forward(fa, tensors: tuple, flags: tuple, call) -> None:
     if any(isinstance(t, FakeTensor) for t in tensors) or not _replay_enabled():
         call()
         return
-    key = _signature(tensors, flags)
+    key = flags + layout.describe(*tensors)
     launch = _LAUNCHES.get(key)
     if launch is not None:
         launch(tensors)

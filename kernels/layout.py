@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+ALIGN_BYTES = 16  # what our kernels and FA4 assume of a tensor's start and of its outer strides
+
 
 def empty_bhsd(b, h, s, d, *, dtype: torch.dtype, device, zero: bool = False) -> Tensor:
     """An uninitialized (or zero) [b, h, s, d] tensor with [b, s, h, d] storage, strides (s*h*d, d, h*d, 1).
@@ -26,3 +28,10 @@ def lengths_int32(lengths: Tensor | None, device) -> Tensor | None:
         return None
     lengths = lengths.to(device=device, dtype=torch.int32)
     return lengths if lengths.stride(-1) == 1 else lengths.clone(memory_format=torch.contiguous_format)
+
+
+def describe(*tensors: Tensor | None) -> tuple:
+    """What a kernel's choice and compilation can depend on, per tensor: shape, strides, dtype, device
+    and the start's 16-byte alignment (None stays None). Keys of the per-call-signature caches."""
+    return tuple(None if t is None else (t.shape, t.stride(), t.dtype, t.device, t.data_ptr() % ALIGN_BYTES)
+                 for t in tensors)
