@@ -14,8 +14,7 @@ Outputs: `out` [B, Hq, Sq, Dv] in q's dtype, stored as [B, Sq, Hq, Dv] (so the u
 log-sum-exp of each row (-inf for a row that sees no key), which the backward consumes.
 
 Kernels: CPU runs the float32/float64 reference. CUDA runs our split-KV decode kernel
-(`decode.py`) for decode-shaped calls (opt-in with FA4_INDUCTOR_DECODE=1 until it is verified on a
-GPU), FA4 (`fa4.py`) where it takes the call, else PyTorch's
+(`decode.py`) for decode-shaped calls, FA4 (`fa4.py`) where it takes the call, else PyTorch's
 memory-efficient SDPA kernel (`sdpa_fallback.py`, forward only), else the reference on the device;
 `kernel_for` says which and why (`backward_kernel_for` for the backward: FA4 or the reference).
 """

@@ -51,6 +51,7 @@ from .flags import Flags
 DISABLE_ENV = switches.DISABLE_DECODE
 PDL_ENV = "FA4_INDUCTOR_DECODE_PDL"  # 0 launches the combine kernel without programmatic dependent launch
 SPLITS_ENV = "FA4_INDUCTOR_DECODE_SPLITS"  # a fixed split count for every call (tuning experiments)
+SMEM_KB_ENV = "FA4_INDUCTOR_DECODE_SMEM_KB"  # a CTA's shared-memory budget, sets the ring depth (tuning)
 DTYPES = (torch.float16, torch.bfloat16)
 HEAD_DIMS = (64, 128, 256)
 MAX_GROUP = 16
@@ -115,24 +116,20 @@ def unsupported_reason(q: Tensor, k: Tensor, v: Tensor, *, seqused_k: Optional[T
 
 def dispatch_reason(q: Tensor, k: Tensor, v: Tensor, **flags) -> str | None:
     """Why `fa4::attention` should not send this call to the decode kernel, or None if it should."""
-    if not switches.is_on(switches.ENABLE_DECODE_DISPATCH):
-        return (f"the decode kernel is not yet verified on a GPU; {switches.ENABLE_DECODE_DISPATCH}=1 "
-                "sends decode-shaped calls to it")
-    reason = unsupported_reason(q, k, v, **flags)
-    if reason is not None:
-        return reason
     rows = q.shape[2] * (q.shape[1] // k.shape[1])
     if rows > DISPATCH_MAX_ROWS:
         return f"not decode-shaped: Sq * group = {rows} > {DISPATCH_MAX_ROWS}"
     if k.shape[2] < DISPATCH_MIN_SEQLEN_K:
         return f"not decode-shaped: Sk = {k.shape[2]} < {DISPATCH_MIN_SEQLEN_K}"
-    return None
+    return unsupported_reason(q, k, v, **flags)
 
 
 def stages_for(head_dim: int) -> int:
-    """Depth of each warp's K / V ring (mirrors `cute.decode_attention.stages_for`, no cutlass import)."""
+    """Depth of each warp's K / V ring: as deep as a CTA's shared-memory budget allows (SMEM_KB_ENV,
+    default 100 KB: two CTAs per SM on Hopper)."""
+    budget = int(os.environ.get(SMEM_KB_ENV) or 100) * 1024
     per_stage = NUM_WARPS * 2 * TILE_N * head_dim * 2
-    return max(2, min(8, (100 * 1024 - TILE_M * head_dim * 2) // per_stage))
+    return max(2, min(8, (budget - TILE_M * head_dim * 2) // per_stage))
 
 
 def ctas_per_sm(head_dim: int) -> int:
@@ -171,6 +168,7 @@ class _Key(NamedTuple):
     split: bool
     arch: str
     pdl: bool = False  # combine kernel: programmatic dependent launch
+    stages: int = 0  # main kernel: K / V ring depth per warp
 
 
 _COMPILED: dict[_Key, object] = {}
@@ -233,7 +231,7 @@ def _compile(key: _Key):
 
     from .cute.decode_attention import DecodeAttentionSm90
 
-    kernel = DecodeAttentionSm90(dt, d, key.group, key.causal, key.softcap, key.seqused, key.split)
+    kernel = DecodeAttentionSm90(dt, d, key.group, key.causal, key.softcap, key.seqused, key.split, key.stages)
     align = ALIGN_BYTES // 2
     used = cute.runtime.make_fake_compact_tensor(Int32, (cute.sym_int(),)) if key.seqused else None
     o_part, lse_part = partials() if key.split else (None, None)
@@ -261,7 +259,8 @@ def compiled(key: _Key):
 def _keys(q: Tensor, k: Tensor, seqused_k: Optional[Tensor], causal: bool, softcap: float, split: bool):
     group = q.shape[1] // k.shape[1]
     common = dict(dtype=q.dtype, head_dim=q.shape[-1], group=group, arch=_arch(q.device))
-    main = _Key("main", causal=bool(causal), softcap=softcap > 0, seqused=seqused_k is not None, split=split, **common)
+    main = _Key("main", causal=bool(causal), softcap=softcap > 0, seqused=seqused_k is not None, split=split,
+                stages=stages_for(q.shape[-1]), **common)
     combine = _Key("combine", causal=False, softcap=False, seqused=False, split=True, pdl=_pdl(), **common)
     return main, combine
 
@@ -338,7 +337,8 @@ def warmup(
     for c in ((False, True) if causal is None else (bool(causal),)):
         for used in ((False, True) if seqused_k is None else (bool(seqused_k),)):
             for split in (False, True):
-                compiled(_Key("main", dtype, head_dim, group, c, bool(softcap), used, split, arch))
+                compiled(_Key("main", dtype, head_dim, group, c, bool(softcap), used, split, arch,
+                              stages=stages_for(head_dim)))
     compiled(_Key("combine", dtype, head_dim, group, False, False, False, True, arch, _pdl()))
     return len(_COMPILED) - before
 
@@ -387,6 +387,11 @@ def bench_decode(
             q, k, v, is_causal=is_causal, scale=scale, enable_gqa=True)
 
     fns = {"decode": ours, "sdpa": sdpa}
+    if seqused:
+        # What an exact SDPA call needs for per-sequence lengths: a key mask over the whole cache.
+        key_mask = (torch.arange(sk, device=device) < used[:, None])[:, None, None, :]
+        fns["sdpa_mask"] = lambda: torch.nn.functional.scaled_dot_product_attention(
+            q, k, v, attn_mask=key_mask, scale=scale, enable_gqa=True)
     try:
         from . import fa4
 

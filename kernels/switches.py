@@ -8,9 +8,8 @@ import os
 
 DISABLE_FA4 = "FA4_INDUCTOR_DISABLE_FA4"
 DISABLE_DECODE = "FA4_INDUCTOR_DISABLE_DECODE"
-ENABLE_DECODE_DISPATCH = "FA4_INDUCTOR_DECODE"  # opt-in until the decode kernel is verified on the H200
 NO_REPLAY = "FA4_INDUCTOR_NO_REPLAY"
-ROUTING = (DISABLE_FA4, DISABLE_DECODE, ENABLE_DECODE_DISPATCH)  # the switches that change which kernel a call gets
+ROUTING = (DISABLE_FA4, DISABLE_DECODE)  # the switches that change which kernel a call gets
 
 
 def is_on(name: str) -> bool:

@@ -38,7 +38,7 @@ MAIN_VARIANTS = [
 
 @pytest.mark.parametrize("variant", MAIN_VARIANTS, ids=lambda v: "-".join(map(str, v)).replace("torch.", ""))
 def test_main_kernel_compiles(cute_dsl, variant):
-    key = decode._Key("main", *variant, ARCH)
+    key = decode._Key("main", *variant, ARCH, stages=decode.stages_for(variant[1]))
     assert callable(decode.compiled(key))
     assert decode.compiled(key) is decode.compiled(key)  # the explicit cache holds it
 
@@ -95,20 +95,21 @@ def test_host_mirrors_the_kernel_tiling(cute_dsl):
     assert (decode.TILE_M, decode.TILE_N, decode.NUM_WARPS) == (
         decode_attention.TILE_M, decode_attention.TILE_N, decode_attention.NUM_WARPS)
     assert decode.MAX_SPLITS == decode_combine.MAX_SPLITS
-    for d in decode.HEAD_DIMS:
-        assert decode.stages_for(d) == decode_attention.stages_for(d)
 
 
-def test_stages_fit_shared_memory():
+def test_stages_fit_shared_memory(monkeypatch):
     for d in decode.HEAD_DIMS:
         assert decode.stages_for(d) >= 2
         assert decode.ctas_per_sm(d) >= 1
+    monkeypatch.setenv(decode.SMEM_KB_ENV, "72")  # the tuning knob: shallower rings, more CTAs per SM
+    assert (decode.stages_for(128), decode.ctas_per_sm(128)) == (2, 3)
+    monkeypatch.setenv(decode.SMEM_KB_ENV, "160")
+    assert (decode.stages_for(128), decode.ctas_per_sm(128)) == (4, 1)
 
 
 def test_declines_off_gpu(monkeypatch):
     from fa4_inductor.kernels import switches
 
-    monkeypatch.setenv(switches.ENABLE_DECODE_DISPATCH, "1")
     q, k = torch.randn(1, 32, 1, 128), torch.randn(1, 8, 4096, 128)
     reason = decode.dispatch_reason(q, k, k, scale=0.1)
     assert reason is not None and "CUDA" in reason
@@ -126,10 +127,14 @@ def test_host_module_imports_no_cutlass():
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
-def test_dispatch_is_opt_in_until_verified_on_a_gpu(monkeypatch):
-    from fa4_inductor.kernels import switches
-
-    q = torch.randn(1, 4, 1, 128, dtype=torch.bfloat16)
-    k = torch.randn(1, 1, 4096, 128, dtype=torch.bfloat16)
-    monkeypatch.delenv(switches.ENABLE_DECODE_DISPATCH, raising=False)
-    assert switches.ENABLE_DECODE_DISPATCH in decode.dispatch_reason(q, k, k, scale=0.1)
+@pytest.mark.parametrize("sq, group, sk, why", [
+    (1, 4, 4096, "runs on CUDA"),  # decode-shaped: only the device stops it here
+    (4, 4, 4096, "runs on CUDA"),
+    (8, 4, 4096, "Sq * group = 32"),  # two row tiles would read each KV tile twice: FA4's job
+    (1, 32, 4096, "Sq * group = 32"),
+    (1, 4, decode.DISPATCH_MIN_SEQLEN_K - 1, "Sk ="),
+])
+def test_dispatch_takes_decode_shaped_calls(sq, group, sk, why):
+    q = torch.randn(1, group, sq, 128, dtype=torch.bfloat16)
+    k = torch.randn(1, 1, sk, 128, dtype=torch.bfloat16)
+    assert why in decode.dispatch_reason(q, k, k, scale=0.1)

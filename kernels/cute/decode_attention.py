@@ -40,13 +40,6 @@ LN_2 = math.log(2.0)
 TILE_M = 16  # packed query rows per CTA (one m16n8k16 row block)
 TILE_N = 16  # keys per warp tile
 NUM_WARPS = 4
-_SMEM_BUDGET = 100 * 1024  # two CTAs per SM on Hopper (227 KB usable)
-
-
-def stages_for(head_dim: int) -> int:
-    """Ring depth per warp: as deep as the budget allows (>= 2: the merge reuses the K ring)."""
-    per_stage = NUM_WARPS * 2 * TILE_N * head_dim * 2  # K and V, 2-byte elements
-    return max(2, min(8, (_SMEM_BUDGET - TILE_M * head_dim * 2) // per_stage))
 
 
 def _mn_view(t: cute.Tensor) -> cute.Tensor:
@@ -82,7 +75,8 @@ def _quad_sum(x: Float32) -> Float32:
 
 class DecodeAttentionSm90:
     """One compiled variant per (dtype, head_dim, group, causal, softcap on/off, seqused_k given,
-    split or not); everything else (batch, heads, Sq, Sk, strides, split count) is a runtime value.
+    split or not, ring depth `stages` >= 2: the merge reuses the K ring); everything else (batch,
+    heads, Sq, Sk, strides, split count) is a runtime value.
 
     Call: (mQ, mK, mV, mSeqused, mO, mLSE, mOpart, mLSEpart, scale_log2, softcap_in, softcap_out,
     stream). mO [B, Hq, Sq, D] (any strides, unit on D) and mLSE [B, Hq, Sq] fp32 are written when
@@ -91,8 +85,9 @@ class DecodeAttentionSm90:
     """
 
     def __init__(self, dtype, head_dim: int, group: int, causal: bool, has_softcap: bool,
-                 has_seqused: bool, split: bool):
+                 has_seqused: bool, split: bool, stages: int):
         assert head_dim in (64, 128, 256), head_dim
+        assert stages >= 2, stages
         self.dtype = dtype
         self.head_dim = head_dim
         self.group = group
@@ -100,7 +95,7 @@ class DecodeAttentionSm90:
         self.has_softcap = has_softcap
         self.has_seqused = has_seqused
         self.split = split
-        self.stages = stages_for(head_dim)
+        self.stages = stages
         self.num_threads = 32 * NUM_WARPS
 
     @cute.jit
