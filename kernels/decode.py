@@ -10,18 +10,22 @@ What it takes (`unsupported_reason` says why not, otherwise):
   with a unit stride on D.
 Disable it with FA4_INDUCTOR_DISABLE_DECODE=1.
 
-When `fa4::attention` uses it (`dispatch_reason`): only with FA4_INDUCTOR_DECODE=1 for now (its
-numerics have not yet been checked on a GPU; direct calls of `forward` are unaffected), and on top of
-the above, decode-shaped calls only:
+When `fa4::attention` uses it (`dispatch_reason`): decode-shaped calls that the above allows,
 Sq * group <= DISPATCH_MAX_ROWS (16: one row tile, so each KV tile is read once) and
-Sk >= DISPATCH_MIN_SEQLEN_K (512: shorter caches are a few microseconds on any kernel). These are
-first guesses to be replaced by the measured crossover against FA4 / SDPA on the H200.
+Sk >= DISPATCH_MIN_SEQLEN_K (512). Measured on the H200 (docs/benchmarks.md, 2026-11-29 session 3):
+it beats FA4 (the op's other kernel for these calls) on every benchmarked shape, b1-b64 x 1k-128k
+keys, by up to 10x at batch 1 (FA4 has no split-KV on Hopper); it is 0-10% behind SDPA with
+`enable_gqa` on fixed-length caches, which SDPA serves only without per-sequence lengths (HF
+static caches always pass them, as `seqused_k`).
 
 Split count (`num_splits`): a host function of shapes only (batch, KV heads, row tiles, the
 maximum Sk, head dim, SM count), never of seqused_k's contents, so a CUDA graph captured once
-stays valid when the cache lengths change. It fills the GPU's CTA slots (SM count x CTAs per
-SM from the shared-memory footprint) with at most MAX_SPLITS splits of at least
-MIN_TILES_PER_SPLIT 16-key tiles each; 1 means the main kernel writes the output itself. Splits
+stays valid when the cache lengths change. It aims at one wave of one CTA per SM, with at most
+MAX_SPLITS splits of at least MIN_TILES_PER_SPLIT 16-key tiles each; 1 means the main kernel
+writes the output itself. Measured on the H200 (`tests/bench_decode.py --sweep`, docs/benchmarks.md):
+filling every CTA slot (two per SM) or going past one wave was 1-60% slower, because each extra
+split adds a partial to write and combine while one CTA per SM already streams at the memory's
+rate; ring depth (2-6 stages) and PDL moved times by 1-3%. Splits
 that get no key at run time (short sequences) write lse = -inf partials; the combine weighs them 0.
 FA4_INDUCTOR_DECODE_SPLITS=N fixes the split count for every call (for tuning the heuristic).
 
@@ -64,7 +68,6 @@ MAX_SPLITS = 128
 MIN_TILES_PER_SPLIT = 2 * NUM_WARPS
 DISPATCH_MAX_ROWS = 16
 DISPATCH_MIN_SEQLEN_K = 512
-_SMEM_PER_SM = 227 * 1024
 _LOG2_E = math.log2(math.e)
 
 
@@ -132,24 +135,18 @@ def stages_for(head_dim: int) -> int:
     return max(2, min(8, (budget - TILE_M * head_dim * 2) // per_stage))
 
 
-def ctas_per_sm(head_dim: int) -> int:
-    smem = (TILE_M * head_dim * 2 + stages_for(head_dim) * NUM_WARPS * 2 * TILE_N * head_dim * 2
-            + 2 * NUM_WARPS * TILE_M * 4 + 3 * 1024)
-    return max(1, min(4, _SMEM_PER_SM // smem))
-
-
 def row_tiles(q_len: int, group: int) -> int:
     return -(-q_len * group // TILE_M)
 
 
 def num_splits(batch: int, kv_heads: int, q_len: int, group: int, seqlen_k: int, head_dim: int, num_sms: int) -> int:
-    """KV splits per (batch, KV head, row tile): fill the CTA slots, each split >= MIN_TILES_PER_SPLIT tiles.
+    """KV splits per (batch, KV head, row tile): one wave of one CTA per SM (the nearest split count),
+    each split >= MIN_TILES_PER_SPLIT tiles.
 
     A function of shapes only (`seqlen_k` is the cache's maximum length, k.shape[2])."""
     ctas = batch * kv_heads * row_tiles(q_len, group)
-    slots = num_sms * ctas_per_sm(head_dim)
     tiles = -(-seqlen_k // TILE_N)
-    return max(1, min(slots // max(ctas, 1), tiles // MIN_TILES_PER_SPLIT, MAX_SPLITS))
+    return max(1, min(round(num_sms / max(ctas, 1)), tiles // MIN_TILES_PER_SPLIT, MAX_SPLITS))
 
 
 # ---------------------------------------------------------------------------------------------
