@@ -1,13 +1,14 @@
 """`fa4::attention` and `fa4::attention_backward`: attention over SDPA-layout tensors.
 
-    out, lse = torch.ops.fa4.attention(q, k, v, seqused_k=None, *, scale, causal=False,
+    out, lse = torch.ops.fa4.attention(q, k, v, seqused_k=None, key_mask=None, *, scale, causal=False,
                                        window_left=-1, window_right=-1, softcap=0.0)
 
 q [B, Hq, Sq, D], k [B, Hkv, Sk, D], v [B, Hkv, Sk, Dv], any strides (HF hands in transposed views
 of [B, S, H, D]). `Hq % Hkv == 0` is grouped-query attention: query head h reads K/V head
 `h // (Hq // Hkv)`; K/V are never repeated. `scale` multiplies q.k; `softcap > 0` applies
 `softcap * tanh(s / softcap)` to the scaled scores; the masks follow FlashAttention's bottom-right
-alignment (see `reference.py`); `seqused_k` [B] int32 gives per-sequence used key lengths.
+alignment (see `reference.py`); `seqused_k` [B] int32 gives per-sequence used key lengths;
+`key_mask` [B, Sk] bool hides the keys where it is False (a padding mask, any pattern).
 
 Outputs: `out` [B, Hq, Sq, Dv] in q's dtype, stored as [B, Sq, Hq, Dv] (so the usual
 `out.transpose(1, 2).reshape(B, S, -1)` is free), and `lse` [B, Hq, Sq] float32 (float64 for float64 inputs), the natural-log
@@ -56,30 +57,36 @@ def unsupported_reason(device_type: str, dtype: torch.dtype, head_dim: int, head
     return None
 
 
-def kernel_for(q: Tensor, k: Tensor, v: Tensor, **flags) -> tuple[str, str]:
+def kernel_for(q: Tensor, k: Tensor, v: Tensor, key_mask: Optional[Tensor] = None, **flags) -> tuple[str, str]:
     """(kernel name, why) for a forward call with these inputs: "decode", "fa4", "sdpa" or "reference".
 
     Decode-shaped calls (few packed query rows against a long cache, `decode.dispatch_reason`)
-    go to our split-KV decode kernel; the rest to FA4 where it takes them, else to the SDPA fallback."""
+    go to our split-KV decode kernel; the rest to FA4 where it takes them, else to the SDPA fallback.
+    FA4 takes no key mask (a padding mask): such calls that are not decode-shaped go to the SDPA fallback."""
     if q.device.type != "cuda":
         return "reference", f"{q.device.type} runs the reference"
     from . import decode
 
-    decode_reason = decode.dispatch_reason(q, k, v, **flags)
+    decode_reason = decode.dispatch_reason(q, k, v, key_mask=key_mask, **flags)
     if decode_reason is None:
         return "decode", "decode-shaped: the split-KV decode kernel takes this call"
-    name, why = _fa4_or_reference(q, k, v, **flags)
-    if name == "fa4":
-        return name, f"FA4 takes this call ({decode_reason})"
+    if key_mask is not None:
+        why = f"a key mask: FA4 takes none ({decode_reason})"
+    else:
+        name, why = _fa4_or_reference(q, k, v, **flags)
+        if name == "fa4":
+            return name, f"FA4 takes this call ({decode_reason})"
     fallback_reason = sdpa_fallback.unsupported_reason(q, flags.get("softcap", 0.0))
     if fallback_reason is None:
         return "sdpa", why
     return "reference", f"{why}; {fallback_reason}"
 
 
-def backward_kernel_for(q: Tensor, k: Tensor, v: Tensor, **flags) -> tuple[str, str]:
+def backward_kernel_for(q: Tensor, k: Tensor, v: Tensor, key_mask: Optional[Tensor] = None, **flags) -> tuple[str, str]:
     """(kernel name, why) for a backward call: "fa4" or "reference" (the decode kernel and the SDPA
     fallback have no backward)."""
+    if key_mask is not None:
+        return "reference", "a key mask (FA4 takes none)"
     return _fa4_or_reference(q, k, v, **flags)
 
 
@@ -94,7 +101,7 @@ def _fa4_or_reference(q: Tensor, k: Tensor, v: Tensor, **flags) -> tuple[str, st
     return "reference", reason
 
 
-def _check_inputs(q: Tensor, k: Tensor, v: Tensor, seqused_k: Optional[Tensor]) -> None:
+def _check_inputs(q: Tensor, k: Tensor, v: Tensor, seqused_k: Optional[Tensor], key_mask: Optional[Tensor] = None) -> None:
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
         raise ValueError(f"fa4::attention wants 4-D q, k, v; got {q.dim()}, {k.dim()}, {v.dim()} dims")
     if not (q.dtype == k.dtype == v.dtype):
@@ -106,6 +113,10 @@ def _check_inputs(q: Tensor, k: Tensor, v: Tensor, seqused_k: Optional[Tensor]) 
     torch._check(q.shape[3] == k.shape[3], lambda: "q and k head dims differ")
     if seqused_k is not None:
         torch._check(seqused_k.shape == (q.shape[0],), lambda: "seqused_k must have shape [B]")
+    if key_mask is not None:
+        if key_mask.dtype != torch.bool:
+            raise ValueError(f"fa4::attention wants a bool key_mask, got {key_mask.dtype}")
+        torch._check(key_mask.shape == (q.shape[0], k.shape[2]), lambda: "key_mask must have shape [B, Sk]")
 
 
 def _empty_bshd(b, h, s, d, like: Tensor) -> Tensor:
@@ -117,17 +128,18 @@ def _forward_outputs(q: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
     return _empty_bshd(b, hq, sq, v.shape[-1], q), q.new_empty((b, hq, sq), dtype=reference.compute_dtype(q.dtype))
 
 
-def _reference_forward(q, k, v, seqused_k, **flags) -> tuple[Tensor, Tensor]:
+def _reference_forward(q, k, v, seqused_k, key_mask, **flags) -> tuple[Tensor, Tensor]:
     out, lse = _forward_outputs(q, v)
-    ref_out, ref_lse = reference.attention_forward(q, k, v, seqused_k=seqused_k, **flags)
+    ref_out, ref_lse = reference.attention_forward(q, k, v, seqused_k=seqused_k, key_mask=key_mask, **flags)
     out.copy_(ref_out)
     lse.copy_(ref_lse)
     return out, lse
 
 
-def _reference_backward(grad_out, q, k, v, out, lse, grad_lse, seqused_k, **flags) -> tuple[Tensor, Tensor, Tensor]:
+def _reference_backward(grad_out, q, k, v, out, lse, grad_lse, seqused_k, key_mask, **flags) -> tuple[Tensor, Tensor, Tensor]:
     grads = _backward_outputs(q, k, v)
-    ref = reference.attention_backward(grad_out, q, k, v, out, lse, grad_lse, seqused_k=seqused_k, **flags)
+    ref = reference.attention_backward(grad_out, q, k, v, out, lse, grad_lse, seqused_k=seqused_k, key_mask=key_mask,
+                                       **flags)
     for g, r in zip(grads, ref):
         g.copy_(r)
     return grads
@@ -142,30 +154,33 @@ def _complete(flags: dict) -> dict:
 # Defined with torch.library.Library rather than custom_op: custom_op wraps every device kernel in
 # Python layers (aliasing checks, a Dynamo-disable frame) that cost more host time than the launch.
 _LIB = torch.library.Library("fa4", "DEF")
-_LIB.define(f"attention(Tensor q, Tensor k, Tensor v, Tensor? seqused_k=None, *, {FLAGS_SCHEMA}) -> (Tensor, Tensor)")
+_LIB.define("attention(Tensor q, Tensor k, Tensor v, Tensor? seqused_k=None, Tensor? key_mask=None, "
+            f"*, {FLAGS_SCHEMA}) -> (Tensor, Tensor)")
 _LIB.define("attention_backward(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, "
-            f"Tensor? grad_lse=None, Tensor? seqused_k=None, *, {FLAGS_SCHEMA}) -> (Tensor, Tensor, Tensor)")
+            f"Tensor? grad_lse=None, Tensor? seqused_k=None, Tensor? key_mask=None, *, {FLAGS_SCHEMA}) "
+            "-> (Tensor, Tensor, Tensor)")
 
 
-def attention(q: Tensor, k: Tensor, v: Tensor, seqused_k: Optional[Tensor] = None, **flags) -> tuple[Tensor, Tensor]:
+def attention(q: Tensor, k: Tensor, v: Tensor, seqused_k: Optional[Tensor] = None, key_mask: Optional[Tensor] = None,
+              **flags) -> tuple[Tensor, Tensor]:
     """The flags are `flags.Flags` (scale, causal, window_left, window_right, softcap)."""
-    _check_inputs(q, k, v, seqused_k)
-    return _reference_forward(q, k, v, seqused_k, **_complete(flags))
+    _check_inputs(q, k, v, seqused_k, key_mask)
+    return _reference_forward(q, k, v, seqused_k, key_mask, **_complete(flags))
 
 
 _ROUTES: dict = {}
 _ROUTES_MAX = 4096
 
 
-def _route(q: Tensor, k: Tensor, v: Tensor, seqused_k: Optional[Tensor], flags: dict) -> str:
+def _route(q: Tensor, k: Tensor, v: Tensor, seqused_k: Optional[Tensor], key_mask: Optional[Tensor], flags: dict) -> str:
     """`kernel_for`'s choice, remembered per call signature: everything it reads (shapes, strides,
     16-byte alignment, dtype, device, flags, the routing switches) is in the key. Decode steps call
     with one signature thousands of times; this keeps the checks off their host path."""
-    key = (layout.describe(q, k, v, seqused_k), tuple(flags.values()), switches.routing_state())
+    key = (layout.describe(q, k, v, seqused_k, key_mask), tuple(flags.values()), switches.routing_state())
     name = _ROUTES.get(key)
     if name is None:
-        _check_inputs(q, k, v, seqused_k)
-        name, why = kernel_for(q, k, v, seqused_k=seqused_k, **flags)
+        _check_inputs(q, k, v, seqused_k, key_mask)
+        name, why = kernel_for(q, k, v, key_mask, seqused_k=seqused_k, **flags)
         log.debug("fa4::attention q%s k%s %s: kernel %s (%s)", tuple(q.shape), tuple(k.shape), q.dtype, name, why)
         if len(_ROUTES) >= _ROUTES_MAX:
             _ROUTES.clear()
@@ -173,24 +188,24 @@ def _route(q: Tensor, k: Tensor, v: Tensor, seqused_k: Optional[Tensor], flags: 
     return name
 
 
-def _attention_cuda(q, k, v, seqused_k=None, **flags):
+def _attention_cuda(q, k, v, seqused_k=None, key_mask=None, **flags):
     flags = _complete(flags)
-    name = _route(q, k, v, seqused_k, flags)
+    name = _route(q, k, v, seqused_k, key_mask, flags)
     if name == "decode":
         from . import decode
 
-        return decode.forward(q, k, v, seqused_k, **flags)
+        return decode.forward(q, k, v, seqused_k, key_mask, **flags)
     if name == "fa4":
         from . import fa4
 
         return fa4.forward(q, k, v, seqused_k, **flags)
     if name == "sdpa":
-        return sdpa_fallback.forward(q, k, v, seqused_k, **flags)
-    return _reference_forward(q, k, v, seqused_k, **flags)
+        return sdpa_fallback.forward(q, k, v, seqused_k, key_mask, **flags)
+    return _reference_forward(q, k, v, seqused_k, key_mask, **flags)
 
 
-def _attention_fake(q, k, v, seqused_k=None, **flags):
-    _check_inputs(q, k, v, seqused_k)
+def _attention_fake(q, k, v, seqused_k=None, key_mask=None, **flags):
+    _check_inputs(q, k, v, seqused_k, key_mask)
     return _forward_outputs(q, v)
 
 
@@ -207,43 +222,44 @@ def attention_backward(
     lse: Tensor,
     grad_lse: Optional[Tensor] = None,
     seqused_k: Optional[Tensor] = None,
+    key_mask: Optional[Tensor] = None,
     **flags,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Gradients of `fa4::attention` with respect to q, k, v (same shapes, [B, S, H, D] storage).
 
     `grad_lse` is the gradient flowing into the forward's lse output (None when lse is unused)."""
-    _check_inputs(q, k, v, seqused_k)
-    return _reference_backward(grad_out, q, k, v, out, lse, grad_lse, seqused_k, **_complete(flags))
+    _check_inputs(q, k, v, seqused_k, key_mask)
+    return _reference_backward(grad_out, q, k, v, out, lse, grad_lse, seqused_k, key_mask, **_complete(flags))
 
 
-def _attention_backward_cuda(grad_out, q, k, v, out, lse, grad_lse=None, seqused_k=None, **flags):
-    _check_inputs(q, k, v, seqused_k)
+def _attention_backward_cuda(grad_out, q, k, v, out, lse, grad_lse=None, seqused_k=None, key_mask=None, **flags):
+    _check_inputs(q, k, v, seqused_k, key_mask)
     flags = _complete(flags)
-    name, _ = backward_kernel_for(q, k, v, seqused_k=seqused_k, **flags)
+    name, _ = backward_kernel_for(q, k, v, key_mask, seqused_k=seqused_k, **flags)
     if name == "fa4":
         from . import fa4
 
         return fa4.backward(grad_out, q, k, v, out, lse, grad_lse, seqused_k, **flags)
-    return _reference_backward(grad_out, q, k, v, out, lse, grad_lse, seqused_k, **flags)
+    return _reference_backward(grad_out, q, k, v, out, lse, grad_lse, seqused_k, key_mask, **flags)
 
 
-def _attention_backward_fake(grad_out, q, k, v, out, lse, grad_lse=None, seqused_k=None, **flags):
-    _check_inputs(q, k, v, seqused_k)
+def _attention_backward_fake(grad_out, q, k, v, out, lse, grad_lse=None, seqused_k=None, key_mask=None, **flags):
+    _check_inputs(q, k, v, seqused_k, key_mask)
     return _backward_outputs(q, k, v)
 
 
 def _setup_context(ctx, inputs, keyword_only_inputs, output):
-    q, k, v, seqused_k = inputs
+    q, k, v, seqused_k, key_mask = inputs
     out, lse = output
     ctx.flags = dict(keyword_only_inputs)
-    ctx.save_for_backward(q, k, v, out, lse, seqused_k)
+    ctx.save_for_backward(q, k, v, out, lse, seqused_k, key_mask)
 
 
 def _backward(ctx, grad_out, grad_lse):
-    q, k, v, out, lse, seqused_k = ctx.saved_tensors
+    q, k, v, out, lse, seqused_k, key_mask = ctx.saved_tensors
     dq, dk, dv = torch.ops.fa4.attention_backward(
-        grad_out, q, k, v, out, lse, grad_lse, seqused_k, **ctx.flags)
-    return dq, dk, dv, None
+        grad_out, q, k, v, out, lse, grad_lse, seqused_k, key_mask, **ctx.flags)
+    return dq, dk, dv, None, None
 
 
 _LIB.impl("attention", attention, "CompositeExplicitAutograd")

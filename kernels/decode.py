@@ -4,7 +4,7 @@ What it takes (`unsupported_reason` says why not, otherwise):
 - CUDA sm90 (Hopper; the kernel is compiled for sm_90a), float16 / bfloat16;
 - head_dim == head_dim_v in (64, 128, 256); Hq a multiple of Hkv with group Hq / Hkv <= 16;
   query length Sq <= 8 (packed rows Sq * group, 16 per CTA row tile);
-- no local window (causal, softcap and seqused_k are fine);
+- no local window (causal, softcap, seqused_k and a key mask are fine);
 - K and V with a unit stride on D, a 16-byte aligned start and the other strides multiples of
   16 bytes (HF static caches and transposed views of [B, S, H, D] qualify); Q any strides
   with a unit stride on D.
@@ -87,7 +87,8 @@ def _kv_layout_reason(name: str, t: Tensor) -> str | None:
     return None
 
 
-def unsupported_reason(q: Tensor, k: Tensor, v: Tensor, *, seqused_k: Optional[Tensor] = None, **flags) -> str | None:
+def unsupported_reason(q: Tensor, k: Tensor, v: Tensor, *, seqused_k: Optional[Tensor] = None,
+                       key_mask: Optional[Tensor] = None, **flags) -> str | None:
     """Why the decode kernel cannot take this call, or None if it can (see the module docstring)."""
     f = Flags(**flags)
     reason = switches.gate("the decode kernel", DISABLE_ENV, q, DTYPES)
@@ -114,6 +115,8 @@ def unsupported_reason(q: Tensor, k: Tensor, v: Tensor, *, seqused_k: Optional[T
             return reason
     if seqused_k is not None and (seqused_k.device != q.device or seqused_k.dim() != 1):
         return "seqused_k must be a 1-D tensor on q's device"
+    if key_mask is not None and (key_mask.device != q.device or key_mask.dtype != torch.bool):
+        return "key_mask must be a bool tensor on q's device"
     return None
 
 
@@ -166,6 +169,7 @@ class _Key(NamedTuple):
     arch: str
     pdl: bool = False  # combine kernel: programmatic dependent launch
     stages: int = 0  # main kernel: K / V ring depth per warp
+    key_mask: bool = False  # main kernel: a [B, Sk] key mask is given
 
 
 _COMPILED: dict[_Key, object] = {}
@@ -195,7 +199,7 @@ def _compile(key: _Key):
     """Compile one variant with fake tensors (no GPU needed: set CUTE_DSL_ARCH=sm_90a on a CPU)."""
     os.environ.setdefault("CUTE_DSL_ARCH", key.arch)
     import cutlass.cute as cute
-    from cutlass import Float32, Int32
+    from cutlass import Float32, Int32, Uint8
 
     dt = _cutlass_dtype(key.dtype)
     d = key.head_dim
@@ -228,12 +232,15 @@ def _compile(key: _Key):
 
     from .cute.decode_attention import DecodeAttentionSm90
 
-    kernel = DecodeAttentionSm90(dt, d, key.group, key.causal, key.softcap, key.seqused, key.split, key.stages)
+    kernel = DecodeAttentionSm90(dt, d, key.group, key.causal, key.softcap, key.seqused, key.split, key.stages,
+                                 key.key_mask)
     align = ALIGN_BYTES // 2
     used = cute.runtime.make_fake_compact_tensor(Int32, (cute.sym_int(),)) if key.seqused else None
+    key_mask = cute.runtime.make_fake_tensor(
+        Uint8, (cute.sym_int(), cute.sym_int()), (sym(), 1)) if key.key_mask else None
     o_part, lse_part = partials() if key.split else (None, None)
     return cute.compile(
-        kernel, bhsd(), bhsd(align, ALIGN_BYTES), bhsd(align, ALIGN_BYTES), used,
+        kernel, bhsd(), bhsd(align, ALIGN_BYTES), bhsd(align, ALIGN_BYTES), used, key_mask,
         None if key.split else out, None if key.split else lse, o_part, lse_part,
         Float32(1.0), Float32(1.0), Float32(1.0), stream, options="--enable-tvm-ffi")
 
@@ -253,11 +260,12 @@ def compiled(key: _Key):
 # ---------------------------------------------------------------------------------------------
 
 
-def _keys(q: Tensor, k: Tensor, seqused_k: Optional[Tensor], causal: bool, softcap: float, split: bool):
+def _keys(q: Tensor, k: Tensor, seqused_k: Optional[Tensor], key_mask: Optional[Tensor], causal: bool, softcap: float,
+          split: bool):
     group = q.shape[1] // k.shape[1]
     common = dict(dtype=q.dtype, head_dim=q.shape[-1], group=group, arch=_arch(q.device))
     main = _Key("main", causal=bool(causal), softcap=softcap > 0, seqused=seqused_k is not None, split=split,
-                stages=stages_for(q.shape[-1]), **common)
+                stages=stages_for(q.shape[-1]), key_mask=key_mask is not None, **common)
     combine = _Key("combine", causal=False, softcap=False, seqused=False, split=True, pdl=_pdl(), **common)
     return main, combine
 
@@ -266,11 +274,12 @@ def _pdl() -> bool:
     return os.environ.get(PDL_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
 
 
-def forward(q: Tensor, k: Tensor, v: Tensor, seqused_k: Optional[Tensor] = None, *, splits: Optional[int] = None,
-            **flags) -> tuple[Tensor, Tensor]:
+def forward(q: Tensor, k: Tensor, v: Tensor, seqused_k: Optional[Tensor] = None, key_mask: Optional[Tensor] = None, *,
+            splits: Optional[int] = None, **flags) -> tuple[Tensor, Tensor]:
     """(out [B, Hq, Sq, D] stored as [B, Sq, Hq, D], lse [B, Hq, Sq] float32, natural log).
 
-    `splits` overrides `num_splits` (tests and benchmarks); it must not depend on seqused_k."""
+    `key_mask` [B, Sk] bool hides keys where False. `splits` overrides `num_splits` (tests and
+    benchmarks); it must not depend on seqused_k."""
     scale, causal, window_left, window_right, softcap = Flags(**flags)
     assert window_left < 0 and window_right < 0, "the decode kernel has no local window"
     b, hq, sq, d = q.shape
@@ -285,6 +294,10 @@ def forward(q: Tensor, k: Tensor, v: Tensor, seqused_k: Optional[Tensor] = None,
     if seqused_k is not None and seqused_k.shape != (b,):
         raise ValueError(f"seqused_k must have shape ({b},), got {tuple(seqused_k.shape)}")
     seqused_k = layout.lengths_int32(seqused_k, q.device)
+    if key_mask is not None:
+        if key_mask.shape != (b, sk):
+            raise ValueError(f"key_mask must have shape ({b}, {sk}), got {tuple(key_mask.shape)}")
+        key_mask = (key_mask if key_mask.stride(-1) == 1 else key_mask.contiguous()).view(torch.uint8)
     device_index = q.device.index if q.device.index is not None else torch.cuda.current_device()
     if splits is None and os.environ.get(SPLITS_ENV):
         splits = int(os.environ[SPLITS_ENV])
@@ -295,15 +308,16 @@ def forward(q: Tensor, k: Tensor, v: Tensor, seqused_k: Optional[Tensor] = None,
         scale_log2, softcap_in, softcap_out = 0.0, scale / softcap, softcap * _LOG2_E
     else:
         scale_log2, softcap_in, softcap_out = scale * _LOG2_E, 0.0, 0.0
-    main_key, combine_key = _keys(q, k, seqused_k, causal, softcap, splits > 1)
+    main_key, combine_key = _keys(q, k, seqused_k, key_mask, causal, softcap, splits > 1)
     with torch.cuda.device(q.device):
         if splits == 1:
-            compiled(main_key)(q, k, v, seqused_k, out, lse, None, None, scale_log2, softcap_in, softcap_out)
+            compiled(main_key)(q, k, v, seqused_k, key_mask, out, lse, None, None, scale_log2, softcap_in, softcap_out)
             return out, lse
         tiles = row_tiles(sq, group)
         o_part = torch.empty((b, hkv * tiles, splits, TILE_M, d), dtype=torch.float32, device=q.device)
         lse_part = torch.empty((b, hkv * tiles, splits, TILE_M), dtype=torch.float32, device=q.device)
-        compiled(main_key)(q, k, v, seqused_k, None, None, o_part, lse_part, scale_log2, softcap_in, softcap_out)
+        compiled(main_key)(q, k, v, seqused_k, key_mask, None, None, o_part, lse_part, scale_log2, softcap_in,
+                           softcap_out)
         compiled(combine_key)(o_part, lse_part, out, lse)
     return out, lse
 
@@ -318,10 +332,11 @@ def warmup(
     causal: Optional[bool] = None,
     softcap: bool = False,
     seqused_k: Optional[bool] = None,
+    key_mask: Optional[bool] = False,
 ) -> int:
     """Compile every kernel variant a decode step with these shapes can hit, outside CUDA-graph capture.
 
-    `causal` / `seqused_k` None compile both settings; both split and one-split main kernels and
+    `causal` / `seqused_k` / `key_mask` None compile both settings; both split and one-split main kernels and
     the combine kernel are compiled (which one runs depends on the batch and cache sizes).
     `q_len` only validates the shape (query length is a runtime value). Returns how many
     variants were compiled now (0 when all were cached)."""
@@ -333,9 +348,10 @@ def warmup(
     before = len(_COMPILED)
     for c in ((False, True) if causal is None else (bool(causal),)):
         for used in ((False, True) if seqused_k is None else (bool(seqused_k),)):
-            for split in (False, True):
-                compiled(_Key("main", dtype, head_dim, group, c, bool(softcap), used, split, arch,
-                              stages=stages_for(head_dim)))
+            for masked in ((False, True) if key_mask is None else (bool(key_mask),)):
+                for split in (False, True):
+                    compiled(_Key("main", dtype, head_dim, group, c, bool(softcap), used, split, arch,
+                                  stages=stages_for(head_dim), key_mask=masked))
     compiled(_Key("combine", dtype, head_dim, group, False, False, False, True, arch, _pdl()))
     return len(_COMPILED) - before
 

@@ -4,8 +4,9 @@ These are the CPU bodies of the `fa4::` attention ops and the oracle the tests c
 GQA is computed by grouping query heads (`h // group` uses K/V head `h`), never by repeating K/V.
 
 Masking convention (FlashAttention's): with `offset = seqlen_k - seqlen_q` (per batch when
-`seqused_k` gives the used cache lengths), query row i may see key j when
+`seqused_k` gives the used cache lengths), query row i of sequence b may see key j when
     j < seqlen_k,
+    key_mask[b, j]                       if a key mask is given (a padding mask),
     j <= i + offset                      if causal,
     j >= i + offset - window_left        if window_left >= 0,
     j <= i + offset + window_right       if window_right >= 0.
@@ -30,9 +31,10 @@ def allowed_keys(
     window_right: int,
     seqused_k: torch.Tensor | None,
     device: torch.device,
+    key_mask: torch.Tensor | None = None,
 ) -> torch.Tensor | None:
     """Boolean [B or 1, 1, 1, Sq, Sk] mask of visible keys, or None when every key is visible."""
-    if not causal and window_left < 0 and window_right < 0 and seqused_k is None:
+    if not causal and window_left < 0 and window_right < 0 and seqused_k is None and key_mask is None:
         return None
     i = torch.arange(seqlen_q, device=device).view(1, 1, 1, -1, 1)
     j = torch.arange(seqlen_k, device=device).view(1, 1, 1, 1, -1)
@@ -48,6 +50,8 @@ def allowed_keys(
         keep = keep & (j >= diagonal - window_left)
     if window_right >= 0:
         keep = keep & (j <= diagonal + window_right)
+    if key_mask is not None:
+        keep = keep & key_mask.to(device=device, dtype=torch.bool).view(-1, 1, 1, 1, seqlen_k)
     return keep
 
 
@@ -68,11 +72,11 @@ def _scores(q, k, scale, softcap, keep):
 
 
 def attention_forward(
-    q, k, v, *, scale, causal, window_left, window_right, softcap, seqused_k
+    q, k, v, *, scale, causal, window_left, window_right, softcap, seqused_k, key_mask=None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Returns (out [B, Hq, Sq, Dv], lse [B, Hq, Sq]), both in the compute dtype."""
     keep = allowed_keys(q.shape[2], k.shape[2], causal=causal, window_left=window_left,
-                        window_right=window_right, seqused_k=seqused_k, device=q.device)
+                        window_right=window_right, seqused_k=seqused_k, device=q.device, key_mask=key_mask)
     s = _scores(q, k, scale, softcap, keep)
     lse = torch.logsumexp(s, dim=-1, keepdim=True)
     p = torch.exp(s - lse.masked_fill(lse == float("-inf"), 0.0))
@@ -81,13 +85,14 @@ def attention_forward(
 
 
 def attention_backward(
-    grad_out, q, k, v, out, lse, grad_lse=None, *, scale, causal, window_left, window_right, softcap, seqused_k
+    grad_out, q, k, v, out, lse, grad_lse=None, *, scale, causal, window_left, window_right, softcap, seqused_k,
+    key_mask=None
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Gradients (dq, dk, dv) in the compute dtype, from the forward's out and lse.
 
     d lse / d s = p, so a gradient on lse adds `p * grad_lse` to the score gradient."""
     keep = allowed_keys(q.shape[2], k.shape[2], causal=causal, window_left=window_left,
-                        window_right=window_right, seqused_k=seqused_k, device=q.device)
+                        window_right=window_right, seqused_k=seqused_k, device=q.device, key_mask=key_mask)
     num_kv_heads = k.shape[1]
     s = _scores(q, k, scale, softcap, keep)
     acc = s.dtype

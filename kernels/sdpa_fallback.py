@@ -1,9 +1,9 @@
 """CUDA forward of `fa4::attention` for calls FA4 cannot take: PyTorch's memory-efficient SDPA kernel.
 
-It runs when FA4 is missing, disabled (`FA4_INDUCTOR_DISABLE_FA4=1`) or the GPU is neither sm90 nor
-sm100 (A100, consumer Blackwell). `aten::_scaled_dot_product_efficient_attention` takes an additive
+It runs when FA4 is missing, disabled (`FA4_INDUCTOR_DISABLE_FA4=1`), the GPU is neither sm90 nor
+sm100 (A100, consumer Blackwell), or the call has a key mask (a padding mask FA4 cannot take). `aten::_scaled_dot_product_efficient_attention` takes an additive
 bias and returns the log-sum-exp our op must produce, so every flag except softcap maps onto it:
-causal / window / seqused_k become one bias built from `reference.allowed_keys` (bottom-right
+causal / window / seqused_k / key_mask become one bias built from `reference.allowed_keys` (bottom-right
 alignment, exactly the op's contract), and GQA repeats K/V heads (a copy this path accepts).
 Rows that see no key come back as zeros with lse -inf, as the contract says. Softcap has no SDPA
 spelling and stays with the reference. The backward keeps the reference.
@@ -44,7 +44,8 @@ def _bias(keep: Optional[Tensor], b: int, h: int, sq: int, sk: int, dtype: torch
     return bias[..., :sk].expand(b, h, sq, sk)
 
 
-def forward(q: Tensor, k: Tensor, v: Tensor, seqused_k: Optional[Tensor] = None, **flags) -> tuple[Tensor, Tensor]:
+def forward(q: Tensor, k: Tensor, v: Tensor, seqused_k: Optional[Tensor] = None, key_mask: Optional[Tensor] = None,
+            **flags) -> tuple[Tensor, Tensor]:
     """(out [B, Hq, Sq, Dv] stored as [B, Sq, Hq, Dv], lse [B, Hq, Sq] float32)."""
     scale, causal, window_left, window_right, softcap = Flags(**flags)
     reason = unsupported_reason(q, softcap)
@@ -53,7 +54,7 @@ def forward(q: Tensor, k: Tensor, v: Tensor, seqused_k: Optional[Tensor] = None,
     b, hq, sq, _ = q.shape
     sk, group = k.shape[2], hq // k.shape[1]
     keep = reference.allowed_keys(sq, sk, causal=causal, window_left=window_left, window_right=window_right,
-                                  seqused_k=seqused_k, device=q.device)
+                                  seqused_k=seqused_k, device=q.device, key_mask=key_mask)
     if group > 1:
         k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
     result, lse, _, _ = torch.ops.aten._scaled_dot_product_efficient_attention(

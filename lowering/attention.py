@@ -62,6 +62,8 @@ class AttentionCall:
     gqa: str = ""
     seqused_k: Node | Shift | None = None  # a run-time key mask (padding.py) or query start (kv_cache.py)
     covering_mask: KeyMask | None = None  # a run-time key mask that must hide none of the band's keys (padding.py)
+    key_mask: KeyMask | None = None  # a run-time key mask passed to the op as its key_mask (padding.py)
+    blind_rows: str = "zeros"  # what eager gives a query row that sees no key: "zeros", "mean" (of V) or "nan"
 
 
 def _check_kernel_support(q: Node, k: Node, v: Node) -> None:
@@ -96,9 +98,10 @@ def _require_square(scores_shape, what: str) -> None:
                       "hand-written masks align top-left, FA4 bottom-right")
 
 
-def _mask_flags(kind: str, mask, constants, scores_shape, fill=None) -> Band:
+def _mask_flags(kind: str, mask, constants, scores_shape, fill=None) -> tuple[Band, float | None]:
+    """The visible keys of one masking step and the score its hidden keys get (see `keep_band`)."""
     try:
-        band = keep_band(kind, mask, constants, fill)
+        band, hidden = keep_band(kind, mask, constants, fill)
     except MaskNotUnderstood as e:
         raise Decline(f"mask not recognized: {e}") from None
     if isinstance(mask, Node) and band != Band():
@@ -107,7 +110,22 @@ def _mask_flags(kind: str, mask, constants, scores_shape, fill=None) -> Band:
         # A mask the same for every query (a key-padding mask) may be broadcast over the query rows.
         if not same and (band.bounded or not broadcasts_last_two_dims(mshape, scores_shape)):
             raise Decline(f"mask not recognized: its last dims {mshape[-2:]} are not the scores' {scores_shape[-2:]}")
-    return band
+    return band, hidden
+
+
+def _blind_rows(hidden_scores: list, sdpa: bool) -> str:
+    """What eager gives a row whose keys are all hidden: SDPA returns zeros for a boolean or -inf mask
+    (its safe softmax); a finite finfo.min score on every key of the row, from one masking step, makes
+    the softmax uniform (the mean of V over all keys); -inf in a plain softmax, or several steps mixing
+    the two, give NaN or weights over part of the keys ("nan": not reproduced)."""
+    hidden = [h for h in hidden_scores if h is not None]
+    if not hidden:
+        return "zeros" if sdpa else "nan"
+    if len(hidden) == 1:
+        if math.isfinite(hidden[0]):
+            return "mean"
+        return "zeros" if sdpa else "nan"
+    return "nan"
 
 
 def _flags_for(band: Band, scores_shape) -> tuple[dict, Node | Shift | None, KeyMask | None]:
@@ -167,10 +185,12 @@ def match_sdpa(node: Node, constants: dict) -> AttentionCall:
         raise Decline(f"is_causal is not a constant ({is_causal})")
     _check_kernel_support(q, k, v)
     scores_shape = shape(q)[:-1] + (shape(k)[-2],)
-    flags, seqused_k, covering = {}, None, None
+    flags, seqused_k, covering, blind = {}, None, None, "zeros"
     if attn_mask is not None:
         kind = "bool" if value(attn_mask).dtype == torch.bool else "additive"
-        flags, seqused_k, covering = _flags_for(_mask_flags(kind, attn_mask, constants, scores_shape), scores_shape)
+        band, hidden = _mask_flags(kind, attn_mask, constants, scores_shape)
+        flags, seqused_k, covering = _flags_for(band, scores_shape)
+        blind = _blind_rows([hidden], sdpa=True)
     if is_causal:
         _require_square(scores_shape, "is_causal")
         flags["causal"] = True
@@ -179,7 +199,7 @@ def match_sdpa(node: Node, constants: dict) -> AttentionCall:
     elif _constant(scale) is None:
         raise Decline(f"scale is not a constant ({scale})")
     return AttentionCall(q, k, v, output=node, scale=_constant(scale), flags=flags, matched=[node], seqused_k=seqused_k,
-                         covering_mask=covering)
+                         covering_mask=covering, blind_rows=blind)
 
 
 def _constant_factor(node: Node) -> tuple[Node, float] | None:
@@ -259,7 +279,7 @@ def match_handwritten(softmax: Node, constants: dict) -> AttentionCall | None:
         raise Decline(f"softmax over dim {dim}, not the key dim")
 
     # Walking up from the softmax meets the steps in reverse: masks, then the softcap, then scales.
-    scale, softcap, band = 1.0, 0.0, Band()
+    scale, softcap, band, hidden_scores = 1.0, 0.0, Band(), []
     scores_shape = shape(softmax)
     node = softmax.args[0]
     consumer = softmax
@@ -283,8 +303,9 @@ def match_handwritten(softmax: Node, constants: dict) -> AttentionCall | None:
         elif MASKED_FILL(node) or WHERE(node) or ADD(node):
             if softcap:
                 raise Decline("a mask applied before the softcap")
-            node, visible = _strip_mask(node, constants, scores_shape)
+            node, visible, hidden = _strip_mask(node, constants, scores_shape)
             band &= visible
+            hidden_scores.append(hidden)
         else:
             raise Decline(f"{node.format_node()} between q @ k^T and softmax is not understood")
     qk = node
@@ -307,23 +328,24 @@ def match_handwritten(softmax: Node, constants: dict) -> AttentionCall | None:
     if softcap:
         flags["softcap"] = softcap
     return AttentionCall(q, k, v, output=output, scale=scale, flags=flags, matched=matched + [output],
-                         seqused_k=seqused_k, covering_mask=covering)
+                         seqused_k=seqused_k, covering_mask=covering, blind_rows=_blind_rows(hidden_scores, sdpa=False))
 
 
-def _strip_mask(node: Node, constants, scores_shape) -> tuple[Node, Band]:
-    """(scores, visible band) for a masking step: masked_fill, where(cond, scores, fill) or scores + mask."""
+def _strip_mask(node: Node, constants, scores_shape) -> tuple[Node, Band, float | None]:
+    """(scores, visible band, hidden keys' score) for a masking step: masked_fill, where(cond, scores, fill)
+    or scores + mask."""
     if MASKED_FILL(node):
-        return node.args[0], _mask_flags("masked_fill", node.args[1], constants, scores_shape, arg(node, 2, "value"))
+        return node.args[0], *_mask_flags("masked_fill", node.args[1], constants, scores_shape, arg(node, 2, "value"))
     if WHERE(node):
         if len(node.args) != 3 or not isinstance(node.args[1], Node):
             raise Decline(f"{node.format_node()} is not where(mask, scores, fill)")
-        return node.args[1], _mask_flags("where", node.args[0], constants, scores_shape, node.args[2])
+        return node.args[1], *_mask_flags("where", node.args[0], constants, scores_shape, node.args[2])
     errors = []
     for scores, mask in ((node.args[0], node.args[1]), (node.args[1], node.args[0])):
         if not isinstance(scores, Node):
             continue
         try:
-            return scores, _mask_flags("additive", mask, constants, scores_shape)
+            return scores, *_mask_flags("additive", mask, constants, scores_shape)
         except Decline as e:
             errors.append(str(e))
     raise Decline(errors[0] if errors else f"{node.format_node()} adds no tensor")
@@ -421,9 +443,18 @@ def emit(gm: GraphModule, call: AttentionCall, fake_mode, shared: dict) -> str:
         seqused_k = _seqused_k(graph, make, call, shared)
         if call.covering_mask is not None and (call.covering_mask, seqused_k) not in shared:
             shared[call.covering_mask, seqused_k] = padding.check_hides_none(make, call.covering_mask, seqused_k)
-        inputs = (q, k, v) if seqused_k is None else (q, k, v, seqused_k)
+        inputs = [q, k, v]
+        if call.key_mask is not None:
+            where = (call.key_mask, str(shape(k)[-2]))  # one [B, Sk] key mask per padding mask and key length
+            if where not in shared:
+                shared[where] = padding.key_mask(make, call.key_mask, k)
+            inputs += [seqused_k, shared[where]]
+        elif seqused_k is not None:
+            inputs.append(seqused_k)
         op = make(ATTENTION, *inputs, name="fa4_attention", **kwargs)
         out = make(operator.getitem, op, 0, name="attention_out")
+        if call.key_mask is not None and call.blind_rows == "mean":
+            out = padding.blind_rows_as_mean(make, out, make(operator.getitem, op, 1), v)
         if three_d:
             out = make("squeeze", out, 0)
     call.output.replace_all_uses_with(out)
@@ -442,6 +473,8 @@ def _describe_call(call: AttentionCall, kwargs: dict) -> str:
     used = {type(None): "", Shift: ", seqused_k=cache position + Sq"}.get(type(call.seqused_k),
                                                                           ", seqused_k=padding mask sum")
     used += ", padding mask checked to hide none of its keys" if call.covering_mask is not None else ""
+    if call.key_mask is not None:
+        used += ", key_mask=padding mask" + (", rows that see no key: mean of V" if call.blind_rows == "mean" else "")
     text = f"fa4.attention(q[{fmt(call.q)}], k[{fmt(call.k)}], v[{fmt(call.v)}]{used}, {flags})"
     return text + (f"; {call.gqa}" if call.gqa else "")
 
@@ -463,11 +496,13 @@ def rewrite_attention(gm: GraphModule, constants: dict, options, fake_mode) -> l
             call = matcher(node, constants)
             if call is None:
                 continue
-            if call.covering_mask is not None and not options.causal_padding:
-                raise Decline("a run-time padding mask on a causal band (rewritten only with "
-                              "backend(causal_padding=True), where a padded batch stops with an error)")
-            if isinstance(call.seqused_k, Node) and not options.padding:
+            if (isinstance(call.seqused_k, Node) or call.covering_mask is not None) and not options.padding:
                 raise Decline("a run-time key-padding mask, and the padding option is off")
+            if call.covering_mask is not None and not options.causal_padding:
+                if call.blind_rows == "nan":
+                    raise Decline("a run-time padding mask on a causal band, where a query row that sees no key is "
+                                  "NaN or weighted over part of the keys in eager (-inf fill, or several masking steps)")
+                call.key_mask, call.covering_mask = call.covering_mask, None
             _fold_gqa(call, options.gqa)
             records.append(Record(family, where, True, emit(gm, call, fake_mode, shared), module_path(node)))
         except Decline as e:

@@ -470,19 +470,25 @@ def _row_gather(node: Node, constants) -> TwoValued | None:
     return _coerce(node, TwoValued(moved, tv.inside, tv.outside))
 
 
-def keep_band(kind: str, mask, constants: dict, fill=None) -> Band:
-    """Visible keys of a mask used as `kind`: "masked_fill", "where", "additive" or "bool"."""
+def keep_band(kind: str, mask, constants: dict, fill=None) -> tuple[Band, float | None]:
+    """Visible keys of a mask used as `kind` ("masked_fill", "where", "additive" or "bool"), and the score
+    that hidden keys get (-inf or finfo.min; None for a boolean SDPA mask or when nothing is hidden)."""
     if kind in ("masked_fill", "where") and not is_large_negative(fill):
         raise MaskNotUnderstood(f"the mask fill value {fill!r} is not -inf or finfo.min")
     tv = evaluate(mask, constants)
     if kind == "masked_fill":
-        return tv.where(lambda m: not m)
-    if kind in ("where", "bool"):
-        return tv.where(bool)
+        return tv.where(lambda m: not m), scalar(fill)
+    if kind == "where":
+        return tv.where(bool), scalar(fill)
+    if kind == "bool":
+        return tv.where(bool), None
+    hidden = None
     for v in {tv.inside, tv.outside} if not tv.uniform else {tv.inside}:
         if v != 0 and not is_large_negative(v):
             raise MaskNotUnderstood(f"the additive mask has the value {v!r}, not 0, -inf or finfo.min")
-    return tv.where(lambda m: m == 0)
+        if v != 0:
+            hidden = float(v)
+    return tv.where(lambda m: m == 0), hidden
 
 
 def band_args(band: Band) -> dict:

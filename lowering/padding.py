@@ -1,4 +1,4 @@
-"""Key-padding masks from a run-time `attention_mask` -> `fa4::attention(..., seqused_k)`.
+"""Key-padding masks from a run-time `attention_mask` -> `fa4::attention(..., seqused_k)` or `(..., key_mask)`.
 
 masks.py recognizes a [B, Sk] tensor m of visible keys read as a mask over the scores (`keys` of a Band):
 
@@ -18,16 +18,22 @@ Queries at padded positions see the same keys as in eager (the mask only hides k
 output row matches, padded ones included.
 
 With a causal or window band (decoder LLMs: HF always builds `causal & padding`), seqused_k would move
-the bottom-right-aligned diagonal, so padding cannot be encoded; the mask is exact only when it hides
-none of the keys the band shows, i.e. an unpadded batch (HF generate's all-ones mask, padded in decode
-to the cache length). The replacement checks exactly that at run time:
+the bottom-right-aligned diagonal, so padding cannot be encoded that way. By default the op takes the
+mask itself, `key_mask = m[:, start : start + Sk] != 0` (one per graph and key length), which hides
+keys on top of the band: exact for any padding, left, right or holed. A query row whose keys are all
+hidden (a left-padded position) gets what eager gives it: zeros for SDPA's boolean or -inf masks (its
+safe softmax), the mean of V over all keys for a finfo.min mask applied in one step (every score the
+same); -inf in a hand-written softmax (NaN in eager) or several masking steps keep their mask.
+On CUDA a key mask runs on the SDPA fallback (FA4 and our decode kernel take none yet).
+
+`backend(causal_padding=True)` keeps FA4's fast path for batches known to be unpadded (HF generate's
+all-ones mask, padded in decode to the cache length): the mask is then exact only when it hides none
+of the keys the band shows, which the replacement checks at run time,
 
     torch._assert_async(((m != 0) | (arange(Sk)[None, :] >= seqused_k[:, None])).all())
 
 (`m != 0` everywhere when there is no cache), so a padded batch stops with a message instead of
-running with the wrong mask. Since that stops batches default torch.compile runs (and a device-side
-assert ends a CUDA process), this rewrite is opt-in: `backend(causal_padding=True)`; by default such
-layers keep their mask, with the reason recorded. Left padding is never expressible.
+running with the wrong mask (a device-side assert ends a CUDA process, hence opt-in).
 """
 
 from __future__ import annotations
@@ -72,3 +78,22 @@ def check_hides_none(make, keys: KeyMask, seqused_k: Node | None) -> Node:
                       make(operator.getitem, bound, (slice(None), None)))
         visible = make(operator.or_, visible, unused)
     return make(torch._assert_async, make("all", visible), HIDES_VISIBLE_KEYS)
+
+
+def key_mask(make, keys: KeyMask, k: Node) -> Node:
+    """The op's key_mask [B, Sk] bool: key slot j of sequence b is visible when keys.node[b, start + j] != 0."""
+    start = 0 if keys.start is None else keys.start
+    sk = value(k).shape[2]
+    window = make(torch.narrow, keys.node, 1, start, sk if isinstance(sk, int) else make("size", k, 2))
+    return make(operator.ne, window, 0, name="key_mask")
+
+
+def blind_rows_as_mean(make, out: Node, lse: Node, v: Node) -> Node:
+    """out with every row that saw no key (lse -inf) replaced by the mean of V over all keys: what eager's
+    softmax gives when every score of the row is the same finfo.min."""
+    blind = make(operator.getitem, make(operator.eq, lse, float("-inf")), (Ellipsis, None))
+    mean = make("mean", v, 2, keepdim=True, dtype=torch.float32)
+    group = int(value(out).shape[1]) // int(value(v).shape[1])
+    if group > 1:
+        mean = make("repeat_interleave", mean, group, 1)
+    return make(torch.where, blind, make("to", mean, value(out).dtype), out, name="attention_out_blind_rows")

@@ -5,10 +5,10 @@ import torch
 from fa4_inductor.kernels import reference
 
 
-def eager(q, k, v, seqused_k=None, *, scale, causal, window_left, window_right, softcap):
+def eager(q, k, v, seqused_k=None, key_mask=None, *, scale, causal, window_left, window_right, softcap):
     """The attention as plain PyTorch ops in q's dtype: (out, lse)."""
     keep = reference.allowed_keys(q.shape[2], k.shape[2], causal=causal, window_left=window_left,
-                                  window_right=window_right, seqused_k=seqused_k, device=q.device)
+                                  window_right=window_right, seqused_k=seqused_k, device=q.device, key_mask=key_mask)
     group = q.shape[1] // k.shape[1]
     k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
     s = q @ k.transpose(-1, -2) * scale

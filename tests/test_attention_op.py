@@ -80,10 +80,13 @@ def test_seqused_k_and_bottom_right_alignment():
         torch.testing.assert_close(out[b:b + 1], expected)
 
 
-def masked_sdpa_with_keep(q, k, v, scale, keep):
+def masked_sdpa_with_keep(q, k, v, scale, keep, softcap=0.0):
     group = q.shape[1] // k.shape[1]
     k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
-    s = (q @ k.transpose(-1, -2) * scale).masked_fill(~keep, float("-inf"))
+    s = q @ k.transpose(-1, -2) * scale
+    if softcap:
+        s = softcap * torch.tanh(s / softcap)
+    s = s.masked_fill(~keep, float("-inf"))
     return torch.softmax(s, -1).nan_to_num() @ v
 
 
@@ -187,3 +190,60 @@ def test_lengths_reach_kernels_with_unit_stride(lengths):
 
     got = layout.lengths_int32(lengths, "cpu")
     assert got.dtype == torch.int32 and got.stride() == (1,) and torch.equal(got, lengths.int())
+
+
+def random_key_mask(b, sk, generator=None):
+    """Left padding, right padding and holes, every sequence with at least one visible key."""
+    mask = torch.rand(b, sk, generator=generator) > 0.3
+    mask[0, : sk // 2] = False  # left padding
+    mask[-1, sk // 2:] = False  # right padding
+    mask[:, sk // 2] = True
+    return mask
+
+
+@pytest.mark.parametrize("flags", [dict(), dict(causal=True), dict(causal=True, window_left=3), dict(softcap=2.0)],
+                         ids=str)
+def test_key_mask_matches_float64(flags):
+    q, k, v = qkv(b=3, hq=8, hkv=2, sq=9, sk=9, dtype=torch.float32)
+    key_mask = random_key_mask(3, 9)
+    out, lse = ATTENTION(q, k, v, None, key_mask, scale=0.3, **flags)
+    i, j = torch.arange(9)[:, None], torch.arange(9)[None, :]
+    keep = key_mask[:, None, None, :] & (j <= i if flags.get("causal") else True)
+    if "window_left" in flags:
+        keep = keep & (j >= i - flags["window_left"])
+    expected = masked_sdpa_with_keep(q.double(), k.double(), v.double(), 0.3, keep, flags.get("softcap", 0.0))
+    blind = ~keep.any(-1)  # rows that see no key: zeros and lse -inf, as the contract says
+    expected = expected.masked_fill(blind[..., None], 0.0)
+    torch.testing.assert_close(out.double(), expected, atol=2e-6, rtol=2e-6)
+    assert torch.equal(lse.isinf(), blind.expand_as(lse))
+
+
+def test_key_mask_with_seqused_k_and_a_cache():
+    """Decode over a cache: the key mask hides keys on top of the used length and the bottom-right diagonal."""
+    q, k, v = qkv(b=2, sq=2, sk=12, dtype=torch.float64)
+    used = torch.tensor([12, 7], dtype=torch.int32)
+    key_mask = random_key_mask(2, 12)
+    out, _ = ATTENTION(q, k, v, used, key_mask, scale=0.25, causal=True)
+    for b, n in enumerate(used.tolist()):
+        keep = (torch.arange(n)[None, :] <= torch.arange(2)[:, None] + n - 2) & key_mask[b, :n]
+        expected = masked_sdpa_with_keep(q[b:b + 1], k[b:b + 1, :, :n], v[b:b + 1, :, :n], 0.25, keep)
+        torch.testing.assert_close(out[b:b + 1], expected)
+
+
+def test_key_mask_opcheck_and_gradcheck():
+    q, k, v = qkv(b=2, sq=5, sk=5, d=8, dtype=torch.float64, requires_grad=True)
+    key_mask = random_key_mask(2, 5)
+    torch.library.opcheck(ATTENTION, (q, k, v, None, key_mask), dict(scale=0.3, causal=True))
+    plain = [t.detach() for t in (q, k, v)]
+    out, lse = ATTENTION(*plain, None, key_mask, scale=0.3, causal=True)
+    torch.library.opcheck(BACKWARD, (torch.randn_like(out), *plain, out, lse, None, None, key_mask),
+                          dict(scale=0.3, causal=True))
+    torch.autograd.gradcheck(lambda q, k, v: ATTENTION(q, k, v, None, key_mask, scale=0.3)[0], (q, k, v))
+
+
+def test_key_mask_must_be_bool_b_by_sk():
+    q, k, v = qkv(b=2, sq=3, sk=5)
+    with pytest.raises(ValueError, match="bool key_mask"):
+        ATTENTION(q, k, v, None, torch.ones(2, 5), scale=0.3)
+    with pytest.raises(RuntimeError, match=r"key_mask must have shape \[B, Sk\]"):
+        ATTENTION(q, k, v, None, torch.ones(2, 4, dtype=torch.bool), scale=0.3)

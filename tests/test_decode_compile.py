@@ -34,6 +34,7 @@ MAIN_VARIANTS = [
     (torch.bfloat16, 128, 16, True, False, True, False),
     (torch.bfloat16, 256, 1, True, False, True, True),
 ]
+KEY_MASK_VARIANTS = [(torch.bfloat16, 128, 4, True, False, True, True), (torch.float16, 64, 8, True, True, True, False)]
 
 
 @pytest.mark.parametrize("variant", MAIN_VARIANTS, ids=lambda v: "-".join(map(str, v)).replace("torch.", ""))
@@ -41,6 +42,12 @@ def test_main_kernel_compiles(cute_dsl, variant):
     key = decode._Key("main", *variant, ARCH, stages=decode.stages_for(variant[1]))
     assert callable(decode.compiled(key))
     assert decode.compiled(key) is decode.compiled(key)  # the explicit cache holds it
+
+
+@pytest.mark.parametrize("variant", KEY_MASK_VARIANTS, ids=lambda v: "-".join(map(str, v)).replace("torch.", ""))
+def test_main_kernel_with_a_key_mask_compiles(cute_dsl, variant):
+    key = decode._Key("main", *variant, ARCH, stages=decode.stages_for(variant[1]), key_mask=True)
+    assert callable(decode.compiled(key))
 
 
 @pytest.mark.parametrize(

@@ -50,24 +50,24 @@ def flags(d, causal=False, softcap=0.0, scale=None):
                 softcap=softcap)
 
 
-def check(q, k, v, seqused_k=None, splits=None, via_op=False, **fl):
+def check(q, k, v, seqused_k=None, splits=None, via_op=False, key_mask=None, **fl):
     """Run the decode kernel (directly, or through fa4::attention asserting it dispatches to it)
     and compare out / lse with the float64 reference."""
     if via_op:
-        name, why = attention_op.kernel_for(q, k, v, seqused_k=seqused_k, **fl)
+        name, why = attention_op.kernel_for(q, k, v, key_mask, seqused_k=seqused_k, **fl)
         assert name == "decode", why
-        out, lse = ATTENTION(q, k, v, seqused_k, **fl)
+        out, lse = ATTENTION(q, k, v, seqused_k, key_mask, **fl)
     else:
-        assert decode.unsupported_reason(q, k, v, seqused_k=seqused_k, **fl) is None
-        out, lse = decode.forward(q, k, v, seqused_k, splits=splits, **fl)
+        assert decode.unsupported_reason(q, k, v, seqused_k=seqused_k, key_mask=key_mask, **fl) is None
+        out, lse = decode.forward(q, k, v, seqused_k, key_mask, splits=splits, **fl)
     b, hq, sq, dv = out.shape
     assert out.dtype == q.dtype and out.stride() == (sq * hq * dv, dv, hq * dv, 1)
     assert lse.dtype == torch.float32 and lse.shape == (b, hq, sq) and lse.is_contiguous()
     # Keys past seqused_k may hold anything: the reference must not see them either.
     ref_out, ref_lse = reference.attention_forward(q.double(), k.double().nan_to_num(0.0), v.double().nan_to_num(0.0),
-                                                   seqused_k=seqused_k, **fl)
+                                                   seqused_k=seqused_k, key_mask=key_mask, **fl)
     k_clean, v_clean = k.nan_to_num(0.0), v.nan_to_num(0.0)
-    assert_fa_rule("out", out, ref_out, eager(q, k_clean, v_clean, seqused_k, **fl)[0], fl["softcap"])
+    assert_fa_rule("out", out, ref_out, eager(q, k_clean, v_clean, seqused_k, key_mask, **fl)[0], fl["softcap"])
     torch.testing.assert_close(lse.double(), ref_lse, rtol=0, atol=1e-3 + fl["softcap"] * 2 ** -9)
     return out, lse
 
@@ -103,6 +103,42 @@ def test_seqused_k_differs_across_the_batch(causal, layout, splits):
         for i, n in enumerate(used.tolist()):
             t[i, :, n:] = float("nan")
     check(q, k, v, used, splits=splits, **flags(128, causal))
+
+
+def padding_key_mask(b, sk, generator_seed=0):
+    """Left padding, right padding, holes and a sequence whose keys are all hidden."""
+    g = torch.Generator().manual_seed(generator_seed)
+    mask = torch.rand(b, sk, generator=g) > 0.2
+    mask[0, : sk // 3] = False
+    mask[1, sk // 2:] = False
+    mask[-1] = False
+    return mask.cuda()
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("sq", [1, 3])
+@pytest.mark.parametrize("splits", [None, 1, 7])
+def test_key_mask(causal, sq, splits):
+    """A padding mask on top of seqused_k (HF generate with a static cache): rows of the all-hidden
+    sequence get zeros and lse -inf, like every row that sees no key."""
+    q, k, v = make_inputs(b=4, group=4, sq=sq, sk=2003, layout="bhsd")
+    used = torch.tensor([2003, 1500, 700, 2003], dtype=torch.int32, device="cuda")
+    mask = padding_key_mask(4, 2003)
+    out, lse = check(q, k, v, used, splits=splits, key_mask=mask, **flags(128, causal))
+    assert (lse[-1] == float("-inf")).all() and (out[-1] == 0).all()
+
+
+def test_key_mask_through_the_op_and_the_sdpa_fallback_for_prefill():
+    q, k, v = make_inputs(b=4, group=4, sq=1, sk=4096)
+    check(q, k, v, key_mask=padding_key_mask(4, 4096), via_op=True, **flags(128, causal=True))
+    q, k, v = make_inputs(b=4, group=4, sq=300, sk=300)  # prefill-shaped: FA4 takes no key mask
+    mask = padding_key_mask(4, 300)
+    fl = flags(128, causal=True)
+    name, why = attention_op.kernel_for(q, k, v, mask, **fl)
+    assert name == "sdpa" and "key mask" in why, why
+    out, _ = ATTENTION(q, k, v, None, mask, **fl)
+    ref_out, _ = reference.attention_forward(q.double(), k.double(), v.double(), seqused_k=None, key_mask=mask, **fl)
+    assert_fa_rule("out", out, ref_out, eager(q, k, v, None, mask, **fl)[0])
 
 
 def test_seqused_k_shorter_than_query():
@@ -203,10 +239,12 @@ def test_bench_entry_point_runs():
     assert result["max_abs_diff_vs_sdpa"] < 2e-2
 
 
-def test_llama_static_cache_decode_runs_the_decode_kernel(monkeypatch):
+@pytest.mark.parametrize("attention_mask", [False, True], ids=["no-mask", "generate-mask"])
+def test_llama_static_cache_decode_runs_the_decode_kernel(monkeypatch, attention_mask):
     """A Llama-style HF model (head dim 128, 4 query / 1 KV heads), compiled with our backend under
-    `mode="reduce-overhead"`, decodes from a static cache through the decode kernel; its logits are
-    judged like the kernels: error against the float32 model at most 2x bf16 eager's, plus 1e-3."""
+    `mode="reduce-overhead"`, decodes from a static cache through the decode kernel (with generate's
+    attention mask: as its key_mask); its logits are judged like the kernels: error against the
+    float32 model at most 2x bf16 eager's, plus 1e-3."""
     from transformers import LlamaConfig, LlamaForCausalLM, StaticCache
 
     config = LlamaConfig(vocab_size=512, hidden_size=512, intermediate_size=1024, num_hidden_layers=2,
@@ -223,14 +261,17 @@ def test_llama_static_cache_decode_runs_the_decode_kernel(monkeypatch):
     def run(m, compile_backend=None):
         cache = StaticCache(config=config, max_cache_len=1024)
 
-        def step(token, position):
-            return m(token, position_ids=position, past_key_values=cache, use_cache=True).logits[:, -1]
+        def step(token, position, mask):
+            return m(token, position_ids=position, past_key_values=cache, use_cache=True, attention_mask=mask).logits[:, -1]
 
         fn = torch.compile(step, backend=compile_backend, mode="reduce-overhead", fullgraph=True) \
             if compile_backend else step
         m(prompt, position_ids=torch.arange(600, device="cuda")[None], past_key_values=cache, use_cache=True)
-        return torch.stack([fn(steps[:, i:i + 1].clone(), torch.tensor([[600 + i]], device="cuda")).float().clone()
-                            for i in range(steps.shape[1])])
+        logits = []
+        for i in range(steps.shape[1]):  # generate's mask: ones over the tokens so far
+            mask = torch.ones(1, 600 + i + 1, dtype=torch.long, device="cuda") if attention_mask else None
+            logits.append(fn(steps[:, i:i + 1].clone(), torch.tensor([[600 + i]], device="cuda"), mask).float().clone())
+        return torch.stack(logits)
 
     torch._dynamo.reset()
     with torch.no_grad():

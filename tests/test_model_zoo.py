@@ -2,8 +2,8 @@
 weights, `fa4_inductor.hf`), prefill and KV-cache decode, and a gpt-fast-style decoder with its KVCache.
 
 Each test counts the `fa4::attention` calls in the compiled graphs (every attention layer), and compares
-with eager in float32 (the graphs run the op's CPU reference). Padded inputs are right-padded; every
-output row is compared, padded ones included (the mask only hides keys, so they match eager too).
+with eager in float32 (the graphs run the op's CPU reference). Padded inputs are right-padded, and
+decoders are also left-padded (what `generate` does); every output row is compared, padded ones included.
 """
 
 import pytest
@@ -30,9 +30,11 @@ def tiny(name, attn_implementation):
 def prefill_cases():
     for name in DECODERS + ENCODERS:
         for impl in IMPLEMENTATIONS:
-            yield pytest.param(name, impl, False, id=f"{name}-{impl}")
-            if name in ("bert", "roberta", "bart"):
-                yield pytest.param(name, impl, True, id=f"{name}-{impl}-padded")
+            yield pytest.param(name, impl, None, id=f"{name}-{impl}")
+            if name in ("bert", "roberta", "bart") + tuple(DECODERS):
+                yield pytest.param(name, impl, "right", id=f"{name}-{impl}-padded")
+            if name in DECODERS:
+                yield pytest.param(name, impl, "left", id=f"{name}-{impl}-left-padded")
 
 
 def compile_and_run(fn, kwargs, **options):
@@ -45,8 +47,11 @@ def compile_and_run(fn, kwargs, **options):
 
 @pytest.mark.parametrize("name, impl, padding", prefill_cases())
 def test_prefill_every_attention_layer_is_rewritten(name, impl, padding):
+    """Decoders' `causal & padding` masks reach the op as its key_mask (encoders': seqused_k)."""
     model = tiny(name, impl)
-    kwargs = model.inputs(padding=padding)
+    kwargs = model.inputs(padding=padding is not None)
+    if padding == "left":
+        kwargs["attention_mask"] = kwargs["attention_mask"].flip(-1)
     recorder, got = compile_and_run(model.forward, kwargs)
     assert recorder.count() == model.attention_layers, [str(r) for r in recorder.records]
     assert all(r.rewritten for r in recorder.records), [str(r) for r in recorder.records]
@@ -71,15 +76,17 @@ def generate_with_static_cache(forward, model, prompt, steps, capacity=16, atten
     return logits, cache
 
 
+@pytest.mark.parametrize("causal_padding", [False, True], ids=["key-mask", "causal-padding"])
 @pytest.mark.parametrize("impl", IMPLEMENTATIONS)
 @pytest.mark.parametrize("name", DECODERS)
-def test_static_cache_decode_every_layer_is_rewritten(name, impl):
+def test_static_cache_decode_every_layer_is_rewritten(name, impl, causal_padding):
     """Prefill, then decode past the sliding window (4) where there is one, with generate's all-ones
-    attention mask (rewritten under causal_padding=True): two graphs, every layer rewritten."""
+    attention mask (the op's key_mask by default; checked to hide nothing under causal_padding=True):
+    two graphs, every layer rewritten."""
     model = tiny(name, impl)
     prompt, steps = torch.randint(0, 128, (2, 6)), torch.randint(0, 128, (2, 5))
     torch._dynamo.reset()
-    recorder = Recorder(causal_padding=True)
+    recorder = Recorder(causal_padding=causal_padding)
     with torch.no_grad():
         compiled = torch.compile(model.forward, backend=recorder)
         got, _ = generate_with_static_cache(compiled, model.model, prompt, steps, attention_mask=True)
@@ -88,6 +95,7 @@ def test_static_cache_decode_every_layer_is_rewritten(name, impl):
     decode_calls = recorder.calls(recorder.graphs[1])
     assert len(decode_calls) == model.attention_layers
     assert all(n.args[3] is not None for n in decode_calls)  # seqused_k: the cache length
+    assert all((len(n.args) > 4) != causal_padding for n in decode_calls)  # key_mask: generate's mask
     assert recorder.count() == 2 * model.attention_layers and not recorder.reasons, recorder.reasons
     for g, e in zip(got, expected):
         torch.testing.assert_close(g, e, atol=1e-5, rtol=1e-5)
@@ -141,13 +149,12 @@ def test_padding_option_off_keeps_padding_masks():
     assert set(recorder.reasons) == {"a run-time key-padding mask, and the padding option is off"}
 
 
-def test_decoder_padded_batch_is_stopped_by_the_run_time_check():
-    """Causal + padding: exact only when the mask hides no key the causal band shows, checked at run time."""
+def test_decoder_padded_batch_is_stopped_by_the_run_time_check_under_causal_padding():
+    """`backend(causal_padding=True)`: FA4's fast path for causal + padding, exact only when the mask hides
+    no key the causal band shows, checked at run time."""
     model = tiny("qwen2", "sdpa")
     kwargs = model.inputs(padding=True)
     unpadded = {**kwargs, "attention_mask": torch.ones_like(kwargs["attention_mask"])}
-    default, _ = compile_and_run(model.forward, unpadded)
-    assert default.count() == 0 and all("causal_padding=True" in r for r in default.reasons), default.reasons
     recorder, _ = compile_and_run(model.forward, unpadded, causal_padding=True)
     assert recorder.count() == model.attention_layers
     with torch.no_grad(), pytest.raises(RuntimeError, match="hides keys that the causal mask shows"):

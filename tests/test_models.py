@@ -89,10 +89,10 @@ def test_every_attention_layer_is_rewritten(name):
     torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
 
 
-def test_hf_left_padding_is_stopped_or_kept_with_reason():
-    """Causal + padding: by default the attention stays as written and the report says why; opted in with
-    causal_padding=True, it is rewritten with a run-time check that the mask hides nothing (it does
-    here, so the call stops)."""
+def test_hf_left_padding_is_rewritten_with_a_key_mask_or_stopped_under_causal_padding():
+    """Causal + left padding: by default the op takes the mask as its key_mask and matches eager (rows
+    that see no key included); opted in with causal_padding=True, it is rewritten with a run-time check
+    that the mask hides nothing (it does here, so the call stops)."""
     model = hf_llama("eager")
     tokens = torch.randint(0, 128, (2, 10))
     padding = torch.ones(2, 10, dtype=torch.long)
@@ -105,8 +105,8 @@ def test_hf_left_padding_is_stopped_or_kept_with_reason():
     with torch.no_grad():
         got = torch.compile(model, backend=recorder)(tokens, attention_mask=padding)
         torch.testing.assert_close(got, model(tokens, attention_mask=padding))
-    assert recorder.count() == 0
-    assert len(recorder.reasons) == 3 and all("causal_padding=True" in r for r in recorder.reasons), recorder.reasons
+    assert recorder.count() == 3 and not recorder.reasons, recorder.reasons
+    assert all("key_mask=padding mask, rows that see no key: mean of V" in r.detail for r in recorder.records)
 
 
 @pytest.mark.parametrize("attention", ["eager", "sdpa"])

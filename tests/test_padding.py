@@ -1,5 +1,6 @@
-"""Key-padding masks from a run-time `attention_mask` -> `fa4::attention(..., seqused_k=mask.sum(-1))` with an
-in-graph check that the mask is right padding (lowering/padding.py)."""
+"""Key-padding masks from a run-time `attention_mask` (lowering/padding.py): without a causal band ->
+`fa4::attention(..., seqused_k=mask.sum(-1))` with an in-graph check that the mask is right padding; with
+one -> `fa4::attention(..., key_mask=mask != 0)`, exact for any padding."""
 
 import expecttest
 import pytest
@@ -33,6 +34,18 @@ def bert_extended_mask_handwritten(q, k, v, attention_mask):
     extended = (1.0 - attention_mask[:, None, None, :].to(q.dtype)) * torch.finfo(q.dtype).min
     scores = q @ k.transpose(-2, -1) / q.shape[-1] ** 0.5 + extended
     return scores.softmax(-1) @ v
+
+
+def causal_and_padding_sdpa(q, k, v, attention_mask):
+    causal = torch.ones(S, S, dtype=torch.bool).tril()
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=causal & attention_mask.bool()[:, None, None, :])
+
+
+def causal_and_padding_additive(q, k, v, attention_mask):
+    """HF eager attention: `causal & padding` as one additive finfo.min mask on hand-written scores."""
+    keep = torch.ones(S, S, dtype=torch.bool).tril() & attention_mask.bool()[:, None, None, :]
+    bias = torch.zeros(keep.shape, dtype=q.dtype).masked_fill(~keep, torch.finfo(q.dtype).min)
+    return torch.softmax(q @ k.transpose(-2, -1) / q.shape[-1] ** 0.5 + bias, dim=-1) @ v
 
 
 class TestPadding(expecttest.TestCase):
@@ -82,15 +95,42 @@ attention_out: f32[3, 4, 8, 16] = getitem(fa4_attention, 0)""")
                 with pytest.raises(RuntimeError, match="not right padding"):
                     compiled(q, k, v, bad)
 
-    def test_causal_with_unpadded_mask(self):
-        """`causal & padding` (HF decoders): exact when the mask hides nothing, which a run-time check asserts."""
-        def fn(q, k, v, attention_mask):
-            causal = torch.ones(S, S, dtype=torch.bool).tril()
-            return F.scaled_dot_product_attention(q, k, v, attn_mask=causal & attention_mask.bool()[:, None, None, :])
+    def test_causal_padding_becomes_a_key_mask(self):
+        """`causal & padding` (HF decoders), by default: the op takes the mask; left padding, right padding and
+        holes all match eager, left-padded rows (no visible key) included: zeros, as SDPA's safe softmax gives."""
+        rec = self.check(causal_and_padding_sdpa, right_padding())
+        self.assertExpectedInline(rec.summary, """\
+bool_1: b8[3, 8] = .bool(l_attention_mask_)
+narrow: b8[3, 8] = narrow(bool_1, 1, 0, 8)
+key_mask: b8[3, 8] = ne(narrow, 0)
+fa4_attention: (f32[3, 4, 8, 16], f32[3, 4, 8]) = fa4.attention(l_q_, l_k_, l_v_, None, key_mask, scale=0.25, causal=True)
+attention_out: f32[3, 4, 8, 16] = getitem(fa4_attention, 0)""")
+        q, k, v = qkv()
+        compiled = torch.compile(causal_and_padding_sdpa, backend=Recorder())
+        holes = (torch.rand(B, S, generator=torch.Generator().manual_seed(0)) > 0.4).long()
+        for mask in (right_padding().flip(-1), right_padding(), holes):
+            torch.testing.assert_close(compiled(q, k, v, mask), causal_and_padding_sdpa(q, k, v, mask))
 
-        default = self.check(fn, torch.ones(B, S, dtype=torch.long))
-        self.assertEqual(default.count(), 0)
-        self.assertIn("causal_padding=True", default.reasons[0])
+    def test_hf_eager_causal_padding_rows_that_see_no_key_get_the_mean_of_v(self):
+        """HF's eager attention: one additive finfo.min mask; a left-padded query row sees no key, and eager's
+        softmax over equal scores gives the mean of V over all keys, which the rewrite reproduces."""
+        rec = self.check(causal_and_padding_additive, right_padding().flip(-1))
+        self.assertEqual(rec.count(), 1)
+        self.assertIn("key_mask=padding mask, rows that see no key: mean of V", rec.records[0].detail)
+
+    def test_minus_inf_causal_padding_in_a_handwritten_softmax_keeps_its_mask(self):
+        def fn(q, k, v, attention_mask):
+            keep = torch.ones(S, S, dtype=torch.bool).tril() & attention_mask.bool()[:, None, None, :]
+            return (q @ k.transpose(-2, -1)).masked_fill(~keep, float("-inf")).softmax(-1) @ v
+
+        rec = self.check(fn, right_padding())
+        self.assertEqual(rec.count(), 0)
+        self.assertIn("NaN or weighted over part of the keys in eager", rec.reasons[0])
+
+    def test_causal_with_unpadded_mask(self):
+        """`backend(causal_padding=True)`: FA4's fast path, exact when the mask hides nothing, which a run-time
+        check asserts."""
+        fn = causal_and_padding_sdpa
         rec = self.check(fn, torch.ones(B, S, dtype=torch.long), causal_padding=True)
         self.assertExpectedInline(rec.summary, """\
 bool_1: b8[3, 8] = .bool(l_attention_mask_)

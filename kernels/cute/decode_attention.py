@@ -19,7 +19,7 @@ Decode is bound by reading K and V once, so the kernel is organised around the K
   (normalised) and its log2-domain lse for `DecodeCombine` to merge.
 
 Masking (FlashAttention's bottom-right rule): query row i sees key j when j < seqlen_k and, if
-causal, j <= i + seqlen_k - Sq. Keys past seqlen_k are never read: their shared-memory rows are
+causal, j <= i + seqlen_k - Sq, and, with a key mask (a padding mask, [B, Sk] bytes), key_mask[b, j]. Keys past seqlen_k are never read: their shared-memory rows are
 zero-filled, so stale or non-finite cache contents cannot reach P @ V. Scores live in the log2
 domain (scale * log2(e) folded in; softcap applied as softcap * tanh(s * scale / softcap)); a row
 whose running max is still -inf uses 0 as its max, so no -inf - -inf ever happens.
@@ -75,17 +75,17 @@ def _quad_sum(x: Float32) -> Float32:
 
 class DecodeAttentionSm90:
     """One compiled variant per (dtype, head_dim, group, causal, softcap on/off, seqused_k given,
-    split or not, ring depth `stages` >= 2: the merge reuses the K ring); everything else (batch,
-    heads, Sq, Sk, strides, split count) is a runtime value.
+    key mask given, split or not, ring depth `stages` >= 2: the merge reuses the K ring); everything
+    else (batch, heads, Sq, Sk, strides, split count) is a runtime value.
 
-    Call: (mQ, mK, mV, mSeqused, mO, mLSE, mOpart, mLSEpart, scale_log2, softcap_in, softcap_out,
-    stream). mO [B, Hq, Sq, D] (any strides, unit on D) and mLSE [B, Hq, Sq] fp32 are written when
+    Call: (mQ, mK, mV, mSeqused, mKeyMask, mO, mLSE, mOpart, mLSEpart, scale_log2, softcap_in,
+    softcap_out, stream). mKeyMask [B, Sk] uint8 (nonzero: visible), unit stride on Sk. mO [B, Hq, Sq, D] (any strides, unit on D) and mLSE [B, Hq, Sq] fp32 are written when
     not split; mOpart [B, Hkv * row_tiles, splits, 16, D] fp32 and mLSEpart [B, Hkv * row_tiles,
     splits, 16] fp32 (log2 domain) when split (grid x = splits comes from mOpart's shape).
     """
 
     def __init__(self, dtype, head_dim: int, group: int, causal: bool, has_softcap: bool,
-                 has_seqused: bool, split: bool, stages: int):
+                 has_seqused: bool, split: bool, stages: int, has_key_mask: bool = False):
         assert head_dim in (64, 128, 256), head_dim
         assert stages >= 2, stages
         self.dtype = dtype
@@ -94,6 +94,7 @@ class DecodeAttentionSm90:
         self.causal = causal
         self.has_softcap = has_softcap
         self.has_seqused = has_seqused
+        self.has_key_mask = has_key_mask
         self.split = split
         self.stages = stages
         self.num_threads = 32 * NUM_WARPS
@@ -105,6 +106,7 @@ class DecodeAttentionSm90:
         mK: cute.Tensor,
         mV: cute.Tensor,
         mSeqused: Optional[cute.Tensor],
+        mKeyMask: Optional[cute.Tensor],
         mO: Optional[cute.Tensor],
         mLSE: Optional[cute.Tensor],
         mOpart: Optional[cute.Tensor],
@@ -142,7 +144,7 @@ class DecodeAttentionSm90:
         if const_expr(self.split):
             num_splits = mOpart.shape[2]
         self.kernel(
-            mQ, mK, mV, mSeqused, mO, mLSE, mOpart, mLSEpart, scale_log2, softcap_in, softcap_out, row_tiles,
+            mQ, mK, mV, mSeqused, mKeyMask, mO, mLSE, mOpart, mLSEpart, scale_log2, softcap_in, softcap_out, row_tiles,
             sQ_layout, sKV_layout, sRed_layout, gmem_copy, tiled_mma, SharedStorage,
         ).launch(
             grid=(num_splits, mK.shape[1] * row_tiles, mK.shape[0]),
@@ -158,6 +160,7 @@ class DecodeAttentionSm90:
         mK: cute.Tensor,
         mV: cute.Tensor,
         mSeqused: Optional[cute.Tensor],
+        mKeyMask: Optional[cute.Tensor],
         mO: Optional[cute.Tensor],
         mLSE: Optional[cute.Tensor],
         mOpart: Optional[cute.Tensor],
@@ -284,6 +287,12 @@ class DecodeAttentionSm90:
             cute.arch.cp_async_commit_group()
             slot = it % stages
             tile = first + it * NUM_WARPS
+            if const_expr(self.has_key_mask):
+                # This thread's key columns, loaded before S = Q K^T so the load overlaps the MMAs
+                # (clamped: the last tile may pass Sk).
+                visible = cute.make_rmem_tensor((n_cols,), Int32)
+                for c in cutlass.range_constexpr(n_cols):
+                    visible[c] = Int32(mKeyMask[b, cutlass.min(tile * TILE_N + tScS[0, c][1], mK.shape[2] - 1)])
 
             acc_S = cute.make_rmem_tensor(thr_mma.partition_shape_C((TILE_M, TILE_N)), Float32)
             acc_S.fill(0.0)
@@ -300,7 +309,10 @@ class DecodeAttentionSm90:
                         x = cute.math.tanh(x * softcap_in) * softcap_out  # accurate tanh: decode has time to spare
                     else:
                         x = x * scale_log2
-                    s_mn[r, c] = x if tile * TILE_N + tScS[0, c][1] < limit[r] else -Float32.inf
+                    x = x if tile * TILE_N + tScS[0, c][1] < limit[r] else -Float32.inf
+                    if const_expr(self.has_key_mask):
+                        x = x if visible[c] != 0 else -Float32.inf
+                    s_mn[r, c] = x
                 row = s_mn[r, None].load()
                 m_prev = row_max[r]
                 m_new = cute.arch.fmax(m_prev, _quad_max(row.reduce(cute.ReductionOp.MAX, -Float32.inf, 0)))
