@@ -402,9 +402,12 @@ def bench_decode(
     fns = {"decode": ours, "sdpa": sdpa}
     if seqused:
         # What an exact SDPA call needs for per-sequence lengths: a key mask over the whole cache.
-        key_mask = (torch.arange(sk, device=device) < used[:, None])[:, None, None, :]
+        key_mask = torch.arange(sk, device=device) < used[:, None]
         fns["sdpa_mask"] = lambda: torch.nn.functional.scaled_dot_product_attention(
-            q, k, v, attn_mask=key_mask, scale=scale, enable_gqa=True)
+            q, k, v, attn_mask=key_mask[:, None, None, :], scale=scale, enable_gqa=True)
+        # Ours with the same mask as a key mask (what a padding mask from generate becomes).
+        warmup(dtype, d, hq // hkv, q_len, device, causal=causal, seqused_k=seqused, key_mask=True)
+        fns["decode_key_mask"] = lambda: forward(q, k, v, used, key_mask, scale=scale, causal=causal, splits=n_splits)
     try:
         from . import fa4
 
