@@ -17,14 +17,16 @@ class Options:
     """Fold K/V head repetition (repeat_kv, repeat_interleave, expand + reshape) into GQA."""
 
     padding: bool = True
-    """Rewrite non-causal attention under a run-time key-padding mask (encoders): seqused_k, with an
-    in-graph check that the mask is right padding; any other mask stops the program with an error."""
+    """Rewrite attention under a run-time key-padding mask (an `attention_mask`): the op takes the mask as
+    its key_mask, exact for left, right or holed padding (on CUDA: our decode kernel for decode-shaped
+    calls, the SDPA fallback otherwise, since FA4 takes no key mask)."""
 
-    causal_padding: bool = False
-    """Rewrite causal attention under a run-time padding mask (HF `generate`'s attention_mask), with an
-    in-graph check that the mask hides no key the causal band shows. Off by default: it holds for
-    unpadded batches only, and a padded batch would stop with an error (on CUDA a device-side assert,
-    which ends the process) where default torch.compile runs it."""
+    checked_padding: bool = False
+    """Send padding masks down FA4's fast paths instead, under an in-graph check: encoders' masks as
+    seqused_k (checked to be right padding), decoders' causal masks dropped (checked to hide no key the
+    causal band shows: unpadded batches, `generate`'s all-ones mask). A mask that fails the check stops
+    the program (on CUDA a device-side assert, which ends the process) where default torch.compile runs
+    it, hence off by default."""
 
     @classmethod
     def names(cls) -> list[str]:

@@ -61,9 +61,11 @@ class AttentionCall:
     matched: list = field(default_factory=list)
     gqa: str = ""
     seqused_k: Node | Shift | None = None  # a run-time key mask (padding.py) or query start (kv_cache.py)
-    covering_mask: KeyMask | None = None  # a run-time key mask that must hide none of the band's keys (padding.py)
-    key_mask: KeyMask | None = None  # a run-time key mask passed to the op as its key_mask (padding.py)
+    padding: KeyMask | None = None  # a run-time key mask (an attention_mask) on top of the band
     blind_rows: str = "zeros"  # what eager gives a query row that sees no key: "zeros", "mean" (of V) or "nan"
+    # How `padding` reaches the op (`_encode_padding`): its key_mask, or checked fast paths (padding.py).
+    key_mask: KeyMask | None = None
+    covering_mask: KeyMask | None = None  # must hide none of the band's keys (checked at run time)
 
 
 def _check_kernel_support(q: Node, k: Node, v: Node) -> None:
@@ -128,19 +130,11 @@ def _blind_rows(hidden_scores: list, sdpa: bool) -> str:
     return "nan"
 
 
-def _flags_for(band: Band, scores_shape) -> tuple[dict, Node | Shift | None, KeyMask | None]:
-    """The op's flags for the visible keys `band`, what its seqused_k is computed from, and a key mask that
-    must hide none of the visible keys (checked at run time).
-
-    A key mask alone is right padding (seqused_k = its sum). A key mask with a causal band cannot be: the
-    band's diagonal sits at seqused_k (bottom-right), so padding would move it; such a mask is exact only
-    if it hides nothing the band shows (no padding in the batch, HF generate's all-ones mask)."""
-    if band.keys is not None and not band.bounded:
-        if band.keys.start is not None:
-            raise Decline("a key-padding mask read from a run-time key offset, with no causal band")
-        return {}, band.keys.node, None
+def _flags_for(band: Band, scores_shape) -> tuple[dict, Shift | None, KeyMask | None]:
+    """The op's flags for the visible keys `band`, the run-time query start its seqused_k comes from
+    (a KV cache), and the run-time key mask on top of the band (a padding mask)."""
     if not band.bounded:
-        return {}, None, None
+        return {}, None, band.keys
     flags, shift = _band_flags(band, scores_shape)
     return flags, shift, band.keys
 
@@ -185,11 +179,11 @@ def match_sdpa(node: Node, constants: dict) -> AttentionCall:
         raise Decline(f"is_causal is not a constant ({is_causal})")
     _check_kernel_support(q, k, v)
     scores_shape = shape(q)[:-1] + (shape(k)[-2],)
-    flags, seqused_k, covering, blind = {}, None, None, "zeros"
+    flags, seqused_k, keys, blind = {}, None, None, "zeros"
     if attn_mask is not None:
         kind = "bool" if value(attn_mask).dtype == torch.bool else "additive"
         band, hidden = _mask_flags(kind, attn_mask, constants, scores_shape)
-        flags, seqused_k, covering = _flags_for(band, scores_shape)
+        flags, seqused_k, keys = _flags_for(band, scores_shape)
         blind = _blind_rows([hidden], sdpa=True)
     if is_causal:
         _require_square(scores_shape, "is_causal")
@@ -199,7 +193,7 @@ def match_sdpa(node: Node, constants: dict) -> AttentionCall:
     elif _constant(scale) is None:
         raise Decline(f"scale is not a constant ({scale})")
     return AttentionCall(q, k, v, output=node, scale=_constant(scale), flags=flags, matched=[node], seqused_k=seqused_k,
-                         covering_mask=covering, blind_rows=blind)
+                         padding=keys, blind_rows=blind)
 
 
 def _constant_factor(node: Node) -> tuple[Node, float] | None:
@@ -324,11 +318,11 @@ def match_handwritten(softmax: Node, constants: dict) -> AttentionCall | None:
     _check_kernel_support(q, k, v)
     if value(output).dtype != value(q).dtype:
         raise Decline(f"the output dtype {value(output).dtype} is not q's {value(q).dtype}")
-    flags, seqused_k, covering = _flags_for(band, scores_shape)
+    flags, seqused_k, keys = _flags_for(band, scores_shape)
     if softcap:
         flags["softcap"] = softcap
     return AttentionCall(q, k, v, output=output, scale=scale, flags=flags, matched=matched + [output],
-                         seqused_k=seqused_k, covering_mask=covering, blind_rows=_blind_rows(hidden_scores, sdpa=False))
+                         seqused_k=seqused_k, padding=keys, blind_rows=_blind_rows(hidden_scores, sdpa=False))
 
 
 def _strip_mask(node: Node, constants, scores_shape) -> tuple[Node, Band, float | None]:
@@ -479,6 +473,27 @@ def _describe_call(call: AttentionCall, kwargs: dict) -> str:
     return text + (f"; {call.gqa}" if call.gqa else "")
 
 
+def _encode_padding(call: AttentionCall, options) -> None:
+    """How a run-time padding mask reaches the op. By default as its key_mask (exact for any mask). With
+    `checked_padding`, FA4's fast paths under an in-graph check: alone, as seqused_k = its sum (right
+    padding asserted); on a causal band, dropped (asserted to hide none of the band's keys)."""
+    if not options.padding:
+        raise Decline("a run-time key-padding mask, and the padding option is off")
+    if options.checked_padding and not call.padding.plane:  # a 4-D mask input has no checked form
+        banded = call.seqused_k is not None or any(f in call.flags for f in ("causal", "window_left", "window_right"))
+        if banded:
+            call.covering_mask = call.padding
+        elif call.padding.start is not None:
+            raise Decline("a key-padding mask read from a run-time key offset, with no causal band")
+        else:
+            call.seqused_k = call.padding.node
+        return
+    if call.blind_rows == "nan":
+        raise Decline("a run-time padding mask where a query row that sees no key is NaN or weighted over part "
+                      "of the keys in eager (-inf fill in a hand-written softmax, or several masking steps)")
+    call.key_mask = call.padding
+
+
 def rewrite_attention(gm: GraphModule, constants: dict, options, fake_mode) -> list[Record]:
     """Rewrite every attention in gm that fa4::attention can take; one record per candidate."""
     records, shared = [], {}
@@ -496,13 +511,8 @@ def rewrite_attention(gm: GraphModule, constants: dict, options, fake_mode) -> l
             call = matcher(node, constants)
             if call is None:
                 continue
-            if (isinstance(call.seqused_k, Node) or call.covering_mask is not None) and not options.padding:
-                raise Decline("a run-time key-padding mask, and the padding option is off")
-            if call.covering_mask is not None and not options.causal_padding:
-                if call.blind_rows == "nan":
-                    raise Decline("a run-time padding mask on a causal band, where a query row that sees no key is "
-                                  "NaN or weighted over part of the keys in eager (-inf fill, or several masking steps)")
-                call.key_mask, call.covering_mask = call.covering_mask, None
+            if call.padding is not None:
+                _encode_padding(call, options)
             _fold_gqa(call, options.gqa)
             records.append(Record(family, where, True, emit(gm, call, fake_mode, shared), module_path(node)))
         except Decline as e:

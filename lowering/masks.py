@@ -16,8 +16,8 @@ Two kinds of run-time data are followed exactly, and become `fa4::attention`'s s
                key positions, or a band buffer's rows picked by `input_pos` (gpt-fast): a band that
                moves by start at run time (`Band.shift`, `Shift`; kv_cache.py)
     key masks  `m[arange(B)[:, None, None, None], kv_positions]` or `m[:, None, None, :]` of a [B, L]
-               tensor m (an `attention_mask`): visible keys per sequence (`Band.keys`, `KeyMask`;
-               padding.py), with a run-time check of what the replacement assumes about m
+               tensor m (an `attention_mask`), or a boolean [B, 1, 1, Sk] graph input (HF `generate`
+               hands decode steps one): visible keys per sequence (`Band.keys`, `KeyMask`; padding.py)
 
 The use site turns the value into the set of visible keys (`keep_band`):
 
@@ -68,10 +68,12 @@ class Shift:
 @dataclass(frozen=True)
 class KeyMask:
     """A [B, L] run-time tensor of visible key positions (an `attention_mask`): key slot j is visible in
-    sequence b when node[b, start + j] != 0; `start` is a SymInt key offset (HF's sliding-window cache) or None."""
+    sequence b when node[b, start + j] != 0; `start` is a SymInt key offset (HF's sliding-window cache) or None.
+    `plane`: node is a boolean [B, 1, 1, L] graph input, read as node[:, 0, 0, :]."""
 
     node: Node
     start: Node | None = None
+    plane: bool = False
 
 
 @dataclass(frozen=True)
@@ -328,7 +330,12 @@ def evaluate(node, constants: dict) -> TwoValued:
     if node.op == "placeholder":
         if node in constants:
             return _band_of_values(constants[node][1])
-        raise MaskNotUnderstood(f"the mask is the graph input {node.name}; its values are unknown when compiling")
+        v = value(node)
+        if isinstance(v, torch.Tensor) and v.dtype == torch.bool and v.dim() == 4 and \
+                same_size(v.shape[1], 1) and same_size(v.shape[2], 1):
+            return TwoValued(Band(keys=KeyMask(node, plane=True)), True, False)
+        raise MaskNotUnderstood(f"the mask is the graph input {node.name}; its values are unknown when compiling "
+                                "(only a boolean [B, 1, 1, Sk] input is read, as a key mask)")
     if ONES(node):
         return _coerce(node, _uniform(1))
     if ZEROS(node):

@@ -5,35 +5,33 @@ masks.py recognizes a [B, Sk] tensor m of visible keys read as a mask over the s
     m.to(bool)[arange(B)[:, None, None, None], kv_positions]      HF masking_utils (then where / +)
     (1.0 - m[:, None, None, :]) * finfo.min                       BERT-style extended masks
 
-Its values are data, so the graph cannot prove that m is right padding (1...1 0...0). The replacement
-computes seqused_k = m.sum(-1) and checks at run time, in the graph, that m is exactly that:
+Its values are data: nothing in the graph says whether m is right padding, left padding or holed.
+
+By default (`attention._encode_padding`) the op takes the mask itself, `key_mask = m[:, start : start
++ Sk] != 0` (one per graph and key length), which hides keys on top of any band (causal, window, a
+KV cache's length): exact for every mask. A query row whose keys are all hidden (a left-padded
+position under a causal band, an all-padding sequence) gets what eager gives it: zeros for SDPA's
+boolean or -inf masks (its safe softmax), the mean of V over all keys for a finfo.min mask applied in
+one step (every score the same: `blind_rows_as_mean`); -inf in a hand-written softmax (NaN in eager)
+or several masking steps keep their mask, with the reason. On CUDA, decode-shaped calls with a key
+mask run on our decode kernel, the others on the SDPA fallback (FA4 takes no key mask).
+
+`backend(checked_padding=True)` sends padding masks down FA4's fast paths, under one small in-graph
+check each (an exception on CPU, a device-side assert on CUDA, which ends the process: hence opt-in):
+
+- no band (encoders): seqused_k = m.sum(-1), with m checked to be right padding, first key visible
+  (an all-padding row means uniform weights to eager and zeros to the kernel):
 
     torch._assert_async((m == 0 | m == 1).all() & (m[:, 1:] <= m[:, :-1]).all() & (m[:, 0] == 1).all())
 
-The check is one small fused kernel (a device assert on CUDA, an exception on CPU): a left-padded or
-holed mask stops the program instead of giving a wrong answer. The first key must be visible, since
-an all-padding row means different things to eager (uniform weights over finfo.min scores) and to
-the kernel (zeros). Compile with `fa4_inductor.backend(padding=False)` to keep such masks as written.
-Queries at padded positions see the same keys as in eager (the mask only hides keys), so every
-output row matches, padded ones included.
-
-With a causal or window band (decoder LLMs: HF always builds `causal & padding`), seqused_k would move
-the bottom-right-aligned diagonal, so padding cannot be encoded that way. By default the op takes the
-mask itself, `key_mask = m[:, start : start + Sk] != 0` (one per graph and key length), which hides
-keys on top of the band: exact for any padding, left, right or holed. A query row whose keys are all
-hidden (a left-padded position) gets what eager gives it: zeros for SDPA's boolean or -inf masks (its
-safe softmax), the mean of V over all keys for a finfo.min mask applied in one step (every score the
-same); -inf in a hand-written softmax (NaN in eager) or several masking steps keep their mask.
-On CUDA a key mask runs on the SDPA fallback (FA4 and our decode kernel take none yet).
-
-`backend(causal_padding=True)` keeps FA4's fast path for batches known to be unpadded (HF generate's
-all-ones mask, padded in decode to the cache length): the mask is then exact only when it hides none
-of the keys the band shows, which the replacement checks at run time,
+  Queries at padded positions see the same keys as in eager, so every output row matches.
+- a causal or window band (decoders: HF builds `causal & padding`): seqused_k would move the
+  bottom-right-aligned diagonal, so the mask is dropped, which is exact only when it hides none of
+  the keys the band shows (an unpadded batch, HF generate's all-ones mask padded to the cache length):
 
     torch._assert_async(((m != 0) | (arange(Sk)[None, :] >= seqused_k[:, None])).all())
 
-(`m != 0` everywhere when there is no cache), so a padded batch stops with a message instead of
-running with the wrong mask (a device-side assert ends a CUDA process, hence opt-in).
+  (`m != 0` everywhere when there is no cache).
 """
 
 from __future__ import annotations
@@ -48,7 +46,7 @@ from .spellings import value
 
 NOT_RIGHT_PADDING = ("fa4_inductor: the attention mask is not right padding (1...1 0...0 per row, first key visible); "
                      "this graph was compiled for right-padded masks. "
-                     "Use fa4_inductor.backend(padding=False) for other masks.")
+                     "Compile without fa4_inductor.backend(checked_padding=True) for other masks.")
 
 
 def seqused_k(make, m: Node) -> Node:
@@ -64,7 +62,7 @@ def seqused_k(make, m: Node) -> Node:
 
 HIDES_VISIBLE_KEYS = ("fa4_inductor: the attention mask hides keys that the causal mask shows (a padded batch); "
                       "this graph was compiled for unpadded input. "
-                      "Compile without fa4_inductor.backend(causal_padding=True) for padded batches.")
+                      "Compile without fa4_inductor.backend(checked_padding=True) for padded batches.")
 
 
 def check_hides_none(make, keys: KeyMask, seqused_k: Node | None) -> Node:
@@ -84,7 +82,8 @@ def key_mask(make, keys: KeyMask, k: Node) -> Node:
     """The op's key_mask [B, Sk] bool: key slot j of sequence b is visible when keys.node[b, start + j] != 0."""
     start = 0 if keys.start is None else keys.start
     sk = value(k).shape[2]
-    window = make(torch.narrow, keys.node, 1, start, sk if isinstance(sk, int) else make("size", k, 2))
+    m = make(operator.getitem, keys.node, (slice(None), 0, 0)) if keys.plane else keys.node
+    window = make(torch.narrow, m, 1, start, sk if isinstance(sk, int) else make("size", k, 2))
     return make(operator.ne, window, 0, name="key_mask")
 
 

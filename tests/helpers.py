@@ -22,6 +22,9 @@ class Recorder(fa4_inductor.Backend):
         self.graphs: list[torch.fx.GraphModule] = []
         self.records = []
 
+    def __deepcopy__(self, memo):
+        return self  # HF's CompileConfig deep-copies its backend: the records must reach this object
+
     def __call__(self, gm, example_inputs, mode=None, options=None):
         records = run_torch_ir_passes(gm, example_inputs, self.options)
         compiled = gm.forward

@@ -76,17 +76,17 @@ def generate_with_static_cache(forward, model, prompt, steps, capacity=16, atten
     return logits, cache
 
 
-@pytest.mark.parametrize("causal_padding", [False, True], ids=["key-mask", "causal-padding"])
+@pytest.mark.parametrize("checked_padding", [False, True], ids=["key-mask", "causal-padding"])
 @pytest.mark.parametrize("impl", IMPLEMENTATIONS)
 @pytest.mark.parametrize("name", DECODERS)
-def test_static_cache_decode_every_layer_is_rewritten(name, impl, causal_padding):
+def test_static_cache_decode_every_layer_is_rewritten(name, impl, checked_padding):
     """Prefill, then decode past the sliding window (4) where there is one, with generate's all-ones
-    attention mask (the op's key_mask by default; checked to hide nothing under causal_padding=True):
+    attention mask (the op's key_mask by default; checked to hide nothing under checked_padding=True):
     two graphs, every layer rewritten."""
     model = tiny(name, impl)
     prompt, steps = torch.randint(0, 128, (2, 6)), torch.randint(0, 128, (2, 5))
     torch._dynamo.reset()
-    recorder = Recorder(causal_padding=causal_padding)
+    recorder = Recorder(checked_padding=checked_padding)
     with torch.no_grad():
         compiled = torch.compile(model.forward, backend=recorder)
         got, _ = generate_with_static_cache(compiled, model.model, prompt, steps, attention_mask=True)
@@ -95,9 +95,38 @@ def test_static_cache_decode_every_layer_is_rewritten(name, impl, causal_padding
     decode_calls = recorder.calls(recorder.graphs[1])
     assert len(decode_calls) == model.attention_layers
     assert all(n.args[3] is not None for n in decode_calls)  # seqused_k: the cache length
-    assert all((len(n.args) > 4) != causal_padding for n in decode_calls)  # key_mask: generate's mask
+    assert all((len(n.args) > 4) != checked_padding for n in decode_calls)  # key_mask: generate's mask
     assert recorder.count() == 2 * model.attention_layers and not recorder.reasons, recorder.reasons
     for g, e in zip(got, expected):
+        torch.testing.assert_close(g, e, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["llama", "qwen3"])
+def test_generate_with_a_static_cache_decodes_through_the_op(name):
+    """`generate(cache_implementation="static")` compiles the decode step itself, with a boolean
+    [B, 1, 1, Sk] mask as a graph input: read as the op's key_mask. A left-padded batch generates the
+    same tokens and scores as without compiling."""
+    from transformers import CompileConfig
+
+    model = tiny(name, "sdpa").model
+    ids = torch.randint(1, 128, (2, 7))
+    mask = torch.ones_like(ids)
+    mask[1, :3] = 0  # left padding, as generate wants it
+    recorder = Recorder()
+    config = CompileConfig(backend=recorder, fullgraph=True)
+    config._compile_all_devices = True  # HF compiles on GPUs only by default
+    kwargs = dict(attention_mask=mask, max_new_tokens=6, do_sample=False, cache_implementation="static",
+                  pad_token_id=0, return_dict_in_generate=True, output_scores=True)
+    torch._dynamo.reset()
+    with torch.no_grad():
+        model.generation_config.compile_config = config
+        got = model.generate(ids, **kwargs)
+        model.generation_config.compile_config = None
+        expected = model.generate(ids, disable_compile=True, **kwargs)
+    assert recorder.graphs and recorder.count() == len(recorder.graphs) * model.config.num_hidden_layers
+    assert all("key_mask" in r.detail for r in recorder.records), recorder.records
+    assert torch.equal(got.sequences, expected.sequences)
+    for g, e in zip(got.scores, expected.scores):
         torch.testing.assert_close(g, e, atol=1e-5, rtol=1e-5)
 
 
@@ -107,7 +136,7 @@ def test_static_cache_decode_with_inductor_writes_the_cache_in_place(attention_m
     model = tiny("llama", "sdpa")
     prompt, steps = torch.randint(0, 128, (2, 5)), torch.randint(0, 128, (2, 3))
     torch._dynamo.reset()
-    recorder = Recorder(inductor=True, causal_padding=attention_mask)
+    recorder = Recorder(inductor=True, checked_padding=attention_mask)
     with torch.no_grad():
         compiled = torch.compile(model.forward, backend=recorder)
         got, cache = generate_with_static_cache(compiled, model.model, prompt, steps, attention_mask=attention_mask)
@@ -130,11 +159,17 @@ def test_padding_with_inductor_matches_eager():
         torch.testing.assert_close(got, model.forward(**kwargs), atol=1e-5, rtol=1e-5)
 
 
-def test_left_padding_is_stopped_by_the_run_time_check():
-    """A graph compiled for right padding never silently runs a left-padded mask."""
+def test_encoder_left_padding_matches_eager_or_is_stopped_under_checked_padding():
+    """By default a left-padded encoder batch runs exactly (key_mask); a graph compiled with
+    `checked_padding=True` for right padding never silently runs a left-padded mask."""
     model = tiny("bert", "eager")
     kwargs = model.inputs(padding=True)
-    compiled_recorder, _ = compile_and_run(model.forward, kwargs)
+    left = {**kwargs, "attention_mask": kwargs["attention_mask"].flip(-1)}
+    recorder, got = compile_and_run(model.forward, left)
+    assert recorder.count() == model.attention_layers
+    with torch.no_grad():
+        torch.testing.assert_close(got, model.forward(**left), atol=1e-5, rtol=1e-5)
+    compiled_recorder, _ = compile_and_run(model.forward, kwargs, checked_padding=True)
     assert compiled_recorder.count() == model.attention_layers
     compiled = torch.compile(model.forward, backend=compiled_recorder)
     kwargs["attention_mask"] = kwargs["attention_mask"].flip(-1)
@@ -149,13 +184,13 @@ def test_padding_option_off_keeps_padding_masks():
     assert set(recorder.reasons) == {"a run-time key-padding mask, and the padding option is off"}
 
 
-def test_decoder_padded_batch_is_stopped_by_the_run_time_check_under_causal_padding():
-    """`backend(causal_padding=True)`: FA4's fast path for causal + padding, exact only when the mask hides
+def test_decoder_padded_batch_is_stopped_by_the_run_time_check_under_checked_padding():
+    """`backend(checked_padding=True)`: FA4's fast path for causal + padding, exact only when the mask hides
     no key the causal band shows, checked at run time."""
     model = tiny("qwen2", "sdpa")
     kwargs = model.inputs(padding=True)
     unpadded = {**kwargs, "attention_mask": torch.ones_like(kwargs["attention_mask"])}
-    recorder, _ = compile_and_run(model.forward, unpadded, causal_padding=True)
+    recorder, _ = compile_and_run(model.forward, unpadded, checked_padding=True)
     assert recorder.count() == model.attention_layers
     with torch.no_grad(), pytest.raises(RuntimeError, match="hides keys that the causal mask shows"):
         torch.compile(model.forward, backend=recorder)(**kwargs)
@@ -325,7 +360,7 @@ def test_explain_by_local_checkpoint_path(tmp_path, capsys):
     assert main(["explain", str(tmp_path), "--attn", "eager"]) == 0
     out = capsys.readouterr().out
     assert "forward, right-padded: 2/2 attention layers rewritten" in out
-    assert "seqused_k=padding mask sum" in out
+    assert "key_mask=padding mask" in out
 
 
 def test_gpt_fast_no_recompile_across_prompt_lengths():

@@ -89,9 +89,9 @@ def test_every_attention_layer_is_rewritten(name):
     torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
 
 
-def test_hf_left_padding_is_rewritten_with_a_key_mask_or_stopped_under_causal_padding():
+def test_hf_left_padding_is_rewritten_with_a_key_mask_or_stopped_under_checked_padding():
     """Causal + left padding: by default the op takes the mask as its key_mask and matches eager (rows
-    that see no key included); opted in with causal_padding=True, it is rewritten with a run-time check
+    that see no key included); opted in with checked_padding=True, it is rewritten with a run-time check
     that the mask hides nothing (it does here, so the call stops)."""
     model = hf_llama("eager")
     tokens = torch.randint(0, 128, (2, 10))
@@ -99,7 +99,7 @@ def test_hf_left_padding_is_rewritten_with_a_key_mask_or_stopped_under_causal_pa
     padding[1, :3] = 0
     torch._dynamo.reset()
     with torch.no_grad(), pytest.raises(RuntimeError, match="hides keys that the causal mask shows"):
-        torch.compile(model, backend=Recorder(causal_padding=True))(tokens, attention_mask=padding)
+        torch.compile(model, backend=Recorder(checked_padding=True))(tokens, attention_mask=padding)
     torch._dynamo.reset()
     recorder = Recorder()
     with torch.no_grad():

@@ -1,6 +1,7 @@
-"""Key-padding masks from a run-time `attention_mask` (lowering/padding.py): without a causal band ->
-`fa4::attention(..., seqused_k=mask.sum(-1))` with an in-graph check that the mask is right padding; with
-one -> `fa4::attention(..., key_mask=mask != 0)`, exact for any padding."""
+"""Key-padding masks from a run-time `attention_mask` (lowering/padding.py): by default
+`fa4::attention(..., key_mask=mask != 0)`, exact for any padding; under `checked_padding=True`, FA4's fast
+paths with in-graph checks (encoders: seqused_k = mask.sum(-1), right padding asserted; decoders: the
+mask dropped, asserted to hide nothing)."""
 
 import expecttest
 import pytest
@@ -59,6 +60,29 @@ class TestPadding(expecttest.TestCase):
         rec = self.check(hf_padding_mask_sdpa, right_padding())
         self.assertExpectedInline(rec.summary, """\
 keep: b8[3, 8] = .to(l_attention_mask_, bool)
+narrow: b8[3, 8] = narrow(keep, 1, 0, 8)
+key_mask: b8[3, 8] = ne(narrow, 0)
+fa4_attention: (f32[3, 4, 8, 16], f32[3, 4, 8]) = fa4.attention(l_q_, l_k_, l_v_, None, key_mask, scale=0.25)
+attention_out: f32[3, 4, 8, 16] = getitem(fa4_attention, 0)""")
+
+    def test_encoder_masks_of_any_padding_match_eager(self):
+        """Left padding, holes and an all-padding sequence (zeros for SDPA's boolean mask, the mean of V for
+        BERT's finfo.min mask: what eager gives rows that see no key)."""
+        q, k, v = qkv()
+        left, empty_row = right_padding().flip(-1), right_padding((8, 5, 0))
+        holes = (torch.rand(B, S, generator=torch.Generator().manual_seed(1)) > 0.4).long()
+        for fn in (hf_padding_mask_sdpa, bert_extended_mask_handwritten):
+            torch._dynamo.reset()
+            recorder = Recorder()
+            compiled = torch.compile(fn, backend=recorder)
+            for mask in (right_padding(), left, empty_row, holes):
+                torch.testing.assert_close(compiled(q, k, v, mask), fn(q, k, v, mask), atol=1e-5, rtol=1e-5)
+            assert recorder.count() == 1 and len(recorder.graphs) == 1
+
+    def test_hf_padding_mask_checked(self):
+        rec = self.check(hf_padding_mask_sdpa, right_padding(), checked_padding=True)
+        self.assertExpectedInline(rec.summary, """\
+keep: b8[3, 8] = .to(l_attention_mask_, bool)
 eq: b8[3, 8] = eq(keep, 0)
 eq_1: b8[3, 8] = eq(keep, 1)
 or_: b8[3, 8] = or_(eq, eq_1)
@@ -72,7 +96,7 @@ eq_2: b8[3] = eq(getitem_5, 1)
 all_3: b8[] = .all(eq_2)
 and_: b8[] = and_(all_1, all_2)
 and__1: b8[] = and_(and_, all_3)
-_assert_async: NoneType = _assert_async(and__1, 'fa4_inductor: the attention mask is not right padding (1...1 0...0 per row, first key visible); this graph was compiled for right-padded masks. Use fa4_inductor.backend(padding=False) for other masks.')
+_assert_async: NoneType = _assert_async(and__1, 'fa4_inductor: the attention mask is not right padding (1...1 0...0 per row, first key visible); this graph was compiled for right-padded masks. Compile without fa4_inductor.backend(checked_padding=True) for other masks.')
 ne: b8[3, 8] = ne(keep, 0)
 seqused_k: i32[3] = .sum(ne, -1, dtype=int32)
 fa4_attention: (f32[3, 4, 8, 16], f32[3, 4, 8]) = fa4.attention(l_q_, l_k_, l_v_, seqused_k, scale=0.25)
@@ -81,21 +105,23 @@ attention_out: f32[3, 4, 8, 16] = getitem(fa4_attention, 0)""")
     def test_bert_extended_mask(self):
         rec = self.check(bert_extended_mask_handwritten, right_padding())
         self.assertEqual(rec.count(), 1)
+        self.assertIn("key_mask=padding mask, rows that see no key: mean of V, scale=0.25)", rec.records[0].detail)
+        rec = self.check(bert_extended_mask_handwritten, right_padding(), checked_padding=True)
         self.assertIn("seqused_k=padding mask sum, scale=0.25)", rec.records[0].detail)
 
-    def test_masks_that_are_not_right_padding_raise(self):
+    def test_masks_that_are_not_right_padding_raise_under_checked_padding(self):
         q, k, v = qkv()
         left, empty_row, not_binary = right_padding().flip(-1), right_padding((8, 5, 0)), right_padding() * 2
         for fn, bad_masks in ((hf_padding_mask_sdpa, (left, empty_row)),
                               (bert_extended_mask_handwritten, (left, empty_row, not_binary))):
             torch._dynamo.reset()
-            compiled = torch.compile(fn, backend=Recorder())
+            compiled = torch.compile(fn, backend=Recorder(checked_padding=True))
             compiled(q, k, v, right_padding())
             for bad in bad_masks:
                 with pytest.raises(RuntimeError, match="not right padding"):
                     compiled(q, k, v, bad)
 
-    def test_causal_padding_becomes_a_key_mask(self):
+    def test_checked_padding_becomes_a_key_mask(self):
         """`causal & padding` (HF decoders), by default: the op takes the mask; left padding, right padding and
         holes all match eager, left-padded rows (no visible key) included: zeros, as SDPA's safe softmax gives."""
         rec = self.check(causal_and_padding_sdpa, right_padding())
@@ -111,14 +137,14 @@ attention_out: f32[3, 4, 8, 16] = getitem(fa4_attention, 0)""")
         for mask in (right_padding().flip(-1), right_padding(), holes):
             torch.testing.assert_close(compiled(q, k, v, mask), causal_and_padding_sdpa(q, k, v, mask))
 
-    def test_hf_eager_causal_padding_rows_that_see_no_key_get_the_mean_of_v(self):
+    def test_hf_eager_checked_padding_rows_that_see_no_key_get_the_mean_of_v(self):
         """HF's eager attention: one additive finfo.min mask; a left-padded query row sees no key, and eager's
         softmax over equal scores gives the mean of V over all keys, which the rewrite reproduces."""
         rec = self.check(causal_and_padding_additive, right_padding().flip(-1))
         self.assertEqual(rec.count(), 1)
         self.assertIn("key_mask=padding mask, rows that see no key: mean of V", rec.records[0].detail)
 
-    def test_minus_inf_causal_padding_in_a_handwritten_softmax_keeps_its_mask(self):
+    def test_minus_inf_checked_padding_in_a_handwritten_softmax_keeps_its_mask(self):
         def fn(q, k, v, attention_mask):
             keep = torch.ones(S, S, dtype=torch.bool).tril() & attention_mask.bool()[:, None, None, :]
             return (q @ k.transpose(-2, -1)).masked_fill(~keep, float("-inf")).softmax(-1) @ v
@@ -128,21 +154,43 @@ attention_out: f32[3, 4, 8, 16] = getitem(fa4_attention, 0)""")
         self.assertIn("NaN or weighted over part of the keys in eager", rec.reasons[0])
 
     def test_causal_with_unpadded_mask(self):
-        """`backend(causal_padding=True)`: FA4's fast path, exact when the mask hides nothing, which a run-time
+        """`backend(checked_padding=True)`: FA4's fast path, exact when the mask hides nothing, which a run-time
         check asserts."""
         fn = causal_and_padding_sdpa
-        rec = self.check(fn, torch.ones(B, S, dtype=torch.long), causal_padding=True)
+        rec = self.check(fn, torch.ones(B, S, dtype=torch.long), checked_padding=True)
         self.assertExpectedInline(rec.summary, """\
 bool_1: b8[3, 8] = .bool(l_attention_mask_)
 ne: b8[3, 8] = ne(bool_1, 0)
 all_1: b8[] = .all(ne)
-_assert_async: NoneType = _assert_async(all_1, 'fa4_inductor: the attention mask hides keys that the causal mask shows (a padded batch); this graph was compiled for unpadded input. Compile without fa4_inductor.backend(causal_padding=True) for padded batches.')
+_assert_async: NoneType = _assert_async(all_1, 'fa4_inductor: the attention mask hides keys that the causal mask shows (a padded batch); this graph was compiled for unpadded input. Compile without fa4_inductor.backend(checked_padding=True) for padded batches.')
 fa4_attention: (f32[3, 4, 8, 16], f32[3, 4, 8]) = fa4.attention(l_q_, l_k_, l_v_, scale=0.25, causal=True)
 attention_out: f32[3, 4, 8, 16] = getitem(fa4_attention, 0)""")
-        compiled = torch.compile(fn, backend=Recorder(causal_padding=True))
+        compiled = torch.compile(fn, backend=Recorder(checked_padding=True))
         with pytest.raises(RuntimeError, match="hides keys that the causal mask shows"):
             compiled(*qkv(), right_padding())
 
     def test_fallback_padding_option_off(self):
         rec = self.check(hf_padding_mask_sdpa, right_padding(), padding=False)
         self.assertEqual(rec.reasons, ["a run-time key-padding mask, and the padding option is off"])
+
+    def test_boolean_mask_input_broadcast_over_queries_is_a_key_mask(self):
+        """HF `generate` with a static cache hands decode steps a boolean [B, 1, 1, Sk] mask as an input."""
+        def fn(q, k, v, mask):
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+        q, k, v = qkv()
+        q = q[:, :, :1]
+        mask = torch.rand(B, 1, 1, S, generator=torch.Generator().manual_seed(2)) > 0.3
+        mask[-1] = False  # a sequence that sees no key: zeros, as SDPA gives
+        rec, out = compile_and_record(fn, q, k, v, mask)
+        torch.testing.assert_close(out, fn(q, k, v, mask))
+        self.assertExpectedInline(rec.summary, """\
+getitem: b8[3, 8] = getitem(l_mask_, (:, 0, 0))
+narrow: b8[3, 8] = narrow(getitem, 1, 0, 8)
+key_mask: b8[3, 8] = ne(narrow, 0)
+fa4_attention: (f32[3, 4, 1, 16], f32[3, 4, 1]) = fa4.attention(l_q_, l_k_, l_v_, None, key_mask, scale=0.25)
+attention_out: f32[3, 4, 1, 16] = getitem(fa4_attention, 0)""")
+        float_mask = torch.zeros(B, 1, 1, S).masked_fill(~mask, -1e4)  # values unknown when compiling: kept
+        rec, _ = compile_and_record(fn, q, k, v, float_mask)
+        self.assertEqual(rec.count(), 0)
+        self.assertIn("only a boolean [B, 1, 1, Sk] input is read", rec.reasons[0])
