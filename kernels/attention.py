@@ -16,8 +16,11 @@ log-sum-exp of each row (-inf for a row that sees no key), which the backward co
 
 Kernels: CPU runs the float32/float64 reference. CUDA runs our split-KV decode kernel
 (`decode.py`) for decode-shaped calls, FA4 (`fa4.py`) where it takes the call, else PyTorch's
-memory-efficient SDPA kernel (`sdpa_fallback.py`, forward only), else the reference on the device;
-`kernel_for` says which and why (`backward_kernel_for` for the backward: FA4 or the reference).
+memory-efficient SDPA kernel (`sdpa_fallback.py`), else the reference on the device; `kernel_for`
+says which and why (`backward_kernel_for` for the backward: FA4, the SDPA fallback's recomputing
+backward, or the reference). FA4 takes no key mask: a key-mask call that is not decode-shaped first
+has its mask read on the host (`without_key_mask`, outside CUDA-graph capture), and goes to FA4
+when the mask hides nothing in use or, with no band, is right padding.
 """
 
 from __future__ import annotations
@@ -83,11 +86,20 @@ def kernel_for(q: Tensor, k: Tensor, v: Tensor, key_mask: Optional[Tensor] = Non
 
 
 def backward_kernel_for(q: Tensor, k: Tensor, v: Tensor, key_mask: Optional[Tensor] = None, **flags) -> tuple[str, str]:
-    """(kernel name, why) for a backward call: "fa4" or "reference" (the decode kernel and the SDPA
-    fallback have no backward)."""
-    if key_mask is not None:
-        return "reference", "a key mask (FA4 takes none)"
-    return _fa4_or_reference(q, k, v, **flags)
+    """(kernel name, why) for a backward call: "fa4", "sdpa" (the SDPA fallback's recomputing backward)
+    or "reference"."""
+    if q.device.type != "cuda":
+        return "reference", f"{q.device.type} runs the reference"
+    if key_mask is None:
+        name, why = _fa4_or_reference(q, k, v, **flags)
+        if name == "fa4":
+            return name, why
+    else:
+        why = "a key mask (FA4 takes none)"
+    fallback_reason = sdpa_fallback.unsupported_reason(q, flags.get("softcap", 0.0))
+    if fallback_reason is None:
+        return "sdpa", why
+    return "reference", f"{why}; {fallback_reason}"
 
 
 def _fa4_or_reference(q: Tensor, k: Tensor, v: Tensor, **flags) -> tuple[str, str]:
@@ -188,9 +200,35 @@ def _route(q: Tensor, k: Tensor, v: Tensor, seqused_k: Optional[Tensor], key_mas
     return name
 
 
+def without_key_mask(q: Tensor, seqused_k: Optional[Tensor], key_mask: Optional[Tensor], flags: dict
+                     ) -> tuple[Optional[Tensor], Optional[Tensor]]:
+    """(seqused_k, key_mask), the key mask replaced by what FA4 takes when its contents allow: dropped
+    when it hides no key in use (HF generate's all-ones mask), or, on a call with no band and no
+    seqused_k, seqused_k = its sum when it is right padding with the first key visible (encoders). It
+    reads two booleans on the host (one sync), so it runs outside CUDA-graph capture only; otherwise, or
+    when neither holds, (seqused_k, key_mask) unchanged."""
+    if key_mask is None or (q.is_cuda and torch.cuda.is_current_stream_capturing()):
+        return seqused_k, key_mask
+    positions = torch.arange(key_mask.shape[1], device=key_mask.device)
+    unused = positions >= seqused_k[:, None] if seqused_k is not None else torch.zeros_like(key_mask)
+    lengths = key_mask.sum(-1, dtype=torch.int32)
+    right_padding = (key_mask == (positions < lengths[:, None])).all() & (lengths > 0).all()
+    hides_nothing, right_padding = torch.stack([(key_mask | unused).all(), right_padding]).tolist()
+    if hides_nothing:
+        return seqused_k, None
+    banded = flags["causal"] or flags["window_left"] >= 0 or flags["window_right"] >= 0
+    if right_padding and seqused_k is None and not banded:
+        return lengths, None
+    return seqused_k, key_mask
+
+
 def _attention_cuda(q, k, v, seqused_k=None, key_mask=None, **flags):
     flags = _complete(flags)
     name = _route(q, k, v, seqused_k, key_mask, flags)
+    if key_mask is not None and name in ("sdpa", "reference"):  # a mask FA4 may take after all
+        seqused_k, key_mask = without_key_mask(q, seqused_k, key_mask, flags)
+        if key_mask is None:
+            name = _route(q, k, v, seqused_k, None, flags)
     if name == "decode":
         from . import decode
 
@@ -235,11 +273,14 @@ def attention_backward(
 def _attention_backward_cuda(grad_out, q, k, v, out, lse, grad_lse=None, seqused_k=None, key_mask=None, **flags):
     _check_inputs(q, k, v, seqused_k, key_mask)
     flags = _complete(flags)
+    seqused_k, key_mask = without_key_mask(q, seqused_k, key_mask, flags)
     name, _ = backward_kernel_for(q, k, v, key_mask, seqused_k=seqused_k, **flags)
     if name == "fa4":
         from . import fa4
 
         return fa4.backward(grad_out, q, k, v, out, lse, grad_lse, seqused_k, **flags)
+    if name == "sdpa" and grad_lse is None:
+        return sdpa_fallback.backward(grad_out, q, k, v, seqused_k, key_mask, **flags)
     return _reference_backward(grad_out, q, k, v, out, lse, grad_lse, seqused_k, key_mask, **flags)
 
 

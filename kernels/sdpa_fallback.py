@@ -6,7 +6,13 @@ bias and returns the log-sum-exp our op must produce, so every flag except softc
 causal / window / seqused_k / key_mask become one bias built from `reference.allowed_keys` (bottom-right
 alignment, exactly the op's contract), and GQA repeats K/V heads (a copy this path accepts).
 Rows that see no key come back as zeros with lse -inf, as the contract says. Softcap has no SDPA
-spelling and stays with the reference. The backward keeps the reference.
+spelling and stays with the reference.
+
+The backward (`backward`, for calls FA4 cannot take: a key mask, FA4 missing) recomputes the forward
+with `F.scaled_dot_product_attention` and the same bias under autograd (PyTorch's memory-efficient
+backward on CUDA: no [Sq, Sk] matrix in memory, one extra forward of time), GQA grads summed over
+the repeated heads by autograd; rows that see no key are zeros in the forward, so they pass no
+gradient. A gradient on lse goes to the reference.
 """
 
 from __future__ import annotations
@@ -67,3 +73,41 @@ def forward(q: Tensor, k: Tensor, v: Tensor, seqused_k: Optional[Tensor] = None,
     out = layout.empty_bhsd(b, hq, sq, v.shape[-1], dtype=q.dtype, device=q.device)
     out.copy_(result)
     return out, lse.contiguous()
+
+
+def backward(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, seqused_k: Optional[Tensor] = None,
+             key_mask: Optional[Tensor] = None, **flags) -> tuple[Tensor, Tensor, Tensor]:
+    """(dq, dk, dv), each stored as [B, S, H, D] like the op's other gradients."""
+    reason = unsupported_reason(q, Flags(**flags).softcap)
+    if reason is not None:
+        raise ValueError(reason)
+    return backward_by_recomputation(grad_out, q, k, v, seqused_k, key_mask, **flags)
+
+
+def backward_by_recomputation(grad_out, q, k, v, seqused_k=None, key_mask=None, **flags):
+    """`backward`'s body on any device (the CPU tests run it against the float64 reference)."""
+    scale, causal, window_left, window_right, softcap = Flags(**flags)
+    b, hq, sq, _ = q.shape
+    sk, group = k.shape[2], hq // k.shape[1]
+    keep = reference.allowed_keys(sq, sk, causal=causal, window_left=window_left, window_right=window_right,
+                                  seqused_k=seqused_k, device=q.device, key_mask=key_mask)
+    bias = None
+    if keep is not None:
+        blind = ~keep.any(-1, keepdim=True)  # rows that see no key: any finite bias, and no gradient
+        keep = keep | blind
+        grad_out = grad_out.masked_fill(blind[:, 0], 0.0)
+        bias = torch.zeros(keep.shape[0], 1, sq, sk, dtype=q.dtype, device=q.device)
+        bias = bias.masked_fill(~keep[:, 0], float("-inf")).expand(b, hq, sq, sk)
+    with torch.enable_grad():
+        leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+        qq, kk, vv = leaves
+        if group > 1:
+            kk, vv = kk.repeat_interleave(group, dim=1), vv.repeat_interleave(group, dim=1)
+        out = torch.nn.functional.scaled_dot_product_attention(qq, kk, vv, attn_mask=bias, scale=scale)
+        grads = torch.autograd.grad(out, leaves, grad_out)
+    results = []
+    for g, t in zip(grads, (q, k, v)):
+        r = layout.empty_bhsd(*t.shape, dtype=t.dtype, device=t.device)
+        r.copy_(g)
+        results.append(r)
+    return tuple(results)

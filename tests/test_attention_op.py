@@ -247,3 +247,47 @@ def test_key_mask_must_be_bool_b_by_sk():
         ATTENTION(q, k, v, None, torch.ones(2, 5), scale=0.3)
     with pytest.raises(RuntimeError, match=r"key_mask must have shape \[B, Sk\]"):
         ATTENTION(q, k, v, None, torch.ones(2, 4, dtype=torch.bool), scale=0.3)
+
+
+@pytest.mark.parametrize("flags, seqused, mask_kind, expected", [
+    (dict(causal=True), None, "ones", "dropped"),
+    (dict(causal=True), [5, 3], "ones-then-garbage", "dropped"),  # hides nothing below seqused_k
+    (dict(), None, "right", "seqused_k"),
+    (dict(causal=True), None, "right", "kept"),  # seqused_k would move the causal diagonal
+    (dict(), None, "left", "kept"),
+    (dict(), None, "empty-row", "kept"),
+])
+def test_key_masks_that_fa4_can_take_after_all(flags, seqused, mask_kind, expected):
+    """`without_key_mask` reads the mask's contents: the op then routes the call as if it had no key mask."""
+    full = {**dict(scale=0.3, causal=False, window_left=-1, window_right=-1, softcap=0.0), **flags}
+    lengths = torch.tensor([5, 3])
+    mask = {"ones": torch.ones(2, 5, dtype=torch.bool),
+            "ones-then-garbage": torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 1]], dtype=torch.bool),
+            "right": torch.arange(5)[None, :] < lengths[:, None],
+            "left": torch.arange(5)[None, :] >= 5 - lengths[:, None],
+            "empty-row": torch.arange(5)[None, :] < torch.tensor([5, 0])[:, None]}[mask_kind]
+    used = None if seqused is None else torch.tensor(seqused, dtype=torch.int32)
+    q, k, v = qkv(b=2, sq=5, sk=5, dtype=torch.float64)
+    new_used, new_mask = attention_op.without_key_mask(q, used, mask, full)
+    assert {"dropped": new_mask is None and new_used is used,
+            "seqused_k": new_mask is None and new_used is not None and new_used.tolist() == lengths.tolist(),
+            "kept": new_mask is mask and new_used is used}[expected]
+    out, _ = ATTENTION(q, k, v, new_used, new_mask, **full)  # and it is still the same attention
+    torch.testing.assert_close(out, ATTENTION(q, k, v, used, mask, **full)[0])
+
+
+@pytest.mark.parametrize("flags", [dict(causal=True), dict(), dict(window_left=2, window_right=0)], ids=str)
+def test_sdpa_fallback_backward_matches_the_reference(flags):
+    """The SDPA fallback's recomputing backward, run on the CPU: GQA, a key mask with an all-hidden row."""
+    from fa4_inductor.kernels import sdpa_fallback
+
+    full = {**dict(scale=0.3, causal=False, window_left=-1, window_right=-1, softcap=0.0), **flags}
+    q, k, v = qkv(b=3, hq=4, hkv=2, sq=6, sk=6, d=8, dtype=torch.float64)
+    mask = random_key_mask(3, 6)
+    mask[2] = False
+    out, lse = ATTENTION(q, k, v, None, mask, **full)
+    grad = torch.randn_like(out)
+    got = sdpa_fallback.backward_by_recomputation(grad, q, k, v, None, mask, **full)
+    expected = reference.attention_backward(grad, q, k, v, out, lse, None, seqused_k=None, key_mask=mask, **full)
+    for g, e in zip(got, expected):
+        torch.testing.assert_close(g, e)

@@ -173,7 +173,7 @@ attention_out: f32[2, 4, 9, 16] = getitem(fa4_attention, 0)""")
 
         rec, _ = compile_and_record(fn, *inputs(), torch.randn(6, 6))
         self.assertEqual(rec.count(), 0)
-        self.assertExpectedInline("\n".join(rec.reasons), """mask not recognized: the mask is the graph input l_m_; its values are unknown when compiling""")
+        self.assertExpectedInline("\n".join(rec.reasons), """mask not recognized: the mask is the graph input l_m_; its values are unknown when compiling (only a boolean [B, 1, 1, Sk] input is read, as a key mask)""")
 
     def test_fallback_dropout_in_training(self):
         m = CausalSelfAttention().train()

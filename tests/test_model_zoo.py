@@ -319,9 +319,9 @@ def test_explain_by_model_type(capsys):
     assert sum("[rewritten] sdpa        model.model.layers.1.self_attn" in line for line in lines) == 2
 
 
-def test_generate_with_static_cache_precomputed_masks_fall_back_with_reason():
-    """`generate(cache_implementation="static")` builds the 4-D masks outside the compiled forward, so they
-    reach the graph as inputs whose values cannot be proven: those layers stay as written, with the reason."""
+def test_generate_with_static_cache_and_a_compiled_forward_is_rewritten():
+    """`generate(cache_implementation="static")` with the whole forward compiled: the decode steps' masks
+    arrive as boolean [B, 1, 1, Sk] graph inputs, read as key masks; every layer is rewritten."""
     model = tiny("llama", "sdpa").model
     model.generation_config.pad_token_id = 0
     prompt = torch.randint(3, 128, (2, 6))
@@ -332,8 +332,8 @@ def test_generate_with_static_cache_precomputed_masks_fall_back_with_reason():
         model.forward = torch.compile(model.forward, backend=recorder)
         got = model.generate(prompt, max_new_tokens=4, do_sample=False, cache_implementation="static")
     assert torch.equal(got, expected)
-    assert recorder.reasons
-    assert all(r.startswith("mask not recognized: the mask is the graph input") for r in recorder.reasons)
+    assert not recorder.reasons and recorder.count() > 0, recorder.reasons
+    assert any("key_mask" in r.detail for r in recorder.records)
 
 
 @pytest.mark.parametrize("impl", IMPLEMENTATIONS)

@@ -82,7 +82,8 @@ attention_out: f32[2, 4, 6, 8] = getitem(fa4_attention, 0)""")
         fn = lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=m)  # noqa: E731
         rec = self.check(fn, *inputs(), torch.randn(6, 6))
         self.assertEqual(rec.count(), 0)
-        self.assertEqual(rec.reasons, ["mask not recognized: the mask is the graph input l_m_; its values are unknown when compiling"])
+        self.assertEqual(rec.reasons, ["mask not recognized: the mask is the graph input l_m_; its values are unknown when "
+                                       "compiling (only a boolean [B, 1, 1, Sk] input is read, as a key mask)"])
 
     def test_fallback_head_dim(self):
         rec = self.check(lambda q, k, v: F.scaled_dot_product_attention(q, k, v), *inputs(d=12))
