@@ -26,5 +26,8 @@ class _BackendModule(types.ModuleType):
     def __call__(self, gm, example_inputs, **kwargs):
         return fa4_inductor(gm, example_inputs, **kwargs)
 
+    def __deepcopy__(self, memo):
+        return self  # HF's CompileConfig deep-copies its backend: `CompileConfig(backend=fa4_inductor)` works
+
 
 sys.modules[__name__].__class__ = _BackendModule

@@ -13,6 +13,10 @@ Suites (`--suite`, comma-separated; all by default):
   bf16, random weights) with `attn_implementation` "eager" and "sdpa": prefill latency at 2k / 8k
   tokens, and decode tokens/s with a static cache under `mode="reduce-overhead"`, default
   `torch.compile` against `backend=fa4_inductor`.
+- `generate`: the same model through HF's own `generate(cache_implementation="static")`, which
+  compiles the decode step itself (`CompileConfig(backend=...)`, its default `reduce-overhead`
+  mode): a left-padded batch of 4, time to first token (prefill with the padding mask) and decode
+  tokens/s, default `torch.compile` against our backend.
 
 Results print as markdown tables; `--out FILE` writes them (with the date, GPU, versions and the
 command) and `--plot FILE.png` draws the op suite. Functions here take a `device` so the CPU test
@@ -35,7 +39,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-SUITES = ("op", "overhead", "decode", "e2e")
+SUITES = ("op", "overhead", "decode", "e2e", "generate")
 
 
 @dataclass
@@ -396,6 +400,61 @@ def e2e_suite(device="cuda", dtype=torch.bfloat16, seqlens=(2048, 8192), prompt=
         torch.cuda.empty_cache()
 
 
+def generate_times(model, backend_name, prompt: int, new_tokens: int, batch: int, device):
+    """(ms to the first token, decode tokens/s, scores [new_tokens, batch, vocab]) of HF `generate` with a
+    static cache, HF compiling the decode step with `backend_name`; rows after the first are left-padded
+    by a quarter of the prompt, as `generate` wants batches padded."""
+    from transformers import CompileConfig
+
+    import fa4_inductor
+
+    config = CompileConfig(backend=fa4_inductor if backend_name == "fa4_inductor" else backend_name)
+    config._compile_all_devices = True  # HF compiles on GPUs only; the CPU tests run this too
+    tokens = torch.randint(1, model.config.vocab_size, (batch, prompt), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones_like(tokens)
+    mask[1:, : prompt // 4] = 0
+    kwargs = dict(attention_mask=mask.to(device), do_sample=False, cache_implementation="static", pad_token_id=0,
+                  return_dict_in_generate=True, output_scores=True)
+    tokens = tokens.to(device)
+    model.generation_config.compile_config = config
+    try:
+        with torch.no_grad():
+            model.generate(tokens, max_new_tokens=new_tokens, **kwargs)  # compiles
+            first = _host_ms(lambda: model.generate(tokens, max_new_tokens=1, **kwargs), repeats=3)
+            whole = _host_ms(lambda: model.generate(tokens, max_new_tokens=new_tokens, **kwargs), repeats=3)
+            scores = torch.stack(model.generate(tokens, max_new_tokens=new_tokens, **kwargs).scores).float()
+    finally:
+        model.generation_config.compile_config = None
+    return first, batch * (new_tokens - 1) / max(whole - first, 1e-6) * 1e3, scores
+
+
+def generate_suite(device="cuda", dtype=torch.bfloat16, prompt=1024, new_tokens=64, batch=4, model_overrides=None):
+    backends = {"default torch.compile": "inductor", "fa4_inductor": "fa4_inductor"}
+    table = Table("Llama-1B-shaped HF model, `generate(cache_implementation=\"static\")` (HF compiles the decode step)",
+                  ["attention code", "prompt", "first token ms, default", "first token ms, ours",
+                   "tokens/s, default", "tokens/s, ours", "speedup", "first scores differ by (relative)"],
+                  note=f"{dtype}, batch {batch} (rows after the first left-padded by a quarter of the prompt), greedy, "
+                       f"{new_tokens} new tokens; tokens/s counts every row, from generate({new_tokens}) - generate(1).")
+    for attention in ("eager", "sdpa"):
+        torch.manual_seed(0)
+        model = llama(attention, device, dtype, **(model_overrides or {}))
+        results = {}
+        for name, backend in backends.items():
+            torch._dynamo.reset()
+            results[name] = _attempt(f"generate {attention} {name}",
+                                     lambda: generate_times(model, backend, prompt, new_tokens, batch, device))
+        (base_first, base_rate, base_scores), (first, rate, scores) = (
+            results[name] or (None, None, None) for name in backends)
+        difference = "n/a"
+        if base_scores is not None and scores is not None:  # the first step, before greedy choices can diverge
+            difference = f"{((scores[0] - base_scores[0]).abs().max() / base_scores[0].abs().max()).item():.1e}"
+        table.rows.append([attention, prompt, *("failed" if x is None else x for x in (base_first, first, base_rate, rate)),
+                           _ratio(base_rate, rate, invert=True), difference])
+        del model
+    yield table
+    torch._dynamo.reset()
+
+
 # ------------------------------------------------------------------------------------------ output
 
 
@@ -460,7 +519,8 @@ def main(argv=None) -> int:
     tables: list[Table] = []
     for suite in suites:
         started = time.perf_counter()
-        produced = {"op": op_suite, "overhead": overhead_suite, "decode": decode_suite, "e2e": e2e_suite}[suite]()
+        produced = {"op": op_suite, "overhead": overhead_suite, "decode": decode_suite, "e2e": e2e_suite,
+                    "generate": generate_suite}[suite]()
         for table in [produced] if isinstance(produced, Table) else produced:
             tables.append(table)
             print(table.markdown(), flush=True)

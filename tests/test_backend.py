@@ -39,6 +39,14 @@ def test_entry_point_is_registered():
     assert ep.load() is fa4_inductor.fa4_inductor
 
 
+def test_the_module_survives_hf_compile_config():
+    """HF's `CompileConfig(backend=fa4_inductor)` deep-copies its backend (generate's static-cache compile)."""
+    import copy
+
+    assert copy.deepcopy(fa4_inductor) is fa4_inductor
+    assert copy.deepcopy({"backend": fa4_inductor})["backend"] is fa4_inductor
+
+
 def test_mode_and_options_reach_inductor():
     assert inductor_config_patches("reduce-overhead", None) == {"triton.cudagraphs": True}
     assert inductor_config_patches(None, {"max_autotune": True}) == {"max_autotune": True}

@@ -52,3 +52,12 @@ def test_a_failed_measurement_is_reported_not_fatal(monkeypatch, capsys):
     assert "failed" not in prefill.markdown()
     assert decode.rows[0][2:5] == ["failed", "failed", "n/a"]
     assert "seqused_k must be contiguous" in capsys.readouterr().err
+
+
+def test_generate_suite_runs_hf_generate_with_each_backend():
+    tiny = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                num_key_value_heads=2, vocab_size=128, max_position_embeddings=256)
+    (table,) = bench.generate_suite("cpu", torch.float32, prompt=12, new_tokens=4, batch=2, model_overrides=tiny)
+    assert "failed" not in table.markdown(), table.markdown()
+    assert [row[:2] for row in table.rows] == [["eager", 12], ["sdpa", 12]]
+    assert all(float(row[-1]) < 1e-4 for row in table.rows), table.rows
