@@ -425,7 +425,8 @@ def _after_definition(node: Node) -> Node:
 def emit(gm: GraphModule, call: AttentionCall, fake_mode, shared: dict) -> str:
     """Insert `fa4::attention` for `call`, reroute the output's users, drop what became dead; returns the call text.
 
-    `shared`: nodes computed once per graph (seqused_k), reused by every attention that needs them."""
+    `shared`: nodes computed once per graph (seqused_k, key masks, run-time checks), reused by every
+    attention that needs them."""
     graph = gm.graph
     three_d = len(shape(call.q)) == 3
     kwargs = {"scale": call.scale, **call.flags}
@@ -479,6 +480,8 @@ def _encode_padding(call: AttentionCall, options) -> None:
     padding asserted); on a causal band, dropped (asserted to hide none of the band's keys)."""
     if not options.padding:
         raise Decline("a run-time key-padding mask, and the padding option is off")
+    if len(shape(call.q)) != 4:
+        raise Decline("a run-time key-padding mask on 3-D (bmm) attention, whose batch mixes sequences and heads")
     if options.checked_padding and not call.padding.plane:  # a 4-D mask input has no checked form
         banded = call.seqused_k is not None or any(f in call.flags for f in ("causal", "window_left", "window_right"))
         if banded:
