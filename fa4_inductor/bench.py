@@ -260,6 +260,58 @@ def decode_suite(device="cuda", dtype=torch.bfloat16, batches=(1, 8, 64), cache_
     return table
 
 
+def decode_kernel_comparison(b: int = 1, sk: int = 32768, hq: int = 32, hkv: int = 8, d: int = 128, *,
+                             q_len: int = 1, dtype: torch.dtype = torch.bfloat16, causal: bool = True,
+                             seqused: bool = False, splits: int | None = None, graphs: bool = True) -> dict:
+    """Our decode kernel (`kernels/decode.py`, called directly, `splits` forcing its split count) against
+    SDPA `enable_gqa` and our FA4 adapter on one shape, for `tests/bench_decode.py` and the kernel's tuning.
+
+    Inputs as HF static caches hand them over: K / V contiguous [B, Hkv, Sk, D], q [B, Hq, Sq, D]. With
+    `seqused`, per-sequence lengths are given (all Sk) and two more rows run: SDPA with the equivalent mask
+    over the cache (`sdpa_mask`), and our kernel with that mask as its key mask (`decode_key_mask`).
+    Medians in ms (`*_ms`, CUDA-graph replay when `graphs`), TB/s of K/V (`*_tbps`)."""
+    from fa4_inductor.kernels import decode, fa4
+
+    device = "cuda"
+    q = torch.randn(b, hq, q_len, d, dtype=dtype, device=device)
+    k = torch.randn(b, hkv, sk, d, dtype=dtype, device=device)
+    v = torch.randn(b, hkv, sk, d, dtype=dtype, device=device)
+    used = torch.full((b,), sk, dtype=torch.int32, device=device) if seqused else None
+    scale = d ** -0.5
+    kv_bytes = 2 * k.numel() * k.element_size()
+    sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+    n_splits = splits or decode.num_splits(b, hkv, q_len, hq // hkv, sk, d, sms)
+    decode.warmup(dtype, d, hq // hkv, q_len, device, causal=causal, seqused_k=seqused, key_mask=None if seqused else False)
+
+    def sdpa():
+        # SDPA's causal mask is top-left aligned: for one query token it would hide all but key 0.
+        is_causal = causal and q_len > 1 and q_len == sk
+        return F.scaled_dot_product_attention(q, k, v, is_causal=is_causal, scale=scale, enable_gqa=True)
+
+    fns = {"decode": lambda: decode.forward(q, k, v, used, scale=scale, causal=causal, splits=n_splits), "sdpa": sdpa}
+    if seqused:
+        key_mask = torch.arange(sk, device=device) < used[:, None]
+        fns["sdpa_mask"] = lambda: F.scaled_dot_product_attention(
+            q, k, v, attn_mask=key_mask[:, None, None, :], scale=scale, enable_gqa=True)
+        fns["decode_key_mask"] = lambda: decode.forward(q, k, v, used, key_mask, scale=scale, causal=causal,
+                                                        splits=n_splits)
+    try:
+        if fa4.unsupported_reason(q, k, v, seqused_k=used, scale=scale, causal=causal) is None:
+            fns["fa4"] = lambda: fa4.forward(q, k, v, used, scale=scale, causal=causal)
+    except Exception:  # FA4 missing or broken: compare with SDPA only
+        pass
+
+    result = {"b": b, "sk": sk, "hq": hq, "hkv": hkv, "d": d, "q_len": q_len, "splits": n_splits,
+              "kv_mb": kv_bytes / 1e6}
+    for name, fn in fns.items():
+        ms = gpu_ms(fn, cuda_graph=graphs)
+        result[f"{name}_ms"] = ms
+        result[f"{name}_tbps"] = kv_bytes / (ms * 1e-3) / 1e12
+    if not causal or q_len == 1:
+        result["max_abs_diff_vs_sdpa"] = (fns["decode"]()[0] - sdpa()).abs().max().item()
+    return result
+
+
 def _sdpa_default(q, k, v, causal, scale):
     return F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale, enable_gqa=q.shape[1] != k.shape[1])
 

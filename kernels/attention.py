@@ -180,8 +180,7 @@ def attention(q: Tensor, k: Tensor, v: Tensor, seqused_k: Optional[Tensor] = Non
     return _reference_forward(q, k, v, seqused_k, key_mask, **_complete(flags))
 
 
-_ROUTES: dict = {}
-_ROUTES_MAX = 4096
+_ROUTES = layout.SignatureCache(4096)
 
 
 def _route(q: Tensor, k: Tensor, v: Tensor, seqused_k: Optional[Tensor], key_mask: Optional[Tensor], flags: dict) -> str:
@@ -194,8 +193,6 @@ def _route(q: Tensor, k: Tensor, v: Tensor, seqused_k: Optional[Tensor], key_mas
         _check_inputs(q, k, v, seqused_k, key_mask)
         name, why = kernel_for(q, k, v, key_mask, seqused_k=seqused_k, **flags)
         log.debug("fa4::attention q%s k%s %s: kernel %s (%s)", tuple(q.shape), tuple(k.shape), q.dtype, name, why)
-        if len(_ROUTES) >= _ROUTES_MAX:
-            _ROUTES.clear()
         _ROUTES[key] = name
     return name
 

@@ -48,7 +48,6 @@ going through `_flash_attn_fwd`. FA4_INDUCTOR_NO_REPLAY=1 turns replay off.
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import functools
 import logging
@@ -248,8 +247,7 @@ def _as_replay(recorder: _Recorder, ours: tuple) -> tuple[_Launch | None, str]:
     return _Launch(fn, tuple(None if p in slots else a for p, a in enumerate(args)), slots), "replayable"
 
 
-_LAUNCHES: collections.OrderedDict = collections.OrderedDict()
-_LAUNCHES_MAX = 1024
+_LAUNCHES = layout.SignatureCache(1024)
 _RECORD_LOCK = threading.Lock()
 
 
@@ -284,8 +282,6 @@ def _launch_forward(fa, tensors: tuple, flags: tuple, call) -> None:
     launch, why = _as_replay(recorder, tensors)
     log.debug("fa4: forward signature %s: %s", key, why)
     _LAUNCHES[key] = launch
-    while len(_LAUNCHES) > _LAUNCHES_MAX:
-        _LAUNCHES.popitem(last=False)
 
 
 def forward(q: Tensor, k: Tensor, v: Tensor, seqused_k: Optional[Tensor] = None, **flags) -> tuple[Tensor, Tensor]:

@@ -35,3 +35,17 @@ def describe(*tensors: Tensor | None) -> tuple:
     and the start's 16-byte alignment (None stays None). Keys of the per-call-signature caches."""
     return tuple(None if t is None else (t.shape, t.stride(), t.dtype, t.device, t.data_ptr() % ALIGN_BYTES)
                  for t in tensors)
+
+
+class SignatureCache(dict):
+    """A dict keyed by call signature (`describe`) that forgets its oldest entries past `limit`: models
+    call with a handful of signatures, so the bound only matters for shape sweeps."""
+
+    def __init__(self, limit: int = 1024):
+        super().__init__()
+        self.limit = limit
+
+    def __setitem__(self, key, value):
+        super().__setitem__(key, value)
+        while len(self) > self.limit:
+            del self[next(iter(self))]

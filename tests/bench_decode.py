@@ -14,8 +14,8 @@ import os
 
 import torch
 
+from fa4_inductor.bench import decode_kernel_comparison, gpu_ms
 from fa4_inductor.kernels import decode
-from fa4_inductor.kernels.decode import bench_decode
 
 SHAPES = [(1, 32768), (8, 32768), (1, 4096), (64, 32768), (1, 1024), (4, 8192), (16, 16384)]
 SWEEP_SHAPES = [  # (b, sk, hq, hkv, d)
@@ -49,7 +49,7 @@ def sweep():
             for pdl in ("1", "0") if smem_kb == 100 else ("1",):
                 os.environ[decode.PDL_ENV] = pdl
                 for n in candidates if pdl == "1" else (n0,):
-                    ms = decode._time(lambda: decode.forward(q, k, v, scale=d ** -0.5, causal=True, splits=n), True)
+                    ms = gpu_ms(lambda: decode.forward(q, k, v, scale=d ** -0.5, causal=True, splits=n), cuda_graph=True)
                     results.append((ms, smem_kb, decode.stages_for(d), pdl, n, n == n0))
         os.environ.pop(decode.SMEM_KB_ENV)
         os.environ.pop(decode.PDL_ENV)
@@ -65,9 +65,9 @@ def crossover():
     """Short caches (where the dispatch threshold sits) and per-sequence lengths (seqused_k), all kernels."""
     for b in (1, 8):
         for sk in (128, 256, 512, 1024, 2048):
-            print(line(bench_decode(b, sk)))
+            print(line(decode_kernel_comparison(b, sk)))
     for b, sk in ((1, 4096), (1, 32768), (8, 32768)):
-        print("seqused_k:", line(bench_decode(b, sk, seqused=True)))
+        print("seqused_k:", line(decode_kernel_comparison(b, sk, seqused=True)))
 
 
 def main():
@@ -96,9 +96,9 @@ def main():
     shapes = [(args.b, args.sk)] if args.b and args.sk else SHAPES
     print(f"hq{args.hq} hkv{args.hkv} d{args.d} q_len {args.q_len} {args.dtype}")
     for b, sk in shapes:
-        print(line(bench_decode(b, sk, args.hq, args.hkv, args.d, q_len=args.q_len, dtype=getattr(torch, args.dtype),
-                                causal=not args.no_causal, seqused=args.seqused, splits=args.splits,
-                                graphs=not args.no_graphs)))
+        print(line(decode_kernel_comparison(
+            b, sk, args.hq, args.hkv, args.d, q_len=args.q_len, dtype=getattr(torch, args.dtype),
+            causal=not args.no_causal, seqused=args.seqused, splits=args.splits, graphs=not args.no_graphs)))
 
 
 if __name__ == "__main__":

@@ -291,3 +291,12 @@ def test_sdpa_fallback_backward_matches_the_reference(flags):
     expected = reference.attention_backward(grad, q, k, v, out, lse, None, seqused_k=None, key_mask=mask, **full)
     for g, e in zip(got, expected):
         torch.testing.assert_close(g, e)
+
+
+def test_signature_caches_forget_their_oldest_entries():
+    from fa4_inductor.kernels.layout import SignatureCache
+
+    cache = SignatureCache(limit=2)
+    for key in "abc":
+        cache[key] = key.upper()
+    assert list(cache) == ["b", "c"] and cache.get("a") is None and type(cache)().limit > 2

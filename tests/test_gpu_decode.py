@@ -234,7 +234,9 @@ def test_cuda_graph_replay_with_changing_cache_lengths(splits):
 
 
 def test_bench_entry_point_runs():
-    result = decode.bench_decode(b=1, sk=4096, hq=32, hkv=8, d=128, graphs=True)
+    from fa4_inductor.bench import decode_kernel_comparison
+
+    result = decode_kernel_comparison(b=1, sk=4096, hq=32, hkv=8, d=128, graphs=True, seqused=True)
     assert result["decode_ms"] > 0 and result["sdpa_ms"] > 0
     assert result["max_abs_diff_vs_sdpa"] < 2e-2
 
