@@ -49,14 +49,18 @@ class Tiny:
 
     def phases(self) -> list[tuple[str, dict]]:
         """(name, inputs) of the forwards `explain` runs in order: prefill and decode through one StaticCache
-        for causal LMs; plain and right-padded inputs for text encoders."""
+        for causal LMs, then a left-padded prefill (what `generate` runs for a batch); plain and
+        right-padded inputs for text encoders."""
         if self.kind == "causal-lm":
             from transformers import StaticCache
 
             cache = StaticCache(config=self.model.config, max_cache_len=32)
             prompt, token = self.inputs(seq=12)["input_ids"], self.inputs(seq=1)["input_ids"]
+            padded = self.inputs(seq=12, padding=True)
+            padded["attention_mask"] = padded["attention_mask"].flip(-1)
             return [("prefill", {"input_ids": prompt, "past_key_values": cache, "use_cache": True}),
-                    ("decode", {"input_ids": token, "past_key_values": cache, "use_cache": True})]
+                    ("decode", {"input_ids": token, "past_key_values": cache, "use_cache": True}),
+                    ("prefill, left-padded", padded)]
         if self.kind == "vision":
             return [("forward", self.inputs())]
         return [("forward", self.inputs()), ("forward, right-padded", self.inputs(padding=True))]

@@ -315,8 +315,10 @@ def test_explain_by_model_type(capsys):
     assert main(["explain", "hf:qwen2"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0] == "qwen2 (sdpa): Qwen2ForCausalLM, 2 attention layers per forward"
-    assert "prefill: 2/2 attention layers rewritten" in lines and "decode: 2/2 attention layers rewritten" in lines
-    assert sum("[rewritten] sdpa        model.model.layers.1.self_attn" in line for line in lines) == 2
+    for phase in ("prefill", "decode", "prefill, left-padded"):
+        assert f"{phase}: 2/2 attention layers rewritten" in lines, lines
+    assert sum("[rewritten] sdpa        model.model.layers.1.self_attn" in line for line in lines) == 3
+    assert sum("key_mask=padding mask" in line for line in lines) == 2
 
 
 def test_generate_with_static_cache_and_a_compiled_forward_is_rewritten():
