@@ -494,6 +494,11 @@ def _encode_padding(call: AttentionCall, options) -> None:
     if call.blind_rows == "nan":
         raise Decline("a run-time padding mask where a query row that sees no key is NaN or weighted over part "
                       "of the keys in eager (-inf fill in a hand-written softmax, or several masking steps)")
+    if call.blind_rows == "mean" and any(value(t).requires_grad for t in (call.q, call.k, call.v)):
+        # Eager's value there is the mean of V, but its gradient still reaches q and k through the
+        # softmax of the (absorbed) scores, which the mean in the graph cannot give.
+        raise Decline("a run-time finfo.min padding mask in training: a query row that sees no key passes "
+                      "eager's softmax gradient to q and k, which the rewrite does not reproduce")
     call.key_mask = call.padding
 
 

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 
 import torch
 from torch.fx import Node
+from torch.fx.experimental.symbolic_shapes import guard_or_false
 
 from .spellings import (ADD, AND, ARANGE, CAST, CONTIGUOUS, EQ, EXPAND, FULL, GE, GETITEM, GT, LE, LOGICAL_NOT, LT,
                         MASKED_FILL, MUL, NE, ONES, RESHAPE, SUB, TENSOR, TRIL, TRIU, UNSQUEEZE, WHERE, ZEROS, arg,
@@ -445,9 +446,11 @@ def _key_lookup(node: Node, constants) -> KeyMask | None:
     kv = _position(keys, constants)
     if kv is None or kv.axis != -1 or kv.offset != 0 or isinstance(value(kv.start), torch.Tensor):
         return None
+    # The key count may be symbolic while the mask's length is not (automatic dynamic shapes marked the cache
+    # dynamic first): eager indexing needs them equal, so the graph is guarded on it.
     if not (GETITEM(batch) and batch.args[1] == (slice(None), None, None, None) and ARANGE(batch.args[0])
             and same_size(shape(batch)[0], shape(m)[0])
-            and (kv.start is not None or same_size(shape(keys)[-1], shape(m)[1]))):
+            and (kv.start is not None or guard_or_false(shape(keys)[-1] == shape(m)[1]))):
         return None
     return KeyMask(m, kv.start)
 

@@ -130,13 +130,15 @@ def test_generate_with_a_static_cache_decodes_through_the_op(name):
         torch.testing.assert_close(g, e, atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("attention_mask", [False, True], ids=["no-mask", "generate-mask"])
-def test_static_cache_decode_with_inductor_writes_the_cache_in_place(attention_mask):
-    """Compiled by Inductor (run-time checks included): decode logits and the cache contents match eager."""
+@pytest.mark.parametrize("attention_mask, checked", [(False, False), (True, False), (True, True)],
+                         ids=["no-mask", "generate-mask-as-key-mask", "generate-mask-checked"])
+def test_static_cache_decode_with_inductor_writes_the_cache_in_place(attention_mask, checked):
+    """Compiled by Inductor (key masks and run-time checks included): decode logits and the cache contents
+    match eager."""
     model = tiny("llama", "sdpa")
     prompt, steps = torch.randint(0, 128, (2, 5)), torch.randint(0, 128, (2, 3))
     torch._dynamo.reset()
-    recorder = Recorder(inductor=True, checked_padding=attention_mask)
+    recorder = Recorder(inductor=True, checked_padding=checked)
     with torch.no_grad():
         compiled = torch.compile(model.forward, backend=recorder)
         got, cache = generate_with_static_cache(compiled, model.model, prompt, steps, attention_mask=attention_mask)
@@ -150,9 +152,14 @@ def test_static_cache_decode_with_inductor_writes_the_cache_in_place(attention_m
         torch.testing.assert_close(layer.values, expected_layer.values)
 
 
-def test_padding_with_inductor_matches_eager():
-    model = tiny("bert", "sdpa")
+@pytest.mark.parametrize("name, impl", [("bert", "sdpa"), ("llama", "eager"), ("llama", "sdpa")])
+def test_padding_with_inductor_matches_eager(name, impl):
+    """Left-padded (decoders) or right-padded (encoders) batches as key masks, compiled by Inductor; the
+    eager decoder's rows that see no key take the mean of V in the graph."""
+    model = tiny(name, impl)
     kwargs = model.inputs(padding=True)
+    if model.kind == "causal-lm":
+        kwargs["attention_mask"] = kwargs["attention_mask"].flip(-1)
     recorder, got = compile_and_run(model.forward, kwargs, inductor=True)
     assert recorder.count() == model.attention_layers
     with torch.no_grad():
@@ -307,17 +314,21 @@ def test_gpt_fast_non_consecutive_positions_are_stopped_by_the_run_time_check():
             compiled(torch.randn(2, 4, 64), torch.tensor([0, 1, 3, 4]))
 
 
-def test_explain_by_model_type(capsys):
+@pytest.mark.parametrize("impl", IMPLEMENTATIONS)
+def test_explain_by_model_type(capsys, impl):
+    """Prefill, decode, then a left-padded prefill: by then automatic dynamic shapes have made the key
+    length symbolic while the new mask's length is not (the padding mask is read under a guard)."""
     from fa4_inductor.__main__ import main
 
     pytest.importorskip("transformers")
     torch._dynamo.reset()
-    assert main(["explain", "hf:qwen2"]) == 0
+    assert main(["explain", "hf:qwen2", "--attn", impl]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0] == "qwen2 (sdpa): Qwen2ForCausalLM, 2 attention layers per forward"
+    assert lines[0] == f"qwen2 ({impl}): Qwen2ForCausalLM, 2 attention layers per forward"
     for phase in ("prefill", "decode", "prefill, left-padded"):
         assert f"{phase}: 2/2 attention layers rewritten" in lines, lines
-    assert sum("[rewritten] sdpa        model.model.layers.1.self_attn" in line for line in lines) == 3
+    family = "sdpa       " if impl == "sdpa" else "handwritten"
+    assert sum(f"[rewritten] {family} model.model.layers.1.self_attn" in line for line in lines) == 3
     assert sum("key_mask=padding mask" in line for line in lines) == 2
 
 
@@ -382,3 +393,28 @@ def test_gpt_fast_no_recompile_across_prompt_lengths():
             graphs.append(len(recorder.graphs))
     assert graphs == [2, 3, 3, 3]  # static prefill + decode, then one dynamic prefill
     assert recorder.count() == 6 and not recorder.reasons
+
+
+@pytest.mark.parametrize("impl", IMPLEMENTATIONS)
+def test_training_with_a_left_padded_batch_matches_eager(impl):
+    """Fine-tuning on a left-padded batch: the key-mask op's backward gives eager's gradients (sdpa code).
+    Eager code's finfo.min mask keeps its mask in training: a padded row sees no key, and eager's softmax
+    still passes it a gradient (the last padded position predicts the first real token)."""
+    model = tiny("llama", impl)
+    kwargs = model.inputs(padding=True)
+    kwargs["attention_mask"] = kwargs["attention_mask"].flip(-1)
+    labels = kwargs["input_ids"].masked_fill(kwargs["attention_mask"] == 0, -100)
+    torch._dynamo.reset()
+    recorder = Recorder(inductor=True)
+    compiled = torch.compile(model.model, backend=recorder)
+    grads = []
+    for fn in (compiled, model.model):
+        model.model.zero_grad()
+        fn(**kwargs, labels=labels).loss.backward()
+        grads.append([p.grad.clone() for p in model.model.parameters()])
+    if impl == "sdpa":
+        assert recorder.count() == model.attention_layers
+    else:
+        assert recorder.count() == 0 and all("in training" in r for r in recorder.reasons), recorder.reasons
+    for got, expected in zip(*grads):
+        torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-4)
