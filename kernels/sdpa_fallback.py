@@ -91,13 +91,11 @@ def backward_by_recomputation(grad_out, q, k, v, seqused_k=None, key_mask=None, 
     sk, group = k.shape[2], hq // k.shape[1]
     keep = reference.allowed_keys(sq, sk, causal=causal, window_left=window_left, window_right=window_right,
                                   seqused_k=seqused_k, device=q.device, key_mask=key_mask)
-    bias = None
     if keep is not None:
         blind = ~keep.any(-1, keepdim=True)  # rows that see no key: any finite bias, and no gradient
         keep = keep | blind
         grad_out = grad_out.masked_fill(blind[:, 0], 0.0)
-        bias = torch.zeros(keep.shape[0], 1, sq, sk, dtype=q.dtype, device=q.device)
-        bias = bias.masked_fill(~keep[:, 0], float("-inf")).expand(b, hq, sq, sk)
+    bias = _bias(keep, b, hq, sq, sk, q.dtype)  # padded as the memory-efficient kernel wants it
     with torch.enable_grad():
         leaves = [t.detach().requires_grad_() for t in (q, k, v)]
         qq, kk, vv = leaves
