@@ -283,10 +283,8 @@ def decode_kernel_comparison(b: int = 1, sk: int = 32768, hq: int = 32, hkv: int
     n_splits = splits or decode.num_splits(b, hkv, q_len, hq // hkv, sk, d, sms)
     decode.warmup(dtype, d, hq // hkv, q_len, device, causal=causal, seqused_k=seqused, key_mask=None if seqused else False)
 
-    def sdpa():
-        # SDPA's causal mask is top-left aligned: for one query token it would hide all but key 0.
-        is_causal = causal and q_len > 1 and q_len == sk
-        return F.scaled_dot_product_attention(q, k, v, is_causal=is_causal, scale=scale, enable_gqa=True)
+    def sdpa():  # SDPA's causal mask is top-left aligned: for one query token it would hide all but key 0
+        return _sdpa_default(q, k, v, causal and q_len > 1 and q_len == sk, scale)
 
     fns = {"decode": lambda: decode.forward(q, k, v, used, scale=scale, causal=causal, splits=n_splits), "sdpa": sdpa}
     if seqused:

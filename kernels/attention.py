@@ -74,15 +74,11 @@ def kernel_for(q: Tensor, k: Tensor, v: Tensor, key_mask: Optional[Tensor] = Non
     if decode_reason is None:
         return "decode", "decode-shaped: the split-KV decode kernel takes this call"
     if key_mask is not None:
-        why = f"a key mask: FA4 takes none ({decode_reason})"
-    else:
-        name, why = _fa4_or_reference(q, k, v, **flags)
-        if name == "fa4":
-            return name, f"FA4 takes this call ({decode_reason})"
-    fallback_reason = sdpa_fallback.unsupported_reason(q, flags.get("softcap", 0.0))
-    if fallback_reason is None:
-        return "sdpa", why
-    return "reference", f"{why}; {fallback_reason}"
+        return _sdpa_or_reference(q, f"a key mask: FA4 takes none ({decode_reason})", flags)
+    name, why = _fa4_or_reference(q, k, v, **flags)
+    if name == "fa4":
+        return name, f"FA4 takes this call ({decode_reason})"
+    return _sdpa_or_reference(q, why, flags)
 
 
 def backward_kernel_for(q: Tensor, k: Tensor, v: Tensor, key_mask: Optional[Tensor] = None, **flags) -> tuple[str, str]:
@@ -90,12 +86,14 @@ def backward_kernel_for(q: Tensor, k: Tensor, v: Tensor, key_mask: Optional[Tens
     or "reference"."""
     if q.device.type != "cuda":
         return "reference", f"{q.device.type} runs the reference"
-    if key_mask is None:
-        name, why = _fa4_or_reference(q, k, v, **flags)
-        if name == "fa4":
-            return name, why
-    else:
-        why = "a key mask (FA4 takes none)"
+    if key_mask is not None:
+        return _sdpa_or_reference(q, "a key mask (FA4 takes none)", flags)
+    name, why = _fa4_or_reference(q, k, v, **flags)
+    return (name, why) if name == "fa4" else _sdpa_or_reference(q, why, flags)
+
+
+def _sdpa_or_reference(q: Tensor, why: str, flags: dict) -> tuple[str, str]:
+    """The SDPA fallback for a CUDA call FA4 cannot take (`why`), else the reference."""
     fallback_reason = sdpa_fallback.unsupported_reason(q, flags.get("softcap", 0.0))
     if fallback_reason is None:
         return "sdpa", why
@@ -103,8 +101,7 @@ def backward_kernel_for(q: Tensor, k: Tensor, v: Tensor, key_mask: Optional[Tens
 
 
 def _fa4_or_reference(q: Tensor, k: Tensor, v: Tensor, **flags) -> tuple[str, str]:
-    if q.device.type != "cuda":
-        return "reference", f"{q.device.type} runs the reference"
+    """FA4 for a CUDA call it takes, else the reference with FA4's reason."""
     from . import fa4
 
     reason = fa4.unsupported_reason(q, k, v, **flags)
@@ -141,20 +138,14 @@ def _forward_outputs(q: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
 
 
 def _reference_forward(q, k, v, seqused_k, key_mask, **flags) -> tuple[Tensor, Tensor]:
-    out, lse = _forward_outputs(q, v)
     ref_out, ref_lse = reference.attention_forward(q, k, v, seqused_k=seqused_k, key_mask=key_mask, **flags)
-    out.copy_(ref_out)
-    lse.copy_(ref_lse)
-    return out, lse
+    return layout.bhsd_copy(ref_out, q.dtype), ref_lse.contiguous()
 
 
 def _reference_backward(grad_out, q, k, v, out, lse, grad_lse, seqused_k, key_mask, **flags) -> tuple[Tensor, Tensor, Tensor]:
-    grads = _backward_outputs(q, k, v)
     ref = reference.attention_backward(grad_out, q, k, v, out, lse, grad_lse, seqused_k=seqused_k, key_mask=key_mask,
                                        **flags)
-    for g, r in zip(grads, ref):
-        g.copy_(r)
-    return grads
+    return tuple(layout.bhsd_copy(r, t.dtype) for r, t in zip(ref, (q, k, v)))
 
 
 def _complete(flags: dict) -> dict:

@@ -18,6 +18,12 @@ def empty_bhsd(b, h, s, d, *, dtype: torch.dtype, device, zero: bool = False) ->
     return out.zero_() if zero else out
 
 
+def bhsd_copy(t: Tensor, dtype: torch.dtype | None = None) -> Tensor:
+    """t's values (cast to `dtype`) in a new `empty_bhsd` tensor: a kernel's result in the op's layout."""
+    out = empty_bhsd(*t.shape, dtype=dtype or t.dtype, device=t.device)
+    return out.copy_(t)
+
+
 def lengths_int32(lengths: Tensor | None, device) -> Tensor | None:
     """Per-sequence lengths (`seqused_k`) as a unit-stride int32 [B] tensor on `device`.
 

@@ -70,9 +70,7 @@ def forward(q: Tensor, k: Tensor, v: Tensor, seqused_k: Optional[Tensor] = None,
         blind = ~keep[:, 0].any(-1)  # [B or 1, 1, Sq]: rows that see no key
         result = result.masked_fill(blind[..., None], 0.0)
         lse = lse.masked_fill(blind, float("-inf"))
-    out = layout.empty_bhsd(b, hq, sq, v.shape[-1], dtype=q.dtype, device=q.device)
-    out.copy_(result)
-    return out, lse.contiguous()
+    return layout.bhsd_copy(result), lse.contiguous()
 
 
 def backward(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, seqused_k: Optional[Tensor] = None,
@@ -103,9 +101,4 @@ def backward_by_recomputation(grad_out, q, k, v, seqused_k=None, key_mask=None, 
             kk, vv = kk.repeat_interleave(group, dim=1), vv.repeat_interleave(group, dim=1)
         out = torch.nn.functional.scaled_dot_product_attention(qq, kk, vv, attn_mask=bias, scale=scale)
         grads = torch.autograd.grad(out, leaves, grad_out)
-    results = []
-    for g, t in zip(grads, (q, k, v)):
-        r = layout.empty_bhsd(*t.shape, dtype=t.dtype, device=t.device)
-        r.copy_(g)
-        results.append(r)
-    return tuple(results)
+    return tuple(layout.bhsd_copy(g) for g in grads)

@@ -17,8 +17,9 @@ handwritten (every spelling of each step is accepted, see `spellings.py`):
     out = p @ v
 
 K/V feeding either family may be repeated for GQA (`gqa.py`); the repetition is folded. A mask that
-depends on run-time data becomes the op's seqused_k: a KV cache position (`kv_cache.py`) or a padding
-mask (`padding.py`), built once per graph and shared by every layer.
+depends on run-time data becomes an op input built once per graph and shared by every layer: a KV
+cache position becomes seqused_k (`kv_cache.py`), a padding mask the op's key_mask (`padding.py`,
+which also has the checked seqused_k forms).
 
 A candidate is kept as written, with the reason recorded, when: dropout is active, a mask is not a
 provable band (masks.py), the scores or weights are used elsewhere (e.g. `output_attentions`), a

@@ -10,14 +10,15 @@ stays as written. Nothing is guessed from sample values, with one exception: a m
 module buffer is read by value at compile time (nanoGPT's `bias`), which assumes the buffer is not
 modified afterwards.
 
-Two kinds of run-time data are followed exactly, and become `fa4::attention`'s seqused_k:
+Two kinds of run-time data are followed exactly, and become `fa4::attention` inputs:
 
     positions  `arange(Sq) + start` (start: a 0-d tensor or SymInt, HF's cache position) compared with
                key positions, or a band buffer's rows picked by `input_pos` (gpt-fast): a band that
-               moves by start at run time (`Band.shift`, `Shift`; kv_cache.py)
+               moves by start at run time (`Band.shift`, `Shift`; kv_cache.py): seqused_k
     key masks  `m[arange(B)[:, None, None, None], kv_positions]` or `m[:, None, None, :]` of a [B, L]
                tensor m (an `attention_mask`), or a boolean [B, 1, 1, Sk] graph input (HF `generate`
-               hands decode steps one): visible keys per sequence (`Band.keys`, `KeyMask`; padding.py)
+               hands decode steps one): visible keys per sequence (`Band.keys`, `KeyMask`; padding.py):
+               the op's key_mask
 
 The use site turns the value into the set of visible keys (`keep_band`):
 
