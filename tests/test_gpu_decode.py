@@ -149,7 +149,8 @@ def test_seqused_k_shorter_than_query():
     assert (lse[0, :, :5] == float("-inf")).all() and (out[0, :, :5] == 0).all()
 
 
-def test_combine_without_pdl(monkeypatch):
+def test_combine_kernel_without_pdl(monkeypatch):
+    monkeypatch.setenv(decode.MERGE_ENV, "kernel")
     monkeypatch.setenv(decode.PDL_ENV, "0")
     check(*make_inputs(b=2, group=4, sq=1, sk=3000), splits=12, **flags(128, causal=True))
 
@@ -205,19 +206,34 @@ def test_warmup_then_no_compile():
     assert decode.compile_cache_info() == compiled
 
 
-@pytest.mark.parametrize("splits", [None, 1])
-def test_cuda_graph_replay_with_changing_cache_lengths(splits):
+def counters_of_this_stream():
+    """The arrival counters a split call made now would get (this stream, or this graph capture)."""
+    return decode.arrival_counters(torch.cuda.current_device(), 1)
+
+
+@pytest.mark.parametrize("splits, pool", [(None, True), (1, True), (13, True), (13, False)],
+                         ids=["heuristic", "one-split", "merged-in-kernel", "no-counter-pool: combine kernel"])
+def test_cuda_graph_replay_with_changing_cache_lengths(monkeypatch, splits, pool):
     """Capture once; change q / k / v contents and seqused_k between replays: each replay equals a
-    fresh call bit for bit (the kernels use no atomics) and the float64 reference by the FA rule."""
+    fresh call bit for bit (the splits are merged in a fixed order, whichever CTA merges them) and
+    the float64 reference by the FA rule. With the device's counter pool made, split calls merge
+    in the main kernel and leave the capture's counters at zero after every replay; captured
+    before the pool exists, the combine kernel merges."""
     fl = flags(128, causal=True)
     decode.warmup(torch.bfloat16, 128, 4, q_len=2, device="cuda", causal=True, seqused_k=True)
+    if not pool:
+        monkeypatch.setattr(decode, "_COUNTER_SLABS", {})
     q, k, v = make_inputs(b=3, hkv=2, group=4, sq=2, sk=4096, layout="bhsd")
     used = torch.tensor([4096, 4096, 4096], dtype=torch.int32, device="cuda")
+    counters = []
 
     def step():
+        if torch.cuda.is_current_stream_capturing():
+            counters.append(counters_of_this_stream())
         return decode.forward(q, k, v, used, splits=splits, **fl)
 
-    graph, (static_out, static_lse) = capture(step)
+    graph, (static_out, static_lse) = capture(step, warm_up=pool)
+    assert (counters[0] is not None) == pool
 
     for lengths in ([4096, 700, 1], [0, 4095, 2049], [33, 17, 4000]):
         for t, fresh in zip((q, k, v), make_inputs(b=3, hkv=2, group=4, sq=2, sk=4096, layout="bhsd")):
@@ -231,6 +247,27 @@ def test_cuda_graph_replay_with_changing_cache_lengths(splits):
         ref_out, ref_lse = reference.attention_forward(q.double(), k.double(), v.double(), seqused_k=used, **fl)
         assert_fa_rule("out", static_out, ref_out, eager(q, k, v, used, **fl)[0])
         torch.testing.assert_close(static_lse.double(), ref_lse, rtol=0, atol=1e-3)
+        if counters[0] is not None:
+            assert not counters[0].any()
+
+
+def test_merge_in_kernel_equals_the_combine_kernel(monkeypatch):
+    """Both merges run `combine_tile` over the same partials: bit-equal results, and the arrival
+    counters are back at zero after the call."""
+    fl = flags(128, causal=True)
+    q, k, v = make_inputs(b=2, hkv=8, group=4, sq=1, sk=20000, layout="bhsd")
+    used = torch.tensor([20000, 9999], dtype=torch.int32, device="cuda")
+    out, lse = check(q, k, v, used, splits=9, **fl)
+    assert not counters_of_this_stream().any()
+    again = [decode.forward(q, k, v, used, splits=9, **fl) for _ in range(8)]  # back to back on one stream
+    for out_i, lse_i in again:
+        torch.testing.assert_close(out_i, out, rtol=0, atol=0)
+        torch.testing.assert_close(lse_i, lse, rtol=0, atol=0)
+    assert not counters_of_this_stream().any()
+    monkeypatch.setenv(decode.MERGE_ENV, "kernel")
+    out2, lse2 = check(q, k, v, used, splits=9, **fl)
+    torch.testing.assert_close(out, out2, rtol=0, atol=0)
+    torch.testing.assert_close(lse, lse2, rtol=0, atol=0)
 
 
 def test_bench_entry_point_runs():
