@@ -264,7 +264,8 @@ def decode_kernel_comparison(b: int = 1, sk: int = 32768, hq: int = 32, hkv: int
                              q_len: int = 1, dtype: torch.dtype = torch.bfloat16, causal: bool = True,
                              seqused: bool = False, splits: int | None = None, graphs: bool = True) -> dict:
     """Our decode kernel (`kernels/decode.py`, called directly, `splits` forcing its split count) against
-    SDPA `enable_gqa` and our FA4 adapter on one shape, for `tests/bench_decode.py` and the kernel's tuning.
+    SDPA `enable_gqa`, our FA4 adapter and `fa4::attention` (`op`: whichever kernel it routes the call to)
+    on one shape, for `tests/bench_decode.py` and the kernel's tuning.
 
     Inputs as HF static caches hand them over: K / V contiguous [B, Hkv, Sk, D], q [B, Hq, Sq, D]. With
     `seqused`, per-sequence lengths are given (all Sk) and two more rows run: SDPA with the equivalent mask
@@ -286,7 +287,8 @@ def decode_kernel_comparison(b: int = 1, sk: int = 32768, hq: int = 32, hkv: int
     def sdpa():  # SDPA's causal mask is top-left aligned: for one query token it would hide all but key 0
         return _sdpa_default(q, k, v, causal and q_len > 1 and q_len == sk, scale)
 
-    fns = {"decode": lambda: decode.forward(q, k, v, used, scale=scale, causal=causal, splits=n_splits), "sdpa": sdpa}
+    fns = {"decode": lambda: decode.forward(q, k, v, used, scale=scale, causal=causal, splits=n_splits), "sdpa": sdpa,
+           "op": lambda: torch.ops.fa4.attention(q, k, v, used, scale=scale, causal=causal)}
     if seqused:
         key_mask = torch.arange(sk, device=device) < used[:, None]
         fns["sdpa_mask"] = lambda: F.scaled_dot_product_attention(

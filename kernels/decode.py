@@ -12,11 +12,12 @@ Disable it with FA4_INDUCTOR_DISABLE_DECODE=1.
 
 When `fa4::attention` uses it (`dispatch_reason`): decode-shaped calls that the above allows,
 Sq * group <= DISPATCH_MAX_ROWS (16: one row tile, so each KV tile is read once) and
-Sk >= DISPATCH_MIN_SEQLEN_K (512). Measured on the H200 (docs/benchmarks.md, 2026-11-29 session 3):
-it beats FA4 (the op's other kernel for these calls) on every benchmarked shape, b1-b64 x 1k-128k
-keys, by up to 10x at batch 1 (FA4 has no split-KV on Hopper); it is 0-10% behind SDPA with
-`enable_gqa` on fixed-length caches, which SDPA serves only without per-sequence lengths (HF
-static caches always pass them, as `seqused_k`).
+Sk >= DISPATCH_MIN_SEQLEN_K (512), unless flash SDPA takes the call (`sdpa_flash.py`: one cache
+length for the batch, no key mask). Measured on the H200 (docs/benchmarks.md, 2026-11-29 sessions
+3 and 4): it beats FA4 on every benchmarked shape, b1-b64 x 1k-128k keys, by up to 10x at batch 1
+(FA4 has no split-KV on Hopper), and SDPA with the equivalent mask where per-sequence lengths or a
+padding mask are given (HF static caches always pass them); on fixed-length caches flash SDPA
+with `enable_gqa` is 0-10% faster, so the op sends those calls there.
 
 Split count (`num_splits`): a host function of shapes only (batch, KV heads, row tiles, the
 maximum Sk, head dim, SM count), never of seqused_k's contents, so a CUDA graph captured once
@@ -29,30 +30,18 @@ rate; ring depth (2-6 stages) and PDL moved times by 1-3%. Splits
 that get no key at run time (short sequences) write lse = -inf partials; the combine weighs them 0.
 FA4_INDUCTOR_DECODE_SPLITS=N fixes the split count for every call (for tuning the heuristic).
 
-Merging the splits: in the main kernel by default. Each (batch, row tile) has an int32 arrival
-counter; the CTA that arrives last merges the partials and resets the counter to zero, so one
-launch does it all (no combine kernel, no wait for the whole grid). Counters must never be shared
-by launches that may run at once, so each device has a pool of zeroed slabs (cuMemAlloc: outside
-torch's caching allocator and its CUDA-graph pools, so a captured graph may keep the address),
-made on the first split call outside graph capture (or by `warmup`), and hands out one slab per
-stream for eager calls and one per graph capture for the calls captured in it (launches on one
-stream, or in one captured graph, run in order). The combine kernel merges instead when a
-capture starts before the pool exists, when the slabs run out, when a call has more than
-COUNTERS tiles, or with FA4_INDUCTOR_DECODE_MERGE=kernel; it is launched as a programmatic
-dependent of the main kernel (Hopper PDL; FA4_INDUCTOR_DECODE_PDL=0 turns that off).
-
 Compilation: one main-kernel variant per (dtype, head_dim, group, causal, softcap on/off,
-seqused_k given, key mask given, split or not, merged here or not, arch) and one combine variant
-per (dtype, head_dim, group, PDL on/off, arch), about a second each, kept in `_COMPILED` for the
-process. Batch, heads, Sq, Sk, strides and the split count are runtime values. Call `warmup`
-before capturing CUDA graphs (it also makes the device's counter pool). Launches go to the
+seqused_k given, split or not, arch) and one combine variant per (dtype, head_dim, group, PDL on/off, arch),
+about a second each, kept in `_COMPILED` for the process. The combine kernel is launched as a
+programmatic dependent of the main kernel (Hopper PDL, overlapping its launch with the main
+kernel's tail; FA4_INDUCTOR_DECODE_PDL=0 turns that off). Batch, heads, Sq, Sk, strides and the
+split count are runtime values. Call `warmup` before capturing CUDA graphs. Launches go to the
 current torch stream (TVM-FFI environment stream): no host sync, no host read of seqused_k.
 """
 
 from __future__ import annotations
 
 import functools
-import logging
 import math
 import os
 import threading
@@ -68,7 +57,6 @@ DISABLE_ENV = switches.DISABLE_DECODE
 PDL_ENV = "FA4_INDUCTOR_DECODE_PDL"  # 0 launches the combine kernel without programmatic dependent launch
 SPLITS_ENV = "FA4_INDUCTOR_DECODE_SPLITS"  # a fixed split count for every call (tuning experiments)
 SMEM_KB_ENV = "FA4_INDUCTOR_DECODE_SMEM_KB"  # a CTA's shared-memory budget, sets the ring depth (tuning)
-MERGE_ENV = "FA4_INDUCTOR_DECODE_MERGE"  # "kernel": merge splits in the separate combine kernel (tuning)
 DTYPES = (torch.float16, torch.bfloat16)
 HEAD_DIMS = (64, 128, 256)
 MAX_GROUP = 16
@@ -79,8 +67,6 @@ TILE_N = 16  # keys per warp tile
 NUM_WARPS = 4
 MAX_SPLITS = 128
 MIN_TILES_PER_SPLIT = 2 * NUM_WARPS
-COUNTERS = 256  # arrival counters per slab: the most tiles (batch x KV heads x row tiles) a merged split call has
-COUNTER_SLABS = 4096  # slabs per device (4 MiB): one per stream and one per graph capture
 DISPATCH_MAX_ROWS = 16
 DISPATCH_MIN_SEQLEN_K = 512
 _LOG2_E = math.log2(math.e)
@@ -185,7 +171,6 @@ class _Key(NamedTuple):
     pdl: bool = False  # combine kernel: programmatic dependent launch
     stages: int = 0  # main kernel: K / V ring depth per warp
     key_mask: bool = False  # main kernel: a [B, Sk] key mask is given
-    merge_here: bool = False  # main kernel (split): the last CTA of a tile merges the splits
 
 
 _COMPILED: dict[_Key, object] = {}
@@ -249,17 +234,15 @@ def _compile(key: _Key):
     from .cute.decode_attention import DecodeAttentionSm90
 
     kernel = DecodeAttentionSm90(dt, d, key.group, key.causal, key.softcap, key.seqused, key.split, key.stages,
-                                 key.key_mask, key.merge_here)
+                                 key.key_mask)
     align = ALIGN_BYTES // 2
     used = cute.runtime.make_fake_compact_tensor(Int32, (cute.sym_int(),)) if key.seqused else None
     key_mask = cute.runtime.make_fake_tensor(
         Uint8, (cute.sym_int(), cute.sym_int()), (sym(), 1)) if key.key_mask else None
     o_part, lse_part = partials() if key.split else (None, None)
-    writes_out = not key.split or key.merge_here
-    counters = cute.runtime.make_fake_compact_tensor(Int32, (cute.sym_int(),)) if key.merge_here else None
     return cute.compile(
         kernel, bhsd(), bhsd(align, ALIGN_BYTES), bhsd(align, ALIGN_BYTES), used, key_mask,
-        out if writes_out else None, lse if writes_out else None, o_part, lse_part, counters,
+        None if key.split else out, None if key.split else lse, o_part, lse_part,
         Float32(1.0), Float32(1.0), Float32(1.0), stream, options="--enable-tvm-ffi")
 
 
@@ -279,90 +262,17 @@ def compiled(key: _Key):
 
 
 def _keys(q: Tensor, k: Tensor, seqused_k: Optional[Tensor], key_mask: Optional[Tensor], causal: bool, softcap: float,
-          split: bool, merge_here: bool):
+          split: bool):
     group = q.shape[1] // k.shape[1]
     common = dict(dtype=q.dtype, head_dim=q.shape[-1], group=group, arch=_arch(q.device))
     main = _Key("main", causal=bool(causal), softcap=softcap > 0, seqused=seqused_k is not None, split=split,
-                stages=stages_for(q.shape[-1]), key_mask=key_mask is not None, merge_here=merge_here, **common)
+                stages=stages_for(q.shape[-1]), key_mask=key_mask is not None, **common)
     combine = _Key("combine", causal=False, softcap=False, seqused=False, split=True, pdl=_pdl(), **common)
     return main, combine
 
 
 def _pdl() -> bool:
     return os.environ.get(PDL_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
-
-
-log = logging.getLogger("fa4_inductor.kernels")
-
-
-def _zeroed_driver_buffer(device_index: int, count: int) -> Tensor:
-    """An int32 [count] zero tensor in memory from cuMemAlloc, never freed (outside torch's allocator)."""
-    from cuda.bindings import driver
-
-    def check(result):
-        if result[0] != driver.CUresult.CUDA_SUCCESS:
-            raise RuntimeError(f"CUDA driver call failed: {result[0]}")
-        return result[1] if len(result) > 1 else None
-
-    with torch.cuda.device(device_index):
-        torch.cuda.init()
-        ptr = check(driver.cuMemAlloc(count * 4))
-        check(driver.cuMemsetD32(ptr, 0, count))
-        check(driver.cuCtxSynchronize())
-
-    class _Memory:
-        __cuda_array_interface__ = {"shape": (count,), "typestr": "<i4", "data": (int(ptr), False), "version": 3}
-
-    return torch.as_tensor(_Memory(), device=torch.device("cuda", device_index))
-
-
-def _capture_id(stream: torch.cuda.Stream) -> int:
-    """The id of the graph capture under way on `stream` (unique in the process), 0 when none."""
-    if not torch.cuda.is_current_stream_capturing():
-        return 0
-    from cuda.bindings import driver
-
-    result = driver.cuStreamGetCaptureInfo(driver.CUstream(stream.cuda_stream))
-    if result[0] != driver.CUresult.CUDA_SUCCESS:
-        raise RuntimeError(f"cuStreamGetCaptureInfo failed: {result[0]}")
-    return int(result[2])
-
-
-class _CounterSlabs:
-    """One device's arrival counters: COUNTER_SLABS slabs of COUNTERS, zeroed once, handed out one
-    per (stream, graph capture) for good."""
-
-    def __init__(self, device_index: int):
-        self.memory = _zeroed_driver_buffer(device_index, COUNTER_SLABS * COUNTERS).view(COUNTER_SLABS, COUNTERS)
-        self.owners: dict[tuple[int, int], Tensor] = {}
-
-    def slab(self, owner: tuple[int, int]) -> Optional[Tensor]:
-        slab = self.owners.get(owner)
-        if slab is None and len(self.owners) < COUNTER_SLABS:
-            slab = self.owners[owner] = self.memory[len(self.owners)]
-            if len(self.owners) == COUNTER_SLABS:
-                log.info("decode: every arrival-counter slab is taken; later streams / captures merge splits "
-                         "in the combine kernel")
-        return slab
-
-
-_COUNTER_SLABS: dict[int, _CounterSlabs] = {}
-
-
-def arrival_counters(device_index: int, tiles: int) -> Optional[Tensor]:
-    """Zeroed arrival counters for a split call of `tiles` tiles on the current stream, or None
-    when the combine kernel must merge instead (see the module docstring)."""
-    if tiles > COUNTERS or os.environ.get(MERGE_ENV, "").strip().lower() == "kernel":
-        return None
-    stream = torch.cuda.current_stream(device_index)
-    capture = _capture_id(stream)
-    with _LOCK:
-        slabs = _COUNTER_SLABS.get(device_index)
-        if slabs is None:
-            if capture:  # no driver allocation while a graph is being captured
-                return None
-            slabs = _COUNTER_SLABS[device_index] = _CounterSlabs(device_index)
-        return slabs.slab((stream.cuda_stream, capture))
 
 
 def forward(q: Tensor, k: Tensor, v: Tensor, seqused_k: Optional[Tensor] = None, key_mask: Optional[Tensor] = None, *,
@@ -399,23 +309,17 @@ def forward(q: Tensor, k: Tensor, v: Tensor, seqused_k: Optional[Tensor] = None,
         scale_log2, softcap_in, softcap_out = 0.0, scale / softcap, softcap * _LOG2_E
     else:
         scale_log2, softcap_in, softcap_out = scale * _LOG2_E, 0.0, 0.0
-    tiles = row_tiles(sq, group)
-    counters = arrival_counters(device_index, b * hkv * tiles) if splits > 1 else None
-    main_key, combine_key = _keys(q, k, seqused_k, key_mask, causal, softcap, splits > 1, counters is not None)
+    main_key, combine_key = _keys(q, k, seqused_k, key_mask, causal, softcap, splits > 1)
     with torch.cuda.device(q.device):
         if splits == 1:
-            compiled(main_key)(q, k, v, seqused_k, key_mask, out, lse, None, None, None, scale_log2, softcap_in,
-                               softcap_out)
+            compiled(main_key)(q, k, v, seqused_k, key_mask, out, lse, None, None, scale_log2, softcap_in, softcap_out)
             return out, lse
+        tiles = row_tiles(sq, group)
         o_part = torch.empty((b, hkv * tiles, splits, TILE_M, d), dtype=torch.float32, device=q.device)
         lse_part = torch.empty((b, hkv * tiles, splits, TILE_M), dtype=torch.float32, device=q.device)
-        if counters is not None:
-            compiled(main_key)(q, k, v, seqused_k, key_mask, out, lse, o_part, lse_part, counters, scale_log2,
-                               softcap_in, softcap_out)
-        else:
-            compiled(main_key)(q, k, v, seqused_k, key_mask, None, None, o_part, lse_part, None, scale_log2,
-                               softcap_in, softcap_out)
-            compiled(combine_key)(o_part, lse_part, out, lse)
+        compiled(main_key)(q, k, v, seqused_k, key_mask, None, None, o_part, lse_part, scale_log2, softcap_in,
+                           softcap_out)
+        compiled(combine_key)(o_part, lse_part, out, lse)
     return out, lse
 
 
@@ -442,15 +346,12 @@ def warmup(
             f"the decode kernel does not take dtype {dtype}, head_dim {head_dim}, group {group}, q_len {q_len}")
     device = torch.device(device)
     arch = _arch(device) if device.type == "cuda" else os.environ.get("CUTE_DSL_ARCH", "sm_90a")
-    if device.type == "cuda":
-        index = device.index if device.index is not None else torch.cuda.current_device()
-        arrival_counters(index, 0)
     before = len(_COMPILED)
     for c in ((False, True) if causal is None else (bool(causal),)):
         for used in ((False, True) if seqused_k is None else (bool(seqused_k),)):
             for masked in ((False, True) if key_mask is None else (bool(key_mask),)):
-                for split, merge_here in ((False, False), (True, False), (True, True)):
+                for split in (False, True):
                     compiled(_Key("main", dtype, head_dim, group, c, bool(softcap), used, split, arch,
-                                  stages=stages_for(head_dim), key_mask=masked, merge_here=merge_here))
+                                  stages=stages_for(head_dim), key_mask=masked))
     compiled(_Key("combine", dtype, head_dim, group, False, False, False, True, arch, _pdl()))
     return len(_COMPILED) - before

@@ -2,7 +2,7 @@
 
     python tests/bench_decode.py                 # the issue's shapes (hq32 hkv8 d128 bf16)
     python tests/bench_decode.py --b 1 --sk 32768 --splits 48 --no-graphs
-    python tests/bench_decode.py --sweep         # tuning: split counts x ring depths x merge, our kernel only
+    python tests/bench_decode.py --sweep         # tuning: split counts x ring depths x PDL, our kernel only
     python tests/bench_decode.py --crossover     # short caches and per-sequence lengths, all kernels
 
 Times are medians over CUDA-graph replays (decode runs under graphs); TB/s counts K and V bytes.
@@ -34,31 +34,30 @@ def line(r) -> str:
 
 def sweep():
     """Our kernel alone over split counts around the heuristic's, ring depths (shared-memory budget) and
-    where the splits are merged (in the main kernel, or in the combine kernel): the data behind
-    `decode.num_splits` and the defaults."""
+    PDL on/off: the data behind `decode.num_splits` and the defaults."""
     dev = torch.cuda.current_device()
     for b, sk, hq, hkv, d in SWEEP_SHAPES:
         q = torch.randn(b, hq, 1, d, dtype=torch.bfloat16, device="cuda")
         k = torch.randn(b, hkv, sk, d, dtype=torch.bfloat16, device="cuda")
         v = torch.randn_like(k)
         kv_bytes = 2 * k.numel() * k.element_size()
-        n0 = decode.num_splits(b, hkv, 1, hq // hkv, sk, d, decode._num_sms(dev))
-        candidates = sorted({max(1, min(decode.MAX_SPLITS, int(n0 * f))) for f in (0.5, 0.75, 1, 1.25, 1.5, 2)})
         results = []
-        for smem_kb in (100, 220):
+        for smem_kb in (72, 100, 160, 220):
             os.environ[decode.SMEM_KB_ENV] = str(smem_kb)
-            for merge in ("here", "kernel"):
-                os.environ[decode.MERGE_ENV] = merge
-                for n in candidates:
+            n0 = decode.num_splits(b, hkv, 1, hq // hkv, sk, d, decode._num_sms(dev))
+            candidates = sorted({max(1, min(decode.MAX_SPLITS, int(n0 * f))) for f in (0.5, 0.75, 1, 1.5, 2, 3, 4)})
+            for pdl in ("1", "0") if smem_kb == 100 else ("1",):
+                os.environ[decode.PDL_ENV] = pdl
+                for n in candidates if pdl == "1" else (n0,):
                     ms = gpu_ms(lambda: decode.forward(q, k, v, scale=d ** -0.5, causal=True, splits=n), cuda_graph=True)
-                    results.append((ms, smem_kb, decode.stages_for(d), merge, n, n == n0))
+                    results.append((ms, smem_kb, decode.stages_for(d), pdl, n, n == n0))
         os.environ.pop(decode.SMEM_KB_ENV)
-        os.environ.pop(decode.MERGE_ENV)
+        os.environ.pop(decode.PDL_ENV)
         best = min(results)
         print(f"b{b} sk{sk} hq{hq} hkv{hkv} d{d}: best {best[0] * 1e3:.1f} us "
-              f"({kv_bytes / best[0] / 1e9:.2f} TB/s) smem {best[1]} KB stages {best[2]} merge {best[3]} splits {best[4]}")
-        for ms, smem_kb, stages, merge, n, default in sorted(results, key=lambda r: r[1:]):
-            print(f"   smem {smem_kb:3} KB stages {stages} merge {merge:6} splits {n:3}{' (heuristic)' if default else ''}"
+              f"({kv_bytes / best[0] / 1e9:.2f} TB/s) smem {best[1]} KB stages {best[2]} pdl {best[3]} splits {best[4]}")
+        for ms, smem_kb, stages, pdl, n, default in sorted(results, key=lambda r: r[1:]):
+            print(f"   smem {smem_kb:3} KB stages {stages} pdl {pdl} splits {n:3}{' (heuristic)' if default else ''}"
                   f"  {ms * 1e3:7.1f} us  {kv_bytes / ms / 1e9:.2f} TB/s")
 
 
@@ -67,8 +66,9 @@ def crossover():
     for b in (1, 8):
         for sk in (128, 256, 512, 1024, 2048):
             print(line(decode_kernel_comparison(b, sk)))
-    for b, sk in ((1, 4096), (1, 32768), (8, 32768)):
-        print("seqused_k:", line(decode_kernel_comparison(b, sk, seqused=True)))
+    for b in (1, 8):
+        for sk in (256, 512, 1024, 2048, 4096, 32768):
+            print("seqused_k:", line(decode_kernel_comparison(b, sk, seqused=True)))
 
 
 def main():

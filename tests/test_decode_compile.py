@@ -50,20 +50,6 @@ def test_main_kernel_with_a_key_mask_compiles(cute_dsl, variant):
     assert callable(decode.compiled(key))
 
 
-# Splits merged in the main kernel by the last CTA to arrive (the default for split calls).
-MERGE_HERE_VARIANTS = [
-    (torch.bfloat16, 128, 4, True, False, True, True),
-    (torch.float16, 64, 16, False, True, False, True),
-    (torch.bfloat16, 256, 8, True, False, False, True),
-]
-
-
-@pytest.mark.parametrize("variant", MERGE_HERE_VARIANTS, ids=lambda v: "-".join(map(str, v)).replace("torch.", ""))
-def test_main_kernel_merging_its_splits_compiles(cute_dsl, variant):
-    key = decode._Key("main", *variant, ARCH, stages=decode.stages_for(variant[1]), merge_here=True)
-    assert callable(decode.compiled(key))
-
-
 @pytest.mark.parametrize(
     "dtype, head_dim, group, pdl",
     [(torch.bfloat16, 128, 4, True), (torch.float16, 64, 8, False), (torch.bfloat16, 256, 16, True)])

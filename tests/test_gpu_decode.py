@@ -28,6 +28,7 @@ def sm90(monkeypatch):
     if major != 9:
         pytest.skip(f"the decode kernel is built for sm90, not sm{major}{minor}")
     monkeypatch.delenv(decode.DISABLE_ENV, raising=False)
+    monkeypatch.delenv(switches.DECODE_EVERYWHERE, raising=False)
     torch.manual_seed(0)
 
 
@@ -50,12 +51,12 @@ def flags(d, causal=False, softcap=0.0, scale=None):
                 softcap=softcap)
 
 
-def check(q, k, v, seqused_k=None, splits=None, via_op=False, key_mask=None, **fl):
-    """Run the decode kernel (directly, or through fa4::attention asserting it dispatches to it)
+def check(q, k, v, seqused_k=None, splits=None, via_op=False, key_mask=None, kernel="decode", **fl):
+    """Run the decode kernel (directly, or through fa4::attention asserting it dispatches to `kernel`)
     and compare out / lse with the float64 reference."""
     if via_op:
         name, why = attention_op.kernel_for(q, k, v, key_mask, seqused_k=seqused_k, **fl)
-        assert name == "decode", why
+        assert name == kernel, why
         out, lse = ATTENTION(q, k, v, seqused_k, key_mask, **fl)
     else:
         assert decode.unsupported_reason(q, k, v, seqused_k=seqused_k, key_mask=key_mask, **fl) is None
@@ -149,8 +150,7 @@ def test_seqused_k_shorter_than_query():
     assert (lse[0, :, :5] == float("-inf")).all() and (out[0, :, :5] == 0).all()
 
 
-def test_combine_kernel_without_pdl(monkeypatch):
-    monkeypatch.setenv(decode.MERGE_ENV, "kernel")
+def test_combine_without_pdl(monkeypatch):
     monkeypatch.setenv(decode.PDL_ENV, "0")
     check(*make_inputs(b=2, group=4, sq=1, sk=3000), splits=12, **flags(128, causal=True))
 
@@ -162,24 +162,46 @@ def test_softcap(dtype, causal):
     check(*make_inputs(dtype, group=8, sq=2, sk=3000), **flags(128, causal, softcap=30.0, scale=1.0))
 
 
-def test_issue_shape_through_the_op():
-    """hq32 hkv8 d128, one token against a 32k cache: fa4::attention sends it to the decode kernel."""
+def test_issue_shape_through_the_op(monkeypatch):
+    """hq32 hkv8 d128, one token against a 32k cache: with per-sequence lengths fa4::attention sends it
+    to the decode kernel; with one length for the batch to flash SDPA (faster there), or to the
+    decode kernel under FA4_INDUCTOR_DECODE_EVERYWHERE=1."""
     q, k, v = make_inputs(b=1, hkv=8, group=4, sq=1, sk=32768, layout="bhsd")
-    check(q, k, v, via_op=True, **flags(128, causal=True))
     used = torch.tensor([12345], dtype=torch.int32, device="cuda")
     check(q, k, v, used, via_op=True, **flags(128, causal=True))
+    check(q, k, v, via_op=True, kernel="sdpa_flash", **flags(128, causal=True))
+    monkeypatch.setenv(switches.DECODE_EVERYWHERE, "1")
+    check(q, k, v, via_op=True, **flags(128, causal=True))
+
+
+@pytest.mark.parametrize("b, hkv, group, sq, sk, d, causal", [
+    (1, 8, 4, 1, 4096, 128, True), (3, 2, 8, 1, 1000, 64, False), (2, 4, 2, 4, 2049, 128, False),
+    (1, 1, 16, 1, 777, 256, True)])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_fixed_length_decode_runs_flash_sdpa(dtype, b, hkv, group, sq, sk, d, causal):
+    """Decode-shaped calls with one cache length go to flash SDPA through the op: out in the op's
+    layout, lse [B, Hq, Sq] natural log, both against the float64 reference (HF's transposed views)."""
+    q, k, v = make_inputs(dtype, b=b, hkv=hkv, group=group, sq=sq, sk=sk, d=d)
+    check(q, k, v, via_op=True, kernel="sdpa_flash", **flags(d, causal))
 
 
 def test_dispatch_rule():
     q, k, v = make_inputs(b=1, hkv=8, group=4, sq=1, sk=4096)
+    used = torch.tensor([4000], dtype=torch.int32, device="cuda")
+    mask = torch.ones(1, 4096, dtype=torch.bool, device="cuda")
+    assert attention_op.kernel_for(q, k, v, seqused_k=used, **flags(128, causal=True))[0] == "decode"
+    assert attention_op.kernel_for(q, k, v, mask, **flags(128, causal=True))[0] == "decode"
+    assert attention_op.kernel_for(q, k, v, **flags(128, causal=True))[0] == "sdpa_flash"
+    assert attention_op.kernel_for(q, k, v, **flags(128, softcap=30.0))[0] == "decode"
+    q, k, v = make_inputs(b=1, hkv=8, group=4, sq=2, sk=4096)  # causal Sq > 1: bottom-right, ours
     assert attention_op.kernel_for(q, k, v, **flags(128, causal=True))[0] == "decode"
     q, k, v = make_inputs(b=1, hkv=8, group=4, sq=8, sk=4096)  # 32 packed rows: FA4's
-    assert attention_op.kernel_for(q, k, v, **flags(128, causal=True))[0] != "decode"
+    assert attention_op.kernel_for(q, k, v, seqused_k=used, **flags(128, causal=True))[0] not in ("decode", "sdpa_flash")
     q, k, v = make_inputs(b=1, hkv=8, group=4, sq=1, sk=256)  # short cache: FA4's
-    assert attention_op.kernel_for(q, k, v, **flags(128, causal=True))[0] != "decode"
+    assert attention_op.kernel_for(q, k, v, seqused_k=used, **flags(128, causal=True))[0] not in ("decode", "sdpa_flash")
     q, k, v = make_inputs(b=1, hkv=8, group=4, sq=1, sk=4096)
     windowed = dict(flags(128, causal=True), window_left=128)
-    assert attention_op.kernel_for(q, k, v, **windowed)[0] != "decode"
+    assert attention_op.kernel_for(q, k, v, seqused_k=used, **windowed)[0] not in ("decode", "sdpa_flash")
 
 
 def test_misaligned_cache_is_declined():
@@ -206,34 +228,19 @@ def test_warmup_then_no_compile():
     assert decode.compile_cache_info() == compiled
 
 
-def counters_of_this_stream():
-    """The arrival counters a split call made now would get (this stream, or this graph capture)."""
-    return decode.arrival_counters(torch.cuda.current_device(), 1)
-
-
-@pytest.mark.parametrize("splits, pool", [(None, True), (1, True), (13, True), (13, False)],
-                         ids=["heuristic", "one-split", "merged-in-kernel", "no-counter-pool: combine kernel"])
-def test_cuda_graph_replay_with_changing_cache_lengths(monkeypatch, splits, pool):
+@pytest.mark.parametrize("splits", [None, 1])
+def test_cuda_graph_replay_with_changing_cache_lengths(splits):
     """Capture once; change q / k / v contents and seqused_k between replays: each replay equals a
-    fresh call bit for bit (the splits are merged in a fixed order, whichever CTA merges them) and
-    the float64 reference by the FA rule. With the device's counter pool made, split calls merge
-    in the main kernel and leave the capture's counters at zero after every replay; captured
-    before the pool exists, the combine kernel merges."""
+    fresh call bit for bit (the kernels use no atomics) and the float64 reference by the FA rule."""
     fl = flags(128, causal=True)
     decode.warmup(torch.bfloat16, 128, 4, q_len=2, device="cuda", causal=True, seqused_k=True)
-    if not pool:
-        monkeypatch.setattr(decode, "_COUNTER_SLABS", {})
     q, k, v = make_inputs(b=3, hkv=2, group=4, sq=2, sk=4096, layout="bhsd")
     used = torch.tensor([4096, 4096, 4096], dtype=torch.int32, device="cuda")
-    counters = []
 
     def step():
-        if torch.cuda.is_current_stream_capturing():
-            counters.append(counters_of_this_stream())
         return decode.forward(q, k, v, used, splits=splits, **fl)
 
-    graph, (static_out, static_lse) = capture(step, warm_up=pool)
-    assert (counters[0] is not None) == pool
+    graph, (static_out, static_lse) = capture(step)
 
     for lengths in ([4096, 700, 1], [0, 4095, 2049], [33, 17, 4000]):
         for t, fresh in zip((q, k, v), make_inputs(b=3, hkv=2, group=4, sq=2, sk=4096, layout="bhsd")):
@@ -247,27 +254,6 @@ def test_cuda_graph_replay_with_changing_cache_lengths(monkeypatch, splits, pool
         ref_out, ref_lse = reference.attention_forward(q.double(), k.double(), v.double(), seqused_k=used, **fl)
         assert_fa_rule("out", static_out, ref_out, eager(q, k, v, used, **fl)[0])
         torch.testing.assert_close(static_lse.double(), ref_lse, rtol=0, atol=1e-3)
-        if counters[0] is not None:
-            assert not counters[0].any()
-
-
-def test_merge_in_kernel_equals_the_combine_kernel(monkeypatch):
-    """Both merges run `combine_tile` over the same partials: bit-equal results, and the arrival
-    counters are back at zero after the call."""
-    fl = flags(128, causal=True)
-    q, k, v = make_inputs(b=2, hkv=8, group=4, sq=1, sk=20000, layout="bhsd")
-    used = torch.tensor([20000, 9999], dtype=torch.int32, device="cuda")
-    out, lse = check(q, k, v, used, splits=9, **fl)
-    assert not counters_of_this_stream().any()
-    again = [decode.forward(q, k, v, used, splits=9, **fl) for _ in range(8)]  # back to back on one stream
-    for out_i, lse_i in again:
-        torch.testing.assert_close(out_i, out, rtol=0, atol=0)
-        torch.testing.assert_close(lse_i, lse, rtol=0, atol=0)
-    assert not counters_of_this_stream().any()
-    monkeypatch.setenv(decode.MERGE_ENV, "kernel")
-    out2, lse2 = check(q, k, v, used, splits=9, **fl)
-    torch.testing.assert_close(out, out2, rtol=0, atol=0)
-    torch.testing.assert_close(lse, lse2, rtol=0, atol=0)
 
 
 def test_bench_entry_point_runs():

@@ -16,10 +16,7 @@ Decode is bound by reading K and V once, so the kernel is organised around the K
   S = Q K^T and O += P V on the tensor cores (mma.sync m16n8k16, operands via ldmatrix).
 - At the end the warps merge their states through shared memory (exact log-sum-exp weights),
   and the CTA writes either the final output and lse (one split) or an fp32 partial O
-  (normalised) and its log2-domain lse. Partials are merged by `decode_combine.combine_tile`:
-  with arrival counters (`mCounters`, one int32 per (batch, tile), zero between launches) the CTA
-  that arrives last for its tile merges them in this kernel and sets the counter back to zero, so
-  a CUDA graph replays with the counters as it found them; without, `DecodeCombine` runs after.
+  (normalised) and its log2-domain lse for `DecodeCombine` to merge.
 
 Masking (FlashAttention's bottom-right rule): query row i sees key j when j < seqlen_k and, if
 causal, j <= i + seqlen_k - Sq, and, with a key mask (a padding mask, [B, Sk] bytes), key_mask[b, j]. Keys past seqlen_k are never read: their shared-memory rows are
@@ -37,8 +34,6 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, const_expr
 from cutlass.cute.nvgpu import cpasync, warp
-
-from .decode_combine import MAX_SPLITS, combine_tile
 
 LOG2_E = math.log2(math.e)
 LN_2 = math.log(2.0)
@@ -68,6 +63,12 @@ def _as_operand_a(t: cute.Tensor) -> cute.Tensor:
     return cute.make_tensor(t.iterator, layout)
 
 
+def _spread(row, col):
+    """Column of (row, col) in the fp32 merge buffer: XOR-ing row bits into the column puts the 8
+    rows an accumulator store touches on different banks (a permutation inside each 64 columns)."""
+    return col ^ ((row % 8) * 8)
+
+
 def _quad_max(x: Float32) -> Float32:
     x = cute.arch.fmax(x, cute.arch.shuffle_sync_bfly(x, offset=2, mask=-1, mask_and_clamp=31))
     return cute.arch.fmax(x, cute.arch.shuffle_sync_bfly(x, offset=1, mask=-1, mask_and_clamp=31))
@@ -80,21 +81,17 @@ def _quad_sum(x: Float32) -> Float32:
 
 class DecodeAttentionSm90:
     """One compiled variant per (dtype, head_dim, group, causal, softcap on/off, seqused_k given,
-    key mask given, split or not, merged in the kernel or not, ring depth `stages` >= 2: the merge
-    reuses the K ring); everything else (batch, heads, Sq, Sk, strides, split count) is a runtime value.
+    key mask given, split or not, ring depth `stages` >= 2: the merge reuses the K ring); everything
+    else (batch, heads, Sq, Sk, strides, split count) is a runtime value.
 
-    Call: (mQ, mK, mV, mSeqused, mKeyMask, mO, mLSE, mOpart, mLSEpart, mCounters, scale_log2,
-    softcap_in, softcap_out, stream). mKeyMask [B, Sk] uint8 (nonzero: visible), unit stride on Sk.
-    mO [B, Hq, Sq, D] (any strides, unit on D) and mLSE [B, Hq, Sq] fp32 are the results (written
-    here unless split and merged by `DecodeCombine`); mOpart [B, Hkv * row_tiles, splits, 16, D]
-    fp32 and mLSEpart [B, Hkv * row_tiles, splits, 16] fp32 (log2 domain) when split (grid x =
-    splits comes from mOpart's shape); mCounters int32 [>= B * Hkv * row_tiles], all zero, when the
-    splits are merged here.
+    Call: (mQ, mK, mV, mSeqused, mKeyMask, mO, mLSE, mOpart, mLSEpart, scale_log2, softcap_in,
+    softcap_out, stream). mKeyMask [B, Sk] uint8 (nonzero: visible), unit stride on Sk. mO [B, Hq, Sq, D] (any strides, unit on D) and mLSE [B, Hq, Sq] fp32 are written when
+    not split; mOpart [B, Hkv * row_tiles, splits, 16, D] fp32 and mLSEpart [B, Hkv * row_tiles,
+    splits, 16] fp32 (log2 domain) when split (grid x = splits comes from mOpart's shape).
     """
 
     def __init__(self, dtype, head_dim: int, group: int, causal: bool, has_softcap: bool,
-                 has_seqused: bool, split: bool, stages: int, has_key_mask: bool = False,
-                 merge_here: bool = False):
+                 has_seqused: bool, split: bool, stages: int, has_key_mask: bool = False):
         assert head_dim in (64, 128, 256), head_dim
         assert stages >= 2, stages
         self.dtype = dtype
@@ -105,7 +102,6 @@ class DecodeAttentionSm90:
         self.has_seqused = has_seqused
         self.has_key_mask = has_key_mask
         self.split = split
-        self.merge_here = merge_here and split
         self.stages = stages
         self.num_threads = 32 * NUM_WARPS
 
@@ -121,7 +117,6 @@ class DecodeAttentionSm90:
         mLSE: Optional[cute.Tensor],
         mOpart: Optional[cute.Tensor],
         mLSEpart: Optional[cute.Tensor],
-        mCounters: Optional[cute.Tensor],
         scale_log2: Float32,
         softcap_in: Float32,
         softcap_out: Float32,
@@ -141,7 +136,6 @@ class DecodeAttentionSm90:
             sV: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sKV_layout)], 1024]
             sM: cute.struct.Align[cute.struct.MemRange[Float32, NUM_WARPS * TILE_M], 16]
             sL: cute.struct.Align[cute.struct.MemRange[Float32, NUM_WARPS * TILE_M], 16]
-            last: cute.struct.Align[cute.struct.MemRange[Int32, 1], 4]
 
         # One warp copies a 16 x D tile: 4 rows x 64 columns per instruction, 16 bytes per lane.
         copy_atom = cute.make_copy_atom(
@@ -156,8 +150,7 @@ class DecodeAttentionSm90:
         if const_expr(self.split):
             num_splits = mOpart.shape[2]
         self.kernel(
-            mQ, mK, mV, mSeqused, mKeyMask, mO, mLSE, mOpart, mLSEpart, mCounters, scale_log2, softcap_in, softcap_out,
-            row_tiles,
+            mQ, mK, mV, mSeqused, mKeyMask, mO, mLSE, mOpart, mLSEpart, scale_log2, softcap_in, softcap_out, row_tiles,
             sQ_layout, sKV_layout, sRed_layout, gmem_copy, tiled_mma, SharedStorage,
         ).launch(
             grid=(num_splits, mK.shape[1] * row_tiles, mK.shape[0]),
@@ -178,7 +171,6 @@ class DecodeAttentionSm90:
         mLSE: Optional[cute.Tensor],
         mOpart: Optional[cute.Tensor],
         mLSEpart: Optional[cute.Tensor],
-        mCounters: Optional[cute.Tensor],
         scale_log2: Float32,
         softcap_in: Float32,
         softcap_out: Float32,
@@ -346,7 +338,7 @@ class DecodeAttentionSm90:
                 cute.gemm(tiled_mma, acc_O, tOrP[None, None, k], tOrVt[None, None, k], acc_O)
 
         # ---- merge the warps: stash (m, l, O) per warp, then every thread sums its elements ----
-        if const_expr(self.split and not self.merge_here):
+        if const_expr(self.split):
             cute.arch.griddepcontrol_launch_dependents()  # let the combine kernel get scheduled
         cute.arch.cp_async_wait_group(0)
         cute.arch.barrier()  # every warp is done with the K ring, which now holds the fp32 O's
@@ -362,7 +354,7 @@ class DecodeAttentionSm90:
                 sM[rr, warp_idx] = row_max[r]
                 sL[rr, warp_idx] = l_r
             for c in cutlass.range_constexpr(cute.size(tOcO, mode=[1])):
-                sRed[rr, tOcO[0, c][1], warp_idx] = o_mn[r, c]
+                sRed[rr, _spread(rr, tOcO[0, c][1]), warp_idx] = o_mn[r, c]
         cute.arch.barrier()
 
         for it in cutlass.range_constexpr(TILE_M * D // self.num_threads):
@@ -380,7 +372,7 @@ class DecodeAttentionSm90:
                 for w in cutlass.range_constexpr(NUM_WARPS):
                     weight = cute.math.exp2(sM[rr, w] - m_use, fastmath=True)
                     total = total + sL[rr, w] * weight
-                    o = o + sRed[rr, d, w] * weight
+                    o = o + sRed[rr, _spread(rr, d), w] * weight
                 inv = 0.0 if total == 0.0 else 1.0 / total
                 lse2 = -Float32.inf if total == 0.0 else m_use + cute.math.log2(total, fastmath=True)
                 i = r // group
@@ -393,27 +385,6 @@ class DecodeAttentionSm90:
                     mO[b, h, i, d] = (o * inv).to(self.dtype)
                     if d == 0:
                         mLSE[b, h, i] = lse2 * LN_2
-
-        if const_expr(self.merge_here):
-            # Arrive on this tile's counter once every thread's partial is out; the last CTA to
-            # arrive merges all splits (the V ring, free now, holds the weights) and resets it.
-            cute.arch.fence_acq_rel_gpu()
-            cute.arch.barrier()
-            sLast = storage.last.get_tensor(cute.make_layout(1))
-            if tidx == 0:
-                slot = b * mOpart.shape[1] + hm
-                arrived = cute.arch.atomic_add(mCounters.iterator + slot, Int32(1), sem="acq_rel", scope="gpu")
-                sLast[0] = Int32(0)
-                if arrived == num_splits - 1:
-                    sLast[0] = Int32(1)
-                    mCounters[slot] = Int32(0)
-            cute.arch.barrier()
-            if sLast[0] != 0:
-                cute.arch.fence_acq_rel_gpu()
-                sW = storage.sV.get_tensor(cute.make_layout((TILE_M, MAX_SPLITS), stride=(MAX_SPLITS, 1)),
-                                           dtype=Float32)
-                combine_tile(mOpart, mLSEpart, mO, mLSE, sW, b, hm, row_tiles, tidx, self.dtype, D, group,
-                             self.num_threads)
 
     @cute.jit
     def load_tile(self, gmem_copy: cute.TiledCopy, tKgK: cute.Tensor, tKsK: cute.Tensor, tVgV: cute.Tensor,
