@@ -15,8 +15,8 @@ Outputs: `out` [B, Hq, Sq, Dv] in q's dtype, stored as [B, Sq, Hq, Dv] (so the u
 log-sum-exp of each row (-inf for a row that sees no key), which the backward consumes.
 
 Kernels: CPU runs the float32/float64 reference. CUDA runs our split-KV decode kernel
-(`decode.py`) for decode-shaped calls with per-sequence lengths or a key mask (PyTorch's flash
-SDPA, `sdpa_flash.py`, for those with one cache length), FA4 (`fa4.py`) where it takes the call, else PyTorch's
+(`decode.py`) for decode-shaped calls with per-sequence lengths or a key mask (PyTorch's cuDNN
+SDPA, `sdpa_cudnn.py`, for those with one cache length), FA4 (`fa4.py`) where it takes the call, else PyTorch's
 memory-efficient SDPA kernel (`sdpa_fallback.py`), else the reference on the device; `kernel_for`
 says which and why (`backward_kernel_for` for the backward: FA4, the SDPA fallback's recomputing
 backward, or the reference). FA4 takes no key mask: a key-mask call that is not decode-shaped first
@@ -32,7 +32,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from . import layout, reference, sdpa_fallback, sdpa_flash, switches
+from . import layout, reference, sdpa_fallback, sdpa_cudnn, switches
 from .flags import SCHEMA as FLAGS_SCHEMA, Flags
 
 log = logging.getLogger("fa4_inductor.kernels")
@@ -62,11 +62,11 @@ def unsupported_reason(device_type: str, dtype: torch.dtype, head_dim: int, head
 
 
 def kernel_for(q: Tensor, k: Tensor, v: Tensor, key_mask: Optional[Tensor] = None, **flags) -> tuple[str, str]:
-    """(kernel name, why) for a forward call: "decode", "sdpa_flash", "fa4", "sdpa" or "reference".
+    """(kernel name, why) for a forward call: "decode", "sdpa_cudnn", "fa4", "sdpa" or "reference".
 
     Decode-shaped calls (few packed query rows against a long cache, `decode.dispatch_reason`)
     go to our split-KV decode kernel when they carry per-sequence lengths or a key mask, else to
-    flash SDPA (`sdpa_flash`, faster there); the rest to FA4 where it takes them, else to the SDPA fallback.
+    flash SDPA (`sdpa_cudnn`, faster there); the rest to FA4 where it takes them, else to the SDPA fallback.
     FA4 takes no key mask (a padding mask): such calls that are not decode-shaped go to the SDPA fallback."""
     if q.device.type != "cuda":
         return "reference", f"{q.device.type} runs the reference"
@@ -74,10 +74,10 @@ def kernel_for(q: Tensor, k: Tensor, v: Tensor, key_mask: Optional[Tensor] = Non
 
     decode_reason = decode.dispatch_reason(q, k, v, key_mask=key_mask, **flags)
     if decode_reason is None:
-        flash_reason = sdpa_flash.unsupported_reason(q, k, v, key_mask=key_mask, **flags)
-        if flash_reason is None:
-            return "sdpa_flash", "decode-shaped with one cache length: flash SDPA (GQA-native) is faster here"
-        return "decode", f"decode-shaped: the split-KV decode kernel takes this call ({flash_reason})"
+        cudnn_reason = sdpa_cudnn.unsupported_reason(q, k, v, key_mask=key_mask, **flags)
+        if cudnn_reason is None:
+            return "sdpa_cudnn", "decode-shaped with one cache length: cuDNN SDPA (GQA-native) is faster here"
+        return "decode", f"decode-shaped: the split-KV decode kernel takes this call ({cudnn_reason})"
     if key_mask is not None:
         return _sdpa_or_reference(q, f"a key mask: FA4 takes none ({decode_reason})", flags)
     name, why = _fa4_or_reference(q, k, v, **flags)
@@ -230,8 +230,8 @@ def _attention_cuda(q, k, v, seqused_k=None, key_mask=None, **flags):
         from . import fa4
 
         return fa4.forward(q, k, v, seqused_k, **flags)
-    if name == "sdpa_flash":
-        return sdpa_flash.forward(q, k, v, **flags)
+    if name == "sdpa_cudnn":
+        return sdpa_cudnn.forward(q, k, v, **flags)
     if name == "sdpa":
         return sdpa_fallback.forward(q, k, v, seqused_k, key_mask, **flags)
     return _reference_forward(q, k, v, seqused_k, key_mask, **flags)

@@ -12,12 +12,13 @@ Disable it with FA4_INDUCTOR_DISABLE_DECODE=1.
 
 When `fa4::attention` uses it (`dispatch_reason`): decode-shaped calls that the above allows,
 Sq * group <= DISPATCH_MAX_ROWS (16: one row tile, so each KV tile is read once) and
-Sk >= DISPATCH_MIN_SEQLEN_K (512), unless flash SDPA takes the call (`sdpa_flash.py`: one cache
+Sk >= DISPATCH_MIN_SEQLEN_K (512; 1024 when B * Hkv >= 64: the crossover with FA4 measured at
+hq32/hkv8 d128, b1 at 256-512 keys and b8 at 512-1024), unless cuDNN SDPA takes the call (`sdpa_cudnn.py`: one cache
 length for the batch, no key mask). Measured on the H200 (docs/benchmarks.md, 2026-11-29 sessions
 3 and 4): it beats FA4 on every benchmarked shape, b1-b64 x 1k-128k keys, by up to 10x at batch 1
 (FA4 has no split-KV on Hopper), and SDPA with the equivalent mask where per-sequence lengths or a
-padding mask are given (HF static caches always pass them); on fixed-length caches flash SDPA
-with `enable_gqa` is 0-10% faster, so the op sends those calls there.
+padding mask are given (HF static caches always pass them); on fixed-length caches cuDNN SDPA
+(what SDPA with `enable_gqa` runs there) is 1-25% faster, so the op sends those calls to it.
 
 Split count (`num_splits`): a host function of shapes only (batch, KV heads, row tiles, the
 maximum Sk, head dim, SM count), never of seqused_k's contents, so a CUDA graph captured once
@@ -69,6 +70,7 @@ MAX_SPLITS = 128
 MIN_TILES_PER_SPLIT = 2 * NUM_WARPS
 DISPATCH_MAX_ROWS = 16
 DISPATCH_MIN_SEQLEN_K = 512
+DISPATCH_WIDE_BATCH_HEADS = 64  # batch x KV heads from which FA4 keeps caches up to 2 * DISPATCH_MIN_SEQLEN_K
 _LOG2_E = math.log2(math.e)
 
 
@@ -126,8 +128,9 @@ def dispatch_reason(q: Tensor, k: Tensor, v: Tensor, **flags) -> str | None:
     rows = q.shape[2] * (q.shape[1] // k.shape[1])
     if rows > DISPATCH_MAX_ROWS:
         return f"not decode-shaped: Sq * group = {rows} > {DISPATCH_MAX_ROWS}"
-    if k.shape[2] < DISPATCH_MIN_SEQLEN_K:
-        return f"not decode-shaped: Sk = {k.shape[2]} < {DISPATCH_MIN_SEQLEN_K}"
+    min_seqlen_k = DISPATCH_MIN_SEQLEN_K * (2 if q.shape[0] * k.shape[1] >= DISPATCH_WIDE_BATCH_HEADS else 1)
+    if k.shape[2] < min_seqlen_k:
+        return f"not decode-shaped: Sk = {k.shape[2]} < {min_seqlen_k}"
     return unsupported_reason(q, k, v, **flags)
 
 

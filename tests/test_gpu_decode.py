@@ -164,25 +164,25 @@ def test_softcap(dtype, causal):
 
 def test_issue_shape_through_the_op(monkeypatch):
     """hq32 hkv8 d128, one token against a 32k cache: with per-sequence lengths fa4::attention sends it
-    to the decode kernel; with one length for the batch to flash SDPA (faster there), or to the
+    to the decode kernel; with one length for the batch to cuDNN SDPA (faster there), or to the
     decode kernel under FA4_INDUCTOR_DECODE_EVERYWHERE=1."""
     q, k, v = make_inputs(b=1, hkv=8, group=4, sq=1, sk=32768, layout="bhsd")
     used = torch.tensor([12345], dtype=torch.int32, device="cuda")
     check(q, k, v, used, via_op=True, **flags(128, causal=True))
-    check(q, k, v, via_op=True, kernel="sdpa_flash", **flags(128, causal=True))
+    check(q, k, v, via_op=True, kernel="sdpa_cudnn", **flags(128, causal=True))
     monkeypatch.setenv(switches.DECODE_EVERYWHERE, "1")
     check(q, k, v, via_op=True, **flags(128, causal=True))
 
 
 @pytest.mark.parametrize("b, hkv, group, sq, sk, d, causal", [
     (1, 8, 4, 1, 4096, 128, True), (3, 2, 8, 1, 1000, 64, False), (2, 4, 2, 4, 2049, 128, False),
-    (1, 1, 16, 1, 777, 256, True)])
+    (1, 1, 16, 1, 777, 64, True)])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_fixed_length_decode_runs_flash_sdpa(dtype, b, hkv, group, sq, sk, d, causal):
-    """Decode-shaped calls with one cache length go to flash SDPA through the op: out in the op's
+def test_fixed_length_decode_runs_cudnn_sdpa(dtype, b, hkv, group, sq, sk, d, causal):
+    """Decode-shaped calls with one cache length go to cuDNN SDPA through the op: out in the op's
     layout, lse [B, Hq, Sq] natural log, both against the float64 reference (HF's transposed views)."""
     q, k, v = make_inputs(dtype, b=b, hkv=hkv, group=group, sq=sq, sk=sk, d=d)
-    check(q, k, v, via_op=True, kernel="sdpa_flash", **flags(d, causal))
+    check(q, k, v, via_op=True, kernel="sdpa_cudnn", **flags(d, causal))
 
 
 def test_dispatch_rule():
@@ -191,17 +191,24 @@ def test_dispatch_rule():
     mask = torch.ones(1, 4096, dtype=torch.bool, device="cuda")
     assert attention_op.kernel_for(q, k, v, seqused_k=used, **flags(128, causal=True))[0] == "decode"
     assert attention_op.kernel_for(q, k, v, mask, **flags(128, causal=True))[0] == "decode"
-    assert attention_op.kernel_for(q, k, v, **flags(128, causal=True))[0] == "sdpa_flash"
+    assert attention_op.kernel_for(q, k, v, **flags(128, causal=True))[0] == "sdpa_cudnn"
     assert attention_op.kernel_for(q, k, v, **flags(128, softcap=30.0))[0] == "decode"
     q, k, v = make_inputs(b=1, hkv=8, group=4, sq=2, sk=4096)  # causal Sq > 1: bottom-right, ours
     assert attention_op.kernel_for(q, k, v, **flags(128, causal=True))[0] == "decode"
+    q, k, v = make_inputs(b=1, hkv=8, group=4, sq=1, sk=4096, d=256)  # head dim 256: ours
+    assert attention_op.kernel_for(q, k, v, **flags(256, causal=True))[0] == "decode"
+    q, k, v = make_inputs(b=8, hkv=8, group=4, sq=1, sk=768)  # B * Hkv = 64 below 1024 keys: FA4's
+    used8 = used.expand(8).contiguous()
+    assert attention_op.kernel_for(q, k, v, seqused_k=used8, **flags(128, causal=True))[0] == "fa4"
+    q, k, v = make_inputs(b=8, hkv=8, group=4, sq=1, sk=1024)
+    assert attention_op.kernel_for(q, k, v, seqused_k=used8, **flags(128, causal=True))[0] == "decode"
     q, k, v = make_inputs(b=1, hkv=8, group=4, sq=8, sk=4096)  # 32 packed rows: FA4's
-    assert attention_op.kernel_for(q, k, v, seqused_k=used, **flags(128, causal=True))[0] not in ("decode", "sdpa_flash")
+    assert attention_op.kernel_for(q, k, v, seqused_k=used, **flags(128, causal=True))[0] not in ("decode", "sdpa_cudnn")
     q, k, v = make_inputs(b=1, hkv=8, group=4, sq=1, sk=256)  # short cache: FA4's
-    assert attention_op.kernel_for(q, k, v, seqused_k=used, **flags(128, causal=True))[0] not in ("decode", "sdpa_flash")
+    assert attention_op.kernel_for(q, k, v, seqused_k=used, **flags(128, causal=True))[0] not in ("decode", "sdpa_cudnn")
     q, k, v = make_inputs(b=1, hkv=8, group=4, sq=1, sk=4096)
     windowed = dict(flags(128, causal=True), window_left=128)
-    assert attention_op.kernel_for(q, k, v, seqused_k=used, **windowed)[0] not in ("decode", "sdpa_flash")
+    assert attention_op.kernel_for(q, k, v, seqused_k=used, **windowed)[0] not in ("decode", "sdpa_cudnn")
 
 
 def test_misaligned_cache_is_declined():
