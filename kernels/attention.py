@@ -66,7 +66,7 @@ def kernel_for(q: Tensor, k: Tensor, v: Tensor, key_mask: Optional[Tensor] = Non
 
     Decode-shaped calls (few packed query rows against a long cache, `decode.dispatch_reason`)
     go to our split-KV decode kernel when they carry per-sequence lengths or a key mask, else to
-    flash SDPA (`sdpa_cudnn`, faster there); the rest to FA4 where it takes them, else to the SDPA fallback.
+    cuDNN SDPA (`sdpa_cudnn`, faster there); the rest to FA4 where it takes them, else to the SDPA fallback.
     FA4 takes no key mask (a padding mask): such calls that are not decode-shaped go to the SDPA fallback."""
     if q.device.type != "cuda":
         return "reference", f"{q.device.type} runs the reference"

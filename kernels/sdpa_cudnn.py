@@ -3,8 +3,8 @@ PyTorch's cuDNN SDPA kernel, which reads grouped K/V heads natively.
 
 Why it exists: on such calls (no seqused_k, no key mask) it is what `F.scaled_dot_product_attention(...,
 enable_gqa=True)` runs on the H200 (torch 2.11, cuDNN 9), and it is 1-25% faster than our split-KV
-decode kernel there (docs/benchmarks.md, session 4, "decode routing"); PyTorch's flash kernel is
-slower than both (46.8 us at b1 x 32k keys, where cuDNN takes 38.2 and ours 37.8). Our kernel keeps
+decode kernel there (docs/benchmarks.md, session 4, run 3: 37.8 against 38.3 us at b1 x 32k keys,
+6.7 against 8.9 at b1 x 1k); PyTorch's flash kernel is slower than both (46.8 us at b1 x 32k). Our kernel keeps
 the calls that carry per-sequence lengths or a padding mask (every HF static-cache step), which
 this kernel could take only with a bias over the whole cache. FA4_INDUCTOR_DECODE_EVERYWHERE=1
 sends these calls to our decode kernel as well (A/B benchmarks).

@@ -9,7 +9,7 @@ import os
 DISABLE_FA4 = "FA4_INDUCTOR_DISABLE_FA4"
 DISABLE_DECODE = "FA4_INDUCTOR_DISABLE_DECODE"
 NO_REPLAY = "FA4_INDUCTOR_NO_REPLAY"
-DECODE_EVERYWHERE = "FA4_INDUCTOR_DECODE_EVERYWHERE"  # fixed-length decode calls to our kernel, not flash SDPA
+DECODE_EVERYWHERE = "FA4_INDUCTOR_DECODE_EVERYWHERE"  # fixed-length decode calls to our kernel, not cuDNN SDPA
 ROUTING = (DISABLE_FA4, DISABLE_DECODE, DECODE_EVERYWHERE)  # the switches that change which kernel a call gets
 
 

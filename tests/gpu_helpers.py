@@ -27,15 +27,14 @@ def assert_fa_rule(name, ours, ref, pt, softcap=0.0, grad=False):
     assert err <= rtol * pt_err + atol, f"{name}: error {err:.3g} > {rtol} x PyTorch's {pt_err:.3g} + {atol:.0e}"
 
 
-def capture(step, warm_up=True):
+def capture(step):
     """(graph, static outputs) of `step` captured in a CUDA graph on a side stream, after one warm-up
-    run on that stream (as torch.compile's CUDA graphs do) unless `warm_up` is False."""
+    run on that stream (as torch.compile's CUDA graphs do)."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
-    if warm_up:
-        with torch.cuda.stream(side):
-            step()
-        torch.cuda.current_stream().wait_stream(side)
+    with torch.cuda.stream(side):
+        step()
+    torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph, stream=side):
         static = step()
