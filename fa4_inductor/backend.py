@@ -15,7 +15,7 @@ import logging
 import torch
 from torch._inductor.compile_fx import compile_fx
 
-from fa4_inductor.lowering import run_torch_ir_passes
+from fa4_inductor.lowering import READ_BY_VALUE, module_buffers, run_torch_ir_passes
 
 from . import report
 from .options import Options
@@ -37,9 +37,13 @@ class Backend:
         self.options = options or Options()
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs, mode: str | None = None, options: dict | None = None):
+        pristine = _copy(gm) if module_buffers(gm, example_inputs) else None
         records = run_torch_ir_passes(gm, example_inputs, self.options)
         compiled = compile_fx(gm, example_inputs, config_patches=inductor_config_patches(mode, options))
         report.publish(records)  # after compile_fx: a restarted analysis (it raises) leaves no stale records
+        watched = gm.meta.get(READ_BY_VALUE)
+        if watched:
+            return BufferGuard(compiled, watched, example_inputs, pristine)
         return compiled
 
     def rewrite_only(self, gm: torch.fx.GraphModule, example_inputs, **_):
@@ -49,6 +53,41 @@ class Backend:
 
     def __repr__(self) -> str:
         return f"fa4_inductor.backend({self.options})"
+
+
+def _copy(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """A graph module over a copy of gm's graph (the same parameters and submodules)."""
+    graph = torch.fx.Graph()
+    graph.output(graph.graph_copy(gm.graph, {}))
+    return torch.fx.GraphModule(gm, graph)
+
+
+class BufferGuard:
+    """A compiled graph whose rewrites read masks from module buffers by value (nanoGPT's causal `bias`),
+    run only while those buffers hold what was read: each call compares their version counters (bumped by
+    every in-place update) and data pointers with the ones seen when compiling, on the host, without a
+    device sync. Once a buffer has changed, calls run `pristine`, the graph as Dynamo traced it (no rewrite,
+    not compiled by Inductor), which is correct for any buffer contents; `torch._dynamo.reset()` and a new
+    compile bring the compiled speed back. A Dynamo guard would recompile instead, but a backend cannot add one."""
+
+    def __init__(self, compiled, positions: list[int], example_inputs, pristine: torch.fx.GraphModule):
+        self.compiled, self.positions, self.pristine = compiled, positions, pristine
+        self.expected = [self._state(example_inputs[i]) for i in positions]
+        self.changed = False
+
+    @staticmethod
+    def _state(t) -> tuple:
+        return t._version, t.data_ptr()
+
+    def __call__(self, *args):
+        if not self.changed and any(self._state(args[i]) != e for i, e in zip(self.positions, self.expected)):
+            self.changed = True
+            log.warning("fa4_inductor: a module buffer that a compiled attention read as its mask changed after "
+                        "compiling; this graph now runs as traced, without the rewrite (torch._dynamo.reset() and "
+                        "compile again for compiled speed)")
+        if self.changed:
+            return self.pristine(*args)
+        return self.compiled(*args)
 
 
 def backend(**options) -> Backend:

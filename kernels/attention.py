@@ -7,8 +7,11 @@ q [B, Hq, Sq, D], k [B, Hkv, Sk, D], v [B, Hkv, Sk, Dv], any strides (HF hands i
 of [B, S, H, D]). `Hq % Hkv == 0` is grouped-query attention: query head h reads K/V head
 `h // (Hq // Hkv)`; K/V are never repeated. `scale` multiplies q.k; `softcap > 0` applies
 `softcap * tanh(s / softcap)` to the scaled scores; the masks follow FlashAttention's bottom-right
-alignment (see `reference.py`); `seqused_k` [B] int32 gives per-sequence used key lengths;
+alignment (see `reference.py`); `seqused_k` [B] int32 (or int64) gives per-sequence used key lengths,
+each in 0..Sk (checked on the CPU; on CUDA a check would cost a host sync, and values outside are undefined);
 `key_mask` [B, Sk] bool hides the keys where it is False (a padding mask, any pattern).
+Inputs the kernels cannot take are errors, never reinterpreted: dtypes other than float16, bfloat16,
+float32, float64; head dims outside 8..256 or not a multiple of 8; scale <= 0; softcap < 0; windows < -1.
 
 Outputs: `out` [B, Hq, Sq, Dv] in q's dtype, stored as [B, Sq, Hq, Dv] (so the usual
 `out.transpose(1, 2).reshape(B, S, -1)` is free), and `lse` [B, Hq, Sq] float32 (float64 for float64 inputs), the natural-log
@@ -27,6 +30,7 @@ when the mask hides nothing in use or, with no band, is right padding.
 from __future__ import annotations
 
 import logging
+import math
 from typing import Optional
 
 import torch
@@ -115,11 +119,19 @@ def _fa4_or_reference(q: Tensor, k: Tensor, v: Tensor, **flags) -> tuple[str, st
     return "reference", reason
 
 
-def _check_inputs(q: Tensor, k: Tensor, v: Tensor, seqused_k: Optional[Tensor], key_mask: Optional[Tensor] = None) -> None:
+def _check_inputs(q: Tensor, k: Tensor, v: Tensor, seqused_k: Optional[Tensor], key_mask: Optional[Tensor] = None,
+                  flags: Optional[dict] = None) -> None:
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
         raise ValueError(f"fa4::attention wants 4-D q, k, v; got {q.dim()}, {k.dim()}, {v.dim()} dims")
     if not (q.dtype == k.dtype == v.dtype):
         raise ValueError(f"fa4::attention wants one dtype for q, k, v; got {q.dtype}, {k.dtype}, {v.dtype}")
+    if q.dtype not in CPU_DTYPES:
+        raise ValueError(f"fa4::attention takes float16, bfloat16, float32 or float64 q, k, v; got {q.dtype}")
+    for name, d in (("head_dim", q.shape[-1]), ("head_dim_v", v.shape[-1])):
+        if d % HEAD_DIM_MULTIPLE or not 0 < d <= MAX_HEAD_DIM:
+            raise ValueError(f"fa4::attention: {name} {d} is not a multiple of {HEAD_DIM_MULTIPLE} in 8..{MAX_HEAD_DIM}")
+    if flags is not None:
+        _check_flags(Flags(**flags))
     torch._check(q.shape[0] == k.shape[0] == v.shape[0], lambda: "q, k, v batch sizes differ")
     torch._check(k.shape[1] == v.shape[1], lambda: "k and v head counts differ")
     torch._check(q.shape[1] % k.shape[1] == 0, lambda: f"{q.shape[1]} query heads is not a multiple of {k.shape[1]} kv heads")
@@ -127,10 +139,25 @@ def _check_inputs(q: Tensor, k: Tensor, v: Tensor, seqused_k: Optional[Tensor], 
     torch._check(q.shape[3] == k.shape[3], lambda: "q and k head dims differ")
     if seqused_k is not None:
         torch._check(seqused_k.shape == (q.shape[0],), lambda: "seqused_k must have shape [B]")
+        if seqused_k.dtype not in (torch.int32, torch.int64):
+            raise ValueError(f"fa4::attention wants an int32 or int64 seqused_k, got {seqused_k.dtype}")
+        if seqused_k.device.type == "cpu" and not isinstance(seqused_k, torch._subclasses.FakeTensor) \
+                and bool(((seqused_k < 0) | (seqused_k > k.shape[2])).any()):
+            raise ValueError(f"fa4::attention: seqused_k {seqused_k.tolist()} is not within 0..{k.shape[2]} keys")
     if key_mask is not None:
         if key_mask.dtype != torch.bool:
             raise ValueError(f"fa4::attention wants a bool key_mask, got {key_mask.dtype}")
         torch._check(key_mask.shape == (q.shape[0], k.shape[2]), lambda: "key_mask must have shape [B, Sk]")
+
+
+def _check_flags(flags: Flags) -> None:
+    if not (flags.scale > 0 and math.isfinite(flags.scale)):
+        raise ValueError(f"fa4::attention wants a positive finite scale, got {flags.scale}")
+    if not (flags.softcap >= 0 and math.isfinite(flags.softcap)):
+        raise ValueError(f"fa4::attention wants softcap >= 0 (0: off), got {flags.softcap}")
+    for name in ("window_left", "window_right"):
+        if getattr(flags, name) < -1:
+            raise ValueError(f"fa4::attention wants {name} >= 0, or -1 for unbounded; got {getattr(flags, name)}")
 
 
 def _empty_bshd(b, h, s, d, like: Tensor) -> Tensor:
@@ -172,7 +199,7 @@ _LIB.define("attention_backward(Tensor grad_out, Tensor q, Tensor k, Tensor v, T
 def attention(q: Tensor, k: Tensor, v: Tensor, seqused_k: Optional[Tensor] = None, key_mask: Optional[Tensor] = None,
               **flags) -> tuple[Tensor, Tensor]:
     """The flags are `flags.Flags` (scale, causal, window_left, window_right, softcap)."""
-    _check_inputs(q, k, v, seqused_k, key_mask)
+    _check_inputs(q, k, v, seqused_k, key_mask, flags)
     return _reference_forward(q, k, v, seqused_k, key_mask, **_complete(flags))
 
 
@@ -186,7 +213,7 @@ def _route(q: Tensor, k: Tensor, v: Tensor, seqused_k: Optional[Tensor], key_mas
     key = (layout.describe(q, k, v, seqused_k, key_mask), tuple(flags.values()), switches.routing_state())
     name = _ROUTES.get(key)
     if name is None:
-        _check_inputs(q, k, v, seqused_k, key_mask)
+        _check_inputs(q, k, v, seqused_k, key_mask, flags)
         name, why = kernel_for(q, k, v, key_mask, seqused_k=seqused_k, **flags)
         log.debug("fa4::attention q%s k%s %s: kernel %s (%s)", tuple(q.shape), tuple(k.shape), q.dtype, name, why)
         _ROUTES[key] = name
@@ -238,7 +265,7 @@ def _attention_cuda(q, k, v, seqused_k=None, key_mask=None, **flags):
 
 
 def _attention_fake(q, k, v, seqused_k=None, key_mask=None, **flags):
-    _check_inputs(q, k, v, seqused_k, key_mask)
+    _check_inputs(q, k, v, seqused_k, key_mask, flags)
     return _forward_outputs(q, v)
 
 

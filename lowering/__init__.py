@@ -10,5 +10,5 @@ if __name__ != "fa4_inductor.lowering":
 
     sys.modules[__name__] = importlib.import_module("fa4_inductor.lowering")
 else:
-    from .passes import run_torch_ir_passes  # noqa: F401
+    from .passes import READ_BY_VALUE, module_buffers, run_torch_ir_passes  # noqa: F401
     from .records import Record  # noqa: F401

@@ -40,6 +40,7 @@ from torch.fx.experimental.symbolic_shapes import guard_or_false
 
 from ..kernels import attention as attention_op
 from . import gqa, kv_cache, padding
+from .mutations import Mutations, first_reads, layout_free
 from .masks import INF, MaskNotUnderstood, Band, KeyMask, Shift, band_args, broadcasts_last_two_dims, keep_band
 from .records import Decline, Record
 from .spellings import (ADD, CAST, DIV, DROPOUT, MASKED_FILL, MATMUL, MUL, SDPA, SOFTMAX, TANH, WHERE, arg,
@@ -61,6 +62,7 @@ class AttentionCall:
     flags: dict = field(default_factory=dict)
     matched: list = field(default_factory=list)
     gqa: str = ""
+    masks: list = field(default_factory=list)  # (mask, the node applying it): their in-place updates are checked
     seqused_k: Node | Shift | None = None  # a run-time key mask (padding.py) or query start (kv_cache.py)
     padding: KeyMask | None = None  # a run-time key mask (an attention_mask) on top of the band
     blind_rows: str = "zeros"  # what eager gives a query row that sees no key: "zeros", "mean" (of V) or "nan"
@@ -81,6 +83,34 @@ def _check_kernel_support(q: Node, k: Node, v: Node) -> None:
     reason = attention_op.unsupported_reason(qv.device.type, qv.dtype, int(qv.shape[-1]), int(vv.shape[-1]))
     if reason:
         raise Decline(reason)
+    _check_no_broadcast(shape(q), shape(k), shape(v))
+
+
+def _equal(a, b) -> bool:
+    """Two sizes are equal: provably, or under a guard (a later call where they differ recompiles)."""
+    return same_size(a, b) or guard_or_false(a == b)
+
+
+def _check_no_broadcast(q, k, v) -> None:
+    """Eager broadcasts q @ k^T and SDPA over batch and head dims; the op takes q [B, Hq, Sq, D] with k, v
+    [B, Hkv, Sk, D] and Hq a multiple of Hkv (one K/V head for a group of query heads) only."""
+    if not (_equal(q[0], k[0]) and _equal(q[0], v[0])):
+        raise Decline(f"q, k, v leading sizes {q[0]}, {k[0]}, {v[0]} differ (eager broadcasts them)")
+    if not _equal(k[-2], v[-2]):
+        raise Decline(f"k and v have {k[-2]} and {v[-2]} keys")
+    if len(q) == 4:
+        hq, hk, hv = q[1], k[1], v[1]
+        if not _equal(hk, hv) or not (_equal(hq, hk) or guard_or_false(hq % hk == 0)):
+            raise Decline(f"{hq} query heads against {hk} key and {hv} value heads (not a multiple: eager broadcasts)")
+
+
+def _check_output_shape(call: "AttentionCall") -> None:
+    """The op's output [B, Hq, Sq, Dv] is what the matched subgraph returned (a mask can broadcast it larger)."""
+    expected = shape(call.q)[:-1] + shape(call.v)[-1:]
+    actual = shape(call.output)
+    if len(actual) != len(expected) or not all(_equal(a, b) for a, b in zip(actual, expected)):
+        raise Decline(f"the attention's output has shape {list(actual)}, not q's {list(expected)} "
+                      "(a mask or operand broadcasts it)")
 
 
 def _fold_gqa(call: AttentionCall, enabled: bool) -> None:
@@ -96,7 +126,7 @@ def _fold_gqa(call: AttentionCall, enabled: bool) -> None:
 
 
 def _require_square(scores_shape, what: str) -> None:
-    if not same_size(scores_shape[-2], scores_shape[-1]):
+    if not _equal(scores_shape[-2], scores_shape[-1]):
         raise Decline(f"{what} needs seqlen_q == seqlen_k ({scores_shape[-2]} vs {scores_shape[-1]}): SDPA and "
                       "hand-written masks align top-left, FA4 bottom-right")
 
@@ -107,6 +137,11 @@ def _mask_flags(kind: str, mask, constants, scores_shape, fill=None) -> tuple[Ba
         band, hidden = keep_band(kind, mask, constants, fill)
     except MaskNotUnderstood as e:
         raise Decline(f"mask not recognized: {e}") from None
+    if isinstance(mask, Node):
+        mshape = shape(mask)
+        if len(mshape) > len(scores_shape) or not all(
+                same_size(m, 1) or _equal(m, s) for m, s in zip(mshape[::-1], scores_shape[::-1])):
+            raise Decline(f"the mask's shape {list(mshape)} broadcasts the scores' {list(scores_shape)} larger")
     if isinstance(mask, Node) and band != Band():
         mshape = shape(mask)
         same = len(mshape) >= 2 and all(same_size(a, b) for a, b in zip(mshape[-2:], scores_shape[-2:]))
@@ -145,7 +180,7 @@ def _band_flags(band: Band, scores_shape) -> tuple[dict, Shift | None]:
         flags = band_args(band)
     except MaskNotUnderstood as e:
         raise Decline(f"mask not recognized: {e}") from None
-    if same_size(scores_shape[-2], scores_shape[-1]) and band.shift is None:
+    if band.shift is None and _equal(scores_shape[-2], scores_shape[-1]):
         return flags, None
     # Queries over a longer cache, or at run-time positions: the band's upper bound j - i <= top (+ start)
     # is the last key in use, seqused_k = start + Sq + top, and bottom-right alignment puts it on the diagonal.
@@ -193,8 +228,9 @@ def match_sdpa(node: Node, constants: dict) -> AttentionCall:
         scale = 1.0 / math.sqrt(int(shape(q)[-1]))
     elif _constant(scale) is None:
         raise Decline(f"scale is not a constant ({scale})")
-    return AttentionCall(q, k, v, output=node, scale=_constant(scale), flags=flags, matched=[node], seqused_k=seqused_k,
-                         padding=keys, blind_rows=blind)
+    return AttentionCall(q, k, v, output=node, scale=_positive_scale(_constant(scale)), flags=flags, matched=[node],
+                         seqused_k=seqused_k, padding=keys, blind_rows=blind,
+                         masks=[(attn_mask, node)] if isinstance(attn_mask, Node) else [])
 
 
 def _constant_factor(node: Node) -> tuple[Node, float] | None:
@@ -221,7 +257,7 @@ def _softcap(node: Node) -> tuple[Node, float, list] | None:
         return None
     _only_feeds(tanh, node)
     _only_feeds(tanh.args[0], tanh)
-    return inner[0], outer[1], [tanh, tanh.args[0]]
+    return inner[0], abs(outer[1]), [tanh, tanh.args[0]]  # tanh is odd: c tanh(x / c) is the same for -c
 
 
 def _only_feeds(node, consumer: Node) -> None:
@@ -230,15 +266,22 @@ def _only_feeds(node, consumer: Node) -> None:
 
 
 def _peel_scales(node: Node, consumer: Node, matched: list) -> tuple[Node, float]:
-    """(x, c) for node = x * c1 / c2 ...: constant factors on an operand of q @ k^T."""
+    """(x, c) for node = x * c1 / c2 ...: constant positive factors on an operand of q @ k^T."""
     factor = 1.0
     while (found := _constant_factor(node)) is not None:
         _only_feeds(node, consumer)
         matched.append(node)
         consumer = node
         node, c = found
-        factor *= c
+        factor *= _positive_scale(c)
     return node, factor
+
+
+def _positive_scale(c: float) -> float:
+    """The kernels subtract each row's largest score before exponentiating, which needs a positive scale."""
+    if not (c > 0 and math.isfinite(c)):
+        raise Decline(f"the scale factor {c} is not positive and finite")
+    return c
 
 
 def _dropout_is_noop(node: Node) -> bool:
@@ -274,7 +317,7 @@ def match_handwritten(softmax: Node, constants: dict) -> AttentionCall | None:
         raise Decline(f"softmax over dim {dim}, not the key dim")
 
     # Walking up from the softmax meets the steps in reverse: masks, then the softcap, then scales.
-    scale, softcap, band, hidden_scores = 1.0, 0.0, Band(), []
+    scale, softcap, band, hidden_scores, masks = 1.0, 0.0, Band(), [], []
     scores_shape = shape(softmax)
     node = softmax.args[0]
     consumer = softmax
@@ -292,13 +335,13 @@ def match_handwritten(softmax: Node, constants: dict) -> AttentionCall | None:
             consumer = inner[-1]
         elif (found := _constant_factor(node)) is not None:
             node, c = found
-            if c <= 0:
-                raise Decline(f"a non-positive scale factor {c}")
-            scale *= c
+            scale *= _positive_scale(c)
         elif MASKED_FILL(node) or WHERE(node) or ADD(node):
             if softcap:
                 raise Decline("a mask applied before the softcap")
-            node, visible, hidden = _strip_mask(node, constants, scores_shape)
+            step = node
+            node, mask, visible, hidden = _strip_mask(node, constants, scores_shape)
+            masks.append((mask, step))
             band &= visible
             hidden_scores.append(hidden)
         else:
@@ -323,24 +366,27 @@ def match_handwritten(softmax: Node, constants: dict) -> AttentionCall | None:
     if softcap:
         flags["softcap"] = softcap
     return AttentionCall(q, k, v, output=output, scale=scale, flags=flags, matched=matched + [output],
-                         seqused_k=seqused_k, padding=keys, blind_rows=_blind_rows(hidden_scores, sdpa=False))
+                         seqused_k=seqused_k, padding=keys, blind_rows=_blind_rows(hidden_scores, sdpa=False),
+                         masks=[(m, use) for m, use in masks if isinstance(m, Node)])
 
 
-def _strip_mask(node: Node, constants, scores_shape) -> tuple[Node, Band, float | None]:
-    """(scores, visible band, hidden keys' score) for a masking step: masked_fill, where(cond, scores, fill)
-    or scores + mask."""
+def _strip_mask(node: Node, constants, scores_shape) -> tuple[Node, object, Band, float | None]:
+    """(scores, mask, visible band, hidden keys' score) for a masking step: masked_fill, where(cond, scores,
+    fill) or scores + mask."""
     if MASKED_FILL(node):
-        return node.args[0], *_mask_flags("masked_fill", node.args[1], constants, scores_shape, arg(node, 2, "value"))
+        mask = node.args[1]
+        return node.args[0], mask, *_mask_flags("masked_fill", mask, constants, scores_shape, arg(node, 2, "value"))
     if WHERE(node):
         if len(node.args) != 3 or not isinstance(node.args[1], Node):
             raise Decline(f"{node.format_node()} is not where(mask, scores, fill)")
-        return node.args[1], *_mask_flags("where", node.args[0], constants, scores_shape, node.args[2])
+        mask = node.args[0]
+        return node.args[1], mask, *_mask_flags("where", mask, constants, scores_shape, node.args[2])
     errors = []
     for scores, mask in ((node.args[0], node.args[1]), (node.args[1], node.args[0])):
         if not isinstance(scores, Node):
             continue
         try:
-            return scores, *_mask_flags("additive", mask, constants, scores_shape)
+            return scores, mask, *_mask_flags("additive", mask, constants, scores_shape)
         except Decline as e:
             errors.append(str(e))
     raise Decline(errors[0] if errors else f"{node.format_node()} adds no tensor")
@@ -423,7 +469,7 @@ def _after_definition(node: Node) -> Node:
     return after
 
 
-def emit(gm: GraphModule, call: AttentionCall, fake_mode, shared: dict) -> str:
+def emit(gm: GraphModule, call: AttentionCall, fake_mode, shared: dict, mutations: Mutations) -> str:
     """Insert `fa4::attention` for `call`, reroute the output's users, drop what became dead; returns the call text.
 
     `shared`: nodes computed once per graph (seqused_k, key masks, run-time checks), reused by every
@@ -454,10 +500,11 @@ def emit(gm: GraphModule, call: AttentionCall, fake_mode, shared: dict) -> str:
         if three_d:
             out = make("squeeze", out, 0)
     call.output.replace_all_uses_with(out)
-    for user in list(out.users):
-        if user.op == "call_method" and user.target == "view":
-            user.target = "reshape"  # our output is stored [B, S, H, D]; view may not apply
     _erase_dead(graph, [call.output] + call.matched)
+    if three_d or not layout_free(out, mutations):
+        with graph.inserting_after(out):
+            standard = make("contiguous", out, name="attention_out_contiguous")
+        out.replace_all_uses_with(standard, delete_user_cb=lambda user: user is not standard)
     return _describe_call(call, kwargs)
 
 
@@ -503,9 +550,25 @@ def _encode_padding(call: AttentionCall, options) -> None:
     call.key_mask = call.padding
 
 
-def rewrite_attention(gm: GraphModule, constants: dict, options, fake_mode) -> list[Record]:
-    """Rewrite every attention in gm that fa4::attention can take; one record per candidate."""
-    records, shared = [], {}
+def _check_in_place_updates(call: AttentionCall, mutations: Mutations, constants: dict) -> set:
+    """Decline when the rewrite would read a tensor after an in-place update the original code read before,
+    or a mask was updated in place after the operations it was proven from. Returns the module buffers the
+    masks were read from by value."""
+    buffers = set()
+    for mask, use in call.masks:
+        buffers.update(n for n in mutations.check_mask(mask, use) if n in constants)
+    reads = first_reads({call.q, call.k, call.v}, call.output, call.matched)
+    if call.key_mask is not None:  # read by the op itself (padding.key_mask)
+        reads[call.key_mask.node] = call.key_mask.node
+    mutations.check_reads(reads, call.output)
+    return buffers
+
+
+def rewrite_attention(gm: GraphModule, constants: dict, options, fake_mode) -> tuple[list[Record], set]:
+    """Rewrite every attention in gm that fa4::attention can take; one record per candidate, and the module
+    buffers whose values the rewrites depend on (masks read by value)."""
+    records, shared, read_by_value = [], {}, set()
+    mutations = Mutations(gm.graph)
     for node in list(gm.graph.nodes):
         if _erased(node):
             continue  # removed by an earlier rewrite
@@ -520,10 +583,13 @@ def rewrite_attention(gm: GraphModule, constants: dict, options, fake_mode) -> l
             call = matcher(node, constants)
             if call is None:
                 continue
+            _check_output_shape(call)
             if call.padding is not None:
                 _encode_padding(call, options)
             _fold_gqa(call, options.gqa)
-            records.append(Record(family, where, True, emit(gm, call, fake_mode, shared), module_path(node)))
+            buffers = _check_in_place_updates(call, mutations, constants)
+            records.append(Record(family, where, True, emit(gm, call, fake_mode, shared, mutations), module_path(node)))
+            read_by_value |= buffers
         except Decline as e:
             records.append(Record(family, where, False, str(e), module_path(node)))
-    return records
+    return records, read_by_value

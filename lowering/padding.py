@@ -42,7 +42,7 @@ import torch
 from torch.fx import Node
 
 from .masks import KeyMask
-from .spellings import value
+from .spellings import same_size, value
 
 NOT_RIGHT_PADDING = ("fa4_inductor: the attention mask is not right padding (1...1 0...0 per row, first key visible); "
                      "this graph was compiled for right-padded masks. "
@@ -79,12 +79,17 @@ def check_hides_none(make, keys: KeyMask, seqused_k: Node | None) -> Node:
 
 
 def key_mask(make, keys: KeyMask, k: Node) -> Node:
-    """The op's key_mask [B, Sk] bool: key slot j of sequence b is visible when keys.node[b, start + j] != 0."""
+    """The op's key_mask [B, Sk] bool: key slot j of sequence b is visible when keys.node[b, start + j] != 0.
+    A mask of one row for the batch, or of one column for every key, is broadcast as eager does."""
     start = 0 if keys.start is None else keys.start
-    sk = value(k).shape[2]
+    b, sk = (s if isinstance(s, int) else make("size", k, d) for d, s in ((0, value(k).shape[0]), (2, value(k).shape[2])))
     m = make(operator.getitem, keys.node, (slice(None), 0, 0)) if keys.plane else keys.node
-    window = make(torch.narrow, m, 1, start, sk if isinstance(sk, int) else make("size", k, 2))
-    return make(operator.ne, window, 0, name="key_mask")
+    rows, columns = value(m).shape
+    one_column = same_size(columns, 1) and keys.start is None and not same_size(value(k).shape[2], 1)
+    window = m if one_column else make(torch.narrow, m, 1, start, sk)
+    if not one_column and same_size(rows, value(k).shape[0]):
+        return make(operator.ne, window, 0, name="key_mask")
+    return make("contiguous", make("expand", make(operator.ne, window, 0), b, sk), name="key_mask")
 
 
 def blind_rows_as_mean(make, out: Node, lse: Node, v: Node) -> Node:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 
+import torch
 from torch._guards import detect_fake_mode
 from torch.fx import GraphModule
 
@@ -23,7 +24,8 @@ log = logging.getLogger("fa4_inductor.lowering")
 def module_buffers(gm: GraphModule, example_inputs) -> dict:
     """Placeholder -> (source name, real tensor) for the graph inputs that are module buffers.
 
-    Masks may be read from them by value (masks.py). Parameters and user inputs are excluded."""
+    Masks may be read from them by value (masks.py), under a guard on their version counter (the backend's);
+    inference tensors, which have none, are excluded, as are parameters and user inputs."""
     constants = {}
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     for node, example in zip(placeholders, example_inputs):
@@ -31,7 +33,8 @@ def module_buffers(gm: GraphModule, example_inputs) -> dict:
         source = getattr(grapharg, "source", None)
         name = source.name if source is not None else ""
         name = name() if callable(name) else name  # a method before torch 2.12, a property after
-        if "._buffers[" in name and hasattr(example, "shape") and not _is_fake(example):
+        if "._buffers[" in name and isinstance(example, torch.Tensor) and not _is_fake(example) \
+                and not example.is_inference():
             constants[node] = (name, example)
     return constants
 
@@ -42,9 +45,18 @@ def _is_fake(t) -> bool:
     return isinstance(t, FakeTensor)
 
 
-def run_torch_ir_passes(gm: GraphModule, example_inputs, options) -> list[Record]:
+READ_BY_VALUE = "fa4_read_by_value"
+"""`gm.meta` key: the graph input positions of the module buffers a rewrite read by value (a mask), which
+the backend watches for later in-place updates (backend.py)."""
+
+
+def run_torch_ir_passes(gm: GraphModule, example_inputs, options, read_buffers: bool = True) -> list[Record]:
+    """`read_buffers=False`: no mask is read from a module buffer's values (those attentions stay as written)."""
     fake_mode = _fake_mode_of_graph(gm) or detect_fake_mode(example_inputs)
-    records = rewrite_attention(gm, module_buffers(gm, example_inputs), options, fake_mode)
+    buffers = module_buffers(gm, example_inputs) if read_buffers else {}
+    records, read_by_value = rewrite_attention(gm, buffers, options, fake_mode)
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    gm.meta[READ_BY_VALUE] = [placeholders.index(n) for n in read_by_value]
     gm.graph.lint()
     gm.recompile()
     for record in records:

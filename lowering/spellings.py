@@ -22,19 +22,26 @@ _MISSING = object()
 
 @dataclass(frozen=True)
 class Spelling:
-    """An operation: the torch functions (call_function) and Tensor methods (call_method) that spell it."""
+    """An operation: the torch functions (call_function) and Tensor methods (call_method) that spell it.
+
+    `neutral`: keyword arguments that change what the call computes, with the one value at which it is
+    still this operation (`torch.div(a, b, rounding_mode="floor")` is not a division). A call that writes
+    into `out=` is never matched."""
 
     functions: tuple = ()
     methods: tuple = ()
+    neutral: tuple = ()
 
     def __call__(self, node) -> bool:
         if not isinstance(node, Node):
             return False
         if node.op == "call_function":
-            return node.target in self.functions
-        if node.op == "call_method":
-            return node.target in self.methods
-        return False
+            spelled = node.target in self.functions
+        elif node.op == "call_method":
+            spelled = node.target in self.methods
+        else:
+            return False
+        return spelled and "out" not in node.kwargs and all(node.kwargs.get(k, v) == v for k, v in self.neutral)
 
 
 SDPA = Spelling((F.scaled_dot_product_attention,))
@@ -42,8 +49,9 @@ MATMUL = Spelling((torch.matmul, operator.matmul, torch.bmm), ("matmul", "bmm", 
 SOFTMAX = Spelling((F.softmax, torch.softmax, torch.Tensor.softmax), ("softmax",))
 DROPOUT = Spelling((F.dropout, torch.dropout), ("dropout",))
 MUL = Spelling((operator.mul, torch.mul), ("mul", "__mul__", "__rmul__"))
-DIV = Spelling((operator.truediv, torch.div, torch.true_divide), ("div", "true_divide", "__truediv__"))
-ADD = Spelling((operator.add, torch.add), ("add", "__add__", "__radd__"))
+DIV = Spelling((operator.truediv, torch.div, torch.true_divide), ("div", "true_divide", "__truediv__"),
+               neutral=(("rounding_mode", None),))
+ADD = Spelling((operator.add, torch.add), ("add", "__add__", "__radd__"), neutral=(("alpha", 1),))
 TANH = Spelling((torch.tanh,), ("tanh",))
 MASKED_FILL = Spelling((torch.masked_fill,), ("masked_fill",))
 WHERE = Spelling((torch.where,))
@@ -69,7 +77,7 @@ GE = Spelling((operator.ge, torch.ge), ("ge", "__ge__"))
 GT = Spelling((operator.gt, torch.gt), ("gt", "__gt__"))
 AND = Spelling((operator.and_, torch.logical_and, torch.bitwise_and), ("logical_and", "bitwise_and", "__and__"))
 ARANGE = Spelling((torch.arange,))
-SUB = Spelling((operator.sub, torch.sub), ("sub", "__sub__"))
+SUB = Spelling((operator.sub, torch.sub), ("sub", "__sub__"), neutral=(("alpha", 1),))
 NE = Spelling((operator.ne, torch.ne), ("ne", "__ne__"))
 LOGICAL_NOT = Spelling((torch.logical_not, operator.invert, torch.bitwise_not), ("logical_not", "bitwise_not", "__invert__"))
 CONTIGUOUS = Spelling((), ("contiguous",))

@@ -40,7 +40,8 @@ def test_every_spelling_is_folded(spelling):
     torch.testing.assert_close(out, fn(q, k, v), atol=1e-5, rtol=1e-5)
     (node,) = [n for g in rec.graphs for n in g.graph.nodes if n.target is torch.ops.fa4.attention.default]
     assert [a.name for a in node.args] == ["l_q_", "l_k_", "l_v_"]  # K/V straight from the inputs
-    assert len([n for g in rec.graphs for n in g.graph.nodes if n.op != "placeholder"]) == 3, rec.summary  # op, getitem, output
+    # op, getitem, contiguous (a graph output keeps eager's layout), output: nothing of the repetition is left
+    assert len([n for g in rec.graphs for n in g.graph.nodes if n.op != "placeholder"]) == 4, rec.summary
     assert "folded, group 4" in rec.records[0].detail
 
 
@@ -53,8 +54,9 @@ class TestGqaGraphs(expecttest.TestCase):
         rec, out = compile_and_record(fn, *inputs())
         self.assertExpectedInline(rec.summary, """\
 fa4_attention: (f32[2, 8, 5, 16], f32[2, 8, 5]) = fa4.attention(l_q_, l_k_, l_v_, scale=0.25)
-attention_out: f32[2, 8, 5, 16] = getitem(fa4_attention, 0)""")
-        self.assertExpectedInline(str(rec.records[0]), """[rewritten] handwritten test_gqa.py:51 in fn: fa4.attention(q[2x8x5x16], k[2x2x5x16], v[2x2x5x16], scale=0.25); repeat_kv folded, group 4""")
+attention_out: f32[2, 8, 5, 16] = getitem(fa4_attention, 0)
+attention_out_contiguous: f32[2, 8, 5, 16] = .contiguous(attention_out)""")
+        self.assertExpectedInline(str(rec.records[0]), """[rewritten] handwritten test_gqa.py:52 in fn: fa4.attention(q[2x8x5x16], k[2x2x5x16], v[2x2x5x16], scale=0.25); repeat_kv folded, group 4""")
 
     def test_tiling_repeat_is_not_gqa(self):
         """`k.repeat(1, 4, 1, 1)` puts kv head h % Hkv at head h: not GQA; attention still rewritten, K/V as given."""
@@ -69,7 +71,8 @@ attention_out: f32[2, 8, 5, 16] = getitem(fa4_attention, 0)""")
 repeat: f32[2, 8, 5, 16] = .repeat(l_k_, 1, 4, 1, 1)
 repeat_1: f32[2, 8, 5, 16] = .repeat(l_v_, 1, 4, 1, 1)
 fa4_attention: (f32[2, 8, 5, 16], f32[2, 8, 5]) = fa4.attention(l_q_, repeat, repeat_1, scale=0.25)
-attention_out: f32[2, 8, 5, 16] = getitem(fa4_attention, 0)""")
+attention_out: f32[2, 8, 5, 16] = getitem(fa4_attention, 0)
+attention_out_contiguous: f32[2, 8, 5, 16] = .contiguous(attention_out)""")
 
     def test_option_off_keeps_repeats(self):
         def fn(q, k, v):
@@ -84,4 +87,5 @@ getitem_1: f32[2, 2, 1, 5, 16] = getitem(l_v_, (:, :, None, :, :))
 expand_1: f32[2, 2, 4, 5, 16] = .expand(getitem_1, 2, 2, 4, 5, 16)
 reshape_1: f32[2, 8, 5, 16] = .reshape(expand_1, 2, 8, 5, 16)
 fa4_attention: (f32[2, 8, 5, 16], f32[2, 8, 5]) = fa4.attention(l_q_, reshape, reshape_1, scale=0.25)
-attention_out: f32[2, 8, 5, 16] = getitem(fa4_attention, 0)""")
+attention_out: f32[2, 8, 5, 16] = getitem(fa4_attention, 0)
+attention_out_contiguous: f32[2, 8, 5, 16] = .contiguous(attention_out)""")

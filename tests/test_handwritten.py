@@ -165,7 +165,8 @@ linear_1: f32[2, 10, 32] = linear(y_1, l_self_modules_c_proj_parameters_weight_,
         torch.testing.assert_close(out, fn(q, k, v), atol=1e-5, rtol=1e-5)
         self.assertExpectedInline(rec.summary, """\
 fa4_attention: (f32[2, 4, 9, 16], f32[2, 4, 9]) = fa4.attention(l_q_, l_k_, l_v_, scale=0.25, causal=True, window_left=3, softcap=30)
-attention_out: f32[2, 4, 9, 16] = getitem(fa4_attention, 0)""")
+attention_out: f32[2, 4, 9, 16] = getitem(fa4_attention, 0)
+attention_out_contiguous: f32[2, 4, 9, 16] = .contiguous(attention_out)""")
 
     def test_fallback_arbitrary_mask(self):
         def fn(q, k, v, m):

@@ -77,7 +77,8 @@ to: i32[] = .to(add_1, int32)
 expand_3: i32[2] = .expand(to, 2)
 seqused_k: i32[2] = .contiguous(expand_3)
 fa4_attention: (f32[2, 4, 1, 16], f32[2, 4, 1]) = fa4.attention(l_q_, l_k_cache_, l_v_cache_, seqused_k, scale=0.25, causal=True)
-attention_out: f32[2, 4, 1, 16] = getitem(fa4_attention, 0)""")
+attention_out: f32[2, 4, 1, 16] = getitem(fa4_attention, 0)
+attention_out_contiguous: f32[2, 4, 1, 16] = .contiguous(attention_out)""")
 
     def test_hf_static_cache_chunked_prefill(self):
         """Several new tokens at a run-time offset: causal among them, bottom-right aligned at the offset."""
@@ -107,7 +108,8 @@ to: i32[] = .to(add, int32)
 expand: i32[2] = .expand(to, 2)
 seqused_k: i32[2] = .contiguous(expand)
 fa4_attention: (f32[2, 4, 1, 16], f32[2, 4, 1]) = fa4.attention(l_q_, l_self_buffers_k_cache_, l_self_buffers_v_cache_, seqused_k, scale=0.25, causal=True)
-attention_out: f32[2, 4, 1, 16] = getitem(fa4_attention, 0)""")
+attention_out: f32[2, 4, 1, 16] = getitem(fa4_attention, 0)
+attention_out_contiguous: f32[2, 4, 1, 16] = .contiguous(attention_out)""")
 
     def test_gpt_fast_prefill_checks_positions_are_consecutive(self):
         module, reference = GptFastCachedAttention(), GptFastCachedAttention()
@@ -130,7 +132,8 @@ to: i32[] = .to(add, int32)
 expand: i32[2] = .expand(to, 2)
 seqused_k: i32[2] = .contiguous(expand)
 fa4_attention: (f32[2, 4, 5, 16], f32[2, 4, 5]) = fa4.attention(l_q_, l_self_buffers_k_cache_, l_self_buffers_v_cache_, seqused_k, scale=0.25, causal=True)
-attention_out: f32[2, 4, 5, 16] = getitem(fa4_attention, 0)""")
+attention_out: f32[2, 4, 5, 16] = getitem(fa4_attention, 0)
+attention_out_contiguous: f32[2, 4, 5, 16] = .contiguous(attention_out)""")
 
     def test_fallback_band_without_upper_bound_at_run_time_positions(self):
         """`kv_idx >= q_idx - 2` alone lets a query see every later cache slot: no seqused_k expresses that."""

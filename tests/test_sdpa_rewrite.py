@@ -21,20 +21,23 @@ class TestSdpaRewrite(expecttest.TestCase):
         rec = self.check(lambda q, k, v: F.scaled_dot_product_attention(q, k, v), *inputs())
         self.assertExpectedInline(rec.summary, """\
 fa4_attention: (f32[2, 4, 6, 8], f32[2, 4, 6]) = fa4.attention(l_q_, l_k_, l_v_, scale=0.353553)
-attention_out: f32[2, 4, 6, 8] = getitem(fa4_attention, 0)""")
+attention_out: f32[2, 4, 6, 8] = getitem(fa4_attention, 0)
+attention_out_contiguous: f32[2, 4, 6, 8] = .contiguous(attention_out)""")
 
     def test_is_causal_and_scale(self):
         rec = self.check(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=0.3), *inputs())
         self.assertExpectedInline(rec.summary, """\
 fa4_attention: (f32[2, 4, 6, 8], f32[2, 4, 6]) = fa4.attention(l_q_, l_k_, l_v_, scale=0.3, causal=True)
-attention_out: f32[2, 4, 6, 8] = getitem(fa4_attention, 0)""")
+attention_out: f32[2, 4, 6, 8] = getitem(fa4_attention, 0)
+attention_out_contiguous: f32[2, 4, 6, 8] = .contiguous(attention_out)""")
 
     def test_enable_gqa(self):
         fn = lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)  # noqa: E731
         rec = self.check(fn, *inputs(hq=8, hkv=2))
         self.assertExpectedInline(rec.summary, """\
 fa4_attention: (f32[2, 8, 6, 8], f32[2, 8, 6]) = fa4.attention(l_q_, l_k_, l_v_, scale=0.353553, causal=True)
-attention_out: f32[2, 8, 6, 8] = getitem(fa4_attention, 0)""")
+attention_out: f32[2, 8, 6, 8] = getitem(fa4_attention, 0)
+attention_out_contiguous: f32[2, 8, 6, 8] = .contiguous(attention_out)""")
 
     def test_boolean_tril_mask_becomes_causal(self):
         def fn(q, k, v):
@@ -45,7 +48,8 @@ attention_out: f32[2, 8, 6, 8] = getitem(fa4_attention, 0)""")
         rec = self.check(fn, *inputs())
         self.assertExpectedInline(rec.summary, """\
 fa4_attention: (f32[2, 4, 6, 8], f32[2, 4, 6]) = fa4.attention(l_q_, l_k_, l_v_, scale=0.353553, causal=True)
-attention_out: f32[2, 4, 6, 8] = getitem(fa4_attention, 0)""")
+attention_out: f32[2, 4, 6, 8] = getitem(fa4_attention, 0)
+attention_out_contiguous: f32[2, 4, 6, 8] = .contiguous(attention_out)""")
 
     def test_additive_sliding_window_mask(self):
         def fn(q, k, v):
@@ -57,7 +61,8 @@ attention_out: f32[2, 4, 6, 8] = getitem(fa4_attention, 0)""")
         rec = self.check(fn, *inputs())
         self.assertExpectedInline(rec.summary, """\
 fa4_attention: (f32[2, 4, 6, 8], f32[2, 4, 6]) = fa4.attention(l_q_, l_k_, l_v_, scale=0.353553, causal=True, window_left=2)
-attention_out: f32[2, 4, 6, 8] = getitem(fa4_attention, 0)""")
+attention_out: f32[2, 4, 6, 8] = getitem(fa4_attention, 0)
+attention_out_contiguous: f32[2, 4, 6, 8] = .contiguous(attention_out)""")
 
     def test_hf_sliding_window_mask(self):
         """HF masking_utils: `new_ones(()) & (kv_idx > q_idx - W) & (kv_idx <= q_idx)` over arange positions."""
@@ -70,7 +75,8 @@ attention_out: f32[2, 4, 6, 8] = getitem(fa4_attention, 0)""")
         rec = self.check(fn, *inputs())
         self.assertExpectedInline(rec.summary, """\
 fa4_attention: (f32[2, 4, 6, 8], f32[2, 4, 6]) = fa4.attention(l_q_, l_k_, l_v_, scale=0.353553, causal=True, window_left=2)
-attention_out: f32[2, 4, 6, 8] = getitem(fa4_attention, 0)""")
+attention_out: f32[2, 4, 6, 8] = getitem(fa4_attention, 0)
+attention_out_contiguous: f32[2, 4, 6, 8] = .contiguous(attention_out)""")
 
     def test_fallback_dropout(self):
         fn = lambda q, k, v: F.scaled_dot_product_attention(q, k, v, dropout_p=0.1)  # noqa: E731
