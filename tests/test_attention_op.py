@@ -1,6 +1,7 @@
 """`fa4::attention` and `fa4::attention_backward`: opcheck, float64 numerics, gradcheck, fake strides."""
 
 import math
+import re
 
 import pytest
 import torch
@@ -300,3 +301,26 @@ def test_signature_caches_forget_their_oldest_entries():
     for key in "abc":
         cache[key] = key.upper()
     assert list(cache) == ["b", "c"] and cache.get("a") is None and type(cache)().limit > 2
+
+
+INVALID_CALLS = {
+    "int64 inputs": (lambda q: (q.long(), q.long(), q.long()), {}, "takes float16, bfloat16, float32 or float64"),
+    "bool inputs": (lambda q: (q > 0, q > 0, q > 0), {}, "takes float16, bfloat16, float32 or float64"),
+    "complex inputs": (lambda q: (q.to(torch.complex64),) * 3, {}, "takes float16, bfloat16, float32 or float64"),
+    "head dim 20": (lambda q: (torch.randn(2, 4, 7, 20),) * 3, {}, "head_dim 20 is not a multiple of 8"),
+    "head dim 512": (lambda q: (torch.randn(2, 4, 7, 512),) * 3, {}, "head_dim 512 is not a multiple of 8"),
+    "negative softcap": (lambda q: (q, q, q), dict(softcap=-5.0), "softcap >= 0"),
+    "window -5": (lambda q: (q, q, q), dict(window_left=-5), "window_left >= 0, or -1"),
+    "negative scale": (lambda q: (q, q, q), dict(scale=-0.3), "positive finite scale"),
+    "float seqused_k": (lambda q: (q, q, q, torch.tensor([3.0, 4.0])), {}, "int32 or int64 seqused_k"),
+    "negative seqused_k": (lambda q: (q, q, q, torch.tensor([-1, 4], dtype=torch.int32)), {}, "not within 0..7"),
+    "seqused_k past the keys": (lambda q: (q, q, q, torch.tensor([8, 4], dtype=torch.int32)), {}, "not within 0..7"),
+}
+
+
+@pytest.mark.parametrize("case", list(INVALID_CALLS))
+def test_invalid_calls_are_errors(case):
+    """What the kernels cannot take is an error, never reinterpreted (a negative softcap is not "off")."""
+    make, flags, message = INVALID_CALLS[case]
+    with pytest.raises(ValueError, match=re.escape(message)):
+        ATTENTION(*make(torch.randn(2, 4, 7, 16)), **{"scale": 0.3, **flags})
