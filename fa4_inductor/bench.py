@@ -17,6 +17,9 @@ Suites (`--suite`, comma-separated; all by default):
   compiles the decode step itself (`CompileConfig(backend=...)`, its default `reduce-overhead`
   mode): a left-padded batch of 4, time to first token (prefill with the padding mask) and decode
   tokens/s, default `torch.compile` against our backend.
+- `padded`: the same model on a left-padded batch of 4 x 2048 (0/100/700/1500 pad tokens, the
+  `attention_mask` generate passes) and on that batch without a mask: prefill and a training step
+  (`use_cache=False`, labels, backward), default `torch.compile` against ours.
 
 Results print as markdown tables; `--out FILE` writes them (with the date, GPU, versions and the
 command) and `--plot FILE.png` draws the op suite. Functions here take a `device` so the CPU test
@@ -39,7 +42,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-SUITES = ("op", "overhead", "decode", "e2e", "generate")
+SUITES = ("op", "overhead", "decode", "e2e", "generate", "padded")
 
 
 @dataclass
@@ -507,6 +510,64 @@ def generate_suite(device="cuda", dtype=torch.bfloat16, prompt=1024, new_tokens=
     torch._dynamo.reset()
 
 
+def left_padded_batch(vocab: int, batch: int, seqlen: int, pads, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(input_ids, attention_mask) of a left-padded batch, row b starting after pads[b] pad tokens."""
+    tokens = torch.randint(1, vocab, (batch, seqlen), generator=torch.Generator().manual_seed(0)).to(device)
+    mask = (torch.arange(seqlen)[None, :] >= torch.tensor(pads)[:, None]).long().to(device)
+    return tokens, mask
+
+
+def padded_ms(model, backend_name, tokens, mask, train: bool) -> float:
+    """Median ms of a compiled forward (last-token logits) or of a training step (forward with labels,
+    backward) of `model` on `tokens`, with `mask` as its attention_mask (None: no mask)."""
+    model.train(train)
+    if not train:
+        compiled = _compile(model, backend_name)
+        with torch.no_grad():
+            return _host_ms(lambda: compiled(tokens, attention_mask=mask, logits_to_keep=1), repeats=7)
+    labels = tokens.masked_fill(mask == 0, -100) if mask is not None else tokens
+
+    def step():
+        model.zero_grad(set_to_none=True)
+        compiled(tokens, attention_mask=mask, labels=labels, use_cache=False).loss.backward()
+
+    compiled = _compile(model, backend_name)
+    return _host_ms(step, repeats=5)
+
+
+def padded_suite(device="cuda", dtype=torch.bfloat16, batch=4, seqlen=2048, pads=(0, 100, 700, 1500),
+                 attentions=("sdpa", "eager"), model_overrides=None):
+    """Yields one table: a left-padded batch (the `attention_mask` generate passes) against the same batch
+    without a mask, prefill and a training step, default torch.compile against ours."""
+    backends = {"default torch.compile": "inductor", "fa4_inductor": "fa4_inductor"}
+    pads = [min(p * seqlen // 2048, seqlen - 1) for p in pads]
+    table = Table("Llama-1B-shaped HF model, a left-padded batch (ms, lower is better)",
+                  ["attention code", "pass", "batch", *backends, "speedup"],
+                  note=f"{dtype}, batch {batch} x {seqlen}, left padding {pads} tokens (`attention_mask`) or no mask; "
+                       "prefill: last-token logits, no_grad; train: forward with labels (`use_cache=False`) + "
+                       "backward; median of 7 / 5 after a compile.")
+    for attention in attentions:
+        torch.manual_seed(0)
+        model = llama(attention, device, dtype, **(model_overrides or {}))
+        tokens, mask = left_padded_batch(model.config.vocab_size, batch, seqlen, pads, device)
+        for train in (False, True):
+            for masked in (True, False):
+                times = {}
+                for name, backend in backends.items():
+                    torch._dynamo.reset()
+                    times[name] = _attempt(f"padded {attention} {name}",
+                                           lambda: padded_ms(model, backend, tokens, mask if masked else None, train))
+                base, ours = times.values()
+                table.rows.append([attention, "train" if train else "prefill", "left-padded" if masked else "no mask",
+                                   "failed" if base is None else base, "failed" if ours is None else ours,
+                                   _ratio(base, ours)])
+        del model
+        if device == "cuda":
+            torch.cuda.empty_cache()
+    torch._dynamo.reset()
+    yield table
+
+
 # ------------------------------------------------------------------------------------------ output
 
 
@@ -572,7 +633,7 @@ def main(argv=None) -> int:
     for suite in suites:
         started = time.perf_counter()
         produced = {"op": op_suite, "overhead": overhead_suite, "decode": decode_suite, "e2e": e2e_suite,
-                    "generate": generate_suite}[suite]()
+                    "generate": generate_suite, "padded": padded_suite}[suite]()
         for table in [produced] if isinstance(produced, Table) else produced:
             tables.append(table)
             print(table.markdown(), flush=True)

@@ -23,15 +23,16 @@ SDPA, `sdpa_cudnn.py`, for those with one cache length), FA4 (`fa4.py`) where it
 memory-efficient SDPA kernel (`sdpa_fallback.py`), else the reference on the device; `kernel_for`
 says which and why (`backward_kernel_for` for the backward: FA4, the SDPA fallback's recomputing
 backward, or the reference). FA4 takes no key mask: a key-mask call that is not decode-shaped first
-has its mask read on the host (`without_key_mask`, outside CUDA-graph capture), and goes to FA4
-when the mask hides nothing in use or, with no band, is right padding.
+has its mask read on the host (`key_mask_form`, outside CUDA-graph capture), and goes to FA4
+when the mask hides nothing in use, or, with no band, is right padding (seqused_k), or, on a
+self-attention, is left padding (FA4's varlen segments over the padded buffer).
 """
 
 from __future__ import annotations
 
 import logging
 import math
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import torch
 from torch import Tensor
@@ -220,35 +221,76 @@ def _route(q: Tensor, k: Tensor, v: Tensor, seqused_k: Optional[Tensor], key_mas
     return name
 
 
-def without_key_mask(q: Tensor, seqused_k: Optional[Tensor], key_mask: Optional[Tensor], flags: dict
-                     ) -> tuple[Optional[Tensor], Optional[Tensor]]:
-    """(seqused_k, key_mask), the key mask replaced by what FA4 takes when its contents allow: dropped
-    when it hides no key in use (HF generate's all-ones mask), or, on a call with no band and no
-    seqused_k, seqused_k = its sum when it is right padding with the first key visible (encoders). It
-    reads two booleans on the host (one sync), so it runs outside CUDA-graph capture only; otherwise, or
-    when neither holds, (seqused_k, key_mask) unchanged."""
+class KeyMaskForm(NamedTuple):
+    """What a call's key mask is, read off its contents: `key_mask` None when FA4's arguments say it all
+    (`seqused_k`, or `starts` for a left-padded batch: the first visible key of each sequence)."""
+
+    seqused_k: Optional[Tensor]
+    key_mask: Optional[Tensor]
+    starts: Optional[Tensor] = None
+
+
+_LAST_FORM: list = []  # [(key mask, its version, seqused_k, flags), form]: the layers of a forward share one mask
+
+
+def key_mask_form(q: Tensor, k: Tensor, seqused_k: Optional[Tensor], key_mask: Optional[Tensor], flags: dict
+                  ) -> KeyMaskForm:
+    """The key mask replaced by what FA4 takes when its contents allow: dropped when it hides no key in use
+    (HF generate's all-ones mask); on a call with no band and no seqused_k, seqused_k = its sum when it is
+    right padding with the first key visible (encoders); on a self-attention (Sq == Sk) without
+    seqused_k, `starts` when every row is one run of visible keys that ends at the last key (left
+    padding: generate's prompts), which FA4 runs as varlen segments over the padded buffer
+    (`fa4.forward_left_padded`). It reads three booleans on the host (one sync), once per mask tensor
+    (the layers of a forward and their backward share it), and only outside CUDA-graph capture;
+    otherwise, or when none holds, the mask is kept."""
     if key_mask is None or (q.is_cuda and torch.cuda.is_current_stream_capturing()):
-        return seqused_k, key_mask
+        return KeyMaskForm(seqused_k, key_mask)
+    seen = (key_mask, _version(key_mask), seqused_k, flags)
+    if _LAST_FORM:
+        mask, version, lengths, same_flags = _LAST_FORM[0]
+        if mask is key_mask and version == seen[1] and lengths is seqused_k and same_flags == flags:
+            return _LAST_FORM[1]
     positions = torch.arange(key_mask.shape[1], device=key_mask.device)
     unused = positions >= seqused_k[:, None] if seqused_k is not None else torch.zeros_like(key_mask)
     lengths = key_mask.sum(-1, dtype=torch.int32)
-    right_padding = (key_mask == (positions < lengths[:, None])).all() & (lengths > 0).all()
-    hides_nothing, right_padding = torch.stack([(key_mask | unused).all(), right_padding]).tolist()
-    if hides_nothing:
-        return seqused_k, None
+    right_padding = (key_mask == (positions < lengths[:, None])).all()
+    left_padding = (key_mask == (positions >= key_mask.shape[1] - lengths[:, None])).all()
+    hides_nothing, right_padding, left_padding, no_empty_row = torch.stack(
+        [(key_mask | unused).all(), right_padding, left_padding, (lengths > 0).all()]).tolist()
     banded = flags["causal"] or flags["window_left"] >= 0 or flags["window_right"] >= 0
-    if right_padding and seqused_k is None and not banded:
-        return lengths, None
-    return seqused_k, key_mask
+    # Without a band every query of a sequence sees its keys: none for an all-padding row, which FA4 is not given.
+    left_padding = left_padding and (banded or no_empty_row)
+    if hides_nothing:
+        form = KeyMaskForm(seqused_k, None)
+    elif right_padding and no_empty_row and seqused_k is None and not banded:
+        form = KeyMaskForm(lengths, None)
+    elif left_padding and seqused_k is None and q.shape[2] == k.shape[2]:
+        form = KeyMaskForm(None, None, key_mask.shape[1] - lengths)
+    else:
+        form = KeyMaskForm(seqused_k, key_mask)
+    _LAST_FORM[:] = [seen, form]
+    return form
+
+
+def _version(t: Tensor) -> Optional[int]:
+    """t's in-place update counter; None for an inference tensor, which has none (the op's key masks are
+    fresh graph intermediates, so identity alone already tells them apart)."""
+    return None if t.is_inference() else t._version
 
 
 def _attention_cuda(q, k, v, seqused_k=None, key_mask=None, **flags):
     flags = _complete(flags)
     name = _route(q, k, v, seqused_k, key_mask, flags)
     if key_mask is not None and name in ("sdpa", "reference"):  # a mask FA4 may take after all
-        seqused_k, key_mask = without_key_mask(q, seqused_k, key_mask, flags)
-        if key_mask is None:
-            name = _route(q, k, v, seqused_k, None, flags)
+        form = key_mask_form(q, k, seqused_k, key_mask, flags)
+        if form.key_mask is None:
+            without_mask = _route(q, k, v, form.seqused_k, None, flags)
+            if form.starts is None:
+                seqused_k, key_mask, name = form.seqused_k, None, without_mask
+            elif without_mask == "fa4":
+                from . import fa4
+
+                return fa4.forward_left_padded(q, k, v, form.starts, **flags)
     if name == "decode":
         from . import decode
 
@@ -295,7 +337,13 @@ def attention_backward(
 def _attention_backward_cuda(grad_out, q, k, v, out, lse, grad_lse=None, seqused_k=None, key_mask=None, **flags):
     _check_inputs(q, k, v, seqused_k, key_mask)
     flags = _complete(flags)
-    seqused_k, key_mask = without_key_mask(q, seqused_k, key_mask, flags)
+    form = key_mask_form(q, k, seqused_k, key_mask, flags)
+    if form.starts is not None and backward_kernel_for(q, k, v, None, **flags)[0] == "fa4":
+        from . import fa4
+
+        return fa4.backward_left_padded(grad_out, q, k, v, out, lse, grad_lse, form.starts, **flags)
+    if form.starts is None:
+        seqused_k, key_mask = form.seqused_k, form.key_mask
     name, _ = backward_kernel_for(q, k, v, key_mask, seqused_k=seqused_k, **flags)
     if name == "fa4":
         from . import fa4

@@ -286,27 +286,98 @@ def _launch_forward(fa, tensors: tuple, flags: tuple, call) -> None:
 
 def forward(q: Tensor, k: Tensor, v: Tensor, seqused_k: Optional[Tensor] = None, **flags) -> tuple[Tensor, Tensor]:
     """FA4 forward: (out [B, Hq, Sq, Dv] stored as [B, Sq, Hq, Dv], lse [B, Hq, Sq] float32)."""
-    scale, causal, window_left, window_right, softcap = Flags(**flags)
+    flags = Flags(**flags)
     fa = _require()
     b, hq, sq, _ = q.shape
     out = layout.empty_bhsd(b, hq, sq, v.shape[-1], dtype=q.dtype, device=q.device)
     lse = q.new_empty((b, hq, sq), dtype=torch.float32)
     qb, kb, vb, ob, used = _bshd(q), _bshd(k), _bshd(v), out.transpose(1, 2), layout.lengths_int32(seqused_k, q.device)
     with _device_guard(q):
-        _launch_forward(fa, (qb, kb, vb, ob, lse, used), (scale, causal, window_left, window_right, softcap),
+        _launch_forward(fa, (qb, kb, vb, ob, lse, used), tuple(flags),
                         lambda: fa._flash_attn_fwd(
                             qb, kb, vb,
                             seqused_k=used,
-                            softmax_scale=scale,
-                            causal=causal,
-                            softcap=max(softcap, 0.0),
-                            window_size_left=_window(window_left),
-                            window_size_right=_window(window_right),
+                            **_kernel_flags(flags),
                             return_lse=True,
                             out=ob,
                             lse=lse,
                         ))
     return out, lse
+
+
+def left_padding_as_varlen(starts: Tensor, b: int, s: int, banded: bool) -> dict:
+    """FA4's varlen arguments describing a left-padded batch in place, over its [B * S] flattened tokens.
+
+    Sequence b's keys are slots starts[b]..S-1 of its row: segment offset b * S + starts[b], used length
+    S - starts[b] (`cu_seqlens` give offsets, `seqused` lengths: the gaps between segments are the
+    padding, never read). Its queries are the same slots under a band (causal, window), which starts at
+    the first visible key, bottom-right aligned within the segment as in the padded rows; earlier queries
+    see no key and are not computed. With no band, every query sees the segment: all S slots."""
+    rows = torch.arange(b + 1, device=starts.device, dtype=torch.int32) * s
+    cu_k = torch.cat([rows[:-1] + starts.to(torch.int32), rows[-1:]])
+    used = (s - starts).to(torch.int32)
+    return dict(cu_seqlens_q=cu_k if banded else rows, cu_seqlens_k=cu_k, seqused_q=used if banded else None,
+                seqused_k=used, max_seqlen_q=s, max_seqlen_k=s)
+
+
+def _flat(t: Tensor) -> Tensor:
+    """An SDPA-layout [B, H, S, D] tensor as FA4's varlen [B * S, H, D] (a view for [B, S, H, D] storage)."""
+    t = _bshd(t)
+    return t.reshape(t.shape[0] * t.shape[1], *t.shape[2:])
+
+
+def _band(flags: Flags) -> bool:
+    return flags.causal or flags.window_left >= 0 or flags.window_right >= 0
+
+
+def forward_left_padded(q: Tensor, k: Tensor, v: Tensor, starts: Tensor, **flags) -> tuple[Tensor, Tensor]:
+    """FA4 forward of a self-attention (Sq == Sk) whose key mask is left padding, first visible key
+    `starts[b]` (`left_padding_as_varlen`): no copy of Q/K/V, no mask. Query rows that see no key get
+    zeros and an lse of -inf, as the op's contract says."""
+    flags = Flags(**flags)
+    fa = _require()
+    b, hq, s, _ = q.shape
+    out = layout.empty_bhsd(b, hq, s, v.shape[-1], dtype=q.dtype, device=q.device, zero=_band(flags))
+    lse = torch.full((hq, b * s), float("-inf"), dtype=torch.float32, device=q.device)
+    with _device_guard(q):
+        fa._flash_attn_fwd(
+            _flat(q), _flat(k), _flat(v),
+            **left_padding_as_varlen(starts, b, s, _band(flags)),
+            **_kernel_flags(flags),
+            return_lse=True,
+            out=_flat(out),
+            lse=lse,
+        )
+    return out, lse.view(hq, b, s).transpose(0, 1).contiguous()
+
+
+def backward_left_padded(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
+                         grad_lse: Optional[Tensor], starts: Tensor, **flags) -> tuple[Tensor, Tensor, Tensor]:
+    """FA4 backward of `forward_left_padded`; gradients of padded slots are zero."""
+    flags = Flags(**flags)
+    fa = _require()
+    b, hq, s, _ = q.shape
+    grads = [layout.empty_bhsd(*t.shape, dtype=t.dtype, device=t.device, zero=True) for t in (q, k, v)]
+
+    def varlen_lse(t):
+        return None if t is None else t.float().transpose(0, 1).reshape(hq, b * s)
+
+    with _device_guard(q):
+        fa._flash_attn_bwd(
+            _flat(q), _flat(k), _flat(v), _flat(out), _flat(grad_out), varlen_lse(lse),
+            **left_padding_as_varlen(starts, b, s, _band(flags)),
+            **_kernel_flags(flags),
+            dq=_flat(grads[0]),
+            dk=_flat(grads[1]),
+            dv=_flat(grads[2]),
+            dlse=varlen_lse(grad_lse),
+        )
+    return tuple(grads)
+
+
+def _kernel_flags(flags: Flags) -> dict:
+    return dict(softmax_scale=flags.scale, causal=flags.causal, softcap=max(flags.softcap, 0.0),
+                window_size_left=_window(flags.window_left), window_size_right=_window(flags.window_right))
 
 
 def backward(
@@ -322,26 +393,21 @@ def backward(
 ) -> tuple[Tensor, Tensor, Tensor]:
     """FA4 backward: (dq, dk, dv) shaped like q, k, v, each stored as [B, S, H, D]."""
     fa = _require()
-    flags = Flags(**flags)._asdict()
-    scale, causal, window_left, window_right, softcap = flags.values()
+    flags = Flags(**flags)
     # FA4 leaves dk / dv rows past seqused_k unwritten; the op's contract makes them zero.
     grads = [layout.empty_bhsd(*t.shape, dtype=t.dtype, device=t.device, zero=seqused_k is not None and t is not q)
              for t in (q, k, v)]
-    reason = _backward_unsupported_reason(fa._get_device_arch() // 10, q, v, softcap, grad_lse)
+    reason = _backward_unsupported_reason(fa._get_device_arch() // 10, q, v, flags.softcap, grad_lse)
     if reason is not None:
         log.debug("fa4::attention_backward runs the reference: %s", reason)
-        ref = reference.attention_backward(grad_out, q, k, v, out, lse, grad_lse, seqused_k=seqused_k, **flags)
+        ref = reference.attention_backward(grad_out, q, k, v, out, lse, grad_lse, seqused_k=seqused_k, **flags._asdict())
         for g, r in zip(grads, ref):
             g.copy_(r)
         return tuple(grads)
     with _device_guard(q):
         fa._flash_attn_bwd(
             _bshd(q), _bshd(k), _bshd(v), _bshd(out), _bshd(grad_out), lse.float().contiguous(),
-            softmax_scale=scale,
-            causal=causal,
-            softcap=max(softcap, 0.0),
-            window_size_left=_window(window_left),
-            window_size_right=_window(window_right),
+            **_kernel_flags(flags),
             seqused_k=layout.lengths_int32(seqused_k, q.device),
             dq=grads[0].transpose(1, 2),
             dk=grads[1].transpose(1, 2),

@@ -255,26 +255,61 @@ def test_key_mask_must_be_bool_b_by_sk():
     (dict(causal=True), [5, 3], "ones-then-garbage", "dropped"),  # hides nothing below seqused_k
     (dict(), None, "right", "seqused_k"),
     (dict(causal=True), None, "right", "kept"),  # seqused_k would move the causal diagonal
-    (dict(), None, "left", "kept"),
+    (dict(), None, "left", "starts"),
+    (dict(causal=True), None, "left", "starts"),
+    (dict(window_left=1, window_right=0), None, "left", "starts"),
+    (dict(causal=True), [5, 4], "left", "kept"),  # left padding under a cache length: no varlen form
     (dict(), None, "empty-row", "kept"),
+    (dict(causal=True), None, "holes", "kept"),
 ])
 def test_key_masks_that_fa4_can_take_after_all(flags, seqused, mask_kind, expected):
-    """`without_key_mask` reads the mask's contents: the op then routes the call as if it had no key mask."""
+    """`key_mask_form` reads the mask's contents: the op then routes the call as if it had no key mask."""
     full = {**dict(scale=0.3, causal=False, window_left=-1, window_right=-1, softcap=0.0), **flags}
     lengths = torch.tensor([5, 3])
     mask = {"ones": torch.ones(2, 5, dtype=torch.bool),
             "ones-then-garbage": torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 1]], dtype=torch.bool),
             "right": torch.arange(5)[None, :] < lengths[:, None],
             "left": torch.arange(5)[None, :] >= 5 - lengths[:, None],
-            "empty-row": torch.arange(5)[None, :] < torch.tensor([5, 0])[:, None]}[mask_kind]
+            "empty-row": torch.arange(5)[None, :] < torch.tensor([5, 0])[:, None],
+            "holes": torch.tensor([[1, 0, 1, 1, 1], [1, 1, 1, 1, 1]], dtype=torch.bool)}[mask_kind]
     used = None if seqused is None else torch.tensor(seqused, dtype=torch.int32)
     q, k, v = qkv(b=2, sq=5, sk=5, dtype=torch.float64)
-    new_used, new_mask = attention_op.without_key_mask(q, used, mask, full)
-    assert {"dropped": new_mask is None and new_used is used,
-            "seqused_k": new_mask is None and new_used is not None and new_used.tolist() == lengths.tolist(),
-            "kept": new_mask is mask and new_used is used}[expected]
-    out, _ = ATTENTION(q, k, v, new_used, new_mask, **full)  # and it is still the same attention
-    torch.testing.assert_close(out, ATTENTION(q, k, v, used, mask, **full)[0])
+    new_used, new_mask, starts = attention_op.key_mask_form(q, k, used, mask, full)
+    assert {"dropped": lambda: new_mask is None and new_used is used and starts is None,
+            "seqused_k": lambda: new_mask is None and new_used is not None and new_used.tolist() == lengths.tolist(),
+            "starts": lambda: new_mask is None and new_used is None and starts.tolist() == (5 - lengths).tolist(),
+            "kept": lambda: new_mask is mask and new_used is used and starts is None}[expected]()
+    if starts is None:  # and it is still the same attention
+        out, _ = ATTENTION(q, k, v, new_used, new_mask, **full)
+        torch.testing.assert_close(out, ATTENTION(q, k, v, used, mask, **full)[0])
+
+
+@pytest.mark.parametrize("flags", [dict(causal=True), dict(), dict(window_left=2, window_right=0)], ids=str)
+def test_left_padding_as_fa4_varlen_segments(flags):
+    """FA4's varlen arguments for a left-padded batch, run through FA4's semantics on the CPU (sequence b:
+    queries from cu_seqlens_q[b], seqused_q[b] of them (else up to the next offset), keys likewise, masks
+    bottom-right aligned within the segment, other rows untouched), give the op's answer with the padding
+    mask, blind rows zeros."""
+    from fa4_inductor.kernels import fa4
+
+    full = {**dict(scale=0.3, causal=False, window_left=-1, window_right=-1, softcap=0.0), **flags}
+    b, s = 3, 7
+    starts = torch.tensor([0, 2, 7])  # unpadded, padded, all padding
+    q, k, v = qkv(b=b, hq=4, hkv=2, sq=s, sk=s, dtype=torch.float64)
+    args = fa4.left_padding_as_varlen(starts, b, s, banded=bool(flags))
+    flat = [t.transpose(1, 2).reshape(b * s, t.shape[1], t.shape[3]) for t in (q, k, v)]
+    out = torch.zeros(b * s, 4, 16, dtype=torch.float64)
+    for i in range(b):
+        q0, k0 = int(args["cu_seqlens_q"][i]), int(args["cu_seqlens_k"][i])
+        nq = int(args["seqused_q"][i]) if args["seqused_q"] is not None else int(args["cu_seqlens_q"][i + 1]) - q0
+        nk = int(args["seqused_k"][i])
+        if nq == 0 or nk == 0:
+            continue
+        qs, ks, vs = (t[o:o + n].transpose(0, 1)[None] for t, o, n in ((flat[0], q0, nq), (flat[1], k0, nk), (flat[2], k0, nk)))
+        out[q0:q0 + nq] = reference.attention_forward(qs, ks, vs, seqused_k=None, **full)[0][0].transpose(0, 1)
+    mask = torch.arange(s)[None, :] >= starts[:, None]
+    expected, _ = ATTENTION(q, k, v, None, mask, **full)
+    torch.testing.assert_close(out.view(b, s, 4, 16).transpose(1, 2), expected)
 
 
 @pytest.mark.parametrize("flags", [dict(causal=True), dict(), dict(window_left=2, window_right=0)], ids=str)

@@ -354,3 +354,36 @@ def test_key_mask_forward_and_backward(causal, monkeypatch):
     assert fa4_launches, "an all-visible key mask should have gone to FA4"
     ref_out, _ = reference.attention_forward(q64, k64, v64, seqused_k=None, **flags)
     assert_fa_rule("out", out, ref_out, pytorch(q.detach(), k.detach(), v.detach(), **flags))
+
+
+@pytest.mark.parametrize("flags_kind", ["causal", "window", "none"])
+def test_left_padding_runs_fa4_varlen(flags_kind, monkeypatch):
+    """A left-padded key mask on a self-attention goes to FA4 as varlen segments over the padded buffer
+    (no copy of Q/K/V, no mask): forward and backward by the FA rule, blind rows zeros with lse -inf."""
+    b, s = 4, 500
+    q, k, v = qkv(b=b, sq=s, group=4, requires_grad=True)
+    flags = {"causal": attention_flags(128, causal=True), "window": attention_flags(128, window_left=64, window_right=0),
+             "none": attention_flags(128)}[flags_kind]
+    starts = [0, 123, 499, s if flags_kind != "none" else 7]  # the last: all padding (under a band)
+    mask = torch.arange(s, device="cuda")[None, :] >= torch.tensor(starts, device="cuda")[:, None]
+    calls = []
+    for name in ("forward_left_padded", "backward_left_padded"):
+        real = getattr(fa4, name)
+        monkeypatch.setattr(fa4, name, lambda *a, _real=real, _name=name, **kw: calls.append(_name) or _real(*a, **kw))
+    out, lse = ATTENTION(q, k, v, None, mask, **flags)
+    dout = torch.randn_like(out)
+    grads = torch.autograd.grad(out, (q, k, v), dout)
+    assert calls == ["forward_left_padded", "backward_left_padded"], calls
+    q64, k64, v64, dout64 = float64(q, k, v, dout)
+    out64, lse64 = reference.attention_forward(q64, k64, v64, seqused_k=None, key_mask=mask, **flags)
+    refs = reference.attention_backward(dout64, q64, k64, v64, out64, lse64, None, seqused_k=None, key_mask=mask,
+                                        **flags)
+    qp, kp, vp = (t.detach().requires_grad_() for t in (q, k, v))
+    pt_out = eager(qp, kp, vp, None, mask, **flags)[0]
+    assert_fa_rule("out", out, out64, pt_out)
+    for name, g, r, p in zip(("dq", "dk", "dv"), grads, refs, torch.autograd.grad(pt_out, (qp, kp, vp), dout)):
+        assert_fa_rule(name, g, r, p, grad=True)
+    blind = torch.isinf(lse64)
+    assert torch.equal(torch.isinf(lse), blind)
+    assert (out[blind] == 0).all()
+    torch.testing.assert_close(lse[~blind], lse64[~blind].float(), atol=1e-3, rtol=1e-3)
