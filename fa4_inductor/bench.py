@@ -536,7 +536,7 @@ def padded_ms(model, backend_name, tokens, mask, train: bool) -> float:
 
 
 def padded_suite(device="cuda", dtype=torch.bfloat16, batch=4, seqlen=2048, pads=(0, 100, 700, 1500),
-                 attentions=("sdpa", "eager"), model_overrides=None):
+                 attentions=("sdpa", "eager"), passes=("prefill", "train"), model_overrides=None):
     """Yields one table: a left-padded batch (the `attention_mask` generate passes) against the same batch
     without a mask, prefill and a training step, default torch.compile against ours."""
     backends = {"default torch.compile": "inductor", "fa4_inductor": "fa4_inductor"}
@@ -550,7 +550,7 @@ def padded_suite(device="cuda", dtype=torch.bfloat16, batch=4, seqlen=2048, pads
         torch.manual_seed(0)
         model = llama(attention, device, dtype, **(model_overrides or {}))
         tokens, mask = left_padded_batch(model.config.vocab_size, batch, seqlen, pads, device)
-        for train in (False, True):
+        for train in [p == "train" for p in passes]:
             for masked in (True, False):
                 times = {}
                 for name, backend in backends.items():
