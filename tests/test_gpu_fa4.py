@@ -322,18 +322,10 @@ def test_replayed_launches_match_fa4s_entry_point(monkeypatch, mask, seqused):
     torch.testing.assert_close(lse, want_lse, rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("causal", [False, True])
-def test_key_mask_forward_and_backward(causal, monkeypatch):
-    """A padding mask as the op's key_mask on prefill shapes: a left-padded one runs on the SDPA fallback,
-    forward and recomputing backward, by the FA rule; an all-visible one is read on the host and runs FA4."""
-    q, k, v = qkv(b=3, sq=500, group=4, requires_grad=True)
-    flags = attention_flags(128, causal=causal)
-    mask = torch.ones(3, 500, dtype=torch.bool, device="cuda")
-    mask[0, :123] = False  # left padding
-    mask[1, 400:] = False  # right padding
-    name, why = attention_op.kernel_for(q, k, v, mask, **flags)
-    assert name == "sdpa" and "key mask" in why, why
-    out, _ = ATTENTION(q, k, v, None, mask, **flags)
+def key_mask_call_by_fa_rule(q, k, v, mask, flags):
+    """`fa4::attention` with a key mask, forward and backward, by the FA rule against float64; (out, lse,
+    the reference lse)."""
+    out, lse = ATTENTION(q, k, v, None, mask, **flags)
     dout = torch.randn_like(out)
     grads = torch.autograd.grad(out, (q, k, v), dout)
     q64, k64, v64, dout64 = float64(q, k, v, dout)
@@ -345,6 +337,22 @@ def test_key_mask_forward_and_backward(causal, monkeypatch):
     assert_fa_rule("out", out, out64, pt_out)
     for name, g, r, p in zip(("dq", "dk", "dv"), grads, refs, torch.autograd.grad(pt_out, (qp, kp, vp), dout)):
         assert_fa_rule(name, g, r, p, grad=True)
+    return out, lse, lse64
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_key_mask_forward_and_backward(causal, monkeypatch):
+    """A padding mask as the op's key_mask on prefill shapes: one with left- and right-padded rows runs on the
+    SDPA fallback,
+    forward and recomputing backward, by the FA rule; an all-visible one is read on the host and runs FA4."""
+    q, k, v = qkv(b=3, sq=500, group=4, requires_grad=True)
+    flags = attention_flags(128, causal=causal)
+    mask = torch.ones(3, 500, dtype=torch.bool, device="cuda")
+    mask[0, :123] = False  # left padding
+    mask[1, 400:] = False  # right padding
+    name, why = attention_op.kernel_for(q, k, v, mask, **flags)
+    assert name == "sdpa" and "key mask" in why, why
+    key_mask_call_by_fa_rule(q, k, v, mask, flags)
 
     ones = torch.ones(3, 500, dtype=torch.bool, device="cuda")
     fa4_launches = []
@@ -352,7 +360,7 @@ def test_key_mask_forward_and_backward(causal, monkeypatch):
     monkeypatch.setattr(fa4, "forward", lambda *a, **kw: fa4_launches.append(1) or real_forward(*a, **kw))
     out, _ = ATTENTION(q.detach(), k.detach(), v.detach(), None, ones, **flags)
     assert fa4_launches, "an all-visible key mask should have gone to FA4"
-    ref_out, _ = reference.attention_forward(q64, k64, v64, seqused_k=None, **flags)
+    ref_out, _ = reference.attention_forward(*float64(q, k, v), seqused_k=None, **flags)
     assert_fa_rule("out", out, ref_out, pytorch(q.detach(), k.detach(), v.detach(), **flags))
 
 
@@ -370,19 +378,8 @@ def test_left_padding_runs_fa4_varlen(flags_kind, monkeypatch):
     for name in ("forward_left_padded", "backward_left_padded"):
         real = getattr(fa4, name)
         monkeypatch.setattr(fa4, name, lambda *a, _real=real, _name=name, **kw: calls.append(_name) or _real(*a, **kw))
-    out, lse = ATTENTION(q, k, v, None, mask, **flags)
-    dout = torch.randn_like(out)
-    grads = torch.autograd.grad(out, (q, k, v), dout)
+    out, lse, lse64 = key_mask_call_by_fa_rule(q, k, v, mask, flags)
     assert calls == ["forward_left_padded", "backward_left_padded"], calls
-    q64, k64, v64, dout64 = float64(q, k, v, dout)
-    out64, lse64 = reference.attention_forward(q64, k64, v64, seqused_k=None, key_mask=mask, **flags)
-    refs = reference.attention_backward(dout64, q64, k64, v64, out64, lse64, None, seqused_k=None, key_mask=mask,
-                                        **flags)
-    qp, kp, vp = (t.detach().requires_grad_() for t in (q, k, v))
-    pt_out = eager(qp, kp, vp, None, mask, **flags)[0]
-    assert_fa_rule("out", out, out64, pt_out)
-    for name, g, r, p in zip(("dq", "dk", "dv"), grads, refs, torch.autograd.grad(pt_out, (qp, kp, vp), dout)):
-        assert_fa_rule(name, g, r, p, grad=True)
     blind = torch.isinf(lse64)
     assert torch.equal(torch.isinf(lse), blind)
     assert (out[blind] == 0).all()
