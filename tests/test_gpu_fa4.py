@@ -343,8 +343,8 @@ def key_mask_call_by_fa_rule(q, k, v, mask, flags):
 @pytest.mark.parametrize("causal", [False, True])
 def test_key_mask_forward_and_backward(causal, monkeypatch):
     """A padding mask as the op's key_mask on prefill shapes: one with left- and right-padded rows runs on the
-    SDPA fallback,
-    forward and recomputing backward, by the FA rule; an all-visible one is read on the host and runs FA4."""
+    SDPA fallback, forward and recomputing backward, by the FA rule; an all-visible one is read on the host
+    and runs FA4."""
     q, k, v = qkv(b=3, sq=500, group=4, requires_grad=True)
     flags = attention_flags(128, causal=causal)
     mask = torch.ones(3, 500, dtype=torch.bool, device="cuda")
