@@ -20,6 +20,8 @@ Suites (`--suite`, comma-separated; all by default):
 - `padded`: the same model on a left-padded batch of 4 x 2048 (0/100/700/1500 pad tokens, the
   `attention_mask` generate passes) and on that batch without a mask: prefill and a training step
   (`use_cache=False`, labels, backward), default `torch.compile` against ours.
+- `train`: the same model's training step at batch 1 x 4096 tokens (`use_cache=False`, labels,
+  backward), eager and sdpa attention code: ms and peak memory, default `torch.compile` against ours.
 
 Results print as markdown tables; `--out FILE` writes them (with the date, GPU, versions and the
 command) and `--plot FILE.png` draws the op suite. Functions here take a `device` so the CPU test
@@ -42,7 +44,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-SUITES = ("op", "overhead", "decode", "e2e", "generate", "padded")
+SUITES = ("op", "overhead", "decode", "e2e", "generate", "padded", "train")
 
 
 @dataclass
@@ -568,6 +570,35 @@ def padded_suite(device="cuda", dtype=torch.bfloat16, batch=4, seqlen=2048, pads
     yield table
 
 
+def train_suite(device="cuda", dtype=torch.bfloat16, seqlen=4096, model_overrides=None):
+    """Yields one table: a training step (forward with labels and `use_cache=False`, as training scripts
+    call it, then backward) at batch 1, default torch.compile against ours, eager and sdpa attention code."""
+    backends = {"default torch.compile": "inductor", "fa4_inductor": "fa4_inductor"}
+    table = Table("Llama-1B-shaped HF model, a training step (ms, lower is better)",
+                  ["attention code", "tokens", *backends, "speedup", "peak GiB, default", "peak GiB, ours"],
+                  note=f"{dtype}, batch 1, `model(ids, labels=ids, use_cache=False).loss.backward()` in train mode; "
+                       "median of 5 after a compile; peak memory of the timed steps.")
+    for attention in ("eager", "sdpa"):
+        torch.manual_seed(0)
+        model = llama(attention, device, dtype, **(model_overrides or {}))
+        tokens = torch.randint(0, model.config.vocab_size, (1, seqlen), generator=torch.Generator().manual_seed(0))
+        tokens = tokens.to(device)
+        times, peaks = {}, {}
+        for name, backend in backends.items():
+            torch._dynamo.reset()
+            if device == "cuda":
+                torch.cuda.empty_cache()
+                torch.cuda.reset_peak_memory_stats()
+            times[name] = _attempt(f"train {attention} {name}", lambda: padded_ms(model, backend, tokens, None, True))
+            peaks[name] = torch.cuda.max_memory_allocated() / 2**30 if device == "cuda" else float("nan")
+        base, ours = times.values()
+        table.rows.append([attention, seqlen, "failed" if base is None else base, "failed" if ours is None else ours,
+                           _ratio(base, ours), *peaks.values()])
+        del model
+    torch._dynamo.reset()
+    yield table
+
+
 # ------------------------------------------------------------------------------------------ output
 
 
@@ -633,7 +664,7 @@ def main(argv=None) -> int:
     for suite in suites:
         started = time.perf_counter()
         produced = {"op": op_suite, "overhead": overhead_suite, "decode": decode_suite, "e2e": e2e_suite,
-                    "generate": generate_suite, "padded": padded_suite}[suite]()
+                    "generate": generate_suite, "padded": padded_suite, "train": train_suite}[suite]()
         for table in [produced] if isinstance(produced, Table) else produced:
             tables.append(table)
             print(table.markdown(), flush=True)

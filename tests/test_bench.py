@@ -63,8 +63,9 @@ def test_generate_suite_runs_hf_generate_with_each_backend():
     assert all(float(row[-1]) < 1e-4 for row in table.rows), table.rows
 
 
-def test_padded_suite_runs_prefill_and_training(monkeypatch):
-    """Every row of the padded suite is measured (Inductor left out: the code path is what is tested here)."""
+def without_inductor(monkeypatch):
+    """The suites' compiles and timing replaced by Dynamo with our rewrites (or none) and one call: the code
+    paths are what the CPU tests check."""
     import fa4_inductor
 
     def compile_without_inductor(model_fn, backend_name, **kwargs):
@@ -72,10 +73,21 @@ def test_padded_suite_runs_prefill_and_training(monkeypatch):
         return torch.compile(model_fn, backend=chosen)
 
     monkeypatch.setattr(bench, "_compile", compile_without_inductor)
-    monkeypatch.setattr(bench, "_host_ms", lambda fn, repeats=5: fn() and 1.0 or 1.0)  # one call, no timing
-    tiny = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=4,
+    monkeypatch.setattr(bench, "_host_ms", lambda fn, repeats=5: fn() and 1.0 or 1.0)
+    return dict(hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=4,
                 num_key_value_heads=2, vocab_size=128, max_position_embeddings=256)
+
+
+def test_padded_suite_runs_prefill_and_training(monkeypatch):
+    tiny = without_inductor(monkeypatch)
     (table,) = bench.padded_suite("cpu", torch.float32, batch=4, seqlen=16, attentions=("sdpa",), model_overrides=tiny)
     assert "failed" not in table.markdown(), table.markdown()
     assert [row[:3] for row in table.rows] == [["sdpa", "prefill", "left-padded"], ["sdpa", "prefill", "no mask"],
                                                ["sdpa", "train", "left-padded"], ["sdpa", "train", "no mask"]]
+
+
+def test_train_suite_runs_a_training_step_per_attention_code(monkeypatch):
+    tiny = without_inductor(monkeypatch)
+    (table,) = bench.train_suite("cpu", torch.float32, seqlen=16, model_overrides=tiny)
+    assert "failed" not in table.markdown(), table.markdown()
+    assert [row[:2] for row in table.rows] == [["eager", 16], ["sdpa", 16]]
