@@ -34,6 +34,7 @@ top-left and bottom-right alignment agree, otherwise attention.py adds seqused_k
 from __future__ import annotations
 
 import math
+import operator
 from dataclasses import dataclass
 
 import torch
@@ -41,10 +42,13 @@ from torch.fx import Node
 from torch.fx.experimental.symbolic_shapes import guard_or_false
 
 from .spellings import (ADD, AND, ARANGE, CAST, CONTIGUOUS, EQ, EXPAND, FULL, GE, GETITEM, GT, LE, LOGICAL_NOT, LT,
-                        MASKED_FILL, MUL, NE, ONES, RESHAPE, SUB, TENSOR, TRIL, TRIU, UNSQUEEZE, WHERE, ZEROS, arg,
-                        is_large_negative, normalize_dim, same_size, scalar, shape, value)
+                        MASKED_FILL, MUL, NE, ONES, RESHAPE, SUB, TENSOR, TRIL, TRIU, UNSQUEEZE, WHERE, ZEROS, Spelling,
+                        arg, is_large_negative, normalize_dim, same_size, scalar, shape, value)
 
 INF = math.inf
+DIFF = Spelling((torch.diff,), ("diff",))
+CUMSUM = Spelling((torch.cumsum,), ("cumsum",))
+FLOOR_DIVIDE = Spelling((operator.floordiv, torch.floor_divide), ("floor_divide", "__floordiv__"))
 
 
 class MaskNotUnderstood(Exception):
@@ -199,9 +203,7 @@ def _position(node, constants) -> Position | None:
     if not isinstance(node, Node):
         return None
     if ARANGE(node):
-        if len(node.args) != 1 or any(k in node.kwargs for k in ("start", "step")):
-            return None
-        return Position(0)
+        return _arange(node)
     if (ADD(node) or SUB(node)) and scalar(node.args[1]) is not None:
         inner = _position(node.args[0], constants)
         c = scalar(node.args[1])
@@ -214,15 +216,57 @@ def _position(node, constants) -> Position | None:
             if inner is not None and inner.axis is None and inner.start is None and _integer_scalar(b):
                 return Position(inner.offset, None, b)
         return None
+    if GETITEM(node) and (gathered := _gathered_position(node, constants)) is not None:
+        return gathered
     if GETITEM(node) or UNSQUEEZE(node) or EXPAND(node):
         inner = _position(node.args[0], constants)
         if inner is None:
             return None
         if inner.axis is None:
             return None if EXPAND(node) else _placed(node, inner)
+        if EXPAND(node):
+            return inner if _keeps_axis(node, node.args[0], inner.axis) else None
         leading_only = not GETITEM(node) or _top_left_slice(node.args[1])
         return inner if leading_only and _keeps_last_two_dims(node, node.args[0]) else None
     return None
+
+
+def _arange(node: Node) -> Position | None:
+    """`arange(end)` or `arange(start, end)` with step 1: positions from start (an int, or a SymInt: a cache
+    length under dynamic shapes)."""
+    args = list(node.args) + [node.kwargs[k] for k in ("start", "end") if k in node.kwargs]
+    step = node.args[2] if len(node.args) > 2 else node.kwargs.get("step", 1)
+    if step != 1 or len(args) not in (1, 2):
+        return None
+    if len(args) == 1:
+        return Position(0)
+    start = args[0]
+    if isinstance(start, int):
+        return Position(start)
+    return Position(0, None, start) if isinstance(value(start), torch.SymInt) else None
+
+
+def _gathered_position(node: Node, constants) -> Position | None:
+    """Positions read from a table of positions at positions (HF's `remap_positions_for_packed_sequence`):
+
+        table = (arange(L) + c)[None, :].expand(B, -1)        # table[b, l] = l + c in every row
+        table[batch_indices, idx]                             # idx: arange(n) + d laid along an axis, d >= 0
+
+    is idx + c on idx's axis, whatever batch_indices picks (every row is the same). idx counts up from a
+    non-negative constant, so no index wraps around."""
+    index = node.args[1]
+    if not (isinstance(index, tuple) and len(index) == 2 and all(isinstance(i, Node) for i in index)):
+        return None
+    table = _position(node.args[0], constants)
+    batch, idx = index
+    picked = _position(idx, constants)
+    if (table is None or table.axis != -1 or len(shape(node.args[0])) != 2 or picked is None
+            or picked.axis is None or picked.start is not None or picked.offset < 0
+            or value(batch).dtype.is_floating_point or value(batch).dtype == torch.bool):
+        return None
+    if len(shape(node)) < -picked.axis or not same_size(shape(node)[picked.axis], shape(idx)[picked.axis]):
+        return None
+    return Position(table.offset + picked.offset, picked.axis, table.start)
 
 
 def _placed(node: Node, inner: Position) -> Position | None:
@@ -271,6 +315,13 @@ def _describe(node) -> str:
         return repr(node)
     target = node.target if isinstance(node.target, str) else getattr(node.target, "__name__", str(node.target))
     return f"{target} ({node.name})"
+
+
+def _keeps_axis(node: Node, source, axis: int) -> bool:
+    """node (an expand of source) has source's size along axis: a position laid along it keeps its values."""
+    if not isinstance(source, Node) or min(len(shape(node)), len(shape(source))) < -axis:
+        return False
+    return same_size(shape(node)[axis], shape(source)[axis])
 
 
 def _keeps_last_two_dims(node: Node, source) -> bool:
@@ -371,6 +422,24 @@ def evaluate(node, constants: dict) -> TwoValued:
             return _compare_to_constant(node, a, scalar(node.args[1]), True)
         if b is not None and scalar(node.args[0]) is not None:
             return _compare_to_constant(node, b, scalar(node.args[0]), False)
+        if not EQ(node):
+            raise MaskNotUnderstood(f"{_describe(node)} compares {_not_positions(node.args[:2], constants)}")
+    if (EQ(node) or NE(node)) and all(isinstance(x, Node) for x in node.args[:2]):
+        a, b = (evaluate(x, constants) for x in node.args[:2])
+        if not (a.uniform and b.uniform):
+            raise MaskNotUnderstood(f"{_describe(node)} compares two tensors that are not constant")
+        same = a.inside == b.inside
+        return _uniform(same if EQ(node) else not same)
+    if DIFF(node):
+        return _coerce(node, _uniform(_position_steps(node, constants)))
+    if CUMSUM(node):
+        x = evaluate(node.args[0], constants)
+        if not (x.uniform and x.inside == 0):
+            raise MaskNotUnderstood(f"{_describe(node)} of a tensor that is not all zeros")
+        return _coerce(node, _uniform(0))
+    if FLOOR_DIVIDE(node):
+        raise MaskNotUnderstood(f"{_describe(node)} divides positions into blocks (chunked attention): "
+                                "blocks along the diagonal are not a band")
     if AND(node):
         a, b = (evaluate(x, constants) for x in node.args[:2])
         if not (a.boolean and b.boolean):
@@ -415,16 +484,75 @@ def evaluate(node, constants: dict) -> TwoValued:
                     return _coerce(node, tv)
             raise MaskNotUnderstood(f"{_describe(node)} changes the last two mask dims")
         return _coerce(node, evaluate(source, constants))
+    if GETITEM(node) and _tensor_entries(node.args[1]) and (picked := _constant(node.args[0], constants)) is not None:
+        return _coerce(node, picked)  # any entries of a constant tensor
     if GETITEM(node) and (keys := _key_lookup(node, constants)) is not None:
         return _coerce(node, TwoValued(Band(keys=keys), 1, 0))
     if GETITEM(node) and (rows := _row_gather(node, constants)) is not None:
         return rows
     if GETITEM(node):
         source = node.args[0]
-        if not _top_left_slice(node.args[1]) or len(shape(node)) < 2:
-            raise MaskNotUnderstood(f"{_describe(node)} indexes the mask by something other than leading slices")
-        return _coerce(node, evaluate(source, constants))
+        if _top_left_slice(node.args[1]) and len(shape(node)) >= 2:
+            return _coerce(node, evaluate(source, constants))
+        raise MaskNotUnderstood(f"{_describe(node)} indexes the mask by something other than leading slices")
     raise MaskNotUnderstood(f"the mask is built by {_describe(node)}, which is not understood")
+
+
+def _constant(node, constants) -> TwoValued | None:
+    """The value of a tensor proven to hold one value everywhere, None if it is not one."""
+    try:
+        tv = evaluate(node, constants)
+    except MaskNotUnderstood:
+        return None
+    return tv if tv.uniform else None
+
+
+def _position_steps(node: Node, constants) -> int:
+    """1: the steps between consecutive positions along their axis (HF's `find_packed_sequence_indices`):
+
+        torch.diff(p, dim=-1)                                  p: positions along the last dim
+        torch.diff(p, prepend=p[:, :1] - 1, dim=-1)            the first step counted from one before p's start
+    """
+    p = _position(node.args[0], constants)
+    n, dim = arg(node, 1, "n", 1), arg(node, 2, "dim", -1)
+    prepend, append = arg(node, 3, "prepend", None), arg(node, 4, "append", None)
+    ndim = len(shape(node.args[0]))
+    if p is None or p.axis is None or n != 1 or append is not None or normalize_dim(dim, ndim) != ndim + p.axis:
+        raise MaskNotUnderstood(f"{_describe(node)} of {_not_positions(node.args[:1], constants)}")
+    if prepend is not None and not _one_before_first(prepend, p, constants):
+        raise MaskNotUnderstood(f"{_describe(node)} prepends something other than the position before the first")
+    return 1
+
+
+def _one_before_first(node, p: Position, constants) -> bool:
+    """node is `q[..., :1] - 1` of positions q equal to p (laid along the last dim): the position before p's first."""
+    if not (SUB(node) and scalar(node.args[1]) == 1 and GETITEM(node.args[0])):
+        return False
+    first, index = node.args[0].args
+    index = index if isinstance(index, tuple) else (index,)
+    return (p.axis == -1 and _position(first, constants) == p and len(index) == len(shape(first))
+            and all(i == slice(None) for i in index[:-1]) and index[-1] in (slice(None, 1), slice(0, 1)))
+
+
+def _not_positions(operands, constants) -> str:
+    """Why operands are not positions: the graph inputs their values come from, if any."""
+    inputs = sorted({n.name for x in operands if isinstance(x, Node) for n in _graph_inputs(x) if n not in constants})
+    if inputs:
+        return f"values read from the graph input {', '.join(inputs)}, not positions proven from the graph"
+    return "values that are not positions proven from the graph"
+
+
+def _graph_inputs(node: Node) -> set:
+    seen, work, found = set(), [node], set()
+    while work:
+        n = work.pop()
+        if n in seen:
+            continue
+        seen.add(n)
+        if n.op == "placeholder":
+            found.add(n)
+        work.extend(n.all_input_nodes)
+    return found
 
 
 def _tensor_entries(index) -> list:
@@ -441,7 +569,7 @@ def _key_lookup(node: Node, constants) -> KeyMask | None:
         return None
     if index == (slice(None), None, None, slice(None)):
         return KeyMask(m)
-    if len(index) != 2 or not all(isinstance(i, Node) for i in index):
+    if len(index) != 2 or not all(isinstance(i, Node) for i in index) or value(m).dtype != torch.bool:
         return None
     batch, keys = index
     kv = _position(keys, constants)
