@@ -74,11 +74,12 @@ class Shift:
 @dataclass(frozen=True)
 class KeyMask:
     """A [B, L] run-time tensor of visible key positions (an `attention_mask`): key slot j is visible in
-    sequence b when node[b, start + j] != 0; `start` is a SymInt key offset (HF's sliding-window cache) or None.
+    sequence b when node[b, start + j] != 0; `start` is a key offset (HF's sliding-window cache: an int, or a
+    SymInt under dynamic shapes) or None.
     `plane`: node is a boolean [B, 1, 1, L] graph input, read as node[:, 0, 0, :]."""
 
     node: Node
-    start: Node | None = None
+    start: Node | int | None = None
     plane: bool = False
 
 
@@ -425,9 +426,10 @@ def evaluate(node, constants: dict) -> TwoValued:
         if not EQ(node):
             raise MaskNotUnderstood(f"{_describe(node)} compares {_not_positions(node.args[:2], constants)}")
     if (EQ(node) or NE(node)) and all(isinstance(x, Node) for x in node.args[:2]):
-        a, b = (evaluate(x, constants) for x in node.args[:2])
-        if not (a.uniform and b.uniform):
-            raise MaskNotUnderstood(f"{_describe(node)} compares two tensors that are not constant")
+        a, b = (_constant(x, constants) for x in node.args[:2])
+        if a is None or b is None:
+            raise MaskNotUnderstood(f"{_describe(node)} compares {_not_positions(node.args[:2], constants)}, "
+                                    "nor constants")
         same = a.inside == b.inside
         return _uniform(same if EQ(node) else not same)
     if DIFF(node):
@@ -561,8 +563,8 @@ def _tensor_entries(index) -> list:
 
 def _key_lookup(node: Node, constants) -> KeyMask | None:
     """The key mask when node reads a run-time [B, Sk] mask m broadcast over queries: m[:, None, None, :]
-    (BERT-style) or m[arange(B)[:, None, None, None], kv_positions] (HF masking_utils; key positions from 0, or
-    from a SymInt offset in a sliding-window cache)."""
+    (BERT-style) or m[arange(B)[:, None, None, None], kv_positions] (HF masking_utils, m boolean; key positions
+    from 0, or from an offset in a sliding-window cache: an int, or a SymInt under dynamic shapes)."""
     m = node.args[0]
     index = node.args[1] if isinstance(node.args[1], tuple) else (node.args[1],)
     if not isinstance(m, Node) or len(shape(m)) != 2 or len(shape(node)) != 4:
@@ -573,15 +575,18 @@ def _key_lookup(node: Node, constants) -> KeyMask | None:
         return None
     batch, keys = index
     kv = _position(keys, constants)
-    if kv is None or kv.axis != -1 or kv.offset != 0 or isinstance(value(kv.start), torch.Tensor):
+    if kv is None or kv.axis != -1 or kv.offset < 0 or isinstance(value(kv.start), torch.Tensor):
         return None
+    if kv.start is not None and kv.offset != 0:
+        return None
+    start = kv.start if kv.start is not None else (kv.offset or None)
     # The key count may be symbolic while the mask's length is not (automatic dynamic shapes marked the cache
     # dynamic first): eager indexing needs them equal, so the graph is guarded on it.
     if not (GETITEM(batch) and batch.args[1] == (slice(None), None, None, None) and ARANGE(batch.args[0])
             and same_size(shape(batch)[0], shape(m)[0])
-            and (kv.start is not None or guard_or_false(shape(keys)[-1] == shape(m)[1]))):
+            and (start is not None or guard_or_false(shape(keys)[-1] == shape(m)[1]))):
         return None
-    return KeyMask(m, kv.start)
+    return KeyMask(m, start)
 
 
 def _row_gather(node: Node, constants) -> TwoValued | None:
