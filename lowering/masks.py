@@ -426,10 +426,7 @@ def evaluate(node, constants: dict) -> TwoValued:
         if not EQ(node):
             raise MaskNotUnderstood(f"{_describe(node)} compares {_not_positions(node.args[:2], constants)}")
     if (EQ(node) or NE(node)) and all(isinstance(x, Node) for x in node.args[:2]):
-        a, b = (_constant(x, constants) for x in node.args[:2])
-        if a is None or b is None:
-            raise MaskNotUnderstood(f"{_describe(node)} compares {_not_positions(node.args[:2], constants)}, "
-                                    "nor constants")
+        a, b = (_compared_constant(node, x, constants) for x in node.args[:2])
         same = a.inside == b.inside
         return _uniform(same if EQ(node) else not same)
     if DIFF(node):
@@ -507,6 +504,16 @@ def _constant(node, constants) -> TwoValued | None:
     except MaskNotUnderstood:
         return None
     return tv if tv.uniform else None
+
+
+def _compared_constant(node: Node, operand: Node, constants) -> TwoValued:
+    """An operand of the comparison node that is neither a position nor a number, proven to be one value."""
+    if any(n not in constants for n in _graph_inputs(operand)):
+        raise MaskNotUnderstood(f"{_describe(node)} compares {_not_positions([operand], constants)}")
+    tv = evaluate(operand, constants)
+    if not tv.uniform:
+        raise MaskNotUnderstood(f"{_describe(node)} compares a mask that is not one value everywhere")
+    return tv
 
 
 def _position_steps(node: Node, constants) -> int:
