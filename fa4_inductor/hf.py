@@ -9,6 +9,7 @@ the model has GQA, sliding window 4 where it has one) so a CPU builds and runs i
 
 from __future__ import annotations
 
+import inspect
 import os
 from dataclasses import dataclass
 
@@ -58,8 +59,9 @@ class Tiny:
             prompt, token = self.inputs(seq=12)["input_ids"], self.inputs(seq=1)["input_ids"]
             padded = self.inputs(seq=12, padding=True)
             padded["attention_mask"] = padded["attention_mask"].flip(-1)
-            return [("prefill", {"input_ids": prompt, "past_key_values": cache, "use_cache": True}),
-                    ("decode", {"input_ids": token, "past_key_values": cache, "use_cache": True}),
+            keyword = cache_keyword(self.model)
+            return [("prefill", {"input_ids": prompt, keyword: cache, "use_cache": True}),
+                    ("decode", {"input_ids": token, keyword: cache, "use_cache": True}),
                     ("prefill, left-padded", padded)]
         if self.kind == "vision":
             return [("forward", self.inputs())]
@@ -68,6 +70,12 @@ class Tiny:
     def forward(self, **kwargs) -> torch.Tensor:
         out = self.model(**kwargs)
         return out.logits if hasattr(out, "logits") else out.last_hidden_state
+
+
+def cache_keyword(model) -> str:
+    """The keyword a transformers model's forward takes its KV cache by: `cache` in the newest releases (which
+    warn that `past_key_values` will be removed), `past_key_values` before."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 
 def _kind(config) -> str:

@@ -65,13 +65,14 @@ def generate_with_static_cache(forward, model, prompt, steps, capacity=16, atten
     from transformers import StaticCache
 
     cache = StaticCache(config=model.config, max_cache_len=capacity)
+    keyword = hf.cache_keyword(model)
 
     def mask(length):
         return {"attention_mask": torch.ones(prompt.shape[0], length, dtype=torch.long)} if attention_mask else {}
 
-    logits = [forward(input_ids=prompt, past_key_values=cache, use_cache=True, **mask(prompt.shape[1]))]
+    logits = [forward(input_ids=prompt, **{keyword: cache}, use_cache=True, **mask(prompt.shape[1]))]
     for t, token in enumerate(steps.unbind(1)):
-        logits.append(forward(input_ids=token[:, None], past_key_values=cache, use_cache=True,
+        logits.append(forward(input_ids=token[:, None], **{keyword: cache}, use_cache=True,
                               **mask(prompt.shape[1] + t + 1)))
     return logits, cache
 
