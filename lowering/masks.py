@@ -552,13 +552,14 @@ def _not_positions(operands, constants) -> str:
 
 
 def _graph_inputs(node: Node) -> set:
+    """The tensor graph inputs node's value is computed from (sizes, SymInt inputs under dynamic shapes, are not data)."""
     seen, work, found = set(), [node], set()
     while work:
         n = work.pop()
         if n in seen:
             continue
         seen.add(n)
-        if n.op == "placeholder":
+        if n.op == "placeholder" and isinstance(value(n), torch.Tensor):
             found.add(n)
         work.extend(n.all_input_nodes)
     return found

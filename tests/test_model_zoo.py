@@ -12,19 +12,11 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from fa4_inductor import hf
-from helpers import Recorder
+from helpers import Recorder, compile_and_run, tiny
 
 DECODERS = ["llama", "mistral", "qwen2", "qwen3", "gemma2", "phi3", "gpt_neox", "gpt2"]
 ENCODERS = ["bert", "roberta", "vit", "bart"]  # bart: encoder, causal decoder, cross-attention
 IMPLEMENTATIONS = ["eager", "sdpa"]
-
-
-def tiny(name, attn_implementation):
-    pytest.importorskip("transformers")
-    try:
-        return hf.build(name, attn_implementation)
-    except ValueError as e:  # e.g. Gemma2 has no sdpa attention in some transformers versions
-        pytest.skip(str(e)[:120])
 
 
 def prefill_cases():
@@ -35,14 +27,6 @@ def prefill_cases():
                 yield pytest.param(name, impl, "right", id=f"{name}-{impl}-padded")
             if name in DECODERS:
                 yield pytest.param(name, impl, "left", id=f"{name}-{impl}-left-padded")
-
-
-def compile_and_run(fn, kwargs, **options):
-    torch._dynamo.reset()
-    recorder = Recorder(**options)
-    with torch.no_grad():
-        got = torch.compile(fn, backend=recorder)(**kwargs)
-    return recorder, got
 
 
 @pytest.mark.parametrize("name, impl, padding", prefill_cases())

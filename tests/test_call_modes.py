@@ -1,0 +1,296 @@
+"""HF decoders reach `fa4::attention` in every way training, evaluation and generation call them: with
+`use_cache=False` (training scripts, eval loops, embedding code) or True, with or without `position_ids`,
+with no `attention_mask` or one that is all ones, left- or right-padded or holed, in a training step with
+labels, and over growing sequence lengths (automatic dynamic shapes) or under `dynamic=True`.
+
+HF builds a different mask in each mode (transformers' `masking_utils`), and masks.py proves each one:
+
+    use_cache=False, no attention_mask   causal (or sliding window) on positions read back from the in-graph
+                                         position table `position_ids[b, q_idx]`, and HF's packed-sequence
+                                         ids of those positions (`cumsum(diff(position_ids) != 1)`), constant
+    with an attention_mask               the band on `arange` positions, and the mask as a key mask
+    use_cache=True                       the band at the cache's offset (a SymInt once lengths are dynamic)
+
+Each test counts the op's calls (every attention layer of every compiled graph) and compares with eager
+in float32 (the rewritten graph runs eagerly: the op's CPU reference); the training tests also compare
+the loss and every parameter's gradient. Decoders whose families are only cheap extras run under the
+`slow` marker (`-m "not slow"` skips them while iterating).
+"""
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from fa4_inductor import hf
+from helpers import Recorder, compile_and_run, tiny
+
+FAMILIES = ["llama", "qwen3", "mistral", "gemma2"]  # gemma2: softcap, sliding and full layers; eager code only
+EXTRA_FAMILIES = ["qwen2", "phi3", "gpt_neox", "gpt2"]  # training steps only, under the slow marker
+IMPLEMENTATIONS = ["eager", "sdpa"]
+PADDING = ["ones", "left", "right", "holes"]
+
+
+def decoders(names):
+    for name in names:
+        marks = [pytest.mark.slow] if name in EXTRA_FAMILIES else []
+        for impl in IMPLEMENTATIONS:
+            yield pytest.param(name, impl, id=f"{name}-{impl}", marks=marks)
+
+
+def padding_mask(kind: str, batch: int, seq: int) -> torch.Tensor:
+    """An attention_mask: all ones, row 1 left- or right-padded by 3, or holes in both rows."""
+    mask = torch.ones(batch, seq, dtype=torch.long)
+    if kind == "left":
+        mask[1, :3] = 0
+    elif kind == "right":
+        mask[1, -3:] = 0
+    elif kind == "holes":
+        mask[0, 2] = 0
+        mask[1, 4:6] = 0
+    return mask
+
+
+def assert_every_layer_rewritten(recorder: Recorder, model, graphs: int | None = 1):
+    """Every attention layer of each of `graphs` compiled graphs (None: any number of graphs, the layers split
+    between them by graph breaks) is rewritten."""
+    if graphs is not None:
+        assert len(recorder.graphs) == graphs, [str(r) for r in recorder.records]
+    assert recorder.count() == (graphs or 1) * model.attention_layers, [str(r) for r in recorder.records]
+    assert not recorder.reasons, recorder.reasons
+
+
+def assert_matches_eager(compiled, model, kwargs):
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(**kwargs), model.forward(**kwargs), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("name, impl", decoders(FAMILIES))
+def test_without_cache(name, impl):
+    """`use_cache=False` without an attention_mask: the positions come back through HF's position table."""
+    model = tiny(name, impl)
+    kwargs = {**model.inputs(), "use_cache": False}
+    recorder, got = compile_and_run(model.forward, kwargs)
+    assert_every_layer_rewritten(recorder, model)
+    with torch.no_grad():
+        torch.testing.assert_close(got, model.forward(**kwargs), atol=1e-5, rtol=1e-5)
+
+
+PADDED_CALLS = [*(pytest.param(name, impl, False, id=f"{name}-{impl}-no-cache") for name in FAMILIES
+                  for impl in IMPLEMENTATIONS),
+                # With a cache, test_model_zoo's prefill tests cover left and right padding in every family.
+                pytest.param("llama", "eager", True, id="llama-eager-cache"),
+                pytest.param("mistral", "sdpa", True, id="mistral-sdpa-cache")]
+
+
+@pytest.mark.parametrize("name, impl, use_cache", PADDED_CALLS)
+def test_padding_masks(name, impl, use_cache):
+    """One graph for every attention_mask (all ones, left, right, holes): the band, and the mask as a key mask."""
+    model = tiny(name, impl)
+    torch._dynamo.reset()
+    recorder = Recorder()
+    compiled = torch.compile(model.forward, backend=recorder)
+    for kind in PADDING:
+        kwargs = model.inputs()
+        kwargs.update(attention_mask=padding_mask(kind, 2, kwargs["input_ids"].shape[1]), use_cache=use_cache)
+        assert_matches_eager(compiled, model, kwargs)
+    assert_every_layer_rewritten(recorder, model)
+
+
+POSITION_MODES = {
+    "no-cache-with-mask": dict(use_cache=False, attention_mask="ones"),
+    "no-cache-left-padded": dict(use_cache=False, attention_mask="left"),
+    "cache": dict(use_cache=True),
+    "cache-holes": dict(use_cache=True, attention_mask="holes"),
+}
+POSITION_CALLS = [*(pytest.param("llama", "sdpa", mode, id=f"llama-sdpa-{mode}") for mode in POSITION_MODES),
+                  pytest.param("llama", "eager", "no-cache-left-padded", id="llama-eager-no-cache-left-padded"),
+                  pytest.param("gemma2", "eager", "cache-holes", id="gemma2-eager-cache-holes")]
+
+
+@pytest.mark.parametrize("name, impl, mode", POSITION_CALLS)
+def test_position_ids(name, impl, mode):
+    """Explicit position_ids (counting from 1 in row 1: any values) are not what the mask is built from
+    when there is a cache or an attention_mask."""
+    model = tiny(name, impl)
+    kwargs = model.inputs()
+    seq = kwargs["input_ids"].shape[1]
+    options = dict(POSITION_MODES[mode])
+    if "attention_mask" in options:
+        options["attention_mask"] = padding_mask(options["attention_mask"], 2, seq)
+    kwargs.update(options, position_ids=torch.stack([torch.arange(seq), torch.arange(1, seq + 1)]))
+    recorder, got = compile_and_run(model.forward, kwargs)
+    assert_every_layer_rewritten(recorder, model)
+    with torch.no_grad():
+        torch.testing.assert_close(got, model.forward(**kwargs), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("impl", ["sdpa", pytest.param("eager", marks=pytest.mark.slow)])
+def test_position_ids_without_cache_or_mask_stay_as_written(impl):
+    """Without a cache or an attention_mask, HF reads packed sequences from explicit position_ids (a reset
+    starts a new sequence that sees only itself): values known at run time only, so the mask is kept,
+    and packed batches run exactly."""
+    model = tiny("llama", impl)
+    kwargs = {**model.inputs(), "use_cache": False}
+    seq = kwargs["input_ids"].shape[1]
+    kwargs["position_ids"] = torch.arange(seq).expand(2, -1)
+    torch._dynamo.reset()
+    recorder = Recorder()
+    compiled = torch.compile(model.forward, backend=recorder)
+    assert_matches_eager(compiled, model, kwargs)
+    kwargs["position_ids"] = torch.cat([torch.arange(5), torch.arange(seq - 5)]).expand(2, -1)  # two packed
+    assert_matches_eager(compiled, model, kwargs)
+    assert len(recorder.graphs) == 1 and recorder.count() == 0
+    assert len(recorder.reasons) == model.attention_layers
+    assert all("the graph input l_kwargs_position_ids_" in r for r in recorder.reasons), recorder.reasons
+
+
+def without_dropout(model: nn.Module) -> nn.Module:
+    """GPT-2's default config drops 10% of attention weights, hidden states and embeddings in training."""
+    for module in model.modules():
+        if isinstance(module, nn.Dropout):
+            module.p = 0.0
+    return model
+
+
+def training_step(fn, model: nn.Module, kwargs: dict) -> tuple[torch.Tensor, list]:
+    model.zero_grad()
+    loss = fn(**kwargs).loss
+    loss.backward()
+    return loss.detach(), [p.grad.clone() for p in model.parameters()]
+
+
+def assert_training_step_matches_eager(model: nn.Module, kwargs: dict) -> Recorder:
+    torch._dynamo.reset()
+    recorder = Recorder()
+    got = training_step(torch.compile(model, backend=recorder), model, kwargs)
+    expected = training_step(model, model, kwargs)
+    torch.testing.assert_close(got[0], expected[0], atol=1e-5, rtol=1e-5)
+    for g, e in zip(got[1], expected[1]):
+        torch.testing.assert_close(g, e, atol=1e-5, rtol=1e-4)
+    return recorder
+
+
+@pytest.mark.parametrize("name, impl", decoders(FAMILIES + EXTRA_FAMILIES))
+def test_training_step(name, impl):
+    """`model.train()`, labels, use_cache=False: the op's backward gives eager's loss and gradients. (The loss
+    may be a graph of its own: transformers' first warning breaks the graph.)"""
+    model = tiny(name, impl)
+    net = without_dropout(model.model).train()
+    kwargs = {**model.inputs(), "use_cache": False}
+    recorder = assert_training_step_matches_eager(net, {**kwargs, "labels": kwargs["input_ids"]})
+    assert_every_layer_rewritten(recorder, model, graphs=None)
+
+
+@pytest.mark.parametrize("name, impl", [("llama", "eager"), ("llama", "sdpa"), ("mistral", "sdpa"),
+                                        pytest.param("gemma2", "eager", marks=pytest.mark.slow)])
+def test_training_step_with_a_padding_mask(name, impl):
+    """A left-padded batch with labels: sdpa code is rewritten (the key mask's backward). Eager code's
+    finfo.min mask is kept in training, with the reason: a padded row sees no key, and eager's softmax
+    still passes it a gradient."""
+    model = tiny(name, impl)
+    net = without_dropout(model.model).train()
+    kwargs = {**model.inputs(), "use_cache": False}
+    kwargs["attention_mask"] = padding_mask("left", 2, kwargs["input_ids"].shape[1])
+    labels = kwargs["input_ids"].masked_fill(kwargs["attention_mask"] == 0, -100)
+    recorder = assert_training_step_matches_eager(net, {**kwargs, "labels": labels})
+    if impl == "sdpa":
+        assert_every_layer_rewritten(recorder, model, graphs=None)
+    else:
+        assert recorder.count() == 0 and all("in training" in r for r in recorder.reasons), recorder.reasons
+
+
+def test_active_dropout_in_training_stays_as_written():
+    """GPT-2's default 10% attention dropout in training: kept as written, with the reason."""
+    model = tiny("gpt2", "sdpa")
+    net = model.model.train()
+    kwargs = {**model.inputs(), "use_cache": False}
+    torch._dynamo.reset()
+    recorder = Recorder()
+    torch.compile(net, backend=recorder)(**kwargs, labels=kwargs["input_ids"]).loss.backward()
+    assert recorder.count() == 0
+    assert recorder.reasons and all("dropout" in r for r in recorder.reasons), recorder.reasons
+
+
+GROWING = [pytest.param("llama", "eager", None, id="llama-eager"),
+           pytest.param("mistral", "sdpa", "left", id="mistral-sdpa-left-padded"),
+           pytest.param("gemma2", "eager", None, id="gemma2-eager", marks=pytest.mark.slow),
+           pytest.param("qwen3", "sdpa", "holes", id="qwen3-sdpa-holes", marks=pytest.mark.slow)]
+
+
+@pytest.mark.parametrize("name, impl, padding", GROWING)
+def test_growing_lengths_without_cache(name, impl, padding):
+    """Three sequence lengths: the second compile has symbolic lengths (automatic dynamic shapes), and the
+    third reuses it."""
+    model = tiny(name, impl)
+    torch._dynamo.reset()
+    recorder = Recorder()
+    compiled = torch.compile(model.forward, backend=recorder)
+    for seq in (8, 10, 12):
+        kwargs = {**model.inputs(seq=seq), "use_cache": False}
+        if padding:
+            kwargs["attention_mask"] = padding_mask(padding, 2, seq)
+        assert_matches_eager(compiled, model, kwargs)
+    assert_every_layer_rewritten(recorder, model, graphs=2)
+
+
+@pytest.mark.parametrize("use_cache", [False, True], ids=["no-cache", "cache"])
+@pytest.mark.parametrize("name, impl", [("llama", "sdpa"), ("mistral", "eager"),
+                                        pytest.param("gemma2", "eager", marks=pytest.mark.slow)])
+def test_dynamic_true(name, impl, use_cache):
+    """`dynamic=True`: one graph for every batch size and length."""
+    model = tiny(name, impl)
+    torch._dynamo.reset()
+    recorder = Recorder()
+    compiled = torch.compile(model.forward, backend=recorder, dynamic=True)
+    for batch, seq in ((2, 8), (3, 11), (4, 5)):
+        assert_matches_eager(compiled, model, {**model.inputs(batch=batch, seq=seq), "use_cache": use_cache})
+    assert_every_layer_rewritten(recorder, model)
+
+
+@pytest.mark.parametrize("name, impl", [("mistral", "sdpa"), pytest.param("llama", "eager", marks=pytest.mark.slow)])
+def test_dynamic_cache_decode_with_an_attention_mask(name, impl):
+    """Prefill and two one-token steps through the DynamicCache the model makes, with generate's growing
+    all-ones attention_mask: from the first step the mask's length is symbolic, and a sliding-window
+    layer reads it from a constant key offset."""
+    model = tiny(name, impl).model
+    ids, mask = torch.randint(0, 128, (2, 8)), torch.ones(2, 8, dtype=torch.long)
+    keyword = hf.cache_keyword(model)
+
+    def generate(fn):
+        with torch.no_grad():
+            out = fn(input_ids=ids[:, :6], attention_mask=mask[:, :6], use_cache=True)
+            logits = [out.logits]
+            for t in (6, 7):
+                out = fn(input_ids=ids[:, t:t + 1], attention_mask=mask[:, :t + 1], use_cache=True,
+                         **{keyword: out.past_key_values})
+                logits.append(out.logits)
+        return logits
+
+    torch._dynamo.reset()
+    recorder = Recorder()
+    for got, expected in zip(generate(torch.compile(model, backend=recorder)), generate(model)):
+        torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+    assert recorder.count() == len(recorder.graphs) * model.config.num_hidden_layers and not recorder.reasons, \
+        recorder.reasons
+
+
+@pytest.mark.parametrize("attention_mask", [False, True], ids=["no-mask", "mask"])
+def test_chunked_attention_stays_as_written(attention_mask):
+    """Llama 4's chunked layers (`create_chunked_causal_mask`): blocks along the diagonal, not a band; kept,
+    with the reason."""
+    masking_utils = pytest.importorskip("transformers.masking_utils")
+    config = hf.tiny_config("llama", "sdpa")
+    config.attention_chunk_size = 4
+
+    def chunked(q, k, v, mask_2d):
+        mask = masking_utils.create_chunked_causal_mask(config, q.transpose(1, 2).flatten(2), mask_2d, None)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+    q, k, v = (torch.randn(2, 4, 8, 16) for _ in range(3))
+    mask_2d = padding_mask("left", 2, 8) if attention_mask else None
+    torch._dynamo.reset()
+    recorder = Recorder()
+    torch.testing.assert_close(torch.compile(chunked, backend=recorder)(q, k, v, mask_2d), chunked(q, k, v, mask_2d))
+    assert recorder.count() == 0 and len(recorder.reasons) == 1, recorder.reasons
+    assert ("chunked attention" if not attention_mask else "the graph input l_mask_2d_") in recorder.reasons[0]
