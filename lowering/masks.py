@@ -10,6 +10,12 @@ stays as written. Nothing is guessed from sample values, with one exception: a m
 module buffer is read by value at compile time (nanoGPT's `bias`), which assumes the buffer is not
 modified afterwards.
 
+Positions (`Position`) are `arange(n) + offset` or `arange(start, end)` laid along the query or key
+axis, also read back through a table of positions (`table[b, q_idx]`, HF without a cache). Tensors
+that hold one value everywhere are followed through comparisons, `diff`, `cumsum` and indexing: HF's
+packed-sequence ids `cumsum(diff(position_ids) != 1)` of in-graph positions are all 0. Positions or
+ids computed from a graph input (explicit `position_ids`) are data, and the mask stays as written.
+
 Two kinds of run-time data are followed exactly, and become `fa4::attention` inputs:
 
     positions  `arange(Sq) + start` (start: a 0-d tensor or SymInt, HF's cache position) compared with
@@ -235,7 +241,7 @@ def _position(node, constants) -> Position | None:
 def _arange(node: Node) -> Position | None:
     """`arange(end)` or `arange(start, end)` with step 1: positions from start (an int, or a SymInt: a cache
     length under dynamic shapes)."""
-    args = list(node.args) + [node.kwargs[k] for k in ("start", "end") if k in node.kwargs]
+    args = list(node.args[:2]) + [node.kwargs[k] for k in ("start", "end") if k in node.kwargs]
     step = node.args[2] if len(node.args) > 2 else node.kwargs.get("step", 1)
     if step != 1 or len(args) not in (1, 2):
         return None
