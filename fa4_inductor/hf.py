@@ -50,8 +50,8 @@ class Tiny:
 
     def phases(self) -> list[tuple[str, dict]]:
         """(name, inputs) of the forwards `explain` runs in order: prefill and decode through one StaticCache
-        for causal LMs, then a left-padded prefill (what `generate` runs for a batch); plain and
-        right-padded inputs for text encoders."""
+        for causal LMs, then a left-padded prefill (what `generate` runs for a batch) and a forward without
+        a cache (what training and evaluation loops run); plain and right-padded inputs for text encoders."""
         if self.kind == "causal-lm":
             from transformers import StaticCache
 
@@ -62,7 +62,8 @@ class Tiny:
             keyword = cache_keyword(self.model)
             return [("prefill", {"input_ids": prompt, keyword: cache, "use_cache": True}),
                     ("decode", {"input_ids": token, keyword: cache, "use_cache": True}),
-                    ("prefill, left-padded", padded)]
+                    ("prefill, left-padded", padded),
+                    ("forward, use_cache=False", {"input_ids": prompt, "use_cache": False})]
         if self.kind == "vision":
             return [("forward", self.inputs())]
         return [("forward", self.inputs()), ("forward, right-padded", self.inputs(padding=True))]

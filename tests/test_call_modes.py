@@ -294,3 +294,30 @@ def test_chunked_attention_stays_as_written(attention_mask):
     torch.testing.assert_close(torch.compile(chunked, backend=recorder)(q, k, v, mask_2d), chunked(q, k, v, mask_2d))
     assert recorder.count() == 0 and len(recorder.reasons) == 1, recorder.reasons
     assert ("chunked attention" if not attention_mask else "the graph input l_mask_2d_") in recorder.reasons[0]
+
+
+def cache_position_attention(q, k_new, v_new, k_past, v_past):
+    """transformers 4.x with a DynamicCache: `cache_position = arange(past, past + Sq)` (past: the cache length,
+    a SymInt under dynamic shapes), keys the past ones and the new ones, `kv_arange <= cache_position`."""
+    past = k_past.shape[2]
+    cache_position = torch.arange(past, past + q.shape[2])
+    k, v = torch.cat([k_past, k_new], 2), torch.cat([v_past, v_new], 2)
+    kv_arange = torch.arange(k.shape[2])
+    mask = kv_arange[None, None, None, :] <= cache_position[None, None, :, None]
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask.expand(q.shape[0], -1, -1, -1))
+
+
+@pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
+def test_cache_position_of_older_transformers(dynamic):
+    """Queries at `arange(past, past + Sq)` over past + Sq keys: seqused_k aligns the band bottom-right, for a
+    constant or a symbolic past length."""
+    torch._dynamo.reset()
+    recorder = Recorder()
+    compiled = torch.compile(cache_position_attention, backend=recorder, dynamic=dynamic)
+    for past, sq in ((5, 3), (7, 1), (4, 4)):
+        q, k_new, v_new = torch.randn(2, 4, sq, 16), torch.randn(2, 4, sq, 16), torch.randn(2, 4, sq, 16)
+        k_past, v_past = torch.randn(2, 4, past, 16), torch.randn(2, 4, past, 16)
+        torch.testing.assert_close(compiled(q, k_new, v_new, k_past, v_past),
+                                   cache_position_attention(q, k_new, v_new, k_past, v_past), atol=1e-5, rtol=1e-5)
+    assert recorder.count() == len(recorder.graphs) and not recorder.reasons, recorder.reasons
+    assert all("seqused_k" in r.detail and "causal=True" in r.detail for r in recorder.records), recorder.records

@@ -302,7 +302,8 @@ def test_gpt_fast_non_consecutive_positions_are_stopped_by_the_run_time_check():
 @pytest.mark.parametrize("impl", IMPLEMENTATIONS)
 def test_explain_by_model_type(capsys, impl):
     """Prefill, decode, then a left-padded prefill: by then automatic dynamic shapes have made the key
-    length symbolic while the new mask's length is not (the padding mask is read under a guard)."""
+    length symbolic while the new mask's length is not (the padding mask is read under a guard); then a
+    forward without a cache."""
     from fa4_inductor.__main__ import main
 
     pytest.importorskip("transformers")
@@ -310,10 +311,10 @@ def test_explain_by_model_type(capsys, impl):
     assert main(["explain", "hf:qwen2", "--attn", impl]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0] == f"qwen2 ({impl}): Qwen2ForCausalLM, 2 attention layers per forward"
-    for phase in ("prefill", "decode", "prefill, left-padded"):
+    for phase in ("prefill", "decode", "prefill, left-padded", "forward, use_cache=False"):
         assert f"{phase}: 2/2 attention layers rewritten" in lines, lines
     family = "sdpa       " if impl == "sdpa" else "handwritten"
-    assert sum(f"[rewritten] {family} model.model.layers.1.self_attn" in line for line in lines) == 3
+    assert sum(f"[rewritten] {family} model.model.layers.1.self_attn" in line for line in lines) == 4
     assert sum("key_mask=padding mask" in line for line in lines) == 2
 
 
