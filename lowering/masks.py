@@ -222,7 +222,8 @@ def _position(node, constants) -> Position | None:
             inner = _position(a, constants)
             if inner is not None and inner.axis is None and inner.start is None and _integer_scalar(b):
                 return Position(inner.offset, None, b)
-        return None
+    if (ADD(node) or SUB(node)) and all(isinstance(a, Node) for a in node.args[:2]):
+        return _shifted_by_constant(node, constants)
     if GETITEM(node) and (gathered := _gathered_position(node, constants)) is not None:
         return gathered
     if GETITEM(node) or UNSQUEEZE(node) or EXPAND(node):
@@ -235,6 +236,21 @@ def _position(node, constants) -> Position | None:
             return inner if _keeps_axis(node, node.args[0], inner.axis) else None
         leading_only = not GETITEM(node) or _top_left_slice(node.args[1])
         return inner if leading_only and _keeps_last_two_dims(node, node.args[0]) else None
+    return None
+
+
+def _shifted_by_constant(node: Node, constants) -> Position | None:
+    """Positions plus or minus a tensor proven to hold one integer everywhere (HF's chunked masks subtract
+    `torch.zeros(B)[batch_indices]` left-padding counts when there is no attention_mask)."""
+    a, b = node.args[:2]
+    candidates = [(a, b, 1), (b, a, 1)] if ADD(node) else [(a, b, -1)]
+    for positions, shift, sign in candidates:
+        inner = _position(positions, constants)
+        if inner is None or inner.axis is None or not _keeps_axis(node, positions, inner.axis):
+            continue
+        const = _constant(shift, constants)
+        if const is not None and not isinstance(const.inside, bool) and const.inside == int(const.inside):
+            return Position(inner.offset + sign * int(const.inside), inner.axis, inner.start)
     return None
 
 
@@ -443,8 +459,7 @@ def evaluate(node, constants: dict) -> TwoValued:
             raise MaskNotUnderstood(f"{_describe(node)} of a tensor that is not all zeros")
         return _coerce(node, _uniform(0))
     if FLOOR_DIVIDE(node):
-        raise MaskNotUnderstood(f"{_describe(node)} divides positions into blocks (chunked attention): "
-                                "blocks along the diagonal are not a band")
+        return _coerce(node, _uniform(_first_block(node, constants)))
     if AND(node):
         a, b = (evaluate(x, constants) for x in node.args[:2])
         if not (a.boolean and b.boolean):
@@ -510,6 +525,18 @@ def _constant(node, constants) -> TwoValued | None:
     except MaskNotUnderstood:
         return None
     return tv if tv.uniform else None
+
+
+def _first_block(node: Node, constants) -> int:
+    """0: the block `p // c` of positions p that all lie in [0, c) (HF's chunked attention over a sequence no
+    longer than a chunk; symbolic lengths are guarded, a longer one recompiles). Blocks along the diagonal
+    of a longer sequence are not a band."""
+    p, chunk = _position(node.args[0], constants), node.args[1]
+    if p is not None and p.axis is not None and p.start is None and p.offset >= 0 and isinstance(chunk, int) \
+            and chunk > 0 and guard_or_false(shape(node.args[0])[p.axis] + p.offset <= chunk):
+        return 0
+    raise MaskNotUnderstood(f"{_describe(node)} divides positions into blocks (chunked attention): blocks along "
+                            "the diagonal of a sequence longer than a block are not a band")
 
 
 def _compared_constant(node: Node, operand: Node, constants) -> TwoValued:

@@ -13,8 +13,11 @@ HF builds a different mask in each mode (transformers' `masking_utils`), and mas
 
 Each test counts the op's calls (every attention layer of every compiled graph) and compares with eager
 in float32 (the rewritten graph runs eagerly: the op's CPU reference); the training tests also compare
-the loss and every parameter's gradient. Decoders whose families are only cheap extras run under the
-`slow` marker (`-m "not slow"` skips them while iterating).
+the loss and every parameter's gradient. Llama, Qwen3, Mistral (sliding window) and Gemma2 (softcap,
+sliding and full layers) are the main families; Qwen2, Phi-3, GPT-NeoX and GPT-2 take a training step.
+Every family and code runs each mode in the survey this module was written from, but compiling costs
+seconds per case, so each mode covers a few: the cases marked `slow` add more (`-m "not gpu and not
+slow"` skips them while iterating).
 """
 
 import pytest
@@ -26,16 +29,15 @@ from fa4_inductor import hf
 from helpers import Recorder, compile_and_run, tiny
 
 FAMILIES = ["llama", "qwen3", "mistral", "gemma2"]  # gemma2: softcap, sliding and full layers; eager code only
-EXTRA_FAMILIES = ["qwen2", "phi3", "gpt_neox", "gpt2"]  # training steps only, under the slow marker
 IMPLEMENTATIONS = ["eager", "sdpa"]
+SHORT_LIST = [("llama", "eager"), ("llama", "sdpa"), ("mistral", "eager"), ("gemma2", "eager")]  # not slow
 PADDING = ["ones", "left", "right", "holes"]
 
 
-def decoders(names):
-    for name in names:
-        marks = [pytest.mark.slow] if name in EXTRA_FAMILIES else []
-        for impl in IMPLEMENTATIONS:
-            yield pytest.param(name, impl, id=f"{name}-{impl}", marks=marks)
+def case(*values, slow=False):
+    """A test case named by its values (`llama-sdpa-...`), under the slow marker if `slow`."""
+    name = "-".join(str(v) for v in values if v is not None)
+    return pytest.param(*values, id=name, marks=[pytest.mark.slow] if slow else [])
 
 
 def padding_mask(kind: str, batch: int, seq: int) -> torch.Tensor:
@@ -65,7 +67,8 @@ def assert_matches_eager(compiled, model, kwargs):
         torch.testing.assert_close(compiled(**kwargs), model.forward(**kwargs), atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("name, impl", decoders(FAMILIES))
+@pytest.mark.parametrize("name, impl", [case(name, impl, slow=(name, impl) not in SHORT_LIST)
+                                        for name in FAMILIES for impl in IMPLEMENTATIONS])
 def test_without_cache(name, impl):
     """`use_cache=False` without an attention_mask: the positions come back through HF's position table."""
     model = tiny(name, impl)
@@ -76,15 +79,15 @@ def test_without_cache(name, impl):
         torch.testing.assert_close(got, model.forward(**kwargs), atol=1e-5, rtol=1e-5)
 
 
-PADDED_CALLS = [*(pytest.param(name, impl, False, id=f"{name}-{impl}-no-cache") for name in FAMILIES
-                  for impl in IMPLEMENTATIONS),
-                # With a cache, test_model_zoo's prefill tests cover left and right padding in every family.
-                pytest.param("llama", "eager", True, id="llama-eager-cache"),
-                pytest.param("mistral", "sdpa", True, id="mistral-sdpa-cache")]
+# With a cache, test_model_zoo's prefill tests cover left and right padding in every family.
+PADDED_CALLS = [case("llama", "eager", "no-cache"), case("llama", "sdpa", "no-cache"),
+                case("mistral", "sdpa", "no-cache"), case("llama", "eager", "cache"),
+                case("gemma2", "eager", "no-cache", slow=True),
+                case("qwen3", "sdpa", "no-cache", slow=True), case("mistral", "eager", "no-cache", slow=True)]
 
 
-@pytest.mark.parametrize("name, impl, use_cache", PADDED_CALLS)
-def test_padding_masks(name, impl, use_cache):
+@pytest.mark.parametrize("name, impl, cache", PADDED_CALLS)
+def test_padding_masks(name, impl, cache):
     """One graph for every attention_mask (all ones, left, right, holes): the band, and the mask as a key mask."""
     model = tiny(name, impl)
     torch._dynamo.reset()
@@ -92,7 +95,7 @@ def test_padding_masks(name, impl, use_cache):
     compiled = torch.compile(model.forward, backend=recorder)
     for kind in PADDING:
         kwargs = model.inputs()
-        kwargs.update(attention_mask=padding_mask(kind, 2, kwargs["input_ids"].shape[1]), use_cache=use_cache)
+        kwargs.update(attention_mask=padding_mask(kind, 2, kwargs["input_ids"].shape[1]), use_cache=cache == "cache")
         assert_matches_eager(compiled, model, kwargs)
     assert_every_layer_rewritten(recorder, model)
 
@@ -103,9 +106,9 @@ POSITION_MODES = {
     "cache": dict(use_cache=True),
     "cache-holes": dict(use_cache=True, attention_mask="holes"),
 }
-POSITION_CALLS = [*(pytest.param("llama", "sdpa", mode, id=f"llama-sdpa-{mode}") for mode in POSITION_MODES),
-                  pytest.param("llama", "eager", "no-cache-left-padded", id="llama-eager-no-cache-left-padded"),
-                  pytest.param("gemma2", "eager", "cache-holes", id="gemma2-eager-cache-holes")]
+POSITION_CALLS = [case("llama", "sdpa", "no-cache-left-padded"), case("llama", "sdpa", "cache"),
+                  case("gemma2", "eager", "cache-holes"), case("llama", "sdpa", "no-cache-with-mask", slow=True),
+                  case("llama", "eager", "cache-holes", slow=True)]
 
 
 @pytest.mark.parametrize("name, impl, mode", POSITION_CALLS)
@@ -171,7 +174,13 @@ def assert_training_step_matches_eager(model: nn.Module, kwargs: dict) -> Record
     return recorder
 
 
-@pytest.mark.parametrize("name, impl", decoders(FAMILIES + EXTRA_FAMILIES))
+# One attention code per family, both for Llama.
+TRAINED = [*(case(name, impl) for name, impl in SHORT_LIST), *(case(name, impl, slow=True) for name, impl in (
+    ("qwen3", "sdpa"), ("mistral", "sdpa"), ("qwen2", "eager"), ("phi3", "sdpa"), ("gpt_neox", "eager"),
+    ("gpt2", "sdpa")))]
+
+
+@pytest.mark.parametrize("name, impl", TRAINED)
 def test_training_step(name, impl):
     """`model.train()`, labels, use_cache=False: the op's backward gives eager's loss and gradients. (The loss
     may be a graph of its own: transformers' first warning breaks the graph.)"""
@@ -182,8 +191,8 @@ def test_training_step(name, impl):
     assert_every_layer_rewritten(recorder, model, graphs=None)
 
 
-@pytest.mark.parametrize("name, impl", [("llama", "eager"), ("llama", "sdpa"), ("mistral", "sdpa"),
-                                        pytest.param("gemma2", "eager", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("name, impl", [case("llama", "eager"), case("llama", "sdpa"),
+                                        case("mistral", "sdpa", slow=True), case("gemma2", "eager", slow=True)])
 def test_training_step_with_a_padding_mask(name, impl):
     """A left-padded batch with labels: sdpa code is rewritten (the key mask's backward). Eager code's
     finfo.min mask is kept in training, with the reason: a padded row sees no key, and eager's softmax
@@ -200,6 +209,7 @@ def test_training_step_with_a_padding_mask(name, impl):
         assert recorder.count() == 0 and all("in training" in r for r in recorder.reasons), recorder.reasons
 
 
+@pytest.mark.slow
 def test_active_dropout_in_training_stays_as_written():
     """GPT-2's default 10% attention dropout in training: kept as written, with the reason."""
     model = tiny("gpt2", "sdpa")
@@ -212,10 +222,7 @@ def test_active_dropout_in_training_stays_as_written():
     assert recorder.reasons and all("dropout" in r for r in recorder.reasons), recorder.reasons
 
 
-GROWING = [pytest.param("llama", "eager", None, id="llama-eager"),
-           pytest.param("mistral", "sdpa", "left", id="mistral-sdpa-left-padded"),
-           pytest.param("gemma2", "eager", None, id="gemma2-eager", marks=pytest.mark.slow),
-           pytest.param("qwen3", "sdpa", "holes", id="qwen3-sdpa-holes", marks=pytest.mark.slow)]
+GROWING = [case("llama", "eager", None), case("mistral", "sdpa", "left"), case("gemma2", "eager", None, slow=True)]
 
 
 @pytest.mark.parametrize("name, impl, padding", GROWING)
@@ -234,21 +241,22 @@ def test_growing_lengths_without_cache(name, impl, padding):
     assert_every_layer_rewritten(recorder, model, graphs=2)
 
 
-@pytest.mark.parametrize("use_cache", [False, True], ids=["no-cache", "cache"])
-@pytest.mark.parametrize("name, impl", [("llama", "sdpa"), ("mistral", "eager"),
-                                        pytest.param("gemma2", "eager", marks=pytest.mark.slow)])
-def test_dynamic_true(name, impl, use_cache):
+@pytest.mark.parametrize("name, impl, cache", [case("llama", "sdpa", "no-cache"),
+                                               case("mistral", "eager", "no-cache", slow=True),
+                                               case("llama", "sdpa", "cache", slow=True),
+                                               case("mistral", "eager", "cache", slow=True)])
+def test_dynamic_true(name, impl, cache):
     """`dynamic=True`: one graph for every batch size and length."""
     model = tiny(name, impl)
     torch._dynamo.reset()
     recorder = Recorder()
     compiled = torch.compile(model.forward, backend=recorder, dynamic=True)
     for batch, seq in ((2, 8), (3, 11), (4, 5)):
-        assert_matches_eager(compiled, model, {**model.inputs(batch=batch, seq=seq), "use_cache": use_cache})
+        assert_matches_eager(compiled, model, {**model.inputs(batch=batch, seq=seq), "use_cache": cache == "cache"})
     assert_every_layer_rewritten(recorder, model)
 
 
-@pytest.mark.parametrize("name, impl", [("mistral", "sdpa"), pytest.param("llama", "eager", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("name, impl", [case("mistral", "sdpa"), case("llama", "eager", slow=True)])
 def test_dynamic_cache_decode_with_an_attention_mask(name, impl):
     """Prefill and two one-token steps through the DynamicCache the model makes, with generate's growing
     all-ones attention_mask: from the first step the mask's length is symbolic, and a sliding-window
@@ -275,25 +283,33 @@ def test_dynamic_cache_decode_with_an_attention_mask(name, impl):
         recorder.reasons
 
 
-@pytest.mark.parametrize("attention_mask", [False, True], ids=["no-mask", "mask"])
-def test_chunked_attention_stays_as_written(attention_mask):
-    """Llama 4's chunked layers (`create_chunked_causal_mask`): blocks along the diagonal, not a band; kept,
-    with the reason."""
+CHUNKED = [pytest.param(4, False, "chunked attention", id="longer-than-a-chunk"),
+           pytest.param(16, False, None, id="within-a-chunk"),
+           pytest.param(16, True, "the graph input l_mask_2d_", id="within-a-chunk-padded")]
+
+
+@pytest.mark.parametrize("chunk, padded, reason", CHUNKED)
+def test_chunked_attention(chunk, padded, reason):
+    """Llama 4's chunked layers (`create_chunked_causal_mask`, eager code's float mask): blocks along the
+    diagonal, not a band, unless the sequence fits in one chunk and there is no attention_mask (whose left
+    padding would move the blocks): then it is causal."""
     masking_utils = pytest.importorskip("transformers.masking_utils")
-    config = hf.tiny_config("llama", "sdpa")
-    config.attention_chunk_size = 4
+    config = hf.tiny_config("llama", "eager")
+    config.attention_chunk_size = chunk
 
     def chunked(q, k, v, mask_2d):
         mask = masking_utils.create_chunked_causal_mask(config, q.transpose(1, 2).flatten(2), mask_2d, None)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
 
     q, k, v = (torch.randn(2, 4, 8, 16) for _ in range(3))
-    mask_2d = padding_mask("left", 2, 8) if attention_mask else None
+    mask_2d = padding_mask("left", 2, 8) if padded else None
     torch._dynamo.reset()
     recorder = Recorder()
     torch.testing.assert_close(torch.compile(chunked, backend=recorder)(q, k, v, mask_2d), chunked(q, k, v, mask_2d))
-    assert recorder.count() == 0 and len(recorder.reasons) == 1, recorder.reasons
-    assert ("chunked attention" if not attention_mask else "the graph input l_mask_2d_") in recorder.reasons[0]
+    if reason is None:
+        assert recorder.count() == 1 and "causal=True" in recorder.records[0].detail, recorder.records
+    else:
+        assert recorder.count() == 0 and len(recorder.reasons) == 1 and reason in recorder.reasons[0], recorder.reasons
 
 
 def cache_position_attention(q, k_new, v_new, k_past, v_past):
