@@ -365,15 +365,17 @@ def decode_tokens_per_s(model, backend_name, prompt: int, steps: int, device, mo
     logits of every step (a random model's logits are near ties, so tokens alone compare badly)."""
     from transformers import StaticCache
 
-    cache = StaticCache(config=model.config, max_cache_len=prompt + steps + 8)
+    from .hf import cache_keyword
+
+    cache = {cache_keyword(model): StaticCache(config=model.config, max_cache_len=prompt + steps + 8)}
     tokens = torch.randint(0, model.config.vocab_size, (1, prompt), generator=torch.Generator().manual_seed(0)).to(device)
 
     def step(token, position):
-        return model(token, position_ids=position, past_key_values=cache, use_cache=True).logits[:, -1]
+        return model(token, position_ids=position, **cache, use_cache=True).logits[:, -1]
 
     compiled = _compile(step, backend_name, mode=mode, fullgraph=True) if mode != "eager" else step
     with torch.no_grad():
-        logits = model(tokens, position_ids=torch.arange(prompt, device=device)[None], past_key_values=cache,
+        logits = model(tokens, position_ids=torch.arange(prompt, device=device)[None], **cache,
                        use_cache=True).logits[:, -1]
         token, seen = logits.argmax(-1), [logits.float()]
         position = torch.tensor([[prompt]], device=device)

@@ -9,6 +9,7 @@ the model has GQA, sliding window 4 where it has one) so a CPU builds and runs i
 
 from __future__ import annotations
 
+import inspect
 import os
 from dataclasses import dataclass
 
@@ -49,8 +50,8 @@ class Tiny:
 
     def phases(self) -> list[tuple[str, dict]]:
         """(name, inputs) of the forwards `explain` runs in order: prefill and decode through one StaticCache
-        for causal LMs, then a left-padded prefill (what `generate` runs for a batch); plain and
-        right-padded inputs for text encoders."""
+        for causal LMs, then a left-padded prefill (what `generate` runs for a batch) and a forward without
+        a cache (what training and evaluation loops run); plain and right-padded inputs for text encoders."""
         if self.kind == "causal-lm":
             from transformers import StaticCache
 
@@ -58,9 +59,11 @@ class Tiny:
             prompt, token = self.inputs(seq=12)["input_ids"], self.inputs(seq=1)["input_ids"]
             padded = self.inputs(seq=12, padding=True)
             padded["attention_mask"] = padded["attention_mask"].flip(-1)
-            return [("prefill", {"input_ids": prompt, "past_key_values": cache, "use_cache": True}),
-                    ("decode", {"input_ids": token, "past_key_values": cache, "use_cache": True}),
-                    ("prefill, left-padded", padded)]
+            keyword = cache_keyword(self.model)
+            return [("prefill", {"input_ids": prompt, keyword: cache, "use_cache": True}),
+                    ("decode", {"input_ids": token, keyword: cache, "use_cache": True}),
+                    ("prefill, left-padded", padded),
+                    ("forward, use_cache=False", {"input_ids": prompt, "use_cache": False})]
         if self.kind == "vision":
             return [("forward", self.inputs())]
         return [("forward", self.inputs()), ("forward, right-padded", self.inputs(padding=True))]
@@ -68,6 +71,12 @@ class Tiny:
     def forward(self, **kwargs) -> torch.Tensor:
         out = self.model(**kwargs)
         return out.logits if hasattr(out, "logits") else out.last_hidden_state
+
+
+def cache_keyword(model) -> str:
+    """The keyword a transformers model's forward takes its KV cache by: `cache` in the newest releases (which
+    warn that `past_key_values` will be removed), `past_key_values` before."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 
 def _kind(config) -> str:

@@ -10,6 +10,12 @@ stays as written. Nothing is guessed from sample values, with one exception: a m
 module buffer is read by value at compile time (nanoGPT's `bias`), which assumes the buffer is not
 modified afterwards.
 
+Positions (`Position`) are `arange(n) + offset` or `arange(start, end)` laid along the query or key
+axis, also read back through a table of positions (`table[b, q_idx]`, HF without a cache). Tensors
+that hold one value everywhere are followed through comparisons, `diff`, `cumsum` and indexing: HF's
+packed-sequence ids `cumsum(diff(position_ids) != 1)` of in-graph positions are all 0. Positions or
+ids computed from a graph input (explicit `position_ids`) are data, and the mask stays as written.
+
 Two kinds of run-time data are followed exactly, and become `fa4::attention` inputs:
 
     positions  `arange(Sq) + start` (start: a 0-d tensor or SymInt, HF's cache position) compared with
@@ -34,6 +40,7 @@ top-left and bottom-right alignment agree, otherwise attention.py adds seqused_k
 from __future__ import annotations
 
 import math
+import operator
 from dataclasses import dataclass
 
 import torch
@@ -41,10 +48,13 @@ from torch.fx import Node
 from torch.fx.experimental.symbolic_shapes import guard_or_false
 
 from .spellings import (ADD, AND, ARANGE, CAST, CONTIGUOUS, EQ, EXPAND, FULL, GE, GETITEM, GT, LE, LOGICAL_NOT, LT,
-                        MASKED_FILL, MUL, NE, ONES, RESHAPE, SUB, TENSOR, TRIL, TRIU, UNSQUEEZE, WHERE, ZEROS, arg,
-                        is_large_negative, normalize_dim, same_size, scalar, shape, value)
+                        MASKED_FILL, MUL, NE, ONES, RESHAPE, SUB, TENSOR, TRIL, TRIU, UNSQUEEZE, WHERE, ZEROS, Spelling,
+                        arg, is_large_negative, normalize_dim, same_size, scalar, shape, value)
 
 INF = math.inf
+DIFF = Spelling((torch.diff,), ("diff",))
+CUMSUM = Spelling((torch.cumsum,), ("cumsum",))
+FLOOR_DIVIDE = Spelling((operator.floordiv, torch.floor_divide), ("floor_divide", "__floordiv__"))
 
 
 class MaskNotUnderstood(Exception):
@@ -70,11 +80,12 @@ class Shift:
 @dataclass(frozen=True)
 class KeyMask:
     """A [B, L] run-time tensor of visible key positions (an `attention_mask`): key slot j is visible in
-    sequence b when node[b, start + j] != 0; `start` is a SymInt key offset (HF's sliding-window cache) or None.
+    sequence b when node[b, start + j] != 0; `start` is a key offset (HF's sliding-window cache: an int, or a
+    SymInt under dynamic shapes) or None.
     `plane`: node is a boolean [B, 1, 1, L] graph input, read as node[:, 0, 0, :]."""
 
     node: Node
-    start: Node | None = None
+    start: Node | int | None = None
     plane: bool = False
 
 
@@ -199,9 +210,7 @@ def _position(node, constants) -> Position | None:
     if not isinstance(node, Node):
         return None
     if ARANGE(node):
-        if len(node.args) != 1 or any(k in node.kwargs for k in ("start", "step")):
-            return None
-        return Position(0)
+        return _arange(node)
     if (ADD(node) or SUB(node)) and scalar(node.args[1]) is not None:
         inner = _position(node.args[0], constants)
         c = scalar(node.args[1])
@@ -213,16 +222,74 @@ def _position(node, constants) -> Position | None:
             inner = _position(a, constants)
             if inner is not None and inner.axis is None and inner.start is None and _integer_scalar(b):
                 return Position(inner.offset, None, b)
-        return None
+    if (ADD(node) or SUB(node)) and all(isinstance(a, Node) for a in node.args[:2]):
+        return _shifted_by_constant(node, constants)
+    if GETITEM(node) and (gathered := _gathered_position(node, constants)) is not None:
+        return gathered
     if GETITEM(node) or UNSQUEEZE(node) or EXPAND(node):
         inner = _position(node.args[0], constants)
         if inner is None:
             return None
         if inner.axis is None:
             return None if EXPAND(node) else _placed(node, inner)
+        if EXPAND(node):
+            return inner if _keeps_axis(node, node.args[0], inner.axis) else None
         leading_only = not GETITEM(node) or _top_left_slice(node.args[1])
         return inner if leading_only and _keeps_last_two_dims(node, node.args[0]) else None
     return None
+
+
+def _shifted_by_constant(node: Node, constants) -> Position | None:
+    """Positions plus or minus a tensor proven to hold one integer everywhere (HF's chunked masks subtract
+    `torch.zeros(B)[batch_indices]` left-padding counts when there is no attention_mask)."""
+    a, b = node.args[:2]
+    candidates = [(a, b, 1), (b, a, 1)] if ADD(node) else [(a, b, -1)]
+    for positions, shift, sign in candidates:
+        inner = _position(positions, constants)
+        if inner is None or inner.axis is None or not _keeps_axis(node, positions, inner.axis):
+            continue
+        const = _constant(shift, constants)
+        if const is not None and not isinstance(const.inside, bool) and const.inside == int(const.inside):
+            return Position(inner.offset + sign * int(const.inside), inner.axis, inner.start)
+    return None
+
+
+def _arange(node: Node) -> Position | None:
+    """`arange(end)` or `arange(start, end)` with step 1: positions from start (an int, or a SymInt: a cache
+    length under dynamic shapes)."""
+    args = list(node.args[:2]) + [node.kwargs[k] for k in ("start", "end") if k in node.kwargs]
+    step = node.args[2] if len(node.args) > 2 else node.kwargs.get("step", 1)
+    if step != 1 or len(args) not in (1, 2):
+        return None
+    if len(args) == 1:
+        return Position(0)
+    start = args[0]
+    if isinstance(start, int):
+        return Position(start)
+    return Position(0, None, start) if isinstance(value(start), torch.SymInt) else None
+
+
+def _gathered_position(node: Node, constants) -> Position | None:
+    """Positions read from a table of positions at positions (HF's `remap_positions_for_packed_sequence`):
+
+        table = (arange(L) + c)[None, :].expand(B, -1)        # table[b, l] = l + c in every row
+        table[batch_indices, idx]                             # idx: arange(n) + d laid along an axis, d >= 0
+
+    is idx + c on idx's axis, whatever batch_indices picks (every row is the same). idx counts up from a
+    non-negative constant, so no index wraps around."""
+    index = node.args[1]
+    if not (isinstance(index, tuple) and len(index) == 2 and all(isinstance(i, Node) for i in index)):
+        return None
+    table = _position(node.args[0], constants)
+    batch, idx = index
+    picked = _position(idx, constants)
+    if (table is None or table.axis != -1 or len(shape(node.args[0])) != 2 or picked is None
+            or picked.axis is None or picked.start is not None or picked.offset < 0
+            or value(batch).dtype.is_floating_point or value(batch).dtype == torch.bool):
+        return None
+    if len(shape(node)) < -picked.axis or not same_size(shape(node)[picked.axis], shape(idx)[picked.axis]):
+        return None
+    return Position(table.offset + picked.offset, picked.axis, table.start)
 
 
 def _placed(node: Node, inner: Position) -> Position | None:
@@ -271,6 +338,13 @@ def _describe(node) -> str:
         return repr(node)
     target = node.target if isinstance(node.target, str) else getattr(node.target, "__name__", str(node.target))
     return f"{target} ({node.name})"
+
+
+def _keeps_axis(node: Node, source, axis: int) -> bool:
+    """node (an expand of source) has source's size along axis: a position laid along it keeps its values."""
+    if not isinstance(source, Node) or min(len(shape(node)), len(shape(source))) < -axis:
+        return False
+    return same_size(shape(node)[axis], shape(source)[axis])
 
 
 def _keeps_last_two_dims(node: Node, source) -> bool:
@@ -371,6 +445,21 @@ def evaluate(node, constants: dict) -> TwoValued:
             return _compare_to_constant(node, a, scalar(node.args[1]), True)
         if b is not None and scalar(node.args[0]) is not None:
             return _compare_to_constant(node, b, scalar(node.args[0]), False)
+        if not EQ(node):
+            raise MaskNotUnderstood(f"{_describe(node)} compares {_not_positions(node.args[:2], constants)}")
+    if (EQ(node) or NE(node)) and all(isinstance(x, Node) for x in node.args[:2]):
+        a, b = (_compared_constant(node, x, constants) for x in node.args[:2])
+        same = a.inside == b.inside
+        return _uniform(same if EQ(node) else not same)
+    if DIFF(node):
+        return _coerce(node, _uniform(_position_steps(node, constants)))
+    if CUMSUM(node):
+        x = evaluate(node.args[0], constants)
+        if not (x.uniform and x.inside == 0):
+            raise MaskNotUnderstood(f"{_describe(node)} of a tensor that is not all zeros")
+        return _coerce(node, _uniform(0))
+    if FLOOR_DIVIDE(node):
+        return _coerce(node, _uniform(_first_block(node, constants)))
     if AND(node):
         a, b = (evaluate(x, constants) for x in node.args[:2])
         if not (a.boolean and b.boolean):
@@ -415,16 +504,98 @@ def evaluate(node, constants: dict) -> TwoValued:
                     return _coerce(node, tv)
             raise MaskNotUnderstood(f"{_describe(node)} changes the last two mask dims")
         return _coerce(node, evaluate(source, constants))
+    if GETITEM(node) and _tensor_entries(node.args[1]) and (picked := _constant(node.args[0], constants)) is not None:
+        return _coerce(node, picked)  # any entries of a constant tensor
     if GETITEM(node) and (keys := _key_lookup(node, constants)) is not None:
         return _coerce(node, TwoValued(Band(keys=keys), 1, 0))
     if GETITEM(node) and (rows := _row_gather(node, constants)) is not None:
         return rows
     if GETITEM(node):
         source = node.args[0]
-        if not _top_left_slice(node.args[1]) or len(shape(node)) < 2:
-            raise MaskNotUnderstood(f"{_describe(node)} indexes the mask by something other than leading slices")
-        return _coerce(node, evaluate(source, constants))
+        if _top_left_slice(node.args[1]) and len(shape(node)) >= 2:
+            return _coerce(node, evaluate(source, constants))
+        raise MaskNotUnderstood(f"{_describe(node)} indexes the mask by something other than leading slices")
     raise MaskNotUnderstood(f"the mask is built by {_describe(node)}, which is not understood")
+
+
+def _constant(node, constants) -> TwoValued | None:
+    """The value of a tensor proven to hold one value everywhere, None if it is not one."""
+    try:
+        tv = evaluate(node, constants)
+    except MaskNotUnderstood:
+        return None
+    return tv if tv.uniform else None
+
+
+def _first_block(node: Node, constants) -> int:
+    """0: the block `p // c` of positions p that all lie in [0, c) (HF's chunked attention over a sequence no
+    longer than a chunk; symbolic lengths are guarded, a longer one recompiles). Blocks along the diagonal
+    of a longer sequence are not a band."""
+    p, chunk = _position(node.args[0], constants), node.args[1]
+    if p is not None and p.axis is not None and p.start is None and p.offset >= 0 and isinstance(chunk, int) \
+            and chunk > 0 and guard_or_false(shape(node.args[0])[p.axis] + p.offset <= chunk):
+        return 0
+    raise MaskNotUnderstood(f"{_describe(node)} divides positions into blocks (chunked attention): blocks along "
+                            "the diagonal of a sequence longer than a block are not a band")
+
+
+def _compared_constant(node: Node, operand: Node, constants) -> TwoValued:
+    """An operand of the comparison node that is neither a position nor a number, proven to be one value."""
+    if any(n not in constants for n in _graph_inputs(operand)):
+        raise MaskNotUnderstood(f"{_describe(node)} compares {_not_positions([operand], constants)}")
+    tv = evaluate(operand, constants)
+    if not tv.uniform:
+        raise MaskNotUnderstood(f"{_describe(node)} compares a mask that is not one value everywhere")
+    return tv
+
+
+def _position_steps(node: Node, constants) -> int:
+    """1: the steps between consecutive positions along their axis (HF's `find_packed_sequence_indices`):
+
+        torch.diff(p, dim=-1)                                  p: positions along the last dim
+        torch.diff(p, prepend=p[:, :1] - 1, dim=-1)            the first step counted from one before p's start
+    """
+    p = _position(node.args[0], constants)
+    n, dim = arg(node, 1, "n", 1), arg(node, 2, "dim", -1)
+    prepend, append = arg(node, 3, "prepend", None), arg(node, 4, "append", None)
+    ndim = len(shape(node.args[0]))
+    if p is None or p.axis is None or n != 1 or append is not None or normalize_dim(dim, ndim) != ndim + p.axis:
+        raise MaskNotUnderstood(f"{_describe(node)} of {_not_positions(node.args[:1], constants)}")
+    if prepend is not None and not _one_before_first(prepend, p, constants):
+        raise MaskNotUnderstood(f"{_describe(node)} prepends something other than the position before the first")
+    return 1
+
+
+def _one_before_first(node, p: Position, constants) -> bool:
+    """node is `q[..., :1] - 1` of positions q equal to p (laid along the last dim): the position before p's first."""
+    if not (SUB(node) and scalar(node.args[1]) == 1 and GETITEM(node.args[0])):
+        return False
+    first, index = node.args[0].args
+    index = index if isinstance(index, tuple) else (index,)
+    return (p.axis == -1 and _position(first, constants) == p and len(index) == len(shape(first))
+            and all(i == slice(None) for i in index[:-1]) and index[-1] in (slice(None, 1), slice(0, 1)))
+
+
+def _not_positions(operands, constants) -> str:
+    """Why operands are not positions: the graph inputs their values come from, if any."""
+    inputs = sorted({n.name for x in operands if isinstance(x, Node) for n in _graph_inputs(x) if n not in constants})
+    if inputs:
+        return f"values read from the graph input {', '.join(inputs)}, not positions proven from the graph"
+    return "values that are not positions proven from the graph"
+
+
+def _graph_inputs(node: Node) -> set:
+    """The tensor graph inputs node's value is computed from (sizes, SymInt inputs under dynamic shapes, are not data)."""
+    seen, work, found = set(), [node], set()
+    while work:
+        n = work.pop()
+        if n in seen:
+            continue
+        seen.add(n)
+        if n.op == "placeholder" and isinstance(value(n), torch.Tensor):
+            found.add(n)
+        work.extend(n.all_input_nodes)
+    return found
 
 
 def _tensor_entries(index) -> list:
@@ -433,27 +604,30 @@ def _tensor_entries(index) -> list:
 
 def _key_lookup(node: Node, constants) -> KeyMask | None:
     """The key mask when node reads a run-time [B, Sk] mask m broadcast over queries: m[:, None, None, :]
-    (BERT-style) or m[arange(B)[:, None, None, None], kv_positions] (HF masking_utils; key positions from 0, or
-    from a SymInt offset in a sliding-window cache)."""
+    (BERT-style) or m[arange(B)[:, None, None, None], kv_positions] (HF masking_utils, m boolean; key positions
+    from 0, or from an offset in a sliding-window cache: an int, or a SymInt under dynamic shapes)."""
     m = node.args[0]
     index = node.args[1] if isinstance(node.args[1], tuple) else (node.args[1],)
     if not isinstance(m, Node) or len(shape(m)) != 2 or len(shape(node)) != 4:
         return None
     if index == (slice(None), None, None, slice(None)):
         return KeyMask(m)
-    if len(index) != 2 or not all(isinstance(i, Node) for i in index):
+    if len(index) != 2 or not all(isinstance(i, Node) for i in index) or value(m).dtype != torch.bool:
         return None
     batch, keys = index
     kv = _position(keys, constants)
-    if kv is None or kv.axis != -1 or kv.offset != 0 or isinstance(value(kv.start), torch.Tensor):
+    if kv is None or kv.axis != -1 or kv.offset < 0 or isinstance(value(kv.start), torch.Tensor):
         return None
+    if kv.start is not None and kv.offset != 0:
+        return None
+    start = kv.start if kv.start is not None else (kv.offset or None)
     # The key count may be symbolic while the mask's length is not (automatic dynamic shapes marked the cache
     # dynamic first): eager indexing needs them equal, so the graph is guarded on it.
     if not (GETITEM(batch) and batch.args[1] == (slice(None), None, None, None) and ARANGE(batch.args[0])
             and same_size(shape(batch)[0], shape(m)[0])
-            and (kv.start is not None or guard_or_false(shape(keys)[-1] == shape(m)[1]))):
+            and (start is not None or guard_or_false(shape(keys)[-1] == shape(m)[1]))):
         return None
-    return KeyMask(m, kv.start)
+    return KeyMask(m, start)
 
 
 def _row_gather(node: Node, constants) -> TwoValued | None:

@@ -1,7 +1,8 @@
-"""Test helpers: a recording backend and float64 comparisons."""
+"""Test helpers: a recording backend, float64 comparisons, tiny transformers models."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 from torch._inductor.compile_fx import compile_fx
 
@@ -61,3 +62,23 @@ def assert_close_to_reference(actual, expected_fn, *args, atol=None, rtol=None):
     """`actual` matches fn(*args) computed in float64."""
     ref = expected_fn(*[a.double() if isinstance(a, torch.Tensor) and a.is_floating_point() else a for a in args])
     torch.testing.assert_close(actual.double(), ref, atol=atol, rtol=rtol)
+
+
+def tiny(name, attn_implementation):
+    """A tiny transformers model (`fa4_inductor.hf`); skips the test where transformers or the attention code is missing."""
+    pytest.importorskip("transformers")
+    from fa4_inductor import hf
+
+    try:
+        return hf.build(name, attn_implementation)
+    except ValueError as e:  # e.g. Gemma2 has no sdpa attention in some transformers versions
+        pytest.skip(str(e)[:120])
+
+
+def compile_and_run(fn, kwargs, **options):
+    """A Recorder of fn compiled and called once on kwargs without gradients, and its output."""
+    torch._dynamo.reset()
+    recorder = Recorder(**options)
+    with torch.no_grad():
+        got = torch.compile(fn, backend=recorder)(**kwargs)
+    return recorder, got

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import fa4_inductor  # noqa: F401  (registers the ops)
+from fa4_inductor import hf
 from fa4_inductor.kernels import attention as attention_op
 from fa4_inductor.kernels import decode, reference, switches
 from gpu_helpers import assert_fa_rule, capture, eager
@@ -291,14 +292,14 @@ def test_llama_static_cache_decode_runs_the_decode_kernel(monkeypatch, attention
     steps = torch.randint(0, 512, (1, 6), device="cuda")
 
     def run(m, compile_backend=None):
-        cache = StaticCache(config=config, max_cache_len=1024)
+        cache = {hf.cache_keyword(m): StaticCache(config=config, max_cache_len=1024)}
 
         def step(token, position, mask):
-            return m(token, position_ids=position, past_key_values=cache, use_cache=True, attention_mask=mask).logits[:, -1]
+            return m(token, position_ids=position, **cache, use_cache=True, attention_mask=mask).logits[:, -1]
 
         fn = torch.compile(step, backend=compile_backend, mode="reduce-overhead", fullgraph=True) \
             if compile_backend else step
-        m(prompt, position_ids=torch.arange(600, device="cuda")[None], past_key_values=cache, use_cache=True)
+        m(prompt, position_ids=torch.arange(600, device="cuda")[None], **cache, use_cache=True)
         logits = []
         for i in range(steps.shape[1]):  # generate's mask: ones over the tokens so far
             mask = torch.ones(1, 600 + i + 1, dtype=torch.long, device="cuda") if attention_mask else None

@@ -12,19 +12,11 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from fa4_inductor import hf
-from helpers import Recorder
+from helpers import Recorder, compile_and_run, tiny
 
 DECODERS = ["llama", "mistral", "qwen2", "qwen3", "gemma2", "phi3", "gpt_neox", "gpt2"]
 ENCODERS = ["bert", "roberta", "vit", "bart"]  # bart: encoder, causal decoder, cross-attention
 IMPLEMENTATIONS = ["eager", "sdpa"]
-
-
-def tiny(name, attn_implementation):
-    pytest.importorskip("transformers")
-    try:
-        return hf.build(name, attn_implementation)
-    except ValueError as e:  # e.g. Gemma2 has no sdpa attention in some transformers versions
-        pytest.skip(str(e)[:120])
 
 
 def prefill_cases():
@@ -35,14 +27,6 @@ def prefill_cases():
                 yield pytest.param(name, impl, "right", id=f"{name}-{impl}-padded")
             if name in DECODERS:
                 yield pytest.param(name, impl, "left", id=f"{name}-{impl}-left-padded")
-
-
-def compile_and_run(fn, kwargs, **options):
-    torch._dynamo.reset()
-    recorder = Recorder(**options)
-    with torch.no_grad():
-        got = torch.compile(fn, backend=recorder)(**kwargs)
-    return recorder, got
 
 
 @pytest.mark.parametrize("name, impl, padding", prefill_cases())
@@ -65,13 +49,14 @@ def generate_with_static_cache(forward, model, prompt, steps, capacity=16, atten
     from transformers import StaticCache
 
     cache = StaticCache(config=model.config, max_cache_len=capacity)
+    keyword = hf.cache_keyword(model)
 
     def mask(length):
         return {"attention_mask": torch.ones(prompt.shape[0], length, dtype=torch.long)} if attention_mask else {}
 
-    logits = [forward(input_ids=prompt, past_key_values=cache, use_cache=True, **mask(prompt.shape[1]))]
+    logits = [forward(input_ids=prompt, **{keyword: cache}, use_cache=True, **mask(prompt.shape[1]))]
     for t, token in enumerate(steps.unbind(1)):
-        logits.append(forward(input_ids=token[:, None], past_key_values=cache, use_cache=True,
+        logits.append(forward(input_ids=token[:, None], **{keyword: cache}, use_cache=True,
                               **mask(prompt.shape[1] + t + 1)))
     return logits, cache
 
@@ -317,7 +302,8 @@ def test_gpt_fast_non_consecutive_positions_are_stopped_by_the_run_time_check():
 @pytest.mark.parametrize("impl", IMPLEMENTATIONS)
 def test_explain_by_model_type(capsys, impl):
     """Prefill, decode, then a left-padded prefill: by then automatic dynamic shapes have made the key
-    length symbolic while the new mask's length is not (the padding mask is read under a guard)."""
+    length symbolic while the new mask's length is not (the padding mask is read under a guard); then a
+    forward without a cache."""
     from fa4_inductor.__main__ import main
 
     pytest.importorskip("transformers")
@@ -325,10 +311,10 @@ def test_explain_by_model_type(capsys, impl):
     assert main(["explain", "hf:qwen2", "--attn", impl]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0] == f"qwen2 ({impl}): Qwen2ForCausalLM, 2 attention layers per forward"
-    for phase in ("prefill", "decode", "prefill, left-padded"):
+    for phase in ("prefill", "decode", "prefill, left-padded", "forward, use_cache=False"):
         assert f"{phase}: 2/2 attention layers rewritten" in lines, lines
     family = "sdpa       " if impl == "sdpa" else "handwritten"
-    assert sum(f"[rewritten] {family} model.model.layers.1.self_attn" in line for line in lines) == 3
+    assert sum(f"[rewritten] {family} model.model.layers.1.self_attn" in line for line in lines) == 4
     assert sum("key_mask=padding mask" in line for line in lines) == 2
 
 

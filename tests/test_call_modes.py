@@ -1,0 +1,339 @@
+"""HF decoders reach `fa4::attention` in every way training, evaluation and generation call them: with
+`use_cache=False` (training scripts, eval loops, embedding code) or True, with or without `position_ids`,
+with no `attention_mask` or one that is all ones, left- or right-padded or holed, in a training step with
+labels, and over growing sequence lengths (automatic dynamic shapes) or under `dynamic=True`.
+
+HF builds a different mask in each mode (transformers' `masking_utils`), and masks.py proves each one:
+
+    use_cache=False, no attention_mask   causal (or sliding window) on positions read back from the in-graph
+                                         position table `position_ids[b, q_idx]`, and HF's packed-sequence
+                                         ids of those positions (`cumsum(diff(position_ids) != 1)`), constant
+    with an attention_mask               the band on `arange` positions, and the mask as a key mask
+    use_cache=True                       the band at the cache's offset (a SymInt once lengths are dynamic)
+
+Each test counts the op's calls (every attention layer of every compiled graph) and compares with eager
+in float32 (the rewritten graph runs eagerly: the op's CPU reference); the training tests also compare
+the loss and every parameter's gradient. Llama, Qwen3, Mistral (sliding window) and Gemma2 (softcap,
+sliding and full layers) are the main families; Qwen2, Phi-3, GPT-NeoX and GPT-2 take a training step.
+Every family and code runs each mode in the survey this module was written from, but compiling costs
+seconds per case, so each mode covers a few: the cases marked `slow` add more (`-m "not gpu and not
+slow"` skips them while iterating).
+"""
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from fa4_inductor import hf
+from helpers import Recorder, compile_and_run, tiny
+
+FAMILIES = ["llama", "qwen3", "mistral", "gemma2"]  # gemma2: softcap, sliding and full layers; eager code only
+IMPLEMENTATIONS = ["eager", "sdpa"]
+SHORT_LIST = [("llama", "eager"), ("llama", "sdpa"), ("mistral", "eager"), ("gemma2", "eager")]  # not slow
+PADDING = ["ones", "left", "right", "holes"]
+
+
+def case(*values, slow=False):
+    """A test case named by its values (`llama-sdpa-...`), under the slow marker if `slow`."""
+    name = "-".join(str(v) for v in values if v is not None)
+    return pytest.param(*values, id=name, marks=[pytest.mark.slow] if slow else [])
+
+
+def padding_mask(kind: str, batch: int, seq: int) -> torch.Tensor:
+    """An attention_mask: all ones, row 1 left- or right-padded by 3, or holes in both rows."""
+    mask = torch.ones(batch, seq, dtype=torch.long)
+    if kind == "left":
+        mask[1, :3] = 0
+    elif kind == "right":
+        mask[1, -3:] = 0
+    elif kind == "holes":
+        mask[0, 2] = 0
+        mask[1, 4:6] = 0
+    return mask
+
+
+def assert_every_layer_rewritten(recorder: Recorder, model, graphs: int | None = 1):
+    """Every attention layer of each of `graphs` compiled graphs (None: any number of graphs, the layers split
+    between them by graph breaks) is rewritten."""
+    if graphs is not None:
+        assert len(recorder.graphs) == graphs, [str(r) for r in recorder.records]
+    assert recorder.count() == (graphs or 1) * model.attention_layers, [str(r) for r in recorder.records]
+    assert not recorder.reasons, recorder.reasons
+
+
+def assert_matches_eager(compiled, model, kwargs):
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(**kwargs), model.forward(**kwargs), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("name, impl", [case(name, impl, slow=(name, impl) not in SHORT_LIST)
+                                        for name in FAMILIES for impl in IMPLEMENTATIONS])
+def test_without_cache(name, impl):
+    """`use_cache=False` without an attention_mask: the positions come back through HF's position table."""
+    model = tiny(name, impl)
+    kwargs = {**model.inputs(), "use_cache": False}
+    recorder, got = compile_and_run(model.forward, kwargs)
+    assert_every_layer_rewritten(recorder, model)
+    with torch.no_grad():
+        torch.testing.assert_close(got, model.forward(**kwargs), atol=1e-5, rtol=1e-5)
+
+
+# With a cache, test_model_zoo's prefill tests cover left and right padding in every family.
+PADDED_CALLS = [case("llama", "eager", "no-cache"), case("llama", "sdpa", "no-cache"),
+                case("mistral", "sdpa", "no-cache"), case("llama", "eager", "cache"),
+                case("gemma2", "eager", "no-cache", slow=True),
+                case("qwen3", "sdpa", "no-cache", slow=True), case("mistral", "eager", "no-cache", slow=True)]
+
+
+@pytest.mark.parametrize("name, impl, cache", PADDED_CALLS)
+def test_padding_masks(name, impl, cache):
+    """One graph for every attention_mask (all ones, left, right, holes): the band, and the mask as a key mask."""
+    model = tiny(name, impl)
+    torch._dynamo.reset()
+    recorder = Recorder()
+    compiled = torch.compile(model.forward, backend=recorder)
+    for kind in PADDING:
+        kwargs = model.inputs()
+        kwargs.update(attention_mask=padding_mask(kind, 2, kwargs["input_ids"].shape[1]), use_cache=cache == "cache")
+        assert_matches_eager(compiled, model, kwargs)
+    assert_every_layer_rewritten(recorder, model)
+
+
+POSITION_MODES = {
+    "no-cache-with-mask": dict(use_cache=False, attention_mask="ones"),
+    "no-cache-left-padded": dict(use_cache=False, attention_mask="left"),
+    "cache": dict(use_cache=True),
+    "cache-holes": dict(use_cache=True, attention_mask="holes"),
+}
+POSITION_CALLS = [case("llama", "sdpa", "no-cache-left-padded"), case("llama", "sdpa", "cache"),
+                  case("gemma2", "eager", "cache-holes"), case("llama", "sdpa", "no-cache-with-mask", slow=True),
+                  case("llama", "eager", "cache-holes", slow=True)]
+
+
+@pytest.mark.parametrize("name, impl, mode", POSITION_CALLS)
+def test_position_ids(name, impl, mode):
+    """Explicit position_ids (counting from 1 in row 1: any values) are not what the mask is built from
+    when there is a cache or an attention_mask."""
+    model = tiny(name, impl)
+    kwargs = model.inputs()
+    seq = kwargs["input_ids"].shape[1]
+    options = dict(POSITION_MODES[mode])
+    if "attention_mask" in options:
+        options["attention_mask"] = padding_mask(options["attention_mask"], 2, seq)
+    kwargs.update(options, position_ids=torch.stack([torch.arange(seq), torch.arange(1, seq + 1)]))
+    recorder, got = compile_and_run(model.forward, kwargs)
+    assert_every_layer_rewritten(recorder, model)
+    with torch.no_grad():
+        torch.testing.assert_close(got, model.forward(**kwargs), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("impl", ["sdpa", pytest.param("eager", marks=pytest.mark.slow)])
+def test_position_ids_without_cache_or_mask_stay_as_written(impl):
+    """Without a cache or an attention_mask, HF reads packed sequences from explicit position_ids (a reset
+    starts a new sequence that sees only itself): values known at run time only, so the mask is kept,
+    and packed batches run exactly."""
+    model = tiny("llama", impl)
+    kwargs = {**model.inputs(), "use_cache": False}
+    seq = kwargs["input_ids"].shape[1]
+    kwargs["position_ids"] = torch.arange(seq).expand(2, -1)
+    torch._dynamo.reset()
+    recorder = Recorder()
+    compiled = torch.compile(model.forward, backend=recorder)
+    assert_matches_eager(compiled, model, kwargs)
+    kwargs["position_ids"] = torch.cat([torch.arange(5), torch.arange(seq - 5)]).expand(2, -1)  # two packed
+    assert_matches_eager(compiled, model, kwargs)
+    assert len(recorder.graphs) == 1 and recorder.count() == 0
+    assert len(recorder.reasons) == model.attention_layers
+    assert all("the graph input l_kwargs_position_ids_" in r for r in recorder.reasons), recorder.reasons
+
+
+def without_dropout(model: nn.Module) -> nn.Module:
+    """GPT-2's default config drops 10% of attention weights, hidden states and embeddings in training."""
+    for module in model.modules():
+        if isinstance(module, nn.Dropout):
+            module.p = 0.0
+    return model
+
+
+def training_step(fn, model: nn.Module, kwargs: dict) -> tuple[torch.Tensor, list]:
+    model.zero_grad()
+    loss = fn(**kwargs).loss
+    loss.backward()
+    return loss.detach(), [p.grad.clone() for p in model.parameters()]
+
+
+def assert_training_step_matches_eager(model: nn.Module, kwargs: dict) -> Recorder:
+    torch._dynamo.reset()
+    recorder = Recorder()
+    got = training_step(torch.compile(model, backend=recorder), model, kwargs)
+    expected = training_step(model, model, kwargs)
+    torch.testing.assert_close(got[0], expected[0], atol=1e-5, rtol=1e-5)
+    for g, e in zip(got[1], expected[1]):
+        torch.testing.assert_close(g, e, atol=1e-5, rtol=1e-4)
+    return recorder
+
+
+# One attention code per family, both for Llama.
+TRAINED = [*(case(name, impl) for name, impl in SHORT_LIST), *(case(name, impl, slow=True) for name, impl in (
+    ("qwen3", "sdpa"), ("mistral", "sdpa"), ("qwen2", "eager"), ("phi3", "sdpa"), ("gpt_neox", "eager"),
+    ("gpt2", "sdpa")))]
+
+
+@pytest.mark.parametrize("name, impl", TRAINED)
+def test_training_step(name, impl):
+    """`model.train()`, labels, use_cache=False: the op's backward gives eager's loss and gradients. (The loss
+    may be a graph of its own: transformers' first warning breaks the graph.)"""
+    model = tiny(name, impl)
+    net = without_dropout(model.model).train()
+    kwargs = {**model.inputs(), "use_cache": False}
+    recorder = assert_training_step_matches_eager(net, {**kwargs, "labels": kwargs["input_ids"]})
+    assert_every_layer_rewritten(recorder, model, graphs=None)
+
+
+@pytest.mark.parametrize("name, impl", [case("llama", "eager"), case("llama", "sdpa"),
+                                        case("mistral", "sdpa", slow=True), case("gemma2", "eager", slow=True)])
+def test_training_step_with_a_padding_mask(name, impl):
+    """A left-padded batch with labels: sdpa code is rewritten (the key mask's backward). Eager code's
+    finfo.min mask is kept in training, with the reason: a padded row sees no key, and eager's softmax
+    still passes it a gradient."""
+    model = tiny(name, impl)
+    net = without_dropout(model.model).train()
+    kwargs = {**model.inputs(), "use_cache": False}
+    kwargs["attention_mask"] = padding_mask("left", 2, kwargs["input_ids"].shape[1])
+    labels = kwargs["input_ids"].masked_fill(kwargs["attention_mask"] == 0, -100)
+    recorder = assert_training_step_matches_eager(net, {**kwargs, "labels": labels})
+    if impl == "sdpa":
+        assert_every_layer_rewritten(recorder, model, graphs=None)
+    else:
+        assert recorder.count() == 0 and all("in training" in r for r in recorder.reasons), recorder.reasons
+
+
+@pytest.mark.slow
+def test_active_dropout_in_training_stays_as_written():
+    """GPT-2's default 10% attention dropout in training: kept as written, with the reason."""
+    model = tiny("gpt2", "sdpa")
+    net = model.model.train()
+    kwargs = {**model.inputs(), "use_cache": False}
+    torch._dynamo.reset()
+    recorder = Recorder()
+    torch.compile(net, backend=recorder)(**kwargs, labels=kwargs["input_ids"]).loss.backward()
+    assert recorder.count() == 0
+    assert recorder.reasons and all("dropout" in r for r in recorder.reasons), recorder.reasons
+
+
+GROWING = [case("llama", "eager", None), case("mistral", "sdpa", "left"), case("gemma2", "eager", None, slow=True)]
+
+
+@pytest.mark.parametrize("name, impl, padding", GROWING)
+def test_growing_lengths_without_cache(name, impl, padding):
+    """Three sequence lengths: the second compile has symbolic lengths (automatic dynamic shapes), and the
+    third reuses it."""
+    model = tiny(name, impl)
+    torch._dynamo.reset()
+    recorder = Recorder()
+    compiled = torch.compile(model.forward, backend=recorder)
+    for seq in (8, 10, 12):
+        kwargs = {**model.inputs(seq=seq), "use_cache": False}
+        if padding:
+            kwargs["attention_mask"] = padding_mask(padding, 2, seq)
+        assert_matches_eager(compiled, model, kwargs)
+    assert_every_layer_rewritten(recorder, model, graphs=2)
+
+
+@pytest.mark.parametrize("name, impl, cache", [case("llama", "sdpa", "no-cache"),
+                                               case("mistral", "eager", "no-cache", slow=True),
+                                               case("llama", "sdpa", "cache", slow=True),
+                                               case("mistral", "eager", "cache", slow=True)])
+def test_dynamic_true(name, impl, cache):
+    """`dynamic=True`: one graph for every batch size and length."""
+    model = tiny(name, impl)
+    torch._dynamo.reset()
+    recorder = Recorder()
+    compiled = torch.compile(model.forward, backend=recorder, dynamic=True)
+    for batch, seq in ((2, 8), (3, 11), (4, 5)):
+        assert_matches_eager(compiled, model, {**model.inputs(batch=batch, seq=seq), "use_cache": cache == "cache"})
+    assert_every_layer_rewritten(recorder, model)
+
+
+@pytest.mark.parametrize("name, impl", [case("mistral", "sdpa"), case("llama", "eager", slow=True)])
+def test_dynamic_cache_decode_with_an_attention_mask(name, impl):
+    """Prefill and two one-token steps through the DynamicCache the model makes, with generate's growing
+    all-ones attention_mask: from the first step the mask's length is symbolic, and a sliding-window
+    layer reads it from a constant key offset."""
+    model = tiny(name, impl).model
+    ids, mask = torch.randint(0, 128, (2, 8)), torch.ones(2, 8, dtype=torch.long)
+    keyword = hf.cache_keyword(model)
+
+    def generate(fn):
+        with torch.no_grad():
+            out = fn(input_ids=ids[:, :6], attention_mask=mask[:, :6], use_cache=True)
+            logits = [out.logits]
+            for t in (6, 7):
+                out = fn(input_ids=ids[:, t:t + 1], attention_mask=mask[:, :t + 1], use_cache=True,
+                         **{keyword: out.past_key_values})
+                logits.append(out.logits)
+        return logits
+
+    torch._dynamo.reset()
+    recorder = Recorder()
+    for got, expected in zip(generate(torch.compile(model, backend=recorder)), generate(model)):
+        torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+    assert recorder.count() == len(recorder.graphs) * model.config.num_hidden_layers and not recorder.reasons, \
+        recorder.reasons
+
+
+CHUNKED = [pytest.param(4, False, "chunked attention", id="longer-than-a-chunk"),
+           pytest.param(16, False, None, id="within-a-chunk"),
+           pytest.param(16, True, "the graph input l_mask_2d_", id="within-a-chunk-padded")]
+
+
+@pytest.mark.parametrize("chunk, padded, reason", CHUNKED)
+def test_chunked_attention(chunk, padded, reason):
+    """Llama 4's chunked layers (`create_chunked_causal_mask`, eager code's float mask): blocks along the
+    diagonal, not a band, unless the sequence fits in one chunk and there is no attention_mask (whose left
+    padding would move the blocks): then it is causal."""
+    masking_utils = pytest.importorskip("transformers.masking_utils")
+    config = hf.tiny_config("llama", "eager")
+    config.attention_chunk_size = chunk
+
+    def chunked(q, k, v, mask_2d):
+        mask = masking_utils.create_chunked_causal_mask(config, q.transpose(1, 2).flatten(2), mask_2d, None)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+    q, k, v = (torch.randn(2, 4, 8, 16) for _ in range(3))
+    mask_2d = padding_mask("left", 2, 8) if padded else None
+    torch._dynamo.reset()
+    recorder = Recorder()
+    torch.testing.assert_close(torch.compile(chunked, backend=recorder)(q, k, v, mask_2d), chunked(q, k, v, mask_2d))
+    if reason is None:
+        assert recorder.count() == 1 and "causal=True" in recorder.records[0].detail, recorder.records
+    else:
+        assert recorder.count() == 0 and len(recorder.reasons) == 1 and reason in recorder.reasons[0], recorder.reasons
+
+
+def cache_position_attention(q, k_new, v_new, k_past, v_past):
+    """transformers 4.x with a DynamicCache: `cache_position = arange(past, past + Sq)` (past: the cache length,
+    a SymInt under dynamic shapes), keys the past ones and the new ones, `kv_arange <= cache_position`."""
+    past = k_past.shape[2]
+    cache_position = torch.arange(past, past + q.shape[2])
+    k, v = torch.cat([k_past, k_new], 2), torch.cat([v_past, v_new], 2)
+    kv_arange = torch.arange(k.shape[2])
+    mask = kv_arange[None, None, None, :] <= cache_position[None, None, :, None]
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask.expand(q.shape[0], -1, -1, -1))
+
+
+@pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
+def test_cache_position_of_older_transformers(dynamic):
+    """Queries at `arange(past, past + Sq)` over past + Sq keys: seqused_k aligns the band bottom-right, for a
+    constant or a symbolic past length."""
+    torch._dynamo.reset()
+    recorder = Recorder()
+    compiled = torch.compile(cache_position_attention, backend=recorder, dynamic=dynamic)
+    for past, sq in ((5, 3), (7, 1), (4, 4)):
+        q, k_new, v_new = torch.randn(2, 4, sq, 16), torch.randn(2, 4, sq, 16), torch.randn(2, 4, sq, 16)
+        k_past, v_past = torch.randn(2, 4, past, 16), torch.randn(2, 4, past, 16)
+        torch.testing.assert_close(compiled(q, k_new, v_new, k_past, v_past),
+                                   cache_position_attention(q, k_new, v_new, k_past, v_past), atol=1e-5, rtol=1e-5)
+    assert recorder.count() == len(recorder.graphs) and not recorder.reasons, recorder.reasons
+    assert all("seqused_k" in r.detail and "causal=True" in r.detail for r in recorder.records), recorder.records
