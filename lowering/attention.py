@@ -40,7 +40,7 @@ from torch.fx.experimental.symbolic_shapes import guard_or_false
 
 from ..kernels import attention as attention_op
 from . import gqa, kv_cache, padding
-from .mutations import Mutations, first_reads, layout_free
+from .mutations import Mutations, first_reads, layout_free, storage
 from .masks import INF, MaskNotUnderstood, Band, KeyMask, Shift, band_args, broadcasts_last_two_dims, keep_band
 from .records import Decline, Record
 from .spellings import (ADD, CAST, DIV, DROPOUT, MASKED_FILL, MATMUL, MUL, SDPA, SOFTMAX, TANH, WHERE, arg,
@@ -188,10 +188,14 @@ def _band_flags(band: Band, scores_shape) -> tuple[dict, Shift | None]:
         raise Decline("a band with no upper bound over a KV cache (or at run-time positions): keys past the last "
                       "position are visible, which seqused_k cannot express")
     shift = dataclasses.replace(band.shift or Shift(None), top=int(band.hi))
-    # Symbolic sizes: guarded (a longer prompt recompiles, and that graph declines).
-    if band.shift is None and not guard_or_false(scores_shape[-2] + shift.top <= scores_shape[-1]):
-        raise Decline(f"a band with j - i <= {shift.top} over {scores_shape[-1]} keys for {scores_shape[-2]} queries "
-                      "reaches past the last key")
+    # Symbolic sizes and positions: guarded (a longer prompt recompiles, and that graph declines). Positions
+    # held in tensors are checked at run time (kv_cache.seqused_k).
+    positions = [value(n) for n in (shift.node, shift.minus) if n is not None]
+    if not any(isinstance(p, torch.Tensor) for p in positions):
+        used = sum(positions[:1]) - sum(positions[1:]) + scores_shape[-2] + shift.top
+        if not (guard_or_false(used >= scores_shape[-2]) and guard_or_false(used <= scores_shape[-1])):
+            raise Decline(f"a band with j - i <= {shift.top} (at the query positions given) over {scores_shape[-1]} "
+                          f"keys for {scores_shape[-2]} queries leaves a query without keys or reaches past the last key")
     return band_args(Band(band.lo - band.hi, 0)), shift
 
 
@@ -437,15 +441,17 @@ class NodeMaker:
         return node
 
 
-def _seqused_k(graph, make: NodeMaker, call: AttentionCall, shared: dict) -> Node | None:
-    """The op's seqused_k input, built once per graph for each mask or cache position it comes from.
+def _seqused_k(graph, make: NodeMaker, call: AttentionCall, shared: dict, q: Node, k: Node) -> Node | None:
+    """The op's seqused_k input (for the op's 4-D q and k), built once per graph for each mask or cache
+    position it comes from and each query / key length.
 
     What reads run-time data (the key mask, the cache offset) is placed right after that data is
     defined, as the model's own mask is, before any in-place update of it."""
     source = call.seqused_k
     if source is None:
         return None
-    if source not in shared:
+    key = (source, str(shape(q)[2]), str(shape(k)[2])) if isinstance(source, Shift) else source
+    if key not in shared:
         if isinstance(source, Shift):
             starts = []
             for node, vector in ((source.node, source.vector), (source.minus, False)):
@@ -454,11 +460,11 @@ def _seqused_k(graph, make: NodeMaker, call: AttentionCall, shared: dict) -> Nod
                     continue
                 with graph.inserting_before(_after_definition(node)):
                     starts.append(kv_cache.snapshot(make, node, vector))
-            shared[source] = kv_cache.seqused_k(make, *starts, source.top, call.q)
+            shared[key] = kv_cache.seqused_k(make, *starts, source.top, q, k)
         else:
             with graph.inserting_before(_after_definition(source)):
-                shared[source] = padding.seqused_k(make, source)
-    return shared[source]
+                shared[key] = padding.seqused_k(make, source)
+    return shared[key]
 
 
 def _after_definition(node: Node) -> Node:
@@ -482,7 +488,7 @@ def emit(gm: GraphModule, call: AttentionCall, fake_mode, shared: dict, mutation
         q, k, v = call.q, call.k, call.v
         if three_d:
             q, k, v = (make("unsqueeze", t, 0) for t in (q, k, v))
-        seqused_k = _seqused_k(graph, make, call, shared)
+        seqused_k = _seqused_k(graph, make, call, shared, q, k)
         if call.covering_mask is not None and (call.covering_mask, seqused_k) not in shared:
             shared[call.covering_mask, seqused_k] = padding.check_hides_none(make, call.covering_mask, seqused_k)
         inputs = [q, k, v]
@@ -499,11 +505,14 @@ def emit(gm: GraphModule, call: AttentionCall, fake_mode, shared: dict, mutation
             out = padding.blind_rows_as_mean(make, out, make(operator.getitem, op, 1), v)
         if three_d:
             out = make("squeeze", out, 0)
+    written = bool(mutations.writes.get(storage(call.output)))
     call.output.replace_all_uses_with(out)
     _erase_dead(graph, [call.output] + call.matched)
-    if three_d or not layout_free(out, mutations):
+    if three_d or written or not layout_free(out, mutations):
+        # A copy when the model writes into the output: the op's backward keeps the output it returned.
         with graph.inserting_after(out):
-            standard = make("contiguous", out, name="attention_out_contiguous")
+            standard = (make("clone", out, memory_format=torch.contiguous_format, name="attention_out_copy") if written
+                        else make("contiguous", out, name="attention_out_contiguous"))
         out.replace_all_uses_with(standard, delete_user_cb=lambda user: user is not standard)
     return _describe_call(call, kwargs)
 

@@ -48,14 +48,26 @@ def snapshot(make, pos: Node, vector: bool):
     return make(operator.getitem, pos, 0, name="cache_start")
 
 
-def seqused_k(make, start, key_start, top: int, q: Node) -> Node:
-    """[B] int32 keys in use: start - key_start + Sq + top for every sequence (None is 0)."""
+OUTSIDE_THE_KEYS = ("fa4_inductor: the query positions put a query before the first key or its band past the last "
+                    "one (a cache position below 0 or beyond the cache); this graph was compiled for positions "
+                    "inside the keys.")
+
+
+def seqused_k(make, start, key_start, top: int, q: Node, k: Node) -> Node:
+    """[B] int32 keys in use: start - key_start + Sq + top for every sequence (None is 0).
+
+    Exact only for Sq <= that <= Sk (every query sees a key, no band runs past the last key: a KV cache's
+    positions); checked at run time when the positions are a tensor (attention.py guards symbolic ones)."""
     b, _, sq, _ = shape(q)
-    sq = sq + top if isinstance(sq, int) else make(operator.add, make("size", q, 2), top)
+    sq_node = sq if isinstance(sq, int) else make("size", q, 2)
+    used = sq + top if isinstance(sq, int) else make(operator.add, sq_node, top)
     b = b if isinstance(b, int) else make("size", q, 0)
-    used = sq if start is None else make(operator.add, start, sq)
+    used = used if start is None else make(operator.add, start, used)
     if key_start is not None:
         used = make(operator.sub, used, key_start)
     if isinstance(value(used), torch.Tensor):
+        sk = shape(k)[2] if isinstance(shape(k)[2], int) else make("size", k, 2)
+        inside = make(operator.and_, make(operator.ge, used, sq_node), make(operator.le, used, sk))
+        make(torch._assert_async, make("all", inside), OUTSIDE_THE_KEYS)
         return make("contiguous", make("expand", make("to", used, torch.int32), b), name="seqused_k")
     return make(torch.full, (b,), used, dtype=torch.int32, device=value(q).device, name="seqused_k")

@@ -326,6 +326,8 @@ def _uniform(v) -> TwoValued:
 def _coerce(node: Node, tv: TwoValued) -> TwoValued:
     """Values converted to the dtype the node produces (bool, integer or floating)."""
     dtype = value(node).dtype
+    if dtype.is_complex:
+        raise MaskNotUnderstood(f"{_describe(node)} is complex")
     if dtype == torch.bool:
         return tv.map(bool)
     if dtype.is_floating_point:
