@@ -151,12 +151,14 @@ def _mask_flags(kind: str, mask, constants, scores_shape, fill=None) -> tuple[Ba
     return band, hidden
 
 
-def _blind_rows(hidden_scores: list, sdpa: bool) -> str:
+def _blind_rows(hidden_scores: list, sdpa: bool, softmax_dtype: torch.dtype | None = None) -> str:
     """What eager gives a row whose keys are all hidden: SDPA returns zeros for a boolean or -inf mask
     (its safe softmax); a finite finfo.min score on every key of the row, from one masking step, makes
     the softmax uniform (the mean of V over all keys); -inf in a plain softmax, or several steps mixing
     the two, give NaN or weights over part of the keys ("nan": not reproduced)."""
     hidden = [h for h in hidden_scores if h is not None]
+    if softmax_dtype is not None:  # float64's finfo.min in a float32 softmax is -inf there
+        hidden = [h if abs(h) <= torch.finfo(softmax_dtype).max else -math.inf for h in hidden]
     if not hidden:
         return "zeros" if sdpa else "nan"
     if len(hidden) == 1:
@@ -370,7 +372,8 @@ def match_handwritten(softmax: Node, constants: dict) -> AttentionCall | None:
     if softcap:
         flags["softcap"] = softcap
     return AttentionCall(q, k, v, output=output, scale=scale, flags=flags, matched=matched + [output],
-                         seqused_k=seqused_k, padding=keys, blind_rows=_blind_rows(hidden_scores, sdpa=False),
+                         seqused_k=seqused_k, padding=keys,
+                         blind_rows=_blind_rows(hidden_scores, sdpa=False, softmax_dtype=value(softmax).dtype),
                          masks=[(m, use) for m, use in masks if isinstance(m, Node)])
 
 

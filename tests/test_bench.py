@@ -2,6 +2,7 @@
 
 import math
 
+import pytest
 import torch
 
 from fa4_inductor import bench
@@ -23,6 +24,7 @@ def test_decode_suite_skips_caches_over_the_memory_cap():
     assert all(cell != "n/a" for cell in table.rows[0][4:])
 
 
+@pytest.mark.slow
 def test_e2e_suite_compiles_prefill_and_static_cache_decode():
     tiny = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                 num_key_value_heads=2, vocab_size=128, max_position_embeddings=256)
@@ -40,6 +42,7 @@ def test_bench_needs_a_gpu(capsys):
     assert "needs a CUDA GPU" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_a_failed_measurement_is_reported_not_fatal(monkeypatch, capsys):
     tiny = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=4,
                 num_key_value_heads=2, vocab_size=128, max_position_embeddings=256)
@@ -54,6 +57,7 @@ def test_a_failed_measurement_is_reported_not_fatal(monkeypatch, capsys):
     assert "seqused_k must be contiguous" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_generate_suite_runs_hf_generate_with_each_backend():
     tiny = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                 num_key_value_heads=2, vocab_size=128, max_position_embeddings=256)
@@ -78,6 +82,7 @@ def without_inductor(monkeypatch):
                 num_key_value_heads=2, vocab_size=128, max_position_embeddings=256)
 
 
+@pytest.mark.slow
 def test_padded_suite_runs_prefill_and_training(monkeypatch):
     tiny = without_inductor(monkeypatch)
     (table,) = bench.padded_suite("cpu", torch.float32, batch=4, seqlen=16, attentions=("sdpa",), model_overrides=tiny)
@@ -86,6 +91,7 @@ def test_padded_suite_runs_prefill_and_training(monkeypatch):
                                                ["sdpa", "train", "left-padded"], ["sdpa", "train", "no mask"]]
 
 
+@pytest.mark.slow
 def test_train_suite_runs_a_training_step_per_attention_code(monkeypatch):
     tiny = without_inductor(monkeypatch)
     (table,) = bench.train_suite("cpu", torch.float32, seqlen=16, model_overrides=tiny)

@@ -37,6 +37,7 @@ MAIN_VARIANTS = [
 KEY_MASK_VARIANTS = [(torch.bfloat16, 128, 4, True, False, True, True), (torch.float16, 64, 8, True, True, True, False)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("variant", MAIN_VARIANTS, ids=lambda v: "-".join(map(str, v)).replace("torch.", ""))
 def test_main_kernel_compiles(cute_dsl, variant):
     key = decode._Key("main", *variant, ARCH, stages=decode.stages_for(variant[1]))
@@ -44,6 +45,7 @@ def test_main_kernel_compiles(cute_dsl, variant):
     assert decode.compiled(key) is decode.compiled(key)  # the explicit cache holds it
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("variant", KEY_MASK_VARIANTS, ids=lambda v: "-".join(map(str, v)).replace("torch.", ""))
 def test_main_kernel_with_a_key_mask_compiles(cute_dsl, variant):
     key = decode._Key("main", *variant, ARCH, stages=decode.stages_for(variant[1]), key_mask=True)
@@ -53,6 +55,7 @@ def test_main_kernel_with_a_key_mask_compiles(cute_dsl, variant):
 @pytest.mark.parametrize(
     "dtype, head_dim, group, pdl",
     [(torch.bfloat16, 128, 4, True), (torch.float16, 64, 8, False), (torch.bfloat16, 256, 16, True)])
+@pytest.mark.slow
 def test_combine_kernel_compiles(cute_dsl, dtype, head_dim, group, pdl):
     key = decode._Key("combine", dtype, head_dim, group, False, False, False, True, ARCH, pdl)
     assert callable(decode.compiled(key))
@@ -127,6 +130,7 @@ def test_disable_env(monkeypatch):
     assert decode.DISABLE_ENV in decode.unsupported_reason(q, k, k, scale=0.1)
 
 
+@pytest.mark.slow
 def test_host_module_imports_no_cutlass():
     """`kernel_for` imports `decode` on every CUDA call: it must not pay cutlass's ~3 s import."""
     code = "import sys, fa4_inductor.kernels.decode; assert 'cutlass' not in sys.modules"

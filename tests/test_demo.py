@@ -3,7 +3,10 @@
 import subprocess
 import sys
 
+import pytest
 
+
+@pytest.mark.slow
 def test_demo_command_passes():
     result = subprocess.run([sys.executable, "-m", "fa4_inductor", "demo", "--seq-len", "32"], capture_output=True,
                             text=True, timeout=600)

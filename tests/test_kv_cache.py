@@ -73,6 +73,11 @@ index_copy_: f32[2, 2, 16, 16] = .index_copy_(l_k_cache_, 2, q_pos, l_k_)
 index_copy__1: f32[2, 2, 16, 16] = .index_copy_(l_v_cache_, 2, q_pos, l_v_)
 add_: i64[] = .add_(l_offset_, 1)
 add_1: i64[] = add(cache_start, 1)
+ge: b8[] = ge(add_1, 1)
+le_1: b8[] = le(add_1, 16)
+and_: b8[] = and_(ge, le_1)
+all_1: b8[] = .all(and_)
+_assert_async: NoneType = _assert_async(all_1, 'fa4_inductor: the query positions put a query before the first key or its band past the last one (a cache position below 0 or beyond the cache); this graph was compiled for positions inside the keys.')
 to: i32[] = .to(add_1, int32)
 expand_3: i32[2] = .expand(to, 2)
 seqused_k: i32[2] = .contiguous(expand_3)
@@ -104,6 +109,11 @@ cache_start: i64[] = getitem(l_input_pos_, 0)
 setitem: NoneType = setitem(l_self_buffers_k_cache_, (:, :, l_input_pos_), l_k_)
 setitem_1: NoneType = setitem(l_self_buffers_v_cache_, (:, :, l_input_pos_), l_v_)
 add: i64[] = add(cache_start, 1)
+ge: b8[] = ge(add, 1)
+le: b8[] = le(add, 16)
+and_: b8[] = and_(ge, le)
+all_1: b8[] = .all(and_)
+_assert_async: NoneType = _assert_async(all_1, 'fa4_inductor: the query positions put a query before the first key or its band past the last one (a cache position below 0 or beyond the cache); this graph was compiled for positions inside the keys.')
 to: i32[] = .to(add, int32)
 expand: i32[2] = .expand(to, 2)
 seqused_k: i32[2] = .contiguous(expand)
@@ -128,6 +138,11 @@ cache_start: i64[] = getitem(l_input_pos_, 0)
 setitem: NoneType = setitem(l_self_buffers_k_cache_, (:, :, l_input_pos_), l_k_)
 setitem_1: NoneType = setitem(l_self_buffers_v_cache_, (:, :, l_input_pos_), l_v_)
 add: i64[] = add(cache_start, 5)
+ge: b8[] = ge(add, 5)
+le: b8[] = le(add, 16)
+and_: b8[] = and_(ge, le)
+all_2: b8[] = .all(and_)
+_assert_async_1: NoneType = _assert_async(all_2, 'fa4_inductor: the query positions put a query before the first key or its band past the last one (a cache position below 0 or beyond the cache); this graph was compiled for positions inside the keys.')
 to: i32[] = .to(add, int32)
 expand: i32[2] = .expand(to, 2)
 seqused_k: i32[2] = .contiguous(expand)
@@ -184,3 +199,21 @@ def test_gpt_fast_non_consecutive_positions_raise():
     compiled(q, k, v, torch.tensor([0, 1, 2]))
     with pytest.raises(RuntimeError, match="do not count up by one"):
         compiled(q, k, v, torch.tensor([0, 2, 4]))
+
+
+def test_positions_outside_the_keys_raise():
+    """seqused_k = position + Sq is exact only inside the keys: a graph compiled at cache positions checks it
+    (where eager's mask would leave a query without keys or run past the last key: no cache write there)."""
+    def fn(q, k_cache, v_cache, offset):
+        q_pos = torch.arange(q.shape[2]) + offset
+        mask = torch.arange(k_cache.shape[2])[None, None, None, :] <= q_pos[None, None, :, None]
+        return F.scaled_dot_product_attention(q, k_cache, v_cache, attn_mask=mask)
+
+    q, _, _ = new_tokens(2)
+    k_cache, v_cache = (torch.randn(B, HQ, CAPACITY, D) for _ in range(2))
+    torch._dynamo.reset()
+    compiled = torch.compile(fn, backend=Recorder())
+    torch.testing.assert_close(compiled(q, k_cache, v_cache, torch.tensor(3)), fn(q, k_cache, v_cache, torch.tensor(3)))
+    for offset in (-1, CAPACITY - 1):
+        with pytest.raises(RuntimeError, match="query positions put a query before the first key or its band past"):
+            compiled(q, k_cache, v_cache, torch.tensor(offset))

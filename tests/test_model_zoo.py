@@ -115,6 +115,7 @@ def test_generate_with_a_static_cache_decodes_through_the_op(name):
         torch.testing.assert_close(g, e, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("attention_mask, checked", [(False, False), (True, False), (True, True)],
                          ids=["no-mask", "generate-mask-as-key-mask", "generate-mask-checked"])
 def test_static_cache_decode_with_inductor_writes_the_cache_in_place(attention_mask, checked):
@@ -188,6 +189,7 @@ def test_decoder_padded_batch_is_stopped_by_the_run_time_check_under_checked_pad
         torch.compile(model.forward, backend=recorder)(**kwargs)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["llama", "mistral"])
 def test_no_recompile_across_batch_and_sequence_length(name):
     """After the first dynamic compile (torch.compile's automatic dynamic shapes: the second shape seen),
@@ -299,6 +301,7 @@ def test_gpt_fast_non_consecutive_positions_are_stopped_by_the_run_time_check():
             compiled(torch.randn(2, 4, 64), torch.tensor([0, 1, 3, 4]))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("impl", IMPLEMENTATIONS)
 def test_explain_by_model_type(capsys, impl):
     """Prefill, decode, then a left-padded prefill: by then automatic dynamic shapes have made the key

@@ -109,6 +109,7 @@ def test_hf_left_padding_is_rewritten_with_a_key_mask_or_stopped_under_checked_p
     assert all("key_mask=padding mask, rows that see no key: mean of V" in r.detail for r in recorder.records)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("attention", ["eager", "sdpa"])
 def test_hf_llama_with_dynamic_true_is_rewritten_once(attention):
     """dynamic=True hands `self.scaling` over as a runtime float; the rewrite takes it, Inductor's
