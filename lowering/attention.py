@@ -192,9 +192,9 @@ def _band_flags(band: Band, scores_shape) -> tuple[dict, Shift | None]:
     shift = dataclasses.replace(band.shift or Shift(None), top=int(band.hi))
     # Symbolic sizes and positions: guarded (a longer prompt recompiles, and that graph declines). Positions
     # held in tensors are checked at run time (kv_cache.seqused_k).
-    positions = [value(n) for n in (shift.node, shift.minus) if n is not None]
-    if not any(isinstance(p, torch.Tensor) for p in positions):
-        used = sum(positions[:1]) - sum(positions[1:]) + scores_shape[-2] + shift.top
+    start, key_start = (0 if n is None else value(n) for n in (shift.node, shift.minus))
+    if not any(isinstance(p, torch.Tensor) for p in (start, key_start)):
+        used = start - key_start + scores_shape[-2] + shift.top
         if not (guard_or_false(used >= scores_shape[-2]) and guard_or_false(used <= scores_shape[-1])):
             raise Decline(f"a band with j - i <= {shift.top} (at the query positions given) over {scores_shape[-1]} "
                           f"keys for {scores_shape[-2]} queries leaves a query without keys or reaches past the last key")
