@@ -257,7 +257,7 @@ def key_mask_form(q: Tensor, k: Tensor, seqused_k: Optional[Tensor], key_mask: O
     left_padding = (key_mask == (positions >= key_mask.shape[1] - lengths[:, None])).all()
     hides_nothing, right_padding, left_padding, no_empty_row = torch.stack(
         [(key_mask | unused).all(), right_padding, left_padding, (lengths > 0).all()]).tolist()
-    banded = flags["causal"] or flags["window_left"] >= 0 or flags["window_right"] >= 0
+    banded = Flags(**flags).banded
     # Without a band every query of a sequence sees its keys: none for an all-padding row, which FA4 is not given.
     left_padding = left_padding and (banded or no_empty_row)
     if hides_nothing:

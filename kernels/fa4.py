@@ -326,10 +326,6 @@ def _flat(t: Tensor) -> Tensor:
     return t.reshape(t.shape[0] * t.shape[1], *t.shape[2:])
 
 
-def _band(flags: Flags) -> bool:
-    return flags.causal or flags.window_left >= 0 or flags.window_right >= 0
-
-
 def forward_left_padded(q: Tensor, k: Tensor, v: Tensor, starts: Tensor, **flags) -> tuple[Tensor, Tensor]:
     """FA4 forward of a self-attention (Sq == Sk) whose key mask is left padding, first visible key
     `starts[b]` (`left_padding_as_varlen`): no copy of Q/K/V, no mask. Query rows that see no key get
@@ -337,12 +333,12 @@ def forward_left_padded(q: Tensor, k: Tensor, v: Tensor, starts: Tensor, **flags
     flags = Flags(**flags)
     fa = _require()
     b, hq, s, _ = q.shape
-    out = layout.empty_bhsd(b, hq, s, v.shape[-1], dtype=q.dtype, device=q.device, zero=_band(flags))
+    out = layout.empty_bhsd(b, hq, s, v.shape[-1], dtype=q.dtype, device=q.device, zero=flags.banded)
     lse = torch.full((hq, b * s), float("-inf"), dtype=torch.float32, device=q.device)
     with _device_guard(q):
         fa._flash_attn_fwd(
             _flat(q), _flat(k), _flat(v),
-            **left_padding_as_varlen(starts, b, s, _band(flags)),
+            **left_padding_as_varlen(starts, b, s, flags.banded),
             **_kernel_flags(flags),
             return_lse=True,
             out=_flat(out),
@@ -365,7 +361,7 @@ def backward_left_padded(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out:
     with _device_guard(q):
         fa._flash_attn_bwd(
             _flat(q), _flat(k), _flat(v), _flat(out), _flat(grad_out), varlen_lse(lse),
-            **left_padding_as_varlen(starts, b, s, _band(flags)),
+            **left_padding_as_varlen(starts, b, s, flags.banded),
             **_kernel_flags(flags),
             dq=_flat(grads[0]),
             dk=_flat(grads[1]),

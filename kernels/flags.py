@@ -20,6 +20,11 @@ class Flags(NamedTuple):
     softcap: float = 0.0
     """`softcap * tanh(s / softcap)` on the scaled scores; 0: off."""
 
+    @property
+    def banded(self) -> bool:
+        """A query sees only keys near its diagonal (causal or a window): queries may see no key at all."""
+        return self.causal or self.window_left >= 0 or self.window_right >= 0
+
 
 SCHEMA = "float scale, " + ", ".join(f"{type(d).__name__} {name}={d}" for name, d in Flags._field_defaults.items())
 """The flags as a torch.library schema fragment (explicit `int`s: the window bounds are compile-time constants)."""

@@ -40,7 +40,7 @@ from torch.fx.experimental.symbolic_shapes import guard_or_false
 
 from ..kernels import attention as attention_op
 from . import gqa, kv_cache, padding
-from .mutations import Mutations, first_reads, layout_free, storage
+from .mutations import Mutations, layout_free, storage
 from .masks import INF, MaskNotUnderstood, Band, KeyMask, Shift, band_args, broadcasts_last_two_dims, keep_band
 from .records import Decline, Record
 from .spellings import (ADD, CAST, DIV, DROPOUT, MASKED_FILL, MATMUL, MUL, SDPA, SOFTMAX, TANH, WHERE, arg,
@@ -137,13 +137,13 @@ def _mask_flags(kind: str, mask, constants, scores_shape, fill=None) -> tuple[Ba
         band, hidden = keep_band(kind, mask, constants, fill)
     except MaskNotUnderstood as e:
         raise Decline(f"mask not recognized: {e}") from None
-    if isinstance(mask, Node):
-        mshape = shape(mask)
-        if len(mshape) > len(scores_shape) or not all(
-                same_size(m, 1) or _equal(m, s) for m, s in zip(mshape[::-1], scores_shape[::-1])):
-            raise Decline(f"the mask's shape {list(mshape)} broadcasts the scores' {list(scores_shape)} larger")
-    if isinstance(mask, Node) and band != Band():
-        mshape = shape(mask)
+    if not isinstance(mask, Node):
+        return band, hidden
+    mshape = shape(mask)
+    if len(mshape) > len(scores_shape) or not all(
+            same_size(m, 1) or _equal(m, s) for m, s in zip(mshape[::-1], scores_shape[::-1])):
+        raise Decline(f"the mask's shape {list(mshape)} broadcasts the scores' {list(scores_shape)} larger")
+    if band != Band():
         same = len(mshape) >= 2 and all(same_size(a, b) for a, b in zip(mshape[-2:], scores_shape[-2:]))
         # A mask the same for every query (a key-padding mask) may be broadcast over the query rows.
         if not same and (band.bounded or not broadcasts_last_two_dims(mshape, scores_shape)):
@@ -569,7 +569,7 @@ def _check_in_place_updates(call: AttentionCall, mutations: Mutations, constants
     buffers = set()
     for mask, use in call.masks:
         buffers.update(n for n in mutations.check_mask(mask, use) if n in constants)
-    reads = first_reads({call.q, call.k, call.v}, call.output, call.matched)
+    reads = mutations.first_reads({call.q, call.k, call.v}, call.output, call.matched)
     if call.key_mask is not None:  # read by the op itself (padding.key_mask)
         reads[call.key_mask.node] = call.key_mask.node
     mutations.check_reads(reads, call.output)

@@ -100,6 +100,17 @@ class Mutations:
                 raise Decline(f"{tensor.name} is updated in place ({writer.format_node()}) between its read by the "
                               "attention and the point the rewrite reads it")
 
+    def first_reads(self, tensors, output: Node, matched) -> dict:
+        """Tensor -> its earliest reader among the nodes of a matched subgraph (and what leads from the tensor
+        into it: a K/V repetition), for each of `tensors`."""
+        inside = set(matched) | {output}
+        reads = {}
+        for tensor in tensors:
+            readers = [u for u in tensor.users if u in inside or _reaches(u, inside)]
+            if readers:
+                reads[tensor] = min(readers, key=self._at)
+        return reads
+
     def check_mask(self, mask: Node, use: Node) -> list[Node]:
         """Decline when a tensor the mask is built from is updated in place between its definition and its
         last read on the way to `use` (the op that applies the mask): the mask's structure was proven from the
@@ -127,18 +138,6 @@ def tensor_ancestors(node: Node) -> list[Node]:
     return list(seen)
 
 
-def first_reads(tensors, output: Node, matched) -> dict:
-    """Tensor -> its earliest reader among the nodes of a matched subgraph (and what leads from the tensor
-    into it: a K/V repetition), for each of `tensors`."""
-    inside = set(matched) | {output}
-    reads = {}
-    for tensor in tensors:
-        readers = [u for u in tensor.users if u in inside or _reaches(u, inside)]
-        if readers:
-            reads[tensor] = min(readers, key=_order(output.graph))
-    return reads
-
-
 def _reaches(node: Node, targets: set, limit: int = 8) -> bool:
     """Whether a short chain of single-tensor ops leads from node into targets (a K/V repetition)."""
     frontier = {node}
@@ -149,11 +148,6 @@ def _reaches(node: Node, targets: set, limit: int = 8) -> bool:
         if not frontier:
             return False
     return False
-
-
-def _order(graph: Graph):
-    position = {n: i for i, n in enumerate(graph.nodes)}
-    return position.__getitem__
 
 
 

@@ -50,11 +50,9 @@ READ_BY_VALUE = "fa4_read_by_value"
 the backend watches for later in-place updates (backend.py)."""
 
 
-def run_torch_ir_passes(gm: GraphModule, example_inputs, options, read_buffers: bool = True) -> list[Record]:
-    """`read_buffers=False`: no mask is read from a module buffer's values (those attentions stay as written)."""
+def run_torch_ir_passes(gm: GraphModule, example_inputs, options) -> list[Record]:
     fake_mode = _fake_mode_of_graph(gm) or detect_fake_mode(example_inputs)
-    buffers = module_buffers(gm, example_inputs) if read_buffers else {}
-    records, read_by_value = rewrite_attention(gm, buffers, options, fake_mode)
+    records, read_by_value = rewrite_attention(gm, module_buffers(gm, example_inputs), options, fake_mode)
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     gm.meta[READ_BY_VALUE] = [placeholders.index(n) for n in read_by_value]
     gm.graph.lint()
