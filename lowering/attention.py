@@ -576,6 +576,29 @@ def _check_in_place_updates(call: AttentionCall, mutations: Mutations, constants
     return buffers
 
 
+def _check_positions_bounded(call: AttentionCall, mutations: Mutations) -> None:
+    """Query positions held in tensors are rewritten only over a KV cache written in this graph at indexed
+    positions (`index_copy_`, `cache[..., pos] = x`): eager's own write then bounds them to the cache, the case
+    seqused_k = start + Sq expresses. Anywhere else positions outside the keys are possible, and eager's answer
+    there (queries without keys, bands past the last key) has no seqused_k."""
+    shift = call.seqused_k
+    if not isinstance(shift, Shift) or not any(
+            isinstance(value(n), torch.Tensor) for n in (shift.node, shift.minus) if n is not None):
+        return
+    if not any(_indexed_write(w) for w in mutations.writes_before(call.k, call.output)):
+        raise Decline("query positions held in a tensor over keys that are not a KV cache written in this graph at "
+                      "indexed positions: positions outside the keys cannot be excluded")
+
+
+def _indexed_write(node: Node) -> bool:
+    name = node.target if isinstance(node.target, str) else getattr(node.target, "__name__", "")
+    if name in ("index_copy_", "index_put_"):
+        return True
+    index = node.args[1] if node.target is operator.setitem and len(node.args) > 1 else None
+    parts = index if isinstance(index, (tuple, list)) else [index]
+    return any(isinstance(p, Node) and isinstance(value(p), torch.Tensor) for p in parts)
+
+
 def rewrite_attention(gm: GraphModule, constants: dict, options, fake_mode) -> tuple[list[Record], set]:
     """Rewrite every attention in gm that fa4::attention can take; one record per candidate, and the module
     buffers whose values the rewrites depend on (masks read by value)."""
@@ -600,6 +623,7 @@ def rewrite_attention(gm: GraphModule, constants: dict, options, fake_mode) -> t
                 _encode_padding(call, options)
             _fold_gqa(call, options.gqa)
             buffers = _check_in_place_updates(call, mutations, constants)
+            _check_positions_bounded(call, mutations)
             records.append(Record(family, where, True, emit(gm, call, fake_mode, shared, mutations), module_path(node)))
             read_by_value |= buffers
         except Decline as e:

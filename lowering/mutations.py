@@ -91,6 +91,11 @@ class Mutations:
         lo, hi = self._at(after), self._at(before)
         return next((w for w in self.writes.get(key, ()) if lo < self._at(w) < hi), None)
 
+    def writes_before(self, tensor: Node, before: Node) -> list[Node]:
+        """The nodes that write the storage of `tensor` before `before`."""
+        key = storage(tensor)
+        return [w for w in self.writes.get(key, ()) if self._at(w) < self._at(before)] if key is not None else []
+
     def check_reads(self, reads: dict, at: Node) -> None:
         """Decline when a tensor is updated in place between where the original code reads it and `at`,
         where the rewrite reads it. `reads`: tensor node -> the node of its original read."""

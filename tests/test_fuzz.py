@@ -62,7 +62,6 @@ from hypothesis import HealthCheck, Phase, assume, event, example, given, note, 
 from hypothesis import strategies as st
 from hypothesis.database import DirectoryBasedExampleDatabase
 
-from fa4_inductor.lowering import kv_cache
 from helpers import Recorder
 
 LONG = os.environ.get("FA4_FUZZ", "") == "long"
@@ -721,12 +720,6 @@ def _dynamo_failed(e: BaseException) -> bool:
 STATS: collections.Counter = collections.Counter()
 
 
-# The in-graph checks a rewrite may emit (their messages): a graph compiled for a KV cache's positions refuses
-# queries outside the keys (kv_cache.OUTSIDE_THE_KEYS) and gpt-fast positions that do not count up by one
-# (kv_cache.NOT_CONSECUTIVE), where eager still computes something. Such a call raises; it never answers wrong.
-RUN_TIME_CHECKS = (kv_cache.OUTSIDE_THE_KEYS, kv_cache.NOT_CONSECUTIVE)
-
-
 def check_case(case: Case, inductor: bool = False) -> str:
     """The property for one case; returns the verdict ("rewritten", "declined", "no candidate")."""
     note(reproducer(case, inductor))
@@ -756,9 +749,6 @@ def check_case(case: Case, inductor: bool = False) -> str:
         if _dynamo_failed(e):
             event(f"dynamo cannot trace: {type(e).__name__}")
             assume(False)
-        if isinstance(e, RuntimeError) and str(e).startswith(tuple(RUN_TIME_CHECKS)):
-            event("refused by a run-time check")  # documented, never a wrong answer: see RUN_TIME_CHECKS
-            return "refused"
         raise
     finally:
         note("records: " + "\n".join(map(str, recorder.records)))

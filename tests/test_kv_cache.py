@@ -201,9 +201,9 @@ def test_gpt_fast_non_consecutive_positions_raise():
         compiled(q, k, v, torch.tensor([0, 2, 4]))
 
 
-def test_positions_outside_the_keys_raise():
-    """seqused_k = position + Sq is exact only inside the keys: a graph compiled at cache positions checks it
-    (where eager's mask would leave a query without keys or run past the last key: no cache write there)."""
+def test_positions_outside_the_keys_are_eagers():
+    """Run-time positions over keys that no cache write bounds can put a query before the first key or its band
+    past the last one; seqused_k = position + Sq cannot say that, so only a written cache is rewritten."""
     def fn(q, k_cache, v_cache, offset):
         q_pos = torch.arange(q.shape[2]) + offset
         mask = torch.arange(k_cache.shape[2])[None, None, None, :] <= q_pos[None, None, :, None]
@@ -212,8 +212,34 @@ def test_positions_outside_the_keys_raise():
     q, _, _ = new_tokens(2)
     k_cache, v_cache = (torch.randn(B, HQ, CAPACITY, D) for _ in range(2))
     torch._dynamo.reset()
-    compiled = torch.compile(fn, backend=Recorder())
-    torch.testing.assert_close(compiled(q, k_cache, v_cache, torch.tensor(3)), fn(q, k_cache, v_cache, torch.tensor(3)))
-    for offset in (-1, CAPACITY - 1):
-        with pytest.raises(RuntimeError, match="query positions put a query before the first key or its band past"):
-            compiled(q, k_cache, v_cache, torch.tensor(offset))
+    rec = Recorder()
+    compiled = torch.compile(fn, backend=rec)
+    for offset in (3, -1, CAPACITY - 1):
+        torch.testing.assert_close(compiled(q, k_cache, v_cache, torch.tensor(offset)),
+                                   fn(q, k_cache, v_cache, torch.tensor(offset)), equal_nan=True)
+    assert rec.count() == 0
+    assert rec.reasons == ["query positions held in a tensor over keys that are not a KV cache written in this graph "
+                           "at indexed positions: positions outside the keys cannot be excluded"]
+
+
+def test_positions_written_into_the_cache_are_checked():
+    """Over a written cache the positions are eager's write positions; the in-graph check stays for a write and a
+    mask that disagree (each HF layer advances its own offset)."""
+    def fn(q, k, v, k_cache, v_cache, offset, mask_offset):
+        k_cache.index_copy_(2, torch.arange(k.shape[2]) + offset, k)
+        v_cache.index_copy_(2, torch.arange(v.shape[2]) + offset, v)
+        q_pos = torch.arange(q.shape[2]) + mask_offset
+        mask = torch.arange(k_cache.shape[2])[None, None, None, :] <= q_pos[None, None, :, None]
+        return F.scaled_dot_product_attention(q, k_cache, v_cache, attn_mask=mask, enable_gqa=True)
+
+    q, k, v = new_tokens(2)
+    torch._dynamo.reset()
+    rec = Recorder()
+    compiled = torch.compile(fn, backend=rec)
+    caches_compiled = caches()
+    caches_eager = [c.clone() for c in caches_compiled]
+    torch.testing.assert_close(compiled(q, k, v, *caches_compiled, torch.tensor(3), torch.tensor(3)),
+                               fn(q, k, v, *caches_eager, torch.tensor(3), torch.tensor(3)))
+    assert rec.count() == 1
+    with pytest.raises(RuntimeError, match="query positions put a query before the first key or its band past"):
+        compiled(q, k, v, *caches_compiled, torch.tensor(3), torch.tensor(CAPACITY - 1))
