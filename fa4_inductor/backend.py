@@ -16,6 +16,7 @@ import torch
 from torch._inductor.compile_fx import compile_fx
 
 from fa4_inductor.lowering import READ_BY_VALUE, module_buffers, run_torch_ir_passes
+from fa4_inductor.lowering.post_grad import HOOK as POST_GRAD_HOOK, PostGradPasses
 
 from . import report
 from .options import Options
@@ -39,8 +40,14 @@ class Backend:
     def __call__(self, gm: torch.fx.GraphModule, example_inputs, mode: str | None = None, options: dict | None = None):
         pristine = _copy(gm) if module_buffers(gm, example_inputs) else None
         records = run_torch_ir_passes(gm, example_inputs, self.options)
-        compiled = compile_fx(gm, example_inputs, config_patches=inductor_config_patches(mode, options))
-        report.publish(records)  # after compile_fx: a restarted analysis (it raises) leaves no stale records
+        patches = inductor_config_patches(mode, options)
+        user_pass = patches.get(POST_GRAD_HOOK, getattr(torch._inductor.config, POST_GRAD_HOOK))
+        post_grad = PostGradPasses(self.options, user_pass)
+        patches[POST_GRAD_HOOK] = post_grad
+        compiled = compile_fx(gm, example_inputs, config_patches=patches)
+        # After compile_fx: a restarted analysis (it raises) leaves no stale records. A backward graph's
+        # post-grad records come later, when AOTAutograd compiles it.
+        report.publish(records + post_grad.records)
         watched = gm.meta.get(READ_BY_VALUE)
         if watched:
             return BufferGuard(compiled, watched, example_inputs, pristine)

@@ -1,20 +1,9 @@
-"""Attention subgraphs -> `fa4::attention`, on the Dynamo (torch-IR) graph.
+"""What every attention family shares: the matched call (`AttentionCall`), the checks between a match and
+its rewrite, and the emission of `fa4::attention` on the Dynamo (torch-IR) graph.
 
 Rewriting before AOTAutograd keeps training correct: the op's registered autograd puts
-`fa4::attention_backward` into the backward graph. Two families:
-
-sdpa: `F.scaled_dot_product_attention(q, k, v, attn_mask=None|band, dropout_p=0.0, is_causal=?,
-    scale=?, enable_gqa=?)`
-
-handwritten (every spelling of each step is accepted, see `spellings.py`):
-
-    s = q @ k^T                    matmul / @ / bmm; k^T by .transpose(-2, -1), .mT or permute
-    s = s * c   or   s / c         on the scores, on q, or on k (any number of constant factors)
-    s = c * tanh(s / c)            softcap (Gemma-2), after the scale
-    s = mask(s)                    masked_fill / torch.where / + additive band (masks.py)
-    p = softmax(s, dim=-1)         F / torch / Tensor softmax, optionally float32 and cast back
-    p = dropout(p)                 p == 0 or not training
-    out = p @ v
+`fa4::attention_backward` into the backward graph. The families (`sdpa_calls.py`, `handwritten_attention.py`)
+match their subgraph into an `AttentionCall`; `rewrite` takes it from there.
 
 K/V feeding either family may be repeated for GQA (`gqa.py`); the repetition is folded. A mask that
 depends on run-time data becomes an op input built once per graph and shared by every layer: a KV
@@ -22,9 +11,9 @@ cache position becomes seqused_k (`kv_cache.py`), a padding mask the op's key_ma
 which also has the checked seqused_k forms).
 
 A candidate is kept as written, with the reason recorded, when: dropout is active, a mask is not a
-provable band (masks.py), the scores or weights are used elsewhere (e.g. `output_attentions`), a
-scale is not a constant, dtypes differ, or the device's kernel cannot take the dtype or head dim
-(`kernels.attention.unsupported_reason`).
+provable band (masks.py), an intermediate is used elsewhere (e.g. `output_attentions`), a scale is not a
+constant, dtypes differ, the device's kernel cannot take the dtype or head dim (`kernels.attention_support`),
+or an input is updated in place where the rewrite would read it after the update (mutations.py).
 """
 
 from __future__ import annotations
@@ -40,12 +29,12 @@ from torch.fx.experimental.symbolic_shapes import guard_or_false
 
 from ..kernels import attention as attention_op
 from . import gqa, kv_cache, padding
+from .family import Context
+from .graph_edit import NodeMaker, after_definition, erase_dead
 from .mutations import Mutations, layout_free, storage
 from .masks import INF, MaskNotUnderstood, Band, KeyMask, Shift, band_args, broadcasts_last_two_dims, keep_band
-from .records import Decline, Record
-from .spellings import (ADD, CAST, DIV, DROPOUT, MASKED_FILL, MATMUL, MUL, SDPA, SOFTMAX, TANH, WHERE, arg,
-                        location, module_path, normalize_dim, same_size, scalar, shape, single_user,
-                        transposed_last_two, value)
+from .records import Decline
+from .spellings import same_size, scalar, shape, value
 
 ATTENTION = torch.ops.fa4.attention.default
 
@@ -71,7 +60,7 @@ class AttentionCall:
     covering_mask: KeyMask | None = None  # must hide none of the band's keys (checked at run time)
 
 
-def _check_kernel_support(q: Node, k: Node, v: Node) -> None:
+def check_kernel_support(q: Node, k: Node, v: Node) -> None:
     qv, kv, vv = value(q), value(k), value(v)
     if not (qv.dtype == kv.dtype == vv.dtype):
         raise Decline(f"q, k, v dtypes differ ({qv.dtype}, {kv.dtype}, {vv.dtype})")
@@ -125,13 +114,13 @@ def _fold_gqa(call: AttentionCall, enabled: bool) -> None:
         call.gqa = f"{spelling} folded, group {uk.group}"
 
 
-def _require_square(scores_shape, what: str) -> None:
+def require_square(scores_shape, what: str) -> None:
     if not _equal(scores_shape[-2], scores_shape[-1]):
         raise Decline(f"{what} needs seqlen_q == seqlen_k ({scores_shape[-2]} vs {scores_shape[-1]}): SDPA and "
                       "hand-written masks align top-left, FA4 bottom-right")
 
 
-def _mask_flags(kind: str, mask, constants, scores_shape, fill=None) -> tuple[Band, float | None]:
+def mask_flags(kind: str, mask, constants, scores_shape, fill=None) -> tuple[Band, float | None]:
     """The visible keys of one masking step and the score its hidden keys get (see `keep_band`)."""
     try:
         band, hidden = keep_band(kind, mask, constants, fill)
@@ -151,7 +140,7 @@ def _mask_flags(kind: str, mask, constants, scores_shape, fill=None) -> tuple[Ba
     return band, hidden
 
 
-def _blind_rows(hidden_scores: list, sdpa: bool, softmax_dtype: torch.dtype | None = None) -> str:
+def blind_rows_of(hidden_scores: list, sdpa: bool, softmax_dtype: torch.dtype | None = None) -> str:
     """What eager gives a row whose keys are all hidden: SDPA returns zeros for a boolean or -inf mask
     (its safe softmax); a finite finfo.min score on every key of the row, from one masking step, makes
     the softmax uniform (the mean of V over all keys); -inf in a plain softmax, or several steps mixing
@@ -168,7 +157,7 @@ def _blind_rows(hidden_scores: list, sdpa: bool, softmax_dtype: torch.dtype | No
     return "nan"
 
 
-def _flags_for(band: Band, scores_shape) -> tuple[dict, Shift | None, KeyMask | None]:
+def flags_for(band: Band, scores_shape) -> tuple[dict, Shift | None, KeyMask | None]:
     """The op's flags for the visible keys `band`, the run-time query start its seqused_k comes from
     (a KV cache), and the run-time key mask on top of the band (a padding mask)."""
     if not band.bounded:
@@ -201,7 +190,7 @@ def _band_flags(band: Band, scores_shape) -> tuple[dict, Shift | None]:
     return band_args(Band(band.lo - band.hi, 0)), shift
 
 
-def _constant(x) -> float | None:
+def constant(x) -> float | None:
     """A number argument as a float; a symbolic one (a float module attribute under `dynamic=True`) is
     specialized to its value, which guards on it."""
     if isinstance(x, Node) and isinstance(v := value(x), (torch.SymFloat, torch.SymInt)):
@@ -209,239 +198,11 @@ def _constant(x) -> float | None:
     return scalar(x)
 
 
-def match_sdpa(node: Node, constants: dict) -> AttentionCall:
-    q, k, v = arg(node, 0, "query"), arg(node, 1, "key"), arg(node, 2, "value")
-    attn_mask = arg(node, 3, "attn_mask", None)
-    dropout_p = arg(node, 4, "dropout_p", 0.0)
-    is_causal = arg(node, 5, "is_causal", False)
-    scale = arg(node, 6, "scale", None)
-    if scalar(dropout_p) != 0.0:
-        raise Decline(f"dropout_p={dropout_p} (dropout is not supported)")
-    if not isinstance(is_causal, bool):
-        raise Decline(f"is_causal is not a constant ({is_causal})")
-    _check_kernel_support(q, k, v)
-    scores_shape = shape(q)[:-1] + (shape(k)[-2],)
-    flags, seqused_k, keys, blind = {}, None, None, "zeros"
-    if attn_mask is not None:
-        kind = "bool" if value(attn_mask).dtype == torch.bool else "additive"
-        band, hidden = _mask_flags(kind, attn_mask, constants, scores_shape)
-        flags, seqused_k, keys = _flags_for(band, scores_shape)
-        blind = _blind_rows([hidden], sdpa=True)
-    if is_causal:
-        _require_square(scores_shape, "is_causal")
-        flags["causal"] = True
-    if scale is None:
-        scale = 1.0 / math.sqrt(int(shape(q)[-1]))
-    elif _constant(scale) is None:
-        raise Decline(f"scale is not a constant ({scale})")
-    return AttentionCall(q, k, v, output=node, scale=_positive_scale(_constant(scale)), flags=flags, matched=[node],
-                         seqused_k=seqused_k, padding=keys, blind_rows=blind,
-                         masks=[(attn_mask, node)] if isinstance(attn_mask, Node) else [])
-
-
-def _constant_factor(node: Node) -> tuple[Node, float] | None:
-    """(x, c) when node is x * c or x / c (c = 1/divisor) for a constant c; None otherwise."""
-    if MUL(node):
-        a, b = node.args[0], node.args[1]
-        if isinstance(a, Node) and _constant(b) is not None:
-            return a, _constant(b)
-        if isinstance(b, Node) and _constant(a) is not None:
-            return b, _constant(a)
-    if DIV(node) and isinstance(node.args[0], Node) and _constant(node.args[1]):
-        return node.args[0], 1.0 / _constant(node.args[1])
-    return None
-
-
-def _softcap(node: Node) -> tuple[Node, float, list] | None:
-    """(x, c, inner nodes) when node is `tanh(x / c) * c`."""
-    outer = _constant_factor(node)
-    if outer is None or not TANH(outer[0]):
-        return None
-    tanh = outer[0]
-    inner = _constant_factor(tanh.args[0])
-    if inner is None or not math.isclose(inner[1] * outer[1], 1.0, rel_tol=1e-12):
-        return None
-    _only_feeds(tanh, node)
-    _only_feeds(tanh.args[0], tanh)
-    return inner[0], abs(outer[1]), [tanh, tanh.args[0]]  # tanh is odd: c tanh(x / c) is the same for -c
-
-
-def _only_feeds(node, consumer: Node) -> None:
-    if isinstance(node, Node) and set(node.users) != {consumer}:
-        raise Decline(f"an intermediate ({node.name}) is also used outside the attention")
-
-
-def _peel_scales(node: Node, consumer: Node, matched: list) -> tuple[Node, float]:
-    """(x, c) for node = x * c1 / c2 ...: constant positive factors on an operand of q @ k^T."""
-    factor = 1.0
-    while (found := _constant_factor(node)) is not None:
-        _only_feeds(node, consumer)
-        matched.append(node)
-        consumer = node
-        node, c = found
-        factor *= _positive_scale(c)
-    return node, factor
-
-
-def _positive_scale(c: float) -> float:
+def positive_scale(c: float) -> float:
     """The kernels subtract each row's largest score before exponentiating, which needs a positive scale."""
     if not (c > 0 and math.isfinite(c)):
         raise Decline(f"the scale factor {c} is not positive and finite")
     return c
-
-
-def _dropout_is_noop(node: Node) -> bool:
-    p = arg(node, 1, "p", 0.5)
-    training = arg(node, 2, "training", True)
-    return scalar(p) == 0.0 or training is False
-
-
-def match_handwritten(softmax: Node, constants: dict) -> AttentionCall | None:
-    """The attention around a softmax node, None if the softmax is not attention at all."""
-    matched = [softmax]
-    probs = softmax
-    while True:
-        users = list(probs.users)
-        pv = [u for u in users if MATMUL(u) and u.args[0] is probs]
-        if pv:
-            if len(users) != 1:
-                raise Decline("the attention weights are also used outside the attention (output_attentions?)")
-            break
-        nxt = single_user(probs)
-        if nxt is None or not (CAST(nxt) or DROPOUT(nxt)):
-            return None
-        if DROPOUT(nxt) and not _dropout_is_noop(nxt):
-            raise Decline(f"dropout p={arg(nxt, 1, 'p', 0.5)} in training")
-        matched.append(nxt)
-        probs = nxt
-    output = pv[0]
-    v = output.args[1]
-
-    dim = arg(softmax, 1, "dim", None)
-    ndim = len(shape(softmax))
-    if not isinstance(dim, int) or normalize_dim(dim, ndim) != ndim - 1:
-        raise Decline(f"softmax over dim {dim}, not the key dim")
-
-    # Walking up from the softmax meets the steps in reverse: masks, then the softcap, then scales.
-    scale, softcap, band, hidden_scores, masks = 1.0, 0.0, Band(), [], []
-    scores_shape = shape(softmax)
-    node = softmax.args[0]
-    consumer = softmax
-    while not MATMUL(node):
-        _only_feeds(node, consumer)
-        matched.append(node)
-        consumer = node
-        if CAST(node):
-            node = node.args[0]
-        elif (capped := _softcap(node)) is not None:
-            if softcap or scale != 1.0:
-                raise Decline("a softcap applied twice or before a scale")
-            node, softcap, inner = capped
-            matched += inner
-            consumer = inner[-1]
-        elif (found := _constant_factor(node)) is not None:
-            node, c = found
-            scale *= _positive_scale(c)
-        elif MASKED_FILL(node) or WHERE(node) or ADD(node):
-            if softcap:
-                raise Decline("a mask applied before the softcap")
-            step = node
-            node, mask, visible, hidden = _strip_mask(node, constants, scores_shape)
-            masks.append((mask, step))
-            band &= visible
-            hidden_scores.append(hidden)
-        else:
-            raise Decline(f"{node.format_node()} between q @ k^T and softmax is not understood")
-    qk = node
-    _only_feeds(qk, consumer)
-    matched.append(qk)
-    q, q_scale = _peel_scales(qk.args[0], qk, matched)
-    kt, k_scale = _peel_scales(qk.args[1], qk, matched)
-    k = transposed_last_two(kt)
-    if k is None:
-        raise Decline("the second operand of q @ k^T is not a transposed k")
-    if len(kt.users) != 1:
-        raise Decline(f"an intermediate ({kt.name}) is also used outside the attention")
-    matched.append(kt)
-    k, k_scale2 = _peel_scales(k, kt, matched)
-    scale *= q_scale * k_scale * k_scale2
-    _check_kernel_support(q, k, v)
-    if value(output).dtype != value(q).dtype:
-        raise Decline(f"the output dtype {value(output).dtype} is not q's {value(q).dtype}")
-    flags, seqused_k, keys = _flags_for(band, scores_shape)
-    if softcap:
-        flags["softcap"] = softcap
-    return AttentionCall(q, k, v, output=output, scale=scale, flags=flags, matched=matched + [output],
-                         seqused_k=seqused_k, padding=keys,
-                         blind_rows=_blind_rows(hidden_scores, sdpa=False, softmax_dtype=value(softmax).dtype),
-                         masks=[(m, use) for m, use in masks if isinstance(m, Node)])
-
-
-def _strip_mask(node: Node, constants, scores_shape) -> tuple[Node, object, Band, float | None]:
-    """(scores, mask, visible band, hidden keys' score) for a masking step: masked_fill, where(cond, scores,
-    fill) or scores + mask."""
-    if MASKED_FILL(node):
-        mask = node.args[1]
-        return node.args[0], mask, *_mask_flags("masked_fill", mask, constants, scores_shape, arg(node, 2, "value"))
-    if WHERE(node):
-        if len(node.args) != 3 or not isinstance(node.args[1], Node):
-            raise Decline(f"{node.format_node()} is not where(mask, scores, fill)")
-        mask = node.args[0]
-        return node.args[1], mask, *_mask_flags("where", mask, constants, scores_shape, node.args[2])
-    errors = []
-    for scores, mask in ((node.args[0], node.args[1]), (node.args[1], node.args[0])):
-        if not isinstance(scores, Node):
-            continue
-        try:
-            return scores, mask, *_mask_flags("additive", mask, constants, scores_shape)
-        except Decline as e:
-            errors.append(str(e))
-    raise Decline(errors[0] if errors else f"{node.format_node()} adds no tensor")
-
-
-def _removable(node: Node) -> bool:
-    if node.op == "call_method":  # in-place methods end in one underscore; dunders (`__eq__`, torch 2.11) do not mutate
-        return not node.target.endswith("_") or node.target.endswith("__")
-    return node.op == "call_function" and not node.is_impure() and node.target is not operator.setitem
-
-
-def _erased(node: Node) -> bool:
-    return getattr(node, "_erased", False)
-
-
-def _erase_dead(graph, nodes) -> None:
-    work = list(nodes)
-    while work:
-        node = work.pop()
-        if _erased(node) or node.users or not _removable(node):
-            continue
-        inputs = [n for n in node.all_input_nodes]
-        graph.erase_node(node)
-        work.extend(inputs)
-
-
-class NodeMaker:
-    """Creates nodes at the graph's current insertion point with Dynamo's metadata (example values under
-    the graph's fake mode, the replaced node's stack trace): `make(target, *args, **kwargs)`, a string
-    target being a Tensor method."""
-
-    def __init__(self, graph, original: Node, fake_mode):
-        self.graph, self.original, self.fake_mode = graph, original, fake_mode
-
-    def __call__(self, target, *args, name=None, **kwargs) -> Node:
-        op = "call_method" if isinstance(target, str) else "call_function"
-        node = self.graph.create_node(op, target, args, kwargs, name=name)
-        node.meta["stack_trace"] = self.original.meta.get("stack_trace")
-        if self.fake_mode is not None:
-            fake_args = torch.fx.node.map_arg(args, value)
-            fake_kwargs = torch.fx.node.map_arg(kwargs, value)
-            with self.fake_mode:
-                if op == "call_method":
-                    result = getattr(fake_args[0], target)(*fake_args[1:], **fake_kwargs)
-                else:
-                    result = target(*fake_args, **fake_kwargs)
-            node.meta["example_value"] = result
-        return node
 
 
 def _seqused_k(graph, make: NodeMaker, call: AttentionCall, shared: dict, q: Node, k: Node) -> Node | None:
@@ -461,21 +222,13 @@ def _seqused_k(graph, make: NodeMaker, call: AttentionCall, shared: dict, q: Nod
                 if node is None:
                     starts.append(None)
                     continue
-                with graph.inserting_before(_after_definition(node)):
+                with graph.inserting_before(after_definition(node)):
                     starts.append(kv_cache.snapshot(make, node, vector))
             shared[key] = kv_cache.seqused_k(make, *starts, source.top, q, k)
         else:
-            with graph.inserting_before(_after_definition(source)):
+            with graph.inserting_before(after_definition(source)):
                 shared[key] = padding.seqused_k(make, source)
     return shared[key]
-
-
-def _after_definition(node: Node) -> Node:
-    """The node before which code reading `node` right after its definition goes (after all placeholders)."""
-    after = node.next
-    while after.op == "placeholder":
-        after = after.next
-    return after
 
 
 def emit(gm: GraphModule, call: AttentionCall, fake_mode, shared: dict, mutations: Mutations) -> str:
@@ -510,7 +263,7 @@ def emit(gm: GraphModule, call: AttentionCall, fake_mode, shared: dict, mutation
             out = make("squeeze", out, 0)
     written = bool(mutations.writes.get(storage(call.output)))
     call.output.replace_all_uses_with(out)
-    _erase_dead(graph, [call.output] + call.matched)
+    erase_dead(graph, [call.output] + call.matched)
     if three_d or written or not layout_free(out, mutations):
         # A copy when the model writes into the output: the op's backward keeps the output it returned.
         with graph.inserting_after(out):
@@ -599,33 +352,18 @@ def _indexed_write(node: Node) -> bool:
     return any(isinstance(p, Node) and isinstance(value(p), torch.Tensor) for p in parts)
 
 
-def rewrite_attention(gm: GraphModule, constants: dict, options, fake_mode) -> tuple[list[Record], set]:
-    """Rewrite every attention in gm that fa4::attention can take; one record per candidate, and the module
-    buffers whose values the rewrites depend on (masks read by value)."""
-    records, shared, read_by_value = [], {}, set()
-    mutations = Mutations(gm.graph)
-    for node in list(gm.graph.nodes):
-        if _erased(node):
-            continue  # removed by an earlier rewrite
-        if SDPA(node) and options.sdpa:
-            family, matcher = "sdpa", match_sdpa
-        elif SOFTMAX(node) and options.handwritten:
-            family, matcher = "handwritten", match_handwritten
-        else:
-            continue
-        where = location(node)
-        try:
-            call = matcher(node, constants)
-            if call is None:
-                continue
-            _check_output_shape(call)
-            if call.padding is not None:
-                _encode_padding(call, options)
-            _fold_gqa(call, options.gqa)
-            buffers = _check_in_place_updates(call, mutations, constants)
-            _check_positions_bounded(call, mutations)
-            records.append(Record(family, where, True, emit(gm, call, fake_mode, shared, mutations), module_path(node)))
-            read_by_value |= buffers
-        except Decline as e:
-            records.append(Record(family, where, False, str(e), module_path(node)))
-    return records, read_by_value
+
+
+def rewrite(call: AttentionCall | None, context: Context) -> str | None:
+    """The checks every matched attention goes through, then its `fa4::attention` call; the record text."""
+    if call is None:
+        return None
+    _check_output_shape(call)
+    if call.padding is not None:
+        _encode_padding(call, context.options)
+    _fold_gqa(call, context.options.gqa)
+    buffers = _check_in_place_updates(call, context.mutations, context.constants)
+    _check_positions_bounded(call, context.mutations)
+    text = emit(context.gm, call, context.fake_mode, context.shared, context.mutations)
+    context.read_by_value |= buffers
+    return text

@@ -32,7 +32,6 @@ import operator
 import torch
 from torch.fx import Node
 
-from .masks import Shift
 from .spellings import shape, value
 
 NOT_CONSECUTIVE = ("fa4_inductor: the query positions indexing the causal mask do not count up by one; "

@@ -1,10 +1,13 @@
-"""The rewrite passes in the order the backend runs them.
+"""The pattern families, in the order they claim a node, and the passes that run them.
 
-    1. attention (attention.py, with gqa.py and masks.py): SDPA calls and hand-written softmax
-       attention -> `fa4::attention`, on the Dynamo torch-IR graph, before AOTAutograd, so the
-       op's autograd formula serves training.
+    FAMILIES      sdpa_calls.FAMILY              F.scaled_dot_product_attention -> fa4::attention
+                  handwritten_attention.FAMILY   softmax(q @ k^T * c + mask) @ v -> fa4::attention
 
-`run_torch_ir_passes` mutates the graph module in place and returns one record per candidate.
+A family's stage says which graph it sees: TORCH_IR families run on the Dynamo graph in the backend,
+before AOTAutograd (`run_torch_ir_passes`: their ops' autograd formulas then serve training); POST_GRAD
+families run on Inductor's aten graphs through its `post_grad_custom_pre_pass` hook (post_grad.py), where
+AOTAutograd has decomposed tensor subclasses (torchao's quantized weights). Adding a family is a module
+with a `FAMILY` and an entry here.
 """
 
 from __future__ import annotations
@@ -15,10 +18,15 @@ import torch
 from torch._guards import detect_fake_mode
 from torch.fx import GraphModule
 
-from .attention import rewrite_attention
-from .records import Record
+from . import handwritten_attention, sdpa_calls
+from .family import TORCH_IR, Context, Family
+from .graph_edit import erased
+from .records import Decline, Record
+from .spellings import location, module_path
 
 log = logging.getLogger("fa4_inductor.lowering")
+
+FAMILIES: tuple[Family, ...] = (sdpa_calls.FAMILY, handwritten_attention.FAMILY)
 
 
 def module_buffers(gm: GraphModule, example_inputs) -> dict:
@@ -50,11 +58,35 @@ READ_BY_VALUE = "fa4_read_by_value"
 the backend watches for later in-place updates (backend.py)."""
 
 
+def run_families(context: Context, stage: str, families=FAMILIES) -> list[Record]:
+    """Offer every node of the graph to the enabled families of `stage`, in order; the first whose candidate
+    it is rewrites it or declines. One record per candidate."""
+    mine = [f for f in families if f.stage == stage and f.enabled(context.options)]
+    records = []
+    for node in list(context.gm.graph.nodes):
+        if erased(node):
+            continue  # removed by an earlier rewrite
+        family = next((f for f in mine if f.is_candidate(node)), None)
+        if family is None:
+            continue
+        where, module = location(node), module_path(node)
+        try:
+            text = family.rewrite(node, context)
+        except Decline as e:
+            records.append(Record(family.name, where, False, str(e), module))
+            continue
+        if text is not None:
+            records.append(Record(family.name, where, True, text, module))
+    return records
+
+
 def run_torch_ir_passes(gm: GraphModule, example_inputs, options) -> list[Record]:
+    """The TORCH_IR families over a Dynamo graph, in place; one record per candidate."""
     fake_mode = _fake_mode_of_graph(gm) or detect_fake_mode(example_inputs)
-    records, read_by_value = rewrite_attention(gm, module_buffers(gm, example_inputs), options, fake_mode)
+    context = Context(gm, options, fake_mode, constants=module_buffers(gm, example_inputs))
+    records = run_families(context, TORCH_IR)
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
-    gm.meta[READ_BY_VALUE] = [placeholders.index(n) for n in read_by_value]
+    gm.meta[READ_BY_VALUE] = [placeholders.index(n) for n in context.read_by_value]
     gm.graph.lint()
     gm.recompile()
     for record in records:

@@ -1,0 +1,65 @@
+"""Editing a Dynamo (torch-IR) graph: making nodes with their example values, placing code after a
+definition, erasing what a rewrite left dead. Shared by every pattern family."""
+
+from __future__ import annotations
+
+import torch
+from torch.fx import Graph, Node
+
+from .mutations import written
+from .spellings import value
+
+
+class NodeMaker:
+    """Creates nodes at the graph's current insertion point with Dynamo's metadata (example values under
+    the graph's fake mode, the replaced node's stack trace): `make(target, *args, **kwargs)`, a string
+    target being a Tensor method."""
+
+    def __init__(self, graph: Graph, original: Node, fake_mode):
+        self.graph, self.original, self.fake_mode = graph, original, fake_mode
+
+    def __call__(self, target, *args, name=None, **kwargs) -> Node:
+        op = "call_method" if isinstance(target, str) else "call_function"
+        node = self.graph.create_node(op, target, args, kwargs, name=name)
+        node.meta["stack_trace"] = self.original.meta.get("stack_trace")
+        if self.fake_mode is not None:
+            fake_args = torch.fx.node.map_arg(args, value)
+            fake_kwargs = torch.fx.node.map_arg(kwargs, value)
+            with self.fake_mode:
+                if op == "call_method":
+                    result = getattr(fake_args[0], target)(*fake_args[1:], **fake_kwargs)
+                else:
+                    result = target(*fake_args, **fake_kwargs)
+            node.meta["example_value"] = result
+        return node
+
+
+def erased(node: Node) -> bool:
+    """Whether an earlier rewrite removed `node` from its graph (a list of nodes taken before it still holds it)."""
+    return getattr(node, "_erased", False)
+
+
+def removable(node: Node) -> bool:
+    """A computation whose only effect is its value: no placeholder, output or attribute, no in-place write,
+    nothing impure (random numbers, asserts)."""
+    return node.op in ("call_function", "call_method") and not node.is_impure() and not written(node)
+
+
+def erase_dead(graph: Graph, nodes) -> None:
+    """Erase each of `nodes` that nothing uses any more, then whatever that leaves unused, transitively."""
+    work = list(nodes)
+    while work:
+        node = work.pop()
+        if erased(node) or node.users or not removable(node):
+            continue
+        inputs = list(node.all_input_nodes)
+        graph.erase_node(node)
+        work.extend(inputs)
+
+
+def after_definition(node: Node) -> Node:
+    """The node before which code reading `node` right after its definition goes (after all placeholders)."""
+    after = node.next
+    while after.op == "placeholder":
+        after = after.next
+    return after

@@ -1,0 +1,186 @@
+"""Hand-written attention -> `fa4::attention` (every spelling of each step is accepted, see `spellings.py`):
+
+    s = q @ k^T                    matmul / @ / bmm; k^T by .transpose(-2, -1), .mT or permute
+    s = s * c   or   s / c         on the scores, on q, or on k (any number of constant factors)
+    s = c * tanh(s / c)            softcap (Gemma-2), after the scale
+    s = mask(s)                    masked_fill / torch.where / + additive band (masks.py)
+    p = softmax(s, dim=-1)         F / torch / Tensor softmax, optionally float32 and cast back
+    p = dropout(p)                 p == 0 or not training
+    out = p @ v
+
+found from the softmax. Not rewritten when an intermediate (the scores, the weights: `output_attentions`)
+is used elsewhere, or a step between q @ k^T and the softmax is not one of the above.
+"""
+
+from __future__ import annotations
+
+import math
+
+from torch.fx import Node
+
+from . import attention
+from .family import TORCH_IR, Context, Family
+from .masks import Band
+from .records import Decline
+from .spellings import (ADD, CAST, DIV, DROPOUT, MASKED_FILL, MATMUL, MUL, SOFTMAX, TANH, WHERE, arg,
+                        normalize_dim, scalar, shape, single_user, transposed_last_two, value)
+
+
+def _constant_factor(node: Node) -> tuple[Node, float] | None:
+    """(x, c) when node is x * c or x / c (c = 1/divisor) for a constant c; None otherwise."""
+    if MUL(node):
+        a, b = node.args[0], node.args[1]
+        if isinstance(a, Node) and attention.constant(b) is not None:
+            return a, attention.constant(b)
+        if isinstance(b, Node) and attention.constant(a) is not None:
+            return b, attention.constant(a)
+    if DIV(node) and isinstance(node.args[0], Node) and attention.constant(node.args[1]):
+        return node.args[0], 1.0 / attention.constant(node.args[1])
+    return None
+
+
+def _softcap(node: Node) -> tuple[Node, float, list] | None:
+    """(x, c, inner nodes) when node is `tanh(x / c) * c`."""
+    outer = _constant_factor(node)
+    if outer is None or not TANH(outer[0]):
+        return None
+    tanh = outer[0]
+    inner = _constant_factor(tanh.args[0])
+    if inner is None or not math.isclose(inner[1] * outer[1], 1.0, rel_tol=1e-12):
+        return None
+    _only_feeds(tanh, node)
+    _only_feeds(tanh.args[0], tanh)
+    return inner[0], abs(outer[1]), [tanh, tanh.args[0]]  # tanh is odd: c tanh(x / c) is the same for -c
+
+
+def _only_feeds(node, consumer: Node) -> None:
+    if isinstance(node, Node) and set(node.users) != {consumer}:
+        raise Decline(f"an intermediate ({node.name}) is also used outside the attention")
+
+
+def _peel_scales(node: Node, consumer: Node, matched: list) -> tuple[Node, float]:
+    """(x, c) for node = x * c1 / c2 ...: constant positive factors on an operand of q @ k^T."""
+    factor = 1.0
+    while (found := _constant_factor(node)) is not None:
+        _only_feeds(node, consumer)
+        matched.append(node)
+        consumer = node
+        node, c = found
+        factor *= attention.positive_scale(c)
+    return node, factor
+
+
+def _dropout_is_noop(node: Node) -> bool:
+    p = arg(node, 1, "p", 0.5)
+    training = arg(node, 2, "training", True)
+    return scalar(p) == 0.0 or training is False
+
+
+def match_handwritten(softmax: Node, constants: dict) -> attention.AttentionCall | None:
+    """The attention around a softmax node, None if the softmax is not attention at all."""
+    matched = [softmax]
+    probs = softmax
+    while True:
+        users = list(probs.users)
+        pv = [u for u in users if MATMUL(u) and u.args[0] is probs]
+        if pv:
+            if len(users) != 1:
+                raise Decline("the attention weights are also used outside the attention (output_attentions?)")
+            break
+        nxt = single_user(probs)
+        if nxt is None or not (CAST(nxt) or DROPOUT(nxt)):
+            return None
+        if DROPOUT(nxt) and not _dropout_is_noop(nxt):
+            raise Decline(f"dropout p={arg(nxt, 1, 'p', 0.5)} in training")
+        matched.append(nxt)
+        probs = nxt
+    output = pv[0]
+    v = output.args[1]
+
+    dim = arg(softmax, 1, "dim", None)
+    ndim = len(shape(softmax))
+    if not isinstance(dim, int) or normalize_dim(dim, ndim) != ndim - 1:
+        raise Decline(f"softmax over dim {dim}, not the key dim")
+
+    # Walking up from the softmax meets the steps in reverse: masks, then the softcap, then scales.
+    scale, softcap, band, hidden_scores, masks = 1.0, 0.0, Band(), [], []
+    scores_shape = shape(softmax)
+    node = softmax.args[0]
+    consumer = softmax
+    while not MATMUL(node):
+        _only_feeds(node, consumer)
+        matched.append(node)
+        consumer = node
+        if CAST(node):
+            node = node.args[0]
+        elif (capped := _softcap(node)) is not None:
+            if softcap or scale != 1.0:
+                raise Decline("a softcap applied twice or before a scale")
+            node, softcap, inner = capped
+            matched += inner
+            consumer = inner[-1]
+        elif (found := _constant_factor(node)) is not None:
+            node, c = found
+            scale *= attention.positive_scale(c)
+        elif MASKED_FILL(node) or WHERE(node) or ADD(node):
+            if softcap:
+                raise Decline("a mask applied before the softcap")
+            step = node
+            node, mask, visible, hidden = _strip_mask(node, constants, scores_shape)
+            masks.append((mask, step))
+            band &= visible
+            hidden_scores.append(hidden)
+        else:
+            raise Decline(f"{node.format_node()} between q @ k^T and softmax is not understood")
+    qk = node
+    _only_feeds(qk, consumer)
+    matched.append(qk)
+    q, q_scale = _peel_scales(qk.args[0], qk, matched)
+    kt, k_scale = _peel_scales(qk.args[1], qk, matched)
+    k = transposed_last_two(kt)
+    if k is None:
+        raise Decline("the second operand of q @ k^T is not a transposed k")
+    if len(kt.users) != 1:
+        raise Decline(f"an intermediate ({kt.name}) is also used outside the attention")
+    matched.append(kt)
+    k, k_scale2 = _peel_scales(k, kt, matched)
+    scale *= q_scale * k_scale * k_scale2
+    attention.check_kernel_support(q, k, v)
+    if value(output).dtype != value(q).dtype:
+        raise Decline(f"the output dtype {value(output).dtype} is not q's {value(q).dtype}")
+    flags, seqused_k, keys = attention.flags_for(band, scores_shape)
+    if softcap:
+        flags["softcap"] = softcap
+    return attention.AttentionCall(q, k, v, output=output, scale=scale, flags=flags, matched=matched + [output],
+                         seqused_k=seqused_k, padding=keys,
+                         blind_rows=attention.blind_rows_of(hidden_scores, sdpa=False, softmax_dtype=value(softmax).dtype),
+                         masks=[(m, use) for m, use in masks if isinstance(m, Node)])
+
+
+def _strip_mask(node: Node, constants, scores_shape) -> tuple[Node, object, Band, float | None]:
+    """(scores, mask, visible band, hidden keys' score) for a masking step: masked_fill, where(cond, scores,
+    fill) or scores + mask."""
+    if MASKED_FILL(node):
+        mask = node.args[1]
+        return node.args[0], mask, *attention.mask_flags("masked_fill", mask, constants, scores_shape, arg(node, 2, "value"))
+    if WHERE(node):
+        if len(node.args) != 3 or not isinstance(node.args[1], Node):
+            raise Decline(f"{node.format_node()} is not where(mask, scores, fill)")
+        mask = node.args[0]
+        return node.args[1], mask, *attention.mask_flags("where", mask, constants, scores_shape, node.args[2])
+    errors = []
+    for scores, mask in ((node.args[0], node.args[1]), (node.args[1], node.args[0])):
+        if not isinstance(scores, Node):
+            continue
+        try:
+            return scores, mask, *attention.mask_flags("additive", mask, constants, scores_shape)
+        except Decline as e:
+            errors.append(str(e))
+    raise Decline(errors[0] if errors else f"{node.format_node()} adds no tensor")
+
+
+def _rewrite(node: Node, context: Context) -> str | None:
+    return attention.rewrite(match_handwritten(node, context.constants), context)
+
+
+FAMILY = Family("handwritten", TORCH_IR, SOFTMAX, _rewrite)

@@ -1,0 +1,64 @@
+"""The post-grad stage: POST_GRAD families on Inductor's aten graphs, through `post_grad_custom_pre_pass`.
+
+Inductor calls the hook once for the forward graph and once for the backward graph of each compiled
+region, before its own post-grad patterns (which would otherwise turn a weight-only int8 linear into
+`_weight_int8pack_mm` first). The hook's object must say what it does in `uuid()`: the FX graph cache
+keys compiled code by it, so it hashes the source of every module whose behaviour reaches the rewritten
+graph (lowering and kernels: the op schemas and fake implementations), the backend's options and any
+user pass it runs after its own. An unchanged install hits the cache; an edited one misses it.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import logging
+from pathlib import Path
+
+from torch._guards import detect_fake_mode
+from torch._inductor.custom_graph_pass import CustomGraphPass
+
+from .family import POST_GRAD, Context
+from .records import Record
+
+log = logging.getLogger("fa4_inductor.lowering")
+
+HOOK = "post_grad_custom_pre_pass"
+
+
+@functools.cache
+def source_hash() -> str:
+    """A digest of the lowering and kernel sources (this package's behaviour as far as graphs see it)."""
+    from .. import kernels
+
+    digest = hashlib.sha256()
+    for folder in (Path(__file__).parent, Path(kernels.__file__).parent):
+        for path in sorted(folder.rglob("*.py")):
+            digest.update(path.name.encode())
+            digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
+class PostGradPasses(CustomGraphPass):
+    """The POST_GRAD families, then the pass the user had set on the same hook (if any)."""
+
+    def __init__(self, options, user_pass=None, families=None):
+        self.options, self.user_pass, self.families = options, user_pass, families
+        self.records: list[Record] = []
+
+    def __call__(self, graph) -> None:
+        from .passes import FAMILIES, run_families
+
+        gm = graph.owning_module
+        fake_mode = detect_fake_mode([n.meta.get("val") for n in graph.nodes if "val" in n.meta])
+        records = run_families(Context(gm, self.options, fake_mode), POST_GRAD, self.families or FAMILIES)
+        for record in records:
+            log.debug("%s", record)
+        self.records += records
+        if self.user_pass is not None:
+            self.user_pass(graph)
+
+    def uuid(self) -> str:
+        user = self.user_pass.uuid() if hasattr(self.user_pass, "uuid") else repr(self.user_pass)
+        families = [(f.name, f.stage) for f in self.families] if self.families else None
+        return f"fa4_inductor:{source_hash()}:{self.options!r}:{families}:{user}"
