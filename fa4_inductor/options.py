@@ -28,6 +28,10 @@ class Options:
     the program (on CUDA a device-side assert, which ends the process) where default torch.compile runs
     it, hence off by default."""
 
+    small_calls_to_sdpa: bool = True
+    """On CUDA, leave small plain attentions (static shapes, at most a causal mask; lowering/crossover.py) on
+    PyTorch's SDPA, whose C++ host path beats the op's where the kernels take microseconds."""
+
     @classmethod
     def names(cls) -> list[str]:
         return [f.name for f in fields(cls)]

@@ -28,7 +28,7 @@ from torch.fx import GraphModule, Node
 from torch.fx.experimental.symbolic_shapes import guard_or_false
 
 from ..kernels import attention as attention_op
-from . import gqa, kv_cache, padding
+from . import crossover, gqa, kv_cache, padding
 from .family import Context
 from .graph_edit import NodeMaker, after_definition, erase_dead
 from .mutations import Mutations, layout_free, storage
@@ -261,16 +261,32 @@ def emit(gm: GraphModule, call: AttentionCall, fake_mode, shared: dict, mutation
             out = padding.blind_rows_as_mean(make, out, make(operator.getitem, op, 1), v)
         if three_d:
             out = make("squeeze", out, 0)
+    _replace_output(graph, call, out, make, mutations, copy=three_d)
+    return _describe_call(call, kwargs)
+
+
+def _replace_output(graph, call: AttentionCall, out: Node, make: NodeMaker, mutations: Mutations, copy: bool) -> None:
+    """Reroute the matched output's users to `out`, drop what became dead, and give `out` eager's contiguous
+    layout where a user could tell (`copy`, or layout_free says so)."""
     written = bool(mutations.writes.get(storage(call.output)))
     call.output.replace_all_uses_with(out)
     erase_dead(graph, [call.output] + call.matched)
-    if three_d or written or not layout_free(out, mutations):
+    if copy or written or not layout_free(out, mutations):
         # A copy when the model writes into the output: the op's backward keeps the output it returned.
         with graph.inserting_after(out):
             standard = (make("clone", out, memory_format=torch.contiguous_format, name="attention_out_copy") if written
                         else make("contiguous", out, name="attention_out_contiguous"))
         out.replace_all_uses_with(standard, delete_user_cb=lambda user: user is not standard)
-    return _describe_call(call, kwargs)
+
+
+def _emit_sdpa(gm: GraphModule, call: AttentionCall, fake_mode, mutations: Mutations, why: str) -> str:
+    """A plain hand-written attention as the SDPA call that computes it (crossover.py)."""
+    make = NodeMaker(gm.graph, call.output, fake_mode)
+    with gm.graph.inserting_before(call.output):
+        out = crossover.sdpa_for(make, call)
+    _replace_output(gm.graph, call, out, make, mutations, copy=False)
+    causal = ", is_causal=True" if call.flags.get("causal") else ""
+    return f"F.scaled_dot_product_attention(q, k, v{causal}, scale={round(call.scale, 6)}): {why}"
 
 
 def _describe_call(call: AttentionCall, kwargs: dict) -> str:
@@ -359,6 +375,12 @@ def rewrite(call: AttentionCall | None, context: Context) -> str | None:
     if call is None:
         return None
     _check_output_shape(call)
+    small = crossover.small_attention(call) if getattr(context.options, "small_calls_to_sdpa", True) else None
+    if small is not None:
+        if crossover.is_sdpa_call(call):
+            raise Decline(small)
+        _check_in_place_updates(call, context.mutations, context.constants)
+        return _emit_sdpa(context.gm, call, context.fake_mode, context.mutations, small)
     if call.padding is not None:
         _encode_padding(call, context.options)
     _fold_gqa(call, context.options.gqa)

@@ -246,7 +246,8 @@ def test_disabled_fa4_with_softcap_runs_the_reference(monkeypatch):
 
 
 def test_reduce_overhead_replays_cuda_graphs_with_fa4():
-    """`mode="reduce-overhead"` under our backend: Inductor's CUDA graphs take the fa4 op (no skip)."""
+    """`mode="reduce-overhead"` under our backend: Inductor's CUDA graphs take the fa4 op (no skip). The
+    model is small enough for crossover.py to leave it on SDPA: the option turns that off."""
     from torch._dynamo.utils import counters
 
     from fa4_inductor.demo import Config, TinyLlama
@@ -255,14 +256,15 @@ def test_reduce_overhead_replays_cuda_graphs_with_fa4():
     model = TinyLlama(Config(attention="eager")).to(device="cuda", dtype=torch.bfloat16).eval()
     counters.clear()
     torch._dynamo.reset()
-    compiled = torch.compile(model, backend=fa4_inductor, mode="reduce-overhead")
-    with torch.no_grad():
+    compiled = torch.compile(model, backend=fa4_inductor.backend(small_calls_to_sdpa=False), mode="reduce-overhead")
+    with torch.no_grad(), fa4_inductor.report.collecting() as records:
         for _ in range(3):  # warm-up run, recording, replay
             tokens = torch.randint(0, model.cfg.vocab, (2, 512), device="cuda")
             got = compiled(tokens).float()
             expected = model(tokens).float()
             assert ((got - expected).abs().max() / expected.abs().max()).item() < 2e-2
     assert not counters["inductor"]["cudagraph_skips"], dict(counters["inductor"])
+    assert records and all(r.rewritten and r.detail.startswith("fa4.attention(") for r in records), records
 
 
 def test_warmup_compiles_the_variant_calls_use():

@@ -1,0 +1,88 @@
+"""Small plain attentions stay on SDPA (lowering/crossover.py). The rule applies on CUDA; here the CPU is
+added to its devices, so the graphs are what a GPU run gets."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from fa4_inductor.lowering import crossover
+from helpers import Recorder
+
+
+@pytest.fixture(autouse=True)
+def cpu_counts_as_cuda(monkeypatch):
+    monkeypatch.setattr(crossover, "DEVICES", ("cuda", "cpu"))
+
+
+def sdpa_causal(q, k, v):
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+
+def handwritten_causal_gqa(q, k, v):
+    k, v = k.repeat_interleave(2, dim=1), v.repeat_interleave(2, dim=1)
+    s = (q @ k.transpose(-2, -1)) * q.shape[-1] ** -0.5
+    n = q.shape[-2]
+    s = s.masked_fill(torch.ones(n, n, dtype=torch.bool).triu(1), float("-inf"))
+    return s.softmax(-1) @ v
+
+
+def qkv(heads_kv=4):
+    return torch.randn(2, 4, 32, 16), torch.randn(2, heads_kv, 32, 16), torch.randn(2, heads_kv, 32, 16)
+
+
+def compiled(fn, rec, *args):
+    torch._dynamo.reset()
+    return torch.compile(fn, backend=rec)(*args)
+
+
+def test_a_small_sdpa_call_is_kept_with_the_reason():
+    rec = Recorder()
+    q, k, v = qkv()
+    torch.testing.assert_close(compiled(sdpa_causal, rec, q, k, v), sdpa_causal(q, k, v))
+    assert rec.count() == 0
+    assert rec.reasons == ["a small attention (0.00026 GFLOP, under 20 at head dim 16): SDPA's C++ path has less "
+                           "host overhead than the fa4 op, and its kernel is as fast here"]
+
+
+def test_a_small_handwritten_attention_becomes_sdpa_on_the_repeated_kv():
+    rec = Recorder()
+    q, k, v = qkv(heads_kv=2)
+    for t in (q, k, v):
+        t.requires_grad_()
+    out = compiled(handwritten_causal_gqa, rec, q, k, v)
+    expected = handwritten_causal_gqa(q, k, v)
+    torch.testing.assert_close(out, expected)
+    grads = torch.autograd.grad(out.sum(), (q, k, v))
+    torch.testing.assert_close(grads, torch.autograd.grad(expected.sum(), (q, k, v)))
+    assert rec.count() == 0 and [r.rewritten for r in rec.records] == [True]
+    assert rec.records[0].detail.startswith("F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=0.25)")
+    sdpa_nodes = [n for g in rec.graphs for n in g.graph.nodes if n.target is F.scaled_dot_product_attention]
+    assert len(sdpa_nodes) == 1 and sdpa_nodes[0].args[1].meta["example_value"].shape[1] == 4
+
+
+def test_above_the_threshold_and_with_the_option_off_the_op_takes_them(monkeypatch):
+    q, k, v = qkv()
+    rec = Recorder(small_calls_to_sdpa=False)
+    compiled(sdpa_causal, rec, q, k, v)
+    assert rec.count() == 1
+    monkeypatch.setattr(crossover, "GFLOP_BELOW", ((32, 1e-4), (256, 1e-4)))
+    rec = Recorder()
+    compiled(handwritten_causal_gqa, rec, *qkv(heads_kv=2))
+    assert rec.count() == 1
+
+
+def test_masks_windows_and_symbolic_sizes_go_to_the_op():
+    def windowed(q, k, v):
+        n = q.shape[-2]
+        i = torch.arange(n)
+        mask = (i[None, :] <= i[:, None]) & (i[None, :] > i[:, None] - 8)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+    rec = Recorder()
+    compiled(windowed, rec, *qkv())
+    assert rec.count() == 1
+    rec = Recorder()
+    torch._dynamo.reset()
+    fn = torch.compile(sdpa_causal, backend=rec, dynamic=True)
+    fn(*qkv())
+    assert rec.count() == 1
