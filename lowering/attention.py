@@ -375,7 +375,11 @@ def rewrite(call: AttentionCall | None, context: Context) -> str | None:
     if call is None:
         return None
     _check_output_shape(call)
-    small = crossover.small_attention(call) if getattr(context.options, "small_calls_to_sdpa", True) else None
+    small = None
+    if getattr(context.options, "small_calls_to_sdpa", True):
+        if "gflop_per_attention" not in context.shared:
+            context.shared["gflop_per_attention"] = crossover.gflop_per_attention(context.gm.graph)
+        small = crossover.small_attention(call, context.shared["gflop_per_attention"])
     if small is not None:
         if crossover.is_sdpa_call(call):
             raise Decline(small)

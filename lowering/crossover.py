@@ -1,6 +1,6 @@
 """Small attentions stay on PyTorch's SDPA, where default torch.compile would run them.
 
-A `fa4::attention` call costs ~85 us of host time on the H200 (Python dispatch, routing, FA4's launch)
+In a model whose GPU work per layer is small (host-bound), a `fa4::attention` call costs ~85 us of host time on the H200 (Python dispatch, routing, FA4's launch)
 against ~20 us for SDPA's C++ path, while both kernels take microseconds on a small attention; a model
 made of such calls is host-bound and would run slower than under default torch.compile. Measured
 (docs/benchmarks.md, session 6, "crossover"): back to back, SDPA wins below ~17 GFLOP of causal
@@ -8,7 +8,9 @@ attention at head dim 32 and ~35-70 at head dims 64 and 128; above, FA4 wins by 
 SDPA is never slower than default compile (it is default compile's kernel), so the thresholds sit on
 the generous side.
 
-Only plain attentions move: static shapes on CUDA, no mask but a causal square band, no softcap, no
+Where the GPU work per attention layer is large (a graph's matmul and attention GFLOP per attention
+over LAYER_GFLOP_HOST_BOUND), host time hides behind it and the op stays (FA4's GPU time is the lower, or
+within a few percent, on every measured row). Only plain attentions move: static shapes on CUDA, no mask but a causal square band, no softcap, no
 run-time key data. An SDPA call is kept as written; a hand-written one becomes the SDPA call that computes
 it (`is_causal`, the matched scale, K/V as the model repeated them), which default compile would not
 find on its own.
@@ -16,17 +18,23 @@ find on its own.
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch.fx import Node
 
-from .spellings import SDPA, shape, value
+from .spellings import LINEAR, MATMUL, SDPA, SOFTMAX, shape, value
 
 DEVICES = ("cuda",)  # where the op's host path is the cost (tests add "cpu")
 GFLOP_BELOW = ((32, 20.0), (256, 60.0))  # (head dims up to, GFLOP of attention below which SDPA is kept)
+LAYER_GFLOP_HOST_BOUND = 50.0  # ~100 us of GPU work at H200 rates: below, a layer's host time is not hidden
 
 
-def small_attention(call) -> str | None:
-    """Why `call` (an attention.AttentionCall) runs faster on SDPA, or None."""
+def small_attention(call, layer_gflop: float | None) -> str | None:
+    """Why `call` (an attention.AttentionCall) runs faster on SDPA, or None. `layer_gflop`: the graph's GPU
+    work per attention (`gflop_per_attention`)."""
+    if layer_gflop is None or layer_gflop >= LAYER_GFLOP_HOST_BOUND:
+        return None
     q = value(call.q)
     if q.device.type not in DEVICES or len(shape(call.q)) != 4:
         return None
@@ -43,8 +51,34 @@ def small_attention(call) -> str | None:
     limit = next(g for dims, g in GFLOP_BELOW if d <= dims) if d <= GFLOP_BELOW[-1][0] else 0.0
     if gflop >= limit:
         return None
-    return (f"a small attention ({gflop:.2g} GFLOP, under {limit:g} at head dim {d}): SDPA's C++ path has less "
-            "host overhead than the fa4 op, and its kernel is as fast here")
+    return (f"a small attention ({gflop:.2g} GFLOP, under {limit:g} at head dim {d}) in a host-bound graph "
+            f"({layer_gflop:.2g} GFLOP per attention): SDPA's C++ path has less host overhead than the fa4 op")
+
+
+def _attention_gflop(node: Node) -> float:
+    q, k = shape(node.args[0]), shape(node.args[1])
+    return 4 * math.prod(q) * k[-2] / 1e9
+
+
+def gflop_per_attention(graph) -> float | None:
+    """The matmul and attention GFLOP of a graph per attention candidate (SDPA call or softmax); None when a
+    size is symbolic or the graph has no candidate. Hand-written attention counts through its matmuls."""
+    total, attentions = 0.0, 0
+    for node in graph.nodes:
+        try:
+            if SDPA(node):
+                attentions += 1
+                total += _attention_gflop(node)
+            elif SOFTMAX(node):
+                attentions += 1
+            elif MATMUL(node) or LINEAR(node):
+                out, a = shape(node), shape(node.args[0])
+                total += 2 * math.prod(out) * a[-1] / 1e9
+        except (TypeError, AttributeError, IndexError):
+            continue  # an operand without an example value
+    if not attentions or not isinstance(total, float):
+        return None
+    return total / attentions
 
 
 def sdpa_for(make, call) -> Node:

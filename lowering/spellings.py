@@ -46,6 +46,7 @@ class Spelling:
 
 SDPA = Spelling((F.scaled_dot_product_attention,))
 MATMUL = Spelling((torch.matmul, operator.matmul, torch.bmm), ("matmul", "bmm", "__matmul__"))
+LINEAR = Spelling((F.linear, torch.nn.functional.linear), ("linear",))
 SOFTMAX = Spelling((F.softmax, torch.softmax, torch.Tensor.softmax), ("softmax",))
 DROPOUT = Spelling((F.dropout, torch.dropout), ("dropout",))
 MUL = Spelling((operator.mul, torch.mul), ("mul", "__mul__", "__rmul__"))

@@ -40,8 +40,8 @@ def test_a_small_sdpa_call_is_kept_with_the_reason():
     q, k, v = qkv()
     torch.testing.assert_close(compiled(sdpa_causal, rec, q, k, v), sdpa_causal(q, k, v))
     assert rec.count() == 0
-    assert rec.reasons == ["a small attention (0.00026 GFLOP, under 20 at head dim 16): SDPA's C++ path has less "
-                           "host overhead than the fa4 op, and its kernel is as fast here"]
+    assert rec.reasons == ["a small attention (0.00026 GFLOP, under 20 at head dim 16) in a host-bound graph "
+                           "(0.00052 GFLOP per attention): SDPA's C++ path has less host overhead than the fa4 op"]
 
 
 def test_a_small_handwritten_attention_becomes_sdpa_on_the_repeated_kv():
@@ -86,3 +86,20 @@ def test_masks_windows_and_symbolic_sizes_go_to_the_op():
     fn = torch.compile(sdpa_causal, backend=rec, dynamic=True)
     fn(*qkv())
     assert rec.count() == 1
+
+
+def test_a_graph_with_enough_gpu_work_per_layer_keeps_the_op(monkeypatch):
+    """Host time hides behind the GPU work of the layer: the op's kernel decides, not its host path."""
+    def layer(x, w, q, k, v):
+        return F.linear(x, w), sdpa_causal(q, k, v)
+
+    x, w = torch.randn(64, 128), torch.randn(256, 128)  # 2 * 64 * 256 * 128 = 0.0042 GFLOP
+    assert crossover.gflop_per_attention(torch.fx.symbolic_trace(lambda x, w: F.linear(x, w)).graph) is None
+    monkeypatch.setattr(crossover, "LAYER_GFLOP_HOST_BOUND", 0.004)
+    rec = Recorder()
+    compiled(layer, rec, x, w, *qkv())
+    assert rec.count() == 1
+    monkeypatch.setattr(crossover, "LAYER_GFLOP_HOST_BOUND", 0.005)
+    rec = Recorder()
+    compiled(layer, rec, x, w, *qkv())
+    assert rec.count() == 0
