@@ -18,7 +18,7 @@ from torch._inductor.compile_fx import compile_fx
 from fa4_inductor.lowering import READ_BY_VALUE, module_buffers, run_torch_ir_passes
 from fa4_inductor.lowering.post_grad import HOOK as POST_GRAD_HOOK, PostGradPasses
 
-from . import report
+from . import publishing
 from .options import Options
 
 log = logging.getLogger("fa4_inductor")
@@ -47,7 +47,7 @@ class Backend:
         compiled = compile_fx(gm, example_inputs, config_patches=patches)
         # After compile_fx: a restarted analysis (it raises) leaves no stale records. A backward graph's
         # post-grad records come later, when AOTAutograd compiles it.
-        report.publish(records + post_grad.records)
+        publishing.publish(records + post_grad.records)
         watched = gm.meta.get(READ_BY_VALUE)
         if watched:
             return BufferGuard(compiled, watched, example_inputs, pristine)
@@ -55,7 +55,7 @@ class Backend:
 
     def rewrite_only(self, gm: torch.fx.GraphModule, example_inputs, **_):
         """The same rewrites, run eagerly without Inductor: what `explain` uses."""
-        report.publish(run_torch_ir_passes(gm, example_inputs, self.options))
+        publishing.publish(run_torch_ir_passes(gm, example_inputs, self.options))
         return gm.forward
 
     def __repr__(self) -> str:

@@ -8,7 +8,6 @@ with `repeat_kv` and `is_causal=True`). No downloads: weights are random.
 from __future__ import annotations
 
 import math
-import time
 from dataclasses import dataclass
 
 import torch
@@ -106,20 +105,10 @@ class TinyLlama(nn.Module):
         return self.lm_head(self.norm(x))
 
 
-def _median_ms(fn, repeats: int = 20) -> float:
-    times = []
-    for _ in range(repeats):
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        fn()
-        torch.cuda.synchronize()
-        times.append((time.perf_counter() - start) * 1e3)
-    return sorted(times)[len(times) // 2]
-
-
 def run(seq_len: int | None = None) -> int:
     """Compiles TinyLlama with both attention spellings; returns 0 when outputs match eager, else 1."""
     import fa4_inductor
+    from fa4_inductor.bench.timing import median_wall_ms
 
     cuda = torch.cuda.is_available()
     device, dtype = ("cuda", torch.bfloat16) if cuda else ("cpu", torch.float32)
@@ -146,7 +135,7 @@ def run(seq_len: int | None = None) -> int:
             if cuda:
                 default = torch.compile(model)
                 default(tokens)
-                ours = _median_ms(lambda: compiled(tokens))
-                base = _median_ms(lambda: default(tokens))
+                ours = median_wall_ms(lambda: compiled(tokens), repeats=20, warmup=0)
+                base = median_wall_ms(lambda: default(tokens), repeats=20, warmup=0)
                 print(f"forward: fa4_inductor {ours:.3f} ms, default torch.compile {base:.3f} ms ({base / ours:.2f}x)")
     return 1 if failures else 0

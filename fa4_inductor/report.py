@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
-import logging
 import operator
 from dataclasses import dataclass, field
 
@@ -11,27 +9,10 @@ import torch
 
 from fa4_inductor.lowering import Record
 
-log = logging.getLogger("fa4_inductor")
-_collectors: list[list] = []
+from .backend import fa4_inductor as default_backend
+from .publishing import collecting, publish
 
-
-def publish(records: list[Record]) -> None:
-    """Called by the backend for every compiled graph."""
-    for record in records:
-        log.info("%s", record)
-    for collector in _collectors:
-        collector.extend(records)
-
-
-@contextlib.contextmanager
-def collecting():
-    """Gathers the records of every graph compiled inside the block."""
-    records: list[Record] = []
-    _collectors.append(records)
-    try:
-        yield records
-    finally:
-        _collectors.remove(records)
+__all__ = ["Report", "collecting", "explain", "graph_summary", "publish"]
 
 
 @dataclass
@@ -53,9 +34,7 @@ class Report:
 
 def explain(fn, *args, backend=None, **kwargs) -> Report:
     """Runs fn(*args, **kwargs) under Dynamo with the backend's rewrites (no Inductor) and reports them."""
-    from .backend import fa4_inductor
-
-    chosen = backend or fa4_inductor
+    chosen = backend or default_backend
     with collecting() as records:
         torch.compile(fn, backend=chosen.rewrite_only)(*args, **kwargs)
     report = Report(list(records))

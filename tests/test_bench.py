@@ -50,7 +50,7 @@ def test_a_failed_measurement_is_reported_not_fatal(monkeypatch, capsys):
     def broken(*args, **kwargs):
         raise AssertionError("seqused_k must be contiguous")
 
-    monkeypatch.setattr(bench, "decode_tokens_per_s", broken)
+    monkeypatch.setattr(bench.llama_e2e, "decode_tokens_per_s", broken)
     prefill, decode = bench.e2e_suite("cpu", torch.float32, seqlens=(16,), prompt=8, steps=5, model_overrides=tiny)
     assert "failed" not in prefill.markdown()
     assert decode.rows[0][2:5] == ["failed", "failed", "n/a"]
@@ -76,8 +76,8 @@ def without_inductor(monkeypatch):
         chosen = fa4_inductor.fa4_inductor.rewrite_only if backend_name == "fa4_inductor" else "eager"
         return torch.compile(model_fn, backend=chosen)
 
-    monkeypatch.setattr(bench, "_compile", compile_without_inductor)
-    monkeypatch.setattr(bench, "_host_ms", lambda fn, repeats=5: fn() and 1.0 or 1.0)
+    monkeypatch.setattr(bench.models, "compile_model", compile_without_inductor)
+    monkeypatch.setattr(bench.timing, "median_wall_ms", lambda fn, repeats=5: fn() and 1.0 or 1.0)
     return dict(hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=4,
                 num_key_value_heads=2, vocab_size=128, max_position_embeddings=256)
 

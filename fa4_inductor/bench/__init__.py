@@ -1,0 +1,113 @@
+"""`python -m fa4_inductor bench`: the GPU benchmarks behind `docs/benchmarks.md`.
+
+Suites (`--suite`, comma-separated; all but `sweep` by default):
+- `op`: prefill attention, `fa4::attention` against FA4 called directly (`flash_attn_func`) and SDPA
+  (cuDNN and flash backends), 16k tokens per batch over sequence lengths 1k..16k, head dims 64 / 128,
+  causal and not; TFLOP/s from GPU time (`triton.testing.do_bench`, median).
+- `overhead`: host cost per call of a tiny attention (the GPU is idle, so launches are the limit):
+  FA4 directly, our adapter (`kernels/fa4.forward`), the `fa4::attention` op, and a compiled SDPA
+  call under our backend and under default `torch.compile`.
+- `decode`: one query token against a KV cache (GQA), `fa4::attention` (whichever kernel it picks)
+  against SDPA `enable_gqa` and FA4 directly; GPU time under a CUDA graph, as TB/s of K/V read.
+- `e2e`: a Llama-1B-shaped HF transformers model (hidden 2048, 16 layers, 32 query / 8 KV heads,
+  bf16, random weights) with `attn_implementation` "eager" and "sdpa": prefill latency at 2k / 8k
+  tokens, and decode tokens/s with a static cache under `mode="reduce-overhead"`, default
+  `torch.compile` against `backend=fa4_inductor`.
+- `generate`: the same model through HF's own `generate(cache_implementation="static")`, which
+  compiles the decode step itself (`CompileConfig(backend=...)`, its default `reduce-overhead`
+  mode): a left-padded batch of 4, time to first token (prefill with the padding mask) and decode
+  tokens/s, default `torch.compile` against our backend.
+- `padded`: the same model on a left-padded batch of 4 x 2048 (0/100/700/1500 pad tokens, the
+  `attention_mask` generate passes) and on that batch without a mask: prefill and a training step
+  (`use_cache=False`, labels, backward), default `torch.compile` against ours.
+- `train`: the same model's training step at batch 1 x 4096 tokens (`use_cache=False`, labels,
+  backward), eager and sdpa attention code: ms and peak memory, default `torch.compile` against ours.
+- `sweep` (only when named, about 8 minutes): Llama-shaped models from hidden 256 x 2 layers to
+  2048 x 16 and a BERT-base encoder, prefill and static-cache decode, sequence lengths 128..8192,
+  batch 1 and 8, padded and not; each row ours against default `torch.compile`, flagged below 0.98x
+  (`sweep.py` says how it keeps the compile count down).
+
+Results print as markdown tables; `--out FILE` writes them (with the date, GPU, versions and the
+command) and `--plot FILE.png` draws the op suite. Suite functions take a `device` so the CPU test
+suite can run them on tiny shapes; numbers only mean something on a GPU.
+
+Modules: `timing.py` (GPU, wall-clock and host-per-call timing, also used by the demo), `tables.py`
+(`Table`, environment, plot, failure cells), `models.py` (HF model builders, `compile_model`), one
+module per suite family (`attention_op.py`: op / overhead / decode; `llama_e2e.py`: e2e / generate;
+`padded.py`; `training.py`; `sweep.py`), and here the suite registry and the command line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+import time
+from dataclasses import asdict
+
+import torch
+
+from . import attention_op, llama_e2e, models, padded, sweep, tables, timing, training
+from .attention_op import attention_impls, decode_kernel_comparison, decode_suite, op_suite, overhead_suite
+from .llama_e2e import decode_tokens_per_s, e2e_suite, generate_suite, generate_times, prefill_ms
+from .models import LLAMA_1B, compile_model, left_padded_batch, llama
+from .padded import padded_ms, padded_suite
+from .sweep import sweep_suite
+from .tables import Table, environment, plot
+from .timing import gpu_ms, host_us_per_call, median_wall_ms
+from .training import train_suite
+
+# `--suite` name -> function returning a Table or yielding Tables.
+SUITE_FUNCTIONS = {"op": op_suite, "overhead": overhead_suite, "decode": decode_suite, "e2e": e2e_suite,
+                   "generate": generate_suite, "padded": padded_suite, "train": train_suite, "sweep": sweep_suite}
+SUITES = tuple(SUITE_FUNCTIONS)
+DEFAULT_SUITES = ("op", "overhead", "decode", "e2e", "generate", "padded", "train")  # `sweep` only when named
+
+__all__ = ["DEFAULT_SUITES", "LLAMA_1B", "SUITES", "SUITE_FUNCTIONS", "Table", "attention_impls", "attention_op",
+           "compile_model", "decode_kernel_comparison", "decode_suite", "decode_tokens_per_s", "e2e_suite",
+           "environment", "generate_suite", "generate_times", "gpu_ms", "host_us_per_call", "left_padded_batch",
+           "llama", "llama_e2e", "main", "median_wall_ms", "models", "op_suite", "overhead_suite", "padded",
+           "padded_ms", "padded_suite", "plot", "prefill_ms", "sweep", "sweep_suite", "tables", "timing",
+           "train_suite", "training"]
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m fa4_inductor bench", description=__doc__.split("\n")[0])
+    parser.add_argument("--suite", default=",".join(DEFAULT_SUITES),
+                        help=f"comma-separated, from {SUITES} (default: all but sweep)")
+    parser.add_argument("--out", help="write the tables (markdown) here")
+    parser.add_argument("--json", help="write the raw tables as JSON here")
+    parser.add_argument("--plot", help="write the op suite's plot (PNG) here")
+    args = parser.parse_args(argv)
+    suites = [s for s in args.suite.split(",") if s]
+    unknown = set(suites) - set(SUITES)
+    if unknown:
+        parser.error(f"unknown suites {sorted(unknown)}")
+    if not torch.cuda.is_available():
+        print("bench needs a CUDA GPU", file=sys.stderr)
+        return 2
+    importlib.import_module("fa4_inductor.kernels")  # registers the fa4:: ops
+
+    env = environment()
+    command = "python -m fa4_inductor bench " + " ".join(argv if argv is not None else sys.argv[1:])
+    print(json.dumps(env))
+    produced_tables: list[Table] = []
+    for suite in suites:
+        started = time.perf_counter()
+        produced = SUITE_FUNCTIONS[suite]()
+        for table in [produced] if isinstance(produced, Table) else produced:
+            produced_tables.append(table)
+            print(table.markdown(), flush=True)
+            if args.plot and suite == "op":
+                plot(table, args.plot)
+        print(f"[{suite} took {time.perf_counter() - started:.0f} s]", flush=True)
+    header = (f"## {env['date']}: `{command}`\n\n" + ", ".join(f"{k} {v}" for k, v in env.items() if k != "date") + "\n\n")
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(header + "\n".join(t.markdown() for t in produced_tables))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"environment": env, "command": command, "tables": [asdict(t) for t in produced_tables]}, f,
+                      indent=1)
+    return 0

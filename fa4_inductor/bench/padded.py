@@ -1,0 +1,62 @@
+"""`padded`: the Llama-1B-shaped HF model on a left-padded batch (the `attention_mask` generate passes)
+against the same batch without a mask, prefill and a training step, default torch.compile against ours."""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from . import models, timing
+from .models import BACKENDS, left_padded_batch, llama
+from .tables import Table, attempt, or_failed, speedup
+
+
+def padded_ms(model, backend_name, tokens, mask, train: bool) -> float:
+    """Median ms of a compiled forward (last-token logits) or of a training step (forward with labels,
+    backward) of `model` on `tokens`, with `mask` as its attention_mask (None: no mask)."""
+    model.train(train)
+    if not train:
+        compiled = models.compile_model(model, backend_name)
+        with torch.no_grad():
+            return timing.median_wall_ms(lambda: compiled(tokens, attention_mask=mask, logits_to_keep=1), repeats=7)
+    labels = tokens.masked_fill(mask == 0, -100) if mask is not None else tokens
+
+    def step():
+        model.zero_grad(set_to_none=True)
+        compiled(tokens, attention_mask=mask, labels=labels, use_cache=False).loss.backward()
+
+    compiled = models.compile_model(model, backend_name)
+    return timing.median_wall_ms(step, repeats=5)
+
+
+def padded_suite(device="cuda", dtype=torch.bfloat16, batch=4, seqlen=2048, pads=(0, 100, 700, 1500),
+                 attentions=("sdpa", "eager"), passes=("prefill", "train"), model_overrides=None):
+    """Yields one table: a left-padded batch (the `attention_mask` generate passes) against the same batch
+    without a mask, prefill and a training step, default torch.compile against ours."""
+    backends = BACKENDS
+    pads = [min(p * seqlen // 2048, seqlen - 1) for p in pads]
+    table = Table("Llama-1B-shaped HF model, a left-padded batch (ms, lower is better)",
+                  ["attention code", "pass", "batch", *backends, "speedup"],
+                  note=f"{dtype}, batch {batch} x {seqlen}, left padding {pads} tokens (`attention_mask`) or no mask; "
+                       "prefill: last-token logits, no_grad; train: forward with labels (`use_cache=False`) + "
+                       "backward; median of 7 / 5 after a compile.")
+    for attention in attentions:
+        torch.manual_seed(0)
+        model = llama(attention, device, dtype, **(model_overrides or {}))
+        tokens, mask = left_padded_batch(model.config.vocab_size, batch, seqlen, pads, device)
+        for train in [p == "train" for p in passes]:
+            for masked in (True, False):
+                times = {}
+                for name, backend in backends.items():
+                    torch._dynamo.reset()
+                    times[name] = attempt(f"padded {attention} {name}", functools.partial(
+                        padded_ms, model, backend, tokens, mask if masked else None, train))
+                base, ours = times.values()
+                table.rows.append([attention, "train" if train else "prefill", "left-padded" if masked else "no mask",
+                                   or_failed(base), or_failed(ours), speedup(base, ours)])
+        del model
+        if device == "cuda":
+            torch.cuda.empty_cache()
+    torch._dynamo.reset()
+    yield table

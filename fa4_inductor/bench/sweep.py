@@ -1,0 +1,307 @@
+"""`sweep`: our backend against default torch.compile over model sizes, sequence lengths, batches and
+padding. The target it reports: ours >= 0.98x default on every row (speedup = default ms / ours ms).
+
+Rows, by default:
+- models: Llama-shaped `LlamaForCausalLM` (random weights, bf16, `attn_implementation="sdpa"`,
+  `models.llama_shape`: head dim 64 below hidden 2048 and 128 at 2048, 4 query heads per KV head, MLP
+  4x hidden) at hidden x layers 256x2, 2048x16, 512x4, 1024x2, 2048x4, 256x16, and a BERT-base
+  `BertModel` (hidden 768, 12 layers, 12 heads), run in the order 256x2, 2048x16, BERT, then the rest
+  (the extremes first, so a spent time budget cuts the middle);
+- sequence lengths 128, 512, 2048, 8192 (BERT up to its 512 positions); batch 1 and 8, and at batch 8
+  also padded: a quarter of the rows padded by different amounts (left for Llama, right for BERT),
+  given as `attention_mask`; unpadded batches pass no mask;
+- prefill: one no_grad forward (Llama: `use_cache=False`, last-token logits as `generate` asks for
+  them), median wall-clock ms of `prefill_repeats` calls;
+- decode (Llama 256x2 and 2048x16): the prompt prefilled eagerly into a `StaticCache` sized
+  prompt + steps (as `generate` sizes it), then one-token steps of a step function compiled with
+  `mode="reduce-overhead"` (as the e2e suite does); ms per step over `decode_steps` steps after 3 warm
+  ones. Padded decode passes the padding mask over the whole cache, one shape for every step (one CUDA
+  graph), with positions counted in cache slots.
+Each row also gives how far ours' output is from default's (relative to default's largest value:
+last-token logits, BERT's hidden states at unpadded positions, the first decode step's logits).
+
+Compiles, which are most of the run time: per (model, backend), prefill compiles the model once with
+`dynamic=True` and reuses it over every sequence length; Dynamo adds a graph per batch class (batch 1 is
+specialized) and per mask / no mask, 3 graphs. Decode compiles one step function per (model, batch,
+padding, backend), `dynamic=True`, fed a new cache per prompt length. `torch._dynamo.reset()` comes
+before each of these compiles, so no cache entries pile up, and hitting the recompile limit raises (a
+failed row) instead of silently timing eager code. The defaults come to 42 prefill and 12 decode
+compiles (Llama layers 44 in all, BERT's 12): by an estimate, not a measurement, 5 to 12 s per compile
+on the H200's host, 6 to 12 minutes. `time_budget_s` (450 s) stops starting measurements once it is
+spent (those rows say "skipped: time budget"; run them in a second call with `llama_sizes=` /
+`bert=False`), and rows whose estimated memory exceeds `memory_cap_gib` are skipped with their
+estimate.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+from dataclasses import dataclass
+
+import torch
+
+from . import models, timing
+from .models import BACKENDS
+from .tables import Table, report_failure
+
+LLAMA_SIZES = ((256, 2), (2048, 16), (512, 4), (1024, 2), (2048, 4), (256, 16))
+DECODE_SIZES = ((256, 2), (2048, 16))
+SEQLENS = (128, 512, 2048, 8192)
+BATCHES = (1, 8)
+TARGET = 0.98
+WARM_DECODE_STEPS = 3
+
+
+@dataclass(frozen=True)
+class SweepModel:
+    """One model of the sweep: `family` "llama" (causal LM, left padding, prefill and maybe decode) or
+    "bert" (encoder, right padding, prefill only), built by `models.llama` / `models.bert`."""
+
+    family: str
+    config: tuple  # (key, value) pairs over the family's defaults
+    decode: bool = False
+
+    def build(self, device, dtype):
+        builder = models.llama if self.family == "llama" else models.bert
+        return builder("sdpa", device, dtype, **dict(self.config))
+
+    @property
+    def name(self) -> str:
+        config = dict(self.config)
+        if self.family == "bert":
+            base = models.BERT_BASE
+            return f"BERT h{config.get('hidden_size', base['hidden_size'])} x{config.get('num_hidden_layers', base['num_hidden_layers'])}"
+        return f"Llama h{config['hidden_size']} x{config['num_hidden_layers']}"
+
+    @property
+    def padding_side(self) -> str:
+        return "left" if self.family == "llama" else "right"
+
+
+@dataclass(frozen=True)
+class Case:
+    """One row's measurement: `phase` "prefill" or "decode", `seq` the prompt length."""
+
+    phase: str
+    batch: int
+    seq: int
+    padded: bool
+
+
+def sweep_models(llama_sizes=LLAMA_SIZES, decode_sizes=DECODE_SIZES, bert=True, llama_overrides=None,
+                 bert_overrides=None) -> list[SweepModel]:
+    """The sweep's models: a Llama per (hidden, layers) in `llama_sizes` (decode rows too where the size
+    is in `decode_sizes`) and BERT-base when `bert`; the overrides apply over every model of a family."""
+    chosen = [SweepModel("llama", tuple({**models.llama_shape(hidden, layers), **(llama_overrides or {})}.items()),
+                         decode=(hidden, layers) in decode_sizes)
+              for hidden, layers in llama_sizes]
+    if bert:  # after the first two Llamas (the extremes by default), before a spent time budget skips it
+        chosen.insert(min(2, len(chosen)), SweepModel("bert", tuple((bert_overrides or {}).items())))
+    return chosen
+
+
+def padding_lengths(batch: int, seq: int) -> list[int]:
+    """Pad tokens per row: the last quarter of the rows (at least one) padded by 1/(n+1), 2/(n+1), ... of
+    the sequence, the first rows not at all."""
+    padded_rows = max(1, batch // 4)
+    return [0] * (batch - padded_rows) + [k * seq // (padded_rows + 1) for k in range(1, padded_rows + 1)]
+
+
+def sweep_inputs(sweep_model: SweepModel, vocab: int, case: Case, device, mask_len: int | None = None):
+    """(input_ids [batch, seq], attention_mask [batch, mask_len or seq] or None when unpadded). Left
+    padding masks the first pads of a row, right padding its last ones; mask positions past `seq` (a
+    decode cache's slots for new tokens) are 1."""
+    generator = torch.Generator().manual_seed(case.batch * 100003 + case.seq)
+    tokens = torch.randint(1, vocab, (case.batch, case.seq), generator=generator)
+    if not case.padded:
+        return tokens.to(device), None
+    positions = torch.arange(mask_len or case.seq)[None, :]
+    pads = torch.tensor(padding_lengths(case.batch, case.seq))[:, None]
+    if sweep_model.padding_side == "left":
+        mask = positions >= pads
+    else:
+        mask = (positions < case.seq - pads) | (positions >= case.seq)
+    return tokens.to(device), mask.long().to(device)
+
+
+def estimated_gib(model, case: Case, steps: int) -> float:
+    """A generous estimate of the memory a row needs: the weights, one layer's activations over every
+    token (no_grad), a padding mask expanded to [batch, seq, seq] bool and bf16, and the decode cache."""
+    config = model.config
+    element = next(model.parameters()).element_size()
+    weights = sum(p.numel() for p in model.parameters()) * element
+    tokens = case.batch * case.seq
+    activations = tokens * (6 * config.hidden_size + 3 * config.intermediate_size) * element
+    kv_len = case.seq + (steps + WARM_DECODE_STEPS if case.phase == "decode" else 0)
+    mask = case.batch * case.seq * kv_len * (1 + element) if case.padded else 0
+    cache = 0
+    if case.phase == "decode":
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        cache = 2 * config.num_hidden_layers * case.batch * config.num_key_value_heads * kv_len * head_dim * element
+    return (weights + 1.5 * (activations + mask + cache)) / 2**30
+
+
+def prefill_call(compiled, sweep_model: SweepModel, tokens, mask):
+    """A no-argument forward of the compiled model; returns what the row compares (float, on the CPU:
+    last-token logits, or BERT's hidden states with padded positions zeroed)."""
+    def call():
+        if sweep_model.family == "llama":
+            return compiled(input_ids=tokens, attention_mask=mask, use_cache=False, logits_to_keep=1).logits[:, -1]
+        return compiled(input_ids=tokens, attention_mask=mask).last_hidden_state
+
+    def output():
+        out = call().float()
+        return (out if mask is None or sweep_model.family == "llama" else out * mask[..., None]).cpu()
+    return call, output
+
+
+def decode_step(model):
+    """The one-token forward with a static cache that decode compiles."""
+    from ..hf import cache_keyword
+
+    keyword = cache_keyword(model)
+
+    def step(token, position, cache, mask):
+        return model(token, attention_mask=mask, position_ids=position, use_cache=True, **{keyword: cache}).logits[:, -1]
+    return step
+
+
+def decode_ms(compiled_step, model, sweep_model: SweepModel, case: Case, steps: int, device) -> tuple[float, torch.Tensor]:
+    """(ms per decode step, the first step's logits): the prompt prefilled eagerly into a fresh
+    StaticCache sized prompt + steps, then greedy one-token steps of `compiled_step`."""
+    from transformers import StaticCache
+
+    from ..hf import cache_keyword
+
+    cache_len = case.seq + WARM_DECODE_STEPS + steps
+    cache = StaticCache(config=model.config, max_cache_len=cache_len)
+    tokens, mask = sweep_inputs(sweep_model, model.config.vocab_size, case, device, mask_len=cache_len)
+    positions = torch.arange(case.seq, device=device)[None].expand(case.batch, -1)
+    with torch.no_grad():
+        logits = model(tokens, attention_mask=None if mask is None else mask[:, :case.seq], position_ids=positions,
+                       use_cache=True, logits_to_keep=1, **{cache_keyword(model): cache}).logits[:, -1]
+        token, first = logits.argmax(-1), None
+        for i in range(WARM_DECODE_STEPS + steps):
+            if i == WARM_DECODE_STEPS:
+                timing.sync()
+                start = time.perf_counter()
+            position = torch.full((case.batch, 1), case.seq + i, device=device)
+            logits = compiled_step(token[:, None].clone(), position, cache, mask)
+            if first is None:
+                first = logits.float().cpu()
+            token = logits.argmax(-1)
+        timing.sync()
+    return (time.perf_counter() - start) * 1e3 / steps, first
+
+
+def _dynamo_limits():
+    """Recompile-limit settings for the sweep's compiles: hitting the limit raises rather than running
+    the frame eagerly (a timing of eager code would pass as a compiled one)."""
+    names = [name for name in ("fail_on_recompile_limit_hit",) if hasattr(torch._dynamo.config, name)]
+    return torch._dynamo.config.patch(**dict.fromkeys(names, True))
+
+
+def sweep_suite(device="cuda", dtype=torch.bfloat16, llama_sizes=LLAMA_SIZES, decode_sizes=DECODE_SIZES, bert=True,
+                seqlens=SEQLENS, batches=BATCHES, decode_steps=16, prefill_repeats=10, memory_cap_gib=100.0,
+                time_budget_s=450.0, llama_overrides=None, bert_overrides=None):
+    """Yields one table, a row per (model, phase, batch, sequence length, padding); see the module
+    docstring for the defaults and the compile plan."""
+    started = time.perf_counter()
+    mode = "reduce-overhead" if device == "cuda" else "default"
+    table = Table("Size sweep: HF Llama-shaped models and BERT-base, ours against default torch.compile "
+                  "(ms, lower is better)",
+                  ["model", "phase", "batch", "seq", "padding", "default ms", "ours ms", "speedup",
+                   f"below {TARGET}x", "outputs differ by (relative)", "note"])
+    for sweep_model in sweep_models(llama_sizes, decode_sizes, bert, llama_overrides, bert_overrides):
+        torch.manual_seed(0)
+        model = sweep_model.build(device, dtype)
+        max_positions = model.config.max_position_embeddings
+        cases, skipped = [], {}
+        for phase in ("prefill", "decode") if sweep_model.decode else ("prefill",):
+            for batch in batches:
+                for padded in (False, True) if batch > 1 else (False,):
+                    for seq in seqlens:
+                        case = Case(phase, batch, seq, padded)
+                        extra = decode_steps + WARM_DECODE_STEPS if phase == "decode" else 0
+                        if seq + extra > max_positions:
+                            continue
+                        gib = estimated_gib(model, case, decode_steps)
+                        if gib > memory_cap_gib:
+                            skipped[case] = f"skipped: needs ~{gib:.0f} GiB > cap {memory_cap_gib:g}"
+                        else:
+                            cases.append(case)
+        results = {name: {} for name in BACKENDS}
+        for name, backend_name in BACKENDS.items():
+            _measure(results[name], model, sweep_model, cases, backend_name, f"{sweep_model.name} {name}", device,
+                     mode, decode_steps, prefill_repeats, started + time_budget_s)
+        for case in sorted([*cases, *skipped], key=lambda c: (c.phase != "prefill", c.batch, c.padded, c.seq)):
+            table.rows.append(_row(sweep_model, case, skipped.get(case), *(results[name].get(case) for name in BACKENDS)))
+        del model
+        torch._dynamo.reset()
+        if device == "cuda":
+            torch.cuda.empty_cache()
+        print(f"  [sweep: {sweep_model.name} done at {time.perf_counter() - started:.0f} s]", file=sys.stderr, flush=True)
+    measured = [row for row in table.rows if row[8] in ("yes", "no")]
+    below = [row for row in measured if row[8] == "yes"]
+    table.note = (f"{dtype}, random weights, sdpa attention code; speedup = default ms / ours ms; target: ours >= "
+                  f"{TARGET}x default on every row: {len(measured) - len(below)} of {len(measured)} measured rows "
+                  f"meet it ({len(table.rows) - len(measured)} not measured). Prefill: median of {prefill_repeats} "
+                  f"forwards; decode: ms per step over {decode_steps} steps, mode='{mode}'; padding: a quarter of "
+                  f"the rows padded by different amounts. Took {time.perf_counter() - started:.0f} s.")
+    yield table
+
+
+def _measure(results: dict, model, sweep_model: SweepModel, cases: list[Case], backend_name: str, label: str, device,
+             mode: str, decode_steps: int, prefill_repeats: int, deadline: float) -> None:
+    """Fills results[case] with (ms, output) or a failure / skip text, for one backend: one compile per
+    prefill, one per decode (batch, padding) group, each after a Dynamo reset."""
+    groups: dict[tuple, list[Case]] = {}
+    for case in cases:
+        groups.setdefault((case.phase, case.batch, case.padded), []).append(case)
+    with _dynamo_limits(), torch.no_grad():
+        torch._dynamo.reset()
+        prefill = models.compile_model(model, backend_name, dynamic=True)
+        for (phase, batch, padded), group in groups.items():
+            if phase == "decode":
+                torch._dynamo.reset()
+                compiled_step = models.compile_model(decode_step(model), backend_name, mode=mode, dynamic=True,
+                                                     fullgraph=True)
+            for case in group:
+                if time.perf_counter() > deadline:
+                    results[case] = "skipped: time budget spent"
+                    continue
+                what = f"{label} {phase} b{case.batch} s{case.seq}{' padded' if padded else ''}"
+                try:
+                    if phase == "prefill":
+                        tokens, mask = sweep_inputs(sweep_model, model.config.vocab_size, case, device)
+                        call, output = prefill_call(prefill, sweep_model, tokens, mask)
+                        results[case] = (timing.median_wall_ms(call, repeats=prefill_repeats), output())
+                    else:
+                        results[case] = decode_ms(compiled_step, model, sweep_model, case, decode_steps, device)
+                except Exception as e:  # one broken row must not cost the others
+                    results[case] = report_failure(what, e)
+                if device == "cuda":
+                    torch.cuda.empty_cache()
+
+
+def _row(sweep_model: SweepModel, case: Case, skipped: str | None, base, ours) -> list:
+    """A table row from each backend's (ms, output), failure text or None (not run)."""
+    pads = padding_lengths(case.batch, case.seq)
+    padding = f"{sweep_model.padding_side}, {sum(p > 0 for p in pads)}/{case.batch} rows" if case.padded else "none"
+    head = [sweep_model.name, case.phase, case.batch, case.seq, padding]
+    base, ours = (result if result is not None else "failed: not run" for result in (base, ours))
+    if skipped:
+        return [*head, "skipped", "skipped", "n/a", "n/a", "n/a", skipped]
+    notes = [f"{who}: {result}" for who, result in (("default", base), ("ours", ours)) if isinstance(result, str)]
+    cells = [result[0] if isinstance(result, tuple) else "skipped" if result.startswith("skipped") else "failed"
+             for result in (base, ours)]
+    if notes:
+        return [*head, *cells, "n/a", "n/a", "n/a", "; ".join(notes)[:300]]
+    (base_ms, base_out), (ours_ms, ours_out) = base, ours
+    ratio = base_ms / ours_ms
+    difference = ((ours_out - base_out).abs().max() / base_out.abs().max().clamp_min(1e-30)).item()
+    flag = "yes" if ratio < TARGET else "no"
+    return [*head, base_ms, ours_ms, f"{ratio:.2f}x", flag, f"{difference:.1e}",
+            "" if math.isfinite(difference) else "output not finite"]

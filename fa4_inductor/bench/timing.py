@@ -1,0 +1,66 @@
+"""Timing helpers shared by every bench suite and by `python -m fa4_inductor demo`.
+
+- `gpu_ms`: GPU time of one call (`triton.testing.do_bench`, L2 flushed; or `do_bench_cudagraph`).
+- `median_wall_ms`: wall-clock ms of whole calls, the device synchronized around each one.
+- `host_us_per_call`: back-to-back calls without a sync, the host's launch cost when the kernels are tiny.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from typing import Callable
+
+import torch
+
+
+def sync() -> None:
+    """Waits for the GPU (nothing to wait for on a CPU)."""
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def gpu_ms(fn: Callable[[], object], cuda_graph: bool = False) -> float:
+    """Median GPU milliseconds of `fn` (L2 flushed between runs); under a CUDA graph if asked. Without a
+    GPU: `median_wall_ms`."""
+    if not torch.cuda.is_available():
+        return median_wall_ms(fn)
+    from triton.testing import do_bench, do_bench_cudagraph
+
+    fn()  # compile / warm up outside the graph
+    torch.cuda.synchronize()
+    if cuda_graph:
+        return do_bench_cudagraph(fn, rep=50, return_mode="median")
+    return do_bench(fn, warmup=10, rep=50, return_mode="median")
+
+
+def median_wall_ms(fn: Callable[[], object], repeats: int = 5, warmup: int = 1) -> float:
+    """Median wall-clock milliseconds of `fn` over `repeats` calls, each between two device syncs, after
+    `warmup` untimed calls (the first one compiles)."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        sync()
+        start = time.perf_counter()
+        fn()
+        sync()
+        times.append((time.perf_counter() - start) * 1e3)
+    return statistics.median(times)
+
+
+def host_us_per_call(fn: Callable[[], object], calls: int = 200, repeats: int = 5) -> float:
+    """Microseconds per call of back-to-back calls (no sync in between): the launch cost when the
+    GPU work is tiny."""
+    for _ in range(10):
+        fn()
+    best = math.inf
+    for _ in range(repeats):
+        sync()
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        sync()
+        best = min(best, (time.perf_counter() - start) / calls * 1e6)
+    return best

@@ -1,0 +1,115 @@
+"""The sweep suite on the CPU with tiny models (the numbers mean nothing here): its rows, its failure and
+skip cells, and the same outputs from both backends."""
+
+import math
+
+import pytest
+import torch
+
+from fa4_inductor import bench
+from fa4_inductor.bench import sweep
+
+TINY_LLAMA = dict(intermediate_size=128, num_attention_heads=4, num_key_value_heads=2, head_dim=16, vocab_size=128,
+                  max_position_embeddings=256)
+TINY_BERT = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128, vocab_size=128,
+                 max_position_embeddings=24)
+TINY_SWEEP = dict(llama_sizes=((64, 2),), decode_sizes=((64, 2),), seqlens=(16, 32), batches=(1, 2), decode_steps=2,
+                  prefill_repeats=1, llama_overrides=TINY_LLAMA, bert_overrides=TINY_BERT)
+
+
+def without_inductor(monkeypatch):
+    """Compiles with Dynamo and our rewrites (or none, for the default backend) but no Inductor, keeping
+    `dynamic` and `fullgraph`: the sweep's code paths in seconds rather than minutes."""
+    import fa4_inductor
+
+    def compile_without_inductor(model_fn, backend_name, mode=None, **kwargs):
+        chosen = fa4_inductor.fa4_inductor.rewrite_only if backend_name == "fa4_inductor" else "eager"
+        return torch.compile(model_fn, backend=chosen, **kwargs)
+
+    monkeypatch.setattr(bench.models, "compile_model", compile_without_inductor)
+
+
+def run_sweep(**overrides):
+    (table,) = bench.sweep_suite("cpu", torch.float32, **{**TINY_SWEEP, **overrides})
+    return table
+
+
+@pytest.mark.slow
+def test_sweep_rows_cover_prefill_decode_batches_and_padding(monkeypatch):
+    without_inductor(monkeypatch)
+    table = run_sweep()
+    keys = [tuple(row[:4]) + (row[4] != "none",) for row in table.rows]
+    llama_prefill = [("Llama h64 x2", "prefill", b, s, padded)
+                     for b, padded in ((1, False), (2, False), (2, True)) for s in (16, 32)]
+    llama_decode = [("Llama h64 x2", "decode", *key[2:]) for key in llama_prefill]
+    bert = [("BERT h64 x2", "prefill", b, 16, padded) for b, padded in ((1, False), (2, False), (2, True))]
+    assert keys == llama_prefill + llama_decode + bert  # BERT's 32 tokens exceed its 24 positions
+    assert all(len(row) == len(table.columns) for row in table.rows)
+    for row in table.rows:
+        default_ms, ours_ms, speedup, below, difference, note = row[5:]
+        assert isinstance(default_ms, float) and isinstance(ours_ms, float), row
+        assert math.isfinite(default_ms) and math.isfinite(ours_ms) and default_ms > 0 and ours_ms > 0, row
+        assert speedup == f"{default_ms / ours_ms:.2f}x" and below == ("yes" if default_ms / ours_ms < 0.98 else "no")
+        assert float(difference) < 1e-4, row  # our op's CPU kernel against eager SDPA
+        assert note == "", row
+    assert [row[4] for row in table.rows if row[1] == "prefill" and row[2] == 2 and row[4] != "none"] == [
+        "left, 1/2 rows", "left, 1/2 rows", "right, 1/2 rows"]
+    assert "measured rows meet it" in table.note
+    assert "| model | phase | batch | seq | padding | default ms | ours ms | speedup |" in table.markdown()
+
+
+@pytest.mark.slow
+def test_a_failed_row_is_reported_and_the_others_measured(monkeypatch, capsys):
+    without_inductor(monkeypatch)
+    real = sweep.decode_ms
+
+    def broken_at_32(compiled_step, model, sweep_model, case, steps, device):
+        if case.seq == 32:
+            raise RuntimeError("cache slot out of range")
+        return real(compiled_step, model, sweep_model, case, steps, device)
+
+    monkeypatch.setattr(sweep, "decode_ms", broken_at_32)
+    table = run_sweep(bert=False, batches=(1,))
+    failed = [row for row in table.rows if row[3] == 32 and row[1] == "decode"]
+    assert failed and all(row[5:9] == ["failed", "failed", "n/a", "n/a"] for row in failed)
+    assert "RuntimeError: cache slot out of range" in failed[0][-1]
+    assert all(isinstance(row[5], float) for row in table.rows if row not in failed)
+    assert "cache slot out of range" in capsys.readouterr().err
+
+
+def test_rows_past_the_time_budget_are_skipped(monkeypatch):
+    without_inductor(monkeypatch)
+    table = run_sweep(time_budget_s=0)
+    assert len(table.rows) == 15
+    assert all(row[5:7] == ["skipped", "skipped"] and "time budget" in row[-1] for row in table.rows)
+    assert "0 of 0 measured rows meet it (15 not measured)" in table.note
+
+
+@pytest.mark.slow
+def test_rows_over_the_memory_cap_are_skipped(monkeypatch):
+    without_inductor(monkeypatch)
+    model = sweep.sweep_models(((64, 2),), (), False, TINY_LLAMA)[0].build("cpu", torch.float32)
+    cap = sweep.estimated_gib(model, sweep.Case("prefill", 1, 16, False), 2) * 1.01
+    table = run_sweep(bert=False, decode_sizes=(), batches=(1,), memory_cap_gib=cap)
+    assert [(row[3], row[5]) for row in table.rows] == [(16, table.rows[0][5]), (32, "skipped")]
+    assert isinstance(table.rows[0][5], float) and "GiB > cap" in table.rows[1][-1]
+
+
+@pytest.mark.slow
+def test_both_backends_compute_the_same_padded_prefill():
+    """Default torch.compile and ours, with Inductor, on the sweep's inputs: a left-padded Llama prefill
+    and a right-padded BERT forward agree within float32 tolerance."""
+    llama_model, bert_model = sweep.sweep_models(((64, 1),), (), True, TINY_LLAMA, TINY_BERT)
+    for sweep_model in (llama_model, bert_model):
+        torch.manual_seed(0)
+        model = sweep_model.build("cpu", torch.float32)
+        tokens, mask = sweep.sweep_inputs(sweep_model, model.config.vocab_size, sweep.Case("prefill", 2, 16, True), "cpu")
+        assert mask is not None and not mask.all()
+        outputs = []
+        for backend_name in ("inductor", "fa4_inductor"):
+            torch._dynamo.reset()
+            compiled = bench.models.compile_model(model, backend_name, dynamic=True)
+            with torch.no_grad():
+                outputs.append(sweep.prefill_call(compiled, sweep_model, tokens, mask)[1]())
+        default, ours = outputs
+        assert torch.allclose(ours, default, atol=1e-4, rtol=1e-4), (ours - default).abs().max()
