@@ -96,4 +96,5 @@ def test_train_suite_runs_a_training_step_per_attention_code(monkeypatch):
     tiny = without_inductor(monkeypatch)
     (table,) = bench.train_suite("cpu", torch.float32, seqlen=16, model_overrides=tiny)
     assert "failed" not in table.markdown(), table.markdown()
-    assert [row[:2] for row in table.rows] == [["eager", 16], ["sdpa", 16]]
+    assert [row[:3] for row in table.rows] == [["eager", "labels", 16], ["eager", "logits mean", 16],
+                                               ["sdpa", "labels", 16], ["sdpa", "logits mean", 16]]

@@ -12,19 +12,23 @@ from .models import BACKENDS, left_padded_batch, llama
 from .tables import Table, attempt, or_failed, speedup
 
 
-def padded_ms(model, backend_name, tokens, mask, train: bool) -> float:
-    """Median ms of a compiled forward (last-token logits) or of a training step (forward with labels,
-    backward) of `model` on `tokens`, with `mask` as its attention_mask (None: no mask)."""
+def padded_ms(model, backend_name, tokens, mask, train: bool, labels: bool = True) -> float:
+    """Median ms of a compiled forward (last-token logits) or of a training step (forward with labels, or
+    without them the logits' mean as the loss; backward) of `model` on `tokens`, with `mask` as its
+    attention_mask (None: no mask)."""
     model.train(train)
     if not train:
         compiled = models.compile_model(model, backend_name)
         with torch.no_grad():
             return timing.median_wall_ms(lambda: compiled(tokens, attention_mask=mask, logits_to_keep=1), repeats=7)
-    labels = tokens.masked_fill(mask == 0, -100) if mask is not None else tokens
+    targets = tokens.masked_fill(mask == 0, -100) if mask is not None else tokens
 
     def step():
         model.zero_grad(set_to_none=True)
-        compiled(tokens, attention_mask=mask, labels=labels, use_cache=False).loss.backward()
+        if labels:
+            compiled(tokens, attention_mask=mask, labels=targets, use_cache=False).loss.backward()
+        else:
+            compiled(tokens, attention_mask=mask, use_cache=False).logits.mean().backward()
 
     compiled = models.compile_model(model, backend_name)
     return timing.median_wall_ms(step, repeats=5)
