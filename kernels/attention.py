@@ -37,7 +37,7 @@ from typing import NamedTuple, Optional
 import torch
 from torch import Tensor
 
-from . import layout, reference, sdpa_fallback, sdpa_cudnn, switches
+from . import layout, library, reference, sdpa_fallback, sdpa_cudnn, switches
 from .flags import SCHEMA as FLAGS_SCHEMA, Flags
 
 log = logging.getLogger("fa4_inductor.kernels")
@@ -186,13 +186,9 @@ def _complete(flags: dict) -> dict:
     return flags if len(flags) == len(Flags._fields) else Flags(**flags)._asdict()
 
 
-
-# Defined with torch.library.Library rather than custom_op: custom_op wraps every device kernel in
-# Python layers (aliasing checks, a Dynamo-disable frame) that cost more host time than the launch.
-_LIB = torch.library.Library("fa4", "DEF")
-_LIB.define("attention(Tensor q, Tensor k, Tensor v, Tensor? seqused_k=None, Tensor? key_mask=None, "
+library.define("attention(Tensor q, Tensor k, Tensor v, Tensor? seqused_k=None, Tensor? key_mask=None, "
             f"*, {FLAGS_SCHEMA}) -> (Tensor, Tensor)")
-_LIB.define("attention_backward(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, "
+library.define("attention_backward(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, "
             f"Tensor? grad_lse=None, Tensor? seqused_k=None, Tensor? key_mask=None, *, {FLAGS_SCHEMA}) "
             "-> (Tensor, Tensor, Tensor)")
 
@@ -373,10 +369,10 @@ def _backward(ctx, grad_out, grad_lse):
     return dq, dk, dv, None, None
 
 
-_LIB.impl("attention", attention, "CompositeExplicitAutograd")
-_LIB.impl("attention", _attention_cuda, "CUDA")
-_LIB.impl("attention_backward", attention_backward, "CompositeExplicitAutograd")
-_LIB.impl("attention_backward", _attention_backward_cuda, "CUDA")
-torch.library.register_fake("fa4::attention", _attention_fake, lib=_LIB)
-torch.library.register_fake("fa4::attention_backward", _attention_backward_fake, lib=_LIB)
-torch.library.register_autograd("fa4::attention", _backward, setup_context=_setup_context, lib=_LIB)
+library.impl("attention", attention, "CompositeExplicitAutograd")
+library.impl("attention", _attention_cuda, "CUDA")
+library.impl("attention_backward", attention_backward, "CompositeExplicitAutograd")
+library.impl("attention_backward", _attention_backward_cuda, "CUDA")
+library.register_fake("attention", _attention_fake)
+library.register_fake("attention_backward", _attention_backward_fake)
+library.register_autograd("attention", _backward, setup_context=_setup_context)
