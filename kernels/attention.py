@@ -207,7 +207,7 @@ def _route(q: Tensor, k: Tensor, v: Tensor, seqused_k: Optional[Tensor], key_mas
     """`kernel_for`'s choice, remembered per call signature: everything it reads (shapes, strides,
     16-byte alignment, dtype, device, flags, the routing switches) is in the key. Decode steps call
     with one signature thousands of times; this keeps the checks off their host path."""
-    key = (layout.describe(q, k, v, seqused_k, key_mask), tuple(flags.values()), switches.routing_state())
+    key = (layout.describe(q, k, v, seqused_k, key_mask), tuple(flags.values()), switches.current().routing)
     name = _ROUTES.get(key)
     if name is None:
         _check_inputs(q, k, v, seqused_k, key_mask, flags)

@@ -44,20 +44,19 @@ from __future__ import annotations
 
 import functools
 import math
-import os
-import threading
 from typing import NamedTuple, Optional
 
 import torch
 from torch import Tensor
 
 from . import layout, switches
+from .cute import compile_utils
 from .flags import Flags
 
 DISABLE_ENV = switches.DISABLE_DECODE
-PDL_ENV = "FA4_INDUCTOR_DECODE_PDL"  # 0 launches the combine kernel without programmatic dependent launch
-SPLITS_ENV = "FA4_INDUCTOR_DECODE_SPLITS"  # a fixed split count for every call (tuning experiments)
-SMEM_KB_ENV = "FA4_INDUCTOR_DECODE_SMEM_KB"  # a CTA's shared-memory budget, sets the ring depth (tuning)
+PDL_ENV = switches.DECODE_PDL  # 0 launches the combine kernel without programmatic dependent launch
+SPLITS_ENV = switches.DECODE_SPLITS  # a fixed split count for every call (tuning experiments)
+SMEM_KB_ENV = switches.DECODE_SMEM_KB  # a CTA's shared-memory budget, sets the ring depth (tuning)
 DTYPES = (torch.float16, torch.bfloat16)
 HEAD_DIMS = (64, 128, 256)
 MAX_GROUP = 16
@@ -137,7 +136,7 @@ def dispatch_reason(q: Tensor, k: Tensor, v: Tensor, **flags) -> str | None:
 def stages_for(head_dim: int) -> int:
     """Depth of each warp's K / V ring: as deep as a CTA's shared-memory budget allows (SMEM_KB_ENV,
     default 100 KB: two CTAs per SM on Hopper)."""
-    budget = int(os.environ.get(SMEM_KB_ENV) or 100) * 1024
+    budget = switches.current().decode_smem_kb * 1024
     per_stage = NUM_WARPS * 2 * TILE_N * head_dim * 2
     return max(2, min(8, (budget - TILE_M * head_dim * 2) // per_stage))
 
@@ -176,36 +175,12 @@ class _Key(NamedTuple):
     key_mask: bool = False  # main kernel: a [B, Sk] key mask is given
 
 
-_COMPILED: dict[_Key, object] = {}
-_LOCK = threading.Lock()
-
-
-def _arch(device: torch.device) -> str:
-    override = os.environ.get("CUTE_DSL_ARCH")
-    if override:
-        return override
-    major, minor = switches.capability(device.index)
-    return f"sm_{major}{minor}a"
-
-
-def compile_cache_info() -> int:
-    """How many kernel variants this process has compiled."""
-    return len(_COMPILED)
-
-
-def _cutlass_dtype(dtype: torch.dtype):
-    import cutlass
-
-    return {torch.float16: cutlass.Float16, torch.bfloat16: cutlass.BFloat16}[dtype]
-
-
 def _compile(key: _Key):
     """Compile one variant with fake tensors (no GPU needed: set CUTE_DSL_ARCH=sm_90a on a CPU)."""
-    os.environ.setdefault("CUTE_DSL_ARCH", key.arch)
-    import cutlass.cute as cute
+    cute = compile_utils.cute_for(key.arch)
     from cutlass import Float32, Int32, Uint8
 
-    dt = _cutlass_dtype(key.dtype)
+    dt = compile_utils.cutlass_dtype(key.dtype)
     d = key.head_dim
 
     def sym(div=1):
@@ -227,12 +202,11 @@ def _compile(key: _Key):
 
     out = bhsd()
     lse = cute.runtime.make_fake_tensor(Float32, tuple(cute.sym_int() for _ in range(3)), (sym(), sym(), 1))
-    stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
     if key.kernel == "combine":
         from .cute.decode_combine import DecodeCombine
 
         combine = DecodeCombine(dt, d, key.group, pdl=key.pdl)
-        return cute.compile(combine, *partials(), out, lse, stream, options="--enable-tvm-ffi")
+        return compile_utils.compile_for_tvm_ffi(cute, combine, *partials(), out, lse)
 
     from .cute.decode_attention import DecodeAttentionSm90
 
@@ -243,20 +217,19 @@ def _compile(key: _Key):
     key_mask = cute.runtime.make_fake_tensor(
         Uint8, (cute.sym_int(), cute.sym_int()), (sym(), 1)) if key.key_mask else None
     o_part, lse_part = partials() if key.split else (None, None)
-    return cute.compile(
-        kernel, bhsd(), bhsd(align, ALIGN_BYTES), bhsd(align, ALIGN_BYTES), used, key_mask,
+    return compile_utils.compile_for_tvm_ffi(
+        cute, kernel, bhsd(), bhsd(align, ALIGN_BYTES), bhsd(align, ALIGN_BYTES), used, key_mask,
         None if key.split else out, None if key.split else lse, o_part, lse_part,
-        Float32(1.0), Float32(1.0), Float32(1.0), stream, options="--enable-tvm-ffi")
+        Float32(1.0), Float32(1.0), Float32(1.0))
 
 
-def compiled(key: _Key):
-    fn = _COMPILED.get(key)
-    if fn is None:
-        with _LOCK:
-            fn = _COMPILED.get(key)
-            if fn is None:
-                fn = _COMPILED[key] = _compile(key)
-    return fn
+compiled = compile_utils.CompiledVariants(_compile)
+"""`compiled(key)`: the variant `key` names, compiled on first use."""
+
+
+def compile_cache_info() -> int:
+    """How many kernel variants this process has compiled."""
+    return len(compiled)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -267,7 +240,7 @@ def compiled(key: _Key):
 def _keys(q: Tensor, k: Tensor, seqused_k: Optional[Tensor], key_mask: Optional[Tensor], causal: bool, softcap: float,
           split: bool):
     group = q.shape[1] // k.shape[1]
-    common = dict(dtype=q.dtype, head_dim=q.shape[-1], group=group, arch=_arch(q.device))
+    common = dict(dtype=q.dtype, head_dim=q.shape[-1], group=group, arch=compile_utils.target_arch(q.device))
     main = _Key("main", causal=bool(causal), softcap=softcap > 0, seqused=seqused_k is not None, split=split,
                 stages=stages_for(q.shape[-1]), key_mask=key_mask is not None, **common)
     combine = _Key("combine", causal=False, softcap=False, seqused=False, split=True, pdl=_pdl(), **common)
@@ -275,7 +248,7 @@ def _keys(q: Tensor, k: Tensor, seqused_k: Optional[Tensor], key_mask: Optional[
 
 
 def _pdl() -> bool:
-    return os.environ.get(PDL_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
+    return switches.current().decode_pdl
 
 
 def forward(q: Tensor, k: Tensor, v: Tensor, seqused_k: Optional[Tensor] = None, key_mask: Optional[Tensor] = None, *,
@@ -303,8 +276,8 @@ def forward(q: Tensor, k: Tensor, v: Tensor, seqused_k: Optional[Tensor] = None,
             raise ValueError(f"key_mask must have shape ({b}, {sk}), got {tuple(key_mask.shape)}")
         key_mask = (key_mask if key_mask.stride(-1) == 1 else key_mask.contiguous()).view(torch.uint8)
     device_index = q.device.index if q.device.index is not None else torch.cuda.current_device()
-    if splits is None and os.environ.get(SPLITS_ENV):
-        splits = int(os.environ[SPLITS_ENV])
+    if splits is None:
+        splits = switches.current().decode_splits
     if splits is None:
         splits = num_splits(b, hkv, sq, group, sk, d, _num_sms(device_index))
     splits = max(1, min(int(splits), MAX_SPLITS))
@@ -348,8 +321,8 @@ def warmup(
         raise ValueError(
             f"the decode kernel does not take dtype {dtype}, head_dim {head_dim}, group {group}, q_len {q_len}")
     device = torch.device(device)
-    arch = _arch(device) if device.type == "cuda" else os.environ.get("CUTE_DSL_ARCH", "sm_90a")
-    before = len(_COMPILED)
+    arch = compile_utils.target_arch(device, off_gpu="sm_90a")
+    before = len(compiled)
     for c in ((False, True) if causal is None else (bool(causal),)):
         for used in ((False, True) if seqused_k is None else (bool(seqused_k),)):
             for masked in ((False, True) if key_mask is None else (bool(key_mask),)):
@@ -357,4 +330,4 @@ def warmup(
                     compiled(_Key("main", dtype, head_dim, group, c, bool(softcap), used, split, arch,
                                   stages=stages_for(head_dim), key_mask=masked))
     compiled(_Key("combine", dtype, head_dim, group, False, False, False, True, arch, _pdl()))
-    return len(_COMPILED) - before
+    return len(compiled) - before

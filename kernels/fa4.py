@@ -37,13 +37,8 @@ default), unless the user set them (FA4 reads them once, at import). FA4 keys th
 hash of its own sources, Python, cutlass and tvm_ffi versions, so an upgrade never loads a stale
 kernel.
 
-Launch replay. FA4's Python entry point spends ~150 us per call on checks and key building before
-it launches one compiled kernel, more than a decode step's whole GPU time. The first forward of each
-exact call signature (shapes, strides, dtype, flags, whether seqused_k is given) runs
-`_flash_attn_fwd` while recording what it does; when that was exactly one launch of a compiled
-kernel whose tensor arguments are all ours (no temporary FA4 made, no other torch op ran), later
-calls with the signature launch that kernel directly with their own tensors. Anything else keeps
-going through `_flash_attn_fwd`. FA4_INDUCTOR_NO_REPLAY=1 turns replay off.
+Launch replay (`fa4_replay.py`): after the first calls of a signature, `forward` launches FA4's
+compiled kernel directly instead of going through `_flash_attn_fwd` (~150 us of host time a call).
 """
 
 from __future__ import annotations
@@ -52,36 +47,36 @@ import contextlib
 import functools
 import logging
 import os
-import threading
 from pathlib import Path
 from typing import Optional
 
 import torch
 from torch import Tensor
 from torch._subclasses.fake_tensor import FakeTensor
-from torch.utils._python_dispatch import TorchDispatchMode
 
-from . import layout, reference, switches
+from . import fa4_replay, layout, reference, switches
 from .flags import Flags
 
 log = logging.getLogger("fa4_inductor.kernels")
 
 DISABLE_ENV = switches.DISABLE_FA4
 NO_REPLAY_ENV = switches.NO_REPLAY
-CACHE_ENABLED_ENV = "FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED"
-CACHE_DIR_ENV = "FLASH_ATTENTION_CUTE_DSL_CACHE_DIR"
+CACHE_ENABLED_ENV = switches.FA4_CACHE_ENABLED
+CACHE_DIR_ENV = switches.FA4_CACHE_DIR
 DTYPES = (torch.float16, torch.bfloat16)
 ALIGN_BYTES = layout.ALIGN_BYTES
 
 
 def cache_dir() -> Path:
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "fa4_inductor" / "fa4-cute"
+    return Path(switches.current().cache_home) / "fa4_inductor" / "fa4-cute"
 
 
 def _enable_disk_cache() -> None:
-    if CACHE_ENABLED_ENV in os.environ:
+    """Sets FA4's disk-cache variables, which FA4 reads once at import, unless the user set them."""
+    env = switches.current()
+    if env.fa4_cache_enabled_set:
         return
-    directory = os.environ.get(CACHE_DIR_ENV) or str(cache_dir())
+    directory = env.fa4_cache_dir or str(cache_dir())
     try:
         Path(directory).mkdir(parents=True, exist_ok=True)
     except OSError as e:  # FA4 would fail to import on an unwritable cache dir
@@ -173,117 +168,6 @@ def _bshd(t: Tensor) -> Tensor:
     return t.clone(memory_format=torch.contiguous_format)
 
 
-class _Launch:
-    """One recorded launch of a compiled FA4 kernel; `slots` says which argument is which of our tensors."""
-
-    def __init__(self, fn, args: tuple, slots: dict[int, int]):
-        self.fn, self.args, self.slots = fn, args, slots
-
-    def __call__(self, tensors: tuple) -> None:
-        args = list(self.args)
-        for position, which in self.slots.items():
-            args[position] = tensors[which]
-        self.fn(*args)
-
-
-class _Recorder(TorchDispatchMode):
-    """Stands in for an FA4 compile cache during one call: notes each compiled-kernel launch, and
-    (as a dispatch mode) every torch op other than allocations and views."""
-
-    HARMLESS = {"empty", "empty_strided", "detach", "view", "transpose", "permute", "expand", "alias", "t",
-                "as_strided", "select", "slice", "unsqueeze", "squeeze", "contiguous", "_unsafe_view"}
-
-    def __init__(self, cache):
-        super().__init__()
-        self.cache, self.launches, self.other_ops, self.compiled = cache, [], [], False
-
-    def __contains__(self, key):
-        return key in self.cache
-
-    def __setitem__(self, key, fn):
-        self.compiled = True
-        self.cache[key] = fn
-
-    def __getitem__(self, key):
-        fn = self.cache[key]
-
-        def launch(*args, **kwargs):
-            self.launches.append((fn, args, kwargs))
-            return fn(*args, **kwargs)
-        return launch
-
-    def __getattr__(self, name):
-        return getattr(self.cache, name)
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if func.overloadpacket.__name__ not in self.HARMLESS:
-            self.other_ops.append(str(func))
-        return func(*args, **(kwargs or {}))
-
-
-def _same_tensor(a: Tensor, b: Tensor) -> bool:
-    return (a.data_ptr() == b.data_ptr() and a.shape == b.shape and a.stride() == b.stride()
-            and a.dtype == b.dtype and a.device == b.device)
-
-
-def _as_replay(recorder: _Recorder, ours: tuple) -> tuple[_Launch | None, str]:
-    if recorder.other_ops:
-        return None, f"FA4 ran torch ops of its own ({', '.join(recorder.other_ops[:3])})"
-    if len(recorder.launches) != 1:
-        return None, f"FA4 launched {len(recorder.launches)} compiled kernels"
-    fn, args, kwargs = recorder.launches[0]
-    if kwargs:
-        return None, "FA4 passed keyword arguments"
-    slots = {}
-    for position, a in enumerate(args):
-        if isinstance(a, Tensor):
-            which = [i for i, t in enumerate(ours) if t is not None and _same_tensor(a, t)]
-            if len(which) != 1:
-                return None, f"argument {position} is {'a tensor FA4 made' if not which else 'ambiguous'}"
-            slots[position] = which[0]
-        elif isinstance(a, (list, tuple)) and any(isinstance(x, Tensor) for x in a):
-            return None, f"argument {position} holds tensors"
-    # Keep no tensor alive: CUDA-graph pools (reduce-overhead) must own every allocation they made.
-    return _Launch(fn, tuple(None if p in slots else a for p, a in enumerate(args)), slots), "replayable"
-
-
-_LAUNCHES = layout.SignatureCache(1024)
-_RECORD_LOCK = threading.Lock()
-
-
-def _replay_enabled() -> bool:
-    return not switches.is_on(NO_REPLAY_ENV)
-
-
-def _launch_forward(fa, tensors: tuple, flags: tuple, call) -> None:
-    """Runs `call` (which goes through `_flash_attn_fwd`), or replays its recorded launch."""
-    if any(isinstance(t, FakeTensor) for t in tensors) or not _replay_enabled():
-        call()
-        return
-    key = flags + layout.describe(*tensors)
-    launch = _LAUNCHES.get(key)
-    if launch is not None:
-        launch(tensors)
-        return
-    if key in _LAUNCHES:  # recorded as not replayable
-        call()
-        return
-    with _RECORD_LOCK:
-        cache = fa._flash_attn_fwd.compile_cache
-        recorder = _Recorder(cache)
-        fa._flash_attn_fwd.compile_cache = recorder
-        try:
-            with recorder:
-                call()
-        finally:
-            fa._flash_attn_fwd.compile_cache = cache
-    if recorder.compiled:  # compiling may run torch ops of its own: decide on a later call
-        return
-    launch, why = _as_replay(recorder, tensors)
-    log.debug("fa4: forward signature %s: %s", key, why)
-    _LAUNCHES[key] = launch
-
-
 def forward(q: Tensor, k: Tensor, v: Tensor, seqused_k: Optional[Tensor] = None, **flags) -> tuple[Tensor, Tensor]:
     """FA4 forward: (out [B, Hq, Sq, Dv] stored as [B, Sq, Hq, Dv], lse [B, Hq, Sq] float32)."""
     flags = Flags(**flags)
@@ -293,7 +177,7 @@ def forward(q: Tensor, k: Tensor, v: Tensor, seqused_k: Optional[Tensor] = None,
     lse = q.new_empty((b, hq, sq), dtype=torch.float32)
     qb, kb, vb, ob, used = _bshd(q), _bshd(k), _bshd(v), out.transpose(1, 2), layout.lengths_int32(seqused_k, q.device)
     with _device_guard(q):
-        _launch_forward(fa, (qb, kb, vb, ob, lse, used), tuple(flags),
+        fa4_replay.launch_forward(fa, (qb, kb, vb, ob, lse, used), tuple(flags),
                         lambda: fa._flash_attn_fwd(
                             qb, kb, vb,
                             seqused_k=used,
