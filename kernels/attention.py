@@ -44,8 +44,8 @@ log = logging.getLogger("fa4_inductor.kernels")
 
 MAX_HEAD_DIM = 256
 HEAD_DIM_MULTIPLE = 8
-CUDA_DTYPES = (torch.float16, torch.bfloat16)
-CPU_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+CUDA_DTYPES = layout.HALF_DTYPES
+CPU_DTYPES = layout.HALF_DTYPES + (torch.float32, torch.float64)
 
 
 def unsupported_reason(device_type: str, dtype: torch.dtype, head_dim: int, head_dim_v: int) -> str | None:

@@ -57,7 +57,7 @@ DISABLE_ENV = switches.DISABLE_DECODE
 PDL_ENV = switches.DECODE_PDL  # 0 launches the combine kernel without programmatic dependent launch
 SPLITS_ENV = switches.DECODE_SPLITS  # a fixed split count for every call (tuning experiments)
 SMEM_KB_ENV = switches.DECODE_SMEM_KB  # a CTA's shared-memory budget, sets the ring depth (tuning)
-DTYPES = (torch.float16, torch.bfloat16)
+DTYPES = layout.HALF_DTYPES
 HEAD_DIMS = (64, 128, 256)
 MAX_GROUP = 16
 MAX_Q_LEN = 8
@@ -76,17 +76,6 @@ _LOG2_E = math.log2(math.e)
 @functools.cache
 def _num_sms(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
-
-
-def _kv_layout_reason(name: str, t: Tensor) -> str | None:
-    step = ALIGN_BYTES // t.element_size()
-    if t.stride(-1) != 1:
-        return f"{name} has stride {t.stride(-1)} on the head dim (needs 1)"
-    if any(s % step for s in t.stride()[:-1]):
-        return f"{name} strides {t.stride()} are not multiples of {ALIGN_BYTES} bytes"
-    if t.data_ptr() % ALIGN_BYTES:
-        return f"{name} does not start on a {ALIGN_BYTES}-byte boundary"
-    return None
 
 
 def unsupported_reason(q: Tensor, k: Tensor, v: Tensor, *, seqused_k: Optional[Tensor] = None,
@@ -112,7 +101,7 @@ def unsupported_reason(q: Tensor, k: Tensor, v: Tensor, *, seqused_k: Optional[T
     if q.stride(-1) != 1 and q.shape[-1] > 1:
         return f"q has stride {q.stride(-1)} on the head dim (needs 1)"
     for name, t in (("k", k), ("v", v)):
-        reason = _kv_layout_reason(name, t)
+        reason = layout.alignment_reason(name, t)
         if reason is not None:
             return reason
     if seqused_k is not None and (seqused_k.device != q.device or seqused_k.dim() != 1):
@@ -257,8 +246,9 @@ def forward(q: Tensor, k: Tensor, v: Tensor, seqused_k: Optional[Tensor] = None,
 
     `key_mask` [B, Sk] bool hides keys where False. `splits` overrides `num_splits` (tests and
     benchmarks); it must not depend on seqused_k."""
-    scale, causal, window_left, window_right, softcap = Flags(**flags)
-    assert window_left < 0 and window_right < 0, "the decode kernel has no local window"
+    f = Flags(**flags)
+    assert f.window_left < 0 and f.window_right < 0, "the decode kernel has no local window"
+    scale, softcap = f.scale, f.softcap
     b, hq, sq, d = q.shape
     hkv, sk = k.shape[1], k.shape[2]
     group = hq // hkv
@@ -285,7 +275,7 @@ def forward(q: Tensor, k: Tensor, v: Tensor, seqused_k: Optional[Tensor] = None,
         scale_log2, softcap_in, softcap_out = 0.0, scale / softcap, softcap * _LOG2_E
     else:
         scale_log2, softcap_in, softcap_out = scale * _LOG2_E, 0.0, 0.0
-    main_key, combine_key = _keys(q, k, seqused_k, key_mask, causal, softcap, splits > 1)
+    main_key, combine_key = _keys(q, k, seqused_k, key_mask, f.causal, softcap, splits > 1)
     with torch.cuda.device(q.device):
         if splits == 1:
             compiled(main_key)(q, k, v, seqused_k, key_mask, out, lse, None, None, scale_log2, softcap_in, softcap_out)

@@ -63,8 +63,7 @@ DISABLE_ENV = switches.DISABLE_FA4
 NO_REPLAY_ENV = switches.NO_REPLAY
 CACHE_ENABLED_ENV = switches.FA4_CACHE_ENABLED
 CACHE_DIR_ENV = switches.FA4_CACHE_DIR
-DTYPES = (torch.float16, torch.bfloat16)
-ALIGN_BYTES = layout.ALIGN_BYTES
+DTYPES = layout.HALF_DTYPES
 
 
 def cache_dir() -> Path:
@@ -161,8 +160,7 @@ def _device_guard(t: Tensor):
 def _bshd(t: Tensor) -> Tensor:
     """The [B, S, H, D] view of an SDPA-layout tensor, copied only when FA4 cannot address it."""
     t = t.transpose(1, 2)
-    step = ALIGN_BYTES // t.element_size()
-    if t.stride(-1) == 1 and _address(t) % ALIGN_BYTES == 0 and all(s % step == 0 for s in t.stride()[:-1]):
+    if layout.alignment_reason("", t, _address(t)) is None:
         return t
     log.debug("fa4: copying a %s tensor with strides %s to an aligned layout", tuple(t.shape), t.stride())
     return t.clone(memory_format=torch.contiguous_format)

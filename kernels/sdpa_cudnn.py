@@ -25,7 +25,7 @@ from torch import Tensor
 from . import layout, switches
 from .flags import Flags
 
-DTYPES = (torch.float16, torch.bfloat16)
+DTYPES = layout.HALF_DTYPES
 MAX_HEAD_DIM = 128
 
 

@@ -26,7 +26,7 @@ from torch import Tensor
 from . import layout, reference
 from .flags import Flags
 
-DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+DTYPES = layout.HALF_DTYPES + (torch.float32,)  # the memory-efficient kernel also takes float32
 BIAS_ALIGN = 16  # the efficient kernel wants the bias's last dim padded to this many elements
 
 
@@ -53,18 +53,18 @@ def _bias(keep: Optional[Tensor], b: int, h: int, sq: int, sk: int, dtype: torch
 def forward(q: Tensor, k: Tensor, v: Tensor, seqused_k: Optional[Tensor] = None, key_mask: Optional[Tensor] = None,
             **flags) -> tuple[Tensor, Tensor]:
     """(out [B, Hq, Sq, Dv] stored as [B, Sq, Hq, Dv], lse [B, Hq, Sq] float32)."""
-    scale, causal, window_left, window_right, softcap = Flags(**flags)
-    reason = unsupported_reason(q, softcap)
+    f = Flags(**flags)
+    reason = unsupported_reason(q, f.softcap)
     if reason is not None:
         raise ValueError(reason)
     b, hq, sq, _ = q.shape
     sk, group = k.shape[2], hq // k.shape[1]
-    keep = reference.allowed_keys(sq, sk, causal=causal, window_left=window_left, window_right=window_right,
+    keep = reference.allowed_keys(sq, sk, causal=f.causal, window_left=f.window_left, window_right=f.window_right,
                                   seqused_k=seqused_k, device=q.device, key_mask=key_mask)
     if group > 1:
         k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
     result, lse, _, _ = torch.ops.aten._scaled_dot_product_efficient_attention(
-        q, k, v, _bias(keep, b, hq, sq, sk, q.dtype), True, scale=scale)
+        q, k, v, _bias(keep, b, hq, sq, sk, q.dtype), True, scale=f.scale)
     lse = lse[..., :sq].float()
     if keep is not None:
         blind = ~keep[:, 0].any(-1)  # [B or 1, 1, Sq]: rows that see no key
@@ -84,10 +84,10 @@ def backward(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, seqused_k: Optio
 
 def backward_by_recomputation(grad_out, q, k, v, seqused_k=None, key_mask=None, **flags):
     """`backward`'s body on any device (the CPU tests run it against the float64 reference)."""
-    scale, causal, window_left, window_right, softcap = Flags(**flags)
+    f = Flags(**flags)
     b, hq, sq, _ = q.shape
     sk, group = k.shape[2], hq // k.shape[1]
-    keep = reference.allowed_keys(sq, sk, causal=causal, window_left=window_left, window_right=window_right,
+    keep = reference.allowed_keys(sq, sk, causal=f.causal, window_left=f.window_left, window_right=f.window_right,
                                   seqused_k=seqused_k, device=q.device, key_mask=key_mask)
     if keep is not None:
         blind = ~keep.any(-1, keepdim=True)  # rows that see no key: any finite bias, and no gradient
@@ -99,6 +99,6 @@ def backward_by_recomputation(grad_out, q, k, v, seqused_k=None, key_mask=None, 
         qq, kk, vv = leaves
         if group > 1:
             kk, vv = kk.repeat_interleave(group, dim=1), vv.repeat_interleave(group, dim=1)
-        out = torch.nn.functional.scaled_dot_product_attention(qq, kk, vv, attn_mask=bias, scale=scale)
+        out = torch.nn.functional.scaled_dot_product_attention(qq, kk, vv, attn_mask=bias, scale=f.scale)
         grads = torch.autograd.grad(out, leaves, grad_out)
     return tuple(layout.bhsd_copy(g) for g in grads)
