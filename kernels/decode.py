@@ -111,7 +111,8 @@ def unsupported_reason(q: Tensor, k: Tensor, v: Tensor, *, seqused_k: Optional[T
     return None
 
 
-def dispatch_reason(q: Tensor, k: Tensor, v: Tensor, **flags) -> str | None:
+def dispatch_reason(q: Tensor, k: Tensor, v: Tensor, *, seqused_k: Optional[Tensor] = None,
+                    key_mask: Optional[Tensor] = None, **flags) -> str | None:
     """Why `fa4::attention` should not send this call to the decode kernel, or None if it should."""
     rows = q.shape[2] * (q.shape[1] // k.shape[1])
     if rows > DISPATCH_MAX_ROWS:
@@ -119,7 +120,7 @@ def dispatch_reason(q: Tensor, k: Tensor, v: Tensor, **flags) -> str | None:
     min_seqlen_k = DISPATCH_MIN_SEQLEN_K * (2 if q.shape[0] * k.shape[1] >= DISPATCH_WIDE_BATCH_HEADS else 1)
     if k.shape[2] < min_seqlen_k:
         return f"not decode-shaped: Sk = {k.shape[2]} < {min_seqlen_k}"
-    return unsupported_reason(q, k, v, **flags)
+    return unsupported_reason(q, k, v, seqused_k=seqused_k, key_mask=key_mask, **flags)
 
 
 def stages_for(head_dim: int) -> int:

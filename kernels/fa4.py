@@ -118,8 +118,11 @@ def _head_dim_reason(major: int, d: int, dv: int) -> str | None:
     return None
 
 
-def unsupported_reason(q: Tensor, k: Tensor, v: Tensor, *, seqused_k: Optional[Tensor] = None, **flags) -> str | None:
+def unsupported_reason(q: Tensor, k: Tensor, v: Tensor, *, seqused_k: Optional[Tensor] = None,
+                       key_mask: Optional[Tensor] = None, **flags) -> str | None:
     """Why FA4 cannot take this call on this device, or None if it can (see the module docstring)."""
+    if key_mask is not None:
+        return "a key mask: FA4 takes none"
     reason = switches.gate("FA4", DISABLE_ENV, q, DTYPES)
     if reason is not None:
         return reason
@@ -166,8 +169,11 @@ def _bshd(t: Tensor) -> Tensor:
     return t.clone(memory_format=torch.contiguous_format)
 
 
-def forward(q: Tensor, k: Tensor, v: Tensor, seqused_k: Optional[Tensor] = None, **flags) -> tuple[Tensor, Tensor]:
-    """FA4 forward: (out [B, Hq, Sq, Dv] stored as [B, Sq, Hq, Dv], lse [B, Hq, Sq] float32)."""
+def forward(q: Tensor, k: Tensor, v: Tensor, seqused_k: Optional[Tensor] = None, key_mask: Optional[Tensor] = None,
+            **flags) -> tuple[Tensor, Tensor]:
+    """FA4 forward: (out [B, Hq, Sq, Dv] stored as [B, Sq, Hq, Dv], lse [B, Hq, Sq] float32). No key mask."""
+    if key_mask is not None:
+        raise ValueError("FA4 takes no key mask")
     flags = Flags(**flags)
     fa = _require()
     b, hq, sq, _ = q.shape
@@ -267,9 +273,12 @@ def backward(
     lse: Tensor,
     grad_lse: Optional[Tensor] = None,
     seqused_k: Optional[Tensor] = None,
+    key_mask: Optional[Tensor] = None,
     **flags,
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """FA4 backward: (dq, dk, dv) shaped like q, k, v, each stored as [B, S, H, D]."""
+    """FA4 backward: (dq, dk, dv) shaped like q, k, v, each stored as [B, S, H, D]. No key mask."""
+    if key_mask is not None:
+        raise ValueError("FA4 takes no key mask")
     fa = _require()
     flags = Flags(**flags)
     # FA4 leaves dk / dv rows past seqused_k unwritten; the op's contract makes them zero.

@@ -30,12 +30,14 @@ DTYPES = layout.HALF_DTYPES + (torch.float32,)  # the memory-efficient kernel al
 BIAS_ALIGN = 16  # the efficient kernel wants the bias's last dim padded to this many elements
 
 
-def unsupported_reason(q: Tensor, softcap: float) -> str | None:
+def unsupported_reason(q: Tensor, k: Tensor, v: Tensor, *, seqused_k: Optional[Tensor] = None,
+                       key_mask: Optional[Tensor] = None, **flags) -> str | None:
+    """Why the SDPA fallback cannot take this call, or None if it can (see the module docstring)."""
     if q.device.type != "cuda":
         return f"the SDPA fallback runs on CUDA, not {q.device.type}"
     if q.dtype not in DTYPES:
         return f"the SDPA fallback takes float16 / bfloat16 / float32, not {str(q.dtype).removeprefix('torch.')}"
-    if softcap > 0:
+    if flags.get("softcap", 0.0) > 0:
         return "softcap has no SDPA spelling"
     return None
 
@@ -54,7 +56,7 @@ def forward(q: Tensor, k: Tensor, v: Tensor, seqused_k: Optional[Tensor] = None,
             **flags) -> tuple[Tensor, Tensor]:
     """(out [B, Hq, Sq, Dv] stored as [B, Sq, Hq, Dv], lse [B, Hq, Sq] float32)."""
     f = Flags(**flags)
-    reason = unsupported_reason(q, f.softcap)
+    reason = unsupported_reason(q, k, v, **flags)
     if reason is not None:
         raise ValueError(reason)
     b, hq, sq, _ = q.shape
@@ -73,12 +75,16 @@ def forward(q: Tensor, k: Tensor, v: Tensor, seqused_k: Optional[Tensor] = None,
     return layout.bhsd_copy(result), lse.contiguous()
 
 
-def backward(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, seqused_k: Optional[Tensor] = None,
-             key_mask: Optional[Tensor] = None, **flags) -> tuple[Tensor, Tensor, Tensor]:
-    """(dq, dk, dv), each stored as [B, S, H, D] like the op's other gradients."""
-    reason = unsupported_reason(q, Flags(**flags).softcap)
+def backward(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
+             grad_lse: Optional[Tensor] = None, seqused_k: Optional[Tensor] = None, key_mask: Optional[Tensor] = None,
+             **flags) -> tuple[Tensor, Tensor, Tensor]:
+    """(dq, dk, dv), each stored as [B, S, H, D] like the op's other gradients. A gradient on lse goes to
+    the reference (the recomputed SDPA returns no lse to differentiate)."""
+    reason = unsupported_reason(q, k, v, **flags)
     if reason is not None:
         raise ValueError(reason)
+    if grad_lse is not None:
+        return reference.backward(grad_out, q, k, v, out, lse, grad_lse, seqused_k, key_mask, **flags)
     return backward_by_recomputation(grad_out, q, k, v, seqused_k, key_mask, **flags)
 
 

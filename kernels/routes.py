@@ -1,0 +1,71 @@
+"""The CUDA kernels behind `fa4::attention`, as ordered tables of routes: a call goes to the first
+route whose `unsupported_reason` returns None.
+
+A route is an adapter module's entry points under one signature each:
+    unsupported_reason(q, k, v, *, seqused_k=None, key_mask=None, **flags) -> str | None
+    forward(q, k, v, seqused_k, key_mask, **flags) -> (out, lse)
+    backward(grad_out, q, k, v, out, lse, grad_lse, seqused_k, key_mask, **flags) -> (dq, dk, dv)
+(flags: `flags.Flags`'s fields). Forward order: cuDNN SDPA for fixed-length decode calls, our split-KV
+decode kernel for the other decode-shaped ones, FA4, the SDPA fallback, the reference; the backward
+has FA4, the SDPA fallback's recomputing backward, the reference. The reference takes every call, so
+a walk always ends. `fa4::attention`'s host rewrites of a key mask (`attention.key_mask_form`) stay
+outside the tables.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, NamedTuple, Optional
+
+from torch import Tensor
+
+from . import decode, fa4, reference, sdpa_cudnn, sdpa_fallback
+
+
+class Route(NamedTuple):
+    name: str
+    unsupported_reason: Callable[..., Optional[str]]
+    forward: Callable[..., tuple[Tensor, Tensor]]
+    backward: Optional[Callable[..., tuple[Tensor, Tensor, Tensor]]]
+    takes: Optional[str]
+    """Why the route runs a call it takes (the reasons of the routes before it that declined follow in
+    parentheses); None for a fallback, whose why is those reasons alone."""
+
+
+def _sdpa_cudnn_reason(q: Tensor, k: Tensor, v: Tensor, *, seqused_k: Optional[Tensor] = None,
+                       key_mask: Optional[Tensor] = None, **flags) -> str | None:
+    """cuDNN SDPA takes decode-shaped calls our decode kernel would take, where it was measured faster."""
+    return (decode.dispatch_reason(q, k, v, seqused_k=seqused_k, key_mask=key_mask, **flags)
+            or sdpa_cudnn.unsupported_reason(q, k, v, seqused_k=seqused_k, key_mask=key_mask, **flags))
+
+
+SDPA_CUDNN = Route("sdpa_cudnn", _sdpa_cudnn_reason, sdpa_cudnn.forward, None,
+                   "decode-shaped with one cache length: cuDNN SDPA (GQA-native) is faster here")
+DECODE = Route("decode", decode.dispatch_reason, decode.forward, None,
+               "decode-shaped: the split-KV decode kernel takes this call")
+FA4 = Route("fa4", fa4.unsupported_reason, fa4.forward, fa4.backward, "FA4 takes this call")
+SDPA = Route("sdpa", sdpa_fallback.unsupported_reason, sdpa_fallback.forward, sdpa_fallback.backward, None)
+REFERENCE = Route("reference", reference.unsupported_reason, reference.forward, reference.backward, None)
+
+FORWARD = (SDPA_CUDNN, DECODE, FA4, SDPA, REFERENCE)
+BACKWARD = (FA4, SDPA, REFERENCE)
+
+
+def choose(table: tuple[Route, ...], q: Tensor, k: Tensor, v: Tensor, seqused_k: Optional[Tensor],
+           key_mask: Optional[Tensor], flags: dict) -> tuple[Route, list[str]]:
+    """The first route of `table` that takes the call, and the reasons of those before it that declined
+    (each once)."""
+    declined: list[str] = []
+    for route in table:
+        reason = route.unsupported_reason(q, k, v, seqused_k=seqused_k, key_mask=key_mask, **flags)
+        if reason is None:
+            return route, declined
+        if reason not in declined:
+            declined.append(reason)
+    raise AssertionError(f"no route takes the call: {'; '.join(declined)}")
+
+
+def why(route: Route, declined: list[str]) -> str:
+    """`choose`'s answer in words."""
+    if route.takes is None:
+        return "; ".join(declined)
+    return f"{route.takes} ({'; '.join(declined)})" if declined else route.takes
