@@ -17,11 +17,15 @@ Outputs: `out` [B, Hq, Sq, Dv] in q's dtype, stored as [B, Sq, Hq, Dv] (so the u
 `out.transpose(1, 2).reshape(B, S, -1)` is free), and `lse` [B, Hq, Sq] float32 (float64 for float64 inputs), the natural-log
 log-sum-exp of each row (-inf for a row that sees no key), which the backward consumes.
 
-Kernels: CPU runs the float32/float64 reference. CUDA runs our split-KV decode kernel
-(`decode.py`) for decode-shaped calls with per-sequence lengths or a key mask (PyTorch's cuDNN
-SDPA, `sdpa_cudnn.py`, for those with one cache length), FA4 (`fa4.py`) where it takes the call, else PyTorch's
-memory-efficient SDPA kernel (`sdpa_fallback.py`), else the reference on the device; `kernel_for`
-says which and why (`backward_kernel_for` for the backward: FA4, the SDPA fallback's recomputing
+The ops are defined in the `fa4` library (`library.py`); `unsupported_reason` is the check lowering
+asks before emitting them (exported as `kernels.attention_unsupported_reason`).
+
+Kernels: CPU runs the float32/float64 reference. CUDA takes the first route of `routes.FORWARD` that
+takes the call: PyTorch's cuDNN SDPA (`sdpa_cudnn.py`) for decode-shaped calls with one cache length,
+our split-KV decode kernel (`decode.py`) for decode-shaped calls with per-sequence lengths or a key mask,
+FA4 (`fa4.py`), PyTorch's memory-efficient SDPA kernel (`sdpa_fallback.py`), else the reference on the
+device; `kernel_for` says which and why, and `_route` remembers it per call signature
+(`backward_kernel_for` for the backward, `routes.BACKWARD`: FA4, the SDPA fallback's recomputing
 backward, or the reference). FA4 takes no key mask: a key-mask call that is not decode-shaped first
 has its mask read on the host (`key_mask_form`, outside CUDA-graph capture), and goes to FA4
 when the mask hides nothing in use, or, with no band, is right padding (seqused_k), or, on a

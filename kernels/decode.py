@@ -8,7 +8,7 @@ What it takes (`unsupported_reason` says why not, otherwise):
 - K and V with a unit stride on D, a 16-byte aligned start and the other strides multiples of
   16 bytes (HF static caches and transposed views of [B, S, H, D] qualify); Q any strides
   with a unit stride on D.
-Disable it with FA4_INDUCTOR_DISABLE_DECODE=1.
+Disable it with FA4_INDUCTOR_DISABLE_DECODE=1 (environment switches are read by `switches.py`).
 
 When `fa4::attention` uses it (`dispatch_reason`): decode-shaped calls that the above allows,
 Sq * group <= DISPATCH_MAX_ROWS (16: one row tile, so each KV tile is read once) and
@@ -33,7 +33,8 @@ FA4_INDUCTOR_DECODE_SPLITS=N fixes the split count for every call (for tuning th
 
 Compilation: one main-kernel variant per (dtype, head_dim, group, causal, softcap on/off,
 seqused_k given, split or not, arch) and one combine variant per (dtype, head_dim, group, PDL on/off, arch),
-about a second each, kept in `_COMPILED` for the process. The combine kernel is launched as a
+about a second each, kept in `compiled` for the process (`cute/compile_utils.py` has the compile
+scaffolding our CuTe kernels share: target arch, cutlass dtypes, the variant cache, fake-tensor compiles). The combine kernel is launched as a
 programmatic dependent of the main kernel (Hopper PDL, overlapping its launch with the main
 kernel's tail; FA4_INDUCTOR_DECODE_PDL=0 turns that off). Batch, heads, Sq, Sk, strides and the
 split count are runtime values. Call `warmup` before capturing CUDA graphs. Launches go to the

@@ -18,7 +18,8 @@ Flags map one to one: `scale` -> softmax_scale, `causal` (bottom-right aligned i
 `window_left` / `window_right` -> window_size_left / right with -1 (unbounded) sent as None (FA4
 drops negative bounds only when both are negative), `softcap` (0 = off), `seqused_k` (int32).
 
-What `unsupported_reason` rejects, so that the reference runs instead:
+What `unsupported_reason` rejects, so that a later route (`routes.py`) runs instead:
+- a key mask (FA4 has none; `attention.key_mask_form` turns the masks it can into seqused_k or varlen);
 - FA4 disabled with FA4_INDUCTOR_DISABLE_FA4=1 (A/B benchmarks), or not installed / not importable;
 - a device other than CUDA sm90 / sm100 (FA4 also has sm80 / sm120 paths, which we do not test);
 - dtypes other than float16 / bfloat16 (FA4's fp8 forward needs descales and has no backward);
@@ -33,7 +34,7 @@ flags, softcap value, whether seqused_k is given, arch), seconds each; call `war
 variants a model uses before capturing CUDA graphs. Its disk cache is turned on here before the
 first import of `flash_attn.cute`: FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=1 and
 FLASH_ATTENTION_CUTE_DSL_CACHE_DIR=$XDG_CACHE_HOME/fa4_inductor/fa4-cute (~/.cache/... by
-default), unless the user set them (FA4 reads them once, at import). FA4 keys that cache by a
+default), unless the user set them (FA4 reads them once, at import; we read them through `switches.py`). FA4 keys that cache by a
 hash of its own sources, Python, cutlass and tvm_ffi versions, so an upgrade never loads a stale
 kernel.
 

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 import fa4_inductor  # noqa: F401  (registers the ops)
 from fa4_inductor.kernels import attention as attention_op
-from fa4_inductor.kernels import decode, fa4, reference, switches
+from fa4_inductor.kernels import decode, fa4, fa4_replay, reference, switches
 from gpu_helpers import assert_fa_rule, capture, eager
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
@@ -312,12 +312,12 @@ REPLAY_CASES = [dict(causal=True), dict(), dict(window_left=64, window_right=0),
 def test_replayed_launches_match_fa4s_entry_point(monkeypatch, mask, seqused):
     """The third call of a signature replays the recorded launch: same results, bit for bit."""
     flags = attention_flags(128, **mask)
-    monkeypatch.setattr(fa4, "_LAUNCHES", type(fa4._LAUNCHES)())
+    monkeypatch.setattr(fa4_replay, "_LAUNCHES", type(fa4_replay._LAUNCHES)())
     for _ in range(3):
         q, k, v = qkv(sq=300, sk=700, group=4)
         used = torch.tensor([700, 333], dtype=torch.int32, device="cuda") if seqused else None
         out, lse = ATTENTION(q, k, v, used, **flags)
-    assert any(launch is not None for launch in fa4._LAUNCHES.values()), "nothing was replayable"
+    assert any(launch is not None for launch in fa4_replay._LAUNCHES.values()), "nothing was replayable"
     monkeypatch.setenv(fa4.NO_REPLAY_ENV, "1")
     switches.reset()
     want_out, want_lse = ATTENTION(q, k, v, used, **flags)
