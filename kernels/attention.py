@@ -255,7 +255,7 @@ def _attention_cuda(q, k, v, seqused_k=None, key_mask=None, **flags):
                 seqused_k, key_mask, route = form.seqused_k, None, without_mask
             elif without_mask is routes.FA4:
                 return fa4.forward_left_padded(q, k, v, form.starts, **flags)
-    return route.forward(q, k, v, seqused_k, key_mask, **flags)
+    return route.adapter.forward(q, k, v, seqused_k, key_mask, **flags)
 
 
 def _attention_fake(q, k, v, seqused_k=None, key_mask=None, **flags):
@@ -295,7 +295,7 @@ def _attention_backward_cuda(grad_out, q, k, v, out, lse, grad_lse=None, seqused
     if form.starts is None:
         seqused_k, key_mask = form.seqused_k, form.key_mask
     route = _backward_route(q, k, v, seqused_k, key_mask, flags)
-    return route.backward(grad_out, q, k, v, out, lse, grad_lse, seqused_k, key_mask, **flags)
+    return route.adapter.backward(grad_out, q, k, v, out, lse, grad_lse, seqused_k, key_mask, **flags)
 
 
 def _backward_route(q: Tensor, k: Tensor, v: Tensor, seqused_k: Optional[Tensor], key_mask: Optional[Tensor],

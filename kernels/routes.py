@@ -1,19 +1,22 @@
 """The CUDA kernels behind `fa4::attention`, as ordered tables of routes: a call goes to the first
 route whose `unsupported_reason` returns None.
 
-A route is an adapter module's entry points under one signature each:
+A route is a name, whether it takes a call, and the adapter module that runs it:
     unsupported_reason(q, k, v, *, seqused_k=None, key_mask=None, **flags) -> str | None
-    forward(q, k, v, seqused_k, key_mask, **flags) -> (out, lse)
-    backward(grad_out, q, k, v, out, lse, grad_lse, seqused_k, key_mask, **flags) -> (dq, dk, dv)
-(flags: `flags.Flags`'s fields). Forward order: cuDNN SDPA for fixed-length decode calls, our split-KV
-decode kernel for the other decode-shaped ones, FA4, the SDPA fallback, the reference; the backward
-has FA4, the SDPA fallback's recomputing backward, the reference. The reference takes every call, so
-a walk always ends. `fa4::attention`'s host rewrites of a key mask (`attention.key_mask_form`) stay
+    adapter.forward(q, k, v, seqused_k, key_mask, **flags) -> (out, lse)
+    adapter.backward(grad_out, q, k, v, out, lse, grad_lse, seqused_k, key_mask, **flags) -> (dq, dk, dv)
+(flags: `flags.Flags`'s fields; only the backward table's adapters have `backward`). The op looks
+`forward` / `backward` up on the module when it calls them, as it would a module function.
+
+Forward order: cuDNN SDPA for fixed-length decode calls, our split-KV decode kernel for the other
+decode-shaped ones, FA4, the SDPA fallback, the reference; the backward has FA4, the SDPA fallback's
+recomputing backward, the reference. The reference takes every call, so a walk always ends. `fa4::attention`'s host rewrites of a key mask (`attention.key_mask_form`) stay
 outside the tables.
 """
 
 from __future__ import annotations
 
+from types import ModuleType
 from typing import Callable, NamedTuple, Optional
 
 from torch import Tensor
@@ -24,8 +27,7 @@ from . import decode, fa4, reference, sdpa_cudnn, sdpa_fallback
 class Route(NamedTuple):
     name: str
     unsupported_reason: Callable[..., Optional[str]]
-    forward: Callable[..., tuple[Tensor, Tensor]]
-    backward: Optional[Callable[..., tuple[Tensor, Tensor, Tensor]]]
+    adapter: ModuleType
     takes: Optional[str]
     """Why the route runs a call it takes (the reasons of the routes before it that declined follow in
     parentheses); None for a fallback, whose why is those reasons alone."""
@@ -38,13 +40,12 @@ def _sdpa_cudnn_reason(q: Tensor, k: Tensor, v: Tensor, *, seqused_k: Optional[T
             or sdpa_cudnn.unsupported_reason(q, k, v, seqused_k=seqused_k, key_mask=key_mask, **flags))
 
 
-SDPA_CUDNN = Route("sdpa_cudnn", _sdpa_cudnn_reason, sdpa_cudnn.forward, None,
+SDPA_CUDNN = Route("sdpa_cudnn", _sdpa_cudnn_reason, sdpa_cudnn,
                    "decode-shaped with one cache length: cuDNN SDPA (GQA-native) is faster here")
-DECODE = Route("decode", decode.dispatch_reason, decode.forward, None,
-               "decode-shaped: the split-KV decode kernel takes this call")
-FA4 = Route("fa4", fa4.unsupported_reason, fa4.forward, fa4.backward, "FA4 takes this call")
-SDPA = Route("sdpa", sdpa_fallback.unsupported_reason, sdpa_fallback.forward, sdpa_fallback.backward, None)
-REFERENCE = Route("reference", reference.unsupported_reason, reference.forward, reference.backward, None)
+DECODE = Route("decode", decode.dispatch_reason, decode, "decode-shaped: the split-KV decode kernel takes this call")
+FA4 = Route("fa4", fa4.unsupported_reason, fa4, "FA4 takes this call")
+SDPA = Route("sdpa", sdpa_fallback.unsupported_reason, sdpa_fallback, None)
+REFERENCE = Route("reference", reference.unsupported_reason, reference, None)
 
 FORWARD = (SDPA_CUDNN, DECODE, FA4, SDPA, REFERENCE)
 BACKWARD = (FA4, SDPA, REFERENCE)
