@@ -78,10 +78,6 @@ def reset() -> None:
     current.cache_clear()
 
 
-def is_on(name: str) -> bool:
-    return name in current().on
-
-
 def gate(kernel: str, switch: str, q, dtypes: tuple) -> str | None:
     """The checks every CUDA kernel of ours starts with: why `kernel` cannot take q, or None.
 
