@@ -33,10 +33,10 @@ FA4_INDUCTOR_DECODE_SPLITS=N fixes the split count for every call (for tuning th
 
 Compilation: one main-kernel variant per (dtype, head_dim, group, causal, softcap on/off,
 seqused_k given, split or not, arch) and one combine variant per (dtype, head_dim, group, PDL on/off, arch),
-about a second each, kept in `compiled` for the process (`cute/compile_utils.py` has the compile
-scaffolding our CuTe kernels share: target arch, cutlass dtypes, the variant cache, fake-tensor compiles). The combine kernel is launched as a
-programmatic dependent of the main kernel (Hopper PDL, overlapping its launch with the main
-kernel's tail; FA4_INDUCTOR_DECODE_PDL=0 turns that off). Batch, heads, Sq, Sk, strides and the
+about a second each, kept in `compiled` for the process (`cute/compile_utils.py`: what compiling
+any CuTe kernel of ours takes). The combine kernel is launched as a programmatic dependent of the
+main kernel (Hopper PDL, overlapping its launch with the main kernel's tail;
+FA4_INDUCTOR_DECODE_PDL=0 turns that off). Batch, heads, Sq, Sk, strides and the
 split count are runtime values. Call `warmup` before capturing CUDA graphs. Launches go to the
 current torch stream (TVM-FFI environment stream): no host sync, no host read of seqused_k.
 """

@@ -34,9 +34,9 @@ flags, softcap value, whether seqused_k is given, arch), seconds each; call `war
 variants a model uses before capturing CUDA graphs. Its disk cache is turned on here before the
 first import of `flash_attn.cute`: FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=1 and
 FLASH_ATTENTION_CUTE_DSL_CACHE_DIR=$XDG_CACHE_HOME/fa4_inductor/fa4-cute (~/.cache/... by
-default), unless the user set them (FA4 reads them once, at import; we read them through `switches.py`). FA4 keys that cache by a
-hash of its own sources, Python, cutlass and tvm_ffi versions, so an upgrade never loads a stale
-kernel.
+default), unless the user set them (FA4 reads them once, at import; we read them through
+`switches.py`). FA4 keys that cache by a hash of its own sources, Python, cutlass and tvm_ffi
+versions, so an upgrade never loads a stale kernel.
 
 Launch replay (`fa4_replay.py`): after the first calls of a signature, `forward` launches FA4's
 compiled kernel directly instead of going through `_flash_attn_fwd` (~150 us of host time a call).

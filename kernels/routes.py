@@ -10,8 +10,8 @@ A route is a name, whether it takes a call, and the adapter module that runs it:
 
 Forward order: cuDNN SDPA for fixed-length decode calls, our split-KV decode kernel for the other
 decode-shaped ones, FA4, the SDPA fallback, the reference; the backward has FA4, the SDPA fallback's
-recomputing backward, the reference. The reference takes every call, so a walk always ends. `fa4::attention`'s host rewrites of a key mask (`attention.key_mask_form`) stay
-outside the tables.
+recomputing backward, the reference. The reference takes every call, so a walk always ends.
+`fa4::attention`'s host rewrites of a key mask (`attention.key_mask_form`) stay outside the tables.
 """
 
 from __future__ import annotations
