@@ -1,4 +1,9 @@
-"""Ops in the `fa4` torch.library namespace and the kernels behind them. Importing registers them."""
+"""Ops in the `fa4` torch.library namespace and the kernels behind them. Importing registers them.
+
+`library.py` owns the namespace; each op file defines its ops in it (`attention.py`: `fa4::attention`
+and `fa4::attention_backward`). `attention_unsupported_reason(device_type, dtype, head_dim,
+head_dim_v)` is the check lowering asks before it emits `fa4::attention`.
+"""
 
 import sys
 
@@ -10,4 +15,7 @@ if __name__ != "fa4_inductor.kernels":
 
     sys.modules[__name__] = importlib.import_module("fa4_inductor.kernels")
 else:
-    from . import attention  # noqa: F401
+    from . import attention
+    from .attention import unsupported_reason as attention_unsupported_reason
+
+    __all__ = ["attention", "attention_unsupported_reason"]

@@ -17,11 +17,15 @@ Outputs: `out` [B, Hq, Sq, Dv] in q's dtype, stored as [B, Sq, Hq, Dv] (so the u
 `out.transpose(1, 2).reshape(B, S, -1)` is free), and `lse` [B, Hq, Sq] float32 (float64 for float64 inputs), the natural-log
 log-sum-exp of each row (-inf for a row that sees no key), which the backward consumes.
 
-Kernels: CPU runs the float32/float64 reference. CUDA runs our split-KV decode kernel
-(`decode.py`) for decode-shaped calls with per-sequence lengths or a key mask (PyTorch's cuDNN
-SDPA, `sdpa_cudnn.py`, for those with one cache length), FA4 (`fa4.py`) where it takes the call, else PyTorch's
-memory-efficient SDPA kernel (`sdpa_fallback.py`), else the reference on the device; `kernel_for`
-says which and why (`backward_kernel_for` for the backward: FA4, the SDPA fallback's recomputing
+The ops are defined in the `fa4` library (`library.py`); `unsupported_reason` is the check lowering
+asks before emitting them (exported as `kernels.attention_unsupported_reason`).
+
+Kernels: CPU runs the float32/float64 reference. CUDA takes the first route of `routes.FORWARD` that
+takes the call: PyTorch's cuDNN SDPA (`sdpa_cudnn.py`) for decode-shaped calls with one cache length,
+our split-KV decode kernel (`decode.py`) for decode-shaped calls with per-sequence lengths or a key mask,
+FA4 (`fa4.py`), PyTorch's memory-efficient SDPA kernel (`sdpa_fallback.py`), else the reference on the
+device; `kernel_for` says which and why, and `_route` remembers it per call signature
+(`backward_kernel_for` for the backward, `routes.BACKWARD`: FA4, the SDPA fallback's recomputing
 backward, or the reference). FA4 takes no key mask: a key-mask call that is not decode-shaped first
 has its mask read on the host (`key_mask_form`, outside CUDA-graph capture), and goes to FA4
 when the mask hides nothing in use, or, with no band, is right padding (seqused_k), or, on a
@@ -37,15 +41,15 @@ from typing import NamedTuple, Optional
 import torch
 from torch import Tensor
 
-from . import layout, reference, sdpa_fallback, sdpa_cudnn, switches
+from . import fa4, layout, library, reference, routes, switches
 from .flags import SCHEMA as FLAGS_SCHEMA, Flags
 
 log = logging.getLogger("fa4_inductor.kernels")
 
 MAX_HEAD_DIM = 256
 HEAD_DIM_MULTIPLE = 8
-CUDA_DTYPES = (torch.float16, torch.bfloat16)
-CPU_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+CUDA_DTYPES = layout.HALF_DTYPES
+CPU_DTYPES = layout.HALF_DTYPES + (torch.float32, torch.float64)
 
 
 def unsupported_reason(device_type: str, dtype: torch.dtype, head_dim: int, head_dim_v: int) -> str | None:
@@ -66,58 +70,33 @@ def unsupported_reason(device_type: str, dtype: torch.dtype, head_dim: int, head
     return None
 
 
-def kernel_for(q: Tensor, k: Tensor, v: Tensor, key_mask: Optional[Tensor] = None, **flags) -> tuple[str, str]:
-    """(kernel name, why) for a forward call: "decode", "sdpa_cudnn", "fa4", "sdpa" or "reference".
+def kernel_for(q: Tensor, k: Tensor, v: Tensor, key_mask: Optional[Tensor] = None, *,
+               seqused_k: Optional[Tensor] = None, **flags) -> tuple[str, str]:
+    """(kernel name, why) for a forward call: "sdpa_cudnn", "decode", "fa4", "sdpa" or "reference", the
+    first route of `routes.FORWARD` that takes it (CPU: the reference).
 
     Decode-shaped calls (few packed query rows against a long cache, `decode.dispatch_reason`)
     go to our split-KV decode kernel when they carry per-sequence lengths or a key mask, else to
     cuDNN SDPA (`sdpa_cudnn`, faster there); the rest to FA4 where it takes them, else to the SDPA fallback.
     FA4 takes no key mask (a padding mask): such calls that are not decode-shaped go to the SDPA fallback."""
-    if q.device.type != "cuda":
-        return "reference", f"{q.device.type} runs the reference"
-    from . import decode
-
-    decode_reason = decode.dispatch_reason(q, k, v, key_mask=key_mask, **flags)
-    if decode_reason is None:
-        cudnn_reason = sdpa_cudnn.unsupported_reason(q, k, v, key_mask=key_mask, **flags)
-        if cudnn_reason is None:
-            return "sdpa_cudnn", "decode-shaped with one cache length: cuDNN SDPA (GQA-native) is faster here"
-        return "decode", f"decode-shaped: the split-KV decode kernel takes this call ({cudnn_reason})"
-    if key_mask is not None:
-        return _sdpa_or_reference(q, f"a key mask: FA4 takes none ({decode_reason})", flags)
-    name, why = _fa4_or_reference(q, k, v, **flags)
-    if name == "fa4":
-        return name, f"FA4 takes this call ({decode_reason})"
-    return _sdpa_or_reference(q, why, flags)
+    route, why = _choose(routes.FORWARD, q, k, v, seqused_k, key_mask, flags)
+    return route.name, why
 
 
-def backward_kernel_for(q: Tensor, k: Tensor, v: Tensor, key_mask: Optional[Tensor] = None, **flags) -> tuple[str, str]:
+def backward_kernel_for(q: Tensor, k: Tensor, v: Tensor, key_mask: Optional[Tensor] = None, *,
+                        seqused_k: Optional[Tensor] = None, **flags) -> tuple[str, str]:
     """(kernel name, why) for a backward call: "fa4", "sdpa" (the SDPA fallback's recomputing backward)
-    or "reference"."""
+    or "reference" (`routes.BACKWARD`)."""
+    route, why = _choose(routes.BACKWARD, q, k, v, seqused_k, key_mask, flags)
+    return route.name, why
+
+
+def _choose(table: tuple, q: Tensor, k: Tensor, v: Tensor, seqused_k: Optional[Tensor], key_mask: Optional[Tensor],
+            flags: dict) -> tuple[routes.Route, str]:
     if q.device.type != "cuda":
-        return "reference", f"{q.device.type} runs the reference"
-    if key_mask is not None:
-        return _sdpa_or_reference(q, "a key mask (FA4 takes none)", flags)
-    name, why = _fa4_or_reference(q, k, v, **flags)
-    return (name, why) if name == "fa4" else _sdpa_or_reference(q, why, flags)
-
-
-def _sdpa_or_reference(q: Tensor, why: str, flags: dict) -> tuple[str, str]:
-    """The SDPA fallback for a CUDA call FA4 cannot take (`why`), else the reference."""
-    fallback_reason = sdpa_fallback.unsupported_reason(q, flags.get("softcap", 0.0))
-    if fallback_reason is None:
-        return "sdpa", why
-    return "reference", f"{why}; {fallback_reason}"
-
-
-def _fa4_or_reference(q: Tensor, k: Tensor, v: Tensor, **flags) -> tuple[str, str]:
-    """FA4 for a CUDA call it takes, else the reference with FA4's reason."""
-    from . import fa4
-
-    reason = fa4.unsupported_reason(q, k, v, **flags)
-    if reason is None:
-        return "fa4", "FA4 takes this call"
-    return "reference", reason
+        return routes.REFERENCE, f"{q.device.type} runs the reference"
+    route, declined = routes.choose(table, q, k, v, seqused_k, key_mask, flags)
+    return route, routes.why(route, declined)
 
 
 def _check_inputs(q: Tensor, k: Tensor, v: Tensor, seqused_k: Optional[Tensor], key_mask: Optional[Tensor] = None,
@@ -170,29 +149,14 @@ def _forward_outputs(q: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
     return _empty_bshd(b, hq, sq, v.shape[-1], q), q.new_empty((b, hq, sq), dtype=reference.compute_dtype(q.dtype))
 
 
-def _reference_forward(q, k, v, seqused_k, key_mask, **flags) -> tuple[Tensor, Tensor]:
-    ref_out, ref_lse = reference.attention_forward(q, k, v, seqused_k=seqused_k, key_mask=key_mask, **flags)
-    return layout.bhsd_copy(ref_out, q.dtype), ref_lse.contiguous()
-
-
-def _reference_backward(grad_out, q, k, v, out, lse, grad_lse, seqused_k, key_mask, **flags) -> tuple[Tensor, Tensor, Tensor]:
-    ref = reference.attention_backward(grad_out, q, k, v, out, lse, grad_lse, seqused_k=seqused_k, key_mask=key_mask,
-                                       **flags)
-    return tuple(layout.bhsd_copy(r, t.dtype) for r, t in zip(ref, (q, k, v)))
-
-
 def _complete(flags: dict) -> dict:
     """Device kernels get only the flags a caller passed; the schema's defaults fill in the rest."""
     return flags if len(flags) == len(Flags._fields) else Flags(**flags)._asdict()
 
 
-
-# Defined with torch.library.Library rather than custom_op: custom_op wraps every device kernel in
-# Python layers (aliasing checks, a Dynamo-disable frame) that cost more host time than the launch.
-_LIB = torch.library.Library("fa4", "DEF")
-_LIB.define("attention(Tensor q, Tensor k, Tensor v, Tensor? seqused_k=None, Tensor? key_mask=None, "
+library.define("attention(Tensor q, Tensor k, Tensor v, Tensor? seqused_k=None, Tensor? key_mask=None, "
             f"*, {FLAGS_SCHEMA}) -> (Tensor, Tensor)")
-_LIB.define("attention_backward(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, "
+library.define("attention_backward(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, "
             f"Tensor? grad_lse=None, Tensor? seqused_k=None, Tensor? key_mask=None, *, {FLAGS_SCHEMA}) "
             "-> (Tensor, Tensor, Tensor)")
 
@@ -201,24 +165,26 @@ def attention(q: Tensor, k: Tensor, v: Tensor, seqused_k: Optional[Tensor] = Non
               **flags) -> tuple[Tensor, Tensor]:
     """The flags are `flags.Flags` (scale, causal, window_left, window_right, softcap)."""
     _check_inputs(q, k, v, seqused_k, key_mask, flags)
-    return _reference_forward(q, k, v, seqused_k, key_mask, **_complete(flags))
+    return reference.forward(q, k, v, seqused_k, key_mask, **_complete(flags))
 
 
 _ROUTES = layout.SignatureCache(4096)
 
 
-def _route(q: Tensor, k: Tensor, v: Tensor, seqused_k: Optional[Tensor], key_mask: Optional[Tensor], flags: dict) -> str:
+def _route(q: Tensor, k: Tensor, v: Tensor, seqused_k: Optional[Tensor], key_mask: Optional[Tensor],
+           flags: dict) -> routes.Route:
     """`kernel_for`'s choice, remembered per call signature: everything it reads (shapes, strides,
     16-byte alignment, dtype, device, flags, the routing switches) is in the key. Decode steps call
     with one signature thousands of times; this keeps the checks off their host path."""
-    key = (layout.describe(q, k, v, seqused_k, key_mask), tuple(flags.values()), switches.routing_state())
-    name = _ROUTES.get(key)
-    if name is None:
+    key = (layout.describe(q, k, v, seqused_k, key_mask), tuple(flags.values()), switches.current().routing)
+    route = _ROUTES.get(key)
+    if route is None:
         _check_inputs(q, k, v, seqused_k, key_mask, flags)
-        name, why = kernel_for(q, k, v, key_mask, seqused_k=seqused_k, **flags)
-        log.debug("fa4::attention q%s k%s %s: kernel %s (%s)", tuple(q.shape), tuple(k.shape), q.dtype, name, why)
-        _ROUTES[key] = name
-    return name
+        route, why = _choose(routes.FORWARD, q, k, v, seqused_k, key_mask, flags)
+        log.debug("fa4::attention q%s k%s %s: kernel %s (%s)", tuple(q.shape), tuple(k.shape), q.dtype, route.name,
+                  why)
+        _ROUTES[key] = route
+    return route
 
 
 class KeyMaskForm(NamedTuple):
@@ -280,30 +246,16 @@ def _version(t: Tensor) -> Optional[int]:
 
 def _attention_cuda(q, k, v, seqused_k=None, key_mask=None, **flags):
     flags = _complete(flags)
-    name = _route(q, k, v, seqused_k, key_mask, flags)
-    if key_mask is not None and name in ("sdpa", "reference"):  # a mask FA4 may take after all
+    route = _route(q, k, v, seqused_k, key_mask, flags)
+    if key_mask is not None and route.name in ("sdpa", "reference"):  # a mask FA4 may take after all
         form = key_mask_form(q, k, seqused_k, key_mask, flags)
         if form.key_mask is None:
             without_mask = _route(q, k, v, form.seqused_k, None, flags)
             if form.starts is None:
-                seqused_k, key_mask, name = form.seqused_k, None, without_mask
-            elif without_mask == "fa4":
-                from . import fa4
-
+                seqused_k, key_mask, route = form.seqused_k, None, without_mask
+            elif without_mask is routes.FA4:
                 return fa4.forward_left_padded(q, k, v, form.starts, **flags)
-    if name == "decode":
-        from . import decode
-
-        return decode.forward(q, k, v, seqused_k, key_mask, **flags)
-    if name == "fa4":
-        from . import fa4
-
-        return fa4.forward(q, k, v, seqused_k, **flags)
-    if name == "sdpa_cudnn":
-        return sdpa_cudnn.forward(q, k, v, **flags)
-    if name == "sdpa":
-        return sdpa_fallback.forward(q, k, v, seqused_k, key_mask, **flags)
-    return _reference_forward(q, k, v, seqused_k, key_mask, **flags)
+    return route.adapter.forward(q, k, v, seqused_k, key_mask, **flags)
 
 
 def _attention_fake(q, k, v, seqused_k=None, key_mask=None, **flags):
@@ -331,27 +283,26 @@ def attention_backward(
 
     `grad_lse` is the gradient flowing into the forward's lse output (None when lse is unused)."""
     _check_inputs(q, k, v, seqused_k, key_mask)
-    return _reference_backward(grad_out, q, k, v, out, lse, grad_lse, seqused_k, key_mask, **_complete(flags))
+    return reference.backward(grad_out, q, k, v, out, lse, grad_lse, seqused_k, key_mask, **_complete(flags))
 
 
 def _attention_backward_cuda(grad_out, q, k, v, out, lse, grad_lse=None, seqused_k=None, key_mask=None, **flags):
     _check_inputs(q, k, v, seqused_k, key_mask)
     flags = _complete(flags)
     form = key_mask_form(q, k, seqused_k, key_mask, flags)
-    if form.starts is not None and backward_kernel_for(q, k, v, None, **flags)[0] == "fa4":
-        from . import fa4
-
+    if form.starts is not None and _backward_route(q, k, v, None, None, flags) is routes.FA4:
         return fa4.backward_left_padded(grad_out, q, k, v, out, lse, grad_lse, form.starts, **flags)
     if form.starts is None:
         seqused_k, key_mask = form.seqused_k, form.key_mask
-    name, _ = backward_kernel_for(q, k, v, key_mask, seqused_k=seqused_k, **flags)
-    if name == "fa4":
-        from . import fa4
+    route = _backward_route(q, k, v, seqused_k, key_mask, flags)
+    return route.adapter.backward(grad_out, q, k, v, out, lse, grad_lse, seqused_k, key_mask, **flags)
 
-        return fa4.backward(grad_out, q, k, v, out, lse, grad_lse, seqused_k, **flags)
-    if name == "sdpa" and grad_lse is None:
-        return sdpa_fallback.backward(grad_out, q, k, v, seqused_k, key_mask, **flags)
-    return _reference_backward(grad_out, q, k, v, out, lse, grad_lse, seqused_k, key_mask, **flags)
+
+def _backward_route(q: Tensor, k: Tensor, v: Tensor, seqused_k: Optional[Tensor], key_mask: Optional[Tensor],
+                    flags: dict) -> routes.Route:
+    if q.device.type != "cuda":
+        return routes.REFERENCE
+    return routes.choose(routes.BACKWARD, q, k, v, seqused_k, key_mask, flags)[0]
 
 
 def _attention_backward_fake(grad_out, q, k, v, out, lse, grad_lse=None, seqused_k=None, key_mask=None, **flags):
@@ -373,10 +324,10 @@ def _backward(ctx, grad_out, grad_lse):
     return dq, dk, dv, None, None
 
 
-_LIB.impl("attention", attention, "CompositeExplicitAutograd")
-_LIB.impl("attention", _attention_cuda, "CUDA")
-_LIB.impl("attention_backward", attention_backward, "CompositeExplicitAutograd")
-_LIB.impl("attention_backward", _attention_backward_cuda, "CUDA")
-torch.library.register_fake("fa4::attention", _attention_fake, lib=_LIB)
-torch.library.register_fake("fa4::attention_backward", _attention_backward_fake, lib=_LIB)
-torch.library.register_autograd("fa4::attention", _backward, setup_context=_setup_context, lib=_LIB)
+library.impl("attention", attention, "CompositeExplicitAutograd")
+library.impl("attention", _attention_cuda, "CUDA")
+library.impl("attention_backward", attention_backward, "CompositeExplicitAutograd")
+library.impl("attention_backward", _attention_backward_cuda, "CUDA")
+library.register_fake("attention", _attention_fake)
+library.register_fake("attention_backward", _attention_backward_fake)
+library.register_autograd("attention", _backward, setup_context=_setup_context)

@@ -8,7 +8,7 @@ What it takes (`unsupported_reason` says why not, otherwise):
 - K and V with a unit stride on D, a 16-byte aligned start and the other strides multiples of
   16 bytes (HF static caches and transposed views of [B, S, H, D] qualify); Q any strides
   with a unit stride on D.
-Disable it with FA4_INDUCTOR_DISABLE_DECODE=1.
+Disable it with FA4_INDUCTOR_DISABLE_DECODE=1 (environment switches are read by `switches.py`).
 
 When `fa4::attention` uses it (`dispatch_reason`): decode-shaped calls that the above allows,
 Sq * group <= DISPATCH_MAX_ROWS (16: one row tile, so each KV tile is read once) and
@@ -33,9 +33,10 @@ FA4_INDUCTOR_DECODE_SPLITS=N fixes the split count for every call (for tuning th
 
 Compilation: one main-kernel variant per (dtype, head_dim, group, causal, softcap on/off,
 seqused_k given, split or not, arch) and one combine variant per (dtype, head_dim, group, PDL on/off, arch),
-about a second each, kept in `_COMPILED` for the process. The combine kernel is launched as a
-programmatic dependent of the main kernel (Hopper PDL, overlapping its launch with the main
-kernel's tail; FA4_INDUCTOR_DECODE_PDL=0 turns that off). Batch, heads, Sq, Sk, strides and the
+about a second each, kept in `compiled` for the process (`cute/compile_utils.py`: what compiling
+any CuTe kernel of ours takes). The combine kernel is launched as a programmatic dependent of the
+main kernel (Hopper PDL, overlapping its launch with the main kernel's tail;
+FA4_INDUCTOR_DECODE_PDL=0 turns that off). Batch, heads, Sq, Sk, strides and the
 split count are runtime values. Call `warmup` before capturing CUDA graphs. Launches go to the
 current torch stream (TVM-FFI environment stream): no host sync, no host read of seqused_k.
 """
@@ -44,21 +45,20 @@ from __future__ import annotations
 
 import functools
 import math
-import os
-import threading
 from typing import NamedTuple, Optional
 
 import torch
 from torch import Tensor
 
 from . import layout, switches
+from .cute import compile_utils
 from .flags import Flags
 
 DISABLE_ENV = switches.DISABLE_DECODE
-PDL_ENV = "FA4_INDUCTOR_DECODE_PDL"  # 0 launches the combine kernel without programmatic dependent launch
-SPLITS_ENV = "FA4_INDUCTOR_DECODE_SPLITS"  # a fixed split count for every call (tuning experiments)
-SMEM_KB_ENV = "FA4_INDUCTOR_DECODE_SMEM_KB"  # a CTA's shared-memory budget, sets the ring depth (tuning)
-DTYPES = (torch.float16, torch.bfloat16)
+PDL_ENV = switches.DECODE_PDL  # 0 launches the combine kernel without programmatic dependent launch
+SPLITS_ENV = switches.DECODE_SPLITS  # a fixed split count for every call (tuning experiments)
+SMEM_KB_ENV = switches.DECODE_SMEM_KB  # a CTA's shared-memory budget, sets the ring depth (tuning)
+DTYPES = layout.HALF_DTYPES
 HEAD_DIMS = (64, 128, 256)
 MAX_GROUP = 16
 MAX_Q_LEN = 8
@@ -77,17 +77,6 @@ _LOG2_E = math.log2(math.e)
 @functools.cache
 def _num_sms(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
-
-
-def _kv_layout_reason(name: str, t: Tensor) -> str | None:
-    step = ALIGN_BYTES // t.element_size()
-    if t.stride(-1) != 1:
-        return f"{name} has stride {t.stride(-1)} on the head dim (needs 1)"
-    if any(s % step for s in t.stride()[:-1]):
-        return f"{name} strides {t.stride()} are not multiples of {ALIGN_BYTES} bytes"
-    if t.data_ptr() % ALIGN_BYTES:
-        return f"{name} does not start on a {ALIGN_BYTES}-byte boundary"
-    return None
 
 
 def unsupported_reason(q: Tensor, k: Tensor, v: Tensor, *, seqused_k: Optional[Tensor] = None,
@@ -113,7 +102,7 @@ def unsupported_reason(q: Tensor, k: Tensor, v: Tensor, *, seqused_k: Optional[T
     if q.stride(-1) != 1 and q.shape[-1] > 1:
         return f"q has stride {q.stride(-1)} on the head dim (needs 1)"
     for name, t in (("k", k), ("v", v)):
-        reason = _kv_layout_reason(name, t)
+        reason = layout.alignment_reason(name, t)
         if reason is not None:
             return reason
     if seqused_k is not None and (seqused_k.device != q.device or seqused_k.dim() != 1):
@@ -123,7 +112,8 @@ def unsupported_reason(q: Tensor, k: Tensor, v: Tensor, *, seqused_k: Optional[T
     return None
 
 
-def dispatch_reason(q: Tensor, k: Tensor, v: Tensor, **flags) -> str | None:
+def dispatch_reason(q: Tensor, k: Tensor, v: Tensor, *, seqused_k: Optional[Tensor] = None,
+                    key_mask: Optional[Tensor] = None, **flags) -> str | None:
     """Why `fa4::attention` should not send this call to the decode kernel, or None if it should."""
     rows = q.shape[2] * (q.shape[1] // k.shape[1])
     if rows > DISPATCH_MAX_ROWS:
@@ -131,13 +121,13 @@ def dispatch_reason(q: Tensor, k: Tensor, v: Tensor, **flags) -> str | None:
     min_seqlen_k = DISPATCH_MIN_SEQLEN_K * (2 if q.shape[0] * k.shape[1] >= DISPATCH_WIDE_BATCH_HEADS else 1)
     if k.shape[2] < min_seqlen_k:
         return f"not decode-shaped: Sk = {k.shape[2]} < {min_seqlen_k}"
-    return unsupported_reason(q, k, v, **flags)
+    return unsupported_reason(q, k, v, seqused_k=seqused_k, key_mask=key_mask, **flags)
 
 
 def stages_for(head_dim: int) -> int:
     """Depth of each warp's K / V ring: as deep as a CTA's shared-memory budget allows (SMEM_KB_ENV,
     default 100 KB: two CTAs per SM on Hopper)."""
-    budget = int(os.environ.get(SMEM_KB_ENV) or 100) * 1024
+    budget = switches.current().decode_smem_kb * 1024
     per_stage = NUM_WARPS * 2 * TILE_N * head_dim * 2
     return max(2, min(8, (budget - TILE_M * head_dim * 2) // per_stage))
 
@@ -176,36 +166,12 @@ class _Key(NamedTuple):
     key_mask: bool = False  # main kernel: a [B, Sk] key mask is given
 
 
-_COMPILED: dict[_Key, object] = {}
-_LOCK = threading.Lock()
-
-
-def _arch(device: torch.device) -> str:
-    override = os.environ.get("CUTE_DSL_ARCH")
-    if override:
-        return override
-    major, minor = switches.capability(device.index)
-    return f"sm_{major}{minor}a"
-
-
-def compile_cache_info() -> int:
-    """How many kernel variants this process has compiled."""
-    return len(_COMPILED)
-
-
-def _cutlass_dtype(dtype: torch.dtype):
-    import cutlass
-
-    return {torch.float16: cutlass.Float16, torch.bfloat16: cutlass.BFloat16}[dtype]
-
-
 def _compile(key: _Key):
     """Compile one variant with fake tensors (no GPU needed: set CUTE_DSL_ARCH=sm_90a on a CPU)."""
-    os.environ.setdefault("CUTE_DSL_ARCH", key.arch)
-    import cutlass.cute as cute
+    cute = compile_utils.cute_for(key.arch)
     from cutlass import Float32, Int32, Uint8
 
-    dt = _cutlass_dtype(key.dtype)
+    dt = compile_utils.cutlass_dtype(key.dtype)
     d = key.head_dim
 
     def sym(div=1):
@@ -227,12 +193,11 @@ def _compile(key: _Key):
 
     out = bhsd()
     lse = cute.runtime.make_fake_tensor(Float32, tuple(cute.sym_int() for _ in range(3)), (sym(), sym(), 1))
-    stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
     if key.kernel == "combine":
         from .cute.decode_combine import DecodeCombine
 
         combine = DecodeCombine(dt, d, key.group, pdl=key.pdl)
-        return cute.compile(combine, *partials(), out, lse, stream, options="--enable-tvm-ffi")
+        return compile_utils.compile_for_tvm_ffi(cute, combine, *partials(), out, lse)
 
     from .cute.decode_attention import DecodeAttentionSm90
 
@@ -243,20 +208,19 @@ def _compile(key: _Key):
     key_mask = cute.runtime.make_fake_tensor(
         Uint8, (cute.sym_int(), cute.sym_int()), (sym(), 1)) if key.key_mask else None
     o_part, lse_part = partials() if key.split else (None, None)
-    return cute.compile(
-        kernel, bhsd(), bhsd(align, ALIGN_BYTES), bhsd(align, ALIGN_BYTES), used, key_mask,
+    return compile_utils.compile_for_tvm_ffi(
+        cute, kernel, bhsd(), bhsd(align, ALIGN_BYTES), bhsd(align, ALIGN_BYTES), used, key_mask,
         None if key.split else out, None if key.split else lse, o_part, lse_part,
-        Float32(1.0), Float32(1.0), Float32(1.0), stream, options="--enable-tvm-ffi")
+        Float32(1.0), Float32(1.0), Float32(1.0))
 
 
-def compiled(key: _Key):
-    fn = _COMPILED.get(key)
-    if fn is None:
-        with _LOCK:
-            fn = _COMPILED.get(key)
-            if fn is None:
-                fn = _COMPILED[key] = _compile(key)
-    return fn
+compiled = compile_utils.CompiledVariants(_compile)
+"""`compiled(key)`: the variant `key` names, compiled on first use."""
+
+
+def compile_cache_info() -> int:
+    """How many kernel variants this process has compiled."""
+    return len(compiled)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -267,7 +231,7 @@ def compiled(key: _Key):
 def _keys(q: Tensor, k: Tensor, seqused_k: Optional[Tensor], key_mask: Optional[Tensor], causal: bool, softcap: float,
           split: bool):
     group = q.shape[1] // k.shape[1]
-    common = dict(dtype=q.dtype, head_dim=q.shape[-1], group=group, arch=_arch(q.device))
+    common = dict(dtype=q.dtype, head_dim=q.shape[-1], group=group, arch=compile_utils.target_arch(q.device))
     main = _Key("main", causal=bool(causal), softcap=softcap > 0, seqused=seqused_k is not None, split=split,
                 stages=stages_for(q.shape[-1]), key_mask=key_mask is not None, **common)
     combine = _Key("combine", causal=False, softcap=False, seqused=False, split=True, pdl=_pdl(), **common)
@@ -275,7 +239,7 @@ def _keys(q: Tensor, k: Tensor, seqused_k: Optional[Tensor], key_mask: Optional[
 
 
 def _pdl() -> bool:
-    return os.environ.get(PDL_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
+    return switches.current().decode_pdl
 
 
 def forward(q: Tensor, k: Tensor, v: Tensor, seqused_k: Optional[Tensor] = None, key_mask: Optional[Tensor] = None, *,
@@ -284,8 +248,9 @@ def forward(q: Tensor, k: Tensor, v: Tensor, seqused_k: Optional[Tensor] = None,
 
     `key_mask` [B, Sk] bool hides keys where False. `splits` overrides `num_splits` (tests and
     benchmarks); it must not depend on seqused_k."""
-    scale, causal, window_left, window_right, softcap = Flags(**flags)
-    assert window_left < 0 and window_right < 0, "the decode kernel has no local window"
+    f = Flags(**flags)
+    assert f.window_left < 0 and f.window_right < 0, "the decode kernel has no local window"
+    scale, softcap = f.scale, f.softcap
     b, hq, sq, d = q.shape
     hkv, sk = k.shape[1], k.shape[2]
     group = hq // hkv
@@ -303,8 +268,8 @@ def forward(q: Tensor, k: Tensor, v: Tensor, seqused_k: Optional[Tensor] = None,
             raise ValueError(f"key_mask must have shape ({b}, {sk}), got {tuple(key_mask.shape)}")
         key_mask = (key_mask if key_mask.stride(-1) == 1 else key_mask.contiguous()).view(torch.uint8)
     device_index = q.device.index if q.device.index is not None else torch.cuda.current_device()
-    if splits is None and os.environ.get(SPLITS_ENV):
-        splits = int(os.environ[SPLITS_ENV])
+    if splits is None:
+        splits = switches.current().decode_splits
     if splits is None:
         splits = num_splits(b, hkv, sq, group, sk, d, _num_sms(device_index))
     splits = max(1, min(int(splits), MAX_SPLITS))
@@ -312,7 +277,7 @@ def forward(q: Tensor, k: Tensor, v: Tensor, seqused_k: Optional[Tensor] = None,
         scale_log2, softcap_in, softcap_out = 0.0, scale / softcap, softcap * _LOG2_E
     else:
         scale_log2, softcap_in, softcap_out = scale * _LOG2_E, 0.0, 0.0
-    main_key, combine_key = _keys(q, k, seqused_k, key_mask, causal, softcap, splits > 1)
+    main_key, combine_key = _keys(q, k, seqused_k, key_mask, f.causal, softcap, splits > 1)
     with torch.cuda.device(q.device):
         if splits == 1:
             compiled(main_key)(q, k, v, seqused_k, key_mask, out, lse, None, None, scale_log2, softcap_in, softcap_out)
@@ -348,8 +313,8 @@ def warmup(
         raise ValueError(
             f"the decode kernel does not take dtype {dtype}, head_dim {head_dim}, group {group}, q_len {q_len}")
     device = torch.device(device)
-    arch = _arch(device) if device.type == "cuda" else os.environ.get("CUTE_DSL_ARCH", "sm_90a")
-    before = len(_COMPILED)
+    arch = compile_utils.target_arch(device, off_gpu="sm_90a")
+    before = len(compiled)
     for c in ((False, True) if causal is None else (bool(causal),)):
         for used in ((False, True) if seqused_k is None else (bool(seqused_k),)):
             for masked in ((False, True) if key_mask is None else (bool(key_mask),)):
@@ -357,4 +322,4 @@ def warmup(
                     compiled(_Key("main", dtype, head_dim, group, c, bool(softcap), used, split, arch,
                                   stages=stages_for(head_dim), key_mask=masked))
     compiled(_Key("combine", dtype, head_dim, group, False, False, False, True, arch, _pdl()))
-    return len(_COMPILED) - before
+    return len(compiled) - before

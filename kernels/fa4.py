@@ -18,7 +18,8 @@ Flags map one to one: `scale` -> softmax_scale, `causal` (bottom-right aligned i
 `window_left` / `window_right` -> window_size_left / right with -1 (unbounded) sent as None (FA4
 drops negative bounds only when both are negative), `softcap` (0 = off), `seqused_k` (int32).
 
-What `unsupported_reason` rejects, so that the reference runs instead:
+What `unsupported_reason` rejects, so that a later route (`routes.py`) runs instead:
+- a key mask (FA4 has none; `attention.key_mask_form` turns the masks it can into seqused_k or varlen);
 - FA4 disabled with FA4_INDUCTOR_DISABLE_FA4=1 (A/B benchmarks), or not installed / not importable;
 - a device other than CUDA sm90 / sm100 (FA4 also has sm80 / sm120 paths, which we do not test);
 - dtypes other than float16 / bfloat16 (FA4's fp8 forward needs descales and has no backward);
@@ -33,17 +34,12 @@ flags, softcap value, whether seqused_k is given, arch), seconds each; call `war
 variants a model uses before capturing CUDA graphs. Its disk cache is turned on here before the
 first import of `flash_attn.cute`: FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=1 and
 FLASH_ATTENTION_CUTE_DSL_CACHE_DIR=$XDG_CACHE_HOME/fa4_inductor/fa4-cute (~/.cache/... by
-default), unless the user set them (FA4 reads them once, at import). FA4 keys that cache by a
-hash of its own sources, Python, cutlass and tvm_ffi versions, so an upgrade never loads a stale
-kernel.
+default), unless the user set them (FA4 reads them once, at import; we read them through
+`switches.py`). FA4 keys that cache by a hash of its own sources, Python, cutlass and tvm_ffi
+versions, so an upgrade never loads a stale kernel.
 
-Launch replay. FA4's Python entry point spends ~150 us per call on checks and key building before
-it launches one compiled kernel, more than a decode step's whole GPU time. The first forward of each
-exact call signature (shapes, strides, dtype, flags, whether seqused_k is given) runs
-`_flash_attn_fwd` while recording what it does; when that was exactly one launch of a compiled
-kernel whose tensor arguments are all ours (no temporary FA4 made, no other torch op ran), later
-calls with the signature launch that kernel directly with their own tensors. Anything else keeps
-going through `_flash_attn_fwd`. FA4_INDUCTOR_NO_REPLAY=1 turns replay off.
+Launch replay (`fa4_replay.py`): after the first calls of a signature, `forward` launches FA4's
+compiled kernel directly instead of going through `_flash_attn_fwd` (~150 us of host time a call).
 """
 
 from __future__ import annotations
@@ -52,36 +48,35 @@ import contextlib
 import functools
 import logging
 import os
-import threading
 from pathlib import Path
 from typing import Optional
 
 import torch
 from torch import Tensor
 from torch._subclasses.fake_tensor import FakeTensor
-from torch.utils._python_dispatch import TorchDispatchMode
 
-from . import layout, reference, switches
+from . import fa4_replay, layout, reference, switches
 from .flags import Flags
 
 log = logging.getLogger("fa4_inductor.kernels")
 
 DISABLE_ENV = switches.DISABLE_FA4
 NO_REPLAY_ENV = switches.NO_REPLAY
-CACHE_ENABLED_ENV = "FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED"
-CACHE_DIR_ENV = "FLASH_ATTENTION_CUTE_DSL_CACHE_DIR"
-DTYPES = (torch.float16, torch.bfloat16)
-ALIGN_BYTES = layout.ALIGN_BYTES
+CACHE_ENABLED_ENV = switches.FA4_CACHE_ENABLED
+CACHE_DIR_ENV = switches.FA4_CACHE_DIR
+DTYPES = layout.HALF_DTYPES
 
 
 def cache_dir() -> Path:
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "fa4_inductor" / "fa4-cute"
+    return Path(switches.current().cache_home) / "fa4_inductor" / "fa4-cute"
 
 
 def _enable_disk_cache() -> None:
-    if CACHE_ENABLED_ENV in os.environ:
+    """Sets FA4's disk-cache variables, which FA4 reads once at import, unless the user set them."""
+    env = switches.current()
+    if env.fa4_cache_enabled_set:
         return
-    directory = os.environ.get(CACHE_DIR_ENV) or str(cache_dir())
+    directory = env.fa4_cache_dir or str(cache_dir())
     try:
         Path(directory).mkdir(parents=True, exist_ok=True)
     except OSError as e:  # FA4 would fail to import on an unwritable cache dir
@@ -124,8 +119,11 @@ def _head_dim_reason(major: int, d: int, dv: int) -> str | None:
     return None
 
 
-def unsupported_reason(q: Tensor, k: Tensor, v: Tensor, *, seqused_k: Optional[Tensor] = None, **flags) -> str | None:
+def unsupported_reason(q: Tensor, k: Tensor, v: Tensor, *, seqused_k: Optional[Tensor] = None,
+                       key_mask: Optional[Tensor] = None, **flags) -> str | None:
     """Why FA4 cannot take this call on this device, or None if it can (see the module docstring)."""
+    if key_mask is not None:
+        return "a key mask: FA4 takes none"
     reason = switches.gate("FA4", DISABLE_ENV, q, DTYPES)
     if reason is not None:
         return reason
@@ -166,126 +164,17 @@ def _device_guard(t: Tensor):
 def _bshd(t: Tensor) -> Tensor:
     """The [B, S, H, D] view of an SDPA-layout tensor, copied only when FA4 cannot address it."""
     t = t.transpose(1, 2)
-    step = ALIGN_BYTES // t.element_size()
-    if t.stride(-1) == 1 and _address(t) % ALIGN_BYTES == 0 and all(s % step == 0 for s in t.stride()[:-1]):
+    if layout.alignment_reason("", t, _address(t)) is None:
         return t
     log.debug("fa4: copying a %s tensor with strides %s to an aligned layout", tuple(t.shape), t.stride())
     return t.clone(memory_format=torch.contiguous_format)
 
 
-class _Launch:
-    """One recorded launch of a compiled FA4 kernel; `slots` says which argument is which of our tensors."""
-
-    def __init__(self, fn, args: tuple, slots: dict[int, int]):
-        self.fn, self.args, self.slots = fn, args, slots
-
-    def __call__(self, tensors: tuple) -> None:
-        args = list(self.args)
-        for position, which in self.slots.items():
-            args[position] = tensors[which]
-        self.fn(*args)
-
-
-class _Recorder(TorchDispatchMode):
-    """Stands in for an FA4 compile cache during one call: notes each compiled-kernel launch, and
-    (as a dispatch mode) every torch op other than allocations and views."""
-
-    HARMLESS = {"empty", "empty_strided", "detach", "view", "transpose", "permute", "expand", "alias", "t",
-                "as_strided", "select", "slice", "unsqueeze", "squeeze", "contiguous", "_unsafe_view"}
-
-    def __init__(self, cache):
-        super().__init__()
-        self.cache, self.launches, self.other_ops, self.compiled = cache, [], [], False
-
-    def __contains__(self, key):
-        return key in self.cache
-
-    def __setitem__(self, key, fn):
-        self.compiled = True
-        self.cache[key] = fn
-
-    def __getitem__(self, key):
-        fn = self.cache[key]
-
-        def launch(*args, **kwargs):
-            self.launches.append((fn, args, kwargs))
-            return fn(*args, **kwargs)
-        return launch
-
-    def __getattr__(self, name):
-        return getattr(self.cache, name)
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if func.overloadpacket.__name__ not in self.HARMLESS:
-            self.other_ops.append(str(func))
-        return func(*args, **(kwargs or {}))
-
-
-def _same_tensor(a: Tensor, b: Tensor) -> bool:
-    return (a.data_ptr() == b.data_ptr() and a.shape == b.shape and a.stride() == b.stride()
-            and a.dtype == b.dtype and a.device == b.device)
-
-
-def _as_replay(recorder: _Recorder, ours: tuple) -> tuple[_Launch | None, str]:
-    if recorder.other_ops:
-        return None, f"FA4 ran torch ops of its own ({', '.join(recorder.other_ops[:3])})"
-    if len(recorder.launches) != 1:
-        return None, f"FA4 launched {len(recorder.launches)} compiled kernels"
-    fn, args, kwargs = recorder.launches[0]
-    if kwargs:
-        return None, "FA4 passed keyword arguments"
-    slots = {}
-    for position, a in enumerate(args):
-        if isinstance(a, Tensor):
-            which = [i for i, t in enumerate(ours) if t is not None and _same_tensor(a, t)]
-            if len(which) != 1:
-                return None, f"argument {position} is {'a tensor FA4 made' if not which else 'ambiguous'}"
-            slots[position] = which[0]
-        elif isinstance(a, (list, tuple)) and any(isinstance(x, Tensor) for x in a):
-            return None, f"argument {position} holds tensors"
-    # Keep no tensor alive: CUDA-graph pools (reduce-overhead) must own every allocation they made.
-    return _Launch(fn, tuple(None if p in slots else a for p, a in enumerate(args)), slots), "replayable"
-
-
-_LAUNCHES = layout.SignatureCache(1024)
-_RECORD_LOCK = threading.Lock()
-
-
-def _replay_enabled() -> bool:
-    return not switches.is_on(NO_REPLAY_ENV)
-
-
-def _launch_forward(fa, tensors: tuple, flags: tuple, call) -> None:
-    """Runs `call` (which goes through `_flash_attn_fwd`), or replays its recorded launch."""
-    if any(isinstance(t, FakeTensor) for t in tensors) or not _replay_enabled():
-        call()
-        return
-    key = flags + layout.describe(*tensors)
-    launch = _LAUNCHES.get(key)
-    if launch is not None:
-        launch(tensors)
-        return
-    if key in _LAUNCHES:  # recorded as not replayable
-        call()
-        return
-    with _RECORD_LOCK:
-        cache = fa._flash_attn_fwd.compile_cache
-        recorder = _Recorder(cache)
-        fa._flash_attn_fwd.compile_cache = recorder
-        try:
-            with recorder:
-                call()
-        finally:
-            fa._flash_attn_fwd.compile_cache = cache
-    if recorder.compiled:  # compiling may run torch ops of its own: decide on a later call
-        return
-    launch, why = _as_replay(recorder, tensors)
-    log.debug("fa4: forward signature %s: %s", key, why)
-    _LAUNCHES[key] = launch
-
-
-def forward(q: Tensor, k: Tensor, v: Tensor, seqused_k: Optional[Tensor] = None, **flags) -> tuple[Tensor, Tensor]:
-    """FA4 forward: (out [B, Hq, Sq, Dv] stored as [B, Sq, Hq, Dv], lse [B, Hq, Sq] float32)."""
+def forward(q: Tensor, k: Tensor, v: Tensor, seqused_k: Optional[Tensor] = None, key_mask: Optional[Tensor] = None,
+            **flags) -> tuple[Tensor, Tensor]:
+    """FA4 forward: (out [B, Hq, Sq, Dv] stored as [B, Sq, Hq, Dv], lse [B, Hq, Sq] float32). No key mask."""
+    if key_mask is not None:
+        raise ValueError("FA4 takes no key mask")
     flags = Flags(**flags)
     fa = _require()
     b, hq, sq, _ = q.shape
@@ -293,7 +182,7 @@ def forward(q: Tensor, k: Tensor, v: Tensor, seqused_k: Optional[Tensor] = None,
     lse = q.new_empty((b, hq, sq), dtype=torch.float32)
     qb, kb, vb, ob, used = _bshd(q), _bshd(k), _bshd(v), out.transpose(1, 2), layout.lengths_int32(seqused_k, q.device)
     with _device_guard(q):
-        _launch_forward(fa, (qb, kb, vb, ob, lse, used), tuple(flags),
+        fa4_replay.launch_forward(fa, (qb, kb, vb, ob, lse, used), tuple(flags),
                         lambda: fa._flash_attn_fwd(
                             qb, kb, vb,
                             seqused_k=used,
@@ -385,9 +274,12 @@ def backward(
     lse: Tensor,
     grad_lse: Optional[Tensor] = None,
     seqused_k: Optional[Tensor] = None,
+    key_mask: Optional[Tensor] = None,
     **flags,
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """FA4 backward: (dq, dk, dv) shaped like q, k, v, each stored as [B, S, H, D]."""
+    """FA4 backward: (dq, dk, dv) shaped like q, k, v, each stored as [B, S, H, D]. No key mask."""
+    if key_mask is not None:
+        raise ValueError("FA4 takes no key mask")
     fa = _require()
     flags = Flags(**flags)
     # FA4 leaves dk / dv rows past seqused_k unwritten; the op's contract makes them zero.

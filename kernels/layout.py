@@ -1,11 +1,16 @@
-"""The layout every fa4 attention output and gradient has: [B, H, S, D] tensors stored as [B, S, H, D]."""
+"""What the kernels share about tensors: the layout every fa4 attention output and gradient has ([B, H, S, D]
+tensors stored as [B, S, H, D]), the 16-byte alignment our kernels and FA4 address, the half-precision
+dtypes the CUDA kernels take, and the per-call-signature caches."""
 
 from __future__ import annotations
+
+from typing import Optional
 
 import torch
 from torch import Tensor
 
 ALIGN_BYTES = 16  # what our kernels and FA4 assume of a tensor's start and of its outer strides
+HALF_DTYPES = (torch.float16, torch.bfloat16)  # what our CUDA kernels, FA4 and cuDNN SDPA take
 
 
 def empty_bhsd(b, h, s, d, *, dtype: torch.dtype, device, zero: bool = False) -> Tensor:
@@ -34,6 +39,21 @@ def lengths_int32(lengths: Tensor | None, device) -> Tensor | None:
         return None
     lengths = lengths.to(device=device, dtype=torch.int32)
     return lengths if lengths.stride(-1) == 1 else lengths.clone(memory_format=torch.contiguous_format)
+
+
+def alignment_reason(name: str, t: Tensor, address: Optional[int] = None) -> str | None:
+    """Why a kernel that loads `t` in 16-byte vectors cannot address it, or None: it needs a unit stride
+    on the last dim, the other strides multiples of 16 bytes (0, a broadcast, is fine) and a 16-byte
+    aligned start (`address`, default t.data_ptr())."""
+    strides = t.stride()
+    if strides[-1] != 1:
+        return f"{name} has stride {strides[-1]} on the head dim (needs 1)"
+    step = ALIGN_BYTES // t.element_size()
+    if any(s % step for s in strides[:-1]):
+        return f"{name} strides {strides} are not multiples of {ALIGN_BYTES} bytes"
+    if (t.data_ptr() if address is None else address) % ALIGN_BYTES:
+        return f"{name} does not start on a {ALIGN_BYTES}-byte boundary"
+    return None
 
 
 def describe(*tensors: Tensor | None) -> tuple:

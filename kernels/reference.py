@@ -15,7 +15,12 @@ A row that sees no key returns zeros and a log-sum-exp of -inf.
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
+from torch import Tensor
+
+from . import layout
 
 
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -117,3 +122,25 @@ def attention_backward(
     dq = (ds @ k5).flatten(1, 2) * scale
     dk = (ds.transpose(-1, -2) @ _grouped(q.to(acc), num_kv_heads)).sum(2) * scale
     return dq, dk, dv
+
+
+def unsupported_reason(q: Tensor, k: Tensor, v: Tensor, *, seqused_k: Optional[Tensor] = None,
+                       key_mask: Optional[Tensor] = None, **flags) -> str | None:
+    """The reference takes every call the op takes (on any device)."""
+    return None
+
+
+def forward(q: Tensor, k: Tensor, v: Tensor, seqused_k: Optional[Tensor] = None, key_mask: Optional[Tensor] = None,
+            **flags) -> tuple[Tensor, Tensor]:
+    """`attention_forward` as the op returns it: out in q's dtype and the op's layout, lse contiguous."""
+    out, lse = attention_forward(q, k, v, seqused_k=seqused_k, key_mask=key_mask, **flags)
+    return layout.bhsd_copy(out, q.dtype), lse.contiguous()
+
+
+def backward(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
+             grad_lse: Optional[Tensor] = None, seqused_k: Optional[Tensor] = None,
+             key_mask: Optional[Tensor] = None, **flags) -> tuple[Tensor, Tensor, Tensor]:
+    """`attention_backward` as the op returns it: each gradient in its input's dtype, in the op's layout."""
+    grads = attention_backward(grad_out, q, k, v, out, lse, grad_lse, seqused_k=seqused_k, key_mask=key_mask,
+                               **flags)
+    return tuple(layout.bhsd_copy(g, t.dtype) for g, t in zip(grads, (q, k, v)))

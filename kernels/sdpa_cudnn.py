@@ -25,7 +25,7 @@ from torch import Tensor
 from . import layout, switches
 from .flags import Flags
 
-DTYPES = (torch.float16, torch.bfloat16)
+DTYPES = layout.HALF_DTYPES
 MAX_HEAD_DIM = 128
 
 
@@ -52,8 +52,12 @@ def unsupported_reason(q: Tensor, k: Tensor, v: Tensor, *, seqused_k: Optional[T
     return None
 
 
-def forward(q: Tensor, k: Tensor, v: Tensor, **flags) -> tuple[Tensor, Tensor]:
-    """(out [B, Hq, Sq, D] stored as [B, Sq, Hq, D], lse [B, Hq, Sq] float32, natural log)."""
+def forward(q: Tensor, k: Tensor, v: Tensor, seqused_k: Optional[Tensor] = None, key_mask: Optional[Tensor] = None,
+            **flags) -> tuple[Tensor, Tensor]:
+    """(out [B, Hq, Sq, D] stored as [B, Sq, Hq, D], lse [B, Hq, Sq] float32, natural log). One cache length
+    for the batch: no seqused_k, no key mask."""
+    if seqused_k is not None or key_mask is not None:
+        raise ValueError("cuDNN SDPA is taken with neither seqused_k nor a key mask")
     scale = Flags(**flags).scale
     out, lse = torch.ops.aten._scaled_dot_product_cudnn_attention(q, k, v, None, True, 0.0, False, False,
                                                                    scale=scale)[:2]

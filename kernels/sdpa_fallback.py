@@ -26,16 +26,18 @@ from torch import Tensor
 from . import layout, reference
 from .flags import Flags
 
-DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+DTYPES = layout.HALF_DTYPES + (torch.float32,)  # the memory-efficient kernel also takes float32
 BIAS_ALIGN = 16  # the efficient kernel wants the bias's last dim padded to this many elements
 
 
-def unsupported_reason(q: Tensor, softcap: float) -> str | None:
+def unsupported_reason(q: Tensor, k: Tensor, v: Tensor, *, seqused_k: Optional[Tensor] = None,
+                       key_mask: Optional[Tensor] = None, **flags) -> str | None:
+    """Why the SDPA fallback cannot take this call, or None if it can (see the module docstring)."""
     if q.device.type != "cuda":
         return f"the SDPA fallback runs on CUDA, not {q.device.type}"
     if q.dtype not in DTYPES:
         return f"the SDPA fallback takes float16 / bfloat16 / float32, not {str(q.dtype).removeprefix('torch.')}"
-    if softcap > 0:
+    if flags.get("softcap", 0.0) > 0:
         return "softcap has no SDPA spelling"
     return None
 
@@ -53,18 +55,18 @@ def _bias(keep: Optional[Tensor], b: int, h: int, sq: int, sk: int, dtype: torch
 def forward(q: Tensor, k: Tensor, v: Tensor, seqused_k: Optional[Tensor] = None, key_mask: Optional[Tensor] = None,
             **flags) -> tuple[Tensor, Tensor]:
     """(out [B, Hq, Sq, Dv] stored as [B, Sq, Hq, Dv], lse [B, Hq, Sq] float32)."""
-    scale, causal, window_left, window_right, softcap = Flags(**flags)
-    reason = unsupported_reason(q, softcap)
+    f = Flags(**flags)
+    reason = unsupported_reason(q, k, v, **flags)
     if reason is not None:
         raise ValueError(reason)
     b, hq, sq, _ = q.shape
     sk, group = k.shape[2], hq // k.shape[1]
-    keep = reference.allowed_keys(sq, sk, causal=causal, window_left=window_left, window_right=window_right,
+    keep = reference.allowed_keys(sq, sk, causal=f.causal, window_left=f.window_left, window_right=f.window_right,
                                   seqused_k=seqused_k, device=q.device, key_mask=key_mask)
     if group > 1:
         k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
     result, lse, _, _ = torch.ops.aten._scaled_dot_product_efficient_attention(
-        q, k, v, _bias(keep, b, hq, sq, sk, q.dtype), True, scale=scale)
+        q, k, v, _bias(keep, b, hq, sq, sk, q.dtype), True, scale=f.scale)
     lse = lse[..., :sq].float()
     if keep is not None:
         blind = ~keep[:, 0].any(-1)  # [B or 1, 1, Sq]: rows that see no key
@@ -73,21 +75,25 @@ def forward(q: Tensor, k: Tensor, v: Tensor, seqused_k: Optional[Tensor] = None,
     return layout.bhsd_copy(result), lse.contiguous()
 
 
-def backward(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, seqused_k: Optional[Tensor] = None,
-             key_mask: Optional[Tensor] = None, **flags) -> tuple[Tensor, Tensor, Tensor]:
-    """(dq, dk, dv), each stored as [B, S, H, D] like the op's other gradients."""
-    reason = unsupported_reason(q, Flags(**flags).softcap)
+def backward(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
+             grad_lse: Optional[Tensor] = None, seqused_k: Optional[Tensor] = None, key_mask: Optional[Tensor] = None,
+             **flags) -> tuple[Tensor, Tensor, Tensor]:
+    """(dq, dk, dv), each stored as [B, S, H, D] like the op's other gradients. A gradient on lse goes to
+    the reference (the recomputed SDPA returns no lse to differentiate)."""
+    reason = unsupported_reason(q, k, v, **flags)
     if reason is not None:
         raise ValueError(reason)
+    if grad_lse is not None:
+        return reference.backward(grad_out, q, k, v, out, lse, grad_lse, seqused_k, key_mask, **flags)
     return backward_by_recomputation(grad_out, q, k, v, seqused_k, key_mask, **flags)
 
 
 def backward_by_recomputation(grad_out, q, k, v, seqused_k=None, key_mask=None, **flags):
     """`backward`'s body on any device (the CPU tests run it against the float64 reference)."""
-    scale, causal, window_left, window_right, softcap = Flags(**flags)
+    f = Flags(**flags)
     b, hq, sq, _ = q.shape
     sk, group = k.shape[2], hq // k.shape[1]
-    keep = reference.allowed_keys(sq, sk, causal=causal, window_left=window_left, window_right=window_right,
+    keep = reference.allowed_keys(sq, sk, causal=f.causal, window_left=f.window_left, window_right=f.window_right,
                                   seqused_k=seqused_k, device=q.device, key_mask=key_mask)
     if keep is not None:
         blind = ~keep.any(-1, keepdim=True)  # rows that see no key: any finite bias, and no gradient
@@ -99,6 +105,6 @@ def backward_by_recomputation(grad_out, q, k, v, seqused_k=None, key_mask=None, 
         qq, kk, vv = leaves
         if group > 1:
             kk, vv = kk.repeat_interleave(group, dim=1), vv.repeat_interleave(group, dim=1)
-        out = torch.nn.functional.scaled_dot_product_attention(qq, kk, vv, attn_mask=bias, scale=scale)
+        out = torch.nn.functional.scaled_dot_product_attention(qq, kk, vv, attn_mask=bias, scale=f.scale)
         grads = torch.autograd.grad(out, leaves, grad_out)
     return tuple(layout.bhsd_copy(g) for g in grads)

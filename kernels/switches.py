@@ -1,31 +1,88 @@
-"""Environment switches of the CUDA kernels, read at call time (tests and A/B benchmarks flip them), and
-the gate every CUDA kernel of ours starts with."""
+"""The environment the kernels read, read once: `current()` holds it, `reset()` has the next call read
+it again (tests and A/B benchmarks that flip a variable call it after setting it). Nothing else in
+`kernels/` reads os.environ, so no call pays an environment lookup. Also the gate every CUDA
+kernel of ours starts with.
+
+Switches (on: 1 / true / yes / on): FA4_INDUCTOR_DISABLE_FA4, FA4_INDUCTOR_DISABLE_DECODE,
+FA4_INDUCTOR_DECODE_EVERYWHERE (fixed-length decode calls to our kernel, not cuDNN SDPA),
+FA4_INDUCTOR_NO_REPLAY (FA4 launch replay off). Decode-kernel tuning: FA4_INDUCTOR_DECODE_PDL
+(0 / false / no / off: the combine kernel without programmatic dependent launch),
+FA4_INDUCTOR_DECODE_SPLITS (a fixed split count), FA4_INDUCTOR_DECODE_SMEM_KB (a CTA's shared-memory
+budget, default 100). Others' variables we read: CUTE_DSL_ARCH (the CuTe DSL compile target), FA4's
+disk-cache pair and XDG_CACHE_HOME (`fa4.py` turns FA4's disk cache on).
+"""
 
 from __future__ import annotations
 
 import functools
 import os
+from pathlib import Path
+from typing import Mapping, NamedTuple, Optional
 
 DISABLE_FA4 = "FA4_INDUCTOR_DISABLE_FA4"
 DISABLE_DECODE = "FA4_INDUCTOR_DISABLE_DECODE"
 NO_REPLAY = "FA4_INDUCTOR_NO_REPLAY"
-DECODE_EVERYWHERE = "FA4_INDUCTOR_DECODE_EVERYWHERE"  # fixed-length decode calls to our kernel, not cuDNN SDPA
+DECODE_EVERYWHERE = "FA4_INDUCTOR_DECODE_EVERYWHERE"
+DECODE_PDL = "FA4_INDUCTOR_DECODE_PDL"
+DECODE_SPLITS = "FA4_INDUCTOR_DECODE_SPLITS"
+DECODE_SMEM_KB = "FA4_INDUCTOR_DECODE_SMEM_KB"
+CUTE_DSL_ARCH = "CUTE_DSL_ARCH"
+FA4_CACHE_ENABLED = "FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED"
+FA4_CACHE_DIR = "FLASH_ATTENTION_CUTE_DSL_CACHE_DIR"
+ON_OFF = (DISABLE_FA4, DISABLE_DECODE, NO_REPLAY, DECODE_EVERYWHERE)
 ROUTING = (DISABLE_FA4, DISABLE_DECODE, DECODE_EVERYWHERE)  # the switches that change which kernel a call gets
 
 
-def is_on(name: str) -> bool:
-    return os.environ.get(name, "0").strip().lower() in ("1", "true", "yes", "on")
+class Switches(NamedTuple):
+    on: frozenset
+    """The on/off switches (`ON_OFF`) that are on."""
+    routing: tuple
+    """The raw values of the `ROUTING` switches: part of the per-signature route cache's key."""
+    decode_pdl: bool
+    decode_splits: Optional[int]
+    decode_smem_kb: int
+    cute_dsl_arch: Optional[str]
+    fa4_cache_enabled_set: bool
+    """FA4's disk-cache switch is set (by the user, or by `fa4.py` before importing FA4)."""
+    fa4_cache_dir: Optional[str]
+    cache_home: str
+    """XDG_CACHE_HOME, else ~/.cache."""
 
 
-def routing_state() -> tuple:
-    return tuple(os.environ.get(name) for name in ROUTING)
+def _is_on(value: Optional[str]) -> bool:
+    return (value or "0").strip().lower() in ("1", "true", "yes", "on")
+
+
+def read(env: Mapping[str, str]) -> Switches:
+    return Switches(
+        on=frozenset(name for name in ON_OFF if _is_on(env.get(name))),
+        routing=tuple(env.get(name) for name in ROUTING),
+        decode_pdl=env.get(DECODE_PDL, "1").strip().lower() not in ("0", "false", "no", "off"),
+        decode_splits=int(env[DECODE_SPLITS]) if env.get(DECODE_SPLITS) else None,
+        decode_smem_kb=int(env.get(DECODE_SMEM_KB) or 100),
+        cute_dsl_arch=env.get(CUTE_DSL_ARCH) or None,
+        fa4_cache_enabled_set=FA4_CACHE_ENABLED in env,
+        fa4_cache_dir=env.get(FA4_CACHE_DIR) or None,
+        cache_home=env.get("XDG_CACHE_HOME") or str(Path.home() / ".cache"),
+    )
+
+
+@functools.cache
+def current() -> Switches:
+    """The environment as of the first call since the process started or `reset()` ran."""
+    return read(os.environ)
+
+
+def reset() -> None:
+    """Read the environment again on the next `current()` (after a test or benchmark changed it)."""
+    current.cache_clear()
 
 
 def gate(kernel: str, switch: str, q, dtypes: tuple) -> str | None:
     """The checks every CUDA kernel of ours starts with: why `kernel` cannot take q, or None.
 
-    `switch` turns the kernel off; then the device must be CUDA and q's dtype one of `dtypes`."""
-    if is_on(switch):
+    `switch` (one of `ON_OFF`) turns the kernel off; then the device must be CUDA and q's dtype one of `dtypes`."""
+    if switch in current().on:
         return f"{kernel} is disabled by {switch}"
     if q.device.type != "cuda":
         return f"{kernel} runs on CUDA, not {q.device.type}"

@@ -15,7 +15,7 @@ import os
 import torch
 
 from fa4_inductor.bench import decode_kernel_comparison, gpu_ms
-from fa4_inductor.kernels import decode
+from fa4_inductor.kernels import decode, switches
 
 SHAPES = [(1, 32768), (8, 32768), (1, 4096), (64, 32768), (1, 1024), (4, 8192), (16, 16384)]
 SWEEP_SHAPES = [  # (b, sk, hq, hkv, d)
@@ -44,15 +44,18 @@ def sweep():
         results = []
         for smem_kb in (72, 100, 160, 220):
             os.environ[decode.SMEM_KB_ENV] = str(smem_kb)
+            switches.reset()
             n0 = decode.num_splits(b, hkv, 1, hq // hkv, sk, d, decode._num_sms(dev))
             candidates = sorted({max(1, min(decode.MAX_SPLITS, int(n0 * f))) for f in (0.5, 0.75, 1, 1.5, 2, 3, 4)})
             for pdl in ("1", "0") if smem_kb == 100 else ("1",):
                 os.environ[decode.PDL_ENV] = pdl
+                switches.reset()
                 for n in candidates if pdl == "1" else (n0,):
                     ms = gpu_ms(lambda: decode.forward(q, k, v, scale=d ** -0.5, causal=True, splits=n), cuda_graph=True)
                     results.append((ms, smem_kb, decode.stages_for(d), pdl, n, n == n0))
         os.environ.pop(decode.SMEM_KB_ENV)
         os.environ.pop(decode.PDL_ENV)
+        switches.reset()
         best = min(results)
         print(f"b{b} sk{sk} hq{hq} hkv{hkv} d{d}: best {best[0] * 1e3:.1f} us "
               f"({kv_bytes / best[0] / 1e9:.2f} TB/s) smem {best[1]} KB stages {best[2]} pdl {best[3]} splits {best[4]}")

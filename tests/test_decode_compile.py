@@ -12,7 +12,7 @@ import sys
 import pytest
 import torch
 
-from fa4_inductor.kernels import decode
+from fa4_inductor.kernels import decode, switches
 
 ARCH = "sm_90a"
 
@@ -111,8 +111,10 @@ def test_stages_fit_shared_memory(monkeypatch):
     for d in decode.HEAD_DIMS:
         assert decode.stages_for(d) >= 2
     monkeypatch.setenv(decode.SMEM_KB_ENV, "72")  # the tuning knob
+    switches.reset()
     assert decode.stages_for(128) == 2
     monkeypatch.setenv(decode.SMEM_KB_ENV, "160")
+    switches.reset()
     assert decode.stages_for(128) == 4
 
 
@@ -126,6 +128,7 @@ def test_declines_off_gpu(monkeypatch):
 
 def test_disable_env(monkeypatch):
     monkeypatch.setenv(decode.DISABLE_ENV, "1")
+    switches.reset()
     q, k = torch.randn(1, 32, 1, 128), torch.randn(1, 8, 4096, 128)
     assert decode.DISABLE_ENV in decode.unsupported_reason(q, k, k, scale=0.1)
 

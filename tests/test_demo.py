@@ -20,14 +20,14 @@ def test_demo_detects_a_mismatch(monkeypatch):
     import torch
 
     from fa4_inductor import demo
-    from fa4_inductor.kernels import attention
+    from fa4_inductor.kernels import reference
 
-    real = attention._reference_forward
+    real = reference.forward
 
     def wrong(*args, **kwargs):
         out, lse = real(*args, **kwargs)
         return out * 1.5, lse
 
-    monkeypatch.setattr(attention, "_reference_forward", wrong)
+    monkeypatch.setattr(reference, "forward", wrong)
     torch._dynamo.reset()
     assert demo.run(seq_len=16) == 1

@@ -153,6 +153,7 @@ def test_seqused_k_shorter_than_query():
 
 def test_combine_without_pdl(monkeypatch):
     monkeypatch.setenv(decode.PDL_ENV, "0")
+    switches.reset()
     check(*make_inputs(b=2, group=4, sq=1, sk=3000), splits=12, **flags(128, causal=True))
 
 
@@ -172,6 +173,7 @@ def test_issue_shape_through_the_op(monkeypatch):
     check(q, k, v, used, via_op=True, **flags(128, causal=True))
     check(q, k, v, via_op=True, kernel="sdpa_cudnn", **flags(128, causal=True))
     monkeypatch.setenv(switches.DECODE_EVERYWHERE, "1")
+    switches.reset()
     check(q, k, v, via_op=True, **flags(128, causal=True))
 
 
@@ -222,6 +224,7 @@ def test_misaligned_cache_is_declined():
 def test_disable_env(monkeypatch):
     q, k, v = make_inputs(b=1, hkv=8, group=4, sq=1, sk=4096)
     monkeypatch.setenv(decode.DISABLE_ENV, "1")
+    switches.reset()
     assert decode.DISABLE_ENV in decode.dispatch_reason(q, k, v, **flags(128, causal=True))
     assert attention_op.kernel_for(q, k, v, **flags(128, causal=True))[0] != "decode"
 

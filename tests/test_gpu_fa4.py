@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 import fa4_inductor  # noqa: F401  (registers the ops)
 from fa4_inductor.kernels import attention as attention_op
-from fa4_inductor.kernels import decode, fa4, reference
+from fa4_inductor.kernels import decode, fa4, fa4_replay, reference, switches
 from gpu_helpers import assert_fa_rule, capture, eager
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
@@ -224,6 +224,7 @@ def test_disabled_fa4_falls_back_to_sdpa(monkeypatch, case):
     used = None if case["seqused"] is None else torch.tensor(case["seqused"], dtype=torch.int32, device="cuda")
     flags = attention_flags(128, **case["flags"])
     monkeypatch.setenv(fa4.DISABLE_ENV, "1")
+    switches.reset()
     name, why = attention_op.kernel_for(q, k, v, seqused_k=used, **flags)
     assert name == "sdpa" and fa4.DISABLE_ENV in why
     out, lse = ATTENTION(q, k, v, used, **flags)
@@ -238,6 +239,7 @@ def test_disabled_fa4_with_softcap_runs_the_reference(monkeypatch):
     q, k, v = qkv(sq=128, group=4)
     flags = attention_flags(128, softcap=30.0, scale=1.0)
     monkeypatch.setenv(fa4.DISABLE_ENV, "1")
+    switches.reset()
     name, why = attention_op.kernel_for(q, k, v, **flags)
     assert name == "reference" and fa4.DISABLE_ENV in why and "softcap" in why
     out, _ = ATTENTION(q, k, v, **flags)
@@ -312,13 +314,14 @@ REPLAY_CASES = [dict(causal=True), dict(), dict(window_left=64, window_right=0),
 def test_replayed_launches_match_fa4s_entry_point(monkeypatch, mask, seqused):
     """The third call of a signature replays the recorded launch: same results, bit for bit."""
     flags = attention_flags(128, **mask)
-    monkeypatch.setattr(fa4, "_LAUNCHES", type(fa4._LAUNCHES)())
+    monkeypatch.setattr(fa4_replay, "_LAUNCHES", type(fa4_replay._LAUNCHES)())
     for _ in range(3):
         q, k, v = qkv(sq=300, sk=700, group=4)
         used = torch.tensor([700, 333], dtype=torch.int32, device="cuda") if seqused else None
         out, lse = ATTENTION(q, k, v, used, **flags)
-    assert any(launch is not None for launch in fa4._LAUNCHES.values()), "nothing was replayable"
+    assert any(launch is not None for launch in fa4_replay._LAUNCHES.values()), "nothing was replayable"
     monkeypatch.setenv(fa4.NO_REPLAY_ENV, "1")
+    switches.reset()
     want_out, want_lse = ATTENTION(q, k, v, used, **flags)
     torch.testing.assert_close(out, want_out, rtol=0, atol=0)
     torch.testing.assert_close(lse, want_lse, rtol=0, atol=0)

@@ -1,0 +1,33 @@
+"""The `fa4` torch.library namespace: the one `Library` object every op file defines its ops in.
+
+An op file (`attention.py`) calls `define` for each schema, then `impl` per dispatch key,
+`register_fake` and `register_autograd`; `kernels/__init__.py` imports the op files, which registers
+them. The ops use torch.library.Library rather than custom_op: custom_op wraps every device kernel
+in Python layers (aliasing checks, a Dynamo-disable frame) that cost more host time than the launch.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+NAMESPACE = "fa4"
+LIB = torch.library.Library(NAMESPACE, "DEF")
+
+
+def define(schema: str) -> None:
+    """Declares `fa4::<schema>` (e.g. "attention(Tensor q, ...) -> (Tensor, Tensor)")."""
+    LIB.define(schema)
+
+
+def impl(op: str, fn: Callable, dispatch_key: str) -> None:
+    LIB.impl(op, fn, dispatch_key)
+
+
+def register_fake(op: str, fn: Callable) -> None:
+    torch.library.register_fake(f"{NAMESPACE}::{op}", fn, lib=LIB)
+
+
+def register_autograd(op: str, backward: Callable, setup_context: Callable) -> None:
+    torch.library.register_autograd(f"{NAMESPACE}::{op}", backward, setup_context=setup_context, lib=LIB)
