@@ -1,7 +1,7 @@
 """Ops in the `fa4` torch.library namespace and the kernels behind them. Importing registers them.
 
 `library.py` owns the namespace; each op file defines its ops in it (`attention.py`: `fa4::attention`
-and `fa4::attention_backward`). `attention_unsupported_reason(device_type, dtype, head_dim,
+`fa4::attention_forward`, its twin without autograd, and `fa4::attention_backward`). `attention_unsupported_reason(device_type, dtype, head_dim,
 head_dim_v)` is the check lowering asks before it emits `fa4::attention`.
 """
 
@@ -15,7 +15,12 @@ if __name__ != "fa4_inductor.kernels":
 
     sys.modules[__name__] = importlib.import_module("fa4_inductor.kernels")
 else:
+    import torch
+
     from . import attention
     from .attention import unsupported_reason as attention_unsupported_reason
 
-    __all__ = ["attention", "attention_unsupported_reason"]
+    ATTENTION = torch.ops.fa4.attention.default  # differentiable: what lowering emits
+    ATTENTION_FORWARD = torch.ops.fa4.attention_forward.default  # no autograd: inside compiled graphs
+
+    __all__ = ["ATTENTION", "ATTENTION_FORWARD", "attention", "attention_unsupported_reason"]

@@ -156,6 +156,11 @@ def _complete(flags: dict) -> dict:
 
 library.define("attention(Tensor q, Tensor k, Tensor v, Tensor? seqused_k=None, Tensor? key_mask=None, "
             f"*, {FLAGS_SCHEMA}) -> (Tensor, Tensor)")
+# `attention_forward`: the same computation without an autograd formula, for graphs whose backward is
+# already written out (Inductor's compiled forward and backward: lowering/post_grad.py swaps it in). It
+# skips torch.library's Python autograd layer and one dispatcher hop, ~20 us of host time per call.
+library.define("attention_forward(Tensor q, Tensor k, Tensor v, Tensor? seqused_k=None, Tensor? key_mask=None, "
+            f"*, {FLAGS_SCHEMA}) -> (Tensor, Tensor)")
 library.define("attention_backward(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, "
             f"Tensor? grad_lse=None, Tensor? seqused_k=None, Tensor? key_mask=None, *, {FLAGS_SCHEMA}) "
             "-> (Tensor, Tensor, Tensor)")
@@ -326,8 +331,11 @@ def _backward(ctx, grad_out, grad_lse):
 
 library.impl("attention", attention, "CompositeExplicitAutograd")
 library.impl("attention", _attention_cuda, "CUDA")
+library.impl("attention_forward", attention, "CompositeExplicitAutograd")
+library.impl("attention_forward", _attention_cuda, "CUDA")
 library.impl("attention_backward", attention_backward, "CompositeExplicitAutograd")
 library.impl("attention_backward", _attention_backward_cuda, "CUDA")
 library.register_fake("attention", _attention_fake)
+library.register_fake("attention_forward", _attention_fake)
 library.register_fake("attention_backward", _attention_backward_fake)
 library.register_autograd("attention", _backward, setup_context=_setup_context)

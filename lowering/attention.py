@@ -27,7 +27,7 @@ import torch
 from torch.fx import GraphModule, Node
 from torch.fx.experimental.symbolic_shapes import guard_or_false
 
-from ..kernels import attention as attention_op
+from ..kernels import ATTENTION, attention_unsupported_reason
 from . import crossover, gqa, kv_cache, padding
 from .family import Context
 from .graph_edit import NodeMaker, after_definition, erase_dead
@@ -36,7 +36,6 @@ from .masks import INF, MaskNotUnderstood, Band, KeyMask, Shift, band_args, broa
 from .records import Decline
 from .spellings import same_size, scalar, shape, value
 
-ATTENTION = torch.ops.fa4.attention.default
 
 
 @dataclass
@@ -69,7 +68,7 @@ def check_kernel_support(q: Node, k: Node, v: Node) -> None:
     if qv.dim() not in (3, 4) or kv.dim() != qv.dim() or vv.dim() != qv.dim():
         raise Decline(f"q, k, v have {qv.dim()}, {kv.dim()}, {vv.dim()} dims (want 4, or 3 for bmm)")
     # Kernels are compiled per head dim: a symbolic one is specialized (guarded), as no model varies it.
-    reason = attention_op.unsupported_reason(qv.device.type, qv.dtype, int(qv.shape[-1]), int(vv.shape[-1]))
+    reason = attention_unsupported_reason(qv.device.type, qv.dtype, int(qv.shape[-1]), int(vv.shape[-1]))
     if reason:
         raise Decline(reason)
     _check_no_broadcast(shape(q), shape(k), shape(v))

@@ -1,5 +1,6 @@
 """The post-grad stage: POST_GRAD families on Inductor's aten graphs, through `post_grad_custom_pre_pass`.
 
+First it points `fa4::attention` calls at `fa4::attention_forward` (no autograd layer on the host path).
 Inductor calls the hook once for the forward graph and once for the backward graph of each compiled
 region, before its own post-grad patterns (which would otherwise turn a weight-only int8 linear into
 `_weight_int8pack_mm` first). The hook's object must say what it does in `uuid()`: the FX graph cache
@@ -18,6 +19,7 @@ from pathlib import Path
 from torch._guards import detect_fake_mode
 from torch._inductor.custom_graph_pass import CustomGraphPass
 
+from ..kernels import ATTENTION, ATTENTION_FORWARD
 from .family import POST_GRAD, Context
 from .records import Record
 
@@ -39,8 +41,19 @@ def source_hash() -> str:
     return digest.hexdigest()
 
 
+def without_autograd(graph) -> int:
+    """Point every `fa4::attention` call at `fa4::attention_forward`, its twin without an autograd formula:
+    AOTAutograd has written the backward out as its own graph, and compiled graphs run with no gradient
+    to record. Returns how many calls changed."""
+    calls = [n for n in graph.nodes if n.op == "call_function" and n.target is ATTENTION]
+    for node in calls:
+        node.target = ATTENTION_FORWARD
+    return len(calls)
+
+
 class PostGradPasses(CustomGraphPass):
-    """The POST_GRAD families, then the pass the user had set on the same hook (if any)."""
+    """`fa4::attention` calls made `fa4::attention_forward`, the POST_GRAD families, then the pass the user
+    had set on the same hook (if any)."""
 
     def __init__(self, options, user_pass=None, families=None):
         self.options, self.user_pass, self.families = options, user_pass, families
@@ -50,6 +63,7 @@ class PostGradPasses(CustomGraphPass):
         from .passes import FAMILIES, run_families
 
         gm = graph.owning_module
+        without_autograd(graph)
         fake_mode = detect_fake_mode([n.meta.get("val") for n in graph.nodes if "val" in n.meta])
         records = run_families(Context(gm, self.options, fake_mode), POST_GRAD, self.families or FAMILIES)
         for record in records:

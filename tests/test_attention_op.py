@@ -121,6 +121,20 @@ def test_opcheck_forward_with_seqused_k():
     torch.library.opcheck(ATTENTION, (q, k, v, torch.tensor([8, 4], dtype=torch.int32)), dict(scale=0.3, causal=True))
 
 
+def test_attention_forward_is_attention_without_autograd():
+    """`fa4::attention_forward` (what compiled graphs call, lowering/post_grad.py) computes what
+    `fa4::attention` does, passes opcheck, and has no autograd formula."""
+    q, k, v = qkv(b=2, sq=3, sk=8)
+    used = torch.tensor([8, 4], dtype=torch.int32)
+    forward = torch.ops.fa4.attention_forward.default
+    torch.library.opcheck(forward, (q, k, v, used), dict(scale=0.3, causal=True),
+                          test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_static"))
+    for got, expected in zip(forward(q, k, v, used, scale=0.3, causal=True), ATTENTION(q, k, v, used, scale=0.3, causal=True)):
+        torch.testing.assert_close(got, expected, rtol=0, atol=0)
+    assert not torch._C._dispatch_has_kernel_for_dispatch_key("fa4::attention_forward", "Autograd")
+    assert torch._C._dispatch_has_kernel_for_dispatch_key("fa4::attention", "Autograd")
+
+
 def test_opcheck_backward():
     q, k, v = qkv(hq=4, hkv=2)
     out, lse = ATTENTION(q, k, v, scale=0.3, causal=True)

@@ -119,3 +119,23 @@ def test_fx_graph_cache_hits_until_the_sources_change(fx_graph_cache, monkeypatc
     assert _compile_fresh(x, w) == (1, 0, 0)
     monkeypatch.setattr(post_grad, "source_hash", lambda: "edited")
     assert _compile_fresh(x, w) == (0, 1, 0)
+
+
+def test_compiled_graphs_call_the_attention_twin_without_autograd():
+    """Inside Inductor's forward and backward graphs no gradient is recorded: `fa4::attention` is called as
+    `fa4::attention_forward`, and training still matches eager."""
+    from torch._inductor.utils import run_and_get_code
+
+    def attend(q, k, v):
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+    q, k, v = (torch.randn(2, 4, 16, 32, requires_grad=True) for _ in range(3))
+    torch._dynamo.reset()
+    compiled = torch.compile(attend, backend=fa4_inductor.fa4_inductor)
+    out, (forward_code, *_) = run_and_get_code(compiled, q, k, v)
+    assert "torch.ops.fa4.attention_forward.default(" in forward_code
+    assert "torch.ops.fa4.attention.default(" not in forward_code
+    expected = attend(q, k, v)
+    torch.testing.assert_close(out, expected)
+    grads = torch.autograd.grad(out.sum(), (q, k, v))
+    torch.testing.assert_close(grads, torch.autograd.grad(expected.sum(), (q, k, v)))
