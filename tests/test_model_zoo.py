@@ -62,7 +62,7 @@ def generate_with_static_cache(forward, model, prompt, steps, capacity=16, atten
 
 
 @pytest.mark.parametrize("checked_padding", [False, pytest.param(True, marks=pytest.mark.slow)],
-                         ids=["key-mask", "causal-padding"])  # the opt-in checked fast paths: the slow tier
+                         ids=["key-mask", "checked-padding"])  # the opt-in checked fast paths: the slow tier
 @pytest.mark.parametrize("impl", IMPLEMENTATIONS)
 @pytest.mark.parametrize("name", DECODERS)
 def test_static_cache_decode_every_layer_is_rewritten(name, impl, checked_padding):

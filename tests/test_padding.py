@@ -37,12 +37,13 @@ def bert_extended_mask_handwritten(q, k, v, attention_mask):
     return scores.softmax(-1) @ v
 
 
-def causal_and_padding_sdpa(q, k, v, attention_mask):
+def causal_band_and_key_mask_sdpa(q, k, v, attention_mask):
+    """HF decoders' SDPA mask: `causal & padding`, a causal band and a run-time key mask."""
     causal = torch.ones(S, S, dtype=torch.bool).tril()
     return F.scaled_dot_product_attention(q, k, v, attn_mask=causal & attention_mask.bool()[:, None, None, :])
 
 
-def causal_and_padding_additive(q, k, v, attention_mask):
+def causal_band_and_key_mask_additive(q, k, v, attention_mask):
     """HF eager attention: `causal & padding` as one additive finfo.min mask on hand-written scores."""
     keep = torch.ones(S, S, dtype=torch.bool).tril() & attention_mask.bool()[:, None, None, :]
     bias = torch.zeros(keep.shape, dtype=q.dtype).masked_fill(~keep, torch.finfo(q.dtype).min)
@@ -123,10 +124,10 @@ attention_out_contiguous: f32[3, 4, 8, 16] = .contiguous(attention_out)""")
                 with pytest.raises(RuntimeError, match="not right padding"):
                     compiled(q, k, v, bad)
 
-    def test_checked_padding_becomes_a_key_mask(self):
+    def test_causal_band_and_padding_become_causal_with_a_key_mask(self):
         """`causal & padding` (HF decoders), by default: the op takes the mask; left padding, right padding and
         holes all match eager, left-padded rows (no visible key) included: zeros, as SDPA's safe softmax gives."""
-        rec = self.check(causal_and_padding_sdpa, right_padding())
+        rec = self.check(causal_band_and_key_mask_sdpa, right_padding())
         self.assertExpectedInline(rec.summary, """\
 bool_1: b8[3, 8] = .bool(l_attention_mask_)
 narrow: b8[3, 8] = narrow(bool_1, 1, 0, 8)
@@ -135,19 +136,19 @@ fa4_attention: (f32[3, 4, 8, 16], f32[3, 4, 8]) = fa4.attention(l_q_, l_k_, l_v_
 attention_out: f32[3, 4, 8, 16] = getitem(fa4_attention, 0)
 attention_out_contiguous: f32[3, 4, 8, 16] = .contiguous(attention_out)""")
         q, k, v = qkv()
-        compiled = torch.compile(causal_and_padding_sdpa, backend=Recorder())
+        compiled = torch.compile(causal_band_and_key_mask_sdpa, backend=Recorder())
         holes = (torch.rand(B, S, generator=torch.Generator().manual_seed(0)) > 0.4).long()
         for mask in (right_padding().flip(-1), right_padding(), holes):
-            torch.testing.assert_close(compiled(q, k, v, mask), causal_and_padding_sdpa(q, k, v, mask))
+            torch.testing.assert_close(compiled(q, k, v, mask), causal_band_and_key_mask_sdpa(q, k, v, mask))
 
-    def test_hf_eager_checked_padding_rows_that_see_no_key_get_the_mean_of_v(self):
+    def test_hf_eager_key_mask_rows_that_see_no_key_get_the_mean_of_v(self):
         """HF's eager attention: one additive finfo.min mask; a left-padded query row sees no key, and eager's
         softmax over equal scores gives the mean of V over all keys, which the rewrite reproduces."""
-        rec = self.check(causal_and_padding_additive, right_padding().flip(-1))
+        rec = self.check(causal_band_and_key_mask_additive, right_padding().flip(-1))
         self.assertEqual(rec.count(), 1)
         self.assertIn("key_mask=padding mask, rows that see no key: mean of V", rec.records[0].detail)
 
-    def test_minus_inf_checked_padding_in_a_handwritten_softmax_keeps_its_mask(self):
+    def test_minus_inf_key_mask_in_a_handwritten_softmax_keeps_its_mask(self):
         def fn(q, k, v, attention_mask):
             keep = torch.ones(S, S, dtype=torch.bool).tril() & attention_mask.bool()[:, None, None, :]
             return (q @ k.transpose(-2, -1)).masked_fill(~keep, float("-inf")).softmax(-1) @ v
@@ -156,10 +157,10 @@ attention_out_contiguous: f32[3, 4, 8, 16] = .contiguous(attention_out)""")
         self.assertEqual(rec.count(), 0)
         self.assertIn("NaN or weighted over part of the keys in eager", rec.reasons[0])
 
-    def test_causal_with_unpadded_mask(self):
+    def test_checked_padding_causal_band_with_an_unpadded_mask(self):
         """`backend(checked_padding=True)`: FA4's fast path, exact when the mask hides nothing, which a run-time
         check asserts."""
-        fn = causal_and_padding_sdpa
+        fn = causal_band_and_key_mask_sdpa
         rec = self.check(fn, torch.ones(B, S, dtype=torch.long), checked_padding=True)
         self.assertExpectedInline(rec.summary, """\
 bool_1: b8[3, 8] = .bool(l_attention_mask_)
