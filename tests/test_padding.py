@@ -8,6 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import upstream
 from helpers import Recorder, compile_and_record
 
 B, H, S, D = 3, 4, 8, 16
@@ -23,10 +24,7 @@ def right_padding(lengths=(8, 5, 1)):
 
 def hf_padding_mask_sdpa(q, k, v, attention_mask):
     """HF masking_utils for a bidirectional encoder: `mask[batch_idx, kv_idx]` broadcast over queries."""
-    keep = attention_mask.to(torch.bool)
-    batch_idx = torch.arange(q.shape[0])[:, None, None, None]
-    kv_idx = torch.arange(k.shape[2])[None, None, None, :]
-    mask = keep[batch_idx, kv_idx].expand(-1, -1, q.shape[2], -1)
+    mask = upstream.padding_mask(attention_mask, q.shape[2], k.shape[2])
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
 
 
@@ -60,10 +58,9 @@ class TestPadding(expecttest.TestCase):
     def test_hf_padding_mask(self):
         rec = self.check(hf_padding_mask_sdpa, right_padding())
         self.assertExpectedInline(rec.summary, """\
-keep: b8[3, 8] = .to(l_attention_mask_, bool)
-narrow: b8[3, 8] = narrow(keep, 1, 0, 8)
+narrow: b8[3, 8] = narrow(.to(attention_mask, bool), 1, 0, 8)
 key_mask: b8[3, 8] = ne(narrow, 0)
-fa4_attention: (f32[3, 4, 8, 16], f32[3, 4, 8]) = fa4.attention(l_q_, l_k_, l_v_, None, key_mask, scale=0.25)
+fa4_attention: (f32[3, 4, 8, 16], f32[3, 4, 8]) = fa4.attention(q, k, v, None, key_mask, scale=0.25)
 attention_out: f32[3, 4, 8, 16] = getitem(fa4_attention, 0)
 attention_out_contiguous: f32[3, 4, 8, 16] = .contiguous(attention_out)""")
 
@@ -84,24 +81,23 @@ attention_out_contiguous: f32[3, 4, 8, 16] = .contiguous(attention_out)""")
     def test_hf_padding_mask_checked(self):
         rec = self.check(hf_padding_mask_sdpa, right_padding(), checked_padding=True)
         self.assertExpectedInline(rec.summary, """\
-keep: b8[3, 8] = .to(l_attention_mask_, bool)
-eq: b8[3, 8] = eq(keep, 0)
-eq_1: b8[3, 8] = eq(keep, 1)
+eq: b8[3, 8] = eq(.to(attention_mask, bool), 0)
+eq_1: b8[3, 8] = eq(.to(attention_mask, bool), 1)
 or_: b8[3, 8] = or_(eq, eq_1)
-all_1: b8[] = .all(or_)
-getitem_3: b8[3, 7] = getitem(keep, (:, 1:))
-getitem_4: b8[3, 7] = getitem(keep, (:, :-1))
-le: b8[3, 7] = le(getitem_3, getitem_4)
-all_2: b8[] = .all(le)
-getitem_5: b8[3] = getitem(keep, (:, 0))
-eq_2: b8[3] = eq(getitem_5, 1)
-all_3: b8[] = .all(eq_2)
-and_: b8[] = and_(all_1, all_2)
-and__1: b8[] = and_(and_, all_3)
+all: b8[] = .all(or_)
+getitem: b8[3, 7] = getitem(.to(attention_mask, bool), (:, 1:))
+getitem_1: b8[3, 7] = getitem(.to(attention_mask, bool), (:, :-1))
+le: b8[3, 7] = le(getitem, getitem_1)
+all_1: b8[] = .all(le)
+getitem_2: b8[3] = getitem(.to(attention_mask, bool), (:, 0))
+eq_2: b8[3] = eq(getitem_2, 1)
+all_2: b8[] = .all(eq_2)
+and_: b8[] = and_(all, all_1)
+and__1: b8[] = and_(and_, all_2)
 _assert_async: NoneType = _assert_async(and__1, 'fa4_inductor: the attention mask is not right padding (1...1 0...0 per row, first key visible); this graph was compiled for right-padded masks. Compile without fa4_inductor.backend(checked_padding=True) for other masks.')
-ne: b8[3, 8] = ne(keep, 0)
+ne: b8[3, 8] = ne(.to(attention_mask, bool), 0)
 seqused_k: i32[3] = .sum(ne, -1, dtype=int32)
-fa4_attention: (f32[3, 4, 8, 16], f32[3, 4, 8]) = fa4.attention(l_q_, l_k_, l_v_, seqused_k, scale=0.25)
+fa4_attention: (f32[3, 4, 8, 16], f32[3, 4, 8]) = fa4.attention(q, k, v, seqused_k, scale=0.25)
 attention_out: f32[3, 4, 8, 16] = getitem(fa4_attention, 0)
 attention_out_contiguous: f32[3, 4, 8, 16] = .contiguous(attention_out)""")
 
@@ -129,10 +125,9 @@ attention_out_contiguous: f32[3, 4, 8, 16] = .contiguous(attention_out)""")
         holes all match eager, left-padded rows (no visible key) included: zeros, as SDPA's safe softmax gives."""
         rec = self.check(causal_band_and_key_mask_sdpa, right_padding())
         self.assertExpectedInline(rec.summary, """\
-bool_1: b8[3, 8] = .bool(l_attention_mask_)
-narrow: b8[3, 8] = narrow(bool_1, 1, 0, 8)
+narrow: b8[3, 8] = narrow(.bool(attention_mask), 1, 0, 8)
 key_mask: b8[3, 8] = ne(narrow, 0)
-fa4_attention: (f32[3, 4, 8, 16], f32[3, 4, 8]) = fa4.attention(l_q_, l_k_, l_v_, None, key_mask, scale=0.25, causal=True)
+fa4_attention: (f32[3, 4, 8, 16], f32[3, 4, 8]) = fa4.attention(q, k, v, None, key_mask, scale=0.25, causal=True)
 attention_out: f32[3, 4, 8, 16] = getitem(fa4_attention, 0)
 attention_out_contiguous: f32[3, 4, 8, 16] = .contiguous(attention_out)""")
         q, k, v = qkv()
@@ -163,11 +158,10 @@ attention_out_contiguous: f32[3, 4, 8, 16] = .contiguous(attention_out)""")
         fn = causal_band_and_key_mask_sdpa
         rec = self.check(fn, torch.ones(B, S, dtype=torch.long), checked_padding=True)
         self.assertExpectedInline(rec.summary, """\
-bool_1: b8[3, 8] = .bool(l_attention_mask_)
-ne: b8[3, 8] = ne(bool_1, 0)
-all_1: b8[] = .all(ne)
-_assert_async: NoneType = _assert_async(all_1, 'fa4_inductor: the attention mask hides keys that the causal mask shows (a padded batch); this graph was compiled for unpadded input. Compile without fa4_inductor.backend(checked_padding=True) for padded batches.')
-fa4_attention: (f32[3, 4, 8, 16], f32[3, 4, 8]) = fa4.attention(l_q_, l_k_, l_v_, scale=0.25, causal=True)
+ne: b8[3, 8] = ne(.bool(attention_mask), 0)
+all: b8[] = .all(ne)
+_assert_async: NoneType = _assert_async(all, 'fa4_inductor: the attention mask hides keys that the causal mask shows (a padded batch); this graph was compiled for unpadded input. Compile without fa4_inductor.backend(checked_padding=True) for padded batches.')
+fa4_attention: (f32[3, 4, 8, 16], f32[3, 4, 8]) = fa4.attention(q, k, v, scale=0.25, causal=True)
 attention_out: f32[3, 4, 8, 16] = getitem(fa4_attention, 0)
 attention_out_contiguous: f32[3, 4, 8, 16] = .contiguous(attention_out)""")
         compiled = torch.compile(fn, backend=Recorder(checked_padding=True))
@@ -190,10 +184,10 @@ attention_out_contiguous: f32[3, 4, 8, 16] = .contiguous(attention_out)""")
         rec, out = compile_and_record(fn, q, k, v, mask)
         torch.testing.assert_close(out, fn(q, k, v, mask))
         self.assertExpectedInline(rec.summary, """\
-getitem: b8[3, 8] = getitem(l_mask_, (:, 0, 0))
+getitem: b8[3, 8] = getitem(mask, (:, 0, 0))
 narrow: b8[3, 8] = narrow(getitem, 1, 0, 8)
 key_mask: b8[3, 8] = ne(narrow, 0)
-fa4_attention: (f32[3, 4, 1, 16], f32[3, 4, 1]) = fa4.attention(l_q_, l_k_, l_v_, None, key_mask, scale=0.25)
+fa4_attention: (f32[3, 4, 1, 16], f32[3, 4, 1]) = fa4.attention(q, k, v, None, key_mask, scale=0.25)
 attention_out: f32[3, 4, 1, 16] = getitem(fa4_attention, 0)
 attention_out_contiguous: f32[3, 4, 1, 16] = .contiguous(attention_out)""")
         float_mask = torch.zeros(B, 1, 1, S).masked_fill(~mask, -1e4)  # values unknown when compiling: kept
