@@ -112,13 +112,30 @@ def tiny_config(name: str, attn_implementation: str = "sdpa"):
     return config
 
 
-def build(name: str, attn_implementation: str = "sdpa", seed: int = 0) -> Tiny:
-    """A tiny model of type `name` in eval mode; raises ValueError when the model has no such attention code."""
+def _auto_class(kind: str):
     import transformers
 
+    return {"causal-lm": transformers.AutoModelForCausalLM}.get(kind, transformers.AutoModel)
+
+
+def unsupported(name: str, attn_implementation: str = "sdpa") -> str | None:
+    """Why this transformers version cannot build model type `name` with that attention code (its model class
+    does not declare it, e.g. Gemma2 has no sdpa attention in transformers 5), or None when it can."""
+    config = tiny_config(name, attn_implementation)
+    model_class = _auto_class(_kind(config))._model_mapping[type(config)]
+    if attn_implementation == "sdpa" and not getattr(model_class, "_supports_sdpa", False):
+        import transformers
+
+        return f"{model_class.__name__} has no sdpa attention in transformers {transformers.__version__}"
+    return None
+
+
+def build(name: str, attn_implementation: str = "sdpa", seed: int = 0) -> Tiny:
+    """A tiny model of type `name` in eval mode; raises ValueError when the model has no such attention code
+    (`unsupported` says so before building)."""
     config = tiny_config(name, attn_implementation)
     kind = _kind(config)
-    auto = {"causal-lm": transformers.AutoModelForCausalLM}.get(kind, transformers.AutoModel)
+    auto = _auto_class(kind)
     torch.manual_seed(seed)
     model = auto.from_config(config, attn_implementation=attn_implementation).eval()
     layers = config.num_hidden_layers

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 from torch._inductor.compile_fx import compile_fx
 
 import fa4_inductor
 from fa4_inductor.backend import inductor_config_patches
+from fa4_inductor.report import _format_value, _target_name
 from fa4_inductor.lowering import run_torch_ir_passes
 
 
@@ -21,13 +24,18 @@ class Recorder(fa4_inductor.Backend):
         super().__init__(fa4_inductor.Options(**options))
         self.inductor = inductor
         self.graphs: list[torch.fx.GraphModule] = []
+        self.inserted: list[list[torch.fx.Node]] = []  # per graph: the nodes the rewrites added, in graph order
         self.records = []
 
     def __deepcopy__(self, memo):
         return self  # HF's CompileConfig deep-copies its backend: the records must reach this object
 
     def __call__(self, gm, example_inputs, mode=None, options=None):
+        before = set(gm.graph.nodes)
         records = run_torch_ir_passes(gm, example_inputs, self.options)
+        self.inserted.append([n for n in gm.graph.nodes if n not in before])
+        for node in gm.graph.find_nodes(op="placeholder"):  # Dynamo drops the sources once the backend returns
+            node.meta["user_name"] = input_name(node)
         compiled = gm.forward
         if self.inductor:
             compiled = compile_fx(gm, example_inputs, config_patches=inductor_config_patches(mode, options))
@@ -37,6 +45,12 @@ class Recorder(fa4_inductor.Backend):
 
     @property
     def summary(self) -> str:
+        """What the rewrites added to each graph (`rewritten_nodes`), graphs separated by a blank line."""
+        return "\n\n".join(rewritten_nodes(nodes) for nodes in self.inserted)
+
+    @property
+    def full_summary(self) -> str:
+        """Every call of every graph, under Dynamo's names (`fa4_inductor.graph_summary`)."""
         return "\n\n".join(fa4_inductor.graph_summary(g) for g in self.graphs)
 
     @property
@@ -49,6 +63,58 @@ class Recorder(fa4_inductor.Backend):
 
     def count(self, op="fa4::attention") -> int:
         return sum(len(self.calls(g, op)) for g in self.graphs)
+
+
+def input_name(node: torch.fx.Node) -> str:
+    """A graph input by the name the user's code gives it (`q`, `self.kv_cache.k_cache`, `kwargs['mask']`),
+    read from Dynamo's source of the placeholder; Dynamo's own name where it has none."""
+    source = getattr(node.meta.get("grapharg"), "source", None)
+    if source is None:
+        return node.name
+    name = source.name() if callable(source.name) else source.name  # a method before torch 2.12
+    name = re.sub(r"\._(?:modules|buffers|parameters)\['(\w+)'\]", r".\1", name)
+    return re.sub(r"^L\['(\w+)'\]", r"\1", name)
+
+
+def rewritten_nodes(nodes: list[torch.fx.Node]) -> str:
+    """One line per node a rewrite added (the `fa4::` calls and what it built around them: seqused_k, key
+    masks, run-time checks, layout fixes), `name: type = op(args, key=value)`, named stably: the added nodes by
+    the rewrite's name for them, numbered in order of appearance (`ge`, `ge_1`, not Dynamo's graph-wide
+    counters); graph inputs by their user-facing name (`input_name`); other nodes of the model's graph by what
+    computes them, three calls deep (`.transpose(.view(getitem(..., 0), 2, 10, 2, 16), 1, 2)`)."""
+    names, used = {}, {}
+    for node in nodes:
+        base = re.sub(r"_\d+$", "", node.name)
+        names[node] = base if base not in used else f"{base}_{used[base]}"
+        used[base] = used.get(base, 0) + 1
+
+    def fmt(a, depth=3) -> str:
+        if isinstance(a, torch.fx.Node):
+            if a in names:
+                return names[a]
+            if a.op == "placeholder":
+                return a.meta.get("user_name", a.name)
+            if depth == 0:
+                return "..."
+            args = [fmt(x, depth - 1) for x in a.args] + [f"{k}={fmt(v, depth - 1)}" for k, v in a.kwargs.items()]
+            return f"{_target_name(a)}({', '.join(args)})"
+        if isinstance(a, float):
+            return f"{a:.6g}"
+        if isinstance(a, (tuple, list)):
+            return "(" + ", ".join(fmt(x, depth) for x in a) + ")"
+        if isinstance(a, slice):
+            parts = [fmt(x, depth) if x is not None else "" for x in (a.start, a.stop)]
+            return ":".join(parts) + (f":{fmt(a.step, depth)}" if a.step is not None else "")
+        if isinstance(a, torch.dtype):
+            return str(a).removeprefix("torch.")
+        return repr(a)
+
+    lines = []
+    for node in nodes:
+        args = [fmt(a) for a in node.args] + [f"{k}={fmt(v)}" for k, v in node.kwargs.items()]
+        val = node.meta.get("example_value", node.meta.get("val"))
+        lines.append(f"{names[node]}: {_format_value(val)} = {_target_name(node)}({', '.join(args)})")
+    return "\n".join(lines)
 
 
 def compile_and_record(fn, *args, inductor=False, **options):
@@ -65,14 +131,16 @@ def assert_close_to_reference(actual, expected_fn, *args, atol=None, rtol=None):
 
 
 def tiny(name, attn_implementation):
-    """A tiny transformers model (`fa4_inductor.hf`); skips the test where transformers or the attention code is missing."""
+    """A tiny transformers model (`fa4_inductor.hf`). Skips the test where transformers is missing, or where its
+    model class declares no such attention code (`hf.unsupported`, decided before building: a model that fails
+    to build fails the test)."""
     pytest.importorskip("transformers")
     from fa4_inductor import hf
 
-    try:
-        return hf.build(name, attn_implementation)
-    except ValueError as e:  # e.g. Gemma2 has no sdpa attention in some transformers versions
-        pytest.skip(str(e)[:120])
+    reason = hf.unsupported(name, attn_implementation)
+    if reason is not None:
+        pytest.skip(reason)
+    return hf.build(name, attn_implementation)
 
 
 def compile_and_run(fn, kwargs, **options):

@@ -7,7 +7,6 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import fa4_inductor  # noqa: F401  (registers the ops)
 from fa4_inductor.kernels import attention as attention_op
 from fa4_inductor.kernels import reference
 

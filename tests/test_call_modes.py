@@ -25,6 +25,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+import upstream
 from fa4_inductor import hf
 from helpers import Recorder, compile_and_run, tiny
 
@@ -318,9 +319,8 @@ def cache_position_attention(q, k_new, v_new, k_past, v_past):
     past = k_past.shape[2]
     cache_position = torch.arange(past, past + q.shape[2])
     k, v = torch.cat([k_past, k_new], 2), torch.cat([v_past, v_new], 2)
-    kv_arange = torch.arange(k.shape[2])
-    mask = kv_arange[None, None, None, :] <= cache_position[None, None, :, None]
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask.expand(q.shape[0], -1, -1, -1))
+    mask = upstream.causal_mask(cache_position, torch.arange(k.shape[2]), q.shape[0])
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
 
 
 @pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])

@@ -119,8 +119,6 @@ def test_stages_fit_shared_memory(monkeypatch):
 
 
 def test_declines_off_gpu(monkeypatch):
-    from fa4_inductor.kernels import switches
-
     q, k = torch.randn(1, 32, 1, 128), torch.randn(1, 8, 4096, 128)
     reason = decode.dispatch_reason(q, k, k, scale=0.1)
     assert reason is not None and "CUDA" in reason

@@ -12,7 +12,6 @@ to 64 (most splits empty for short sequences), and non-finite garbage past sequs
 import pytest
 import torch
 
-import fa4_inductor  # noqa: F401  (registers the ops)
 from fa4_inductor import hf
 from fa4_inductor.kernels import attention as attention_op
 from fa4_inductor.kernels import decode, reference, switches

@@ -5,18 +5,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import upstream
 from helpers import compile_and_record
 
 
-def repeat_kv(x, n_rep):  # transformers' helper, verbatim in behaviour
-    b, h, s, d = x.shape
-    if n_rep == 1:
-        return x
-    return x[:, :, None, :, :].expand(b, h, n_rep, s, d).reshape(b, h * n_rep, s, d)
-
-
 SPELLINGS = {
-    "repeat_kv": lambda x, r: repeat_kv(x, r),
+    "repeat_kv": lambda x, r: upstream.repeat_kv(x, r),
     "repeat_interleave_method": lambda x, r: x.repeat_interleave(r, dim=1),
     "repeat_interleave_function": lambda x, r: torch.repeat_interleave(x, r, dim=1),
     "unsqueeze_expand_reshape": lambda x, r: x.unsqueeze(2).expand(-1, -1, r, -1, -1).reshape(x.shape[0], -1, *x.shape[2:]),
@@ -48,15 +42,15 @@ def test_every_spelling_is_folded(spelling):
 class TestGqaGraphs(expecttest.TestCase):
     def test_repeat_kv_handwritten(self):
         def fn(q, k, v):
-            k, v = repeat_kv(k, 4), repeat_kv(v, 4)
+            k, v = upstream.repeat_kv(k, 4), upstream.repeat_kv(v, 4)
             return torch.softmax(q @ k.transpose(2, 3) * 0.25, dim=-1) @ v
 
         rec, out = compile_and_record(fn, *inputs())
         self.assertExpectedInline(rec.summary, """\
-fa4_attention: (f32[2, 8, 5, 16], f32[2, 8, 5]) = fa4.attention(l_q_, l_k_, l_v_, scale=0.25)
+fa4_attention: (f32[2, 8, 5, 16], f32[2, 8, 5]) = fa4.attention(q, k, v, scale=0.25)
 attention_out: f32[2, 8, 5, 16] = getitem(fa4_attention, 0)
 attention_out_contiguous: f32[2, 8, 5, 16] = .contiguous(attention_out)""")
-        self.assertExpectedInline(str(rec.records[0]), """[rewritten] handwritten test_gqa.py:52 in fn: fa4.attention(q[2x8x5x16], k[2x2x5x16], v[2x2x5x16], scale=0.25); repeat_kv folded, group 4""")
+        self.assertExpectedInline(str(rec.records[0]), """[rewritten] handwritten test_gqa.py:46 in fn: fa4.attention(q[2x8x5x16], k[2x2x5x16], v[2x2x5x16], scale=0.25); repeat_kv folded, group 4""")
 
     def test_tiling_repeat_is_not_gqa(self):
         """`k.repeat(1, 4, 1, 1)` puts kv head h % Hkv at head h: not GQA; attention still rewritten, K/V as given."""
@@ -68,24 +62,16 @@ attention_out_contiguous: f32[2, 8, 5, 16] = .contiguous(attention_out)""")
         rec, out = compile_and_record(fn, q, k, v)
         torch.testing.assert_close(out, fn(q, k, v), atol=1e-5, rtol=1e-5)
         self.assertExpectedInline(rec.summary, """\
-repeat: f32[2, 8, 5, 16] = .repeat(l_k_, 1, 4, 1, 1)
-repeat_1: f32[2, 8, 5, 16] = .repeat(l_v_, 1, 4, 1, 1)
-fa4_attention: (f32[2, 8, 5, 16], f32[2, 8, 5]) = fa4.attention(l_q_, repeat, repeat_1, scale=0.25)
+fa4_attention: (f32[2, 8, 5, 16], f32[2, 8, 5]) = fa4.attention(q, .repeat(k, 1, 4, 1, 1), .repeat(v, 1, 4, 1, 1), scale=0.25)
 attention_out: f32[2, 8, 5, 16] = getitem(fa4_attention, 0)
 attention_out_contiguous: f32[2, 8, 5, 16] = .contiguous(attention_out)""")
 
     def test_option_off_keeps_repeats(self):
         def fn(q, k, v):
-            return F.scaled_dot_product_attention(q, repeat_kv(k, 4), repeat_kv(v, 4))
+            return F.scaled_dot_product_attention(q, upstream.repeat_kv(k, 4), upstream.repeat_kv(v, 4))
 
         rec, _ = compile_and_record(fn, *inputs(), gqa=False)
         self.assertExpectedInline(rec.summary, """\
-getitem: f32[2, 2, 1, 5, 16] = getitem(l_k_, (:, :, None, :, :))
-expand: f32[2, 2, 4, 5, 16] = .expand(getitem, 2, 2, 4, 5, 16)
-reshape: f32[2, 8, 5, 16] = .reshape(expand, 2, 8, 5, 16)
-getitem_1: f32[2, 2, 1, 5, 16] = getitem(l_v_, (:, :, None, :, :))
-expand_1: f32[2, 2, 4, 5, 16] = .expand(getitem_1, 2, 2, 4, 5, 16)
-reshape_1: f32[2, 8, 5, 16] = .reshape(expand_1, 2, 8, 5, 16)
-fa4_attention: (f32[2, 8, 5, 16], f32[2, 8, 5]) = fa4.attention(l_q_, reshape, reshape_1, scale=0.25)
+fa4_attention: (f32[2, 8, 5, 16], f32[2, 8, 5]) = fa4.attention(q, .reshape(.expand(getitem(k, (:, :, None, :, :)), 2, 2, 4, 5, 16), 2, 8, 5, 16), .reshape(.expand(getitem(v, (:, :, None, :, :)), 2, 2, 4, 5, 16), 2, 8, 5, 16), scale=0.25)
 attention_out: f32[2, 8, 5, 16] = getitem(fa4_attention, 0)
 attention_out_contiguous: f32[2, 8, 5, 16] = .contiguous(attention_out)""")

@@ -5,9 +5,9 @@ import math
 import expecttest
 import pytest
 import torch
-import torch.nn as nn
 import torch.nn.functional as F
 
+import upstream
 from helpers import compile_and_record
 
 # One description of the pattern: each step and the spellings models use for it. A variant picks one
@@ -100,56 +100,15 @@ def test_bmm_on_merged_heads():
     torch.testing.assert_close(out, fn(q, k, v), atol=1e-5, rtol=1e-5)
 
 
-class CausalSelfAttention(nn.Module):
-    """nanoGPT's attention without flash: a tril buffer sliced to T and `masked_fill(bias == 0, -inf)`."""
-
-    def __init__(self, n_embd=32, n_head=2, block_size=16):
-        super().__init__()
-        self.c_attn = nn.Linear(n_embd, 3 * n_embd)
-        self.c_proj = nn.Linear(n_embd, n_embd)
-        self.n_head = n_head
-        self.attn_dropout = nn.Dropout(0.1)
-        self.register_buffer("bias", torch.tril(torch.ones(block_size, block_size)).view(1, 1, block_size, block_size))
-
-    def forward(self, x):
-        B, T, C = x.size()
-        q, k, v = self.c_attn(x).split(C, dim=2)
-        k = k.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
-        q = q.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
-        v = v.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
-        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
-        att = att.masked_fill(self.bias[:, :, :T, :T] == 0, float("-inf"))
-        att = F.softmax(att, dim=-1)
-        att = self.attn_dropout(att)
-        y = att @ v
-        y = y.transpose(1, 2).contiguous().view(B, T, C)
-        return self.c_proj(y)
-
-
 class TestHandwrittenGraphs(expecttest.TestCase):
     def test_nanogpt_buffer_mask(self):
-        m = CausalSelfAttention().eval()
+        m = upstream.CausalSelfAttention().eval()
         x = torch.randn(2, 10, 32)
         rec, out = compile_and_record(m, x)
         torch.testing.assert_close(out, m(x), atol=1e-5, rtol=1e-5)
         self.assertExpectedInline(rec.summary, """\
-linear: f32[2, 10, 96] = linear(l_x_, l_self_modules_c_attn_parameters_weight_, l_self_modules_c_attn_parameters_bias_)
-split: (f32[2, 10, 32], f32[2, 10, 32], f32[2, 10, 32]) = .split(linear, 32, dim=2)
-q: f32[2, 10, 32] = getitem(split, 0)
-k: f32[2, 10, 32] = getitem(split, 1)
-v: f32[2, 10, 32] = getitem(split, 2)
-view: f32[2, 10, 2, 16] = .view(k, 2, 10, 2, 16)
-k_1: f32[2, 2, 10, 16] = .transpose(view, 1, 2)
-view_1: f32[2, 10, 2, 16] = .view(q, 2, 10, 2, 16)
-q_1: f32[2, 2, 10, 16] = .transpose(view_1, 1, 2)
-view_2: f32[2, 10, 2, 16] = .view(v, 2, 10, 2, 16)
-v_1: f32[2, 2, 10, 16] = .transpose(view_2, 1, 2)
-fa4_attention: (f32[2, 2, 10, 16], f32[2, 2, 10]) = fa4.attention(q_1, k_1, v_1, scale=0.25, causal=True)
-attention_out: f32[2, 2, 10, 16] = getitem(fa4_attention, 0)
-transpose_4: f32[2, 10, 2, 16] = .transpose(attention_out, 1, 2)
-contiguous: f32[2, 10, 2, 16] = .contiguous(transpose_4)
-y_1: f32[2, 10, 32] = .view(contiguous, 2, 10, 32)
-linear_1: f32[2, 10, 32] = linear(y_1, l_self_modules_c_proj_parameters_weight_, l_self_modules_c_proj_parameters_bias_)""")
+fa4_attention: (f32[2, 2, 10, 16], f32[2, 2, 10]) = fa4.attention(.transpose(.view(getitem(..., 0), 2, 10, 2, 16), 1, 2), .transpose(.view(getitem(..., 1), 2, 10, 2, 16), 1, 2), .transpose(.view(getitem(..., 2), 2, 10, 2, 16), 1, 2), scale=0.25, causal=True)
+attention_out: f32[2, 2, 10, 16] = getitem(fa4_attention, 0)""")
 
     def test_softcap_and_window(self):
         def fn(q, k, v):
@@ -164,7 +123,7 @@ linear_1: f32[2, 10, 32] = linear(y_1, l_self_modules_c_proj_parameters_weight_,
         rec, out = compile_and_record(fn, q, k, v)
         torch.testing.assert_close(out, fn(q, k, v), atol=1e-5, rtol=1e-5)
         self.assertExpectedInline(rec.summary, """\
-fa4_attention: (f32[2, 4, 9, 16], f32[2, 4, 9]) = fa4.attention(l_q_, l_k_, l_v_, scale=0.25, causal=True, window_left=3, softcap=30)
+fa4_attention: (f32[2, 4, 9, 16], f32[2, 4, 9]) = fa4.attention(q, k, v, scale=0.25, causal=True, window_left=3, softcap=30)
 attention_out: f32[2, 4, 9, 16] = getitem(fa4_attention, 0)
 attention_out_contiguous: f32[2, 4, 9, 16] = .contiguous(attention_out)""")
 
@@ -177,7 +136,7 @@ attention_out_contiguous: f32[2, 4, 9, 16] = .contiguous(attention_out)""")
         self.assertExpectedInline("\n".join(rec.reasons), """mask not recognized: the mask is the graph input l_m_; its values are unknown when compiling (only a boolean [B, 1, 1, Sk] input is read, as a key mask)""")
 
     def test_fallback_dropout_in_training(self):
-        m = CausalSelfAttention().train()
+        m = upstream.CausalSelfAttention().train()
         rec, _ = compile_and_record(m, torch.randn(2, 10, 32))
         self.assertEqual(rec.count(), 0)
         self.assertExpectedInline("\n".join(rec.reasons), """dropout p=0.1 in training""")

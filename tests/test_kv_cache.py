@@ -7,6 +7,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+import upstream
 from helpers import Recorder, compile_and_record
 
 B, HQ, HKV, CAPACITY, D = 2, 4, 2, 16, 16
@@ -20,39 +21,21 @@ def new_tokens(sq):
     return torch.randn(B, HQ, sq, D), torch.randn(B, HKV, sq, D), torch.randn(B, HKV, sq, D)
 
 
-def hf_static_cache_attention(q, k, v, k_cache, v_cache, offset):
-    """HF's StaticCache + masking_utils: positions `arange(Sq) + offset` (a 0-d tensor the cache advances in
-    place), `index_copy_` writes, a `kv_idx <= q_idx` mask over the whole cache, repeat_kv."""
-    sq, capacity = q.shape[2], k_cache.shape[2]
-    q_pos = torch.arange(sq) + offset
-    kv_pos = torch.arange(capacity)
-    mask = (kv_pos[None, None, None, :] <= q_pos[None, None, :, None]).expand(q.shape[0], -1, -1, -1)
-    k_cache.index_copy_(2, q_pos, k)
-    v_cache.index_copy_(2, q_pos, v)
-    offset.add_(sq)
-    group = q.shape[1] // k_cache.shape[1]
-    k_all = k_cache[:, :, None].expand(-1, -1, group, -1, -1).reshape(q.shape[0], -1, capacity, q.shape[-1])
-    v_all = v_cache[:, :, None].expand(-1, -1, group, -1, -1).reshape(q.shape[0], -1, capacity, q.shape[-1])
-    return F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=mask)
-
-
 class GptFastCachedAttention(nn.Module):
-    """gpt-fast: `k_cache[:, :, input_pos] = k`, a bool mask `causal_mask[None, None, input_pos]`, repeat_interleave."""
+    """gpt-fast's cached attention on given q, k, v (`upstream`): its KVCache written at `input_pos`, the bool
+    mask `causal_mask[None, None, input_pos]`, repeat_interleave and SDPA."""
 
     def __init__(self):
         super().__init__()
-        k_cache, v_cache = caches()
-        self.register_buffer("k_cache", k_cache)
-        self.register_buffer("v_cache", v_cache)
-        self.register_buffer("causal_mask", torch.tril(torch.ones(CAPACITY, CAPACITY, dtype=torch.bool)))
+        self.kv_cache = upstream.KVCache(B, HKV, CAPACITY, D)
+        for buffer in (self.kv_cache.k_cache, self.kv_cache.v_cache):
+            buffer.copy_(torch.randn(B, HKV, CAPACITY, D))
+        self.register_buffer("causal_mask", upstream.gpt_fast_causal_mask(CAPACITY))
 
     def forward(self, q, k, v, input_pos):
         mask = self.causal_mask[None, None, input_pos]
-        self.k_cache[:, :, input_pos] = k
-        self.v_cache[:, :, input_pos] = v
-        k_all = self.k_cache.repeat_interleave(HQ // HKV, dim=1)
-        v_all = self.v_cache.repeat_interleave(HQ // HKV, dim=1)
-        return F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=mask)
+        k_all, v_all = self.kv_cache.update(input_pos, k, v)
+        return upstream.gpt_fast_sdpa(q, k_all, v_all, mask, HQ // HKV)
 
 
 class TestKvCache(expecttest.TestCase):
@@ -60,28 +43,23 @@ class TestKvCache(expecttest.TestCase):
         k_cache, v_cache = caches()
         q, k, v = new_tokens(1)
         offset = torch.tensor(5)
-        expected = hf_static_cache_attention(q, k, v, k_cache.clone(), v_cache.clone(), offset.clone())
-        rec, out = compile_and_record(hf_static_cache_attention, q, k, v, k_cache, v_cache, offset)
+        expected = upstream.static_cache_attention(q, k, v, k_cache.clone(), v_cache.clone(), offset.clone())
+        rec, out = compile_and_record(upstream.static_cache_attention, q, k, v, k_cache, v_cache, offset)
         torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
         self.assertEqual(int(offset), 6)
         torch.testing.assert_close(k_cache[:, :, 5:6], k)  # the write happened, in place
         self.assertExpectedInline(rec.summary, """\
-cache_start: i64[] = .clone(l_offset_)
-arange: i64[1] = arange(1)
-q_pos: i64[1] = add(arange, l_offset_)
-index_copy_: f32[2, 2, 16, 16] = .index_copy_(l_k_cache_, 2, q_pos, l_k_)
-index_copy__1: f32[2, 2, 16, 16] = .index_copy_(l_v_cache_, 2, q_pos, l_v_)
-add_: i64[] = .add_(l_offset_, 1)
-add_1: i64[] = add(cache_start, 1)
-ge: b8[] = ge(add_1, 1)
-le_1: b8[] = le(add_1, 16)
-and_: b8[] = and_(ge, le_1)
-all_1: b8[] = .all(and_)
-_assert_async: NoneType = _assert_async(all_1, 'fa4_inductor: the query positions put a query before the first key or its band past the last one (a cache position below 0 or beyond the cache); this graph was compiled for positions inside the keys.')
-to: i32[] = .to(add_1, int32)
-expand_3: i32[2] = .expand(to, 2)
-seqused_k: i32[2] = .contiguous(expand_3)
-fa4_attention: (f32[2, 4, 1, 16], f32[2, 4, 1]) = fa4.attention(l_q_, l_k_cache_, l_v_cache_, seqused_k, scale=0.25, causal=True)
+cache_start: i64[] = .clone(offset)
+add: i64[] = add(cache_start, 1)
+ge: b8[] = ge(add, 1)
+le: b8[] = le(add, 16)
+and_: b8[] = and_(ge, le)
+all: b8[] = .all(and_)
+_assert_async: NoneType = _assert_async(all, 'fa4_inductor: the query positions put a query before the first key or its band past the last one (a cache position below 0 or beyond the cache); this graph was compiled for positions inside the keys.')
+to: i32[] = .to(add, int32)
+expand: i32[2] = .expand(to, 2)
+seqused_k: i32[2] = .contiguous(expand)
+fa4_attention: (f32[2, 4, 1, 16], f32[2, 4, 1]) = fa4.attention(q, k_cache, v_cache, seqused_k, scale=0.25, causal=True)
 attention_out: f32[2, 4, 1, 16] = getitem(fa4_attention, 0)
 attention_out_contiguous: f32[2, 4, 1, 16] = .contiguous(attention_out)""")
 
@@ -89,8 +67,8 @@ attention_out_contiguous: f32[2, 4, 1, 16] = .contiguous(attention_out)""")
         """Several new tokens at a run-time offset: causal among them, bottom-right aligned at the offset."""
         k_cache, v_cache = caches()
         q, k, v = new_tokens(4)
-        expected = hf_static_cache_attention(q, k, v, k_cache.clone(), v_cache.clone(), torch.tensor(3))
-        rec, out = compile_and_record(hf_static_cache_attention, q, k, v, k_cache, v_cache, torch.tensor(3))
+        expected = upstream.static_cache_attention(q, k, v, k_cache.clone(), v_cache.clone(), torch.tensor(3))
+        rec, out = compile_and_record(upstream.static_cache_attention, q, k, v, k_cache, v_cache, torch.tensor(3))
         torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
         self.assertEqual(rec.count(), 1)
         detail = rec.records[0].detail
@@ -103,21 +81,19 @@ attention_out_contiguous: f32[2, 4, 1, 16] = .contiguous(attention_out)""")
         pos = torch.tensor([7])
         rec, out = compile_and_record(module, q, k, v, pos)
         torch.testing.assert_close(out, reference(q, k, v, pos), atol=1e-5, rtol=1e-5)
-        torch.testing.assert_close(module.k_cache, reference.k_cache)
+        torch.testing.assert_close(module.kv_cache.k_cache, reference.kv_cache.k_cache)
         self.assertExpectedInline(rec.summary, """\
-cache_start: i64[] = getitem(l_input_pos_, 0)
-setitem: NoneType = setitem(l_self_buffers_k_cache_, (:, :, l_input_pos_), l_k_)
-setitem_1: NoneType = setitem(l_self_buffers_v_cache_, (:, :, l_input_pos_), l_v_)
+cache_start: i64[] = getitem(input_pos, 0)
 add: i64[] = add(cache_start, 1)
 ge: b8[] = ge(add, 1)
 le: b8[] = le(add, 16)
 and_: b8[] = and_(ge, le)
-all_1: b8[] = .all(and_)
-_assert_async: NoneType = _assert_async(all_1, 'fa4_inductor: the query positions put a query before the first key or its band past the last one (a cache position below 0 or beyond the cache); this graph was compiled for positions inside the keys.')
+all: b8[] = .all(and_)
+_assert_async: NoneType = _assert_async(all, 'fa4_inductor: the query positions put a query before the first key or its band past the last one (a cache position below 0 or beyond the cache); this graph was compiled for positions inside the keys.')
 to: i32[] = .to(add, int32)
 expand: i32[2] = .expand(to, 2)
 seqused_k: i32[2] = .contiguous(expand)
-fa4_attention: (f32[2, 4, 1, 16], f32[2, 4, 1]) = fa4.attention(l_q_, l_self_buffers_k_cache_, l_self_buffers_v_cache_, seqused_k, scale=0.25, causal=True)
+fa4_attention: (f32[2, 4, 1, 16], f32[2, 4, 1]) = fa4.attention(q, self.kv_cache.k_cache, self.kv_cache.v_cache, seqused_k, scale=0.25, causal=True)
 attention_out: f32[2, 4, 1, 16] = getitem(fa4_attention, 0)
 attention_out_contiguous: f32[2, 4, 1, 16] = .contiguous(attention_out)""")
 
@@ -128,25 +104,23 @@ attention_out_contiguous: f32[2, 4, 1, 16] = .contiguous(attention_out)""")
         rec, out = compile_and_record(module, q, k, v, torch.arange(5))
         torch.testing.assert_close(out, reference(q, k, v, torch.arange(5)), atol=1e-5, rtol=1e-5)
         self.assertExpectedInline(rec.summary, """\
-getitem_1: i64[4] = getitem(l_input_pos_, 1:)
-getitem_2: i64[4] = getitem(l_input_pos_, :-1)
-sub: i64[4] = sub(getitem_1, getitem_2)
+getitem: i64[4] = getitem(input_pos, 1:)
+getitem_1: i64[4] = getitem(input_pos, :-1)
+sub: i64[4] = sub(getitem, getitem_1)
 eq: b8[4] = eq(sub, 1)
-all_1: b8[] = .all(eq)
-_assert_async: NoneType = _assert_async(all_1, 'fa4_inductor: the query positions indexing the causal mask do not count up by one; this graph was compiled for consecutive cache positions.')
-cache_start: i64[] = getitem(l_input_pos_, 0)
-setitem: NoneType = setitem(l_self_buffers_k_cache_, (:, :, l_input_pos_), l_k_)
-setitem_1: NoneType = setitem(l_self_buffers_v_cache_, (:, :, l_input_pos_), l_v_)
+all: b8[] = .all(eq)
+_assert_async: NoneType = _assert_async(all, 'fa4_inductor: the query positions indexing the causal mask do not count up by one; this graph was compiled for consecutive cache positions.')
+cache_start: i64[] = getitem(input_pos, 0)
 add: i64[] = add(cache_start, 5)
 ge: b8[] = ge(add, 5)
 le: b8[] = le(add, 16)
 and_: b8[] = and_(ge, le)
-all_2: b8[] = .all(and_)
-_assert_async_1: NoneType = _assert_async(all_2, 'fa4_inductor: the query positions put a query before the first key or its band past the last one (a cache position below 0 or beyond the cache); this graph was compiled for positions inside the keys.')
+all_1: b8[] = .all(and_)
+_assert_async_1: NoneType = _assert_async(all_1, 'fa4_inductor: the query positions put a query before the first key or its band past the last one (a cache position below 0 or beyond the cache); this graph was compiled for positions inside the keys.')
 to: i32[] = .to(add, int32)
 expand: i32[2] = .expand(to, 2)
 seqused_k: i32[2] = .contiguous(expand)
-fa4_attention: (f32[2, 4, 5, 16], f32[2, 4, 5]) = fa4.attention(l_q_, l_self_buffers_k_cache_, l_self_buffers_v_cache_, seqused_k, scale=0.25, causal=True)
+fa4_attention: (f32[2, 4, 5, 16], f32[2, 4, 5]) = fa4.attention(q, self.kv_cache.k_cache, self.kv_cache.v_cache, seqused_k, scale=0.25, causal=True)
 attention_out: f32[2, 4, 5, 16] = getitem(fa4_attention, 0)
 attention_out_contiguous: f32[2, 4, 5, 16] = .contiguous(attention_out)""")
 
@@ -169,9 +143,8 @@ attention_out_contiguous: f32[2, 4, 5, 16] = .contiguous(attention_out)""")
 
 def hf_sliding_window_cache_attention(q, k_cache, v_cache, q_start, kv_start):
     """HF's sliding-window cache (window 4): the cache holds positions kv_start.. (ints), a window band over them."""
-    q_pos = (torch.arange(q.shape[2]) + q_start)[None, None, :, None]
-    kv_pos = (torch.arange(k_cache.shape[2]) + kv_start)[None, None, None, :]
-    mask = q_pos.new_ones((), dtype=torch.bool) & (kv_pos > q_pos - 4) & (kv_pos <= q_pos)
+    q_pos, kv_pos = torch.arange(q.shape[2]) + q_start, torch.arange(k_cache.shape[2]) + kv_start
+    mask = upstream.sliding_window_mask(q_pos, kv_pos, 4)
     return F.scaled_dot_product_attention(q, k_cache, v_cache, attn_mask=mask)
 
 

@@ -8,9 +8,8 @@ decoders are also left-padded (what `generate` does); every output row is compar
 
 import pytest
 import torch
-import torch.nn as nn
-import torch.nn.functional as F
 
+import upstream
 from fa4_inductor import hf
 from helpers import Recorder, compile_and_run, tiny
 
@@ -62,7 +61,7 @@ def generate_with_static_cache(forward, model, prompt, steps, capacity=16, atten
 
 
 @pytest.mark.parametrize("checked_padding", [False, pytest.param(True, marks=pytest.mark.slow)],
-                         ids=["key-mask", "causal-padding"])  # the opt-in checked fast paths: the slow tier
+                         ids=["key-mask", "checked-padding"])  # the opt-in checked fast paths: the slow tier
 @pytest.mark.parametrize("impl", IMPLEMENTATIONS)
 @pytest.mark.parametrize("name", DECODERS)
 def test_static_cache_decode_every_layer_is_rewritten(name, impl, checked_padding):
@@ -212,57 +211,6 @@ def test_no_recompile_across_batch_and_sequence_length(name):
     assert recorder.count() == 4 * model.attention_layers and not recorder.reasons, recorder.reasons
 
 
-# gpt-fast (pytorch-labs/gpt-fast model.py), its decode-relevant parts: a KVCache of static capacity
-# written by index, a causal-mask buffer indexed by input_pos, repeat_interleave and SDPA.
-class KVCache(nn.Module):
-    def __init__(self, batch, heads, capacity, head_dim):
-        super().__init__()
-        self.register_buffer("k_cache", torch.zeros(batch, heads, capacity, head_dim))
-        self.register_buffer("v_cache", torch.zeros(batch, heads, capacity, head_dim))
-
-    def update(self, input_pos, k_val, v_val):
-        k_out, v_out = self.k_cache, self.v_cache
-        k_out[:, :, input_pos] = k_val
-        v_out[:, :, input_pos] = v_val
-        return k_out, v_out
-
-
-class GptFastAttention(nn.Module):
-    def __init__(self, dim, n_head, n_local_heads, batch, capacity):
-        super().__init__()
-        self.head_dim, self.n_head, self.n_local_heads = dim // n_head, n_head, n_local_heads
-        self.wqkv = nn.Linear(dim, (n_head + 2 * n_local_heads) * self.head_dim, bias=False)
-        self.wo = nn.Linear(dim, dim, bias=False)
-        self.kv_cache = KVCache(batch, n_local_heads, capacity, self.head_dim)
-
-    def forward(self, x, mask, input_pos):
-        bsz, seqlen, _ = x.shape
-        kv_size = self.n_local_heads * self.head_dim
-        q, k, v = self.wqkv(x).split([self.n_head * self.head_dim, kv_size, kv_size], dim=-1)
-        q = q.view(bsz, seqlen, self.n_head, self.head_dim).transpose(1, 2)
-        k = k.view(bsz, seqlen, self.n_local_heads, self.head_dim).transpose(1, 2)
-        v = v.view(bsz, seqlen, self.n_local_heads, self.head_dim).transpose(1, 2)
-        k, v = self.kv_cache.update(input_pos, k, v)
-        k = k.repeat_interleave(self.n_head // self.n_local_heads, dim=1)
-        v = v.repeat_interleave(self.n_head // self.n_local_heads, dim=1)
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=0.0)
-        return self.wo(y.transpose(1, 2).contiguous().view(bsz, seqlen, -1))
-
-
-class GptFastDecoder(nn.Module):
-    def __init__(self, dim=64, n_head=4, n_local_heads=2, layers=2, batch=2, capacity=32):
-        super().__init__()
-        self.layers = nn.ModuleList(GptFastAttention(dim, n_head, n_local_heads, batch, capacity)
-                                    for _ in range(layers))
-        self.register_buffer("causal_mask", torch.tril(torch.ones(capacity, capacity, dtype=torch.bool)))
-
-    def forward(self, x, input_pos):
-        mask = self.causal_mask[None, None, input_pos]
-        for layer in self.layers:
-            x = x + layer(x, mask, input_pos)
-        return x
-
-
 def gpt_fast_generate(model, prompt, steps):
     """Outputs of a prefill at positions 0..P-1 and of one-token steps after it."""
     p = prompt.shape[1]
@@ -275,7 +223,7 @@ def gpt_fast_generate(model, prompt, steps):
 @pytest.mark.parametrize("inductor", [False, True], ids=["rewrite", "inductor"])
 def test_gpt_fast_kv_cache_prefill_and_decode(inductor):
     torch.manual_seed(0)
-    model, reference = GptFastDecoder(), GptFastDecoder()
+    model, reference = upstream.GptFastDecoder(), upstream.GptFastDecoder()
     reference.load_state_dict(model.state_dict())
     prompt, steps = torch.randn(2, 7, 64), torch.randn(2, 4, 64)
     torch._dynamo.reset()
@@ -292,7 +240,7 @@ def test_gpt_fast_kv_cache_prefill_and_decode(inductor):
 
 
 def test_gpt_fast_non_consecutive_positions_are_stopped_by_the_run_time_check():
-    model = GptFastDecoder()
+    model = upstream.GptFastDecoder()
     torch._dynamo.reset()
     recorder = Recorder()
     compiled = torch.compile(model, backend=recorder)
@@ -369,7 +317,7 @@ def test_explain_by_local_checkpoint_path(tmp_path, capsys):
 def test_gpt_fast_no_recompile_across_prompt_lengths():
     """Prefill recompiles once (automatic dynamic shapes), decode never: the position check is symbolic."""
     torch.manual_seed(0)
-    model, reference = GptFastDecoder(), GptFastDecoder()
+    model, reference = upstream.GptFastDecoder(), upstream.GptFastDecoder()
     reference.load_state_dict(model.state_dict())
     torch._dynamo.reset()
     recorder = Recorder()

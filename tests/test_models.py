@@ -4,46 +4,10 @@ layer reaches `fa4::attention` with K/V un-repeated, and outputs match eager."""
 import pytest
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 from fa4_inductor.demo import Config, TinyLlama
+import upstream
 from helpers import Recorder
-from test_handwritten import CausalSelfAttention
-
-
-class GptFastAttention(nn.Module):
-    """gpt-fast's Attention (fused wqkv, repeat_interleave, SDPA) for a forward without a KV cache."""
-
-    def __init__(self, dim=64, n_head=8, n_local_heads=2):
-        super().__init__()
-        self.head_dim = dim // n_head
-        self.n_head, self.n_local_heads = n_head, n_local_heads
-        self.wqkv = nn.Linear(dim, (n_head + 2 * n_local_heads) * self.head_dim, bias=False)
-        self.wo = nn.Linear(dim, dim, bias=False)
-
-    def forward(self, x):
-        bsz, seqlen, _ = x.shape
-        kv_size = self.n_local_heads * self.head_dim
-        q, k, v = self.wqkv(x).split([self.n_head * self.head_dim, kv_size, kv_size], dim=-1)
-        q = q.view(bsz, seqlen, self.n_head, self.head_dim)
-        k = k.view(bsz, seqlen, self.n_local_heads, self.head_dim)
-        v = v.view(bsz, seqlen, self.n_local_heads, self.head_dim)
-        q, k, v = map(lambda t: t.transpose(1, 2), (q, k, v))
-        k = k.repeat_interleave(self.n_head // self.n_local_heads, dim=1)
-        v = v.repeat_interleave(self.n_head // self.n_local_heads, dim=1)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=0.0)
-        return self.wo(y.transpose(1, 2).contiguous().view(bsz, seqlen, -1))
-
-
-class NanoGptFlashAttention(CausalSelfAttention):
-    """nanoGPT's attention when flash is available: `F.scaled_dot_product_attention(..., is_causal=True)`."""
-
-    def forward(self, x):
-        B, T, C = x.size()
-        q, k, v = self.c_attn(x).split(C, dim=2)
-        q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=True)
-        return self.c_proj(y.transpose(1, 2).contiguous().view(B, T, C))
 
 
 def hf_llama(attn_implementation):
@@ -57,11 +21,12 @@ def hf_llama(attn_implementation):
 
 MODELS = {
     # name: (builder, input maker, attention layers)
-    "nanogpt_manual": (lambda: nn.Sequential(CausalSelfAttention(), CausalSelfAttention()).eval(),
+    "nanogpt_manual": (lambda: nn.Sequential(upstream.CausalSelfAttention(), upstream.CausalSelfAttention()).eval(),
                        lambda: (torch.randn(2, 11, 32),), 2),
-    "nanogpt_flash": (lambda: nn.Sequential(NanoGptFlashAttention(), NanoGptFlashAttention()).eval(),
+    "nanogpt_flash": (lambda: nn.Sequential(*(upstream.CausalSelfAttention(flash=True) for _ in range(2))).eval(),
                       lambda: (torch.randn(2, 11, 32),), 2),
-    "gpt_fast": (lambda: nn.Sequential(GptFastAttention(), GptFastAttention()), lambda: (torch.randn(2, 9, 64),), 2),
+    "gpt_fast": (lambda: nn.Sequential(upstream.GptFastAttention(), upstream.GptFastAttention()),
+                 lambda: (torch.randn(2, 9, 64),), 2),
     "hf_llama_eager": (lambda: hf_llama("eager"), lambda: (torch.randint(0, 128, (2, 10)),), 3),
     "hf_llama_sdpa": (lambda: hf_llama("sdpa"), lambda: (torch.randint(0, 128, (2, 10)),), 3),
     "tiny_llama_eager": (lambda: TinyLlama(Config(attention="eager")).eval(), lambda: (torch.randint(0, 512, (1, 24)),), 2),

@@ -8,6 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import upstream
 from helpers import Recorder, compile_and_record
 
 B, H, S, D = 3, 4, 8, 16
@@ -23,10 +24,7 @@ def right_padding(lengths=(8, 5, 1)):
 
 def hf_padding_mask_sdpa(q, k, v, attention_mask):
     """HF masking_utils for a bidirectional encoder: `mask[batch_idx, kv_idx]` broadcast over queries."""
-    keep = attention_mask.to(torch.bool)
-    batch_idx = torch.arange(q.shape[0])[:, None, None, None]
-    kv_idx = torch.arange(k.shape[2])[None, None, None, :]
-    mask = keep[batch_idx, kv_idx].expand(-1, -1, q.shape[2], -1)
+    mask = upstream.padding_mask(attention_mask, q.shape[2], k.shape[2])
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
 
 
@@ -37,12 +35,13 @@ def bert_extended_mask_handwritten(q, k, v, attention_mask):
     return scores.softmax(-1) @ v
 
 
-def causal_and_padding_sdpa(q, k, v, attention_mask):
+def causal_band_and_key_mask_sdpa(q, k, v, attention_mask):
+    """HF decoders' SDPA mask: `causal & padding`, a causal band and a run-time key mask."""
     causal = torch.ones(S, S, dtype=torch.bool).tril()
     return F.scaled_dot_product_attention(q, k, v, attn_mask=causal & attention_mask.bool()[:, None, None, :])
 
 
-def causal_and_padding_additive(q, k, v, attention_mask):
+def causal_band_and_key_mask_additive(q, k, v, attention_mask):
     """HF eager attention: `causal & padding` as one additive finfo.min mask on hand-written scores."""
     keep = torch.ones(S, S, dtype=torch.bool).tril() & attention_mask.bool()[:, None, None, :]
     bias = torch.zeros(keep.shape, dtype=q.dtype).masked_fill(~keep, torch.finfo(q.dtype).min)
@@ -59,10 +58,9 @@ class TestPadding(expecttest.TestCase):
     def test_hf_padding_mask(self):
         rec = self.check(hf_padding_mask_sdpa, right_padding())
         self.assertExpectedInline(rec.summary, """\
-keep: b8[3, 8] = .to(l_attention_mask_, bool)
-narrow: b8[3, 8] = narrow(keep, 1, 0, 8)
+narrow: b8[3, 8] = narrow(.to(attention_mask, bool), 1, 0, 8)
 key_mask: b8[3, 8] = ne(narrow, 0)
-fa4_attention: (f32[3, 4, 8, 16], f32[3, 4, 8]) = fa4.attention(l_q_, l_k_, l_v_, None, key_mask, scale=0.25)
+fa4_attention: (f32[3, 4, 8, 16], f32[3, 4, 8]) = fa4.attention(q, k, v, None, key_mask, scale=0.25)
 attention_out: f32[3, 4, 8, 16] = getitem(fa4_attention, 0)
 attention_out_contiguous: f32[3, 4, 8, 16] = .contiguous(attention_out)""")
 
@@ -83,24 +81,23 @@ attention_out_contiguous: f32[3, 4, 8, 16] = .contiguous(attention_out)""")
     def test_hf_padding_mask_checked(self):
         rec = self.check(hf_padding_mask_sdpa, right_padding(), checked_padding=True)
         self.assertExpectedInline(rec.summary, """\
-keep: b8[3, 8] = .to(l_attention_mask_, bool)
-eq: b8[3, 8] = eq(keep, 0)
-eq_1: b8[3, 8] = eq(keep, 1)
+eq: b8[3, 8] = eq(.to(attention_mask, bool), 0)
+eq_1: b8[3, 8] = eq(.to(attention_mask, bool), 1)
 or_: b8[3, 8] = or_(eq, eq_1)
-all_1: b8[] = .all(or_)
-getitem_3: b8[3, 7] = getitem(keep, (:, 1:))
-getitem_4: b8[3, 7] = getitem(keep, (:, :-1))
-le: b8[3, 7] = le(getitem_3, getitem_4)
-all_2: b8[] = .all(le)
-getitem_5: b8[3] = getitem(keep, (:, 0))
-eq_2: b8[3] = eq(getitem_5, 1)
-all_3: b8[] = .all(eq_2)
-and_: b8[] = and_(all_1, all_2)
-and__1: b8[] = and_(and_, all_3)
+all: b8[] = .all(or_)
+getitem: b8[3, 7] = getitem(.to(attention_mask, bool), (:, 1:))
+getitem_1: b8[3, 7] = getitem(.to(attention_mask, bool), (:, :-1))
+le: b8[3, 7] = le(getitem, getitem_1)
+all_1: b8[] = .all(le)
+getitem_2: b8[3] = getitem(.to(attention_mask, bool), (:, 0))
+eq_2: b8[3] = eq(getitem_2, 1)
+all_2: b8[] = .all(eq_2)
+and_: b8[] = and_(all, all_1)
+and__1: b8[] = and_(and_, all_2)
 _assert_async: NoneType = _assert_async(and__1, 'fa4_inductor: the attention mask is not right padding (1...1 0...0 per row, first key visible); this graph was compiled for right-padded masks. Compile without fa4_inductor.backend(checked_padding=True) for other masks.')
-ne: b8[3, 8] = ne(keep, 0)
+ne: b8[3, 8] = ne(.to(attention_mask, bool), 0)
 seqused_k: i32[3] = .sum(ne, -1, dtype=int32)
-fa4_attention: (f32[3, 4, 8, 16], f32[3, 4, 8]) = fa4.attention(l_q_, l_k_, l_v_, seqused_k, scale=0.25)
+fa4_attention: (f32[3, 4, 8, 16], f32[3, 4, 8]) = fa4.attention(q, k, v, seqused_k, scale=0.25)
 attention_out: f32[3, 4, 8, 16] = getitem(fa4_attention, 0)
 attention_out_contiguous: f32[3, 4, 8, 16] = .contiguous(attention_out)""")
 
@@ -123,31 +120,30 @@ attention_out_contiguous: f32[3, 4, 8, 16] = .contiguous(attention_out)""")
                 with pytest.raises(RuntimeError, match="not right padding"):
                     compiled(q, k, v, bad)
 
-    def test_checked_padding_becomes_a_key_mask(self):
+    def test_causal_band_and_padding_become_causal_with_a_key_mask(self):
         """`causal & padding` (HF decoders), by default: the op takes the mask; left padding, right padding and
         holes all match eager, left-padded rows (no visible key) included: zeros, as SDPA's safe softmax gives."""
-        rec = self.check(causal_and_padding_sdpa, right_padding())
+        rec = self.check(causal_band_and_key_mask_sdpa, right_padding())
         self.assertExpectedInline(rec.summary, """\
-bool_1: b8[3, 8] = .bool(l_attention_mask_)
-narrow: b8[3, 8] = narrow(bool_1, 1, 0, 8)
+narrow: b8[3, 8] = narrow(.bool(attention_mask), 1, 0, 8)
 key_mask: b8[3, 8] = ne(narrow, 0)
-fa4_attention: (f32[3, 4, 8, 16], f32[3, 4, 8]) = fa4.attention(l_q_, l_k_, l_v_, None, key_mask, scale=0.25, causal=True)
+fa4_attention: (f32[3, 4, 8, 16], f32[3, 4, 8]) = fa4.attention(q, k, v, None, key_mask, scale=0.25, causal=True)
 attention_out: f32[3, 4, 8, 16] = getitem(fa4_attention, 0)
 attention_out_contiguous: f32[3, 4, 8, 16] = .contiguous(attention_out)""")
         q, k, v = qkv()
-        compiled = torch.compile(causal_and_padding_sdpa, backend=Recorder())
+        compiled = torch.compile(causal_band_and_key_mask_sdpa, backend=Recorder())
         holes = (torch.rand(B, S, generator=torch.Generator().manual_seed(0)) > 0.4).long()
         for mask in (right_padding().flip(-1), right_padding(), holes):
-            torch.testing.assert_close(compiled(q, k, v, mask), causal_and_padding_sdpa(q, k, v, mask))
+            torch.testing.assert_close(compiled(q, k, v, mask), causal_band_and_key_mask_sdpa(q, k, v, mask))
 
-    def test_hf_eager_checked_padding_rows_that_see_no_key_get_the_mean_of_v(self):
+    def test_hf_eager_key_mask_rows_that_see_no_key_get_the_mean_of_v(self):
         """HF's eager attention: one additive finfo.min mask; a left-padded query row sees no key, and eager's
         softmax over equal scores gives the mean of V over all keys, which the rewrite reproduces."""
-        rec = self.check(causal_and_padding_additive, right_padding().flip(-1))
+        rec = self.check(causal_band_and_key_mask_additive, right_padding().flip(-1))
         self.assertEqual(rec.count(), 1)
         self.assertIn("key_mask=padding mask, rows that see no key: mean of V", rec.records[0].detail)
 
-    def test_minus_inf_checked_padding_in_a_handwritten_softmax_keeps_its_mask(self):
+    def test_minus_inf_key_mask_in_a_handwritten_softmax_keeps_its_mask(self):
         def fn(q, k, v, attention_mask):
             keep = torch.ones(S, S, dtype=torch.bool).tril() & attention_mask.bool()[:, None, None, :]
             return (q @ k.transpose(-2, -1)).masked_fill(~keep, float("-inf")).softmax(-1) @ v
@@ -156,17 +152,16 @@ attention_out_contiguous: f32[3, 4, 8, 16] = .contiguous(attention_out)""")
         self.assertEqual(rec.count(), 0)
         self.assertIn("NaN or weighted over part of the keys in eager", rec.reasons[0])
 
-    def test_causal_with_unpadded_mask(self):
+    def test_checked_padding_causal_band_with_an_unpadded_mask(self):
         """`backend(checked_padding=True)`: FA4's fast path, exact when the mask hides nothing, which a run-time
         check asserts."""
-        fn = causal_and_padding_sdpa
+        fn = causal_band_and_key_mask_sdpa
         rec = self.check(fn, torch.ones(B, S, dtype=torch.long), checked_padding=True)
         self.assertExpectedInline(rec.summary, """\
-bool_1: b8[3, 8] = .bool(l_attention_mask_)
-ne: b8[3, 8] = ne(bool_1, 0)
-all_1: b8[] = .all(ne)
-_assert_async: NoneType = _assert_async(all_1, 'fa4_inductor: the attention mask hides keys that the causal mask shows (a padded batch); this graph was compiled for unpadded input. Compile without fa4_inductor.backend(checked_padding=True) for padded batches.')
-fa4_attention: (f32[3, 4, 8, 16], f32[3, 4, 8]) = fa4.attention(l_q_, l_k_, l_v_, scale=0.25, causal=True)
+ne: b8[3, 8] = ne(.bool(attention_mask), 0)
+all: b8[] = .all(ne)
+_assert_async: NoneType = _assert_async(all, 'fa4_inductor: the attention mask hides keys that the causal mask shows (a padded batch); this graph was compiled for unpadded input. Compile without fa4_inductor.backend(checked_padding=True) for padded batches.')
+fa4_attention: (f32[3, 4, 8, 16], f32[3, 4, 8]) = fa4.attention(q, k, v, scale=0.25, causal=True)
 attention_out: f32[3, 4, 8, 16] = getitem(fa4_attention, 0)
 attention_out_contiguous: f32[3, 4, 8, 16] = .contiguous(attention_out)""")
         compiled = torch.compile(fn, backend=Recorder(checked_padding=True))
@@ -189,10 +184,10 @@ attention_out_contiguous: f32[3, 4, 8, 16] = .contiguous(attention_out)""")
         rec, out = compile_and_record(fn, q, k, v, mask)
         torch.testing.assert_close(out, fn(q, k, v, mask))
         self.assertExpectedInline(rec.summary, """\
-getitem: b8[3, 8] = getitem(l_mask_, (:, 0, 0))
+getitem: b8[3, 8] = getitem(mask, (:, 0, 0))
 narrow: b8[3, 8] = narrow(getitem, 1, 0, 8)
 key_mask: b8[3, 8] = ne(narrow, 0)
-fa4_attention: (f32[3, 4, 1, 16], f32[3, 4, 1]) = fa4.attention(l_q_, l_k_, l_v_, None, key_mask, scale=0.25)
+fa4_attention: (f32[3, 4, 1, 16], f32[3, 4, 1]) = fa4.attention(q, k, v, None, key_mask, scale=0.25)
 attention_out: f32[3, 4, 1, 16] = getitem(fa4_attention, 0)
 attention_out_contiguous: f32[3, 4, 1, 16] = .contiguous(attention_out)""")
         float_mask = torch.zeros(B, 1, 1, S).masked_fill(~mask, -1e4)  # values unknown when compiling: kept

@@ -4,6 +4,7 @@ import expecttest
 import torch
 import torch.nn.functional as F
 
+import upstream
 from helpers import compile_and_record
 
 
@@ -20,14 +21,14 @@ class TestSdpaRewrite(expecttest.TestCase):
     def test_plain(self):
         rec = self.check(lambda q, k, v: F.scaled_dot_product_attention(q, k, v), *inputs())
         self.assertExpectedInline(rec.summary, """\
-fa4_attention: (f32[2, 4, 6, 8], f32[2, 4, 6]) = fa4.attention(l_q_, l_k_, l_v_, scale=0.353553)
+fa4_attention: (f32[2, 4, 6, 8], f32[2, 4, 6]) = fa4.attention(q, k, v, scale=0.353553)
 attention_out: f32[2, 4, 6, 8] = getitem(fa4_attention, 0)
 attention_out_contiguous: f32[2, 4, 6, 8] = .contiguous(attention_out)""")
 
     def test_is_causal_and_scale(self):
         rec = self.check(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=0.3), *inputs())
         self.assertExpectedInline(rec.summary, """\
-fa4_attention: (f32[2, 4, 6, 8], f32[2, 4, 6]) = fa4.attention(l_q_, l_k_, l_v_, scale=0.3, causal=True)
+fa4_attention: (f32[2, 4, 6, 8], f32[2, 4, 6]) = fa4.attention(q, k, v, scale=0.3, causal=True)
 attention_out: f32[2, 4, 6, 8] = getitem(fa4_attention, 0)
 attention_out_contiguous: f32[2, 4, 6, 8] = .contiguous(attention_out)""")
 
@@ -35,7 +36,7 @@ attention_out_contiguous: f32[2, 4, 6, 8] = .contiguous(attention_out)""")
         fn = lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)  # noqa: E731
         rec = self.check(fn, *inputs(hq=8, hkv=2))
         self.assertExpectedInline(rec.summary, """\
-fa4_attention: (f32[2, 8, 6, 8], f32[2, 8, 6]) = fa4.attention(l_q_, l_k_, l_v_, scale=0.353553, causal=True)
+fa4_attention: (f32[2, 8, 6, 8], f32[2, 8, 6]) = fa4.attention(q, k, v, scale=0.353553, causal=True)
 attention_out: f32[2, 8, 6, 8] = getitem(fa4_attention, 0)
 attention_out_contiguous: f32[2, 8, 6, 8] = .contiguous(attention_out)""")
 
@@ -47,7 +48,7 @@ attention_out_contiguous: f32[2, 8, 6, 8] = .contiguous(attention_out)""")
 
         rec = self.check(fn, *inputs())
         self.assertExpectedInline(rec.summary, """\
-fa4_attention: (f32[2, 4, 6, 8], f32[2, 4, 6]) = fa4.attention(l_q_, l_k_, l_v_, scale=0.353553, causal=True)
+fa4_attention: (f32[2, 4, 6, 8], f32[2, 4, 6]) = fa4.attention(q, k, v, scale=0.353553, causal=True)
 attention_out: f32[2, 4, 6, 8] = getitem(fa4_attention, 0)
 attention_out_contiguous: f32[2, 4, 6, 8] = .contiguous(attention_out)""")
 
@@ -60,21 +61,19 @@ attention_out_contiguous: f32[2, 4, 6, 8] = .contiguous(attention_out)""")
 
         rec = self.check(fn, *inputs())
         self.assertExpectedInline(rec.summary, """\
-fa4_attention: (f32[2, 4, 6, 8], f32[2, 4, 6]) = fa4.attention(l_q_, l_k_, l_v_, scale=0.353553, causal=True, window_left=2)
+fa4_attention: (f32[2, 4, 6, 8], f32[2, 4, 6]) = fa4.attention(q, k, v, scale=0.353553, causal=True, window_left=2)
 attention_out: f32[2, 4, 6, 8] = getitem(fa4_attention, 0)
 attention_out_contiguous: f32[2, 4, 6, 8] = .contiguous(attention_out)""")
 
     def test_hf_sliding_window_mask(self):
         """HF masking_utils: `new_ones(()) & (kv_idx > q_idx - W) & (kv_idx <= q_idx)` over arange positions."""
         def fn(q, k, v):
-            q_idx = (torch.arange(q.shape[2]) + 0)[None, None, :, None]
-            kv_idx = (torch.arange(k.shape[2]) + 0)[None, None, None, :]
-            mask = q_idx.new_ones((), dtype=torch.bool) & (kv_idx > q_idx - 3) & (kv_idx <= q_idx)
+            mask = upstream.sliding_window_mask(torch.arange(q.shape[2]) + 0, torch.arange(k.shape[2]) + 0, 3)
             return F.scaled_dot_product_attention(q, k, v, attn_mask=mask.expand(q.shape[0], -1, -1, -1))
 
         rec = self.check(fn, *inputs())
         self.assertExpectedInline(rec.summary, """\
-fa4_attention: (f32[2, 4, 6, 8], f32[2, 4, 6]) = fa4.attention(l_q_, l_k_, l_v_, scale=0.353553, causal=True, window_left=2)
+fa4_attention: (f32[2, 4, 6, 8], f32[2, 4, 6]) = fa4.attention(q, k, v, scale=0.353553, causal=True, window_left=2)
 attention_out: f32[2, 4, 6, 8] = getitem(fa4_attention, 0)
 attention_out_contiguous: f32[2, 4, 6, 8] = .contiguous(attention_out)""")
 
