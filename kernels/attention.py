@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import logging
 import math
+import weakref
 from typing import NamedTuple, Optional
 
 import torch
@@ -201,7 +202,7 @@ class KeyMaskForm(NamedTuple):
     starts: Optional[Tensor] = None
 
 
-_LAST_FORM: list = []  # [(key mask, its version, seqused_k, flags), form]: the layers of a forward share one mask
+_LAST_FORM: list = []  # [(weak key mask, its version, weak seqused_k, flags), the form's kind]
 
 
 def key_mask_form(q: Tensor, k: Tensor, seqused_k: Optional[Tensor], key_mask: Optional[Tensor], flags: dict
@@ -213,17 +214,35 @@ def key_mask_form(q: Tensor, k: Tensor, seqused_k: Optional[Tensor], key_mask: O
     padding: generate's prompts), which FA4 runs as varlen segments over the padded buffer
     (`fa4.forward_left_padded`). It reads three booleans on the host (one sync), once per mask tensor
     (the layers of a forward and their backward share it), and only outside CUDA-graph capture;
-    otherwise, or when none holds, the mask is kept."""
+    otherwise, or when none holds, the mask is kept. What it remembers of a mask holds no tensor alive:
+    under CUDA-graph trees a tensor of the graph's memory pool kept past the graph is an error."""
     if key_mask is None or (q.is_cuda and torch.cuda.is_current_stream_capturing()):
         return KeyMaskForm(seqused_k, key_mask)
-    seen = (key_mask, _version(key_mask), seqused_k, flags)
+    kind = None
     if _LAST_FORM:
-        mask, version, lengths, same_flags = _LAST_FORM[0]
-        if mask is key_mask and version == seen[1] and lengths is seqused_k and same_flags == flags:
-            return _LAST_FORM[1]
+        (mask, version, lengths, same_flags), remembered = _LAST_FORM
+        if mask() is key_mask and version == _version(key_mask) and (lengths() if lengths else None) is seqused_k \
+                and same_flags == flags:
+            kind = remembered
+    lengths = key_mask.sum(-1, dtype=torch.int32)
+    if kind is None:
+        kind = _mask_kind(q, k, seqused_k, key_mask, lengths, flags)
+        _LAST_FORM[:] = [(weakref.ref(key_mask), _version(key_mask),
+                          weakref.ref(seqused_k) if seqused_k is not None else None, dict(flags)), kind]
+    if kind == "hides nothing":
+        return KeyMaskForm(seqused_k, None)
+    if kind == "right padding":
+        return KeyMaskForm(lengths, None)
+    if kind == "left padding":
+        return KeyMaskForm(None, None, key_mask.shape[1] - lengths)
+    return KeyMaskForm(seqused_k, key_mask)
+
+
+def _mask_kind(q, k, seqused_k, key_mask, lengths, flags) -> str:
+    """Which `key_mask_form` a mask has ("hides nothing", "right padding", "left padding" or "kept"), read
+    on the host."""
     positions = torch.arange(key_mask.shape[1], device=key_mask.device)
     unused = positions >= seqused_k[:, None] if seqused_k is not None else torch.zeros_like(key_mask)
-    lengths = key_mask.sum(-1, dtype=torch.int32)
     right_padding = (key_mask == (positions < lengths[:, None])).all()
     left_padding = (key_mask == (positions >= key_mask.shape[1] - lengths[:, None])).all()
     hides_nothing, right_padding, left_padding, no_empty_row = torch.stack(
@@ -232,15 +251,12 @@ def key_mask_form(q: Tensor, k: Tensor, seqused_k: Optional[Tensor], key_mask: O
     # Without a band every query of a sequence sees its keys: none for an all-padding row, which FA4 is not given.
     left_padding = left_padding and (banded or no_empty_row)
     if hides_nothing:
-        form = KeyMaskForm(seqused_k, None)
-    elif right_padding and no_empty_row and seqused_k is None and not banded:
-        form = KeyMaskForm(lengths, None)
-    elif left_padding and seqused_k is None and q.shape[2] == k.shape[2]:
-        form = KeyMaskForm(None, None, key_mask.shape[1] - lengths)
-    else:
-        form = KeyMaskForm(seqused_k, key_mask)
-    _LAST_FORM[:] = [seen, form]
-    return form
+        return "hides nothing"
+    if right_padding and no_empty_row and seqused_k is None and not banded:
+        return "right padding"
+    if left_padding and seqused_k is None and q.shape[2] == k.shape[2]:
+        return "left padding"
+    return "kept"
 
 
 def _version(t: Tensor) -> Optional[int]:

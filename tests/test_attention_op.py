@@ -297,6 +297,28 @@ def test_key_masks_that_fa4_can_take_after_all(flags, seqused, mask_kind, expect
         torch.testing.assert_close(out, ATTENTION(q, k, v, used, mask, **full)[0])
 
 
+def test_key_mask_form_reads_a_mask_once_and_keeps_nothing_alive(monkeypatch):
+    """The layers of a forward share one mask: its contents are read (a host sync) once. What is remembered
+    holds no tensor: CUDA-graph trees refuse a pool tensor that outlives its graph."""
+    import gc
+    import weakref
+
+    full = dict(scale=0.3, causal=True, window_left=-1, window_right=-1, softcap=0.0)
+    reads = []
+    real = attention_op._mask_kind
+    monkeypatch.setattr(attention_op, "_mask_kind", lambda *a: reads.append(1) or real(*a))
+    q, k, _ = qkv(b=2, sq=5, sk=5, dtype=torch.float64)
+    mask = torch.arange(5)[None, :] >= 5 - torch.tensor([5, 3])[:, None]
+    forms = [attention_op.key_mask_form(q, k, None, mask, full) for _ in range(3)]
+    assert len(reads) == 1 and all(f.starts.tolist() == [0, 2] for f in forms)
+    mask[1, 0] = True  # an in-place update: read again
+    assert attention_op.key_mask_form(q, k, None, mask, full).key_mask is mask and len(reads) == 2
+    alive = weakref.ref(mask)
+    del mask, forms
+    gc.collect()
+    assert alive() is None
+
+
 @pytest.mark.parametrize("flags", [dict(causal=True), dict(), dict(window_left=2, window_right=0)], ids=str)
 def test_left_padding_as_fa4_varlen_segments(flags):
     """FA4's varlen arguments for a left-padded batch, run through FA4's semantics on the CPU (sequence b:
