@@ -389,3 +389,23 @@ def test_left_padding_runs_fa4_varlen(flags_kind, monkeypatch):
     assert torch.equal(torch.isinf(lse), blind)
     assert (out[blind] == 0).all()
     torch.testing.assert_close(lse[~blind], lse64[~blind].float(), atol=1e-3, rtol=1e-3)
+
+
+@pytest.mark.parametrize("sq, sk", [(1, 128), (64, 64)], ids=["one-query", "self"])
+def test_key_masks_built_in_graph_under_cuda_graph_trees(sq, sk):
+    """A padding mask computed inside a `reduce-overhead` graph lives in the CUDA-graph pool; reading its form
+    (key_mask_form) must keep none of it past the graph (the trees refuse such a tensor)."""
+    def attend(q, k, v, lengths):
+        keep = torch.arange(k.shape[2], device=q.device)[None, :] >= (k.shape[2] - lengths)[:, None]
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=keep[:, None, None, :])
+
+    torch._dynamo.reset()
+    compiled = torch.compile(attend, backend=fa4_inductor.backend(small_calls_to_sdpa=False), mode="reduce-overhead")
+    lengths = torch.tensor([sk, sk // 3], device="cuda")
+    with torch.no_grad():
+        for _ in range(4):  # warm-up, recording, replays
+            q, k, v = (torch.randn(2, 4, s, 64, device="cuda", dtype=torch.bfloat16) for s in (sq, sk, sk))
+            got = compiled(q, k, v, lengths).float()
+            expected = attend(*(t.float() for t in (q, k, v)), lengths)
+            rows = got[:, :, :, :].isfinite().all() and expected.isfinite().all()
+            assert rows and (got - expected).abs().max().item() < 2e-2
