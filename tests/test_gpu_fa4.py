@@ -407,5 +407,4 @@ def test_key_masks_built_in_graph_under_cuda_graph_trees(sq, sk):
             q, k, v = (torch.randn(2, 4, s, 64, device="cuda", dtype=torch.bfloat16) for s in (sq, sk, sk))
             got = compiled(q, k, v, lengths).float()
             expected = attend(*(t.float() for t in (q, k, v)), lengths)
-            rows = got[:, :, :, :].isfinite().all() and expected.isfinite().all()
-            assert rows and (got - expected).abs().max().item() < 2e-2
+            assert got.isfinite().all() and (got - expected).abs().max().item() < 2e-2
