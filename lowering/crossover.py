@@ -3,7 +3,7 @@
 In a model whose GPU work per layer is small (host-bound), a `fa4::attention` call costs ~85 us of host time on the H200 (Python dispatch, routing, FA4's launch)
 against ~20 us for SDPA's C++ path, while both kernels take microseconds on a small attention; a model
 made of such calls is host-bound and would run slower than under default torch.compile. Measured
-(docs/benchmarks.md, session 6, "crossover"): back to back, SDPA wins below ~17 GFLOP of causal
+(`python -m fa4_inductor bench --suite crossover`; docs/benchmarks.md, session 6, run 2): back to back, SDPA wins below ~17 GFLOP of causal
 attention at head dim 32 and ~35-70 at head dims 64 and 128; above, FA4 wins by up to 1.5x. Routing to
 SDPA is never slower than default compile (it is default compile's kernel), so the thresholds sit on
 the generous side.

@@ -98,3 +98,11 @@ def test_train_suite_runs_a_training_step_per_attention_code(monkeypatch):
     assert "failed" not in table.markdown(), table.markdown()
     assert [row[:3] for row in table.rows] == [["eager", "labels", 16], ["eager", "logits mean", 16],
                                                ["sdpa", "labels", 16], ["sdpa", "logits mean", 16]]
+
+
+def test_crossover_suite_rows_and_the_rule_they_feed():
+    table = bench.crossover_suite("cpu", torch.float32, head_dims=(32, 64), heads=((1, 2, 1),), seqlens=(16, 32))
+    assert [row[:4] for row in table.rows] == [[1, "2/1", 16, 32], [1, "2/1", 32, 32], [1, "2/1", 16, 64],
+                                               [1, "2/1", 32, 64]]
+    assert all(math.isfinite(x) and x > 0 for row in table.rows for x in row[5:9])
+    assert all(row[-1] is True for row in table.rows)  # tiny: under every threshold

@@ -1,12 +1,15 @@
 """`python -m fa4_inductor bench`: the GPU benchmarks behind `docs/benchmarks.md`.
 
-Suites (`--suite`, comma-separated; all but `sweep` by default):
+Suites (`--suite`, comma-separated; all but `crossover` and `sweep` by default):
 - `op`: prefill attention, `fa4::attention` against FA4 called directly (`flash_attn_func`) and SDPA
   (cuDNN and flash backends), 16k tokens per batch over sequence lengths 1k..16k, head dims 64 / 128,
   causal and not; TFLOP/s from GPU time (`triton.testing.do_bench`, median).
 - `overhead`: host cost per call of a tiny attention (the GPU is idle, so launches are the limit):
   FA4 directly, our adapter (`kernels/fa4.forward`), the `fa4::attention` op, and a compiled SDPA
   call under our backend and under default `torch.compile`.
+- `crossover` (only when named): causal attention through `fa4::attention` against SDPA, head dims
+  32 / 64 / 128, b1 / b8, 128..8k tokens: back-to-back microseconds (host included) and CUDA-graph GPU
+  time, with the GFLOP `lowering/crossover.py` compares (the data its thresholds come from).
 - `decode`: one query token against a KV cache (GQA), `fa4::attention` (whichever kernel it picks)
   against SDPA `enable_gqa` and FA4 directly; GPU time under a CUDA graph, as TB/s of K/V read.
 - `e2e`: a Llama-1B-shaped HF transformers model (hidden 2048, 16 layers, 32 query / 8 KV heads,
@@ -20,9 +23,9 @@ Suites (`--suite`, comma-separated; all but `sweep` by default):
 - `padded`: the same model on a left-padded batch of 4 x 2048 (0/100/700/1500 pad tokens, the
   `attention_mask` generate passes) and on that batch without a mask: prefill and a training step
   (`use_cache=False`, labels, backward), default `torch.compile` against ours.
-- `train`: the same model's training step at batch 1 x 4096 tokens (`use_cache=False`, labels,
-  backward), eager and sdpa attention code: ms and peak memory, default `torch.compile` against ours.
-- `sweep` (only when named, about 8 minutes): Llama-shaped models from hidden 256 x 2 layers to
+- `train`: the same model's training step at batch 1 x 4096 tokens (`use_cache=False`, HF's labels
+  loss or the logits' mean, backward), eager and sdpa attention code: ms and peak memory, default `torch.compile` against ours.
+- `sweep` (only when named; its first H200 run spent its 450 s budget on the first model): Llama-shaped models from hidden 256 x 2 layers to
   2048 x 16 and a BERT-base encoder, prefill and static-cache decode, sequence lengths 128..8192,
   batch 1 and 8, padded and not; each row ours against default `torch.compile`, flagged below 0.98x
   (`sweep.py` says how it keeps the compile count down).
@@ -49,7 +52,7 @@ from dataclasses import asdict
 import torch
 
 from . import attention_op, llama_e2e, models, padded, sweep, tables, timing, training
-from .attention_op import attention_impls, decode_kernel_comparison, decode_suite, op_suite, overhead_suite
+from .attention_op import attention_impls, crossover_suite, decode_kernel_comparison, decode_suite, op_suite, overhead_suite
 from .llama_e2e import decode_tokens_per_s, e2e_suite, generate_suite, generate_times, prefill_ms
 from .models import LLAMA_1B, compile_model, left_padded_batch, llama
 from .padded import padded_ms, padded_suite
@@ -59,13 +62,13 @@ from .timing import gpu_ms, host_us_per_call, median_wall_ms
 from .training import train_suite
 
 # `--suite` name -> function returning a Table or yielding Tables.
-SUITE_FUNCTIONS = {"op": op_suite, "overhead": overhead_suite, "decode": decode_suite, "e2e": e2e_suite,
+SUITE_FUNCTIONS = {"op": op_suite, "overhead": overhead_suite, "crossover": crossover_suite, "decode": decode_suite, "e2e": e2e_suite,
                    "generate": generate_suite, "padded": padded_suite, "train": train_suite, "sweep": sweep_suite}
 SUITES = tuple(SUITE_FUNCTIONS)
-DEFAULT_SUITES = ("op", "overhead", "decode", "e2e", "generate", "padded", "train")  # `sweep` only when named
+DEFAULT_SUITES = ("op", "overhead", "decode", "e2e", "generate", "padded", "train")  # `crossover`, `sweep` when named
 
 __all__ = ["DEFAULT_SUITES", "LLAMA_1B", "SUITES", "SUITE_FUNCTIONS", "Table", "attention_impls", "attention_op",
-           "compile_model", "decode_kernel_comparison", "decode_suite", "decode_tokens_per_s", "e2e_suite",
+           "compile_model", "crossover_suite", "decode_kernel_comparison", "decode_suite", "decode_tokens_per_s", "e2e_suite",
            "environment", "generate_suite", "generate_times", "gpu_ms", "host_us_per_call", "left_padded_batch",
            "llama", "llama_e2e", "main", "median_wall_ms", "models", "op_suite", "overhead_suite", "padded",
            "padded_ms", "padded_suite", "plot", "prefill_ms", "sweep", "sweep_suite", "tables", "timing",

@@ -1,5 +1,6 @@
-"""Suites over one attention call: `op` (prefill TFLOP/s), `overhead` (host cost per call) and `decode`
-(one query token against a KV cache), plus `decode_kernel_comparison` for `tests/bench_decode.py`."""
+"""Suites over one attention call: `op` (prefill TFLOP/s), `overhead` (host cost per call), `crossover`
+(fa4::attention against SDPA, host included and GPU only: the data behind `lowering/crossover.py`) and
+`decode` (one query token against a KV cache), plus `decode_kernel_comparison` for `tests/bench_decode.py`."""
 
 from __future__ import annotations
 
@@ -90,6 +91,35 @@ def op_suite(device="cuda", dtype=torch.bfloat16, seqlens=(1024, 2048, 4096, 819
                 ratio = results["fa4::attention"] / results.get("FA4 direct", float("nan"))
                 table.rows.append([d, causal, s, f"{b}x{h}", *results.values(), ratio])
                 del q, k, v
+    return table
+
+
+def crossover_suite(device="cuda", dtype=torch.bfloat16, head_dims=(32, 64, 128), heads=((1, 8, 8), (1, 32, 8), (8, 32, 8)),
+                    seqlens=(128, 512, 1024, 2048, 4096, 8192), max_elements=2**31) -> Table:
+    """Causal attention through `fa4::attention` and through SDPA (PyTorch's pick, `enable_gqa`): microseconds
+    per call back to back (host time included, what a host-bound model pays) and GPU time under a CUDA
+    graph (what a GPU-bound one pays), with the GFLOP that `lowering/crossover.py` compares."""
+    from fa4_inductor.lowering import crossover
+
+    table = Table("fa4::attention against SDPA, causal, microseconds (lower is better)",
+                  ["b", "hq/hkv", "seq", "head dim", "GFLOP", "op wall", "SDPA wall", "op gpu", "SDPA gpu",
+                   "crossover.py would keep SDPA (host-bound graph)"],
+                  note=f"{dtype}; wall: back-to-back calls, best of 5 x 200; gpu: CUDA-graph median.")
+    for d in head_dims:
+        for b, hq, hkv in heads:
+            for s in seqlens:
+                if b * hq * s * d * 6 > max_elements:
+                    continue
+                q, k, v = _hf_qkv(b, s, s, hq, hkv, d, dtype, device)
+                ours = functools.partial(_ours, q, k, v, True, d ** -0.5)
+                sdpa = functools.partial(F.scaled_dot_product_attention, q, k, v, is_causal=True, enable_gqa=hq != hkv)
+                gflop = 2 * b * hq * s * s * d / 1e9
+                limit = next(g for dims, g in crossover.GFLOP_BELOW if d <= dims)
+                with torch.no_grad():
+                    times = [host_us_per_call(ours), host_us_per_call(sdpa),
+                             gpu_ms(ours, cuda_graph=device == "cuda") * 1e3,
+                             gpu_ms(sdpa, cuda_graph=device == "cuda") * 1e3]
+                table.rows.append([b, f"{hq}/{hkv}", s, d, round(gflop, 3), *times, gflop < limit])
     return table
 
 
