@@ -1,19 +1,19 @@
-"""Small attentions stay on PyTorch's SDPA, where default torch.compile would run them.
+"""Small attentions in host-bound graphs stay on PyTorch's SDPA, where default torch.compile runs them.
 
-In a model whose GPU work per layer is small (host-bound), a `fa4::attention` call costs ~85 us of host time on the H200 (Python dispatch, routing, FA4's launch)
-against ~20 us for SDPA's C++ path, while both kernels take microseconds on a small attention; a model
-made of such calls is host-bound and would run slower than under default torch.compile. Measured
-(`python -m fa4_inductor bench --suite crossover`; docs/benchmarks.md, session 6, run 2): back to back, SDPA wins below ~17 GFLOP of causal
-attention at head dim 32 and ~35-70 at head dims 64 and 128; above, FA4 wins by up to 1.5x. Routing to
-SDPA is never slower than default compile (it is default compile's kernel), so the thresholds sit on
-the generous side.
+A `fa4::attention` call costs 50-85 us of host time on the H200 (Python dispatch, routing, FA4's
+launch) against ~20 us for SDPA's C++ path, while both kernels take microseconds on a small attention;
+a graph whose GPU work per layer is small is host-bound, and would run slower than under default
+torch.compile. Measured (`python -m fa4_inductor bench --suite crossover`; docs/benchmarks.md, session
+6, run 2): back to back, SDPA wins below ~17 GFLOP of causal attention at head dim 32 and ~35-70 at
+head dims 64 and 128; above, FA4 wins by up to 1.4x. Routing to SDPA is never slower than default
+compile (it is default compile's kernel), so the thresholds sit on the generous side.
 
-Where the GPU work per attention layer is large (a graph's matmul and attention GFLOP per attention
-over LAYER_GFLOP_HOST_BOUND), host time hides behind it and the op stays (FA4's GPU time is the lower, or
-within a few percent, on every measured row). Only plain attentions move: static shapes on CUDA, no mask but a causal square band, no softcap, no
-run-time key data. An SDPA call is kept as written; a hand-written one becomes the SDPA call that computes
-it (`is_causal`, the matched scale, K/V as the model repeated them), which default compile would not
-find on its own.
+Where the GPU work per attention is large (a graph's matmul and attention GFLOP per attention candidate
+at or over LAYER_GFLOP_HOST_BOUND), host time hides behind it and the op stays (FA4's GPU time is the
+lower, or within ~10%, on every measured row). Only plain attentions move: static shapes on CUDA, no
+mask but a causal square band, no softcap, no run-time key data. An SDPA call is kept as written; a
+hand-written one becomes the SDPA call that computes it (`is_causal`, the matched scale, K/V as the
+model repeated them), which default compile would not find on its own.
 """
 
 from __future__ import annotations
