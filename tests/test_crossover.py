@@ -71,15 +71,18 @@ def test_above_the_threshold_and_with_the_option_off_the_op_takes_them(monkeypat
     assert rec.count() == 1
 
 
-def test_masks_windows_and_symbolic_sizes_go_to_the_op():
+def test_hand_written_windows_and_symbolic_sizes_go_to_the_op():
+    """A hand-written window has no SDPA spelling without a mask; symbolic sizes say nothing of later calls."""
     def windowed(q, k, v):
         n = q.shape[-2]
         i = torch.arange(n)
-        mask = (i[None, :] <= i[:, None]) & (i[None, :] > i[:, None] - 8)
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        visible = (i[None, :] <= i[:, None]) & (i[None, :] > i[:, None] - 8)
+        s = (q @ k.transpose(-2, -1)) * 0.25
+        return s.masked_fill(~visible, float("-inf")).softmax(-1) @ v
 
     rec = Recorder()
-    compiled(windowed, rec, *qkv())
+    q, k, v = qkv()
+    torch.testing.assert_close(compiled(windowed, rec, q, k, v), windowed(q, k, v))
     assert rec.count() == 1
     rec = Recorder()
     torch._dynamo.reset()
@@ -103,3 +106,25 @@ def test_a_graph_with_enough_gpu_work_per_layer_keeps_the_op(monkeypatch):
     rec = Recorder()
     compiled(layer, rec, x, w, *qkv())
     assert rec.count() == 0
+
+
+def test_a_small_sdpa_call_with_a_padding_mask_is_kept_and_a_kv_cache_is_not():
+    def padded(q, k, v, keep):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=keep[:, None, None, :])
+
+    q, k, v = qkv()
+    keep = torch.arange(32)[None, :] >= torch.tensor([0, 5])[:, None]
+    rec = Recorder()
+    torch.testing.assert_close(compiled(padded, rec, q, k, v, keep), padded(q, k, v, keep))
+    assert rec.count() == 0 and rec.reasons[0].startswith("a small attention")
+
+    def decode(q, k_cache, v_cache, offset):
+        positions = torch.arange(q.shape[2]) + offset
+        mask = torch.arange(k_cache.shape[2])[None, None, None, :] <= positions[None, None, :, None]
+        k_cache.index_copy_(2, positions, q[:, :k_cache.shape[1]])
+        v_cache.index_copy_(2, positions, q[:, :v_cache.shape[1]])
+        return F.scaled_dot_product_attention(q, k_cache, v_cache, attn_mask=mask)
+
+    rec = Recorder()
+    compiled(decode, rec, torch.randn(2, 4, 1, 16), torch.randn(2, 4, 32, 16), torch.randn(2, 4, 32, 16), torch.tensor(7))
+    assert rec.count() == 1
