@@ -106,3 +106,9 @@ def test_crossover_suite_rows_and_the_rule_they_feed():
                                                [1, "2/1", 32, 64]]
     assert all(math.isfinite(x) and x > 0 for row in table.rows for x in row[5:9])
     assert all(row[-1] is True for row in table.rows)  # tiny: under every threshold
+
+
+def test_sweep_models_select_a_part_of_the_sweep():
+    assert bench.sweep_selection("256x2, bert") == dict(llama_sizes=((256, 2),), decode_sizes=((256, 2),), bert=True)
+    assert bench.sweep_selection("512x4") == dict(llama_sizes=((512, 4),), decode_sizes=(), bert=False)
+    assert bench.sweep_selection(None) == {}

@@ -68,17 +68,29 @@ SUITES = tuple(SUITE_FUNCTIONS)
 DEFAULT_SUITES = ("op", "overhead", "decode", "e2e", "generate", "padded", "train")  # `crossover`, `sweep` when named
 
 __all__ = ["DEFAULT_SUITES", "LLAMA_1B", "SUITES", "SUITE_FUNCTIONS", "Table", "attention_impls", "attention_op",
-           "compile_model", "crossover_suite", "decode_kernel_comparison", "decode_suite", "decode_tokens_per_s", "e2e_suite",
+           "compile_model", "crossover_suite", "sweep_selection", "decode_kernel_comparison", "decode_suite", "decode_tokens_per_s", "e2e_suite",
            "environment", "generate_suite", "generate_times", "gpu_ms", "host_us_per_call", "left_padded_batch",
            "llama", "llama_e2e", "main", "median_wall_ms", "models", "op_suite", "overhead_suite", "padded",
            "padded_ms", "padded_suite", "plot", "prefill_ms", "sweep", "sweep_suite", "tables", "timing",
            "train_suite", "training"]
 
 
+def sweep_selection(models: str | None) -> dict:
+    """`sweep_suite` arguments for `--sweep-models` ("256x2,bert": Llama hidden 256 x 2 layers and BERT)."""
+    if not models:
+        return {}
+    names = [m.strip() for m in models.split(",") if m.strip()]
+    llama = tuple(tuple(int(x) for x in m.split("x")) for m in names if m != "bert")
+    return dict(llama_sizes=llama, decode_sizes=tuple(size for size in sweep.DECODE_SIZES if size in llama),
+                bert="bert" in names)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m fa4_inductor bench", description=__doc__.split("\n")[0])
     parser.add_argument("--suite", default=",".join(DEFAULT_SUITES),
-                        help=f"comma-separated, from {SUITES} (default: all but sweep)")
+                        help=f"comma-separated, from {SUITES} (default: all but crossover and sweep)")
+    parser.add_argument("--sweep-models", help="the sweep's models, e.g. '256x2,2048x16,bert' (hidden x layers "
+                                               "for Llama; default: all), so the sweep can be split across runs")
     parser.add_argument("--out", help="write the tables (markdown) here")
     parser.add_argument("--json", help="write the raw tables as JSON here")
     parser.add_argument("--plot", help="write the op suite's plot (PNG) here")
@@ -98,7 +110,7 @@ def main(argv=None) -> int:
     produced_tables: list[Table] = []
     for suite in suites:
         started = time.perf_counter()
-        produced = SUITE_FUNCTIONS[suite]()
+        produced = SUITE_FUNCTIONS[suite](**(sweep_selection(args.sweep_models) if suite == "sweep" else {}))
         for table in [produced] if isinstance(produced, Table) else produced:
             produced_tables.append(table)
             print(table.markdown(), flush=True)
