@@ -382,8 +382,10 @@ def rewrite(call: AttentionCall | None, context: Context) -> str | None:
     if small is not None:
         if crossover.is_sdpa_call(call):
             raise Decline(small)
-        _check_in_place_updates(call, context.mutations, context.constants)
-        return _emit_sdpa(context.gm, call, context.fake_mode, context.mutations, small)
+        buffers = _check_in_place_updates(call, context.mutations, context.constants)
+        text = _emit_sdpa(context.gm, call, context.fake_mode, context.mutations, small)
+        context.read_by_value |= buffers  # is_causal stands for a mask read from a module buffer
+        return text
     if call.padding is not None:
         _encode_padding(call, context.options)
     _fold_gqa(call, context.options.gqa)
