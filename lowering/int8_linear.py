@@ -132,6 +132,8 @@ def match(matmul: Node) -> Match:
     transpose = matmul.args[1] if matmul.target is aten.mm.default else matmul.args[2]
     weight = transpose.args[0]
     x_dtype = _dtype(m.x)
+    if _dtype(weight) != x_dtype:
+        raise Decline(f"the matmul takes a {_name(x_dtype)} x and a {_name(_dtype(weight))} weight")
     cast = _cast_of_int8(weight)
     if cast is not None:
         m.w_int8, between = cast
