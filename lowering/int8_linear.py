@@ -227,6 +227,8 @@ def _reaches_output(node: Node) -> bool:
 
 
 def _check_supported(m: Match) -> None:
+    if m.w_int8.op == "get_attr":
+        raise Decline(f"the int8 weight ({m.w_int8.name}) is a constant of the graph (Inductor's freezing): not yet")
     if m.w_int8.op != "placeholder":
         raise Decline(f"the int8 weight ({m.w_int8.name}) is computed in the graph, not a parameter or buffer")
     n, k = m.n_k
