@@ -39,7 +39,7 @@ from ..kernels import INT8_LINEAR, int8_linear_unsupported_reason
 from .family import POST_GRAD, Context, Family
 from .graph_edit import NodeMaker, erase_dead
 from .records import Decline
-from .spellings import shape, single_user, value
+from .spellings import same_size, shape, single_user, value
 
 aten, prims = torch.ops.aten, torch.ops.prims
 CONVERT = prims.convert_element_type.default
@@ -153,18 +153,23 @@ def _match_scale_after_matmul(m: Match) -> None:
         raise Decline("a bias is added before the scale (addmm of an int8 weight cast without its scale)")
     n = shape(m.w_int8)[0]
     user = single_user(m.matmul)
-    if _is(user, *RESHAPES) and len(shape(user)) >= 1 and shape(user)[-1] == n:
+    if _is(user, *RESHAPES) and len(shape(user)) >= 1 and same_size(shape(user)[-1], n):
         m.output_reshape, user = user, single_user(user)
     if not _is(user, aten.mul.Tensor):
         raise Decline("the int8 weight is cast to a float without a scale: no per-channel scale multiplies the "
                       "matmul's output" + (" (it has other users)" if user is None else ""))
     product = m.output_reshape or m.matmul
     scale = user.args[1] if user.args[0] is product else user.args[0]
-    scale_shape = shape(scale) if isinstance(scale, Node) else ()
+    scale_shape = shape(scale) if isinstance(scale, Node) and scale is not product else ()
     if not (scale_shape and scale_shape[-1] == n and all(s == 1 for s in scale_shape[:-1])
-            and len(scale_shape) <= len(shape(product)) and shape(user) == shape(product)):
+            and len(scale_shape) <= len(shape(product)) and _same_shape(user, product)):
         raise Decline(f"the matmul's output is multiplied by {_describe(scale)}, not a per-channel scale [{n}]")
     m.scale, m.scale_shape, m.end, m.scale_after_matmul = scale, (n,), user, True
+
+
+def _same_shape(a: Node, b: Node) -> bool:
+    """Provably the same shape, without a guard on symbolic sizes."""
+    return len(shape(a)) == len(shape(b)) and all(same_size(i, j) for i, j in zip(shape(a), shape(b)))
 
 
 def _describe(operand) -> str:

@@ -150,6 +150,16 @@ def test_gpt_fast_weight_only_int8_linear(dtype, x_shape):
                                        f"scale[{N}] {dtype_name}, scale_after_matmul=True)")]
 
 
+def test_gpt_fast_with_a_dynamic_batch():
+    linear = gpt_fast_linear(torch.bfloat16)
+    x = torch.randn(4, 3, K, dtype=torch.bfloat16)
+    torch._dynamo.mark_dynamic(x, 0)
+    compiled = Compiled(linear, x)
+    assert OP_CALL in compiled.code
+    torch.testing.assert_close(compiled.out, linear(x), atol=0, rtol=0)
+    assert [rewritten for rewritten, _ in compiled.details] == [True]
+
+
 class DequantizedLinear(nn.Module):
     """User code that dequantizes an int8 weight buffer with `dequantize(w, scale, dtype)`, then `F.linear`."""
 
