@@ -1,5 +1,5 @@
-"""Editing a Dynamo (torch-IR) graph: making nodes with their example values, placing code after a
-definition, erasing what a rewrite left dead. Shared by every pattern family."""
+"""Editing a graph, Dynamo's (torch IR) or Inductor's (aten): making nodes with their example values,
+placing code after a definition, erasing what a rewrite left dead. Shared by every pattern family."""
 
 from __future__ import annotations
 
@@ -11,9 +11,10 @@ from .spellings import value
 
 
 class NodeMaker:
-    """Creates nodes at the graph's current insertion point with Dynamo's metadata (example values under
+    """Creates nodes at the graph's current insertion point with the graph's metadata (example values under
     the graph's fake mode, the replaced node's stack trace): `make(target, *args, **kwargs)`, a string
-    target being a Tensor method."""
+    target being a Tensor method. The value goes where the replaced node keeps its own: Dynamo's
+    `example_value`, or `val` in aten graphs."""
 
     def __init__(self, graph: Graph, original: Node, fake_mode):
         self.graph, self.original, self.fake_mode = graph, original, fake_mode
@@ -30,7 +31,8 @@ class NodeMaker:
                     result = getattr(fake_args[0], target)(*fake_args[1:], **fake_kwargs)
                 else:
                     result = target(*fake_args, **fake_kwargs)
-            node.meta["example_value"] = result
+            aten_graph = "val" in self.original.meta and "example_value" not in self.original.meta
+            node.meta["val" if aten_graph else "example_value"] = result
         return node
 
 

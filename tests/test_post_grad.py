@@ -15,13 +15,7 @@ from fa4_inductor.options import Options
 aten = torch.ops.aten
 
 
-@pytest.fixture(autouse=True)
-def fresh_caches(tmp_path, monkeypatch):
-    """A cache hit skips the post-grad passes: every test starts from an empty cache of its own."""
-    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
-    with torch._inductor.config.patch(fx_graph_cache=False, fx_graph_remote_cache=False), \
-            torch._functorch.config.patch(enable_autograd_cache=False):
-        yield
+pytestmark = pytest.mark.usefixtures("without_fx_graph_cache")  # conftest.py: a cache hit skips the passes
 
 
 def _sees_mm(node, context):

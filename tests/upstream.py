@@ -96,6 +96,31 @@ class GptFastDecoder(nn.Module):
         return x
 
 
+class WeightOnlyInt8Linear(nn.Module):
+    """gpt-fast's `WeightOnlyInt8Linear` (pytorch-labs/gpt-fast `quantize.py`, main branch of 2024): an int8
+    `weight` [out, in] buffer and a `scales` [out] buffer in the model's dtype; the forward casts the weight
+    to the input's dtype, runs `F.linear` without bias and multiplies the output by the scales.
+    `from_linear` quantizes as gpt-fast's `WeightOnlyInt8QuantHandler` does: symmetric per output channel,
+    scale = max |w| / 127 over the row, rounded to the nearest int8 and clamped to -128..127."""
+
+    def __init__(self, in_features: int, out_features: int, dtype=torch.bfloat16):
+        super().__init__()
+        self.register_buffer("weight", torch.zeros(out_features, in_features, dtype=torch.int8))
+        self.register_buffer("scales", torch.ones(out_features, dtype=dtype))
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, dtype=torch.bfloat16) -> "WeightOnlyInt8Linear":
+        w = linear.weight.detach().float()
+        scales = (w.abs().amax(dim=1) / 127).clamp(min=1e-5)
+        module = cls(w.shape[1], w.shape[0], dtype)
+        module.weight.copy_((w / scales[:, None]).round().clamp(-128, 127).to(torch.int8))
+        module.scales.copy_(scales.to(dtype))
+        return module
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        return F.linear(input, self.weight.to(dtype=input.dtype)) * self.scales
+
+
 # --------------------------------------------------------------------------------------------------- nanoGPT
 
 

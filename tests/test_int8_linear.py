@@ -1,0 +1,257 @@
+"""`fa4::int8_linear` (kernels/int8_linear.py) and the int8_linear family, which emits it on Inductor's aten
+graphs (lowering/int8_linear.py), through the real backend."""
+
+from unittest import mock
+
+import expecttest
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch._inductor.utils import run_and_get_code
+
+import fa4_inductor
+import upstream
+from fa4_inductor import report
+from fa4_inductor.kernels import INT8_LINEAR, int8_linear_unsupported_reason
+from fa4_inductor.lowering import post_grad
+
+pytestmark = pytest.mark.usefixtures("without_fx_graph_cache")  # conftest.py: a cache hit skips the passes
+
+N, K, GROUP = 48, 64, 16
+OP_CALL = "torch.ops.fa4.int8_linear.default("
+
+
+def quantized(dtype, group_size=-1, seed=0):
+    """A random int8 weight [N, K] and positive scales [N] or [N, K // group_size] of `dtype`."""
+    generator = torch.Generator().manual_seed(seed)
+    w = torch.randint(-128, 128, (N, K), dtype=torch.int8, generator=generator)
+    scale_shape = (N,) if group_size == -1 else (N, K // group_size)
+    return w, (torch.rand(scale_shape, generator=generator) / 64 + 1e-3).to(dtype)
+
+
+# ------------------------------------------------------------------------------------------------------ the op
+
+MODES = [pytest.param(-1, False, id="per-channel"), pytest.param(GROUP, False, id="per-group"),
+         pytest.param(-1, True, id="scale-after-matmul")]
+DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+
+
+@pytest.mark.parametrize("with_bias", [False, True], ids=["no-bias", "bias"])
+@pytest.mark.parametrize("group_size, scale_after_matmul", MODES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_opcheck(dtype, group_size, scale_after_matmul, with_bias):
+    w, scale = quantized(dtype, group_size)
+    bias = torch.randn(N, dtype=dtype) if with_bias else None
+    for x in (torch.randn(2, 3, K, dtype=dtype), torch.randn(K, 5, dtype=dtype).t()):
+        torch.library.opcheck(INT8_LINEAR, (x, w, scale, bias),
+                              {"group_size": group_size, "scale_after_matmul": scale_after_matmul})
+
+
+def float64_reference(x, w, scale, bias, group_size):
+    n, k = w.shape
+    group = k if group_size == -1 else group_size
+    dequantized = (w.double().view(n, k // group, group) * scale.double().view(n, -1, 1)).view(n, k)
+    out = x.double() @ dequantized.T
+    return out if bias is None else out + bias.double()
+
+
+TOLERANCES = {torch.float32: 1e-5, torch.bfloat16: 1e-2, torch.float16: 2e-3}  # relative to the output's scale
+
+
+@pytest.mark.parametrize("group_size, scale_after_matmul", MODES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_numerics_against_float64(dtype, group_size, scale_after_matmul):
+    torch.manual_seed(1)
+    w, scale = quantized(dtype, group_size, seed=2)
+    x, bias = torch.randn(4, 7, K, dtype=dtype), torch.randn(N, dtype=dtype)
+    out = INT8_LINEAR(x, w, scale, bias, group_size=group_size, scale_after_matmul=scale_after_matmul)
+    assert out.dtype == dtype and out.shape == (4, 7, N) and out.is_contiguous()
+    expected, tol = float64_reference(x, w, scale, bias, group_size), TOLERANCES[dtype]
+    torch.testing.assert_close(out.double(), expected, atol=tol * expected.abs().max().item(), rtol=tol)
+
+
+def test_float32_scales_dequantize_in_float32_then_round_once():
+    """With a float32 scale the op computes `(w.float() * scale).to(x.dtype)`, as the model code does."""
+    w, scale = quantized(torch.float32)
+    x = torch.randn(5, K, dtype=torch.bfloat16)
+    expected = F.linear(x, (w.float() * scale[:, None]).to(torch.bfloat16))
+    assert torch.equal(INT8_LINEAR(x, w, scale), expected)
+
+
+@pytest.mark.parametrize("change, message", [
+    (dict(w=torch.zeros(N, K)), "2-D int8 weight"),
+    (dict(x=torch.randn(3, K, dtype=torch.float64)), "x dtype float64 is not supported"),
+    (dict(scale=torch.ones(N, 2)), r"w_scale has shape \[48, 2\], wants \[48\]"),
+    (dict(group_size=24), "group_size 24 does not divide the 64 input features"),
+    (dict(group_size=GROUP, scale_after_matmul=True, scale=torch.ones(N, K // GROUP)), "per group cannot"),
+    (dict(scale_after_matmul=True, scale=torch.ones(N, dtype=torch.bfloat16)), "must have x's dtype float32"),
+    (dict(bias=torch.zeros(N, dtype=torch.bfloat16)), "bias of x's dtype float32"),
+    (dict(x=torch.randn(3, K + 1)), "x has 65 features, the weight 64"),
+])
+def test_inputs_the_op_cannot_take_are_errors(change, message):
+    w, scale = quantized(torch.float32)
+    args = dict(x=torch.randn(3, K), w=w, scale=scale, bias=None, group_size=-1, scale_after_matmul=False) | change
+    with pytest.raises((ValueError, RuntimeError), match=message):
+        INT8_LINEAR(args["x"], args["w"], args["scale"], args["bias"], group_size=args["group_size"],
+                    scale_after_matmul=args["scale_after_matmul"])
+
+
+def test_unsupported_reason():
+    assert int8_linear_unsupported_reason("cuda", torch.bfloat16, torch.bfloat16, K) is None
+    assert int8_linear_unsupported_reason("cpu", torch.float16, torch.float32, K, GROUP) is None
+    assert int8_linear_unsupported_reason("mps", torch.float16, torch.float16, K) == \
+        "device mps has no fa4 int8_linear kernel"
+    assert int8_linear_unsupported_reason("cpu", torch.bfloat16, torch.float32, K, scale_after_matmul=True) == \
+        "a scale applied after the matmul must have x's dtype bfloat16, not float32 (it would promote the output)"
+
+
+# -------------------------------------------------------------------------------------- the family, compiled
+
+
+class Compiled:
+    """A function compiled by the backend with Inductor: its output, its forward's generated code, the
+    aten graphs after our post-grad passes (`fa4_inductor.graph_summary`) and the published records."""
+
+    def __init__(self, fn, *args, backend=fa4_inductor.fa4_inductor):
+        torch._dynamo.reset()
+        self.graphs = []
+        passes = post_grad.PostGradPasses.__call__
+
+        def capturing(pass_self, graph):
+            passes(pass_self, graph)
+            self.graphs.append(fa4_inductor.graph_summary(graph.owning_module))
+
+        with mock.patch.object(post_grad.PostGradPasses, "__call__", capturing), report.collecting() as records:
+            self.out, codes = run_and_get_code(torch.compile(fn, backend=backend), *args)
+        self.code, self.records = codes[0], records
+
+    @property
+    def details(self) -> list[tuple[bool, str]]:
+        return [(r.rewritten, r.detail) for r in self.records]
+
+
+def gpt_fast_linear(dtype):
+    torch.manual_seed(0)
+    return upstream.WeightOnlyInt8Linear.from_linear(nn.Linear(K, N), dtype)
+
+
+@pytest.mark.parametrize("x_shape", [(5, K), (2, 3, K)], ids=["x-2d", "x-3d"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_gpt_fast_weight_only_int8_linear(dtype, x_shape):
+    linear = gpt_fast_linear(dtype)
+    x = torch.randn(x_shape, dtype=dtype)
+    compiled = Compiled(linear, x)
+    assert OP_CALL in compiled.code
+    torch.testing.assert_close(compiled.out, linear(x), atol=0, rtol=0)  # the same arithmetic, in the same order
+    m = x_shape[0] * (x_shape[1] if len(x_shape) == 3 else 1)
+    dtype_name = str(dtype).removeprefix("torch.")
+    assert compiled.details == [(True, f"fa4.int8_linear(x[{m}x{K}] {dtype_name}, w[{N}x{K}] int8, "
+                                       f"scale[{N}] {dtype_name}, scale_after_matmul=True)")]
+
+
+def test_gpt_fast_with_a_dynamic_batch():
+    linear = gpt_fast_linear(torch.bfloat16)
+    x = torch.randn(4, 3, K, dtype=torch.bfloat16)
+    torch._dynamo.mark_dynamic(x, 0)
+    compiled = Compiled(linear, x)
+    assert OP_CALL in compiled.code
+    torch.testing.assert_close(compiled.out, linear(x), atol=0, rtol=0)
+    assert [rewritten for rewritten, _ in compiled.details] == [True]
+
+
+class DequantizedLinear(nn.Module):
+    """User code that dequantizes an int8 weight buffer with `dequantize(w, scale, dtype)`, then `F.linear`."""
+
+    def __init__(self, dequantize, dtype, scale_dtype=None, group_size=-1, bias=False):
+        super().__init__()
+        w, scale = quantized(scale_dtype or dtype, group_size)
+        self.register_buffer("weight", w)
+        self.register_buffer("scale", scale)
+        self.bias = nn.Parameter(torch.randn(N, dtype=dtype), requires_grad=False) if bias else None
+        self.dequantize = dequantize
+
+    def forward(self, x):
+        return F.linear(x, self.dequantize(self.weight, self.scale, x.dtype), self.bias)
+
+
+SPELLINGS = {
+    "per-channel [:, None] with bias": (lambda w, s, dtype: w.to(dtype) * s[:, None], {"bias": True}),
+    "per-channel view(-1, 1)": (lambda w, s, dtype: w.to(dtype) * s.view(-1, 1), {}),
+    "per-channel in float32": (lambda w, s, dtype: (w.float() * s[:, None]).to(dtype), {"scale_dtype": torch.float32}),
+    "per-group view, cast, view back": (
+        lambda w, s, dtype: (w.view(N, K // GROUP, GROUP).to(dtype) * s[..., None]).view(N, K), {"group_size": GROUP}),
+    "per-group cast, view, flatten": (
+        lambda w, s, dtype: (w.to(dtype).view(N, -1, GROUP) * s.unsqueeze(-1)).flatten(1), {"group_size": GROUP}),
+}
+
+
+@pytest.mark.parametrize("spelling", SPELLINGS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_plain_dequantize_then_linear(dtype, spelling):
+    dequantize, kwargs = SPELLINGS[spelling]
+    linear = DequantizedLinear(dequantize, dtype, **kwargs)
+    x = torch.randn(2, 3, K, dtype=dtype)
+    compiled = Compiled(linear, x)
+    assert OP_CALL in compiled.code
+    torch.testing.assert_close(compiled.out, linear(x), atol=0, rtol=0)
+    assert [rewritten for rewritten, _ in compiled.details] == [True]
+
+
+class TestRewrittenGraphs(expecttest.TestCase):
+    def test_gpt_fast_x_3d(self):
+        compiled = Compiled(gpt_fast_linear(torch.bfloat16), torch.randn(2, 3, K, dtype=torch.bfloat16))
+        self.assertExpectedInline("\n".join(compiled.graphs), """\
+view: bf16[6, 64] = aten.reshape(arg1_1, (6, 64))
+int8_linear_default: bf16[6, 48] = fa4.int8_linear(view, arg0_1, arg2_1, None, scale_after_matmul=True)
+reshape_default: bf16[2, 3, 48] = aten.reshape(int8_linear_default, (2, 3, 48))""")
+
+    def test_per_group_with_bias(self):
+        dequantize, _ = SPELLINGS["per-group view, cast, view back"]
+        linear = DequantizedLinear(dequantize, torch.bfloat16, group_size=GROUP, bias=True)
+        compiled = Compiled(linear, torch.randn(2, 3, K, dtype=torch.bfloat16))
+        self.assertExpectedInline("\n".join(compiled.graphs), """\
+view_2: bf16[6, 64] = aten.reshape(arg2_1, (6, 64))
+int8_linear_default: bf16[6, 48] = fa4.int8_linear(view_2, arg0_1, arg1_1, arg3_1, group_size=16)
+view_3: bf16[2, 3, 48] = aten.reshape(int8_linear_default, (2, 3, 48))""")
+
+
+def test_training_keeps_the_dequantized_weight_the_backward_reads():
+    linear = gpt_fast_linear(torch.float32)
+    x = torch.randn(2, 3, K, requires_grad=True)
+    compiled = Compiled(linear, x)
+    assert OP_CALL not in compiled.code
+    assert compiled.details == [(False, "the dequantized weight (permute) is also read by permute_1, a graph output "
+                                        "(a training forward saves it for the backward)")]
+    expected = linear(x)
+    torch.testing.assert_close(compiled.out, expected)
+    torch.testing.assert_close(torch.autograd.grad(compiled.out.sum(), x), torch.autograd.grad(expected.sum(), x))
+
+
+@pytest.mark.parametrize("fn, scale, reason", [
+    pytest.param(lambda x, w, s: F.linear(x, w.to(x.dtype)) * s, torch.rand(N),
+                 "a scale applied after the matmul must have x's dtype bfloat16, not float32 (it would promote the "
+                 "output)", id="float32-scales-after-a-bfloat16-matmul"),
+    pytest.param(lambda x, w, s: F.linear(x, w.to(x.dtype) * s), torch.rand(K, dtype=torch.bfloat16),
+                 "the int8 weight viewed as [48, 64] is multiplied by a bfloat16 tensor of shape [64]: not a scale per "
+                 "output channel or per group", id="per-input-channel-scales"),
+    pytest.param(lambda x, w, s: F.linear(x, (w.half() * s.half()[:, None]).to(x.dtype)),
+                 torch.rand(N, dtype=torch.bfloat16), "the weight is dequantized through float16 for a bfloat16 x, "
+                 "which rounds differently from the op", id="dequantized-in-float16"),
+])
+def test_what_stays_as_written(fn, scale, reason):
+    w, _ = quantized(torch.bfloat16)
+    x = torch.randn(5, K, dtype=torch.bfloat16)
+    compiled = Compiled(fn, x, w, scale)
+    assert OP_CALL not in compiled.code
+    torch._dynamo.reset()
+    assert torch.equal(compiled.out, torch.compile(fn, backend="inductor")(x, w, scale))  # what Inductor alone gives
+    assert compiled.details == [(False, reason)]
+
+
+def test_the_option_turns_the_family_off():
+    linear = gpt_fast_linear(torch.bfloat16)
+    x = torch.randn(5, K, dtype=torch.bfloat16)
+    compiled = Compiled(linear, x, backend=fa4_inductor.backend(int8_linear=False))
+    assert OP_CALL not in compiled.code and compiled.records == []
+    torch.testing.assert_close(compiled.out, linear(x))
