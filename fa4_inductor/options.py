@@ -32,10 +32,11 @@ class Options:
     """On CUDA, leave small plain attentions (static shapes, at most a causal mask; lowering/crossover.py) on
     PyTorch's SDPA, whose C++ host path beats the op's where the kernels take microseconds."""
 
-    int8_linear: bool = True
+    int8_linear: bool = False
     """Rewrite int8 weight-only linears (gpt-fast's `WeightOnlyInt8Linear`, a weight dequantized per channel
     or per group, then `F.linear`) into `fa4::int8_linear`, on Inductor's aten graphs (lowering/int8_linear.py).
-    Its CUDA path is a dequantize-then-matmul for now."""
+    Off by default until the op has its int8 GPU kernels: its CUDA path is a dequantize-then-matmul, which
+    would be slower than what default compile does with gpt-fast's module (`_weight_int8pack_mm`)."""
 
     @classmethod
     def names(cls) -> list[str]:
