@@ -9,6 +9,13 @@ gpt-fast's `WeightOnlyInt8Linear`, `F.linear(x, w.to(x.dtype)) * scales` (scales
     convert_element_type(w, x.dtype) -> permute([1, 0]) -> mm(x, .) [-> reshape] -> mul(., scales)
     becomes  int8_linear(x, w, scales, scale_after_matmul=True) [-> reshape]
 
+torchao's `Int8WeightOnlyConfig` (an `Int8Tensor` weight; its scale kept in float32, cast to x's dtype; the
+bias added after the scale, which stays as written after the op):
+
+    permute(w, [1, 0]) -> convert_element_type(., x.dtype) -> mm(x, .) -> mul(., reshape(convert(scale)))
+        [-> add(., bias)]
+    becomes  int8_linear(x, w, reshape(convert(scale)), scale_after_matmul=True) [-> add(., bias)]
+
 dequantize per output channel, then linear: `F.linear(x, w.to(x.dtype) * scale[:, None], bias)`, also
 `scale.view(-1, 1)` / `unsqueeze(-1)`, and `(w.float() * scale[:, None]).to(x.dtype)` with a float32 scale:
 
@@ -61,11 +68,18 @@ def _name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
+def _is_transpose(node) -> bool:
+    return _is(node, aten.permute.default) and [d % 2 for d in node.args[1]] == [1, 0]
+
+
 def _transposed_weight(matmul: Node) -> Node | None:
-    """W of `x @ W^T`: the matmul's right operand is a permute([1, 0]) of it."""
+    """W of `x @ W^T`: the matmul's right operand is a permute([1, 0]) of it, or (torchao's Int8Tensor) a
+    cast of the int8 weight's permute, the cast being elementwise."""
     operand = matmul.args[1] if matmul.target is aten.mm.default else matmul.args[2]
-    if _is(operand, aten.permute.default) and [d % 2 for d in operand.args[1]] == [1, 0]:
+    if _is_transpose(operand):
         return operand.args[0]
+    if _is(operand, CONVERT) and _is_transpose(operand.args[0]):
+        return operand.args[0].args[0]
     return None
 
 
@@ -130,8 +144,15 @@ class Match:
 def match(matmul: Node) -> Match:
     m = Match(matmul)
     transpose = matmul.args[1] if matmul.target is aten.mm.default else matmul.args[2]
-    weight = transpose.args[0]
     x_dtype = _dtype(m.x)
+    if _is(transpose, CONVERT):  # torchao's Int8Tensor: the int8 weight transposed, then cast
+        m.w_int8, m.chain = transpose.args[0].args[0], [transpose, transpose.args[0]]
+        if _dtype(m.w_int8) != torch.int8 or transpose.args[1] != x_dtype:
+            raise Decline(f"the matmul's weight is a {_name(_dtype(transpose.args[0]))} tensor cast to "
+                          f"{_name(transpose.args[1])} for a {_name(x_dtype)} x")
+        _match_scale_after_matmul(m)
+        return m
+    weight = transpose.args[0]
     if _dtype(weight) != x_dtype:
         raise Decline(f"the matmul takes a {_name(x_dtype)} x and a {_name(_dtype(weight))} weight")
     cast = _cast_of_int8(weight)

@@ -3,6 +3,8 @@ graphs (lowering/int8_linear.py), through the real backend."""
 
 from unittest import mock
 
+import math
+
 import expecttest
 import pytest
 import torch
@@ -258,3 +260,25 @@ def test_the_family_is_off_unless_asked_for(backend):
     compiled = Compiled(linear, x, backend=backend)
     assert OP_CALL not in compiled.code and compiled.records == []
     torch.testing.assert_close(compiled.out, linear(x))
+
+
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "no-bias"])
+@pytest.mark.parametrize("x_shape", [(5, K), (2, 3, K)], ids=["x-2d", "x-3d"])
+def test_torchao_int8_weight_only_config(x_shape, bias):
+    """torchao's `Int8WeightOnlyConfig` (an `Int8Tensor` weight): transposed, cast, multiplied by its float32
+    scale cast to x's dtype, the bias added after; the op takes the matmul and the scale, the add stays."""
+    torchao = pytest.importorskip("torchao")
+    from torchao.quantization import Int8WeightOnlyConfig, quantize_
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(K, N, bias=bias)).to(torch.bfloat16).requires_grad_(False)
+    quantize_(model, Int8WeightOnlyConfig())
+    x = torch.randn(x_shape, dtype=torch.bfloat16)
+    with torch.no_grad():
+        compiled = Compiled(model, x)
+        expected = model(x)
+    assert OP_CALL in compiled.code, torchao.__version__
+    torch.testing.assert_close(compiled.out, expected, atol=0, rtol=0)  # eager's roundings, in eager's order
+    assert [r.detail for r in compiled.records] == [
+        f"fa4.int8_linear(x[{'x'.join(map(str, (math.prod(x_shape[:-1]), K)))}] bfloat16, w[{N}x{K}] int8, "
+        f"scale[{N}] bfloat16, scale_after_matmul=True)"]
