@@ -220,27 +220,32 @@ def key_mask_form(q: Tensor, k: Tensor, seqused_k: Optional[Tensor], key_mask: O
         return KeyMaskForm(seqused_k, key_mask)
     kind = None
     if _LAST_FORM:
-        (mask, version, lengths, same_flags), remembered = _LAST_FORM
-        if mask() is key_mask and version == _version(key_mask) and (lengths() if lengths else None) is seqused_k \
+        (mask, version, used, same_flags), remembered = _LAST_FORM
+        if mask() is key_mask and version == _version(key_mask) and (used() if used else None) is seqused_k \
                 and same_flags == flags:
             kind = remembered
-    lengths = key_mask.sum(-1, dtype=torch.int32)
     if kind is None:
-        kind = _mask_kind(q, k, seqused_k, key_mask, lengths, flags)
+        kind = _mask_kind(q, k, seqused_k, key_mask, flags)
         _LAST_FORM[:] = [(weakref.ref(key_mask), _version(key_mask),
                           weakref.ref(seqused_k) if seqused_k is not None else None, dict(flags)), kind]
     if kind == "hides nothing":
         return KeyMaskForm(seqused_k, None)
     if kind == "right padding":
-        return KeyMaskForm(lengths, None)
+        return KeyMaskForm(_lengths(key_mask), None)
     if kind == "left padding":
-        return KeyMaskForm(None, None, key_mask.shape[1] - lengths)
+        return KeyMaskForm(None, None, key_mask.shape[1] - _lengths(key_mask))
     return KeyMaskForm(seqused_k, key_mask)
 
 
-def _mask_kind(q, k, seqused_k, key_mask, lengths, flags) -> str:
+def _lengths(key_mask: Tensor) -> Tensor:
+    """[B] int32 visible keys per sequence."""
+    return key_mask.sum(-1, dtype=torch.int32)
+
+
+def _mask_kind(q, k, seqused_k, key_mask, flags) -> str:
     """Which `key_mask_form` a mask has ("hides nothing", "right padding", "left padding" or "kept"), read
     on the host."""
+    lengths = _lengths(key_mask)
     positions = torch.arange(key_mask.shape[1], device=key_mask.device)
     unused = positions >= seqused_k[:, None] if seqused_k is not None else torch.zeros_like(key_mask)
     right_padding = (key_mask == (positions < lengths[:, None])).all()

@@ -376,21 +376,18 @@ def rewrite(call: AttentionCall | None, context: Context) -> str | None:
     _check_output_shape(call)
     small = None
     if getattr(context.options, "small_calls_to_sdpa", True):
-        if "gflop_per_attention" not in context.shared:
-            context.shared["gflop_per_attention"] = crossover.gflop_per_attention(context.gm.graph)
-        small = crossover.small_attention(call, context.shared["gflop_per_attention"])
-    if small is not None:
-        if crossover.is_sdpa_call(call):
-            raise Decline(small)
-        buffers = _check_in_place_updates(call, context.mutations, context.constants)
-        text = _emit_sdpa(context.gm, call, context.fake_mode, context.mutations, small)
-        context.read_by_value |= buffers  # is_causal stands for a mask read from a module buffer
-        return text
-    if call.padding is not None:
-        _encode_padding(call, context.options)
-    _fold_gqa(call, context.options.gqa)
+        small = crossover.small_attention(call, context.gm.graph, context.shared)
+    if small is not None and crossover.is_sdpa_call(call):
+        raise Decline(small)
+    if small is None:
+        if call.padding is not None:
+            _encode_padding(call, context.options)
+        _fold_gqa(call, context.options.gqa)
     buffers = _check_in_place_updates(call, context.mutations, context.constants)
     _check_positions_bounded(call, context.mutations)
-    text = emit(context.gm, call, context.fake_mode, context.shared, context.mutations)
-    context.read_by_value |= buffers
+    if small is not None:
+        text = _emit_sdpa(context.gm, call, context.fake_mode, context.mutations, small)
+    else:
+        text = emit(context.gm, call, context.fake_mode, context.shared, context.mutations)
+    context.read_by_value |= buffers  # masks read from module buffers, is_causal's included
     return text

@@ -34,11 +34,19 @@ GFLOP_BELOW = ((32, 20.0), (256, 60.0))  # (head dims up to, GFLOP of attention 
 LAYER_GFLOP_HOST_BOUND = 100.0
 
 
-def small_attention(call, layer_gflop: float | None) -> str | None:
-    """Why `call` (an attention.AttentionCall) runs faster on SDPA, or None. `layer_gflop`: the graph's GPU
-    work per attention (`gflop_per_attention`)."""
-    if layer_gflop is None or layer_gflop >= LAYER_GFLOP_HOST_BOUND:
-        return None
+def attention_gflop(b, h, sq, sk, d, causal: bool = False) -> float:
+    """GFLOP of attention over [b, h, sq, d] queries and sk keys (q @ k^T and p @ v), halved when causal."""
+    return 4 * b * h * sq * sk * d / (2 if causal else 1) / 1e9
+
+
+def gflop_limit(head_dim: int) -> float:
+    """The attention GFLOP below which SDPA is kept at this head dim (0: never)."""
+    return next((g for dims, g in GFLOP_BELOW if head_dim <= dims), 0.0)
+
+
+def small_attention(call, graph, shared: dict) -> str | None:
+    """Why `call` (an attention.AttentionCall) runs faster on SDPA, or None. The graph's GPU work per
+    attention (`gflop_per_attention`) is computed once per graph, in `shared`, and only when asked."""
     q = value(call.q)
     if q.device.type not in DEVICES or len(shape(call.q)) != 4:
         return None
@@ -51,17 +59,16 @@ def small_attention(call, layer_gflop: float | None) -> str | None:
     causal = bool(call.flags.get("causal"))
     if not is_sdpa_call(call) and (set(call.flags) - {"causal"} or call.padding is not None or (causal and sq != sk)):
         return None  # the SDPA call a hand-written attention becomes has no mask, at most is_causal
-    gflop = 4 * b * h * sq * sk * d / (2 if causal else 1) / 1e9
-    limit = next(g for dims, g in GFLOP_BELOW if d <= dims) if d <= GFLOP_BELOW[-1][0] else 0.0
+    gflop, limit = attention_gflop(b, h, sq, sk, d, causal), gflop_limit(d)
     if gflop >= limit:
+        return None
+    if "gflop_per_attention" not in shared:
+        shared["gflop_per_attention"] = gflop_per_attention(graph)
+    layer_gflop = shared["gflop_per_attention"]
+    if layer_gflop is None or layer_gflop >= LAYER_GFLOP_HOST_BOUND:
         return None
     return (f"a small attention ({gflop:.2g} GFLOP, under {limit:g} at head dim {d}) in a host-bound graph "
             f"({layer_gflop:.2g} GFLOP per attention): SDPA's C++ path has less host overhead than the fa4 op")
-
-
-def _attention_gflop(node: Node) -> float:
-    q, k = shape(node.args[0]), shape(node.args[1])
-    return 4 * math.prod(q) * k[-2] / 1e9
 
 
 def gflop_per_attention(graph) -> float | None:
@@ -72,7 +79,8 @@ def gflop_per_attention(graph) -> float | None:
         try:
             if SDPA(node):
                 attentions += 1
-                total += _attention_gflop(node)
+                q, k = shape(node.args[0]), shape(node.args[1])
+                total += attention_gflop(math.prod(q[:-2]), 1, q[-2], k[-2], q[-1])
             elif SOFTMAX(node):
                 attentions += 1
             elif MATMUL(node) or LINEAR(node):

@@ -55,8 +55,8 @@ class PostGradPasses(CustomGraphPass):
     """`fa4::attention` calls made `fa4::attention_forward`, the POST_GRAD families, then the pass the user
     had set on the same hook (if any)."""
 
-    def __init__(self, options, user_pass=None, families=None):
-        self.options, self.user_pass, self.families = options, user_pass, families
+    def __init__(self, options, user_pass=None):
+        self.options, self.user_pass = options, user_pass
         self.records: list[Record] = []
 
     def __call__(self, graph) -> None:
@@ -65,7 +65,7 @@ class PostGradPasses(CustomGraphPass):
         gm = graph.owning_module
         without_autograd(graph)
         fake_mode = detect_fake_mode([n.meta.get("val") for n in graph.nodes if "val" in n.meta])
-        records = run_families(Context(gm, self.options, fake_mode), POST_GRAD, self.families or FAMILIES)
+        records = run_families(Context(gm, self.options, fake_mode), POST_GRAD, FAMILIES)
         for record in records:
             log.debug("%s", record)
         self.records += records
@@ -74,5 +74,4 @@ class PostGradPasses(CustomGraphPass):
 
     def uuid(self) -> str:
         user = self.user_pass.uuid() if hasattr(self.user_pass, "uuid") else repr(self.user_pass)
-        families = [(f.name, f.stage) for f in self.families] if self.families else None
-        return f"fa4_inductor:{source_hash()}:{self.options!r}:{families}:{user}"
+        return f"fa4_inductor:{source_hash()}:{self.options!r}:{user}"

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from fa4_inductor.lowering import crossover
-from helpers import Recorder
+from helpers import Recorder, compile_and_record
 
 
 @pytest.fixture(autouse=True)
@@ -30,26 +30,20 @@ def qkv(heads_kv=4):
     return torch.randn(2, 4, 32, 16), torch.randn(2, heads_kv, 32, 16), torch.randn(2, heads_kv, 32, 16)
 
 
-def compiled(fn, rec, *args):
-    torch._dynamo.reset()
-    return torch.compile(fn, backend=rec)(*args)
-
-
 def test_a_small_sdpa_call_is_kept_with_the_reason():
-    rec = Recorder()
     q, k, v = qkv()
-    torch.testing.assert_close(compiled(sdpa_causal, rec, q, k, v), sdpa_causal(q, k, v))
+    rec, out = compile_and_record(sdpa_causal, q, k, v)
+    torch.testing.assert_close(out, sdpa_causal(q, k, v))
     assert rec.count() == 0
     assert rec.reasons == ["a small attention (0.00026 GFLOP, under 20 at head dim 16) in a host-bound graph "
                            "(0.00052 GFLOP per attention): SDPA's C++ path has less host overhead than the fa4 op"]
 
 
 def test_a_small_handwritten_attention_becomes_sdpa_on_the_repeated_kv():
-    rec = Recorder()
     q, k, v = qkv(heads_kv=2)
     for t in (q, k, v):
         t.requires_grad_()
-    out = compiled(handwritten_causal_gqa, rec, q, k, v)
+    rec, out = compile_and_record(handwritten_causal_gqa, q, k, v)
     expected = handwritten_causal_gqa(q, k, v)
     torch.testing.assert_close(out, expected)
     grads = torch.autograd.grad(out.sum(), (q, k, v))
@@ -62,12 +56,10 @@ def test_a_small_handwritten_attention_becomes_sdpa_on_the_repeated_kv():
 
 def test_above_the_threshold_and_with_the_option_off_the_op_takes_them(monkeypatch):
     q, k, v = qkv()
-    rec = Recorder(small_calls_to_sdpa=False)
-    compiled(sdpa_causal, rec, q, k, v)
+    rec, _ = compile_and_record(sdpa_causal, q, k, v, small_calls_to_sdpa=False)
     assert rec.count() == 1
     monkeypatch.setattr(crossover, "GFLOP_BELOW", ((32, 1e-4), (256, 1e-4)))
-    rec = Recorder()
-    compiled(handwritten_causal_gqa, rec, *qkv(heads_kv=2))
+    rec, _ = compile_and_record(handwritten_causal_gqa, *qkv(heads_kv=2))
     assert rec.count() == 1
 
 
@@ -80,9 +72,9 @@ def test_hand_written_windows_and_symbolic_sizes_go_to_the_op():
         s = (q @ k.transpose(-2, -1)) * 0.25
         return s.masked_fill(~visible, float("-inf")).softmax(-1) @ v
 
-    rec = Recorder()
     q, k, v = qkv()
-    torch.testing.assert_close(compiled(windowed, rec, q, k, v), windowed(q, k, v))
+    rec, out = compile_and_record(windowed, q, k, v)
+    torch.testing.assert_close(out, windowed(q, k, v))
     assert rec.count() == 1
     rec = Recorder()
     torch._dynamo.reset()
@@ -99,12 +91,10 @@ def test_a_graph_with_enough_gpu_work_per_layer_keeps_the_op(monkeypatch):
     x, w = torch.randn(64, 128), torch.randn(256, 128)  # 2 * 64 * 256 * 128 = 0.0042 GFLOP
     assert crossover.gflop_per_attention(torch.fx.symbolic_trace(lambda x, w: F.linear(x, w)).graph) is None
     monkeypatch.setattr(crossover, "LAYER_GFLOP_HOST_BOUND", 0.004)
-    rec = Recorder()
-    compiled(layer, rec, x, w, *qkv())
+    rec, _ = compile_and_record(layer, x, w, *qkv())
     assert rec.count() == 1
     monkeypatch.setattr(crossover, "LAYER_GFLOP_HOST_BOUND", 0.005)
-    rec = Recorder()
-    compiled(layer, rec, x, w, *qkv())
+    rec, _ = compile_and_record(layer, x, w, *qkv())
     assert rec.count() == 0
 
 
@@ -114,8 +104,8 @@ def test_a_small_sdpa_call_with_a_padding_mask_is_kept_and_a_kv_cache_is_not():
 
     q, k, v = qkv()
     keep = torch.arange(32)[None, :] >= torch.tensor([0, 5])[:, None]
-    rec = Recorder()
-    torch.testing.assert_close(compiled(padded, rec, q, k, v, keep), padded(q, k, v, keep))
+    rec, out = compile_and_record(padded, q, k, v, keep)
+    torch.testing.assert_close(out, padded(q, k, v, keep))
     assert rec.count() == 0 and rec.reasons[0].startswith("a small attention")
 
     def decode(q, k_cache, v_cache, offset):
@@ -125,8 +115,8 @@ def test_a_small_sdpa_call_with_a_padding_mask_is_kept_and_a_kv_cache_is_not():
         v_cache.index_copy_(2, positions, q[:, :v_cache.shape[1]])
         return F.scaled_dot_product_attention(q, k_cache, v_cache, attn_mask=mask)
 
-    rec = Recorder()
-    compiled(decode, rec, torch.randn(2, 4, 1, 16), torch.randn(2, 4, 32, 16), torch.randn(2, 4, 32, 16), torch.tensor(7))
+    rec, _ = compile_and_record(decode, torch.randn(2, 4, 1, 16), torch.randn(2, 4, 32, 16), torch.randn(2, 4, 32, 16),
+                                torch.tensor(7))
     assert rec.count() == 1
 
 

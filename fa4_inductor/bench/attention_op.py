@@ -113,8 +113,8 @@ def crossover_suite(device="cuda", dtype=torch.bfloat16, head_dims=(32, 64, 128)
                 q, k, v = _hf_qkv(b, s, s, hq, hkv, d, dtype, device)
                 ours = functools.partial(_ours, q, k, v, True, d ** -0.5)
                 sdpa = functools.partial(F.scaled_dot_product_attention, q, k, v, is_causal=True, enable_gqa=hq != hkv)
-                gflop = 2 * b * hq * s * s * d / 1e9
-                limit = next(g for dims, g in crossover.GFLOP_BELOW if d <= dims)
+                gflop = crossover.attention_gflop(b, hq, s, s, d, causal=True)
+                limit = crossover.gflop_limit(d)
                 with torch.no_grad():
                     times = [host_us_per_call(ours), host_us_per_call(sdpa),
                              gpu_ms(ours, cuda_graph=device == "cuda") * 1e3,
