@@ -1,0 +1,48 @@
+"""kernels/prepared_weights.py: a weight is prepared once, again after it changes, and dropped with it."""
+
+import gc
+
+import torch
+
+from fa4_inductor.kernels import prepared_weights
+
+
+def _counting_build(w, calls):
+    def build():
+        calls.append(1)
+        return w.float() * 2
+    return build
+
+
+def test_built_once_per_weight_and_kind():
+    prepared_weights.clear()
+    w, calls = torch.randn(8, 4), []
+    first = prepared_weights.get(w, "x2", _counting_build(w, calls))
+    again = prepared_weights.get(w, "x2", _counting_build(w, calls))
+    assert again is first and len(calls) == 1
+    prepared_weights.get(w, "other", _counting_build(w, calls))
+    assert len(calls) == 2
+    assert sorted(kind for _, kind, _ in prepared_weights.report()) == ["other", "x2"]
+    assert prepared_weights.total_bytes() == 2 * 8 * 4 * 4
+
+
+def test_rebuilt_after_in_place_update_and_new_storage():
+    prepared_weights.clear()
+    w, calls = torch.randn(8, 4), []
+    prepared_weights.get(w, "x2", _counting_build(w, calls))
+    w.add_(1)
+    value = prepared_weights.get(w, "x2", _counting_build(w, calls))
+    assert len(calls) == 2 and torch.equal(value, w * 2)
+    w.data = torch.randn(8, 4)
+    value = prepared_weights.get(w, "x2", _counting_build(w, calls))
+    assert len(calls) == 3 and torch.equal(value, w * 2)
+
+
+def test_entry_goes_with_the_weight():
+    prepared_weights.clear()
+    w = torch.randn(8, 4)
+    prepared_weights.get(w, "x2", lambda: w * 2)
+    assert len(prepared_weights.report()) == 1
+    del w
+    gc.collect()
+    assert prepared_weights.report() == []
