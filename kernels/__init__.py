@@ -3,7 +3,7 @@
 `library.py` owns the namespace; each op file defines its ops in it (`attention.py`: `fa4::attention`
 `fa4::attention_forward`, its twin without autograd, and `fa4::attention_backward`; `int8_linear.py`:
 `fa4::int8_linear`). `attention_unsupported_reason(device_type, dtype, head_dim, head_dim_v)` is the check
-lowering asks before it emits `fa4::attention`, `int8_linear_unsupported_reason(device_type, dtype,
+lowering asks before it emits `fa4::attention` (and `crossover`, where SDPA is faster), `int8_linear_unsupported_reason(device_type, dtype,
 scale_dtype, in_features, group_size, scale_after_matmul)` the one before `fa4::int8_linear`.
 """
 
@@ -19,7 +19,7 @@ if __name__ != "fa4_inductor.kernels":
 else:
     import torch
 
-    from . import attention, int8_linear
+    from . import attention, crossover, int8_linear
     from .attention import unsupported_reason as attention_unsupported_reason
     from .int8_linear import unsupported_reason as int8_linear_unsupported_reason
 
@@ -28,4 +28,4 @@ else:
     INT8_LINEAR = torch.ops.fa4.int8_linear.default
 
     __all__ = ["ATTENTION", "ATTENTION_FORWARD", "INT8_LINEAR", "attention", "attention_unsupported_reason",
-               "int8_linear", "int8_linear_unsupported_reason"]
+               "crossover", "int8_linear", "int8_linear_unsupported_reason"]

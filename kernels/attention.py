@@ -29,7 +29,8 @@ device; `kernel_for` says which and why, and `_route` remembers it per call sign
 backward, or the reference). FA4 takes no key mask: a key-mask call that is not decode-shaped first
 has its mask read on the host (`key_mask_form`, outside CUDA-graph capture), and goes to FA4
 when the mask hides nothing in use, or, with no band, is right padding (seqused_k), or, on a
-self-attention, is left padding (FA4's varlen segments over the padded buffer).
+self-attention, is left padding (FA4's varlen segments over the padded buffer); a small one
+(`crossover.py`) skips the read and runs on the SDPA fallback with its mask.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ from typing import NamedTuple, Optional
 import torch
 from torch import Tensor
 
-from . import fa4, layout, library, reference, routes, switches
+from . import crossover, fa4, layout, library, reference, routes, switches
 from .flags import SCHEMA as FLAGS_SCHEMA, Flags
 
 log = logging.getLogger("fa4_inductor.kernels")
@@ -270,10 +271,19 @@ def _version(t: Tensor) -> Optional[int]:
     return None if t.is_inference() else t._version
 
 
+def _reads_mask_form(q: Tensor, k: Tensor, flags: dict) -> bool:
+    """Whether a key-mask call is worth `key_mask_form`'s host read: not for a small attention, which the
+    SDPA fallback runs with the mask about as fast as FA4 would without it (`crossover.py`), while the read's
+    sync would stall a host-bound graph (a small model's padded batch ran 0.55-0.63x default compile)."""
+    b, h, sq, d = q.shape
+    return not crossover.small(b, h, sq, k.shape[2], d, flags["causal"])
+
+
 def _attention_cuda(q, k, v, seqused_k=None, key_mask=None, **flags):
     flags = _complete(flags)
     route = _route(q, k, v, seqused_k, key_mask, flags)
-    if key_mask is not None and route.name in ("sdpa", "reference"):  # a mask FA4 may take after all
+    # A mask FA4 may take after all:
+    if key_mask is not None and route.name in ("sdpa", "reference") and _reads_mask_form(q, k, flags):
         form = key_mask_form(q, k, seqused_k, key_mask, flags)
         if form.key_mask is None:
             without_mask = _route(q, k, v, form.seqused_k, None, flags)
@@ -315,7 +325,8 @@ def attention_backward(
 def _attention_backward_cuda(grad_out, q, k, v, out, lse, grad_lse=None, seqused_k=None, key_mask=None, **flags):
     _check_inputs(q, k, v, seqused_k, key_mask)
     flags = _complete(flags)
-    form = key_mask_form(q, k, seqused_k, key_mask, flags)
+    form = (key_mask_form(q, k, seqused_k, key_mask, flags) if _reads_mask_form(q, k, flags)
+            else KeyMaskForm(seqused_k, key_mask))
     if form.starts is not None and _backward_route(q, k, v, None, None, flags) is routes.FA4:
         return fa4.backward_left_padded(grad_out, q, k, v, out, lse, grad_lse, form.starts, **flags)
     if form.starts is None:

@@ -1,12 +1,8 @@
 """Small attentions in host-bound graphs stay on PyTorch's SDPA, where default torch.compile runs them.
 
-A `fa4::attention` call costs 50-85 us of host time on the H200 (Python dispatch, routing, FA4's
-launch) against ~20 us for SDPA's C++ path, while both kernels take microseconds on a small attention;
-a graph whose GPU work per layer is small is host-bound, and would run slower than under default
-torch.compile. Measured (`python -m fa4_inductor bench --suite crossover`; docs/benchmarks.md, session
-6, run 2): back to back, SDPA wins below ~17 GFLOP of causal attention at head dim 32 and ~35-70 at
-head dims 64 and 128; above, FA4 wins by up to 1.4x. Routing to SDPA is never slower than default
-compile (it is default compile's kernel), so the thresholds sit on the generous side.
+What is small, and why SDPA wins there, is the kernels' fact (`kernels/crossover.py`, measured): a
+graph whose GPU work per layer is small is host-bound, and would run slower than under default
+torch.compile with the op's host path in every layer.
 
 Where the GPU work per attention is large (a graph's matmul and attention GFLOP per attention candidate
 at or over LAYER_GFLOP_HOST_BOUND), host time hides behind it and the op stays (FA4's GPU time is the
@@ -25,23 +21,16 @@ import math
 import torch
 from torch.fx import Node
 
+from ..kernels import crossover as kernel_crossover
 from .spellings import LINEAR, MATMUL, SDPA, SOFTMAX, shape, value
 
 DEVICES = ("cuda",)  # where the op's host path is the cost (tests add "cpu")
-GFLOP_BELOW = ((32, 20.0), (256, 60.0))  # (head dims up to, GFLOP of attention below which SDPA is kept)
 # Below this much GPU work per attention a graph's host time is not hidden: HF models carry ~1 ms of host
 # time per forward at two layers (the size sweep's hidden-256 Llama was host-bound at 84 GFLOP per attention).
 LAYER_GFLOP_HOST_BOUND = 100.0
 
 
-def attention_gflop(b, h, sq, sk, d, causal: bool = False) -> float:
-    """GFLOP of attention over [b, h, sq, d] queries and sk keys (q @ k^T and p @ v), halved when causal."""
-    return 4 * b * h * sq * sk * d / (2 if causal else 1) / 1e9
-
-
-def gflop_limit(head_dim: int) -> float:
-    """The attention GFLOP below which SDPA is kept at this head dim (0: never)."""
-    return next((g for dims, g in GFLOP_BELOW if head_dim <= dims), 0.0)
+attention_gflop, gflop_limit = kernel_crossover.attention_gflop, kernel_crossover.gflop_limit
 
 
 def small_attention(call, graph, shared: dict) -> str | None:

@@ -394,3 +394,13 @@ def test_invalid_calls_are_errors(case):
     make, flags, message = INVALID_CALLS[case]
     with pytest.raises(ValueError, match=re.escape(message)):
         ATTENTION(*make(torch.randn(2, 4, 7, 16)), **{"scale": 0.3, **flags})
+
+
+def test_small_key_mask_calls_skip_the_host_read_of_the_mask():
+    """A small attention with a key mask runs on the SDPA fallback with its mask: its form is not read on the
+    host (a sync that stalls a host-bound graph); a large one is (kernels/crossover.py draws the line)."""
+    full = dict(scale=0.1, causal=True, window_left=-1, window_right=-1, softcap=0.0)
+    small_q, small_k = torch.empty(8, 4, 2048, 64, device="meta"), torch.empty(8, 1, 2048, 64, device="meta")
+    large_q, large_k = torch.empty(4, 32, 4096, 128, device="meta"), torch.empty(4, 8, 4096, 128, device="meta")
+    assert not attention_op._reads_mask_form(small_q, small_k, full)
+    assert attention_op._reads_mask_form(large_q, large_k, full)

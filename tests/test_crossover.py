@@ -58,7 +58,7 @@ def test_above_the_threshold_and_with_the_option_off_the_op_takes_them(monkeypat
     q, k, v = qkv()
     rec, _ = compile_and_record(sdpa_causal, q, k, v, small_calls_to_sdpa=False)
     assert rec.count() == 1
-    monkeypatch.setattr(crossover, "GFLOP_BELOW", ((32, 1e-4), (256, 1e-4)))
+    monkeypatch.setattr(crossover.kernel_crossover, "GFLOP_BELOW", ((32, 1e-4), (256, 1e-4)))
     rec, _ = compile_and_record(handwritten_causal_gqa, *qkv(heads_kv=2))
     assert rec.count() == 1
 

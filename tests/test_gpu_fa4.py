@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 import fa4_inductor  # noqa: F401  (registers the ops)
 from fa4_inductor.kernels import attention as attention_op
-from fa4_inductor.kernels import decode, fa4, fa4_replay, reference, switches
+from fa4_inductor.kernels import crossover, decode, fa4, fa4_replay, reference, switches
 from gpu_helpers import assert_fa_rule, capture, eager
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
@@ -349,7 +349,8 @@ def key_mask_call_by_fa_rule(q, k, v, mask, flags):
 def test_key_mask_forward_and_backward(causal, monkeypatch):
     """A padding mask as the op's key_mask on prefill shapes: one with left- and right-padded rows runs on the
     SDPA fallback, forward and recomputing backward, by the FA rule; an all-visible one is read on the host
-    and runs FA4."""
+    and runs FA4 (these shapes count as large here: kernels/crossover.py would keep them on SDPA unread)."""
+    monkeypatch.setattr(crossover, "GFLOP_BELOW", ())
     q, k, v = qkv(b=3, sq=500, group=4, requires_grad=True)
     flags = attention_flags(128, causal=causal)
     mask = torch.ones(3, 500, dtype=torch.bool, device="cuda")
@@ -373,6 +374,7 @@ def test_key_mask_forward_and_backward(causal, monkeypatch):
 def test_left_padding_runs_fa4_varlen(flags_kind, monkeypatch):
     """A left-padded key mask on a self-attention goes to FA4 as varlen segments over the padded buffer
     (no copy of Q/K/V, no mask): forward and backward by the FA rule, blind rows zeros with lse -inf."""
+    monkeypatch.setattr(crossover, "GFLOP_BELOW", ())  # these shapes count as large here
     b, s = 4, 500
     q, k, v = qkv(b=b, sq=s, group=4, requires_grad=True)
     flags = {"causal": attention_flags(128, causal=True), "window": attention_flags(128, window_left=64, window_right=0),
@@ -392,9 +394,10 @@ def test_left_padding_runs_fa4_varlen(flags_kind, monkeypatch):
 
 
 @pytest.mark.parametrize("sq, sk", [(1, 128), (64, 64)], ids=["one-query", "self"])
-def test_key_masks_built_in_graph_under_cuda_graph_trees(sq, sk):
+def test_key_masks_built_in_graph_under_cuda_graph_trees(sq, sk, monkeypatch):
     """A padding mask computed inside a `reduce-overhead` graph lives in the CUDA-graph pool; reading its form
     (key_mask_form) must keep none of it past the graph (the trees refuse such a tensor)."""
+    monkeypatch.setattr(crossover, "GFLOP_BELOW", ())  # read the form of these small calls too
     def attend(q, k, v, lengths):
         keep = torch.arange(k.shape[2], device=q.device)[None, :] >= (k.shape[2] - lengths)[:, None]
         return F.scaled_dot_product_attention(q, k, v, attn_mask=keep[:, None, None, :])

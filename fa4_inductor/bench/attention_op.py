@@ -99,7 +99,7 @@ def crossover_suite(device="cuda", dtype=torch.bfloat16, head_dims=(32, 64, 128)
     """Causal attention through `fa4::attention` and through SDPA (PyTorch's pick, `enable_gqa`): microseconds
     per call back to back (host time included, what a host-bound model pays) and GPU time under a CUDA
     graph (what a GPU-bound one pays), with the GFLOP that `lowering/crossover.py` compares."""
-    from fa4_inductor.lowering import crossover
+    from fa4_inductor.kernels import crossover
 
     table = Table("fa4::attention against SDPA, causal, microseconds (lower is better)",
                   ["b", "hq/hkv", "seq", "head dim", "GFLOP", "op wall", "SDPA wall", "op gpu", "SDPA gpu",

@@ -1,0 +1,31 @@
+"""Where `fa4::attention` loses to PyTorch's SDPA: small attentions, whose kernels take microseconds while
+the op's host path (Python dispatch, routing, FA4's launch: 50-85 us on the H200) costs more than SDPA's
+C++ path (~20 us).
+
+Measured (`python -m fa4_inductor bench --suite crossover`; docs/benchmarks.md, session 6, run 2): back to
+back, SDPA wins below ~17 GFLOP of causal attention at head dim 32 and ~35-70 at head dims 64 and 128;
+above, FA4 wins by up to 1.4x. The thresholds sit on the generous side (SDPA is default compile's own
+kernel, so routing to it is never slower than default compile).
+
+Two users: lowering keeps small SDPA calls in host-bound graphs as written (`lowering/crossover.py`), and
+the op itself sends a small call with a key mask to the SDPA fallback rather than reading the mask's form
+on the host (a sync that stalls a host-bound graph; `attention.py`).
+"""
+
+from __future__ import annotations
+
+GFLOP_BELOW = ((32, 20.0), (256, 60.0))  # (head dims up to, GFLOP of attention below which SDPA is kept)
+
+
+def attention_gflop(b, h, sq, sk, d, causal: bool = False) -> float:
+    """GFLOP of attention over [b, h, sq, d] queries and sk keys (q @ k^T and p @ v), halved when causal."""
+    return 4 * b * h * sq * sk * d / (2 if causal else 1) / 1e9
+
+
+def gflop_limit(head_dim: int) -> float:
+    """The attention GFLOP below which SDPA is the faster at this head dim (0: never)."""
+    return next((g for dims, g in GFLOP_BELOW if head_dim <= dims), 0.0)
+
+
+def small(b, h, sq, sk, d, causal: bool = False) -> bool:
+    return attention_gflop(b, h, sq, sk, d, causal) < gflop_limit(d)
