@@ -68,20 +68,27 @@ def _quack():
 
 def unsupported_reason(x: Tensor, fmt: str, n: int, k: int) -> str | None:
     """Why quack's W4A16 GEMM cannot multiply x [..., k] by a weight of `fmt` with n rows, or None."""
+    capability = switches.capability(x.device.index) if x.device.type == "cuda" else None
+    return limits_reason(x.device.type, x.dtype, capability, fmt, n, k, x.numel())
+
+
+def limits_reason(device_type: str, dtype: torch.dtype, capability: tuple[int, int] | None, fmt: str, n: int,
+                  k: int, numel: int = 1) -> str | None:
+    """`unsupported_reason` on the call's description (a pure function but for the import of quack, last)."""
     if fmt not in FORMATS:
         return f"quack W4A16 format {fmt!r} is not wired (takes {', '.join(FORMATS)})"
-    if x.device.type != "cuda":
-        return f"quack's W4A16 GEMM runs on CUDA, not {x.device.type}"
-    if x.dtype != torch.bfloat16:
-        return f"quack's W4A16 GEMM takes bfloat16 activations, not {str(x.dtype).removeprefix('torch.')}"
-    major, minor = switches.capability(x.device.index)
+    if device_type != "cuda":
+        return f"quack's W4A16 GEMM runs on CUDA, not {device_type}"
+    if dtype != torch.bfloat16:
+        return f"quack's W4A16 GEMM takes bfloat16 activations, not {str(dtype).removeprefix('torch.')}"
+    major, minor = capability
     if major != 9:
         return f"quack's W4A16 GEMM is wired here for sm90 (Hopper); this GPU is sm{major}{minor}"
     if k % K_TILE:
         return f"quack's W4A16 GEMM needs K a multiple of {K_TILE}; K is {k}"
     if fmt == "int8" and n % INT8_ROWS:
         return f"quack's int8 weights need N a multiple of {INT8_ROWS} (its repack does not pad); N is {n}"
-    if x.numel() == 0:
+    if numel == 0:
         return "x has no rows"
     return _quack()[1]
 
