@@ -44,7 +44,7 @@ def ours_backend(**options):
     """Our backend with the quantized-linear families turned on (off by default: options.py)."""
     import fa4_inductor
 
-    return fa4_inductor.backend(int8_linear=True, **options)
+    return fa4_inductor.backend(int8_linear=True, int8_int8_linear=True, **options)
 
 
 def _torchao_linear(config_factory, w_bf16: torch.Tensor, bias: torch.Tensor | None = None) -> nn.Module:
