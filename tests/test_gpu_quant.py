@@ -107,7 +107,7 @@ def test_int8_linear_routes_and_numerics(m, n, k, scale_after_matmul, scale_dtyp
 def test_int8_linear_3d_x_takes_quack(x_shape):
     n, k = 256, 512
     w, scale = int8_weight(n, k)
-    x = torch.randn(*x_shape, k, dtype=torch.bfloat16, device="cuda")[..., :]
+    x = torch.randn(*x_shape, k, dtype=torch.bfloat16, device="cuda")
     assert int8_linear_op.kernel_for(x, w, scale, scale_after_matmul=True)[0] == "quack_int8"
     out = INT8_LINEAR(x, w, scale, None, scale_after_matmul=True)
     assert out.shape == (*x_shape, n)
@@ -317,3 +317,16 @@ def test_torchao_int8_weight_only_compiled(m):
     w = model[0].weight
     reference = int8_reference(x, w.qdata, w.scale.reshape(-1), model[0].bias)
     assert_within_pytorch_error("torchao int8 weight-only", out, reference, expected)
+
+
+def test_a_weight_first_met_during_capture_is_refused():
+    """Preparing during capture would record the repack into the graph: prepared_weights refuses (the last
+    test of the file, as a failed capture may leave the stream in a state later tests should not inherit)."""
+    w, scale = int8_weight(256, 512)
+    x = torch.randn(4, 512, dtype=torch.bfloat16, device="cuda")
+    INT8_LINEAR(x, w.clone(), scale, None)  # quack's kernel compiled and its buffers made, for another weight
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with pytest.raises(RuntimeError, match="would be prepared for 'quack_int8' during CUDA-graph capture"):
+        with torch.cuda.graph(graph):
+            INT8_LINEAR(x, w, scale, None)
