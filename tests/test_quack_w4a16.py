@@ -117,3 +117,19 @@ def test_dense_route_is_the_reference():
     x, w, scale = call(5)
     assert torch.equal(op.DENSE.run(x, w, scale, scale_after_matmul=True), op.int8_linear(x, w, scale,
                                                                                           scale_after_matmul=True))
+
+
+@pytest.mark.slow
+def test_the_kernels_the_adapter_launches_compile_for_sm90():
+    """tests/quack_compile_check.py, in a fresh process: the int8 epilogue GEMMs (bf16 / float32 scales, with and
+    without bias, split-k) and the nvfp4 GEMM (N padded and not) traced and compiled for sm_90a on the CPU."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    pytest.importorskip("cutlass")
+    script = Path(__file__).with_name("quack_compile_check.py")
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    kernels = [line.split()[0] for line in done.stdout.splitlines() if line.startswith("GemmMod_")]
+    assert len(kernels) == 5 and sum(k.startswith("GemmMod_scaled_bias") for k in kernels) == 2, done.stdout
