@@ -46,6 +46,15 @@ def test_equals_torchaos_arithmetic_bit_for_bit(out_dtype, bias_dtype):
     assert torch.equal(INT8_INT8_LINEAR(x, xs, w, ws, b, out_dtype=out_dtype), expected)
 
 
+@pytest.mark.parametrize("m", [0, 1, 16, 17])
+def test_cuda_path_pads_small_m_without_changing_the_result(m):
+    """The CUDA kernel's padding for `_int_mm` (run here on CPU tensors): rows are independent, so the padded
+    product sliced back is the reference bit for bit."""
+    x, xs, w, ws, b = inputs(m=m, seed=m)
+    assert torch.equal(op.int8_int8_linear_cuda(x, xs, w, ws, b, out_dtype=torch.bfloat16),
+                       op.int8_int8_linear(x, xs, w, ws, b, out_dtype=torch.bfloat16))
+
+
 @pytest.mark.parametrize("m", [1, 16, 17, 40])
 def test_numerics_against_float64(m):
     x, xs, w, ws, b = inputs(m=m, seed=m)
