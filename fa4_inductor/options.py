@@ -33,10 +33,17 @@ class Options:
     PyTorch's SDPA, whose C++ host path beats the op's where the kernels take microseconds."""
 
     int8_linear: bool = False
-    """Rewrite int8 weight-only linears (gpt-fast's `WeightOnlyInt8Linear`, a weight dequantized per channel
-    or per group, then `F.linear`) into `fa4::int8_linear`, on Inductor's aten graphs (lowering/int8_linear.py).
-    Off by default until the op has its int8 GPU kernels: its CUDA path is a dequantize-then-matmul, which
-    would be slower than what default compile does with gpt-fast's module (`_weight_int8pack_mm`)."""
+    """Rewrite int8 weight-only linears (gpt-fast's `WeightOnlyInt8Linear`, torchao's `Int8WeightOnlyConfig`,
+    a weight dequantized per channel or per group, then `F.linear`) into `fa4::int8_linear`, on Inductor's
+    aten graphs (lowering/int8_linear.py); on CUDA the op runs quack's int8 GEMM for small M and a dense GEMM
+    above (kernels/int8_linear.py). Off until the lead's H200 run of `bench --suite quant` shows it faster
+    than default compile; turning it on is this one default."""
+
+    int8_int8_linear: bool = False
+    """Rewrite torchao's `Int8DynamicActivationInt8WeightConfig` linears (`_int_mm` of a per-token int8
+    activation and an int8 weight, then both scales) into `fa4::int8_int8_linear` where default compile
+    cannot serve them (M <= 16 rows, where `_int_mm` refuses on CUDA; dynamic M); lowering/
+    int8_int8_linear.py. Off until measured, like `int8_linear`; turning it on is this one default."""
 
     @classmethod
     def names(cls) -> list[str]:

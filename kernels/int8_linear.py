@@ -18,22 +18,34 @@ Two arithmetic orders, each exactly what the model code it replaces computes (lo
       out = F.linear(x, w_int8.to(x.dtype)) * w_scale (+ bias)
   The matmul's result is rounded to x's dtype before it is scaled, as in the model code.
 
-Kernels: CPU and CUDA both run this reference (on CUDA: the dequantized weight is materialized on the
-device, then cuBLAS multiplies). Fast kernels, which read the int8 weight directly, come later, with GPU
-measurements. The op has no autograd formula: lowering emits it in Inductor's compiled graphs, after
-AOTAutograd has written any backward out. `unsupported_reason` is the check lowering asks before emitting
-it (exported as `kernels.int8_linear_unsupported_reason`).
+Kernels: the CPU runs this reference. CUDA calls go to the first route of `CUDA_ROUTES` that takes them
+(`choose`; `kernel_for` says which and why):
+- `quack_int8`: quack's SM90 mixed-input GEMM (kernels/quack_w4a16.py) for calls of at most
+  `QUACK_MAX_ROWS` rows (x's rows, M): it reads the int8 weight itself, 1 byte per weight instead of 2, and
+  multiplies by the per-channel scale (and adds the bias) on the fp32 accumulator before one rounding to
+  bf16. So its arithmetic differs from both orders above by roundings (the products and sums are exact or
+  fp32 either way): within a bf16 rounding of the output, not bit for bit. bf16 x, per-channel scales,
+  N % 64 == K % 64 == 0 (quack_w4a16.unsupported_reason says the rest).
+- `dense`: the reference on the device: it dequantizes the weight into a temporary per call (reads N*K int8
+  bytes, writes 2*N*K for bf16), then cuBLAS multiplies (reads those 2*N*K back). Above the crossover the
+  GEMM's own time dominates (8192 x 8192, M = 2048: ~400 us of cuBLAS against ~50 us of dequantize at
+  ~4 TB/s); below it the dequantize alone costs more than quack's whole GEMM. Exactly the model code's
+  arithmetic (a bf16 result bit for bit equal to eager's cuBLAS call).
+
+The op has no autograd formula: lowering emits it in Inductor's compiled graphs, after AOTAutograd has
+written any backward out. `unsupported_reason` is the check lowering asks before emitting it (exported as
+`kernels.int8_linear_unsupported_reason`).
 """
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Callable, NamedTuple, Optional
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from . import library
+from . import library, quack_w4a16
 
 X_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 SCALE_DTYPES = X_DTYPES
@@ -98,6 +110,11 @@ def int8_linear(x: Tensor, w_int8: Tensor, w_scale: Tensor, bias: Optional[Tenso
                 group_size: int = -1, scale_after_matmul: bool = False) -> Tensor:
     """The reference, on any device: see the module docstring for the two arithmetic orders."""
     _check_inputs(x, w_int8, w_scale, bias, group_size, scale_after_matmul)
+    return _reference(x, w_int8, w_scale, bias, group_size, scale_after_matmul)
+
+
+def _reference(x: Tensor, w_int8: Tensor, w_scale: Tensor, bias: Optional[Tensor], group_size: int,
+               scale_after_matmul: bool) -> Tensor:
     if scale_after_matmul:
         out = F.linear(x, w_int8.to(x.dtype)) * w_scale
         if bias is not None:
@@ -112,9 +129,97 @@ def _int8_linear_fake(x, w_int8, w_scale, bias=None, *, group_size=-1, scale_aft
     return x.new_empty((*x.shape[:-1], w_int8.shape[0]))
 
 
+# ---------------------------------------------------------------------------------------------- CUDA routes
+
+QUACK_MAX_ROWS = 64
+"""The most rows (M) a call sent to quack's int8 GEMM has; more go to `dense`. Measured on the H200
+(shared/notes/quant.md section 1, CUDA-graph medians, 8192 x 8192): quack int8 20.6 / 20.8 / 25.2 us at
+M = 1 / 16 / 64 against bf16 cuBLAS's 33.6 / 33.5 / 37.0; 56.7 against 54.9 at M = 256. That compares quack
+with a bf16 weight already in memory; `dense` also pays the dequantize, so the crossover against it may sit
+higher: `python -m fa4_inductor bench --suite quant` times both routes forced, per shape and M."""
+
+
+def rows(x: Tensor) -> int:
+    """M: the rows of x [..., K]."""
+    return x.numel() // x.shape[-1] if x.shape[-1] else 0
+
+
+def rows_reason(m: int) -> str | None:
+    """Why a call of m rows does not go to quack's int8 GEMM on account of its size, or None."""
+    if m > QUACK_MAX_ROWS:
+        return (f"{m} rows > {QUACK_MAX_ROWS}: a dense GEMM over a dequantized weight is as fast there "
+                "(QUACK_MAX_ROWS)")
+    return None
+
+
+class Route(NamedTuple):
+    """A CUDA kernel of the op: its name, whether it takes a call (the op's arguments -> a reason or None),
+    the function that runs it (the op's signature), and why it runs a call it takes (None: a fallback)."""
+
+    name: str
+    unsupported_reason: Callable[..., Optional[str]]
+    run: Callable[..., Tensor]
+    takes: Optional[str]
+
+
+def _quack_reason(x, w_int8, w_scale, bias=None, *, group_size=-1, scale_after_matmul=False) -> str | None:
+    if group_size != -1:
+        return f"quack's int8 GEMM takes per-channel scales, not groups of {group_size}"
+    n, k = w_int8.shape
+    return rows_reason(rows(x)) or quack_w4a16.unsupported_reason(x, "int8", n, k)
+
+
+def _quack_run(x, w_int8, w_scale, bias=None, *, group_size=-1, scale_after_matmul=False) -> Tensor:
+    """Both arithmetic orders become one: the scale (and bias) applied to the fp32 accumulator."""
+    out = quack_w4a16.int8_matmul(x.reshape(-1, x.shape[-1]), w_int8, w_scale, group_size, bias)
+    return out.view(*x.shape[:-1], w_int8.shape[0])
+
+
+def _dense_reason(x, *args, **kwargs) -> str | None:
+    return None
+
+
+def _dense_run(x, w_int8, w_scale, bias=None, *, group_size=-1, scale_after_matmul=False) -> Tensor:
+    return _reference(x, w_int8, w_scale, bias, group_size, scale_after_matmul)
+
+
+QUACK = Route("quack_int8", _quack_reason, _quack_run,
+              f"at most {QUACK_MAX_ROWS} rows: quack's mixed-input GEMM reads the int8 weight directly")
+DENSE = Route("dense", _dense_reason, _dense_run, None)
+CUDA_ROUTES = (QUACK, DENSE)
+
+
+def choose(table: tuple[Route, ...], *args, **kwargs) -> tuple[Route, list[str]]:
+    """The first route of `table` that takes the call (the op's arguments), and the reasons of those before
+    it that declined."""
+    declined: list[str] = []
+    for route in table:
+        reason = route.unsupported_reason(*args, **kwargs)
+        if reason is None:
+            return route, declined
+        declined.append(reason)
+    raise AssertionError(f"no route takes the call: {'; '.join(declined)}")
+
+
+def kernel_for(x, w_int8, w_scale, bias=None, *, group_size=-1, scale_after_matmul=False) -> tuple[str, str]:
+    """(route name, why) for a CUDA call of the op: what it would run."""
+    route, declined = choose(CUDA_ROUTES, x, w_int8, w_scale, bias, group_size=group_size,
+                             scale_after_matmul=scale_after_matmul)
+    if route.takes is None:
+        return route.name, "; ".join(declined)
+    return route.name, f"{route.takes} ({'; '.join(declined)})" if declined else route.takes
+
+
+def int8_linear_cuda(x: Tensor, w_int8: Tensor, w_scale: Tensor, bias: Optional[Tensor] = None, *,
+                     group_size: int = -1, scale_after_matmul: bool = False) -> Tensor:
+    _check_inputs(x, w_int8, w_scale, bias, group_size, scale_after_matmul)
+    route, _ = choose(CUDA_ROUTES, x, w_int8, w_scale, bias, group_size=group_size,
+                      scale_after_matmul=scale_after_matmul)
+    return route.run(x, w_int8, w_scale, bias, group_size=group_size, scale_after_matmul=scale_after_matmul)
+
+
 library.define("int8_linear(Tensor x, Tensor w_int8, Tensor w_scale, Tensor? bias=None, *, int group_size=-1, "
                "bool scale_after_matmul=False) -> Tensor")
 library.impl("int8_linear", int8_linear, "CompositeExplicitAutograd")
-# For now the same dequantize-then-matmul on the device; int8 kernels come later, measured on the GPU.
-library.impl("int8_linear", int8_linear, "CUDA")
+library.impl("int8_linear", int8_linear_cuda, "CUDA")
 library.register_fake("int8_linear", _int8_linear_fake)

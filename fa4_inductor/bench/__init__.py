@@ -25,6 +25,12 @@ Suites (`--suite`, comma-separated; all but `crossover` and `sweep` by default):
   (`use_cache=False`, labels, backward), default `torch.compile` against ours.
 - `train`: the same model's training step at batch 1 x 4096 tokens (`use_cache=False`, HF's labels
   loss or the logits' mean, backward), eager and sdpa attention code: ms and peak memory, default `torch.compile` against ours.
+- `quant` (only when named): quantized linears (`quant.py`): per weight format (int8 weight-only, int8 x int8,
+  nvfp4 once its op exists) a GEMM table over Llama-1B / Llama-8B projection shapes and M = 1..4096, our op
+  (and each of its CUDA routes forced) against bf16 cuBLAS, default `torch.compile` of the same torchao
+  module, that module under our backend and quack called directly (CUDA-graph medians); then Llama-1B-shaped
+  int8 weight-only static-cache decode, ours against default compile and bf16. `--quant-models`,
+  `--quant-formats`, `--quant-rows`, `--quant-no-e2e` cut it into runs of a few minutes.
 - `sweep` (only when named; its first H200 run spent its 450 s budget on the first model): Llama-shaped models from hidden 256 x 2 layers to
   2048 x 16 and a BERT-base encoder, prefill and static-cache decode, sequence lengths 128..8192,
   batch 1 and 8, padded and not; each row ours against default `torch.compile`, flagged below 0.98x
@@ -51,11 +57,12 @@ from dataclasses import asdict
 
 import torch
 
-from . import attention_op, llama_e2e, models, padded, sweep, tables, timing, training
+from . import attention_op, llama_e2e, models, padded, quant, sweep, tables, timing, training
 from .attention_op import attention_impls, crossover_suite, decode_kernel_comparison, decode_suite, op_suite, overhead_suite
 from .llama_e2e import decode_tokens_per_s, e2e_suite, generate_suite, generate_times, prefill_ms
 from .models import LLAMA_1B, compile_model, left_padded_batch, llama
 from .padded import padded_ms, padded_suite
+from .quant import quant_suite
 from .sweep import sweep_suite
 from .tables import Table, environment, plot
 from .timing import gpu_ms, host_us_per_call, median_wall_ms
@@ -63,15 +70,16 @@ from .training import train_suite
 
 # `--suite` name -> function returning a Table or yielding Tables.
 SUITE_FUNCTIONS = {"op": op_suite, "overhead": overhead_suite, "crossover": crossover_suite, "decode": decode_suite, "e2e": e2e_suite,
-                   "generate": generate_suite, "padded": padded_suite, "train": train_suite, "sweep": sweep_suite}
+                   "generate": generate_suite, "padded": padded_suite, "train": train_suite, "sweep": sweep_suite,
+                   "quant": quant_suite}
 SUITES = tuple(SUITE_FUNCTIONS)
-DEFAULT_SUITES = ("op", "overhead", "decode", "e2e", "generate", "padded", "train")  # `crossover`, `sweep` when named
+DEFAULT_SUITES = ("op", "overhead", "decode", "e2e", "generate", "padded", "train")  # `crossover`, `sweep`, `quant` when named
 
 __all__ = ["DEFAULT_SUITES", "LLAMA_1B", "SUITES", "SUITE_FUNCTIONS", "Table", "attention_impls", "attention_op",
            "compile_model", "crossover_suite", "sweep_selection", "decode_kernel_comparison", "decode_suite", "decode_tokens_per_s", "e2e_suite",
            "environment", "generate_suite", "generate_times", "gpu_ms", "host_us_per_call", "left_padded_batch",
            "llama", "llama_e2e", "main", "median_wall_ms", "models", "op_suite", "overhead_suite", "padded",
-           "padded_ms", "padded_suite", "plot", "prefill_ms", "sweep", "sweep_suite", "tables", "timing",
+           "padded_ms", "padded_suite", "plot", "prefill_ms", "quant", "quant_selection", "quant_suite", "sweep", "sweep_suite", "tables", "timing",
            "train_suite", "training"]
 
 
@@ -85,12 +93,31 @@ def sweep_selection(models: str | None) -> dict:
                 bert="bert" in names)
 
 
+def quant_selection(args) -> dict:
+    """`quant_suite` arguments from `--quant-models llama-1b --quant-formats int8 --quant-rows 1,16
+    --quant-no-e2e`."""
+    selection = {}
+    if args.quant_models:
+        selection["models"] = tuple(m.strip() for m in args.quant_models.split(",") if m.strip())
+    if args.quant_formats:
+        selection["formats"] = tuple(f.strip() for f in args.quant_formats.split(",") if f.strip())
+    if args.quant_rows:
+        selection["rows"] = tuple(int(r) for r in args.quant_rows.split(",") if r.strip())
+    if args.quant_no_e2e:
+        selection["e2e"] = False
+    return selection
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m fa4_inductor bench", description=__doc__.split("\n")[0])
     parser.add_argument("--suite", default=",".join(DEFAULT_SUITES),
-                        help=f"comma-separated, from {SUITES} (default: all but crossover and sweep)")
+                        help=f"comma-separated, from {SUITES} (default: all but crossover, sweep and quant)")
     parser.add_argument("--sweep-models", help="the sweep's models, e.g. '256x2,2048x16,bert' (hidden x layers "
                                                "for Llama; default: all), so the sweep can be split across runs")
+    parser.add_argument("--quant-models", help=f"the quant suite's models, from {tuple(quant.SHAPES)} (default: all)")
+    parser.add_argument("--quant-formats", help=f"the quant suite's formats, from {tuple(quant.FORMATS)} (default: all)")
+    parser.add_argument("--quant-rows", help=f"the quant suite's M values (default: {','.join(map(str, quant.ROWS))})")
+    parser.add_argument("--quant-no-e2e", action="store_true", help="the quant suite without its end-to-end decode")
     parser.add_argument("--out", help="write the tables (markdown) here")
     parser.add_argument("--json", help="write the raw tables as JSON here")
     parser.add_argument("--plot", help="write the op suite's plot (PNG) here")
@@ -110,7 +137,8 @@ def main(argv=None) -> int:
     produced_tables: list[Table] = []
     for suite in suites:
         started = time.perf_counter()
-        produced = SUITE_FUNCTIONS[suite](**(sweep_selection(args.sweep_models) if suite == "sweep" else {}))
+        kwargs = sweep_selection(args.sweep_models) if suite == "sweep" else quant_selection(args) if suite == "quant" else {}
+        produced = SUITE_FUNCTIONS[suite](**kwargs)
         for table in [produced] if isinstance(produced, Table) else produced:
             produced_tables.append(table)
             print(table.markdown(), flush=True)

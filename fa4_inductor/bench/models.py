@@ -48,10 +48,13 @@ def bert(attention: str, device, dtype, **overrides):
     return model.to(dtype).eval()
 
 
-def compile_model(model_fn, backend_name: str, **kwargs):
-    """torch.compile(model_fn) with our backend ("fa4_inductor") or the default one (any other name)."""
+def compile_model(model_fn, backend_name, **kwargs):
+    """torch.compile(model_fn) with our backend ("fa4_inductor"), a backend object (a configured
+    `fa4_inductor.backend(...)`), or the default one (any other name)."""
     import fa4_inductor
 
+    if not isinstance(backend_name, str):
+        return torch.compile(model_fn, backend=backend_name, **kwargs)
     if backend_name == "fa4_inductor":
         return torch.compile(model_fn, backend=fa4_inductor, **kwargs)
     return torch.compile(model_fn, **kwargs)

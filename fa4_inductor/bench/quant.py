@@ -1,0 +1,316 @@
+"""The `quant` suite: quantized linears on the GPU.
+
+GEMM tables, one per weight format (`FORMATS`): out[M, N] = x[M, K] @ W[N, K]^T on Llama-1B and Llama-8B
+projection shapes (`SHAPES`), M = 1..4096, CUDA-graph medians (`timing.gpu_ms(cuda_graph=True)`), us:
+- `bf16 cuBLAS`: F.linear over the bf16 weight (what the model runs unquantized);
+- `ours`: our op as lowering emits it (whichever route it picks), and where the op has several CUDA routes,
+  each route forced (the data behind `kernels/int8_linear.QUACK_MAX_ROWS`);
+- `default compile`: the same torchao-quantized `nn.Linear` under default `torch.compile` (a failure is
+  reported, e.g. `_int_mm` below 17 rows), and `fa4_inductor`: that module under our backend with the
+  quantized families on;
+- `quack direct`: quack's kernel called as its own API does, without our op (int8: no scale at all).
+
+A format is a `Format`: its name, what makes its quantized weight, and its columns. `nvfp4` rows appear when
+`torch.ops.fa4.nvfp4_linear(x, w_fp4, w_block_scale, w_global_scale, bias=None)` exists.
+
+End to end: the Llama-1B-shaped HF model (bench/models.py) with torchao's int8 weight-only config, static-cache
+decode under `mode="reduce-overhead"` (bench/llama_e2e.decode_tokens_per_s): bf16 under default compile, int8
+under default compile, int8 under our backend (int8_linear on).
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from . import llama_e2e, models
+from .tables import Table, attempt, or_failed, report_failure, speedup
+from .timing import gpu_ms
+
+SHAPES = {  # model -> the (N, K) of its projections: qkv-ish, kv, gate/up, down
+    "llama-1b": ((2048, 2048), (512, 2048), (8192, 2048), (2048, 8192)),
+    "llama-8b": ((4096, 4096), (1024, 4096), (14336, 4096), (4096, 14336)),
+}
+ROWS = (1, 4, 16, 64, 256, 1024, 4096)
+
+
+def ours_backend(**options):
+    """Our backend with the quantized-linear families turned on (off by default: options.py)."""
+    import fa4_inductor
+
+    return fa4_inductor.backend(int8_linear=True, int8_int8_linear=True, **options)
+
+
+def _torchao_linear(config_factory, w_bf16: torch.Tensor, bias: torch.Tensor | None = None) -> nn.Module:
+    """An nn.Linear holding w_bf16, quantized in place by torchao's `quantize_` with config_factory()."""
+    from torchao.quantization import quantize_
+
+    n, k = w_bf16.shape
+    with torch.device(w_bf16.device):
+        linear = nn.Linear(k, n, bias=bias is not None, dtype=w_bf16.dtype)
+    with torch.no_grad():
+        linear.weight.copy_(w_bf16)
+        if bias is not None:
+            linear.bias.copy_(bias)
+    linear.requires_grad_(False)
+    quantize_(linear, config_factory())
+    return linear
+
+
+def _compiled(module: nn.Module, backend) -> Callable:
+    """fn(x): module compiled for x's shape (static shapes, as decode runs them) under `backend` (None: default
+    torch.compile), compiled afresh (after a Dynamo reset) for each new shape, so that no recompile limit and
+    no other column's compiled code is in play."""
+    compiled = {}
+
+    def run(x):
+        if tuple(x.shape) not in compiled:
+            compiled.clear()
+            torch._dynamo.reset()
+            kwargs = {} if backend is None else {"backend": backend}
+            compiled[tuple(x.shape)] = torch.compile(module, dynamic=False, **kwargs)
+        return compiled[tuple(x.shape)](x)
+    return run
+
+
+@dataclass
+class Format:
+    name: str
+    available: Callable[[], str | None]
+    """Why the format's rows cannot be measured here, or None."""
+    columns: Callable[[torch.Tensor], dict[str, Callable[[torch.Tensor], object]]]
+    """The bf16 weight [N, K] -> column name -> fn(x) (the quantized weight made once for all M)."""
+    note: str
+
+
+# ------------------------------------------------------------------------------------------------- int8
+
+
+def _int8_weight_only_config():
+    from torchao.quantization import Int8WeightOnlyConfig
+
+    return Int8WeightOnlyConfig()
+
+
+def _int8_columns(w_bf16: torch.Tensor) -> dict:
+    from fa4_inductor.kernels import int8_linear as op
+
+    module = _torchao_linear(_int8_weight_only_config, w_bf16)
+    w_int8 = module.weight.qdata
+    scale = module.weight.scale.reshape(-1).to(w_bf16.dtype)  # as lowering passes torchao's scale
+    call = functools.partial(torch.ops.fa4.int8_linear, w_int8=w_int8, w_scale=scale, bias=None,
+                             scale_after_matmul=True)
+
+    def forced(route):
+        def run(x):
+            reason = route.unsupported_reason(x, w_int8, scale, scale_after_matmul=True)
+            if reason is not None:
+                raise RuntimeError(reason)
+            return route.run(x, w_int8, scale, scale_after_matmul=True)
+        return run
+
+    columns = {"ours (op)": lambda x: call(x), "ours: quack route": forced(op.QUACK),
+               "ours: dense route": forced(op.DENSE)}
+    columns["default compile"] = _compiled(module, None)
+    columns["fa4_inductor"] = _compiled(module, ours_backend())
+    columns["quack direct (no scale)"] = _quack_int8_direct(w_int8)
+    return columns
+
+
+def _quack_int8_direct(w_int8):
+    def run(x):
+        from quack.gemm_w4 import gemm_w4a16
+
+        from fa4_inductor.kernels import quack_w4a16
+
+        return gemm_w4a16(x, quack_w4a16.prepare_int8(w_int8), wformat="int8")
+    return run
+
+
+def _torchao_reason(name: str) -> Callable[[], str | None]:
+    def reason():
+        try:
+            import torchao.quantization  # noqa: F401
+        except Exception as e:
+            return f"torchao is not importable ({type(e).__name__}: {e}); {name} rows need it"
+        return None
+    return reason
+
+
+INT8 = Format("int8", _torchao_reason("int8"), _int8_columns,
+              "torchao Int8WeightOnlyConfig (int8 per channel, float32 scales; ours and lowering take them in bf16).")
+
+
+# ------------------------------------------------------------------------------------------- int8 x int8
+
+
+def _int8_dynamic_config():
+    from torchao.quantization import Int8DynamicActivationInt8WeightConfig
+
+    return Int8DynamicActivationInt8WeightConfig()
+
+
+def _int8_int8_columns(w_bf16: torch.Tensor) -> dict:
+    module = _torchao_linear(_int8_dynamic_config, w_bf16)
+    w = module.weight
+    w_int8, w_scale = w.qdata, w.scale.reshape(-1)
+
+    def op_alone(x):  # the activation quantized (eager ops, inside the timing) as torchao does, then the op
+        scale = (x.abs().amax(dim=-1, keepdim=True).float() / 127.5).clamp(min=1.1920928955078125e-07)
+        x_int8 = (x.float() / scale).round().clamp(-128, 127).to(torch.int8)
+        return torch.ops.fa4.int8_int8_linear(x_int8, scale, w_int8, w_scale, None, out_dtype=x.dtype)
+
+    columns = {}
+    if hasattr(torch.ops.fa4, "int8_int8_linear"):
+        columns["ours (op + eager activation quant)"] = op_alone
+    columns["default compile"] = _compiled(module, None)
+    columns["fa4_inductor"] = _compiled(module, ours_backend())
+    return columns
+
+
+INT8_INT8 = Format("int8_int8", _torchao_reason("int8_int8"), _int8_int8_columns,
+                   "torchao Int8DynamicActivationInt8WeightConfig (per-token int8 activations, per-channel int8 "
+                   "weights, `_int_mm`); default compile fails below 17 rows.")
+
+
+# ------------------------------------------------------------------------------------------------- nvfp4
+
+
+def _nvfp4_reason() -> str | None:
+    if not hasattr(torch.ops.fa4, "nvfp4_linear"):
+        return "torch.ops.fa4.nvfp4_linear is not registered"
+    from fa4_inductor.kernels import quack_w4a16
+
+    return quack_w4a16._quack()[1]
+
+
+def _nvfp4_columns(w_bf16: torch.Tensor) -> dict:
+    from quack.blockscaled.nvfp4_utils import quantize_nvfp4_reference
+    from quack.gemm_w4 import gemm_w4a16
+
+    from fa4_inductor.kernels import quack_w4a16
+
+    w_fp4, block_scale = quantize_nvfp4_reference(w_bf16)
+    global_scale = torch.ones((), dtype=torch.float32, device=w_bf16.device)
+    columns = {"ours (op)": lambda x: torch.ops.fa4.nvfp4_linear(x, w_fp4, block_scale, global_scale)}
+
+    def direct(x):
+        blob, strip, alpha = quack_w4a16.prepare_nvfp4(w_fp4, block_scale, global_scale)
+        return gemm_w4a16(x, blob, strip, tensor_scale=alpha, n_out=w_fp4.shape[0], wformat="nvfp4")
+
+    try:
+        from torchao.prototype.mx_formats import NVFP4WeightOnlyConfig
+
+        module = _torchao_linear(NVFP4WeightOnlyConfig, w_bf16)
+        columns["default compile"] = _compiled(module, None)
+        columns["fa4_inductor"] = _compiled(module, ours_backend())
+    except Exception as e:
+        report_failure("torchao NVFP4WeightOnlyConfig", e)
+    columns["quack direct"] = direct
+    return columns
+
+
+NVFP4 = Format("nvfp4", _nvfp4_reason, _nvfp4_columns,
+               "e2m1 weights, e4m3 scale per 16, float32 global scale (quack's reference quantizer); torchao "
+               "NVFP4WeightOnlyConfig for the compiled columns.")
+
+FORMATS = {f.name: f for f in (INT8, INT8_INT8, NVFP4)}
+
+
+# ------------------------------------------------------------------------------------------------- suites
+
+
+def _time_us(what: str, fn, x, device) -> float | str:
+    try:
+        return gpu_ms(functools.partial(fn, x), cuda_graph=device == "cuda") * 1e3
+    except Exception as e:  # a column that cannot run this shape (default compile's _int_mm below 17 rows)
+        print(f"  {what} failed: {type(e).__name__}: {str(e)[:300]}", file=sys.stderr)
+        return f"failed: {type(e).__name__}"
+
+
+def gemm_table(fmt: Format, device="cuda", dtype=torch.bfloat16, models=tuple(SHAPES), rows=ROWS) -> Table:
+    """One format's GEMM table: every shape of `models`, every M of `rows`."""
+    table = None
+    for model in models:
+        for n, k in SHAPES[model]:
+            torch.manual_seed(0)
+            w_bf16 = torch.randn(n, k, dtype=dtype, device=device) / k ** 0.5
+            columns = {"bf16 cuBLAS": functools.partial(lambda x, w: F.linear(x, w), w=w_bf16)}
+            made = attempt(f"{fmt.name} {n}x{k} weights", functools.partial(fmt.columns, w_bf16))
+            columns.update(made or {})
+            if table is None:
+                table = Table(f"{fmt.name} linear, N x K by M: CUDA-graph median us (lower is better)",
+                              ["model", "N x K", "M", *columns, "ours vs bf16", "ours vs default compile"],
+                              note=f"{dtype}. {fmt.note}")
+            for m in rows:
+                x = torch.randn(m, k, dtype=dtype, device=device)
+                times = {name: _time_us(f"{fmt.name} {n}x{k} M={m} {name}", fn, x, device)
+                         for name, fn in columns.items()}
+                cells = [times.get(name, "n/a") for name in table.columns[3:-2]]
+                ours = next((t for name, t in times.items() if name.startswith("ours")), None)
+                number = (lambda t: t if isinstance(t, float) else None)
+                table.rows.append([model, f"{n} x {k}", m, *map(or_failed, cells),
+                                   speedup(number(times["bf16 cuBLAS"]), number(ours)),
+                                   speedup(number(times.get("default compile")), number(ours))])
+            del columns, made, w_bf16
+            torch._dynamo.reset()
+    return table
+
+
+def e2e_table(device="cuda", dtype=torch.bfloat16, prompt=512, steps=64, model_overrides=None) -> Table:
+    """Llama-1B-shaped decode, tokens/s: bf16 / int8 under default compile, int8 under our backend."""
+    from torchao.quantization import quantize_
+
+    mode = "reduce-overhead" if device == "cuda" else "default"
+    table = Table("Llama-1B-shaped HF model, int8 weight-only decode with a static cache (tokens/s, higher is better)",
+                  ["weights", "backend", "tokens/s", "vs bf16 default compile", "logits differ from int8 default by"],
+                  note=f"{dtype} activations, batch 1, prompt {prompt}, greedy, the one-token step compiled with "
+                       f"mode={mode!r}; {steps} steps, first 3 excluded. int8: torchao Int8WeightOnlyConfig on every "
+                       "linear but lm_head (tied to the embedding).")
+    runs = [("bf16", "default torch.compile", "inductor"), ("int8", "default torch.compile", "inductor"),
+            ("int8", "fa4_inductor (int8_linear on)", ours_backend())]
+    results = {}
+    for weights, name, backend in runs:
+        torch.manual_seed(0)
+        model = models.llama("sdpa", device, dtype, **(model_overrides or {}))
+        if weights == "int8":  # lm_head stays bf16: its weight is tied to the embedding's
+            quantize_(model, _int8_weight_only_config(),
+                      filter_fn=lambda module, fqn: isinstance(module, nn.Linear) and "lm_head" not in fqn)
+        torch._dynamo.reset()
+        results[(weights, name)] = attempt(f"e2e {weights} {name}", functools.partial(
+            llama_e2e.decode_tokens_per_s, model, backend, prompt, steps, device, mode=mode))
+        del model
+    base = results[("bf16", "default torch.compile")]
+    int8_default = results[("int8", "default torch.compile")]
+    for (weights, name), result in results.items():
+        rate, logits = result or (None, None)
+        difference = "n/a"
+        if logits is not None and int8_default is not None and weights == "int8":
+            ref = int8_default[1][:2]
+            difference = f"{((logits[:2] - ref).abs().max() / ref.abs().max()).item():.1e}"
+        table.rows.append([weights, name, or_failed(rate), speedup(base and base[0], rate, invert=True), difference])
+    torch._dynamo.reset()
+    return table
+
+
+def quant_suite(device="cuda", dtype=torch.bfloat16, models=tuple(SHAPES), formats=("int8", "int8_int8", "nvfp4"),
+                rows=ROWS, e2e=True, e2e_overrides=None):
+    """Yields a GEMM table per available format, then the end-to-end table."""
+    unknown = set(formats) - set(FORMATS) - {"none"}
+    if unknown:
+        raise ValueError(f"unknown quant formats {sorted(unknown)} (from {tuple(FORMATS)}, or none)")
+    for name in (f for f in formats if f != "none"):
+        fmt = FORMATS[name]
+        reason = fmt.available()
+        if reason is not None:
+            print(f"  quant: no {name} rows: {reason}", file=sys.stderr)
+            continue
+        yield gemm_table(fmt, device, dtype, models, rows)
+    if e2e:
+        yield e2e_table(device, dtype, model_overrides=e2e_overrides)

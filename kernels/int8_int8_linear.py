@@ -1,0 +1,114 @@
+"""`fa4::int8_int8_linear`: a linear layer over an int8 activation quantized per token and an int8 weight
+quantized per output channel (torchao's `Int8DynamicActivationInt8WeightConfig`).
+
+    out = torch.ops.fa4.int8_int8_linear(x_int8, x_scale, w_int8, w_scale, bias=None, *, out_dtype)
+
+x_int8 [M, K] int8 (the activation, already quantized: the quantizing chain stays in the graph, for Inductor
+to fuse); x_scale [M, 1] or [M], a float tensor (float32 from torchao); w_int8 [N, K] int8; w_scale [N], a
+float tensor; bias None or [N], a float tensor; out_dtype float16, bfloat16 or float32. out [M, N] in
+out_dtype, contiguous. The arithmetic is the one torchao's tensor subclass writes out (lowering/
+int8_int8_linear.py shows the graph), in its order and with torch's type promotion at each step:
+
+    acc = x_int8 @ w_int8^T                          int32, exact (torch._int_mm)
+    y = (acc.to(float32) * x_scale).to(out_dtype)    x_scale per row
+    y = y * w_scale [+ bias]                         float32 when the scale is float32 (torchao's)
+    out = y.to(out_dtype)
+
+Kernels: the CPU runs exactly that (equal to eager bit for bit). CUDA runs the same with `torch._int_mm`
+(cuBLAS int8), which refuses 16 rows or fewer (every decode step: default torch.compile fails there);
+such calls are padded with zero rows to `PADDED_ROWS` and the padding is sliced off (the rows are independent,
+so the result is unchanged). cuBLAS also wants K and N multiples of 8: `unsupported_reason` says so, and
+lowering then keeps the graph as written. The scaling after the GEMM runs as separate elementwise kernels
+(a few microseconds each at decode sizes), where Inductor would fuse them.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from . import library
+
+OUT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+DEVICES = ("cpu", "cuda")
+INT_MM_MIN_ROWS = 17  # torch._int_mm on CUDA: "self.size(0) needs to be greater than 16"
+PADDED_ROWS = 32  # what fewer rows are padded to on CUDA (a multiple of 16 above the limit)
+
+
+def _name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def unsupported_reason(device_type: str, out_dtype: torch.dtype, n: int, k: int) -> str | None:
+    """Why `fa4::int8_int8_linear` cannot produce `out_dtype` from a [n, k] weight on this device, or None."""
+    if device_type not in DEVICES:
+        return f"device {device_type} has no fa4 int8_int8_linear kernel"
+    if out_dtype not in OUT_DTYPES:
+        return f"out_dtype {_name(out_dtype)} is not supported (takes {', '.join(map(_name, OUT_DTYPES))})"
+    if device_type == "cuda" and (k % 8 or n % 8):
+        return f"cuBLAS's int8 GEMM (torch._int_mm) needs K and N multiples of 8; the weight is [{n}, {k}]"
+    return None
+
+
+def _check_inputs(x_int8: Tensor, x_scale: Tensor, w_int8: Tensor, w_scale: Tensor, bias: Optional[Tensor],
+                  out_dtype: torch.dtype) -> None:
+    for name, t in (("x_int8", x_int8), ("w_int8", w_int8)):
+        if t.dtype != torch.int8 or t.dim() != 2:
+            raise ValueError(f"fa4::int8_int8_linear wants a 2-D int8 {name}, got {t.dim()}-D {_name(t.dtype)}")
+    m, k = x_int8.shape
+    n = w_int8.shape[0]
+    reason = unsupported_reason(x_int8.device.type, out_dtype, n, k)
+    if reason is not None:
+        raise ValueError(f"fa4::int8_int8_linear: {reason}")
+    torch._check(w_int8.shape[1] == k, lambda: f"fa4::int8_int8_linear: x has {k} features, the weight {w_int8.shape[1]}")
+    for name, t, shapes in (("x_scale", x_scale, ((m, 1), (m,))), ("w_scale", w_scale, ((n,),)),
+                            ("bias", bias, ((n,),))):
+        if t is None:
+            continue
+        if not t.is_floating_point():
+            raise ValueError(f"fa4::int8_int8_linear wants a floating-point {name}, got {_name(t.dtype)}")
+        torch._check(tuple(t.shape) in shapes, lambda: f"fa4::int8_int8_linear: {name} has shape {list(t.shape)}, "
+                                                       f"wants {' or '.join(str(list(s)) for s in shapes)}")
+
+
+def _scale_and_bias(acc: Tensor, x_scale: Tensor, w_scale: Tensor, bias: Optional[Tensor],
+                    out_dtype: torch.dtype) -> Tensor:
+    y = (acc.to(torch.float32) * x_scale.reshape(-1, 1)).to(out_dtype)
+    y = y * w_scale
+    if bias is not None:
+        y = y + bias
+    return y.to(out_dtype).contiguous()
+
+
+def int8_int8_linear(x_int8: Tensor, x_scale: Tensor, w_int8: Tensor, w_scale: Tensor,
+                     bias: Optional[Tensor] = None, *, out_dtype: torch.dtype) -> Tensor:
+    """The reference, on any device but CUDA (see the module docstring)."""
+    _check_inputs(x_int8, x_scale, w_int8, w_scale, bias, out_dtype)
+    return _scale_and_bias(torch._int_mm(x_int8, w_int8.t()), x_scale, w_scale, bias, out_dtype)
+
+
+def int8_int8_linear_cuda(x_int8: Tensor, x_scale: Tensor, w_int8: Tensor, w_scale: Tensor,
+                          bias: Optional[Tensor] = None, *, out_dtype: torch.dtype) -> Tensor:
+    """The reference with fewer than `INT_MM_MIN_ROWS` rows padded for cuBLAS."""
+    _check_inputs(x_int8, x_scale, w_int8, w_scale, bias, out_dtype)
+    m = x_int8.shape[0]
+    if m < INT_MM_MIN_ROWS:
+        acc = torch._int_mm(F.pad(x_int8, (0, 0, 0, PADDED_ROWS - m)), w_int8.t())[:m]
+    else:
+        acc = torch._int_mm(x_int8.contiguous(), w_int8.t())
+    return _scale_and_bias(acc, x_scale, w_scale, bias, out_dtype)
+
+
+def _int8_int8_linear_fake(x_int8, x_scale, w_int8, w_scale, bias=None, *, out_dtype):
+    _check_inputs(x_int8, x_scale, w_int8, w_scale, bias, out_dtype)
+    return x_int8.new_empty((x_int8.shape[0], w_int8.shape[0]), dtype=out_dtype)
+
+
+library.define("int8_int8_linear(Tensor x_int8, Tensor x_scale, Tensor w_int8, Tensor w_scale, Tensor? bias=None, "
+               "*, ScalarType out_dtype) -> Tensor")
+library.impl("int8_int8_linear", int8_int8_linear, "CompositeExplicitAutograd")
+library.impl("int8_int8_linear", int8_int8_linear_cuda, "CUDA")
+library.register_fake("int8_int8_linear", _int8_int8_linear_fake)

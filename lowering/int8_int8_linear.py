@@ -1,0 +1,229 @@
+"""Int8 x int8 linears (torchao's `Int8DynamicActivationInt8WeightConfig`) -> `fa4::int8_int8_linear`, on
+Inductor's aten graphs (POST_GRAD).
+
+The subgraph as `post_grad_custom_pre_pass` receives it (torch 2.13, torchao 0.18; printed with
+tests/test_int8_int8_linear.py's graphs): w an int8 [N, K] graph input with its float32 scale [N, 1], x the
+activation, quantized per token in the graph (amax, scale, round, clamp, cast: that chain stays, for
+Inductor), then
+
+    _int_mm(x_int8 [M, K], permute(w, [1, 0]))                 int32 [M, N]
+      -> convert_element_type(., float32) -> mul(., x_scale [M, 1])
+      -> convert_element_type(., x.dtype)
+      [-> reshape] -> mul(., reshape(w_scale, [N]))            float32 (the scale is)
+      [-> reshape] [-> add(., bias [N])]
+      [-> reshape] -> convert_element_type(., x.dtype)
+    becomes  int8_int8_linear(x_int8, x_scale, w, reshape(w_scale, [N]), bias, out_dtype=x.dtype) [-> reshape]
+
+(with a 3-D x the activation is reshaped to [M, K] before the matmul and the result back to [B, S, N]
+between the multiplications, as above; the reshapes move after the op, which computes on [M, N]).
+
+Only where default compile cannot run it as well: a static M above 16 stays as written (Inductor runs
+`_int_mm` there and fuses the scaling into one kernel; the op would run the same GEMM with unfused
+elementwise kernels after it). M of 16 rows or fewer (decode: `_int_mm` refuses it on CUDA and default
+compile fails) and a dynamic M (which may be either) become the op, which pads such calls for cuBLAS.
+Kept as written, with the reason: a weight computed in the graph or frozen, scales of other shapes, a
+chain of other steps or dtypes (an order the op does not compute), intermediate values other nodes read.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.fx import Node
+
+from ..kernels import INT8_INT8_LINEAR, int8_int8_linear_unsupported_reason
+from ..kernels.int8_int8_linear import INT_MM_MIN_ROWS
+from .family import POST_GRAD, Context, Family
+from .graph_edit import NodeMaker, erase_dead
+from .records import Decline
+from .spellings import shape, single_user, value
+
+aten, prims = torch.ops.aten, torch.ops.prims
+CONVERT = prims.convert_element_type.default
+RESHAPES = (aten.reshape.default, aten.view.default)
+FLOATS = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def _is(node, *targets) -> bool:
+    return isinstance(node, Node) and node.op == "call_function" and node.target in targets
+
+
+def _name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _dtype(node) -> torch.dtype:
+    return value(node).dtype
+
+
+def _describe(operand) -> str:
+    if isinstance(operand, Node):
+        return f"a {_name(_dtype(operand))} tensor of shape {list(shape(operand))}"
+    return f"the number {operand}"
+
+
+def _weight(matmul: Node) -> Node | None:
+    operand = matmul.args[1]
+    if _is(operand, aten.permute.default) and list(operand.args[1]) == [1, 0]:
+        return operand.args[0]
+    return None
+
+
+def is_candidate(node: Node) -> bool:
+    """`_int_mm(x, W^T)`: an int8 GEMM whose right operand is a transposed [N, K] tensor."""
+    return _is(node, aten._int_mm.default) and _weight(node) is not None
+
+
+def _next(node: Node, replaced: list[Node]) -> Node:
+    """node's one user (the next step of the chain), after `node` joins `replaced`."""
+    replaced.append(node)
+    user = single_user(node)
+    if user is None:
+        readers = ", ".join(u.name for u in node.users) or "nothing"
+        raise Decline(f"{node.name}, a step of the int8 GEMM's scaling, is read by {readers}, not one next step")
+    return user
+
+
+def _skip_reshapes(node: Node, replaced: list[Node], n) -> Node:
+    """The first step after `node` that is not a reshape keeping the N columns last (those join `replaced`)."""
+    node = _next(node, replaced)
+    while _is(node, *RESHAPES):
+        if not shape(node) or shape(node)[-1] != n:
+            raise Decline(f"the int8 GEMM's output is reshaped to {list(shape(node))}, which moves its {n} columns")
+        node = _next(node, replaced)
+    return node
+
+
+def _other(mul: Node, product: Node):
+    if len(mul.args) != 2:
+        return None
+    a, b = mul.args
+    return b if a is product else a if b is product else None
+
+
+def _per_channel(operand, n) -> bool:
+    """A tensor that varies only along the last dim, over the N output channels."""
+    s = shape(operand) if isinstance(operand, Node) else ()
+    return bool(s) and s[-1] == n and all(d == 1 for d in s[:-1])
+
+
+class Match:
+    def __init__(self, matmul: Node):
+        self.matmul = matmul
+        self.x_int8, self.w_int8 = matmul.args[0], _weight(matmul)
+        self.x_scale = self.w_scale = self.bias = None
+        self.out_dtype: torch.dtype | None = None
+        self.end = matmul
+        self.replaced: list[Node] = [matmul.args[1]]  # the permute and every step to the end (excluded)
+
+
+def match(matmul: Node) -> Match:
+    m = Match(matmul)
+    n = shape(m.w_int8)[0]
+    rows = shape(m.x_int8)[0]
+    node = _next(matmul, m.replaced)
+    if not (_is(node, CONVERT) and node.args[1] == torch.float32):
+        raise Decline(f"the int8 GEMM's int32 output goes to {node.target}, not a cast to float32")
+    cast = node
+    node = _next(node, m.replaced)
+    x_scale = _other(node, cast) if _is(node, aten.mul.Tensor) else None
+    if not (isinstance(x_scale, Node) and shape(x_scale) in ((rows, 1), (rows,)) and x_scale is not cast
+            and value(x_scale).is_floating_point()):
+        raise Decline(f"the int8 GEMM's float32 output is multiplied by {_describe(x_scale)}, not a per-row "
+                      f"activation scale [{rows}, 1]" if _is(node, aten.mul.Tensor) else
+                      f"the int8 GEMM's float32 output goes to {node.target}, not a multiplication by the "
+                      "activation's scale")
+    m.x_scale = x_scale
+    node = _next(node, m.replaced)
+    if not (_is(node, CONVERT) and node.args[1] in FLOATS):
+        raise Decline(f"the activation-scaled product goes to {node.target}, not a cast to the output dtype")
+    m.out_dtype = node.args[1]
+    node = _skip_reshapes(node, m.replaced, n)
+    w_scale = _other(node, m.replaced[-1]) if _is(node, aten.mul.Tensor) else None
+    if not (_per_channel(w_scale, n) and value(w_scale).is_floating_point()):
+        raise Decline(f"the scaled product is multiplied by {_describe(w_scale)}, not a per-channel weight scale "
+                      f"[{n}]" if _is(node, aten.mul.Tensor) else
+                      f"the scaled product goes to {node.target}, not a multiplication by the weight's scale")
+    m.w_scale, m.end = w_scale, node
+    _follow_bias_and_cast(m, n)
+    return m
+
+
+def _follow_bias_and_cast(m: Match, n) -> None:
+    """[reshape] [add(., bias)] [reshape] [convert(., out_dtype)] after the weight scale: what the op's result
+    stands for ends at the last of them present."""
+    node = single_user(m.end)
+    chain = [m.end]
+    while node is not None and _is(node, *RESHAPES) and shape(node) and shape(node)[-1] == n:
+        chain.append(node)
+        node = single_user(node)
+    if _is(node, aten.add.Tensor) and _other(node, chain[-1]) is not None \
+            and _per_channel(_other(node, chain[-1]), n) and value(_other(node, chain[-1])).is_floating_point():
+        m.bias = _other(node, chain[-1])
+        chain.append(node)
+        node = single_user(node)
+        while node is not None and _is(node, *RESHAPES) and shape(node) and shape(node)[-1] == n:
+            chain.append(node)
+            node = single_user(node)
+    if _is(node, CONVERT) and node.args[1] == m.out_dtype:
+        chain.append(node)
+    while chain and _is(chain[-1], *RESHAPES):
+        chain.pop()  # a trailing reshape stays as written, after the op's
+    for step in chain[:-1]:
+        if len(step.users) != 1:
+            raise Decline(f"{step.name}, a step of the int8 GEMM's scaling, is read by "
+                          f"{', '.join(u.name for u in step.users)}, not one next step")
+    m.replaced += chain[:-1]
+    m.end = chain[-1]
+    if _dtype(m.end) != m.out_dtype:
+        raise Decline(f"the scaled int8 GEMM ends in {_name(_dtype(m.end))}, not cast back to "
+                      f"{_name(m.out_dtype)}: an order the op does not compute")
+
+
+def _check_supported(m: Match) -> None:
+    w = m.w_int8
+    if w.op == "get_attr":
+        raise Decline(f"the int8 weight ({w.name}) is a constant of the graph (Inductor's freezing): not yet")
+    if w.op != "placeholder":
+        raise Decline(f"the int8 weight ({w.name}) is computed in the graph, not a parameter or buffer")
+    if _dtype(w) != torch.int8 or _dtype(m.x_int8) != torch.int8:
+        raise Decline(f"the GEMM multiplies {_name(_dtype(m.x_int8))} by {_name(_dtype(w))}, not int8 by int8")
+    n, k = shape(w)
+    if not all(isinstance(d, int) for d in (n, k)):
+        raise Decline(f"the int8 weight's shape {[n, k]} is symbolic")
+    rows = shape(m.x_int8)[0]
+    if isinstance(rows, int) and rows >= INT_MM_MIN_ROWS:
+        raise Decline(f"{rows} rows: default compile runs torch._int_mm with the scaling fused (the op would add "
+                      f"unfused kernels); it takes static M below {INT_MM_MIN_ROWS} and dynamic M")
+    reason = int8_int8_linear_unsupported_reason(value(m.x_int8).device.type, m.out_dtype, n, k)
+    if reason is not None:
+        raise Decline(reason)
+
+
+def rewrite(matmul: Node, context: Context) -> str:
+    m = match(matmul)
+    _check_supported(m)
+    graph = context.gm.graph
+    n = shape(m.w_int8)[0]
+    with graph.inserting_before(m.end):
+        make = NodeMaker(graph, m.end, context.fake_mode)
+        w_scale = m.w_scale if shape(m.w_scale) == (n,) else make(aten.reshape.default, m.w_scale, [n])
+        out = make(INT8_INT8_LINEAR, m.x_int8, m.x_scale, m.w_int8, w_scale, m.bias, out_dtype=m.out_dtype)
+        if shape(m.end) != shape(out):  # a reshape in the chain moved the result's shape: the last one says to what
+            reshape = [node for node in m.replaced if _is(node, *RESHAPES)][-1]
+            out = make(aten.reshape.default, out, reshape.args[1])
+    m.end.replace_all_uses_with(out)
+    erase_dead(graph, [m.end])
+    return _describe_call(m, w_scale)
+
+
+def _describe_call(m: Match, w_scale: Node) -> str:
+    def tensor(name, node):
+        return f"{name}[{'x'.join(str(s) for s in shape(node))}] {_name(_dtype(node))}"
+
+    parts = [tensor("x", m.x_int8), tensor("x_scale", m.x_scale), tensor("w", m.w_int8), tensor("w_scale", w_scale)]
+    if m.bias is not None:
+        parts.append(tensor("bias", m.bias))
+    return f"fa4.int8_int8_linear({', '.join(parts)}, out_dtype={_name(m.out_dtype)})"
+
+
+FAMILY = Family("int8_int8_linear", POST_GRAD, is_candidate, rewrite)

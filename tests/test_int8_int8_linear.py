@@ -1,0 +1,204 @@
+"""`fa4::int8_int8_linear` (kernels/int8_int8_linear.py) and the int8_int8_linear family, which emits it for
+torchao's `Int8DynamicActivationInt8WeightConfig` on Inductor's aten graphs (lowering/int8_int8_linear.py)."""
+
+import expecttest
+import pytest
+import torch
+import torch.nn as nn
+
+import fa4_inductor
+from fa4_inductor.kernels import INT8_INT8_LINEAR, int8_int8_linear_unsupported_reason
+from fa4_inductor.kernels import int8_int8_linear as op
+from test_int8_linear import Compiled
+
+pytestmark = pytest.mark.usefixtures("without_fx_graph_cache")
+
+M, N, K = 5, 48, 64
+OP_CALL = "torch.ops.fa4.int8_int8_linear.default("
+OUT_DTYPES = [torch.bfloat16, torch.float16, torch.float32]
+
+
+def inputs(m=M, bias_dtype=torch.bfloat16, scale_shape=None, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randint(-128, 128, (m, K), dtype=torch.int8, generator=g)
+    w = torch.randint(-128, 128, (N, K), dtype=torch.int8, generator=g)
+    x_scale = torch.rand(scale_shape or (m, 1), generator=g) / 64 + 1e-3
+    w_scale = torch.rand(N, generator=g) / 64 + 1e-3
+    bias = None if bias_dtype is None else torch.randn(N, generator=g).to(bias_dtype)
+    return x, x_scale, w, w_scale, bias
+
+
+@pytest.mark.parametrize("scale_shape", ["[M, 1]", "[M]"])
+@pytest.mark.parametrize("bias_dtype", [None, torch.bfloat16, torch.float32], ids=str)
+@pytest.mark.parametrize("out_dtype", OUT_DTYPES, ids=str)
+def test_opcheck(out_dtype, bias_dtype, scale_shape):
+    x, xs, w, ws, b = inputs(bias_dtype=bias_dtype, scale_shape=(M, 1) if scale_shape == "[M, 1]" else (M,))
+    torch.library.opcheck(INT8_INT8_LINEAR, (x, xs, w, ws, b), {"out_dtype": out_dtype})
+
+
+@pytest.mark.parametrize("bias_dtype", [None, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("out_dtype", OUT_DTYPES, ids=str)
+def test_equals_torchaos_arithmetic_bit_for_bit(out_dtype, bias_dtype):
+    """The steps of the aten graph torchao's tensor subclass leaves (lowering/int8_int8_linear.py), eagerly."""
+    x, xs, w, ws, b = inputs(m=7, bias_dtype=bias_dtype, seed=3)
+    y = (torch._int_mm(x, w.t()).to(torch.float32) * xs).to(out_dtype) * ws
+    expected = (y if b is None else y + b).to(out_dtype)
+    assert torch.equal(INT8_INT8_LINEAR(x, xs, w, ws, b, out_dtype=out_dtype), expected)
+
+
+@pytest.mark.parametrize("m", [0, 1, 16, 17])
+def test_cuda_path_pads_small_m_without_changing_the_result(m):
+    """The CUDA kernel's padding for `_int_mm` (run here on CPU tensors): rows are independent, so the padded
+    product sliced back is the reference bit for bit."""
+    x, xs, w, ws, b = inputs(m=m, seed=m)
+    assert torch.equal(op.int8_int8_linear_cuda(x, xs, w, ws, b, out_dtype=torch.bfloat16),
+                       op.int8_int8_linear(x, xs, w, ws, b, out_dtype=torch.bfloat16))
+
+
+@pytest.mark.parametrize("m", [1, 16, 17, 40])
+def test_numerics_against_float64(m):
+    x, xs, w, ws, b = inputs(m=m, seed=m)
+    out = INT8_INT8_LINEAR(x, xs, w, ws, b, out_dtype=torch.bfloat16)
+    expected = (x.double() @ w.double().T) * xs.double() * ws.double() + b.double()
+    torch.testing.assert_close(out.double(), expected, atol=2e-2 * expected.abs().max().item(), rtol=2e-2)
+
+
+@pytest.mark.parametrize("change, message", [
+    (dict(x=torch.zeros(M, K)), "2-D int8 x_int8"),
+    (dict(w=torch.zeros(N, K, dtype=torch.int8)[None]), "2-D int8 w_int8"),
+    (dict(out_dtype=torch.int32), "out_dtype int32 is not supported"),
+    (dict(xs=torch.ones(M, 2)), r"x_scale has shape \[5, 2\], wants \[5, 1\] or \[5\]"),
+    (dict(ws=torch.ones(N, 1)), r"w_scale has shape \[48, 1\], wants \[48\]"),
+    (dict(b=torch.ones(N, dtype=torch.int32)), "floating-point bias"),
+    (dict(x=torch.zeros(M, K + 8, dtype=torch.int8)), "x has 72 features, the weight 64"),
+])
+def test_inputs_the_op_cannot_take_are_errors(change, message):
+    x, xs, w, ws, b = inputs()
+    args = dict(x=x, xs=xs, w=w, ws=ws, b=b, out_dtype=torch.bfloat16) | change
+    with pytest.raises((ValueError, RuntimeError), match=message):
+        INT8_INT8_LINEAR(args["x"], args["xs"], args["w"], args["ws"], args["b"], out_dtype=args["out_dtype"])
+
+
+def test_unsupported_reason():
+    assert int8_int8_linear_unsupported_reason("cuda", torch.bfloat16, 4096, 4096) is None
+    assert int8_int8_linear_unsupported_reason("cpu", torch.float32, 12, 20) is None
+    assert int8_int8_linear_unsupported_reason("cuda", torch.bfloat16, 12, 64) == \
+        "cuBLAS's int8 GEMM (torch._int_mm) needs K and N multiples of 8; the weight is [12, 64]"
+    assert int8_int8_linear_unsupported_reason("mps", torch.bfloat16, 8, 8) == \
+        "device mps has no fa4 int8_int8_linear kernel"
+
+
+# -------------------------------------------------------------------------------------- the family, compiled
+
+
+def torchao_model(bias, seed=0):
+    from torchao.quantization import Int8DynamicActivationInt8WeightConfig, quantize_
+
+    torch.manual_seed(seed)
+    model = nn.Sequential(nn.Linear(K, N, bias=bias)).to(torch.bfloat16).requires_grad_(False)
+    quantize_(model, Int8DynamicActivationInt8WeightConfig())
+    return model
+
+
+BACKEND = fa4_inductor.backend(int8_int8_linear=True)
+
+
+def describe(m, bias):
+    return (f"fa4.int8_int8_linear(x[{m}x{K}] int8, x_scale[{m}x1] float32, w[{N}x{K}] int8, w_scale[{N}] float32"
+            + (f", bias[{N}] bfloat16" if bias else "") + ", out_dtype=bfloat16)")
+
+
+def close_to(out, expected):
+    """Within two bf16 roundings of the output's scale: the activation quantization is Inductor's (its
+    roundings may differ from eager's by one step of an int8 code)."""
+    torch.testing.assert_close(out.float(), expected.float(), atol=2e-2 * expected.abs().max().item(), rtol=2e-2)
+
+
+@pytest.mark.parametrize("bias", [False, True], ids=["no-bias", "bias"])
+@pytest.mark.parametrize("x_shape", [(1, K), (16, K), (2, 3, K)], ids=str)
+def test_torchao_int8_dynamic_small_m(x_shape, bias):
+    pytest.importorskip("torchao")
+    model = torchao_model(bias)
+    x = torch.randn(x_shape, dtype=torch.bfloat16)
+    with torch.no_grad():
+        compiled = Compiled(model, x, backend=BACKEND)
+        expected = model(x)
+    assert OP_CALL in compiled.code
+    m = 1 if len(x_shape) == 2 and x_shape[0] == 1 else x_shape[0] * (x_shape[1] if len(x_shape) == 3 else 1)
+    assert compiled.details == [(True, describe(m, bias))]
+    assert compiled.out.shape == expected.shape
+    close_to(compiled.out, expected)
+
+
+def test_static_m_above_16_stays_for_default_compile():
+    pytest.importorskip("torchao")
+    model = torchao_model(True)
+    x = torch.randn(20, K, dtype=torch.bfloat16)
+    with torch.no_grad():
+        compiled = Compiled(model, x, backend=BACKEND)
+    assert OP_CALL not in compiled.code
+    assert compiled.details == [(False, "20 rows: default compile runs torch._int_mm with the scaling fused (the op "
+                                        "would add unfused kernels); it takes static M below 17 and dynamic M")]
+
+
+def test_dynamic_m_becomes_the_op():
+    pytest.importorskip("torchao")
+    model = torchao_model(True)
+    x = torch.randn(4, 6, K, dtype=torch.bfloat16)
+    torch._dynamo.mark_dynamic(x, 0)
+    with torch.no_grad():
+        compiled = Compiled(model, x, backend=BACKEND)
+        expected = model(x)
+    assert OP_CALL in compiled.code
+    assert [r for r, _ in compiled.details] == [True]
+    close_to(compiled.out, expected)
+
+
+@pytest.mark.parametrize("backend", [fa4_inductor.backend(int8_int8_linear=False), fa4_inductor.fa4_inductor],
+                         ids=["option-off", "default-options"])
+def test_the_family_is_off_unless_asked_for(backend):
+    pytest.importorskip("torchao")
+    model = torchao_model(False)
+    x = torch.randn(2, K, dtype=torch.bfloat16)
+    with torch.no_grad():
+        compiled = Compiled(model, x, backend=backend)
+    assert OP_CALL not in compiled.code and compiled.records == []
+
+
+@pytest.mark.parametrize("fn, reason", [
+    pytest.param(lambda x, w, xs, ws: torch._int_mm(x, w.t()).float() * xs,
+                 "the activation-scaled product goes to output, not a cast to the output dtype", id="no-output-cast"),
+    pytest.param(lambda x, w, xs, ws: (torch._int_mm(x, w.t()).float() * xs).to(torch.bfloat16),
+                 "the scaled product goes to output, not a multiplication by the weight's scale", id="no-weight-scale"),
+    pytest.param(lambda x, w, xs, ws: (torch._int_mm(x, w.t()) * xs).to(torch.bfloat16) * ws,
+                 "the int8 GEMM's int32 output goes to aten.mul.Tensor, not a cast to float32", id="no-float32-cast"),
+    pytest.param(lambda x, w, xs, ws: (torch._int_mm(x, w.t()).float() * xs).to(torch.bfloat16) * ws[:8].sum(),
+                 "the scaled product is multiplied by a float32 tensor of shape [], not a per-channel weight "
+                 "scale [48]", id="per-tensor-weight-scale"),
+    pytest.param(lambda x, w, xs, ws: (torch._int_mm(x, w.t()).float() * xs.T[:, :1].T).to(torch.bfloat16) * ws,
+                 "the int8 GEMM's float32 output is multiplied by a float32 tensor of shape [1, 1], not a per-row "
+                 "activation scale [5, 1]", id="not-per-row"),
+])
+def test_what_stays_as_written(fn, reason):
+    x, xs, w, ws, _ = inputs()
+    compiled = Compiled(fn, x, w, xs, ws, backend=BACKEND)
+    assert OP_CALL not in compiled.code
+    assert compiled.details == [(False, reason)]
+    torch._dynamo.reset()
+    torch.testing.assert_close(compiled.out, torch.compile(fn, backend="inductor")(x, w, xs, ws))
+
+
+class TestRewrittenGraphs(expecttest.TestCase):
+    def test_torchao_x_3d_with_bias(self):
+        pytest.importorskip("torchao")
+        with torch.no_grad():
+            compiled = Compiled(torchao_model(True), torch.randn(2, 3, K, dtype=torch.bfloat16), backend=BACKEND)
+        lines = compiled.graphs[0].splitlines()
+        quantized = next(i for i, line in enumerate(lines) if line.startswith("convert_element_type_4:"))
+        self.assertExpectedInline("\n".join(lines[quantized:]), """\
+convert_element_type_4: torch.int8[2, 3, 64] = prims.convert_element_type(clamp_max, int8)
+view_7: torch.int8[6, 64] = aten.reshape(convert_element_type_4, (-1, 64))
+view_8: f32[6, 1] = aten.reshape(convert_element_type_2, (-1, 1))
+view_9: f32[48] = aten.reshape(arg1_1, (48))
+int8_int8_linear_default: bf16[6, 48] = fa4.int8_int8_linear(view_7, view_8, arg0_1, view_9, arg3_1, out_dtype=bfloat16)
+reshape_default: bf16[2, 3, 48] = aten.reshape(int8_int8_linear_default, (2, 3, 48))""")
