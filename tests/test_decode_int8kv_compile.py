@@ -44,13 +44,12 @@ def _prmt(a: int, b: int, selector: int) -> int:
 
 
 def _write_tile(km, smem: bytearray, base: int, tile: torch.Tensor, chunk_of, d: int):
-    """What `load_tile`'s lanes write: lane + 32 n copies chunk (row, chunk) to position chunk_of(row, chunk)."""
+    """What `load_tile`'s lanes write: chunk lane % C of rows lane // C + n * (32 // C), to position chunk_of(row, chunk)."""
     c = d // 16
     written = set()
     for lane in range(32):
-        for n in range(16 * c // 32):
-            q = lane + 32 * n
-            row, chunk = q // c, q % c
+        for n in range(c // 2):
+            row, chunk = lane // c + n * (32 // c), lane % c
             at = base + row * d + chunk_of(row, chunk, d) * 16
             assert at not in written
             written.add(at)

@@ -99,6 +99,14 @@ def _sub_half2(a, b, fp16: bool, *, loc=None, ip=None) -> Int32:
         asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip))
 
 
+@dsl_user_op
+def _and_xor(a, mask: int, flip: int, *, loc=None, ip=None) -> Int32:
+    """(a & mask) ^ flip in one lop3 (written as separate and / or, ptxas spends a LOP3 on each constant)."""
+    return Int32(llvm.inline_asm(
+        T.i32(), [Int32(a).ir_value(loc=loc, ip=ip)], f"lop3.b32 $0, $1, {mask:#x}, {flip:#x}, 0x6a;", "=r,r",
+        has_side_effects=False, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip))
+
+
 def _prmt(a, b, selector: int):
     """Bytes of {b, a} picked by `selector` (PTX prmt.b32; a pure op LLVM can schedule)."""
     return prims.prmt(a, selector, prims.PermuteMode.DEFAULT, hi=b)
@@ -111,8 +119,8 @@ def _int8_pair(t, fp16: bool):
     bf16: 0x43MM with MM = x & 0x7f is 128 + m (m = x + 128 s, s the sign bit); subtract
     128 (s = 0: 0x4300) or 256 (s = 1: 0x4380), i.e. 0x4300 | (x & 0x80)."""
     if fp16:
-        return _sub_half2((t & 0x00FF00FF) ^ 0x64806480, Int32(0x64806480), True)
-    return _sub_half2((t & 0x007F007F) ^ 0x43004300, (t & 0x00800080) ^ 0x43004300, False)
+        return _sub_half2(_and_xor(t, 0x00FF00FF, 0x64806480), Int32(0x64806480), True)
+    return _sub_half2(_and_xor(t, 0x007F007F, 0x43004300), _and_xor(t, 0x00800080, 0x43004300), False)
 
 
 class DecodeAttentionInt8KVSm90:
@@ -252,12 +260,41 @@ class DecodeAttentionInt8KVSm90:
             cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL), Int8, num_bits_per_copy=128)
         copy4 = cute.make_copy_atom(cpasync.CopyG2SOp(), Float32, num_bits_per_copy=32)
 
+        # ---- per-lane addressing, fixed for the whole loop (a ring slot adds slot * slot_chunks) ----
+        # cp.async: lane copies chunk lane % C of rows lane // C + n * (32 // C), n < C / 2.
+        slot_chunks = 2 * TILE_N * C
+        copy_thr = cute.make_tiled_copy_tv(
+            copy16, cute.make_layout((32 // C, C), stride=(C, 1)), cute.make_layout((1, 16))).get_slice(lane)
+        tKgK = copy_thr.partition_S(cute.local_tile(mK[b, kvh, None, None], (TILE_N, D), (None, 0)))
+        tVgV = copy_thr.partition_S(cute.local_tile(mV[b, kvh, None, None], (TILE_N, D), (None, 0)))
+        k_write = cute.make_rmem_tensor((C // 2,), Int32)
+        v_write = cute.make_rmem_tensor((C // 2,), Int32)
+        for n in cutlass.range_constexpr(C // 2):
+            row = lane // C + n * (32 // C)
+            k_write[n] = row * C + k_chunk(row, lane % C, D)
+            v_write[n] = (TILE_N + row) * C + v_chunk(row, lane % C, D)
+        # Fragment reads: K rows 8j + g, chunks t + 4i; V rows 2t, 2t + 1, 2t + 8, 2t + 9, the bytes g owns
+        # (chunks g + 8i; at head dim 64 half a chunk, indexed in 8-byte halves).
+        k_read = cute.make_rmem_tensor((2, C // 4), Int32)
+        for j in cutlass.range_constexpr(2):
+            for i in cutlass.range_constexpr(C // 4):
+                k_read[j, i] = (8 * j + g) * C + k_chunk(8 * j + g, t + 4 * i, D)
+        v_pieces = max(1, D // 128)
+        v_read = cute.make_rmem_tensor((4, v_pieces), Int32)
+        for kk in cutlass.range_constexpr(4):
+            row = 2 * t + kk % 2 + 8 * (kk // 2)
+            for i in cutlass.range_constexpr(v_pieces):
+                if const_expr(D == 64):
+                    v_read[kk, i] = 2 * ((TILE_N + row) * C + v_chunk(row, g // 2, D)) + g % 2
+                else:
+                    v_read[kk, i] = (TILE_N + row) * C + v_chunk(row, g + 8 * i, D)
+
         # ---- prologue: start streaming this warp's first tiles before anything else ----
         first = tile_begin + warp_idx
         for s in cutlass.range_constexpr(stages - 1):
             if s < n_warp:
-                self.load_tile(mK, mV, mKscale, mVscale, b, kvh, sChunk, sWords, sScale, copy16, copy4, lane,
-                               seqlen_k, first + s * NUM_WARPS, warp_idx * stages + s)
+                self.load_tile(tKgK, tVgV, mKscale, mVscale, b, kvh, sChunk, sWords, sScale, copy16, copy4, lane,
+                               seqlen_k, first + s * NUM_WARPS, warp_idx * stages + s, k_write, v_write)
             cute.arch.cp_async_commit_group()
 
         # ---- Q in K's column order (`k_column`), while the KV tiles are in flight ----
@@ -308,9 +345,9 @@ class DecodeAttentionInt8KVSm90:
             cute.arch.cp_async_wait_group(stages - 2)
             cute.arch.sync_warp()  # tile `it` visible to the warp; slot (it - 1) % stages free
             if it + stages - 1 < n_warp:
-                self.load_tile(mK, mV, mKscale, mVscale, b, kvh, sChunk, sWords, sScale, copy16, copy4, lane,
+                self.load_tile(tKgK, tVgV, mKscale, mVscale, b, kvh, sChunk, sWords, sScale, copy16, copy4, lane,
                                seqlen_k, first + (it + stages - 1) * NUM_WARPS,
-                               warp_idx * stages + (it + stages - 1) % stages)
+                               warp_idx * stages + (it + stages - 1) % stages, k_write, v_write)
             cute.arch.cp_async_commit_group()
             slot = warp_idx * stages + it % stages
             tile = first + it * NUM_WARPS
@@ -321,10 +358,8 @@ class DecodeAttentionInt8KVSm90:
 
             # ---- K fragments straight from the int8 tile, then S = Q K^T ----
             for j in cutlass.range_constexpr(TILE_N // 8):
-                row = 8 * j + g
                 for i in cutlass.range_constexpr(C // 4):
-                    cute.autovec_copy(sWords[None, (slot * 2 * TILE_N + row) * C + k_chunk(row, t + 4 * i, D)],
-                                      k_words)
+                    cute.autovec_copy(sWords[None, slot * slot_chunks + k_read[j, i]], k_words)
                     for w in cutlass.range_constexpr(4):
                         x = Int32(k_words[w])
                         tSrK_words[(0, 0), j, 4 * i + w] = Uint32(_int8_pair(_prmt(x, x, 0x0100), self.fp16))
@@ -336,15 +371,12 @@ class DecodeAttentionInt8KVSm90:
 
             # ---- V fragments: D / 8 bytes of keys 2t, 2t + 1, 2t + 8, 2t + 9 (loads in flight during softmax) ----
             for kk in cutlass.range_constexpr(4):
-                row = 2 * t + (kk % 2) + 8 * (kk // 2)
                 if const_expr(D == 64):
-                    base = ((slot * 2 + 1) * TILE_N + row) * C + v_chunk(row, g // 2, D)
-                    cute.autovec_copy(sHalfChunkWords[None, 2 * base + g % 2], v_words[kk, None])
+                    cute.autovec_copy(sHalfChunkWords[None, 2 * slot * slot_chunks + v_read[kk, 0]], v_words[kk, None])
                 else:
-                    for i in cutlass.range_constexpr(D // 128):
-                        cute.autovec_copy(
-                            sWords[None, ((slot * 2 + 1) * TILE_N + row) * C + v_chunk(row, g + 8 * i, D)],
-                            cute.local_tile(v_words[kk, None], (4,), (i,)))
+                    for i in cutlass.range_constexpr(v_pieces):
+                        cute.autovec_copy(sWords[None, slot * slot_chunks + v_read[kk, i]],
+                                          cute.local_tile(v_words[kk, None], (4,), (i,)))
 
             s_mn = _mn_view(acc_S)
             o_mn = _mn_view(acc_O)
@@ -374,7 +406,8 @@ class DecodeAttentionInt8KVSm90:
                 corr = cute.math.exp2(m_prev - m_use, fastmath=True)
                 row_sum[r] = row_sum[r] * corr + p.reduce(cute.ReductionOp.ADD, Float32.zero, 0)
                 row_max[r] = m_new
-                o_mn[r, None] = o_mn[r, None].load() * corr
+                if m_new != m_prev:  # late in a long sequence the max rarely moves: skip D / 4 multiplies
+                    o_mn[r, None] = o_mn[r, None].load() * corr
                 s_mn[r, None] = p
                 for c in cutlass.range_constexpr(n_cols):
                     s_mn[r, c] = s_mn[r, c] * v_mul[c]
@@ -443,23 +476,24 @@ class DecodeAttentionInt8KVSm90:
                         mLSE[b, h, i] = lse2 * LN_2
 
     @cute.jit
-    def load_tile(self, mK: cute.Tensor, mV: cute.Tensor, mKscale: cute.Tensor, mVscale: cute.Tensor, b: Int32,
+    def load_tile(self, tKgK: cute.Tensor, tVgV: cute.Tensor, mKscale: cute.Tensor, mVscale: cute.Tensor, b: Int32,
                   kvh: Int32, sChunk: cute.Tensor, sWords: cute.Tensor, sScale: cute.Tensor, copy16: cute.CopyAtom,
-                  copy4: cute.CopyAtom, lane: Int32, seqlen_k: Int32, tile: Int32, slot: Int32):
+                  copy4: cute.CopyAtom, lane: Int32, seqlen_k: Int32, tile: Int32, slot: Int32,
+                  k_write: cute.Tensor, v_write: cute.Tensor):
         """cp.async one 16-key int8 K and V tile and their scales into ring slot `slot`; keys past
-        seqlen_k become zeros (values and scales)."""
+        seqlen_k become zeros (values and scales). tKgK / tVgV: this lane's source chunks
+        ((16, 1), C / 2, 1, tiles); k_write / v_write: their chunk indices in slot 0."""
         D = self.head_dim
         C = D // 16
-        for n in cutlass.range_constexpr(TILE_N * C // 32):
-            q = lane + 32 * n
-            row = q // C
-            chunk = q % C
-            key = tile * TILE_N + row
-            k_at = (slot * 2 * TILE_N + row) * C + k_chunk(row, chunk, D)
-            v_at = ((slot * 2 + 1) * TILE_N + row) * C + v_chunk(row, chunk, D)
-            if key < seqlen_k:
-                cute.copy(copy16, cute.local_tile(mK[b, kvh, key, None], (16,), (chunk,)), sChunk[None, k_at])
-                cute.copy(copy16, cute.local_tile(mV[b, kvh, key, None], (16,), (chunk,)), sChunk[None, v_at])
+        base = slot * 2 * TILE_N * C
+        for n in cutlass.range_constexpr(C // 2):
+            k_at = base + k_write[n]
+            v_at = base + v_write[n]
+            src_k = tKgK[None, n, None, tile]
+            src_v = tVgV[None, n, None, tile]
+            if tile * TILE_N + lane // C + n * (32 // C) < seqlen_k:
+                cute.copy(copy16, src_k, cute.make_tensor(sChunk[None, k_at].iterator, cute.make_layout(src_k.shape)))
+                cute.copy(copy16, src_v, cute.make_tensor(sChunk[None, v_at].iterator, cute.make_layout(src_v.shape)))
             else:
                 sWords[None, k_at].fill(0)
                 sWords[None, v_at].fill(0)
