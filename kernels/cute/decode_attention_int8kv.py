@@ -9,7 +9,8 @@ over k * k_scale[..., None] and v * v_scale[..., None]. Since
 
 the MMAs (mma.sync m16n8k16 in q's dtype, fp32 accumulators) take the int8 values converted
 exactly (an int8 fits the significand of both fp16 and bf16); k_scale multiplies each score column
-before the softmax and v_scale each column of P before P @ V (the row sums use P unscaled).
+before the softmax and v_scale each column of P before P @ V (the row sums use P unscaled; in fp16 P
+also carries a factor FP16_P_SCALE that the final 1 / l removes).
 
 Data path of a warp tile (16 keys):
 - cp.async copies the int8 K and V tiles (16 bytes a lane) and their 16 + 16 scales (4 bytes a lane)
@@ -48,6 +49,9 @@ from cutlass.experimental import primitives as prims
 from .decode_attention import LN_2, NUM_WARPS, TILE_M, TILE_N, _as_operand_a, _mn_view, _quad_max, _quad_sum, _spread
 
 HEAD_DIMS = (64, 128, 256)
+# fp16 only: P * v_scale enters the PV MMA times 2^6 (undone exactly with 1 / l), which keeps small v_scales
+# out of fp16's subnormals; a V that fits fp16 has v_scale <= 65504 / 127, so p * v_scale * 64 still fits.
+FP16_P_SCALE = 64.0
 
 
 # ---- index maps (Python ints at trace time or DSL Int32 at run time) ----
@@ -385,6 +389,8 @@ class DecodeAttentionInt8KVSm90:
             for c in cutlass.range_constexpr(n_cols):
                 k_mul[c] = sScale[tScS[0, c][1], 0, slot]
                 v_mul[c] = sScale[tScS[0, c][1], 1, slot]
+                if const_expr(self.fp16):
+                    v_mul[c] = v_mul[c] * FP16_P_SCALE
                 if const_expr(self.has_softcap):
                     k_mul[c] = k_mul[c] * softcap_in
                 else:
@@ -463,6 +469,8 @@ class DecodeAttentionInt8KVSm90:
                     total = total + sL[rr, w] * weight
                     o = o + sRed[rr, _spread(rr, d), w] * weight
                 inv = 0.0 if total == 0.0 else 1.0 / total
+                if const_expr(self.fp16):
+                    inv = inv * (1.0 / FP16_P_SCALE)
                 lse2 = -Float32.inf if total == 0.0 else m_use + cute.math.log2(total, fastmath=True)
                 i = r // group
                 h = kvh * group + (r - i * group)
