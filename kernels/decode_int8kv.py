@@ -122,10 +122,11 @@ def forward(q: Tensor, k: Tensor, v: Tensor, k_scale: Tensor, v_scale: Tensor, s
     `key_mask` [B, Sk] bool hides keys where False. `splits` overrides `num_splits` (tests and
     benchmarks); it must not depend on seqused_k."""
     call = decode.prepare(q, k, seqused_k, key_mask, splits, Flags(**flags), ctas_per_sm=CTAS_PER_SM)
+    # unit stride along the keys, also for a single key (where .contiguous() keeps any stride)
     if k_scale.stride(-1) != 1:
-        k_scale = k_scale.contiguous()
+        k_scale = k_scale.clone(memory_format=torch.contiguous_format)
     if v_scale.stride(-1) != 1:
-        v_scale = v_scale.contiguous()
+        v_scale = v_scale.clone(memory_format=torch.contiguous_format)
     group = q.shape[1] // k.shape[1]
     arch = compile_utils.target_arch(q.device)
     main = _key(q.dtype, q.shape[-1], group, call.causal, call.softcap > 0, call.seqused_k is not None,
