@@ -166,52 +166,71 @@ class _Key(NamedTuple):
     key_mask: bool = False  # main kernel: a [B, Sk] key mask is given
 
 
+def fake_bhsd(cute, dtype, d: int, div: int = 1, align: Optional[int] = None):
+    """A fake [B, H, S, d] tensor of cutlass `dtype` for compiling: dynamic sizes, unit stride on d, the
+    other strides multiples of `div` elements, the start aligned to `align` bytes."""
+    def sym():
+        return cute.sym_int64(divisibility=div)
+
+    return cute.runtime.make_fake_tensor(
+        dtype, (cute.sym_int(), cute.sym_int(), cute.sym_int(), d), (sym(), sym(), sym(), 1), assumed_align=align)
+
+
+def fake_lse(cute):
+    """A fake [B, Hq, Sq] float32 lse tensor (unit stride on Sq)."""
+    from cutlass import Float32
+
+    return cute.runtime.make_fake_tensor(Float32, tuple(cute.sym_int() for _ in range(3)),
+                                         (cute.sym_int64(), cute.sym_int64(), 1))
+
+
+def fake_partials(cute, d: int):
+    """Fake split partials: O [B, Hkv * row_tiles, splits, TILE_M, d] and lse [..., TILE_M], float32, compact."""
+    from cutlass import Float32
+
+    o = cute.runtime.make_fake_compact_tensor(
+        Float32, (cute.sym_int(), cute.sym_int(), cute.sym_int(), TILE_M, d), stride_order=(4, 3, 2, 1, 0),
+        assumed_align=16)
+    lse = cute.runtime.make_fake_compact_tensor(
+        Float32, (cute.sym_int(), cute.sym_int(), cute.sym_int(), TILE_M), stride_order=(3, 2, 1, 0),
+        assumed_align=16)
+    return o, lse
+
+
+def fake_main_tail(cute, key):
+    """The fake arguments the main kernels take after K / V: seqused_k, key mask, out, lse, O / lse partials
+    and the three scalars, each given or None as `key` (seqused, key_mask, split) says."""
+    from cutlass import Float32, Int32, Uint8
+
+    used = cute.runtime.make_fake_compact_tensor(Int32, (cute.sym_int(),)) if key.seqused else None
+    key_mask = cute.runtime.make_fake_tensor(
+        Uint8, (cute.sym_int(), cute.sym_int()), (cute.sym_int64(), 1)) if key.key_mask else None
+    o_part, lse_part = fake_partials(cute, key.head_dim) if key.split else (None, None)
+    out = None if key.split else fake_bhsd(cute, compile_utils.cutlass_dtype(key.dtype), key.head_dim)
+    lse = None if key.split else fake_lse(cute)
+    return used, key_mask, out, lse, o_part, lse_part, Float32(1.0), Float32(1.0), Float32(1.0)
+
+
 def _compile(key: _Key):
     """Compile one variant with fake tensors (no GPU needed: set CUTE_DSL_ARCH=sm_90a on a CPU)."""
     cute = compile_utils.cute_for(key.arch)
-    from cutlass import Float32, Int32, Uint8
-
     dt = compile_utils.cutlass_dtype(key.dtype)
     d = key.head_dim
-
-    def sym(div=1):
-        return cute.sym_int64(divisibility=div)
-
-    def bhsd(div=1, align=None):
-        return cute.runtime.make_fake_tensor(
-            dt, (cute.sym_int(), cute.sym_int(), cute.sym_int(), d), (sym(div), sym(div), sym(div), 1),
-            assumed_align=align)
-
-    def partials():
-        o = cute.runtime.make_fake_compact_tensor(
-            Float32, (cute.sym_int(), cute.sym_int(), cute.sym_int(), TILE_M, d), stride_order=(4, 3, 2, 1, 0),
-            assumed_align=16)
-        lse = cute.runtime.make_fake_compact_tensor(
-            Float32, (cute.sym_int(), cute.sym_int(), cute.sym_int(), TILE_M), stride_order=(3, 2, 1, 0),
-            assumed_align=16)
-        return o, lse
-
-    out = bhsd()
-    lse = cute.runtime.make_fake_tensor(Float32, tuple(cute.sym_int() for _ in range(3)), (sym(), sym(), 1))
     if key.kernel == "combine":
         from .cute.decode_combine import DecodeCombine
 
         combine = DecodeCombine(dt, d, key.group, pdl=key.pdl)
-        return compile_utils.compile_for_tvm_ffi(cute, combine, *partials(), out, lse)
+        return compile_utils.compile_for_tvm_ffi(cute, combine, *fake_partials(cute, d), fake_bhsd(cute, dt, d),
+                                                 fake_lse(cute))
 
     from .cute.decode_attention import DecodeAttentionSm90
 
     kernel = DecodeAttentionSm90(dt, d, key.group, key.causal, key.softcap, key.seqused, key.split, key.stages,
                                  key.key_mask)
     align = ALIGN_BYTES // 2
-    used = cute.runtime.make_fake_compact_tensor(Int32, (cute.sym_int(),)) if key.seqused else None
-    key_mask = cute.runtime.make_fake_tensor(
-        Uint8, (cute.sym_int(), cute.sym_int()), (sym(), 1)) if key.key_mask else None
-    o_part, lse_part = partials() if key.split else (None, None)
     return compile_utils.compile_for_tvm_ffi(
-        cute, kernel, bhsd(), bhsd(align, ALIGN_BYTES), bhsd(align, ALIGN_BYTES), used, key_mask,
-        None if key.split else out, None if key.split else lse, o_part, lse_part,
-        Float32(1.0), Float32(1.0), Float32(1.0))
+        cute, kernel, fake_bhsd(cute, dt, d), fake_bhsd(cute, dt, d, align, ALIGN_BYTES),
+        fake_bhsd(cute, dt, d, align, ALIGN_BYTES), *fake_main_tail(cute, key))
 
 
 compiled = compile_utils.CompiledVariants(_compile)
@@ -231,24 +250,41 @@ def compile_cache_info() -> int:
 def _keys(q: Tensor, k: Tensor, seqused_k: Optional[Tensor], key_mask: Optional[Tensor], causal: bool, softcap: float,
           split: bool):
     group = q.shape[1] // k.shape[1]
-    common = dict(dtype=q.dtype, head_dim=q.shape[-1], group=group, arch=compile_utils.target_arch(q.device))
-    main = _Key("main", causal=bool(causal), softcap=softcap > 0, seqused=seqused_k is not None, split=split,
-                stages=stages_for(q.shape[-1]), key_mask=key_mask is not None, **common)
-    combine = _Key("combine", causal=False, softcap=False, seqused=False, split=True, pdl=_pdl(), **common)
-    return main, combine
+    arch = compile_utils.target_arch(q.device)
+    main = _Key("main", q.dtype, q.shape[-1], group, bool(causal), softcap > 0, seqused_k is not None, split, arch,
+                stages=stages_for(q.shape[-1]), key_mask=key_mask is not None)
+    return main, combine_key(q.dtype, q.shape[-1], group, arch)
+
+
+def combine_key(dtype: torch.dtype, head_dim: int, group: int, arch: str) -> _Key:
+    """The combine kernel's variant (shared by every main kernel that writes split partials)."""
+    return _Key("combine", dtype, head_dim, group, False, False, False, True, arch, _pdl())
 
 
 def _pdl() -> bool:
     return switches.current().decode_pdl
 
 
-def forward(q: Tensor, k: Tensor, v: Tensor, seqused_k: Optional[Tensor] = None, key_mask: Optional[Tensor] = None, *,
-            splits: Optional[int] = None, **flags) -> tuple[Tensor, Tensor]:
-    """(out [B, Hq, Sq, D] stored as [B, Sq, Hq, D], lse [B, Hq, Sq] float32, natural log).
+class Prepared(NamedTuple):
+    """A decode call's host side, ready to launch (`prepare`, then `launch`)."""
 
-    `key_mask` [B, Sk] bool hides keys where False. `splits` overrides `num_splits` (tests and
-    benchmarks); it must not depend on seqused_k."""
-    f = Flags(**flags)
+    q: Tensor  # unit stride on D
+    seqused_k: Optional[Tensor]  # int32, unit stride
+    key_mask: Optional[Tensor]  # uint8 view, unit stride on Sk
+    out: Tensor  # [B, Hq, Sq, D] stored as [B, Sq, Hq, D]
+    lse: Tensor  # [B, Hq, Sq] float32
+    splits: int
+    scalars: tuple  # (scale_log2, softcap_in, softcap_out)
+    causal: bool
+    softcap: float
+
+
+def prepare(q: Tensor, k: Tensor, seqused_k: Optional[Tensor], key_mask: Optional[Tensor], splits: Optional[int],
+            flags: Flags, *, ctas_per_sm: int = 1) -> Prepared:
+    """Validate and normalise a decode call (`forward`'s arguments; k only for its shape), allocate its
+    outputs and pick its split count: `splits`, else FA4_INDUCTOR_DECODE_SPLITS, else `num_splits` aiming
+    at `ctas_per_sm` CTAs per SM."""
+    f = flags
     assert f.window_left < 0 and f.window_right < 0, "the decode kernel has no local window"
     scale, softcap = f.scale, f.softcap
     b, hq, sq, d = q.shape
@@ -256,8 +292,6 @@ def forward(q: Tensor, k: Tensor, v: Tensor, seqused_k: Optional[Tensor] = None,
     group = hq // hkv
     out = layout.empty_bhsd(b, hq, sq, d, dtype=q.dtype, device=q.device)
     lse = torch.empty((b, hq, sq), dtype=torch.float32, device=q.device)
-    if out.numel() == 0:
-        return out, lse
     if q.stride(-1) != 1:
         q = q.contiguous()
     if seqused_k is not None and seqused_k.shape != (b,):
@@ -267,28 +301,47 @@ def forward(q: Tensor, k: Tensor, v: Tensor, seqused_k: Optional[Tensor] = None,
         if key_mask.shape != (b, sk):
             raise ValueError(f"key_mask must have shape ({b}, {sk}), got {tuple(key_mask.shape)}")
         key_mask = (key_mask if key_mask.stride(-1) == 1 else key_mask.contiguous()).view(torch.uint8)
-    device_index = q.device.index if q.device.index is not None else torch.cuda.current_device()
     if splits is None:
         splits = switches.current().decode_splits
-    if splits is None:
-        splits = num_splits(b, hkv, sq, group, sk, d, _num_sms(device_index))
-    splits = max(1, min(int(splits), MAX_SPLITS))
+    if splits is None and out.numel():
+        device_index = q.device.index if q.device.index is not None else torch.cuda.current_device()
+        splits = num_splits(b, hkv, sq, group, sk, d, _num_sms(device_index) * ctas_per_sm)
+    splits = max(1, min(int(splits or 1), MAX_SPLITS))
     if softcap > 0:
-        scale_log2, softcap_in, softcap_out = 0.0, scale / softcap, softcap * _LOG2_E
+        scalars = (0.0, scale / softcap, softcap * _LOG2_E)
     else:
-        scale_log2, softcap_in, softcap_out = scale * _LOG2_E, 0.0, 0.0
-    main_key, combine_key = _keys(q, k, seqused_k, key_mask, f.causal, softcap, splits > 1)
+        scalars = (scale * _LOG2_E, 0.0, 0.0)
+    return Prepared(q, seqused_k, key_mask, out, lse, splits, scalars, bool(f.causal), softcap)
+
+
+def launch(call: Prepared, main, kv: tuple, combine_key: _Key) -> tuple[Tensor, Tensor]:
+    """Run a prepared call: `main(q, *kv, seqused_k, key_mask, out, lse, o_part, lse_part, *scalars)` writes
+    the output itself (one split) or fp32 partials that the combine kernel `combine_key` merges."""
+    q, out, lse = call.q, call.out, call.lse
+    if out.numel() == 0:
+        return out, lse
     with torch.cuda.device(q.device):
-        if splits == 1:
-            compiled(main_key)(q, k, v, seqused_k, key_mask, out, lse, None, None, scale_log2, softcap_in, softcap_out)
+        if call.splits == 1:
+            main(q, *kv, call.seqused_k, call.key_mask, out, lse, None, None, *call.scalars)
             return out, lse
-        tiles = row_tiles(sq, group)
-        o_part = torch.empty((b, hkv * tiles, splits, TILE_M, d), dtype=torch.float32, device=q.device)
-        lse_part = torch.empty((b, hkv * tiles, splits, TILE_M), dtype=torch.float32, device=q.device)
-        compiled(main_key)(q, k, v, seqused_k, key_mask, None, None, o_part, lse_part, scale_log2, softcap_in,
-                           softcap_out)
+        b, hq, sq, d = q.shape
+        rows = kv[0].shape[1] * row_tiles(sq, hq // kv[0].shape[1])
+        o_part = torch.empty((b, rows, call.splits, TILE_M, d), dtype=torch.float32, device=q.device)
+        lse_part = torch.empty((b, rows, call.splits, TILE_M), dtype=torch.float32, device=q.device)
+        main(q, *kv, call.seqused_k, call.key_mask, None, None, o_part, lse_part, *call.scalars)
         compiled(combine_key)(o_part, lse_part, out, lse)
     return out, lse
+
+
+def forward(q: Tensor, k: Tensor, v: Tensor, seqused_k: Optional[Tensor] = None, key_mask: Optional[Tensor] = None, *,
+            splits: Optional[int] = None, **flags) -> tuple[Tensor, Tensor]:
+    """(out [B, Hq, Sq, D] stored as [B, Sq, Hq, D], lse [B, Hq, Sq] float32, natural log).
+
+    `key_mask` [B, Sk] bool hides keys where False. `splits` overrides `num_splits` (tests and
+    benchmarks); it must not depend on seqused_k."""
+    call = prepare(q, k, seqused_k, key_mask, splits, Flags(**flags))
+    main_key, combine_key = _keys(call.q, k, call.seqused_k, call.key_mask, call.causal, call.softcap, call.splits > 1)
+    return launch(call, compiled(main_key), (k, v), combine_key)
 
 
 def warmup(
@@ -309,17 +362,26 @@ def warmup(
     the combine kernel are compiled (which one runs depends on the batch and cache sizes).
     `q_len` only validates the shape (query length is a runtime value). Returns how many
     variants were compiled now (0 when all were cached)."""
+    arch = check_warmup(dtype, head_dim, group, q_len, device)
+    before = len(compiled)
+    for c, used, masked, split in warmup_variants(causal, seqused_k, key_mask):
+        compiled(_Key("main", dtype, head_dim, group, c, bool(softcap), used, split, arch, stages=stages_for(head_dim),
+                      key_mask=masked))
+    compiled(combine_key(dtype, head_dim, group, arch))
+    return len(compiled) - before
+
+
+def check_warmup(dtype: torch.dtype, head_dim: int, group: int, q_len: int, device) -> str:
+    """`warmup`'s argument check (ValueError); the arch to compile for."""
     if dtype not in DTYPES or head_dim not in HEAD_DIMS or not 1 <= group <= MAX_GROUP or not 1 <= q_len <= MAX_Q_LEN:
         raise ValueError(
             f"the decode kernel does not take dtype {dtype}, head_dim {head_dim}, group {group}, q_len {q_len}")
-    device = torch.device(device)
-    arch = compile_utils.target_arch(device, off_gpu="sm_90a")
-    before = len(compiled)
-    for c in ((False, True) if causal is None else (bool(causal),)):
-        for used in ((False, True) if seqused_k is None else (bool(seqused_k),)):
-            for masked in ((False, True) if key_mask is None else (bool(key_mask),)):
-                for split in (False, True):
-                    compiled(_Key("main", dtype, head_dim, group, c, bool(softcap), used, split, arch,
-                                  stages=stages_for(head_dim), key_mask=masked))
-    compiled(_Key("combine", dtype, head_dim, group, False, False, False, True, arch, _pdl()))
-    return len(compiled) - before
+    return compile_utils.target_arch(torch.device(device), off_gpu="sm_90a")
+
+
+def warmup_variants(causal: Optional[bool], seqused_k: Optional[bool], key_mask: Optional[bool]) -> list[tuple]:
+    """(causal, seqused_k, key_mask, split) of every main-kernel variant `warmup` compiles (None: both settings)."""
+    def both(x):
+        return (False, True) if x is None else (bool(x),)
+
+    return [(c, u, m, s) for c in both(causal) for u in both(seqused_k) for m in both(key_mask) for s in (False, True)]

@@ -1,0 +1,158 @@
+"""Host side of the split-KV decode attention over an int8 KV cache (`cute/decode_attention_int8kv.py`,
+merged by `cute/decode_combine.py`): attention of q over k * k_scale[..., None], v * v_scale[..., None].
+
+What it takes (`unsupported_reason` says why not): what `decode.py` takes (sm90, q float16 / bfloat16
+with a unit stride on D, head_dim == head_dim_v in (64, 128, 256), GQA groups up to 16, Sq <= 8, causal,
+softcap, seqused_k and a [B, Sk] key mask, no local window), with
+- k, v int8 [B, Hkv, Sk, D] of one shape, unit stride on D, 16-byte aligned start and outer strides
+  (the rules of the bf16 kernel; a transposed view of an int8 [B, S, H, D] cache qualifies);
+- k_scale, v_scale float32 [B, Hkv, Sk] on q's device: one scale per key and KV head, unit stride on Sk.
+The output is in q's dtype, laid out like `decode.forward`'s, with lse [B, Hq, Sq] (natural log).
+FA4_INDUCTOR_DISABLE_DECODE=1 turns this kernel off too.
+
+Split count: `decode.num_splits` aiming at CTAS_PER_SM CTAs per SM (the int8 tiles carry half the bytes
+of a bf16 tile for the same conversion and MMA work per key, so a second CTA per SM hides more latency;
+the bf16 kernel measured best at one). A function of shapes only, never of seqused_k's contents, so a
+CUDA graph stays valid when cache lengths change. `splits=` (or FA4_INDUCTOR_DECODE_SPLITS) overrides it.
+Ring depth: `stages_for(head_dim)` from the same shared-memory budget as the bf16 kernel
+(FA4_INDUCTOR_DECODE_SMEM_KB, default 100 KB: two CTAs per SM).
+
+Compilation: one main-kernel variant per (dtype, head_dim, group, causal, softcap on/off, seqused_k given,
+key mask given, split or not, ring depth, arch), about a second each, kept in `compiled`; the combine
+kernel is `decode.py`'s (its cache). Call `warmup` before capturing CUDA graphs. Launches go to the
+current torch stream: no host sync, no host read of seqused_k or the scales.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from . import decode, switches
+from .cute import compile_utils
+from .flags import Flags
+
+KV_DTYPE = torch.int8
+SCALE_DTYPE = torch.float32
+CTAS_PER_SM = 2
+SCALE_BYTES = 4
+
+
+def unsupported_reason(q: Tensor, k: Tensor, v: Tensor, *, k_scale: Optional[Tensor], v_scale: Optional[Tensor],
+                       seqused_k: Optional[Tensor] = None, key_mask: Optional[Tensor] = None, **flags) -> str | None:
+    """Why the int8-KV decode kernel cannot take this call, or None if it can (see the module docstring)."""
+    if k.dtype != KV_DTYPE or v.dtype != KV_DTYPE:
+        return f"the int8-KV decode kernel takes int8 k and v; got {k.dtype} and {v.dtype}"
+    if k.shape != v.shape:
+        return f"the int8-KV decode kernel takes k and v of one shape; got {tuple(k.shape)} and {tuple(v.shape)}"
+    reason = decode.unsupported_reason(q, k, v, seqused_k=seqused_k, key_mask=key_mask, **flags)
+    if reason is not None:
+        return reason
+    for name, s in (("k_scale", k_scale), ("v_scale", v_scale)):
+        if s is None:
+            return f"the int8-KV decode kernel needs {name}"
+        if s.dtype != SCALE_DTYPE or s.device != q.device:
+            return f"{name} must be float32 on q's device; got {s.dtype} on {s.device}"
+        if s.shape != k.shape[:3]:
+            return f"{name} must have shape {tuple(k.shape[:3])} (one scale per key and KV head); got {tuple(s.shape)}"
+        if s.stride(-1) != 1 and s.shape[-1] > 1:
+            return f"{name} has stride {s.stride(-1)} along the keys (needs 1)"
+    return None
+
+
+def stages_for(head_dim: int) -> int:
+    """Depth of each warp's ring (int8 K and V tiles plus their scales): as deep as a CTA's shared-memory
+    budget allows (FA4_INDUCTOR_DECODE_SMEM_KB), at least 2 (the warps' merge reuses the ring), at most 8."""
+    budget = switches.current().decode_smem_kb * 1024
+    per_stage = decode.NUM_WARPS * 2 * decode.TILE_N * (head_dim + SCALE_BYTES)
+    return max(2, min(8, (budget - decode.TILE_M * head_dim * 2) // per_stage))
+
+
+def num_splits(batch: int, kv_heads: int, q_len: int, group: int, seqlen_k: int, head_dim: int, num_sms: int) -> int:
+    """`decode.num_splits` for CTAS_PER_SM CTAs per SM."""
+    return decode.num_splits(batch, kv_heads, q_len, group, seqlen_k, head_dim, num_sms * CTAS_PER_SM)
+
+
+def _key(dtype: torch.dtype, head_dim: int, group: int, causal: bool, softcap: bool, seqused: bool, split: bool,
+         key_mask: bool, arch: str) -> decode._Key:
+    return decode._Key("int8kv", dtype, head_dim, group, causal, softcap, seqused, split, arch,
+                       stages=stages_for(head_dim), key_mask=key_mask)
+
+
+def _compile(key: decode._Key):
+    """Compile one variant with fake tensors (no GPU needed: CUTE_DSL_ARCH=sm_90a on a CPU)."""
+    cute = compile_utils.cute_for(key.arch)
+    from cutlass import Float32, Int8
+
+    from .cute.decode_attention_int8kv import DecodeAttentionInt8KVSm90
+
+    dt = compile_utils.cutlass_dtype(key.dtype)
+    d = key.head_dim
+    kernel = DecodeAttentionInt8KVSm90(dt, d, key.group, key.causal, key.softcap, key.seqused, key.split, key.stages,
+                                       key.key_mask)
+
+    def kv():
+        return decode.fake_bhsd(cute, Int8, d, decode.ALIGN_BYTES, decode.ALIGN_BYTES)
+
+    def scales():
+        return cute.runtime.make_fake_tensor(
+            Float32, (cute.sym_int(), cute.sym_int(), cute.sym_int()), (cute.sym_int64(), cute.sym_int64(), 1),
+            assumed_align=SCALE_BYTES)
+
+    return compile_utils.compile_for_tvm_ffi(
+        cute, kernel, decode.fake_bhsd(cute, dt, d), kv(), kv(), scales(), scales(), *decode.fake_main_tail(cute, key))
+
+
+compiled = compile_utils.CompiledVariants(_compile)
+"""`compiled(key)`: the int8-KV main-kernel variant `key` names, compiled on first use."""
+
+
+def compile_cache_info() -> int:
+    """How many int8-KV main-kernel variants this process has compiled."""
+    return len(compiled)
+
+
+def forward(q: Tensor, k: Tensor, v: Tensor, k_scale: Tensor, v_scale: Tensor, seqused_k: Optional[Tensor] = None,
+            key_mask: Optional[Tensor] = None, *, splits: Optional[int] = None, **flags) -> tuple[Tensor, Tensor]:
+    """(out [B, Hq, Sq, D] stored as [B, Sq, Hq, D] in q's dtype, lse [B, Hq, Sq] float32, natural log) of q
+    over k * k_scale[..., None] and v * v_scale[..., None].
+
+    `key_mask` [B, Sk] bool hides keys where False. `splits` overrides `num_splits` (tests and
+    benchmarks); it must not depend on seqused_k."""
+    call = decode.prepare(q, k, seqused_k, key_mask, splits, Flags(**flags), ctas_per_sm=CTAS_PER_SM)
+    # unit stride along the keys, also for a single key (where .contiguous() keeps any stride)
+    if k_scale.stride(-1) != 1:
+        k_scale = k_scale.clone(memory_format=torch.contiguous_format)
+    if v_scale.stride(-1) != 1:
+        v_scale = v_scale.clone(memory_format=torch.contiguous_format)
+    group = q.shape[1] // k.shape[1]
+    arch = compile_utils.target_arch(q.device)
+    main = _key(q.dtype, q.shape[-1], group, call.causal, call.softcap > 0, call.seqused_k is not None,
+                call.splits > 1, call.key_mask is not None, arch)
+    return decode.launch(call, compiled(main), (k, v, k_scale, v_scale),
+                         decode.combine_key(q.dtype, q.shape[-1], group, arch))
+
+
+def warmup(
+    dtype: torch.dtype,
+    head_dim: int,
+    group: int,
+    q_len: int = 1,
+    device: torch.device | str = "cuda",
+    *,
+    causal: Optional[bool] = None,
+    softcap: bool = False,
+    seqused_k: Optional[bool] = None,
+    key_mask: Optional[bool] = False,
+) -> int:
+    """Compile every kernel variant a decode step with these shapes can hit, outside CUDA-graph capture
+    (as `decode.warmup`: None compiles both settings; split and one-split main kernels and the combine
+    kernel). Returns how many variants were compiled now (0 when all were cached)."""
+    arch = decode.check_warmup(dtype, head_dim, group, q_len, device)
+    before = len(compiled) + len(decode.compiled)
+    for c, used, masked, split in decode.warmup_variants(causal, seqused_k, key_mask):
+        compiled(_key(dtype, head_dim, group, c, bool(softcap), used, split, masked, arch))
+    decode.compiled(decode.combine_key(dtype, head_dim, group, arch))
+    return len(compiled) + len(decode.compiled) - before

@@ -1,0 +1,265 @@
+"""CPU tier of the int8-KV decode kernel (`kernels/decode_int8kv.py`, `kernels/cute/decode_attention_int8kv.py`).
+
+- The kernel's index maps replayed on a simulated warp: the cp.async lane -> chunk writes, the shared
+  swizzles, the 16-byte fragment reads and the mma.sync m16n8k16 fragment semantics (PTX ISA) give
+  Q K^T and P V over the right head-dim columns, and the fragment reads are free of bank conflicts.
+- The int8 -> half2 bit trick, emulated for every int8 pair, is exact in fp16 and bf16.
+- Compile-only: CuTe DSL compiles the variants for sm_90a on a CPU.
+- Host rules: declines, split counts, ring depth, warmup.
+Numerics on a GPU are in `test_gpu_decode_int8kv.py`.
+"""
+
+import os
+
+import pytest
+import torch
+
+from fa4_inductor.kernels import decode, decode_int8kv, switches
+
+ARCH = "sm_90a"
+
+
+@pytest.fixture(scope="module")
+def cute_dsl():
+    os.environ.setdefault("CUTE_DSL_ARCH", ARCH)
+    pytest.importorskip("cutlass")
+    pytest.importorskip("tvm_ffi", reason="the decode kernels compile with --enable-tvm-ffi")
+
+
+@pytest.fixture(scope="module")
+def kernel_module(cute_dsl):
+    from fa4_inductor.kernels.cute import decode_attention_int8kv
+
+    return decode_attention_int8kv
+
+
+# ---------------------------------------------------------------------------------------------
+# A simulated warp
+# ---------------------------------------------------------------------------------------------
+
+
+def _prmt(a: int, b: int, selector: int) -> int:
+    data = a.to_bytes(4, "little") + b.to_bytes(4, "little")
+    return int.from_bytes(bytes(data[(selector >> (4 * i)) & 7] for i in range(4)), "little")
+
+
+def _write_tile(km, smem: bytearray, base: int, tile: torch.Tensor, chunk_of, d: int):
+    """What `load_tile`'s lanes write: chunk lane % C of rows lane // C + n * (32 // C), to position chunk_of(row, chunk)."""
+    c = d // 16
+    written = set()
+    for lane in range(32):
+        for n in range(c // 2):
+            row, chunk = lane // c + n * (32 // c), lane % c
+            at = base + row * d + chunk_of(row, chunk, d) * 16
+            assert at not in written
+            written.add(at)
+            smem[at:at + 16] = bytes(tile[row, chunk * 16:chunk * 16 + 16].view(torch.uint8).tolist())
+    assert len(written) == 16 * c
+
+
+def _words(smem: bytearray, at: int, n: int) -> list[int]:
+    return [int.from_bytes(smem[at + 4 * w:at + 4 * w + 4], "little") for w in range(n)]
+
+
+def _signed(byte: int) -> int:
+    return byte - 256 if byte > 127 else byte
+
+
+@pytest.mark.parametrize("d", [64, 128, 256])
+def test_index_maps_feed_the_mma_the_right_columns(kernel_module, d):
+    km = kernel_module
+    g_ = torch.Generator().manual_seed(d)
+    k = torch.randint(-128, 128, (16, d), generator=g_, dtype=torch.int8)
+    v = torch.randint(-128, 128, (16, d), generator=g_, dtype=torch.int8)
+    smem = bytearray(2 * 16 * d)
+    _write_tile(km, smem, 0, k, km.k_chunk, d)
+    _write_tile(km, smem, 16 * d, v, km.v_chunk, d)
+    c = d // 16
+
+    # K: B[k][n] of n-block j, k-block kb must be K[n][k_column(k)] (Q is gathered in that order too)
+    b_k = torch.zeros(d, 16, dtype=torch.int64)
+    for lane in range(32):
+        g, t = lane // 4, lane % 4
+        for j in range(2):
+            row = 8 * j + g
+            for i in range(c // 4):
+                words = _words(smem, row * d + km.k_chunk(row, t + 4 * i, d) * 16, 4)
+                for w in range(4):
+                    kb = 4 * i + w
+                    for h, sel in ((0, 0x0100), (1, 0x0302)):
+                        pair = _prmt(words[w], words[w], sel)
+                        b_k[kb * 16 + 2 * t + 8 * h, row] = _signed(pair & 0xFF)
+                        b_k[kb * 16 + 2 * t + 8 * h + 1, row] = _signed((pair >> 16) & 0xFF)
+    cols = torch.tensor([km.k_column(x, d) for x in range(d)])
+    assert sorted(cols.tolist()) == list(range(d))
+    torch.testing.assert_close(b_k, k.long()[:, cols].T, rtol=0, atol=0)
+
+    # V: B[key][n] of n-block nb must be V[key][v_column(nb * 8 + n)]
+    b_v = torch.zeros(16, d, dtype=torch.int64)
+    for lane in range(32):
+        g, t = lane // 4, lane % 4
+        words = []
+        for kk in range(4):
+            row = 2 * t + kk % 2 + 8 * (kk // 2)
+            if d == 64:
+                words.append(_words(smem, 16 * d + row * d + km.v_chunk(row, g // 2, d) * 16 + (g % 2) * 8, 2))
+            else:
+                words.append(sum((_words(smem, 16 * d + row * d + km.v_chunk(row, g + 8 * i, d) * 16, 4)
+                                  for i in range(d // 128)), []))
+        for h in range(2):
+            for w in range(d // 32):
+                for byte in range(4):
+                    pair = _prmt(words[2 * h][w], words[2 * h + 1][w], ((4 + byte) << 8) | byte)
+                    nb = 4 * w + byte
+                    b_v[2 * t + 8 * h, nb * 8 + g] = _signed(pair & 0xFF)
+                    b_v[2 * t + 8 * h + 1, nb * 8 + g] = _signed((pair >> 16) & 0xFF)
+    cols = torch.tensor([km.v_column(x, d) for x in range(d)])
+    assert sorted(cols.tolist()) == list(range(d))
+    torch.testing.assert_close(b_v, v.long()[:, cols], rtol=0, atol=0)
+
+
+def _wavefronts(addresses: list[int], width: int) -> int:
+    """Shared-memory wavefronts of one warp-wide load of `width` bytes a lane (phases of 128 bytes)."""
+    per_phase = 128 // width
+    total = 0
+    for p in range(0, 32, per_phase):
+        banks = {}
+        for a in addresses[p:p + per_phase]:
+            for word in range(a // 4, (a + width) // 4):
+                banks.setdefault(word % 32, set()).add(word)
+        total += max(len(s) for s in banks.values())
+    return total
+
+
+@pytest.mark.parametrize("d", [64, 128, 256])
+def test_fragment_reads_are_free_of_bank_conflicts(kernel_module, d):
+    km = kernel_module
+    for j in range(2):
+        for i in range(d // 64):
+            k_reads = [(8 * j + lane // 4) * d + km.k_chunk(8 * j + lane // 4, lane % 4 + 4 * i, d) * 16
+                       for lane in range(32)]
+            assert _wavefronts(k_reads, 16) == 4
+    for kk in range(4):
+        rows = [2 * (lane % 4) + kk % 2 + 8 * (kk // 2) for lane in range(32)]
+        if d == 64:  # 8-byte reads of rows 64 bytes apart: two-way at most
+            reads = [r * d + km.v_chunk(r, lane // 8, d) * 16 + (lane // 4 % 2) * 8 for lane, r in enumerate(rows)]
+            assert _wavefronts(reads, 8) <= 4
+        else:
+            for i in range(d // 128):
+                reads = [r * d + km.v_chunk(r, lane // 4 + 8 * i, d) * 16 for lane, r in enumerate(rows)]
+                assert _wavefronts(reads, 16) == 4
+
+
+@pytest.mark.parametrize("half", [torch.float16, torch.bfloat16])
+def test_int8_pairs_convert_exactly(half):
+    """`_int8_pair`'s bit trick for every int8 pair: lane bits as the kernel builds them, the packed subtract
+    in float64 (exact here, so round-to-nearest in half precision gives the same)."""
+    x = torch.arange(-128, 128, dtype=torch.int32)
+    a, b = x.repeat_interleave(256), x.repeat(256)
+    t = (a & 0xFF) | ((b & 0xFF) << 16)  # bytes 0 and 2, as prmt leaves them (bytes 1 and 3 are masked off)
+    t = t | (torch.randint(0, 256, t.shape, dtype=torch.int32) << 8) | (torch.randint(0, 128, t.shape, dtype=torch.int32) << 24)
+    if half is torch.float16:
+        v, c = (t & 0x00FF00FF) ^ 0x64806480, torch.full_like(t, 0x64806480)
+    else:
+        v, c = (t & 0x007F007F) ^ 0x43004300, (t & 0x00800080) ^ 0x43004300
+
+    def lanes(w):
+        lo, hi = (w & 0xFFFF).to(torch.int16), ((w >> 16) & 0xFFFF).to(torch.int16)
+        return lo.view(half).double(), hi.view(half).double()
+
+    (v_lo, v_hi), (c_lo, c_hi) = lanes(v), lanes(c)
+    torch.testing.assert_close(v_lo - c_lo, a.double(), rtol=0, atol=0)
+    torch.testing.assert_close(v_hi - c_hi, b.double(), rtol=0, atol=0)
+
+
+# ---------------------------------------------------------------------------------------------
+# Compile-only
+# ---------------------------------------------------------------------------------------------
+
+# dtype, head_dim, group, causal, softcap, seqused, split, key_mask: every feature at least once
+VARIANTS = [
+    (torch.bfloat16, 128, 4, True, False, True, True, False),
+    (torch.float16, 64, 8, True, True, False, False, True),
+    (torch.bfloat16, 64, 1, False, False, False, True, True),
+    (torch.float16, 128, 16, False, False, True, False, False),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: "-".join(map(str, v)).replace("torch.", ""))
+def test_main_kernel_compiles(cute_dsl, variant):
+    key = decode_int8kv._key(*variant, ARCH)
+    assert callable(decode_int8kv.compiled(key))
+    assert decode_int8kv.compiled(key) is decode_int8kv.compiled(key)
+
+
+@pytest.mark.slow
+def test_head_dim_256_compiles(cute_dsl):
+    key = decode_int8kv._key(torch.bfloat16, 256, 2, True, False, True, True, False, ARCH)
+    assert callable(decode_int8kv.compiled(key))
+
+
+@pytest.mark.slow
+def test_warmup_compiles_every_variant_of_a_shape(cute_dsl):
+    assert decode_int8kv.warmup(torch.bfloat16, 128, 4, q_len=1, device="cpu", causal=True, seqused_k=True) > 0
+    assert decode_int8kv.warmup(torch.bfloat16, 128, 4, q_len=1, device="cpu", causal=True, seqused_k=True) == 0
+    with pytest.raises(ValueError):
+        decode_int8kv.warmup(torch.bfloat16, 96, 4)
+
+
+# ---------------------------------------------------------------------------------------------
+# Host rules
+# ---------------------------------------------------------------------------------------------
+
+
+def test_num_splits_targets_two_ctas_per_sm():
+    """hq32 hkv8 d128 on 132 SMs: one wave of two CTAs per SM, splits of at least 8 tiles."""
+    assert decode_int8kv.num_splits(1, 8, 1, 4, 32768, 128, 132) == 33
+    assert decode_int8kv.num_splits(8, 8, 1, 4, 32768, 128, 132) == 4
+    assert decode_int8kv.num_splits(64, 8, 1, 4, 32768, 128, 132) == 1
+    assert decode_int8kv.num_splits(1, 8, 1, 4, 1000, 128, 132) == 1000 // 16 // decode.MIN_TILES_PER_SPLIT
+
+
+def test_stages_fit_shared_memory(monkeypatch):
+    assert [decode_int8kv.stages_for(d) for d in (64, 128, 256)] == [8, 5, 2]
+    for d in (64, 128, 256):  # the ring holds the warps' fp32 merge buffer
+        ring = decode_int8kv.stages_for(d) * decode.NUM_WARPS * 2 * decode.TILE_N * d
+        assert ring >= decode.TILE_M * d * decode.NUM_WARPS * 4
+    monkeypatch.setenv(decode.SMEM_KB_ENV, "200")
+    switches.reset()
+    assert decode_int8kv.stages_for(128) == 8
+
+
+def _inputs(sk=4096, d=128, dtype=torch.bfloat16):
+    q = torch.randn(1, 32, 1, d, dtype=dtype)
+    k = torch.randint(-128, 128, (1, 8, sk, d), dtype=torch.int8)
+    s = torch.rand(1, 8, sk)
+    return q, k, s
+
+
+def test_declines_with_reasons():
+    q, k, s = _inputs()
+    fl = dict(scale=0.1)
+    assert "int8 k and v" in decode_int8kv.unsupported_reason(q, k.float(), k, k_scale=s, v_scale=s, **fl)
+    assert "one shape" in decode_int8kv.unsupported_reason(q, k, k[:, :, :7], k_scale=s, v_scale=s, **fl)
+    assert "runs on CUDA" in decode_int8kv.unsupported_reason(q, k, k, k_scale=s, v_scale=s, **fl)
+
+
+def test_declines_bad_scales(monkeypatch):
+    """The scale checks, past the device gate (CUDA and sm90 pretended)."""
+    monkeypatch.setattr(decode, "unsupported_reason", lambda *a, **kw: None)
+    q, k, s = _inputs()
+    fl = dict(scale=0.1)
+    assert decode_int8kv.unsupported_reason(q, k, k, k_scale=s, v_scale=s, **fl) is None
+    assert "needs v_scale" in decode_int8kv.unsupported_reason(q, k, k, k_scale=s, v_scale=None, **fl)
+    assert "float32" in decode_int8kv.unsupported_reason(q, k, k, k_scale=s.half(), v_scale=s, **fl)
+    assert "shape" in decode_int8kv.unsupported_reason(q, k, k, k_scale=s[:, :4], v_scale=s, **fl)
+    strided = torch.rand(1, 8, 2 * 4096)[..., ::2]
+    assert "stride 2" in decode_int8kv.unsupported_reason(q, k, k, k_scale=s, v_scale=strided, **fl)
+
+
+def test_disable_env(monkeypatch):
+    monkeypatch.setenv(decode.DISABLE_ENV, "1")
+    switches.reset()
+    q, k, s = _inputs()
+    assert decode.DISABLE_ENV in decode_int8kv.unsupported_reason(q, k, k, k_scale=s, v_scale=s, scale=0.1)
