@@ -88,6 +88,26 @@ def test_the_op_on_its_own_route(case):
     check(q, k8, ks, v8, vs, used, causal=causal)
 
 
+def test_key_mask_on_the_dequantizing_route(dequantizing_route):
+    """A padding mask (generate's, left-padded) on top of seqused_k: through fa4::attention's key-mask handling."""
+    q, k8, ks, v8, vs = int8_case(sq=1, sk=1000)
+    key_mask = torch.ones(2, 1000, dtype=torch.bool, device="cuda")
+    key_mask[1, :300] = False
+    used = torch.tensor([1000, 700], dtype=torch.int32, device="cuda")
+    flags = dict(scale=128 ** -0.5, causal=True, window_left=-1, window_right=-1, softcap=0.0)
+    out, _ = OP(q, k8, v8, ks, vs, used, key_mask, **flags)
+    kd, vd = (x.double() * s.double()[..., None] for x, s in ((k8, ks), (v8, vs)))
+    ref_out, _ = reference.attention_forward(q.double(), kd, vd, seqused_k=used, key_mask=key_mask, **flags)
+    pt_out, _ = eager(q, kd.to(q.dtype), vd.to(q.dtype), used, key_mask, **flags)
+    assert_fa_rule("out", out, ref_out, pt_out)
+
+
+def test_opcheck_on_cuda():
+    q, k8, ks, v8, vs = int8_case(sq=2, sk=300, d=64)
+    used = torch.tensor([300, 120], dtype=torch.int32, device="cuda")
+    torch.library.opcheck(OP, (q, k8, v8, ks, vs, used), dict(scale=0.125, causal=True))
+
+
 def tiny_llama():
     from transformers import LlamaConfig, LlamaForCausalLM
 
