@@ -376,3 +376,71 @@ def test_option_off_keeps_the_dequantization():
     rec, out = compile_and_record(int8_sdpa, q, k8, ks, v8, vs, int8_kv=False)
     torch.testing.assert_close(out, int8_sdpa(q, k8, ks, v8, vs))
     assert rec.count("fa4::attention") == 1 and rec.count("fa4::attention_int8kv") == 0
+
+
+# ------------------------------------------------------------------------------------------------------ CUDA routes
+
+def test_route_table_calls_adapters_with_the_scales(monkeypatch):
+    """The convention `routes.INT8KV`'s adapters follow (the int8 decode kernel's module, `decode_int8kv`):
+    `unsupported_reason(q, k, v, *, k_scale, v_scale, seqused_k, key_mask, **flags)` and
+    `forward(q, k, v, k_scale, v_scale, seqused_k, key_mask, **flags)`; a declining route's reason reaches
+    `kernel_for`'s why. Run through the op's CUDA body with CPU tensors."""
+    import types
+
+    from fa4_inductor.kernels import attention_int8kv, routes
+
+    seen = []
+
+    def declines(q, k, v, *, k_scale, v_scale, seqused_k=None, key_mask=None, **flags):
+        seen.append(("declines", k_scale, v_scale, seqused_k, flags["causal"]))
+        return "the fake kernel takes nothing"
+
+    def takes(q, k, v, *, k_scale, v_scale, seqused_k=None, key_mask=None, **flags):
+        return None
+
+    def forward(q, k, v, k_scale, v_scale, seqused_k=None, key_mask=None, **flags):
+        seen.append(("forward", k_scale, v_scale, seqused_k, flags))
+        return attention_int8kv.attention_int8kv(q, k, v, k_scale, v_scale, seqused_k, key_mask, **flags)
+
+    adapter = types.SimpleNamespace(forward=forward)
+    table = (routes.Route("declining", declines, adapter, "never"), routes.Route("fake", takes, adapter, "it takes it"))
+    monkeypatch.setattr(routes, "INT8KV", table)
+    monkeypatch.setattr(attention_int8kv._ROUTES, "get", lambda key: None)
+    q, k, v = int8_inputs(sq=1)
+    (k8, ks), (v8, vs) = quantize(k), quantize(v)
+    used = torch.tensor([9, 3], dtype=torch.int32)
+    out, _ = attention_int8kv._attention_int8kv_cuda(q, k8, v8, ks, vs, used, scale=0.25, causal=True)
+    assert [s[0] for s in seen] == ["declines", "forward"]
+    assert all(s[1] is ks and s[2] is vs and s[3] is used for s in seen)
+    assert seen[1][4] == dict(scale=0.25, causal=True, window_left=-1, window_right=-1, softcap=0.0)
+    torch.testing.assert_close(out, OP(q, k8, v8, ks, vs, used, scale=0.25, causal=True)[0])
+    assert attention_int8kv.kernel_for(q, k8, v8, ks, vs) == ("reference", "cpu runs the reference")
+    assert routes.why(table[1], ["the fake kernel takes nothing"]) == "it takes it (the fake kernel takes nothing)"
+
+
+def test_the_dequantizing_route_is_last_and_takes_everything():
+    from fa4_inductor.kernels import int8kv_dequantize, routes
+
+    assert routes.INT8KV[-1] is routes.DEQUANTIZE_INT8KV and routes.DEQUANTIZE_INT8KV.adapter is int8kv_dequantize
+    q, k, v = int8_inputs(sq=2, dtype=torch.bfloat16)
+    (k8, ks), (v8, vs) = quantize(k), quantize(v)
+    assert int8kv_dequantize.unsupported_reason(q, k8, v8, k_scale=ks, v_scale=vs) is None
+    out, lse = int8kv_dequantize.forward(q, k8, v8, ks, vs, scale=0.25, causal=True)
+    expected, _ = float64_attention(q, (k8.float() * ks[..., None]).bfloat16(), (v8.float() * vs[..., None]).bfloat16(),
+                                    scale=0.25, causal=True)
+    torch.testing.assert_close(out.double(), expected, atol=1e-2, rtol=0)
+
+
+@pytest.mark.slow
+def test_default_torch_compile_fullgraph_runs_the_cache():
+    """`Int8StaticCache` under plain `torch.compile(fullgraph=True)` (Inductor, no fa4 backend): eager's logits."""
+    from fa4_inductor import Int8StaticCache
+
+    model = tiny("llama", "sdpa").model
+    ids = torch.randint(0, 128, (2, 8), generator=torch.Generator().manual_seed(4))
+    torch._dynamo.reset()
+    compiled = torch.compile(model.forward, fullgraph=True)
+    got = decode(model, Int8StaticCache(config=model.config, max_cache_len=16), ids, steps=2, forward=compiled)
+    expected = decode(model, Int8StaticCache(config=model.config, max_cache_len=16), ids, steps=2)
+    for g, e in zip(got, expected):
+        torch.testing.assert_close(g, e, atol=1e-5, rtol=1e-5)
