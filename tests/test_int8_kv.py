@@ -444,3 +444,17 @@ def test_default_torch_compile_fullgraph_runs_the_cache():
     expected = decode(model, Int8StaticCache(config=model.config, max_cache_len=16), ids, steps=2)
     for g, e in zip(got, expected):
         torch.testing.assert_close(g, e, atol=1e-5, rtol=1e-5)
+
+
+def test_symbolic_shapes_under_inductor():
+    """`dynamic=True`: one graph for every batch and length, the op's fake outputs symbolic (then a batch of 1
+    specializes)."""
+    torch._dynamo.reset()
+    rec = Recorder(inductor=True)
+    compiled = torch.compile(int8_sdpa, backend=rec, dynamic=True)
+    for b, s in ((2, 9), (3, 17)):
+        q, k, v = int8_inputs(b=b, hq=4, hkv=4, sq=s, sk=s)
+        (k8, ks), (v8, vs) = quantize(k), quantize(v)
+        torch.testing.assert_close(compiled(q, k8, ks, v8, vs), int8_sdpa(q, k8, ks, v8, vs), atol=1e-5, rtol=1e-5)
+    assert len(rec.graphs) == 1 and rec.count("fa4::attention_int8kv") == 1 and not rec.reasons
+    assert "f32[s" in rec.summary.split("\n")[0], rec.summary
