@@ -458,3 +458,36 @@ def test_symbolic_shapes_under_inductor():
         torch.testing.assert_close(compiled(q, k8, ks, v8, vs), int8_sdpa(q, k8, ks, v8, vs), atol=1e-5, rtol=1e-5)
     assert len(rec.graphs) == 1 and rec.count("fa4::attention_int8kv") == 1 and not rec.reasons
     assert "f32[s" in rec.summary.split("\n")[0], rec.summary
+
+
+def test_generate_compiles_the_int8_decode_step_with_a_left_padded_batch():
+    """HF `generate` compiling its decode step (`CompileConfig(backend=...)`) over `Int8StaticCache`, a left-padded
+    batch: every decode layer reads the int8 cache with generate's mask as its key_mask; the same tokens and scores
+    as uncompiled generate over the same kind of cache."""
+    from transformers import CompileConfig
+
+    from fa4_inductor import Int8StaticCache
+
+    model = tiny("llama", "sdpa").model
+    ids = torch.randint(1, 128, (2, 7), generator=torch.Generator().manual_seed(5))
+    mask = torch.ones_like(ids)
+    mask[1, :3] = 0
+    recorder = Recorder()
+    config = CompileConfig(backend=recorder, fullgraph=True)
+    config._compile_all_devices = True  # HF compiles on GPUs only by default
+    kwargs = dict(attention_mask=mask, max_new_tokens=5, do_sample=False, pad_token_id=0, return_dict_in_generate=True,
+                  output_scores=True)
+    torch._dynamo.reset()
+    with torch.no_grad():
+        model.generation_config.compile_config = config
+        got = model.generate(ids, past_key_values=Int8StaticCache(config=model.config, max_cache_len=16), **kwargs)
+        model.generation_config.compile_config = None
+        expected = model.generate(ids, past_key_values=Int8StaticCache(config=model.config, max_cache_len=16),
+                                  disable_compile=True, **kwargs)
+    layers = model.config.num_hidden_layers
+    assert recorder.graphs and recorder.count("fa4::attention_int8kv") == len(recorder.graphs) * layers, recorder.records
+    assert all("key_mask=padding mask" in r.detail and "int8 K/V dequantization folded" in r.detail
+               for r in recorder.records), recorder.records
+    assert torch.equal(got.sequences, expected.sequences)
+    for g, e in zip(got.scores, expected.scores):
+        torch.testing.assert_close(g, e, atol=1e-5, rtol=1e-5)
