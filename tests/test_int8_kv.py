@@ -491,3 +491,19 @@ def test_generate_compiles_the_int8_decode_step_with_a_left_padded_batch():
     assert torch.equal(got.sequences, expected.sequences)
     for g, e in zip(got.scores, expected.scores):
         torch.testing.assert_close(g, e, atol=1e-5, rtol=1e-5)
+
+
+def test_a_dequantization_used_elsewhere_is_still_folded():
+    """The attention reads the int8 cache; the other use keeps its own dequantized K."""
+    def fn(q, k8, ks, v8, vs):
+        dk = (k8.float() * ks[..., None]).to(q.dtype)
+        dv = (v8.float() * vs[..., None]).to(q.dtype)
+        return torch.nn.functional.scaled_dot_product_attention(q, dk, dv, is_causal=True), dk.sum()
+
+    q, k, v = int8_inputs(hq=2, sq=5, sk=5)
+    (k8, ks), (v8, vs) = quantize(k), quantize(v)
+    rec, (out, total) = compile_and_record(fn, q, k8, ks, v8, vs)
+    expected, expected_total = fn(q, k8, ks, v8, vs)
+    torch.testing.assert_close(out, expected)
+    torch.testing.assert_close(total, expected_total)
+    assert rec.count("fa4::attention_int8kv") == 1, rec.records
