@@ -4,6 +4,7 @@
     model = torch.compile(model, backend=fa4_inductor)     # the module itself is the backend
     model = torch.compile(model, backend="fa4_inductor")   # by name (entry point)
     fa4_inductor.explain(model, *example_inputs)           # what was rewritten, what was kept and why
+    fa4_inductor.Int8StaticCache(config, max_cache_len)    # an int8 KV cache for HF models (int8_cache.py)
 """
 
 from __future__ import annotations
@@ -16,8 +17,16 @@ from .backend import Backend, backend, fa4_inductor
 from .options import Options
 from .report import Report, explain, graph_summary
 
-__all__ = ["Backend", "Options", "Report", "backend", "explain", "fa4_inductor", "graph_summary"]
+__all__ = ["Backend", "Int8StaticCache", "Options", "Report", "backend", "explain", "fa4_inductor", "graph_summary"]
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str):
+    if name == "Int8StaticCache":  # imported on first use: it needs transformers, an optional dependency
+        from .int8_cache import Int8StaticCache
+
+        return Int8StaticCache
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 class _BackendModule(types.ModuleType):

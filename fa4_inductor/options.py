@@ -16,6 +16,11 @@ class Options:
     gqa: bool = True
     """Fold K/V head repetition (repeat_kv, repeat_interleave, expand + reshape) into GQA."""
 
+    int8_kv: bool = True
+    """Attention over K/V dequantized from an int8 cache (`fa4_inductor.Int8StaticCache`, gpt-fast-style int8
+    caches: `(k_int8.float() * k_scale[..., None]).to(dtype)`) reads the int8 cache and its scales itself,
+    `fa4::attention_int8kv` (lowering/int8_kv.py); off: the dequantized K/V go to `fa4::attention`."""
+
     padding: bool = True
     """Rewrite attention under a run-time key-padding mask (an `attention_mask`): the op takes the mask as
     its key_mask, exact for left, right or holed padding (on CUDA: our decode kernel for decode-shaped

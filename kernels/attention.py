@@ -102,11 +102,14 @@ def _choose(table: tuple, q: Tensor, k: Tensor, v: Tensor, seqused_k: Optional[T
 
 
 def _check_inputs(q: Tensor, k: Tensor, v: Tensor, seqused_k: Optional[Tensor], key_mask: Optional[Tensor] = None,
-                  flags: Optional[dict] = None) -> None:
+                  flags: Optional[dict] = None, kv_dtype: Optional[torch.dtype] = None) -> None:
+    """The op's contract on its inputs (ValueError, or torch._check for sizes). `kv_dtype`: the dtype k and v
+    must have when it is not q's (`fa4::attention_int8kv`'s int8 cache)."""
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
         raise ValueError(f"fa4::attention wants 4-D q, k, v; got {q.dim()}, {k.dim()}, {v.dim()} dims")
-    if not (q.dtype == k.dtype == v.dtype):
-        raise ValueError(f"fa4::attention wants one dtype for q, k, v; got {q.dtype}, {k.dtype}, {v.dtype}")
+    if not (k.dtype == v.dtype == (kv_dtype or q.dtype)):
+        want = f"{kv_dtype} k, v" if kv_dtype else "one dtype for q, k, v"
+        raise ValueError(f"fa4::attention wants {want}; got {q.dtype}, {k.dtype}, {v.dtype}")
     if q.dtype not in CPU_DTYPES:
         raise ValueError(f"fa4::attention takes float16, bfloat16, float32 or float64 q, k, v; got {q.dtype}")
     for name, d in (("head_dim", q.shape[-1]), ("head_dim_v", v.shape[-1])):

@@ -5,7 +5,8 @@ Rewriting before AOTAutograd keeps training correct: the op's registered autogra
 `fa4::attention_backward` into the backward graph. The families (`sdpa_calls.py`, `handwritten_attention.py`)
 match their subgraph into an `AttentionCall`; `rewrite` takes it from there.
 
-K/V feeding either family may be repeated for GQA (`gqa.py`); the repetition is folded. A mask that
+K/V feeding either family may be repeated for GQA (`gqa.py`); the repetition is folded. K/V dequantized from
+an int8 cache (`int8_kv.py`) are read as int8 by `fa4::attention_int8kv` instead. A mask that
 depends on run-time data becomes an op input built once per graph and shared by every layer: a KV
 cache position becomes seqused_k (`kv_cache.py`), a padding mask the op's key_mask (`padding.py`,
 which also has the checked seqused_k forms).
@@ -27,8 +28,8 @@ import torch
 from torch.fx import GraphModule, Node
 from torch.fx.experimental.symbolic_shapes import guard_or_false
 
-from ..kernels import ATTENTION, attention_unsupported_reason
-from . import crossover, gqa, kv_cache, padding
+from ..kernels import ATTENTION, ATTENTION_INT8KV, attention_int8kv_unsupported_reason, attention_unsupported_reason
+from . import crossover, gqa, int8_kv, kv_cache, padding
 from .family import Context
 from .graph_edit import NodeMaker, after_definition, erase_dead
 from .mutations import Mutations, layout_free, storage
@@ -57,6 +58,8 @@ class AttentionCall:
     # How `padding` reaches the op (`_encode_padding`): its key_mask, or checked fast paths (padding.py).
     key_mask: KeyMask | None = None
     covering_mask: KeyMask | None = None  # must hide none of the band's keys (checked at run time)
+    int8: tuple | None = None  # (K's, V's) int8_kv.Int8Source: the op reads the int8 cache (fa4::attention_int8kv)
+    int8_note: str = ""  # why K/V dequantized from int8 were not folded
 
 
 def check_kernel_support(q: Node, k: Node, v: Node) -> None:
@@ -111,6 +114,34 @@ def _fold_gqa(call: AttentionCall, enabled: bool) -> None:
         call.k, call.v = uk.source, uv.source
         spelling = uk.spelling if uk.spelling == uv.spelling else f"{uk.spelling}/{uv.spelling}"
         call.gqa = f"{spelling} folded, group {uk.group}"
+
+
+def _fold_int8(call: AttentionCall, options) -> None:
+    """Let attention read K/V dequantized from an int8 cache as int8 with their scales (int8_kv.py); where that
+    cannot be, K/V stay dequantized (`fa4::attention`) and the record says why."""
+    if not getattr(options, "int8_kv", True):
+        return
+    try:
+        sources = int8_kv.fold(call.k, call.v)
+        if sources is None:
+            return
+        q = value(call.q)
+        if len(shape(call.q)) != 4:
+            raise int8_kv.NotInt8("3-D (bmm) attention")
+        if any(value(t).requires_grad for t in (call.q, call.k, call.v)):
+            raise int8_kv.NotInt8("q, k or v requires a gradient, and the int8-KV op is forward only")
+        if call.key_mask is not None and call.blind_rows == "mean":
+            raise int8_kv.NotInt8("a padding mask whose all-hidden rows eager fills with the mean of V")
+        reason = attention_int8kv_unsupported_reason(q.device.type, q.dtype, int(q.shape[-1]),
+                                                     int(value(call.v).shape[-1]))
+        if reason:
+            raise int8_kv.NotInt8(reason)
+    except int8_kv.NotInt8 as e:
+        call.int8_note = f"int8 K/V kept dequantized: {e}"
+        return
+    call.matched += [*sources[0].nodes, *sources[1].nodes]
+    call.k, call.v = sources[0].data, sources[1].data
+    call.int8 = sources
 
 
 def require_square(scores_shape, what: str) -> None:
@@ -247,6 +278,8 @@ def emit(gm: GraphModule, call: AttentionCall, fake_mode, shared: dict, mutation
         if call.covering_mask is not None and (call.covering_mask, seqused_k) not in shared:
             shared[call.covering_mask, seqused_k] = padding.check_hides_none(make, call.covering_mask, seqused_k)
         inputs = [q, k, v]
+        if call.int8 is not None:
+            inputs += [source.scale for source in call.int8]
         if call.key_mask is not None:
             where = (call.key_mask, str(shape(k)[-2]))  # one [B, Sk] key mask per padding mask and key length
             if where not in shared:
@@ -254,7 +287,10 @@ def emit(gm: GraphModule, call: AttentionCall, fake_mode, shared: dict, mutation
             inputs += [seqused_k, shared[where]]
         elif seqused_k is not None:
             inputs.append(seqused_k)
-        op = make(ATTENTION, *inputs, name="fa4_attention", **kwargs)
+        if call.int8 is not None:
+            op = make(ATTENTION_INT8KV, *inputs, name="fa4_attention_int8kv", **kwargs)
+        else:
+            op = make(ATTENTION, *inputs, name="fa4_attention", **kwargs)
         out = make(operator.getitem, op, 0, name="attention_out")
         if call.key_mask is not None and call.blind_rows == "mean":
             out = padding.blind_rows_as_mean(make, out, make(operator.getitem, op, 1), v)
@@ -298,8 +334,17 @@ def _describe_call(call: AttentionCall, kwargs: dict) -> str:
     used += ", padding mask checked to hide none of its keys" if call.covering_mask is not None else ""
     if call.key_mask is not None:
         used += ", key_mask=padding mask" + (", rows that see no key: mean of V" if call.blind_rows == "mean" else "")
-    text = f"fa4.attention(q[{fmt(call.q)}], k[{fmt(call.k)}], v[{fmt(call.v)}]{used}, {flags})"
-    return text + (f"; {call.gqa}" if call.gqa else "")
+    if call.int8 is not None:
+        text = (f"fa4.attention_int8kv(q[{fmt(call.q)}], k[{fmt(call.k)}] int8, v[{fmt(call.v)}] int8, "
+                f"k_scale[{fmt(call.int8[0].scale)}], v_scale[{fmt(call.int8[1].scale)}]{used}, {flags})")
+    else:
+        text = f"fa4.attention(q[{fmt(call.q)}], k[{fmt(call.k)}], v[{fmt(call.v)}]{used}, {flags})"
+    notes = [call.gqa]
+    if call.int8 is not None:
+        spellings = {source.spelling for source in call.int8}
+        notes.append(f"int8 K/V dequantization folded ({'/'.join(sorted(spellings))})")
+    notes.append(call.int8_note)
+    return "; ".join([text] + [n for n in notes if n])
 
 
 def _encode_padding(call: AttentionCall, options) -> None:
@@ -337,7 +382,8 @@ def _check_in_place_updates(call: AttentionCall, mutations: Mutations, constants
     buffers = set()
     for mask, use in call.masks:
         buffers.update(n for n in mutations.check_mask(mask, use) if n in constants)
-    reads = mutations.first_reads({call.q, call.k, call.v}, call.output, call.matched)
+    tensors = {call.q, call.k, call.v} | ({source.scale for source in call.int8} if call.int8 else set())
+    reads = mutations.first_reads(tensors, call.output, call.matched)
     if call.key_mask is not None:  # read by the op itself (padding.key_mask)
         reads[call.key_mask.node] = call.key_mask.node
     mutations.check_reads(reads, call.output)
@@ -383,6 +429,7 @@ def rewrite(call: AttentionCall | None, context: Context) -> str | None:
         if call.padding is not None:
             _encode_padding(call, context.options)
         _fold_gqa(call, context.options.gqa)
+        _fold_int8(call, context.options)
     buffers = _check_in_place_updates(call, context.mutations, context.constants)
     _check_positions_bounded(call, context.mutations)
     if small is not None:

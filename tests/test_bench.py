@@ -112,3 +112,20 @@ def test_sweep_models_select_a_part_of_the_sweep():
     assert bench.sweep_selection("256x2, bert") == dict(llama_sizes=((256, 2),), decode_sizes=((256, 2),), bert=True)
     assert bench.sweep_selection("512x4") == dict(llama_sizes=((512, 4),), decode_sizes=(), bert=False)
     assert bench.sweep_selection(None) == {}
+
+
+def test_int8_kv_suite_rows(monkeypatch):
+    """Both caches under both backends, from a filled cache; the int8 rows' logits within the quantization's reach
+    of the bfloat16 (here float32) cache's."""
+    without_inductor(monkeypatch)
+    tiny = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                num_key_value_heads=2, vocab_size=128, max_position_embeddings=256)
+    table = bench.int8_kv_suite("cpu", torch.float32, batch=2, capacity=64, steps=5, model_overrides=tiny)
+    assert "failed" not in table.markdown(), table.markdown()
+    assert [row[:2] for row in table.rows] == [["bf16", "default torch.compile"], ["bf16", "fa4_inductor"],
+                                               ["int8", "default torch.compile"], ["int8", "fa4_inductor"]]
+    differences = [float(row[-1]) for row in table.rows]
+    assert differences[1] < 1e-5 and 0 < differences[2] < 0.05 and 0 < differences[3] < 0.05, differences
+    model = bench.llama("sdpa", "cpu", torch.float32, **tiny)
+    assert bench.int8_kv.kv_bytes_per_step(model, "int8", 2, 64) == 2 * 2 * 2 * 64 * 2 * (16 + 4)
+    assert bench.int8_kv.kv_bytes_per_step(model, "bf16", 2, 64) == 2 * 2 * 2 * 64 * 2 * 16 * 2

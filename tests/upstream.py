@@ -34,6 +34,38 @@ class KVCache(nn.Module):
         return keys, values
 
 
+class Int8KVCache(nn.Module):
+    """An int8 variant of gpt-fast's `KVCache` (above), as gpt-fast's int8 code is written (its
+    `WeightOnlyInt8Linear`: int8 buffers, a scale buffer, `w.to(dtype)` times the scales): int8 `k_cache` /
+    `v_cache` [B, H, capacity, D] and float32 `k_scales` / `v_scales` [B, H, capacity], one symmetric scale per
+    (batch, head, token) over D (amax / 127, an all-zero row scale 0); `update` writes both at `input_pos` with
+    indexed assignments and returns the whole caches dequantized in the new values' dtype:
+    `k_cache.to(dtype) * k_scales[..., None].to(dtype)`."""
+
+    def __init__(self, batch: int, heads: int, capacity: int, head_dim: int):
+        super().__init__()
+        for name in ("k", "v"):
+            self.register_buffer(f"{name}_cache", torch.zeros(batch, heads, capacity, head_dim, dtype=torch.int8))
+            self.register_buffer(f"{name}_scales", torch.zeros(batch, heads, capacity))
+
+    @staticmethod
+    def quantize(x):
+        scales = x.float().abs().amax(-1) / 127
+        values = (x.float() / scales.masked_fill(scales == 0, 1)[..., None]).round().clamp(-127, 127)
+        return values.to(torch.int8), scales
+
+    def update(self, input_pos, k_val, v_val):
+        k, k_scales = self.quantize(k_val)
+        v, v_scales = self.quantize(v_val)
+        self.k_cache[:, :, input_pos] = k
+        self.k_scales[:, :, input_pos] = k_scales
+        self.v_cache[:, :, input_pos] = v
+        self.v_scales[:, :, input_pos] = v_scales
+        dtype = k_val.dtype
+        return (self.k_cache.to(dtype) * self.k_scales[..., None].to(dtype),
+                self.v_cache.to(dtype) * self.v_scales[..., None].to(dtype))
+
+
 def gpt_fast_causal_mask(capacity: int) -> torch.Tensor:
     """gpt-fast's `causal_mask` buffer: a boolean lower triangle over the cache capacity; a forward reads its
     rows at the query positions, `causal_mask[None, None, input_pos]`."""
@@ -228,3 +260,4 @@ def static_cache_attention(q, k, v, k_cache, v_cache, offset):
     offset.add_(sq)
     group = q.shape[1] // k_cache.shape[1]
     return F.scaled_dot_product_attention(q, repeat_kv(keys, group), repeat_kv(values, group), attn_mask=mask)
+

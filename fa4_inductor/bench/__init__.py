@@ -1,6 +1,6 @@
 """`python -m fa4_inductor bench`: the GPU benchmarks behind `docs/benchmarks.md`.
 
-Suites (`--suite`, comma-separated; all but `crossover` and `sweep` by default):
+Suites (`--suite`, comma-separated; all but `crossover`, `int8kv` and `sweep` by default):
 - `op`: prefill attention, `fa4::attention` against FA4 called directly (`flash_attn_func`) and SDPA
   (cuDNN and flash backends), 16k tokens per batch over sequence lengths 1k..16k, head dims 64 / 128,
   causal and not; TFLOP/s from GPU time (`triton.testing.do_bench`, median).
@@ -31,6 +31,9 @@ Suites (`--suite`, comma-separated; all but `crossover` and `sweep` by default):
   module, that module under our backend and quack called directly (CUDA-graph medians); then Llama-1B-shaped
   int8 weight-only static-cache decode, ours against default compile and bf16. `--quant-models`,
   `--quant-formats`, `--quant-rows`, `--quant-no-e2e` cut it into runs of a few minutes.
+- `int8kv` (only when named, ~4 compiles of the 16-layer model): static-cache decode at batch 8 x 32k keys (head
+  dim 64) from a bfloat16 `StaticCache` against `fa4_inductor.Int8StaticCache`, default torch.compile against
+  ours: ms per step, the K/V bytes a step reads, logits against the bfloat16 cache (`int8_kv.py`).
 - `sweep` (only when named; its first H200 run spent its 450 s budget on the first model): Llama-shaped models from hidden 256 x 2 layers to
   2048 x 16 and a BERT-base encoder, prefill and static-cache decode, sequence lengths 128..8192,
   batch 1 and 8, padded and not; each row ours against default `torch.compile`, flagged below 0.98x
@@ -43,7 +46,7 @@ suite can run them on tiny shapes; numbers only mean something on a GPU.
 Modules: `timing.py` (GPU, wall-clock and host-per-call timing, also used by the demo), `tables.py`
 (`Table`, environment, plot, failure cells), `models.py` (HF model builders, `compile_model`), one
 module per suite family (`attention_op.py`: op / overhead / decode; `llama_e2e.py`: e2e / generate;
-`padded.py`; `training.py`; `sweep.py`), and here the suite registry and the command line.
+`padded.py`; `training.py`; `sweep.py`; `int8_kv.py`), and here the suite registry and the command line.
 """
 
 from __future__ import annotations
@@ -57,8 +60,9 @@ from dataclasses import asdict
 
 import torch
 
-from . import attention_op, llama_e2e, models, padded, quant, sweep, tables, timing, training
+from . import attention_op, int8_kv, llama_e2e, models, padded, quant, sweep, tables, timing, training
 from .attention_op import attention_impls, crossover_suite, decode_kernel_comparison, decode_suite, op_suite, overhead_suite
+from .int8_kv import int8_kv_suite
 from .llama_e2e import decode_tokens_per_s, e2e_suite, generate_suite, generate_times, prefill_ms
 from .models import LLAMA_1B, compile_model, left_padded_batch, llama
 from .padded import padded_ms, padded_suite
@@ -71,13 +75,14 @@ from .training import train_suite
 # `--suite` name -> function returning a Table or yielding Tables.
 SUITE_FUNCTIONS = {"op": op_suite, "overhead": overhead_suite, "crossover": crossover_suite, "decode": decode_suite, "e2e": e2e_suite,
                    "generate": generate_suite, "padded": padded_suite, "train": train_suite, "sweep": sweep_suite,
-                   "quant": quant_suite}
+                   "quant": quant_suite, "int8kv": int8_kv_suite}
 SUITES = tuple(SUITE_FUNCTIONS)
-DEFAULT_SUITES = ("op", "overhead", "decode", "e2e", "generate", "padded", "train")  # `crossover`, `sweep`, `quant` when named
+DEFAULT_SUITES = ("op", "overhead", "decode", "e2e", "generate", "padded", "train")  # the others when named
 
 __all__ = ["DEFAULT_SUITES", "LLAMA_1B", "SUITES", "SUITE_FUNCTIONS", "Table", "attention_impls", "attention_op",
            "compile_model", "crossover_suite", "sweep_selection", "decode_kernel_comparison", "decode_suite", "decode_tokens_per_s", "e2e_suite",
-           "environment", "generate_suite", "generate_times", "gpu_ms", "host_us_per_call", "left_padded_batch",
+           "environment", "generate_suite", "generate_times", "gpu_ms", "host_us_per_call", "int8_kv", "int8_kv_suite",
+           "left_padded_batch",
            "llama", "llama_e2e", "main", "median_wall_ms", "models", "op_suite", "overhead_suite", "padded",
            "padded_ms", "padded_suite", "plot", "prefill_ms", "quant", "quant_selection", "quant_suite", "sweep", "sweep_suite", "tables", "timing",
            "train_suite", "training"]
@@ -111,7 +116,7 @@ def quant_selection(args) -> dict:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m fa4_inductor bench", description=__doc__.split("\n")[0])
     parser.add_argument("--suite", default=",".join(DEFAULT_SUITES),
-                        help=f"comma-separated, from {SUITES} (default: all but crossover, sweep and quant)")
+                        help=f"comma-separated, from {SUITES} (default: all but crossover, sweep, quant and int8kv)")
     parser.add_argument("--sweep-models", help="the sweep's models, e.g. '256x2,2048x16,bert' (hidden x layers "
                                                "for Llama; default: all), so the sweep can be split across runs")
     parser.add_argument("--quant-models", help=f"the quant suite's models, from {tuple(quant.SHAPES)} (default: all)")
