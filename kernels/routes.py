@@ -11,7 +11,7 @@ A route is a name, whether it takes a call, and the adapter module that runs it:
 Forward order (`FORWARD`): cuDNN SDPA for fixed-length decode calls, our split-KV decode kernel for the other
 decode-shaped ones, FA4, the SDPA fallback, the reference; the backward has FA4, the SDPA fallback's
 recomputing backward, the reference. The reference takes every call, so a walk always ends.
-`INT8KV` (`fa4::attention_int8kv`): the int8-KV decode kernel where it is installed, then the dequantizing
+`INT8KV` (`fa4::attention_int8kv`): the int8-KV decode kernel, then the dequantizing
 fallback, which takes every call.
 `fa4::attention`'s host rewrites of a key mask (`attention.key_mask_form`) stay outside the tables.
 """
@@ -23,12 +23,7 @@ from typing import Callable, NamedTuple, Optional
 
 from torch import Tensor
 
-from . import decode, fa4, int8kv_dequantize, reference, sdpa_cudnn, sdpa_fallback
-
-try:  # the int8-KV decode kernel (another branch); without it int8-KV calls take the dequantizing route
-    from . import decode_int8kv
-except ImportError:
-    decode_int8kv = None
+from . import decode, decode_int8kv, fa4, int8kv_dequantize, reference, sdpa_cudnn, sdpa_fallback
 
 
 class Route(NamedTuple):
@@ -61,11 +56,10 @@ BACKWARD = (FA4, SDPA, REFERENCE)
 # adapters take the scales as keywords, `unsupported_reason(q, k, v, *, k_scale, v_scale, seqused_k=None,
 # key_mask=None, **flags)` and `forward(q, k, v, k_scale, v_scale, seqused_k, key_mask, **flags)`. The int8 decode
 # kernel reads the cache as it is; the fallback dequantizes K/V to q's dtype and takes `FORWARD`'s walk.
-DECODE_INT8KV = None if decode_int8kv is None else Route(
-    "decode_int8kv", decode_int8kv.unsupported_reason, decode_int8kv,
-    "the int8-KV decode kernel takes this call (K/V read as int8)")
+DECODE_INT8KV = Route("decode_int8kv", decode_int8kv.unsupported_reason, decode_int8kv,
+                      "the int8-KV decode kernel takes this call (K/V read as int8)")
 DEQUANTIZE_INT8KV = Route("dequantize", int8kv_dequantize.unsupported_reason, int8kv_dequantize, None)
-INT8KV = tuple(r for r in (DECODE_INT8KV, DEQUANTIZE_INT8KV) if r is not None)
+INT8KV = (DECODE_INT8KV, DEQUANTIZE_INT8KV)
 
 
 def choose(table: tuple[Route, ...], q: Tensor, k: Tensor, v: Tensor, seqused_k: Optional[Tensor],
