@@ -2,9 +2,10 @@
 
 `library.py` owns the namespace; each op file defines its ops in it (`attention.py`: `fa4::attention`
 `fa4::attention_forward`, its twin without autograd, and `fa4::attention_backward`; `int8_linear.py`:
-`fa4::int8_linear`). `attention_unsupported_reason(device_type, dtype, head_dim, head_dim_v)` is the check
+`fa4::int8_linear`; `nvfp4_linear.py`: `fa4::nvfp4_linear`). `attention_unsupported_reason(device_type, dtype, head_dim, head_dim_v)` is the check
 lowering asks before it emits `fa4::attention`, `int8_linear_unsupported_reason(device_type, dtype,
-scale_dtype, in_features, group_size, scale_after_matmul)` the one before `fa4::int8_linear`.
+scale_dtype, in_features, group_size, scale_after_matmul)` the one before `fa4::int8_linear`,
+`nvfp4_linear_unsupported_reason(device_type, dtype, in_features)` the one before `fa4::nvfp4_linear`.
 """
 
 import sys
@@ -19,13 +20,16 @@ if __name__ != "fa4_inductor.kernels":
 else:
     import torch
 
-    from . import attention, int8_linear
+    from . import attention, int8_linear, nvfp4_linear
     from .attention import unsupported_reason as attention_unsupported_reason
     from .int8_linear import unsupported_reason as int8_linear_unsupported_reason
+    from .nvfp4_linear import unsupported_reason as nvfp4_linear_unsupported_reason
 
     ATTENTION = torch.ops.fa4.attention.default  # differentiable: what lowering emits
     ATTENTION_FORWARD = torch.ops.fa4.attention_forward.default  # no autograd: inside compiled graphs
     INT8_LINEAR = torch.ops.fa4.int8_linear.default
+    NVFP4_LINEAR = torch.ops.fa4.nvfp4_linear.default
 
-    __all__ = ["ATTENTION", "ATTENTION_FORWARD", "INT8_LINEAR", "attention", "attention_unsupported_reason",
-               "int8_linear", "int8_linear_unsupported_reason"]
+    __all__ = ["ATTENTION", "ATTENTION_FORWARD", "INT8_LINEAR", "NVFP4_LINEAR", "attention",
+               "attention_unsupported_reason", "int8_linear", "int8_linear_unsupported_reason", "nvfp4_linear",
+               "nvfp4_linear_unsupported_reason"]
