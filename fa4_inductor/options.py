@@ -38,6 +38,13 @@ class Options:
     Off by default until the op has its int8 GPU kernels: its CUDA path is a dequantize-then-matmul, which
     would be slower than what default compile does with gpt-fast's module (`_weight_int8pack_mm`)."""
 
+    nvfp4_linear: bool = False
+    """Rewrite NVFP4 weight-only linears (torchao's `NVFP4WeightOnlyConfig`, `fa4_inductor.nvfp4.NVFP4Linear`, user
+    code that decodes e2m1 codes and multiplies e4m3 block scales, then `F.linear`) into `fa4::nvfp4_linear`, on
+    Inductor's aten graphs (lowering/nvfp4_linear.py). Off by default until GPU measurements say where it wins:
+    on CUDA calls of up to 64 rows run quack's W4A16 GEMM (where installed), larger ones dequantize the weight
+    with eager ops, then cuBLAS, which default compile does with one fused dequantization kernel."""
+
     @classmethod
     def names(cls) -> list[str]:
         return [f.name for f in fields(cls)]

@@ -3,6 +3,7 @@
     FAMILIES      sdpa_calls.FAMILY              F.scaled_dot_product_attention -> fa4::attention
                   handwritten_attention.FAMILY   softmax(q @ k^T * c + mask) @ v -> fa4::attention
                   int8_linear.FAMILY             x @ dequantize(w_int8, scale)^T -> fa4::int8_linear (post-grad)
+                  nvfp4_linear.FAMILY            x @ dequantize(w_fp4, block, global)^T -> fa4::nvfp4_linear (post-grad)
 
 A family's stage says which graph it sees: TORCH_IR families run on the Dynamo graph in the backend,
 before AOTAutograd (`run_torch_ir_passes`: their ops' autograd formulas then serve training); POST_GRAD
@@ -19,7 +20,7 @@ import torch
 from torch._guards import detect_fake_mode
 from torch.fx import GraphModule
 
-from . import handwritten_attention, int8_linear, sdpa_calls
+from . import handwritten_attention, int8_linear, nvfp4_linear, sdpa_calls
 from .family import TORCH_IR, Context, Family
 from .graph_edit import erased
 from .records import Decline, Record
@@ -27,7 +28,8 @@ from .spellings import location, module_path
 
 log = logging.getLogger("fa4_inductor.lowering")
 
-FAMILIES: tuple[Family, ...] = (sdpa_calls.FAMILY, handwritten_attention.FAMILY, int8_linear.FAMILY)
+FAMILIES: tuple[Family, ...] = (sdpa_calls.FAMILY, handwritten_attention.FAMILY, int8_linear.FAMILY,
+                                nvfp4_linear.FAMILY)
 
 
 def module_buffers(gm: GraphModule, example_inputs) -> dict:
