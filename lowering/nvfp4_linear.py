@@ -162,7 +162,8 @@ def _sides(product: Node) -> tuple[Node, Node]:
     if a_codes == b_codes:
         raise Decline("the weight's product does not multiply the decoded codes by scales")
     codes, scales = (a, b) if a_codes else (b, a)
-    if _is(codes, aten.mul.Tensor) and any(_reaches(n, E4M3, 6) for n in codes.all_input_nodes):
+    inner, _ = _peel(codes, RESHAPES)
+    if _is(inner, aten.mul.Tensor) and any(_reaches(n, E4M3, 6) for n in inner.all_input_nodes):
         raise Decline("the global scale multiplies the weight after the block scales, which rounds once; the op "
                       "rounds the scales' product first")
     return codes, scales
@@ -226,9 +227,10 @@ def _region(root: Node, leaf_shape: tuple, is_leaf) -> tuple[set[Node], list[Nod
                 raise Decline(f"the decode writes {node.name} through index_put with other than one full-shape mask")
         if _is(node, TABLE_LOOKUP):
             table, indices = node.args
-            if table.op != "get_attr" or len(indices) != 1 or len(shape(table)) != 1:
+            constant, _ = _peel(table, (aten.lift_fresh_copy.default, aten.clone.default))
+            if constant.op != "get_attr" or len(indices) != 1 or len(shape(table)) != 1:
                 raise Decline(f"the decode looks values up in {table.name}, not a constant 1-d table"
-                              + (" (a graph input: its values are unknown when compiling)"
+                              + (", a graph input: its values are unknown when compiling"
                                  if table.op == "placeholder" else ""))
             nodes.append(table)
             inputs = [indices[0]]
