@@ -5,6 +5,7 @@
     model = torch.compile(model, backend="fa4_inductor")   # by name (entry point)
     fa4_inductor.explain(model, *example_inputs)           # what was rewritten, what was kept and why
     fa4_inductor.Int8StaticCache(config, max_cache_len)    # an int8 KV cache for HF models (int8_cache.py)
+    fa4_inductor.nvfp4.load_checkpoint(model, path)        # NVFP4 checkpoints kept in 4 bits (fa4_inductor/nvfp4.py)
 """
 
 from __future__ import annotations
@@ -13,11 +14,14 @@ import sys
 import types
 
 from . import kernels  # noqa: F401  (registers the fa4:: ops)
+from . import nvfp4
 from .backend import Backend, backend, fa4_inductor
+from .nvfp4 import NVFP4Linear
 from .options import Options
 from .report import Report, explain, graph_summary
 
-__all__ = ["Backend", "Int8StaticCache", "Options", "Report", "backend", "explain", "fa4_inductor", "graph_summary"]
+__all__ = ["Backend", "Int8StaticCache", "NVFP4Linear", "Options", "Report", "backend", "explain", "fa4_inductor",
+           "graph_summary", "nvfp4"]
 __version__ = "0.1.0"
 
 

@@ -50,6 +50,13 @@ class Options:
     cannot serve them (M <= 16 rows, where `_int_mm` refuses on CUDA; dynamic M); lowering/
     int8_int8_linear.py. Off until measured, like `int8_linear`; turning it on is this one default."""
 
+    nvfp4_linear: bool = False
+    """Rewrite NVFP4 weight-only linears (torchao's `NVFP4WeightOnlyConfig`, `fa4_inductor.nvfp4.NVFP4Linear`, user
+    code that decodes e2m1 codes and multiplies e4m3 block scales, then `F.linear`) into `fa4::nvfp4_linear`, on
+    Inductor's aten graphs (lowering/nvfp4_linear.py). Off by default until GPU measurements say where it wins:
+    on CUDA calls of up to 64 rows run quack's W4A16 GEMM (where installed), larger ones dequantize the weight
+    with eager ops, then cuBLAS, which default compile does with one fused dequantization kernel."""
+
     @classmethod
     def names(cls) -> list[str]:
         return [f.name for f in fields(cls)]

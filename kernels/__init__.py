@@ -8,6 +8,7 @@
 | `attention_int8kv.py` | `fa4::attention_int8kv`: attention over an int8 KV cache (forward only) | `attention_int8kv_unsupported_reason` (the same arguments) |
 | `int8_linear.py` | `fa4::int8_linear`: int8 weight-only linears | `int8_linear_unsupported_reason(device_type, dtype, scale_dtype, in_features, group_size, scale_after_matmul)` |
 | `int8_int8_linear.py` | `fa4::int8_int8_linear`: int8 activations x int8 weights | `int8_int8_linear_unsupported_reason(device_type, out_dtype, n, k)` |
+| `nvfp4_linear.py` | `fa4::nvfp4_linear`: NVFP4 weight-only linears | `nvfp4_linear_unsupported_reason(device_type, dtype, in_features)` |
 
 `quack_w4a16.py` is the adapter to quack's mixed-input GEMM that the quantized ops call;
 `prepared_weights.py` keeps what a kernel prepares once per weight.
@@ -25,19 +26,21 @@ if __name__ != "fa4_inductor.kernels":
 else:
     import torch
 
-    from . import attention, attention_int8kv, crossover, int8_int8_linear, int8_linear, quack_w4a16
+    from . import attention, attention_int8kv, crossover, int8_int8_linear, int8_linear, nvfp4_linear, quack_w4a16
     from .attention import unsupported_reason as attention_unsupported_reason
     from .attention_int8kv import unsupported_reason as attention_int8kv_unsupported_reason
     from .int8_int8_linear import unsupported_reason as int8_int8_linear_unsupported_reason
     from .int8_linear import unsupported_reason as int8_linear_unsupported_reason
+    from .nvfp4_linear import unsupported_reason as nvfp4_linear_unsupported_reason
 
     ATTENTION = torch.ops.fa4.attention.default  # differentiable: what lowering emits
     ATTENTION_FORWARD = torch.ops.fa4.attention_forward.default  # no autograd: inside compiled graphs
     ATTENTION_INT8KV = torch.ops.fa4.attention_int8kv.default  # forward only: int8 K/V with float32 scales
     INT8_LINEAR = torch.ops.fa4.int8_linear.default
     INT8_INT8_LINEAR = torch.ops.fa4.int8_int8_linear.default
+    NVFP4_LINEAR = torch.ops.fa4.nvfp4_linear.default
 
-    __all__ = ["ATTENTION", "ATTENTION_FORWARD", "ATTENTION_INT8KV", "INT8_INT8_LINEAR", "INT8_LINEAR", "attention",
-               "attention_int8kv", "attention_int8kv_unsupported_reason", "attention_unsupported_reason", "crossover",
-               "int8_int8_linear", "int8_int8_linear_unsupported_reason", "int8_linear",
-               "int8_linear_unsupported_reason", "quack_w4a16"]
+    __all__ = ["ATTENTION", "ATTENTION_FORWARD", "ATTENTION_INT8KV", "INT8_INT8_LINEAR", "INT8_LINEAR", "NVFP4_LINEAR",
+               "attention", "attention_int8kv", "attention_int8kv_unsupported_reason", "attention_unsupported_reason",
+               "crossover", "int8_int8_linear", "int8_int8_linear_unsupported_reason", "int8_linear",
+               "int8_linear_unsupported_reason", "nvfp4_linear", "nvfp4_linear_unsupported_reason", "quack_w4a16"]

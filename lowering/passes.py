@@ -5,6 +5,7 @@
                   int8_linear.FAMILY             x @ dequantize(w_int8, scale)^T -> fa4::int8_linear (post-grad)
                   int8_int8_linear.FAMILY        _int_mm(x_int8, w_int8^T) * x_scale * w_scale -> fa4::int8_int8_linear
                                                  (post-grad)
+                  nvfp4_linear.FAMILY            x @ dequantize(w_fp4, block, global)^T -> fa4::nvfp4_linear (post-grad)
 
 A family's stage says which graph it sees: TORCH_IR families run on the Dynamo graph in the backend,
 before AOTAutograd (`run_torch_ir_passes`: their ops' autograd formulas then serve training); POST_GRAD
@@ -21,7 +22,7 @@ import torch
 from torch._guards import detect_fake_mode
 from torch.fx import GraphModule
 
-from . import handwritten_attention, int8_int8_linear, int8_linear, sdpa_calls
+from . import handwritten_attention, int8_int8_linear, int8_linear, nvfp4_linear, sdpa_calls
 from .family import TORCH_IR, Context, Family
 from .graph_edit import erased
 from .records import Decline, Record
@@ -30,7 +31,7 @@ from .spellings import location, module_path
 log = logging.getLogger("fa4_inductor.lowering")
 
 FAMILIES: tuple[Family, ...] = (sdpa_calls.FAMILY, handwritten_attention.FAMILY, int8_linear.FAMILY,
-                                int8_int8_linear.FAMILY)
+                                int8_int8_linear.FAMILY, nvfp4_linear.FAMILY)
 
 
 def module_buffers(gm: GraphModule, example_inputs) -> dict:

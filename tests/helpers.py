@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import re
+from unittest import mock
 
 import pytest
 import torch
 from torch._inductor.compile_fx import compile_fx
+from torch._inductor.utils import run_and_get_code
 
 import fa4_inductor
+from fa4_inductor import report
 from fa4_inductor.backend import inductor_config_patches
+from fa4_inductor.lowering import post_grad
 from fa4_inductor.report import _format_value, _target_name
 from fa4_inductor.lowering import run_torch_ir_passes
 
@@ -150,3 +154,25 @@ def compile_and_run(fn, kwargs, **options):
     with torch.no_grad():
         got = torch.compile(fn, backend=recorder)(**kwargs)
     return recorder, got
+
+
+class PostGradCompiled:
+    """A function compiled by the backend with Inductor: its output, its forward's generated code, the
+    aten graphs after our post-grad passes (`fa4_inductor.graph_summary`) and the published records."""
+
+    def __init__(self, fn, *args, backend):
+        torch._dynamo.reset()
+        self.graphs = []
+        passes = post_grad.PostGradPasses.__call__
+
+        def capturing(pass_self, graph):
+            passes(pass_self, graph)
+            self.graphs.append(fa4_inductor.graph_summary(graph.owning_module))
+
+        with mock.patch.object(post_grad.PostGradPasses, "__call__", capturing), report.collecting() as records:
+            self.out, codes = run_and_get_code(torch.compile(fn, backend=backend), *args)
+        self.code, self.records = codes[0], records
+
+    @property
+    def details(self) -> list[tuple[bool, str]]:
+        return [(r.rewritten, r.detail) for r in self.records]

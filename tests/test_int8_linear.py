@@ -1,8 +1,6 @@
 """`fa4::int8_linear` (kernels/int8_linear.py) and the int8_linear family, which emits it on Inductor's aten
 graphs (lowering/int8_linear.py), through the real backend."""
 
-from unittest import mock
-
 import math
 
 import expecttest
@@ -10,13 +8,11 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from torch._inductor.utils import run_and_get_code
 
 import fa4_inductor
 import upstream
-from fa4_inductor import report
+from helpers import PostGradCompiled
 from fa4_inductor.kernels import INT8_LINEAR, int8_linear_unsupported_reason
-from fa4_inductor.lowering import post_grad
 
 pytestmark = pytest.mark.usefixtures("without_fx_graph_cache")  # conftest.py: a cache hit skips the passes
 
@@ -111,26 +107,8 @@ def test_unsupported_reason():
 # -------------------------------------------------------------------------------------- the family, compiled
 
 
-class Compiled:
-    """A function compiled by the backend with Inductor: its output, its forward's generated code, the
-    aten graphs after our post-grad passes (`fa4_inductor.graph_summary`) and the published records."""
-
-    def __init__(self, fn, *args, backend=fa4_inductor.backend(int8_linear=True)):
-        torch._dynamo.reset()
-        self.graphs = []
-        passes = post_grad.PostGradPasses.__call__
-
-        def capturing(pass_self, graph):
-            passes(pass_self, graph)
-            self.graphs.append(fa4_inductor.graph_summary(graph.owning_module))
-
-        with mock.patch.object(post_grad.PostGradPasses, "__call__", capturing), report.collecting() as records:
-            self.out, codes = run_and_get_code(torch.compile(fn, backend=backend), *args)
-        self.code, self.records = codes[0], records
-
-    @property
-    def details(self) -> list[tuple[bool, str]]:
-        return [(r.rewritten, r.detail) for r in self.records]
+def compile_with_int8(fn, *args, backend=fa4_inductor.backend(int8_linear=True)) -> PostGradCompiled:
+    return PostGradCompiled(fn, *args, backend=backend)
 
 
 def gpt_fast_linear(dtype):
@@ -143,7 +121,7 @@ def gpt_fast_linear(dtype):
 def test_gpt_fast_weight_only_int8_linear(dtype, x_shape):
     linear = gpt_fast_linear(dtype)
     x = torch.randn(x_shape, dtype=dtype)
-    compiled = Compiled(linear, x)
+    compiled = compile_with_int8(linear, x)
     assert OP_CALL in compiled.code
     torch.testing.assert_close(compiled.out, linear(x), atol=0, rtol=0)  # the same arithmetic, in the same order
     m = x_shape[0] * (x_shape[1] if len(x_shape) == 3 else 1)
@@ -156,7 +134,7 @@ def test_gpt_fast_with_a_dynamic_batch():
     linear = gpt_fast_linear(torch.bfloat16)
     x = torch.randn(4, 3, K, dtype=torch.bfloat16)
     torch._dynamo.mark_dynamic(x, 0)
-    compiled = Compiled(linear, x)
+    compiled = compile_with_int8(linear, x)
     assert OP_CALL in compiled.code
     torch.testing.assert_close(compiled.out, linear(x), atol=0, rtol=0)
     assert [rewritten for rewritten, _ in compiled.details] == [True]
@@ -194,7 +172,7 @@ def test_plain_dequantize_then_linear(dtype, spelling):
     dequantize, kwargs = SPELLINGS[spelling]
     linear = DequantizedLinear(dequantize, dtype, **kwargs)
     x = torch.randn(2, 3, K, dtype=dtype)
-    compiled = Compiled(linear, x)
+    compiled = compile_with_int8(linear, x)
     assert OP_CALL in compiled.code
     torch.testing.assert_close(compiled.out, linear(x), atol=0, rtol=0)
     assert [rewritten for rewritten, _ in compiled.details] == [True]
@@ -202,7 +180,7 @@ def test_plain_dequantize_then_linear(dtype, spelling):
 
 class TestRewrittenGraphs(expecttest.TestCase):
     def test_gpt_fast_x_3d(self):
-        compiled = Compiled(gpt_fast_linear(torch.bfloat16), torch.randn(2, 3, K, dtype=torch.bfloat16))
+        compiled = compile_with_int8(gpt_fast_linear(torch.bfloat16), torch.randn(2, 3, K, dtype=torch.bfloat16))
         self.assertExpectedInline("\n".join(compiled.graphs), """\
 view: bf16[6, 64] = aten.reshape(arg1_1, (6, 64))
 int8_linear_default: bf16[6, 48] = fa4.int8_linear(view, arg0_1, arg2_1, None, scale_after_matmul=True)
@@ -211,7 +189,7 @@ reshape_default: bf16[2, 3, 48] = aten.reshape(int8_linear_default, (2, 3, 48))"
     def test_per_group_with_bias(self):
         dequantize, _ = SPELLINGS["per-group view, cast, view back"]
         linear = DequantizedLinear(dequantize, torch.bfloat16, group_size=GROUP, bias=True)
-        compiled = Compiled(linear, torch.randn(2, 3, K, dtype=torch.bfloat16))
+        compiled = compile_with_int8(linear, torch.randn(2, 3, K, dtype=torch.bfloat16))
         self.assertExpectedInline("\n".join(compiled.graphs), """\
 view_2: bf16[6, 64] = aten.reshape(arg2_1, (6, 64))
 int8_linear_default: bf16[6, 48] = fa4.int8_linear(view_2, arg0_1, arg1_1, arg3_1, group_size=16)
@@ -221,7 +199,7 @@ view_3: bf16[2, 3, 48] = aten.reshape(int8_linear_default, (2, 3, 48))""")
 def test_training_keeps_the_dequantized_weight_the_backward_reads():
     linear = gpt_fast_linear(torch.float32)
     x = torch.randn(2, 3, K, requires_grad=True)
-    compiled = Compiled(linear, x)
+    compiled = compile_with_int8(linear, x)
     assert OP_CALL not in compiled.code
     assert compiled.details == [(False, "the dequantized weight (permute) is also read by permute_1, a graph output "
                                         "(a training forward saves it for the backward)")]
@@ -244,7 +222,7 @@ def test_training_keeps_the_dequantized_weight_the_backward_reads():
 def test_what_stays_as_written(fn, scale, reason):
     w, _ = quantized(torch.bfloat16)
     x = torch.randn(5, K, dtype=torch.bfloat16)
-    compiled = Compiled(fn, x, w, scale)
+    compiled = compile_with_int8(fn, x, w, scale)
     assert OP_CALL not in compiled.code
     torch._dynamo.reset()
     assert torch.equal(compiled.out, torch.compile(fn, backend="inductor")(x, w, scale))  # what Inductor alone gives
@@ -257,7 +235,7 @@ def test_the_family_is_off_unless_asked_for(backend):
     """Off by default until the op has GPU kernels (options.py says why)."""
     linear = gpt_fast_linear(torch.bfloat16)
     x = torch.randn(5, K, dtype=torch.bfloat16)
-    compiled = Compiled(linear, x, backend=backend)
+    compiled = compile_with_int8(linear, x, backend=backend)
     assert OP_CALL not in compiled.code and compiled.records == []
     torch.testing.assert_close(compiled.out, linear(x))
 
@@ -275,7 +253,7 @@ def test_torchao_int8_weight_only_config(x_shape, bias):
     quantize_(model, Int8WeightOnlyConfig())
     x = torch.randn(x_shape, dtype=torch.bfloat16)
     with torch.no_grad():
-        compiled = Compiled(model, x)
+        compiled = compile_with_int8(model, x)
         expected = model(x)
     assert OP_CALL in compiled.code, torchao.__version__
     torch.testing.assert_close(compiled.out, expected, atol=0, rtol=0)  # eager's roundings, in eager's order

@@ -1,0 +1,171 @@
+"""`fa4::nvfp4_linear`: a linear layer over an NVFP4 weight (e2m1 codes, an e4m3 scale per 16 inputs, a
+float32 scale per tensor).
+
+    out = torch.ops.fa4.nvfp4_linear(x, w_fp4, w_block_scale, w_global_scale, bias=None)
+
+x [..., K] float16, bfloat16 or float32; w_fp4 uint8 [N, K // 2], two e2m1 codes per byte: input 2i in the
+LOW nibble, 2i + 1 in the high one (torchao's `pack_uint4`, compressed-tensors' `pack_fp4_to_uint8`, ModelOpt
+and PyTorch's `float4_e2m1fn_x2` all pack this way); w_block_scale float8_e4m3fn [N, K // 16]; w_global_scale
+float32, 0-d; bias None or [N] in x's dtype. K is a multiple of 16. out [..., N] in x's dtype, contiguous.
+
+The arithmetic, in this order (torchao's `NVFP4Tensor.dequantize` and `fa4_inductor.nvfp4.NVFP4Linear`
+compute exactly this, so rewriting them changes no bit):
+
+    scale = w_global_scale * w_block_scale.float()            # [N, K // 16], rounded to float32
+    w = (e2m1(w_fp4) * scale[n, k // 16]).to(x.dtype)         # rounded to float32, then to x's dtype
+    out = F.linear(x, w, bias)
+
+An e2m1 value times an e4m3 scale is exact in float32 (at most 6 significant bits); the order above rounds
+the product of the two scales first. `(e2m1 * block) * global`, the other order, rounds once: the two
+dequantized weights differ by at most one float32 ulp before the rounding to x's dtype (lowering declines it).
+
+Kernels: CPU runs this reference. CUDA sends calls with at most `QUACK_MAX_M` rows of x to quack's W4A16 GEMM
+(`quack_w4a16.nvfp4_matmul`, which decodes the 4-bit weight in registers; it multiplies exact bf16 products
+and accumulates in float32, so it does not round the dequantized weight to x's dtype first), where that
+adapter says it can take them, and everything else to the reference: the weight dequantized on the device,
+then cuBLAS. The op has no autograd formula: lowering emits it in Inductor's compiled graphs, after AOTAutograd.
+`unsupported_reason` is the check lowering asks before emitting it (exported as
+`kernels.nvfp4_linear_unsupported_reason`).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from . import library
+
+X_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+DEVICES = ("cpu", "cuda")
+BLOCK = 16  # inputs per e4m3 block scale
+
+E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
+"""The value of each 4-bit e2m1 code: bit 3 the sign, bits 2-1 the exponent (bias 1), bit 0 the mantissa."""
+
+QUACK_MAX_M = 64
+"""Rows of x up to which CUDA calls go to quack's W4A16 GEMM; above it the dequantized weight and cuBLAS
+(H200, N = K = 8192, docs in shared/notes/quant.md: quack 25.9 us vs bf16 37.0 at M = 64, 57.5 vs 54.9 at
+M = 256). The crossover is to be measured on the GPU; this is the line until then."""
+
+
+def _name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def unsupported_reason(device_type: str, dtype: torch.dtype, in_features: int) -> str | None:
+    """Why `fa4::nvfp4_linear` cannot take an x of `dtype` over a weight of `in_features` columns on this
+    device, or None if it can."""
+    if device_type not in DEVICES:
+        return f"device {device_type} has no fa4 nvfp4_linear kernel"
+    if dtype not in X_DTYPES:
+        return f"x dtype {_name(dtype)} is not supported (takes {', '.join(map(_name, X_DTYPES))})"
+    if in_features % BLOCK:
+        return f"{in_features} input features are not a multiple of the {BLOCK}-input scale block"
+    return None
+
+
+def _check_inputs(x: Tensor, w_fp4: Tensor, w_block_scale: Tensor, w_global_scale: Tensor,
+                  bias: Optional[Tensor]) -> None:
+    if w_fp4.dtype != torch.uint8 or w_fp4.dim() != 2:
+        raise ValueError(f"fa4::nvfp4_linear wants a 2-D uint8 weight (two e2m1 codes a byte), got "
+                         f"{w_fp4.dim()}-D {_name(w_fp4.dtype)}")
+    if w_block_scale.dtype != torch.float8_e4m3fn:
+        raise ValueError(f"fa4::nvfp4_linear wants float8_e4m3fn block scales, got {_name(w_block_scale.dtype)}")
+    if w_global_scale.dtype != torch.float32 or w_global_scale.dim() != 0:
+        raise ValueError(f"fa4::nvfp4_linear wants a 0-d float32 global scale, got a {w_global_scale.dim()}-d "
+                         f"{_name(w_global_scale.dtype)} tensor")
+    if x.dim() < 1:
+        raise ValueError("fa4::nvfp4_linear wants an x with at least one dim")
+    n, k = w_fp4.shape[0], 2 * w_fp4.shape[1]
+    reason = unsupported_reason(x.device.type, x.dtype, k)
+    if reason is not None:
+        raise ValueError(f"fa4::nvfp4_linear: {reason}")
+    torch._check(x.shape[-1] == k, lambda: f"fa4::nvfp4_linear: x has {x.shape[-1]} features, the weight {k}")
+    torch._check(tuple(w_block_scale.shape) == (n, k // BLOCK),
+                 lambda: f"fa4::nvfp4_linear: w_block_scale has shape {list(w_block_scale.shape)}, wants "
+                         f"{[n, k // BLOCK]}")
+    if bias is not None:
+        if bias.dtype != x.dtype:
+            raise ValueError(f"fa4::nvfp4_linear wants a bias of x's dtype {_name(x.dtype)}, got {_name(bias.dtype)}")
+        torch._check(tuple(bias.shape) == (n,), lambda: f"fa4::nvfp4_linear: bias has shape {list(bias.shape)}, "
+                                                        f"wants [{n}]")
+
+
+@functools.cache
+def _pair_table(device: torch.device) -> Tensor:
+    """[256, 2] float32: the values of a byte's low and high e2m1 codes."""
+    values = torch.tensor(E2M1_VALUES, dtype=torch.float32)
+    codes = torch.arange(256)
+    return torch.stack((values[codes & 15], values[codes >> 4]), dim=-1).to(device)
+
+
+def decode(w_fp4: Tensor) -> Tensor:
+    """w_fp4 uint8 [N, K // 2] -> the e2m1 values, float32 [N, K] (exact)."""
+    n, half = w_fp4.shape
+    return _pair_table(w_fp4.device)[w_fp4.int()].view(n, 2 * half)
+
+
+def dequantize(w_fp4: Tensor, w_block_scale: Tensor, w_global_scale: Tensor, dtype: torch.dtype) -> Tensor:
+    """The weight [N, K] in `dtype`, rounded as the module docstring says."""
+    n, k = w_fp4.shape[0], 2 * w_fp4.shape[1]
+    scale = w_global_scale * w_block_scale.float()
+    return (decode(w_fp4).view(n, k // BLOCK, BLOCK) * scale.unsqueeze(-1)).view(n, k).to(dtype)
+
+
+def nvfp4_linear(x: Tensor, w_fp4: Tensor, w_block_scale: Tensor, w_global_scale: Tensor,
+                 bias: Optional[Tensor] = None) -> Tensor:
+    """The reference, on any device: the weight dequantized (module docstring), then `F.linear`."""
+    _check_inputs(x, w_fp4, w_block_scale, w_global_scale, bias)
+    return F.linear(x, dequantize(w_fp4, w_block_scale, w_global_scale, x.dtype), bias).contiguous()
+
+
+@functools.cache
+def _quack():
+    """`quack_w4a16` (the adapter of quack's W4A16 GEMM), or None where this install has no such module."""
+    try:
+        from . import quack_w4a16
+    except ModuleNotFoundError as e:
+        if e.name != f"{__package__}.quack_w4a16":
+            raise
+        return None
+    return quack_w4a16
+
+
+def kernel_for(x2d: Tensor, w_fp4: Tensor) -> tuple[str, str]:
+    """("quack", "") or ("dequantize", why not quack) for a CUDA call with a 2-D x."""
+    quack = _quack()
+    if quack is None:
+        return "dequantize", "no quack_w4a16 module in this install"
+    m = x2d.shape[0]
+    if not 0 < m <= QUACK_MAX_M:
+        return "dequantize", f"{m} rows of x, outside quack's 1..{QUACK_MAX_M}"
+    reason = quack.unsupported_reason(x2d, "nvfp4", w_fp4.shape[0], 2 * w_fp4.shape[1])
+    return ("quack", "") if reason is None else ("dequantize", reason)
+
+
+def _nvfp4_linear_cuda(x: Tensor, w_fp4: Tensor, w_block_scale: Tensor, w_global_scale: Tensor,
+                       bias: Optional[Tensor] = None) -> Tensor:
+    _check_inputs(x, w_fp4, w_block_scale, w_global_scale, bias)
+    x2d = x.reshape(-1, x.shape[-1])
+    if kernel_for(x2d, w_fp4)[0] != "quack":
+        return nvfp4_linear(x, w_fp4, w_block_scale, w_global_scale, bias)
+    out = _quack().nvfp4_matmul(x2d, w_fp4, w_block_scale, w_global_scale)
+    if bias is not None:
+        out = out.add_(bias)
+    return out.view(*x.shape[:-1], w_fp4.shape[0])
+
+
+def _nvfp4_linear_fake(x, w_fp4, w_block_scale, w_global_scale, bias=None):
+    _check_inputs(x, w_fp4, w_block_scale, w_global_scale, bias)
+    return x.new_empty((*x.shape[:-1], w_fp4.shape[0]))
+
+
+library.define("nvfp4_linear(Tensor x, Tensor w_fp4, Tensor w_block_scale, Tensor w_global_scale, "
+               "Tensor? bias=None) -> Tensor")
+library.impl("nvfp4_linear", nvfp4_linear, "CompositeExplicitAutograd")
+library.impl("nvfp4_linear", _nvfp4_linear_cuda, "CUDA")
+library.register_fake("nvfp4_linear", _nvfp4_linear_fake)

@@ -1,0 +1,427 @@
+"""`fa4::nvfp4_linear` (kernels/nvfp4_linear.py) and the nvfp4_linear family, which emits it on Inductor's aten
+graphs (lowering/nvfp4_linear.py), through the real backend."""
+
+import types
+
+import expecttest
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import fa4_inductor
+from fa4_inductor import nvfp4
+from helpers import PostGradCompiled
+
+from fa4_inductor.kernels import NVFP4_LINEAR, nvfp4_linear_unsupported_reason
+from fa4_inductor.kernels import nvfp4_linear as nvfp4_op
+
+pytestmark = pytest.mark.usefixtures("without_fx_graph_cache")  # conftest.py: a cache hit skips the passes
+
+N, K = 48, 64
+
+
+def random_nvfp4(n=N, k=K, seed=0, device="cpu"):
+    """Random packed codes (every byte value likely), positive e4m3 block scales and a float32 global scale."""
+    generator = torch.Generator().manual_seed(seed)
+    w_fp4 = torch.randint(0, 256, (n, k // 2), dtype=torch.uint8, generator=generator)
+    block = (torch.rand(n, k // 16, generator=generator) * 6 + 0.01).to(torch.float8_e4m3fn)
+    global_scale = (torch.rand((), generator=generator) / 100 + 1e-3).float()
+    return w_fp4.to(device), block.to(device), global_scale.to(device)
+
+
+E2M1 = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]
+
+
+def float64_dequantized(w_fp4, block, global_scale):
+    """The exact weight, from the e2m1 definition (sign bit 3, magnitude table), low nibble first."""
+    table = torch.tensor(E2M1 + [-v for v in E2M1], dtype=torch.float64, device=w_fp4.device)
+    codes = torch.stack((w_fp4.long() % 16, w_fp4.long() // 16), dim=-1).flatten(1)
+    scale = block.double().repeat_interleave(16, dim=1) * global_scale.double()
+    return table[codes] * scale
+
+
+def float64_reference(x, w_fp4, block, global_scale, bias=None):
+    out = x.double() @ float64_dequantized(w_fp4, block, global_scale).T
+    return out if bias is None else out + bias.double()
+
+
+DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+
+
+# opcheck's test_schema cannot run here: its mutation check compares inputs with a multiplication that has no
+# float8_e4m3fn kernel on CPU. test_the_op_mutates_and_aliases_nothing checks what it would.
+OPCHECK_TESTS = ("test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic")
+
+
+@pytest.mark.parametrize("with_bias", [False, True], ids=["no-bias", "bias"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_opcheck(dtype, with_bias):
+    w_fp4, block, global_scale = random_nvfp4()
+    bias = torch.randn(N, dtype=dtype) if with_bias else None
+    for x in (torch.randn(2, 3, K, dtype=dtype), torch.randn(K, 5, dtype=dtype).t()):
+        torch.library.opcheck(NVFP4_LINEAR, (x, w_fp4, block, global_scale, bias), test_utils=OPCHECK_TESTS)
+
+
+def test_the_op_mutates_and_aliases_nothing():
+    w_fp4, block, global_scale = random_nvfp4()
+    x, bias = torch.randn(3, K), torch.randn(N)
+    inputs = (x, w_fp4, block, global_scale, bias)
+    before = [t.clone() for t in inputs]
+    out = NVFP4_LINEAR(*inputs)
+    for t, saved in zip(inputs, before):
+        assert torch.equal(t.reshape(-1).view(torch.uint8), saved.reshape(-1).view(torch.uint8))
+        assert out.untyped_storage().data_ptr() != t.untyped_storage().data_ptr()
+
+
+def test_the_low_nibble_holds_the_even_input():
+    """Byte 0x2F holds input 0 = code 0xF (-6) and input 1 = code 0x2 (1.0)."""
+    w_fp4 = torch.full((1, 8), 0x2F, dtype=torch.uint8)
+    block, one = torch.ones(1, 1, dtype=torch.float8_e4m3fn), torch.tensor(1.0)
+    assert nvfp4_op.dequantize(w_fp4, block, one, torch.float32)[0, :4].tolist() == [-6.0, 1.0, -6.0, 1.0]
+
+
+def test_decode_covers_every_code_exactly():
+    w_fp4 = torch.arange(256, dtype=torch.uint8).view(16, 16)
+    one = torch.tensor(1.0)
+    decoded = nvfp4_op.dequantize(w_fp4, torch.ones(16, 2, dtype=torch.float8_e4m3fn), one, torch.float32)
+    assert torch.equal(decoded.double(), float64_dequantized(w_fp4, torch.ones(16, 2), one))
+    assert torch.signbit(decoded[0, 2 * 8]) and decoded[0, 2 * 8] == 0  # byte 8: its low code 8 is -0.0
+
+
+TOLERANCES = {torch.float32: 1e-5, torch.bfloat16: 1e-2, torch.float16: 2e-3}  # relative to the output's scale
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_numerics_against_float64(dtype):
+    torch.manual_seed(1)
+    w_fp4, block, global_scale = random_nvfp4(seed=2)
+    x, bias = torch.randn(4, 7, K, dtype=dtype), torch.randn(N, dtype=dtype)
+    out = NVFP4_LINEAR(x, w_fp4, block, global_scale, bias)
+    assert out.dtype == dtype and out.shape == (4, 7, N) and out.is_contiguous()
+    expected, tol = float64_reference(x, w_fp4, block, global_scale, bias), TOLERANCES[dtype]
+    torch.testing.assert_close(out.double(), expected, atol=tol * expected.abs().max().item(), rtol=tol)
+
+
+def test_rounding_order_scales_first_then_the_codes():
+    """The weight is `(e2m1 * (global * float(block))).to(dtype)`: the two scales' product is rounded to
+    float32 first. Computed in float32, the weight differs from the exact one by at most 2 ulps (two roundings)."""
+    w_fp4, block, global_scale = random_nvfp4(n=256, k=256, seed=3)
+    ours = nvfp4_op.dequantize(w_fp4, block, global_scale, torch.float32)
+    scale = (global_scale * block.float()).repeat_interleave(16, dim=1)
+    assert torch.equal(ours, nvfp4_op.decode(w_fp4) * scale)
+    exact = float64_dequantized(w_fp4, block, global_scale)
+    ulp = torch.finfo(torch.float32).eps * exact.abs()
+    assert ((ours.double() - exact).abs() <= 2 * ulp).all()
+
+
+@pytest.mark.parametrize("change, message", [
+    (dict(w_fp4=torch.zeros(N, K // 2, dtype=torch.int8)), "2-D uint8 weight"),
+    (dict(block=torch.ones(N, K // 16)), "float8_e4m3fn block scales, got float32"),
+    (dict(global_scale=torch.ones(1)), "0-d float32 global scale, got a 1-d float32"),
+    (dict(global_scale=torch.tensor(1.0, dtype=torch.float64)), "0-d float32 global scale, got a 0-d float64"),
+    (dict(x=torch.randn(3, K, dtype=torch.float64)), "x dtype float64 is not supported"),
+    (dict(x=torch.randn(3, K + 2)), "x has 66 features, the weight 64"),
+    (dict(block=torch.ones(N, 2, dtype=torch.float8_e4m3fn)), r"w_block_scale has shape \[48, 2\], wants \[48, 4\]"),
+    (dict(bias=torch.zeros(N, dtype=torch.bfloat16)), "bias of x's dtype float32"),
+    (dict(w_fp4=torch.zeros(N, 12, dtype=torch.uint8), x=torch.randn(3, 24),
+          block=torch.ones(N, 1, dtype=torch.float8_e4m3fn)), "24 input features are not a multiple of the 16"),
+])
+def test_inputs_the_op_cannot_take_are_errors(change, message):
+    w_fp4, block, global_scale = random_nvfp4()
+    args = dict(x=torch.randn(3, K), w_fp4=w_fp4, block=block, global_scale=global_scale, bias=None) | change
+    with pytest.raises((ValueError, RuntimeError), match=message):
+        NVFP4_LINEAR(args["x"], args["w_fp4"], args["block"], args["global_scale"], args["bias"])
+
+
+def test_unsupported_reason():
+    assert nvfp4_linear_unsupported_reason("cuda", torch.bfloat16, K) is None
+    assert nvfp4_linear_unsupported_reason("cpu", torch.float32, K) is None
+    assert nvfp4_linear_unsupported_reason("mps", torch.bfloat16, K) == "device mps has no fa4 nvfp4_linear kernel"
+    assert nvfp4_linear_unsupported_reason("cuda", torch.float64, K) == \
+        "x dtype float64 is not supported (takes float16, bfloat16, float32)"
+    assert nvfp4_linear_unsupported_reason("cuda", torch.bfloat16, 40) == \
+        "40 input features are not a multiple of the 16-input scale block"
+
+
+def test_cuda_routes_small_m_to_quack_where_it_says_it_can(monkeypatch):
+    """`kernel_for` (the CUDA dispatch's choice), with a stand-in for the quack adapter."""
+    w_fp4 = torch.zeros(N, K // 2, dtype=torch.uint8)
+    calls = []
+
+    def unsupported_reason(x, wformat, n, k):
+        calls.append((tuple(x.shape), wformat, n, k))
+        return None if x.dtype == torch.bfloat16 else "stand-in: bf16 only"
+
+    monkeypatch.setattr(nvfp4_op, "_quack", lambda: types.SimpleNamespace(unsupported_reason=unsupported_reason))
+    bf16 = torch.bfloat16
+    assert nvfp4_op.kernel_for(torch.zeros(1, K, dtype=bf16), w_fp4) == ("quack", "")
+    assert nvfp4_op.kernel_for(torch.zeros(nvfp4_op.QUACK_MAX_M, K, dtype=bf16), w_fp4) == ("quack", "")
+    assert nvfp4_op.kernel_for(torch.zeros(65, K, dtype=bf16), w_fp4) == \
+        ("dequantize", "65 rows of x, outside quack's 1..64")
+    assert nvfp4_op.kernel_for(torch.zeros(0, K, dtype=bf16), w_fp4)[0] == "dequantize"
+    assert nvfp4_op.kernel_for(torch.zeros(4, K, dtype=torch.float16), w_fp4) == ("dequantize", "stand-in: bf16 only")
+    assert calls[0] == ((1, K), "nvfp4", N, K)
+    monkeypatch.setattr(nvfp4_op, "_quack", lambda: None)
+    assert nvfp4_op.kernel_for(torch.zeros(1, K, dtype=bf16), w_fp4) == \
+        ("dequantize", "no quack_w4a16 module in this install")
+
+
+# -------------------------------------------------------------------------------------- the family, compiled
+
+OP_CALL = "torch.ops.fa4.nvfp4_linear.default("
+BACKEND = fa4_inductor.backend(nvfp4_linear=True)
+
+
+def compile_with_nvfp4(fn, *args, backend=BACKEND) -> PostGradCompiled:
+    with torch.no_grad():
+        return PostGradCompiled(fn, *args, backend=backend)
+
+
+def dims(*sizes) -> str:
+    return "x".join(map(str, sizes))
+
+
+def nvfp4_linear_module(dtype, bias=True, seed=0):
+    torch.manual_seed(seed)
+    return nvfp4.NVFP4Linear.from_linear(nn.Linear(K, N, bias=bias).to(dtype))
+
+
+def module_reference(layer, x):
+    """float64: x times the exact dequantization of the layer's buffers (its decode scale taken as it is)."""
+    w = float64_dequantized(layer.weight_packed, layer.weight_scale, layer.weight_decode_scale)
+    out = x.double() @ w.T
+    return out if layer.bias is None else out + layer.bias.double()
+
+
+@pytest.mark.parametrize("x_shape", [(5, K), (2, 3, K)], ids=["x-2d", "x-3d"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_nvfp4_linear_module(dtype, x_shape):
+    layer = nvfp4_linear_module(dtype)
+    x = torch.randn(x_shape, dtype=dtype)
+    compiled = compile_with_nvfp4(layer, x)
+    assert OP_CALL in compiled.code
+    with torch.no_grad():
+        torch.testing.assert_close(compiled.out, layer(x), atol=0, rtol=0)  # the same arithmetic, in the same order
+    expected, tol = module_reference(layer, x), TOLERANCES[dtype]
+    torch.testing.assert_close(compiled.out.double(), expected, atol=tol * expected.abs().max().item(), rtol=tol)
+    m = x_shape[0] * (x_shape[1] if len(x_shape) == 3 else 1)
+    assert compiled.details == [(True, f"fa4.nvfp4_linear(x[{dims(m, K)}] {str(dtype)[6:]}, w[{dims(N, K // 2)}] "
+                                       f"uint8, block_scale[{dims(N, K // 16)}] e4m3, global scale, bias[{N}])")]
+
+
+def test_nvfp4_linear_with_a_dynamic_batch():
+    layer = nvfp4_linear_module(torch.bfloat16, bias=False)
+    x = torch.randn(4, 3, K, dtype=torch.bfloat16)
+    torch._dynamo.mark_dynamic(x, 0)
+    compiled = compile_with_nvfp4(layer, x)
+    assert OP_CALL in compiled.code
+    with torch.no_grad():
+        torch.testing.assert_close(compiled.out, layer(x), atol=0, rtol=0)
+    assert [rewritten for rewritten, _ in compiled.details] == [True]
+
+
+class PackedLinear(nn.Module):
+    """User code: NVFP4 buffers, `weight(packed, block, global)` written out in the forward, then `F.linear`."""
+
+    def __init__(self, weight, global_scale=True):
+        super().__init__()
+        w_fp4, block, scale = random_nvfp4(seed=5)
+        self.register_buffer("w_fp4", w_fp4)
+        self.register_buffer("block", block)
+        self.register_buffer("scale", scale if global_scale else None)
+        self.weight = weight
+
+    def forward(self, x):
+        return F.linear(x, self.weight(self.w_fp4, self.block, self.scale).to(x.dtype))
+
+
+def stacked(w):
+    return torch.stack((w & 15, w >> 4), dim=-1).view(N, K)
+
+
+def catted(w):
+    return torch.cat(((w % 16).unsqueeze(-1), (w // 16).unsqueeze(-1)), dim=-1).reshape(N, K)
+
+
+def scaled(decoded, block, scale):
+    """(decoded * (scale * float(block))[..., None]) per 16 inputs, in float32: the op's order."""
+    return (decoded.view(N, K // 16, 16) * (scale * block.float())[..., None]).view(N, K)
+
+
+def table_decode(codes):
+    return torch.tensor(nvfp4_op.E2M1_VALUES, device=codes.device)[codes.long()]
+
+
+def bits_decode(codes):
+    """e2m1 -> float32 bits: sign << 31 | (exponent + 126) << 23 | mantissa << 22, subnormals and zeros apart."""
+    codes = codes.int()
+    magnitude = codes & 7
+    bits = ((magnitude >> 1) + 126) << 23 | (magnitude & 1) << 22
+    bits = torch.where(magnitude == 1, 0x3F000000, torch.where(magnitude == 0, 0, bits))
+    return (bits | (codes >> 3) << 31).view(torch.float32)
+
+
+SPELLINGS = {
+    "stack, arithmetic decode": lambda w, b, s: scaled(nvfp4.e2m1_values(stacked(w)), b, s),
+    "cat of % and //, table in the forward": lambda w, b, s: scaled(table_decode(catted(w)), b, s),
+    "stack, float32 bits": lambda w, b, s: scaled(bits_decode(stacked(w)), b, s),
+}
+
+
+@pytest.mark.parametrize("spelling", SPELLINGS)
+def test_dequantize_then_linear_spellings(spelling):
+    layer = PackedLinear(SPELLINGS[spelling])
+    x = torch.randn(2, 3, K, dtype=torch.bfloat16)
+    compiled = compile_with_nvfp4(layer, x)
+    assert OP_CALL in compiled.code, compiled.details
+    with torch.no_grad():
+        torch.testing.assert_close(compiled.out, layer(x), atol=0, rtol=0)
+    assert [rewritten for rewritten, _ in compiled.details] == [True]
+
+
+def test_no_global_scale_gets_a_one():
+    layer = PackedLinear(lambda w, b, s: (nvfp4.e2m1_values(stacked(w)).view(N, K // 16, 16)
+                                          * b.float().unsqueeze(-1)).view(N, K), global_scale=False)
+    x = torch.randn(5, K, dtype=torch.bfloat16)
+    compiled = compile_with_nvfp4(layer, x)
+    with torch.no_grad():
+        torch.testing.assert_close(compiled.out, layer(x), atol=0, rtol=0)
+    assert compiled.details == [(True, f"fa4.nvfp4_linear(x[5x{K}] bfloat16, w[{dims(N, K // 2)}] uint8, "
+                                       f"block_scale[{dims(N, K // 16)}] e4m3, no global scale)")]
+
+
+def int4_decode(codes):
+    return codes.float() - 8
+
+
+KEPT = {
+    "high nibble first": (
+        lambda w, b, s: scaled(nvfp4.e2m1_values(torch.stack((w >> 4, w & 15), dim=-1).view(N, K)), b, s),
+        "the high nibble holds the even input; the op takes input 2i from the low nibble"),
+    "int4 codes, not e2m1": (
+        lambda w, b, s: scaled(int4_decode(stacked(w)), b, s),
+        "the decode maps codes 0..15 to [-8.0, -7.0, -6.0, -5.0, -4.0, -3.0, -2.0, -1.0, 0.0, 1.0, 2.0, 3.0, 4.0, "
+        "5.0, 6.0, 7.0], not the e2m1 values"),
+    "global scale after the block scales": (
+        lambda w, b, s: (nvfp4.e2m1_values(stacked(w)).view(N, K // 16, 16) * b.float()[..., None]).view(N, K) * s,
+        "the global scale multiplies the weight after the block scales, which rounds once; the op rounds the "
+        "scales' product first"),
+    "compressed-tensors' division": (
+        lambda w, b, s: (nvfp4.e2m1_values(stacked(w)).view(N, K // 16, 16) * (b.float() / s)[..., None]).view(N, K),
+        "the block scales are divided by the global scale (compressed-tensors' dequantization), which rounds "
+        "differently from the op's product"),
+    "dequantized in bfloat16": (
+        lambda w, b, s: (nvfp4.e2m1_values(stacked(w)).bfloat16().view(N, K // 16, 16)
+                         * (s * b.float()).bfloat16()[..., None]).view(N, K),
+        "the weight is dequantized in bfloat16; the op dequantizes in float32"),
+    "a decode that reads a buffer": (
+        None, "the decode looks values up in arg3_1, not a constant 1-d table, a graph input: its values are "
+              "unknown when compiling"),
+}
+
+
+class TableBufferLinear(PackedLinear):
+    def __init__(self):
+        super().__init__(lambda w, b, s: scaled(self.table[stacked(w).long()], b, s))
+        self.register_buffer("table", torch.tensor(nvfp4_op.E2M1_VALUES))
+
+
+@pytest.mark.parametrize("case", KEPT)
+def test_what_stays_as_written(case):
+    weight, reason = KEPT[case]
+    layer = TableBufferLinear() if weight is None else PackedLinear(weight)
+    x = torch.randn(5, K, dtype=torch.bfloat16)
+    compiled = compile_with_nvfp4(layer, x)
+    assert OP_CALL not in compiled.code
+    assert compiled.details == [(False, reason)]
+    torch._dynamo.reset()
+    with torch.no_grad():
+        assert torch.equal(compiled.out, torch.compile(layer, backend="inductor")(x))  # what Inductor alone gives
+
+
+def test_training_keeps_the_dequantized_weight_the_backward_reads():
+    layer = nvfp4_linear_module(torch.float32)
+    x = torch.randn(2, 3, K, requires_grad=True)
+    compiled = PostGradCompiled(layer, x, backend=BACKEND)
+    assert OP_CALL not in compiled.code
+    assert len(compiled.details) == 1 and not compiled.details[0][0]
+    assert "a graph output (a training forward saves it for the backward)" in compiled.details[0][1]
+    expected = layer(x)
+    torch.testing.assert_close(compiled.out, expected)
+    torch.testing.assert_close(torch.autograd.grad(compiled.out.sum(), x), torch.autograd.grad(expected.sum(), x))
+
+
+@pytest.mark.parametrize("backend", [fa4_inductor.backend(nvfp4_linear=False), fa4_inductor.fa4_inductor],
+                         ids=["option-off", "default-options"])
+def test_the_family_is_off_unless_asked_for(backend):
+    layer = nvfp4_linear_module(torch.bfloat16)
+    x = torch.randn(5, K, dtype=torch.bfloat16)
+    compiled = compile_with_nvfp4(layer, x, backend=backend)
+    assert OP_CALL not in compiled.code and compiled.records == []
+
+
+def torchao_model(dtype, bias, per_tensor_scale=True):
+    pytest.importorskip("torchao")
+    from torchao.prototype.mx_formats import NVFP4WeightOnlyConfig
+    from torchao.quantization import quantize_
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(K, N, bias=bias)).to(dtype).requires_grad_(False)
+    quantize_(model, NVFP4WeightOnlyConfig(use_dynamic_per_tensor_scale=per_tensor_scale))
+    return model
+
+
+def torchao_reference(model, x):
+    """float64: x times the exact dequantization of the NVFP4Tensor's codes and (un-swizzled) scales."""
+    from torchao.prototype.mx_formats.utils import from_blocked
+
+    weight, bias = model[0].weight, model[0].bias
+    block = from_blocked(weight.scale, N, K // 16) if weight.is_swizzled_scales else weight.scale
+    scale = weight.per_tensor_scale if weight.per_tensor_scale is not None else torch.tensor(1.0)
+    out = x.double() @ float64_dequantized(weight.qdata, block, scale).T
+    return out if bias is None else out + bias.double()
+
+
+@pytest.mark.parametrize("per_tensor_scale", [True, False], ids=["global", "no-global"])
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "no-bias"])
+@pytest.mark.parametrize("x_shape", [(5, K), (2, 3, K)], ids=["x-2d", "x-3d"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_torchao_nvfp4_weight_only_config(dtype, x_shape, bias, per_tensor_scale):
+    """torchao's `NVFP4WeightOnlyConfig` (an `NVFP4Tensor` weight, scales swizzled): the op takes the codes, the
+    un-swizzled scales and the per-tensor scale; eager's results bit for bit."""
+    model = torchao_model(dtype, bias, per_tensor_scale)
+    x = torch.randn(x_shape, dtype=dtype)
+    compiled = compile_with_nvfp4(model, x)
+    assert OP_CALL in compiled.code
+    with torch.no_grad():
+        torch.testing.assert_close(compiled.out, model(x), atol=0, rtol=0)
+    expected, tol = torchao_reference(model, x), TOLERANCES[dtype]
+    torch.testing.assert_close(compiled.out.double(), expected, atol=tol * expected.abs().max().item(), rtol=tol)
+    assert [rewritten for rewritten, _ in compiled.details] == [True]
+
+
+class TestRewrittenGraphs(expecttest.TestCase):
+    def test_torchao_x_3d_with_bias(self):
+        compiled = compile_with_nvfp4(torchao_model(torch.bfloat16, bias=True), torch.randn(2, 3, K,
+                                                                                             dtype=torch.bfloat16))
+        self.assertExpectedInline("\n".join(compiled.graphs), """\
+view: bf16[6, 64] = aten.reshape(arg4_1, (6, 64))
+view_5: torch.float8_e4m3fn[1, 32, 16] = aten.reshape(arg1_1, (1, 32, 16))
+view_6: torch.float8_e4m3fn[1, 32, 4, 4] = aten.reshape(view_5, (1, 32, 4, 4))
+permute_4: torch.float8_e4m3fn[1, 4, 32, 4] = aten.permute(view_6, (0, 2, 1, 3))
+clone: torch.float8_e4m3fn[1, 4, 32, 4] = aten.clone(permute_4, memory_format=torch.contiguous_format)
+view_7: torch.float8_e4m3fn[1, 1, 128, 4] = aten.reshape(clone, (1, 1, 128, 4))
+permute_5: torch.float8_e4m3fn[1, 128, 1, 4] = aten.permute(view_7, (0, 2, 1, 3))
+view_8: torch.float8_e4m3fn[128, 4] = aten.reshape(permute_5, (128, 4))
+slice_1: torch.float8_e4m3fn[48, 4] = aten.slice(view_8, 0, 0, 48)
+nvfp4_linear_default: bf16[6, 48] = fa4.nvfp4_linear(view, arg0_1, slice_1, arg2_1, arg3_1)
+view_12: bf16[2, 3, 48] = aten.reshape(nvfp4_linear_default, (2, 3, 48))""")
+
+    def test_nvfp4_linear_module(self):
+        compiled = compile_with_nvfp4(nvfp4_linear_module(torch.bfloat16, bias=False),
+                                      torch.randn(2, 3, K, dtype=torch.bfloat16))
+        self.assertExpectedInline("\n".join(compiled.graphs), """\
+view_3: bf16[6, 64] = aten.reshape(arg3_1, (6, 64))
+nvfp4_linear_default: bf16[6, 48] = fa4.nvfp4_linear(view_3, arg2_1, arg1_1, arg0_1, None)
+view_4: bf16[2, 3, 48] = aten.reshape(nvfp4_linear_default, (2, 3, 48))""")
