@@ -9,7 +9,7 @@ import torch.nn as nn
 import fa4_inductor
 from fa4_inductor.kernels import INT8_INT8_LINEAR, int8_int8_linear_unsupported_reason
 from fa4_inductor.kernels import int8_int8_linear as op
-from test_int8_linear import Compiled
+from helpers import PostGradCompiled as Compiled
 
 pytestmark = pytest.mark.usefixtures("without_fx_graph_cache")
 
