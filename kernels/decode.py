@@ -39,6 +39,9 @@ main kernel (Hopper PDL, overlapping its launch with the main kernel's tail;
 FA4_INDUCTOR_DECODE_PDL=0 turns that off). Batch, heads, Sq, Sk, strides and the
 split count are runtime values. Call `warmup` before capturing CUDA graphs. Launches go to the
 current torch stream (TVM-FFI environment stream): no host sync, no host read of seqused_k.
+
+The host half (`prepare`, `launch`, the fake-tensor builders, `combine_key`, `warmup_variants`) also
+serves the int8-KV main kernel (`decode_int8kv.py`), which shares this combine kernel.
 """
 
 from __future__ import annotations

@@ -7,7 +7,9 @@ softcap, seqused_k and a [B, Sk] key mask, no local window), with
 - k, v int8 [B, Hkv, Sk, D] of one shape, unit stride on D, 16-byte aligned start and outer strides
   (the rules of the bf16 kernel; a transposed view of an int8 [B, S, H, D] cache qualifies);
 - k_scale, v_scale float32 [B, Hkv, Sk] on q's device: one scale per key and KV head, unit stride on Sk.
-The output is in q's dtype, laid out like `decode.forward`'s, with lse [B, Hq, Sq] (natural log).
+The output is in q's dtype, laid out like `decode.forward`'s, with lse [B, Hq, Sq] (natural log). With fp16
+q the PV MMA takes P * v_scale * 64 in fp16, so v_scale must stay below 1023 (any V that fits fp16 has
+v_scale <= 65504 / 127); nothing on the host reads the scales to check it.
 FA4_INDUCTOR_DISABLE_DECODE=1 turns this kernel off too.
 
 Split count: `decode.num_splits` aiming at CTAS_PER_SM CTAs per SM (the int8 tiles carry half the bytes

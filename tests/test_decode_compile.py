@@ -149,3 +149,24 @@ def test_dispatch_takes_decode_shaped_calls(sq, group, sk, why):
     q = torch.randn(1, group, sq, 128, dtype=torch.bfloat16)
     k = torch.randn(1, 1, sk, 128, dtype=torch.bfloat16)
     assert why in decode.dispatch_reason(q, k, k, scale=0.1)
+
+
+def test_prepare_normalises_a_call():
+    """`prepare`, the host half shared by the bf16 and int8-KV decode kernels: lengths as int32, the mask as
+    bytes, q with a unit stride on D, the kernels' scalars, the split count as asked (capped)."""
+    import math
+
+    from fa4_inductor.kernels.flags import Flags
+
+    q = torch.randn(2, 3, 64, 16).transpose(2, 3)  # [B, Hq, Sq, D] with stride 16 on D
+    k = torch.randn(2, 1, 40, 64)
+    mask = torch.rand(2, 40) > 0.5
+    call = decode.prepare(q, k, torch.tensor([5, 40]), mask, 3, Flags(scale=0.5, causal=True))
+    assert call.q.stride(-1) == 1 and torch.equal(call.q, q)
+    assert call.seqused_k.dtype == torch.int32 and call.key_mask.dtype == torch.uint8
+    assert call.splits == 3 and call.causal and call.scalars == (0.5 * math.log2(math.e), 0.0, 0.0)
+    assert call.out.shape == (2, 3, 16, 64) and call.lse.shape == (2, 3, 16)
+    capped = decode.prepare(q, k, None, None, 1000, Flags(scale=0.5, softcap=30.0))
+    assert capped.splits == decode.MAX_SPLITS and capped.scalars == (0.0, 0.5 / 30.0, 30.0 * math.log2(math.e))
+    with pytest.raises(ValueError):
+        decode.prepare(q, k, torch.tensor([5]), None, 1, Flags(scale=0.5))

@@ -395,6 +395,8 @@ class DecodeAttentionInt8KVSm90:
                     k_mul[c] = k_mul[c] * softcap_in
                 else:
                     k_mul[c] = k_mul[c] * scale_log2
+            corr_rows = cute.make_rmem_tensor((n_rows,), Float32)
+            moved = Int32(0)
             for r in cutlass.range_constexpr(n_rows):
                 for c in cutlass.range_constexpr(n_cols):
                     x = s_mn[r, c] * k_mul[c]
@@ -412,11 +414,17 @@ class DecodeAttentionInt8KVSm90:
                 corr = cute.math.exp2(m_prev - m_use, fastmath=True)
                 row_sum[r] = row_sum[r] * corr + p.reduce(cute.ReductionOp.ADD, Float32.zero, 0)
                 row_max[r] = m_new
-                if m_new != m_prev:  # late in a long sequence the max rarely moves: skip D / 4 multiplies
-                    o_mn[r, None] = o_mn[r, None].load() * corr
+                corr_rows[r] = corr
+                moved = moved + Int32(m_new != m_prev)
                 s_mn[r, None] = p
                 for c in cutlass.range_constexpr(n_cols):
                     s_mn[r, c] = s_mn[r, c] * v_mul[c]
+
+            # Rescale O only when some row max of the warp moved (late in a long split it rarely does; a
+            # warp-uniform branch saves the D / 2 multiplies, a predicated one would still issue them).
+            if cute.arch.vote_any_sync(moved != 0):
+                for r in cutlass.range_constexpr(n_rows):
+                    o_mn[r, None] = o_mn[r, None].load() * corr_rows[r]
 
             for h in cutlass.range_constexpr(2):
                 for w in cutlass.range_constexpr(D // 32):
