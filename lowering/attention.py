@@ -272,14 +272,19 @@ def emit(gm: GraphModule, call: AttentionCall, fake_mode, shared: dict, mutation
     make = NodeMaker(graph, call.output, fake_mode)
     with graph.inserting_before(call.output):
         q, k, v = call.q, call.k, call.v
+        scales = [source.scale for source in call.int8] if call.int8 is not None else []
+        if call.int8 is not None and call.int8[0].keys is not None:  # the int8 cache sliced as its dequantization was
+            k, v = (make(operator.getitem, t, source.index(4), name=name)
+                    for t, source, name in zip((k, v), call.int8, ("int8_keys", "int8_values")))
+            scales = [make(operator.getitem, t, source.index(3), name=name)
+                      for t, source, name in zip(scales, call.int8, ("key_scales", "value_scales"))]
         if three_d:
             q, k, v = (make("unsqueeze", t, 0) for t in (q, k, v))
         seqused_k = _seqused_k(graph, make, call, shared, q, k)
         if call.covering_mask is not None and (call.covering_mask, seqused_k) not in shared:
             shared[call.covering_mask, seqused_k] = padding.check_hides_none(make, call.covering_mask, seqused_k)
         inputs = [q, k, v]
-        if call.int8 is not None:
-            inputs += [source.scale for source in call.int8]
+        inputs += scales
         if call.key_mask is not None:
             where = (call.key_mask, str(shape(k)[-2]))  # one [B, Sk] key mask per padding mask and key length
             if where not in shared:
@@ -335,8 +340,10 @@ def _describe_call(call: AttentionCall, kwargs: dict) -> str:
     if call.key_mask is not None:
         used += ", key_mask=padding mask" + (", rows that see no key: mean of V" if call.blind_rows == "mean" else "")
     if call.int8 is not None:
-        text = (f"fa4.attention_int8kv(q[{fmt(call.q)}], k[{fmt(call.k)}] int8, v[{fmt(call.v)}] int8, "
-                f"k_scale[{fmt(call.int8[0].scale)}], v_scale[{fmt(call.int8[1].scale)}]{used}, {flags})")
+        keys = call.int8[0].keys
+        sliced = "" if keys is None else f"[:, :, {'' if keys.start is None else keys.start}:{keys.stop}]"
+        text = (f"fa4.attention_int8kv(q[{fmt(call.q)}], k[{fmt(call.k)}]{sliced} int8, v[{fmt(call.v)}]{sliced} int8, "
+                f"k_scale[{fmt(call.int8[0].scale)}]{sliced}, v_scale[{fmt(call.int8[1].scale)}]{sliced}{used}, {flags})")
     else:
         text = f"fa4.attention(q[{fmt(call.q)}], k[{fmt(call.k)}], v[{fmt(call.v)}]{used}, {flags})"
     notes = [call.gqa]

@@ -8,7 +8,9 @@ repeat_interleave come after the dequantization), x int8 [B, Hkv, S, D], s float
     x.to(dtype) * s.to(dtype)[..., None]
 
 (`s[..., None]`, `s[:, :, :, None]` or `s.unsqueeze(-1)`; the final cast absent when the product already has
-q's dtype.) Replacement: the attention reads x and s themselves,
+q's dtype), optionally sliced along the keys, `[:, :, a:b]` (transformers 5.24's sdpa code keeps the prompt's
+slots of an empty static cache in prefill): then x and s are sliced the same way. Replacement: the attention
+reads x and s themselves,
 
     fa4::attention_int8kv(q, x_k, x_v, s_k, s_v, seqused_k, key_mask, **flags)
 
@@ -45,6 +47,11 @@ class Int8Source:
     scale: Node
     spelling: str  # "float32 product" or "product in <dtype>"
     nodes: list = field(default_factory=list)
+    keys: slice | None = None  # the slice of the keys (dim 2) the attention reads, None for all of them
+
+    def index(self, dims: int) -> tuple:
+        """The getitem index that takes `keys` of a tensor of `dims` dims (the data: 4, the scale: 3)."""
+        return (slice(None), slice(None), self.keys) + (slice(None),) * (dims - 3)
 
 
 class NotInt8(Exception):
@@ -99,9 +106,28 @@ def _scale(node, nodes: list) -> Node:
     return node
 
 
+def _keys_slice(node) -> slice | None:
+    """`a:b` when node is x[:, :, a:b] (or x[:, :, a:b, :]) of a 4-D x, with no step."""
+    if not GETITEM(node) or not isinstance(node.args[0], Node) or len(shape(node.args[0])) != 4:
+        return None
+    index = node.args[1]
+    if not isinstance(index, tuple) or len(index) not in (3, 4) or any(i != slice(None) for i in index[:2] + index[3:]):
+        return None
+    keys = index[2]
+    if not isinstance(keys, slice) or keys.step not in (None, 1) or keys == slice(None):
+        return None
+    return keys
+
+
 def dequantized(node: Node) -> Int8Source | None:
     """The int8 source of a dequantized K/V (module docstring), None when `node` is not computed from int8 that
     way; raises NotInt8 when it is a product of an int8 tensor the op cannot take."""
+    keys = _keys_slice(node)
+    if keys is not None:
+        source = dequantized(node.args[0])
+        if source is None or source.keys is not None:
+            return None
+        return Int8Source(source.data, source.scale, source.spelling, [node] + source.nodes, keys)
     nodes, product = [], node
     if CAST(node) and MUL(node.args[0]):
         nodes.append(node)
@@ -138,4 +164,6 @@ def fold(k: Node, v: Node) -> tuple[Int8Source, Int8Source] | None:
         return None
     if sk is None or sv is None:
         raise NotInt8(f"only {'k' if sv is None else 'v'} is dequantized from int8")
+    if sk.keys != sv.keys:
+        raise NotInt8(f"k and v are sliced differently ({sk.keys}, {sv.keys})")
     return sk, sv

