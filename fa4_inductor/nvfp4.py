@@ -2,8 +2,9 @@
 plain-PyTorch forward our backend rewrites into `fa4::nvfp4_linear` when the model is compiled.
 
     from fa4_inductor import nvfp4
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)   # the architecture, no weights read
+    model = AutoModelForCausalLM.from_config(config)     # the architecture; its weights come from the checkpoint
     nvfp4.load_checkpoint(model, "path/to/checkpoint")    # compressed-tensors or ModelOpt NVFP4 safetensors
+    model = model.to("cuda", torch.bfloat16)               # casts the rest; the NVFP4 buffers keep their dtypes
     model = torch.compile(model, backend=fa4_inductor.backend(nvfp4_linear=True))
 
     nvfp4.quantize(model)                                  # or: every nn.Linear of a float model, in place
@@ -74,6 +75,8 @@ class NVFP4Linear(nn.Module):
     by one float32 ulp of the weight before it is rounded to x's dtype (tests/test_nvfp4_load.py bounds it).
     """
 
+    NVFP4_BUFFERS = ("weight_packed", "weight_scale", "weight_global_scale", "weight_decode_scale")
+
     def __init__(self, in_features: int, out_features: int, bias: bool = True, *, device=None,
                  dtype: torch.dtype | None = None):
         super().__init__()
@@ -89,6 +92,16 @@ class NVFP4Linear(nn.Module):
         self.bias = nn.Parameter(torch.zeros(out_features, device=device, dtype=dtype), requires_grad=False) \
             if bias else None
         self.register_load_state_dict_post_hook(lambda module, _: module.refresh_decode_scale())
+
+    def _apply(self, fn, recurse=True):
+        """`.to(dtype)`, `.half()` and the like cast the bias only: the NVFP4 buffers keep their dtypes (their
+        values exactly) and follow device moves."""
+        kept = {name: self._buffers[name] for name in self.NVFP4_BUFFERS}
+        super()._apply(fn, recurse)
+        for name, before in kept.items():
+            if self._buffers[name].dtype != before.dtype:
+                self._buffers[name] = before.to(self._buffers[name].device)
+        return self
 
     def refresh_decode_scale(self) -> None:
         with torch.no_grad():

@@ -152,6 +152,17 @@ def test_dequantization_against_compressed_tensors_formula():
     assert (ours_bf16 != theirs_bf16).float().mean() < 0.01
 
 
+def test_casting_the_model_keeps_the_nvfp4_buffers():
+    """`model.to(torch.bfloat16)` casts the bias, not the e4m3 scales or the float32 global scale."""
+    layer = nvfp4.NVFP4Linear.from_linear(nn.Linear(64, 32))
+    before = {name: t.clone() for name, t in layer.named_buffers()}
+    layer.to(torch.bfloat16)
+    assert layer.bias.dtype == torch.bfloat16
+    for name, t in layer.named_buffers():
+        assert t.dtype == before[name].dtype and torch.equal(t.view(torch.uint8) if t.dim() else t, before[name].view(
+            torch.uint8) if t.dim() else before[name]), name
+
+
 def test_quantize_replaces_every_linear_that_fits():
     model = nn.Sequential(nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 8), nn.Linear(8, 4))
     assert nvfp4.quantize(model) == ["0", "2"]  # 8 input features are not a multiple of 16
