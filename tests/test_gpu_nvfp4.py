@@ -148,3 +148,26 @@ def test_reduce_overhead_decode_replays_cuda_graphs_with_the_op():
             ids = torch.randint(0, 1024, (1, 1), device="cuda")
             assert_within_twice_eager("decode", compiled(ids).clone(), model(ids).logits, reference(ids).logits)
     assert not counters["inductor"]["cudagraph_skips"], dict(counters["inductor"])
+
+
+@pytest.mark.parametrize("m", [1, 256])
+def test_torchao_nvfp4_weight_only_on_cuda(m):
+    """torchao's `NVFP4WeightOnlyConfig` on CUDA (its dequantization is the CPU one, read from source): the op takes
+    it; within 2x eager torchao's error against the float64 exact dequantization."""
+    pytest.importorskip("torchao")
+    import fa4_inductor
+    from test_nvfp4_linear import torchao_reference
+    from torchao.prototype.mx_formats import NVFP4WeightOnlyConfig
+    from torchao.quantization import quantize_
+
+    n, k = 2048, 4096
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(k, n)).to(device="cuda", dtype=torch.bfloat16).requires_grad_(False)
+    quantize_(model, NVFP4WeightOnlyConfig())
+    x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
+    torch._dynamo.reset()
+    with torch.no_grad(), fa4_inductor.report.collecting() as records:
+        got = torch.compile(model, backend=fa4_inductor.backend(nvfp4_linear=True))(x)
+        eager = model(x)
+    assert [r.rewritten for r in records if r.family == "nvfp4_linear"] == [True], [str(r) for r in records]
+    assert_within_twice_eager(f"torchao m={m}", got, eager, torchao_reference(model, x, n, k))

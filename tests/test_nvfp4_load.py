@@ -76,6 +76,7 @@ def checkpoint(tmp_path_factory):
     return folder, tensors
 
 
+@pytest.mark.slow  # ~40 s on 2 cores: Inductor compiles the whole model
 def test_load_compile_and_every_quantized_linear_runs_the_op(checkpoint):
     folder, tensors = checkpoint
     model = llama(seed=1)  # other random weights: everything must come from the checkpoint
