@@ -114,7 +114,7 @@ def dequantize(w_fp4: Tensor, w_block_scale: Tensor, w_global_scale: Tensor, dty
     """The weight [N, K] in `dtype`, rounded as the module docstring says."""
     n, k = w_fp4.shape[0], 2 * w_fp4.shape[1]
     scale = w_global_scale * w_block_scale.float()
-    return (decode(w_fp4).view(n, k // BLOCK, BLOCK) * scale.unsqueeze(-1)).view(n, k).to(dtype)
+    return decode(w_fp4).view(n, k // BLOCK, BLOCK).mul_(scale.unsqueeze(-1)).view(n, k).to(dtype)
 
 
 def nvfp4_linear(x: Tensor, w_fp4: Tensor, w_block_scale: Tensor, w_global_scale: Tensor,

@@ -176,18 +176,22 @@ def _match_scale(m: Match, scale: Node, wanted: tuple) -> None:
                       "rounds differently from the op's product")
     if _is(scale, aten.mul.Tensor):
         a, b = scale.args
-        block, global_scale = (a, b) if _is(a, CONVERT) else (b, a)
+        block, global_scale = (a, b) if _is_e4m3_cast(a) else (b, a)
         if not (isinstance(global_scale, Node) and shape(global_scale) == () and _dtype(global_scale) == torch.float32):
             raise Decline(f"the block scales are multiplied by {_describe(global_scale)}, not a 0-d float32 global "
                           "scale")
         m.global_scale = global_scale
     else:
         block = scale
-    if not (_is(block, CONVERT) and block.args[1] == torch.float32 and _dtype(block.args[0]) == E4M3):
+    if not (_is_e4m3_cast(block) and block.args[1] == torch.float32):
         raise Decline(f"the scales are {_describe(scale)}, not float8_e4m3fn block scales cast to float32")
     m.block_scale = block.args[0]
     if shape(m.block_scale) != wanted:
         raise Decline(f"the block scales have shape {list(shape(m.block_scale))}, not {list(wanted)}")
+
+
+def _is_e4m3_cast(node) -> bool:
+    return _is(node, CONVERT) and _dtype(node.args[0]) == E4M3
 
 
 def _describe(operand) -> str:
