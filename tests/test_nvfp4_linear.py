@@ -276,7 +276,7 @@ SPELLINGS = {
     "stack, arithmetic decode": lambda w, b, s: scaled(nvfp4.e2m1_values(stacked(w)), b, s),
     "cat of % and //, table in the forward": lambda w, b, s: scaled(table_decode(catted(w)), b, s),
     "stack, float32 bits": lambda w, b, s: scaled(bits_decode(stacked(w)), b, s),
-    "global scale cast from bfloat16": lambda w, b, s: scaled(nvfp4.e2m1_values(stacked(w)), b, s.bfloat16().float()),
+    "global scale cast from float64": lambda w, b, s: scaled(nvfp4.e2m1_values(stacked(w)), b, s.double().float()),
 }
 
 
