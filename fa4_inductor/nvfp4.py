@@ -2,8 +2,9 @@
 plain-PyTorch forward our backend rewrites into `fa4::nvfp4_linear` when the model is compiled.
 
     from fa4_inductor import nvfp4
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)   # the architecture, no weights read
+    model = AutoModelForCausalLM.from_config(config)     # the architecture; its weights come from the checkpoint
     nvfp4.load_checkpoint(model, "path/to/checkpoint")    # compressed-tensors or ModelOpt NVFP4 safetensors
+    model = model.to("cuda", torch.bfloat16)               # casts the rest; the NVFP4 buffers keep their dtypes
     model = torch.compile(model, backend=fa4_inductor.backend(nvfp4_linear=True))
 
     nvfp4.quantize(model)                                  # or: every nn.Linear of a float model, in place
@@ -17,7 +18,9 @@ Checkpoint formats (read from their public sources; both pack input 2i in the lo
   scale (448 * 6 / amax(w)): w = e2m1 * (float(weight_scale) / weight_global_scale).
 - ModelOpt (TensorRT Model Optimizer): `<linear>.weight` uint8 [N, K / 2], `<linear>.weight_scale` float8_e4m3fn
   [N, K / 16], `<linear>.weight_scale_2` float32, a *decoding* scale (amax(w) / (6 * 448)):
-  w = e2m1 * float(weight_scale) * weight_scale_2; `<linear>.input_scale` (activations) is not used here.
+  w = e2m1 * float(weight_scale) * weight_scale_2.
+Activation scales (compressed-tensors' `input_global_scale`, ModelOpt's `input_scale`) of W4A4 checkpoints are
+dropped: Hopper has no FP4 matmul, so the layers run weight-only (W4A16), as vLLM's FP4 Marlin path runs them.
 """
 
 from __future__ import annotations
@@ -71,8 +74,11 @@ class NVFP4Linear(nn.Module):
     `weight_decode_scale` (not saved), the decoding multiplier: 1 / weight_global_scale, set again by
     `load_state_dict`; a ModelOpt checkpoint's `weight_scale_2` exactly, when loaded from one. Its rounding order
     (the reciprocal, then the product of the two scales) can differ from compressed-tensors' own `scale / global`
-    by one float32 ulp of the weight before it is rounded to x's dtype (tests/test_nvfp4_load.py bounds it).
+    by up to two float32 ulps of the weight before it is rounded to x's dtype; rounded to bfloat16, under 1% of
+    the weights differ, by one bfloat16 ulp (tests/test_nvfp4_load.py checks both).
     """
+
+    NVFP4_BUFFERS = ("weight_packed", "weight_scale", "weight_global_scale", "weight_decode_scale")
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, *, device=None,
                  dtype: torch.dtype | None = None):
@@ -89,6 +95,16 @@ class NVFP4Linear(nn.Module):
         self.bias = nn.Parameter(torch.zeros(out_features, device=device, dtype=dtype), requires_grad=False) \
             if bias else None
         self.register_load_state_dict_post_hook(lambda module, _: module.refresh_decode_scale())
+
+    def _apply(self, fn, recurse=True):
+        """`.to(dtype)`, `.half()` and the like cast the bias only: the NVFP4 buffers keep their dtypes (their
+        values exactly) and follow device moves."""
+        kept = {name: self._buffers[name] for name in self.NVFP4_BUFFERS}
+        super()._apply(fn, recurse)
+        for name, before in kept.items():
+            if self._buffers[name].dtype != before.dtype:
+                self._buffers[name] = before.to(self._buffers[name].device)
+        return self
 
     def refresh_decode_scale(self) -> None:
         with torch.no_grad():
@@ -228,7 +244,8 @@ def load_checkpoint(model: nn.Module, checkpoint: str | Path | Mapping[str, Tens
                                              tensors.pop(prefix + "weight_scale").to(device),
                                              global_scale=tensors.pop(prefix + "weight_global_scale").to(device),
                                              bias=bias)
-            tensors.pop(prefix + "weight_zero_point", None)  # compressed-tensors may store an unused zero point
+            for unused in ("weight_zero_point", "input_global_scale"):  # a zero point; W4A4's activation scale
+                tensors.pop(prefix + unused, None)
             loaded.compressed_tensors.append(name)
         elif prefix + "weight_scale_2" in tensors:
             layer = NVFP4Linear.from_tensors(tensors.pop(prefix + "weight").to(device),

@@ -31,6 +31,7 @@ then cuBLAS. The op has no autograd formula: lowering emits it in Inductor's com
 from __future__ import annotations
 
 import functools
+import importlib
 from typing import Optional
 
 import torch
@@ -113,7 +114,7 @@ def dequantize(w_fp4: Tensor, w_block_scale: Tensor, w_global_scale: Tensor, dty
     """The weight [N, K] in `dtype`, rounded as the module docstring says."""
     n, k = w_fp4.shape[0], 2 * w_fp4.shape[1]
     scale = w_global_scale * w_block_scale.float()
-    return (decode(w_fp4).view(n, k // BLOCK, BLOCK) * scale.unsqueeze(-1)).view(n, k).to(dtype)
+    return decode(w_fp4).view(n, k // BLOCK, BLOCK).mul_(scale.unsqueeze(-1)).view(n, k).to(dtype)
 
 
 def nvfp4_linear(x: Tensor, w_fp4: Tensor, w_block_scale: Tensor, w_global_scale: Tensor,
@@ -126,13 +127,13 @@ def nvfp4_linear(x: Tensor, w_fp4: Tensor, w_block_scale: Tensor, w_global_scale
 @functools.cache
 def _quack():
     """`quack_w4a16` (the adapter of quack's W4A16 GEMM), or None where this install has no such module."""
+    name = f"{__package__}.quack_w4a16"
     try:
-        from . import quack_w4a16
+        return importlib.import_module(name)
     except ModuleNotFoundError as e:
-        if e.name != f"{__package__}.quack_w4a16":
+        if e.name != name:  # the adapter is there but something it imports is not: that is an error
             raise
         return None
-    return quack_w4a16
 
 
 def kernel_for(x2d: Tensor, w_fp4: Tensor) -> tuple[str, str]:

@@ -7,8 +7,10 @@ The cache holds, per weight tensor (by identity, held weakly: the entry goes wit
 per `kind`. An entry is rebuilt when the weight's version counter or storage moved (an in-place update,
 `load_state_dict`, `.data =`). Building during CUDA-graph capture is refused: the repack would be recorded
 into the graph and rerun at every replay; callers prepare in the warm-up call that runs before capture
-(Inductor's cudagraph trees and `torch.cuda.graphs` both warm up). `report()` lists what is held, with its
-bytes, for `fa4_inductor`'s reports.
+(Inductor's cudagraph trees and `torch.cuda.graphs` both warm up). A CUDA build runs on a side stream: the
+trees' warm-up allocates the current stream's memory from the graph's private pool, where a tensor kept
+past the graph is an error; the side stream's allocations come from the ordinary allocator. `report()`
+lists what is held, with its bytes, for `fa4_inductor`'s reports.
 """
 
 from __future__ import annotations
@@ -34,18 +36,41 @@ class _Entry:
 _CACHE: WeakIdKeyDictionary = WeakIdKeyDictionary()
 
 
-def _tensor_bytes(value: Any) -> int:
-    if isinstance(value, Tensor):
-        return value.numel() * value.element_size()
-    if isinstance(value, (tuple, list)):
-        return sum(_tensor_bytes(v) for v in value)
-    if isinstance(value, dict):
-        return sum(_tensor_bytes(v) for v in value.values())
-    return 0
-
-
 def _capturing(weight: Tensor) -> bool:
     return weight.is_cuda and torch.cuda.is_current_stream_capturing()
+
+
+def _tensors(value: Any):
+    if isinstance(value, Tensor):
+        yield value
+    elif isinstance(value, (tuple, list)):
+        for v in value:
+            yield from _tensors(v)
+    elif isinstance(value, dict):
+        for v in value.values():
+            yield from _tensors(v)
+
+
+_SIDE_STREAMS: dict = {}
+
+
+def _build_outside_pools(weight: Tensor, build: Callable[[], T]) -> T:
+    """`build()` on a side stream of the weight's device, ordered after the current stream's work and before
+    its next (see the module docstring for why)."""
+    if not weight.is_cuda:
+        return build()
+    main = torch.cuda.current_stream(weight.device)
+    side = _SIDE_STREAMS.get(weight.device)
+    if side is None:
+        side = _SIDE_STREAMS[weight.device] = torch.cuda.Stream(weight.device)
+    side.wait_stream(main)
+    with torch.cuda.stream(side):
+        value = build()
+    main.wait_stream(side)
+    for t in _tensors(value):
+        if t.is_cuda:
+            t.record_stream(main)
+    return value
 
 
 def get(weight: Tensor, kind: Hashable, build: Callable[[], T]) -> T:
@@ -63,8 +88,8 @@ def get(weight: Tensor, kind: Hashable, build: Callable[[], T]) -> T:
             f"fa4: a {tuple(weight.shape)} weight would be prepared for {kind!r} during CUDA-graph capture; "
             "run the model once before capturing (torch.compile's reduce-overhead mode does), so that the "
             "prepared copy exists before the graph records")
-    value = build()
-    per_kind[kind] = _Entry(version, data_ptr, value, _tensor_bytes(value))
+    value = _build_outside_pools(weight, build)
+    per_kind[kind] = _Entry(version, data_ptr, value, sum(t.numel() * t.element_size() for t in _tensors(value)))
     return value
 
 

@@ -193,7 +193,10 @@ def _pad_rows(t: Tensor, multiple: int) -> Tensor:
 
 
 def prepare_nvfp4(w_fp4: Tensor, w_block_scale: Tensor, w_global_scale: Tensor) -> tuple[Tensor, Tensor, float]:
-    """(weight blob, scale strip, global scale as a float), each built once per tensor."""
+    """(weight blob, scale strip, global scale as a float): the blob and the float once per tensor; the strip
+    (N * K / 16 bytes, a small gather) at every call, since torchao's block scales come out of an un-swizzle
+    inside the graph, a new tensor at each call (under CUDA-graph capture it is recorded into the graph and
+    follows the scales' values at every replay)."""
     from_u8 = (lambda t: t.view(torch.uint8)) if w_fp4.dtype != torch.uint8 else (lambda t: t)
 
     def blob():
@@ -208,7 +211,7 @@ def prepare_nvfp4(w_fp4: Tensor, w_block_scale: Tensor, w_global_scale: Tensor) 
 
     _require()
     return (prepared_weights.get(w_fp4, "quack_nvfp4_weight", blob),
-            prepared_weights.get(w_block_scale, "quack_nvfp4_block_scale", strip),
+            strip(),
             prepared_weights.get(w_global_scale, "quack_nvfp4_global_scale", lambda: float(w_global_scale)))
 
 

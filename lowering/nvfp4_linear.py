@@ -16,7 +16,9 @@ block scales any float8_e4m3fn [N, K / 16] value, the global scale any 0-d float
 torchao 0.18's `NVFP4WeightOnlyConfig` (`torchao.prototype.mx_formats`; an `NVFP4Tensor` weight, desugared by
 AOTAutograd) spells the decode with shifts, masks and `index_put` into float32 bits, and its block scales are
 un-swizzled from their blocked layout by reshapes, permutes and a slice, which stay in the graph and feed the
-op; `fa4_inductor.nvfp4.NVFP4Linear` spells the decode with a constant table. The unpack's nibble functions
+op; `fa4_inductor.nvfp4.NVFP4Linear` spells the decode with integer arithmetic and `where` (verified on CPU, torch
+2.13; on CUDA torchao's dequantization is the same code, read from source, and tests/test_gpu_nvfp4.py runs it).
+User code may also look the values up in a constant table made in its forward. The unpack's nibble functions
 and the decode are not matched op by op: they are checked by running them, on CPU, over every byte value and
 every code (`_evaluated`), so any pointwise spelling is taken and a wrong one (high nibble first, another
 table) is not.
@@ -46,7 +48,6 @@ aten, prims = torch.ops.aten, torch.ops.prims
 CONVERT = prims.convert_element_type.default
 RESHAPES = (aten.reshape.default, aten.view.default, aten.unsqueeze.default, aten.squeeze.dim)
 MATMULS = (aten.mm.default, aten.addmm.default)
-FLOATS = (torch.float16, torch.bfloat16, torch.float32)
 E4M3 = torch.float8_e4m3fn
 # Ops a decode may use besides those tagged pointwise, each elementwise on the codes as `_region` admits them.
 MASKED_WRITE, BITCAST, TABLE_LOOKUP = aten.index_put.default, aten.view.dtype, aten.index.Tensor
@@ -137,6 +138,10 @@ def match(matmul: Node) -> Match:
     m.chain = [transpose, *after, product]
     if _dtype(product) != torch.float32:
         raise Decline(f"the weight is dequantized in {_name(_dtype(product))}; the op dequantizes in float32")
+    for cast in after:  # (Inductor's joint-graph `pointless_convert` already folds float casts in a row)
+        if _is(cast, CONVERT) and cast.args[1] not in (x_dtype, torch.float32):
+            raise Decline(f"the dequantized weight is rounded to {_name(cast.args[1])} on its way to a "
+                          f"{_name(x_dtype)} matmul; the op rounds it once, to x's dtype")
     n, k = shape(weight)
     groups = k // BLOCK
     decoded_side, scale_side = _sides(product)
@@ -176,18 +181,22 @@ def _match_scale(m: Match, scale: Node, wanted: tuple) -> None:
                       "rounds differently from the op's product")
     if _is(scale, aten.mul.Tensor):
         a, b = scale.args
-        block, global_scale = (a, b) if _is(a, CONVERT) else (b, a)
+        block, global_scale = (a, b) if _is_e4m3_cast(a) else (b, a)
         if not (isinstance(global_scale, Node) and shape(global_scale) == () and _dtype(global_scale) == torch.float32):
             raise Decline(f"the block scales are multiplied by {_describe(global_scale)}, not a 0-d float32 global "
                           "scale")
         m.global_scale = global_scale
     else:
         block = scale
-    if not (_is(block, CONVERT) and block.args[1] == torch.float32 and _dtype(block.args[0]) == E4M3):
+    if not (_is_e4m3_cast(block) and block.args[1] == torch.float32):
         raise Decline(f"the scales are {_describe(scale)}, not float8_e4m3fn block scales cast to float32")
     m.block_scale = block.args[0]
     if shape(m.block_scale) != wanted:
         raise Decline(f"the block scales have shape {list(shape(m.block_scale))}, not {list(wanted)}")
+
+
+def _is_e4m3_cast(node) -> bool:
+    return _is(node, CONVERT) and _dtype(node.args[0]) == E4M3
 
 
 def _describe(operand) -> str:

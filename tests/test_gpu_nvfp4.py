@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from fa4_inductor.kernels import NVFP4_LINEAR
 from fa4_inductor.kernels import nvfp4_linear as nvfp4_op
 from gpu_helpers import capture
-from test_nvfp4_linear import float64_reference, random_nvfp4
+from test_nvfp4_linear import float64_dequantized, float64_reference, random_nvfp4
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
@@ -81,3 +81,93 @@ def test_cuda_graph_capture_and_replay(m):
         torch.testing.assert_close(out.double(), ref, atol=2e-2 * ref.abs().max().item(), rtol=2e-2)
         assert torch.equal(out, NVFP4_LINEAR(x, w_fp4, block, global_scale, bias)) or \
             nvfp4_op.kernel_for(x, w_fp4)[0] == "quack"  # quack may split K (summation order varies)
+
+
+# ---------------------------------------------------------------------------------- a compiled model on CUDA
+
+
+def nvfp4_llama():
+    """A small Llama (hidden 512, 2 layers) in bf16 on CUDA, every linear quantized to NVFP4Linear, and its float64
+    twin holding the exact dequantized weights."""
+    import copy
+
+    import transformers
+
+    from fa4_inductor import nvfp4
+
+    config = transformers.LlamaConfig(vocab_size=1024, hidden_size=512, intermediate_size=1536, num_hidden_layers=2,
+                                      num_attention_heads=8, num_key_value_heads=4, max_position_embeddings=256)
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(config).eval()
+    quantized = nvfp4.quantize(model)
+    reference = copy.deepcopy(model).double()
+    for name in quantized:
+        layer = model.get_submodule(name)
+        exact = torch.nn.Linear(layer.in_features, layer.out_features, bias=layer.bias is not None).double()
+        exact.weight.data = float64_dequantized(layer.weight_packed, layer.weight_scale, layer.weight_decode_scale)
+        parent, _, child = name.rpartition(".")
+        setattr(reference.get_submodule(parent) if parent else reference, child, exact)
+    return model.to(device="cuda", dtype=torch.bfloat16), reference.cuda(), quantized
+
+
+def assert_within_twice_eager(name, got, eager, ref):
+    err, eager_err = (got.double() - ref).abs().max().item(), (eager.double() - ref).abs().max().item()
+    assert err <= 2 * eager_err + 1e-5 * ref.abs().max().item(), f"{name}: error {err:.3g}, eager bf16's {eager_err:.3g}"
+
+
+def test_compiled_llama_runs_every_linear_on_the_op():
+    """Prefill (2 x 64 tokens: 128 rows, dequantize + cuBLAS) and decode-shaped calls (1 row: quack where
+    installed), against the float64 model: within 2x the error of the eager bf16 NVFP4 model."""
+    import fa4_inductor
+
+    model, reference, quantized = nvfp4_llama()
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda ids: model(ids).logits, backend=fa4_inductor.backend(nvfp4_linear=True))
+    with torch.no_grad(), fa4_inductor.report.collecting() as records:
+        for shape in ((2, 64), (1, 1), (1, 16)):
+            ids = torch.randint(0, 1024, shape, device="cuda")
+            assert_within_twice_eager(f"ids {shape}", compiled(ids), model(ids).logits, reference(ids).logits)
+    nvfp4_records = [r for r in records if r.family == "nvfp4_linear"]
+    assert nvfp4_records and all(r.rewritten for r in nvfp4_records), [str(r) for r in nvfp4_records]
+    assert all(any(r.module.endswith(name) for r in nvfp4_records) for name in quantized), \
+        sorted({r.module for r in nvfp4_records})
+
+
+def test_reduce_overhead_decode_replays_cuda_graphs_with_the_op():
+    from torch._dynamo.utils import counters
+
+    import fa4_inductor
+
+    model, reference, _ = nvfp4_llama()
+    counters.clear()
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda ids: model(ids).logits, backend=fa4_inductor.backend(nvfp4_linear=True),
+                             mode="reduce-overhead")
+    with torch.no_grad():
+        for _ in range(3):  # warm-up run, recording, replay
+            ids = torch.randint(0, 1024, (1, 1), device="cuda")
+            assert_within_twice_eager("decode", compiled(ids).clone(), model(ids).logits, reference(ids).logits)
+    assert not counters["inductor"]["cudagraph_skips"], dict(counters["inductor"])
+
+
+@pytest.mark.parametrize("m", [1, 256])
+def test_torchao_nvfp4_weight_only_on_cuda(m):
+    """torchao's `NVFP4WeightOnlyConfig` on CUDA (its dequantization is the CPU one, read from source): the op takes
+    it; within 2x eager torchao's error against the float64 exact dequantization."""
+    pytest.importorskip("torchao")
+    import fa4_inductor
+    from test_nvfp4_linear import torchao_reference
+    from torchao.prototype.mx_formats import NVFP4WeightOnlyConfig
+    from torchao.quantization import quantize_
+
+    n, k = 2048, 4096
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(k, n)).to(device="cuda", dtype=torch.bfloat16).requires_grad_(False)
+    quantize_(model, NVFP4WeightOnlyConfig())
+    x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
+    torch._dynamo.reset()
+    with torch.no_grad(), fa4_inductor.report.collecting() as records:
+        got = torch.compile(model, backend=fa4_inductor.backend(nvfp4_linear=True))(x)
+        eager = model(x)
+    assert [r.rewritten for r in records if r.family == "nvfp4_linear"] == [True], [str(r) for r in records]
+    assert_within_twice_eager(f"torchao m={m}", got, eager, torchao_reference(model, x, n, k))

@@ -76,6 +76,7 @@ def checkpoint(tmp_path_factory):
     return folder, tensors
 
 
+@pytest.mark.slow  # ~40 s on 2 cores: Inductor compiles the whole model
 def test_load_compile_and_every_quantized_linear_runs_the_op(checkpoint):
     folder, tensors = checkpoint
     model = llama(seed=1)  # other random weights: everything must come from the checkpoint
@@ -150,6 +151,17 @@ def test_dequantization_against_compressed_tensors_formula():
     ours_bf16, theirs_bf16 = ours.bfloat16().float(), theirs.bfloat16().float()
     assert ((ours_bf16 - theirs_bf16).abs() <= torch.finfo(torch.bfloat16).eps * theirs_bf16.abs()).all()
     assert (ours_bf16 != theirs_bf16).float().mean() < 0.01
+
+
+def test_casting_the_model_keeps_the_nvfp4_buffers():
+    """`model.to(torch.bfloat16)` casts the bias, not the e4m3 scales or the float32 global scale."""
+    layer = nvfp4.NVFP4Linear.from_linear(nn.Linear(64, 32))
+    before = {name: t.clone() for name, t in layer.named_buffers()}
+    layer.to(torch.bfloat16)
+    assert layer.bias.dtype == torch.bfloat16
+    for name, t in layer.named_buffers():
+        assert t.dtype == before[name].dtype and torch.equal(t.view(torch.uint8) if t.dim() else t, before[name].view(
+            torch.uint8) if t.dim() else before[name]), name
 
 
 def test_quantize_replaces_every_linear_that_fits():
