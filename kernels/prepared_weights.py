@@ -7,10 +7,9 @@ The cache holds, per weight tensor (by identity, held weakly: the entry goes wit
 per `kind`. An entry is rebuilt when the weight's version counter or storage moved (an in-place update,
 `load_state_dict`, `.data =`). Building during CUDA-graph capture is refused: the repack would be recorded
 into the graph and rerun at every replay; callers prepare in the warm-up call that runs before capture
-(Inductor's cudagraph trees and `torch.cuda.graphs` both warm up). A CUDA build runs on a side stream: the
-trees' warm-up allocates the current stream's memory from the graph's private pool, where a tensor kept
-past the graph is an error; the side stream's allocations come from the ordinary allocator. `report()`
-lists what is held, with its bytes, for `fa4_inductor`'s reports.
+(Inductor's cudagraph trees and `torch.cuda.graphs` both warm up). A CUDA build runs `outside_graph_pools`
+(the trees' warm-up allocates from the graph's private pool). `report()` lists what is held, with its bytes,
+for `fa4_inductor`'s reports.
 """
 
 from __future__ import annotations
@@ -54,18 +53,36 @@ def _tensors(value: Any):
 _SIDE_STREAMS: dict = {}
 
 
-def _build_outside_pools(weight: Tensor, build: Callable[[], T]) -> T:
-    """`build()` on a side stream of the weight's device, ordered after the current stream's work and before
-    its next (see the module docstring for why)."""
-    if not weight.is_cuda:
-        return build()
-    main = torch.cuda.current_stream(weight.device)
-    side = _SIDE_STREAMS.get(weight.device)
+def outside_graph_pools(device: torch.device, fn: Callable[[], T]) -> T:
+    """`fn()` with its CUDA allocations from the ordinary allocator, ordered after the current stream's work and
+    before its next: on a side stream, in a helper thread. Inductor's cudagraph trees send every allocation of
+    the warm-up thread to the graph's private pool, where a tensor kept past the graph (a prepared weight, a
+    kernel's cached workspace) is an error. Not during CUDA-graph capture (the work must be recorded): there
+    `fn()` runs as is."""
+    if device.type != "cuda" or torch.cuda.is_current_stream_capturing():
+        return fn()
+    import threading
+
+    main = torch.cuda.current_stream(device)
+    side = _SIDE_STREAMS.get(device)
     if side is None:
-        side = _SIDE_STREAMS[weight.device] = torch.cuda.Stream(weight.device)
+        side = _SIDE_STREAMS[device] = torch.cuda.Stream(device)
     side.wait_stream(main)
-    with torch.cuda.stream(side):
-        value = build()
+    result: list = []
+
+    def work():
+        try:
+            with torch.cuda.device(device), torch.cuda.stream(side):
+                result.append((True, fn()))
+        except BaseException as e:  # re-raised in the caller's thread
+            result.append((False, e))
+
+    thread = threading.Thread(target=work, name="fa4-outside-graph-pools")
+    thread.start()
+    thread.join()
+    ok, value = result[0]
+    if not ok:
+        raise value
     main.wait_stream(side)
     for t in _tensors(value):
         if t.is_cuda:
@@ -88,7 +105,7 @@ def get(weight: Tensor, kind: Hashable, build: Callable[[], T]) -> T:
             f"fa4: a {tuple(weight.shape)} weight would be prepared for {kind!r} during CUDA-graph capture; "
             "run the model once before capturing (torch.compile's reduce-overhead mode does), so that the "
             "prepared copy exists before the graph records")
-    value = _build_outside_pools(weight, build)
+    value = outside_graph_pools(weight.device, build)
     per_kind[kind] = _Entry(version, data_ptr, value, sum(t.numel() * t.element_size() for t in _tensors(value)))
     return value
 

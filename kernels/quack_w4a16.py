@@ -151,7 +151,8 @@ def _split_k_buffers(out: Tensor, tile_m: int, tile_n: int):
     key = (n, m, tile_m, tile_n, out.device.index)
     buffers = _SPLIT_K_BUFFERS.get(key)
     if buffers is None:
-        buffers = _SPLIT_K_BUFFERS[key] = make(out.t()[None], SplitKMode.SERIAL, tile_m, tile_n, 1, 1, False)
+        buffers = _SPLIT_K_BUFFERS[key] = prepared_weights.outside_graph_pools(
+            out.device, lambda: make(out.t()[None], SplitKMode.SERIAL, tile_m, tile_n, 1, 1, False))
     return buffers
 
 
@@ -228,6 +229,9 @@ def _check_nvfp4(w_fp4: Tensor, w_block_scale: Tensor, w_global_scale: Tensor) -
     return n, k
 
 
+_NVFP4_GEOMETRIES: set = set()
+
+
 def nvfp4_matmul(x2d: Tensor, w_fp4: Tensor, w_block_scale: Tensor, w_global_scale: Tensor) -> Tensor:
     """x2d [M, K] bf16 @ dequant(w)^T -> [M, N] bf16, w as the module docstring says. Callers ask
     `unsupported_reason(x2d, "nvfp4", N, K)` first."""
@@ -237,5 +241,15 @@ def nvfp4_matmul(x2d: Tensor, w_fp4: Tensor, w_block_scale: Tensor, w_global_sca
         raise ValueError(reason)
     gemm_w4 = _require()
     blob, strip, alpha = prepare_nvfp4(w_fp4, w_block_scale, w_global_scale)
-    out = gemm_w4.gemm_w4a16(_rows_2d(x2d), blob, strip, tensor_scale=alpha, n_out=n, wformat="nvfp4")
+    x2d = _rows_2d(x2d)
+
+    def call():
+        return gemm_w4.gemm_w4a16(x2d, blob, strip, tensor_scale=alpha, n_out=n, wformat="nvfp4")
+
+    geometry = (x2d.shape[0], n, k, x2d.device.index)
+    if geometry in _NVFP4_GEOMETRIES:
+        out = call()
+    else:  # gemm_w4a16 caches a split-k workspace per geometry at its first call: keep it out of graph pools
+        out = prepared_weights.outside_graph_pools(x2d.device, call)
+        _NVFP4_GEOMETRIES.add(geometry)
     return out if out.is_contiguous() else out.contiguous()  # N not a multiple of 128: quack slices its padding off

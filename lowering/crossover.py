@@ -6,8 +6,9 @@ torch.compile with the op's host path in every layer.
 
 Where the GPU work per attention is large (a graph's matmul and attention GFLOP per attention candidate
 at or over LAYER_GFLOP_HOST_BOUND), host time hides behind it and the op stays (FA4's GPU time is the
-lower, or within ~10%, on every measured row). Only static shapes on CUDA, and no KV cache (the op
-reads it un-repeated, where SDPA code repeats K/V at every step). An SDPA call is kept as written,
+lower, or within ~10%, on every measured row). Only static shapes on CUDA, self-attention (Sq == Sk,
+what was measured), and no KV cache (the op reads it un-repeated, where SDPA code repeats K/V at every
+step; HF's generate passes a decode step's cache as keys under a padding mask, Sq < Sk). An SDPA call is kept as written,
 whatever its mask (the sweep's padded small-model prefill ran 0.55x on the op: the padding mask's form
 is read on the host, a sync); a hand-written one without a mask other than a causal square band, or a
 softcap, becomes the SDPA call that computes it (`is_causal`, the matched scale, K/V as the model
@@ -45,6 +46,8 @@ def small_attention(call, graph, shared: dict) -> str | None:
     if call.seqused_k is not None:
         return None  # a KV cache: the op reads it un-repeated, where SDPA code repeats K/V every step
     b, h, sq, d, sk, _ = sizes
+    if sq != sk:
+        return None  # measured on self-attention; a decode step over a cache (a key mask, not seqused_k) is not
     causal = bool(call.flags.get("causal"))
     if not is_sdpa_call(call) and (set(call.flags) - {"causal"} or call.padding is not None or (causal and sq != sk)):
         return None  # the SDPA call a hand-written attention becomes has no mask, at most is_causal

@@ -8,6 +8,7 @@ Inductor), then
 
     _int_mm(x_int8 [M, K], permute(w, [1, 0]))                 int32 [M, N]
       -> convert_element_type(., float32) -> mul(., x_scale [M, 1])
+         (torch 2.11: mul(., expand(x_scale [M, 1], [M, N])), the float32 scale promoting the product)
       -> convert_element_type(., x.dtype)
       [-> reshape] -> mul(., reshape(w_scale, [N]))            float32 (the scale is)
       [-> reshape] [-> add(., bias [N])]
@@ -121,11 +122,18 @@ def match(matmul: Node) -> Match:
     n = shape(m.w_int8)[0]
     rows = shape(m.x_int8)[0]
     node = _next(matmul, m.replaced)
-    if not (_is(node, CONVERT) and node.args[1] == torch.float32):
+    cast = matmul  # torch 2.11 multiplies the int32 product by the float32 scale directly (the same promotion)
+    if _is(node, CONVERT) and node.args[1] == torch.float32:
+        cast = node
+        node = _next(node, m.replaced)
+    elif not _is(node, aten.mul.Tensor):
         raise Decline(f"the int8 GEMM's int32 output goes to {node.target}, not a cast to float32")
-    cast = node
-    node = _next(node, m.replaced)
     x_scale = _other(node, cast) if _is(node, aten.mul.Tensor) else None
+    if _is(x_scale, aten.expand.default) and len(x_scale.users) == 1 and shape(x_scale) == (rows, n):
+        x_scale = x_scale.args[0]  # torch 2.11 broadcasts the [M, 1] scale explicitly
+    if cast is matmul and isinstance(x_scale, Node) and _dtype(x_scale) != torch.float32:
+        raise Decline(f"the int8 GEMM's int32 output is multiplied by a {_name(_dtype(x_scale))} scale, not "
+                      "float32 (an order the op does not compute)")
     if not (isinstance(x_scale, Node) and shape(x_scale) in ((rows, 1), (rows,)) and x_scale is not cast
             and value(x_scale).is_floating_point()):
         raise Decline(f"the int8 GEMM's float32 output is multiplied by {_describe(x_scale)}, not a per-row "

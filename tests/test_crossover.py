@@ -134,3 +134,14 @@ def test_a_causal_mask_read_from_a_module_buffer_is_still_watched():
         torch.testing.assert_close(compiled(x), module(x))
         module.bias.copy_(torch.ones_like(module.bias))  # no mask any more
         torch.testing.assert_close(compiled(x), module(x))
+
+
+def test_decode_shaped_calls_are_not_kept():
+    """The crossover was measured on self-attention: a query against a longer cache (HF generate's decode step,
+    whose cache comes with a padding mask rather than seqused_k) goes to the op, which reads K/V un-repeated."""
+    q, k, v = torch.randn(2, 4, 1, 16), torch.randn(2, 4, 32, 16), torch.randn(2, 4, 32, 16)
+    mask = torch.ones(2, 1, 1, 32, dtype=torch.bool)
+    mask[1, ..., :5] = False
+    rec, out = compile_and_record(lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=m), q, k, v, mask)
+    assert rec.count() == 1
+    torch.testing.assert_close(out, F.scaled_dot_product_attention(q, k, v, attn_mask=mask))

@@ -214,10 +214,11 @@ def test_nvfp4_prepared_once_and_captured(monkeypatch):
         torch.cuda.synchronize()
         assert_within_pytorch_error("nvfp4 replay", out, x.double() @ dequantized.T,
                                     F.linear(x, dequantized.to(torch.bfloat16)))
-    assert sorted(counter.kinds) == ["quack_nvfp4_block_scale", "quack_nvfp4_global_scale", "quack_nvfp4_weight"]
+    # The block scales' strip is made at every call (recorded into the graph): torchao's come out of the graph.
+    assert sorted(counter.kinds) == ["quack_nvfp4_global_scale", "quack_nvfp4_weight"]
     global_scale.mul_(2)  # only the global scale changed: only it is read again
     out = quack_w4a16.nvfp4_matmul(x, w_fp4, block_scale, global_scale)
-    assert counter.kinds.count("quack_nvfp4_global_scale") == 2 and len(counter.kinds) == 4
+    assert counter.kinds.count("quack_nvfp4_global_scale") == 2 and len(counter.kinds) == 3
     dequantized = nvfp4_dequantized(w_fp4, block_scale, global_scale)
     assert_within_pytorch_error("nvfp4 new global scale", out, x.double() @ dequantized.T,
                                 F.linear(x, dequantized.to(torch.bfloat16)))
@@ -281,6 +282,11 @@ def test_torchao_int8_dynamic_compiled_where_default_compile_fails(m):
 # -------------------------------------------------------------------------------- the family, compiled
 
 
+# ONE_ROW: on CUDA, Inductor decomposes a one-row mm (M = 1) into a multiply and a sum before the post-grad stage:
+# no matmul is left to rewrite, and default compile's fused dequantize GEMV is the faster kernel there
+# (docs/benchmarks.md, session 7: 3.1 against quack's 5.9 us on 2048 x 2048).
+
+
 def compiled_with(model, x, mode):
     torch._dynamo.reset()
     backend = fa4_inductor.backend(int8_linear=True)
@@ -297,7 +303,7 @@ def test_gpt_fast_int8_linear_compiled(m, mode):
     linear = upstream.WeightOnlyInt8Linear.from_linear(nn.Linear(2048, 512), torch.bfloat16).cuda()
     x = torch.randn(m, 2048, dtype=torch.bfloat16, device="cuda")
     out, records = compiled_with(linear, x, mode)
-    assert [r.rewritten for r in records] == [True], records
+    assert [r.rewritten for r in records] == ([] if m == 1 else [True]), records  # see ONE_ROW
     assert_within_pytorch_error("gpt-fast", out, int8_reference(x, linear.weight, linear.scales), linear(x))
 
 
@@ -311,7 +317,7 @@ def test_torchao_int8_weight_only_compiled(m):
     quantize_(model, Int8WeightOnlyConfig())
     x = torch.randn(m, 2048, dtype=torch.bfloat16, device="cuda")
     out, records = compiled_with(model, x, "reduce-overhead")
-    assert [r.rewritten for r in records] == [True], (torchao.__version__, records)
+    assert [r.rewritten for r in records] == ([] if m == 1 else [True]), (torchao.__version__, records)  # ONE_ROW
     with torch.no_grad():
         expected = model(x)
     w = model[0].weight

@@ -170,8 +170,9 @@ def test_the_family_is_off_unless_asked_for(backend):
                  "the activation-scaled product goes to output, not a cast to the output dtype", id="no-output-cast"),
     pytest.param(lambda x, w, xs, ws: (torch._int_mm(x, w.t()).float() * xs).to(torch.bfloat16),
                  "the scaled product goes to output, not a multiplication by the weight's scale", id="no-weight-scale"),
-    pytest.param(lambda x, w, xs, ws: (torch._int_mm(x, w.t()) * xs).to(torch.bfloat16) * ws,
-                 "the int8 GEMM's int32 output goes to aten.mul.Tensor, not a cast to float32", id="no-float32-cast"),
+    pytest.param(lambda x, w, xs, ws: (torch._int_mm(x, w.t()) * xs.to(torch.bfloat16)).to(torch.bfloat16) * ws,
+                 "the int8 GEMM's int32 output is multiplied by a bfloat16 scale, not float32 (an order the op does "
+                 "not compute)", id="bfloat16-activation-scale"),
     pytest.param(lambda x, w, xs, ws: (torch._int_mm(x, w.t()).float() * xs).to(torch.bfloat16) * ws[:8].sum(),
                  "the scaled product is multiplied by a float32 tensor of shape [], not a per-channel weight "
                  "scale [48]", id="per-tensor-weight-scale"),
@@ -186,6 +187,21 @@ def test_what_stays_as_written(fn, reason):
     assert compiled.details == [(False, reason)]
     torch._dynamo.reset()
     torch.testing.assert_close(compiled.out, torch.compile(fn, backend="inductor")(x, w, xs, ws))
+
+
+@pytest.mark.parametrize("fn", [
+    lambda x, w, xs, ws: ((torch._int_mm(x, w.t()) * xs).to(torch.bfloat16) * ws).to(torch.bfloat16),
+    lambda x, w, xs, ws: ((torch._int_mm(x, w.t()) * xs.expand(x.shape[0], w.shape[0])).to(torch.bfloat16)
+                          * ws).to(torch.bfloat16),
+], ids=["promoted", "promoted-expanded"])
+def test_torch_2_11s_spelling_is_rewritten(fn):
+    """torch 2.11's graph of torchao's config (read on the H200, docs/scripts/quant_graphs.py) multiplies the int32
+    product by the float32 activation scale, broadcast by an explicit expand, without a cast first: the same
+    arithmetic (the int32 values promote to float32)."""
+    x, xs, w, ws, _ = inputs()
+    compiled = Compiled(fn, x, w, xs, ws, backend=BACKEND)
+    assert OP_CALL in compiled.code and compiled.details == [(True, describe(M, False))], compiled.details
+    torch.testing.assert_close(compiled.out, fn(x, w, xs, ws), rtol=0, atol=0)
 
 
 class TestRewrittenGraphs(expecttest.TestCase):
