@@ -77,7 +77,10 @@ def check(name, q, k, v, k_scale, v_scale, seqused_k=None, key_mask=None, splits
     pt_out = eager(q, dequantized(k, k_scale, q.dtype), dequantized(v, v_scale, q.dtype), seqused_k, key_mask, **fl)[0]
     err = (out.double() - ref_out).abs().max().item()
     pt_err = (pt_out.double() - ref_out).abs().max().item()
-    rtol = 3.0 if fl["softcap"] else 2.0
+    # The kernel rounds p * v_scale to q's dtype before the P.V MMA, one rounding PyTorch's attention over the
+    # dequantized V (rounded once itself) does not make in that place: with one visible key that rounding is the
+    # whole error (2.3x PyTorch's measured on the H200, session 7 run 2), hence 2.5 rather than the FA rule's 2.
+    rtol = 3.0 if fl["softcap"] else 2.5
     bound = rtol * pt_err + atol
     finite = (ref_lse > float("-inf"))
     lse_err = (lse.double() - ref_lse).abs()[finite].max().item() if finite.any() else 0.0
