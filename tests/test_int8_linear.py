@@ -229,14 +229,15 @@ def test_what_stays_as_written(fn, scale, reason):
     assert compiled.details == [(False, reason)]
 
 
-@pytest.mark.parametrize("backend", [fa4_inductor.backend(int8_linear=False), fa4_inductor.fa4_inductor],
+@pytest.mark.parametrize("backend, rewritten", [(fa4_inductor.backend(int8_linear=False), False),
+                                                (fa4_inductor.fa4_inductor, True)],
                          ids=["option-off", "default-options"])
-def test_the_family_is_off_unless_asked_for(backend):
-    """Off by default until the op has GPU kernels (options.py says why)."""
+def test_the_family_is_on_by_default_and_has_an_off_switch(backend, rewritten):
+    """On by default (options.py gives the H200 measurements), off with `int8_linear=False`."""
     linear = gpt_fast_linear(torch.bfloat16)
     x = torch.randn(5, K, dtype=torch.bfloat16)
     compiled = compile_with_int8(linear, x, backend=backend)
-    assert OP_CALL not in compiled.code and compiled.records == []
+    assert (OP_CALL in compiled.code) == rewritten and len(compiled.records) == int(rewritten)
     torch.testing.assert_close(compiled.out, linear(x))
 
 
