@@ -2,7 +2,8 @@
 
 `library.py` owns the namespace; each op file defines its ops in it (`attention.py`: `fa4::attention`
 `fa4::attention_forward`, its twin without autograd, and `fa4::attention_backward`; `int8_linear.py`:
-`fa4::int8_linear`). `attention_unsupported_reason(device_type, dtype, head_dim, head_dim_v)` is the check
+`fa4::int8_linear`); `sharding.py` says how each runs on DTensors (imported where torch.distributed is
+available). `attention_unsupported_reason(device_type, dtype, head_dim, head_dim_v)` is the check
 lowering asks before it emits `fa4::attention`, `int8_linear_unsupported_reason(device_type, dtype,
 scale_dtype, in_features, group_size, scale_after_matmul)` the one before `fa4::int8_linear`.
 """
@@ -22,6 +23,9 @@ else:
     from . import attention, int8_linear
     from .attention import unsupported_reason as attention_unsupported_reason
     from .int8_linear import unsupported_reason as int8_linear_unsupported_reason
+
+    if torch.distributed.is_available():
+        from . import sharding
 
     ATTENTION = torch.ops.fa4.attention.default  # differentiable: what lowering emits
     ATTENTION_FORWARD = torch.ops.fa4.attention_forward.default  # no autograd: inside compiled graphs
