@@ -447,3 +447,18 @@ def test_fsdp2_per_layer_units_keep_attention_as_written(ranks):
         assert r["forward"] == r["backward"] == 0, r["graphs"]
         assert r["reasons"] and all("the graph input" in reason for reason in r["reasons"]), r["reasons"]
         _assert_training_matches(r)
+
+
+@pytest.mark.slow
+def test_the_two_gpu_script_runs_on_cpus():
+    """`fa4_inductor/bench/distributed.py` (the lead's 2-GPU benchmark, tests/test_gpu_distributed.py) under
+    torchrun with gloo: its --tiny model, attention on DTensors, passes its own --check."""
+    import subprocess
+    import sys
+
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(WORLD), "-m",
+               "fa4_inductor.bench.distributed", "--tiny", "--check", "--suite", "tp-prefill", "--attention", "eager",
+               "--dtensor"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=CASE_TIMEOUT_S)
+    assert done.returncode == 0, f"{done.stdout[-4000:]}\n{done.stderr[-4000:]}"
+    assert "| eager | 64 |" in done.stdout and "| 2/2 |" in done.stdout, done.stdout
