@@ -28,8 +28,10 @@ rank's query heads with another rank's KV heads. Group scales shard only where t
 Anything else (q, k, v sharded along the sequence or the head dim, a pending Partial sum, heads that do not
 divide) is not computed locally: DTensor redistributes the inputs to the offered placements with the lowest
 communication cost (an all-gather, an all-to-all or an all-reduce; the answer stays exact) and the rule
-warns once per call signature, naming the inputs and why (`UnshardedWarning`). Sequence-sharded attention
-is context parallelism, which is `torch.distributed.tensor.experimental.context_parallel`'s job, not these ops'.
+warns once per call signature, naming the inputs and why (`UnshardedWarning`). Replicated inputs that a
+strategy wants sharded (a key mask next to batch-sharded q, k, v) cost no communication and no warning.
+Sequence-sharded attention is context parallelism, which is
+`torch.distributed.tensor.experimental.context_parallel`'s job, not these ops'.
 
 `register_sharding` (torch.distributed.tensor.experimental, the same on torch 2.11 and 2.13) installs the
 rules; `kernels/__init__.py` imports this module only where torch.distributed is available.
@@ -77,8 +79,8 @@ def _is_spec(value) -> bool:
 
 def _rule(op, args: tuple, kwargs: dict, strategies: list[Strategy], declined: list[str]) -> list:
     """The (output placements, input placements) pairs register_sharding wants, one per strategy; warns when
-    the inputs' current placements on some mesh dimension are none of them."""
-    passed = [(name, value) for name, value in _passed(op, args, kwargs)]
+    the inputs on some mesh dimension would need a collective to reach any of them."""
+    passed = _passed(op, args, kwargs)
     specs = {name: value for name, value in passed if _is_spec(value)}
     _warn_if_redistributed(op, specs, strategies, declined)
     return [(s.outputs, [s.inputs.get(name) if _is_spec(value) else None for name, value in passed])
@@ -91,7 +93,8 @@ def _warn_if_redistributed(op, specs: dict, strategies: list[Strategy], declined
     mesh_ndim = len(next(iter(specs.values())).placements)
     for dim in range(mesh_ndim):
         current = {name: spec.placements[dim] for name, spec in specs.items()}
-        if any(all(s.inputs.get(name) == p for name, p in current.items()) for s in strategies):
+        # A replicated input reaches any placement without communication (each rank takes its part).
+        if any(all(p == s.inputs.get(name) or p.is_replicate() for name, p in current.items()) for s in strategies):
             continue
         placed = ", ".join(f"{name} {p}" for name, p in current.items())
         offered = "; ".join(s.name for s in strategies)

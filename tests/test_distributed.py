@@ -14,9 +14,11 @@ What each case shows:
   `RowwiseParallel` runs every layer through `fa4::attention` on each rank, equal to the unsharded model;
   with `use_local_output=False` the op meets DTensors inside the compiled graph (eager attention code: on a
   CPU, DTensor has no rule for SDPA's CPU kernel, so sdpa code runs with local outputs, as HF's own TP plans);
-- FSDP2 (`_fsdp_case`): `fully_shard` per layer and at the root, a compiled training step on each rank's
-  own batch: `fa4::attention` in the forward graph and `fa4::attention_backward` in the backward graph of
-  every rank, loss and the gathered gradients equal to the unsharded model's mean over both batches.
+- FSDP2 (`_fsdp_case`): `fully_shard` at the root, a compiled training step on each rank's own batch:
+  `fa4::attention` in the forward graph and `fa4::attention_backward` in the backward graph of every rank,
+  loss and the gathered gradients equal to the unsharded model's mean over both batches; with `fully_shard`
+  per decoder layer too, the mask crosses FSDP2's graph breaks and attention stays as written, with the reason;
+- the 2-GPU benchmark script (`fa4_inductor/bench/distributed.py`) passes its own checks on CPUs (slow).
 """
 
 from __future__ import annotations
@@ -148,10 +150,11 @@ def _max_error(got: torch.Tensor, expected: torch.Tensor) -> float:
     return torch.where(got == expected, 0.0, got - expected).abs().max().item()
 
 
-def _op_case(placement: str, hq: int, hkv: int, mask: str | None, op: str = "attention") -> dict:
+def _op_case(placement: str, hq: int, hkv: int, mask: str | None, op: str = "attention",
+             replicated_masks: bool = False) -> dict:
     """fa4::attention (or attention_forward) on DTensors placed `placement` (the masks: Replicate under heads,
-    Shard(0) under batch), forward and backward (through the op's autograd: fa4::attention_backward on
-    DTensors), against the op on the full tensors in float64."""
+    Shard(0) under batch unless `replicated_masks`), forward and backward (through the op's autograd:
+    fa4::attention_backward on DTensors), against the op on the full tensors in float64."""
     from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 
     mesh = _mesh()
@@ -174,7 +177,7 @@ def _op_case(placement: str, hq: int, hkv: int, mask: str | None, op: str = "att
     grads64 = torch.autograd.grad(out64, (q64, k64, v64), grad_out.double()) if op == "attention" else ()
 
     where = [_placement(placement)]
-    mask_where = [Shard(0) if placement == "batch" else Replicate()]
+    mask_where = [Shard(0) if placement == "batch" and not replicated_masks else Replicate()]
     dq, dk, dv = (distribute_tensor(t, mesh, where).requires_grad_(op == "attention") for t in (q, k, v))
     dextra = {name: distribute_tensor(t, mesh, mask_where) for name, t in extra.items()}
     (out, lse), messages = _caught(lambda: fn(dq, dk, dv, **dextra, **flags))
@@ -337,19 +340,20 @@ def _fsdp_case(impl: str, per_layer: bool, inductor: bool) -> dict:
 
 
 OP_CASES = [
-    pytest.param("heads", 4, 2, "key_mask", "attention", "(Shard(dim=1),)", id="heads-gqa-key_mask"),
-    pytest.param("heads", 4, 4, None, "attention_forward", "(Shard(dim=1),)", id="heads-forward-op"),
-    pytest.param("batch", 4, 2, "seqused_k", "attention", "(Shard(dim=0),)", id="batch-gqa-seqused_k"),
-    pytest.param("replicate", 4, 2, None, "attention", "(Replicate(),)", id="replicate"),
+    pytest.param("heads", 4, 2, "key_mask", "attention", False, "(Shard(dim=1),)", id="heads-gqa-key_mask"),
+    pytest.param("heads", 4, 4, None, "attention_forward", False, "(Shard(dim=1),)", id="heads-forward-op"),
+    pytest.param("batch", 4, 2, "seqused_k", "attention", False, "(Shard(dim=0),)", id="batch-gqa-seqused_k"),
+    pytest.param("batch", 4, 2, "key_mask", "attention", True, "(Shard(dim=0),)", id="batch-replicated-key_mask"),
+    pytest.param("replicate", 4, 2, None, "attention", False, "(Replicate(),)", id="replicate"),
 ]
 
 
-@pytest.mark.parametrize("placement, hq, hkv, mask, op, expected", OP_CASES)
-def test_attention_on_dtensors(ranks, placement, hq, hkv, mask, op, expected):
+@pytest.mark.parametrize("placement, hq, hkv, mask, op, replicated_masks, expected", OP_CASES)
+def test_attention_on_dtensors(ranks, placement, hq, hkv, mask, op, replicated_masks, expected):
     """Heads, batch and replicated placements run locally: the outputs keep them (each rank holds its half of
-    the heads or the batch), no warning, and the forward and the gradients equal the float64 op on the full
-    tensors."""
-    for r in ranks.run(_op_case, placement, hq, hkv, mask, op):
+    the heads or the batch), no warning (a replicated key mask next to batch shards is sliced locally), and the
+    forward and the gradients equal the float64 op on the full tensors."""
+    for r in ranks.run(_op_case, placement, hq, hkv, mask, op, replicated_masks):
         assert r["out"] == r["lse"] == expected and not r["warnings"], r
         if placement != "replicate":
             assert r["local"][{"heads": 1, "batch": 0}[placement]] == {"heads": hq, "batch": 2}[placement] // WORLD

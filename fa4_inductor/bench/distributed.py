@@ -1,7 +1,7 @@
 """The Llama-1B-shaped HF model on two GPUs (NCCL), default torch.compile against ours:
 
     torchrun --nproc-per-node 2 -m fa4_inductor.bench.distributed [--suite tp-prefill,tp-decode,fsdp]
-             [--attention sdpa,eager] [--dtensor] [--small] [--check] [--out FILE]
+             [--attention sdpa,eager] [--dtensor] [--small | --tiny] [--check] [--out FILE]
 
 - `tp-prefill`: tensor parallel over both GPUs (q/k/v and gate/up `ColwiseParallel`, o and down
   `RowwiseParallel`, as HF's TP plans: each rank's attention takes its 16 query / 4 KV heads), batch 1,
@@ -14,11 +14,11 @@
   as written, the same as default compile). ms, fa4 ops in the forward / backward graphs, loss and gradients
   against default torch.compile.
 
-`--tiny` runs a 2-layer, hidden-64 model in float32 over gloo where there is no GPU (a smoke test of this script).
-`--dtensor` keeps the attention projections' outputs as DTensors (`use_local_output=False`), so the op runs on
-DTensors through `kernels/sharding.py`'s rules. `--small` is a 4-layer, hidden-512 model at 1k tokens (the
-GPU tests run it); `--check` makes a wrong count or a mismatch an error (exit status 1). Rank 0 prints markdown
-tables (`tables.Table`).
+`--tiny` runs a 2-layer, hidden-64 model in float32 over gloo where there is no GPU (a smoke test of this
+script). `--dtensor` keeps the attention projections' outputs as DTensors (`use_local_output=False`), so the op
+runs on DTensors through `kernels/sharding.py`'s rules (prefill without a KV cache; not with `tp-decode`).
+`--small` is a 4-layer, hidden-512 model at 1k tokens (the GPU tests run it); `--check` makes a wrong count or a
+mismatch an error (exit status 1). Rank 0 prints markdown tables (`tables.Table`).
 """
 
 from __future__ import annotations
@@ -69,6 +69,10 @@ def _mesh():
     return init_device_mesh(DEVICE, (dist.get_world_size(),))
 
 
+def _dtype_name() -> str:
+    return str(DTYPE).removeprefix("torch.")
+
+
 def _gathered(value) -> list:
     values = [None] * dist.get_world_size()
     dist.all_gather_object(values, value)
@@ -104,19 +108,23 @@ def _replicating(dtensor: bool):
 
 
 def tp_prefill(model, backend: str, tokens, dtensor: bool) -> tuple[float, torch.Tensor, int]:
-    """(median ms, last-token logits, attention calls rewritten on this rank) of the compiled prefill."""
+    """(median ms, last-token logits, attention calls rewritten on this rank) of the compiled prefill (with
+    HF's DynamicCache as `generate` runs it; without a cache on DTensors, which a cache of plain tensors
+    cannot take)."""
     compiled = models.compile_model(model, backend)
+    kwargs = dict(logits_to_keep=1, use_cache=not dtensor)
     with torch.no_grad(), _replicating(dtensor), publishing.collecting() as records:
-        logits = compiled(tokens, logits_to_keep=1).logits.float()
-        ms = timing.median_wall_ms(lambda: compiled(tokens, logits_to_keep=1), repeats=7)
+        logits = compiled(tokens, **kwargs).logits.float()
+        ms = timing.median_wall_ms(lambda: compiled(tokens, **kwargs), repeats=7)
     return ms, logits, _attention_calls(records)
 
 
 def tp_prefill_suite(attentions, overrides, seqlen: int, dtensor: bool, check: bool):
     table = Table(f"Llama-1B-shaped HF model, TP={dist.get_world_size()}, prefill (ms, lower is better)",
                   ["attention code", "tokens", *BACKENDS, "speedup", "fa4 calls per rank", "logits differ by (relative)"],
-                  note=f"{str(DTYPE).removeprefix('torch.')}, batch 1, last-token logits; q/k/v, gate/up ColwiseParallel, o/down RowwiseParallel"
-                       f"{', attention on DTensors' if dtensor else ''}; median of 7 forwards.")
+                  note=f"{_dtype_name()}, batch 1, last-token logits; q/k/v, gate/up ColwiseParallel, o/down "
+                       "RowwiseParallel" + (", attention on DTensors, no KV cache" if dtensor else ", DynamicCache")
+                       + "; median of 7 forwards.")
     for attention in attentions:
         model = tp_model(attention, overrides, dtensor)
         tokens = torch.randint(0, model.config.vocab_size, (1, seqlen), generator=torch.Generator().manual_seed(1))
@@ -124,7 +132,8 @@ def tp_prefill_suite(attentions, overrides, seqlen: int, dtensor: bool, check: b
         results = {}
         for name, backend in BACKENDS.items():
             torch._dynamo.reset()
-            results[name] = attempt(f"tp prefill {attention} {name}", functools.partial(tp_prefill, model, backend, tokens, dtensor))
+            results[name] = attempt(f"tp prefill {attention} {name}",
+                                    functools.partial(tp_prefill, model, backend, tokens, dtensor))
         (base, base_logits, _), (ours, logits, calls) = (results[n] or (None, None, None) for n in BACKENDS)
         difference = None
         if base_logits is not None and logits is not None:
@@ -145,7 +154,7 @@ def tp_decode_suite(attentions, overrides, prompt: int, steps: int, dtensor: boo
     table = Table(f"Llama-1B-shaped HF model, TP={dist.get_world_size()}, decode with a static cache "
                   "(tokens/s, higher is better)",
                   ["attention code", "prompt", *BACKENDS, "speedup", "fa4 calls per rank", "logits differ by (relative)"],
-                  note=f"{str(DTYPE).removeprefix('torch.')}, batch 1, greedy, the one-token step compiled with mode='reduce-overhead'; {steps} "
+                  note=f"{_dtype_name()}, batch 1, greedy, the one-token step compiled with mode='reduce-overhead'; {steps} "
                        "steps, first 3 excluded; logits of the first two steps.")
     for attention in attentions:
         model = tp_model(attention, overrides, dtensor)
@@ -231,7 +240,7 @@ def fsdp_suite(attentions, overrides, seqlen: int, check: bool):
                   "(ms, lower is better)",
                   ["attention code", "fully_shard", "tokens per rank", *BACKENDS, "speedup",
                    "fa4 ops fwd/bwd per rank", "loss differs by", "gradients differ by (relative)"],
-                  note=f"{str(DTYPE).removeprefix('torch.')} parameters, batch 1 per rank (each rank its own tokens), "
+                  note=f"{_dtype_name()} parameters, batch 1 per rank (each rank its own tokens), "
                        "`model(ids, labels=ids, use_cache=False).loss.backward()`; median of 5 steps after a compile.")
     vocab = (overrides or {}).get("vocab_size", models.LLAMA_1B["vocab_size"])
     tokens = torch.randint(0, vocab, (1, seqlen), generator=torch.Generator().manual_seed(10 + dist.get_rank())).to(DEVICE)
@@ -289,6 +298,8 @@ def main(argv=None) -> int:
     suites = [s for s in args.suite.split(",") if s]
     if set(suites) - set(SUITES):
         parser.error(f"unknown suites {sorted(set(suites) - set(SUITES))}")
+    if args.dtensor and "tp-decode" in suites:
+        parser.error("--dtensor: HF's static cache holds plain tensors, which DTensor keys cannot be written into")
     attentions = [a for a in args.attention.split(",") if a]
     overrides = TINY if args.tiny else SMALL if args.small else {}
     prefill_tokens, prompt, train_tokens = (64, 16, 64) if args.tiny else (1024, 256, 1024) if args.small else \
@@ -312,7 +323,9 @@ def main(argv=None) -> int:
     except Mismatch as e:
         failed = e
     if rank == 0:
-        header = (f"## {' '.join(['torchrun --nproc-per-node', str(dist.get_world_size()), '-m fa4_inductor.bench.distributed', *(argv if argv is not None else sys.argv[1:])])}\n\n"
+        command = ["torchrun --nproc-per-node", str(dist.get_world_size()), "-m fa4_inductor.bench.distributed",
+                   *(argv if argv is not None else sys.argv[1:])]
+        header = (f"## `{' '.join(command)}`\n\n"
                   + ", ".join(f"{k} {v}" for k, v in environment().items()) + "\n\n")
         if args.out:
             with open(args.out, "w") as f:
