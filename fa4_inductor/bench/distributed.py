@@ -1,7 +1,8 @@
 """The Llama-1B-shaped HF model on two GPUs (NCCL), default torch.compile against ours:
 
     torchrun --nproc-per-node 2 -m fa4_inductor.bench.distributed [--suite tp-prefill,tp-decode,fsdp]
-             [--attention sdpa,eager] [--dtensor] [--small | --tiny] [--check] [--out FILE]
+             [--attention sdpa,eager] [--dtensor] [--small | --tiny] [--decode-mode MODE] [--check]
+             [--out FILE]
 
 - `tp-prefill`: tensor parallel over both GPUs (q/k/v and gate/up `ColwiseParallel`, o and down
   `RowwiseParallel`, as HF's TP plans: each rank's attention takes its 16 query / 4 KV heads), batch 1,
@@ -150,21 +151,21 @@ def tp_prefill_suite(attentions, overrides, seqlen: int, dtensor: bool, check: b
     return table
 
 
-def tp_decode_suite(attentions, overrides, prompt: int, steps: int, dtensor: bool, check: bool):
+def tp_decode_suite(attentions, overrides, prompt: int, steps: int, mode: str, check: bool):
     table = Table(f"Llama-1B-shaped HF model, TP={dist.get_world_size()}, decode with a static cache "
                   "(tokens/s, higher is better)",
                   ["attention code", "prompt", *BACKENDS, "speedup", "fa4 calls per rank", "logits differ by (relative)"],
-                  note=f"{_dtype_name()}, batch 1, greedy, the one-token step compiled with mode='reduce-overhead'; {steps} "
+                  note=f"{_dtype_name()}, batch 1, greedy, the one-token step compiled with mode={mode!r}; {steps} "
                        "steps, first 3 excluded; logits of the first two steps.")
     for attention in attentions:
-        model = tp_model(attention, overrides, dtensor)
+        model = tp_model(attention, overrides, dtensor=False)
         results, calls = {}, 0
         for name, backend in BACKENDS.items():
             torch._dynamo.reset()
-            with _replicating(dtensor), publishing.collecting() as records:
+            with publishing.collecting() as records:
                 results[name] = attempt(f"tp decode {attention} {name}", functools.partial(
                     llama_e2e.decode_tokens_per_s, model, backend, prompt, steps, DEVICE,
-                    mode="reduce-overhead" if DEVICE == "cuda" else "default"))
+                    mode=mode))
             if backend == "fa4_inductor":
                 calls = _attention_calls(records)
         (base, base_logits), (ours, logits) = (results[n] or (None, None) for n in BACKENDS)
@@ -292,6 +293,8 @@ def main(argv=None) -> int:
     parser.add_argument("--dtensor", action="store_true", help="attention on DTensors (use_local_output=False)")
     parser.add_argument("--small", action="store_true", help="4 layers, hidden 512, 1k tokens (a quick check)")
     parser.add_argument("--tiny", action="store_true", help="2 layers, hidden 64, 64 tokens: a smoke test on CPUs")
+    parser.add_argument("--decode-mode", default="reduce-overhead",
+                        help="torch.compile mode of the decode step (default: reduce-overhead, CUDA graphs)")
     parser.add_argument("--check", action="store_true", help="exit 1 on a wrong fa4 count or a mismatch")
     parser.add_argument("--out", help="rank 0 writes the tables (markdown) here")
     args = parser.parse_args(argv)
@@ -315,7 +318,8 @@ def main(argv=None) -> int:
             if suite == "tp-prefill":
                 tables.append(tp_prefill_suite(attentions, overrides, prefill_tokens, args.dtensor, args.check))
             elif suite == "tp-decode":
-                tables.append(tp_decode_suite(attentions, overrides, prompt, 32, args.dtensor, args.check))
+                mode = args.decode_mode if DEVICE == "cuda" else "default"
+                tables.append(tp_decode_suite(attentions, overrides, prompt, 32, mode, args.check))
             else:
                 tables.append(fsdp_suite(attentions, overrides, train_tokens, args.check))
             if rank == 0:
