@@ -219,37 +219,6 @@ def _fa4_nodes(graphs) -> list:
             if isinstance(n.target, torch._ops.OpOverload) and n.target.namespace == "fa4"]
 
 
-def _tp_case(impl: str, local_output: bool, inductor: bool) -> dict:
-    """Tiny HF Llama, q/k/v ColwiseParallel and o RowwiseParallel on every layer, compiled with our rewrites
-    (Inductor or not): its logits and fa4 calls, and the unsharded model's logits."""
-    from torch.distributed.tensor import DTensor
-    from torch.distributed.tensor.experimental import implicit_replication
-    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
-
-    from fa4_inductor import hf
-    from helpers import Recorder
-
-    tiny = hf.build("llama", impl)
-    model = tiny.model
-    kwargs = {**tiny.inputs(generator=torch.Generator().manual_seed(1)), "use_cache": False}
-    with torch.no_grad():
-        expected = model(**kwargs).logits
-    mesh = _mesh()
-    plan = {name: ColwiseParallel(use_local_output=local_output) for name in ("q_proj", "k_proj", "v_proj")}
-    plan["o_proj"] = RowwiseParallel()
-    for layer in model.model.layers:
-        parallelize_module(layer.self_attn, mesh, plan)
-    torch._dynamo.reset()
-    recorder = Recorder(inductor=inductor)
-    with torch.no_grad(), implicit_replication():  # rotary tables and masks are plain tensors: Replicate
-        got = torch.compile(model, backend=recorder)(**kwargs).logits
-    nodes = _fa4_nodes(recorder.graphs)
-    return dict(calls=recorder.count(), layers=tiny.attention_layers, reasons=recorder.reasons,
-                dtensor_inputs=[isinstance(n.args[0].meta["example_value"], DTensor) for n in nodes],
-                local_heads=[n.args[0].meta["example_value"].shape[1] if not local_output else None for n in nodes],
-                error=(got - expected).abs().max().item(), scale=expected.abs().max().item())
-
-
 class _GraphCounter(torch._inductor.custom_graph_pass.CustomGraphPass):
     """Counts the fa4 ops of each graph Inductor compiles (a user pass, run after ours on the same hook)."""
 
@@ -265,6 +234,50 @@ class _GraphCounter(torch._inductor.custom_graph_pass.CustomGraphPass):
 
     def uuid(self) -> str:
         return "fa4-test-graph-counter"
+
+
+def _tp_case(impl: str, local_output: bool, inductor: bool) -> dict:
+    """Tiny HF Llama, q/k/v ColwiseParallel and o RowwiseParallel on every layer, compiled with our rewrites
+    (Inductor: the real backend, its compiled graphs' fa4 ops counted; otherwise the rewritten graph run
+    eagerly, its query inputs inspected): its logits and fa4 calls, and the unsharded model's logits."""
+    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor.experimental import implicit_replication
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    import fa4_inductor
+    from fa4_inductor import hf, publishing
+    from helpers import Recorder
+
+    tiny = hf.build("llama", impl)
+    model = tiny.model
+    kwargs = {**tiny.inputs(generator=torch.Generator().manual_seed(1)), "use_cache": False}
+    with torch.no_grad():
+        expected = model(**kwargs).logits
+    mesh = _mesh()
+    plan = {name: ColwiseParallel(use_local_output=local_output) for name in ("q_proj", "k_proj", "v_proj")}
+    plan["o_proj"] = RowwiseParallel()
+    for layer in model.model.layers:
+        parallelize_module(layer.self_attn, mesh, plan)
+    torch._dynamo.reset()
+    queries = []
+    if inductor:
+        counter = _GraphCounter()
+        compiled = torch.compile(model, backend=fa4_inductor.fa4_inductor,
+                                 options={"post_grad_custom_pre_pass": counter, "fx_graph_cache": False})
+    else:
+        recorder = Recorder()
+        compiled = torch.compile(model, backend=recorder)
+    with torch.no_grad(), implicit_replication(), publishing.collecting() as records:  # rotary tables: Replicate
+        got = compiled(**kwargs).logits
+    if inductor:
+        calls = sum(c.get("fa4::attention_forward", 0) for c in counter.graphs)
+    else:
+        calls = recorder.count()
+        for n in _fa4_nodes(recorder.graphs):
+            q = n.args[0].meta["example_value"]
+            queries.append(str(q.placements) if isinstance(q, DTensor) else f"{q.shape[1]} local heads")
+    return dict(calls=calls, layers=tiny.attention_layers, reasons=[r.detail for r in records if not r.rewritten],
+                queries=queries, error=(got - expected).abs().max().item(), scale=expected.abs().max().item())
 
 
 def _fsdp_case(impl: str, per_layer: bool, inductor: bool) -> dict:
@@ -411,12 +424,14 @@ TP_CASES = [
 
 @pytest.mark.parametrize("impl, local_output, inductor", TP_CASES)
 def test_tensor_parallel_llama(ranks, impl, local_output, inductor):
-    """Every layer of a TP=2 Llama calls fa4::attention on each rank (on DTensors sharded by heads when the
-    projections keep DTensor outputs: the sharding rule runs them locally, 2 query and 1 KV head per rank), and
-    the logits equal the unsharded model's."""
+    """Every layer of a TP=2 Llama calls fa4::attention on each rank, on its 2 of the 4 query heads (and 1 of the
+    2 KV heads): local tensors, or DTensors sharded by heads when the projections keep DTensor outputs (the
+    sharding rule runs them locally), and the logits equal the unsharded model's."""
     for r in ranks.run(_tp_case, impl, local_output, inductor):
         assert r["calls"] == r["layers"] and not r["reasons"], r
-        assert r["dtensor_inputs"] == [not local_output] * r["layers"], r
+        if not inductor:
+            query = "2 local heads" if local_output else "(Shard(dim=1),)"
+            assert r["queries"] == [query] * r["layers"], r
         assert r["error"] <= 1e-5 * max(1.0, r["scale"]), r
 
 
