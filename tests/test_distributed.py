@@ -280,11 +280,18 @@ def _tp_case(impl: str, local_output: bool, inductor: bool) -> dict:
                 queries=queries, error=(got - expected).abs().max().item(), scale=expected.abs().max().item())
 
 
-def _fsdp_case(impl: str, per_layer: bool, inductor: bool) -> dict:
-    """A training step of a tiny HF Llama under FSDP2 (`fully_shard` at the root, and per decoder layer if
-    `per_layer`), compiled with our backend, each rank on its own batch; the unsharded model's loss and
-    gradients averaged over both batches are the reference. Inductor: the real backend, the fa4 ops counted in
-    the post-grad graphs; otherwise our rewrites under AOTAutograd's eager compilers, graphs recorded."""
+FSDP_LAYOUTS = {
+    "root": "fully_shard(model), the model compiled",
+    "layers": "fully_shard per decoder layer and at the root, the model compiled",
+    "layers compiled": "fully_shard per decoder layer and at the root, each decoder layer compiled",
+}
+
+
+def _fsdp_case(impl: str, layout: str, inductor: bool) -> dict:
+    """A training step of a tiny HF Llama under FSDP2 (`FSDP_LAYOUTS`), compiled with our backend, each rank on
+    its own batch; the unsharded model's loss and gradients averaged over both batches are the reference.
+    Inductor: the real backend, the fa4 ops counted in the post-grad graphs; otherwise our rewrites under
+    AOTAutograd's eager compilers, graphs recorded."""
     from torch._dynamo.backends.common import aot_autograd
     from torch.distributed.fsdp import fully_shard
 
@@ -306,16 +313,18 @@ def _fsdp_case(impl: str, per_layer: bool, inductor: bool) -> dict:
     model.zero_grad()
 
     mesh = _mesh()
-    for layer in model.model.layers if per_layer else []:
+    for layer in model.model.layers if layout != "root" else []:
         fully_shard(layer, mesh=mesh)
     fully_shard(model, mesh=mesh)
     torch._dynamo.reset()
     graphs, reasons = [], []
     if inductor:
         counter = _GraphCounter()
-        compiled = torch.compile(model, backend=fa4_inductor.fa4_inductor,
-                                 options={"post_grad_custom_pre_pass": counter})
+        backend = fa4_inductor.fa4_inductor
+        options = {"post_grad_custom_pre_pass": counter}
     else:
+        options = None
+
         def record(kind):
             def compiler(gm, example_inputs):
                 counts = {}
@@ -330,7 +339,12 @@ def _fsdp_case(impl: str, per_layer: bool, inductor: bool) -> dict:
             reasons.extend(r.detail for r in records if not r.rewritten)
             return aot_autograd(fw_compiler=record("forward"), bw_compiler=record("backward"))(gm, example_inputs)
 
-        compiled = torch.compile(model, backend=backend)
+    if layout == "layers compiled":
+        for layer in model.model.layers:
+            layer.compile(backend=backend, options=options)
+        compiled = model
+    else:
+        compiled = torch.compile(model, backend=backend, options=options)
     batch = batches[dist.get_rank()]
     with torch._inductor.config.patch(fx_graph_cache=False), \
             torch._functorch.config.patch(enable_autograd_cache=False):
@@ -453,18 +467,34 @@ def test_fsdp2_training_step(ranks, impl, inductor):
     rank's forward graph calls fa4::attention (fa4::attention_forward inside Inductor) and its backward graph
     fa4::attention_backward, once per layer; each rank's loss is the unsharded model's on that rank's batch,
     and the reduced gradients are the unsharded model's mean over both batches."""
-    for r in ranks.run(_fsdp_case, impl, False, inductor):
+    for r in ranks.run(_fsdp_case, impl, "root", inductor):
         assert r["forward"] == r["backward"] == r["layers"] and not r["reasons"], (r["graphs"], r["reasons"])
         _assert_training_matches(r)
 
 
-def test_fsdp2_per_layer_units_keep_attention_as_written(ranks):
-    """`fully_shard` per decoder layer: FSDP2's hooks run outside Dynamo (`_dynamo_disable`), so each layer is a
-    graph of its own and HF's causal mask, built before the first layer, reaches it as a graph input whose
-    values are unknown when compiling: attention stays as written, with the reason, and training stays exact."""
-    for r in ranks.run(_fsdp_case, "sdpa", True, False):
-        assert r["forward"] == r["backward"] == 0, r["graphs"]
-        assert r["reasons"] and all("the graph input" in reason for reason in r["reasons"]), r["reasons"]
+PER_LAYER_CASES = [
+    pytest.param("sdpa", "layers compiled", True, id="sdpa-code-layers-compiled"),
+    pytest.param("sdpa", "layers", False, id="sdpa-code-model-compiled"),
+    pytest.param("eager", "layers compiled", False, id="eager-code-layers-compiled", marks=pytest.mark.slow),
+]
+
+
+@pytest.mark.parametrize("impl, layout, rewritten", PER_LAYER_CASES)
+def test_fsdp2_per_layer_units(ranks, impl, layout, rewritten):
+    """`fully_shard` per decoder layer: FSDP2's hooks run outside Dynamo (`_dynamo_disable`), so every layer is
+    a graph of its own (all layers share it). Compiling the layers alone (torchtitan's way) leaves HF's mask to
+    eager code, which skips it for sdpa code without padding: the layer's SDPA call is causal, and its graph
+    calls fa4::attention, its backward graph fa4::attention_backward. Compiling the whole model, or eager
+    attention code, hands the layer graph the mask HF built as a graph input whose values are unknown when
+    compiling: attention stays as written, with the reason. Training is exact either way."""
+    for r in ranks.run(_fsdp_case, impl, layout, False):
+        if rewritten:
+            assert not r["reasons"] and r["graphs"], (r["graphs"], r["reasons"])
+            per_graph = {"forward": {"fa4::attention": 1}, "backward": {"fa4::attention_backward": 1}}
+            assert all(c == per_graph[kind] for kind, c in r["graphs"]), r["graphs"]  # only layers compile
+        else:
+            assert r["forward"] == r["backward"] == 0, r["graphs"]
+            assert r["reasons"] and all("the graph input" in reason for reason in r["reasons"]), r["reasons"]
         _assert_training_matches(r)
 
 

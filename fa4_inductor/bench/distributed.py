@@ -9,11 +9,13 @@
   8k tokens, last-token logits: ms, fa4 attention calls per rank, logits against default torch.compile.
 - `tp-decode`: the same model decoding with a static cache (HF sizes each rank's cache from its own KV heads),
   the one-token step under `mode="reduce-overhead"` (CUDA graphs around NCCL's all-reduces): tokens/s.
-- `fsdp`: an FSDP2 training step (forward with labels, backward) at 4k tokens, each rank on its own batch:
-  the parameters sharded at the root (the model's forward is one graph: attention rewritten) and per decoder
-  layer (FSDP2's hooks break the graph at each layer and HF's mask arrives as a graph input: attention stays
-  as written, the same as default compile). ms, fa4 ops in the forward / backward graphs, loss and gradients
-  against default torch.compile.
+- `fsdp`: an FSDP2 training step (forward with labels, backward) at 4k tokens, each rank on its own batch
+  (`--fsdp-layouts`): the parameters sharded at the root, the model compiled (one graph: attention rewritten);
+  per decoder layer, each layer compiled (torchtitan's way: HF's mask code runs eagerly and skips the mask for
+  sdpa code, so the layers' attention is causal and rewritten); `layers`: per decoder layer, the model
+  compiled (FSDP2's hooks break the graph at each layer and HF's mask arrives as a graph input: attention
+  stays as written, the same as default compile). ms, fa4 ops in the forward / backward graphs, loss and
+  gradients against default torch.compile.
 
 `--tiny` runs a 2-layer, hidden-64 model in float32 over gloo where there is no GPU (a smoke test of this
 script). `--dtensor` keeps the attention projections' outputs as DTensors (`use_local_output=False`), so the op
@@ -202,8 +204,16 @@ class _GraphCounter(torch._inductor.custom_graph_pass.CustomGraphPass):
         return "fa4-bench-graph-counter"
 
 
-def fsdp_step(attention: str, overrides: dict, per_layer: bool, backend: str, tokens) -> dict:
-    """A compiled FSDP2 training step: median ms, the loss, this rank's gradient shards, fa4 ops counted."""
+FSDP_LAYOUTS = {
+    "root": "root, model compiled",
+    "layers": "per layer + root, model compiled",
+    "layers-compiled": "per layer + root, layers compiled",
+}
+
+
+def fsdp_step(attention: str, overrides: dict, layout: str, backend: str, tokens) -> dict:
+    """A compiled FSDP2 training step (`FSDP_LAYOUTS`): median ms, the loss, this rank's gradient shards, fa4 ops
+    counted in the compiled graphs (graphs that every layer shares count once)."""
     from torch.distributed.fsdp import fully_shard
 
     import fa4_inductor
@@ -211,16 +221,22 @@ def fsdp_step(attention: str, overrides: dict, per_layer: bool, backend: str, to
     torch.manual_seed(0)
     model = llama(attention, DEVICE, DTYPE, **overrides).train()
     mesh = _mesh()
-    for layer in model.model.layers if per_layer else []:
+    for layer in model.model.layers if layout != "root" else []:
         fully_shard(layer, mesh=mesh)
     fully_shard(model, mesh=mesh)
     torch._dynamo.reset()
     counter = _GraphCounter()
     if backend == "fa4_inductor":  # the counter needs a compile that runs the post-grad passes: no cache hit
-        compiled = torch.compile(model, backend=fa4_inductor.fa4_inductor, options={"post_grad_custom_pre_pass": counter,
-                                                                                    "fx_graph_cache": False})
+        compile_args = dict(backend=fa4_inductor.fa4_inductor,
+                            options={"post_grad_custom_pre_pass": counter, "fx_graph_cache": False})
     else:
-        compiled = models.compile_model(model, backend)
+        compile_args = {}
+    if layout == "layers-compiled":  # torchtitan's way: HF's mask code runs eagerly
+        for layer in model.model.layers:
+            layer.compile(**compile_args)
+        compiled = model
+    else:
+        compiled = torch.compile(model, **compile_args)
     losses = []
 
     def step():
@@ -236,7 +252,7 @@ def fsdp_step(attention: str, overrides: dict, per_layer: bool, backend: str, to
     return result
 
 
-def fsdp_suite(attentions, overrides, seqlen: int, check: bool):
+def fsdp_suite(attentions, overrides, seqlen: int, layouts, check: bool):
     table = Table(f"Llama-1B-shaped HF model, FSDP2 over {dist.get_world_size()} GPUs, a training step "
                   "(ms, lower is better)",
                   ["attention code", "fully_shard", "tokens per rank", *BACKENDS, "speedup",
@@ -246,10 +262,9 @@ def fsdp_suite(attentions, overrides, seqlen: int, check: bool):
     vocab = (overrides or {}).get("vocab_size", models.LLAMA_1B["vocab_size"])
     tokens = torch.randint(0, vocab, (1, seqlen), generator=torch.Generator().manual_seed(10 + dist.get_rank())).to(DEVICE)
     for attention in attentions:
-        for per_layer in (False, True):
-            layout = "per decoder layer and root" if per_layer else "root"
+        for layout in layouts:
             results = {name: attempt(f"fsdp {attention} {layout} {name}",
-                                     functools.partial(fsdp_step, attention, overrides, per_layer, backend, tokens))
+                                     functools.partial(fsdp_step, attention, overrides, layout, backend, tokens))
                        for name, backend in BACKENDS.items()}
             if DEVICE == "cuda":
                 torch.cuda.empty_cache()
@@ -263,14 +278,16 @@ def fsdp_suite(attentions, overrides, seqlen: int, check: bool):
             counts, backward = [r["forward"] for r in every], [r["backward"] for r in every]
             loss_difference = None if any(r["loss"] is None for r in every) else max(r["loss"] for r in every)
             grad_difference = None if any(r["grads"] is None for r in every) else max(r["grads"] for r in every)
-            table.rows.append([attention, layout, seqlen, or_failed(base and base["ms"]), or_failed(ours and ours["ms"]),
+            table.rows.append([attention, FSDP_LAYOUTS[layout], seqlen, or_failed(base and base["ms"]), or_failed(ours and ours["ms"]),
                                speedup(base and base["ms"], ours and ours["ms"]),
                                " ".join(f"{f}/{b}" for f, b in zip(counts, backward)),
                                "n/a" if loss_difference is None else f"{loss_difference:.1e}",
                                "n/a" if grad_difference is None else f"{grad_difference:.1e}"])
             if check:
                 layers = (overrides or {}).get("num_hidden_layers", models.LLAMA_1B["num_hidden_layers"])
-                expected = 0 if per_layer else layers
+                # The whole model compiled: one graph with every layer. Per-layer units: one graph all layers share,
+                # rewritten where HF's mask code ran eagerly and skipped the mask (sdpa code, layers compiled).
+                expected = layers if layout == "root" else 1 if (layout, attention) == ("layers-compiled", "sdpa") else 0
                 _expect(counts == backward == [expected] * dist.get_world_size(),
                         f"fsdp {attention} {layout}: fa4 ops forward {counts}, backward {backward}, want {expected}")
                 _expect(loss_difference is not None and loss_difference < 5e-2,
@@ -295,6 +312,9 @@ def main(argv=None) -> int:
     parser.add_argument("--tiny", action="store_true", help="2 layers, hidden 64, 64 tokens: a smoke test on CPUs")
     parser.add_argument("--decode-mode", default="reduce-overhead",
                         help="torch.compile mode of the decode step (default: reduce-overhead, CUDA graphs)")
+    parser.add_argument("--fsdp-layouts", default="root,layers-compiled",
+                        help=f"comma-separated, from {tuple(FSDP_LAYOUTS)}: fully_shard at the root with the model "
+                             "compiled; per decoder layer too, the model compiled; per layer, each layer compiled")
     parser.add_argument("--check", action="store_true", help="exit 1 on a wrong fa4 count or a mismatch")
     parser.add_argument("--out", help="rank 0 writes the tables (markdown) here")
     args = parser.parse_args(argv)
@@ -304,6 +324,9 @@ def main(argv=None) -> int:
     if args.dtensor and "tp-decode" in suites:
         parser.error("--dtensor: HF's static cache holds plain tensors, which DTensor keys cannot be written into")
     attentions = [a for a in args.attention.split(",") if a]
+    layouts = [layout for layout in args.fsdp_layouts.split(",") if layout]
+    if set(layouts) - set(FSDP_LAYOUTS):
+        parser.error(f"unknown FSDP layouts {sorted(set(layouts) - set(FSDP_LAYOUTS))}")
     overrides = TINY if args.tiny else SMALL if args.small else {}
     prefill_tokens, prompt, train_tokens = (64, 16, 64) if args.tiny else (1024, 256, 1024) if args.small else \
         (8192, 2048, 4096)
@@ -321,7 +344,7 @@ def main(argv=None) -> int:
                 mode = args.decode_mode if DEVICE == "cuda" else "default"
                 tables.append(tp_decode_suite(attentions, overrides, prompt, 32, mode, args.check))
             else:
-                tables.append(fsdp_suite(attentions, overrides, train_tokens, args.check))
+                tables.append(fsdp_suite(attentions, overrides, train_tokens, layouts, args.check))
             if rank == 0:
                 print(tables[-1].markdown(), flush=True)
     except Mismatch as e:
