@@ -17,7 +17,9 @@ What each case shows:
 - FSDP2 (`_fsdp_case`): `fully_shard` at the root, a compiled training step on each rank's own batch:
   `fa4::attention` in the forward graph and `fa4::attention_backward` in the backward graph of every rank,
   loss and the gathered gradients equal to the unsharded model's mean over both batches; with `fully_shard`
-  per decoder layer too, the mask crosses FSDP2's graph breaks and attention stays as written, with the reason;
+  per decoder layer, each layer compiled, sdpa code is rewritten the same way (HF's mask code runs eagerly and
+  skips the mask), while with the whole model compiled the mask crosses FSDP2's graph breaks and attention
+  stays as written, with the reason;
 - the 2-GPU benchmark script (`fa4_inductor/bench/distributed.py`) passes its own checks on CPUs (slow).
 """
 
