@@ -24,10 +24,10 @@ def torchrun(*args: str, timeout: int = 900) -> str:
 
 
 @pytest.mark.parametrize("suite, attention, dtensor", [
-    ("tp-prefill", "sdpa,eager", False),
-    ("tp-prefill", "eager", True),  # attention on DTensors: kernels/sharding.py's heads rule
-    ("tp-decode", "sdpa", False),
-    ("fsdp", "sdpa", False),
+    pytest.param("tp-prefill", "sdpa,eager", False, id="tp-prefill"),
+    pytest.param("tp-prefill", "eager", True, id="tp-prefill-dtensor"),  # kernels/sharding.py's heads rule
+    pytest.param("tp-decode", "sdpa", False, id="tp-decode"),
+    pytest.param("fsdp", "sdpa", False, id="fsdp"),  # at the root, and per layer with the layers compiled
 ])
 def test_two_gpus(suite, attention, dtensor):
     out = torchrun("--suite", suite, "--attention", attention, *(["--dtensor"] if dtensor else []))
