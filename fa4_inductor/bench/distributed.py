@@ -45,6 +45,8 @@ SUITES = ("tp-prefill", "tp-decode", "fsdp")
 SMALL = dict(hidden_size=512, intermediate_size=2048, num_hidden_layers=4, num_attention_heads=8,
              num_key_value_heads=2, vocab_size=32000)
 LOGITS_TOLERANCE = 5e-2  # relative to the largest logit: bf16 through every layer, in another summation order
+LOSS_TOLERANCE = 5e-2  # absolute, on a loss near ln(vocab)
+GRADIENT_TOLERANCE = 1e-1  # |ours - default| / |default| per parameter shard: bf16 backward; a wrong gradient is ~1
 ATTENTION_FAMILIES = ("sdpa", "handwritten")
 TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
             vocab_size=128, max_position_embeddings=512)
@@ -290,9 +292,9 @@ def fsdp_suite(attentions, overrides, seqlen: int, layouts, check: bool):
                 expected = layers if layout == "root" else 1 if (layout, attention) == ("layers-compiled", "sdpa") else 0
                 _expect(counts == backward == [expected] * dist.get_world_size(),
                         f"fsdp {attention} {layout}: fa4 ops forward {counts}, backward {backward}, want {expected}")
-                _expect(loss_difference is not None and loss_difference < 5e-2,
+                _expect(loss_difference is not None and loss_difference < LOSS_TOLERANCE,
                         f"fsdp {attention} {layout}: loss differs by {loss_difference}")
-                _expect(grad_difference is not None and grad_difference < 5e-2,
+                _expect(grad_difference is not None and grad_difference < GRADIENT_TOLERANCE,
                         f"fsdp {attention} {layout}: gradients differ by {grad_difference}")
     return table
 
