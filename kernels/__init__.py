@@ -11,7 +11,8 @@
 | `nvfp4_linear.py` | `fa4::nvfp4_linear`: NVFP4 weight-only linears | `nvfp4_linear_unsupported_reason(device_type, dtype, in_features)` |
 
 `quack_w4a16.py` is the adapter to quack's mixed-input GEMM that the quantized ops call;
-`prepared_weights.py` keeps what a kernel prepares once per weight.
+`prepared_weights.py` keeps what a kernel prepares once per weight; `sharding.py` says how each op runs on
+DTensors (imported where torch.distributed is available).
 """
 
 import sys
@@ -32,6 +33,9 @@ else:
     from .int8_int8_linear import unsupported_reason as int8_int8_linear_unsupported_reason
     from .int8_linear import unsupported_reason as int8_linear_unsupported_reason
     from .nvfp4_linear import unsupported_reason as nvfp4_linear_unsupported_reason
+
+    if torch.distributed.is_available():
+        from . import sharding
 
     ATTENTION = torch.ops.fa4.attention.default  # differentiable: what lowering emits
     ATTENTION_FORWARD = torch.ops.fa4.attention_forward.default  # no autograd: inside compiled graphs

@@ -355,10 +355,15 @@ def _setup_context(ctx, inputs, keyword_only_inputs, output):
     out, lse = output
     ctx.flags = dict(keyword_only_inputs)
     ctx.save_for_backward(q, k, v, out, lse, seqused_k, key_mask)
+    # An output without a gradient comes as None, not as zeros: autograd's zeros for an unused lse would be a
+    # plain tensor next to DTensors, and would send the backward down the slower grad_lse paths.
+    ctx.set_materialize_grads(False)
 
 
 def _backward(ctx, grad_out, grad_lse):
     q, k, v, out, lse, seqused_k, key_mask = ctx.saved_tensors
+    if grad_out is None:  # only lse was used
+        grad_out = torch.zeros_like(out)
     dq, dk, dv = torch.ops.fa4.attention_backward(
         grad_out, q, k, v, out, lse, grad_lse, seqused_k, key_mask, **ctx.flags)
     return dq, dk, dv, None, None
