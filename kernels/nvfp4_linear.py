@@ -31,14 +31,13 @@ then cuBLAS. The op has no autograd formula: lowering emits it in Inductor's com
 from __future__ import annotations
 
 import functools
-import importlib
 from typing import Optional
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from . import library
+from . import library, quack_w4a16
 
 X_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 DEVICES = ("cpu", "cuda")
@@ -124,27 +123,12 @@ def nvfp4_linear(x: Tensor, w_fp4: Tensor, w_block_scale: Tensor, w_global_scale
     return F.linear(x, dequantize(w_fp4, w_block_scale, w_global_scale, x.dtype), bias).contiguous()
 
 
-@functools.cache
-def _quack():
-    """`quack_w4a16` (the adapter of quack's W4A16 GEMM), or None where this install has no such module."""
-    name = f"{__package__}.quack_w4a16"
-    try:
-        return importlib.import_module(name)
-    except ModuleNotFoundError as e:
-        if e.name != name:  # the adapter is there but something it imports is not: that is an error
-            raise
-        return None
-
-
 def kernel_for(x2d: Tensor, w_fp4: Tensor) -> tuple[str, str]:
     """("quack", "") or ("dequantize", why not quack) for a CUDA call with a 2-D x."""
-    quack = _quack()
-    if quack is None:
-        return "dequantize", "no quack_w4a16 module in this install"
     m = x2d.shape[0]
     if not 0 < m <= QUACK_MAX_M:
         return "dequantize", f"{m} rows of x, outside quack's 1..{QUACK_MAX_M}"
-    reason = quack.unsupported_reason(x2d, "nvfp4", w_fp4.shape[0], 2 * w_fp4.shape[1])
+    reason = quack_w4a16.unsupported_reason(x2d, "nvfp4", w_fp4.shape[0], 2 * w_fp4.shape[1])
     return ("quack", "") if reason is None else ("dequantize", reason)
 
 
@@ -154,7 +138,7 @@ def _nvfp4_linear_cuda(x: Tensor, w_fp4: Tensor, w_block_scale: Tensor, w_global
     x2d = x.reshape(-1, x.shape[-1])
     if kernel_for(x2d, w_fp4)[0] != "quack":
         return nvfp4_linear(x, w_fp4, w_block_scale, w_global_scale, bias)
-    out = _quack().nvfp4_matmul(x2d, w_fp4, w_block_scale, w_global_scale)
+    out = quack_w4a16.nvfp4_matmul(x2d, w_fp4, w_block_scale, w_global_scale)
     if bias is not None:
         out = out.add_(bias)
     return out.view(*x.shape[:-1], w_fp4.shape[0])

@@ -1,8 +1,6 @@
 """`fa4::nvfp4_linear` (kernels/nvfp4_linear.py) and the nvfp4_linear family, which emits it on Inductor's aten
 graphs (lowering/nvfp4_linear.py), through the real backend."""
 
-import types
-
 import expecttest
 import pytest
 import torch
@@ -144,16 +142,6 @@ def test_unsupported_reason():
         "40 input features are not a multiple of the 16-input scale block"
 
 
-def test_without_the_quack_adapter_module_cuda_calls_dequantize():
-    """`_quack` tolerates only the absence of `kernels/quack_w4a16.py` itself (until its branch is merged)."""
-    import importlib.util
-
-    if importlib.util.find_spec("fa4_inductor.kernels.quack_w4a16") is None:
-        assert nvfp4_op._quack() is None
-    else:
-        assert nvfp4_op._quack().nvfp4_matmul
-
-
 def test_cuda_routes_small_m_to_quack_where_it_says_it_can(monkeypatch):
     """`kernel_for` (the CUDA dispatch's choice), with a stand-in for the quack adapter."""
     w_fp4 = torch.zeros(N, K // 2, dtype=torch.uint8)
@@ -163,7 +151,7 @@ def test_cuda_routes_small_m_to_quack_where_it_says_it_can(monkeypatch):
         calls.append((tuple(x.shape), wformat, n, k))
         return None if x.dtype == torch.bfloat16 else "stand-in: bf16 only"
 
-    monkeypatch.setattr(nvfp4_op, "_quack", lambda: types.SimpleNamespace(unsupported_reason=unsupported_reason))
+    monkeypatch.setattr(nvfp4_op.quack_w4a16, "unsupported_reason", unsupported_reason)
     bf16 = torch.bfloat16
     assert nvfp4_op.kernel_for(torch.zeros(1, K, dtype=bf16), w_fp4) == ("quack", "")
     assert nvfp4_op.kernel_for(torch.zeros(nvfp4_op.QUACK_MAX_M, K, dtype=bf16), w_fp4) == ("quack", "")
@@ -172,9 +160,6 @@ def test_cuda_routes_small_m_to_quack_where_it_says_it_can(monkeypatch):
     assert nvfp4_op.kernel_for(torch.zeros(0, K, dtype=bf16), w_fp4)[0] == "dequantize"
     assert nvfp4_op.kernel_for(torch.zeros(4, K, dtype=torch.float16), w_fp4) == ("dequantize", "stand-in: bf16 only")
     assert calls[0] == ((1, K), "nvfp4", N, K)
-    monkeypatch.setattr(nvfp4_op, "_quack", lambda: None)
-    assert nvfp4_op.kernel_for(torch.zeros(1, K, dtype=bf16), w_fp4) == \
-        ("dequantize", "no quack_w4a16 module in this install")
 
 
 # -------------------------------------------------------------------------------------- the family, compiled
