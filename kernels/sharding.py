@@ -12,6 +12,8 @@ shard of the global result, and DTensor expands them over the mesh's dimensions:
         replicate  every tensor Replicate                            ->  out, lse Replicate
     fa4::attention_backward (grad_out, q, k, v, out, lse, grad_lse, seqused_k, key_mask) -> (dq, dk, dv)
         the same three: the first seven tensors as q, the masks as above
+    fa4::attention_int8kv (q, k, v, k_scale, v_scale, seqused_k, key_mask) -> (out, lse)
+        the same three: the scales ([B, Hkv, Sk]) as k and v
     fa4::int8_linear (x, w_int8, w_scale, bias) -> out [..., N]
         rows       x Shard(d) for a dim d before the last; the weight, scales and bias Replicate -> out Shard(d)
         columns    x Replicate; w_int8, w_scale, bias Shard(0)       ->  out Shard(-1)   (ColwiseParallel)
@@ -19,11 +21,29 @@ shard of the global result, and DTensor expands them over the mesh's dimensions:
                    -> out Partial (RowwiseParallel; only without a bias, which would be added once per rank)
         partial    x Partial, the rest Replicate, no bias            ->  out Partial (the op is linear in x)
         replicate  every tensor Replicate                            ->  out Replicate
+    fa4::nvfp4_linear (x, w_fp4, w_block_scale, w_global_scale, bias) -> out [..., N]
+        int8_linear's five, w_fp4 and w_block_scale as w_int8 and group scales, w_global_scale Replicate
+    fa4::int8_int8_linear (x_int8, x_scale, w_int8, w_scale, bias) -> out [M, N]
+        rows       x_int8, x_scale Shard(0)                          ->  out Shard(0)
+        columns    w_int8, w_scale, bias Shard(0)                    ->  out Shard(1)
+        reduction  x_int8 Shard(1), w_int8 Shard(1), the scales Replicate -> out Partial: only for a float32
+                   out_dtype and no bias
+        replicate  every tensor Replicate                            ->  out Replicate
+
+A reduction (K split over the ranks) leaves each rank the op over its K slice, and the Partial sum of those is
+the op's result up to the roundings of each rank's share. For int8_linear and nvfp4_linear these are a float
+linear's RowwiseParallel roundings (each rank's dequantized weight slice is bit for bit the slice of the whole
+dequantized weight, as the dequantization is per element; then F.linear rounds the share to x's dtype): what
+DTensor computes for the dequantize-then-F.linear code the ops replace. int8_int8_linear's product is an exact
+int32 sum that the op converts, scales by x_scale, rounds to out_dtype, scales by w_scale and rounds again: with
+a float32 out_dtype every rounding of a share is a float32 one (a float32 GEMM's sums in another order), while
+a 16-bit out_dtype would round each share twice to 8 or 11 bits before the sum, errors of the shares' size
+where the op's is of the result's: declined. Nor does int8_int8_linear take x_int8 Partial (an int8 sum).
 
 Heads shard only where the KV heads divide evenly over the mesh's ranks (all of them, whichever mesh
 dimensions shard the heads): query head h reads KV head h // (Hq // Hkv), and an uneven split would pair a
-rank's query heads with another rank's KV heads. Group scales shard only where the groups divide evenly
-(a group never straddles two ranks).
+rank's query heads with another rank's KV heads. Group scales (and nvfp4's 16-input blocks, 8 packed bytes)
+shard only where the groups divide evenly (a group never straddles two ranks, nor a byte).
 
 Anything else (q, k, v sharded along the sequence or the head dim, a pending Partial sum, heads that do not
 divide) is not computed locally: DTensor redistributes the inputs to the offered placements with the lowest
@@ -131,10 +151,10 @@ def _attention_strategies(q, k, tensor_inputs: list[str], outputs: int, masks=("
     return strategies, declined
 
 
-def attention_rule(op):
+def attention_rule(op, tensor_inputs=("q", "k", "v")):
     def rule(*args, **kwargs):
         q, k = args[0], args[1]
-        strategies, declined = _attention_strategies(q, k, ["q", "k", "v"], outputs=2)
+        strategies, declined = _attention_strategies(q, k, list(tensor_inputs), outputs=2)
         return _rule(op, args, kwargs, strategies, declined)
 
     return rule
@@ -148,29 +168,73 @@ def attention_backward_rule(*args, **kwargs):
     return _rule(op, args, kwargs, strategies, declined)
 
 
+def _k_split(ranks: int, bias, k_inputs: dict, groups: int | None = None, unit: str = "scale groups",
+             declined_for: str | None = None) -> tuple[dict | None, list[str]]:
+    """The reduction strategy's placements of the inputs that hold K (`k_inputs`), or None, and why not. A
+    split needs no bias (it would be added once per rank), scale `groups` that divide over the ranks (a group
+    never straddles two ranks) and nothing else against it (`declined_for`)."""
+    if bias is not None:
+        return None, ["reduction and partial: the bias would be added once per rank"]
+    if groups is not None and groups % ranks:
+        return None, [f"reduction: {groups} {unit} do not divide over {ranks} ranks"]
+    if declined_for is not None:
+        return None, [f"reduction: {declined_for}"]
+    return k_inputs, []
+
+
+def _linear_strategies(x, rows: tuple[str, ...], columns: tuple[str, ...], replicated: tuple[str, ...],
+                       k_split: dict | None, partial: bool) -> list[Strategy]:
+    """A linear layer's strategies: `rows` (x first, then what is indexed by x's rows) Shard(d) for each dim d
+    of x before the last; `columns` (the weight, its scales, the bias: [N, ...]) Shard(0); `k_split` (the
+    inputs holding K, placed as given; None: not offered) -> Partial; x Partial -> Partial where the op is
+    linear in x (`partial`); everything Replicate. `replicated` inputs (a scale per tensor) stay Replicate."""
+    x_dims = len(_spec_shape(x))
+    everywhere = {name: Replicate() for name in (*rows, *columns, *replicated)}
+    strategies = [Strategy(f"rows: {', '.join(rows)} Shard({d})", [Shard(d)],
+                           {**everywhere, **{name: Shard(d) for name in rows}}) for d in range(x_dims - 1)]
+    strategies.append(Strategy(f"columns: {', '.join(columns)} Shard(0)", [Shard(x_dims - 1)],
+                               {**everywhere, **{name: Shard(0) for name in columns}}))
+    if k_split is not None:
+        split = ", ".join(name for name, p in k_split.items() if p == Shard(1))
+        strategies.append(Strategy(f"reduction: {rows[0]} Shard(-1), {split} Shard(1)",
+                                   [Partial()], {**everywhere, rows[0]: Shard(x_dims - 1), **k_split}))
+    if partial:
+        strategies.append(Strategy(f"partial: {rows[0]} Partial", [Partial()], {**everywhere, rows[0]: Partial()}))
+    strategies.append(Strategy("replicate", [Replicate()], everywhere))
+    return strategies
+
+
 def int8_linear_rule(x, w_int8, w_scale, bias=None, *, group_size=-1, scale_after_matmul=False):
     op = torch.ops.fa4.int8_linear.default
     args = (x, w_int8, w_scale, bias)
-    x_dims = len(_spec_shape(x))
-    replicated = {name: Replicate() for name in ("x", "w_int8", "w_scale", "bias")}
-    strategies = [Strategy(f"rows: x Shard({d})", [Shard(d)], {**replicated, "x": Shard(d)})
-                  for d in range(x_dims - 1)]
-    strategies.append(Strategy("columns: w_int8, w_scale, bias Shard(0)", [Shard(x_dims - 1)],
-                               {"x": Replicate(), "w_int8": Shard(0), "w_scale": Shard(0), "bias": Shard(0)}))
-    declined = []
-    if bias is not None:
-        declined.append("reduction and partial: the bias would be added once per rank")
-    else:
-        ranks = _mesh_size(args)
-        groups = _spec_shape(w_int8)[1] // group_size if group_size != -1 else 1
-        if group_size != -1 and groups % ranks:
-            declined.append(f"reduction: {groups} scale groups do not divide over {ranks} ranks")
-        else:
-            scale = Shard(1) if group_size != -1 else Replicate()
-            strategies.append(Strategy("reduction: x Shard(-1), w_int8 Shard(1)", [Partial()],
-                                       {"x": Shard(x_dims - 1), "w_int8": Shard(1), "w_scale": scale}))
-        strategies.append(Strategy("partial: x Partial", [Partial()], {**replicated, "x": Partial()}))
-    strategies.append(Strategy("replicate", [Replicate()], replicated))
+    grouped = group_size != -1
+    k_split, declined = _k_split(_mesh_size(args), bias,
+                                 {"w_int8": Shard(1), "w_scale": Shard(1) if grouped else Replicate()},
+                                 groups=_spec_shape(w_int8)[1] // group_size if grouped else None)
+    strategies = _linear_strategies(x, ("x",), ("w_int8", "w_scale", "bias"), (), k_split, partial=bias is None)
+    return _rule(op, args, {}, strategies, declined)
+
+
+def int8_int8_linear_rule(x_int8, x_scale, w_int8, w_scale, bias=None, *, out_dtype):
+    op = torch.ops.fa4.int8_int8_linear.default
+    args = (x_int8, x_scale, w_int8, w_scale, bias)
+    narrow = None
+    if out_dtype != torch.float32:
+        narrow = (f"each rank would round its share of the int32 product to {out_dtype} before the sum (the op "
+                  f"scales the exact int32 sum), so only a float32 out_dtype splits K")
+    k_split, declined = _k_split(_mesh_size(args), bias, {"w_int8": Shard(1)}, declined_for=narrow)
+    strategies = _linear_strategies(x_int8, ("x_int8", "x_scale"), ("w_int8", "w_scale", "bias"), (), k_split,
+                                    partial=False)
+    return _rule(op, args, {}, strategies, declined)
+
+
+def nvfp4_linear_rule(x, w_fp4, w_block_scale, w_global_scale, bias=None):
+    op = torch.ops.fa4.nvfp4_linear.default
+    args = (x, w_fp4, w_block_scale, w_global_scale, bias)
+    k_split, declined = _k_split(_mesh_size(args), bias, {"w_fp4": Shard(1), "w_block_scale": Shard(1)},
+                                 groups=_spec_shape(w_block_scale)[1], unit="16-input scale blocks")
+    strategies = _linear_strategies(x, ("x",), ("w_fp4", "w_block_scale", "bias"), ("w_global_scale",), k_split,
+                                    partial=bias is None)
     return _rule(op, args, {}, strategies, declined)
 
 
@@ -178,8 +242,12 @@ def register() -> None:
     """Installs the rules (DTensor keeps the last registration of an op, so calling it again is harmless)."""
     for op in (torch.ops.fa4.attention.default, torch.ops.fa4.attention_forward.default):
         register_sharding(op)(attention_rule(op))
+    register_sharding(torch.ops.fa4.attention_int8kv.default)(
+        attention_rule(torch.ops.fa4.attention_int8kv.default, ("q", "k", "v", "k_scale", "v_scale")))
     register_sharding(torch.ops.fa4.attention_backward.default)(attention_backward_rule)
     register_sharding(torch.ops.fa4.int8_linear.default)(int8_linear_rule)
+    register_sharding(torch.ops.fa4.int8_int8_linear.default)(int8_int8_linear_rule)
+    register_sharding(torch.ops.fa4.nvfp4_linear.default)(nvfp4_linear_rule)
 
 
 register()

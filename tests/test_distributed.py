@@ -7,7 +7,7 @@ case, a module-level function that returns plain values, and compares them in th
 on one rank fails the test with that rank's traceback, and the pool starts afresh for the next test.
 
 What each case shows:
-- the ops on DTensors (`_op_case`, `_int8_case`): each rule's placements give the unsharded op's result
+- the ops on DTensors (`_op_case`, `_linear_case`): each rule's placements give the unsharded op's result
   (float64 reference) and keep their placements; placements a rule does not take are redistributed with a
   warning that names them and why, still exact;
 - TP (`_tp_case`): HF Llama (4 query / 2 KV heads over 2 ranks) with q/k/v `ColwiseParallel` and o
@@ -154,9 +154,10 @@ def _max_error(got: torch.Tensor, expected: torch.Tensor) -> float:
 
 def _op_case(placement: str, hq: int, hkv: int, mask: str | None, op: str = "attention",
              replicated_masks: bool = False) -> dict:
-    """fa4::attention (or attention_forward) on DTensors placed `placement` (the masks: Replicate under heads,
-    Shard(0) under batch unless `replicated_masks`), forward and backward (through the op's autograd:
-    fa4::attention_backward on DTensors), against the op on the full tensors in float64."""
+    """fa4::attention (or attention_forward, or attention_int8kv over int8 K/V and their scales) on DTensors
+    placed `placement` (the masks: Replicate under heads, Shard(0) under batch unless `replicated_masks`),
+    forward and backward (through the op's autograd: fa4::attention_backward on DTensors), against the op on
+    the full tensors in float64."""
     from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 
     mesh = _mesh()
@@ -165,6 +166,10 @@ def _op_case(placement: str, hq: int, hkv: int, mask: str | None, op: str = "att
     q, k, v = torch.randn(b, hq, sq, d, generator=g), torch.randn(b, hkv, sk, d, generator=g), \
         torch.randn(b, hkv, sk, d, generator=g)
     grad_out = torch.randn(b, hq, sq, d, generator=g)
+    scales = ()
+    if op == "attention_int8kv":
+        k, v = (torch.randint(-128, 128, (b, hkv, sk, d), dtype=torch.int8, generator=g) for _ in "kv")
+        scales = tuple(torch.rand(b, hkv, sk, generator=g) / 64 + 1e-3 for _ in "kv")
     extra = {}
     if mask == "key_mask":
         extra["key_mask"] = torch.rand(b, sk, generator=g) > 0.3
@@ -174,15 +179,16 @@ def _op_case(placement: str, hq: int, hkv: int, mask: str | None, op: str = "att
     flags = dict(scale=d ** -0.5, causal=mask != "key_mask")
     fn = getattr(torch.ops.fa4, op)
 
-    q64, k64, v64 = (t.double().requires_grad_() for t in (q, k, v))
-    out64, lse64 = fn(q64, k64, v64, **extra, **flags)
+    q64, k64, v64 = (t.double().requires_grad_() if t.is_floating_point() else t for t in (q, k, v))
+    out64, lse64 = fn(q64, k64, v64, *scales, **extra, **flags)
     grads64 = torch.autograd.grad(out64, (q64, k64, v64), grad_out.double()) if op == "attention" else ()
 
     where = [_placement(placement)]
     mask_where = [Shard(0) if placement == "batch" and not replicated_masks else Replicate()]
     dq, dk, dv = (distribute_tensor(t, mesh, where).requires_grad_(op == "attention") for t in (q, k, v))
+    dscales = tuple(distribute_tensor(t, mesh, where) for t in scales)
     dextra = {name: distribute_tensor(t, mesh, mask_where) for name, t in extra.items()}
-    (out, lse), messages = _caught(lambda: fn(dq, dk, dv, **dextra, **flags))
+    (out, lse), messages = _caught(lambda: fn(dq, dk, dv, *dscales, **dextra, **flags))
     errors = {"out": _max_error(out.full_tensor(), out64), "lse": _max_error(lse.full_tensor(), lse64)}
     if op == "attention":
         out.backward(distribute_tensor(grad_out, mesh, list(out.placements)))
@@ -193,25 +199,60 @@ def _op_case(placement: str, hq: int, hkv: int, mask: str | None, op: str = "att
                 warnings=messages)
 
 
-def _int8_case(layout: str, group_size: int, bias: bool) -> dict:
-    """fa4::int8_linear on DTensors: rows (x Shard(0)), columns (ColwiseParallel's weight Shard(0)), reduction
-    (RowwiseParallel's x Shard(-1), weight Shard(1)), against the op on the full tensors."""
-    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+def _linear_inputs(op: str, g: torch.Generator, bias: bool, option) -> tuple[dict, dict, dict]:
+    """Full inputs of a quantized linear op (by argument name), its keyword arguments, and each layout's
+    placements of the inputs it shards (the rest Replicate). `option`: int8_linear's group size,
+    int8_int8_linear's out_dtype, nvfp4_linear's K."""
+    from torch.distributed.tensor import Replicate, Shard
+
+    n = 12
+    if op == "int8_linear":
+        k = 32
+        w_scale = torch.rand(n, k // option if option != -1 else 1, generator=g).squeeze(-1) + 0.5
+        inputs = dict(x=torch.randn(3, 4, k, generator=g),
+                      w_int8=torch.randint(-128, 128, (n, k), dtype=torch.int8, generator=g), w_scale=w_scale)
+        kwargs, weights = dict(group_size=option), ("w_int8", "w_scale")
+        reduction = {"x": Shard(2), "w_int8": Shard(1), "w_scale": Shard(1) if option != -1 else Replicate()}
+    elif op == "int8_int8_linear":
+        k, m = 32, 6
+        inputs = dict(x_int8=torch.randint(-128, 128, (m, k), dtype=torch.int8, generator=g),
+                      x_scale=torch.rand(m, 1, generator=g) / 64 + 1e-3,
+                      w_int8=torch.randint(-128, 128, (n, k), dtype=torch.int8, generator=g),
+                      w_scale=torch.rand(n, generator=g) / 64 + 1e-3)
+        kwargs, weights = dict(out_dtype=option), ("w_int8", "w_scale")
+        reduction = {"x_int8": Shard(1), "w_int8": Shard(1)}
+    else:
+        k = option
+        inputs = dict(x=torch.randn(3, 4, k, generator=g),
+                      w_fp4=torch.randint(0, 256, (n, k // 2), dtype=torch.uint8, generator=g),
+                      w_block_scale=(torch.rand(n, k // 16, generator=g) * 2 + 0.25).to(torch.float8_e4m3fn),
+                      w_global_scale=torch.tensor(0.37))
+        kwargs, weights = {}, ("w_fp4", "w_block_scale")
+        # gloo moves no float8: where the blocks do not divide (the op declines), the scales stay replicated
+        reduction = {"x": Shard(2), "w_fp4": Shard(1),
+                     "w_block_scale": Shard(1) if k // 16 % WORLD == 0 else Replicate()}
+    dtype = kwargs.get("out_dtype", torch.float32)
+    inputs["bias"] = torch.randn(n, generator=g).to(dtype) if bias else None
+    layouts = {"rows": {next(iter(inputs)): Shard(0), "x_scale": Shard(0)},
+               "columns": {name: Shard(0) for name in (*weights, "bias")}, "reduction": reduction}
+    return inputs, kwargs, layouts
+
+
+def _linear_case(op: str, layout: str, bias: bool, option) -> dict:
+    """fa4::int8_linear, int8_int8_linear or nvfp4_linear on DTensors: rows (x Shard(0)), columns
+    (ColwiseParallel's weight Shard(0)), reduction (RowwiseParallel's x Shard(-1), weight Shard(1)), against
+    the op on the full tensors."""
+    from torch.distributed.tensor import Replicate, distribute_tensor
 
     mesh = _mesh()
-    g = torch.Generator().manual_seed(0)
-    n, k = 12, 32
-    x = torch.randn(3, 4, k, generator=g)
-    w = torch.randint(-128, 128, (n, k), dtype=torch.int8, generator=g)
-    scale = torch.rand(n, k // group_size if group_size != -1 else 1, generator=g).squeeze(-1) + 0.5
-    b = torch.randn(n, generator=g) if bias else None
-    expected = torch.ops.fa4.int8_linear(x, w, scale, b, group_size=group_size)
-    where = {"rows": ([Shard(0)], [Replicate()], [Replicate()]),
-             "columns": ([Replicate()], [Shard(0)], [Shard(0)]),
-             "reduction": ([Shard(2)], [Shard(1)], [Shard(1) if group_size != -1 else Replicate()])}[layout]
-    dx, dw, dscale = (distribute_tensor(t, mesh, p) for t, p in zip((x, w, scale), where))
-    db = distribute_tensor(b, mesh, [Shard(0) if layout == "columns" else Replicate()]) if bias else None
-    out, messages = _caught(lambda: torch.ops.fa4.int8_linear(dx, dw, dscale, db, group_size=group_size))
+    inputs, kwargs, layouts = _linear_inputs(op, torch.Generator().manual_seed(0), bias, option)
+    fn = getattr(torch.ops.fa4, op)
+    expected = fn(**inputs, **kwargs)
+    where = layouts[layout]
+    # Each rank holds the full tensors: no broadcast (gloo has none of float8).
+    dinputs = {name: t if t is None else distribute_tensor(t, mesh, [where.get(name, Replicate())],
+                                                           src_data_rank=None) for name, t in inputs.items()}
+    out, messages = _caught(lambda: fn(**dinputs, **kwargs))
     return dict(out=str(out.placements), error=(out.full_tensor() - expected).abs().max().item(),
                 scale=expected.abs().max().item(), warnings=messages)
 
@@ -374,6 +415,8 @@ OP_CASES = [
     pytest.param("batch", 4, 2, "seqused_k", "attention", False, "(Shard(dim=0),)", id="batch-gqa-seqused_k"),
     pytest.param("batch", 4, 2, "key_mask", "attention", True, "(Shard(dim=0),)", id="batch-replicated-key_mask"),
     pytest.param("replicate", 4, 2, None, "attention", False, "(Replicate(),)", id="replicate"),
+    pytest.param("heads", 4, 2, "key_mask", "attention_int8kv", False, "(Shard(dim=1),)", id="int8kv-heads-gqa"),
+    pytest.param("batch", 4, 2, "seqused_k", "attention_int8kv", False, "(Shard(dim=0),)", id="int8kv-batch"),
 ]
 
 
@@ -392,41 +435,61 @@ def test_attention_on_dtensors(ranks, placement, hq, hkv, mask, op, replicated_m
 
 
 DECLINED = [
-    pytest.param("heads", 6, 3, "3 KV heads do not divide over 2 ranks", id="gqa-kv-heads-not-divisible"),
-    pytest.param("sequence", 4, 2, "q S(2), k S(2), v S(2)", id="sequence-sharded"),
+    pytest.param("heads", 6, 3, "3 KV heads do not divide over 2 ranks", "attention", id="gqa-kv-heads-not-divisible"),
+    pytest.param("sequence", 4, 2, "q S(2), k S(2), v S(2)", "attention", id="sequence-sharded"),
+    pytest.param("heads", 6, 3, "3 KV heads do not divide over 2 ranks", "attention_int8kv",
+                 id="int8kv-gqa-kv-heads-not-divisible"),
 ]
 
 
-@pytest.mark.parametrize("placement, hq, hkv, reason", DECLINED)
-def test_attention_placements_it_does_not_take_are_redistributed_with_a_warning(ranks, placement, hq, hkv, reason):
+@pytest.mark.parametrize("placement, hq, hkv, reason, op", DECLINED)
+def test_attention_placements_it_does_not_take_are_redistributed_with_a_warning(ranks, placement, hq, hkv, reason,
+                                                                                 op):
     """Sharded KV heads that do not divide over the ranks (3 over 2: rank 0's query heads 0-2 would read its KV
     heads 0-1, where head 2 reads KV head 1 ... a wrong pairing) and sequence shards are not computed locally:
     DTensor redistributes them (the answer stays exact) and the rule warns, naming the inputs and why."""
-    for r in ranks.run(_op_case, placement, hq, hkv, None):
+    for r in ranks.run(_op_case, placement, hq, hkv, None, op):
         assert r["out"] != "(Shard(dim=1),)" or placement == "sequence", r
         assert r["warnings"] and reason in r["warnings"][0] and "DTensor redistributes" in r["warnings"][0], r
         assert all(v < 1e-5 for name, v in r["errors"].items() if "placements" not in name), r["errors"]
 
 
-INT8_CASES = [
-    pytest.param("rows", -1, True, "(Shard(dim=0),)", None, id="rows"),
-    pytest.param("columns", 8, True, "(Shard(dim=2),)", None, id="columns-groups-bias"),
-    pytest.param("reduction", -1, False, "(Partial(sum),)", None, id="reduction-per-channel"),
-    pytest.param("reduction", 8, False, "(Partial(sum),)", None, id="reduction-groups"),
-    pytest.param("reduction", -1, True, None, "the bias would be added once per rank", id="reduction-with-bias"),
+LINEAR_CASES = [
+    pytest.param("int8_linear", "rows", True, -1, "(Shard(dim=0),)", None, id="int8-rows"),
+    pytest.param("int8_linear", "columns", True, 8, "(Shard(dim=2),)", None, id="int8-columns-groups-bias"),
+    pytest.param("int8_linear", "reduction", False, -1, "(Partial(sum),)", None, id="int8-reduction-per-channel"),
+    pytest.param("int8_linear", "reduction", False, 8, "(Partial(sum),)", None, id="int8-reduction-groups"),
+    pytest.param("int8_linear", "reduction", True, -1, None, "the bias would be added once per rank",
+                 id="int8-reduction-with-bias"),
+    pytest.param("int8_int8_linear", "rows", True, torch.float32, "(Shard(dim=0),)", None, id="int8-int8-rows"),
+    pytest.param("int8_int8_linear", "columns", True, torch.bfloat16, "(Shard(dim=1),)", None,
+                 id="int8-int8-columns-bf16"),
+    pytest.param("int8_int8_linear", "reduction", False, torch.float32, "(Partial(sum),)", None,
+                 id="int8-int8-reduction-float32"),
+    pytest.param("int8_int8_linear", "reduction", False, torch.bfloat16, None, "only a float32 out_dtype splits K",
+                 id="int8-int8-reduction-bf16"),
+    pytest.param("nvfp4_linear", "rows", True, 64, "(Shard(dim=0),)", None, id="nvfp4-rows"),
+    pytest.param("nvfp4_linear", "columns", True, 64, "(Shard(dim=2),)", None, id="nvfp4-columns-bias"),
+    pytest.param("nvfp4_linear", "reduction", False, 64, "(Partial(sum),)", None, id="nvfp4-reduction"),
+    pytest.param("nvfp4_linear", "reduction", False, 48, None, "3 16-input scale blocks do not divide over 2 ranks",
+                 id="nvfp4-reduction-blocks-not-divisible"),
 ]
 
 
-@pytest.mark.parametrize("layout, group_size, bias, expected, reason", INT8_CASES)
-def test_int8_linear_on_dtensors(ranks, layout, group_size, bias, expected, reason):
-    """ColwiseParallel's and RowwiseParallel's layouts of an int8 linear run locally (a row split leaves a
-    Partial sum for the next op to reduce); a row split with a bias is redistributed, with the reason."""
-    for r in ranks.run(_int8_case, layout, group_size, bias):
+@pytest.mark.parametrize("op, layout, bias, option, expected, reason", LINEAR_CASES)
+def test_quantized_linears_on_dtensors(ranks, op, layout, bias, option, expected, reason):
+    """ColwiseParallel's and RowwiseParallel's layouts of the quantized linears run locally (a K split leaves a
+    Partial sum for the next op to reduce); a K split with a bias, with nvfp4 scale blocks that do not divide
+    over the ranks, or of an int8 x int8 product into a 16-bit out_dtype is redistributed, with the reason.
+    int8_int8_linear's product is exact: its result is bit for bit the unsharded op's except after a K split."""
+    for r in ranks.run(_linear_case, op, layout, bias, option):
+        if op == "int8_int8_linear" and expected != "(Partial(sum),)":
+            assert r["error"] == 0, r
         assert r["error"] <= 1e-6 * r["scale"], r  # float32 sums in another order
         if expected is not None:
             assert r["out"] == expected and not r["warnings"], r
         else:
-            assert r["warnings"] and reason in r["warnings"][0], r
+            assert r["warnings"] and reason in r["warnings"][0] and "DTensor redistributes" in r["warnings"][0], r
 
 
 TP_CASES = [
