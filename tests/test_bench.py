@@ -114,6 +114,7 @@ def test_sweep_models_select_a_part_of_the_sweep():
     assert bench.sweep_selection(None) == {}
 
 
+@pytest.mark.slow
 def test_int8_kv_suite_rows(monkeypatch):
     """Both caches under both backends, from a filled cache; the int8 rows' logits within the quantization's reach
     of the bfloat16 (here float32) cache's."""

@@ -223,7 +223,7 @@ def test_active_dropout_in_training_stays_as_written():
     assert recorder.reasons and all("dropout" in r for r in recorder.reasons), recorder.reasons
 
 
-GROWING = [case("llama", "eager", None), case("mistral", "sdpa", "left"), case("gemma2", "eager", None, slow=True)]
+GROWING = [case("llama", "eager", None), case("mistral", "sdpa", "left", slow=True), case("gemma2", "eager", None, slow=True)]
 
 
 @pytest.mark.parametrize("name, impl, padding", GROWING)

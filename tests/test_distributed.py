@@ -36,8 +36,9 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-pytestmark = pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(),
-                                reason="needs torch.distributed with gloo")
+# The whole module is in the slow tier: its two gloo processes and their compiles cost ~40 s.
+pytestmark = [pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(),
+                                 reason="needs torch.distributed with gloo"), pytest.mark.slow]
 
 WORLD = 2
 CASE_TIMEOUT_S = 600  # a compile with Inductor on two processes sharing two busy cores takes minutes

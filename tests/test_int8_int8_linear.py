@@ -114,8 +114,8 @@ def close_to(out, expected):
     torch.testing.assert_close(out.float(), expected.float(), atol=2e-2 * expected.abs().max().item(), rtol=2e-2)
 
 
-@pytest.mark.parametrize("bias", [False, True], ids=["no-bias", "bias"])
-@pytest.mark.parametrize("x_shape", [(1, K), (16, K), (2, 3, K)], ids=str)
+@pytest.mark.parametrize("bias", [False, pytest.param(True, marks=pytest.mark.slow)], ids=["no-bias", "bias"])
+@pytest.mark.parametrize("x_shape", [(1, K), (16, K), pytest.param((2, 3, K), marks=pytest.mark.slow)], ids=str)
 def test_torchao_int8_dynamic_small_m(x_shape, bias):
     pytest.importorskip("torchao")
     model = torchao_model(bias)
@@ -169,13 +169,13 @@ def test_the_family_is_off_unless_asked_for(backend):
     pytest.param(lambda x, w, xs, ws: torch._int_mm(x, w.t()).float() * xs,
                  "the activation-scaled product goes to output, not a cast to the output dtype", id="no-output-cast"),
     pytest.param(lambda x, w, xs, ws: (torch._int_mm(x, w.t()).float() * xs).to(torch.bfloat16),
-                 "the scaled product goes to output, not a multiplication by the weight's scale", id="no-weight-scale"),
+                 "the scaled product goes to output, not a multiplication by the weight's scale", id="no-weight-scale", marks=pytest.mark.slow),
     pytest.param(lambda x, w, xs, ws: (torch._int_mm(x, w.t()) * xs.to(torch.bfloat16)).to(torch.bfloat16) * ws,
                  "the int8 GEMM's int32 output is multiplied by a bfloat16 scale, not float32 (an order the op does "
                  "not compute)", id="bfloat16-activation-scale"),
     pytest.param(lambda x, w, xs, ws: (torch._int_mm(x, w.t()).float() * xs).to(torch.bfloat16) * ws[:8].sum(),
                  "the scaled product is multiplied by a float32 tensor of shape [], not a per-channel weight "
-                 "scale [48]", id="per-tensor-weight-scale"),
+                 "scale [48]", id="per-tensor-weight-scale", marks=pytest.mark.slow),
     pytest.param(lambda x, w, xs, ws: (torch._int_mm(x, w.t()).float() * xs.T[:, :1].T).to(torch.bfloat16) * ws,
                  "the int8 GEMM's float32 output is multiplied by a float32 tensor of shape [1, 1], not a per-row "
                  "activation scale [5, 1]", id="not-per-row"),

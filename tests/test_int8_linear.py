@@ -242,7 +242,7 @@ def test_the_family_is_on_by_default_and_has_an_off_switch(backend, rewritten):
 
 
 @pytest.mark.parametrize("bias", [True, False], ids=["bias", "no-bias"])
-@pytest.mark.parametrize("x_shape", [(5, K), (2, 3, K)], ids=["x-2d", "x-3d"])
+@pytest.mark.parametrize("x_shape", [(5, K), pytest.param((2, 3, K), marks=pytest.mark.slow)], ids=["x-2d", "x-3d"])
 def test_torchao_int8_weight_only_config(x_shape, bias):
     """torchao's `Int8WeightOnlyConfig` (an `Int8Tensor` weight): transposed, cast, multiplied by its float32
     scale cast to x's dtype, the bias added after; the op takes the matmul and the scale, the add stays."""
