@@ -61,6 +61,7 @@ def test_combine_kernel_compiles(cute_dsl, dtype, head_dim, group, pdl):
     assert callable(decode.compiled(key))
 
 
+@pytest.mark.slow  # ~8 s of CuTe compiles; the fast tier compiles single variants above
 def test_warmup_compiles_every_variant_of_a_shape(cute_dsl):
     decode.warmup(torch.float16, 128, 2, q_len=1, device="cpu", causal=True, seqused_k=True)
     assert decode.warmup(torch.float16, 128, 2, q_len=1, device="cpu", causal=True, seqused_k=True) == 0
