@@ -54,12 +54,40 @@ class Backend:
         return compiled
 
     def rewrite_only(self, gm: torch.fx.GraphModule, example_inputs, **_):
-        """The same rewrites, run eagerly without Inductor: what `explain` uses."""
+        """The same rewrites, run eagerly without Inductor's code generation: what `explain` uses. A graph with
+        quantized inputs (int8 / uint8 / float8 tensors, or tensor subclasses such as torchao's) also goes
+        through AOTAutograd with Inductor's decompositions, so the POST_GRAD families (quantized linears) see
+        and report on the aten graph they would get under Inductor (close to it: Inductor's own passes before
+        that stage do not run, e.g. its one-row matmul decomposition on CUDA)."""
         publishing.publish(run_torch_ir_passes(gm, example_inputs, self.options))
-        return gm.forward
+        if not any(_quantized(t) for t in example_inputs):
+            return gm.forward
+        from torch._functorch.aot_autograd import aot_module_simplified
+        from torch._inductor.decomposition import select_decomp_table
+
+        post_grad = PostGradPasses(self.options)
+
+        def post_grad_only(aten_gm: torch.fx.GraphModule, _inputs):
+            post_grad(aten_gm.graph)
+            aten_gm.recompile()
+            publishing.publish(post_grad.records)
+            post_grad.records = []
+            return aten_gm.forward
+
+        return aot_module_simplified(gm, example_inputs, fw_compiler=post_grad_only, bw_compiler=post_grad_only,
+                                     decompositions=select_decomp_table())
 
     def __repr__(self) -> str:
         return f"fa4_inductor.backend({self.options})"
+
+
+_QUANTIZED_DTYPES = (torch.int8, torch.uint8, torch.float8_e4m3fn, torch.float8_e5m2)
+
+
+def _quantized(t) -> bool:
+    from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
+    return isinstance(t, torch.Tensor) and (t.dtype in _QUANTIZED_DTYPES or is_traceable_wrapper_subclass(t))
 
 
 def _copy(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:

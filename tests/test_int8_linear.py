@@ -261,3 +261,11 @@ def test_torchao_int8_weight_only_config(x_shape, bias):
     assert [r.detail for r in compiled.records] == [
         f"fa4.int8_linear(x[{'x'.join(map(str, (math.prod(x_shape[:-1]), K)))}] bfloat16, w[{N}x{K}] int8, "
         f"scale[{N}] bfloat16, scale_after_matmul=True)"]
+
+
+def test_explain_reports_the_post_grad_family():
+    """`explain` runs no Inductor, but a graph with int8 inputs goes through AOTAutograd so that the POST_GRAD
+    families report on it (backend.rewrite_only)."""
+    linear = gpt_fast_linear(torch.bfloat16)
+    report = fa4_inductor.explain(linear, torch.randn(5, K, dtype=torch.bfloat16))
+    assert [(r.family, r.rewritten) for r in report.records] == [("int8_linear", True)], report.records
