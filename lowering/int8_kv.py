@@ -108,8 +108,9 @@ def _scale(node, nodes: list) -> Node:
 
 def _keys_slice(node) -> slice | None:
     """`a:b` when node is x[:, :, a:b] (or x[:, :, a:b, :]) of a 4-D x, with no step."""
-    if not GETITEM(node) or not isinstance(node.args[0], Node) or len(shape(node.args[0])) != 4:
-        return None
+    if not GETITEM(node) or not isinstance(node.args[0], Node) or not isinstance(value(node.args[0]), torch.Tensor) \
+            or len(shape(node.args[0])) != 4:
+        return None  # not an index of a 4-D tensor (e.g. an item of a split's tuple)
     index = node.args[1]
     if not isinstance(index, tuple) or len(index) not in (3, 4) or any(i != slice(None) for i in index[:2] + index[3:]):
         return None

@@ -542,3 +542,22 @@ def test_a_sliced_dequantization_slices_the_int8_cache(v_keys):
         assert rec.count("fa4::attention") == 1
         assert rec.records[0].detail.endswith("int8 K/V kept dequantized: k and v are sliced differently "
                                               "(slice(2, 9, None), slice(1, 8, None))"), rec.records[0].detail
+
+
+def test_k_and_v_taken_from_a_split_are_not_read_as_a_cache_slice():
+    """K and V that are items of a split's tuple (GPT-NeoX's fused qkv) are not indexed 4-D tensors: the int8-KV
+    check passes them by (it used to read the tuple's shape)."""
+    import torch.nn.functional as F
+
+    from helpers import compile_and_record
+
+    def attend(qkv):
+        q, k, v = qkv.split(16, dim=-1)
+        s = (q @ k.transpose(-1, -2)) * 0.25
+        mask = torch.ones(s.shape[-2:], dtype=torch.bool).tril()
+        return F.softmax(s.masked_fill(~mask, float("-inf")), dim=-1) @ v
+
+    qkv = torch.randn(2, 4, 8, 48)
+    rec, out = compile_and_record(attend, qkv)
+    assert rec.count() == 1
+    torch.testing.assert_close(out, attend(qkv))
