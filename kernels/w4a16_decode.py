@@ -123,12 +123,17 @@ def _num_sms(device_index: int) -> int:
 
 
 def _aligned(t: Tensor) -> bool:
-    return t.is_contiguous() and t.data_ptr() % CHUNK_BYTES == 0
+    """Row-major with rows back to back (checked even for one row, where `is_contiguous` ignores the row
+    stride) and a 16-byte aligned start."""
+    return t.stride() == (t.shape[1], 1) and t.data_ptr() % CHUNK_BYTES == 0
 
 
 def _pad_cols(t: Tensor, cols: int) -> Tensor:
+    """t [R, C] as a row-major aligned [R, cols] tensor, zeros past C: t itself when it already is one."""
+    if t.shape[1] == cols and _aligned(t):
+        return t
     if t.shape[1] == cols:
-        return t.contiguous().clone() if not _aligned(t) else t
+        return t.new_empty(t.shape).copy_(t)
     out = t.new_zeros(t.shape[0], cols)
     out[:, : t.shape[1]] = t
     return out
@@ -280,7 +285,7 @@ def warmup(dtype: torch.dtype, fmt: str, m_values=M_BUCKETS, *, bias: Optional[b
 def _run(fmt: str, x2d: Tensor, words: Tensor, block: Optional[Tensor], scale: Tensor, bias: Optional[Tensor],
          n: int, k: int, splits: Optional[int]) -> Tensor:
     m = x2d.shape[0]
-    kp = words.shape[1] * 4 * (8 if fmt == "nvfp4" else 4) // 4
+    kp = words.shape[1] * (8 if fmt == "nvfp4" else 4)  # codes per int32 word
     x = prepare_x(x2d, kp)
     device = x.device
     out = torch.empty(m, n, dtype=x.dtype, device=device)

@@ -165,6 +165,8 @@ def test_x_is_zero_padded_to_the_chunk():
     xp = w4.prepare_x(x, 64)
     assert xp.shape == (3, 64) and torch.equal(xp[:, :48], x) and not xp[:, 48:].any()
     assert w4.prepare_x(x[:, :32].contiguous(), 32).shape == (3, 32)
+    one_row = torch.randn(1, 80, dtype=torch.bfloat16)[:, :64]  # "contiguous", but its row stride is 80
+    assert w4.prepare_x(one_row, 64).stride() == (64, 1)
 
 
 # ------------------------------------------------------------------------------------------- host rules

@@ -216,11 +216,13 @@ class W4A16DecodeGemm:
                 scale = mScale[cutlass.min(n, n_rows - 1)]
             for m in cutlass.range_constexpr(MB):
                 total = warp_sum(acc[r, m])
-                if lane == 0 and n < n_rows and m < m_rows:
-                    if const_expr(self.split):
-                        mPart[split_idx, m, n] = total
-                    else:
-                        y = total * scale
-                        if const_expr(self.has_bias):
-                            y = y + Float32(mBias[n])
-                        mOut[m, n] = y.to(self.dtype)
+                if lane == 0:
+                    if n < n_rows:
+                        if m < m_rows:
+                            if const_expr(self.split):
+                                mPart[split_idx, m, n] = total
+                            else:
+                                y = total * scale
+                                if const_expr(self.has_bias):
+                                    y = y + Float32(mBias[n])
+                                mOut[m, n] = y.to(self.dtype)
