@@ -26,8 +26,9 @@ call). x is made contiguous, 16-byte aligned and zero-padded to the chunk when n
 Limits (`unsupported_reason`): CUDA sm90, x float16 / bfloat16 with 1..16 rows, K a multiple of 16, N >= 1.
 
 Split-K (`num_splits`): a host function of the shapes and the SM count, never of values, so a captured
-CUDA graph stays valid. One split when the row CTAs already fill CTAS_PER_SM per SM; else enough splits to
-get there, each split keeping >= MIN_STEPS steps of 32 chunks per lane. Partials go to an fp32 workspace
+CUDA graph stays valid. One split when the row CTAs already fill NO_SPLIT_CTAS_PER_SM per SM; else enough
+splits to reach CTAS_PER_SM per SM, each split keeping >= MIN_STEPS steps of 32 chunks per lane. These are
+guesses until measured (`tests/bench_w4a16.py --splits 1,2,4,8` sweeps them). Partials go to an fp32 workspace
 [splits, M, N] (a fresh torch allocation per call: fine under capture) reduced by a second kernel in a fixed
 order (deterministic).
 
@@ -56,7 +57,8 @@ CHUNK_BYTES = 16
 CHUNK_VALUES = {"nvfp4": 32, "int8": 16}  # weights per 16-byte chunk
 K_MULTIPLE = 16
 NUM_WARPS = 4
-CTAS_PER_SM = 4
+CTAS_PER_SM = 4  # what a split grid aims at
+NO_SPLIT_CTAS_PER_SM = 2  # row CTAs per SM from which the grid is not split (a split costs a second launch)
 MIN_STEPS = 2  # steps of 32 chunks per lane in a split
 MAX_SPLITS = 64
 FP4_DTYPES = tuple(d for d in (torch.uint8, getattr(torch, "float4_e2m1fn_x2", None)) if d is not None)
@@ -102,11 +104,17 @@ def padded_k(fmt: str, k: int) -> int:
     return -(-k // step) * step
 
 
+def rows_per_warp(m_max: int) -> int:
+    """Weight rows per warp of the main kernel for an M bucket: 4 at M = 1 (114 registers), 2 above (at
+    M = 4, 4 rows take 248 registers: two CTAs per SM)."""
+    return 4 if m_max == 1 else 2
+
+
 def num_splits(n: int, k_padded: int, fmt: str, m: int, num_sms: int) -> int:
     """Split-K count for an [n, k_padded] weight (see the module docstring)."""
-    from .cute.w4a16_decode_gemm import rows_per_warp
-
     row_ctas = -(-n // (rows_per_warp(m_bucket(m)) * NUM_WARPS))
+    if row_ctas >= NO_SPLIT_CTAS_PER_SM * num_sms:
+        return 1
     chunks = k_padded // CHUNK_VALUES[fmt]
     want = -(-num_sms * CTAS_PER_SM // row_ctas)
     return max(1, min(want, chunks // (32 * MIN_STEPS), MAX_SPLITS))
@@ -241,7 +249,7 @@ def _compile(key: _Key):
 
     from .cute.w4a16_decode_gemm import W4A16DecodeGemm
 
-    kernel = W4A16DecodeGemm(dt, key.fmt, key.m_max, key.split, key.bias)
+    kernel = W4A16DecodeGemm(dt, key.fmt, key.m_max, key.split, key.bias, rows_per_warp(key.m_max))
     x = cute.runtime.make_fake_tensor(dt, (sym(), sym()), (sym64(divisibility=8), 1), assumed_align=16)
     w = cute.runtime.make_fake_tensor(Int32, (sym(), sym()), (sym64(divisibility=4), 1), assumed_align=16)
     block = cute.runtime.make_fake_tensor(Int16, (sym(), sym()), (sym64(), 1)) if nvfp4 else None

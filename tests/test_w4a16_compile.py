@@ -186,7 +186,8 @@ def test_num_splits_is_in_range(n, k, fmt, m):
 
 def test_num_splits_targets():
     """8192 rows fill the GPU without splitting; 2048 rows of a long K split four ways."""
-    assert w4.num_splits(8192, 8192, "nvfp4", 1, 132) == 2
+    assert w4.num_splits(8192, 8192, "nvfp4", 1, 132) == 1
+    assert w4.num_splits(4096, 14336, "nvfp4", 1, 132) == 3
     assert w4.num_splits(2048, 8192, "nvfp4", 1, 132) == 4
     assert w4.num_splits(2048, 2048, "nvfp4", 1, 132) == 1
 

@@ -51,12 +51,6 @@ _POW2_110 = float(2 ** 110)
 _INT8_MAGIC = 8388736.0  # 2^23 + 128
 
 
-def rows_per_warp(m_max: int) -> int:
-    """Weight rows per warp: more rows reuse each x load more; fewer keep the fp32 weights and the
-    ROWS x M accumulators within the register budget at large M."""
-    return 4 if m_max <= 4 else 2
-
-
 @dsl_user_op
 def mul_bits_rn(bits: Int32, scale: Float32, *, loc=None, ip=None) -> Float32:
     """float(bits) * scale in IEEE round-to-nearest, subnormal `bits` kept (no flush to zero)."""
@@ -80,9 +74,10 @@ def e4m3_times_2_100(byte: Int32) -> Float32:
 
 @cute.jit
 def e2m1_bits(word: Int32, j: cutlass.Constexpr[int]) -> Int32:
-    """The fp32 bit pattern of e2m1(code j of `word`) * 2^-126."""
-    c = word >> (4 * j)
-    return ((c & 7) << 22) | ((c & 8) << 28)
+    """The fp32 bit pattern of e2m1(code j of `word`) * 2^-126: one shift puts the code's sign bit on bit 31,
+    a second its magnitude on bits 22-24 (three integer instructions: shift, shift, lop3)."""
+    t = word << (28 - 4 * j)
+    return (t & Int32(-0x80000000)) | ((t >> 6) & 0x01C00000)
 
 
 @cute.jit
@@ -100,23 +95,25 @@ def warp_sum(x: Float32) -> Float32:
 
 
 class W4A16DecodeGemm:
-    """One compiled variant per (x dtype, format, M bucket `m_max`, split or not, bias or not); N, K, M <=
-    m_max, the strides and the split count are runtime values.
+    """One compiled variant per (x dtype, format, M bucket `m_max`, split or not, bias or not, weight rows per
+    warp `rows`); N, K, M <= m_max, the strides and the split count are runtime values. More rows per warp
+    reuse each x load more; fewer keep the fp32 weights and the rows x M accumulators in registers.
 
     Call: (mX [M, Kp] (unit stride on K, 16-byte aligned rows), mW, mBlock (nvfp4) or None, mScale,
     mBias [N] or None, mOut [M, N] (unit stride on N) or None when split, mPart [splits, M, N] fp32 or None
     when not split, stream). Kp: K padded to whole chunks (32 for nvfp4, 16 for int8), x's padding zeros.
     """
 
-    def __init__(self, dtype, fmt: str, m_max: int, split: bool, has_bias: bool):
+    def __init__(self, dtype, fmt: str, m_max: int, split: bool, has_bias: bool, rows: int):
         assert fmt in FORMATS, fmt
         assert 1 <= m_max <= 16, m_max
+        assert rows >= 1, rows
         self.dtype = dtype
         self.fmt = fmt
         self.m_max = m_max
         self.split = split
         self.has_bias = has_bias
-        self.rows = rows_per_warp(m_max)
+        self.rows = rows
         self.values = VALUES_PER_CHUNK[fmt]
         self.num_threads = 32 * NUM_WARPS
 
@@ -171,19 +168,23 @@ class W4A16DecodeGemm:
 
         acc = cute.make_rmem_tensor((R, MB), Float32)
         acc.fill(0.0)
+        # Two register sets of weights: the next step's loads are in flight while this step decodes.
         rW = cute.make_rmem_tensor((CHUNK_WORDS, R), Int32)  # column r: one contiguous 16-byte load
         rB = cute.make_rmem_tensor((R,), Int32)
+        rWn = cute.make_rmem_tensor((CHUNK_WORDS, R), Int32)
+        rBn = cute.make_rmem_tensor((R,), Int32)
+        rBn.fill(0)
         wv = cute.make_rmem_tensor((R, V), Float32)
         rX = cute.make_rmem_tensor((V,), self.dtype)
         xv = cute.make_rmem_tensor((V,), Float32)
 
+        if c_begin + lane < c_end:
+            self.load_weights(mW, mBlock, rWn, rBn, row0, n_rows, c_begin + lane)
         for c in range(c_begin + lane, c_end, 32):
-            # All of this step's weight loads go out before any use (ROWS x 16 bytes in flight per lane).
-            for r in cutlass.range_constexpr(R):
-                n = cutlass.min(row0 + r, n_rows - 1)  # rows past N read row N - 1; their sums are dropped
-                cute.autovec_copy(cute.local_tile(mW[n, None], (CHUNK_WORDS,), (c,)), rW[None, r])
-                if const_expr(self.fmt == "nvfp4"):
-                    rB[r] = Int32(mBlock[n, c])
+            rW.store(rWn.load())
+            rB.store(rBn.load())
+            if c + 32 < c_end:
+                self.load_weights(mW, mBlock, rWn, rBn, row0, n_rows, c + 32)
             for r in cutlass.range_constexpr(R):
                 if const_expr(self.fmt == "nvfp4"):
                     for half in cutlass.range_constexpr(2):  # two 16-code scale blocks per chunk
@@ -226,3 +227,13 @@ class W4A16DecodeGemm:
                                 if const_expr(self.has_bias):
                                     y = y + Float32(mBias[n])
                                 mOut[m, n] = y.to(self.dtype)
+
+    @cute.jit
+    def load_weights(self, mW: cute.Tensor, mBlock: Optional[cute.Tensor], rW: cute.Tensor, rB: cute.Tensor,
+                     row0: Int32, n_rows: Int32, c: Int32):
+        """Issue the 16-byte loads of chunk c of the warp's ROWS rows (and their block-scale pairs)."""
+        for r in cutlass.range_constexpr(self.rows):
+            n = cutlass.min(row0 + r, n_rows - 1)  # rows past N read row N - 1; their sums are dropped
+            cute.autovec_copy(cute.local_tile(mW[n, None], (CHUNK_WORDS,), (c,)), rW[None, r])
+            if const_expr(self.fmt == "nvfp4"):
+                rB[r] = Int32(mBlock[n, c])
