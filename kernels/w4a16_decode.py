@@ -313,10 +313,13 @@ def _run(fmt: str, x2d: Tensor, words: Tensor, block: Optional[Tensor], scale: T
     return out
 
 
-def _check(x2d: Tensor, fmt: str, n: int, k: int) -> None:
+def _check(x2d: Tensor, fmt: str, n: int, k: int, *tensors: Optional[Tensor]) -> None:
     reason = unsupported_reason(x2d, fmt, n, k)
     if reason is not None:
         raise ValueError(reason)
+    for t in tensors:
+        if t is not None and t.device != x2d.device:
+            raise ValueError(f"every operand must be on x's device {x2d.device}; one is on {t.device}")
 
 
 def nvfp4_matmul(x2d: Tensor, w_fp4: Tensor, w_block_scale: Tensor, w_global_scale: Tensor, *,
@@ -331,7 +334,7 @@ def nvfp4_matmul(x2d: Tensor, w_fp4: Tensor, w_block_scale: Tensor, w_global_sca
                          f"{list(w_block_scale.shape)}")
     if w_global_scale.numel() != 1 or w_global_scale.dtype != torch.float32:
         raise ValueError("the nvfp4 global scale is one float32 element")
-    _check(x2d, "nvfp4", n, k)
+    _check(x2d, "nvfp4", n, k, w_fp4, w_block_scale, w_global_scale)
     words, pairs = prepare_nvfp4(w_fp4, w_block_scale)
     return _run("nvfp4", x2d, words, pairs, w_global_scale.reshape(1), None, n, k, splits)
 
@@ -344,7 +347,7 @@ def int8_matmul(x2d: Tensor, w_int8: Tensor, w_scale: Tensor, bias: Optional[Ten
     n, k = w_int8.shape
     if w_scale.numel() != n:
         raise ValueError(f"the int8 W4A16 decode GEMM takes per-channel scales ({n}), got {list(w_scale.shape)}")
-    _check(x2d, "int8", n, k)
+    _check(x2d, "int8", n, k, w_int8, w_scale, bias)
     scale = w_scale.reshape(n).to(torch.float32).contiguous()
     if bias is not None:
         bias = bias.reshape(n).to(x2d.dtype).contiguous()
