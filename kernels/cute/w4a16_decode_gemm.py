@@ -19,7 +19,8 @@ add up with shuffles at the end.
 Decode, exact in fp32 and independent of the flush-to-zero setting (subnormal inputs go through explicit
 `mul.rn.f32`, which keeps them):
 - e2m1 code c: the fp32 bit pattern ((c & 7) << 22) | ((c & 8) << 28) is e2m1(c) * 2^-126 (exponent field
-  = e2m1's exponent, mantissa bit = its mantissa bit; e2m1's subnormal 0.5 lands on fp32's subnormal 2^-127).
+  = e2m1's exponent, mantissa bit = its mantissa bit; e2m1's subnormal 0.5 lands on fp32's subnormal 2^-127);
+  built with two shifts and one select per code (`e2m1_bits`).
 - e4m3 byte b: ((b & 0x7F) << 20) | ((b & 0x80) << 24) is e4m3(b) * 2^-120, times 2^110 twice gives
   S = e4m3(b) * 2^100 (normal for every finite e4m3 value).
 - w' = (e2m1 * 2^-126) * S = e2m1 * e4m3 * 2^-26, exact (<= 6 significant bits, normal). The epilogue
@@ -65,6 +66,36 @@ def mul_bits_rn(bits: Int32, scale: Float32, *, loc=None, ip=None) -> Float32:
     ))
 
 
+@dsl_user_op
+def select_bits(a: Int32, b: Int32, mask: Int32, *, loc=None, ip=None) -> Int32:
+    """(a & mask) | (b & ~mask) as one lop3 (written out: LLVM's known-bits folding would split it in two)."""
+    return Int32(llvm.inline_asm(
+        T.i32(),
+        [Int32(a).ir_value(loc=loc, ip=ip), Int32(b).ir_value(loc=loc, ip=ip), Int32(mask).ir_value(loc=loc, ip=ip)],
+        "lop3.b32 $0, $1, $2, $3, 0xE4;",
+        "=r,r,r,r",
+        has_side_effects=False,
+        is_align_stack=False,
+        asm_dialect=llvm.AsmDialect.AD_ATT,
+    ))
+
+
+@dsl_user_op
+def opaque_and(a: Int32, mask: int, *, loc=None, ip=None) -> Int32:
+    """a & mask, hidden from LLVM: otherwise it rewrites (a & mask) << k as (a << k) & (mask << k), one more
+    instruction per code."""
+    mask = mask - (1 << 32) if mask >= 1 << 31 else mask
+    return Int32(llvm.inline_asm(
+        T.i32(),
+        [Int32(a).ir_value(loc=loc, ip=ip), Int32(mask).ir_value(loc=loc, ip=ip)],
+        "and.b32 $0, $1, $2;",
+        "=r,r,r",
+        has_side_effects=False,
+        is_align_stack=False,
+        asm_dialect=llvm.AsmDialect.AD_ATT,
+    ))
+
+
 @cute.jit
 def e4m3_times_2_100(byte: Int32) -> Float32:
     """e4m3(byte & 0xFF) * 2^100 in fp32 (exact)."""
@@ -72,12 +103,27 @@ def e4m3_times_2_100(byte: Int32) -> Float32:
     return mul_bits_rn(mul_bits_rn(bits, Float32(_POW2_110)).bitcast(Int32), Float32(_POW2_110))
 
 
+SIGN_PAIRS = (0x00000808, 0x00008080, 0x08080000, 0x80800000)
+"""Masks of the sign bits of codes (0, 2), (1, 3), (4, 6), (5, 7) of a word: shifting one left puts the
+sign of code j on bit 31 and its partner's either past bit 31 or on bit 23, inside the magnitude field."""
+MAG_FIELD = 0x01C00000
+
+
+def sign_pair(j: int) -> int:
+    return (j % 2) + 2 * (j // 4)
+
+
 @cute.jit
-def e2m1_bits(word: Int32, j: cutlass.Constexpr[int]) -> Int32:
-    """The fp32 bit pattern of e2m1(code j of `word`) * 2^-126: one shift puts the code's sign bit on bit 31,
-    a second its magnitude on bits 22-24 (three integer instructions: shift, shift, lop3)."""
-    t = word << (28 - 4 * j)
-    return (t & Int32(-0x80000000)) | ((t >> 6) & 0x01C00000)
+def e2m1_bits(word: Int32, signs: Int32, j: cutlass.Constexpr[int]) -> Int32:
+    """The fp32 bit pattern of e2m1(code j of `word`) * 2^-126, `signs` = word & SIGN_PAIRS[sign_pair(j)]:
+    the magnitude (bits 22-24) from one shift of the word, everything else from one shift of the sign
+    pair (its other bits are zero or inside the magnitude field): shift, shift, one lop3 select."""
+    if const_expr(j <= 5):
+        mag = word << (22 - 4 * j)
+    else:
+        mag = word >> (4 * j - 22)
+    sign = signs << (28 - 4 * j)
+    return select_bits(mag, sign, Int32(MAG_FIELD))
 
 
 @cute.jit
@@ -191,8 +237,9 @@ class W4A16DecodeGemm:
                         s = e4m3_times_2_100(rB[r] >> (8 * half))
                         for w in cutlass.range_constexpr(2):
                             word = rW[2 * half + w, r]
+                            signs = [opaque_and(word, SIGN_PAIRS[p]) for p in range(4)]
                             for j in cutlass.range_constexpr(8):
-                                wv[r, 16 * half + 8 * w + j] = mul_bits_rn(e2m1_bits(word, j), s)
+                                wv[r, 16 * half + 8 * w + j] = mul_bits_rn(e2m1_bits(word, signs[sign_pair(j)], j), s)
                 else:
                     for w in cutlass.range_constexpr(CHUNK_WORDS):
                         for j in cutlass.range_constexpr(4):
