@@ -185,10 +185,10 @@ def decode_nvfp4_words(words: Tensor, pairs: Tensor, k: int) -> Tensor:
 
 def decode_int8_words(words: Tensor, k: int) -> Tensor:
     """float64 int8 codes [N, k] from the kernel's words, decoded the kernel's way (the 2^23 + 128 trick)."""
-    w = words.view(torch.int32)
+    flipped = words.view(torch.int32) ^ -0x7F7F7F80  # 0x80808080: each byte int8 + 128
     shifts = torch.arange(4, dtype=torch.int32) * 8
-    bytes_ = ((w.unsqueeze(-1) >> shifts) & 0xFF).reshape(w.shape[0], -1)
-    f = (bytes_ ^ 0x4B000080).view(torch.float32).double()
+    bytes_ = ((flipped.unsqueeze(-1) >> shifts) & 0xFF).reshape(flipped.shape[0], -1)
+    f = (bytes_ | 0x4B000000).view(torch.float32).double()  # the kernel's prmt
     return (f - 8388736.0)[:, :k]
 
 

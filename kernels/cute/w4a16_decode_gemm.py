@@ -25,8 +25,8 @@ Decode, exact in fp32 and independent of the flush-to-zero setting (subnormal in
   S = e4m3(b) * 2^100 (normal for every finite e4m3 value).
 - w' = (e2m1 * 2^-126) * S = e2m1 * e4m3 * 2^-26, exact (<= 6 significant bits, normal). The epilogue
   multiplies the fp32 sum by 2^26 * global (an exact power of two, then one rounding).
-- int8 byte b: the fp32 bit pattern 0x4B000080 ^ b (b as an unsigned byte) is 2^23 + 128 + int8(b), so
-  subtracting 8388736.0 gives int8(b) exactly.
+- int8 byte b: the fp32 bit pattern 0x4B000000 | (b ^ 0x80) (b as an unsigned byte) is 2^23 + 128 + int8(b),
+  so subtracting 8388736.0 gives int8(b) exactly (one xor per word, one prmt and one fadd per code).
 
 Output: one split writes out[m, n] = dtype(sum * scale (+ bias[n])) itself; several write fp32 partials
 mPart [splits, M, N] that `W4A16SplitKReduce` (w4a16_splitk_reduce.py) adds up in a fixed order
@@ -126,11 +126,21 @@ def e2m1_bits(word: Int32, signs: Int32, j: cutlass.Constexpr[int]) -> Int32:
     return select_bits(mag, sign, Int32(MAG_FIELD))
 
 
-@cute.jit
-def int8_value(word: Int32, j: cutlass.Constexpr[int]) -> Float32:
-    """int8 code j of `word` as fp32."""
-    bits = ((word >> (8 * j)) & 0xFF) ^ 0x4B000080
-    return bits.bitcast(Float32) - Float32(_INT8_MAGIC)
+@dsl_user_op
+def int8_value(flipped: Int32, j: int, *, loc=None, ip=None) -> Float32:
+    """int8 code j of a word as fp32, from `flipped` = word ^ 0x80808080 (each byte now int8 + 128): one prmt
+    builds the bit pattern 0x4B0000{byte j} = 2^23 + 128 + int8, one subtraction leaves int8."""
+    bits = llvm.inline_asm(
+        T.i32(),
+        [Int32(flipped).ir_value(loc=loc, ip=ip), Int32(0x4B000000).ir_value(loc=loc, ip=ip),
+         Int32(0x7540 | j).ir_value(loc=loc, ip=ip)],
+        "prmt.b32 $0, $1, $2, $3;",
+        "=r,r,r,r",
+        has_side_effects=False,
+        is_align_stack=False,
+        asm_dialect=llvm.AsmDialect.AD_ATT,
+    )
+    return Int32(bits).bitcast(Float32) - Float32(_INT8_MAGIC)
 
 
 @cute.jit
@@ -242,8 +252,9 @@ class W4A16DecodeGemm:
                                 wv[r, 16 * half + 8 * w + j] = mul_bits_rn(e2m1_bits(word, signs[sign_pair(j)], j), s)
                 else:
                     for w in cutlass.range_constexpr(CHUNK_WORDS):
+                        flipped = rW[w, r] ^ Int32(-0x7F7F7F80)  # 0x80808080
                         for j in cutlass.range_constexpr(4):
-                            wv[r, 4 * w + j] = int8_value(rW[w, r], j)
+                            wv[r, 4 * w + j] = int8_value(flipped, j)
             for m in cutlass.range_constexpr(MB):
                 if m < m_rows:
                     cute.autovec_copy(cute.local_tile(mX[m, None], (V,), (c,)), rX)
