@@ -1,0 +1,64 @@
+"""Split-K reduction of the weight-only decode GEMM (`w4a16_decode_gemm.py`), CuTe DSL, any sm80+.
+
+mPart [splits, M, N] fp32 holds each split's sums; out[m, n] = dtype(sum_s mPart[s, m, n] * scale (+ bias[n]))
+with the splits added in order (deterministic), scale = 2^26 * mScale[0] for NVFP4 (the main kernel's
+decode carries 2^-26) or mScale[n] for int8. One thread per output element, splits unrolled by 4 so their
+loads are in flight together.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float32, const_expr
+
+from .w4a16_decode_gemm import POW2_26
+
+NUM_THREADS = 256
+UNROLL = 4
+
+
+class W4A16SplitKReduce:
+    """One compiled variant per (x dtype, format, bias or not). Call: (mPart [splits, M, N] fp32 compact,
+    mScale, mBias [N] or None, mOut [M, N] (unit stride on N), stream)."""
+
+    def __init__(self, dtype, fmt: str, has_bias: bool):
+        self.dtype = dtype
+        self.fmt = fmt
+        self.has_bias = has_bias
+
+    @cute.jit
+    def __call__(self, mPart: cute.Tensor, mScale: cute.Tensor, mBias: Optional[cute.Tensor], mOut: cute.Tensor,
+                 stream):
+        total = mOut.shape[0] * mOut.shape[1]
+        self.kernel(mPart, mScale, mBias, mOut).launch(
+            grid=((total + NUM_THREADS - 1) // NUM_THREADS, 1, 1), block=(NUM_THREADS, 1, 1), stream=stream)
+
+    @cute.kernel
+    def kernel(self, mPart: cute.Tensor, mScale: cute.Tensor, mBias: Optional[cute.Tensor], mOut: cute.Tensor):
+        tidx, _, _ = cute.arch.thread_idx()
+        bx, _, _ = cute.arch.block_idx()
+        n_cols = mOut.shape[1]
+        e = bx * NUM_THREADS + tidx
+        if e < mOut.shape[0] * n_cols:
+            m = e // n_cols
+            n = e - m * n_cols
+            splits = mPart.shape[0]
+            acc = cute.make_rmem_tensor((UNROLL,), Float32)
+            acc.fill(0.0)
+            full = splits // UNROLL * UNROLL
+            for s0 in range(0, full, UNROLL):
+                for u in cutlass.range_constexpr(UNROLL):
+                    acc[u] = acc[u] + mPart[s0 + u, m, n]
+            for s in range(full, splits):
+                acc[0] = acc[0] + mPart[s, m, n]
+            y = (acc[0] + acc[1]) + (acc[2] + acc[3])
+            if const_expr(self.fmt == "nvfp4"):
+                y = y * (mScale[0] * Float32(POW2_26))
+            else:
+                y = y * mScale[n]
+            if const_expr(self.has_bias):
+                y = y + Float32(mBias[n])
+            mOut[m, n] = y.to(self.dtype)

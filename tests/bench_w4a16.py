@@ -1,0 +1,130 @@
+"""Weight-only decode GEMM benchmark (issue 15) on a GPU: ours (kernels/w4a16_decode.py) vs bf16 cuBLAS vs quack's
+W4A16 GEMM (kernels/quack_w4a16.py), NVFP4 and int8 weights, x bf16.
+
+    python tests/bench_w4a16.py                   # M = 1, 4, 16 on the issue's shapes
+    python tests/bench_w4a16.py --m 1 --shapes 8192x8192 --splits 1,2,4,8   # split-count sweep, ours only
+
+Timing: each kernel is called on C copies of its weight (C copies > 2x the 50 MB L2, so every call reads its
+weight from HBM as a decode step does) inside one CUDA graph; the median over 20 replays divided by C is the
+time per call (launch gaps inside the graph included). TB/s counts the weight bytes (codes + scales).
+Targets (H200): 8192x8192 M=1 NVFP4 <= 11 us, int8 <= 18 us; M=16 within 15% of M=1; 2048x8192 and
+8192x2048 M=1 NVFP4 >= 2.5x bf16.
+"""
+
+import argparse
+import math
+
+import torch
+import torch.nn.functional as F
+
+from fa4_inductor.kernels import quack_w4a16, w4a16_decode as w4
+
+SHAPES = [(8192, 8192), (2048, 8192), (8192, 2048), (14336, 4096), (4096, 14336), (128256, 4096)]
+L2_BYTES = 50 * 2 ** 20
+
+
+def graph_us(calls) -> float:
+    """Median microseconds per call of `calls` (a list of thunks, one per weight copy) replayed in one graph."""
+    for c in calls:  # compile, prepare weights, warm up
+        c()
+    torch.cuda.synchronize()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(side):
+        for c in calls:
+            c()
+        with torch.cuda.graph(graph, stream=side):
+            for c in calls:
+                c()
+    torch.cuda.current_stream().wait_stream(side)
+    for _ in range(3):
+        graph.replay()
+    times = []
+    for _ in range(20):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3 / len(calls))
+    return sorted(times)[len(times) // 2]
+
+
+def copies(nbytes: int) -> int:
+    return max(2, min(32, math.ceil(2 * L2_BYTES / nbytes)))
+
+
+def weights(n, k, c, seed=0):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    out = []
+    for _ in range(c):
+        w_fp4 = torch.randint(0, 256, (n, k // 2), dtype=torch.uint8, device="cuda", generator=g)
+        block = (torch.rand(n, k // 16, device="cuda", generator=g) * 6 + 0.01).to(torch.float8_e4m3fn)
+        gs = torch.full((), 1e-2, device="cuda")
+        w8 = torch.randint(-128, 128, (n, k), dtype=torch.int8, device="cuda", generator=g)
+        s8 = torch.rand(n, device="cuda", generator=g) / 100
+        out.append((w_fp4, block, gs, w8, s8))
+    return out
+
+
+def bench_shape(n, k, ms, splits_list=None):
+    fp4_bytes, int8_bytes, bf16_bytes = n * k * 9 // 16, n * k + 4 * n, 2 * n * k
+    c = copies(fp4_bytes)
+    ws = weights(n, k, c)
+    wbf = [torch.randn(n, k, dtype=torch.bfloat16, device="cuda") for _ in range(copies(bf16_bytes))]
+    for m in ms:
+        x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
+        row = {}
+        if splits_list:
+            for s in splits_list:
+                row[f"ours nvfp4 s{s}"] = (graph_us([lambda w=w: w4.nvfp4_matmul(x, *w[:3], splits=s) for w in ws]),
+                                           fp4_bytes)
+                row[f"ours int8 s{s}"] = (graph_us([lambda w=w: w4.int8_matmul(x, w[3], w[4], splits=s) for w in ws]),
+                                          int8_bytes)
+        else:
+            row["bf16"] = (graph_us([lambda w=w: F.linear(x, w) for w in wbf]), bf16_bytes)
+            row["ours nvfp4"] = (graph_us([lambda w=w: w4.nvfp4_matmul(x, *w[:3]) for w in ws]), fp4_bytes)
+            row["ours int8"] = (graph_us([lambda w=w: w4.int8_matmul(x, w[3], w[4]) for w in ws]), int8_bytes)
+            if quack_w4a16.unsupported_reason(x, "nvfp4", n, k) is None:
+                row["quack nvfp4"] = (graph_us([lambda w=w: quack_w4a16.nvfp4_matmul(x, *w[:3]) for w in ws]),
+                                      fp4_bytes)
+            if quack_w4a16.unsupported_reason(x, "int8", n, k) is None:
+                row["quack int8"] = (graph_us([lambda w=w: quack_w4a16.int8_matmul(x, w[3], w[4]) for w in ws]),
+                                     int8_bytes)
+            # accuracy of ours against the dequantized weight in float64 (relative to the output's scale)
+            w_fp4, block, gs, w8, s8 = ws[0]
+            from test_nvfp4_linear import float64_dequantized
+
+            ref4 = x.double() @ float64_dequantized(w_fp4, block, gs).T
+            ref8 = x.double() @ (w8.double() * s8.double()[:, None]).T
+            e4 = ((w4.nvfp4_matmul(x, w_fp4, block, gs).double() - ref4).abs().max() / ref4.abs().max()).item()
+            e8 = ((w4.int8_matmul(x, w8, s8).double() - ref8).abs().max() / ref8.abs().max()).item()
+        splits = {f: w4.num_splits(n, w4.padded_k(f, k), f, m, w4._num_sms(0)) for f in w4.FORMATS}
+        base = row.get("bf16", (None,))[0]
+        cells = []
+        for name, (us, nbytes) in row.items():
+            speed = f" {base / us:4.2f}x" if base and name != "bf16" else ""
+            cells.append(f"{name} {us:6.1f} us {nbytes / us / 1e6:4.2f} TB/s{speed}")
+        acc = "" if splits_list else f"  rel err nvfp4 {e4:.1e} int8 {e8:.1e}"
+        print(f"{n}x{k} m{m:<2} splits {splits['nvfp4']}/{splits['int8']}  " + "  |  ".join(cells) + acc, flush=True)
+    del ws, wbf
+    torch.cuda.empty_cache()
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--m", default="1,4,16")
+    p.add_argument("--shapes", default=",".join(f"{n}x{k}" for n, k in SHAPES))
+    p.add_argument("--splits", default=None, help="comma list: sweep split counts (ours only)")
+    a = p.parse_args()
+    ms = [int(v) for v in a.m.split(",")]
+    splits = [int(v) for v in a.splits.split(",")] if a.splits else None
+    print(f"device {torch.cuda.get_device_name()}, SMs {w4._num_sms(0)}")
+    for shape in a.shapes.split(","):
+        n, k = map(int, shape.split("x"))
+        bench_shape(n, k, ms, splits)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,218 @@
+"""CPU tier of the weight-only decode GEMM (`kernels/w4a16_decode.py`, `kernels/cute/w4a16_decode_gemm.py`):
+CuTe DSL compiles its variants for sm_90a without a GPU; the weight layout and the kernel's bit-level
+decode, emulated in PyTorch, reproduce the weights exactly; the host rules (limits, split count, padding)
+hold. Numerics on the device are in `test_gpu_w4a16.py`.
+"""
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from fa4_inductor.kernels import nvfp4_linear, w4a16_decode as w4
+
+ARCH = "sm_90a"
+
+
+@pytest.fixture(scope="module")
+def cute_dsl():
+    os.environ.setdefault("CUTE_DSL_ARCH", ARCH)
+    pytest.importorskip("cutlass")
+    pytest.importorskip("tvm_ffi", reason="the kernel compiles with --enable-tvm-ffi")
+
+
+def _key(kernel, dtype, fmt, m, split, bias):
+    return w4._Key(kernel, dtype, fmt, m, split, bias, ARCH)
+
+
+FAST_VARIANTS = [
+    ("main", torch.bfloat16, "nvfp4", 1, False, False),
+    ("main", torch.float16, "int8", 16, True, False),
+    ("reduce", torch.bfloat16, "int8", 0, True, True),
+]
+SLOW_VARIANTS = [
+    ("main", torch.float16, "nvfp4", 16, True, False),
+    ("main", torch.bfloat16, "nvfp4", 4, True, False),
+    ("main", torch.bfloat16, "int8", 8, False, True),
+    ("main", torch.float16, "int8", 2, False, False),
+    ("reduce", torch.float16, "nvfp4", 0, True, False),
+]
+
+
+def _ids(v):
+    return "-".join(map(str, v)).replace("torch.", "")
+
+
+@pytest.mark.parametrize("variant", FAST_VARIANTS, ids=_ids)
+def test_variant_compiles(cute_dsl, variant):
+    key = _key(*variant)
+    assert callable(w4.compiled(key))
+    assert w4.compiled(key) is w4.compiled(key)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("variant", SLOW_VARIANTS, ids=_ids)
+def test_more_variants_compile(cute_dsl, variant):
+    assert callable(w4.compiled(_key(*variant)))
+
+
+@pytest.mark.slow
+def test_warmup_compiles_every_variant_of_a_format(cute_dsl):
+    w4.warmup(torch.bfloat16, "nvfp4", (1, 3), device="cpu")
+    assert w4.warmup(torch.bfloat16, "nvfp4", (1, 3), device="cpu") == 0
+    with pytest.raises(ValueError):
+        w4.warmup(torch.float32, "nvfp4")
+
+
+PTX_PROBE = """
+import sys, torch
+from fa4_inductor.kernels import w4a16_decode as w
+ptx = w.compiled(w._Key("main", torch.bfloat16, sys.argv[1], 2, False, False, "sm_90a")).__ptx__
+lines = [l.split()[0] for l in ptx.splitlines() if l.strip().startswith(("ld.global", "mul.", "fma.", "add."))]
+print(" ".join(sorted(set(lines))))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fmt", ["nvfp4", "int8"])
+def test_ptx_streams_16_byte_loads_and_keeps_subnormals(cute_dsl, fmt, tmp_path):
+    """Weight and x loads are 128-bit; the NVFP4 decode multiplies subnormal bit patterns with mul.rn.f32,
+    never a flushing (.ftz) multiply."""
+    env = dict(os.environ, CUTE_DSL_KEEP_PTX="1", CUTE_DSL_ARCH=ARCH)
+    out = subprocess.run([sys.executable, "-c", PTX_PROBE, fmt], env=env, cwd=tmp_path, check=True,
+                         capture_output=True, text=True).stdout.split()
+    assert "ld.global.v4.b32" in out, out
+    assert not any("ftz" in op and op.startswith("mul") for op in out), out
+    if fmt == "nvfp4":
+        assert "mul.rn.f32" in out, out
+
+
+# ------------------------------------------------------------------------------- layout and decode (PyTorch)
+
+E2M1 = torch.tensor(nvfp4_linear.E2M1_VALUES, dtype=torch.float64)
+
+
+def _random_nvfp4(n, k, seed):
+    g = torch.Generator().manual_seed(seed)
+    w_fp4 = torch.randint(0, 256, (n, k // 2), dtype=torch.uint8, generator=g)
+    scale_bytes = torch.randint(0, 0x7F, (n, k // 16), dtype=torch.uint8, generator=g)  # finite, positive
+    scale_bytes[0, 0] = 0x01  # the smallest subnormal e4m3
+    scale_bytes |= (torch.rand(n, k // 16, generator=g) < 0.1).to(torch.uint8) << 7  # some negative
+    return w_fp4, scale_bytes.view(torch.float8_e4m3fn)
+
+
+def _exact_nvfp4(w_fp4, scales):
+    lo, hi = (w_fp4 & 0xF).long(), (w_fp4 >> 4).long()
+    codes = torch.stack([lo, hi], dim=-1).reshape(w_fp4.shape[0], -1)
+    return E2M1[codes] * scales.double().repeat_interleave(16, dim=1)
+
+
+@pytest.mark.parametrize("n, k", [(5, 64), (3, 48), (17, 16), (2, 4096)])
+def test_nvfp4_layout_decodes_to_the_weight_exactly(n, k):
+    w_fp4, scales = _random_nvfp4(n, k, seed=n * 1000 + k)
+    words, pairs = w4.nvfp4_words(w_fp4), w4.nvfp4_block_pairs(scales, k)
+    kp = w4.padded_k("nvfp4", k)
+    assert words.dtype == torch.int32 and tuple(words.shape) == (n, kp // 8)
+    assert pairs.dtype == torch.int16 and tuple(pairs.shape) == (n, kp // 32)
+    assert torch.equal(w4.decode_nvfp4_words(words, pairs, k), _exact_nvfp4(w_fp4, scales))
+    if kp > k:  # the padding decodes to zeros
+        assert not w4.decode_nvfp4_words(words, pairs, kp)[:, k:].any()
+
+
+def test_nvfp4_decode_covers_every_code_and_finite_scale():
+    """Every e2m1 code against every finite e4m3 byte (subnormals, both signs): the kernel's bit tricks."""
+    scale_bytes = torch.tensor([b for b in range(256) if b & 0x7F != 0x7F], dtype=torch.uint8)
+    n = scale_bytes.numel()
+    codes = torch.arange(16, dtype=torch.uint8)
+    w_fp4 = (codes[0::2] | (codes[1::2] << 4)).repeat(n, 2)  # the 16 codes twice: 32 per row
+    scales = scale_bytes.repeat_interleave(2).reshape(n, 2).view(torch.float8_e4m3fn)
+    got = w4.decode_nvfp4_words(w4.nvfp4_words(w_fp4), w4.nvfp4_block_pairs(scales, 32), 32)
+    assert torch.equal(got, _exact_nvfp4(w_fp4, scales))
+
+
+@pytest.mark.parametrize("n, k", [(7, 32), (3, 16), (4, 40), (9, 200)])
+def test_int8_layout_decodes_to_the_weight_exactly(n, k):
+    g = torch.Generator().manual_seed(k)
+    w_int8 = torch.randint(-128, 128, (n, k), dtype=torch.int8, generator=g)
+    w_int8[0, :2] = torch.tensor([-128, 127], dtype=torch.int8)
+    words = w4.int8_words(w_int8)
+    assert words.dtype == torch.int32 and words.shape[1] * 4 == w4.padded_k("int8", k)
+    assert torch.equal(w4.decode_int8_words(words, k), w_int8.double())
+
+
+def test_layout_is_a_view_when_nothing_needs_padding():
+    w_fp4, scales = _random_nvfp4(4, 64, seed=1)
+    words, pairs = w4.prepare_nvfp4(w_fp4, scales)
+    assert words.data_ptr() == w_fp4.data_ptr() and pairs.data_ptr() == scales.data_ptr()
+    w_int8 = torch.zeros(4, 32, dtype=torch.int8)
+    assert w4.prepare_int8(w_int8).data_ptr() == w_int8.data_ptr()
+
+
+def test_padded_weights_are_prepared_once():
+    from fa4_inductor.kernels import prepared_weights
+
+    w_fp4, scales = _random_nvfp4(4, 48, seed=2)
+    first, _ = w4.prepare_nvfp4(w_fp4, scales)
+    again, _ = w4.prepare_nvfp4(w_fp4, scales)
+    assert first is again and first.shape[1] == 64 // 8
+    assert any(kind == "w4a16_nvfp4" for _, kind, _ in prepared_weights.report())
+
+
+def test_x_is_zero_padded_to_the_chunk():
+    x = torch.randn(3, 48, dtype=torch.bfloat16)
+    xp = w4.prepare_x(x, 64)
+    assert xp.shape == (3, 64) and torch.equal(xp[:, :48], x) and not xp[:, 48:].any()
+    assert w4.prepare_x(x[:, :32].contiguous(), 32).shape == (3, 32)
+    one_row = torch.randn(1, 80, dtype=torch.bfloat16)[:, :64]  # "contiguous", but its row stride is 80
+    assert w4.prepare_x(one_row, 64).stride() == (64, 1)
+
+
+# ------------------------------------------------------------------------------------------- host rules
+
+
+@pytest.mark.parametrize("n, k, fmt, m", [
+    (8192, 8192, "nvfp4", 1), (2048, 8192, "nvfp4", 1), (8192, 2048, "int8", 16), (128256, 4096, "nvfp4", 4),
+    (16, 16, "int8", 1), (4096, 14336, "nvfp4", 16),
+])
+def test_num_splits_is_in_range(n, k, fmt, m):
+    kp = w4.padded_k(fmt, k)
+    s = w4.num_splits(n, kp, fmt, m, num_sms=132)
+    assert 1 <= s <= w4.MAX_SPLITS
+    chunks = kp // w4.CHUNK_VALUES[fmt]
+    assert s == 1 or chunks // s >= 32 * w4.MIN_STEPS
+
+
+def test_num_splits_targets():
+    """8192 rows fill the GPU without splitting; 2048 rows of a long K split four ways."""
+    assert w4.num_splits(8192, 8192, "nvfp4", 1, 132) == 1
+    assert w4.num_splits(4096, 14336, "nvfp4", 1, 132) == 3
+    assert w4.num_splits(2048, 8192, "nvfp4", 1, 132) == 4
+    assert w4.num_splits(2048, 2048, "nvfp4", 1, 132) == 1
+
+
+def test_declines_off_gpu_and_outside_its_limits():
+    x = torch.randn(1, 64, dtype=torch.bfloat16)
+    assert "CUDA" in w4.unsupported_reason(x, "nvfp4", 16, 64)
+    assert "formats" in w4.unsupported_reason(x, "mxfp4", 16, 64)
+    assert w4.shape_reason(2, 17, 16, 64) == "the W4A16 decode GEMM takes 1..16 rows of x, got 17"
+    assert "multiple of 16" in w4.shape_reason(2, 1, 16, 40)
+    assert w4.shape_reason(2, 16, 16, 64) is None
+
+
+def test_matmuls_check_their_operands():
+    x = torch.randn(1, 64, dtype=torch.bfloat16)
+    w_fp4, scales = _random_nvfp4(4, 64, seed=3)
+    with pytest.raises(ValueError, match="block scales"):
+        w4.nvfp4_matmul(x, w_fp4, scales.view(torch.uint8), torch.tensor(1.0))
+    with pytest.raises(ValueError, match="CUDA"):
+        w4.nvfp4_matmul(x, w_fp4, scales, torch.tensor(1.0))
+    with pytest.raises(ValueError, match="per-channel"):
+        w4.int8_matmul(x, torch.zeros(4, 64, dtype=torch.int8), torch.ones(8))
+
+
+@pytest.mark.slow
+def test_host_module_imports_no_cutlass():
+    code = "import sys, fa4_inductor.kernels.w4a16_decode; assert 'cutlass' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True)
