@@ -196,6 +196,7 @@ int8_linear_default: bf16[6, 48] = fa4.int8_linear(view_2, arg0_1, arg1_1, arg3_
 view_3: bf16[2, 3, 48] = aten.reshape(int8_linear_default, (2, 3, 48))""")
 
 
+@pytest.mark.slow
 def test_training_keeps_the_dequantized_weight_the_backward_reads():
     linear = gpt_fast_linear(torch.float32)
     x = torch.randn(2, 3, K, requires_grad=True)

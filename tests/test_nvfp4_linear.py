@@ -276,6 +276,7 @@ def test_dequantize_then_linear_spellings(spelling):
     assert [rewritten for rewritten, _ in compiled.details] == [True]
 
 
+@pytest.mark.slow
 def test_no_global_scale_gets_a_one():
     layer = PackedLinear(lambda w, b, s: (nvfp4.e2m1_values(stacked(w)).view(N, K // 16, 16)
                                           * b.float().unsqueeze(-1)).view(N, K), global_scale=False)
@@ -337,6 +338,7 @@ def test_what_stays_as_written(case):
         assert torch.equal(compiled.out, torch.compile(layer, backend="inductor")(x))  # what Inductor alone gives
 
 
+@pytest.mark.slow
 def test_training_keeps_the_dequantized_weight_the_backward_reads():
     layer = nvfp4_linear_module(torch.float32)
     x = torch.randn(2, 3, K, requires_grad=True)
