@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from . import library
+from . import layout, library
 
 OUT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 DEVICES = ("cpu", "cuda")
@@ -38,8 +38,7 @@ INT_MM_MIN_ROWS = 17  # torch._int_mm on CUDA: "self.size(0) needs to be greater
 PADDED_ROWS = 32  # what fewer rows are padded to on CUDA (a multiple of 16 above the limit)
 
 
-def _name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
+_name = layout.dtype_name
 
 
 def unsupported_reason(device_type: str, out_dtype: torch.dtype, n: int, k: int) -> str | None:

@@ -45,15 +45,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from . import library, quack_w4a16
+from . import layout, library, quack_w4a16
 
 X_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 SCALE_DTYPES = X_DTYPES
 DEVICES = ("cpu", "cuda")
 
 
-def _name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
+_name = layout.dtype_name
 
 
 def unsupported_reason(device_type: str, dtype: torch.dtype, scale_dtype: torch.dtype, in_features: int,

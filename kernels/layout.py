@@ -13,6 +13,11 @@ ALIGN_BYTES = 16  # what our kernels and FA4 assume of a tensor's start and of i
 HALF_DTYPES = (torch.float16, torch.bfloat16)  # what our CUDA kernels, FA4 and cuDNN SDPA take
 
 
+def dtype_name(dtype: torch.dtype) -> str:
+    """"bfloat16" for torch.bfloat16: how our messages name a dtype."""
+    return str(dtype).removeprefix("torch.")
+
+
 def empty_bhsd(b, h, s, d, *, dtype: torch.dtype, device, zero: bool = False) -> Tensor:
     """An uninitialized (or zero) [b, h, s, d] tensor with [b, s, h, d] storage, strides (s*h*d, d, h*d, 1).
 

@@ -37,7 +37,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from . import library, quack_w4a16
+from . import layout, library, quack_w4a16
 
 X_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 DEVICES = ("cpu", "cuda")
@@ -52,8 +52,7 @@ QUACK_MAX_M = 64
 M = 256). The crossover is to be measured on the GPU; this is the line until then."""
 
 
-def _name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
+_name = layout.dtype_name
 
 
 def unsupported_reason(device_type: str, dtype: torch.dtype, in_features: int) -> str | None:

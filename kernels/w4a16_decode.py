@@ -64,8 +64,7 @@ MAX_SPLITS = 64
 FP4_DTYPES = tuple(d for d in (torch.uint8, getattr(torch, "float4_e2m1fn_x2", None)) if d is not None)
 
 
-def _name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
+_name = layout.dtype_name
 
 
 def unsupported_reason(x2d: Tensor, fmt: str, n: int, k: int) -> str | None:

@@ -33,33 +33,16 @@ from torch.fx import Node
 
 from ..kernels import INT8_INT8_LINEAR, int8_int8_linear_unsupported_reason
 from ..kernels.int8_int8_linear import INT_MM_MIN_ROWS
+from ..kernels.layout import dtype_name as _name
 from .family import POST_GRAD, Context, Family
 from .graph_edit import NodeMaker, erase_dead
 from .records import Decline
-from .spellings import shape, single_user, value
+from .spellings import describe_operand as _describe, dtype_of as _dtype, is_call as _is, shape, single_user, value
 
 aten, prims = torch.ops.aten, torch.ops.prims
 CONVERT = prims.convert_element_type.default
 RESHAPES = (aten.reshape.default, aten.view.default)
 FLOATS = (torch.float16, torch.bfloat16, torch.float32)
-
-
-def _is(node, *targets) -> bool:
-    return isinstance(node, Node) and node.op == "call_function" and node.target in targets
-
-
-def _name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
-
-
-def _dtype(node) -> torch.dtype:
-    return value(node).dtype
-
-
-def _describe(operand) -> str:
-    if isinstance(operand, Node):
-        return f"a {_name(_dtype(operand))} tensor of shape {list(shape(operand))}"
-    return f"the number {operand}"
 
 
 def _weight(matmul: Node) -> Node | None:

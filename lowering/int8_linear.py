@@ -43,10 +43,12 @@ import torch
 from torch.fx import Node
 
 from ..kernels import INT8_LINEAR, int8_linear_unsupported_reason
+from ..kernels.layout import dtype_name as _name
 from .family import POST_GRAD, Context, Family
 from .graph_edit import NodeMaker, erase_dead
 from .records import Decline
-from .spellings import same_size, shape, single_user, value
+from .spellings import describe_operand as _describe, dtype_of as _dtype, is_call as _is
+from .spellings import is_transpose_2d as _is_transpose, same_size, shape, single_user, value
 
 aten, prims = torch.ops.aten, torch.ops.prims
 CONVERT = prims.convert_element_type.default
@@ -54,22 +56,6 @@ RESHAPES = (aten.reshape.default, aten.view.default)
 MATMULS = (aten.mm.default, aten.addmm.default)
 FLOATS = (torch.float16, torch.bfloat16, torch.float32)
 WEIGHT_STEPS = (CONVERT, *RESHAPES, aten.mul.Tensor, aten.unsqueeze.default, aten.expand.default, aten.clone.default)
-
-
-def _is(node, *targets) -> bool:
-    return isinstance(node, Node) and node.op == "call_function" and node.target in targets
-
-
-def _dtype(node) -> torch.dtype:
-    return value(node).dtype
-
-
-def _name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
-
-
-def _is_transpose(node) -> bool:
-    return _is(node, aten.permute.default) and [d % 2 for d in node.args[1]] == [1, 0]
 
 
 def _transposed_weight(matmul: Node) -> Node | None:
@@ -191,12 +177,6 @@ def _match_scale_after_matmul(m: Match) -> None:
 def _same_shape(a: Node, b: Node) -> bool:
     """Provably the same shape, without a guard on symbolic sizes."""
     return len(shape(a)) == len(shape(b)) and all(same_size(i, j) for i, j in zip(shape(a), shape(b)))
-
-
-def _describe(operand) -> str:
-    if isinstance(operand, Node):
-        return f"a {_name(_dtype(operand))} tensor of shape {list(shape(operand))}"
-    return f"the number {operand}"
 
 
 def _match_dequantized(m: Match, weight: Node, x_dtype: torch.dtype) -> None:

@@ -38,11 +38,13 @@ from torch.fx import Node
 from torch.fx.node import map_arg
 
 from ..kernels import NVFP4_LINEAR, nvfp4_linear_unsupported_reason
+from ..kernels.layout import dtype_name as _name
 from ..kernels.nvfp4_linear import BLOCK, E2M1_VALUES
 from .family import POST_GRAD, Context, Family
 from .graph_edit import NodeMaker, erase_dead
 from .records import Decline
-from .spellings import shape, value
+from .spellings import describe_operand as _describe, dtype_of as _dtype, is_call as _is
+from .spellings import is_transpose_2d as _is_transpose, shape, value
 
 aten, prims = torch.ops.aten, torch.ops.prims
 CONVERT = prims.convert_element_type.default
@@ -52,22 +54,6 @@ E4M3 = torch.float8_e4m3fn
 # Ops a decode may use besides those tagged pointwise, each elementwise on the codes as `_region` admits them.
 MASKED_WRITE, BITCAST, TABLE_LOOKUP = aten.index_put.default, aten.view.dtype, aten.index.Tensor
 CONSTANTS = (aten.full.default, aten.scalar_tensor.default)
-
-
-def _is(node, *targets) -> bool:
-    return isinstance(node, Node) and node.op == "call_function" and node.target in targets
-
-
-def _dtype(node) -> torch.dtype:
-    return value(node).dtype
-
-
-def _name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
-
-
-def _is_transpose(node) -> bool:
-    return _is(node, aten.permute.default) and [d % 2 for d in node.args[1]] == [1, 0]
 
 
 def _weight_of(matmul: Node) -> Node | None:
@@ -197,12 +183,6 @@ def _match_scale(m: Match, scale: Node, wanted: tuple) -> None:
 
 def _is_e4m3_cast(node) -> bool:
     return _is(node, CONVERT) and _dtype(node.args[0]) == E4M3
-
-
-def _describe(operand) -> str:
-    if isinstance(operand, Node):
-        return f"a {_name(_dtype(operand))} tensor of shape {list(shape(operand))}"
-    return f"the number {operand}"
 
 
 def _region(root: Node, leaf_shape: tuple, is_leaf) -> tuple[set[Node], list[Node]]:

@@ -17,6 +17,8 @@ import torch.nn.functional as F
 from torch.fx import Node
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
+from ..kernels.layout import dtype_name
+
 _MISSING = object()
 
 
@@ -181,3 +183,27 @@ def location(node: Node) -> str:
         return f"{path.rsplit('/', 1)[-1]}:{line_no} in {func}"
     except IndexError:
         return last
+
+
+# Aten-level helpers of the POST_GRAD families (quantized linears): their graphs hold OpOverloads, not spellings.
+
+def is_call(node, *targets) -> bool:
+    """node calls one of `targets` (OpOverloads)."""
+    return isinstance(node, Node) and node.op == "call_function" and node.target in targets
+
+
+def dtype_of(node) -> torch.dtype:
+    return value(node).dtype
+
+
+def is_transpose_2d(node) -> bool:
+    """permute(x, [1, 0]) (or [-1, -2])."""
+    return is_call(node, torch.ops.aten.permute.default) and [d % 2 for d in node.args[1]] == [1, 0]
+
+
+def describe_operand(operand) -> str:
+    """"a bfloat16 tensor of shape [4, 8]" or "the number 2.0", for decline reasons."""
+    if isinstance(operand, Node):
+        return f"a {dtype_name(dtype_of(operand))} tensor of shape {list(shape(operand))}"
+    return f"the number {operand}"
+
