@@ -6,7 +6,6 @@ out[M, N] = x[M, K] @ dequant(W)[N, K]^T for decode-sized M (1..16), x float16 /
     int8_matmul(x2d, w_int8, w_scale, bias=None) -> Tensor [M, N] in x's dtype
     warmup(dtype, fmt, ...)                                   compile before CUDA-graph capture
 
-Not wired into `fa4::nvfp4_linear` / `fa4::int8_linear` yet: call these functions directly.
 
 Formats (the ops' own, see nvfp4_linear.py / int8_linear.py):
 - nvfp4: w_fp4 uint8 [N, K/2] (code 2i in the low nibble), w_block_scale float8_e4m3fn [N, K/16],
@@ -18,24 +17,25 @@ Formats (the ops' own, see nvfp4_linear.py / int8_linear.py):
   out = dtype(sum_k x * w * scale[n] + bias[n]) (the sum in fp32). Per-channel scales only.
 
 Layout: the checkpoint's row-major bytes as they are, read as 32-bit words, when a row is a whole number of
-16-byte chunks and the tensors are 16-byte aligned (no copy at all); otherwise a copy with K padded to the
-chunk (zero codes, zero scales), made once per weight (`prepared_weights`, kind "w4a16_nvfp4" /
-"w4a16_int8"). NVFP4 block scales are padded per call in that case (torchao hands new scale tensors each
-call). x is made contiguous, 16-byte aligned and zero-padded to the chunk when needed (a small copy).
+32-byte chunks (K a multiple of 64 for NVFP4, 32 for int8) and the tensors are 16-byte aligned (no copy at
+all); otherwise a copy with K padded to the chunk (zero codes, zero scales), made once per weight
+(`prepared_weights`, kind "w4a16_nvfp4" / "w4a16_int8"). NVFP4 block scales are padded per call in that case
+(torchao hands new scale tensors each call). x is made contiguous, 16-byte aligned and zero-padded to the
+chunk when needed (a small copy).
 
 Limits (`unsupported_reason`): CUDA sm90, x float16 / bfloat16 with 1..16 rows, K a multiple of 16, N >= 1.
 
-Split-K (`num_splits`): a host function of the shapes and the SM count, never of values, so a captured
-CUDA graph stays valid. One split when the row CTAs already fill NO_SPLIT_CTAS_PER_SM per SM; else enough
-splits to reach CTAS_PER_SM per SM, each split keeping >= MIN_STEPS steps of 32 chunks per lane. These are
-guesses until measured (`tests/bench_w4a16.py --splits 1,2,4,8` sweeps them). Partials go to an fp32 workspace
-[splits, M, N] (a fresh torch allocation per call: fine under capture) reduced by a second kernel in a fixed
-order (deterministic).
+CTA shape (`config`): WARPS_N warps along N times WARPS_K along K, ROW_TILES tiles of 16 rows a warp (fewer
+for M > 8, whose x takes twice the registers). Split-K (`num_splits`): a host function of the shapes and the
+SM count, never of values, so a captured CUDA graph stays valid: one split when the CTAs already fill every
+SM, else enough to reach CTAS_PER_SM per SM, each split keeping >= MIN_STEPS steps of its warps. Partials go
+to an fp32 workspace [splits, M, N] (a fresh torch allocation per call: fine under capture) reduced by a
+second kernel in a fixed order (deterministic). `tests/bench_w4a16.py --splits 1,2,4,8` sweeps the count.
 
-Compilation: one main variant per (x dtype, format, M bucket, split or not, bias or not, arch) and one
-reduce variant per (x dtype, format, bias or not, arch), kept for the process in `compiled`
-(`cute/compile_utils.py`). M buckets 1, 2, 4, 8, 16 (M is a runtime value up to its bucket). Call `warmup`
-(or one eager call per shape) before capturing a CUDA graph.
+Compilation: one main variant per (x dtype, format, x row groups (M <= 8, M <= 16), split or not, bias or
+not, arch) and one reduce variant per (x dtype, format, bias or not, arch), kept for the process in
+`compiled` (`cute/compile_utils.py`). Call `warmup` (or one eager call per shape) before capturing a CUDA
+graph.
 """
 
 from __future__ import annotations
@@ -51,16 +51,16 @@ from .cute import compile_utils
 
 FORMATS = ("nvfp4", "int8")
 DTYPES = layout.HALF_DTYPES
-M_BUCKETS = (1, 2, 4, 8, 16)
+M_BUCKETS = (8, 16)
 MAX_M = M_BUCKETS[-1]
-CHUNK_BYTES = 16
-CHUNK_VALUES = {"nvfp4": 32, "int8": 16}  # weights per 16-byte chunk
+ALIGN_BYTES = 16
+CHUNK_VALUES = {"nvfp4": 64, "int8": 32}  # weights per 32-byte chunk of a row
 K_MULTIPLE = 16
-NUM_WARPS = 4
-CTAS_PER_SM = 4  # what a split grid aims at
-NO_SPLIT_CTAS_PER_SM = 2  # row CTAs per SM from which the grid is not split (a split costs a second launch)
-MIN_STEPS = 2  # steps of 32 chunks per lane in a split
-MAX_SPLITS = 64
+WARPS_N = 2
+WARPS_K = 4
+CTAS_PER_SM = 2  # what a split grid aims at
+MIN_STEPS = 2  # steps (4 chunks a row) per warp in a split
+MAX_SPLITS = 32
 FP4_DTYPES = tuple(d for d in (torch.uint8, getattr(torch, "float4_e2m1fn_x2", None)) if d is not None)
 
 
@@ -103,20 +103,23 @@ def padded_k(fmt: str, k: int) -> int:
     return -(-k // step) * step
 
 
-def rows_per_warp(m_max: int) -> int:
-    """Weight rows per warp of the main kernel for an M bucket: 4 at M = 1 (114 registers), 2 above (at
-    M = 4, 4 rows take 248 registers: two CTAs per SM)."""
-    return 4 if m_max == 1 else 2
+def row_tiles(m_max: int) -> int:
+    """Tiles of 16 weight rows a warp: 2 for M <= 8 (x read once for 32 rows), 1 for M <= 16."""
+    return 2 if m_max <= 8 else 1
+
+
+def rows_per_cta(m: int) -> int:
+    return 16 * row_tiles(m_bucket(m)) * WARPS_N
 
 
 def num_splits(n: int, k_padded: int, fmt: str, m: int, num_sms: int) -> int:
     """Split-K count for an [n, k_padded] weight (see the module docstring)."""
-    row_ctas = -(-n // (rows_per_warp(m_bucket(m)) * NUM_WARPS))
-    if row_ctas >= NO_SPLIT_CTAS_PER_SM * num_sms:
+    row_ctas = -(-n // rows_per_cta(m))
+    if row_ctas >= num_sms:
         return 1
     chunks = k_padded // CHUNK_VALUES[fmt]
     want = -(-num_sms * CTAS_PER_SM // row_ctas)
-    return max(1, min(want, chunks // (32 * MIN_STEPS), MAX_SPLITS))
+    return max(1, min(want, chunks // (4 * WARPS_K * MIN_STEPS), MAX_SPLITS))
 
 
 @functools.cache
@@ -129,15 +132,15 @@ def _num_sms(device_index: int) -> int:
 # ---------------------------------------------------------------------------------------------
 
 
-def _aligned(t: Tensor) -> bool:
+def _aligned(t: Tensor, align: int = ALIGN_BYTES) -> bool:
     """Row-major with rows back to back (checked even for one row, where `is_contiguous` ignores the row
-    stride) and a 16-byte aligned start."""
-    return t.stride() == (t.shape[1], 1) and t.data_ptr() % CHUNK_BYTES == 0
+    stride) and an `align`-byte aligned start."""
+    return t.stride() == (t.shape[1], 1) and t.data_ptr() % align == 0
 
 
-def _pad_cols(t: Tensor, cols: int) -> Tensor:
+def _pad_cols(t: Tensor, cols: int, align: int = ALIGN_BYTES) -> Tensor:
     """t [R, C] as a row-major aligned [R, cols] tensor, zeros past C: t itself when it already is one."""
-    if t.shape[1] == cols and _aligned(t):
+    if t.shape[1] == cols and _aligned(t, align):
         return t
     if t.shape[1] == cols:
         return t.new_empty(t.shape).copy_(t)
@@ -148,58 +151,99 @@ def _pad_cols(t: Tensor, cols: int) -> Tensor:
 
 def nvfp4_words(w_fp4: Tensor) -> Tensor:
     """w_fp4 [N, K/2] bytes as the kernel reads them: int32 [N, Kp/8] (8 codes a word, code j in bits
-    4j..4j+3), K padded to a multiple of 32 with zero codes. A view when nothing needs padding."""
+    4j..4j+3), K padded to a multiple of 64 with zero codes. A view when nothing needs padding."""
     w = w_fp4.view(torch.uint8) if w_fp4.dtype != torch.uint8 else w_fp4
     kp = padded_k("nvfp4", 2 * w.shape[1])
     return _pad_cols(w, kp // 2).view(torch.int32)
 
 
-def nvfp4_block_pairs(w_block_scale: Tensor, k: int) -> Tensor:
-    """The e4m3 block scales [N, K/16] as int16 [N, Kp/32] (block 2c in the low byte of pair c)."""
+def nvfp4_block_words(w_block_scale: Tensor, k: int) -> Tensor:
+    """The e4m3 block scales [N, K/16] as int32 [N, Kp/64] (block 4c + b in byte b of word c)."""
     kp = padded_k("nvfp4", k)
-    return _pad_cols(w_block_scale.view(torch.uint8), kp // 16).view(torch.int16)
+    return _pad_cols(w_block_scale.view(torch.uint8), kp // 16, align=4).view(torch.int32)
 
 
 def int8_words(w_int8: Tensor) -> Tensor:
-    """w_int8 [N, K] as int32 [N, Kp/4] (4 codes a word, code j in byte j), K padded to 16."""
+    """w_int8 [N, K] as int32 [N, Kp/4] (4 codes a word, code j in byte j), K padded to 32."""
     kp = padded_k("int8", w_int8.shape[1])
     return _pad_cols(w_int8, kp).view(torch.int32)
 
 
-def decode_nvfp4_words(words: Tensor, pairs: Tensor, k: int) -> Tensor:
-    """float64 e2m1 * e4m3 [N, k] from the kernel's operands, decoded the kernel's way (bit patterns as
-    float32, exact multiplies by powers of two): the reference the layout tests hold it to."""
-    w = words.view(torch.int32)
+# ---- the kernel's decode, emulated bit for bit (the CPU tests hold it to the exact weights) ----
+
+
+def _u32(t: Tensor) -> Tensor:
+    return t.long() & 0xFFFFFFFF
+
+
+def _shift(w: Tensor, s: int) -> Tensor:
+    """The kernel's shift of int32 words (held as int64 unsigned): left, or arithmetic right."""
+    if s >= 0:
+        return (w << s) & 0xFFFFFFFF
+    signed = torch.where(w >= 1 << 31, w - (1 << 32), w)
+    return (signed >> -s) & 0xFFFFFFFF
+
+
+def _halves(bits: Tensor, dtype: torch.dtype) -> Tensor:
+    """uint32 words (int64) -> their two 16-bit floats as float64 [..., 2] (low half first)."""
+    pairs = torch.stack([bits & 0xFFFF, bits >> 16], dim=-1)
+    return pairs.to(torch.int32).to(torch.int16).view(dtype).double()
+
+
+def _rounded(v: Tensor, dtype: torch.dtype) -> Tensor:
+    return v.to(dtype).double()
+
+
+def decode_nvfp4_words(words: Tensor, block_words: Tensor, k: int, dtype: torch.dtype = torch.bfloat16) -> Tensor:
+    """float64 e2m1 * e4m3 [N, k] from the kernel's operands, decoded the kernel's way for x of `dtype`: the
+    pair bits from shifts and the lop3 merge, times the block scale splat, rounded to `dtype` (the packed
+    fma), times 2^E. Equal to the exact product iff the kernel's decode is exact."""
+    from .cute import w4a16_decode_gemm as gemm
+
+    f16 = dtype == torch.float16
+    w = _u32(words.view(torch.int32))  # [N, W]
     n = w.shape[0]
-    shifts = torch.arange(8, dtype=torch.int32) * 4
-    codes = ((w.unsqueeze(-1) >> shifts) & 0xF).reshape(n, -1)  # [N, Kp]
-    mag_bits = ((codes & 7) << 22) | ((codes & 8) << 28)
-    e2m1 = mag_bits.view(torch.float32).double() * 2.0 ** 126
-    b = pairs.view(torch.int16).int()
-    blocks = torch.stack([b & 0xFF, (b >> 8) & 0xFF], dim=-1).reshape(n, -1)  # [N, Kp/16]
-    s_bits = ((blocks & 0x7F) << 20) | ((blocks & 0x80) << 24)
-    s = s_bits.view(torch.float32).double() * 2.0 ** 120
-    return (e2m1 * s.repeat_interleave(16, dim=1))[:, :k]
+    mag = gemm.nvfp4_magnitude_field(f16)
+    vals = torch.empty(n, w.shape[1], 8, dtype=torch.float64)
+    for j in range(4):
+        mshift, sshift = gemm.nvfp4_shifts(j, f16)
+        bits = (_shift(w, mshift) & mag) | (_shift(w & gemm.nvfp4_sign_mask(j, f16), sshift) & ~mag & 0xFFFFFFFF)
+        vals[:, :, j], vals[:, :, j + 4] = _halves(bits, dtype).unbind(-1)
+    b = _u32(block_words.view(torch.int32))
+    scale_bytes = torch.stack([(b >> 8 * i) & 0xFF for i in range(4)], dim=-1).reshape(n, -1)  # [N, Kp/16]
+    e4m3 = scale_bytes.to(torch.uint8).view(torch.float8_e4m3fn).double()
+    splat = e4m3 * 2.0 ** (5 if f16 else 119)
+    assert torch.equal(_rounded(splat, dtype), splat), "the block scale splat is not exact"
+    codes = vals.reshape(n, -1)
+    w_dec = _rounded(codes * splat.repeat_interleave(16, dim=1), dtype)
+    return (w_dec * 2.0 ** gemm.decode_exponent(f16))[:, :k]
 
 
-def decode_int8_words(words: Tensor, k: int) -> Tensor:
-    """float64 int8 codes [N, k] from the kernel's words, decoded the kernel's way (the 2^23 + 128 trick)."""
-    flipped = words.view(torch.int32) ^ -0x7F7F7F80  # 0x80808080: each byte int8 + 128
-    shifts = torch.arange(4, dtype=torch.int32) * 8
-    bytes_ = ((flipped.unsqueeze(-1) >> shifts) & 0xFF).reshape(flipped.shape[0], -1)
-    f = (bytes_ | 0x4B000000).view(torch.float32).double()  # the kernel's prmt
-    return (f - 8388736.0)[:, :k]
+def decode_int8_words(words: Tensor, k: int, dtype: torch.dtype = torch.bfloat16) -> Tensor:
+    """float64 int8 codes [N, k] from the kernel's words, decoded the kernel's way for x of `dtype`."""
+    w = _u32(words.view(torch.int32))
+    n = w.shape[0]
+    byte = torch.stack([(w >> 8 * i) & 0xFF for i in range(4)], dim=-1)  # [N, W, 4]
+    if dtype == torch.float16:
+        biased = ((byte ^ 0x80) | 0x6400).to(torch.int16).view(torch.float16).double()
+        out = _rounded(biased - 1152.0, dtype)
+    else:
+        low = (byte & 0x7F) | 0x4300
+        high = (byte & 0x80) | 0x4300
+        as_bf16 = lambda v: v.to(torch.int16).view(torch.bfloat16).double()  # noqa: E731
+        out = _rounded(as_bf16(low) - as_bf16(high), dtype)
+    return out.reshape(n, -1)[:, :k]
 
 
 def prepare_nvfp4(w_fp4: Tensor, w_block_scale: Tensor) -> tuple[Tensor, Tensor]:
-    """(words, block pairs): views when K is a multiple of 32 and the tensors are aligned, else the weight's
-    padded copy (once per weight) and the scales' (per call)."""
+    """(words, block-scale words): views when K is a multiple of 64 and the tensors are aligned, else the
+    weight's padded copy (once per weight) and the scales' (per call)."""
     k = 2 * w_fp4.shape[1]
     if k % CHUNK_VALUES["nvfp4"] == 0 and _aligned(w_fp4):
         words = nvfp4_words(w_fp4)
     else:
         words = prepared_weights.get(w_fp4, "w4a16_nvfp4", lambda: nvfp4_words(w_fp4))
-    return words, nvfp4_block_pairs(w_block_scale, k)
+    return words, nvfp4_block_words(w_block_scale, k)
 
 
 def prepare_int8(w_int8: Tensor) -> Tensor:
@@ -222,7 +266,7 @@ class _Key(NamedTuple):
     kernel: str  # "main" or "reduce"
     dtype: torch.dtype
     fmt: str
-    m_max: int  # main only
+    m_max: int  # main only: 8 or 16
     split: bool  # main only
     bias: bool
     arch: str
@@ -231,7 +275,7 @@ class _Key(NamedTuple):
 def _compile(key: _Key):
     """Compile one variant with fake tensors (no GPU needed: CUTE_DSL_ARCH=sm_90a on a CPU)."""
     cute = compile_utils.cute_for(key.arch)
-    from cutlass import Float32, Int16, Int32
+    from cutlass import Float32, Int32
 
     dt = compile_utils.cutlass_dtype(key.dtype)
     sym, sym64 = cute.sym_int, cute.sym_int64
@@ -248,10 +292,11 @@ def _compile(key: _Key):
 
     from .cute.w4a16_decode_gemm import W4A16DecodeGemm
 
-    kernel = W4A16DecodeGemm(dt, key.fmt, key.m_max, key.split, key.bias, rows_per_warp(key.m_max))
-    x = cute.runtime.make_fake_tensor(dt, (sym(), sym()), (sym64(divisibility=8), 1), assumed_align=16)
+    kernel = W4A16DecodeGemm(dt, key.fmt, key.m_max // 8, key.split, key.bias, row_tiles(key.m_max), WARPS_N,
+                             WARPS_K)
+    x = cute.runtime.make_fake_tensor(Int32, (sym(), sym()), (sym64(divisibility=4), 1), assumed_align=16)
     w = cute.runtime.make_fake_tensor(Int32, (sym(), sym()), (sym64(divisibility=4), 1), assumed_align=16)
-    block = cute.runtime.make_fake_tensor(Int16, (sym(), sym()), (sym64(), 1)) if nvfp4 else None
+    block = cute.runtime.make_fake_tensor(Int32, (sym(), sym()), (sym64(), 1)) if nvfp4 else None
     return compile_utils.compile_for_tvm_ffi(
         cute, kernel, x, w, block, scale, bias, None if key.split else out, part if key.split else None)
 
@@ -302,12 +347,13 @@ def _run(fmt: str, x2d: Tensor, words: Tensor, block: Optional[Tensor], scale: T
     split = splits > 1
     arch = compile_utils.target_arch(device)
     variants = [compiled(key) for key in keys(x.dtype, fmt, m, split, bias is not None, arch)]
+    xw = x.view(torch.int32)
     with torch.cuda.device(device):
         if not split:
-            variants[0](x, words, block, scale, bias, out, None)
+            variants[0](xw, words, block, scale, bias, out, None)
         else:
             part = torch.empty(splits, m, n, dtype=torch.float32, device=device)
-            variants[0](x, words, block, scale, None, None, part)
+            variants[0](xw, words, block, scale, None, None, part)
             variants[1](part, scale, bias, out)
     return out
 

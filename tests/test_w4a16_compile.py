@@ -28,15 +28,15 @@ def _key(kernel, dtype, fmt, m, split, bias):
 
 
 FAST_VARIANTS = [
-    ("main", torch.bfloat16, "nvfp4", 1, False, False),
+    ("main", torch.bfloat16, "nvfp4", 8, False, False),
     ("main", torch.float16, "int8", 16, True, False),
     ("reduce", torch.bfloat16, "int8", 0, True, True),
 ]
 SLOW_VARIANTS = [
     ("main", torch.float16, "nvfp4", 16, True, False),
-    ("main", torch.bfloat16, "nvfp4", 4, True, False),
+    ("main", torch.bfloat16, "nvfp4", 16, True, False),
     ("main", torch.bfloat16, "int8", 8, False, True),
-    ("main", torch.float16, "int8", 2, False, False),
+    ("main", torch.float16, "int8", 8, False, False),
     ("reduce", torch.float16, "nvfp4", 0, True, False),
 ]
 
@@ -69,8 +69,8 @@ def test_warmup_compiles_every_variant_of_a_format(cute_dsl):
 PTX_PROBE = """
 import sys, torch
 from fa4_inductor.kernels import w4a16_decode as w
-ptx = w.compiled(w._Key("main", torch.bfloat16, sys.argv[1], 2, False, False, "sm_90a")).__ptx__
-lines = [l.split()[0] for l in ptx.splitlines() if l.strip().startswith(("ld.global", "mul.", "fma.", "add."))]
+ptx = w.compiled(w._Key("main", torch.bfloat16, sys.argv[1], 8, False, False, "sm_90a")).__ptx__
+lines = [l.split()[0] for l in ptx.splitlines() if l.strip().startswith(("ld.global", "mul.", "fma.", "add.", "mma."))]
 print(" ".join(sorted(set(lines))))
 """
 
@@ -78,15 +78,15 @@ print(" ".join(sorted(set(lines))))
 @pytest.mark.slow
 @pytest.mark.parametrize("fmt", ["nvfp4", "int8"])
 def test_ptx_streams_16_byte_loads_and_keeps_subnormals(cute_dsl, fmt, tmp_path):
-    """Weight and x loads are 128-bit; the NVFP4 decode multiplies subnormal bit patterns with mul.rn.f32,
-    never a flushing (.ftz) multiply."""
+    """Weight and x loads are 128-bit, the products run on the tensor cores, and no multiply flushes
+    subnormals (the bf16 NVFP4 decode multiplies e2m1 0.5 as a subnormal pattern)."""
     env = dict(os.environ, CUTE_DSL_KEEP_PTX="1", CUTE_DSL_ARCH=ARCH)
     out = subprocess.run([sys.executable, "-c", PTX_PROBE, fmt], env=env, cwd=tmp_path, check=True,
                          capture_output=True, text=True).stdout.split()
     assert "ld.global.v4.b32" in out, out
-    assert not any("ftz" in op and op.startswith("mul") for op in out), out
-    if fmt == "nvfp4":
-        assert "mul.rn.f32" in out, out
+    assert not any("ftz" in op for op in out), out
+    assert "fma.rn.bf16x2" in out, out
+    assert any(op.startswith("mma.sync.aligned.m16n8k16") for op in out), out
 
 
 # ------------------------------------------------------------------------------- layout and decode (PyTorch)
@@ -109,43 +109,57 @@ def _exact_nvfp4(w_fp4, scales):
     return E2M1[codes] * scales.double().repeat_interleave(16, dim=1)
 
 
+DTYPES = [torch.bfloat16, torch.float16]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("n, k", [(5, 64), (3, 48), (17, 16), (2, 4096)])
-def test_nvfp4_layout_decodes_to_the_weight_exactly(n, k):
+def test_nvfp4_layout_decodes_to_the_weight_exactly(n, k, dtype):
     w_fp4, scales = _random_nvfp4(n, k, seed=n * 1000 + k)
-    words, pairs = w4.nvfp4_words(w_fp4), w4.nvfp4_block_pairs(scales, k)
+    words, blocks = w4.nvfp4_words(w_fp4), w4.nvfp4_block_words(scales, k)
     kp = w4.padded_k("nvfp4", k)
     assert words.dtype == torch.int32 and tuple(words.shape) == (n, kp // 8)
-    assert pairs.dtype == torch.int16 and tuple(pairs.shape) == (n, kp // 32)
-    assert torch.equal(w4.decode_nvfp4_words(words, pairs, k), _exact_nvfp4(w_fp4, scales))
+    assert blocks.dtype == torch.int32 and tuple(blocks.shape) == (n, kp // 64)
+    assert torch.equal(w4.decode_nvfp4_words(words, blocks, k, dtype), _exact_nvfp4(w_fp4, scales))
     if kp > k:  # the padding decodes to zeros
-        assert not w4.decode_nvfp4_words(words, pairs, kp)[:, k:].any()
+        assert not w4.decode_nvfp4_words(words, blocks, kp, dtype)[:, k:].any()
 
 
-def test_nvfp4_decode_covers_every_code_and_finite_scale():
-    """Every e2m1 code against every finite e4m3 byte (subnormals, both signs): the kernel's bit tricks."""
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_nvfp4_decode_covers_every_code_and_finite_scale(dtype):
+    """Every e2m1 code in every position of a word against every finite e4m3 byte (subnormals, both
+    signs): the kernel's shifts, merges and scale splats (for bf16 and f16 x)."""
     scale_bytes = torch.tensor([b for b in range(256) if b & 0x7F != 0x7F], dtype=torch.uint8)
     n = scale_bytes.numel()
-    codes = torch.arange(16, dtype=torch.uint8)
-    w_fp4 = (codes[0::2] | (codes[1::2] << 4)).repeat(n, 2)  # the 16 codes twice: 32 per row
-    scales = scale_bytes.repeat_interleave(2).reshape(n, 2).view(torch.float8_e4m3fn)
-    got = w4.decode_nvfp4_words(w4.nvfp4_words(w_fp4), w4.nvfp4_block_pairs(scales, 32), 32)
+    g = torch.Generator().manual_seed(0)
+    codes = torch.stack([torch.randperm(16, generator=g) for _ in range(4 * n)]).reshape(n, 64).to(torch.uint8)
+    w_fp4 = codes[:, 0::2] | (codes[:, 1::2] << 4)  # each row: every code 4 times, in shuffled positions
+    scales = scale_bytes.repeat_interleave(4).reshape(n, 4).view(torch.float8_e4m3fn)
+    got = w4.decode_nvfp4_words(w4.nvfp4_words(w_fp4), w4.nvfp4_block_words(scales, 64), 64, dtype)
     assert torch.equal(got, _exact_nvfp4(w_fp4, scales))
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("n, k", [(7, 32), (3, 16), (4, 40), (9, 200)])
-def test_int8_layout_decodes_to_the_weight_exactly(n, k):
+def test_int8_layout_decodes_to_the_weight_exactly(n, k, dtype):
     g = torch.Generator().manual_seed(k)
     w_int8 = torch.randint(-128, 128, (n, k), dtype=torch.int8, generator=g)
     w_int8[0, :2] = torch.tensor([-128, 127], dtype=torch.int8)
     words = w4.int8_words(w_int8)
     assert words.dtype == torch.int32 and words.shape[1] * 4 == w4.padded_k("int8", k)
-    assert torch.equal(w4.decode_int8_words(words, k), w_int8.double())
+    assert torch.equal(w4.decode_int8_words(words, k, dtype), w_int8.double())
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_int8_decode_covers_every_byte(dtype):
+    w_int8 = torch.arange(-128, 128, dtype=torch.int8).reshape(8, 32)
+    assert torch.equal(w4.decode_int8_words(w4.int8_words(w_int8), 32, dtype), w_int8.double())
 
 
 def test_layout_is_a_view_when_nothing_needs_padding():
     w_fp4, scales = _random_nvfp4(4, 64, seed=1)
-    words, pairs = w4.prepare_nvfp4(w_fp4, scales)
-    assert words.data_ptr() == w_fp4.data_ptr() and pairs.data_ptr() == scales.data_ptr()
+    words, blocks = w4.prepare_nvfp4(w_fp4, scales)
+    assert words.data_ptr() == w_fp4.data_ptr() and blocks.data_ptr() == scales.data_ptr()
     w_int8 = torch.zeros(4, 32, dtype=torch.int8)
     assert w4.prepare_int8(w_int8).data_ptr() == w_int8.data_ptr()
 
@@ -181,14 +195,15 @@ def test_num_splits_is_in_range(n, k, fmt, m):
     s = w4.num_splits(n, kp, fmt, m, num_sms=132)
     assert 1 <= s <= w4.MAX_SPLITS
     chunks = kp // w4.CHUNK_VALUES[fmt]
-    assert s == 1 or chunks // s >= 32 * w4.MIN_STEPS
+    assert s == 1 or chunks // s >= 4 * w4.WARPS_K * w4.MIN_STEPS
 
 
 def test_num_splits_targets():
-    """8192 rows fill the GPU without splitting; 2048 rows of a long K split four ways."""
-    assert w4.num_splits(8192, 8192, "nvfp4", 1, 132) == 1
-    assert w4.num_splits(4096, 14336, "nvfp4", 1, 132) == 3
+    """Enough rows fill the GPU without splitting; fewer rows of a long K split."""
+    assert w4.num_splits(128256, 4096, "nvfp4", 1, 132) == 1
+    assert w4.num_splits(14336, 4096, "nvfp4", 1, 132) == 1
     assert w4.num_splits(2048, 8192, "nvfp4", 1, 132) == 4
+    assert w4.num_splits(2048, 8192, "nvfp4", 16, 132) == 4
     assert w4.num_splits(2048, 2048, "nvfp4", 1, 132) == 1
 
 

@@ -1,36 +1,34 @@
 """Weight-only decode GEMM for Hopper (sm_90a) in CuTe DSL: out[M, N] = x[M, K] @ dequant(W)[N, K]^T for
-M <= 16 (decode steps), x float16 / bfloat16, W NVFP4 or int8. A GEMV-shaped kernel on the CUDA cores: at
-these M a linear is a weight read, so the kernel is organised around streaming W once at the memory's rate.
+M <= 16 (decode steps), x float16 / bfloat16, W NVFP4 or int8. At these M a linear is a weight read: the
+kernel streams W once and keeps the per-weight work to a few integer instructions, with the products on
+the tensor cores (`mma.sync` m16n8k16; the M rows of x are its n8 columns, so M = 1..8 costs one MMA and
+M = 9..16 two per 16 x 16 weight tile).
 
-Weights (as `w4a16_decode.py` hands them over; the row-major checkpoint layout, K padded to whole chunks):
-- nvfp4: mW Int32 [N, Kp / 8], eight e2m1 codes per word (code k in bits 4k..4k+3: the checkpoint's bytes,
-  code 2i in the low nibble of byte i, read little-endian); mBlock Int16 [N, Kp / 32], the two e4m3 block
-  scales of a 32-code chunk (block 2c in the low byte); mScale Float32 [1], the global scale.
-- int8: mW Int32 [N, Kp / 4], four int8 codes per word; mScale Float32 [N], the per-channel scale.
+Operands (as `w4a16_decode.py` hands them over: the checkpoint's row-major bytes read as 32-bit words, K
+padded to whole chunks):
+- mX Int32 [M, Kp / 2]: x, two 16-bit values a word.
+- nvfp4: mW Int32 [N, Kp / 8], eight e2m1 codes a word (code i in bits 4i..4i+3); mBlock Int32 [N, Kp / 64],
+  the four e4m3 block scales of a 64-code chunk (block 4c + b in byte b); mScale Float32 [1], the global scale.
+- int8: mW Int32 [N, Kp / 4], four int8 codes a word; mScale Float32 [N], the per-channel scale.
 
-Work split. A chunk is 16 bytes of one weight row (32 NVFP4 codes or 16 int8 codes). Grid (ceil(N /
-rows per CTA), splits): a CTA of NUM_WARPS warps owns ROWS rows per warp; split s (grid y) owns a contiguous
-run of chunks of every row; lane l of a warp takes the run's chunks l, l + 32, ... (a warp reads 512
-contiguous bytes of each of its rows per step: coalesced 16-byte loads, ROWS of them in flight per lane).
-Per chunk a lane decodes its ROWS x 32 (16) weights to fp32 once and reuses them for the M rows of x
-(read from global memory: x is tiny and stays in L1/L2), accumulating ROWS x M fp32 sums; the warp's lanes
-add up with shuffles at the end.
+Work split. A chunk is 32 bytes of one weight row (64 NVFP4 or 32 int8 codes). A warp owns ROW_TILES tiles
+of 16 rows; lane 4g + t loads rows g and g + 8 of each tile, chunk c0 + t of every step (4 chunks of a
+row per step: 128 contiguous bytes), and x row m = 8 * group + g over the same chunk. The MMA's k order
+is free as long as W and x agree: each lane feeds its own chunk's codes into its k slots (2t, 2t + 1,
+2t + 8, 2t + 9), so no lane needs another's data. A CTA is WARPS_N x WARPS_K warps: WARPS_N row groups
+(sharing x through L1) times WARPS_K slices of the CTA's K range, added through shared memory at the
+end; grid y splits K further (fp32 partials, `w4a16_splitk_reduce.py`).
 
-Decode, exact in fp32 and independent of the flush-to-zero setting (subnormal inputs go through explicit
-`mul.rn.f32`, which keeps them):
-- e2m1 code c: the fp32 bit pattern ((c & 7) << 22) | ((c & 8) << 28) is e2m1(c) * 2^-126 (exponent field
-  = e2m1's exponent, mantissa bit = its mantissa bit; e2m1's subnormal 0.5 lands on fp32's subnormal 2^-127);
-  built with two shifts and one select per code (`e2m1_bits`).
-- e4m3 byte b: ((b & 0x7F) << 20) | ((b & 0x80) << 24) is e4m3(b) * 2^-120, times 2^110 twice gives
-  S = e4m3(b) * 2^100 (normal for every finite e4m3 value).
-- w' = (e2m1 * 2^-126) * S = e2m1 * e4m3 * 2^-26, exact (<= 6 significant bits, normal). The epilogue
-  multiplies the fp32 sum by 2^26 * global (an exact power of two, then one rounding).
-- int8 byte b: the fp32 bit pattern 0x4B000000 | (b ^ 0x80) (b as an unsigned byte) is 2^23 + 128 + int8(b),
-  so subtracting 8388736.0 gives int8(b) exactly (one xor per word, one prmt and one fadd per code).
-
-Output: one split writes out[m, n] = dtype(sum * scale (+ bias[n])) itself; several write fp32 partials
-mPart [splits, M, N] that `W4A16SplitKReduce` (w4a16_splitk_reduce.py) adds up in a fixed order
-(deterministic) before the same epilogue.
+Decode, exact (checked bit for bit in the CPU tests' emulation, `w4a16_decode.decode_pairs`):
+- NVFP4 pair (code j, code j + 4) of a word -> one bf16x2 (f16x2) register: the magnitude bits land on
+  the 16-bit format's low exponent bits and top mantissa bit with one shift of the word (both codes at
+  once: they are 16 bits apart), the signs with one shift of the word's sign bits, one lop3 merges them:
+  e2m1 * 2^-126 (bf16; 0.5 is a subnormal) or e2m1 * 2^-14 (f16). One packed multiply by the block
+  scale splat S = e4m3 * 2^119 (bf16) or e4m3 * 2^5 (f16) gives e2m1 * e4m3 * 2^-7 (2^-9): normal and
+  exact (at most 6 significant bits). The epilogue multiplies by 2^7 (2^9) * global scale.
+- int8 pair (codes 2p, 2p + 1): bf16: one prmt puts the bytes under a 0x43 high byte; (0x43 | b & 0x7F)
+  - (0x43 | b & 0x80), in bf16, is 128 + (b & 0x7F) - (128 or 256) = int8(b), exact. f16: 1024 + (b ^ 0x80)
+  - 1152. The per-channel scale and the bias are applied in the epilogue, in fp32.
 """
 
 from __future__ import annotations
@@ -40,258 +38,362 @@ from typing import Optional
 import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, const_expr
+from cutlass._mlir import ir
 from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T, dsl_user_op
 
-NUM_WARPS = 4
-CHUNK_WORDS = 4  # 16 bytes of weights per lane per row and step
 FORMATS = ("nvfp4", "int8")
-VALUES_PER_CHUNK = {"nvfp4": 32, "int8": 16}
-POW2_26 = float(2 ** 26)
-_POW2_110 = float(2 ** 110)
-_INT8_MAGIC = 8388736.0  # 2^23 + 128
+CHUNK_WORDS = 8  # 32 bytes of one weight row per lane per step
+CODES_PER_CHUNK = {"nvfp4": 64, "int8": 32}
+LANES_K = 4  # lanes sharing a row (t = lane % 4); each takes its own chunk
+TILE_ROWS = 16
+MAX_GROUPS = 2  # 8 x rows each: M <= 16
+
+
+def decode_exponent(is_f16: bool) -> int:
+    """E with the kernel's NVFP4 weights = e2m1 * e4m3 * 2^-E."""
+    return 9 if is_f16 else 7
+
+
+def _asm(ret, args, text, constraints):
+    return llvm.inline_asm(ret, args, text, constraints, has_side_effects=False, is_align_stack=False,
+                           asm_dialect=llvm.AsmDialect.AD_ATT)
+
+
+def _i32(v, loc, ip):
+    return Int32(v).ir_value(loc=loc, ip=ip)
 
 
 @dsl_user_op
-def mul_bits_rn(bits: Int32, scale: Float32, *, loc=None, ip=None) -> Float32:
-    """float(bits) * scale in IEEE round-to-nearest, subnormal `bits` kept (no flush to zero)."""
-    return Float32(llvm.inline_asm(
-        T.f32(),
-        [Int32(bits).ir_value(loc=loc, ip=ip), Float32(scale).ir_value(loc=loc, ip=ip)],
-        "mul.rn.f32 $0, $1, $2;",
-        "=f,r,f",
-        has_side_effects=False,
-        is_align_stack=False,
-        asm_dialect=llvm.AsmDialect.AD_ATT,
-    ))
+def prmt(a: Int32, b: Int32, selector: int, *, loc=None, ip=None) -> Int32:
+    return Int32(_asm(T.i32(), [_i32(a, loc, ip), _i32(b, loc, ip), _i32(selector, loc, ip)],
+                      "prmt.b32 $0, $1, $2, $3;", "=r,r,r,r"))
 
 
 @dsl_user_op
-def select_bits(a: Int32, b: Int32, mask: Int32, *, loc=None, ip=None) -> Int32:
-    """(a & mask) | (b & ~mask) as one lop3 (written out: LLVM's known-bits folding would split it in two)."""
-    return Int32(llvm.inline_asm(
-        T.i32(),
-        [Int32(a).ir_value(loc=loc, ip=ip), Int32(b).ir_value(loc=loc, ip=ip), Int32(mask).ir_value(loc=loc, ip=ip)],
-        "lop3.b32 $0, $1, $2, $3, 0xE4;",
-        "=r,r,r,r",
-        has_side_effects=False,
-        is_align_stack=False,
-        asm_dialect=llvm.AsmDialect.AD_ATT,
-    ))
+def select_bits(a: Int32, b: Int32, mask: int, *, loc=None, ip=None) -> Int32:
+    """(a & mask) | (b & ~mask) as one lop3."""
+    mask = _signed(mask)
+    return Int32(_asm(T.i32(), [_i32(a, loc, ip), _i32(b, loc, ip), _i32(mask, loc, ip)],
+                      "lop3.b32 $0, $1, $2, $3, 0xE4;", "=r,r,r,r"))
 
 
 @dsl_user_op
-def opaque_and(a: Int32, mask: int, *, loc=None, ip=None) -> Int32:
-    """a & mask, hidden from LLVM: otherwise it rewrites (a & mask) << k as (a << k) & (mask << k), one more
-    instruction per code."""
-    mask = mask - (1 << 32) if mask >= 1 << 31 else mask
-    return Int32(llvm.inline_asm(
-        T.i32(),
-        [Int32(a).ir_value(loc=loc, ip=ip), Int32(mask).ir_value(loc=loc, ip=ip)],
-        "and.b32 $0, $1, $2;",
-        "=r,r,r",
-        has_side_effects=False,
-        is_align_stack=False,
-        asm_dialect=llvm.AsmDialect.AD_ATT,
-    ))
+def and_bits(a: Int32, mask: int, *, loc=None, ip=None) -> Int32:
+    """a & mask, opaque to LLVM (it would otherwise move masks across shifts, one instruction more)."""
+    mask = _signed(mask)
+    return Int32(_asm(T.i32(), [_i32(a, loc, ip), _i32(mask, loc, ip)], "and.b32 $0, $1, $2;", "=r,r,r"))
 
 
-@cute.jit
-def e4m3_times_2_100(byte: Int32) -> Float32:
-    """e4m3(byte & 0xFF) * 2^100 in fp32 (exact)."""
-    bits = ((byte & 0x7F) << 20) | ((byte & 0x80) << 24)
-    return mul_bits_rn(mul_bits_rn(bits, Float32(_POW2_110)).bitcast(Int32), Float32(_POW2_110))
+def _signed(v):
+    return v - (1 << 32) if isinstance(v, int) and v >= 1 << 31 else v
 
 
-SIGN_PAIRS = (0x00000808, 0x00008080, 0x08080000, 0x80800000)
-"""Masks of the sign bits of codes (0, 2), (1, 3), (4, 6), (5, 7) of a word: shifting one left puts the
-sign of code j on bit 31 and its partner's either past bit 31 or on bit 23, inside the magnitude field."""
-MAG_FIELD = 0x01C00000
+@dsl_user_op
+def fma_x2(a, b, c, is_f16: bool, *, loc=None, ip=None) -> Int32:
+    """a * b + c on two 16-bit floats a register (each a register or a constant bit pattern), rounded to
+    nearest."""
+    a, b, c = _signed(a), _signed(b), _signed(c)
+    op = "fma.rn.f16x2" if is_f16 else "fma.rn.bf16x2"
+    return Int32(_asm(T.i32(), [_i32(a, loc, ip), _i32(b, loc, ip), _i32(c, loc, ip)],
+                      f"{op} $0, $1, $2, $3;", "=r,r,r,r"))
 
 
-def sign_pair(j: int) -> int:
-    return (j % 2) + 2 * (j // 4)
+def _struct(n: int, elem: str):
+    return ir.Type.parse(f"!llvm.struct<({', '.join([elem] * n)})>")
 
 
-@cute.jit
-def e2m1_bits(word: Int32, signs: Int32, j: cutlass.Constexpr[int]) -> Int32:
-    """The fp32 bit pattern of e2m1(code j of `word`) * 2^-126, `signs` = word & SIGN_PAIRS[sign_pair(j)]:
-    the magnitude (bits 22-24) from one shift of the word, everything else from one shift of the sign
-    pair (its other bits are zero or inside the magnitude field): shift, shift, one lop3 select."""
-    if const_expr(j <= 5):
-        mag = word << (22 - 4 * j)
+@dsl_user_op
+def e4m3_splats(word: Int32, is_f16: bool, *, loc=None, ip=None):
+    """The four e4m3 bytes of `word` as four splat 16-bit float pairs (S, S): e4m3 * 2^5 (f16) or
+    e4m3 * 2^119 (bf16), exact (cvt e4m3x2 -> f16x2 is exact for every e4m3 value)."""
+    if is_f16:
+        text = ("{\n.reg .b16 lo, hi;\n.reg .b32 h01, h23, k;\n"
+                "mov.b32 {lo, hi}, $4;\n"
+                "cvt.rn.f16x2.e4m3x2 h01, lo;\ncvt.rn.f16x2.e4m3x2 h23, hi;\n"
+                "mov.b32 k, 0x50005000;\n"
+                "mul.rn.f16x2 h01, h01, k;\nmul.rn.f16x2 h23, h23, k;\n"
+                "prmt.b32 $0, h01, h01, 0x1010;\nprmt.b32 $1, h01, h01, 0x3232;\n"
+                "prmt.b32 $2, h23, h23, 0x1010;\nprmt.b32 $3, h23, h23, 0x3232;\n}")
     else:
-        mag = word >> (4 * j - 22)
-    sign = signs << (28 - 4 * j)
-    return select_bits(mag, sign, Int32(MAG_FIELD))
+        text = ("{\n.reg .b16 lo, hi, f0, f1, f2, f3;\n.reg .b32 h01, h23;\n.reg .f32 s0, s1, s2, s3;\n"
+                "mov.b32 {lo, hi}, $4;\n"
+                "cvt.rn.f16x2.e4m3x2 h01, lo;\ncvt.rn.f16x2.e4m3x2 h23, hi;\n"
+                "mov.b32 {f0, f1}, h01;\nmov.b32 {f2, f3}, h23;\n"
+                "cvt.f32.f16 s0, f0;\ncvt.f32.f16 s1, f1;\ncvt.f32.f16 s2, f2;\ncvt.f32.f16 s3, f3;\n"
+                "mul.rn.f32 s0, s0, 0f7B000000;\nmul.rn.f32 s1, s1, 0f7B000000;\n"
+                "mul.rn.f32 s2, s2, 0f7B000000;\nmul.rn.f32 s3, s3, 0f7B000000;\n"
+                "cvt.rn.bf16x2.f32 $0, s0, s0;\ncvt.rn.bf16x2.f32 $1, s1, s1;\n"
+                "cvt.rn.bf16x2.f32 $2, s2, s2;\ncvt.rn.bf16x2.f32 $3, s3, s3;\n}")
+    res = _asm(_struct(4, "i32"), [_i32(word, loc, ip)], text, "=r,=r,=r,=r,r")
+    return [Int32(llvm.extractvalue(T.i32(), res, [i], loc=loc, ip=ip)) for i in range(4)]
 
 
 @dsl_user_op
-def int8_value(flipped: Int32, j: int, *, loc=None, ip=None) -> Float32:
-    """int8 code j of a word as fp32, from `flipped` = word ^ 0x80808080 (each byte now int8 + 128): one prmt
-    builds the bit pattern 0x4B0000{byte j} = 2^23 + 128 + int8, one subtraction leaves int8."""
-    bits = llvm.inline_asm(
-        T.i32(),
-        [Int32(flipped).ir_value(loc=loc, ip=ip), Int32(0x4B000000).ir_value(loc=loc, ip=ip),
-         Int32(0x7540 | j).ir_value(loc=loc, ip=ip)],
-        "prmt.b32 $0, $1, $2, $3;",
-        "=r,r,r,r",
-        has_side_effects=False,
-        is_align_stack=False,
-        asm_dialect=llvm.AsmDialect.AD_ATT,
-    )
-    return Int32(bits).bitcast(Float32) - Float32(_INT8_MAGIC)
+def mma_16816(a0: Int32, a1: Int32, a2: Int32, a3: Int32, b0: Int32, b1: Int32,
+              c0: Float32, c1: Float32, c2: Float32, c3: Float32, is_f16: bool, *, loc=None, ip=None):
+    """D = A @ B + C for one m16n8k16 tile, fp32 accumulate (PTX fragment layouts)."""
+    kind = "f16.f16" if is_f16 else "bf16.bf16"
+    text = (f"mma.sync.aligned.m16n8k16.row.col.f32.{kind}.f32 "
+            "{$0, $1, $2, $3}, {$4, $5, $6, $7}, {$8, $9}, {$10, $11, $12, $13};")
+    args = [_i32(v, loc, ip) for v in (a0, a1, a2, a3, b0, b1)]
+    args += [Float32(v).ir_value(loc=loc, ip=ip) for v in (c0, c1, c2, c3)]
+    res = _asm(_struct(4, "f32"), args, text, "=f,=f,=f,=f,r,r,r,r,r,r,f,f,f,f")
+    return [Float32(llvm.extractvalue(T.f32(), res, [i], loc=loc, ip=ip)) for i in range(4)]
+
+
+# ---- the decode, as constants the CPU emulation shares ----
+
+def nvfp4_shifts(j: int, is_f16: bool) -> tuple[int, int]:
+    """(magnitude shift, sign shift) of pair (j, j + 4); a positive shift is to the left."""
+    return (9 if is_f16 else 6) - 4 * j, 12 - 4 * j
+
+
+def nvfp4_sign_mask(j: int, is_f16: bool) -> int:
+    """The sign bits the pair's sign shift reads. bf16: every code of j's parity (the others land inside
+    the magnitude field, which the merge takes from the magnitude shift); f16: codes j and j + 4 only."""
+    return (0x00080008 << 4 * j) if is_f16 else (0x08080808 if j % 2 == 0 else 0x80808080)
+
+
+def nvfp4_magnitude_field(is_f16: bool) -> int:
+    return 0x0E000E00 if is_f16 else 0x01C001C0
+
+
+INT8_SELECTORS = (0x4140, 0x4342)  # bytes (0, 1) / (2, 3) of the word under the constant's bytes
+INT8_BF16_HIGH = 0x43434343
+INT8_F16_HIGH = 0x64646464
+INT8_F16_BIAS = 0xE480E480  # -1152, twice
+BF16_MINUS_ONE = 0xBF80BF80
+F16_ONE = 0x3C003C00
+MINUS_ZERO = 0x80008000
+X_PAIR_SELECTORS = (0x5410, 0x7632)  # (x_j, x_j+4) from words (x_j-ish, x_j+4-ish): low or high halves
 
 
 @cute.jit
-def warp_sum(x: Float32) -> Float32:
-    for offset in cutlass.range_constexpr(5):
-        x = x + cute.arch.shuffle_sync_bfly(x, offset=16 >> offset, mask=-1, mask_and_clamp=31)
-    return x
+def shift(w: Int32, s: cutlass.Constexpr[int]) -> Int32:
+    out = w
+    if const_expr(s > 0):
+        out = w << s
+    elif const_expr(s < 0):
+        out = w >> (-s)
+    return out
 
 
 class W4A16DecodeGemm:
-    """One compiled variant per (x dtype, format, M bucket `m_max`, split or not, bias or not, weight rows per
-    warp `rows`); N, K, M <= m_max, the strides and the split count are runtime values. More rows per warp
-    reuse each x load more; fewer keep the fp32 weights and the rows x M accumulators in registers.
+    """One compiled variant per (x dtype, format, x row groups `groups` (M <= 8 * groups), split or not, bias
+    or not, row tiles per warp, CTA shape WARPS_N x WARPS_K); N, K, M, strides and the split count are
+    runtime values.
 
-    Call: (mX [M, Kp] (unit stride on K, 16-byte aligned rows), mW, mBlock (nvfp4) or None, mScale,
-    mBias [N] or None, mOut [M, N] (unit stride on N) or None when split, mPart [splits, M, N] fp32 or None
-    when not split, stream). Kp: K padded to whole chunks (32 for nvfp4, 16 for int8), x's padding zeros.
-    """
+    Call: (mX, mW, mBlock (nvfp4) or None, mScale, mBias [N] or None, mOut [M, N] (unit stride on N) or None
+    when split, mPart [splits, M, N] fp32 or None when not split, stream)."""
 
-    def __init__(self, dtype, fmt: str, m_max: int, split: bool, has_bias: bool, rows: int):
-        assert fmt in FORMATS, fmt
-        assert 1 <= m_max <= 16, m_max
-        assert rows >= 1, rows
+    def __init__(self, dtype, fmt: str, groups: int, split: bool, has_bias: bool, row_tiles: int,
+                 warps_n: int, warps_k: int):
+        assert fmt in FORMATS and 1 <= groups <= MAX_GROUPS and row_tiles >= 1, (fmt, groups, row_tiles)
         self.dtype = dtype
+        self.is_f16 = dtype == cutlass.Float16
         self.fmt = fmt
-        self.m_max = m_max
+        self.groups = groups
         self.split = split
         self.has_bias = has_bias
-        self.rows = rows
-        self.values = VALUES_PER_CHUNK[fmt]
-        self.num_threads = 32 * NUM_WARPS
+        self.row_tiles = row_tiles
+        self.warps_n = warps_n
+        self.warps_k = warps_k
+        self.x_words = CODES_PER_CHUNK[fmt] // 2
+        self.acc_size = row_tiles * groups * 4
 
     @cute.jit
-    def __call__(
-        self,
-        mX: cute.Tensor,
-        mW: cute.Tensor,
-        mBlock: Optional[cute.Tensor],
-        mScale: cute.Tensor,
-        mBias: Optional[cute.Tensor],
-        mOut: Optional[cute.Tensor],
-        mPart: Optional[cute.Tensor],
-        stream,
-    ):
-        rows_per_cta = self.rows * NUM_WARPS
+    def __call__(self, mX: cute.Tensor, mW: cute.Tensor, mBlock: Optional[cute.Tensor], mScale: cute.Tensor,
+                 mBias: Optional[cute.Tensor], mOut: Optional[cute.Tensor], mPart: Optional[cute.Tensor], stream):
+        rows_per_cta = TILE_ROWS * self.row_tiles * self.warps_n
         num_splits = 1
         if const_expr(self.split):
             num_splits = mPart.shape[0]
-        self.kernel(mX, mW, mBlock, mScale, mBias, mOut, mPart).launch(
+        red_words = max(1, (self.warps_k - 1) * self.warps_n * self.acc_size * 32)
+
+        @cute.struct
+        class SharedStorage:
+            sRed: cute.struct.Align[cute.struct.MemRange[Float32, red_words], 16]
+
+        self.kernel(mX, mW, mBlock, mScale, mBias, mOut, mPart, SharedStorage).launch(
             grid=((mW.shape[0] + rows_per_cta - 1) // rows_per_cta, num_splits, 1),
-            block=(self.num_threads, 1, 1),
+            block=(32 * self.warps_n * self.warps_k, 1, 1),
+            smem=SharedStorage.size_in_bytes(),
             stream=stream,
         )
 
     @cute.kernel
-    def kernel(
-        self,
-        mX: cute.Tensor,
-        mW: cute.Tensor,
-        mBlock: Optional[cute.Tensor],
-        mScale: cute.Tensor,
-        mBias: Optional[cute.Tensor],
-        mOut: Optional[cute.Tensor],
-        mPart: Optional[cute.Tensor],
-    ):
-        R = self.rows
-        MB = self.m_max
-        V = self.values
-        tidx, _, _ = cute.arch.thread_idx()
+    def kernel(self, mX: cute.Tensor, mW: cute.Tensor, mBlock: Optional[cute.Tensor], mScale: cute.Tensor,
+               mBias: Optional[cute.Tensor], mOut: Optional[cute.Tensor], mPart: Optional[cute.Tensor],
+               SharedStorage: cutlass.Constexpr):
+        RT = self.row_tiles
+        G = self.groups
+        XW = self.x_words
+        nvfp4 = self.fmt == "nvfp4"
         bx, split_idx, _ = cute.arch.block_idx()
         _, num_splits, _ = cute.arch.grid_dim()
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         lane = cute.arch.lane_idx()
+        g = lane // LANES_K
+        t = lane % LANES_K
+        wn = warp_idx % self.warps_n
+        wk = warp_idx // self.warps_n
         n_rows = mW.shape[0]
         m_rows = mX.shape[0]
-        row0 = (bx * NUM_WARPS + warp_idx) * R
+        row0 = (bx * self.warps_n + wn) * (TILE_ROWS * RT)
 
         chunks = mW.shape[1] // CHUNK_WORDS
-        c_begin = split_idx * chunks // num_splits
-        c_end = (split_idx + 1) * chunks // num_splits
+        cta_begin = split_idx * chunks // num_splits
+        cta_chunks = (split_idx + 1) * chunks // num_splits - cta_begin
+        c_begin = cta_begin + wk * cta_chunks // self.warps_k
+        c_end = cta_begin + (wk + 1) * cta_chunks // self.warps_k
 
-        acc = cute.make_rmem_tensor((R, MB), Float32)
+        acc = cute.make_rmem_tensor((self.acc_size,), Float32)
         acc.fill(0.0)
-        # Two register sets of weights: the next step's loads are in flight while this step decodes.
-        rW = cute.make_rmem_tensor((CHUNK_WORDS, R), Int32)  # column r: one contiguous 16-byte load
-        rB = cute.make_rmem_tensor((R,), Int32)
-        rWn = cute.make_rmem_tensor((CHUNK_WORDS, R), Int32)
-        rBn = cute.make_rmem_tensor((R,), Int32)
-        rBn.fill(0)
-        wv = cute.make_rmem_tensor((R, V), Float32)
-        rX = cute.make_rmem_tensor((V,), self.dtype)
-        xv = cute.make_rmem_tensor((V,), Float32)
+        # Weights: [word, row (tile, half)], two sets: the next step's loads are in flight during this one's math.
+        rW = cute.make_rmem_tensor((CHUNK_WORDS, 2 * RT), Int32)
+        rWn = cute.make_rmem_tensor((CHUNK_WORDS, 2 * RT), Int32)
+        rS = cute.make_rmem_tensor((2 * RT,), Int32)
+        rSn = cute.make_rmem_tensor((2 * RT,), Int32)
+        rX = cute.make_rmem_tensor((XW, G), Int32)
+        rA = cute.make_rmem_tensor((4,), Int32)
 
-        if c_begin + lane < c_end:
-            self.load_weights(mW, mBlock, rWn, rBn, row0, n_rows, c_begin + lane)
-        for c in range(c_begin + lane, c_end, 32):
+        self.load_weights(mW, mBlock, rWn, rSn, row0, n_rows, c_begin + t, c_end)
+        for c0 in range(c_begin, c_end, LANES_K):
             rW.store(rWn.load())
-            rB.store(rBn.load())
-            if c + 32 < c_end:
-                self.load_weights(mW, mBlock, rWn, rBn, row0, n_rows, c + 32)
-            for r in cutlass.range_constexpr(R):
-                if const_expr(self.fmt == "nvfp4"):
-                    for half in cutlass.range_constexpr(2):  # two 16-code scale blocks per chunk
-                        s = e4m3_times_2_100(rB[r] >> (8 * half))
-                        for w in cutlass.range_constexpr(2):
-                            word = rW[2 * half + w, r]
-                            signs = [opaque_and(word, SIGN_PAIRS[p]) for p in range(4)]
-                            for j in cutlass.range_constexpr(8):
-                                wv[r, 16 * half + 8 * w + j] = mul_bits_rn(e2m1_bits(word, signs[sign_pair(j)], j), s)
-                else:
-                    for w in cutlass.range_constexpr(CHUNK_WORDS):
-                        flipped = rW[w, r] ^ Int32(-0x7F7F7F80)  # 0x80808080
-                        for j in cutlass.range_constexpr(4):
-                            wv[r, 4 * w + j] = int8_value(flipped, j)
-            for m in cutlass.range_constexpr(MB):
-                if m < m_rows:
-                    cute.autovec_copy(cute.local_tile(mX[m, None], (V,), (c,)), rX)
-                    xv.store(rX.load().to(Float32))
-                    for r in cutlass.range_constexpr(R):
-                        a = acc[r, m]
-                        for v in cutlass.range_constexpr(V):
-                            a = a + xv[v] * wv[r, v]
-                        acc[r, m] = a
+            if const_expr(nvfp4):
+                rS.store(rSn.load())
+            if c0 + LANES_K < c_end:
+                self.load_weights(mW, mBlock, rWn, rSn, row0, n_rows, c0 + LANES_K + t, c_end)
+            c = c0 + t
+            for gi in cutlass.range_constexpr(G):
+                m = gi * 8 + g
+                for i in cutlass.range_constexpr(XW):
+                    rX[i, gi] = Int32(0)
+                if c < c_end:
+                    if m < m_rows:
+                        cute.autovec_copy(cute.local_tile(mX[m, None], (XW,), (c,)), rX[None, gi])
+            if const_expr(nvfp4):
+                self.nvfp4_step(rW, rS, rX, rA, acc)
+            else:
+                self.int8_step(rW, rX, rA, acc)
 
-        # ---- the warp's lanes add up; lane 0 writes (the partial, or the output with its epilogue) ----
-        scale = Float32(1.0)
-        if const_expr(self.fmt == "nvfp4" and not self.split):
-            scale = mScale[0] * Float32(POW2_26)
-        for r in cutlass.range_constexpr(R):
-            n = row0 + r
-            if const_expr(self.fmt == "int8" and not self.split):
-                scale = mScale[cutlass.min(n, n_rows - 1)]
-            for m in cutlass.range_constexpr(MB):
-                total = warp_sum(acc[r, m])
-                if lane == 0:
-                    if n < n_rows:
-                        if m < m_rows:
-                            if const_expr(self.split):
-                                mPart[split_idx, m, n] = total
-                            else:
-                                y = total * scale
-                                if const_expr(self.has_bias):
-                                    y = y + Float32(mBias[n])
-                                mOut[m, n] = y.to(self.dtype)
+        # ---- the CTA's K slices add up through shared memory ----
+        if const_expr(self.warps_k > 1):
+            smem = cutlass.memory.SmemAllocator()
+            storage = smem.allocate(SharedStorage)
+            sRed = storage.sRed.get_tensor(cute.make_layout(
+                (32, self.acc_size, self.warps_n, self.warps_k - 1)))
+            if wk > 0:
+                for i in cutlass.range_constexpr(self.acc_size):
+                    sRed[lane, i, wn, wk - 1] = acc[i]
+            cute.arch.barrier()
+            if wk == 0:
+                for s in cutlass.range_constexpr(self.warps_k - 1):
+                    for i in cutlass.range_constexpr(self.acc_size):
+                        acc[i] = acc[i] + sRed[lane, i, wn, s]
+
+        if wk == 0:
+            self.store(acc, mScale, mBias, mOut, mPart, row0, n_rows, m_rows, g, t, split_idx)
 
     @cute.jit
-    def load_weights(self, mW: cute.Tensor, mBlock: Optional[cute.Tensor], rW: cute.Tensor, rB: cute.Tensor,
-                     row0: Int32, n_rows: Int32, c: Int32):
-        """Issue the 16-byte loads of chunk c of the warp's ROWS rows (and their block-scale pairs)."""
-        for r in cutlass.range_constexpr(self.rows):
-            n = cutlass.min(row0 + r, n_rows - 1)  # rows past N read row N - 1; their sums are dropped
-            cute.autovec_copy(cute.local_tile(mW[n, None], (CHUNK_WORDS,), (c,)), rW[None, r])
-            if const_expr(self.fmt == "nvfp4"):
-                rB[r] = Int32(mBlock[n, c])
+    def load_weights(self, mW: cute.Tensor, mBlock: Optional[cute.Tensor], rW: cute.Tensor, rS: cute.Tensor,
+                     row0: Int32, n_rows: Int32, c: Int32, c_end: Int32):
+        """Chunk c of the lane's rows (g, g + 8 of each tile) and their block scales; zeros past the range."""
+        g = cute.arch.lane_idx() // LANES_K
+        for r in cutlass.range_constexpr(2 * self.row_tiles):
+            n = cutlass.min(row0 + (r // 2) * TILE_ROWS + (r % 2) * 8 + g, n_rows - 1)  # past N: row N - 1, dropped
+            if c < c_end:
+                cute.autovec_copy(cute.local_tile(mW[n, None], (CHUNK_WORDS,), (c,)), rW[None, r])
+                if const_expr(self.fmt == "nvfp4"):
+                    rS[r] = mBlock[n, c]
+            else:
+                for i in cutlass.range_constexpr(CHUNK_WORDS):
+                    rW[i, r] = Int32(0)
+                if const_expr(self.fmt == "nvfp4"):
+                    rS[r] = Int32(0)
+
+    @cute.jit
+    def nvfp4_step(self, rW: cute.Tensor, rS: cute.Tensor, rX: cute.Tensor, rA: cute.Tensor, acc: cute.Tensor):
+        f16 = self.is_f16
+        mag = nvfp4_magnitude_field(f16)
+        for rt in cutlass.range_constexpr(self.row_tiles):
+            splats = [e4m3_splats(rS[2 * rt + h], f16) for h in range(2)]
+            for i in cutlass.range_constexpr(CHUNK_WORDS):
+                words = [rW[i, 2 * rt + h] for h in range(2)]
+                if const_expr(f16):
+                    signs = [[and_bits(words[h], nvfp4_sign_mask(j, True)) for j in range(4)] for h in range(2)]
+                else:
+                    parity = [[and_bits(words[h], nvfp4_sign_mask(j, False)) for j in range(2)] for h in range(2)]
+                    signs = [[parity[h][j % 2] for j in range(4)] for h in range(2)]
+                for q in cutlass.range_constexpr(2):  # two MMAs a word: pairs (0, 1) and (2, 3)
+                    for jj in cutlass.range_constexpr(2):
+                        j = 2 * q + jj
+                        mshift, sshift = nvfp4_shifts(j, f16)
+                        for h in cutlass.range_constexpr(2):
+                            bits = select_bits(shift(words[h], mshift), shift(signs[h][j], sshift), mag)
+                            rA[2 * jj + h] = fma_x2(bits, splats[h][i // 2], MINUS_ZERO, f16)
+                    for gi in cutlass.range_constexpr(self.groups):
+                        x0 = rX[4 * i + q, gi]
+                        x2 = rX[4 * i + q + 2, gi]
+                        b0 = prmt(x0, x2, X_PAIR_SELECTORS[0])
+                        b1 = prmt(x0, x2, X_PAIR_SELECTORS[1])
+                        self.mma_into(acc, rt, gi, rA, b0, b1)
+
+    @cute.jit
+    def int8_step(self, rW: cute.Tensor, rX: cute.Tensor, rA: cute.Tensor, acc: cute.Tensor):
+        f16 = self.is_f16
+        for rt in cutlass.range_constexpr(self.row_tiles):
+            for i in cutlass.range_constexpr(CHUNK_WORDS):
+                for h in cutlass.range_constexpr(2):
+                    word = rW[i, 2 * rt + h]
+                    if const_expr(f16):
+                        flipped = word ^ Int32(-0x7F7F7F80)  # 0x80808080
+                        for p in cutlass.range_constexpr(2):
+                            biased = prmt(flipped, Int32(INT8_F16_HIGH), INT8_SELECTORS[p])
+                            rA[2 * p + h] = fma_x2(biased, F16_ONE, INT8_F16_BIAS, True)
+                    else:
+                        for p in cutlass.range_constexpr(2):
+                            biased = prmt(word, Int32(INT8_BF16_HIGH), INT8_SELECTORS[p])
+                            low = and_bits(biased, 0xFF7FFF7F)
+                            high = and_bits(biased, 0xFF80FF80)
+                            rA[2 * p + h] = fma_x2(high, BF16_MINUS_ONE, low, False)  # low - high
+                for gi in cutlass.range_constexpr(self.groups):
+                    self.mma_into(acc, rt, gi, rA, rX[2 * i, gi], rX[2 * i + 1, gi])
+
+    @cute.jit
+    def mma_into(self, acc: cute.Tensor, rt: cutlass.Constexpr[int], gi: cutlass.Constexpr[int], rA: cute.Tensor,
+                 b0: Int32, b1: Int32):
+        base = (rt * self.groups + gi) * 4
+        d = mma_16816(rA[0], rA[1], rA[2], rA[3], b0, b1, acc[base], acc[base + 1], acc[base + 2], acc[base + 3],
+                      self.is_f16)
+        for e in cutlass.range_constexpr(4):
+            acc[base + e] = d[e]
+
+    @cute.jit
+    def store(self, acc: cute.Tensor, mScale: cute.Tensor, mBias: Optional[cute.Tensor], mOut: Optional[cute.Tensor],
+              mPart: Optional[cute.Tensor], row0: Int32, n_rows: Int32, m_rows: Int32, g: Int32, t: Int32,
+              split_idx: Int32):
+        """Accumulator e of tile (rt, group gi) is out[m = 8 gi + 2t + e % 2, n = row0 + 16 rt + g + 8 (e // 2)]."""
+        scale = Float32(1.0)
+        if const_expr(self.fmt == "nvfp4" and not self.split):
+            scale = mScale[0] * Float32(float(2 ** decode_exponent(self.is_f16)))
+        for rt in cutlass.range_constexpr(self.row_tiles):
+            for half in cutlass.range_constexpr(2):
+                n = row0 + rt * TILE_ROWS + half * 8 + g
+                if n < n_rows:
+                    if const_expr(self.fmt == "int8" and not self.split):
+                        scale = mScale[n]
+                    for gi in cutlass.range_constexpr(self.groups):
+                        for col in cutlass.range_constexpr(2):
+                            m = gi * 8 + 2 * t + col
+                            if m < m_rows:
+                                total = acc[(rt * self.groups + gi) * 4 + 2 * half + col]
+                                if const_expr(self.split):
+                                    mPart[split_idx, m, n] = total
+                                else:
+                                    y = total * scale
+                                    if const_expr(self.has_bias):
+                                        y = y + Float32(mBias[n])
+                                    mOut[m, n] = y.to(self.dtype)
+

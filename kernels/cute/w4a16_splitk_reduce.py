@@ -1,8 +1,8 @@
 """Split-K reduction of the weight-only decode GEMM (`w4a16_decode_gemm.py`), CuTe DSL, any sm80+.
 
 mPart [splits, M, N] fp32 holds each split's sums; out[m, n] = dtype(sum_s mPart[s, m, n] * scale (+ bias[n]))
-with the splits added in order (deterministic), scale = 2^26 * mScale[0] for NVFP4 (the main kernel's
-decode carries 2^-26) or mScale[n] for int8. One thread per output element, splits unrolled by 4 so their
+with the splits added in order (deterministic), scale = 2^E * mScale[0] for NVFP4 (the main kernel's
+decode carries 2^-E, `decode_exponent`) or mScale[n] for int8. One thread per output element, splits unrolled by 4 so their
 loads are in flight together.
 """
 
@@ -14,7 +14,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, const_expr
 
-from .w4a16_decode_gemm import POW2_26
+from .w4a16_decode_gemm import decode_exponent
 
 NUM_THREADS = 256
 UNROLL = 4
@@ -56,7 +56,7 @@ class W4A16SplitKReduce:
                 acc[0] = acc[0] + mPart[s, m, n]
             y = (acc[0] + acc[1]) + (acc[2] + acc[3])
             if const_expr(self.fmt == "nvfp4"):
-                y = y * (mScale[0] * Float32(POW2_26))
+                y = y * (mScale[0] * Float32(float(2 ** decode_exponent(self.dtype == cutlass.Float16))))
             else:
                 y = y * mScale[n]
             if const_expr(self.has_bias):
