@@ -250,33 +250,24 @@ class W4A16DecodeGemm:
 
         acc = cute.make_rmem_tensor((self.acc_size,), Float32)
         acc.fill(0.0)
-        # Weights: [word, row (tile, half)], two sets: the next step's loads are in flight during this one's math.
-        rW = cute.make_rmem_tensor((CHUNK_WORDS, 2 * RT), Int32)
-        rWn = cute.make_rmem_tensor((CHUNK_WORDS, 2 * RT), Int32)
-        rS = cute.make_rmem_tensor((2 * RT,), Int32)
-        rSn = cute.make_rmem_tensor((2 * RT,), Int32)
-        rX = cute.make_rmem_tensor((XW, G), Int32)
+        # Two register sets of operands (weights [word, row (tile, half)], block scales, x [word, group]),
+        # alternating: a step's loads are issued as soon as its set is free, a step ahead of their use.
+        rW = [cute.make_rmem_tensor((CHUNK_WORDS, 2 * RT), Int32) for _ in range(2)]
+        rS = [cute.make_rmem_tensor((2 * RT,), Int32) for _ in range(2)]
+        rX = [cute.make_rmem_tensor((XW, G), Int32) for _ in range(2)]
         rA = cute.make_rmem_tensor((4,), Int32)
 
-        self.load_weights(mW, mBlock, rWn, rSn, row0, n_rows, c_begin + t, c_end)
-        for c0 in range(c_begin, c_end, LANES_K):
-            rW.store(rWn.load())
-            if const_expr(nvfp4):
-                rS.store(rSn.load())
-            if c0 + LANES_K < c_end:
-                self.load_weights(mW, mBlock, rWn, rSn, row0, n_rows, c0 + LANES_K + t, c_end)
-            c = c0 + t
-            for gi in cutlass.range_constexpr(G):
-                m = gi * 8 + g
-                for i in cutlass.range_constexpr(XW):
-                    rX[i, gi] = Int32(0)
-                if c < c_end:
-                    if m < m_rows:
-                        cute.autovec_copy(cute.local_tile(mX[m, None], (XW,), (c,)), rX[None, gi])
-            if const_expr(nvfp4):
-                self.nvfp4_step(rW, rS, rX, rA, acc)
-            else:
-                self.int8_step(rW, rX, rA, acc)
+        for b in cutlass.range_constexpr(2):
+            self.load_step(mX, mW, mBlock, rW[b], rS[b], rX[b], row0, n_rows, m_rows, c_begin + LANES_K * b + t, c_end)
+        for c0 in range(c_begin, c_end, 2 * LANES_K):
+            for b in cutlass.range_constexpr(2):
+                if c0 + LANES_K * b < c_end:
+                    if const_expr(nvfp4):
+                        self.nvfp4_step(rW[b], rS[b], rX[b], rA, acc)
+                    else:
+                        self.int8_step(rW[b], rX[b], rA, acc)
+                    self.load_step(mX, mW, mBlock, rW[b], rS[b], rX[b], row0, n_rows, m_rows,
+                                   c0 + LANES_K * (b + 2) + t, c_end)
 
         # ---- the CTA's K slices add up through shared memory ----
         if const_expr(self.warps_k > 1):
@@ -297,9 +288,10 @@ class W4A16DecodeGemm:
             self.store(acc, mScale, mBias, mOut, mPart, row0, n_rows, m_rows, g, t, split_idx)
 
     @cute.jit
-    def load_weights(self, mW: cute.Tensor, mBlock: Optional[cute.Tensor], rW: cute.Tensor, rS: cute.Tensor,
-                     row0: Int32, n_rows: Int32, c: Int32, c_end: Int32):
-        """Chunk c of the lane's rows (g, g + 8 of each tile) and their block scales; zeros past the range."""
+    def load_step(self, mX: cute.Tensor, mW: cute.Tensor, mBlock: Optional[cute.Tensor], rW: cute.Tensor,
+                  rS: cute.Tensor, rX: cute.Tensor, row0: Int32, n_rows: Int32, m_rows: Int32, c: Int32, c_end: Int32):
+        """Chunk c of the lane's rows (g, g + 8 of each tile), their block scales and the x row of each group
+        over the same k; zeros past the range and past M."""
         g = cute.arch.lane_idx() // LANES_K
         for r in cutlass.range_constexpr(2 * self.row_tiles):
             n = cutlass.min(row0 + (r // 2) * TILE_ROWS + (r % 2) * 8 + g, n_rows - 1)  # past N: row N - 1, dropped
@@ -312,6 +304,13 @@ class W4A16DecodeGemm:
                     rW[i, r] = Int32(0)
                 if const_expr(self.fmt == "nvfp4"):
                     rS[r] = Int32(0)
+        for gi in cutlass.range_constexpr(self.groups):
+            m = gi * 8 + g
+            for i in cutlass.range_constexpr(self.x_words):
+                rX[i, gi] = Int32(0)
+            if c < c_end:
+                if m < m_rows:
+                    cute.autovec_copy(cute.local_tile(mX[m, None], (self.x_words,), (c,)), rX[None, gi])
 
     @cute.jit
     def nvfp4_step(self, rW: cute.Tensor, rS: cute.Tensor, rX: cute.Tensor, rA: cute.Tensor, acc: cute.Tensor):
