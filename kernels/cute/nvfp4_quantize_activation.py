@@ -150,7 +150,7 @@ class NVFP4QuantizeActivation:
                 amax = Float32(0.0)
                 for cb in range(tidx, col_blocks, NUM_THREADS):
                     self.load_chunk(mX, row, cb, k_len, rX, xv)
-                    for j in cutlass.range_constexpr(CHUNK):
+                    for j in cutlass.range(CHUNK, unroll_full=True):
                         amax = cute.arch.fmax(amax, cute.arch.fmax(xv[j], -xv[j]))
                 amax = warp_max(amax)
                 smem = cutlass.memory.SmemAllocator()
