@@ -1,6 +1,6 @@
-"""CPU tier of the Blackwell W4A4 NVFP4 path (`kernels/nvfp4_blackwell.py`, `kernels/cute/nvfp4_quantize_activation.py`):
-the quantize kernel compiles for sm_100a and sm_120a without a GPU; the blocked scale layout, the rounding and the
-emulation of the kernel's arithmetic hold; the op and the family route to it only when asked. Numerics on the
+"""CPU tier of the Blackwell W4A4 NVFP4 path (`kernels/nvfp4_blackwell.py`,
+`kernels/cute/nvfp4_quantize_activation.py`): the quantize kernel compiles for sm_100a and sm_120a without a GPU;
+the blocked scale layout, the rounding and the emulation of the kernel's arithmetic hold; the op and the family route to it only when asked. Numerics on the
 device are in `test_gpu_nvfp4_blackwell.py` (skipped without an sm100 / sm120 GPU: not run on our H200)."""
 
 import os
@@ -23,7 +23,7 @@ ARCHS = ("sm_100a", "sm_120a")
 
 @pytest.fixture(scope="module")
 def cute_dsl():
-    os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")  # what the CPU suite's other compile tests use; ours pass --gpu-arch
+    os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")  # the CPU suite's other compile tests' arch; ours pass --gpu-arch
     pytest.importorskip("cutlass")
     pytest.importorskip("tvm_ffi", reason="the kernel compiles with --enable-tvm-ffi")
 

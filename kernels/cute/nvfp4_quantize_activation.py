@@ -93,7 +93,8 @@ def e2m1_word(v0: Float32, v1: Float32, v2: Float32, v3: Float32, v4: Float32, v
     """Eight values as e2m1 codes (round to nearest even, saturating at +-6), v_j in bits 4j..4j+3."""
     vs = [Float32(v).ir_value(loc=loc, ip=ip) for v in (v0, v1, v2, v3, v4, v5, v6, v7)]
     # cvt's first source goes to the high nibble
-    text = ("{ .reg .b8 b0, b1, b2, b3; cvt.rn.satfinite.e2m1x2.f32 b0, $2, $1; cvt.rn.satfinite.e2m1x2.f32 b1, $4, $3; "
+    text = ("{ .reg .b8 b0, b1, b2, b3; cvt.rn.satfinite.e2m1x2.f32 b0, $2, $1; "
+            "cvt.rn.satfinite.e2m1x2.f32 b1, $4, $3; "
             "cvt.rn.satfinite.e2m1x2.f32 b2, $6, $5; cvt.rn.satfinite.e2m1x2.f32 b3, $8, $7; "
             "mov.b32 $0, {b0, b1, b2, b3}; }")
     return Int32(_asm(T.i32(), vs, text, "=r,f,f,f,f,f,f,f,f"))
@@ -132,7 +133,8 @@ class NVFP4QuantizeActivation:
         )
 
     @cute.kernel
-    def kernel(self, mX: cute.Tensor, mQ: cute.Tensor, mS: cute.Tensor, mG: cute.Tensor, SharedStorage: cutlass.Constexpr):
+    def kernel(self, mX: cute.Tensor, mQ: cute.Tensor, mS: cute.Tensor, mG: cute.Tensor,
+               SharedStorage: cutlass.Constexpr):
         tidx, _, _ = cute.arch.thread_idx()
         row, _, _ = cute.arch.block_idx()
         k_len = mX.shape[1]
