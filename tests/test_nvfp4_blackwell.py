@@ -1,7 +1,8 @@
 """CPU tier of the Blackwell W4A4 NVFP4 path (`kernels/nvfp4_blackwell.py`,
 `kernels/cute/nvfp4_quantize_activation.py`): the quantize kernel compiles for sm_100a and sm_120a without a GPU;
 the blocked scale layout, the rounding and the emulation of the kernel's arithmetic hold; the op and the family
-route to it only when asked. Numerics on the device are in `test_gpu_nvfp4_blackwell.py` (skipped without an sm100 / sm120 GPU: not run on our H200)."""
+route to it only when asked. Numerics on the device are in `test_gpu_nvfp4_blackwell.py` (skipped without an
+sm100 / sm120 GPU: not run on our H200)."""
 
 import os
 import subprocess
