@@ -58,6 +58,14 @@ class Options:
     on CUDA calls of up to 64 rows run quack's W4A16 GEMM (where installed), larger ones dequantize the weight
     with eager ops, then cuBLAS, which default compile does with one fused dequantization kernel."""
 
+    nvfp4_activations: bool = False
+    """With `nvfp4_linear`: on Blackwell GPUs (sm100 / sm120) quantize each NVFP4 linear's activations to NVFP4 too
+    (an e4m3 scale per 16 inputs, a per-row scale from the row's amax, computed on the device at every call) and
+    run the block-scaled FP4 tensor cores (`torch._scaled_mm`; kernels/nvfp4_blackwell.py). W4A4 changes the
+    numerics (~9% relative RMS error on random activations), hence off. Elsewhere (Hopper, CPU) and for shapes
+    that path declines (K not a multiple of 32, N not a multiple of 16) nothing changes. Not yet run on a
+    Blackwell GPU."""
+
     @classmethod
     def names(cls) -> list[str]:
         return [f.name for f in fields(cls)]

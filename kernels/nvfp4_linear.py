@@ -1,7 +1,7 @@
 """`fa4::nvfp4_linear`: a linear layer over an NVFP4 weight (e2m1 codes, an e4m3 scale per 16 inputs, a
 float32 scale per tensor).
 
-    out = torch.ops.fa4.nvfp4_linear(x, w_fp4, w_block_scale, w_global_scale, bias=None)
+    out = torch.ops.fa4.nvfp4_linear(x, w_fp4, w_block_scale, w_global_scale, bias=None, quantize_activations=False)
 
 x [..., K] float16, bfloat16 or float32; w_fp4 uint8 [N, K // 2], two e2m1 codes per byte: input 2i in the
 LOW nibble, 2i + 1 in the high one (torchao's `pack_uint4`, compressed-tensors' `pack_fp4_to_uint8`, ModelOpt
@@ -24,6 +24,9 @@ Kernels: CPU runs this reference. CUDA sends calls with at most `QUACK_MAX_M` ro
 and accumulates in float32, so it does not round the dequantized weight to x's dtype first), where that
 adapter says it can take them, and everything else to the reference: the weight dequantized on the device,
 then cuBLAS. The op has no autograd formula: lowering emits it in Inductor's compiled graphs, after AOTAutograd.
+`quantize_activations=True` (emitted under `fa4_inductor.backend(nvfp4_activations=True)`) lets a CUDA call on
+Blackwell (sm100 / sm120) quantize x to NVFP4 too and run the FP4 tensor cores (`nvfp4_blackwell.matmul`: W4A4,
+other numerics, hence opt-in); everywhere else, and for shapes that path declines, the flag changes nothing.
 `unsupported_reason` is the check lowering asks before emitting it (exported as
 `kernels.nvfp4_linear_unsupported_reason`).
 """
@@ -37,7 +40,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from . import layout, library, quack_w4a16
+from . import layout, library, nvfp4_blackwell, quack_w4a16
 
 X_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 DEVICES = ("cpu", "cuda")
@@ -116,14 +119,25 @@ def dequantize(w_fp4: Tensor, w_block_scale: Tensor, w_global_scale: Tensor, dty
 
 
 def nvfp4_linear(x: Tensor, w_fp4: Tensor, w_block_scale: Tensor, w_global_scale: Tensor,
-                 bias: Optional[Tensor] = None) -> Tensor:
-    """The reference, on any device: the weight dequantized (module docstring), then `F.linear`."""
+                 bias: Optional[Tensor] = None, quantize_activations: bool = False) -> Tensor:
+    """The reference, on any device: the weight dequantized (module docstring), then `F.linear`
+    (`quantize_activations` only permits the Blackwell path; the reference keeps x as it is)."""
     _check_inputs(x, w_fp4, w_block_scale, w_global_scale, bias)
     return F.linear(x, dequantize(w_fp4, w_block_scale, w_global_scale, x.dtype), bias).contiguous()
 
 
-def kernel_for(x2d: Tensor, w_fp4: Tensor) -> tuple[str, str]:
-    """("quack", "") or ("dequantize", why not quack) for a CUDA call with a 2-D x."""
+def kernel_for(x2d: Tensor, w_fp4: Tensor, quantize_activations: bool = False) -> tuple[str, str]:
+    """("nvfp4_blackwell", ""), ("quack", "") or ("dequantize", why not the others) for a CUDA call with a 2-D x."""
+    blackwell = None
+    if quantize_activations:
+        blackwell = nvfp4_blackwell.unsupported_reason(x2d, w_fp4.shape[0], 2 * w_fp4.shape[1])
+        if blackwell is None:
+            return "nvfp4_blackwell", ""
+    route, why = _weight_only_kernel_for(x2d, w_fp4)
+    return (route, why) if blackwell is None or route != "dequantize" else (route, f"{blackwell}; {why}")
+
+
+def _weight_only_kernel_for(x2d: Tensor, w_fp4: Tensor) -> tuple[str, str]:
     m = x2d.shape[0]
     if not 0 < m <= QUACK_MAX_M:
         return "dequantize", f"{m} rows of x, outside quack's 1..{QUACK_MAX_M}"
@@ -132,24 +146,26 @@ def kernel_for(x2d: Tensor, w_fp4: Tensor) -> tuple[str, str]:
 
 
 def _nvfp4_linear_cuda(x: Tensor, w_fp4: Tensor, w_block_scale: Tensor, w_global_scale: Tensor,
-                       bias: Optional[Tensor] = None) -> Tensor:
+                       bias: Optional[Tensor] = None, quantize_activations: bool = False) -> Tensor:
     _check_inputs(x, w_fp4, w_block_scale, w_global_scale, bias)
     x2d = x.reshape(-1, x.shape[-1])
-    if kernel_for(x2d, w_fp4)[0] != "quack":
+    route = kernel_for(x2d, w_fp4, quantize_activations)[0]
+    if route == "dequantize":
         return nvfp4_linear(x, w_fp4, w_block_scale, w_global_scale, bias)
-    out = quack_w4a16.nvfp4_matmul(x2d, w_fp4, w_block_scale, w_global_scale)
+    matmul = nvfp4_blackwell.matmul if route == "nvfp4_blackwell" else quack_w4a16.nvfp4_matmul
+    out = matmul(x2d, w_fp4, w_block_scale, w_global_scale)
     if bias is not None:
         out = out.add_(bias)
     return out.view(*x.shape[:-1], w_fp4.shape[0])
 
 
-def _nvfp4_linear_fake(x, w_fp4, w_block_scale, w_global_scale, bias=None):
+def _nvfp4_linear_fake(x, w_fp4, w_block_scale, w_global_scale, bias=None, quantize_activations=False):
     _check_inputs(x, w_fp4, w_block_scale, w_global_scale, bias)
     return x.new_empty((*x.shape[:-1], w_fp4.shape[0]))
 
 
 library.define("nvfp4_linear(Tensor x, Tensor w_fp4, Tensor w_block_scale, Tensor w_global_scale, "
-               "Tensor? bias=None) -> Tensor")
+               "Tensor? bias=None, bool quantize_activations=False) -> Tensor")
 library.impl("nvfp4_linear", nvfp4_linear, "CompositeExplicitAutograd")
 library.impl("nvfp4_linear", _nvfp4_linear_cuda, "CUDA")
 library.register_fake("nvfp4_linear", _nvfp4_linear_fake)

@@ -110,6 +110,12 @@ def get(weight: Tensor, kind: Hashable, build: Callable[[], T]) -> T:
     return value
 
 
+def holds(weight: Tensor, kind: Hashable) -> bool:
+    """Whether `get(weight, kind, ...)` would return a value without building one."""
+    entry = (_CACHE.get(weight) or {}).get(kind)
+    return entry is not None and entry.version == weight._version and entry.data_ptr == weight.data_ptr()
+
+
 def report() -> list[tuple[tuple[int, ...], Hashable, int]]:
     """(weight shape, kind, bytes of the prepared value) for every live entry."""
     rows = []

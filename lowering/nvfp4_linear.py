@@ -12,6 +12,7 @@ block scales any float8_e4m3fn [N, K / 16] value, the global scale any 0-d float
     weight:  mul(reshape(decoded, [N, K / 16, 16]), reshape(scale, [N, K / 16, 1]))       float32
              -> reshape(., [N, K]) [-> convert_element_type(., x.dtype)] -> permute([1, 0]) -> mm(x, .) | addmm(bias, x, .)
     becomes  nvfp4_linear(x, w_fp4, block_e4m3, global, bias)     (global: full([], 1.0) when there is none)
+             [, quantize_activations=True]           under `backend(nvfp4_activations=True)`: W4A4 on Blackwell
 
 torchao 0.18's `NVFP4WeightOnlyConfig` (`torchao.prototype.mx_formats`; an `NVFP4Tensor` weight, desugared by
 AOTAutograd) spells the decode with shifts, masks and `index_put` into float32 bits, and its block scales are
@@ -352,10 +353,12 @@ def rewrite(matmul: Node, context: Context) -> str:
         global_scale = m.global_scale
         if global_scale is None:
             global_scale = make(aten.full.default, [], 1.0, dtype=torch.float32, device=value(m.w_fp4).device)
-        out = make(NVFP4_LINEAR, m.x, m.w_fp4, m.block_scale, global_scale, m.bias)
+        w4a4 = getattr(context.options, "nvfp4_activations", False)
+        out = make(NVFP4_LINEAR, m.x, m.w_fp4, m.block_scale, global_scale, m.bias,
+                   **({"quantize_activations": True} if w4a4 else {}))
     matmul.replace_all_uses_with(out)
     erase_dead(graph, [matmul])
-    return _describe_call(m)
+    return _describe_call(m) + (" [activations to nvfp4 on Blackwell]" if w4a4 else "")
 
 
 def _describe_call(m: Match) -> str:

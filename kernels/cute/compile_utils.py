@@ -44,11 +44,13 @@ def cute_for(arch: str):
     return cute
 
 
-def compile_for_tvm_ffi(cute, kernel, *fake_args):
+def compile_for_tvm_ffi(cute, kernel, *fake_args, arch: Optional[str] = None):
     """`cute.compile` of `kernel` over fake arguments and a fake stream standing for the current torch
-    stream (the TVM-FFI environment stream), so launches take torch tensors and need no stream argument."""
+    stream (the TVM-FFI environment stream), so launches take torch tensors and need no stream argument.
+    `arch` ("sm_100a"): compile for it whatever CUTE_DSL_ARCH says (one process compiles for several)."""
     stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
-    return cute.compile(kernel, *fake_args, stream, options=TVM_FFI_OPTIONS)
+    options = TVM_FFI_OPTIONS if arch is None else f"{TVM_FFI_OPTIONS} --gpu-arch {arch}"
+    return cute.compile(kernel, *fake_args, stream, options=options)
 
 
 class CompiledVariants:
