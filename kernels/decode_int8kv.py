@@ -10,6 +10,8 @@ softcap, seqused_k and a [B, Sk] key mask, no local window), with
 The output is in q's dtype, laid out like `decode.forward`'s, with lse [B, Hq, Sq] (natural log). With fp16
 q the PV MMA takes P * v_scale * 64 in fp16, so v_scale must stay below 1023 (any V that fits fp16 has
 v_scale <= 65504 / 127); nothing on the host reads the scales to check it.
+q itself is read as a 15-bit integer per packed row (two int8 digits, error <= max |q| of the row / 64516, far
+below q's own rounding) for the integer tensor cores' S = Q K^T; a NaN in q makes its row NaN.
 FA4_INDUCTOR_DISABLE_DECODE=1 turns this kernel off too.
 
 Split count: `decode.num_splits` aiming at CTAS_PER_SM CTAs per SM (the int8 tiles carry half the bytes
@@ -69,7 +71,8 @@ def stages_for(head_dim: int) -> int:
     budget allows (FA4_INDUCTOR_DECODE_SMEM_KB), at least 2 (the warps' merge reuses the ring), at most 8."""
     budget = switches.current().decode_smem_kb * 1024
     per_stage = decode.NUM_WARPS * 2 * decode.TILE_N * (head_dim + SCALE_BYTES)
-    return max(2, min(8, (budget - decode.TILE_M * head_dim * 2) // per_stage))
+    q_bytes = decode.TILE_M * head_dim * (2 + 2)  # q in its dtype, then as two int8 digits
+    return max(2, min(8, (budget - q_bytes) // per_stage))
 
 
 def num_splits(batch: int, kv_heads: int, q_len: int, group: int, seqlen_k: int, head_dim: int, num_sms: int) -> int:

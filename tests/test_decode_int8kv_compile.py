@@ -76,7 +76,8 @@ def test_index_maps_feed_the_mma_the_right_columns(kernel_module, d):
     _write_tile(km, smem, 16 * d, v, km.v_chunk, d)
     c = d // 16
 
-    # K: B[k][n] of n-block j, k-block kb must be K[n][k_column(k)] (Q is gathered in that order too)
+    # K: register h of k-block kb (m16n8k32, 4 int8 each: k = 32 kb + 16 h + 4 t + byte) of n-block j must hold
+    # K[n][k_column(k)] (Q's digits are laid out in that order too)
     b_k = torch.zeros(d, 16, dtype=torch.int64)
     for lane in range(32):
         g, t = lane // 4, lane % 4
@@ -85,11 +86,9 @@ def test_index_maps_feed_the_mma_the_right_columns(kernel_module, d):
             for i in range(c // 4):
                 words = _words(smem, row * d + km.k_chunk(row, t + 4 * i, d) * 16, 4)
                 for w in range(4):
-                    kb = 4 * i + w
-                    for h, sel in ((0, 0x0100), (1, 0x0302)):
-                        pair = _prmt(words[w], words[w], sel)
-                        b_k[kb * 16 + 2 * t + 8 * h, row] = _signed(pair & 0xFF)
-                        b_k[kb * 16 + 2 * t + 8 * h + 1, row] = _signed((pair >> 16) & 0xFF)
+                    kb, h = 2 * i + w // 2, w % 2
+                    for e in range(4):
+                        b_k[32 * kb + 16 * h + 4 * t + e, row] = _signed((words[w] >> (8 * e)) & 0xFF)
     cols = torch.tensor([km.k_column(x, d) for x in range(d)])
     assert sorted(cols.tolist()) == list(range(d))
     torch.testing.assert_close(b_k, k.long()[:, cols].T, rtol=0, atol=0)
@@ -148,6 +147,110 @@ def test_fragment_reads_are_free_of_bank_conflicts(kernel_module, d):
             for i in range(d // 128):
                 reads = [r * d + km.v_chunk(r, lane // 4 + 8 * i, d) * 16 for lane, r in enumerate(rows)]
                 assert _wavefronts(reads, 16) == 4
+
+
+def _f32(x: torch.Tensor) -> torch.Tensor:
+    return x.to(torch.float32)
+
+
+def _q_digits(km, q_rows: torch.Tensor, scale_log2: float):
+    """The kernel's q digits, in float32 arithmetic as it does them: amax per row (NaN-propagating, at least
+    Q_AMAX_MIN), inv = Q_MAX Q_BASE / amax, y = rint(q inv), hi = rint(y / Q_BASE), lo = y - Q_BASE hi, and the
+    row multiplier amax / (Q_MAX Q_BASE) x scale_log2. q_rows [rows, D] in q's dtype."""
+    x = _f32(q_rows)
+    amax = x.abs().amax(-1)
+    amax = torch.where(x.isnan().any(-1), torch.nan, amax.clamp_min(km.Q_AMAX_MIN))
+    inv = torch.tensor(float(km.Q_MAX * km.Q_BASE)) / amax
+    y = _f32(x * inv[:, None]).round().nan_to_num(0.0).to(torch.int64)  # cvt.rni: ties to even, NaN -> 0
+    hi = _f32(_f32(y.float()) * torch.tensor(1.0 / km.Q_BASE, dtype=torch.float32)).round().to(torch.int64)
+    lo = y - km.Q_BASE * hi
+    mul = _f32(_f32(amax * torch.tensor(1.0 / (km.Q_MAX * km.Q_BASE), dtype=torch.float32)) * scale_log2)
+    return hi, lo, mul
+
+
+def _imma(a_regs, b_regs):
+    """One warp's mma.sync m16n8k32 s8 x s8 -> s32 from its lanes' registers (PTX ISA fragment layouts):
+    a_regs[lane] four words (a0: row g, k 4t..; a1: row g + 8; a2, a3: k + 16), b_regs[lane] two words
+    (b0: k 4t.. of column g; b1: k + 16). Returns each lane's c0..c3 (rows g, g, g + 8, g + 8; columns 2t, 2t + 1)."""
+    a = torch.zeros(16, 32, dtype=torch.int64)
+    b = torch.zeros(32, 8, dtype=torch.int64)
+    for lane in range(32):
+        g, t = lane // 4, lane % 4
+        for e in range(4):
+            for x in range(4):
+                a[g + 8 * (x % 2), 4 * t + 16 * (x // 2) + e] = _signed((a_regs[lane][x] >> (8 * e)) & 0xFF)
+            for h in range(2):
+                b[4 * t + 16 * h + e, g] = _signed((b_regs[lane][h] >> (8 * e)) & 0xFF)
+    c = a @ b
+    return [[c[lane // 4 + 8 * (x // 2), 2 * (lane % 4) + x % 2].item() for x in range(4)] for lane in range(32)]
+
+
+def _pack(digits: torch.Tensor) -> list[int]:
+    """Int8 digits [..., 4n] as little-endian words [..., n]."""
+    u = (digits & 0xFF).reshape(*digits.shape[:-1], -1, 4)
+    return (u[..., 0] | (u[..., 1] << 8) | (u[..., 2] << 16) | (u[..., 3] << 24)).tolist()
+
+
+@pytest.mark.parametrize("d", [64, 128, 256])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_integer_scores_match_float64(kernel_module, d, dtype):
+    """S = Q K^T as the kernel computes it, replayed: q's digits (per packed row), the lanes' A registers read
+    from the digit words, the B registers straight from the swizzled int8 K tile, the s8 MMA, then
+    float(Q_BASE S_hi + S_lo) x row multiplier x k_scale. Against float64 q . (k k_scale) x scale_log2: within
+    amax |k|_1 / 64516 (q's 15-bit integer form) plus float32 roundings, well under q's own bf16 / fp16 rounding."""
+    km = kernel_module
+    gen = torch.Generator().manual_seed(d)
+    q = (torch.randn(16, d, generator=gen) * torch.logspace(-3, 2, 16)[:, None]).to(dtype)
+    q[5] = 0  # a zero row (and the rows past the packed ones) score 0
+    q[7] = q[7] * 1e-36 if dtype is torch.bfloat16 else q[7]  # below Q_AMAX_MIN: inv stays finite
+    q[6, 3] = q[6].float().abs().max() * -1  # a tie for the max
+    k = torch.randint(-127, 128, (16, d), generator=gen, dtype=torch.int8)
+    k_scale = torch.rand(16, generator=gen) * 0.05 + 1e-3
+    scale_log2 = d ** -0.5 * 1.4426950408889634
+    smem = bytearray(2 * 16 * d)
+    _write_tile(km, smem, 0, k, km.k_chunk, d)
+    cols = torch.tensor([km.k_column(x, d) for x in range(d)])
+    hi, lo, mul = _q_digits(km, q[:, cols], scale_log2)  # logical column order, as the kernel gathers q
+    assert hi.abs().max() <= km.Q_MAX and lo.abs().max() <= km.Q_MAX
+    words = [_pack(hi), _pack(lo)]  # [row][word]
+    acc = torch.zeros(16, 16, dtype=torch.int64)
+    for j in range(2):
+        digit_sums = []
+        for p in range(2):
+            total = [[0] * 4 for _ in range(32)]
+            for kb in range(d // 32):
+                a_regs, b_regs = [], []
+                for lane in range(32):
+                    g, t = lane // 4, lane % 4
+                    a_regs.append([words[p][g + 8 * (x % 2)][8 * kb + 4 * (x // 2) + t] for x in range(4)])
+                    row = 8 * j + g
+                    chunk = _words(smem, row * d + km.k_chunk(row, t + 4 * (kb // 2), d) * 16, 4)
+                    b_regs.append([chunk[2 * (kb % 2)], chunk[2 * (kb % 2) + 1]])
+                c = _imma(a_regs, b_regs)
+                total = [[total[lane][x] + c[lane][x] for x in range(4)] for lane in range(32)]
+            digit_sums.append(total)
+        for lane in range(32):
+            for x in range(4):
+                acc[lane // 4 + 8 * (x // 2), 8 * j + 2 * (lane % 4) + x % 2] = \
+                    km.Q_BASE * digit_sums[0][lane][x] + digit_sums[1][lane][x]
+    assert acc.abs().max() < 2 ** 31
+    scores = _f32(_f32(_f32(acc.float()) * mul[:, None]) * k_scale[None, :])
+    ref = (q.double() @ (k.double() * k_scale.double()[:, None]).T) * scale_log2
+    amax = q.double().abs().amax(-1, keepdim=True)
+    bound = (amax / 64516 * k.double().abs().sum(-1)[None, :] * k_scale.double()[None, :] * scale_log2
+             + 4 * 2 ** -24 * ref.abs() + 1e-30)
+    assert ((scores.double() - ref).abs() <= bound).all(), ((scores.double() - ref).abs() / bound).max()
+    assert (scores[5] == 0).all()
+
+
+def test_q_digits_carry_non_finite_q(kernel_module):
+    """A NaN in a q row makes that row's multiplier NaN (so its scores and output are NaN, as the reference's),
+    other rows unaffected."""
+    q = torch.randn(3, 64)
+    q[1, 7] = float("nan")
+    hi, lo, mul = _q_digits(kernel_module, q, 1.0)
+    assert mul[1].isnan() and mul[[0, 2]].isfinite().all()
+    assert hi.abs().max() <= kernel_module.Q_MAX and lo.abs().max() <= kernel_module.Q_MAX
 
 
 @pytest.mark.parametrize("half", [torch.float16, torch.bfloat16])

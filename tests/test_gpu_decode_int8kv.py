@@ -181,6 +181,32 @@ def test_scales_far_from_one(dtype, kv_std):
           atol=1e-5 * min(kv_std, 1.0), **flags(128, scale=0.02 if kv_std > 1 else None))
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("sq", [1, 2])
+def test_query_rows_of_very_different_magnitudes(dtype, sq):
+    """S = Q K^T takes q as a 15-bit integer per packed row (query token x head): heads 1e-3 .. 1e2 apart in one
+    row tile, and an all-zero head, each keep their own precision."""
+    q, k, v, ks, vs = make_inputs(dtype, b=2, group=8, sq=sq, sk=3000)
+    mags = torch.logspace(-3, 2, 8, device="cuda").repeat(2)  # hq = 16: the 8 heads of each KV head's group
+    q = (q.float() * mags[None, :, None, None]).to(dtype)
+    q[:, 3] = 0
+    check(f"q magnitudes {dtype} sq{sq}", q, k, v, ks, vs, **flags(128, causal=True))
+
+
+def test_nan_in_q_stays_in_its_row():
+    """A NaN in one query head gives NaN there (as the reference does) and leaves the heads packed with it as they were."""
+    q, k, v, ks, vs = make_inputs(b=1, group=4, sk=1000)
+    q[0, 1, 0, 5] = float("nan")
+    fl = flags(128)
+    out, lse = decode_int8kv.forward(q, k, v, ks, vs, **fl)
+    assert out[0, 1].isnan().all() and not lse[0, 1].isfinite().any()
+    keep = [0, 2, 3, 4, 5, 6, 7]
+    ref_out, _ = reference.attention_forward(q.double().nan_to_num(0.0), dequantized(k, ks, None),
+                                             dequantized(v, vs, None), **fl)
+    err = (out[0, keep].double() - ref_out[0, keep]).abs().max().item()
+    assert out[0, keep].isfinite().all() and err < 2e-2, err
+
+
 def test_against_the_bf16_kernel_on_the_dequantized_cache():
     """The int8 kernel and the bf16 decode kernel on the same (dequantized, bf16-exact) cache: close."""
     q, k, v, ks, vs = make_inputs(b=2, hkv=8, group=4, sk=8192)

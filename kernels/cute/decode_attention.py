@@ -79,7 +79,77 @@ def _quad_sum(x: Float32) -> Float32:
     return x + cute.arch.shuffle_sync_bfly(x, offset=1, mask=-1, mask_and_clamp=31)
 
 
-class DecodeAttentionSm90:
+class SplitKVMerge:
+    """The end of a split-KV decode CTA, shared by `DecodeAttentionSm90` and the int8-KV kernel: the warps merge
+    their (m, l, O) states through shared memory and the CTA writes the output and lse (one split) or the
+    normalised fp32 partial O and its log2-domain lse. A kernel sets `o_column` (accumulator column -> head-dim
+    column) and `o_scale` (a constant factor P carried into O) if its own are not the identity."""
+
+    o_scale = 1.0
+
+    @staticmethod
+    def o_column(col, d: int):
+        return col
+
+    @cute.jit
+    def merge_and_store(self, sRed: cute.Tensor, sM: cute.Tensor, sL: cute.Tensor, thr_mma: cute.ThrMma, acc_O: cute.Tensor,
+                        row_max: cute.Tensor, row_sum: cute.Tensor, mO: Optional[cute.Tensor],
+                        mLSE: Optional[cute.Tensor], mOpart: Optional[cute.Tensor], mLSEpart: Optional[cute.Tensor],
+                        tidx: Int32, lane: Int32, warp_idx: Int32, row_tile: Int32, num_rows: Int32, kvh: Int32,
+                        hm: Int32, b: Int32, split_idx: Int32):
+        """sRed: the fp32 [TILE_M, D, NUM_WARPS] merge buffer over the KV ring (free once every warp is done
+        with it); sM / sL: [TILE_M, NUM_WARPS] fp32 for the warps' row maxima and sums."""
+        D = self.head_dim
+        group = self.group
+        if const_expr(self.split):
+            cute.arch.griddepcontrol_launch_dependents()  # let the combine kernel get scheduled
+        cute.arch.cp_async_wait_group(0)
+        cute.arch.barrier()  # every warp is done with the ring, which now holds the fp32 O's
+        tOcO = _mn_view(thr_mma.partition_C(cute.make_identity_tensor((TILE_M, D))))
+        o_mn = _mn_view(acc_O)
+        for r in cutlass.range_constexpr(cute.size(tOcO, mode=[0])):
+            l_r = _quad_sum(row_sum[r])
+            rr = tOcO[r, 0][0]
+            if lane % 4 == 0:
+                sM[rr, warp_idx] = row_max[r]
+                sL[rr, warp_idx] = l_r
+            for c in cutlass.range_constexpr(cute.size(tOcO, mode=[1])):
+                sRed[rr, _spread(rr, self.o_column(tOcO[0, c][1], D)), warp_idx] = o_mn[r, c]
+        cute.arch.barrier()
+
+        for it in cutlass.range_constexpr(TILE_M * D // self.num_threads):
+            e = tidx + it * self.num_threads
+            rr = e // D
+            d = e - rr * D
+            r = row_tile * TILE_M + rr
+            if r < num_rows:
+                m = sM[rr, 0]
+                for w in cutlass.range_constexpr(1, NUM_WARPS):
+                    m = cute.arch.fmax(m, sM[rr, w])
+                m_use = 0.0 if m == -Float32.inf else m
+                total = Float32(0.0)
+                o = Float32(0.0)
+                for w in cutlass.range_constexpr(NUM_WARPS):
+                    weight = cute.math.exp2(sM[rr, w] - m_use, fastmath=True)
+                    total = total + sL[rr, w] * weight
+                    o = o + sRed[rr, _spread(rr, d), w] * weight
+                inv = 0.0 if total == 0.0 else 1.0 / total
+                if const_expr(self.o_scale != 1.0):
+                    inv = inv * (1.0 / self.o_scale)
+                lse2 = -Float32.inf if total == 0.0 else m_use + cute.math.log2(total, fastmath=True)
+                i = r // group
+                h = kvh * group + (r - i * group)
+                if const_expr(self.split):
+                    mOpart[b, hm, split_idx, rr, d] = o * inv
+                    if d == 0:
+                        mLSEpart[b, hm, split_idx, rr] = lse2
+                else:
+                    mO[b, h, i, d] = (o * inv).to(self.dtype)
+                    if d == 0:
+                        mLSE[b, h, i] = lse2 * LN_2
+
+
+class DecodeAttentionSm90(SplitKVMerge):
     """One compiled variant per (dtype, head_dim, group, causal, softcap on/off, seqused_k given,
     key mask given, split or not, ring depth `stages` >= 2: the merge reuses the K ring); everything
     else (batch, heads, Sq, Sk, strides, split count) is a runtime value.
@@ -337,54 +407,11 @@ class DecodeAttentionSm90:
             for k in cutlass.range_constexpr(cute.size(tOrP, mode=[2])):
                 cute.gemm(tiled_mma, acc_O, tOrP[None, None, k], tOrVt[None, None, k], acc_O)
 
-        # ---- merge the warps: stash (m, l, O) per warp, then every thread sums its elements ----
-        if const_expr(self.split):
-            cute.arch.griddepcontrol_launch_dependents()  # let the combine kernel get scheduled
-        cute.arch.cp_async_wait_group(0)
-        cute.arch.barrier()  # every warp is done with the K ring, which now holds the fp32 O's
-        sRed = storage.sK.get_tensor(sRed_layout, dtype=Float32)
-        sM = storage.sM.get_tensor(cute.make_layout((TILE_M, NUM_WARPS), stride=(1, TILE_M)))
-        sL = storage.sL.get_tensor(cute.make_layout((TILE_M, NUM_WARPS), stride=(1, TILE_M)))
-        tOcO = _mn_view(thr_mma.partition_C(cute.make_identity_tensor((TILE_M, D))))
-        o_mn = _mn_view(acc_O)
-        for r in cutlass.range_constexpr(n_rows):
-            l_r = _quad_sum(row_sum[r])
-            rr = tOcO[r, 0][0]
-            if lane % 4 == 0:
-                sM[rr, warp_idx] = row_max[r]
-                sL[rr, warp_idx] = l_r
-            for c in cutlass.range_constexpr(cute.size(tOcO, mode=[1])):
-                sRed[rr, _spread(rr, tOcO[0, c][1]), warp_idx] = o_mn[r, c]
-        cute.arch.barrier()
-
-        for it in cutlass.range_constexpr(TILE_M * D // self.num_threads):
-            e = tidx + it * self.num_threads
-            rr = e // D
-            d = e - rr * D
-            r = row_tile * TILE_M + rr
-            if r < num_rows:
-                m = sM[rr, 0]
-                for w in cutlass.range_constexpr(1, NUM_WARPS):
-                    m = cute.arch.fmax(m, sM[rr, w])
-                m_use = 0.0 if m == -Float32.inf else m
-                total = Float32(0.0)
-                o = Float32(0.0)
-                for w in cutlass.range_constexpr(NUM_WARPS):
-                    weight = cute.math.exp2(sM[rr, w] - m_use, fastmath=True)
-                    total = total + sL[rr, w] * weight
-                    o = o + sRed[rr, _spread(rr, d), w] * weight
-                inv = 0.0 if total == 0.0 else 1.0 / total
-                lse2 = -Float32.inf if total == 0.0 else m_use + cute.math.log2(total, fastmath=True)
-                i = r // group
-                h = kvh * group + (r - i * group)
-                if const_expr(self.split):
-                    mOpart[b, hm, split_idx, rr, d] = o * inv
-                    if d == 0:
-                        mLSEpart[b, hm, split_idx, rr] = lse2
-                else:
-                    mO[b, h, i, d] = (o * inv).to(self.dtype)
-                    if d == 0:
-                        mLSE[b, h, i] = lse2 * LN_2
+        # ---- merge the warps and write out ----
+        warp_rows = cute.make_layout((TILE_M, NUM_WARPS), stride=(1, TILE_M))
+        self.merge_and_store(storage.sK.get_tensor(sRed_layout, dtype=Float32), storage.sM.get_tensor(warp_rows),
+                             storage.sL.get_tensor(warp_rows), thr_mma, acc_O, row_max, row_sum, mO, mLSE, mOpart,
+                             mLSEpart, tidx, lane, warp_idx, row_tile, num_rows, kvh, hm, b, split_idx)
 
     @cute.jit
     def load_tile(self, gmem_copy: cute.TiledCopy, tKgK: cute.Tensor, tKsK: cute.Tensor, tVgV: cute.Tensor,

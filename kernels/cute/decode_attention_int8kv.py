@@ -7,26 +7,29 @@ over k * k_scale[..., None] and v * v_scale[..., None]. Since
 
     q . (s_k k) = s_k (q . k)      and      sum_j p_j s_vj v_j = (p * s_v) @ v,
 
-the MMAs (mma.sync m16n8k16 in q's dtype, fp32 accumulators) take the int8 values converted
-exactly (an int8 fits the significand of both fp16 and bf16); k_scale multiplies each score column
-before the softmax and v_scale each column of P before P @ V (the row sums use P unscaled; in fp16 P
-also carries a factor FP16_P_SCALE that the final 1 / l removes).
+S = Q K^T runs on the integer tensor cores and reads the int8 K tile as it lies in shared memory: q is
+quantized per packed row to a 15-bit integer y = rint(q * 127 * 254 / amax) (amax = max |q| of the row, so
+|q - y * amax / (127 * 254)| <= amax / 64516, far below q's own bf16 / fp16 rounding), split into two int8
+digits y = 254 hi + lo (|hi|, |lo| <= 127), and two mma.sync m16n8k32 s8 x s8 -> s32 per k-block give
+Q_hi K^T and Q_lo K^T exactly; the score is float(254 S_hi + S_lo) (exact in int32, one rounding to fp32) times
+the row's amax / (127 * 254) and k_scale. P V stays on mma.sync m16n8k16 in q's dtype (P has the
+range of a probability times v_scale): the int8 V values are converted exactly (an int8 fits the
+significand of fp16 and bf16) and v_scale multiplies each column of P (the row sums use P unscaled; in
+fp16 P also carries a factor FP16_P_SCALE that the final 1 / l removes).
 
 Data path of a warp tile (16 keys):
 - cp.async copies the int8 K and V tiles (16 bytes a lane) and their 16 + 16 scales (4 bytes a lane)
   into the warp's ring slot. A tile is half the bytes of a bf16 one, so the same shared memory
   holds a ring twice as deep. Keys past seqlen_k are zero-filled, their scales too, so stale or
   non-finite cache contents never reach the MMAs.
-- ldmatrix moves 16-bit elements only, so each thread reads the bytes its B fragments need with
-  16-byte shared loads and turns each pair of int8 into one half2 register with integer ops
-  (`_int8_pair`: prmt, one or two lop3, one packed subtract; exact).
-  K (S = Q K^T sums over D, so D's order is free when Q uses the same order): thread
-  (g = lane / 4, t = lane % 4) takes key row 8j + g of n-block j, bytes 16 (t + 4i) .. + 15, whose
-  4-byte words are its B registers of k-blocks 4i .. 4i + 3; Q is gathered into shared memory in
-  the matching column order (`k_column`).
-  V (O = P V: the accumulator's column order is free, the epilogue writes physical columns,
+- K (S = Q K^T sums over D, so D's order is free when Q uses the same order): thread
+  (g = lane / 4, t = lane % 4) reads key row 8j + g of n-block j, bytes 16 (t + 4i) .. + 15 (one 16-byte
+  shared load); its 4-byte words are, unchanged, the B registers (4 int8 each) of k-blocks 2i, 2i + 1
+  (`k_column`); Q's digits are laid out in the matching column order.
+- V (O = P V: the accumulator's column order is free, the epilogue writes physical columns,
   `v_column`): thread g owns D / 8 contiguous bytes of every key row; for its four keys 2t,
-  2t + 1, 2t + 8, 2t + 9 it pairs the bytes of two keys into one register.
+  2t + 1, 2t + 8, 2t + 9 it pairs the bytes of two keys into one half2 register with integer ops
+  (`_int8_pair`: prmt, one or two lop3, one packed subtract; exact).
 - The shared tiles are swizzled in 16-byte chunks (`k_chunk`, `v_chunk`) so that those reads and
   the cp.async writes are free of bank conflicts (two-way at most for V at head dim 64).
 
@@ -40,30 +43,35 @@ from typing import Optional
 
 import cutlass
 import cutlass.cute as cute
-from cutlass import Float32, Int8, Int32, Uint32, const_expr
+from cutlass import Float32, Int8, Int32, Int64, Uint32, const_expr
 from cutlass._mlir.dialects import llvm
-from cutlass.cute.nvgpu import cpasync, warp
+from cutlass.cute.nvgpu import warp
 from cutlass.cutlass_dsl import T, dsl_user_op
 from cutlass.experimental import primitives as prims
 
-from .decode_attention import LN_2, NUM_WARPS, TILE_M, TILE_N, _as_operand_a, _mn_view, _quad_max, _quad_sum, _spread
+from .decode_attention import NUM_WARPS, TILE_M, TILE_N, SplitKVMerge, _as_operand_a, _mn_view, _quad_max
 
 HEAD_DIMS = (64, 128, 256)
 # fp16 only: P * v_scale enters the PV MMA times 2^6 (undone exactly with 1 / l), which keeps small v_scales
 # out of fp16's subnormals; a V that fits fp16 has v_scale <= 65504 / 127, so p * v_scale * 64 still fits.
 FP16_P_SCALE = 64.0
+# q's integer form: y = rint(q * Q_MAX * Q_BASE / amax) = Q_BASE * hi + lo, digits hi, lo in [-Q_MAX, Q_MAX].
+Q_MAX = 127
+Q_BASE = 254
+Q_AMAX_MIN = 1e-30  # amax is taken at least this (rows of smaller q score ~0 either way)
 
 
 # ---- index maps (Python ints at trace time or DSL Int32 at run time) ----
 
 
 def k_column(col, d: int):
-    """Head-dim column of K (and Q) behind the MMA's logical k index `col`: k-block col // 16,
-    lane t = (col % 8) // 2 takes bytes 4 * (kb % 4) + (0, 1) (k = 2t, 2t + 1) and + (2, 3)
-    (k = 2t + 8, 2t + 9) of its chunk t + 4 * (kb // 4)."""
-    kb = col // 16
-    kl = col % 16
-    return (kb // 4) * 64 + ((kl % 8) // 2) * 16 + (kb % 4) * 4 + (kl // 8) * 2 + kl % 2
+    """Head-dim column of K (and Q) behind the integer MMA's logical k index `col`: in k-block kb = col // 32
+    (m16n8k32), register h = (col % 32) // 16 of lane t = (col % 16) // 4 holds k = 32 kb + 16 h + 4 t + (0..3),
+    which that lane reads as word 2 (kb % 2) + h of its 16-byte chunk t + 4 (kb // 2)."""
+    kb = col // 32
+    h = (col % 32) // 16
+    t = (col % 16) // 4
+    return (t + 4 * (kb // 2)) * 16 + (2 * (kb % 2) + h) * 4 + col % 4
 
 
 def v_column(col, d: int):
@@ -111,6 +119,48 @@ def _and_xor(a, mask: int, flip: int, *, loc=None, ip=None) -> Int32:
         has_side_effects=False, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip))
 
 
+@dsl_user_op
+def _imma(a, b, c, *, loc=None, ip=None) -> list:
+    """mma.sync m16n8k32 s8 x s8 + s32 -> s32: a four A registers, b two B registers, c four accumulators."""
+    ops = [Int32(x).ir_value(loc=loc, ip=ip) for x in (*a, *b, *c)]
+    res = llvm.inline_asm(
+        llvm.StructType.get_literal([T.i32()] * 4), ops,
+        "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {$0, $1, $2, $3}, {$4, $5, $6, $7}, {$8, $9}, "
+        "{$10, $11, $12, $13};",
+        "=r,=r,=r,=r," + ",".join(["r"] * 10), has_side_effects=False, is_align_stack=False,
+        asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip)
+    return [Int32(llvm.extractvalue(T.i32(), res, [i], loc=loc, ip=ip)) for i in range(4)]
+
+
+@dsl_user_op
+def _rint(x, *, loc=None, ip=None) -> Int32:
+    """x rounded to the nearest integer, ties to even (cvt.rni; NaN gives 0)."""
+    return Int32(llvm.inline_asm(
+        T.i32(), [Float32(x).ir_value(loc=loc, ip=ip)], "cvt.rni.s32.f32 $0, $1;", "=r,f",
+        has_side_effects=False, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip))
+
+
+@dsl_user_op
+def _max_abs(m, x, *, loc=None, ip=None) -> Float32:
+    """max(m, |x|), NaN if either is NaN (so a non-finite q reaches the scores)."""
+    return Float32(llvm.inline_asm(
+        T.f32(), [Float32(m).ir_value(loc=loc, ip=ip), Float32(x).ir_value(loc=loc, ip=ip)],
+        "{\n\t.reg .f32 a;\n\tabs.f32 a, $2;\n\tmax.NaN.f32 $0, $1, a;\n\t}", "=f,f,f",
+        has_side_effects=False, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip))
+
+
+@dsl_user_op
+def _cp_async(dst, src, size: int, src_size, *, loc=None, ip=None):
+    """cp.async of `size` bytes from global address `src` (Int64) to shared address `dst` (Int32), of which
+    the first `src_size` are read and the rest zero-filled (0: nothing is read, `src` may be out of bounds)."""
+    mode = "cg" if size == 16 else "ca"
+    llvm.inline_asm(
+        None, [Int32(dst).ir_value(loc=loc, ip=ip), Int64(src).ir_value(loc=loc, ip=ip),
+               Int32(src_size).ir_value(loc=loc, ip=ip)],
+        f"cp.async.{mode}.shared.global [$0], [$1], {size}, $2;", "r,l,r", has_side_effects=True,
+        is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip)
+
+
 def _prmt(a, b, selector: int):
     """Bytes of {b, a} picked by `selector` (PTX prmt.b32; a pure op LLVM can schedule)."""
     return prims.prmt(a, selector, prims.PermuteMode.DEFAULT, hi=b)
@@ -127,7 +177,7 @@ def _int8_pair(t, fp16: bool):
     return _sub_half2(_and_xor(t, 0x007F007F, 0x43004300), _and_xor(t, 0x00800080, 0x43004300), False)
 
 
-class DecodeAttentionInt8KVSm90:
+class DecodeAttentionInt8KVSm90(SplitKVMerge):
     """One compiled variant per (dtype, head_dim, group, causal, softcap on/off, seqused_k given,
     key mask given, split or not, ring depth `stages` >= 2: the merge reuses the KV ring).
 
@@ -152,6 +202,11 @@ class DecodeAttentionInt8KVSm90:
         self.split = split
         self.stages = stages
         self.num_threads = 32 * NUM_WARPS
+        self.o_scale = FP16_P_SCALE if self.fp16 else 1.0
+
+    @staticmethod
+    def o_column(col, d: int):
+        return v_column(col, d)
 
     @cute.jit
     def __call__(
@@ -173,14 +228,14 @@ class DecodeAttentionInt8KVSm90:
         stream,
     ):
         D = self.head_dim
-        atom = cute.make_composed_layout(cute.make_swizzle(3, 3, 3), 0, cute.make_layout((8, 64), stride=(64, 1)))
-        sQ_layout = cute.tile_to_shape(atom, (TILE_M, D), (0, 1))
         slots = self.stages * NUM_WARPS
         ring_bytes = slots * 2 * TILE_N * D
 
         @cute.struct
         class SharedStorage:
-            sQ: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sQ_layout)], 1024]
+            sQ: cute.struct.Align[cute.struct.MemRange[self.dtype, TILE_M * D], 16]  # q, gathered
+            sQ8: cute.struct.Align[cute.struct.MemRange[Int8, 2 * TILE_M * D], 16]  # its digits hi, lo
+            sQmul: cute.struct.Align[cute.struct.MemRange[Float32, TILE_M], 16]  # amax / (Q_MAX Q_BASE) x scale
             sKV: cute.struct.Align[cute.struct.MemRange[Int8, ring_bytes], 1024]
             sScale: cute.struct.Align[cute.struct.MemRange[Float32, slots * 2 * TILE_N], 16]
             sM: cute.struct.Align[cute.struct.MemRange[Float32, NUM_WARPS * TILE_M], 16]
@@ -194,7 +249,7 @@ class DecodeAttentionInt8KVSm90:
             num_splits = mOpart.shape[2]
         self.kernel(
             mQ, mK, mV, mKscale, mVscale, mSeqused, mKeyMask, mO, mLSE, mOpart, mLSEpart, scale_log2, softcap_in,
-            softcap_out, row_tiles, sQ_layout, tiled_mma, SharedStorage,
+            softcap_out, row_tiles, tiled_mma, SharedStorage,
         ).launch(
             grid=(num_splits, mK.shape[1] * row_tiles, mK.shape[0]),
             block=(self.num_threads, 1, 1),
@@ -220,7 +275,6 @@ class DecodeAttentionInt8KVSm90:
         softcap_in: Float32,
         softcap_out: Float32,
         row_tiles: Int32,
-        sQ_layout: cute.ComposedLayout,
         tiled_mma: cute.TiledMma,
         SharedStorage: cutlass.Constexpr,
     ):
@@ -252,7 +306,7 @@ class DecodeAttentionInt8KVSm90:
 
         smem = cutlass.memory.SmemAllocator()
         storage = smem.allocate(SharedStorage)
-        sQ = storage.sQ.get_tensor(sQ_layout)
+        sQ = storage.sQ.get_tensor(cute.make_layout((TILE_M, D), stride=(D, 1)))
         n_chunks = slots * 2 * TILE_N * C
         # The ring as 16-byte chunks: chunk ((slot * 2 + part) * TILE_N + row) * C + position, part 0 K, 1 V.
         sChunk = storage.sKV.get_tensor(cute.make_layout((16, n_chunks), stride=(1, 16)))
@@ -260,23 +314,25 @@ class DecodeAttentionInt8KVSm90:
         sHalfChunkWords = storage.sKV.get_tensor(cute.make_layout((2, 2 * n_chunks), stride=(1, 2)), dtype=Uint32)
         sScale = storage.sScale.get_tensor(cute.make_layout((TILE_N, 2, slots), stride=(1, TILE_N, 2 * TILE_N)))
 
-        copy16 = cute.make_copy_atom(
-            cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL), Int8, num_bits_per_copy=128)
-        copy4 = cute.make_copy_atom(cpasync.CopyG2SOp(), Float32, num_bits_per_copy=32)
-
-        # ---- per-lane addressing, fixed for the whole loop (a ring slot adds slot * slot_chunks) ----
-        # cp.async: lane copies chunk lane % C of rows lane // C + n * (32 // C), n < C / 2.
+        # ---- per-lane addressing, fixed for the whole loop: a tile adds tile * TILE_N rows, a ring slot
+        # slot * slot_chunks chunks ----
+        # cp.async: lane copies chunk lane % C of rows lane // C + n * (32 // C), n < C / 2; the scales: lane j < 16
+        # k_scale of key j, lane 16 + j v_scale of key j.
         slot_chunks = 2 * TILE_N * C
-        copy_thr = cute.make_tiled_copy_tv(
-            copy16, cute.make_layout((32 // C, C), stride=(C, 1)), cute.make_layout((1, 16))).get_slice(lane)
-        tKgK = copy_thr.partition_S(cute.local_tile(mK[b, kvh, None, None], (TILE_N, D), (None, 0)))
-        tVgV = copy_thr.partition_S(cute.local_tile(mV[b, kvh, None, None], (TILE_N, D), (None, 0)))
-        k_write = cute.make_rmem_tensor((C // 2,), Int32)
+        k_row = Int64(mK.layout.stride[2])
+        v_row = Int64(mV.layout.stride[2])
+        k_src = mK[b, kvh, None, None].iterator.toint() + Int64(lane // C) * k_row + (lane % C) * 16
+        v_src = mV[b, kvh, None, None].iterator.toint() + Int64(lane // C) * v_row + (lane % C) * 16
+        s_src = mKscale[b, kvh, None].iterator.toint() if lane < TILE_N else mVscale[b, kvh, None].iterator.toint()
+        s_src = s_src + (lane % TILE_N) * 4
+        ring = sChunk.iterator.toint()
+        k_write = cute.make_rmem_tensor((C // 2,), Int32)  # byte offsets in slot 0
         v_write = cute.make_rmem_tensor((C // 2,), Int32)
         for n in cutlass.range_constexpr(C // 2):
             row = lane // C + n * (32 // C)
-            k_write[n] = row * C + k_chunk(row, lane % C, D)
-            v_write[n] = (TILE_N + row) * C + v_chunk(row, lane % C, D)
+            k_write[n] = ring + (row * C + k_chunk(row, lane % C, D)) * 16
+            v_write[n] = ring + ((TILE_N + row) * C + v_chunk(row, lane % C, D)) * 16
+        s_write = sScale.iterator.toint() + ((lane // TILE_N) * TILE_N + lane % TILE_N) * 4
         # Fragment reads: K rows 8j + g, chunks t + 4i; V rows 2t, 2t + 1, 2t + 8, 2t + 9, the bytes g owns
         # (chunks g + 8i; at head dim 64 half a chunk, indexed in 8-byte halves).
         k_read = cute.make_rmem_tensor((2, C // 4), Int32)
@@ -297,8 +353,8 @@ class DecodeAttentionInt8KVSm90:
         first = tile_begin + warp_idx
         for s in cutlass.range_constexpr(stages - 1):
             if s < n_warp:
-                self.load_tile(tKgK, tVgV, mKscale, mVscale, b, kvh, sChunk, sWords, sScale, copy16, copy4, lane,
-                               seqlen_k, first + s * NUM_WARPS, warp_idx * stages + s, k_write, v_write)
+                self.load_tile(k_src, v_src, s_src, k_row, v_row, k_write, v_write, s_write, lane, seqlen_k,
+                               first + s * NUM_WARPS, warp_idx * stages + s)
             cute.arch.cp_async_commit_group()
 
         # ---- Q in K's column order (`k_column`), while the KV tiles are in flight ----
@@ -316,14 +372,44 @@ class DecodeAttentionInt8KVSm90:
             sQ[e // D, e % D] = q_vals[it]
         cute.arch.barrier()
 
+        # ---- its integer digits, per packed row (8 threads a row, D / 8 columns each; rows past the last are 0) ----
+        sQ8 = storage.sQ8.get_tensor(cute.make_layout((D // 4, TILE_M, 2), stride=(1, D // 4, TILE_M * D // 4)),
+                                     dtype=Uint32)  # (word of 4 columns, row, digit)
+        sQmul = storage.sQmul.get_tensor(cute.make_layout((TILE_M,)))
+        per = D // 8
+        q_row = tidx // 8
+        q_col = (tidx % 8) * per
+        xs = cute.make_rmem_tensor((per,), Float32)
+        amax = Float32(0.0)
+        for e in cutlass.range_constexpr(per):
+            xs[e] = sQ[q_row, q_col + e].to(Float32)
+            amax = _max_abs(amax, xs[e])
+        for o in cutlass.range_constexpr(3):
+            amax = _max_abs(amax, cute.arch.shuffle_sync_bfly(amax, offset=4 >> o, mask=-1, mask_and_clamp=31))
+        amax = _max_abs(amax, Float32(Q_AMAX_MIN))  # a zero row scores 0; inv stays finite; NaN stays NaN
+        inv = Float32(Q_MAX * Q_BASE) / amax
+        for w in cutlass.range_constexpr(per // 4):
+            hi_word = Int32(0)
+            lo_word = Int32(0)
+            for e in cutlass.range_constexpr(4):
+                y = _rint(xs[4 * w + e] * inv)
+                hi = _rint(y.to(Float32) * (1.0 / Q_BASE))
+                hi_word = hi_word | ((hi & 0xFF) << (8 * e))
+                lo_word = lo_word | (((y - hi * Q_BASE) & 0xFF) << (8 * e))
+            sQ8[q_col // 4 + w, q_row, 0] = Uint32(hi_word)
+            sQ8[q_col // 4 + w, q_row, 1] = Uint32(lo_word)
+        if tidx % 8 == 0:
+            sQmul[q_row] = amax * (1.0 / (Q_MAX * Q_BASE)) * (softcap_in if const_expr(self.has_softcap) else scale_log2)
+        cute.arch.barrier()
+
+        # A registers of m16n8k32 (PTX ISA): a0 = row g, k 4t .. 4t + 3; a1 row g + 8; a2, a3 the same at k + 16.
+        tSrQ = cute.make_rmem_tensor((4, D // 32, 2), Uint32)  # (register, k-block, digit)
+        for p in cutlass.range_constexpr(2):
+            for kb in cutlass.range_constexpr(D // 32):
+                for x in cutlass.range_constexpr(4):
+                    tSrQ[x, kb, p] = sQ8[8 * kb + 4 * (x // 2) + t, g + 8 * (x % 2), p]
+
         thr_mma = tiled_mma.get_slice(lane)
-        tSrQ = thr_mma.make_fragment_A(thr_mma.partition_A(sQ))
-        copy_Q = cute.make_tiled_copy_A(
-            cute.make_copy_atom(warp.LdMatrix8x8x16bOp(transpose=False, num_matrices=4), self.dtype),
-            tiled_mma).get_slice(lane)
-        cute.copy(copy_Q, copy_Q.partition_S(sQ), copy_Q.retile(tSrQ))  # Q stays in registers
-        tSrK = cute.make_rmem_tensor(thr_mma.partition_shape_B((TILE_N, D)), self.dtype)  # ((2,2), 2, D/16)
-        tSrK_words = cute.recast_tensor(tSrK, Uint32)  # ((1,2), 2, D/16): (b0 b1), (b2 b3)
         tOrV = cute.make_rmem_tensor(thr_mma.partition_shape_B((D, TILE_N)), self.dtype)  # ((2,2), D/8, 1)
         tOrV_words = cute.recast_tensor(tOrV, Uint32)
         acc_O = cute.make_rmem_tensor(thr_mma.partition_shape_C((TILE_M, D)), Float32)
@@ -342,16 +428,18 @@ class DecodeAttentionInt8KVSm90:
         row_sum = cute.make_rmem_tensor((n_rows,), Float32)
         row_max.fill(-Float32.inf)
         row_sum.fill(0.0)
-        k_words = cute.make_rmem_tensor((4,), Uint32)
+        q_mul = cute.make_rmem_tensor((n_rows,), Float32)
+        for r in cutlass.range_constexpr(n_rows):
+            q_mul[r] = sQmul[tScS[r, 0][0]]
+        k_words = cute.make_rmem_tensor((4, C // 4, 2), Uint32)  # (word, chunk t + 4i, n-block)
         v_words = cute.make_rmem_tensor((4, D // 32), Uint32)  # (key 2t, 2t + 1, 2t + 8, 2t + 9; word)
 
         for it in range(n_warp):
             cute.arch.cp_async_wait_group(stages - 2)
             cute.arch.sync_warp()  # tile `it` visible to the warp; slot (it - 1) % stages free
             if it + stages - 1 < n_warp:
-                self.load_tile(tKgK, tVgV, mKscale, mVscale, b, kvh, sChunk, sWords, sScale, copy16, copy4, lane,
-                               seqlen_k, first + (it + stages - 1) * NUM_WARPS,
-                               warp_idx * stages + (it + stages - 1) % stages, k_write, v_write)
+                self.load_tile(k_src, v_src, s_src, k_row, v_row, k_write, v_write, s_write, lane, seqlen_k,
+                               first + (it + stages - 1) * NUM_WARPS, warp_idx * stages + (it + stages - 1) % stages)
             cute.arch.cp_async_commit_group()
             slot = warp_idx * stages + it % stages
             tile = first + it * NUM_WARPS
@@ -360,18 +448,19 @@ class DecodeAttentionInt8KVSm90:
                 for c in cutlass.range_constexpr(n_cols):
                     visible[c] = Int32(mKeyMask[b, cutlass.min(tile * TILE_N + tScS[0, c][1], mK.shape[2] - 1)])
 
-            # ---- K fragments straight from the int8 tile, then S = Q K^T ----
+            # ---- S = Q K^T: the int8 K words are the B registers of m16n8k32 (b0 k 4t .., b1 k 16 + 4t ..) ----
             for j in cutlass.range_constexpr(TILE_N // 8):
                 for i in cutlass.range_constexpr(C // 4):
-                    cute.autovec_copy(sWords[None, slot * slot_chunks + k_read[j, i]], k_words)
-                    for w in cutlass.range_constexpr(4):
-                        x = Int32(k_words[w])
-                        tSrK_words[(0, 0), j, 4 * i + w] = Uint32(_int8_pair(_prmt(x, x, 0x0100), self.fp16))
-                        tSrK_words[(0, 1), j, 4 * i + w] = Uint32(_int8_pair(_prmt(x, x, 0x0302), self.fp16))
+                    cute.autovec_copy(sWords[None, slot * slot_chunks + k_read[j, i]], k_words[None, i, j])
             acc_S = cute.make_rmem_tensor(thr_mma.partition_shape_C((TILE_M, TILE_N)), Float32)
-            acc_S.fill(0.0)
-            for kb in cutlass.range_constexpr(cute.size(tSrQ, mode=[2])):
-                cute.gemm(tiled_mma, acc_S, tSrQ[None, None, kb], tSrK[None, None, kb], acc_S)
+            for j in cutlass.range_constexpr(TILE_N // 8):
+                digits = [[Int32(0)] * 4, [Int32(0)] * 4]
+                for kb in cutlass.range_constexpr(D // 32):
+                    bk = (k_words[2 * (kb % 2), kb // 2, j], k_words[2 * (kb % 2) + 1, kb // 2, j])
+                    for p in cutlass.range_constexpr(2):
+                        digits[p] = _imma([tSrQ[x, kb, p] for x in range(4)], bk, digits[p])
+                for x in cutlass.range_constexpr(4):  # c0, c1: row g, keys 2t, 2t + 1; c2, c3: row g + 8
+                    acc_S[(x % 2, x // 2), 0, j] = (digits[0][x] * Q_BASE + digits[1][x]).to(Float32)
 
             # ---- V fragments: D / 8 bytes of keys 2t, 2t + 1, 2t + 8, 2t + 9 (loads in flight during softmax) ----
             for kk in cutlass.range_constexpr(4):
@@ -391,15 +480,11 @@ class DecodeAttentionInt8KVSm90:
                 v_mul[c] = sScale[tScS[0, c][1], 1, slot]
                 if const_expr(self.fp16):
                     v_mul[c] = v_mul[c] * FP16_P_SCALE
-                if const_expr(self.has_softcap):
-                    k_mul[c] = k_mul[c] * softcap_in
-                else:
-                    k_mul[c] = k_mul[c] * scale_log2
             corr_rows = cute.make_rmem_tensor((n_rows,), Float32)
             moved = Int32(0)
             for r in cutlass.range_constexpr(n_rows):
                 for c in cutlass.range_constexpr(n_cols):
-                    x = s_mn[r, c] * k_mul[c]
+                    x = s_mn[r, c] * q_mul[r] * k_mul[c]
                     if const_expr(self.has_softcap):
                         x = cute.math.tanh(x) * softcap_out
                     x = x if tile * TILE_N + tScS[0, c][1] < limit[r] else -Float32.inf
@@ -439,88 +524,33 @@ class DecodeAttentionInt8KVSm90:
             tOrP = _as_operand_a(rP)
             cute.gemm(tiled_mma, acc_O, tOrP[None, None, 0], tOrV[None, None, 0], acc_O)
 
-        # ---- merge the warps (as DecodeAttentionSm90), O's columns back in head-dim order ----
-        if const_expr(self.split):
-            cute.arch.griddepcontrol_launch_dependents()
-        cute.arch.cp_async_wait_group(0)
-        cute.arch.barrier()  # every warp is done with the ring, which now holds the fp32 O's
+        # ---- merge the warps and write out (`SplitKVMerge`), O's columns back in head-dim order ----
         sRed = storage.sKV.get_tensor(cute.make_layout((TILE_M, D, NUM_WARPS), stride=(D, 1, TILE_M * D)),
                                       dtype=Float32)
-        sM = storage.sM.get_tensor(cute.make_layout((TILE_M, NUM_WARPS), stride=(1, TILE_M)))
-        sL = storage.sL.get_tensor(cute.make_layout((TILE_M, NUM_WARPS), stride=(1, TILE_M)))
-        tOcO = _mn_view(thr_mma.partition_C(cute.make_identity_tensor((TILE_M, D))))
-        o_mn = _mn_view(acc_O)
-        for r in cutlass.range_constexpr(n_rows):
-            l_r = _quad_sum(row_sum[r])
-            rr = tOcO[r, 0][0]
-            if lane % 4 == 0:
-                sM[rr, warp_idx] = row_max[r]
-                sL[rr, warp_idx] = l_r
-            for c in cutlass.range_constexpr(cute.size(tOcO, mode=[1])):
-                sRed[rr, _spread(rr, v_column(tOcO[0, c][1], D)), warp_idx] = o_mn[r, c]
-        cute.arch.barrier()
-
-        for it in cutlass.range_constexpr(TILE_M * D // self.num_threads):
-            e = tidx + it * self.num_threads
-            rr = e // D
-            d = e - rr * D
-            r = row_tile * TILE_M + rr
-            if r < num_rows:
-                m = sM[rr, 0]
-                for w in cutlass.range_constexpr(1, NUM_WARPS):
-                    m = cute.arch.fmax(m, sM[rr, w])
-                m_use = 0.0 if m == -Float32.inf else m
-                total = Float32(0.0)
-                o = Float32(0.0)
-                for w in cutlass.range_constexpr(NUM_WARPS):
-                    weight = cute.math.exp2(sM[rr, w] - m_use, fastmath=True)
-                    total = total + sL[rr, w] * weight
-                    o = o + sRed[rr, _spread(rr, d), w] * weight
-                inv = 0.0 if total == 0.0 else 1.0 / total
-                if const_expr(self.fp16):
-                    inv = inv * (1.0 / FP16_P_SCALE)
-                lse2 = -Float32.inf if total == 0.0 else m_use + cute.math.log2(total, fastmath=True)
-                i = r // group
-                h = kvh * group + (r - i * group)
-                if const_expr(self.split):
-                    mOpart[b, hm, split_idx, rr, d] = o * inv
-                    if d == 0:
-                        mLSEpart[b, hm, split_idx, rr] = lse2
-                else:
-                    mO[b, h, i, d] = (o * inv).to(self.dtype)
-                    if d == 0:
-                        mLSE[b, h, i] = lse2 * LN_2
+        warp_rows = cute.make_layout((TILE_M, NUM_WARPS), stride=(1, TILE_M))
+        self.merge_and_store(sRed, storage.sM.get_tensor(warp_rows), storage.sL.get_tensor(warp_rows), thr_mma, acc_O,
+                             row_max, row_sum, mO, mLSE, mOpart, mLSEpart, tidx, lane, warp_idx, row_tile, num_rows,
+                             kvh, hm, b, split_idx)
 
     @cute.jit
-    def load_tile(self, tKgK: cute.Tensor, tVgV: cute.Tensor, mKscale: cute.Tensor, mVscale: cute.Tensor, b: Int32,
-                  kvh: Int32, sChunk: cute.Tensor, sWords: cute.Tensor, sScale: cute.Tensor, copy16: cute.CopyAtom,
-                  copy4: cute.CopyAtom, lane: Int32, seqlen_k: Int32, tile: Int32, slot: Int32,
-                  k_write: cute.Tensor, v_write: cute.Tensor):
-        """cp.async one 16-key int8 K and V tile and their scales into ring slot `slot`; keys past
-        seqlen_k become zeros (values and scales). tKgK / tVgV: this lane's source chunks
-        ((16, 1), C / 2, 1, tiles); k_write / v_write: their chunk indices in slot 0."""
-        D = self.head_dim
-        C = D // 16
-        base = slot * 2 * TILE_N * C
+    def load_tile(self, k_src: Int64, v_src: Int64, s_src: Int64, k_row: Int64, v_row: Int64, k_write: cute.Tensor,
+                  v_write: cute.Tensor, s_write: Int32, lane: Int32, seqlen_k: Int32, tile: Int32, slot: Int32):
+        """cp.async one 16-key int8 K and V tile and their scales into ring slot `slot`; keys past seqlen_k
+        are zero-filled (values and scales) and not read. k_src / v_src / s_src: this lane's global byte
+        addresses in tile 0; k_write / v_write / s_write: its shared byte addresses in slot 0."""
+        C = self.head_dim // 16
+        rows_left = seqlen_k - tile * TILE_N - lane // C
+        k_at = k_src + Int64(tile * TILE_N) * k_row
+        v_at = v_src + Int64(tile * TILE_N) * v_row
+        k_step = k_row * (32 // C)
+        v_step = v_row * (32 // C)
+        slot_bytes = slot * (2 * TILE_N * C * 16)
         for n in cutlass.range_constexpr(C // 2):
-            k_at = base + k_write[n]
-            v_at = base + v_write[n]
-            src_k = tKgK[None, n, None, tile]
-            src_v = tVgV[None, n, None, tile]
-            if tile * TILE_N + lane // C + n * (32 // C) < seqlen_k:
-                cute.copy(copy16, src_k, cute.make_tensor(sChunk[None, k_at].iterator, cute.make_layout(src_k.shape)))
-                cute.copy(copy16, src_v, cute.make_tensor(sChunk[None, v_at].iterator, cute.make_layout(src_v.shape)))
-            else:
-                sWords[None, k_at].fill(0)
-                sWords[None, v_at].fill(0)
-        j = lane % TILE_N
-        key = tile * TILE_N + j
-        if key < seqlen_k:
-            if lane < TILE_N:
-                cute.copy(copy4, cute.local_tile(mKscale[b, kvh, None], (1,), (key,)),
-                          cute.local_tile(sScale[None, 0, slot], (1,), (j,)))
-            else:
-                cute.copy(copy4, cute.local_tile(mVscale[b, kvh, None], (1,), (key,)),
-                          cute.local_tile(sScale[None, 1, slot], (1,), (j,)))
-        else:
-            sScale[j, lane // TILE_N, slot] = 0.0
+            size = Int32(16) if rows_left > n * (32 // C) else Int32(0)
+            _cp_async(k_write[n] + slot_bytes, k_at, 16, size)
+            _cp_async(v_write[n] + slot_bytes, v_at, 16, size)
+            k_at = k_at + k_step
+            v_at = v_at + v_step
+        key = tile * TILE_N + lane % TILE_N
+        _cp_async(s_write + slot * (2 * TILE_N * 4), s_src + Int64(tile * TILE_N * 4), 4,
+                  Int32(4) if key < seqlen_k else Int32(0))
