@@ -19,7 +19,9 @@ An e2m1 value times an e4m3 scale is exact in float32 (at most 6 significant bit
 the product of the two scales first. `(e2m1 * block) * global`, the other order, rounds once: the two
 dequantized weights differ by at most one float32 ulp before the rounding to x's dtype (lowering declines it).
 
-Kernels: CPU runs this reference. CUDA sends calls with at most `QUACK_MAX_M` rows of x to quack's W4A16 GEMM
+Kernels: CPU runs this reference. CUDA sends calls with at most `W4A16_MAX_M` rows of x to our W4A16 decode GEMM
+(`w4a16_decode.nvfp4_matmul`: the weight decoded exactly in registers, bf16 products on the tensor cores,
+float32 sums), those with at most `QUACK_MAX_M` rows to quack's W4A16 GEMM
 (`quack_w4a16.nvfp4_matmul`, which decodes the 4-bit weight in registers; it multiplies exact bf16 products
 and accumulates in float32, so it does not round the dequantized weight to x's dtype first), where that
 adapter says it can take them, and everything else to the reference: the weight dequantized on the device,
@@ -40,7 +42,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from . import layout, library, nvfp4_blackwell, quack_w4a16
+from . import layout, library, nvfp4_blackwell, quack_w4a16, w4a16_decode
 
 X_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 DEVICES = ("cpu", "cuda")
@@ -48,6 +50,11 @@ BLOCK = 16  # inputs per e4m3 block scale
 
 E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
 """The value of each 4-bit e2m1 code: bit 3 the sign, bits 2-1 the exponent (bias 1), bit 0 the mantissa."""
+
+W4A16_MAX_M = 8
+"""Rows of x up to which CUDA calls go to our W4A16 decode GEMM (`w4a16_decode.nvfp4_matmul`). H200, CUDA-graph
+medians (docs/benchmarks.md, session 8): 1.14-1.52x bf16 cuBLAS at M = 1..8 on 8192 x 8192, 2048 x 8192,
+8192 x 2048, 14336 x 4096 and 4096 x 14336, 3-5x quack; at M = 16 0.65-0.78x bf16, so larger M goes on."""
 
 QUACK_MAX_M = 64
 """Rows of x up to which CUDA calls go to quack's W4A16 GEMM; above it the dequantized weight and cuBLAS
@@ -127,7 +134,8 @@ def nvfp4_linear(x: Tensor, w_fp4: Tensor, w_block_scale: Tensor, w_global_scale
 
 
 def kernel_for(x2d: Tensor, w_fp4: Tensor, quantize_activations: bool = False) -> tuple[str, str]:
-    """("nvfp4_blackwell", ""), ("quack", "") or ("dequantize", why not the others) for a CUDA call with a 2-D x."""
+    """("nvfp4_blackwell", ""), ("w4a16", ""), ("quack", "") or ("dequantize", why not the others) for a CUDA
+    call with a 2-D x."""
     blackwell = None
     if quantize_activations:
         blackwell = nvfp4_blackwell.unsupported_reason(x2d, w_fp4.shape[0], 2 * w_fp4.shape[1])
@@ -138,7 +146,9 @@ def kernel_for(x2d: Tensor, w_fp4: Tensor, quantize_activations: bool = False) -
 
 
 def _weight_only_kernel_for(x2d: Tensor, w_fp4: Tensor) -> tuple[str, str]:
-    m = x2d.shape[0]
+    m, n, k = x2d.shape[0], w_fp4.shape[0], 2 * w_fp4.shape[1]
+    if 0 < m <= W4A16_MAX_M and w4a16_decode.unsupported_reason(x2d, "nvfp4", n, k) is None:
+        return "w4a16", ""
     if not 0 < m <= QUACK_MAX_M:
         return "dequantize", f"{m} rows of x, outside quack's 1..{QUACK_MAX_M}"
     reason = quack_w4a16.unsupported_reason(x2d, "nvfp4", w_fp4.shape[0], 2 * w_fp4.shape[1])
@@ -152,7 +162,8 @@ def _nvfp4_linear_cuda(x: Tensor, w_fp4: Tensor, w_block_scale: Tensor, w_global
     route = kernel_for(x2d, w_fp4, quantize_activations)[0]
     if route == "dequantize":
         return nvfp4_linear(x, w_fp4, w_block_scale, w_global_scale, bias)
-    matmul = nvfp4_blackwell.matmul if route == "nvfp4_blackwell" else quack_w4a16.nvfp4_matmul
+    matmul = {"nvfp4_blackwell": nvfp4_blackwell.matmul, "w4a16": w4a16_decode.nvfp4_matmul,
+              "quack": quack_w4a16.nvfp4_matmul}[route]
     out = matmul(x2d, w_fp4, w_block_scale, w_global_scale)
     if bias is not None:
         out = out.add_(bias)

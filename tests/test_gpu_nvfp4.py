@@ -59,10 +59,10 @@ def test_3d_x_and_a_transposed_2d_x():
         torch.testing.assert_close(out.double(), ref, atol=2e-2 * ref.abs().max().item(), rtol=2e-2)
 
 
-def test_small_m_bf16_runs_on_quack_where_the_adapter_exists():
-    if nvfp4_op._quack() is None:
-        pytest.skip("no quack_w4a16 adapter in this install (its branch not merged)")
+def test_small_m_bf16_runs_on_our_gemm_then_quack():
     kernel, why = check(1, 2048, 4096, torch.bfloat16)
+    assert kernel == "w4a16", why
+    kernel, why = check(nvfp4_op.W4A16_MAX_M + 1, 2048, 4096, torch.bfloat16)
     assert kernel == "quack", why
 
 

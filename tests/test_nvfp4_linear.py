@@ -142,8 +142,9 @@ def test_unsupported_reason():
         "40 input features are not a multiple of the 16-input scale block"
 
 
-def test_cuda_routes_small_m_to_quack_where_it_says_it_can(monkeypatch):
-    """`kernel_for` (the CUDA dispatch's choice), with a stand-in for the quack adapter."""
+def test_cuda_routes_small_m_to_our_gemm_then_quack_where_they_say_they_can(monkeypatch):
+    """`kernel_for` (the CUDA dispatch's choice), with stand-ins for the two adapters' checks: our W4A16
+    decode GEMM up to W4A16_MAX_M rows, quack up to QUACK_MAX_M, the dequantized weight above."""
     w_fp4 = torch.zeros(N, K // 2, dtype=torch.uint8)
     calls = []
 
@@ -151,15 +152,22 @@ def test_cuda_routes_small_m_to_quack_where_it_says_it_can(monkeypatch):
         calls.append((tuple(x.shape), wformat, n, k))
         return None if x.dtype == torch.bfloat16 else "stand-in: bf16 only"
 
+    def ours_unsupported_reason(x, wformat, n, k):
+        return None if x.shape[0] % 2 == 0 else "stand-in: even M only"
+
     monkeypatch.setattr(nvfp4_op.quack_w4a16, "unsupported_reason", unsupported_reason)
+    monkeypatch.setattr(nvfp4_op.w4a16_decode, "unsupported_reason", ours_unsupported_reason)
     bf16 = torch.bfloat16
+    assert nvfp4_op.kernel_for(torch.zeros(2, K, dtype=bf16), w_fp4) == ("w4a16", "")
+    assert nvfp4_op.kernel_for(torch.zeros(nvfp4_op.W4A16_MAX_M, K, dtype=bf16), w_fp4) == ("w4a16", "")
+    assert nvfp4_op.kernel_for(torch.zeros(nvfp4_op.W4A16_MAX_M + 2, K, dtype=bf16), w_fp4) == ("quack", "")
     assert nvfp4_op.kernel_for(torch.zeros(1, K, dtype=bf16), w_fp4) == ("quack", "")
     assert nvfp4_op.kernel_for(torch.zeros(nvfp4_op.QUACK_MAX_M, K, dtype=bf16), w_fp4) == ("quack", "")
     assert nvfp4_op.kernel_for(torch.zeros(65, K, dtype=bf16), w_fp4) == \
         ("dequantize", "65 rows of x, outside quack's 1..64")
     assert nvfp4_op.kernel_for(torch.zeros(0, K, dtype=bf16), w_fp4)[0] == "dequantize"
-    assert nvfp4_op.kernel_for(torch.zeros(4, K, dtype=torch.float16), w_fp4) == ("dequantize", "stand-in: bf16 only")
-    assert calls[0] == ((1, K), "nvfp4", N, K)
+    assert nvfp4_op.kernel_for(torch.zeros(5, K, dtype=torch.float16), w_fp4) == ("dequantize", "stand-in: bf16 only")
+    assert calls[1] == ((1, K), "nvfp4", N, K)
 
 
 # -------------------------------------------------------------------------------------- the family, compiled
