@@ -27,8 +27,7 @@ Limits (`unsupported_reason`): CUDA sm90, x float16 / bfloat16 with 1..16 rows, 
 
 CTA shape (`config`): WARPS_N warps along N times WARPS_K along K, ROW_TILES tiles of 16 rows a warp (fewer
 for M > 8, whose x takes twice the registers). Split-K (`num_splits`): a host function of the shapes and the
-SM count, never of values, so a captured CUDA graph stays valid: one split when the CTAs already fill every
-SM, else enough to reach CTAS_PER_SM per SM, each split keeping >= MIN_STEPS steps of its warps. Partials go
+SM count, never of values, so a captured CUDA graph stays valid (see `num_splits`). Partials go
 to an fp32 workspace [splits, M, N] (a fresh torch allocation per call: fine under capture) reduced by a
 second kernel in a fixed order (deterministic). `tests/bench_w4a16.py --splits 1,2,4,8` sweeps the count.
 
@@ -58,7 +57,6 @@ CHUNK_VALUES = {"nvfp4": 64, "int8": 32}  # weights per 32-byte chunk of a row
 K_MULTIPLE = 16
 WARPS_N = 2
 WARPS_K = 4
-CTAS_PER_SM = 2  # what a split grid aims at
 MIN_STEPS = 2  # steps (4 chunks a row) per warp in a split
 MAX_SPLITS = 32
 FP4_DTYPES = tuple(d for d in (torch.uint8, getattr(torch, "float4_e2m1fn_x2", None)) if d is not None)
@@ -113,12 +111,15 @@ def rows_per_cta(m: int) -> int:
 
 
 def num_splits(n: int, k_padded: int, fmt: str, m: int, num_sms: int) -> int:
-    """Split-K count for an [n, k_padded] weight (see the module docstring)."""
+    """Split-K count for an [n, k_padded] weight: none once the row CTAs cover half the SMs (a CTA is 8 warps
+    with two steps of loads in flight each), else about one CTA per SM, each split keeping MIN_STEPS steps
+    per warp. H200 sweep (docs/benchmarks.md, session 8): 8192 x 8192 and 8192 x 2048 fastest unsplit,
+    4096 x 14336 with 2, 2048 x 8192 with 4."""
     row_ctas = -(-n // rows_per_cta(m))
-    if row_ctas >= num_sms:
+    if 2 * row_ctas >= num_sms:
         return 1
     chunks = k_padded // CHUNK_VALUES[fmt]
-    want = -(-num_sms * CTAS_PER_SM // row_ctas)
+    want = round(num_sms / row_ctas)
     return max(1, min(want, chunks // (4 * WARPS_K * MIN_STEPS), MAX_SPLITS))
 
 

@@ -48,7 +48,7 @@ def test_command_line_selection():
     import argparse
 
     args = argparse.Namespace(quant_models="llama-1b", quant_formats="int8,nvfp4", quant_rows="1,16",
-                              quant_no_e2e=True)
+                              quant_no_e2e=True, quant_prompt=4096)
     assert bench.quant_selection(args) == dict(models=("llama-1b",), formats=("int8", "nvfp4"), rows=(1, 16),
-                                               e2e=False)
+                                               e2e=False, e2e_prompt=4096)
     assert "quant" in bench.SUITES and "quant" not in bench.DEFAULT_SUITES

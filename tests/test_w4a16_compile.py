@@ -203,7 +203,9 @@ def test_num_splits_targets():
     assert w4.num_splits(128256, 4096, "nvfp4", 1, 132) == 1
     assert w4.num_splits(14336, 4096, "nvfp4", 1, 132) == 1
     assert w4.num_splits(2048, 8192, "nvfp4", 1, 132) == 4
-    assert w4.num_splits(2048, 8192, "nvfp4", 16, 132) == 4
+    assert w4.num_splits(4096, 14336, "nvfp4", 1, 132) == 2
+    assert w4.num_splits(8192, 8192, "int8", 1, 132) == 1
+    assert w4.num_splits(2048, 8192, "nvfp4", 16, 132) == 2
     assert w4.num_splits(2048, 2048, "nvfp4", 1, 132) == 1
 
 

@@ -110,6 +110,8 @@ def quant_selection(args) -> dict:
         selection["rows"] = tuple(int(r) for r in args.quant_rows.split(",") if r.strip())
     if args.quant_no_e2e:
         selection["e2e"] = False
+    if args.quant_prompt:
+        selection["e2e_prompt"] = args.quant_prompt
     return selection
 
 
@@ -123,6 +125,7 @@ def main(argv=None) -> int:
     parser.add_argument("--quant-formats", help=f"the quant suite's formats, from {tuple(quant.FORMATS)} (default: all)")
     parser.add_argument("--quant-rows", help=f"the quant suite's M values (default: {','.join(map(str, quant.ROWS))})")
     parser.add_argument("--quant-no-e2e", action="store_true", help="the quant suite without its end-to-end decode")
+    parser.add_argument("--quant-prompt", type=int, help="the quant suite's end-to-end prompt length (default 512)")
     parser.add_argument("--out", help="write the tables (markdown) here")
     parser.add_argument("--json", help="write the raw tables as JSON here")
     parser.add_argument("--plot", help="write the op suite's plot (PNG) here")

@@ -44,7 +44,7 @@ def ours_backend(**options):
     """Our backend with the quantized-linear families turned on (off by default: options.py)."""
     import fa4_inductor
 
-    return fa4_inductor.backend(int8_linear=True, int8_int8_linear=True, **options)
+    return fa4_inductor.backend(**{"int8_linear": True, "int8_int8_linear": True, "nvfp4_linear": True, **options})
 
 
 def _torchao_linear(config_factory, w_bf16: torch.Tensor, bias: torch.Tensor | None = None) -> nn.Module:
@@ -263,44 +263,59 @@ def gemm_table(fmt: Format, device="cuda", dtype=torch.bfloat16, models=tuple(SH
     return table
 
 
-def e2e_table(device="cuda", dtype=torch.bfloat16, prompt=512, steps=64, model_overrides=None) -> Table:
-    """Llama-1B-shaped decode, tokens/s: bf16 / int8 under default compile, int8 under our backend."""
+def _nvfp4_weight_only_config():
+    from torchao.prototype.mx_formats import NVFP4WeightOnlyConfig
+
+    return NVFP4WeightOnlyConfig()
+
+
+E2E_CONFIGS = {"int8": _int8_weight_only_config, "nvfp4": _nvfp4_weight_only_config}
+
+
+def e2e_table(device="cuda", dtype=torch.bfloat16, prompt=512, steps=64, model_overrides=None,
+              formats=tuple(E2E_CONFIGS)) -> Table:
+    """Llama-1B-shaped decode, tokens/s and ms/token: bf16 under default compile and ours, each weight format of
+    `formats` (torchao weight-only) under default compile and ours."""
     from torchao.quantization import quantize_
 
     mode = "reduce-overhead" if device == "cuda" else "default"
-    table = Table("Llama-1B-shaped HF model, int8 weight-only decode with a static cache (tokens/s, higher is better)",
-                  ["weights", "backend", "tokens/s", "vs bf16 default compile", "logits differ from int8 default by"],
+    table = Table("Llama-1B-shaped HF model, weight-only quantized decode with a static cache (higher tokens/s is better)",
+                  ["weights", "backend", "tokens/s", "ms/token", "vs bf16 default compile",
+                   "logits differ from the same weights under default compile by"],
                   note=f"{dtype} activations, batch 1, prompt {prompt}, greedy, the one-token step compiled with "
-                       f"mode={mode!r}; {steps} steps, first 3 excluded. int8: torchao Int8WeightOnlyConfig on every "
-                       "linear but lm_head (tied to the embedding).")
-    runs = [("bf16", "default torch.compile", "inductor"), ("int8", "default torch.compile", "inductor"),
-            ("int8", "fa4_inductor (int8_linear on)", ours_backend())]
+                       f"mode={mode!r}; {steps} steps, first 3 excluded. torchao Int8WeightOnlyConfig / "
+                       "NVFP4WeightOnlyConfig on every linear but lm_head (tied to the embedding); our backend with "
+                       "int8_linear and nvfp4_linear on.")
+    runs = [("bf16", "default torch.compile", "inductor"), ("bf16", "fa4_inductor", ours_backend())]
+    for fmt in formats:
+        runs += [(fmt, "default torch.compile", "inductor"), (fmt, "fa4_inductor", ours_backend())]
     results = {}
     for weights, name, backend in runs:
         torch.manual_seed(0)
         model = models.llama("sdpa", device, dtype, **(model_overrides or {}))
-        if weights == "int8":  # lm_head stays bf16: its weight is tied to the embedding's
-            quantize_(model, _int8_weight_only_config(),
+        if weights != "bf16":  # lm_head stays bf16: its weight is tied to the embedding's
+            quantize_(model, E2E_CONFIGS[weights](),
                       filter_fn=lambda module, fqn: isinstance(module, nn.Linear) and "lm_head" not in fqn)
         torch._dynamo.reset()
         results[(weights, name)] = attempt(f"e2e {weights} {name}", functools.partial(
             llama_e2e.decode_tokens_per_s, model, backend, prompt, steps, device, mode=mode))
         del model
     base = results[("bf16", "default torch.compile")]
-    int8_default = results[("int8", "default torch.compile")]
     for (weights, name), result in results.items():
         rate, logits = result or (None, None)
         difference = "n/a"
-        if logits is not None and int8_default is not None and weights == "int8":
-            ref = int8_default[1][:2]
+        default = results.get((weights, "default torch.compile"))
+        if logits is not None and default is not None and name != "default torch.compile":
+            ref = default[1][:2]
             difference = f"{((logits[:2] - ref).abs().max() / ref.abs().max()).item():.1e}"
-        table.rows.append([weights, name, or_failed(rate), speedup(base and base[0], rate, invert=True), difference])
+        ms = f"{1e3 / rate:.3f}" if rate else "n/a"
+        table.rows.append([weights, name, or_failed(rate), ms, speedup(base and base[0], rate, invert=True), difference])
     torch._dynamo.reset()
     return table
 
 
 def quant_suite(device="cuda", dtype=torch.bfloat16, models=tuple(SHAPES), formats=("int8", "int8_int8", "nvfp4"),
-                rows=ROWS, e2e=True, e2e_overrides=None):
+                rows=ROWS, e2e=True, e2e_overrides=None, e2e_prompt=512):
     """Yields a GEMM table per available format, then the end-to-end table."""
     unknown = set(formats) - set(FORMATS) - {"none"}
     if unknown:
@@ -313,4 +328,5 @@ def quant_suite(device="cuda", dtype=torch.bfloat16, models=tuple(SHAPES), forma
             continue
         yield gemm_table(fmt, device, dtype, models, rows)
     if e2e:
-        yield e2e_table(device, dtype, model_overrides=e2e_overrides)
+        yield e2e_table(device, dtype, prompt=e2e_prompt, model_overrides=e2e_overrides,
+                        formats=tuple(f for f in formats if f in E2E_CONFIGS) or tuple(E2E_CONFIGS))
