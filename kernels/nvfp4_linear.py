@@ -56,6 +56,12 @@ W4A16_MAX_M = 8
 medians (docs/benchmarks.md, session 8): 1.14-1.52x bf16 cuBLAS at M = 1..8 on 8192 x 8192, 2048 x 8192,
 8192 x 2048, 14336 x 4096 and 4096 x 14336, 3-5x quack; at M = 16 0.65-0.78x bf16, so larger M goes on."""
 
+QUACK_ROUTE = False
+"""quack's W4A16 GEMM for NVFP4 weights is off: on the H200 it took 31-110 us whatever M (Llama-1B and 8B
+shapes; docs/benchmarks.md, sessions 7 and 8), slower than bf16 cuBLAS and than default torch.compile of
+torchao's NVFP4 linear on every measured row; the dequantized weight and cuBLAS take the calls our GEMM
+does not. Turning it on restores the route below (`QUACK_MAX_M`)."""
+
 QUACK_MAX_M = 64
 """Rows of x up to which CUDA calls go to quack's W4A16 GEMM; above it the dequantized weight and cuBLAS
 (H200, N = K = 8192, docs in shared/notes/quant.md: quack 25.9 us vs bf16 37.0 at M = 64, 57.5 vs 54.9 at
@@ -147,8 +153,12 @@ def kernel_for(x2d: Tensor, w_fp4: Tensor, quantize_activations: bool = False) -
 
 def _weight_only_kernel_for(x2d: Tensor, w_fp4: Tensor) -> tuple[str, str]:
     m, n, k = x2d.shape[0], w_fp4.shape[0], 2 * w_fp4.shape[1]
-    if 0 < m <= W4A16_MAX_M and w4a16_decode.unsupported_reason(x2d, "nvfp4", n, k) is None:
+    ours = w4a16_decode.unsupported_reason(x2d, "nvfp4", n, k) if 0 < m <= W4A16_MAX_M else \
+        f"{m} rows of x, outside our W4A16 GEMM's 1..{W4A16_MAX_M}"
+    if ours is None:
         return "w4a16", ""
+    if not QUACK_ROUTE:
+        return "dequantize", ours
     if not 0 < m <= QUACK_MAX_M:
         return "dequantize", f"{m} rows of x, outside quack's 1..{QUACK_MAX_M}"
     reason = quack_w4a16.unsupported_reason(x2d, "nvfp4", w_fp4.shape[0], 2 * w_fp4.shape[1])

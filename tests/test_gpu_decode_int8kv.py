@@ -64,7 +64,7 @@ def dequantized(x, scale, dtype):
         (x.float() * scale.nan_to_num(0.0, 0.0, 0.0)[..., None]).to(dtype)
 
 
-def check(name, q, k, v, k_scale, v_scale, seqused_k=None, key_mask=None, splits=None, atol=1e-5, **fl):
+def check(name, q, k, v, k_scale, v_scale, seqused_k=None, key_mask=None, splits=None, atol=1e-5, lse_atol=1e-3, **fl):
     """Run the kernel and compare out / lse with the float64 reference; print the margins, then assert."""
     reason = decode_int8kv.unsupported_reason(q, k, v, k_scale=k_scale, v_scale=v_scale, seqused_k=seqused_k,
                                               key_mask=key_mask, **fl)
@@ -91,7 +91,7 @@ def check(name, q, k, v, k_scale, v_scale, seqused_k=None, key_mask=None, splits
     assert lse.dtype == torch.float32 and lse.shape == (b, hq, sq)
     assert out.isfinite().all(), f"{name}: non-finite output"
     assert err <= bound, f"{name}: error {err:.3g} > {rtol} x PyTorch's {pt_err:.3g} + {atol:.0e}"
-    assert lse_bad == 0 and lse_err <= 1e-3 + fl["softcap"] * 2 ** -9, f"{name}: lse error {lse_err:.3g}, {lse_bad}"
+    assert lse_bad == 0 and lse_err <= lse_atol + fl["softcap"] * 2 ** -9, f"{name}: lse error {lse_err:.3g}, {lse_bad}"
     return out, lse
 
 
@@ -190,7 +190,14 @@ def test_query_rows_of_very_different_magnitudes(dtype, sq):
     mags = torch.logspace(-3, 2, 8, device="cuda").repeat(2)  # hq = 16: the 8 heads of each KV head's group
     q = (q.float() * mags[None, :, None, None]).to(dtype)
     q[:, 3] = 0
-    check(f"q magnitudes {dtype} sq{sq}", q, k, v, ks, vs, **flags(128, causal=True))
+    # Each score's error is at most half of q's integer step (amax of its row / (Q_MAX Q_BASE)) times sum |k| times
+    # the softmax scale: far below the rounding of q itself to its dtype, but at |q| ~ 1e2 above 1e-3 in lse.
+    from fa4_inductor.kernels.cute.decode_attention_int8kv import Q_BASE, Q_MAX
+
+    fl = flags(128, causal=True)
+    q_step = q.float().abs().amax(-1).max().item() / (Q_MAX * Q_BASE)
+    k_l1 = dequantized(k, ks, None).abs().sum(-1).max().item()
+    check(f"q magnitudes {dtype} sq{sq}", q, k, v, ks, vs, lse_atol=1e-3 + q_step / 2 * k_l1 * fl["scale"], **fl)
 
 
 def test_nan_in_q_stays_in_its_row():
@@ -202,7 +209,7 @@ def test_nan_in_q_stays_in_its_row():
     assert out[0, 1].isnan().all() and not lse[0, 1].isfinite().any()
     keep = [0, 2, 3, 4, 5, 6, 7]
     ref_out, _ = reference.attention_forward(q.double().nan_to_num(0.0), dequantized(k, ks, None),
-                                             dequantized(v, vs, None), **fl)
+                                             dequantized(v, vs, None), seqused_k=None, **fl)
     err = (out[0, keep].double() - ref_out[0, keep]).abs().max().item()
     assert out[0, keep].isfinite().all() and err < 2e-2, err
 

@@ -157,6 +157,11 @@ def test_cuda_routes_small_m_to_our_gemm_then_quack_where_they_say_they_can(monk
 
     monkeypatch.setattr(nvfp4_op.quack_w4a16, "unsupported_reason", unsupported_reason)
     monkeypatch.setattr(nvfp4_op.w4a16_decode, "unsupported_reason", ours_unsupported_reason)
+    assert nvfp4_op.kernel_for(torch.zeros(9, K, dtype=torch.bfloat16), w_fp4) == \
+        ("dequantize", "9 rows of x, outside our W4A16 GEMM's 1..8")
+    assert nvfp4_op.kernel_for(torch.zeros(3, K, dtype=torch.bfloat16), w_fp4) == \
+        ("dequantize", "stand-in: even M only")
+    monkeypatch.setattr(nvfp4_op, "QUACK_ROUTE", True)  # the route kept for when quack gets faster
     bf16 = torch.bfloat16
     assert nvfp4_op.kernel_for(torch.zeros(2, K, dtype=bf16), w_fp4) == ("w4a16", "")
     assert nvfp4_op.kernel_for(torch.zeros(nvfp4_op.W4A16_MAX_M, K, dtype=bf16), w_fp4) == ("w4a16", "")
