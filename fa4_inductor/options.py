@@ -51,12 +51,13 @@ class Options:
     cannot serve them (M <= 16 rows, where `_int_mm` refuses on CUDA; dynamic M); lowering/
     int8_int8_linear.py. Off until measured, like `int8_linear`; turning it on is this one default."""
 
-    nvfp4_linear: bool = False
+    nvfp4_linear: bool = True
     """Rewrite NVFP4 weight-only linears (torchao's `NVFP4WeightOnlyConfig`, `fa4_inductor.nvfp4.NVFP4Linear`, user
     code that decodes e2m1 codes and multiplies e4m3 block scales, then `F.linear`) into `fa4::nvfp4_linear`, on
-    Inductor's aten graphs (lowering/nvfp4_linear.py). Off by default until GPU measurements say where it wins:
-    on CUDA calls of up to 64 rows run quack's W4A16 GEMM (where installed), larger ones dequantize the weight
-    with eager ops, then cuBLAS, which default compile does with one fused dequantization kernel."""
+    Inductor's aten graphs (lowering/nvfp4_linear.py). On CUDA only matmuls of at most 8 rows known when compiling
+    (decode steps), on sm90: there our W4A16 decode GEMM runs them 1.2-9x faster than default compile (H200,
+    docs/benchmarks.md session 8; Llama-1B-shaped decode at a 4k cache 2.0 vs 4.6 ms/token); larger or symbolic
+    row counts keep default compile's dequantize-then-matmul, which measured faster than the op's other routes."""
 
     nvfp4_activations: bool = False
     """With `nvfp4_linear`: on Blackwell GPUs (sm100 / sm120) quantize each NVFP4 linear's activations to NVFP4 too

@@ -42,7 +42,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from . import layout, library, nvfp4_blackwell, quack_w4a16, w4a16_decode
+from . import layout, library, nvfp4_blackwell, quack_w4a16, switches, w4a16_decode
 
 X_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 DEVICES = ("cpu", "cuda")
@@ -56,11 +56,11 @@ W4A16_MAX_M = 8
 medians (docs/benchmarks.md, session 8): 1.14-1.52x bf16 cuBLAS at M = 1..8 on 8192 x 8192, 2048 x 8192,
 8192 x 2048, 14336 x 4096 and 4096 x 14336, 3-5x quack; at M = 16 0.65-0.78x bf16, so larger M goes on."""
 
-QUACK_ROUTE = False
-"""quack's W4A16 GEMM for NVFP4 weights is off: on the H200 it took 31-110 us whatever M (Llama-1B and 8B
-shapes; docs/benchmarks.md, sessions 7 and 8), slower than bf16 cuBLAS and than default torch.compile of
-torchao's NVFP4 linear on every measured row; the dequantized weight and cuBLAS take the calls our GEMM
-does not. Turning it on restores the route below (`QUACK_MAX_M`)."""
+QUACK_ROUTE = True
+"""quack's W4A16 GEMM takes NVFP4 calls above `W4A16_MAX_M` rows (up to `QUACK_MAX_M`): on the H200 it takes
+31-63 us on Llama-1B shapes at M = 16..256, the op's dequantize route 28-232 us (docs/benchmarks.md, session 8).
+Both are slower than default torch.compile of torchao's NVFP4 linear there, which is why lowering rewrites
+CUDA matmuls only up to `W4A16_MAX_M` rows (`rows_reason`)."""
 
 QUACK_MAX_M = 64
 """Rows of x up to which CUDA calls go to quack's W4A16 GEMM; above it the dequantized weight and cuBLAS
@@ -80,6 +80,28 @@ def unsupported_reason(device_type: str, dtype: torch.dtype, in_features: int) -
         return f"x dtype {_name(dtype)} is not supported (takes {', '.join(map(_name, X_DTYPES))})"
     if in_features % BLOCK:
         return f"{in_features} input features are not a multiple of the {BLOCK}-input scale block"
+    return None
+
+
+def rows_reason(x: Tensor, quantize_activations: bool = False) -> str | None:
+    """Why lowering keeps a weight-only NVFP4 matmul over this (fake) x as written on CUDA, or None: the op
+    beats default torch.compile's dequantize-then-matmul only through our W4A16 decode GEMM, on sm90, for at
+    most `W4A16_MAX_M` rows known when compiling (H200, docs/benchmarks.md session 8: at M = 1..8 2-9x default
+    compile; at M >= 16 0.25-0.5x). CPU calls (the reference) and the Blackwell W4A4 path are not limited."""
+    if x.device.type != "cuda" or quantize_activations:
+        return None
+    rows = 1
+    for size in x.shape[:-1]:
+        if not isinstance(size, int):
+            return (f"x has a symbolic row count ({'x'.join(map(str, x.shape[:-1]))}); on CUDA the op beats default "
+                    f"compile only up to {W4A16_MAX_M} rows (our W4A16 GEMM)")
+        rows *= size
+    if rows > W4A16_MAX_M:
+        return (f"{rows} rows of x: on CUDA the op beats default compile only up to {W4A16_MAX_M} rows (our W4A16 "
+                "GEMM; measured slower above)")
+    major, minor = switches.capability(x.device.index)
+    if major != 9:
+        return f"our W4A16 GEMM is built for sm90; on sm{major}{minor} the op is not faster than default compile"
     return None
 
 

@@ -38,7 +38,7 @@ import torch
 from torch.fx import Node
 from torch.fx.node import map_arg
 
-from ..kernels import NVFP4_LINEAR, nvfp4_linear_unsupported_reason
+from ..kernels import NVFP4_LINEAR, nvfp4_linear_rows_reason, nvfp4_linear_unsupported_reason
 from ..kernels.layout import dtype_name as _name
 from ..kernels.nvfp4_linear import BLOCK, E2M1_VALUES
 from .family import POST_GRAD, Context, Family
@@ -331,11 +331,12 @@ def _reaches_output(node: Node) -> bool:
     return True
 
 
-def _check_supported(m: Match) -> None:
+def _check_supported(m: Match, w4a4: bool) -> None:
     if not all(isinstance(d, int) for d in shape(m.w_fp4)):
         raise Decline(f"the packed weight's shape {list(shape(m.w_fp4))} is symbolic")
     x = value(m.x)
-    reason = nvfp4_linear_unsupported_reason(x.device.type, x.dtype, 2 * shape(m.w_fp4)[1])
+    reason = nvfp4_linear_unsupported_reason(x.device.type, x.dtype, 2 * shape(m.w_fp4)[1]) or \
+        nvfp4_linear_rows_reason(x, w4a4)
     if reason is not None:
         raise Decline(reason)
     n = shape(m.w_fp4)[0]
@@ -345,7 +346,8 @@ def _check_supported(m: Match) -> None:
 
 def rewrite(matmul: Node, context: Context) -> str:
     m = match(matmul)
-    _check_supported(m)
+    w4a4 = getattr(context.options, "nvfp4_activations", False)
+    _check_supported(m, w4a4)
     _check_sole_users(m)
     graph = context.gm.graph
     with graph.inserting_before(matmul):
@@ -353,7 +355,6 @@ def rewrite(matmul: Node, context: Context) -> str:
         global_scale = m.global_scale
         if global_scale is None:
             global_scale = make(aten.full.default, [], 1.0, dtype=torch.float32, device=value(m.w_fp4).device)
-        w4a4 = getattr(context.options, "nvfp4_activations", False)
         out = make(NVFP4_LINEAR, m.x, m.w_fp4, m.block_scale, global_scale, m.bias,
                    **({"quantize_activations": True} if w4a4 else {}))
     matmul.replace_all_uses_with(out)

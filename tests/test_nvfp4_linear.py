@@ -157,11 +157,12 @@ def test_cuda_routes_small_m_to_our_gemm_then_quack_where_they_say_they_can(monk
 
     monkeypatch.setattr(nvfp4_op.quack_w4a16, "unsupported_reason", unsupported_reason)
     monkeypatch.setattr(nvfp4_op.w4a16_decode, "unsupported_reason", ours_unsupported_reason)
+    monkeypatch.setattr(nvfp4_op, "QUACK_ROUTE", False)
     assert nvfp4_op.kernel_for(torch.zeros(9, K, dtype=torch.bfloat16), w_fp4) == \
         ("dequantize", "9 rows of x, outside our W4A16 GEMM's 1..8")
     assert nvfp4_op.kernel_for(torch.zeros(3, K, dtype=torch.bfloat16), w_fp4) == \
         ("dequantize", "stand-in: even M only")
-    monkeypatch.setattr(nvfp4_op, "QUACK_ROUTE", True)  # the route kept for when quack gets faster
+    monkeypatch.setattr(nvfp4_op, "QUACK_ROUTE", True)
     bf16 = torch.bfloat16
     assert nvfp4_op.kernel_for(torch.zeros(2, K, dtype=bf16), w_fp4) == ("w4a16", "")
     assert nvfp4_op.kernel_for(torch.zeros(nvfp4_op.W4A16_MAX_M, K, dtype=bf16), w_fp4) == ("w4a16", "")
@@ -364,13 +365,12 @@ def test_training_keeps_the_dequantized_weight_the_backward_reads():
     torch.testing.assert_close(torch.autograd.grad(compiled.out.sum(), x), torch.autograd.grad(expected.sum(), x))
 
 
-@pytest.mark.parametrize("backend", [fa4_inductor.backend(nvfp4_linear=False), fa4_inductor.fa4_inductor],
-                         ids=["option-off", "default-options"])
-def test_the_family_is_off_unless_asked_for(backend):
+def test_the_family_is_on_by_default_and_off_when_asked():
     layer = nvfp4_linear_module(torch.bfloat16)
     x = torch.randn(5, K, dtype=torch.bfloat16)
-    compiled = compile_with_nvfp4(layer, x, backend=backend)
+    compiled = compile_with_nvfp4(layer, x, backend=fa4_inductor.backend(nvfp4_linear=False))
     assert OP_CALL not in compiled.code and compiled.records == []
+    assert OP_CALL in compile_with_nvfp4(layer, x, backend=fa4_inductor.fa4_inductor).code
 
 
 FAST_TORCHAO = {(torch.bfloat16, True, True), (torch.float32, False, False)}  # the other combinations: slow tier
@@ -444,3 +444,23 @@ view_12: bf16[2, 3, 48] = aten.reshape(nvfp4_linear_default, (2, 3, 48))""")
 view_3: bf16[6, 64] = aten.reshape(arg3_1, (6, 64))
 nvfp4_linear_default: bf16[6, 48] = fa4.nvfp4_linear(view_3, arg2_1, arg1_1, arg0_1, None)
 view_4: bf16[2, 3, 48] = aten.reshape(nvfp4_linear_default, (2, 3, 48))""")
+
+
+def test_lowering_keeps_cuda_matmuls_the_op_would_make_slower(monkeypatch):
+    """On CUDA the op beats default compile only through our W4A16 GEMM: static M <= W4A16_MAX_M on sm90."""
+    from torch._subclasses import FakeTensorMode
+
+    capability = [(9, 0)]
+    monkeypatch.setattr(nvfp4_op.switches, "capability", lambda index: capability[0])
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        decode = torch.empty(1, 1, K, device="cuda", dtype=torch.bfloat16)
+        batch = torch.empty(2, nvfp4_op.W4A16_MAX_M, K, device="cuda", dtype=torch.bfloat16)
+        cpu = torch.empty(4096, K, dtype=torch.bfloat16)
+    assert nvfp4_op.rows_reason(decode) is None
+    assert nvfp4_op.rows_reason(batch) == ("16 rows of x: on CUDA the op beats default compile only up to 8 rows "
+                                          "(our W4A16 GEMM; measured slower above)")
+    assert nvfp4_op.rows_reason(batch, quantize_activations=True) is None
+    assert nvfp4_op.rows_reason(cpu) is None
+    capability[0] = (10, 0)
+    assert nvfp4_op.rows_reason(decode) == ("our W4A16 GEMM is built for sm90; on sm100 the op is not faster than "
+                                           "default compile")
