@@ -426,15 +426,7 @@ class TestRewrittenGraphs(expecttest.TestCase):
                                                                                              dtype=torch.bfloat16))
         self.assertExpectedInline("\n".join(compiled.graphs), """\
 view: bf16[6, 64] = aten.reshape(arg4_1, (6, 64))
-view_5: torch.float8_e4m3fn[1, 32, 16] = aten.reshape(arg1_1, (1, 32, 16))
-view_6: torch.float8_e4m3fn[1, 32, 4, 4] = aten.reshape(view_5, (1, 32, 4, 4))
-permute_4: torch.float8_e4m3fn[1, 4, 32, 4] = aten.permute(view_6, (0, 2, 1, 3))
-clone: torch.float8_e4m3fn[1, 4, 32, 4] = aten.clone(permute_4, memory_format=torch.contiguous_format)
-view_7: torch.float8_e4m3fn[1, 1, 128, 4] = aten.reshape(clone, (1, 1, 128, 4))
-permute_5: torch.float8_e4m3fn[1, 128, 1, 4] = aten.permute(view_7, (0, 2, 1, 3))
-view_8: torch.float8_e4m3fn[128, 4] = aten.reshape(permute_5, (128, 4))
-slice_1: torch.float8_e4m3fn[48, 4] = aten.slice(view_8, 0, 0, 48)
-nvfp4_linear_default: bf16[6, 48] = fa4.nvfp4_linear(view, arg0_1, slice_1, arg2_1, arg3_1)
+nvfp4_linear_default: bf16[6, 48] = fa4.nvfp4_linear(view, arg0_1, arg1_1, arg2_1, arg3_1, scale_layout='blocked')
 view_12: bf16[2, 3, 48] = aten.reshape(nvfp4_linear_default, (2, 3, 48))""")
 
     def test_nvfp4_linear_module(self):
