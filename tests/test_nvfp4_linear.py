@@ -61,6 +61,56 @@ def test_opcheck(dtype, with_bias):
         torch.library.opcheck(NVFP4_LINEAR, (x, w_fp4, block, global_scale, bias), test_utils=OPCHECK_TESTS)
 
 
+def blocked(block, shape=None):
+    """The scales in the 128 x 4 blocked layout (flat, or viewed as `shape`: torchao keeps [32 * ceil(N / 128),
+    16 * ceil(K / 64)])."""
+    flat = nvfp4_op.nvfp4_blackwell.to_blocked(block.view(torch.uint8)).view(torch.float8_e4m3fn)
+    return flat if shape is None else flat.view(shape)
+
+
+@pytest.mark.parametrize("with_bias", [False, True], ids=["no-bias", "bias"])
+def test_opcheck_blocked_scales(with_bias):
+    w_fp4, block, global_scale = random_nvfp4()
+    bias = torch.randn(N) if with_bias else None
+    raw = blocked(block, (32, 16))
+    for x in (torch.randn(2, 3, K), torch.randn(K, 5).t()):
+        torch.library.opcheck(NVFP4_LINEAR, (x, w_fp4, raw, global_scale, bias), {"scale_layout": "blocked"},
+                              test_utils=OPCHECK_TESTS)
+
+
+# N, K: one row tile padded (48 of 128 rows), several row tiles with a padded one (130), K / 16 groups that do not
+# fill a 4-column tile (K = 96: 6 groups), several column tiles
+@pytest.mark.parametrize("n, k", [(N, K), (130, 96), (256, 128), (16, 16)])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_blocked_scales_give_the_row_major_results_bit_for_bit(dtype, n, k):
+    w_fp4, block, global_scale = random_nvfp4(n, k, seed=n + k)
+    x, bias = torch.randn(3, k, dtype=dtype), torch.randn(n, dtype=dtype)
+    expected = NVFP4_LINEAR(x, w_fp4, block, global_scale, bias)
+    torchao_shape = (32 * -(-n // 128), 16 * -(-k // 64))
+    column_major = blocked(block, torchao_shape).t().contiguous().t()  # the same elements, other strides
+    for raw in (blocked(block), blocked(block, torchao_shape), column_major):
+        assert torch.equal(NVFP4_LINEAR(x, w_fp4, raw, global_scale, bias, scale_layout="blocked"), expected)
+    assert torch.equal(nvfp4_op.unblocked(blocked(block), n, k // 16).view(torch.uint8), block.view(torch.uint8))
+
+
+def test_blocked_scales_are_unblocked_once_per_tensor():
+    """The CUDA path's `unblocked_once` (prepared_weights; on CPU too): one row-major copy per blocked tensor,
+    made again when the tensor changes in place."""
+    from fa4_inductor.kernels import prepared_weights
+
+    _, block, _ = random_nvfp4()
+    raw = blocked(block, (32, 16))
+    first = nvfp4_op.unblocked_once(raw, N, K // 16)
+    assert first.is_contiguous() and first.shape == (N, K // 16)
+    assert torch.equal(first.view(torch.uint8), block.view(torch.uint8))
+    assert nvfp4_op.unblocked_once(raw, N, K // 16) is first
+    assert prepared_weights.holds(raw, nvfp4_op.UNBLOCKED_KIND)
+    _, other, _ = random_nvfp4(seed=7)
+    raw.copy_(blocked(other, (32, 16)))
+    again = nvfp4_op.unblocked_once(raw, N, K // 16)
+    assert again is not first and torch.equal(again.view(torch.uint8), other.view(torch.uint8))
+
+
 def test_the_op_mutates_and_aliases_nothing():
     w_fp4, block, global_scale = random_nvfp4()
     x, bias = torch.randn(3, K), torch.randn(N)
@@ -122,14 +172,19 @@ def test_rounding_order_scales_first_then_the_codes():
     (dict(x=torch.randn(3, K + 2)), "x has 66 features, the weight 64"),
     (dict(block=torch.ones(N, 2, dtype=torch.float8_e4m3fn)), r"w_block_scale has shape \[48, 2\], wants \[48, 4\]"),
     (dict(bias=torch.zeros(N, dtype=torch.bfloat16)), "bias of x's dtype float32"),
+    (dict(scale_layout="blocked"), r"blocked w_block_scale has 192 elements, wants 512 \(\[48, 4\] scales padded to "
+                                   r"\[128, 4\]\)"),
+    (dict(scale_layout="swizzled"), "scale_layout 'swizzled' is not one of"),
     (dict(w_fp4=torch.zeros(N, 12, dtype=torch.uint8), x=torch.randn(3, 24),
           block=torch.ones(N, 1, dtype=torch.float8_e4m3fn)), "24 input features are not a multiple of the 16"),
 ])
 def test_inputs_the_op_cannot_take_are_errors(change, message):
     w_fp4, block, global_scale = random_nvfp4()
-    args = dict(x=torch.randn(3, K), w_fp4=w_fp4, block=block, global_scale=global_scale, bias=None) | change
+    args = dict(x=torch.randn(3, K), w_fp4=w_fp4, block=block, global_scale=global_scale, bias=None,
+                scale_layout="rowmajor") | change
     with pytest.raises((ValueError, RuntimeError), match=message):
-        NVFP4_LINEAR(args["x"], args["w_fp4"], args["block"], args["global_scale"], args["bias"])
+        NVFP4_LINEAR(args["x"], args["w_fp4"], args["block"], args["global_scale"], args["bias"],
+                     scale_layout=args["scale_layout"])
 
 
 def test_unsupported_reason():
