@@ -473,6 +473,67 @@ def test_torchao_nvfp4_weight_only_config(dtype, x_shape, bias, per_tensor_scale
     expected, tol = torchao_reference(model, x), TOLERANCES[dtype]
     torch.testing.assert_close(compiled.out.double(), expected, atol=tol * expected.abs().max().item(), rtol=tol)
     assert [rewritten for rewritten, _ in compiled.details] == [True]
+    assert "scale_layout='blocked'" in compiled.code  # the stored scales, un-blocked once by the op
+    assert "blocked layout)" in compiled.details[0][1]
+
+
+def torchao_from_blocked(raw):
+    from torchao.prototype.mx_formats.utils import from_blocked
+
+    return from_blocked(raw, N, K // 16)
+
+
+# How user code may store and un-swizzle the block scales: (the stored tensor from the [N, K / 16] scales, the
+# un-swizzle in the forward, whether the op reads the stored tensor in the blocked layout)
+UNSWIZZLES = {
+    "torchao's from_blocked": (lambda b: blocked(b, (32, 16)), torchao_from_blocked, True),
+    "our from_blocked, flat": (blocked, lambda r: nvfp4_op.nvfp4_blackwell.from_blocked(r, N, K // 16), True),
+    "blocked, then other rows": (lambda b: blocked(torch.cat((b[:16], b)), (32, 16)),
+                                 lambda r: nvfp4_op.nvfp4_blackwell.from_blocked(r.flatten(), N + 16, K // 16)[16:],
+                                 False),
+    "a row-major view of blocked-sized storage": (
+        lambda b: torch.cat((b.view(torch.uint8), torch.zeros(128 - N, K // 16, dtype=torch.uint8)))
+        .view(torch.float8_e4m3fn).view(32, 16),
+        lambda r: r.view(128, 4)[:N], False),
+    "stored transposed": (lambda b: b.t().contiguous(), lambda r: r.t(), False),
+}
+
+
+class StoredScalesLinear(nn.Module):
+    """User code: the block scales stored in some layout (a buffer), un-swizzled in the forward."""
+
+    def __init__(self, store, unswizzle):
+        super().__init__()
+        w_fp4, block, scale = random_nvfp4(seed=5)
+        self.register_buffer("w_fp4", w_fp4)
+        self.register_buffer("stored", store(block))
+        self.register_buffer("scale", scale)
+        self.unswizzle = unswizzle
+
+    def forward(self, x):
+        return F.linear(x, scaled(nvfp4.e2m1_values(stacked(self.w_fp4)), self.unswizzle(self.stored), self.scale)
+                        .to(x.dtype))
+
+
+@pytest.mark.parametrize("case", UNSWIZZLES)
+def test_the_op_reads_stored_scales_only_when_the_chain_is_exactly_the_unblocking(case):
+    """A chain of layout ops from a graph input goes to the op as `scale_layout="blocked"` only when it reads every
+    scale where the blocked layout keeps it; any other chain (other rows, a plain view, a transpose) feeds the
+    op as before, computed in the graph. Eager's results bit for bit either way."""
+    store, unswizzle, is_blocked = UNSWIZZLES[case]
+    if unswizzle is torchao_from_blocked:
+        pytest.importorskip("torchao")
+    layer = StoredScalesLinear(store, unswizzle)
+    x = torch.randn(5, K, dtype=torch.bfloat16)
+    compiled = compile_with_nvfp4(layer, x)
+    assert OP_CALL in compiled.code and [rewritten for rewritten, _ in compiled.details] == [True]
+    assert ("scale_layout='blocked'" in compiled.code) == is_blocked
+    assert ("blocked layout)" in compiled.details[0][1]) == is_blocked
+    with torch.no_grad():
+        torch.testing.assert_close(compiled.out, layer(x), atol=0, rtol=0)
+    op_line = next(line for line in compiled.graphs[0].splitlines() if "fa4.nvfp4_linear(" in line)
+    scales = op_line.split("fa4.nvfp4_linear(")[1].split(", ")[2]
+    assert scales.startswith("arg") == is_blocked, op_line  # the stored buffer itself, or the chain's last node
 
 
 class TestRewrittenGraphs(expecttest.TestCase):
@@ -483,6 +544,16 @@ class TestRewrittenGraphs(expecttest.TestCase):
 view: bf16[6, 64] = aten.reshape(arg4_1, (6, 64))
 nvfp4_linear_default: bf16[6, 48] = fa4.nvfp4_linear(view, arg0_1, arg1_1, arg2_1, arg3_1, scale_layout='blocked')
 view_12: bf16[2, 3, 48] = aten.reshape(nvfp4_linear_default, (2, 3, 48))""")
+
+    def test_torchao_no_per_tensor_scale(self):
+        compiled = compile_with_nvfp4(torchao_model(torch.float32, bias=False, per_tensor_scale=False),
+                                      torch.randn(5, K))
+        self.assertExpectedInline("\n".join(compiled.graphs), """""")
+
+    def test_a_chain_that_is_not_the_unblocking_stays(self):
+        store, unswizzle, _ = UNSWIZZLES["blocked, then other rows"]
+        compiled = compile_with_nvfp4(StoredScalesLinear(store, unswizzle), torch.randn(5, K, dtype=torch.bfloat16))
+        self.assertExpectedInline("\n".join(compiled.graphs), """""")
 
     def test_nvfp4_linear_module(self):
         compiled = compile_with_nvfp4(nvfp4_linear_module(torch.bfloat16, bias=False),
