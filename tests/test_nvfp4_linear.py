@@ -548,12 +548,22 @@ view_12: bf16[2, 3, 48] = aten.reshape(nvfp4_linear_default, (2, 3, 48))""")
     def test_torchao_no_per_tensor_scale(self):
         compiled = compile_with_nvfp4(torchao_model(torch.float32, bias=False, per_tensor_scale=False),
                                       torch.randn(5, K))
-        self.assertExpectedInline("\n".join(compiled.graphs), """""")
+        self.assertExpectedInline("\n".join(compiled.graphs), """\
+full_default_2: f32[] = aten.full((), 1, dtype=float32, device=device(type='cpu'))
+nvfp4_linear_default: f32[5, 48] = fa4.nvfp4_linear(arg2_1, arg0_1, arg1_1, full_default_2, None, scale_layout='blocked')""")
 
     def test_a_chain_that_is_not_the_unblocking_stays(self):
         store, unswizzle, _ = UNSWIZZLES["blocked, then other rows"]
         compiled = compile_with_nvfp4(StoredScalesLinear(store, unswizzle), torch.randn(5, K, dtype=torch.bfloat16))
-        self.assertExpectedInline("\n".join(compiled.graphs), """""")
+        self.assertExpectedInline("\n".join(compiled.graphs), """\
+view_1: torch.float8_e4m3fn[512] = aten.reshape(arg1_1, (512))
+view_2: torch.float8_e4m3fn[1, 1, 32, 4, 4] = aten.reshape(view_1, (1, 1, 32, 4, 4))
+permute: torch.float8_e4m3fn[1, 4, 32, 1, 4] = aten.permute(view_2, (0, 3, 2, 1, 4))
+clone: torch.float8_e4m3fn[1, 4, 32, 1, 4] = aten.clone(permute, memory_format=torch.contiguous_format)
+view_3: torch.float8_e4m3fn[128, 4] = aten.reshape(clone, (128, 4))
+slice_1: torch.float8_e4m3fn[64, 4] = aten.slice(view_3, 0, 0, 64)
+slice_2: torch.float8_e4m3fn[48, 4] = aten.slice(slice_1, 0, 16, 9223372036854775807)
+nvfp4_linear_default: bf16[5, 48] = fa4.nvfp4_linear(arg3_1, arg0_1, slice_2, arg2_1, None)""")
 
     def test_nvfp4_linear_module(self):
         compiled = compile_with_nvfp4(nvfp4_linear_module(torch.bfloat16, bias=False),
