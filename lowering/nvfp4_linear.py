@@ -22,10 +22,11 @@ block scales any float8_e4m3fn [N, K / 16] value, the global scale any 0-d float
 torchao 0.18's `NVFP4WeightOnlyConfig` (`torchao.prototype.mx_formats`; an `NVFP4Tensor` weight, desugared by
 AOTAutograd) spells the decode with shifts, masks and `index_put` into float32 bits, and its block scales are
 un-swizzled from their blocked layout by reshapes, permutes and a slice of the stored scales; the op takes the
-stored scales with `scale_layout="blocked"` instead, so that no per-call copy kernel un-swizzles them (a chain of
-layout ops that reads anything else, a transposed or otherwise sliced tensor, feeds the op as before, un-swizzled
-in the graph); `fa4_inductor.nvfp4.NVFP4Linear` spells the decode with integer arithmetic and `where` (verified on CPU, torch
-2.13; on CUDA torchao's dequantization is the same code, read from source, and tests/test_gpu_nvfp4.py runs it).
+stored scales with `scale_layout="blocked"` instead, so that no copy kernel un-swizzles them at every call (a
+chain of layout ops that reads anything else, a transposed or otherwise sliced tensor, feeds the op as before,
+un-swizzled in the graph). `fa4_inductor.nvfp4.NVFP4Linear` spells the decode with integer arithmetic and `where`
+(verified on CPU, torch 2.13; on CUDA torchao's dequantization is the same code, read from source, and
+tests/test_gpu_nvfp4.py runs it).
 User code may also look the values up in a constant table made in its forward. The unpack's nibble functions
 and the decode are not matched op by op: they are checked by running them, on CPU, over every byte value and
 every code (`_evaluated`), so any pointwise spelling is taken and a wrong one (high nibble first, another
