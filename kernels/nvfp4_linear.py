@@ -1,12 +1,21 @@
 """`fa4::nvfp4_linear`: a linear layer over an NVFP4 weight (e2m1 codes, an e4m3 scale per 16 inputs, a
 float32 scale per tensor).
 
-    out = torch.ops.fa4.nvfp4_linear(x, w_fp4, w_block_scale, w_global_scale, bias=None, quantize_activations=False)
+    out = torch.ops.fa4.nvfp4_linear(x, w_fp4, w_block_scale, w_global_scale, bias=None, quantize_activations=False,
+                                     scale_layout="rowmajor")
 
 x [..., K] float16, bfloat16 or float32; w_fp4 uint8 [N, K // 2], two e2m1 codes per byte: input 2i in the
 LOW nibble, 2i + 1 in the high one (torchao's `pack_uint4`, compressed-tensors' `pack_fp4_to_uint8`, ModelOpt
 and PyTorch's `float4_e2m1fn_x2` all pack this way); w_block_scale float8_e4m3fn [N, K // 16]; w_global_scale
 float32, 0-d; bias None or [N] in x's dtype. K is a multiple of 16. out [..., N] in x's dtype, contiguous.
+
+`scale_layout="blocked"`: w_block_scale holds the [N, K // 16] scales in cuBLAS's 128 x 4 blocked layout
+(`nvfp4_blackwell.to_blocked`; torchao's swizzled `NVFP4Tensor.scale`, [32 * ceil(N / 128), 16 * ceil(K / 64)]):
+any shape whose elements, read in row-major order, are that layout's bytes (padding included). The reference
+and the fake un-block them per call; a CUDA call un-blocks each scale tensor once (`prepared_weights`, kind
+`UNBLOCKED_KIND`), so that a compiled graph reads torchao's stored scales with no un-swizzle per step (lowering
+emits it when the graph's un-swizzle of a graph input is exactly `from_blocked`). The results are the row-major
+call's, bit for bit.
 
 The arithmetic, in this order (torchao's `NVFP4Tensor.dequantize` and `fa4_inductor.nvfp4.NVFP4Linear`
 compute exactly this, so rewriting them changes no bit):
@@ -42,10 +51,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from . import layout, library, nvfp4_blackwell, quack_w4a16, switches, w4a16_decode
+from . import layout, library, nvfp4_blackwell, prepared_weights, quack_w4a16, switches, w4a16_decode
 
 X_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 DEVICES = ("cpu", "cuda")
+SCALE_LAYOUTS = ("rowmajor", "blocked")
+UNBLOCKED_KIND = "nvfp4_unblocked_scales"
 BLOCK = 16  # inputs per e4m3 block scale
 
 E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
@@ -106,7 +117,7 @@ def rows_reason(x: Tensor, quantize_activations: bool = False) -> str | None:
 
 
 def _check_inputs(x: Tensor, w_fp4: Tensor, w_block_scale: Tensor, w_global_scale: Tensor,
-                  bias: Optional[Tensor]) -> None:
+                  bias: Optional[Tensor], scale_layout: str = "rowmajor") -> None:
     if w_fp4.dtype != torch.uint8 or w_fp4.dim() != 2:
         raise ValueError(f"fa4::nvfp4_linear wants a 2-D uint8 weight (two e2m1 codes a byte), got "
                          f"{w_fp4.dim()}-D {_name(w_fp4.dtype)}")
@@ -122,9 +133,17 @@ def _check_inputs(x: Tensor, w_fp4: Tensor, w_block_scale: Tensor, w_global_scal
     if reason is not None:
         raise ValueError(f"fa4::nvfp4_linear: {reason}")
     torch._check(x.shape[-1] == k, lambda: f"fa4::nvfp4_linear: x has {x.shape[-1]} features, the weight {k}")
-    torch._check(tuple(w_block_scale.shape) == (n, k // BLOCK),
-                 lambda: f"fa4::nvfp4_linear: w_block_scale has shape {list(w_block_scale.shape)}, wants "
-                         f"{[n, k // BLOCK]}")
+    if scale_layout == "blocked":
+        torch._check(w_block_scale.numel() == blocked_numel(n, k // BLOCK),
+                     lambda: f"fa4::nvfp4_linear: blocked w_block_scale has {w_block_scale.numel()} elements, wants "
+                             f"{blocked_numel(n, k // BLOCK)} ([{n}, {k // BLOCK}] scales padded to "
+                             f"{list(nvfp4_blackwell.blocked_shape(n, k // BLOCK))})")
+    elif scale_layout == "rowmajor":
+        torch._check(tuple(w_block_scale.shape) == (n, k // BLOCK),
+                     lambda: f"fa4::nvfp4_linear: w_block_scale has shape {list(w_block_scale.shape)}, wants "
+                             f"{[n, k // BLOCK]}")
+    else:
+        raise ValueError(f"fa4::nvfp4_linear: scale_layout {scale_layout!r} is not one of {SCALE_LAYOUTS}")
     if bias is not None:
         if bias.dtype != x.dtype:
             raise ValueError(f"fa4::nvfp4_linear wants a bias of x's dtype {_name(x.dtype)}, got {_name(bias.dtype)}")
@@ -153,11 +172,45 @@ def dequantize(w_fp4: Tensor, w_block_scale: Tensor, w_global_scale: Tensor, dty
     return decode(w_fp4).view(n, k // BLOCK, BLOCK).mul_(scale.unsqueeze(-1)).view(n, k).to(dtype)
 
 
+def blocked_index(n: int, groups: int) -> Tensor:
+    """int64 [n, groups]: where scale (r, c) of [n, groups] scales sits in the blocked layout, in row-major order
+    (what `scale_layout="blocked"` reads)."""
+    return nvfp4_blackwell.blocked_offset(torch.arange(n)[:, None], torch.arange(groups)[None, :], groups)
+
+
+def blocked_numel(n: int, groups: int) -> int:
+    """The elements of [n, groups] scales in the blocked layout, padding included."""
+    rows, cols = nvfp4_blackwell.blocked_shape(n, groups)
+    return rows * cols
+
+
+def unblocked(w_block_scale: Tensor, n: int, groups: int) -> Tensor:
+    """Blocked scales (any shape, row-major order) -> the [n, groups] scales, a view where it can be."""
+    flat = w_block_scale.reshape(-1).view(torch.uint8)
+    return nvfp4_blackwell.from_blocked(flat, n, groups).view(torch.float8_e4m3fn)
+
+
+def unblocked_once(w_block_scale: Tensor, n: int, groups: int) -> Tensor:
+    """`unblocked`, contiguous, made once per blocked scale tensor (`prepared_weights`). Under CUDA-graph capture a
+    tensor not met before (none was prepared in the warm-up call) is un-blocked in the graph instead (a copy of
+    N * K / 16 bytes, recorded, so replays follow its values), as `nvfp4_blackwell.weight_scales` does."""
+    def build():
+        return unblocked(w_block_scale, n, groups).contiguous()
+
+    if w_block_scale.is_cuda and torch.cuda.is_current_stream_capturing() and \
+            not prepared_weights.holds(w_block_scale, UNBLOCKED_KIND):
+        return build()
+    return prepared_weights.get(w_block_scale, UNBLOCKED_KIND, build)
+
+
 def nvfp4_linear(x: Tensor, w_fp4: Tensor, w_block_scale: Tensor, w_global_scale: Tensor,
-                 bias: Optional[Tensor] = None, quantize_activations: bool = False) -> Tensor:
+                 bias: Optional[Tensor] = None, quantize_activations: bool = False,
+                 scale_layout: str = "rowmajor") -> Tensor:
     """The reference, on any device: the weight dequantized (module docstring), then `F.linear`
     (`quantize_activations` only permits the Blackwell path; the reference keeps x as it is)."""
-    _check_inputs(x, w_fp4, w_block_scale, w_global_scale, bias)
+    _check_inputs(x, w_fp4, w_block_scale, w_global_scale, bias, scale_layout)
+    if scale_layout == "blocked":
+        w_block_scale = unblocked(w_block_scale, w_fp4.shape[0], w_fp4.shape[1] * 2 // BLOCK)
     return F.linear(x, dequantize(w_fp4, w_block_scale, w_global_scale, x.dtype), bias).contiguous()
 
 
@@ -188,8 +241,11 @@ def _weight_only_kernel_for(x2d: Tensor, w_fp4: Tensor) -> tuple[str, str]:
 
 
 def _nvfp4_linear_cuda(x: Tensor, w_fp4: Tensor, w_block_scale: Tensor, w_global_scale: Tensor,
-                       bias: Optional[Tensor] = None, quantize_activations: bool = False) -> Tensor:
-    _check_inputs(x, w_fp4, w_block_scale, w_global_scale, bias)
+                       bias: Optional[Tensor] = None, quantize_activations: bool = False,
+                       scale_layout: str = "rowmajor") -> Tensor:
+    _check_inputs(x, w_fp4, w_block_scale, w_global_scale, bias, scale_layout)
+    if scale_layout == "blocked":
+        w_block_scale = unblocked_once(w_block_scale, w_fp4.shape[0], w_fp4.shape[1] * 2 // BLOCK)
     x2d = x.reshape(-1, x.shape[-1])
     route = kernel_for(x2d, w_fp4, quantize_activations)[0]
     if route == "dequantize":
@@ -202,13 +258,14 @@ def _nvfp4_linear_cuda(x: Tensor, w_fp4: Tensor, w_block_scale: Tensor, w_global
     return out.view(*x.shape[:-1], w_fp4.shape[0])
 
 
-def _nvfp4_linear_fake(x, w_fp4, w_block_scale, w_global_scale, bias=None, quantize_activations=False):
-    _check_inputs(x, w_fp4, w_block_scale, w_global_scale, bias)
+def _nvfp4_linear_fake(x, w_fp4, w_block_scale, w_global_scale, bias=None, quantize_activations=False,
+                       scale_layout="rowmajor"):
+    _check_inputs(x, w_fp4, w_block_scale, w_global_scale, bias, scale_layout)
     return x.new_empty((*x.shape[:-1], w_fp4.shape[0]))
 
 
 library.define("nvfp4_linear(Tensor x, Tensor w_fp4, Tensor w_block_scale, Tensor w_global_scale, "
-               "Tensor? bias=None, bool quantize_activations=False) -> Tensor")
+               "Tensor? bias=None, bool quantize_activations=False, str scale_layout=\"rowmajor\") -> Tensor")
 library.impl("nvfp4_linear", nvfp4_linear, "CompositeExplicitAutograd")
 library.impl("nvfp4_linear", _nvfp4_linear_cuda, "CUDA")
 library.register_fake("nvfp4_linear", _nvfp4_linear_fake)

@@ -22,7 +22,9 @@ shard of the global result, and DTensor expands them over the mesh's dimensions:
         partial    x Partial, the rest Replicate, no bias            ->  out Partial (the op is linear in x)
         replicate  every tensor Replicate                            ->  out Replicate
     fa4::nvfp4_linear (x, w_fp4, w_block_scale, w_global_scale, bias) -> out [..., N]
-        int8_linear's five, w_fp4 and w_block_scale as w_int8 and group scales, w_global_scale Replicate
+        int8_linear's five, w_fp4 and w_block_scale as w_int8 and group scales, w_global_scale Replicate;
+        with scale_layout="blocked" only rows, partial and replicate (a shard of the blocked layout's tensor
+        is not the blocked layout of a shard of the scales)
     fa4::int8_int8_linear (x_int8, x_scale, w_int8, w_scale, bias) -> out [M, N]
         rows       x_int8, x_scale Shard(0)                          ->  out Shard(0)
         columns    w_int8, w_scale, bias Shard(0)                    ->  out Shard(1)
@@ -183,17 +185,19 @@ def _k_split(ranks: int, bias, k_inputs: dict, groups: int | None = None, unit: 
 
 
 def _linear_strategies(x, rows: tuple[str, ...], columns: tuple[str, ...], replicated: tuple[str, ...],
-                       k_split: dict | None, partial: bool) -> list[Strategy]:
+                       k_split: dict | None, partial: bool, split_columns: bool = True) -> list[Strategy]:
     """A linear layer's strategies: `rows` (x first, then what is indexed by x's rows) Shard(d) for each dim d
-    of x before the last; `columns` (the weight, its scales, the bias: [N, ...]) Shard(0); `k_split` (the
-    inputs holding K, placed as given; None: not offered) -> Partial; x Partial -> Partial where the op is
-    linear in x (`partial`); everything Replicate. `replicated` inputs (a scale per tensor) stay Replicate."""
+    of x before the last; `columns` (the weight, its scales, the bias: [N, ...]) Shard(0) (unless not
+    `split_columns`); `k_split` (the inputs holding K, placed as given; None: not offered) -> Partial; x Partial
+    -> Partial where the op is linear in x (`partial`); everything Replicate. `replicated` inputs (a scale per
+    tensor) stay Replicate."""
     x_dims = len(_spec_shape(x))
     everywhere = {name: Replicate() for name in (*rows, *columns, *replicated)}
     strategies = [Strategy(f"rows: {', '.join(rows)} Shard({d})", [Shard(d)],
                            {**everywhere, **{name: Shard(d) for name in rows}}) for d in range(x_dims - 1)]
-    strategies.append(Strategy(f"columns: {', '.join(columns)} Shard(0)", [Shard(x_dims - 1)],
-                               {**everywhere, **{name: Shard(0) for name in columns}}))
+    if split_columns:
+        strategies.append(Strategy(f"columns: {', '.join(columns)} Shard(0)", [Shard(x_dims - 1)],
+                                   {**everywhere, **{name: Shard(0) for name in columns}}))
     if k_split is not None:
         split = ", ".join(name for name, p in k_split.items() if p == Shard(1))
         strategies.append(Strategy(f"reduction: {rows[0]} Shard(-1), {split} Shard(1)",
@@ -228,13 +232,20 @@ def int8_int8_linear_rule(x_int8, x_scale, w_int8, w_scale, bias=None, *, out_dt
     return _rule(op, args, {}, strategies, declined)
 
 
-def nvfp4_linear_rule(x, w_fp4, w_block_scale, w_global_scale, bias=None):
+def nvfp4_linear_rule(x, w_fp4, w_block_scale, w_global_scale, bias=None, quantize_activations=False,
+                      scale_layout="rowmajor"):
     op = torch.ops.fa4.nvfp4_linear.default
     args = (x, w_fp4, w_block_scale, w_global_scale, bias)
+    blocked = scale_layout == "blocked"
+    why_blocked = ("the block scales are in the 128x4 blocked layout, whose shards are not the scales' shards "
+                   "(only x's rows split)") if blocked else None
     k_split, declined = _k_split(_mesh_size(args), bias, {"w_fp4": Shard(1), "w_block_scale": Shard(1)},
-                                 groups=_spec_shape(w_block_scale)[1], unit="16-input scale blocks")
+                                 groups=None if blocked else _spec_shape(w_block_scale)[1],
+                                 unit="16-input scale blocks", declined_for=why_blocked)
+    if blocked:
+        declined.insert(0, f"columns: {why_blocked}")
     strategies = _linear_strategies(x, ("x",), ("w_fp4", "w_block_scale", "bias"), ("w_global_scale",), k_split,
-                                    partial=bias is None)
+                                    partial=bias is None, split_columns=not blocked)
     return _rule(op, args, {}, strategies, declined)
 
 
@@ -248,6 +259,18 @@ def register() -> None:
     register_sharding(torch.ops.fa4.int8_linear.default)(int8_linear_rule)
     register_sharding(torch.ops.fa4.int8_int8_linear.default)(int8_int8_linear_rule)
     register_sharding(torch.ops.fa4.nvfp4_linear.default)(nvfp4_linear_rule)
+    _key_on_arguments(torch.ops.fa4.nvfp4_linear.default, 5, ["quantize_activations", "scale_layout"])
+
+
+def _key_on_arguments(op, first: int, names: list[str]) -> None:
+    """Makes DTensor's cache of sharding decisions key on `op`'s non-tensor arguments from position `first` (or
+    passed by these `names`): register_sharding keys on int arguments only, and nvfp4_linear's placements
+    depend on scale_layout, a str (blocked scales can have the row-major scales' shape)."""
+    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor._op_schema import RuntimeSchemaInfo
+
+    infos = DTensor._op_dispatcher.sharding_propagator.op_to_schema_info
+    infos[op] = RuntimeSchemaInfo(static_argnum=first, static_kwargkey=names, needs_pytree=True)
 
 
 register()

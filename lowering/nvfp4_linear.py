@@ -14,11 +14,19 @@ block scales any float8_e4m3fn [N, K / 16] value, the global scale any 0-d float
     becomes  nvfp4_linear(x, w_fp4, block_e4m3, global, bias)     (global: full([], 1.0) when there is none)
              [, quantize_activations=True]           under `backend(nvfp4_activations=True)`: W4A4 on Blackwell
 
+    block_e4m3 = slice(view(permute(...(blocked))))  only layout ops, static sizes, from a graph input `blocked`
+    becomes  nvfp4_linear(x, w_fp4, blocked, global, bias, scale_layout="blocked")
+             when, evaluated on an index probe, the chain reads for each [n, g] exactly the element the 128 x 4
+             blocked layout holds it in (`kernels.nvfp4_linear.blocked_index`): the op un-blocks once per tensor
+
 torchao 0.18's `NVFP4WeightOnlyConfig` (`torchao.prototype.mx_formats`; an `NVFP4Tensor` weight, desugared by
 AOTAutograd) spells the decode with shifts, masks and `index_put` into float32 bits, and its block scales are
-un-swizzled from their blocked layout by reshapes, permutes and a slice, which stay in the graph and feed the
-op; `fa4_inductor.nvfp4.NVFP4Linear` spells the decode with integer arithmetic and `where` (verified on CPU, torch
-2.13; on CUDA torchao's dequantization is the same code, read from source, and tests/test_gpu_nvfp4.py runs it).
+un-swizzled from their blocked layout by reshapes, permutes and a slice of the stored scales; the op takes the
+stored scales with `scale_layout="blocked"` instead, so that no copy kernel un-swizzles them at every call (a
+chain of layout ops that reads anything else, a transposed or otherwise sliced tensor, feeds the op as before,
+un-swizzled in the graph). `fa4_inductor.nvfp4.NVFP4Linear` spells the decode with integer arithmetic and `where`
+(verified on CPU, torch 2.13; on CUDA torchao's dequantization is the same code, read from source, and
+tests/test_gpu_nvfp4.py runs it).
 User code may also look the values up in a constant table made in its forward. The unpack's nibble functions
 and the decode are not matched op by op: they are checked by running them, on CPU, over every byte value and
 every code (`_evaluated`), so any pointwise spelling is taken and a wrong one (high nibble first, another
@@ -37,10 +45,11 @@ from __future__ import annotations
 import torch
 from torch.fx import Node
 from torch.fx.node import map_arg
+from torch.utils import _pytree as pytree
 
 from ..kernels import NVFP4_LINEAR, nvfp4_linear_rows_reason, nvfp4_linear_unsupported_reason
 from ..kernels.layout import dtype_name as _name
-from ..kernels.nvfp4_linear import BLOCK, E2M1_VALUES
+from ..kernels.nvfp4_linear import BLOCK, E2M1_VALUES, blocked_index, blocked_numel
 from .family import POST_GRAD, Context, Family
 from .graph_edit import NodeMaker, erase_dead
 from .records import Decline
@@ -55,6 +64,9 @@ E4M3 = torch.float8_e4m3fn
 # Ops a decode may use besides those tagged pointwise, each elementwise on the codes as `_region` admits them.
 MASKED_WRITE, BITCAST, TABLE_LOOKUP = aten.index_put.default, aten.view.dtype, aten.index.Tensor
 CONSTANTS = (aten.full.default, aten.scalar_tensor.default)
+# Ops that move elements without computing any: what an un-swizzle of the block scales may use.
+LAYOUT_OPS = (aten.view.default, aten.reshape.default, aten._unsafe_view.default, aten.permute.default,
+              aten.transpose.int, aten.slice.Tensor, aten.clone.default, aten.contiguous.default)
 
 
 def _weight_of(matmul: Node) -> Node | None:
@@ -109,6 +121,7 @@ class Match:
         self.x = matmul.args[1] if is_addmm else matmul.args[0]
         self.bias = matmul.args[0] if is_addmm else None
         self.w_fp4 = self.block_scale = self.global_scale = None
+        self.blocked_scale: Node | None = None  # the graph input block_scale un-blocks, where it is that
         self.chain: list[Node] = []  # the dequantized weight, from the scales' product to its transpose
         if is_addmm and (matmul.kwargs.get("beta", 1) != 1 or matmul.kwargs.get("alpha", 1) != 1):
             raise Decline(f"addmm with beta={matmul.kwargs.get('beta', 1)}, alpha={matmul.kwargs.get('alpha', 1)}")
@@ -137,6 +150,7 @@ def match(matmul: Node) -> Match:
                       f"{list(shape(product))}, not one per {BLOCK} inputs ([{n}, {groups}, 1] against "
                       f"[{n}, {groups}, {BLOCK}])")
     _match_scale(m, _peel(scale_side, RESHAPES)[0], (n, groups))
+    m.blocked_scale = _blocked_source(m.block_scale, n, groups)
     decoded, _ = _peel(decoded_side, RESHAPES)
     if shape(decoded) != (n, k) or _dtype(decoded) != torch.float32:
         raise Decline(f"the decoded weight is a {_name(_dtype(decoded))} tensor of shape {list(shape(decoded))}, "
@@ -180,6 +194,30 @@ def _match_scale(m: Match, scale: Node, wanted: tuple) -> None:
     m.block_scale = block.args[0]
     if shape(m.block_scale) != wanted:
         raise Decline(f"the block scales have shape {list(shape(m.block_scale))}, not {list(wanted)}")
+
+
+def _blocked_source(block: Node, n: int, groups: int) -> Node | None:
+    """The graph input that `block` [n, groups] un-blocks from the 128 x 4 blocked layout through layout ops of
+    static sizes alone (torchao's un-swizzle), or None: the index map the chain computes, evaluated on an int64
+    arange shaped like the input, must be `blocked_index` exactly."""
+    chain, node = [], block
+    while _is(node, *LAYOUT_OPS) and node.all_input_nodes == [node.args[0]]:
+        chain.append(node)
+        node = node.args[0]
+    if not chain or node.op not in ("placeholder", "get_attr") or _dtype(node) != E4M3:
+        return None
+    sizes = [s for c in (node, *chain) for s in shape(c)]
+    constants = pytree.tree_leaves([(c.args[1:], c.kwargs) for c in chain])
+    if any(isinstance(s, torch.SymInt) for s in (*sizes, *constants)):
+        return None
+    source_shape = shape(node)
+    numel = 1
+    for s in source_shape:
+        numel *= s
+    if numel != blocked_numel(n, groups):
+        return None
+    index = _evaluated(block, node, torch.arange(numel).view(source_shape))
+    return node if torch.equal(index, blocked_index(n, groups)) else None
 
 
 def _is_e4m3_cast(node) -> bool:
@@ -355,8 +393,11 @@ def rewrite(matmul: Node, context: Context) -> str:
         global_scale = m.global_scale
         if global_scale is None:
             global_scale = make(aten.full.default, [], 1.0, dtype=torch.float32, device=value(m.w_fp4).device)
-        out = make(NVFP4_LINEAR, m.x, m.w_fp4, m.block_scale, global_scale, m.bias,
-                   **({"quantize_activations": True} if w4a4 else {}))
+        flags = {"quantize_activations": True} if w4a4 else {}
+        if m.blocked_scale is not None:
+            flags["scale_layout"] = "blocked"
+        out = make(NVFP4_LINEAR, m.x, m.w_fp4, m.block_scale if m.blocked_scale is None else m.blocked_scale,
+                   global_scale, m.bias, **flags)
     matmul.replace_all_uses_with(out)
     erase_dead(graph, [matmul])
     return _describe_call(m) + (" [activations to nvfp4 on Blackwell]" if w4a4 else "")
@@ -368,8 +409,9 @@ def _describe_call(m: Match) -> str:
 
     bias = f", bias[{dims(m.bias)}]" if m.bias is not None else ""
     global_scale = "global" if m.global_scale is not None else "no global"
+    blocked = f" (read from {m.blocked_scale.name}'s blocked layout)" if m.blocked_scale is not None else ""
     return (f"fa4.nvfp4_linear(x[{dims(m.x)}] {_name(_dtype(m.x))}, w[{dims(m.w_fp4)}] uint8, "
-            f"block_scale[{dims(m.block_scale)}] e4m3, {global_scale} scale{bias})")
+            f"block_scale[{dims(m.block_scale)}] e4m3{blocked}, {global_scale} scale{bias})")
 
 
 FAMILY = Family("nvfp4_linear", POST_GRAD, is_candidate, rewrite)

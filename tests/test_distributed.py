@@ -493,6 +493,76 @@ def test_quantized_linears_on_dtensors(ranks, op, layout, bias, option, expected
             assert r["warnings"] and reason in r["warnings"][0] and "DTensor redistributes" in r["warnings"][0], r
 
 
+def _nvfp4_blocked_case(layout: str) -> dict:
+    """fa4::nvfp4_linear with blocked scales (`scale_layout="blocked"`) on DTensors, after the same call with
+    row-major scales of the same shape and placements (N = 128, K = 64: both [128, 4]), so that a sharding
+    decision cached for the row-major call would be reused if the layout were not part of DTensor's key."""
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+    from fa4_inductor.kernels import nvfp4_blackwell
+
+    mesh, g = _mesh(), torch.Generator().manual_seed(0)
+    n, k = 128, 64
+    x = torch.randn(3, 4, k, generator=g)
+    w_fp4 = torch.randint(0, 256, (n, k // 2), dtype=torch.uint8, generator=g)
+    block = (torch.rand(n, k // 16, generator=g) * 2 + 0.25).to(torch.float8_e4m3fn)
+    raw = nvfp4_blackwell.to_blocked(block.view(torch.uint8)).view(torch.float8_e4m3fn).view(n, k // 16)
+    global_scale, bias = torch.tensor(0.37), (torch.randn(n, generator=g) if layout == "columns" else None)
+    op = torch.ops.fa4.nvfp4_linear
+    expected = op(x, w_fp4, block, global_scale, bias)
+    # the scales stay replicated (gloo moves no float8): the row-major rule takes them as any shard it wants
+    where = {"rows": {"x": Shard(0)}, "columns": {"w_fp4": Shard(0), "bias": Shard(0)},
+             "reduction": {"x": Shard(2), "w_fp4": Shard(1)}}[layout]
+
+    def placed(name, t):
+        return t if t is None else distribute_tensor(t, mesh, [where.get(name, Replicate())], src_data_rank=None)
+
+    args = [placed("x", x), placed("w_fp4", w_fp4)]
+    rest = [placed("w_global_scale", global_scale), placed("bias", bias)]
+    rowmajor, rowmajor_warnings = _caught(lambda: op(*args, placed("w_block_scale", block), *rest))
+    out, messages = _caught(lambda: op(*args, placed("w_block_scale", raw), *rest, scale_layout="blocked"))
+    return dict(out=str(out.placements), rowmajor=str(rowmajor.placements), rowmajor_warnings=rowmajor_warnings,
+                error=(out.full_tensor() - expected).abs().max().item(), scale=expected.abs().max().item(),
+                warnings=messages)
+
+
+@pytest.mark.parametrize("layout, expected, rowmajor", [
+    ("rows", "(Shard(dim=0),)", "(Shard(dim=0),)"),
+    ("columns", None, "(Shard(dim=2),)"),
+    ("reduction", None, "(Partial(sum),)"),
+])
+def test_nvfp4_blocked_scales_on_dtensors(ranks, layout, expected, rowmajor):
+    """Blocked scales shard with x's rows only: a column or K split of the blocked tensor is not the blocked layout
+    of the scales' shard, so those are redistributed, with the reason, where the row-major call of the same shapes
+    runs locally."""
+    for r in ranks.run(_nvfp4_blocked_case, layout):
+        assert r["rowmajor"] == rowmajor and not r["rowmajor_warnings"], r
+        assert r["error"] <= 1e-6 * r["scale"], r
+        if expected is not None:
+            assert r["out"] == expected and not r["warnings"], r
+        else:
+            assert r["warnings"] and "128x4 blocked layout" in r["warnings"][0], r
+            assert "DTensor redistributes" in r["warnings"][0], r
+
+
+def test_dtensor_keys_its_nvfp4_sharding_decisions_on_the_scale_layout():
+    """DTensor caches a sharding decision under the op's schema, whose key holds the non-tensor arguments the
+    op's schema info names: with register_sharding's (int arguments only) a blocked call would reuse a row-major
+    call's decision on inputs of the same specs."""
+    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor._op_schema import OpSchema
+
+    import fa4_inductor.kernels.sharding  # noqa: F401  (registers the rules)
+
+    op = torch.ops.fa4.nvfp4_linear.default
+    info = DTensor._op_dispatcher.sharding_propagator.op_to_schema_info[op]
+    args = ("x", "w_fp4", "w_block_scale", "w_global_scale", None)
+    rowmajor = OpSchema(op, args, {}, schema_info=info)
+    assert rowmajor != OpSchema(op, args, {"scale_layout": "blocked"}, schema_info=info)
+    assert rowmajor != OpSchema(op, (*args, False, "blocked"), {}, schema_info=info)
+    assert rowmajor == OpSchema(op, args, {}, schema_info=info)
+
+
 TP_CASES = [
     pytest.param("eager", False, False, id="eager-code-dtensor-outputs"),
     pytest.param("sdpa", True, False, id="sdpa-code-local-outputs"),

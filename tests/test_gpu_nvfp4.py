@@ -83,6 +83,56 @@ def test_cuda_graph_capture_and_replay(m):
             nvfp4_op.kernel_for(x, w_fp4)[0] == "quack"  # quack may split K (summation order varies)
 
 
+@pytest.mark.parametrize("m", [1, 8, 32, 256])
+def test_blocked_scales_give_the_row_major_results(m):
+    """`scale_layout="blocked"` on every route: the scales un-blocked once per tensor, then the row-major call."""
+    from fa4_inductor.kernels import prepared_weights
+    from test_nvfp4_linear import blocked
+
+    n, k = 1024, 2048
+    w_fp4, block, global_scale = random_nvfp4(n, k, device="cuda")
+    raw = blocked(block, (32 * n // 128, 16 * k // 64))
+    x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
+    expected = NVFP4_LINEAR(x, w_fp4, block, global_scale)
+    got = NVFP4_LINEAR(x, w_fp4, raw, global_scale, scale_layout="blocked")
+    assert prepared_weights.holds(raw, nvfp4_op.UNBLOCKED_KIND)
+    if nvfp4_op.kernel_for(x, w_fp4)[0] == "quack":  # quack may split K (summation order varies)
+        torch.testing.assert_close(got, expected, atol=1e-2 * expected.abs().max().item(), rtol=1e-2)
+    else:
+        assert torch.equal(got, expected)
+
+
+@pytest.mark.parametrize("warm", [True, False], ids=["prepared-before-capture", "first-met-in-capture"])
+def test_blocked_scales_under_cuda_graph_capture(warm):
+    """Scales un-blocked in an eager call before capture are read as prepared; scales first met during capture
+    are un-blocked inside the graph (a recorded copy): either way every replay is the row-major call's result."""
+    from fa4_inductor.kernels import prepared_weights
+    from test_nvfp4_linear import blocked
+
+    n, k = 1024, 2048
+    w_fp4, block, global_scale = random_nvfp4(n, k, device="cuda")
+    raw = blocked(block, (32 * n // 128, 16 * k // 64))
+    x = torch.randn(1, k, dtype=torch.bfloat16, device="cuda")
+    def step():
+        return NVFP4_LINEAR(x, w_fp4, raw, global_scale, scale_layout="blocked")
+
+    if warm:
+        graph, out = capture(step)  # its warm-up call prepares the scales
+    else:
+        NVFP4_LINEAR(x, w_fp4, raw.clone(), global_scale, scale_layout="blocked")  # kernels compiled, other scales
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=side):
+            out = step()
+        assert not prepared_weights.holds(raw, nvfp4_op.UNBLOCKED_KIND)
+    for _ in range(2):
+        x.copy_(torch.randn_like(x))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, NVFP4_LINEAR(x, w_fp4, block, global_scale))
+
+
 # ---------------------------------------------------------------------------------- a compiled model on CUDA
 
 
@@ -171,3 +221,39 @@ def test_torchao_nvfp4_weight_only_on_cuda(m):
         eager = model(x)
     assert [r.rewritten for r in records if r.family == "nvfp4_linear"] == [True], [str(r) for r in records]
     assert_within_twice_eager(f"torchao m={m}", got, eager, torchao_reference(model, x, n, k))
+
+
+def test_torchao_blocked_scales_are_unblocked_once_under_cuda_graphs():
+    """torchao's `NVFP4WeightOnlyConfig`, decode-sized, reduce-overhead: the op reads the stored swizzled scales
+    (`scale_layout="blocked"`), un-blocked once in the warm-up call (`prepared_weights`), so the compiled code has
+    no un-swizzle kernel; the recorded graph's replays stay within 2x eager torchao's error."""
+    pytest.importorskip("torchao")
+    import re
+
+    import fa4_inductor
+    from test_nvfp4_linear import torchao_reference
+    from torch._dynamo.utils import counters
+    from torch._inductor.utils import run_and_get_code
+    from torchao.prototype.mx_formats import NVFP4WeightOnlyConfig
+    from torchao.quantization import quantize_
+
+    from fa4_inductor.kernels import prepared_weights
+
+    n, k = 2048, 4096
+    model = torch.nn.Sequential(torch.nn.Linear(k, n)).to(device="cuda", dtype=torch.bfloat16).requires_grad_(False)
+    quantize_(model, NVFP4WeightOnlyConfig())
+    counters.clear()
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend=fa4_inductor.backend(nvfp4_linear=True), mode="reduce-overhead")
+    with torch.no_grad():
+        for step in range(4):  # warm-up run, recording, replays
+            x = torch.randn(1, k, dtype=torch.bfloat16, device="cuda")
+            if step == 0:
+                got, codes = run_and_get_code(compiled, x)
+            else:
+                got = compiled(x)
+            assert_within_twice_eager(f"torchao step {step}", got.clone(), model(x), torchao_reference(model, x, n, k))
+    assert "scale_layout='blocked'" in codes[0]
+    assert not re.search(r"def triton_\w*permute", codes[0]), "an un-swizzle kernel is still in the compiled code"
+    assert prepared_weights.holds(model[0].weight.scale, nvfp4_op.UNBLOCKED_KIND)
+    assert not counters["inductor"]["cudagraph_skips"], dict(counters["inductor"])

@@ -61,6 +61,56 @@ def test_opcheck(dtype, with_bias):
         torch.library.opcheck(NVFP4_LINEAR, (x, w_fp4, block, global_scale, bias), test_utils=OPCHECK_TESTS)
 
 
+def blocked(block, shape=None):
+    """The scales in the 128 x 4 blocked layout (flat, or viewed as `shape`: torchao keeps [32 * ceil(N / 128),
+    16 * ceil(K / 64)])."""
+    flat = nvfp4_op.nvfp4_blackwell.to_blocked(block.view(torch.uint8)).view(torch.float8_e4m3fn)
+    return flat if shape is None else flat.view(shape)
+
+
+@pytest.mark.parametrize("with_bias", [False, True], ids=["no-bias", "bias"])
+def test_opcheck_blocked_scales(with_bias):
+    w_fp4, block, global_scale = random_nvfp4()
+    bias = torch.randn(N) if with_bias else None
+    raw = blocked(block, (32, 16))
+    for x in (torch.randn(2, 3, K), torch.randn(K, 5).t()):
+        torch.library.opcheck(NVFP4_LINEAR, (x, w_fp4, raw, global_scale, bias), {"scale_layout": "blocked"},
+                              test_utils=OPCHECK_TESTS)
+
+
+# N, K: one row tile padded (48 of 128 rows), several row tiles with a padded one (130), K / 16 groups that do not
+# fill a 4-column tile (K = 96: 6 groups), several column tiles
+@pytest.mark.parametrize("n, k", [(N, K), (130, 96), (256, 128), (16, 16)])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_blocked_scales_give_the_row_major_results_bit_for_bit(dtype, n, k):
+    w_fp4, block, global_scale = random_nvfp4(n, k, seed=n + k)
+    x, bias = torch.randn(3, k, dtype=dtype), torch.randn(n, dtype=dtype)
+    expected = NVFP4_LINEAR(x, w_fp4, block, global_scale, bias)
+    torchao_shape = (32 * -(-n // 128), 16 * -(-k // 64))
+    column_major = blocked(block, torchao_shape).t().contiguous().t()  # the same elements, other strides
+    for raw in (blocked(block), blocked(block, torchao_shape), column_major):
+        assert torch.equal(NVFP4_LINEAR(x, w_fp4, raw, global_scale, bias, scale_layout="blocked"), expected)
+    assert torch.equal(nvfp4_op.unblocked(blocked(block), n, k // 16).view(torch.uint8), block.view(torch.uint8))
+
+
+def test_blocked_scales_are_unblocked_once_per_tensor():
+    """The CUDA path's `unblocked_once` (prepared_weights; on CPU too): one row-major copy per blocked tensor,
+    made again when the tensor changes in place."""
+    from fa4_inductor.kernels import prepared_weights
+
+    _, block, _ = random_nvfp4()
+    raw = blocked(block, (32, 16))
+    first = nvfp4_op.unblocked_once(raw, N, K // 16)
+    assert first.is_contiguous() and first.shape == (N, K // 16)
+    assert torch.equal(first.view(torch.uint8), block.view(torch.uint8))
+    assert nvfp4_op.unblocked_once(raw, N, K // 16) is first
+    assert prepared_weights.holds(raw, nvfp4_op.UNBLOCKED_KIND)
+    _, other, _ = random_nvfp4(seed=7)
+    raw.copy_(blocked(other, (32, 16)))
+    again = nvfp4_op.unblocked_once(raw, N, K // 16)
+    assert again is not first and torch.equal(again.view(torch.uint8), other.view(torch.uint8))
+
+
 def test_the_op_mutates_and_aliases_nothing():
     w_fp4, block, global_scale = random_nvfp4()
     x, bias = torch.randn(3, K), torch.randn(N)
@@ -122,14 +172,19 @@ def test_rounding_order_scales_first_then_the_codes():
     (dict(x=torch.randn(3, K + 2)), "x has 66 features, the weight 64"),
     (dict(block=torch.ones(N, 2, dtype=torch.float8_e4m3fn)), r"w_block_scale has shape \[48, 2\], wants \[48, 4\]"),
     (dict(bias=torch.zeros(N, dtype=torch.bfloat16)), "bias of x's dtype float32"),
+    (dict(scale_layout="blocked"), r"blocked w_block_scale has 192 elements, wants 512 \(\[48, 4\] scales padded to "
+                                   r"\[128, 4\]\)"),
+    (dict(scale_layout="swizzled"), "scale_layout 'swizzled' is not one of"),
     (dict(w_fp4=torch.zeros(N, 12, dtype=torch.uint8), x=torch.randn(3, 24),
           block=torch.ones(N, 1, dtype=torch.float8_e4m3fn)), "24 input features are not a multiple of the 16"),
 ])
 def test_inputs_the_op_cannot_take_are_errors(change, message):
     w_fp4, block, global_scale = random_nvfp4()
-    args = dict(x=torch.randn(3, K), w_fp4=w_fp4, block=block, global_scale=global_scale, bias=None) | change
+    args = dict(x=torch.randn(3, K), w_fp4=w_fp4, block=block, global_scale=global_scale, bias=None,
+                scale_layout="rowmajor") | change
     with pytest.raises((ValueError, RuntimeError), match=message):
-        NVFP4_LINEAR(args["x"], args["w_fp4"], args["block"], args["global_scale"], args["bias"])
+        NVFP4_LINEAR(args["x"], args["w_fp4"], args["block"], args["global_scale"], args["bias"],
+                     scale_layout=args["scale_layout"])
 
 
 def test_unsupported_reason():
@@ -418,6 +473,67 @@ def test_torchao_nvfp4_weight_only_config(dtype, x_shape, bias, per_tensor_scale
     expected, tol = torchao_reference(model, x), TOLERANCES[dtype]
     torch.testing.assert_close(compiled.out.double(), expected, atol=tol * expected.abs().max().item(), rtol=tol)
     assert [rewritten for rewritten, _ in compiled.details] == [True]
+    assert "scale_layout='blocked'" in compiled.code  # the stored scales, un-blocked once by the op
+    assert "blocked layout)" in compiled.details[0][1]
+
+
+def torchao_from_blocked(raw):
+    from torchao.prototype.mx_formats.utils import from_blocked
+
+    return from_blocked(raw, N, K // 16)
+
+
+# How user code may store and un-swizzle the block scales: (the stored tensor from the [N, K / 16] scales, the
+# un-swizzle in the forward, whether the op reads the stored tensor in the blocked layout)
+UNSWIZZLES = {
+    "torchao's from_blocked": (lambda b: blocked(b, (32, 16)), torchao_from_blocked, True),
+    "our from_blocked, flat": (blocked, lambda r: nvfp4_op.nvfp4_blackwell.from_blocked(r, N, K // 16), True),
+    "blocked, then other rows": (lambda b: blocked(torch.cat((b[:16], b)), (32, 16)),
+                                 lambda r: nvfp4_op.nvfp4_blackwell.from_blocked(r.flatten(), N + 16, K // 16)[16:],
+                                 False),
+    "a row-major view of blocked-sized storage": (
+        lambda b: torch.cat((b.view(torch.uint8), torch.zeros(128 - N, K // 16, dtype=torch.uint8)))
+        .view(torch.float8_e4m3fn).view(32, 16),
+        lambda r: r.view(128, 4)[:N], False),
+    "stored transposed": (lambda b: b.t().contiguous(), lambda r: r.t(), False),
+}
+
+
+class StoredScalesLinear(nn.Module):
+    """User code: the block scales stored in some layout (a buffer), un-swizzled in the forward."""
+
+    def __init__(self, store, unswizzle):
+        super().__init__()
+        w_fp4, block, scale = random_nvfp4(seed=5)
+        self.register_buffer("w_fp4", w_fp4)
+        self.register_buffer("stored", store(block))
+        self.register_buffer("scale", scale)
+        self.unswizzle = unswizzle
+
+    def forward(self, x):
+        return F.linear(x, scaled(nvfp4.e2m1_values(stacked(self.w_fp4)), self.unswizzle(self.stored), self.scale)
+                        .to(x.dtype))
+
+
+@pytest.mark.parametrize("case", UNSWIZZLES)
+def test_the_op_reads_stored_scales_only_when_the_chain_is_exactly_the_unblocking(case):
+    """A chain of layout ops from a graph input goes to the op as `scale_layout="blocked"` only when it reads every
+    scale where the blocked layout keeps it; any other chain (other rows, a plain view, a transpose) feeds the
+    op as before, computed in the graph. Eager's results bit for bit either way."""
+    store, unswizzle, is_blocked = UNSWIZZLES[case]
+    if unswizzle is torchao_from_blocked:
+        pytest.importorskip("torchao")
+    layer = StoredScalesLinear(store, unswizzle)
+    x = torch.randn(5, K, dtype=torch.bfloat16)
+    compiled = compile_with_nvfp4(layer, x)
+    assert OP_CALL in compiled.code and [rewritten for rewritten, _ in compiled.details] == [True]
+    assert ("scale_layout='blocked'" in compiled.code) == is_blocked
+    assert ("blocked layout)" in compiled.details[0][1]) == is_blocked
+    with torch.no_grad():
+        torch.testing.assert_close(compiled.out, layer(x), atol=0, rtol=0)
+    op_line = next(line for line in compiled.graphs[0].splitlines() if "fa4.nvfp4_linear(" in line)
+    scales = op_line.split("fa4.nvfp4_linear(")[1].split(", ")[2]
+    assert scales.startswith("arg") == is_blocked, op_line  # the stored buffer itself, or the chain's last node
 
 
 class TestRewrittenGraphs(expecttest.TestCase):
@@ -426,16 +542,28 @@ class TestRewrittenGraphs(expecttest.TestCase):
                                                                                              dtype=torch.bfloat16))
         self.assertExpectedInline("\n".join(compiled.graphs), """\
 view: bf16[6, 64] = aten.reshape(arg4_1, (6, 64))
-view_5: torch.float8_e4m3fn[1, 32, 16] = aten.reshape(arg1_1, (1, 32, 16))
-view_6: torch.float8_e4m3fn[1, 32, 4, 4] = aten.reshape(view_5, (1, 32, 4, 4))
-permute_4: torch.float8_e4m3fn[1, 4, 32, 4] = aten.permute(view_6, (0, 2, 1, 3))
-clone: torch.float8_e4m3fn[1, 4, 32, 4] = aten.clone(permute_4, memory_format=torch.contiguous_format)
-view_7: torch.float8_e4m3fn[1, 1, 128, 4] = aten.reshape(clone, (1, 1, 128, 4))
-permute_5: torch.float8_e4m3fn[1, 128, 1, 4] = aten.permute(view_7, (0, 2, 1, 3))
-view_8: torch.float8_e4m3fn[128, 4] = aten.reshape(permute_5, (128, 4))
-slice_1: torch.float8_e4m3fn[48, 4] = aten.slice(view_8, 0, 0, 48)
-nvfp4_linear_default: bf16[6, 48] = fa4.nvfp4_linear(view, arg0_1, slice_1, arg2_1, arg3_1)
+nvfp4_linear_default: bf16[6, 48] = fa4.nvfp4_linear(view, arg0_1, arg1_1, arg2_1, arg3_1, scale_layout='blocked')
 view_12: bf16[2, 3, 48] = aten.reshape(nvfp4_linear_default, (2, 3, 48))""")
+
+    def test_torchao_no_per_tensor_scale(self):
+        compiled = compile_with_nvfp4(torchao_model(torch.float32, bias=False, per_tensor_scale=False),
+                                      torch.randn(5, K))
+        self.assertExpectedInline("\n".join(compiled.graphs), """\
+full_default_2: f32[] = aten.full((), 1, dtype=float32, device=device(type='cpu'))
+nvfp4_linear_default: f32[5, 48] = fa4.nvfp4_linear(arg2_1, arg0_1, arg1_1, full_default_2, None, scale_layout='blocked')""")
+
+    def test_a_chain_that_is_not_the_unblocking_stays(self):
+        store, unswizzle, _ = UNSWIZZLES["blocked, then other rows"]
+        compiled = compile_with_nvfp4(StoredScalesLinear(store, unswizzle), torch.randn(5, K, dtype=torch.bfloat16))
+        self.assertExpectedInline("\n".join(compiled.graphs), """\
+view_1: torch.float8_e4m3fn[512] = aten.reshape(arg1_1, (512))
+view_2: torch.float8_e4m3fn[1, 1, 32, 4, 4] = aten.reshape(view_1, (1, 1, 32, 4, 4))
+permute: torch.float8_e4m3fn[1, 4, 32, 1, 4] = aten.permute(view_2, (0, 3, 2, 1, 4))
+clone: torch.float8_e4m3fn[1, 4, 32, 1, 4] = aten.clone(permute, memory_format=torch.contiguous_format)
+view_3: torch.float8_e4m3fn[128, 4] = aten.reshape(clone, (128, 4))
+slice_1: torch.float8_e4m3fn[64, 4] = aten.slice(view_3, 0, 0, 64)
+slice_2: torch.float8_e4m3fn[48, 4] = aten.slice(slice_1, 0, 16, 9223372036854775807)
+nvfp4_linear_default: bf16[5, 48] = fa4.nvfp4_linear(arg3_1, arg0_1, slice_2, arg2_1, None)""")
 
     def test_nvfp4_linear_module(self):
         compiled = compile_with_nvfp4(nvfp4_linear_module(torch.bfloat16, bias=False),
