@@ -279,7 +279,8 @@ def e2e_table(device="cuda", dtype=torch.bfloat16, prompt=512, steps=64, model_o
     from torchao.quantization import quantize_
 
     mode = "reduce-overhead" if device == "cuda" else "default"
-    table = Table("Llama-1B-shaped HF model, weight-only quantized decode with a static cache (higher tokens/s is better)",
+    title = "Llama-1B-shaped HF model, weight-only quantized decode with a static cache (higher tokens/s is better)"
+    table = Table(title,
                   ["weights", "backend", "tokens/s", "ms/token", "vs bf16 default compile",
                    "logits differ from the same weights under default compile by"],
                   note=f"{dtype} activations, batch 1, prompt {prompt}, greedy, the one-token step compiled with "
@@ -309,7 +310,8 @@ def e2e_table(device="cuda", dtype=torch.bfloat16, prompt=512, steps=64, model_o
             ref = default[1][:2]
             difference = f"{((logits[:2] - ref).abs().max() / ref.abs().max()).item():.1e}"
         ms = f"{1e3 / rate:.3f}" if rate else "n/a"
-        table.rows.append([weights, name, or_failed(rate), ms, speedup(base and base[0], rate, invert=True), difference])
+        vs_bf16 = speedup(base and base[0], rate, invert=True)
+        table.rows.append([weights, name, or_failed(rate), ms, vs_bf16, difference])
     torch._dynamo.reset()
     return table
 

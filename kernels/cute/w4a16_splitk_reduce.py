@@ -1,9 +1,9 @@
 """Split-K reduction of the weight-only decode GEMM (`w4a16_decode_gemm.py`), CuTe DSL, any sm80+.
 
 mPart [splits, M, N] fp32 holds each split's sums; out[m, n] = dtype(sum_s mPart[s, m, n] * scale (+ bias[n]))
-with the splits added in order (deterministic), scale = 2^E * mScale[0] for NVFP4 (the main kernel's
-decode carries 2^-E, `decode_exponent`) or mScale[n] for int8. One thread per output element, splits unrolled by 4 so their
-loads are in flight together.
+with the splits added in order (deterministic), scale = 2^E * mScale[0] for NVFP4 (the main kernel's decode
+carries 2^-E, `decode_exponent`) or mScale[n] for int8. One thread per output element, splits unrolled by 4 so
+their loads are in flight together.
 """
 
 from __future__ import annotations
