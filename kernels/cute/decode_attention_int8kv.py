@@ -49,6 +49,7 @@ from cutlass.cute.nvgpu import warp
 from cutlass.cutlass_dsl import T, dsl_user_op
 from cutlass.experimental import primitives as prims
 
+from .cp_async import cp_async as _cp_async
 from .decode_attention import NUM_WARPS, TILE_M, TILE_N, SplitKVMerge, _as_operand_a, _mn_view, _quad_max
 
 HEAD_DIMS = (64, 128, 256)
@@ -147,18 +148,6 @@ def _max_abs(m, x, *, loc=None, ip=None) -> Float32:
         T.f32(), [Float32(m).ir_value(loc=loc, ip=ip), Float32(x).ir_value(loc=loc, ip=ip)],
         "{\n\t.reg .f32 a;\n\tabs.f32 a, $2;\n\tmax.NaN.f32 $0, $1, a;\n\t}", "=f,f,f",
         has_side_effects=False, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip))
-
-
-@dsl_user_op
-def _cp_async(dst, src, size: int, src_size, *, loc=None, ip=None):
-    """cp.async of `size` bytes from global address `src` (Int64) to shared address `dst` (Int32), of which
-    the first `src_size` are read and the rest zero-filled (0: nothing is read, `src` may be out of bounds)."""
-    mode = "cg" if size == 16 else "ca"
-    llvm.inline_asm(
-        None, [Int32(dst).ir_value(loc=loc, ip=ip), Int64(src).ir_value(loc=loc, ip=ip),
-               Int32(src_size).ir_value(loc=loc, ip=ip)],
-        f"cp.async.{mode}.shared.global [$0], [$1], {size}, $2;", "r,l,r", has_side_effects=True,
-        is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip)
 
 
 def _prmt(a, b, selector: int):

@@ -1,0 +1,22 @@
+"""cp.async (sm80+) as one inline-asm op, shared by the kernels that stream global memory through a shared
+ring (`decode_attention_int8kv.py`, `w4a16_decode_gemm.py`). Groups: `cute.arch.cp_async_commit_group` /
+`cp_async_wait_group`.
+"""
+
+from __future__ import annotations
+
+from cutlass import Int32, Int64
+from cutlass._mlir.dialects import llvm
+from cutlass.cutlass_dsl import dsl_user_op
+
+
+@dsl_user_op
+def cp_async(dst, src, size: int, src_size, *, loc=None, ip=None):
+    """cp.async of `size` bytes from global address `src` (Int64) to shared address `dst` (Int32), of which
+    the first `src_size` are read and the rest zero-filled (0: nothing is read, `src` may be out of bounds)."""
+    mode = "cg" if size == 16 else "ca"
+    llvm.inline_asm(
+        None, [Int32(dst).ir_value(loc=loc, ip=ip), Int64(src).ir_value(loc=loc, ip=ip),
+               Int32(src_size).ir_value(loc=loc, ip=ip)],
+        f"cp.async.{mode}.shared.global [$0], [$1], {size}, $2;", "r,l,r", has_side_effects=True,
+        is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip)
