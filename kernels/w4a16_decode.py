@@ -323,6 +323,9 @@ def _compile(key: _Key):
 
     from .cute.w4a16_decode_gemm import W4A16DecodeGemm
 
+    if key.stages != ring_stages(key.fmt, key.m_max, key.stages):
+        raise ValueError(f"no W4A16 decode GEMM with a {key.stages}-step ring at M <= {key.m_max} ({key.fmt}): "
+                         f"`ring_stages` gives {ring_stages(key.fmt, key.m_max, key.stages)}")
     kernel = W4A16DecodeGemm(dt, key.fmt, key.m_max // 8, key.split, key.bias, row_tiles(key.m_max), WARPS_N,
                              WARPS_K, key.stages)
     x = cute.runtime.make_fake_tensor(Int32, (sym(), sym()), (sym64(divisibility=4), 1), assumed_align=16)

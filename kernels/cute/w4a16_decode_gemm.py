@@ -53,19 +53,32 @@ MAX_GROUPS = 2  # 8 x rows each: M <= 16
 PIECE = 16  # bytes of one cp.async / ld.shared.v4
 
 
-def ring_offsets(fmt: str, groups: int, row_tiles: int) -> tuple[int, int, int]:
-    """(block-scale words, x pieces, slot end): byte offsets in one warp's ring slot. A slot is the warp's step
-    lane-major: weight piece p (row r = p // 2, half p % 2 of its 32-byte chunk) of lane L at 512 p + 16 L, then
-    block-scale word r (nvfp4) of lane L at 128 r + 4 L, then x piece p of group gi (16 bytes of the lane's x
-    chunk) at 512 (gi * pieces + p) + 16 L."""
-    scales = 2 * row_tiles * (CHUNK_WORDS * 4 // PIECE) * 32 * PIECE
-    x = scales + (2 * row_tiles * 32 * 4 if fmt == "nvfp4" else 0)
-    return scales, x, x + groups * (CODES_PER_CHUNK[fmt] * 2 // PIECE) * 32 * PIECE
+class RingSlot:
+    """One warp's step in its shared ring, lane-major: each 16-byte piece of every lane's step (weight row r's
+    32-byte chunk in halves h, then each group's x chunk in 16-byte pieces) is a 512-byte row of the slot with
+    lane L at 16 L, and the block-scale words (nvfp4) a 128-byte row with lane L at 4 L. A quarter warp's 16-byte
+    access (or a warp's 4-byte one) covers 32 banks once. Offsets in bytes from the slot's start."""
+
+    def __init__(self, fmt: str, groups: int, row_tiles: int):
+        self.halves = CHUNK_WORDS * 4 // PIECE
+        self.x_pieces = CODES_PER_CHUNK[fmt] * 2 // PIECE  # a group's x chunk: 64 (32) 16-bit values
+        self.scales_at = 2 * row_tiles * self.halves * 32 * PIECE
+        self.x_at = self.scales_at + (2 * row_tiles * 32 * 4 if fmt == "nvfp4" else 0)
+        self.bytes = self.x_at + groups * self.x_pieces * 32 * PIECE
+
+    def weight(self, r, h, lane):
+        return (self.halves * r + h) * (32 * PIECE) + lane * PIECE
+
+    def scale(self, r, lane):
+        return self.scales_at + r * (32 * 4) + lane * 4
+
+    def x(self, gi, p, lane):
+        return self.x_at + (gi * self.x_pieces + p) * (32 * PIECE) + lane * PIECE
 
 
 def ring_bytes(fmt: str, groups: int, row_tiles: int, warps: int, stages: int) -> int:
     """Shared memory of the cp.async ring (`stages` slots a warp; 0: no ring)."""
-    return warps * stages * ring_offsets(fmt, groups, row_tiles)[2]
+    return warps * stages * RingSlot(fmt, groups, row_tiles).bytes
 
 
 def decode_exponent(is_f16: bool) -> int:
@@ -204,7 +217,7 @@ class W4A16DecodeGemm:
 
     Load path. stages 0: each lane loads its step (its 2 ROW_TILES rows x 32 bytes of weights, their block
     scales, its x chunk of each group) straight into registers, two alternating register sets (one step in
-    flight). stages >= 2: a ring of `stages` steps per warp in shared memory (`ring_offsets`), filled by
+    flight). stages >= 2: a ring of `stages` steps per warp in shared memory (`RingSlot`), filled by
     16-byte cp.async (4-byte for the scales; src-size 0 zero-fills chunks past the range, rows past N, x
     rows past M), `stages` - 1 steps in flight per warp with no registers held; a step is read back into one
     register set with 16-byte ld.shared just before its MMAs. Each lane reads only what it copied itself, and
@@ -230,6 +243,7 @@ class W4A16DecodeGemm:
         self.x_words = CODES_PER_CHUNK[fmt] // 2
         self.acc_size = row_tiles * groups * 4
         self.stages = stages
+        self.slot = RingSlot(fmt, groups, row_tiles)
 
     @cute.jit
     def __call__(self, mX: cute.Tensor, mW: cute.Tensor, mBlock: Optional[cute.Tensor], mScale: cute.Tensor,
@@ -341,7 +355,7 @@ class W4A16DecodeGemm:
         stages = self.stages
         lane = cute.arch.lane_idx()
         t = lane % LANES_K
-        slot_bytes = ring_offsets(self.fmt, self.groups, self.row_tiles)[2]
+        slot_bytes = self.slot.bytes
         pieces = self.warps_n * self.warps_k * stages * slot_bytes // PIECE
         sPiece = storage.sRed.get_tensor(cute.make_layout((PIECE // 4, pieces), stride=(1, PIECE // 4)), dtype=Int32)
         sWord = storage.sRed.get_tensor(cute.make_layout((pieces * PIECE // 4,)), dtype=Int32)
@@ -381,28 +395,25 @@ class W4A16DecodeGemm:
         range, past N, past M."""
         lane = cute.arch.lane_idx()
         g = lane // LANES_K
-        scales_at, x_at, _ = ring_offsets(self.fmt, self.groups, self.row_tiles)
         k_size = Int32(PIECE) if c < c_end else Int32(0)
         w_row = Int64(mW.layout.stride[0]) * 4
         for r in cutlass.range_constexpr(2 * self.row_tiles):
             n = row0 + (r // 2) * TILE_ROWS + (r % 2) * 8 + g
             size = k_size if n < n_rows else Int32(0)
             src = mW.iterator.toint() + Int64(cutlass.min(n, n_rows - 1)) * w_row + Int64(c) * (CHUNK_WORDS * 4)
-            for h in cutlass.range_constexpr(CHUNK_WORDS * 4 // PIECE):
-                cp_async(slot + (2 * r + h) * (32 * PIECE) + lane * PIECE, src + h * PIECE, PIECE, size)
+            for h in cutlass.range_constexpr(self.slot.halves):
+                cp_async(slot + self.slot.weight(r, h, lane), src + h * PIECE, PIECE, size)
             if const_expr(self.fmt == "nvfp4"):
                 s_src = mBlock.iterator.toint() + (Int64(cutlass.min(n, n_rows - 1)) * Int64(mBlock.layout.stride[0])
                                                    + Int64(c)) * 4
-                cp_async(slot + scales_at + r * 128 + lane * 4, s_src, 4, size // (PIECE // 4))
+                cp_async(slot + self.slot.scale(r, lane), s_src, 4, size // (PIECE // 4))
         x_row = Int64(mX.layout.stride[0]) * 4
-        x_pieces = self.x_words * 4 // PIECE
         for gi in cutlass.range_constexpr(self.groups):
             m = gi * 8 + g
             size = k_size if m < m_rows else Int32(0)
             src = mX.iterator.toint() + Int64(cutlass.min(m, m_rows - 1)) * x_row + Int64(c) * (self.x_words * 4)
-            for p in cutlass.range_constexpr(x_pieces):
-                cp_async(slot + x_at + (gi * x_pieces + p) * (32 * PIECE) + lane * PIECE, src + p * PIECE, PIECE,
-                         size)
+            for p in cutlass.range_constexpr(self.slot.x_pieces):
+                cp_async(slot + self.slot.x(gi, p, lane), src + p * PIECE, PIECE, size)
 
     @cute.jit
     def read_step(self, sPiece: cute.Tensor, sWord: cute.Tensor, slot: Int32, rW: cute.Tensor, rS: cute.Tensor,
@@ -410,19 +421,15 @@ class W4A16DecodeGemm:
         """The lane's step from the ring slot `slot` bytes in, into the registers `load_step` fills: 16-byte
         ld.shared (the scales 4-byte), each quarter warp on 128 contiguous bytes."""
         lane = cute.arch.lane_idx()
-        scales_at, x_at, _ = ring_offsets(self.fmt, self.groups, self.row_tiles)
-        first = slot // PIECE + lane
-        halves = CHUNK_WORDS * 4 // PIECE
         for r in cutlass.range_constexpr(2 * self.row_tiles):
-            for h in cutlass.range_constexpr(halves):
-                cute.autovec_copy(sPiece[None, first + (halves * r + h) * 32],
+            for h in cutlass.range_constexpr(self.slot.halves):
+                cute.autovec_copy(sPiece[None, (slot + self.slot.weight(r, h, lane)) // PIECE],
                                   cute.local_tile(rW[None, r], (PIECE // 4,), (h,)))
             if const_expr(self.fmt == "nvfp4"):
-                rS[r] = sWord[(slot + scales_at) // 4 + r * 32 + lane]
-        x_pieces = self.x_words * 4 // PIECE
+                rS[r] = sWord[(slot + self.slot.scale(r, lane)) // 4]
         for gi in cutlass.range_constexpr(self.groups):
-            for p in cutlass.range_constexpr(x_pieces):
-                cute.autovec_copy(sPiece[None, first + x_at // PIECE + (gi * x_pieces + p) * 32],
+            for p in cutlass.range_constexpr(self.slot.x_pieces):
+                cute.autovec_copy(sPiece[None, (slot + self.slot.x(gi, p, lane)) // PIECE],
                                   cute.local_tile(rX[None, gi], (PIECE // 4,), (p,)))
 
     @cute.jit
