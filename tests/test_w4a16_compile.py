@@ -73,7 +73,7 @@ key = w.keys(torch.bfloat16, sys.argv[1], 8, False, False, "sm_90a", int(sys.arg
 assert key.stages == int(sys.argv[2]), key
 ptx = w.compiled(key).__ptx__
 ops = ("ld.global", "ld.shared", "cp.async", "mul.", "fma.", "add.", "mma.")
-lines = [l.split()[0] for l in ptx.splitlines() if l.strip().startswith(ops)]
+lines = [l.split()[0].rstrip(";") for l in ptx.splitlines() if l.strip().startswith(ops)]
 print(" ".join(sorted(set(lines))))
 """
 
