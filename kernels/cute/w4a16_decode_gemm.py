@@ -19,7 +19,8 @@ is free as long as W and x agree: each lane feeds its own chunk's codes into its
 (sharing x through L1) times WARPS_K slices of the CTA's K range, added through shared memory at the
 end; grid y splits K further (fp32 partials, `w4a16_splitk_reduce.py`).
 
-Decode, exact (checked bit for bit in the CPU tests' emulation, `w4a16_decode.decode_pairs`):
+Decode, exact (checked bit for bit by the CPU tests' emulation, `w4a16_decode.decode_nvfp4_words` and
+`decode_int8_words`):
 - NVFP4 pair (code j, code j + 4) of a word -> one bf16x2 (f16x2) register: the magnitude bits land on
   the 16-bit format's low exponent bits and top mantissa bit with one shift of the word (both codes at
   once: they are 16 bits apart), the signs with one shift of the word's sign bits, one lop3 merges them:
