@@ -11,11 +11,29 @@ from torch import Tensor
 
 ALIGN_BYTES = 16  # what our kernels and FA4 assume of a tensor's start and of its outer strides
 HALF_DTYPES = (torch.float16, torch.bfloat16)  # what our CUDA kernels, FA4 and cuDNN SDPA take
+FP4_DTYPES = tuple(d for d in (torch.uint8, getattr(torch, "float4_e2m1fn_x2", None)) if d is not None)
+NVFP4_BLOCK = 16  # inputs per e4m3 block scale
 
 
 def dtype_name(dtype: torch.dtype) -> str:
     """"bfloat16" for torch.bfloat16: how our messages name a dtype."""
     return str(dtype).removeprefix("torch.")
+
+
+def nvfp4_operands(w_fp4: Tensor, w_block_scale: Tensor, w_global_scale: Tensor) -> tuple[int, int]:
+    """(N, K) of an NVFP4 weight given to one of our matmul adapters, after checking its operands (ValueError):
+    w_fp4 [N, K/2] uint8 (or float4_e2m1fn_x2), w_block_scale float8_e4m3fn [N, K/16], one float32 global scale."""
+    if w_fp4.dim() != 2 or w_fp4.dtype not in FP4_DTYPES:
+        raise ValueError(f"nvfp4 weights are uint8 [N, K/2], got {w_fp4.dim()}-D {w_fp4.dtype}")
+    n, k = w_fp4.shape[0], 2 * w_fp4.shape[1]
+    groups = k // NVFP4_BLOCK
+    if w_block_scale.dtype != torch.float8_e4m3fn or tuple(w_block_scale.shape) != (n, groups):
+        raise ValueError(f"nvfp4 block scales are float8_e4m3fn [{n}, {groups}], got {w_block_scale.dtype} "
+                         f"{list(w_block_scale.shape)}")
+    if w_global_scale.numel() != 1 or w_global_scale.dtype != torch.float32:
+        raise ValueError(f"the nvfp4 global scale is a float32 0-d tensor, got {w_global_scale.dtype} "
+                         f"{list(w_global_scale.shape)}")
+    return n, k
 
 
 def empty_bhsd(b, h, s, d, *, dtype: torch.dtype, device, zero: bool = False) -> Tensor:

@@ -284,14 +284,7 @@ def quantize(x2d: Tensor, global_scale: Tensor | None = None) -> tuple[Tensor, T
 
 
 def _check(x2d: Tensor, w_fp4: Tensor, w_block_scale: Tensor, w_global_scale: Tensor) -> tuple[int, int]:
-    if w_fp4.dim() != 2 or w_fp4.dtype not in (torch.uint8, FP4X2):
-        raise ValueError(f"nvfp4 weights are uint8 [N, K/2], got {w_fp4.dim()}-D {w_fp4.dtype}")
-    n, k = w_fp4.shape[0], 2 * w_fp4.shape[1]
-    if w_block_scale.dtype != torch.float8_e4m3fn or tuple(w_block_scale.shape) != (n, k // BLOCK):
-        raise ValueError(f"nvfp4 block scales are float8_e4m3fn [{n}, {k // BLOCK}], got {w_block_scale.dtype} "
-                         f"{list(w_block_scale.shape)}")
-    if w_global_scale.numel() != 1 or w_global_scale.dtype != torch.float32:
-        raise ValueError("the nvfp4 global scale is one float32 element")
+    n, k = layout.nvfp4_operands(w_fp4, w_block_scale, w_global_scale)
     if x2d.dim() != 2 or x2d.shape[1] != k:
         raise ValueError(f"x must be [M, {k}], got {list(x2d.shape)}")
     reason = unsupported_reason(x2d, n, k)

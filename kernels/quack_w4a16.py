@@ -40,7 +40,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from . import prepared_weights, switches
+from . import layout, prepared_weights, switches
 
 log = logging.getLogger("fa4_inductor.kernels")
 
@@ -48,7 +48,6 @@ FORMATS = ("int8", "nvfp4")
 K_TILE = 64  # quack's W4A16 k-tile: K must be a multiple of it (both formats)
 INT8_ROWS = 64  # quack's int8 repack takes weights of a multiple of 64 rows and does not pad them
 NVFP4_ROWS = 128  # quack's Nvfp4.prepare pads rows to a multiple of 128; so do we
-FP4_DTYPES = tuple(d for d in (torch.uint8, getattr(torch, "float4_e2m1fn_x2", None)) if d is not None)
 
 
 @functools.cache
@@ -216,26 +215,13 @@ def prepare_nvfp4(w_fp4: Tensor, w_block_scale: Tensor, w_global_scale: Tensor) 
             prepared_weights.get(w_global_scale, "quack_nvfp4_global_scale", lambda: float(w_global_scale)))
 
 
-def _check_nvfp4(w_fp4: Tensor, w_block_scale: Tensor, w_global_scale: Tensor) -> tuple[int, int]:
-    if w_fp4.dim() != 2 or w_fp4.dtype not in FP4_DTYPES:
-        raise ValueError(f"nvfp4 weights are uint8 [N, K/2], got {w_fp4.dim()}-D {w_fp4.dtype}")
-    n, k = w_fp4.shape[0], 2 * w_fp4.shape[1]
-    if w_block_scale.dtype != torch.float8_e4m3fn or tuple(w_block_scale.shape) != (n, k // 16):
-        raise ValueError(f"nvfp4 block scales are float8_e4m3fn [{n}, {k // 16}], got {w_block_scale.dtype} "
-                         f"{list(w_block_scale.shape)}")
-    if w_global_scale.numel() != 1 or w_global_scale.dtype != torch.float32:
-        raise ValueError(f"the nvfp4 global scale is a float32 0-d tensor, got {w_global_scale.dtype} "
-                         f"{list(w_global_scale.shape)}")
-    return n, k
-
-
 _NVFP4_GEOMETRIES: set = set()
 
 
 def nvfp4_matmul(x2d: Tensor, w_fp4: Tensor, w_block_scale: Tensor, w_global_scale: Tensor) -> Tensor:
     """x2d [M, K] bf16 @ dequant(w)^T -> [M, N] bf16, w as the module docstring says. Callers ask
     `unsupported_reason(x2d, "nvfp4", N, K)` first."""
-    n, k = _check_nvfp4(w_fp4, w_block_scale, w_global_scale)
+    n, k = layout.nvfp4_operands(w_fp4, w_block_scale, w_global_scale)
     reason = unsupported_reason(x2d, "nvfp4", n, k)
     if reason is not None:
         raise ValueError(reason)

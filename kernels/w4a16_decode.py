@@ -61,7 +61,7 @@ FORMATS = ("nvfp4", "int8")
 DTYPES = layout.HALF_DTYPES
 M_BUCKETS = (8, 16)
 MAX_M = M_BUCKETS[-1]
-ALIGN_BYTES = 16
+ALIGN_BYTES = layout.ALIGN_BYTES
 CHUNK_VALUES = {"nvfp4": 64, "int8": 32}  # weights per 32-byte chunk of a row
 K_MULTIPLE = 16
 WARPS_N = 2
@@ -70,7 +70,6 @@ MIN_STEPS = 2  # steps (4 chunks a row) per warp in a split
 MAX_SPLITS = 32
 STAGES = 0  # load path: 0 registers; >= 2 a cp.async ring that deep (until measured on the H200, registers)
 SMEM_LIMIT = 227 * 1024  # sm90's shared memory a CTA can opt into (the CTA is alone on its SM)
-FP4_DTYPES = tuple(d for d in (torch.uint8, getattr(torch, "float4_e2m1fn_x2", None)) if d is not None)
 
 
 _name = layout.dtype_name
@@ -409,14 +408,7 @@ def nvfp4_matmul(x2d: Tensor, w_fp4: Tensor, w_block_scale: Tensor, w_global_sca
                  splits: Optional[int] = None, stages: Optional[int] = None) -> Tensor:
     """x2d [M, K] @ dequant(w)^T -> [M, N] in x's dtype (module docstring). `splits` overrides `num_splits`,
     `stages` the configured load path (tests, tuning)."""
-    if w_fp4.dim() != 2 or w_fp4.dtype not in FP4_DTYPES:
-        raise ValueError(f"nvfp4 weights are uint8 [N, K/2], got {w_fp4.dim()}-D {w_fp4.dtype}")
-    n, k = w_fp4.shape[0], 2 * w_fp4.shape[1]
-    if w_block_scale.dtype != torch.float8_e4m3fn or tuple(w_block_scale.shape) != (n, k // 16):
-        raise ValueError(f"nvfp4 block scales are float8_e4m3fn [{n}, {k // 16}], got {w_block_scale.dtype} "
-                         f"{list(w_block_scale.shape)}")
-    if w_global_scale.numel() != 1 or w_global_scale.dtype != torch.float32:
-        raise ValueError("the nvfp4 global scale is one float32 element")
+    n, k = layout.nvfp4_operands(w_fp4, w_block_scale, w_global_scale)
     _check(x2d, "nvfp4", n, k, w_fp4, w_block_scale, w_global_scale)
     words, pairs = prepare_nvfp4(w_fp4, w_block_scale)
     return _run("nvfp4", x2d, words, pairs, w_global_scale.reshape(1), None, n, k, splits, stages)
