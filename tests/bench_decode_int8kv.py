@@ -3,7 +3,7 @@ our bf16 kernel (`decode`) and cuDNN SDPA (`sdpa_cudnn`) on the same cache in bf
 
     python tests/bench_decode_int8kv.py                 # b1 / b8 / b64 x 4k / 32k / 128k keys, hq32 hkv8, d128 and d64
     python tests/bench_decode_int8kv.py --b 1 --sk 32768 --splits 24
-    python tests/bench_decode_int8kv.py --sweep         # the int8 kernel's split counts x shared-memory budgets
+    python tests/bench_decode_int8kv.py --sweep [--d 64]   # the int8 kernel's split counts x shared-memory budgets
 
 One query token, bf16 q, no causal mask (it hides nothing at Sq = 1). Medians of CUDA-graph replays
 (`bench.gpu_ms`; caches up to ~40 MB stay in L2 across replays, as in `bench_decode.py`). GB/s counts each
@@ -82,11 +82,14 @@ def line(r) -> str:
             f"max|diff| vs bf16 {r['max_abs_diff_vs_bf16']:.2e}")
 
 
-def sweep():
+def sweep(head_dim=None):
     """The int8 kernel alone: split counts around the heuristic's x shared-memory budgets (ring depth; 220 KB
-    leaves one CTA per SM): the data to re-derive `decode_int8kv.CTAS_PER_SM` and the default budget."""
+    leaves one CTA per SM): the data to re-derive `decode_int8kv.CTAS_PER_SM` and the default budget. `head_dim`
+    keeps the shapes of that head dim only."""
     sms = decode._num_sms(torch.cuda.current_device())
     for b, sk, d in SWEEP_SHAPES:
+        if head_dim not in (None, d):
+            continue
         q, k8, v8, ks, vs, kb, vb = make_cache(b, sk, 32, 8, d)
         del kb, vb
         n1 = decode.num_splits(b, 8, 1, 4, sk, d, sms)
@@ -125,7 +128,7 @@ def main():
     args = parser.parse_args()
     print(f"{torch.cuda.get_device_name()}  torch {torch.__version__}")
     if args.sweep:
-        sweep()
+        sweep(args.d)
         return
     shapes = [(b, sk, d) for b, sk, d in SHAPES if (args.b or b) == b and (args.sk or sk) == sk and (args.d or d) == d]
     if args.b and args.sk and not shapes:

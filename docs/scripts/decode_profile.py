@@ -1,0 +1,88 @@
+"""Where a compiled decode step of the Llama-1B-shaped model goes on the GPU, under our backend: wall ms per step
+against the summed kernel time per step (a gap means host-bound steps, e.g. skipped CUDA graphs), the CUDA-graph
+skips Inductor counted, and the kernels that take the most time.
+
+    python docs/scripts/decode_profile.py nvfp4    # batch 1, 4k prompt: torchao NVFP4 weights against bf16
+    python docs/scripts/decode_profile.py int8kv   # batch 8 x 32k cache: Int8StaticCache against StaticCache
+"""
+import sys
+import time
+
+import torch
+import torch.nn as nn
+from torch._dynamo.utils import counters
+from torch.profiler import ProfilerActivity, profile
+
+from fa4_inductor.bench import int8_kv, models, quant
+from fa4_inductor.hf import cache_keyword
+
+STEPS = 8
+
+
+def step_fn(model, cache, batch, filled):
+    kwargs = {cache_keyword(model): cache}
+
+    def step(token, position):
+        return model(token, position_ids=position, **kwargs, use_cache=True).logits[:, -1]
+
+    token = torch.randint(0, model.config.vocab_size, (batch, 1), device="cuda")
+    position = torch.full((batch, 1), filled, device="cuda")
+    return step, token, position
+
+
+def report(label, model, cache, batch, filled):
+    torch._dynamo.reset()
+    counters.clear()
+    step, token, position = step_fn(model, cache, batch, filled)
+    compiled = torch.compile(step, backend=quant.ours_backend(), mode="reduce-overhead", fullgraph=True)
+    with torch.no_grad():
+        for _ in range(4):
+            compiled(token.clone(), position.clone())
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        for _ in range(STEPS):
+            compiled(token.clone(), position.clone())
+        torch.cuda.synchronize()
+        wall = (time.perf_counter() - start) / STEPS * 1e3
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(STEPS):
+                compiled(token.clone(), position.clone())
+            torch.cuda.synchronize()
+    rows = [e for e in prof.key_averages() if e.device_time_total > 0]
+    rows.sort(key=lambda e: -e.device_time_total)
+    busy = sum(e.device_time_total for e in rows) / STEPS / 1e3
+    print(f"==== {label}: {wall:.3f} ms/step wall, {busy:.3f} ms/step of kernels; "
+          f"cudagraph skips {counters['inductor']['cudagraph_skips']}")
+    for e in rows[:18]:
+        print(f"  {e.device_time_total / STEPS:8.1f} us/step {e.count / STEPS:6.1f}/step  {e.key[:110]}")
+
+
+def nvfp4(prompt=4096):
+    from torchao.quantization import quantize_
+    from transformers import StaticCache
+
+    for weights in ("nvfp4", "bf16"):
+        torch.manual_seed(0)
+        model = models.llama("sdpa", "cuda", torch.bfloat16)
+        if weights == "nvfp4":
+            quantize_(model, quant._nvfp4_weight_only_config(),
+                      filter_fn=lambda m, fqn: isinstance(m, nn.Linear) and "lm_head" not in fqn)
+        cache = StaticCache(config=model.config, max_cache_len=prompt + 64)
+        report(f"{weights} weights, batch 1, position {prompt}", model, cache, 1, prompt)
+        del model, cache
+        torch.cuda.empty_cache()
+
+
+def int8kv(batch=8, capacity=32768):
+    torch.manual_seed(0)
+    model = models.llama("sdpa", "cuda", torch.bfloat16)
+    for kind in int8_kv.CACHES:
+        filled = capacity - 64
+        cache = int8_kv.filled_cache(model, kind, batch, capacity, filled, "cuda")
+        report(f"{kind} cache, batch {batch} x {capacity}", model, cache, batch, filled)
+        del cache
+        torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    {"nvfp4": nvfp4, "int8kv": int8kv}[sys.argv[1]]()
