@@ -34,6 +34,8 @@ def report(label, model, cache, batch, filled):
     torch._dynamo.reset()
     counters.clear()
     step, token, position = step_fn(model, cache, batch, filled)
+    with torch.no_grad():
+        step(token, position)  # an eager step first: a StaticCache allocates its tensors on first use
     compiled = torch.compile(step, backend=quant.ours_backend(), mode="reduce-overhead", fullgraph=True)
     with torch.no_grad():
         for _ in range(4):
