@@ -1,0 +1,100 @@
+"""Registers and inner-loop instruction mix of our CuTe DSL kernels, on a CPU (no GPU needed): compiles one variant
+for sm_90a with the DSL keeping its cubin, reads the register count from the cubin's `.nv.info` (EIATTR_REGCOUNT),
+and, when `nvdisasm` is found (NVDISASM or PATH; the `nvidia-cuda-nvdisasm` wheel has one), counts the
+instructions of every loop (a backward branch) by opcode, with the number of MMAs, so the instructions per MMA
+can be compared between versions of a kernel.
+
+    python docs/scripts/sass_stats.py w4a16 nvfp4 8          # main W4A16 GEMM, M bucket 8, bf16 x, unsplit
+    python docs/scripts/sass_stats.py int8kv 64              # int8-KV decode attention, head dim 64, group 4, split
+"""
+import collections
+import glob
+import os
+import re
+import shutil
+import struct
+import subprocess
+import sys
+import tempfile
+
+import torch
+
+EIATTR_REGCOUNT = 0x2F
+
+
+def compile_variant(argv):
+    if argv[0] == "w4a16":
+        from fa4_inductor.kernels import w4a16_decode as w4
+
+        w4.compiled(w4._Key("main", torch.bfloat16, argv[1], int(argv[2]), False, False, "sm_90a"))
+    elif argv[0] == "int8kv":
+        from fa4_inductor.kernels import decode_int8kv
+
+        decode_int8kv.compiled(decode_int8kv._key(torch.bfloat16, int(argv[1]), 4, False, False, False, True, False,
+                                                  "sm_90a"))
+    else:
+        raise SystemExit(__doc__)
+
+
+def sections(data: bytes):
+    """(name, offset, size) of each section of an ELF64 file."""
+    shoff = struct.unpack_from("<Q", data, 0x28)[0]
+    entsize, count, names_index = struct.unpack_from("<HHH", data, 0x3A)
+    headers = [struct.unpack_from("<IIQQQQIIQQ", data, shoff + i * entsize) for i in range(count)]
+    names = headers[names_index][4]
+    for h in headers:
+        yield data[names + h[0]:data.index(b"\0", names + h[0])].decode(), h[4], h[5]
+
+
+def register_counts(data: bytes) -> list[int]:
+    """EIATTR_REGCOUNT values of `.nv.info` (format 4 attributes: 2-byte size, then symbol index, value)."""
+    counts = []
+    for name, offset, size in sections(data):
+        if name != ".nv.info":
+            continue
+        body, i = data[offset:offset + size], 0
+        while i + 4 <= len(body):
+            fmt, attr = body[i], body[i + 1]
+            length = struct.unpack_from("<H", body, i + 2)[0] if fmt == 4 else 0
+            if fmt == 4 and attr == EIATTR_REGCOUNT:
+                counts.append(struct.unpack_from("<II", body, i + 4)[1])
+            i += 4 + length if fmt == 4 else 4
+    return counts
+
+
+def loops(sass: str):
+    """(instructions, opcode counter) of every loop body in nvdisasm's output."""
+    labels, code = {}, []
+    for line in sass.splitlines():
+        label = re.match(r"^(\.L_x_\d+):", line)
+        if label:
+            labels[label.group(1)] = len(code)
+        ins = re.match(r"\s*/\*[0-9a-f]{4,}\*/\s+(.*?);", line)
+        if ins:
+            code.append(ins.group(1))
+    for i, text in enumerate(code):
+        target = re.search(r"BRA\s+`\((\.L_x_\d+)\)", text)
+        if target and labels.get(target.group(1), i) < i:  # not the trailing self-branch
+            body = code[labels[target.group(1)]:i + 1]
+            yield len(body), collections.Counter(re.match(r"(?:@!?U?P\w+\s+)?([A-Z0-9_]+)", x).group(1) for x in body)
+
+
+def main():
+    dump = tempfile.mkdtemp()
+    os.environ.update(CUTE_DSL_ARCH="sm_90a", CUTE_DSL_KEEP="cubin", CUTE_DSL_DUMP_DIR=dump)
+    compile_variant(sys.argv[1:])
+    nvdisasm = os.environ.get("NVDISASM") or shutil.which("nvdisasm")
+    for path in sorted(glob.glob(os.path.join(dump, "*.cubin"))):
+        data = open(path, "rb").read()
+        print(f"{os.path.basename(path)[:90]}: registers {register_counts(data)}")
+        if nvdisasm:
+            sass = subprocess.run([nvdisasm, "-c", path], capture_output=True, text=True).stdout
+            for length, ops in loops(sass):
+                mma = sum(n for op, n in ops.items() if op.endswith("MMA"))
+                per = f", {length / mma:.1f} a MMA" if mma else ""
+                print(f"  loop of {length} instructions, {mma} MMA{per}: {ops.most_common(12)}")
+    shutil.rmtree(dump)
+
+
+if __name__ == "__main__":
+    main()
