@@ -7,7 +7,8 @@ import torch
 from torch.fx import Graph, Node
 
 from .mutations import written
-from .spellings import value
+from .records import Decline
+from .spellings import is_call, value
 
 
 class NodeMaker:
@@ -65,3 +66,23 @@ def after_definition(node: Node) -> Node:
     while after.op == "placeholder":
         after = after.next
     return after
+
+
+def decline_other_readers(checked, replaced, passthrough: tuple, what) -> None:
+    """Decline when a node of `checked` is also read by a node outside `replaced` (the rewrite would leave it
+    computed anyway). `what(node)` names it in the reason ("dequantized weight"); a reader that reaches the
+    graph's output through `passthrough` ops alone is a value a training forward saves for the backward."""
+    for node in checked:
+        others = [u for u in node.users if u not in replaced]
+        if others:
+            saved = any(_reaches_output(u, passthrough) for u in others)
+            raise Decline(f"the {what(node)} ({node.name}) is also read by {', '.join(u.name for u in others)}"
+                          + (", a graph output (a training forward saves it for the backward)" if saved else ""))
+
+
+def _reaches_output(node: Node, passthrough: tuple) -> bool:
+    while node.op != "output":
+        if not is_call(node, *passthrough) or len(node.users) != 1:
+            return False
+        node = next(iter(node.users))
+    return True

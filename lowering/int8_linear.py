@@ -45,7 +45,7 @@ from torch.fx import Node
 from ..kernels import INT8_LINEAR, int8_linear_unsupported_reason
 from ..kernels.layout import dtype_name as _name
 from .family import POST_GRAD, Context, Family
-from .graph_edit import NodeMaker, erase_dead
+from .graph_edit import NodeMaker, decline_other_readers, erase_dead
 from .records import Decline
 from .spellings import describe_operand as _describe, dtype_of as _dtype, is_call as _is
 from .spellings import is_transpose_2d as _is_transpose, same_size, shape, single_user, value
@@ -215,21 +215,9 @@ def _match_dequantized(m: Match, weight: Node, x_dtype: torch.dtype) -> None:
 def _check_sole_users(m: Match) -> None:
     """The dequantized weight (and, when scaled after, the matmul's output) is read by nothing else."""
     replaced = [*m.chain, m.matmul] + [n for n in (m.output_reshape, m.end) if n not in (None, m.matmul)]
-    for node in replaced[:-1]:
-        others = [u for u in node.users if u not in replaced]
-        if others:
-            what = "matmul's output" if node in (m.matmul, m.output_reshape) else "dequantized weight"
-            saved = any(_reaches_output(u) for u in others)
-            raise Decline(f"the {what} ({node.name}) is also read by {', '.join(u.name for u in others)}"
-                          + (", a graph output (a training forward saves it for the backward)" if saved else ""))
-
-
-def _reaches_output(node: Node) -> bool:
-    while node.op != "output":
-        if not _is(node, aten.permute.default, *RESHAPES) or len(node.users) != 1:
-            return False
-        node = next(iter(node.users))
-    return True
+    decline_other_readers(
+        replaced[:-1], replaced, (aten.permute.default, *RESHAPES),
+        lambda node: "matmul's output" if node in (m.matmul, m.output_reshape) else "dequantized weight")
 
 
 def _check_supported(m: Match) -> None:

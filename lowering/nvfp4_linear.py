@@ -51,7 +51,7 @@ from ..kernels import NVFP4_LINEAR, nvfp4_linear_rows_reason, nvfp4_linear_unsup
 from ..kernels.layout import dtype_name as _name
 from ..kernels.nvfp4_linear import BLOCK, E2M1_VALUES, blocked_index, blocked_numel
 from .family import POST_GRAD, Context, Family
-from .graph_edit import NodeMaker, erase_dead
+from .graph_edit import NodeMaker, decline_other_readers, erase_dead
 from .records import Decline
 from .spellings import describe_operand as _describe, dtype_of as _dtype, is_call as _is
 from .spellings import is_transpose_2d as _is_transpose, shape, value
@@ -352,21 +352,8 @@ def _is_packed_source(node: Node) -> bool:
 
 def _check_sole_users(m: Match) -> None:
     """The dequantized weight (the product, its reshapes and casts, its transpose) is read by nothing else."""
-    replaced = [*m.chain, m.matmul]
-    for node in m.chain:
-        others = [u for u in node.users if u not in replaced]
-        if others:
-            saved = any(u.op == "output" or _reaches_output(u) for u in others)
-            raise Decline(f"the dequantized weight ({node.name}) is also read by {', '.join(u.name for u in others)}"
-                          + (", a graph output (a training forward saves it for the backward)" if saved else ""))
-
-
-def _reaches_output(node: Node) -> bool:
-    while node.op != "output":
-        if not _is(node, aten.permute.default, *RESHAPES) or len(node.users) != 1:
-            return False
-        node = next(iter(node.users))
-    return True
+    decline_other_readers(m.chain, [*m.chain, m.matmul], (aten.permute.default, *RESHAPES),
+                          lambda node: "dequantized weight")
 
 
 def _check_supported(m: Match, w4a4: bool) -> None:
