@@ -43,6 +43,24 @@ def capture(step):
     return graph, static
 
 
+def replays(step, inputs, used, fresh_inputs, lengths):
+    """`step` (returning out, lse) captured once (`capture`), then replayed once per entry of `lengths`: before each
+    replay `fresh_inputs()` is copied into the tensors `inputs` and the entry into `used` (seqused_k); each replay
+    must equal a fresh call of `step` bit for bit (the kernels use no atomics). Yields (entry, static out, static
+    lse) after each replay, for the caller's reference check."""
+    graph, (static_out, static_lse) = capture(step)
+    for entry in lengths:
+        for t, fresh in zip(inputs, fresh_inputs()):
+            t.copy_(fresh)
+        used.copy_(torch.tensor(entry))
+        graph.replay()
+        torch.cuda.synchronize()
+        out, lse = step()
+        torch.testing.assert_close(static_out, out, rtol=0, atol=0)
+        torch.testing.assert_close(static_lse, lse, rtol=0, atol=0)
+        yield entry, static_out, static_lse
+
+
 def sm90_decode_setup(monkeypatch, *unset):
     """What each decode-kernel test starts from: skipped unless the GPU is sm90 (the kernels are built for it), the
     environment variables `unset` removed (a test that wants one sets it), torch seeded with 0."""

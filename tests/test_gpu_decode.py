@@ -15,7 +15,7 @@ import torch
 from fa4_inductor import hf
 from fa4_inductor.kernels import attention as attention_op
 from fa4_inductor.kernels import decode, reference, switches
-from gpu_helpers import assert_fa_rule, capture, eager, flags, padding_key_mask, sm90_decode_setup
+from gpu_helpers import assert_fa_rule, eager, flags, padding_key_mask, replays, sm90_decode_setup
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
@@ -230,17 +230,11 @@ def test_cuda_graph_replay_with_changing_cache_lengths(splits):
     def step():
         return decode.forward(q, k, v, used, splits=splits, **fl)
 
-    graph, (static_out, static_lse) = capture(step)
+    def fresh():
+        return make_inputs(b=3, hkv=2, group=4, sq=2, sk=4096, layout="bhsd")
 
-    for lengths in ([4096, 700, 1], [0, 4095, 2049], [33, 17, 4000]):
-        for t, fresh in zip((q, k, v), make_inputs(b=3, hkv=2, group=4, sq=2, sk=4096, layout="bhsd")):
-            t.copy_(fresh)
-        used.copy_(torch.tensor(lengths))
-        graph.replay()
-        torch.cuda.synchronize()
-        out, lse = step()
-        torch.testing.assert_close(static_out, out, rtol=0, atol=0)
-        torch.testing.assert_close(static_lse, lse, rtol=0, atol=0)
+    lengths = ([4096, 700, 1], [0, 4095, 2049], [33, 17, 4000])
+    for _, static_out, static_lse in replays(step, (q, k, v), used, fresh, lengths):
         ref_out, ref_lse = reference.attention_forward(q.double(), k.double(), v.double(), seqused_k=used, **fl)
         assert_fa_rule("out", static_out, ref_out, eager(q, k, v, used, **fl)[0])
         torch.testing.assert_close(static_lse.double(), ref_lse, rtol=0, atol=1e-3)

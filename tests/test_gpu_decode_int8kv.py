@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from fa4_inductor.kernels import decode, decode_int8kv, reference, switches
-from gpu_helpers import capture, eager, flags, padding_key_mask, sm90_decode_setup
+from gpu_helpers import eager, flags, padding_key_mask, replays, sm90_decode_setup
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
@@ -227,17 +227,12 @@ def test_cuda_graph_replay_with_changing_cache_lengths(splits):
     def step():
         return decode_int8kv.forward(q, k, v, ks, vs, used, splits=splits, **fl)
 
-    graph, (static_out, static_lse) = capture(step)
-    for lengths in ([4096, 700, 1], [0, 4095, 2049], [33, 17, 4000]):
-        for t, fresh in zip((q, k, v, ks, vs), make_inputs(b=3, hkv=2, group=4, sq=2, sk=4096)):
-            t.copy_(fresh)
-        used.copy_(torch.tensor(lengths))
-        graph.replay()
-        torch.cuda.synchronize()
-        out, lse = step()
-        torch.testing.assert_close(static_out, out, rtol=0, atol=0)
-        torch.testing.assert_close(static_lse, lse, rtol=0, atol=0)
-        check(f"graph replay {lengths}", q, k, v, ks, vs, used, splits=splits, **fl)
+    def fresh():
+        return make_inputs(b=3, hkv=2, group=4, sq=2, sk=4096)
+
+    lengths = ([4096, 700, 1], [0, 4095, 2049], [33, 17, 4000])
+    for entry, _, _ in replays(step, (q, k, v, ks, vs), used, fresh, lengths):
+        check(f"graph replay {entry}", q, k, v, ks, vs, used, splits=splits, **fl)
 
 
 def test_bench_entry_point_runs():
