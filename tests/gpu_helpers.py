@@ -1,5 +1,7 @@
-"""Helpers shared by the GPU-tier test modules: PyTorch's own attention, the FA rule, CUDA-graph capture."""
+"""Helpers shared by the GPU-tier test modules: PyTorch's own attention, the FA rule, CUDA-graph capture, and the
+setup of the decode kernels' tests (test_gpu_decode.py, test_gpu_decode_int8kv.py)."""
 
+import pytest
 import torch
 
 from fa4_inductor.kernels import reference
@@ -39,3 +41,49 @@ def capture(step):
     with torch.cuda.graph(graph, stream=side):
         static = step()
     return graph, static
+
+
+def replays(step, inputs, used, fresh_inputs, lengths):
+    """`step` (returning out, lse) captured once (`capture`), then replayed once per entry of `lengths`: before each
+    replay `fresh_inputs()` is copied into the tensors `inputs` and the entry into `used` (seqused_k); each replay
+    must equal a fresh call of `step` bit for bit (the kernels use no atomics). Yields (entry, static out, static
+    lse) after each replay, for the caller's reference check."""
+    graph, (static_out, static_lse) = capture(step)
+    for entry in lengths:
+        for t, fresh in zip(inputs, fresh_inputs()):
+            t.copy_(fresh)
+        used.copy_(torch.tensor(entry))
+        graph.replay()
+        torch.cuda.synchronize()
+        out, lse = step()
+        torch.testing.assert_close(static_out, out, rtol=0, atol=0)
+        torch.testing.assert_close(static_lse, lse, rtol=0, atol=0)
+        yield entry, static_out, static_lse
+
+
+def sm90_decode_setup(monkeypatch, *unset):
+    """What each decode-kernel test starts from: skipped unless the GPU is sm90 (the kernels are built for it), the
+    environment variables `unset` removed (a test that wants one sets it), torch seeded with 0."""
+    major, minor = torch.cuda.get_device_capability()
+    if major != 9:
+        pytest.skip(f"the decode kernel is built for sm90, not sm{major}{minor}")
+    for name in unset:
+        monkeypatch.delenv(name, raising=False)
+    torch.manual_seed(0)
+
+
+def flags(d, causal=False, softcap=0.0, scale=None):
+    """The attention flags of a call with head dim d: scale d ** -0.5 unless given, no window."""
+    return dict(scale=d ** -0.5 if scale is None else scale, causal=causal, window_left=-1, window_right=-1,
+                softcap=softcap)
+
+
+def padding_key_mask(b, sk, seed=0):
+    """A [b, sk] bool key mask on the GPU: left padding, right padding, holes and a sequence whose keys are all
+    hidden."""
+    g = torch.Generator().manual_seed(seed)
+    mask = torch.rand(b, sk, generator=g) > 0.2
+    mask[0, : sk // 3] = False
+    mask[1, sk // 2:] = False
+    mask[-1] = False
+    return mask.cuda()

@@ -128,6 +128,14 @@ def compile_and_record(fn, *args, inductor=False, **options):
     return recorder, out
 
 
+def recording_compile(fn, *, inductor=False, **compile_options):
+    """A fresh Dynamo and (Recorder, fn compiled with it as `torch.compile(fn, backend=recorder, **compile_options)`),
+    for a test that calls the compiled function more than once."""
+    torch._dynamo.reset()
+    recorder = Recorder(inductor=inductor)
+    return recorder, torch.compile(fn, backend=recorder, **compile_options)
+
+
 def assert_close_to_reference(actual, expected_fn, *args, atol=None, rtol=None):
     """`actual` matches fn(*args) computed in float64."""
     ref = expected_fn(*[a.double() if isinstance(a, torch.Tensor) and a.is_floating_point() else a for a in args])

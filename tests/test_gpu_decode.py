@@ -15,7 +15,7 @@ import torch
 from fa4_inductor import hf
 from fa4_inductor.kernels import attention as attention_op
 from fa4_inductor.kernels import decode, reference, switches
-from gpu_helpers import assert_fa_rule, capture, eager
+from gpu_helpers import assert_fa_rule, eager, flags, padding_key_mask, replays, sm90_decode_setup
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
@@ -24,12 +24,7 @@ ATTENTION = torch.ops.fa4.attention.default
 
 @pytest.fixture(autouse=True)
 def sm90(monkeypatch):
-    major, minor = torch.cuda.get_device_capability()
-    if major != 9:
-        pytest.skip(f"the decode kernel is built for sm90, not sm{major}{minor}")
-    monkeypatch.delenv(decode.DISABLE_ENV, raising=False)
-    monkeypatch.delenv(switches.DECODE_EVERYWHERE, raising=False)
-    torch.manual_seed(0)
+    sm90_decode_setup(monkeypatch, decode.DISABLE_ENV, switches.DECODE_EVERYWHERE)
 
 
 def make_inputs(dtype=torch.bfloat16, b=2, hkv=2, group=4, sq=1, sk=1000, d=128, layout="hf"):
@@ -44,11 +39,6 @@ def make_inputs(dtype=torch.bfloat16, b=2, hkv=2, group=4, sq=1, sk=1000, d=128,
         k = torch.randn(b, sk, hkv, d, dtype=dtype, device="cuda").transpose(1, 2)
         v = torch.randn(b, sk, hkv, d, dtype=dtype, device="cuda").transpose(1, 2)
     return q, k, v
-
-
-def flags(d, causal=False, softcap=0.0, scale=None):
-    return dict(scale=d ** -0.5 if scale is None else scale, causal=causal, window_left=-1, window_right=-1,
-                softcap=softcap)
 
 
 def check(q, k, v, seqused_k=None, splits=None, via_op=False, key_mask=None, kernel="decode", **fl):
@@ -104,16 +94,6 @@ def test_seqused_k_differs_across_the_batch(causal, layout, splits):
         for i, n in enumerate(used.tolist()):
             t[i, :, n:] = float("nan")
     check(q, k, v, used, splits=splits, **flags(128, causal))
-
-
-def padding_key_mask(b, sk, generator_seed=0):
-    """Left padding, right padding, holes and a sequence whose keys are all hidden."""
-    g = torch.Generator().manual_seed(generator_seed)
-    mask = torch.rand(b, sk, generator=g) > 0.2
-    mask[0, : sk // 3] = False
-    mask[1, sk // 2:] = False
-    mask[-1] = False
-    return mask.cuda()
 
 
 @pytest.mark.parametrize("causal", [False, True])
@@ -250,17 +230,11 @@ def test_cuda_graph_replay_with_changing_cache_lengths(splits):
     def step():
         return decode.forward(q, k, v, used, splits=splits, **fl)
 
-    graph, (static_out, static_lse) = capture(step)
+    def fresh():
+        return make_inputs(b=3, hkv=2, group=4, sq=2, sk=4096, layout="bhsd")
 
-    for lengths in ([4096, 700, 1], [0, 4095, 2049], [33, 17, 4000]):
-        for t, fresh in zip((q, k, v), make_inputs(b=3, hkv=2, group=4, sq=2, sk=4096, layout="bhsd")):
-            t.copy_(fresh)
-        used.copy_(torch.tensor(lengths))
-        graph.replay()
-        torch.cuda.synchronize()
-        out, lse = step()
-        torch.testing.assert_close(static_out, out, rtol=0, atol=0)
-        torch.testing.assert_close(static_lse, lse, rtol=0, atol=0)
+    lengths = ([4096, 700, 1], [0, 4095, 2049], [33, 17, 4000])
+    for _, static_out, static_lse in replays(step, (q, k, v), used, fresh, lengths):
         ref_out, ref_lse = reference.attention_forward(q.double(), k.double(), v.double(), seqused_k=used, **fl)
         assert_fa_rule("out", static_out, ref_out, eager(q, k, v, used, **fl)[0])
         torch.testing.assert_close(static_lse.double(), ref_lse, rtol=0, atol=1e-3)

@@ -17,19 +17,14 @@ import pytest
 import torch
 
 from fa4_inductor.kernels import decode, decode_int8kv, reference, switches
-from gpu_helpers import capture, eager
+from gpu_helpers import eager, flags, padding_key_mask, replays, sm90_decode_setup
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
 
 @pytest.fixture(autouse=True)
 def sm90(monkeypatch):
-    major, minor = torch.cuda.get_device_capability()
-    if major != 9:
-        pytest.skip(f"the decode kernel is built for sm90, not sm{major}{minor}")
-    monkeypatch.delenv(decode.DISABLE_ENV, raising=False)
-    monkeypatch.delenv(decode.SPLITS_ENV, raising=False)
-    torch.manual_seed(0)
+    sm90_decode_setup(monkeypatch, decode.DISABLE_ENV, decode.SPLITS_ENV)
 
 
 def quantize(x: torch.Tensor):
@@ -52,11 +47,6 @@ def make_inputs(dtype=torch.bfloat16, b=3, hkv=2, group=4, sq=1, sk=1000, d=128,
         kv += [x_q, s.contiguous()]
     k, k_scale, v, v_scale = kv
     return q, k, v, k_scale, v_scale
-
-
-def flags(d, causal=False, softcap=0.0, scale=None):
-    return dict(scale=d ** -0.5 if scale is None else scale, causal=causal, window_left=-1, window_right=-1,
-                softcap=softcap)
 
 
 def dequantized(x, scale, dtype):
@@ -136,16 +126,6 @@ def test_seqused_k_differs_across_the_batch(d, causal, layout, splits):
         ks[i, :, n:] = float("nan")
         vs[i, :, n:] = float("inf")
     check(f"seqused {layout} d{d} causal {causal}", q, k, v, ks, vs, used, splits=splits, **flags(d, causal))
-
-
-def padding_key_mask(b, sk, seed=0):
-    """Left padding, right padding, holes and a sequence whose keys are all hidden."""
-    g = torch.Generator().manual_seed(seed)
-    mask = torch.rand(b, sk, generator=g) > 0.2
-    mask[0, : sk // 3] = False
-    mask[1, sk // 2:] = False
-    mask[-1] = False
-    return mask.cuda()
 
 
 @pytest.mark.parametrize("causal", [False, True])
@@ -247,17 +227,12 @@ def test_cuda_graph_replay_with_changing_cache_lengths(splits):
     def step():
         return decode_int8kv.forward(q, k, v, ks, vs, used, splits=splits, **fl)
 
-    graph, (static_out, static_lse) = capture(step)
-    for lengths in ([4096, 700, 1], [0, 4095, 2049], [33, 17, 4000]):
-        for t, fresh in zip((q, k, v, ks, vs), make_inputs(b=3, hkv=2, group=4, sq=2, sk=4096)):
-            t.copy_(fresh)
-        used.copy_(torch.tensor(lengths))
-        graph.replay()
-        torch.cuda.synchronize()
-        out, lse = step()
-        torch.testing.assert_close(static_out, out, rtol=0, atol=0)
-        torch.testing.assert_close(static_lse, lse, rtol=0, atol=0)
-        check(f"graph replay {lengths}", q, k, v, ks, vs, used, splits=splits, **fl)
+    def fresh():
+        return make_inputs(b=3, hkv=2, group=4, sq=2, sk=4096)
+
+    lengths = ([4096, 700, 1], [0, 4095, 2049], [33, 17, 4000])
+    for entry, _, _ in replays(step, (q, k, v, ks, vs), used, fresh, lengths):
+        check(f"graph replay {entry}", q, k, v, ks, vs, used, splits=splits, **fl)
 
 
 def test_bench_entry_point_runs():

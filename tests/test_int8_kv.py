@@ -11,17 +11,17 @@ Accuracy (the bounds the README states):
   their largest magnitude (measured 0.4%).
 """
 
+import functools
+
 import expecttest
 import pytest
 import torch
-import torch.nn as nn
 
-import upstream
 from fa4_inductor.kernels import reference
-from helpers import Recorder, compile_and_record, tiny
+from helpers import Recorder, compile_and_record, recording_compile, tiny
+from kv_cache_cases import compiled_against_eager, gpt_fast_int8_cache, new_tokens
 
 OP = torch.ops.fa4.attention_int8kv.default
-B, HQ, HKV, CAPACITY, D = 2, 4, 2, 16, 16
 
 
 def quantize(x):
@@ -216,34 +216,9 @@ def test_generate_takes_the_cache():
 
 # ------------------------------------------------------------------------------------------------------ lowering
 
-class GptFastInt8CachedAttention(nn.Module):
-    """gpt-fast's cached attention (test_kv_cache.py's) over `upstream.Int8KVCache`."""
-
-    def __init__(self, dtype=torch.float32):
-        super().__init__()
-        self.kv_cache = upstream.Int8KVCache(B, HKV, CAPACITY, D)
-        self.register_buffer("causal_mask", upstream.gpt_fast_causal_mask(CAPACITY))
-        self.kv_cache.update(torch.arange(6), torch.randn(B, HKV, 6, D, dtype=dtype), torch.randn(B, HKV, 6, D, dtype=dtype))
-
-    def forward(self, q, k, v, input_pos):
-        mask = self.causal_mask[None, None, input_pos]
-        k_all, v_all = self.kv_cache.update(input_pos, k, v)
-        return upstream.gpt_fast_sdpa(q, k_all, v_all, mask, HQ // HKV)
-
-
-def new_tokens(sq, dtype=torch.float32):
-    return (torch.randn(B, HQ, sq, D, dtype=dtype), torch.randn(B, HKV, sq, D, dtype=dtype),
-            torch.randn(B, HKV, sq, D, dtype=dtype))
-
-
 class TestInt8KvLowering(expecttest.TestCase):
     def test_gpt_fast_int8_decode(self):
-        module, reference_module = GptFastInt8CachedAttention(), GptFastInt8CachedAttention()
-        reference_module.load_state_dict(module.state_dict())
-        q, k, v = new_tokens(1)
-        pos = torch.tensor([6])
-        rec, out = compile_and_record(module, q, k, v, pos)
-        torch.testing.assert_close(out, reference_module(q, k, v, pos), atol=1e-5, rtol=1e-5)
+        rec, module, reference_module = compiled_against_eager(gpt_fast_int8_cache, *new_tokens(1), torch.tensor([6]))
         for name in ("k_cache", "k_scales", "v_cache", "v_scales"):  # the writes happened, in place
             assert torch.equal(getattr(module.kv_cache, name), getattr(reference_module.kv_cache, name)), name
         self.assertIn("int8 K/V dequantization folded (float32 product)", rec.records[0].detail)
@@ -264,12 +239,7 @@ attention_out_contiguous: f32[2, 4, 1, 16] = .contiguous(attention_out)""")
 
     def test_gpt_fast_int8_prefill(self):
         """Five tokens at positions 6..10 (a chunked prefill): seqused_k = 11, checked to count up by one."""
-        module, reference_module = GptFastInt8CachedAttention(), GptFastInt8CachedAttention()
-        reference_module.load_state_dict(module.state_dict())
-        q, k, v = new_tokens(5)
-        pos = torch.arange(6, 11)
-        rec, out = compile_and_record(module, q, k, v, pos)
-        torch.testing.assert_close(out, reference_module(q, k, v, pos), atol=1e-5, rtol=1e-5)
+        rec, _, _ = compiled_against_eager(gpt_fast_int8_cache, *new_tokens(5), torch.arange(6, 11))
         self.assertExpectedInline(rec.summary, """\
 getitem: i64[4] = getitem(input_pos, 1:)
 getitem_1: i64[4] = getitem(input_pos, :-1)
@@ -296,9 +266,7 @@ attention_out_contiguous: f32[2, 4, 5, 16] = .contiguous(attention_out)""")
 
         model = tiny("llama", "sdpa").model
         keyword = hf.cache_keyword(model)
-        torch._dynamo.reset()
-        rec = Recorder()
-        compiled = torch.compile(model.forward, backend=rec, fullgraph=True)
+        rec, compiled = recording_compile(model.forward, fullgraph=True)
         ids = torch.randint(0, 128, (2, 12), generator=torch.Generator().manual_seed(3))
         got = decode(model, Int8StaticCache(config=model.config, max_cache_len=32), ids, steps=2, forward=compiled)
         expected = decode(model, Int8StaticCache(config=model.config, max_cache_len=32), ids, steps=2)
@@ -345,15 +313,10 @@ attention_out_1: f32[2, 4, 1, 16] = getitem(fa4_attention_int8kv_1, 0)""")
 def test_gpt_fast_int8_decode_in_bfloat16_under_inductor():
     """The product in bfloat16 (`k_cache.to(bf16) * k_scales[..., None].to(bf16)`): the op takes it in float32,
     within bfloat16's rounding of K/V of eager."""
-    module = GptFastInt8CachedAttention(torch.bfloat16)
-    reference_module = GptFastInt8CachedAttention(torch.bfloat16)
-    reference_module.load_state_dict(module.state_dict())
-    q, k, v = new_tokens(1, torch.bfloat16)
-    pos = torch.tensor([6])
-    rec, out = compile_and_record(module, q, k, v, pos, inductor=True)
+    rec, _, _ = compiled_against_eager(functools.partial(gpt_fast_int8_cache, torch.bfloat16),
+                                       *new_tokens(1, torch.bfloat16), torch.tensor([6]), inductor=True, atol=2e-2, rtol=0)
     assert rec.count("fa4::attention_int8kv") == 1, rec.records
     assert "int8 K/V dequantization folded (product in bfloat16)" in rec.records[0].detail
-    torch.testing.assert_close(out, reference_module(q, k, v, pos), atol=2e-2, rtol=0)
 
 
 def int8_sdpa(q, k8, ks, v8, vs):
@@ -462,9 +425,7 @@ def test_default_torch_compile_fullgraph_runs_the_cache():
 def test_symbolic_shapes_under_inductor():
     """`dynamic=True`: one graph for every batch and length, the op's fake outputs symbolic (then a batch of 1
     specializes)."""
-    torch._dynamo.reset()
-    rec = Recorder(inductor=True)
-    compiled = torch.compile(int8_sdpa, backend=rec, dynamic=True)
+    rec, compiled = recording_compile(int8_sdpa, inductor=True, dynamic=True)
     for b, s in ((2, 9), (3, 17)):
         q, k, v = int8_inputs(b=b, hq=4, hkv=4, sq=s, sk=s)
         (k8, ks), (v8, vs) = quantize(k), quantize(v)

@@ -4,38 +4,15 @@ position becomes seqused_k, the cache writes stay in place, K/V repetition is fo
 import expecttest
 import pytest
 import torch
-import torch.nn as nn
 import torch.nn.functional as F
 
 import upstream
-from helpers import Recorder, compile_and_record
-
-B, HQ, HKV, CAPACITY, D = 2, 4, 2, 16, 16
+from helpers import compile_and_record, recording_compile
+from kv_cache_cases import B, CAPACITY, D, HKV, HQ, compiled_against_eager, gpt_fast_float_cache, new_tokens
 
 
 def caches():
     return torch.randn(B, HKV, CAPACITY, D), torch.randn(B, HKV, CAPACITY, D)
-
-
-def new_tokens(sq):
-    return torch.randn(B, HQ, sq, D), torch.randn(B, HKV, sq, D), torch.randn(B, HKV, sq, D)
-
-
-class GptFastCachedAttention(nn.Module):
-    """gpt-fast's cached attention on given q, k, v (`upstream`): its KVCache written at `input_pos`, the bool
-    mask `causal_mask[None, None, input_pos]`, repeat_interleave and SDPA."""
-
-    def __init__(self):
-        super().__init__()
-        self.kv_cache = upstream.KVCache(B, HKV, CAPACITY, D)
-        for buffer in (self.kv_cache.k_cache, self.kv_cache.v_cache):
-            buffer.copy_(torch.randn(B, HKV, CAPACITY, D))
-        self.register_buffer("causal_mask", upstream.gpt_fast_causal_mask(CAPACITY))
-
-    def forward(self, q, k, v, input_pos):
-        mask = self.causal_mask[None, None, input_pos]
-        k_all, v_all = self.kv_cache.update(input_pos, k, v)
-        return upstream.gpt_fast_sdpa(q, k_all, v_all, mask, HQ // HKV)
 
 
 class TestKvCache(expecttest.TestCase):
@@ -75,12 +52,7 @@ attention_out_contiguous: f32[2, 4, 1, 16] = .contiguous(attention_out)""")
         self.assertIn("seqused_k=cache position + Sq, scale=0.25, causal=True); repeat_kv folded", detail)
 
     def test_gpt_fast_decode(self):
-        module, reference = GptFastCachedAttention(), GptFastCachedAttention()
-        reference.load_state_dict(module.state_dict())
-        q, k, v = new_tokens(1)
-        pos = torch.tensor([7])
-        rec, out = compile_and_record(module, q, k, v, pos)
-        torch.testing.assert_close(out, reference(q, k, v, pos), atol=1e-5, rtol=1e-5)
+        rec, module, reference = compiled_against_eager(gpt_fast_float_cache, *new_tokens(1), torch.tensor([7]))
         torch.testing.assert_close(module.kv_cache.k_cache, reference.kv_cache.k_cache)
         self.assertExpectedInline(rec.summary, """\
 cache_start: i64[] = getitem(input_pos, 0)
@@ -98,11 +70,7 @@ attention_out: f32[2, 4, 1, 16] = getitem(fa4_attention, 0)
 attention_out_contiguous: f32[2, 4, 1, 16] = .contiguous(attention_out)""")
 
     def test_gpt_fast_prefill_checks_positions_are_consecutive(self):
-        module, reference = GptFastCachedAttention(), GptFastCachedAttention()
-        reference.load_state_dict(module.state_dict())
-        q, k, v = new_tokens(5)
-        rec, out = compile_and_record(module, q, k, v, torch.arange(5))
-        torch.testing.assert_close(out, reference(q, k, v, torch.arange(5)), atol=1e-5, rtol=1e-5)
+        rec, _, _ = compiled_against_eager(gpt_fast_float_cache, *new_tokens(5), torch.arange(5))
         self.assertExpectedInline(rec.summary, """\
 getitem: i64[4] = getitem(input_pos, 1:)
 getitem_1: i64[4] = getitem(input_pos, :-1)
@@ -152,9 +120,7 @@ def hf_sliding_window_cache_attention(q, k_cache, v_cache, q_start, kv_start):
 def test_hf_sliding_window_cache_decode(dynamic):
     """Positions as ints: burnt in (the band moves by a constant) or symbolic (a run-time shift)."""
     k_cache, v_cache = torch.randn(B, HQ, 4, D), torch.randn(B, HQ, 4, D)
-    torch._dynamo.reset()
-    rec = Recorder()
-    compiled = torch.compile(hf_sliding_window_cache_attention, backend=rec, dynamic=dynamic)
+    rec, compiled = recording_compile(hf_sliding_window_cache_attention, dynamic=dynamic)
     for q_start, kv_start in ((9, 6), (2, 0), (12, 9)):
         q = torch.randn(B, HQ, 1, D)
         torch.testing.assert_close(compiled(q, k_cache, v_cache, q_start, kv_start),
@@ -165,10 +131,8 @@ def test_hf_sliding_window_cache_decode(dynamic):
 
 
 def test_gpt_fast_non_consecutive_positions_raise():
-    module = GptFastCachedAttention()
     q, k, v = new_tokens(3)
-    torch._dynamo.reset()
-    compiled = torch.compile(module, backend=Recorder())
+    _, compiled = recording_compile(gpt_fast_float_cache())
     compiled(q, k, v, torch.tensor([0, 1, 2]))
     with pytest.raises(RuntimeError, match="do not count up by one"):
         compiled(q, k, v, torch.tensor([0, 2, 4]))
@@ -184,9 +148,7 @@ def test_positions_outside_the_keys_are_eagers():
 
     q, _, _ = new_tokens(2)
     k_cache, v_cache = (torch.randn(B, HQ, CAPACITY, D) for _ in range(2))
-    torch._dynamo.reset()
-    rec = Recorder()
-    compiled = torch.compile(fn, backend=rec)
+    rec, compiled = recording_compile(fn)
     for offset in (3, -1, CAPACITY - 1):
         torch.testing.assert_close(compiled(q, k_cache, v_cache, torch.tensor(offset)),
                                    fn(q, k_cache, v_cache, torch.tensor(offset)), equal_nan=True)
@@ -206,9 +168,7 @@ def test_positions_written_into_the_cache_are_checked():
         return F.scaled_dot_product_attention(q, k_cache, v_cache, attn_mask=mask, enable_gqa=True)
 
     q, k, v = new_tokens(2)
-    torch._dynamo.reset()
-    rec = Recorder()
-    compiled = torch.compile(fn, backend=rec)
+    rec, compiled = recording_compile(fn)
     caches_compiled = caches()
     caches_eager = [c.clone() for c in caches_compiled]
     torch.testing.assert_close(compiled(q, k, v, *caches_compiled, torch.tensor(3), torch.tensor(3)),

@@ -83,6 +83,23 @@ def gpt_fast_sdpa(q, k, v, mask, n_rep: int):
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=0.0)
 
 
+class GptFastCachedAttention(nn.Module):
+    """gpt-fast's cached attention on given q, k, v (`Transformer.forward`'s mask and `Attention.forward` from
+    the cache update on, same source): `kv_cache` (a `KVCache` or an `Int8KVCache`) written at `input_pos`, the
+    bool mask `causal_mask[None, None, input_pos]` over its capacity, then `gpt_fast_sdpa` with K/V heads
+    repeated `n_rep` times."""
+
+    def __init__(self, kv_cache: nn.Module, n_rep: int):
+        super().__init__()
+        self.kv_cache, self.n_rep = kv_cache, n_rep
+        self.register_buffer("causal_mask", gpt_fast_causal_mask(kv_cache.k_cache.shape[2]))
+
+    def forward(self, q, k, v, input_pos):
+        mask = self.causal_mask[None, None, input_pos]
+        k_all, v_all = self.kv_cache.update(input_pos, k, v)
+        return gpt_fast_sdpa(q, k_all, v_all, mask, self.n_rep)
+
+
 class GptFastAttention(nn.Module):
     """gpt-fast's `Attention` (same source): one fused `wqkv` projection split into q, k, v of n_head and
     n_local_heads heads, [B, S, H, D] views transposed to [B, H, S, D], the KV cache (when `capacity` is given,
