@@ -8,8 +8,7 @@ FA4_INDUCTOR_DECODE_EVERYWHERE (fixed-length decode calls to our kernel, not cuD
 FA4_INDUCTOR_NO_REPLAY (FA4 launch replay off). Decode-kernel tuning: FA4_INDUCTOR_DECODE_PDL
 (0 / false / no / off: the combine kernel without programmatic dependent launch),
 FA4_INDUCTOR_DECODE_SPLITS (a fixed split count), FA4_INDUCTOR_DECODE_SMEM_KB (a CTA's shared-memory
-budget, default 100). W4A16 decode GEMM: FA4_INDUCTOR_W4A16_STAGES (its load path: 0 registers, >= 2 a
-cp.async ring that deep; default `w4a16_decode.STAGES`). Others' variables we read: CUTE_DSL_ARCH (the CuTe DSL compile target), FA4's
+budget, default 100). Others' variables we read: CUTE_DSL_ARCH (the CuTe DSL compile target), FA4's
 disk-cache pair and XDG_CACHE_HOME (`fa4.py` turns FA4's disk cache on).
 """
 
@@ -27,7 +26,6 @@ DECODE_EVERYWHERE = "FA4_INDUCTOR_DECODE_EVERYWHERE"
 DECODE_PDL = "FA4_INDUCTOR_DECODE_PDL"
 DECODE_SPLITS = "FA4_INDUCTOR_DECODE_SPLITS"
 DECODE_SMEM_KB = "FA4_INDUCTOR_DECODE_SMEM_KB"
-W4A16_STAGES = "FA4_INDUCTOR_W4A16_STAGES"
 CUTE_DSL_ARCH = "CUTE_DSL_ARCH"
 FA4_CACHE_ENABLED = "FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED"
 FA4_CACHE_DIR = "FLASH_ATTENTION_CUTE_DSL_CACHE_DIR"
@@ -43,7 +41,6 @@ class Switches(NamedTuple):
     decode_pdl: bool
     decode_splits: Optional[int]
     decode_smem_kb: int
-    w4a16_stages: Optional[int]
     cute_dsl_arch: Optional[str]
     fa4_cache_enabled_set: bool
     """FA4's disk-cache switch is set (by the user, or by `fa4.py` before importing FA4)."""
@@ -63,7 +60,6 @@ def read(env: Mapping[str, str]) -> Switches:
         decode_pdl=env.get(DECODE_PDL, "1").strip().lower() not in ("0", "false", "no", "off"),
         decode_splits=int(env[DECODE_SPLITS]) if env.get(DECODE_SPLITS) else None,
         decode_smem_kb=int(env.get(DECODE_SMEM_KB) or 100),
-        w4a16_stages=int(env[W4A16_STAGES]) if env.get(W4A16_STAGES) else None,
         cute_dsl_arch=env.get(CUTE_DSL_ARCH) or None,
         fa4_cache_enabled_set=FA4_CACHE_ENABLED in env,
         fa4_cache_dir=env.get(FA4_CACHE_DIR) or None,

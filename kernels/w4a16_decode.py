@@ -31,17 +31,11 @@ SM count, never of values, so a captured CUDA graph stays valid (see `num_splits
 to an fp32 workspace [splits, M, N] (a fresh torch allocation per call: fine under capture) reduced by a
 second kernel in a fixed order (deterministic). `tests/bench_w4a16.py --splits 1,2,4,8` sweeps the count.
 
-Load path (`stages`): 0, the default (`STAGES`), loads each step into registers, one step in flight a warp;
->= 2 streams the weights, block scales and x through a per-warp shared-memory ring of that many steps
-filled by cp.async (`stages` - 1 steps in flight, no registers held), clamped to the deepest ring that fits
-SMEM_LIMIT (`ring_stages`). FA4_INDUCTOR_W4A16_STAGES overrides the default; the matmuls' `stages` argument
-overrides both (tests, `tests/bench_w4a16.py --stages 0,2,3,4`). Ring bytes a CTA (2 x 4 warps), nvfp4 /
-int8: M <= 8 (2 row tiles a warp): 68 / 48 KB a stage (stages 2, 3: 136, 204 KB; 4 does not fit nvfp4: 272 KB
--> 3; int8 4: 192 KB); M <= 16 (1 row tile, x of both groups): 82 / 48 KB a stage (nvfp4 2: 164 KB, 3 and
-4 -> 2; int8 as above).
+Loads: each warp loads its next step straight into registers (a per-warp cp.async ring in shared memory was
+measured 1.2-2x slower on the H200 on every shape, docs/benchmarks.md session 9, and removed).
 
 Compilation: one main variant per (x dtype, format, x row groups (M <= 8, M <= 16), split or not, bias or
-not, arch, stages) and one reduce variant per (x dtype, format, bias or not, arch), kept for the process in
+not, arch) and one reduce variant per (x dtype, format, bias or not, arch), kept for the process in
 `compiled` (`cute/compile_utils.py`). Call `warmup` (or one eager call per shape) before capturing a CUDA
 graph.
 """
@@ -68,8 +62,6 @@ WARPS_N = 2
 WARPS_K = 4
 MIN_STEPS = 2  # steps (4 chunks a row) per warp in a split
 MAX_SPLITS = 32
-STAGES = 0  # load path: 0 registers; >= 2 a cp.async ring that deep (until measured on the H200, registers)
-SMEM_LIMIT = 227 * 1024  # sm90's shared memory a CTA can opt into (the CTA is alone on its SM)
 
 
 _name = layout.dtype_name
@@ -131,24 +123,6 @@ def num_splits(n: int, k_padded: int, fmt: str, m: int, num_sms: int) -> int:
     chunks = k_padded // CHUNK_VALUES[fmt]
     want = round(num_sms / row_ctas)
     return max(1, min(want, chunks // (4 * WARPS_K * MIN_STEPS), MAX_SPLITS))
-
-
-def configured_stages() -> int:
-    """The load path calls get without a `stages` argument: FA4_INDUCTOR_W4A16_STAGES, else STAGES."""
-    env = switches.current().w4a16_stages
-    return STAGES if env is None else env
-
-
-@functools.cache
-def ring_stages(fmt: str, m_max: int, requested: int) -> int:
-    """The ring depth a variant gets: 0 (registers) for `requested` < 2, else the deepest ring up to `requested`
-    whose shared memory fits SMEM_LIMIT (at least 2, which always fits)."""
-    from .cute.w4a16_decode_gemm import ring_bytes
-
-    if requested < 2:
-        return 0
-    fits = lambda s: ring_bytes(fmt, m_max // 8, row_tiles(m_max), WARPS_N * WARPS_K, s) <= SMEM_LIMIT  # noqa: E731
-    return next((s for s in range(requested, 2, -1) if fits(s)), 2)
 
 
 @functools.cache
@@ -299,7 +273,6 @@ class _Key(NamedTuple):
     split: bool  # main only
     bias: bool
     arch: str
-    stages: int = 0  # main only: the load path (`ring_stages`)
 
 
 def _compile(key: _Key):
@@ -322,11 +295,8 @@ def _compile(key: _Key):
 
     from .cute.w4a16_decode_gemm import W4A16DecodeGemm
 
-    if key.stages != ring_stages(key.fmt, key.m_max, key.stages):
-        raise ValueError(f"no W4A16 decode GEMM with a {key.stages}-step ring at M <= {key.m_max} ({key.fmt}): "
-                         f"`ring_stages` gives {ring_stages(key.fmt, key.m_max, key.stages)}")
     kernel = W4A16DecodeGemm(dt, key.fmt, key.m_max // 8, key.split, key.bias, row_tiles(key.m_max), WARPS_N,
-                             WARPS_K, key.stages)
+                             WARPS_K)
     x = cute.runtime.make_fake_tensor(Int32, (sym(), sym()), (sym64(divisibility=4), 1), assumed_align=16)
     w = cute.runtime.make_fake_tensor(Int32, (sym(), sym()), (sym64(divisibility=4), 1), assumed_align=16)
     block = cute.runtime.make_fake_tensor(Int32, (sym(), sym()), (sym64(), 1)) if nvfp4 else None
@@ -338,29 +308,26 @@ compiled = compile_utils.CompiledVariants(_compile)
 """`compiled(key)`: the variant `key` names, compiled on first use."""
 
 
-def keys(dtype: torch.dtype, fmt: str, m: int, split: bool, bias: bool, arch: str, stages: int = 0) -> list[_Key]:
-    """The variants a call runs: the main kernel (with a ring of up to `stages` steps), and the reduce kernel
-    when split."""
-    m_max = m_bucket(m)
-    main = _Key("main", dtype, fmt, m_max, split, bias and not split, arch, ring_stages(fmt, m_max, stages))
+def keys(dtype: torch.dtype, fmt: str, m: int, split: bool, bias: bool, arch: str) -> list[_Key]:
+    """The variants a call runs: the main kernel, and the reduce kernel when split."""
+    main = _Key("main", dtype, fmt, m_bucket(m), split, bias and not split, arch)
     return [main, _Key("reduce", dtype, fmt, 0, True, bias, arch)] if split else [main]
 
 
 def warmup(dtype: torch.dtype, fmt: str, m_values=M_BUCKETS, *, bias: Optional[bool] = None,
-           device: torch.device | str = "cuda", stages: Optional[int] = None) -> int:
-    """Compile every variant calls with these rows can hit (split and not; `bias` None: both; `stages` None: the
-    configured load path), outside CUDA-graph capture. Returns how many were compiled now."""
+           device: torch.device | str = "cuda") -> int:
+    """Compile every variant calls with these rows can hit (split and not; `bias` None: both), outside
+    CUDA-graph capture. Returns how many were compiled now."""
     if dtype not in DTYPES or fmt not in FORMATS:
         raise ValueError(f"the W4A16 decode GEMM does not take dtype {dtype} / format {fmt!r}")
     arch = compile_utils.target_arch(torch.device(device), off_gpu="sm_90a")
-    stages = configured_stages() if stages is None else stages
     before = len(compiled)
     for m in m_values:
         for split in (False, True):
             for b in ((False, True) if bias is None else (bool(bias),)):
                 if fmt == "nvfp4" and b:
                     continue
-                for key in keys(dtype, fmt, m, split, b, arch, stages):
+                for key in keys(dtype, fmt, m, split, b, arch):
                     compiled(key)
     return len(compiled) - before
 
@@ -371,7 +338,7 @@ def warmup(dtype: torch.dtype, fmt: str, m_values=M_BUCKETS, *, bias: Optional[b
 
 
 def _run(fmt: str, x2d: Tensor, words: Tensor, block: Optional[Tensor], scale: Tensor, bias: Optional[Tensor],
-         n: int, k: int, splits: Optional[int], stages: Optional[int]) -> Tensor:
+         n: int, k: int, splits: Optional[int]) -> Tensor:
     m = x2d.shape[0]
     kp = words.shape[1] * (8 if fmt == "nvfp4" else 4)  # codes per int32 word
     x = prepare_x(x2d, kp)
@@ -382,8 +349,7 @@ def _run(fmt: str, x2d: Tensor, words: Tensor, block: Optional[Tensor], scale: T
         splits = num_splits(n, kp, fmt, m, _num_sms(index))
     split = splits > 1
     arch = compile_utils.target_arch(device)
-    stages = configured_stages() if stages is None else stages
-    variants = [compiled(key) for key in keys(x.dtype, fmt, m, split, bias is not None, arch, stages)]
+    variants = [compiled(key) for key in keys(x.dtype, fmt, m, split, bias is not None, arch)]
     xw = x.view(torch.int32)
     with torch.cuda.device(device):
         if not split:
@@ -405,17 +371,17 @@ def _check(x2d: Tensor, fmt: str, n: int, k: int, *tensors: Optional[Tensor]) ->
 
 
 def nvfp4_matmul(x2d: Tensor, w_fp4: Tensor, w_block_scale: Tensor, w_global_scale: Tensor, *,
-                 splits: Optional[int] = None, stages: Optional[int] = None) -> Tensor:
-    """x2d [M, K] @ dequant(w)^T -> [M, N] in x's dtype (module docstring). `splits` overrides `num_splits`,
-    `stages` the configured load path (tests, tuning)."""
+                 splits: Optional[int] = None) -> Tensor:
+    """x2d [M, K] @ dequant(w)^T -> [M, N] in x's dtype (module docstring). `splits` overrides `num_splits`
+    (tests, tuning)."""
     n, k = layout.nvfp4_operands(w_fp4, w_block_scale, w_global_scale)
     _check(x2d, "nvfp4", n, k, w_fp4, w_block_scale, w_global_scale)
     words, pairs = prepare_nvfp4(w_fp4, w_block_scale)
-    return _run("nvfp4", x2d, words, pairs, w_global_scale.reshape(1), None, n, k, splits, stages)
+    return _run("nvfp4", x2d, words, pairs, w_global_scale.reshape(1), None, n, k, splits)
 
 
 def int8_matmul(x2d: Tensor, w_int8: Tensor, w_scale: Tensor, bias: Optional[Tensor] = None, *,
-                splits: Optional[int] = None, stages: Optional[int] = None) -> Tensor:
+                splits: Optional[int] = None) -> Tensor:
     """x2d [M, K] @ (w_int8 [N, K] * w_scale [N])^T (+ bias [N]) -> [M, N] in x's dtype."""
     if w_int8.dim() != 2 or w_int8.dtype != torch.int8:
         raise ValueError(f"int8 weights are int8 [N, K], got {w_int8.dim()}-D {w_int8.dtype}")
@@ -426,4 +392,4 @@ def int8_matmul(x2d: Tensor, w_int8: Tensor, w_scale: Tensor, bias: Optional[Ten
     scale = w_scale.reshape(n).to(torch.float32).contiguous()
     if bias is not None:
         bias = bias.reshape(n).to(x2d.dtype).contiguous()
-    return _run("int8", x2d, prepare_int8(w_int8), None, scale, bias, n, k, splits, stages)
+    return _run("int8", x2d, prepare_int8(w_int8), None, scale, bias, n, k, splits)

@@ -3,11 +3,6 @@ W4A16 GEMM (kernels/quack_w4a16.py), NVFP4 and int8 weights, x bf16.
 
     python tests/bench_w4a16.py                   # M = 1, 4, 16 on the shapes
     python tests/bench_w4a16.py --m 1 --shapes 8192x8192 --splits 1,2,4,8   # split-count sweep, ours only
-    python tests/bench_w4a16.py --m 1,8,16 --stages 0,2,3,4   # load-path sweep (0 registers, >= 2 cp.async ring)
-
-`--stages` and `--splits` sweep ours only (every pair when both are given; the ring depth a variant gets,
-`w4a16_decode.ring_stages`, is printed as "st3->2" when the requested one does not fit); without them the
-load path is FA4_INDUCTOR_W4A16_STAGES, else `w4a16_decode.STAGES`.
 
 Timing: each kernel is called on C copies of its weight (C copies > 2x the 50 MB L2, so every call reads its
 weight from HBM as a decode step does) inside one CUDA graph; the median over 20 replays divided by C is the
@@ -73,7 +68,7 @@ def weights(n, k, c, seed=0):
     return out
 
 
-def bench_shape(n, k, ms, splits_list=None, stages_list=None):
+def bench_shape(n, k, ms, splits_list=None):
     fp4_bytes, int8_bytes, bf16_bytes = n * k * 9 // 16, n * k + 4 * n, 2 * n * k
     c = copies(fp4_bytes)
     ws = weights(n, k, c)
@@ -81,21 +76,12 @@ def bench_shape(n, k, ms, splits_list=None, stages_list=None):
     for m in ms:
         x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
         row = {}
-        if splits_list or stages_list:
-            for s in splits_list or [None]:
-                for st in stages_list or [None]:
-                    tag = "" if s is None else f" s{s}"
-                    for fmt in w4.FORMATS:
-                        if st is not None:
-                            got = w4.ring_stages(fmt, w4.m_bucket(m), st)
-                            tag_f = tag + f" st{st}" + (f"->{got}" if got != st else "")
-                        else:
-                            tag_f = tag
-                        if fmt == "nvfp4":
-                            calls = [lambda w=w: w4.nvfp4_matmul(x, *w[:3], splits=s, stages=st) for w in ws]
-                        else:
-                            calls = [lambda w=w: w4.int8_matmul(x, w[3], w[4], splits=s, stages=st) for w in ws]
-                        row[f"ours {fmt}{tag_f}"] = (graph_us(calls), fp4_bytes if fmt == "nvfp4" else int8_bytes)
+        if splits_list:
+            for s in splits_list:
+                row[f"ours nvfp4 s{s}"] = (graph_us([lambda w=w: w4.nvfp4_matmul(x, *w[:3], splits=s) for w in ws]),
+                                           fp4_bytes)
+                row[f"ours int8 s{s}"] = (graph_us([lambda w=w: w4.int8_matmul(x, w[3], w[4], splits=s) for w in ws]),
+                                          int8_bytes)
         else:
             row["bf16"] = (graph_us([lambda w=w: F.linear(x, w) for w in wbf]), bf16_bytes)
             row["ours nvfp4"] = (graph_us([lambda w=w: w4.nvfp4_matmul(x, *w[:3]) for w in ws]), fp4_bytes)
@@ -120,7 +106,7 @@ def bench_shape(n, k, ms, splits_list=None, stages_list=None):
         for name, (us, nbytes) in row.items():
             speed = f" {base / us:4.2f}x" if base and name != "bf16" else ""
             cells.append(f"{name} {us:6.1f} us {nbytes / us / 1e6:4.2f} TB/s{speed}")
-        acc = "" if splits_list or stages_list else f"  rel err nvfp4 {e4:.1e} int8 {e8:.1e}"
+        acc = "" if splits_list else f"  rel err nvfp4 {e4:.1e} int8 {e8:.1e}"
         print(f"{n}x{k} m{m:<2} splits {splits['nvfp4']}/{splits['int8']}  " + "  |  ".join(cells) + acc, flush=True)
     del ws, wbf
     torch.cuda.empty_cache()
@@ -131,15 +117,13 @@ def main():
     p.add_argument("--m", default="1,4,16")
     p.add_argument("--shapes", default=",".join(f"{n}x{k}" for n, k in SHAPES))
     p.add_argument("--splits", default=None, help="comma list: sweep split counts (ours only)")
-    p.add_argument("--stages", default=None, help="comma list: sweep load paths, 0 registers, >= 2 ring (ours only)")
     a = p.parse_args()
     ms = [int(v) for v in a.m.split(",")]
     splits = [int(v) for v in a.splits.split(",")] if a.splits else None
-    stages = [int(v) for v in a.stages.split(",")] if a.stages else None
-    print(f"device {torch.cuda.get_device_name()}, SMs {w4._num_sms(0)}, default stages {w4.configured_stages()}")
+    print(f"device {torch.cuda.get_device_name()}, SMs {w4._num_sms(0)}")
     for shape in a.shapes.split(","):
         n, k = map(int, shape.split("x"))
-        bench_shape(n, k, ms, splits, stages)
+        bench_shape(n, k, ms, splits)
 
 
 if __name__ == "__main__":

@@ -15,8 +15,6 @@ from test_nvfp4_linear import float64_dequantized, random_nvfp4
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
-STAGES_CASES = pytest.mark.parametrize("stages", [0, 3], ids=lambda s: f"stages{s}")
-
 
 def report(name, out, ref, pytorch):
     err = (out.double() - ref).abs()
@@ -30,63 +28,60 @@ def report(name, out, ref, pytorch):
     assert err.max().item() <= 2 * pt_err + 1e-5 * scale, name
 
 
-def nvfp4_case(m, n, k, dtype, splits=None, seed=0, stages=None):
+def nvfp4_case(m, n, k, dtype, splits=None, seed=0):
     w_fp4, block, global_scale = random_nvfp4(n, k, seed=seed, device="cuda")
     x = torch.randn(m, k, dtype=dtype, device="cuda")
-    out = w4.nvfp4_matmul(x, w_fp4, block, global_scale, splits=splits, stages=stages)
+    out = w4.nvfp4_matmul(x, w_fp4, block, global_scale, splits=splits)
     assert out.shape == (m, n) and out.dtype == dtype
     wd = float64_dequantized(w_fp4, block, global_scale)
     ref = x.double() @ wd.T
     pytorch = F.linear(x, wd.to(dtype))
     used = splits or w4.num_splits(n, w4.padded_k("nvfp4", k), "nvfp4", m, w4._num_sms(0))
-    report(f"nvfp4 {str(dtype)[6:]} m{m} n{n} k{k} splits {used} stages {stages}", out, ref, pytorch)
+    report(f"nvfp4 {str(dtype)[6:]} m{m} n{n} k{k} splits {used}", out, ref, pytorch)
 
 
-def int8_case(m, n, k, dtype, bias, splits=None, seed=0, stages=None):
+def int8_case(m, n, k, dtype, bias, splits=None, seed=0):
     g = torch.Generator().manual_seed(seed)
     w_int8 = torch.randint(-128, 128, (n, k), dtype=torch.int8, generator=g).cuda()
     scale = (torch.rand(n, generator=g) / 100 + 1e-3).cuda()
     b = torch.randn(n, dtype=dtype, device="cuda") if bias else None
     x = torch.randn(m, k, dtype=dtype, device="cuda")
-    out = w4.int8_matmul(x, w_int8, scale, b, splits=splits, stages=stages)
+    out = w4.int8_matmul(x, w_int8, scale, b, splits=splits)
     wd = w_int8.double() * scale.double()[:, None]
     ref = x.double() @ wd.T + (b.double() if bias else 0)
     pytorch = F.linear(x, wd.to(dtype), b)
     used = splits or w4.num_splits(n, w4.padded_k("int8", k), "int8", m, w4._num_sms(0))
-    report(f"int8 {str(dtype)[6:]} m{m} n{n} k{k} bias {bias} splits {used} stages {stages}", out, ref, pytorch)
+    report(f"int8 {str(dtype)[6:]} m{m} n{n} k{k} bias {bias} splits {used}", out, ref, pytorch)
 
 
-@STAGES_CASES
 @pytest.mark.parametrize("m", range(1, 17))
-def test_nvfp4_every_m(m, stages):
-    nvfp4_case(m, 1000, 2064, torch.bfloat16, seed=m, stages=stages)  # N not a multiple of 16 rows, K of the chunk
+def test_nvfp4_every_m(m):
+    nvfp4_case(m, 1000, 2064, torch.bfloat16, seed=m)  # N not a multiple of 16 rows, K of the chunk
 
 
-@STAGES_CASES
 @pytest.mark.parametrize("m", range(1, 17))
-def test_int8_every_m(m, stages):
-    int8_case(m, 1000, 2064, torch.bfloat16, bias=m % 2 == 1, seed=m, stages=stages)  # N, K not multiples of 64
+def test_int8_every_m(m):
+    int8_case(m, 1000, 2064, torch.bfloat16, bias=m % 2 == 1, seed=m)  # N, K not multiples of 64
 
 
-@STAGES_CASES
 @pytest.mark.parametrize("fmt", ["nvfp4", "int8"])
 @pytest.mark.parametrize("splits", [1, 2, 7])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
-def test_forced_splits_and_dtypes(fmt, splits, dtype, stages):
+def test_forced_splits_and_dtypes(fmt, splits, dtype):
     if fmt == "nvfp4":
-        nvfp4_case(5, 333, 4096, dtype, splits=splits, seed=splits, stages=stages)
+        nvfp4_case(5, 333, 4096, dtype, splits=splits, seed=splits)
     else:
-        int8_case(5, 333, 4096, dtype, bias=True, splits=splits, seed=splits, stages=stages)
+        int8_case(5, 333, 4096, dtype, bias=True, splits=splits, seed=splits)
 
 
 @pytest.mark.parametrize("m", [1, 8, 9, 16])
-def test_ring_short_k_ranges(m):
-    """New: slices shorter than the ring (a warp with 0, 1 or 2 steps) and a tail step with lanes past the
-    range; the deepest rings that fit."""
+def test_short_k_ranges(m):
+    """Warps with 0, 1 or 2 steps of K (fewer than the two register sets a warp loads ahead) and a tail step
+    with lanes past the range."""
     for k in (64, 320, 1088):
-        nvfp4_case(m, 70, k, torch.bfloat16, seed=k, stages=4)
-        int8_case(m, 70, k, torch.float16, bias=True, seed=k, stages=4)
-    nvfp4_case(m, 333, 4096, torch.bfloat16, splits=7, seed=m, stages=4)
+        nvfp4_case(m, 70, k, torch.bfloat16, seed=k)
+        int8_case(m, 70, k, torch.float16, bias=True, seed=k)
+    nvfp4_case(m, 333, 4096, torch.bfloat16, splits=7, seed=m)
 
 
 @pytest.mark.parametrize("n, k", [(16, 16), (3, 48), (2048, 8192), (8192, 2048)])
@@ -100,23 +95,22 @@ def test_a_large_weight():
     int8_case(16, 8192, 8192, torch.bfloat16, bias=True)
 
 
-@STAGES_CASES
 @pytest.mark.parametrize("m", [1, 16])
-def test_cuda_graph_capture_and_replay(m, stages):
+def test_cuda_graph_capture_and_replay(m):
     n, k = 4096, 4096
     w_fp4, block, global_scale = random_nvfp4(n, k, device="cuda")
     w_int8 = torch.randint(-128, 128, (n, k), dtype=torch.int8, device="cuda")
     scale = torch.rand(n, device="cuda") / 100
     x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
-    w4.warmup(torch.bfloat16, "nvfp4", (m,), bias=False, stages=stages)
-    w4.warmup(torch.bfloat16, "int8", (m,), bias=False, stages=stages)
-    graph, (out4, out8) = capture(lambda: (w4.nvfp4_matmul(x, w_fp4, block, global_scale, stages=stages),
-                                           w4.int8_matmul(x, w_int8, scale, stages=stages)))
+    w4.warmup(torch.bfloat16, "nvfp4", (m,), bias=False)
+    w4.warmup(torch.bfloat16, "int8", (m,), bias=False)
+    graph, (out4, out8) = capture(lambda: (w4.nvfp4_matmul(x, w_fp4, block, global_scale),
+                                           w4.int8_matmul(x, w_int8, scale)))
     for i in range(2):
         x.copy_(torch.randn_like(x))
         graph.replay()
         torch.cuda.synchronize()
-        assert torch.equal(out4, w4.nvfp4_matmul(x, w_fp4, block, global_scale, stages=stages)), f"nvfp4 replay {i}"
-        assert torch.equal(out8, w4.int8_matmul(x, w_int8, scale, stages=stages)), f"int8 replay {i}"
+        assert torch.equal(out4, w4.nvfp4_matmul(x, w_fp4, block, global_scale)), f"nvfp4 replay {i}"
+        assert torch.equal(out8, w4.int8_matmul(x, w_int8, scale)), f"int8 replay {i}"
         wd = float64_dequantized(w_fp4, block, global_scale)
         report(f"graph nvfp4 m{m} replay {i}", out4, x.double() @ wd.T, F.linear(x, wd.to(x.dtype)))

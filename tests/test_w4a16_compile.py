@@ -23,8 +23,8 @@ def cute_dsl():
     pytest.importorskip("tvm_ffi", reason="the kernel compiles with --enable-tvm-ffi")
 
 
-def _key(kernel, dtype, fmt, m, split, bias, stages=0):
-    return w4._Key(kernel, dtype, fmt, m, split, bias, ARCH, stages)
+def _key(kernel, dtype, fmt, m, split, bias):
+    return w4._Key(kernel, dtype, fmt, m, split, bias, ARCH)
 
 
 FAST_VARIANTS = [
@@ -69,146 +69,27 @@ def test_warmup_compiles_every_variant_of_a_format(cute_dsl):
 PTX_PROBE = """
 import sys, torch
 from fa4_inductor.kernels import w4a16_decode as w
-key = w.keys(torch.bfloat16, sys.argv[1], 8, False, False, "sm_90a", int(sys.argv[2]))[0]
-assert key.stages == int(sys.argv[2]), key
+key = w.keys(torch.bfloat16, sys.argv[1], 8, False, False, "sm_90a")[0]
 ptx = w.compiled(key).__ptx__
-ops = ("ld.global", "ld.shared", "cp.async", "mul.", "fma.", "add.", "mma.")
+ops = ("ld.global", "cp.async", "mul.", "fma.", "add.", "mma.")
 lines = [l.split()[0].rstrip(";") for l in ptx.splitlines() if l.strip().startswith(ops)]
 print(" ".join(sorted(set(lines))))
 """
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("stages", [0, 3])
 @pytest.mark.parametrize("fmt", ["nvfp4", "int8"])
-def test_ptx_streams_16_byte_loads_and_keeps_subnormals(cute_dsl, fmt, stages, tmp_path):
-    """Weight and x loads are 128-bit (stages 0: straight to registers; a ring: 16-byte cp.async to shared
-    memory and 16-byte ld.shared back, no vector global load left), the products run on the tensor cores, and
-    no multiply flushes subnormals (the bf16 NVFP4 decode multiplies e2m1 0.5 as a subnormal pattern)."""
+def test_ptx_streams_16_byte_loads_and_keeps_subnormals(cute_dsl, fmt, tmp_path):
+    """Weight and x loads are 128-bit, straight to registers (no cp.async), the products run on the tensor
+    cores, and no multiply flushes subnormals (the bf16 NVFP4 decode multiplies e2m1 0.5 as a subnormal
+    pattern)."""
     env = dict(os.environ, CUTE_DSL_KEEP_PTX="1", CUTE_DSL_ARCH=ARCH)
-    out = subprocess.run([sys.executable, "-c", PTX_PROBE, fmt, str(stages)], env=env, cwd=tmp_path, check=True,
+    out = subprocess.run([sys.executable, "-c", PTX_PROBE, fmt], env=env, cwd=tmp_path, check=True,
                          capture_output=True, text=True).stdout.split()
-    if stages == 0:
-        assert "ld.global.v4.b32" in out and not any(op.startswith("cp.async") for op in out), out
-    else:
-        assert "ld.global.v4.b32" not in out, out
-        assert {"cp.async.cg.shared.global", "cp.async.commit_group", "cp.async.wait_group",
-                "ld.shared.v4.b32"} <= set(out), out
-        assert ("cp.async.ca.shared.global" in out) == (fmt == "nvfp4"), out  # the 4-byte block-scale copies
+    assert "ld.global.v4.b32" in out and not any(op.startswith("cp.async") for op in out), out
     assert not any("ftz" in op for op in out), out
     assert "fma.rn.bf16x2" in out, out
     assert any(op.startswith("mma.sync.aligned.m16n8k16") for op in out), out
-
-
-# ------------------------------------------------------------------------------- the cp.async ring (stages >= 2)
-
-# dtype, format, M bucket, split, requested stages, the ring it gets: every axis with 2 and 4 at least once
-RING_FAST = [
-    (torch.bfloat16, "nvfp4", 8, False, 2, 2),
-    (torch.float16, "int8", 16, True, 4, 4),
-]
-RING_SLOW = [
-    (torch.bfloat16, "nvfp4", 8, True, 4, 3),
-    (torch.float16, "nvfp4", 8, False, 2, 2),
-    (torch.float16, "nvfp4", 16, True, 4, 2),
-    (torch.bfloat16, "nvfp4", 16, False, 2, 2),
-    (torch.bfloat16, "int8", 8, False, 4, 4),
-    (torch.float16, "int8", 8, True, 2, 2),
-    (torch.bfloat16, "int8", 16, False, 2, 2),
-]
-
-
-def _ring_key(dtype, fmt, m, split, requested, expected):
-    key = w4.keys(dtype, fmt, m, split, False, ARCH, requested)[0]
-    assert key.stages == expected and key.m_max == m
-    return key
-
-
-@pytest.mark.parametrize("variant", RING_FAST, ids=_ids)
-def test_ring_variant_compiles(cute_dsl, variant):
-    key = _ring_key(*variant)
-    assert callable(w4.compiled(key)) and w4.compiled(key) is not w4.compiled(key._replace(stages=0))
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("variant", RING_SLOW, ids=_ids)
-def test_more_ring_variants_compile(cute_dsl, variant):
-    assert callable(w4.compiled(_ring_key(*variant)))
-
-
-def _lane_bytes(fmt, m_max):
-    """One lane's step: 2 ROW_TILES rows x 32 bytes, their block-scale words (nvfp4), x of each group."""
-    rt, groups = w4.row_tiles(m_max), m_max // 8
-    return 2 * rt * 32 + (2 * rt * 4 if fmt == "nvfp4" else 0) + groups * w4.CHUNK_VALUES[fmt] * 2
-
-
-@pytest.mark.parametrize("fmt", ["nvfp4", "int8"])
-@pytest.mark.parametrize("m_max", [8, 16])
-def test_ring_budget(cute_dsl, fmt, m_max):
-    """A CTA's ring is 256 lanes x `stages` steps; `ring_stages` takes the deepest that fits SMEM_LIMIT."""
-    from fa4_inductor.kernels.cute.w4a16_decode_gemm import ring_bytes
-
-    warps = w4.WARPS_N * w4.WARPS_K
-    for stages in (2, 3, 4, 6):
-        size = ring_bytes(fmt, m_max // 8, w4.row_tiles(m_max), warps, stages)
-        assert size == 32 * warps * stages * _lane_bytes(fmt, m_max)
-        assert (w4.ring_stages(fmt, m_max, stages) == stages) == (size <= w4.SMEM_LIMIT)
-    assert w4.ring_stages(fmt, m_max, 0) == w4.ring_stages(fmt, m_max, 1) == 0
-    assert 2 <= w4.ring_stages(fmt, m_max, 8) <= 8
-
-
-def test_ring_depths_documented(cute_dsl):
-    assert [w4.ring_stages("nvfp4", 8, s) for s in (2, 3, 4)] == [2, 3, 3]  # 68 KB a stage
-    assert [w4.ring_stages("nvfp4", 16, s) for s in (2, 3, 4)] == [2, 2, 2]  # 82 KB
-    assert [w4.ring_stages("int8", m, 4) for m in (8, 16)] == [4, 4]  # 48 KB
-
-
-@pytest.mark.parametrize("fmt, groups, row_tiles", [("nvfp4", 1, 2), ("nvfp4", 2, 1), ("int8", 1, 2), ("int8", 2, 1)])
-def test_ring_slot_is_packed_and_bank_conflict_free(cute_dsl, fmt, groups, row_tiles):
-    """Every byte of a slot belongs to one lane's piece; each 16-byte access (weights, x) of a quarter warp and
-    each 4-byte access (block scales) of a warp touches every bank once (128 bytes a wavefront)."""
-    from fa4_inductor.kernels.cute.w4a16_decode_gemm import RingSlot
-
-    slot = RingSlot(fmt, groups, row_tiles)
-    accesses = [(16, [slot.weight(r, h, lane) for lane in range(32)]) for r in range(2 * row_tiles) for h in range(2)]
-    accesses += [(16, [slot.x(gi, p, lane) for lane in range(32)]) for gi in range(groups)
-                 for p in range(slot.x_pieces)]
-    if fmt == "nvfp4":
-        accesses += [(4, [slot.scale(r, lane) for lane in range(32)]) for r in range(2 * row_tiles)]
-    owner = bytearray(slot.bytes)
-    for size, at in accesses:
-        for a in at:
-            assert a % size == 0 and not any(owner[a:a + size])
-            owner[a:a + size] = b"\x01" * size
-        lanes_a_wavefront = 128 // size
-        for q in range(0, 32, lanes_a_wavefront):
-            banks = [(a // 4 + w) % 32 for a in at[q:q + lanes_a_wavefront] for w in range(size // 4)]
-            assert sorted(banks) == list(range(32))
-    assert all(owner) and slot.bytes == 32 * _lane_bytes(fmt, 8 * groups)
-
-
-def test_compile_refuses_a_ring_that_does_not_fit(cute_dsl):
-    with pytest.raises(ValueError, match="4-step ring"):
-        w4.compiled(_key("main", torch.bfloat16, "nvfp4", 8, False, False, 4))  # 272 KB
-    with pytest.raises(ValueError, match="1-step ring"):
-        w4.compiled(_key("main", torch.bfloat16, "int8", 8, False, False, 1))
-
-
-def test_default_load_path_is_registers(monkeypatch):
-    """Nothing changes until measured: calls get STAGES (0) unless FA4_INDUCTOR_W4A16_STAGES says otherwise."""
-    from fa4_inductor.kernels import switches
-
-    monkeypatch.delenv(switches.W4A16_STAGES, raising=False)
-    switches.reset()
-    try:
-        assert w4.STAGES == 0 and w4.configured_stages() == 0
-        assert w4.keys(torch.bfloat16, "nvfp4", 3, False, False, ARCH, w4.configured_stages())[0].stages == 0
-        monkeypatch.setenv(switches.W4A16_STAGES, "3")
-        switches.reset()
-        assert w4.configured_stages() == 3
-    finally:
-        monkeypatch.delenv(switches.W4A16_STAGES, raising=False)
-        switches.reset()
 
 
 # ------------------------------------------------------------------------------- layout and decode (PyTorch)

@@ -1,5 +1,5 @@
 """cp.async (sm80+) as one inline-asm op, shared by the kernels that stream global memory through a shared
-ring (`decode_attention_int8kv.py`, `w4a16_decode_gemm.py`). Groups: `cute.arch.cp_async_commit_group` /
+ring (`decode_attention_int8kv.py`). Groups: `cute.arch.cp_async_commit_group` /
 `cp_async_wait_group`.
 """
 

@@ -38,12 +38,10 @@ from typing import Optional
 
 import cutlass
 import cutlass.cute as cute
-from cutlass import Float32, Int32, Int64, const_expr
+from cutlass import Float32, Int32, const_expr
 from cutlass._mlir import ir
 from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T, dsl_user_op
-
-from .cp_async import cp_async
 
 FORMATS = ("nvfp4", "int8")
 CHUNK_WORDS = 8  # 32 bytes of one weight row per lane per step
@@ -51,35 +49,6 @@ CODES_PER_CHUNK = {"nvfp4": 64, "int8": 32}
 LANES_K = 4  # lanes sharing a row (t = lane % 4); each takes its own chunk
 TILE_ROWS = 16
 MAX_GROUPS = 2  # 8 x rows each: M <= 16
-PIECE = 16  # bytes of one cp.async / ld.shared.v4
-
-
-class RingSlot:
-    """One warp's step in its shared ring, lane-major: each 16-byte piece of every lane's step (weight row r's
-    32-byte chunk in halves h, then each group's x chunk in 16-byte pieces) is a 512-byte row of the slot with
-    lane L at 16 L, and the block-scale words (nvfp4) a 128-byte row with lane L at 4 L. A quarter warp's 16-byte
-    access (or a warp's 4-byte one) covers 32 banks once. Offsets in bytes from the slot's start."""
-
-    def __init__(self, fmt: str, groups: int, row_tiles: int):
-        self.halves = CHUNK_WORDS * 4 // PIECE
-        self.x_pieces = CODES_PER_CHUNK[fmt] * 2 // PIECE  # a group's x chunk: 64 (32) 16-bit values
-        self.scales_at = 2 * row_tiles * self.halves * 32 * PIECE
-        self.x_at = self.scales_at + (2 * row_tiles * 32 * 4 if fmt == "nvfp4" else 0)
-        self.bytes = self.x_at + groups * self.x_pieces * 32 * PIECE
-
-    def weight(self, r, h, lane):
-        return (self.halves * r + h) * (32 * PIECE) + lane * PIECE
-
-    def scale(self, r, lane):
-        return self.scales_at + r * (32 * 4) + lane * 4
-
-    def x(self, gi, p, lane):
-        return self.x_at + (gi * self.x_pieces + p) * (32 * PIECE) + lane * PIECE
-
-
-def ring_bytes(fmt: str, groups: int, row_tiles: int, warps: int, stages: int) -> int:
-    """Shared memory of the cp.async ring (`stages` slots a warp; 0: no ring)."""
-    return warps * stages * RingSlot(fmt, groups, row_tiles).bytes
 
 
 def decode_exponent(is_f16: bool) -> int:
@@ -213,25 +182,15 @@ def shift(w: Int32, s: cutlass.Constexpr[int]) -> Int32:
 
 class W4A16DecodeGemm:
     """One compiled variant per (x dtype, format, x row groups `groups` (M <= 8 * groups), split or not, bias
-    or not, row tiles per warp, CTA shape WARPS_N x WARPS_K, load path `stages`); N, K, M, strides and the split
-    count are runtime values.
-
-    Load path. stages 0: each lane loads its step (its 2 ROW_TILES rows x 32 bytes of weights, their block
-    scales, its x chunk of each group) straight into registers, two alternating register sets (one step in
-    flight). stages >= 2: a ring of `stages` steps per warp in shared memory (`RingSlot`), filled by
-    16-byte cp.async (4-byte for the scales; src-size 0 zero-fills chunks past the range, rows past N, x
-    rows past M), `stages` - 1 steps in flight per warp with no registers held; a step is read back into one
-    register set with 16-byte ld.shared just before its MMAs. Each lane reads only what it copied itself, and
-    each 16-byte piece is lane-major (lane L at 16 L: a quarter warp reads 128 contiguous bytes), so the
-    reads and writes are free of bank conflicts. The decode, MMA and epilogue code is the same for both.
+    or not, row tiles per warp, CTA shape WARPS_N x WARPS_K); N, K, M, strides and the split count are
+    runtime values.
 
     Call: (mX, mW, mBlock (nvfp4) or None, mScale, mBias [N] or None, mOut [M, N] (unit stride on N) or None
     when split, mPart [splits, M, N] fp32 or None when not split, stream)."""
 
     def __init__(self, dtype, fmt: str, groups: int, split: bool, has_bias: bool, row_tiles: int,
-                 warps_n: int, warps_k: int, stages: int = 0):
+                 warps_n: int, warps_k: int):
         assert fmt in FORMATS and 1 <= groups <= MAX_GROUPS and row_tiles >= 1, (fmt, groups, row_tiles)
-        assert stages == 0 or stages >= 2, stages
         self.dtype = dtype
         self.is_f16 = dtype == cutlass.Float16
         self.fmt = fmt
@@ -243,8 +202,6 @@ class W4A16DecodeGemm:
         self.warps_k = warps_k
         self.x_words = CODES_PER_CHUNK[fmt] // 2
         self.acc_size = row_tiles * groups * 4
-        self.stages = stages
-        self.slot = RingSlot(fmt, groups, row_tiles)
 
     @cute.jit
     def __call__(self, mX: cute.Tensor, mW: cute.Tensor, mBlock: Optional[cute.Tensor], mScale: cute.Tensor,
@@ -254,9 +211,6 @@ class W4A16DecodeGemm:
         if const_expr(self.split):
             num_splits = mPart.shape[0]
         red_words = max(1, (self.warps_k - 1) * self.warps_n * self.acc_size * 32)
-        # the ring, when there is one, holds the K slices' partials after the loop
-        red_words = max(red_words, ring_bytes(self.fmt, self.groups, self.row_tiles, self.warps_n * self.warps_k,
-                                              self.stages) // 4)
 
         @cute.struct
         class SharedStorage:
@@ -274,6 +228,9 @@ class W4A16DecodeGemm:
                mBias: Optional[cute.Tensor], mOut: Optional[cute.Tensor], mPart: Optional[cute.Tensor],
                SharedStorage: cutlass.Constexpr):
         RT = self.row_tiles
+        G = self.groups
+        XW = self.x_words
+        nvfp4 = self.fmt == "nvfp4"
         bx, split_idx, _ = cute.arch.block_idx()
         _, num_splits, _ = cute.arch.grid_dim()
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
@@ -294,41 +251,6 @@ class W4A16DecodeGemm:
 
         acc = cute.make_rmem_tensor((self.acc_size,), Float32)
         acc.fill(0.0)
-        if const_expr(self.stages > 0):
-            storage = cutlass.memory.SmemAllocator().allocate(SharedStorage)
-            self.ring_loop(mX, mW, mBlock, storage, acc, warp_idx, row0, n_rows, m_rows, c_begin, c_end)
-        else:
-            self.register_loop(mX, mW, mBlock, acc, row0, n_rows, m_rows, c_begin, c_end)
-
-        # ---- the CTA's K slices add up through shared memory ----
-        if const_expr(self.warps_k > 1):
-            if const_expr(self.stages > 0):
-                cute.arch.barrier()  # every warp is done reading its ring
-            else:
-                smem = cutlass.memory.SmemAllocator()
-                storage = smem.allocate(SharedStorage)
-            sRed = storage.sRed.get_tensor(cute.make_layout(
-                (32, self.acc_size, self.warps_n, self.warps_k - 1)))
-            if wk > 0:
-                for i in cutlass.range_constexpr(self.acc_size):
-                    sRed[lane, i, wn, wk - 1] = acc[i]
-            cute.arch.barrier()
-            if wk == 0:
-                for s in cutlass.range_constexpr(self.warps_k - 1):
-                    for i in cutlass.range_constexpr(self.acc_size):
-                        acc[i] = acc[i] + sRed[lane, i, wn, s]
-
-        if wk == 0:
-            self.store(acc, mScale, mBias, mOut, mPart, row0, n_rows, m_rows, g, t, split_idx)
-
-    @cute.jit
-    def register_loop(self, mX: cute.Tensor, mW: cute.Tensor, mBlock: Optional[cute.Tensor], acc: cute.Tensor,
-                      row0: Int32, n_rows: Int32, m_rows: Int32, c_begin: Int32, c_end: Int32):
-        RT = self.row_tiles
-        G = self.groups
-        XW = self.x_words
-        nvfp4 = self.fmt == "nvfp4"
-        t = cute.arch.lane_idx() % LANES_K
         # Two register sets of operands (weights [word, row (tile, half)], block scales, x [word, group]),
         # alternating: a step's loads are issued as soon as its set is free, a step ahead of their use.
         rW = [cute.make_rmem_tensor((CHUNK_WORDS, 2 * RT), Int32) for _ in range(2)]
@@ -348,90 +270,23 @@ class W4A16DecodeGemm:
                     self.load_step(mX, mW, mBlock, rW[b], rS[b], rX[b], row0, n_rows, m_rows,
                                    c0 + LANES_K * (b + 2) + t, c_end)
 
-    @cute.jit
-    def ring_loop(self, mX: cute.Tensor, mW: cute.Tensor, mBlock: Optional[cute.Tensor], storage, acc: cute.Tensor,
-                  warp_idx: Int32, row0: Int32, n_rows: Int32, m_rows: Int32, c_begin: Int32, c_end: Int32):
-        """The K loop through the warp's shared ring: step j (chunk c_begin + 4 j + t of the lane) in slot j % stages;
-        wait for step j, start step j + stages - 1 into the slot step j - 1 freed, read step j, multiply."""
-        stages = self.stages
-        lane = cute.arch.lane_idx()
-        t = lane % LANES_K
-        slot_bytes = self.slot.bytes
-        pieces = self.warps_n * self.warps_k * stages * slot_bytes // PIECE
-        sPiece = storage.sRed.get_tensor(cute.make_layout((PIECE // 4, pieces), stride=(1, PIECE // 4)), dtype=Int32)
-        sWord = storage.sRed.get_tensor(cute.make_layout((pieces * PIECE // 4,)), dtype=Int32)
-        ring = sPiece.iterator.toint() + warp_idx * (stages * slot_bytes)  # the warp's slot 0, a shared address
-        first = warp_idx * (stages * slot_bytes)  # the same, in bytes from the ring's start
+        # ---- the CTA's K slices add up through shared memory ----
+        if const_expr(self.warps_k > 1):
+            smem = cutlass.memory.SmemAllocator()
+            storage = smem.allocate(SharedStorage)
+            sRed = storage.sRed.get_tensor(cute.make_layout(
+                (32, self.acc_size, self.warps_n, self.warps_k - 1)))
+            if wk > 0:
+                for i in cutlass.range_constexpr(self.acc_size):
+                    sRed[lane, i, wn, wk - 1] = acc[i]
+            cute.arch.barrier()
+            if wk == 0:
+                for s in cutlass.range_constexpr(self.warps_k - 1):
+                    for i in cutlass.range_constexpr(self.acc_size):
+                        acc[i] = acc[i] + sRed[lane, i, wn, s]
 
-        rW = cute.make_rmem_tensor((CHUNK_WORDS, 2 * self.row_tiles), Int32)
-        rS = cute.make_rmem_tensor((2 * self.row_tiles,), Int32)
-        rX = cute.make_rmem_tensor((self.x_words, self.groups), Int32)
-        rA = cute.make_rmem_tensor((4,), Int32)
-
-        n_steps = (c_end - c_begin + LANES_K - 1) // LANES_K
-        for s in cutlass.range_constexpr(stages - 1):
-            if s < n_steps:
-                self.copy_step(mX, mW, mBlock, ring + s * slot_bytes, row0, n_rows, m_rows, c_begin + LANES_K * s + t,
-                               c_end)
-            cute.arch.cp_async_commit_group()
-        for j in range(n_steps):
-            cute.arch.cp_async_wait_group(stages - 2)
-            cute.arch.sync_warp()
-            ahead = j + stages - 1
-            if ahead < n_steps:
-                self.copy_step(mX, mW, mBlock, ring + (ahead % stages) * slot_bytes, row0, n_rows, m_rows,
-                               c_begin + LANES_K * ahead + t, c_end)
-            cute.arch.cp_async_commit_group()
-            self.read_step(sPiece, sWord, first + (j % stages) * slot_bytes, rW, rS, rX)
-            if const_expr(self.fmt == "nvfp4"):
-                self.nvfp4_step(rW, rS, rX, rA, acc)
-            else:
-                self.int8_step(rW, rX, rA, acc)
-
-    @cute.jit
-    def copy_step(self, mX: cute.Tensor, mW: cute.Tensor, mBlock: Optional[cute.Tensor], slot: Int32, row0: Int32,
-                  n_rows: Int32, m_rows: Int32, c: Int32, c_end: Int32):
-        """cp.async what `load_step` loads (chunk c of the lane's rows, their block scales, the x rows of the lane
-        over the same k) into the ring slot at shared address `slot`; src-size 0 (zeros, nothing read) past the
-        range, past N, past M."""
-        lane = cute.arch.lane_idx()
-        g = lane // LANES_K
-        k_size = Int32(PIECE) if c < c_end else Int32(0)
-        w_row = Int64(mW.layout.stride[0]) * 4
-        for r in cutlass.range_constexpr(2 * self.row_tiles):
-            n = row0 + (r // 2) * TILE_ROWS + (r % 2) * 8 + g
-            size = k_size if n < n_rows else Int32(0)
-            src = mW.iterator.toint() + Int64(cutlass.min(n, n_rows - 1)) * w_row + Int64(c) * (CHUNK_WORDS * 4)
-            for h in cutlass.range_constexpr(self.slot.halves):
-                cp_async(slot + self.slot.weight(r, h, lane), src + h * PIECE, PIECE, size)
-            if const_expr(self.fmt == "nvfp4"):
-                s_src = mBlock.iterator.toint() + (Int64(cutlass.min(n, n_rows - 1)) * Int64(mBlock.layout.stride[0])
-                                                   + Int64(c)) * 4
-                cp_async(slot + self.slot.scale(r, lane), s_src, 4, size // (PIECE // 4))
-        x_row = Int64(mX.layout.stride[0]) * 4
-        for gi in cutlass.range_constexpr(self.groups):
-            m = gi * 8 + g
-            size = k_size if m < m_rows else Int32(0)
-            src = mX.iterator.toint() + Int64(cutlass.min(m, m_rows - 1)) * x_row + Int64(c) * (self.x_words * 4)
-            for p in cutlass.range_constexpr(self.slot.x_pieces):
-                cp_async(slot + self.slot.x(gi, p, lane), src + p * PIECE, PIECE, size)
-
-    @cute.jit
-    def read_step(self, sPiece: cute.Tensor, sWord: cute.Tensor, slot: Int32, rW: cute.Tensor, rS: cute.Tensor,
-                  rX: cute.Tensor):
-        """The lane's step from the ring slot `slot` bytes in, into the registers `load_step` fills: 16-byte
-        ld.shared (the scales 4-byte), each quarter warp on 128 contiguous bytes."""
-        lane = cute.arch.lane_idx()
-        for r in cutlass.range_constexpr(2 * self.row_tiles):
-            for h in cutlass.range_constexpr(self.slot.halves):
-                cute.autovec_copy(sPiece[None, (slot + self.slot.weight(r, h, lane)) // PIECE],
-                                  cute.local_tile(rW[None, r], (PIECE // 4,), (h,)))
-            if const_expr(self.fmt == "nvfp4"):
-                rS[r] = sWord[(slot + self.slot.scale(r, lane)) // 4]
-        for gi in cutlass.range_constexpr(self.groups):
-            for p in cutlass.range_constexpr(self.slot.x_pieces):
-                cute.autovec_copy(sPiece[None, (slot + self.slot.x(gi, p, lane)) // PIECE],
-                                  cute.local_tile(rX[None, gi], (PIECE // 4,), (p,)))
+        if wk == 0:
+            self.store(acc, mScale, mBias, mOut, mPart, row0, n_rows, m_rows, g, t, split_idx)
 
     @cute.jit
     def load_step(self, mX: cute.Tensor, mW: cute.Tensor, mBlock: Optional[cute.Tensor], rW: cute.Tensor,
