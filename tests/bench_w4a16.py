@@ -83,30 +83,33 @@ def bench_shape(n, k, ms, splits_list=None):
                 row[f"ours int8 s{s}"] = (graph_us([lambda w=w: w4.int8_matmul(x, w[3], w[4], splits=s) for w in ws]),
                                           int8_bytes)
         else:
+            ours = m <= w4.MAX_M  # above, the ops route elsewhere (quack, dequantize): bf16 and quack only
             row["bf16"] = (graph_us([lambda w=w: F.linear(x, w) for w in wbf]), bf16_bytes)
-            row["ours nvfp4"] = (graph_us([lambda w=w: w4.nvfp4_matmul(x, *w[:3]) for w in ws]), fp4_bytes)
-            row["ours int8"] = (graph_us([lambda w=w: w4.int8_matmul(x, w[3], w[4]) for w in ws]), int8_bytes)
+            if ours:
+                row["ours nvfp4"] = (graph_us([lambda w=w: w4.nvfp4_matmul(x, *w[:3]) for w in ws]), fp4_bytes)
+                row["ours int8"] = (graph_us([lambda w=w: w4.int8_matmul(x, w[3], w[4]) for w in ws]), int8_bytes)
             if quack_w4a16.unsupported_reason(x, "nvfp4", n, k) is None:
                 row["quack nvfp4"] = (graph_us([lambda w=w: quack_w4a16.nvfp4_matmul(x, *w[:3]) for w in ws]),
                                       fp4_bytes)
             if quack_w4a16.unsupported_reason(x, "int8", n, k) is None:
                 row["quack int8"] = (graph_us([lambda w=w: quack_w4a16.int8_matmul(x, w[3], w[4]) for w in ws]),
                                      int8_bytes)
-            # accuracy of ours against the dequantized weight in float64 (relative to the output's scale)
-            w_fp4, block, gs, w8, s8 = ws[0]
-            from test_nvfp4_linear import float64_dequantized
+            if ours:  # accuracy of ours against the dequantized weight in float64 (relative to the output's scale)
+                w_fp4, block, gs, w8, s8 = ws[0]
+                from test_nvfp4_linear import float64_dequantized
 
-            ref4 = x.double() @ float64_dequantized(w_fp4, block, gs).T
-            ref8 = x.double() @ (w8.double() * s8.double()[:, None]).T
-            e4 = ((w4.nvfp4_matmul(x, w_fp4, block, gs).double() - ref4).abs().max() / ref4.abs().max()).item()
-            e8 = ((w4.int8_matmul(x, w8, s8).double() - ref8).abs().max() / ref8.abs().max()).item()
-        splits = {f: w4.num_splits(n, w4.padded_k(f, k), f, m, w4._num_sms(0)) for f in w4.FORMATS}
+                ref4 = x.double() @ float64_dequantized(w_fp4, block, gs).T
+                ref8 = x.double() @ (w8.double() * s8.double()[:, None]).T
+                e4 = ((w4.nvfp4_matmul(x, w_fp4, block, gs).double() - ref4).abs().max() / ref4.abs().max()).item()
+                e8 = ((w4.int8_matmul(x, w8, s8).double() - ref8).abs().max() / ref8.abs().max()).item()
+        splits = {f: w4.num_splits(n, w4.padded_k(f, k), f, m, w4._num_sms(0)) if m <= w4.MAX_M else "-"
+                  for f in w4.FORMATS}
         base = row.get("bf16", (None,))[0]
         cells = []
         for name, (us, nbytes) in row.items():
             speed = f" {base / us:4.2f}x" if base and name != "bf16" else ""
             cells.append(f"{name} {us:6.1f} us {nbytes / us / 1e6:4.2f} TB/s{speed}")
-        acc = "" if splits_list else f"  rel err nvfp4 {e4:.1e} int8 {e8:.1e}"
+        acc = "" if splits_list or m > w4.MAX_M else f"  rel err nvfp4 {e4:.1e} int8 {e8:.1e}"
         print(f"{n}x{k} m{m:<2} splits {splits['nvfp4']}/{splits['int8']}  " + "  |  ".join(cells) + acc, flush=True)
     del ws, wbf
     torch.cuda.empty_cache()
