@@ -73,6 +73,10 @@ def outside_graph_pools(device: torch.device, fn: Callable[[], T]) -> T:
     def work():
         try:
             with torch.cuda.device(device), torch.cuda.stream(side):
+                # A new thread has no current CUDA context until a runtime call binds the device's primary one;
+                # driver-API callers in `fn` (CuTe DSL's HardwareInfo, which quack's persistent GEMMs ask for
+                # their cluster count) fail without it (CUDA_ERROR_INVALID_CONTEXT).
+                torch.cuda.mem_get_info(device)
                 result.append((True, fn()))
         except BaseException as e:  # re-raised in the caller's thread
             result.append((False, e))

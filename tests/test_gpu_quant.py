@@ -337,3 +337,22 @@ def test_a_weight_first_met_during_capture_is_refused():
     with pytest.raises(RuntimeError, match="would be prepared for 'quack_int8' during CUDA-graph capture"):
         with torch.cuda.graph(graph):
             INT8_LINEAR(x, w, scale, None)
+
+
+@pytest.mark.parametrize("n, k", [(14336, 4096), (4096, 14336)], ids=str)
+@pytest.mark.parametrize("fmt", ["nvfp4", "int8"])
+def test_quack_first_call_on_a_large_weight(fmt, n, k):
+    """quack's first call per geometry runs in `prepared_weights.outside_graph_pools`' helper thread; on Llama-8B
+    weights at 64 rows it picks a persistent GEMM, whose host side asks the driver for the cluster occupancy and
+    needs the thread's CUDA context (once failed with CUDA_ERROR_INVALID_CONTEXT)."""
+    x = torch.randn(64, k, dtype=torch.bfloat16, device="cuda")
+    if fmt == "nvfp4":
+        w_fp4, block_scale, global_scale = nvfp4_weight(n, k)
+        out = quack_w4a16.nvfp4_matmul(x, w_fp4, block_scale, global_scale)
+        reference = x.double() @ nvfp4_dequantized(w_fp4, block_scale, global_scale).T
+    else:
+        w, scale = int8_weight(n, k, torch.bfloat16)
+        out = quack_w4a16.int8_matmul(x, w, scale)
+        reference = x.double() @ (w.double() * scale.double()[:, None]).T
+    assert out.shape == (64, n)
+    assert (out.double() - reference).abs().max() <= 2e-2 * reference.abs().max()
