@@ -2,7 +2,7 @@
 against the summed kernel time per step (a gap means host-bound steps, e.g. skipped CUDA graphs), the CUDA-graph
 skips Inductor counted, and the kernels that take the most time.
 
-    python docs/scripts/decode_profile.py nvfp4    # batch 1, 4k prompt: torchao NVFP4 weights against bf16
+    python docs/scripts/decode_profile.py nvfp4    # batch 1, 4k prompt: torchao NVFP4, plain-tensor NVFP4, bf16 weights
     python docs/scripts/decode_profile.py int8kv   # batch 8 x 32k cache: Int8StaticCache against StaticCache
 """
 import sys
@@ -60,15 +60,21 @@ def report(label, model, cache, batch, filled):
 
 
 def nvfp4(prompt=4096):
+    """torchao `NVFP4WeightOnlyConfig` weights (tensor subclasses), the same codes as plain tensors in
+    `fa4_inductor.nvfp4.NVFP4Linear` modules (no subclass to unwrap per call), and bf16."""
     from torchao.quantization import quantize_
     from transformers import StaticCache
 
-    for weights in ("nvfp4", "bf16"):
+    from fa4_inductor import nvfp4 as plain_nvfp4
+
+    for weights in ("torchao nvfp4", "plain nvfp4", "bf16"):
         torch.manual_seed(0)
         model = models.llama("sdpa", "cuda", torch.bfloat16)
-        if weights == "nvfp4":
+        if weights == "torchao nvfp4":
             quantize_(model, quant._nvfp4_weight_only_config(),
                       filter_fn=lambda m, fqn: isinstance(m, nn.Linear) and "lm_head" not in fqn)
+        elif weights == "plain nvfp4":
+            plain_nvfp4.quantize(model, lambda m, fqn: "lm_head" not in fqn)
         cache = StaticCache(config=model.config, max_cache_len=prompt + 64)
         report(f"{weights} weights, batch 1, position {prompt}", model, cache, 1, prompt)
         del model, cache
