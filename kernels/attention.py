@@ -29,7 +29,8 @@ device; `kernel_for` says which and why, and `_route` remembers it per call sign
 backward, or the reference). FA4 takes no key mask: a key-mask call that is not decode-shaped first
 has its mask read on the host (`key_mask_form`, outside CUDA-graph capture), and goes to FA4
 when the mask hides nothing in use, or, with no band, is right padding (seqused_k), or, on a
-self-attention, is left padding (FA4's varlen segments over the padded buffer); a small one
+self-attention, is left padding, or right padding under a causal mask (FA4's varlen segments over the
+padded buffer); a small one
 (`crossover.py`) skips the read and runs on the SDPA fallback with its mask.
 """
 
@@ -199,12 +200,18 @@ def _route(q: Tensor, k: Tensor, v: Tensor, seqused_k: Optional[Tensor], key_mas
 
 class KeyMaskForm(NamedTuple):
     """What a call's key mask is, read off its contents: `key_mask` None when FA4's arguments say it all
-    (`seqused_k`, or `starts` for a left-padded batch: the first visible key of each sequence)."""
+    (`seqused_k`, or `padded` for a padded self-attention: ("left", the first visible key of each sequence)
+    or ("right", the lengths), which `fa4.forward_padded` runs as varlen segments)."""
 
     seqused_k: Optional[Tensor]
     key_mask: Optional[Tensor]
-    starts: Optional[Tensor] = None
+    padded: Optional[tuple[str, Tensor]] = None
 
+
+RIGHT_PADDING_ON_FA4 = False
+"""Right padding under a causal mask as FA4 varlen segments (`fa4.forward_padded`, two calls): written and tested
+on the CPU against FA4's varlen semantics, off until its GPU test (tests/test_gpu_fa4.py,
+`test_padding_runs_fa4_varlen`) has passed on the H200; until then such masks stay on the SDPA fallback."""
 
 _LAST_FORM: list = []  # [(weak key mask, its version, weak seqused_k, flags), the form's kind]
 
@@ -214,9 +221,10 @@ def key_mask_form(q: Tensor, k: Tensor, seqused_k: Optional[Tensor], key_mask: O
     """The key mask replaced by what FA4 takes when its contents allow: dropped when it hides no key in use
     (HF generate's all-ones mask); on a call with no band and no seqused_k, seqused_k = its sum when it is
     right padding with the first key visible (encoders); on a self-attention (Sq == Sk) without
-    seqused_k, `starts` when every row is one run of visible keys that ends at the last key (left
-    padding: generate's prompts), which FA4 runs as varlen segments over the padded buffer
-    (`fa4.forward_left_padded`). It reads three booleans on the host (one sync), once per mask tensor
+    seqused_k, `padded` when every row is one run of visible keys that ends at the last key (left
+    padding: generate's prompts) or, under a causal mask with no window, starts at the first key (right
+    padding: fine-tuning batches), which FA4 runs as varlen segments over the padded buffer
+    (`fa4.forward_padded`). It reads four booleans on the host (one sync), once per mask tensor
     (the layers of a forward and their backward share it), and only outside CUDA-graph capture;
     otherwise, or when none holds, the mask is kept. What it remembers of a mask holds no tensor alive:
     under CUDA-graph trees a tensor of the graph's memory pool kept past the graph is an error."""
@@ -237,7 +245,9 @@ def key_mask_form(q: Tensor, k: Tensor, seqused_k: Optional[Tensor], key_mask: O
     if kind == "right padding":
         return KeyMaskForm(_lengths(key_mask), None)
     if kind == "left padding":
-        return KeyMaskForm(None, None, key_mask.shape[1] - _lengths(key_mask))
+        return KeyMaskForm(None, None, ("left", key_mask.shape[1] - _lengths(key_mask)))
+    if kind == "right padding, causal":
+        return KeyMaskForm(None, None, ("right", _lengths(key_mask)))
     return KeyMaskForm(seqused_k, key_mask)
 
 
@@ -247,8 +257,8 @@ def _lengths(key_mask: Tensor) -> Tensor:
 
 
 def _mask_kind(q, k, seqused_k, key_mask, flags) -> str:
-    """Which `key_mask_form` a mask has ("hides nothing", "right padding", "left padding" or "kept"), read
-    on the host."""
+    """Which `key_mask_form` a mask has ("hides nothing", "right padding", "left padding", "right padding,
+    causal" or "kept"), read on the host."""
     lengths = _lengths(key_mask)
     positions = torch.arange(key_mask.shape[1], device=key_mask.device)
     unused = positions >= seqused_k[:, None] if seqused_k is not None else torch.zeros_like(key_mask)
@@ -265,6 +275,10 @@ def _mask_kind(q, k, seqused_k, key_mask, flags) -> str:
         return "right padding"
     if left_padding and seqused_k is None and q.shape[2] == k.shape[2]:
         return "left padding"
+    causal_only = flags["causal"] and flags["window_left"] < 0 and flags["window_right"] < 0
+    if RIGHT_PADDING_ON_FA4 and right_padding and no_empty_row and seqused_k is None and q.shape[2] == k.shape[2] \
+            and causal_only:
+        return "right padding, causal"
     return "kept"
 
 
@@ -290,10 +304,10 @@ def _attention_cuda(q, k, v, seqused_k=None, key_mask=None, **flags):
         form = key_mask_form(q, k, seqused_k, key_mask, flags)
         if form.key_mask is None:
             without_mask = _route(q, k, v, form.seqused_k, None, flags)
-            if form.starts is None:
+            if form.padded is None:
                 seqused_k, key_mask, route = form.seqused_k, None, without_mask
             elif without_mask is routes.FA4:
-                return fa4.forward_left_padded(q, k, v, form.starts, **flags)
+                return fa4.forward_padded(q, k, v, *form.padded, **flags)
     return route.adapter.forward(q, k, v, seqused_k, key_mask, **flags)
 
 
@@ -330,9 +344,9 @@ def _attention_backward_cuda(grad_out, q, k, v, out, lse, grad_lse=None, seqused
     flags = _complete(flags)
     form = (key_mask_form(q, k, seqused_k, key_mask, flags) if _reads_mask_form(q, k, flags)
             else KeyMaskForm(seqused_k, key_mask))
-    if form.starts is not None and _backward_route(q, k, v, None, None, flags) is routes.FA4:
-        return fa4.backward_left_padded(grad_out, q, k, v, out, lse, grad_lse, form.starts, **flags)
-    if form.starts is None:
+    if form.padded is not None and _backward_route(q, k, v, None, None, flags) is routes.FA4:
+        return fa4.backward_padded(grad_out, q, k, v, out, lse, grad_lse, *form.padded, **flags)
+    if form.padded is None:
         seqused_k, key_mask = form.seqused_k, form.key_mask
     route = _backward_route(q, k, v, seqused_k, key_mask, flags)
     return route.adapter.backward(grad_out, q, k, v, out, lse, grad_lse, seqused_k, key_mask, **flags)

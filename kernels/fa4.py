@@ -209,55 +209,78 @@ def left_padding_as_varlen(starts: Tensor, b: int, s: int, banded: bool) -> dict
                 seqused_k=used, max_seqlen_q=s, max_seqlen_k=s)
 
 
+def right_padding_as_varlen(lengths: Tensor, b: int, s: int) -> tuple[dict, dict]:
+    """FA4's varlen arguments for a right-padded causal self-attention in place, over its [B * S] flattened
+    tokens, as two calls: sequence b's tokens are slots 0..lengths[b]-1 of its row, whose queries see the keys
+    up to their own (the first call: causal, one segment of lengths[b] queries and keys at offset b * S);
+    the padding queries after them see every one of those keys (the padded rows' mask is causal and the key
+    mask: key j < lengths[b] <= query i), the second call: not causal, queries from offset b * S + lengths[b],
+    S - lengths[b] of them, over the same keys."""
+    rows = torch.arange(b + 1, device=lengths.device, dtype=torch.int32) * s
+    used = lengths.to(torch.int32)
+    keys = dict(cu_seqlens_k=rows, seqused_k=used, max_seqlen_q=s, max_seqlen_k=s)
+    return (dict(cu_seqlens_q=rows, seqused_q=used, **keys),
+            dict(cu_seqlens_q=torch.cat([rows[:-1] + used, rows[-1:]]), seqused_q=s - used, **keys))
+
+
+def _padded_calls(side: str, positions: Tensor, b: int, s: int, flags: Flags) -> list[tuple[dict, dict]]:
+    """(varlen arguments, kernel flags) of the FA4 calls that run a padded batch: `positions` are the first
+    visible keys (side "left") or the lengths (side "right", causal only)."""
+    if side == "left":
+        return [(left_padding_as_varlen(positions, b, s, flags.banded), _kernel_flags(flags))]
+    valid, padding = right_padding_as_varlen(positions, b, s)
+    return [(valid, _kernel_flags(flags)), (padding, _kernel_flags(flags._replace(causal=False)))]
+
+
 def _flat(t: Tensor) -> Tensor:
     """An SDPA-layout [B, H, S, D] tensor as FA4's varlen [B * S, H, D] (a view for [B, S, H, D] storage)."""
     t = _bshd(t)
     return t.reshape(t.shape[0] * t.shape[1], *t.shape[2:])
 
 
-def forward_left_padded(q: Tensor, k: Tensor, v: Tensor, starts: Tensor, **flags) -> tuple[Tensor, Tensor]:
-    """FA4 forward of a self-attention (Sq == Sk) whose key mask is left padding, first visible key
-    `starts[b]` (`left_padding_as_varlen`): no copy of Q/K/V, no mask. Query rows that see no key get
-    zeros and an lse of -inf, as the op's contract says."""
+def forward_padded(q: Tensor, k: Tensor, v: Tensor, side: str, positions: Tensor, **flags) -> tuple[Tensor, Tensor]:
+    """FA4 forward of a self-attention (Sq == Sk) whose key mask is padding, run as varlen segments over the
+    padded buffer (`_padded_calls`): no copy of Q/K/V, no mask. Left padding: query rows that see no key get
+    zeros and an lse of -inf, as the op's contract says; right padding (causal): every row sees a key."""
     flags = Flags(**flags)
     fa = _require()
     b, hq, s, _ = q.shape
-    out = layout.empty_bhsd(b, hq, s, v.shape[-1], dtype=q.dtype, device=q.device, zero=flags.banded)
+    blind_rows = side == "left" and flags.banded
+    out = layout.empty_bhsd(b, hq, s, v.shape[-1], dtype=q.dtype, device=q.device, zero=blind_rows)
     lse = torch.full((hq, b * s), float("-inf"), dtype=torch.float32, device=q.device)
     with _device_guard(q):
-        fa._flash_attn_fwd(
-            _flat(q), _flat(k), _flat(v),
-            **left_padding_as_varlen(starts, b, s, flags.banded),
-            **_kernel_flags(flags),
-            return_lse=True,
-            out=_flat(out),
-            lse=lse,
-        )
+        for args, kernel_flags in _padded_calls(side, positions, b, s, flags):
+            fa._flash_attn_fwd(_flat(q), _flat(k), _flat(v), **args, **kernel_flags, return_lse=True, out=_flat(out),
+                               lse=lse)
     return out, lse.view(hq, b, s).transpose(0, 1).contiguous()
 
 
-def backward_left_padded(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
-                         grad_lse: Optional[Tensor], starts: Tensor, **flags) -> tuple[Tensor, Tensor, Tensor]:
-    """FA4 backward of `forward_left_padded`; gradients of padded slots are zero."""
+def backward_padded(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
+                    grad_lse: Optional[Tensor], side: str, positions: Tensor, **flags) -> tuple[Tensor, Tensor, Tensor]:
+    """FA4 backward of `forward_padded`; gradients of padded key slots are zero. With two calls (right padding)
+    each writes its own zeroed gradients, summed: both reach the same keys."""
     flags = Flags(**flags)
     fa = _require()
     b, hq, s, _ = q.shape
-    grads = [layout.empty_bhsd(*t.shape, dtype=t.dtype, device=t.device, zero=True) for t in (q, k, v)]
 
     def varlen_lse(t):
         return None if t is None else t.float().transpose(0, 1).reshape(hq, b * s)
 
+    total = None
     with _device_guard(q):
-        fa._flash_attn_bwd(
-            _flat(q), _flat(k), _flat(v), _flat(out), _flat(grad_out), varlen_lse(lse),
-            **left_padding_as_varlen(starts, b, s, flags.banded),
-            **_kernel_flags(flags),
-            dq=_flat(grads[0]),
-            dk=_flat(grads[1]),
-            dv=_flat(grads[2]),
-            dlse=varlen_lse(grad_lse),
-        )
-    return tuple(grads)
+        for args, kernel_flags in _padded_calls(side, positions, b, s, flags):
+            grads = [layout.empty_bhsd(*t.shape, dtype=t.dtype, device=t.device, zero=True) for t in (q, k, v)]
+            fa._flash_attn_bwd(
+                _flat(q), _flat(k), _flat(v), _flat(out), _flat(grad_out), varlen_lse(lse),
+                **args,
+                **kernel_flags,
+                dq=_flat(grads[0]),
+                dk=_flat(grads[1]),
+                dv=_flat(grads[2]),
+                dlse=varlen_lse(grad_lse),
+            )
+            total = grads if total is None else [t.add_(g) for t, g in zip(total, grads)]
+    return tuple(total)
 
 
 def _kernel_flags(flags: Flags) -> dict:

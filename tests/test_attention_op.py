@@ -267,16 +267,20 @@ def test_key_mask_must_be_bool_b_by_sk():
     (dict(causal=True), None, "ones", "dropped"),
     (dict(causal=True), [5, 3], "ones-then-garbage", "dropped"),  # hides nothing below seqused_k
     (dict(), None, "right", "seqused_k"),
-    (dict(causal=True), None, "right", "kept"),  # seqused_k would move the causal diagonal
-    (dict(), None, "left", "starts"),
-    (dict(causal=True), None, "left", "starts"),
-    (dict(window_left=1, window_right=0), None, "left", "starts"),
+    (dict(causal=True), None, "right", "right"),  # not seqused_k, which would move the causal diagonal
+    (dict(causal=True, window_left=-1, window_right=-1, softcap=2.0), None, "right", "right"),
+    (dict(window_left=1, window_right=0), None, "right", "kept"),  # a window: padding queries see no fixed run
+    (dict(causal=True), [5, 4], "right", "kept"),
+    (dict(), None, "left", "left"),
+    (dict(causal=True), None, "left", "left"),
+    (dict(window_left=1, window_right=0), None, "left", "left"),
     (dict(causal=True), [5, 4], "left", "kept"),  # left padding under a cache length: no varlen form
     (dict(), None, "empty-row", "kept"),
     (dict(causal=True), None, "holes", "kept"),
 ])
-def test_key_masks_that_fa4_can_take_after_all(flags, seqused, mask_kind, expected):
+def test_key_masks_that_fa4_can_take_after_all(flags, seqused, mask_kind, expected, monkeypatch):
     """`key_mask_form` reads the mask's contents: the op then routes the call as if it had no key mask."""
+    monkeypatch.setattr(attention_op, "RIGHT_PADDING_ON_FA4", True)
     full = {**dict(scale=0.3, causal=False, window_left=-1, window_right=-1, softcap=0.0), **flags}
     lengths = torch.tensor([5, 3])
     mask = {"ones": torch.ones(2, 5, dtype=torch.bool),
@@ -287,12 +291,14 @@ def test_key_masks_that_fa4_can_take_after_all(flags, seqused, mask_kind, expect
             "holes": torch.tensor([[1, 0, 1, 1, 1], [1, 1, 1, 1, 1]], dtype=torch.bool)}[mask_kind]
     used = None if seqused is None else torch.tensor(seqused, dtype=torch.int32)
     q, k, v = qkv(b=2, sq=5, sk=5, dtype=torch.float64)
-    new_used, new_mask, starts = attention_op.key_mask_form(q, k, used, mask, full)
-    assert {"dropped": lambda: new_mask is None and new_used is used and starts is None,
+    new_used, new_mask, padded = attention_op.key_mask_form(q, k, used, mask, full)
+    side, positions = padded or (None, None)
+    assert {"dropped": lambda: new_mask is None and new_used is used and padded is None,
             "seqused_k": lambda: new_mask is None and new_used is not None and new_used.tolist() == lengths.tolist(),
-            "starts": lambda: new_mask is None and new_used is None and starts.tolist() == (5 - lengths).tolist(),
-            "kept": lambda: new_mask is mask and new_used is used and starts is None}[expected]()
-    if starts is None:  # and it is still the same attention
+            "left": lambda: new_mask is new_used is None and side == "left" and positions.tolist() == (5 - lengths).tolist(),
+            "right": lambda: new_mask is new_used is None and side == "right" and positions.tolist() == lengths.tolist(),
+            "kept": lambda: new_mask is mask and new_used is used and padded is None}[expected]()
+    if padded is None:  # and it is still the same attention
         out, _ = ATTENTION(q, k, v, new_used, new_mask, **full)
         torch.testing.assert_close(out, ATTENTION(q, k, v, used, mask, **full)[0])
 
@@ -310,7 +316,7 @@ def test_key_mask_form_reads_a_mask_once_and_keeps_nothing_alive(monkeypatch):
     q, k, _ = qkv(b=2, sq=5, sk=5, dtype=torch.float64)
     mask = torch.arange(5)[None, :] >= 5 - torch.tensor([5, 3])[:, None]
     forms = [attention_op.key_mask_form(q, k, None, mask, full) for _ in range(3)]
-    assert len(reads) == 1 and all(f.starts.tolist() == [0, 2] for f in forms)
+    assert len(reads) == 1 and all(f.padded[1].tolist() == [0, 2] for f in forms)
     mask[1, 0] = True  # an in-place update: read again
     assert attention_op.key_mask_form(q, k, None, mask, full).key_mask is mask and len(reads) == 2
     alive = weakref.ref(mask)
@@ -319,32 +325,86 @@ def test_key_mask_form_reads_a_mask_once_and_keeps_nothing_alive(monkeypatch):
     assert alive() is None
 
 
-@pytest.mark.parametrize("flags", [dict(causal=True), dict(), dict(window_left=2, window_right=0)], ids=str)
-def test_left_padding_as_fa4_varlen_segments(flags):
-    """FA4's varlen arguments for a left-padded batch, run through FA4's semantics on the CPU (sequence b:
-    queries from cu_seqlens_q[b], seqused_q[b] of them (else up to the next offset), keys likewise, masks
-    bottom-right aligned within the segment, other rows untouched), give the op's answer with the padding
-    mask, blind rows zeros."""
+class VarlenFA4OnTheCPU:
+    """FA4's varlen interface as the padded paths call it, run with the reference on the CPU: sequence b's queries
+    are the rows from cu_seqlens_q[b], seqused_q[b] of them (else up to the next offset), its keys likewise; masks
+    bottom-right aligned within the segment; rows outside every segment are not written; the backward writes
+    (does not add) the gradients of its rows."""
+
+    @staticmethod
+    def _segments(cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, **_):
+        for i in range(len(cu_seqlens_q) - 1):
+            q0, k0 = int(cu_seqlens_q[i]), int(cu_seqlens_k[i])
+            nq = int(seqused_q[i]) if seqused_q is not None else int(cu_seqlens_q[i + 1]) - q0
+            nk = int(seqused_k[i])
+            if nq and nk:
+                yield slice(q0, q0 + nq), slice(k0, k0 + nk)
+
+    @staticmethod
+    def _flags(softmax_scale, causal, softcap, window_size_left, window_size_right):
+        return dict(scale=softmax_scale, causal=causal, softcap=softcap,
+                    window_left=-1 if window_size_left is None else window_size_left,
+                    window_right=-1 if window_size_right is None else window_size_right)
+
+    @staticmethod
+    def _seq(t, rows):  # [rows, H, D] -> [1, H, rows, D]
+        return t[rows].transpose(0, 1)[None]
+
+    def _flash_attn_fwd(self, q, k, v, *, out, lse, return_lse, max_seqlen_q, max_seqlen_k, **kw):
+        varlen = {n: kw.pop(n) for n in ("cu_seqlens_q", "cu_seqlens_k", "seqused_q", "seqused_k")}
+        for qr, kr in self._segments(**varlen):
+            o, l = reference.attention_forward(self._seq(q, qr), self._seq(k, kr), self._seq(v, kr), seqused_k=None,
+                                               **self._flags(**kw))
+            out[qr] = o[0].transpose(0, 1).to(out.dtype)
+            lse[:, qr] = l[0].float()
+
+    def _flash_attn_bwd(self, q, k, v, out, dout, lse, *, dq, dk, dv, dlse, max_seqlen_q, max_seqlen_k, **kw):
+        varlen = {n: kw.pop(n) for n in ("cu_seqlens_q", "cu_seqlens_k", "seqused_q", "seqused_k")}
+        for qr, kr in self._segments(**varlen):
+            grads = reference.attention_backward(
+                self._seq(dout, qr), self._seq(q, qr), self._seq(k, kr), self._seq(v, kr), self._seq(out, qr),
+                lse[:, qr][None].to(q.dtype), None if dlse is None else dlse[:, qr][None].to(q.dtype), seqused_k=None,
+                **self._flags(**kw))
+            for dst, rows, g in zip((dq, dk, dv), (qr, kr, kr), grads):
+                dst[rows] = g[0].transpose(0, 1).to(dst.dtype)
+
+
+@pytest.mark.parametrize("side, flags", [
+    ("left", dict(causal=True)), ("left", dict()), ("left", dict(window_left=2, window_right=0)),
+    ("right", dict(causal=True)), ("right", dict(causal=True, softcap=5.0)),
+], ids=str)
+def test_padded_batches_as_fa4_varlen_segments(side, flags, monkeypatch):
+    """`fa4.forward_padded` / `backward_padded` over FA4's varlen semantics run on the CPU (`VarlenFA4OnTheCPU`),
+    for each padding `key_mask_form` gives FA4: the op's answer with the padding mask (blind rows zeros, lse -inf),
+    and its gradients (q, k, v; with a gradient into lse), float64 on fresh random inputs. Right padding runs as
+    two calls whose key gradients add up."""
+    from contextlib import nullcontext
+
     from fa4_inductor.kernels import fa4
 
+    monkeypatch.setattr(attention_op, "RIGHT_PADDING_ON_FA4", True)
+    monkeypatch.setattr(fa4, "_require", VarlenFA4OnTheCPU)
+    monkeypatch.setattr(fa4, "_device_guard", lambda t: nullcontext())
     full = {**dict(scale=0.3, causal=False, window_left=-1, window_right=-1, softcap=0.0), **flags}
     b, s = 3, 7
-    starts = torch.tensor([0, 2, 7])  # unpadded, padded, all padding
+    # unpadded, padded, all padding (a blind row under a band; without one such a mask stays masked), one token
+    lengths = torch.tensor([7, 4, 0 if side == "left" and flags else 1])
+    positions = torch.arange(s)[None, :]
+    mask = positions >= (s - lengths)[:, None] if side == "left" else positions < lengths[:, None]
+    form = attention_op.key_mask_form(*qkv(b=b, sq=s, sk=s)[:2], None, mask, full)
+    assert form.padded is not None and form.padded[0] == side
     q, k, v = qkv(b=b, hq=4, hkv=2, sq=s, sk=s, dtype=torch.float64)
-    args = fa4.left_padding_as_varlen(starts, b, s, banded=bool(flags))
-    flat = [t.transpose(1, 2).reshape(b * s, t.shape[1], t.shape[3]) for t in (q, k, v)]
-    out = torch.zeros(b * s, 4, 16, dtype=torch.float64)
-    for i in range(b):
-        q0, k0 = int(args["cu_seqlens_q"][i]), int(args["cu_seqlens_k"][i])
-        nq = int(args["seqused_q"][i]) if args["seqused_q"] is not None else int(args["cu_seqlens_q"][i + 1]) - q0
-        nk = int(args["seqused_k"][i])
-        if nq == 0 or nk == 0:
-            continue
-        qs, ks, vs = (t[o:o + n].transpose(0, 1)[None] for t, o, n in ((flat[0], q0, nq), (flat[1], k0, nk), (flat[2], k0, nk)))
-        out[q0:q0 + nq] = reference.attention_forward(qs, ks, vs, seqused_k=None, **full)[0][0].transpose(0, 1)
-    mask = torch.arange(s)[None, :] >= starts[:, None]
-    expected, _ = ATTENTION(q, k, v, None, mask, **full)
-    torch.testing.assert_close(out.view(b, s, 4, 16).transpose(1, 2), expected)
+    out, lse = fa4.forward_padded(q, k, v, side, s - lengths if side == "left" else lengths, **full)
+    expected, expected_lse = ATTENTION(q, k, v, None, mask, **full)
+    torch.testing.assert_close(out, expected)
+    torch.testing.assert_close(lse, expected_lse.float())  # FA4 keeps lse in float32
+    grad_out, grad_lse = torch.randn_like(out), torch.randn_like(lse).masked_fill(lse.isinf(), 0)
+    got = fa4.backward_padded(grad_out, q, k, v, out, lse, grad_lse, side,
+                              s - lengths if side == "left" else lengths, **full)
+    want = reference.attention_backward(grad_out, q, k, v, expected, lse.double(), grad_lse, seqused_k=None,
+                                        key_mask=mask, **full)  # from the same float32 lse
+    for name, g, w in zip("qkv", got, want):
+        torch.testing.assert_close(g, w, msg=lambda m: f"d{name}: {m}")
 
 
 @pytest.mark.parametrize("flags", [dict(causal=True), dict(), dict(window_left=2, window_right=0)], ids=str)

@@ -370,25 +370,33 @@ def test_key_mask_forward_and_backward(causal, monkeypatch):
     assert_fa_rule("out", out, ref_out, pytorch(q.detach(), k.detach(), v.detach(), **flags))
 
 
-@pytest.mark.parametrize("flags_kind", ["causal", "window", "none"])
-def test_left_padding_runs_fa4_varlen(flags_kind, monkeypatch):
-    """A left-padded key mask on a self-attention goes to FA4 as varlen segments over the padded buffer
-    (no copy of Q/K/V, no mask): forward and backward by the FA rule, blind rows zeros with lse -inf."""
+@pytest.mark.parametrize("side, flags_kind", [("left", "causal"), ("left", "window"), ("left", "none"),
+                                             ("right", "causal"), ("right", "causal-softcap")])
+def test_padding_runs_fa4_varlen(side, flags_kind, monkeypatch):
+    """A left-padded key mask on a self-attention, or a right-padded one under a causal mask, goes to FA4 as
+    varlen segments over the padded buffer (no copy of Q/K/V, no mask; right padding as two calls, the padding
+    queries seeing every token): forward and backward by the FA rule, blind rows zeros with lse -inf."""
     monkeypatch.setattr(crossover, "GFLOP_BELOW", ())  # these shapes count as large here
+    monkeypatch.setattr(attention_op, "RIGHT_PADDING_ON_FA4", True)
     b, s = 4, 500
     q, k, v = qkv(b=b, sq=s, group=4, requires_grad=True)
     flags = {"causal": attention_flags(128, causal=True), "window": attention_flags(128, window_left=64, window_right=0),
-             "none": attention_flags(128)}[flags_kind]
-    starts = [0, 123, 499, s if flags_kind != "none" else 7]  # the last: all padding (under a band)
-    mask = torch.arange(s, device="cuda")[None, :] >= torch.tensor(starts, device="cuda")[:, None]
+             "none": attention_flags(128), "causal-softcap": attention_flags(128, causal=True, softcap=30.0)}[flags_kind]
+    positions = torch.arange(s, device="cuda")[None, :]
+    if side == "left":
+        starts = [0, 123, 499, s if flags_kind != "none" else 7]  # the last: all padding (under a band)
+        mask = positions >= torch.tensor(starts, device="cuda")[:, None]
+    else:
+        mask = positions < torch.tensor([s, 377, 1, 250], device="cuda")[:, None]
     calls = []
-    for name in ("forward_left_padded", "backward_left_padded"):
+    for name in ("forward_padded", "backward_padded"):
         real = getattr(fa4, name)
-        monkeypatch.setattr(fa4, name, lambda *a, _real=real, _name=name, **kw: calls.append(_name) or _real(*a, **kw))
+        monkeypatch.setattr(fa4, name, lambda *a, _real=real, _name=name, **kw: calls.append((_name, a[-2])) or
+                            _real(*a, **kw))
     out, lse, lse64 = key_mask_call_by_fa_rule(q, k, v, mask, flags)
-    assert calls == ["forward_left_padded", "backward_left_padded"], calls
+    assert calls == [("forward_padded", side), ("backward_padded", side)], calls
     blind = torch.isinf(lse64)
-    assert torch.equal(torch.isinf(lse), blind)
+    assert torch.equal(torch.isinf(lse), blind) and (side == "left" or not blind.any())
     assert (out[blind] == 0).all()
     torch.testing.assert_close(lse[~blind], lse64[~blind].float(), atol=1e-3, rtol=1e-3)
 
