@@ -8,6 +8,7 @@ plain-PyTorch forward our backend rewrites into `fa4::nvfp4_linear` when the mod
     model = torch.compile(model, backend=fa4_inductor.backend(nvfp4_linear=True))
 
     nvfp4.quantize(model)                                  # or: every nn.Linear of a float model, in place
+    nvfp4.from_torchao(model)                              # or: torchao NVFP4 weight-only linears as NVFP4Linear
 
 Why: on sm90, transformers' compressed-tensors integration decompresses an NVFP4 checkpoint to bf16 when it loads
 it (no Hopper kernel takes FP4), so the compiled graph holds plain bf16 linears and the 4-bit weights are gone.
@@ -35,7 +36,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
 
-from .kernels.nvfp4_linear import BLOCK
+from .kernels.nvfp4_linear import BLOCK, unblocked
 
 E2M1_MAX, E4M3_MAX = 6.0, 448.0
 E2M1_BOUNDS = (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0)  # midpoints between the e2m1 magnitudes 0, 0.5, ..., 4, 6
@@ -188,6 +189,30 @@ def quantize(model: nn.Module, filter_fn: Callable[[nn.Linear, str], bool] | Non
                                                                                filter_fn(module, name)):
             _replace(model, name, NVFP4Linear.from_linear(module))
             replaced.append(name)
+    return replaced
+
+
+def from_torchao(model: nn.Module) -> list[str]:
+    """Replace each `nn.Linear` whose weight is torchao's NVFP4 weight-only tensor (`NVFP4WeightOnlyConfig`: codes,
+    e4m3 block scales, swizzled or not, an optional float32 per-tensor scale) with an `NVFP4Linear` over the same
+    codes and scales as plain buffers, in place: the same weight bit for bit (torchao's `per_tensor_scale *
+    float(scale)` is the layer's decoding product), and no tensor subclass for torch.compile to guard on and
+    unwrap around every call (on the CPU that host time is ~3x that of the same codes as plain tensors; decode
+    steps are host-bound there). A weight with activation quantization, another block size, or transposed codes is
+    left as it is. Returns the names replaced."""
+    replaced = []
+    for name, module in list(model.named_modules()):
+        w = getattr(module, "weight", None)
+        if type(module) is not nn.Linear or type(w).__name__ != "NVFP4Tensor" or w.block_size != BLOCK or \
+                w.act_quant_kwargs is not None or w.qdata.dim() != 2 or w.qdata.stride(-1) != 1:
+            continue
+        n, k = module.out_features, module.in_features
+        scale = unblocked(w.scale, n, k // BLOCK) if w.is_swizzled_scales else w.scale
+        decode = w.per_tensor_scale if w.per_tensor_scale is not None else torch.ones((), device=w.qdata.device)
+        bias = module.bias.detach() if module.bias is not None else None
+        _replace(model, name, NVFP4Linear.from_tensors(w.qdata.view(torch.uint8), scale.contiguous(), decode_scale=decode,
+                                                       bias=bias))
+        replaced.append(name)
     return replaced
 
 

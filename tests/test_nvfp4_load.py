@@ -181,3 +181,31 @@ def test_quantize_weight_round_trips_representable_weights():
     packed, block_scale, global_scale = nvfp4.quantize_weight(values * block.repeat_interleave(16, dim=1))
     assert torch.equal(nvfp4.e2m1_values(nvfp4.unpack(packed)), values)
     assert torch.equal(block_scale.float() / global_scale, block)
+
+
+@pytest.mark.parametrize("per_tensor_scale, bias", [(True, True), (False, False)], ids=["global-bias", "no-global"])
+def test_from_torchao_keeps_the_weights_bit_for_bit_as_plain_buffers(per_tensor_scale, bias):
+    """`nvfp4.from_torchao` turns torchao's NVFP4 weight-only linears (swizzled scales, with or without the
+    per-tensor scale) into `NVFP4Linear` layers: the same outputs bit for bit (eager), no tensor subclass left,
+    within float32 rounding of the float64 dequantization, and compiled with the backend every one runs the op."""
+    pytest.importorskip("torchao")
+    from test_nvfp4_linear import K, N, torchao_model, torchao_reference
+
+    model = torchao_model(torch.float32, bias, per_tensor_scale)
+    model.append(nn.ReLU())
+    model.append(nn.Linear(N, N, bias=False))  # not quantized: left as it is
+    x = torch.randn(6, K)
+    with torch.no_grad():
+        before, exact = model(x), torchao_reference(model, x)
+    assert nvfp4.from_torchao(model) == ["0"]
+    layer = model[0]
+    assert isinstance(layer, nvfp4.NVFP4Linear) and type(model[2]) is nn.Linear
+    assert not any(type(t).__name__ == "NVFP4Tensor" for t in [*model.parameters(), *model.buffers()])
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), before, atol=0, rtol=0)
+        got = layer(x).double()
+    torch.testing.assert_close(got, exact, atol=1e-5 * exact.abs().max().item(), rtol=1e-5)
+    with torch.no_grad():
+        compiled = PostGradCompiled(model, x, backend=fa4_inductor.backend(nvfp4_linear=True))
+    assert compiled.code.count(OP_CALL) == 1 and "scale_layout" not in compiled.code  # scales stored un-blocked
+    torch.testing.assert_close(compiled.out, before, atol=0, rtol=0)

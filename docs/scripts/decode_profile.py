@@ -61,7 +61,7 @@ def report(label, model, cache, batch, filled):
 
 def nvfp4(prompt=4096):
     """torchao `NVFP4WeightOnlyConfig` weights (tensor subclasses), the same codes as plain tensors in
-    `fa4_inductor.nvfp4.NVFP4Linear` modules (no subclass to unwrap per call), and bf16."""
+    `fa4_inductor.nvfp4.NVFP4Linear` modules (`nvfp4.from_torchao`: no subclass to unwrap per call), and bf16."""
     from torchao.quantization import quantize_
     from transformers import StaticCache
 
@@ -70,11 +70,11 @@ def nvfp4(prompt=4096):
     for weights in ("torchao nvfp4", "plain nvfp4", "bf16"):
         torch.manual_seed(0)
         model = models.llama("sdpa", "cuda", torch.bfloat16)
-        if weights == "torchao nvfp4":
+        if weights != "bf16":
             quantize_(model, quant._nvfp4_weight_only_config(),
                       filter_fn=lambda m, fqn: isinstance(m, nn.Linear) and "lm_head" not in fqn)
-        elif weights == "plain nvfp4":
-            plain_nvfp4.quantize(model, lambda m, fqn: "lm_head" not in fqn)
+        if weights == "plain nvfp4":
+            plain_nvfp4.from_torchao(model)
         cache = StaticCache(config=model.config, max_cache_len=prompt + 64)
         report(f"{weights} weights, batch 1, position {prompt}", model, cache, 1, prompt)
         del model, cache
