@@ -52,3 +52,20 @@ def test_command_line_selection():
     assert bench.quant_selection(args) == dict(models=("llama-1b",), formats=("int8", "nvfp4"), rows=(1, 16),
                                                e2e=False, e2e_prompt=4096)
     assert "quant" in bench.SUITES and "quant" not in bench.DEFAULT_SUITES
+
+
+@pytest.mark.slow  # seven compiles of a tiny decoder on the CPU
+def test_e2e_table_has_the_plain_nvfp4_row():
+    """The end-to-end table's NVFP4 rows: torchao's weights under default compile and ours, and the same weights
+    through `nvfp4.from_torchao` under ours (no subclass around each call), whose logits equal the torchao
+    ones under ours (the same weight bit for bit)."""
+    pytest.importorskip("torchao")
+    tiny_llama = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, vocab_size=128)
+    table = quant.e2e_table("cpu", torch.bfloat16, prompt=8, steps=5, model_overrides=tiny_llama, formats=("nvfp4",))
+    assert [row[:2] for row in table.rows] == [
+        ["bf16", "default torch.compile"], ["bf16", "fa4_inductor"], ["nvfp4", "default torch.compile"],
+        ["nvfp4", "fa4_inductor"], ["nvfp4", quant.PLAIN_NVFP4]]
+    cells = {row[1]: dict(zip(table.columns, row)) for row in table.rows if row[0] == "nvfp4"}
+    assert all(isinstance(c["tokens/s"], float) for c in cells.values()), cells
+    assert cells[quant.PLAIN_NVFP4][table.columns[-1]] == cells["fa4_inductor"][table.columns[-1]]

@@ -29,6 +29,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from .. import nvfp4
 from . import llama_e2e, models
 from .tables import Table, attempt, or_failed, report_failure, speedup
 from .timing import gpu_ms
@@ -272,6 +273,9 @@ def _nvfp4_weight_only_config():
 E2E_CONFIGS = {"int8": _int8_weight_only_config, "nvfp4": _nvfp4_weight_only_config}
 
 
+PLAIN_NVFP4 = "fa4_inductor, nvfp4.from_torchao"
+
+
 def e2e_table(device="cuda", dtype=torch.bfloat16, prompt=512, steps=64, model_overrides=None,
               formats=tuple(E2E_CONFIGS)) -> Table:
     """Llama-1B-shaped decode, tokens/s and ms/token: bf16 under default compile and ours, each weight format of
@@ -290,6 +294,8 @@ def e2e_table(device="cuda", dtype=torch.bfloat16, prompt=512, steps=64, model_o
     runs = [("bf16", "default torch.compile", "inductor"), ("bf16", "fa4_inductor", ours_backend())]
     for fmt in formats:
         runs += [(fmt, "default torch.compile", "inductor"), (fmt, "fa4_inductor", ours_backend())]
+        if fmt == "nvfp4":  # the same codes as plain buffers: no tensor subclass around each call
+            runs.append((fmt, PLAIN_NVFP4, ours_backend()))
     results = {}
     for weights, name, backend in runs:
         torch.manual_seed(0)
@@ -297,6 +303,8 @@ def e2e_table(device="cuda", dtype=torch.bfloat16, prompt=512, steps=64, model_o
         if weights != "bf16":  # lm_head stays bf16: its weight is tied to the embedding's
             quantize_(model, E2E_CONFIGS[weights](),
                       filter_fn=lambda module, fqn: isinstance(module, nn.Linear) and "lm_head" not in fqn)
+        if name == PLAIN_NVFP4:
+            nvfp4.from_torchao(model)
         torch._dynamo.reset()
         results[(weights, name)] = attempt(f"e2e {weights} {name}", functools.partial(
             llama_e2e.decode_tokens_per_s, model, backend, prompt, steps, device, mode=mode))
