@@ -60,8 +60,11 @@ def compile_model(model_fn, backend_name, **kwargs):
     return torch.compile(model_fn, **kwargs)
 
 
-def left_padded_batch(vocab: int, batch: int, seqlen: int, pads, device) -> tuple[torch.Tensor, torch.Tensor]:
-    """(input_ids, attention_mask) of a left-padded batch, row b starting after pads[b] pad tokens."""
+def left_padded_batch(vocab: int, batch: int, seqlen: int, pads, device, side: str = "left"
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(input_ids, attention_mask) of a padded batch: row b starts after pads[b] pad tokens (`side` "left", what
+    generate passes), or ends pads[b] tokens early ("right", fine-tuning batches)."""
     tokens = torch.randint(1, vocab, (batch, seqlen), generator=torch.Generator().manual_seed(0)).to(device)
-    mask = (torch.arange(seqlen)[None, :] >= torch.tensor(pads)[:, None]).long().to(device)
-    return tokens, mask
+    positions, pads = torch.arange(seqlen)[None, :], torch.tensor(pads)[:, None]
+    mask = positions >= pads if side == "left" else positions < seqlen - pads
+    return tokens, mask.long().to(device)

@@ -1,5 +1,6 @@
-"""`padded`: the Llama-1B-shaped HF model on a left-padded batch (the `attention_mask` generate passes)
-against the same batch without a mask, prefill and a training step, default torch.compile against ours."""
+"""`padded`: the Llama-1B-shaped HF model on a left-padded batch (the `attention_mask` generate passes) and a
+right-padded one (fine-tuning) against the same batch without a mask, prefill and a training step, default
+torch.compile against ours."""
 
 from __future__ import annotations
 
@@ -35,29 +36,32 @@ def padded_ms(model, backend_name, tokens, mask, train: bool, labels: bool = Tru
 
 
 def padded_suite(device="cuda", dtype=torch.bfloat16, batch=4, seqlen=2048, pads=(0, 100, 700, 1500),
-                 attentions=("sdpa", "eager"), passes=("prefill", "train"), model_overrides=None):
-    """Yields one table: a left-padded batch (the `attention_mask` generate passes) against the same batch
-    without a mask, prefill and a training step, default torch.compile against ours."""
+                 attentions=("sdpa", "eager"), passes=("prefill", "train"), sides=("left", "right"),
+                 model_overrides=None):
+    """Yields one table: a left-padded batch (the `attention_mask` generate passes) and a right-padded one (a
+    fine-tuning batch) against the same batch without a mask, prefill and a training step, default torch.compile
+    against ours."""
     backends = BACKENDS
     pads = [min(p * seqlen // 2048, seqlen - 1) for p in pads]
-    table = Table("Llama-1B-shaped HF model, a left-padded batch (ms, lower is better)",
+    table = Table("Llama-1B-shaped HF model, padded batches (ms, lower is better)",
                   ["attention code", "pass", "batch", *backends, "speedup"],
-                  note=f"{dtype}, batch {batch} x {seqlen}, left padding {pads} tokens (`attention_mask`) or no mask; "
-                       "prefill: last-token logits, no_grad; train: forward with labels (`use_cache=False`) + "
-                       "backward; median of 7 / 5 after a compile.")
+                  note=f"{dtype}, batch {batch} x {seqlen}, {pads} pad tokens on the left or the right "
+                       "(`attention_mask`) or no mask; prefill: last-token logits, no_grad; train: forward with labels "
+                       "(`use_cache=False`) + backward; median of 7 / 5 after a compile.")
     for attention in attentions:
         torch.manual_seed(0)
         model = llama(attention, device, dtype, **(model_overrides or {}))
-        tokens, mask = left_padded_batch(model.config.vocab_size, batch, seqlen, pads, device)
+        batches = {f"{side}-padded": left_padded_batch(model.config.vocab_size, batch, seqlen, pads, device, side)
+                   for side in sides}
         for train in [p == "train" for p in passes]:
-            for masked in (True, False):
+            for kind, (tokens, mask) in [*batches.items(), ("no mask", (next(iter(batches.values()))[0], None))]:
                 times = {}
                 for name, backend in backends.items():
                     torch._dynamo.reset()
-                    times[name] = attempt(f"padded {attention} {name}", functools.partial(
-                        padded_ms, model, backend, tokens, mask if masked else None, train))
+                    times[name] = attempt(f"padded {attention} {kind} {name}", functools.partial(
+                        padded_ms, model, backend, tokens, mask, train))
                 base, ours = times.values()
-                table.rows.append([attention, "train" if train else "prefill", "left-padded" if masked else "no mask",
+                table.rows.append([attention, "train" if train else "prefill", kind,
                                    or_failed(base), or_failed(ours), speedup(base, ours)])
         del model
         if device == "cuda":
