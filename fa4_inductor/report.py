@@ -12,7 +12,7 @@ from fa4_inductor.lowering import Record
 from .backend import fa4_inductor as default_backend
 from .publishing import collecting, publish
 
-__all__ = ["Report", "collecting", "explain", "graph_summary", "publish"]
+__all__ = ["PreparedMemory", "Report", "collecting", "explain", "graph_summary", "prepared_memory", "publish"]
 
 
 @dataclass
@@ -30,6 +30,30 @@ class Report:
     def __str__(self) -> str:
         head = f"fa4_inductor: {len(self.rewritten)} rewritten, {len(self.kept)} kept as written"
         return "\n".join([head] + [f"  {r}" for r in self.records])
+
+
+@dataclass
+class PreparedMemory:
+    """Memory the ops hold beside the model's own weights: each weight a kernel reads in its own layout, prepared
+    once (and again after the weight changes; `kernels/prepared_weights.py`), as (weight shape, layout, bytes)."""
+
+    rows: list
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(nbytes for _, _, nbytes in self.rows)
+
+    def __str__(self) -> str:
+        head = f"fa4_inductor: {len(self.rows)} prepared weights, {self.total_bytes / 2 ** 20:.1f} MiB"
+        return "\n".join([head] + [f"  {list(shape)} {kind}: {nbytes / 2 ** 20:.2f} MiB"
+                                    for shape, kind, nbytes in self.rows])
+
+
+def prepared_memory() -> PreparedMemory:
+    """What `PreparedMemory` says, for the weights alive now."""
+    from .kernels import prepared_weights
+
+    return PreparedMemory(prepared_weights.report())
 
 
 def explain(fn, *args, backend=None, **kwargs) -> Report:

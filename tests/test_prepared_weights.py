@@ -46,3 +46,19 @@ def test_entry_goes_with_the_weight():
     del w
     gc.collect()
     assert prepared_weights.report() == []
+
+
+def test_the_front_door_reports_prepared_memory():
+    """`fa4_inductor.prepared_memory()`: what is held, per weight and layout, and the total."""
+    import fa4_inductor
+
+    prepared_weights.clear()
+    w = torch.randn(16, 8)
+    prepared_weights.get(w, "x2", lambda: w.float() * 2)
+    prepared_weights.get(w, "bytes", lambda: w.to(torch.uint8))
+    held = fa4_inductor.prepared_memory()
+    assert held.total_bytes == 16 * 8 * 4 + 16 * 8 and len(held.rows) == 2
+    assert str(held).splitlines()[0] == "fa4_inductor: 2 prepared weights, 0.0 MiB"
+    assert "[16, 8] x2: 0.00 MiB" in str(held)
+    prepared_weights.clear()
+    assert fa4_inductor.prepared_memory().rows == []
