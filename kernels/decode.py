@@ -167,6 +167,7 @@ class _Key(NamedTuple):
     pdl: bool = False  # combine kernel: programmatic dependent launch
     stages: int = 0  # main kernel: K / V ring depth per warp
     key_mask: bool = False  # main kernel: a [B, Sk] key mask is given
+    min_ctas: int = 0  # int8-KV main kernel: CTAs a SM its registers must allow (0: ptxas decides)
 
 
 def fake_bhsd(cute, dtype, d: int, div: int = 1, align: Optional[int] = None):

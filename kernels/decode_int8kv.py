@@ -75,15 +75,21 @@ def stages_for(head_dim: int) -> int:
     return max(2, min(8, (budget - q_bytes) // per_stage))
 
 
+def ctas_per_sm() -> int:
+    """The CTAs a SM the split rule aims at: CTAS_PER_SM, or more when FA4_INDUCTOR_DECODE_MIN_CTAS asks for
+    registers that allow more."""
+    return max(CTAS_PER_SM, switches.current().decode_min_ctas)
+
+
 def num_splits(batch: int, kv_heads: int, q_len: int, group: int, seqlen_k: int, head_dim: int, num_sms: int) -> int:
-    """`decode.num_splits` for CTAS_PER_SM CTAs per SM."""
-    return decode.num_splits(batch, kv_heads, q_len, group, seqlen_k, head_dim, num_sms * CTAS_PER_SM)
+    """`decode.num_splits` for `ctas_per_sm()` CTAs per SM."""
+    return decode.num_splits(batch, kv_heads, q_len, group, seqlen_k, head_dim, num_sms * ctas_per_sm())
 
 
 def _key(dtype: torch.dtype, head_dim: int, group: int, causal: bool, softcap: bool, seqused: bool, split: bool,
          key_mask: bool, arch: str) -> decode._Key:
     return decode._Key("int8kv", dtype, head_dim, group, causal, softcap, seqused, split, arch,
-                       stages=stages_for(head_dim), key_mask=key_mask)
+                       stages=stages_for(head_dim), key_mask=key_mask, min_ctas=switches.current().decode_min_ctas)
 
 
 def _compile(key: decode._Key):
@@ -96,7 +102,7 @@ def _compile(key: decode._Key):
     dt = compile_utils.cutlass_dtype(key.dtype)
     d = key.head_dim
     kernel = DecodeAttentionInt8KVSm90(dt, d, key.group, key.causal, key.softcap, key.seqused, key.split, key.stages,
-                                       key.key_mask)
+                                       key.key_mask, key.min_ctas)
 
     def kv():
         return decode.fake_bhsd(cute, Int8, d, decode.ALIGN_BYTES, decode.ALIGN_BYTES)
@@ -126,7 +132,7 @@ def forward(q: Tensor, k: Tensor, v: Tensor, k_scale: Tensor, v_scale: Tensor, s
 
     `key_mask` [B, Sk] bool hides keys where False. `splits` overrides `num_splits` (tests and
     benchmarks); it must not depend on seqused_k."""
-    call = decode.prepare(q, k, seqused_k, key_mask, splits, Flags(**flags), ctas_per_sm=CTAS_PER_SM)
+    call = decode.prepare(q, k, seqused_k, key_mask, splits, Flags(**flags), ctas_per_sm=ctas_per_sm())
     # unit stride along the keys, also for a single key (where .contiguous() keeps any stride)
     if k_scale.stride(-1) != 1:
         k_scale = k_scale.clone(memory_format=torch.contiguous_format)

@@ -8,7 +8,8 @@ FA4_INDUCTOR_DECODE_EVERYWHERE (fixed-length decode calls to our kernel, not cuD
 FA4_INDUCTOR_NO_REPLAY (FA4 launch replay off). Decode-kernel tuning: FA4_INDUCTOR_DECODE_PDL
 (0 / false / no / off: the combine kernel without programmatic dependent launch),
 FA4_INDUCTOR_DECODE_SPLITS (a fixed split count), FA4_INDUCTOR_DECODE_SMEM_KB (a CTA's shared-memory
-budget, default 100). Others' variables we read: CUTE_DSL_ARCH (the CuTe DSL compile target), FA4's
+budget, default 100), FA4_INDUCTOR_DECODE_MIN_CTAS (int8-KV kernel: CTAs a SM its registers must allow, so
+ptxas caps them; default 0, uncapped). Others' variables we read: CUTE_DSL_ARCH (the CuTe DSL compile target), FA4's
 disk-cache pair and XDG_CACHE_HOME (`fa4.py` turns FA4's disk cache on).
 """
 
@@ -26,6 +27,7 @@ DECODE_EVERYWHERE = "FA4_INDUCTOR_DECODE_EVERYWHERE"
 DECODE_PDL = "FA4_INDUCTOR_DECODE_PDL"
 DECODE_SPLITS = "FA4_INDUCTOR_DECODE_SPLITS"
 DECODE_SMEM_KB = "FA4_INDUCTOR_DECODE_SMEM_KB"
+DECODE_MIN_CTAS = "FA4_INDUCTOR_DECODE_MIN_CTAS"
 CUTE_DSL_ARCH = "CUTE_DSL_ARCH"
 FA4_CACHE_ENABLED = "FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED"
 FA4_CACHE_DIR = "FLASH_ATTENTION_CUTE_DSL_CACHE_DIR"
@@ -41,6 +43,7 @@ class Switches(NamedTuple):
     decode_pdl: bool
     decode_splits: Optional[int]
     decode_smem_kb: int
+    decode_min_ctas: int
     cute_dsl_arch: Optional[str]
     fa4_cache_enabled_set: bool
     """FA4's disk-cache switch is set (by the user, or by `fa4.py` before importing FA4)."""
@@ -60,6 +63,7 @@ def read(env: Mapping[str, str]) -> Switches:
         decode_pdl=env.get(DECODE_PDL, "1").strip().lower() not in ("0", "false", "no", "off"),
         decode_splits=int(env[DECODE_SPLITS]) if env.get(DECODE_SPLITS) else None,
         decode_smem_kb=int(env.get(DECODE_SMEM_KB) or 100),
+        decode_min_ctas=int(env.get(DECODE_MIN_CTAS) or 0),
         cute_dsl_arch=env.get(CUTE_DSL_ARCH) or None,
         fa4_cache_enabled_set=FA4_CACHE_ENABLED in env,
         fa4_cache_dir=env.get(FA4_CACHE_DIR) or None,

@@ -3,7 +3,7 @@ our bf16 kernel (`decode`) and cuDNN SDPA (`sdpa_cudnn`) on the same cache in bf
 
     python tests/bench_decode_int8kv.py                 # b1 / b8 / b64 x 4k / 32k / 128k keys, hq32 hkv8, d128 and d64
     python tests/bench_decode_int8kv.py --b 1 --sk 32768 --splits 24
-    python tests/bench_decode_int8kv.py --sweep [--d 64]   # the int8 kernel's split counts x shared-memory budgets
+    python tests/bench_decode_int8kv.py --sweep [--d 64] [--min-ctas 0,3]   # split counts x smem budgets x register caps
 
 One query token, bf16 q, no causal mask (it hides nothing at Sq = 1). Medians of CUDA-graph replays
 (`bench.gpu_ms`; caches up to ~40 MB stay in L2 across replays, as in `bench_decode.py`). GB/s counts each
@@ -82,10 +82,11 @@ def line(r) -> str:
             f"max|diff| vs bf16 {r['max_abs_diff_vs_bf16']:.2e}")
 
 
-def sweep(head_dim=None):
+def sweep(head_dim=None, min_ctas=(0,)):
     """The int8 kernel alone: split counts around the heuristic's x shared-memory budgets (ring depth; 220 KB
-    leaves one CTA per SM): the data to re-derive `decode_int8kv.CTAS_PER_SM` and the default budget. `head_dim`
-    keeps the shapes of that head dim only."""
+    leaves one CTA per SM) x register caps (`min_ctas`: CTAs a SM the registers must allow, 0 uncapped): the data
+    to re-derive `decode_int8kv.CTAS_PER_SM` and the default budget. `head_dim` keeps the shapes of that head dim
+    only."""
     sms = decode._num_sms(torch.cuda.current_device())
     for b, sk, d in SWEEP_SHAPES:
         if head_dim not in (None, d):
@@ -97,20 +98,26 @@ def sweep(head_dim=None):
         candidates = sorted({max(1, min(decode.MAX_SPLITS, int(n * f))) for n in (n1, n2) for f in (0.5, 0.75, 1, 1.5, 2)})
         kv_bytes = 2 * k8.numel() + 2 * ks.numel() * 4
         results = []
-        for smem_kb in (72, 100, 160, 220):
-            os.environ[decode.SMEM_KB_ENV] = str(smem_kb)
-            switches.reset()
-            for n in candidates:
-                ms = gpu_ms(lambda: decode_int8kv.forward(q, k8, v8, ks, vs, scale=d ** -0.5, splits=n), cuda_graph=True)
-                results.append((ms, smem_kb, decode_int8kv.stages_for(d), n))
+        for cap in min_ctas:
+            for smem_kb in (56, 72, 100, 160, 220):
+                os.environ[decode.SMEM_KB_ENV] = str(smem_kb)
+                os.environ[switches.DECODE_MIN_CTAS] = str(cap)
+                switches.reset()
+                more_ctas = {max(1, n2 * cap // decode_int8kv.CTAS_PER_SM)} if cap else set()  # the rule's count then
+                for n in sorted(set(candidates) | more_ctas):
+                    ms = gpu_ms(lambda: decode_int8kv.forward(q, k8, v8, ks, vs, scale=d ** -0.5, splits=n),
+                                cuda_graph=True)
+                    results.append((ms, cap, smem_kb, decode_int8kv.stages_for(d), n))
         os.environ.pop(decode.SMEM_KB_ENV)
+        os.environ.pop(switches.DECODE_MIN_CTAS)
         switches.reset()
         best = min(results)
-        print(f"b{b} sk{sk} d{d}: best {best[0] * 1e3:.1f} us ({kv_bytes / best[0] / 1e6:.0f} GB/s) smem {best[1]} KB "
-              f"stages {best[2]} splits {best[3]}  (heuristic: splits {n2}; one CTA per SM would be {n1})")
-        for ms, smem_kb, stages, n in sorted(results, key=lambda x: x[1:]):
-            print(f"   smem {smem_kb:3} KB stages {stages} splits {n:3}{' (heuristic)' if n == n2 else ''}  "
-                  f"{ms * 1e3:8.1f} us  {kv_bytes / ms / 1e6:.0f} GB/s")
+        print(f"b{b} sk{sk} d{d}: best {best[0] * 1e3:.1f} us ({kv_bytes / best[0] / 1e6:.0f} GB/s) min CTAs {best[1]} "
+              f"smem {best[2]} KB stages {best[3]} splits {best[4]}  (heuristic: splits {n2}; one CTA per SM would be "
+              f"{n1})")
+        for ms, cap, smem_kb, stages, n in sorted(results, key=lambda x: x[1:]):
+            print(f"   min CTAs {cap} smem {smem_kb:3} KB stages {stages} splits {n:3}{' (heuristic)' if n == n2 else ''}"
+                  f"  {ms * 1e3:8.1f} us  {kv_bytes / ms / 1e6:.0f} GB/s")
         del q, k8, v8, ks, vs
         torch.cuda.empty_cache()
 
@@ -125,10 +132,11 @@ def main():
     parser.add_argument("--splits", type=int)
     parser.add_argument("--seqused", action="store_true")
     parser.add_argument("--sweep", action="store_true")
+    parser.add_argument("--min-ctas", default="0", help="sweep: comma list of register caps (CTAs a SM; 0 uncapped)")
     args = parser.parse_args()
     print(f"{torch.cuda.get_device_name()}  torch {torch.__version__}")
     if args.sweep:
-        sweep(args.d)
+        sweep(args.d, tuple(int(c) for c in args.min_ctas.split(",")))
         return
     shapes = [(b, sk, d) for b, sk, d in SHAPES if (args.b or b) == b and (args.sk or sk) == sk and (args.d or d) == d]
     if args.b and args.sk and not shapes:

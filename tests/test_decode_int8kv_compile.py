@@ -10,6 +10,8 @@ Numerics on a GPU are in `test_gpu_decode_int8kv.py`.
 """
 
 import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -308,6 +310,28 @@ def test_warmup_compiles_every_variant_of_a_shape(cute_dsl):
     assert decode_int8kv.warmup(torch.bfloat16, 128, 4, q_len=1, device="cpu", causal=True, seqused_k=True) == 0
     with pytest.raises(ValueError):
         decode_int8kv.warmup(torch.bfloat16, 96, 4)
+
+
+MIN_CTAS_PROBE = """
+import torch
+from fa4_inductor.kernels import decode_int8kv
+key = decode_int8kv._key(torch.bfloat16, 128, 4, False, False, False, True, False, "sm_90a")
+ptx = decode_int8kv.compiled(key).__ptx__
+print(key.min_ctas, decode_int8kv.ctas_per_sm(), decode_int8kv.num_splits(1, 8, 1, 4, 32768, 128, 132),
+      [l.split()[1] for l in ptx.splitlines() if l.strip().startswith(".minnctapersm")])
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("cap", ["", "3"])
+def test_a_register_cap_asks_ptxas_for_more_ctas(cute_dsl, cap, tmp_path):
+    """FA4_INDUCTOR_DECODE_MIN_CTAS=3: the variant's PTX asks for three CTAs a SM (`.minnctapersm`, which caps
+    its registers: 160 at head dim 128, no spill, `docs/scripts/sass_stats.py`) and the split rule aims at
+    three; unset, neither (the PTX is as before the switch existed)."""
+    env = dict(os.environ, CUTE_DSL_KEEP_PTX="1", CUTE_DSL_ARCH=ARCH, **{switches.DECODE_MIN_CTAS: cap})
+    out = subprocess.run([sys.executable, "-c", MIN_CTAS_PROBE], env=env, cwd=tmp_path, check=True,
+                         capture_output=True, text=True).stdout.strip().splitlines()[-1]
+    assert out == ("3 3 50 ['3']" if cap else "0 2 33 []"), out
 
 
 # ---------------------------------------------------------------------------------------------

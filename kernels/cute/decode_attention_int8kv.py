@@ -168,7 +168,8 @@ def _int8_pair(t, fp16: bool):
 
 class DecodeAttentionInt8KVSm90(SplitKVMerge):
     """One compiled variant per (dtype, head_dim, group, causal, softcap on/off, seqused_k given,
-    key mask given, split or not, ring depth `stages` >= 2: the merge reuses the KV ring).
+    key mask given, split or not, ring depth `stages` >= 2: the merge reuses the KV ring; `min_ctas`, the CTAs
+    a SM its registers must allow).
 
     Call: (mQ, mK, mV, mKscale, mVscale, mSeqused, mKeyMask, mO, mLSE, mOpart, mLSEpart, scale_log2,
     softcap_in, softcap_out, stream). mK / mV int8 [B, Hkv, Sk, D] (unit stride on D, 16-byte
@@ -177,7 +178,7 @@ class DecodeAttentionInt8KVSm90(SplitKVMerge):
     """
 
     def __init__(self, dtype, head_dim: int, group: int, causal: bool, has_softcap: bool,
-                 has_seqused: bool, split: bool, stages: int, has_key_mask: bool = False):
+                 has_seqused: bool, split: bool, stages: int, has_key_mask: bool = False, min_ctas: int = 0):
         assert head_dim in HEAD_DIMS, head_dim
         assert stages >= 2, stages
         self.dtype = dtype
@@ -190,6 +191,7 @@ class DecodeAttentionInt8KVSm90(SplitKVMerge):
         self.has_key_mask = has_key_mask
         self.split = split
         self.stages = stages
+        self.min_ctas = min_ctas  # > 1: registers capped so that this many CTAs fit a SM (nvvm.minctasm)
         self.num_threads = 32 * NUM_WARPS
         self.o_scale = FP16_P_SCALE if self.fp16 else 1.0
 
@@ -244,6 +246,8 @@ class DecodeAttentionInt8KVSm90(SplitKVMerge):
             block=(self.num_threads, 1, 1),
             smem=SharedStorage.size_in_bytes(),
             stream=stream,
+            min_blocks_per_mp=self.min_ctas,
+            preferred_smem_carveout=100 if self.min_ctas > 1 else None,  # also spares the DSL a device query
         )
 
     @cute.kernel
