@@ -248,10 +248,10 @@ def forward_padded(q: Tensor, k: Tensor, v: Tensor, side: str, positions: Tensor
     blind_rows = side == "left" and flags.banded
     out = layout.empty_bhsd(b, hq, s, v.shape[-1], dtype=q.dtype, device=q.device, zero=blind_rows)
     lse = torch.full((hq, b * s), float("-inf"), dtype=torch.float32, device=q.device)
+    flat = [_flat(t) for t in (q, k, v, out)]  # once: an unaligned input is copied once for both calls
     with _device_guard(q):
         for args, kernel_flags in _padded_calls(side, positions, b, s, flags):
-            fa._flash_attn_fwd(_flat(q), _flat(k), _flat(v), **args, **kernel_flags, return_lse=True, out=_flat(out),
-                               lse=lse)
+            fa._flash_attn_fwd(*flat[:3], **args, **kernel_flags, return_lse=True, out=flat[3], lse=lse)
     return out, lse.view(hq, b, s).transpose(0, 1).contiguous()
 
 
@@ -267,11 +267,12 @@ def backward_padded(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tens
         return None if t is None else t.float().transpose(0, 1).reshape(hq, b * s)
 
     total = None
+    flat = [_flat(t) for t in (q, k, v, out, grad_out)]
     with _device_guard(q):
         for args, kernel_flags in _padded_calls(side, positions, b, s, flags):
             grads = [layout.empty_bhsd(*t.shape, dtype=t.dtype, device=t.device, zero=True) for t in (q, k, v)]
             fa._flash_attn_bwd(
-                _flat(q), _flat(k), _flat(v), _flat(out), _flat(grad_out), varlen_lse(lse),
+                *flat, varlen_lse(lse),
                 **args,
                 **kernel_flags,
                 dq=_flat(grads[0]),
