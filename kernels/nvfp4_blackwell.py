@@ -135,13 +135,8 @@ def blocked_offset(r: Tensor, c: Tensor, cols: int) -> Tensor:
 def weight_scales(w_block_scale: Tensor) -> Tensor:
     """The weight's e4m3 block scales [N, K / 16] in the blocked layout (once per scale tensor; see the module
     docstring for capture)."""
-    def build():
-        return to_blocked(w_block_scale.view(torch.uint8)).view(torch.float8_e4m3fn)
-
-    if w_block_scale.is_cuda and torch.cuda.is_current_stream_capturing() and \
-            not prepared_weights.holds(w_block_scale, KIND):
-        return build()
-    return prepared_weights.get(w_block_scale, KIND, build)
+    return prepared_weights.get_or_record(
+        w_block_scale, KIND, lambda: to_blocked(w_block_scale.view(torch.uint8)).view(torch.float8_e4m3fn))
 
 
 # ---------------------------------------------------------------------------------------------

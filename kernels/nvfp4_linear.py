@@ -191,16 +191,10 @@ def unblocked(w_block_scale: Tensor, n: int, groups: int) -> Tensor:
 
 
 def unblocked_once(w_block_scale: Tensor, n: int, groups: int) -> Tensor:
-    """`unblocked`, contiguous, made once per blocked scale tensor (`prepared_weights`). Under CUDA-graph capture a
-    tensor not met before (none was prepared in the warm-up call) is un-blocked in the graph instead (a copy of
-    N * K / 16 bytes, recorded, so replays follow its values), as `nvfp4_blackwell.weight_scales` does."""
-    def build():
-        return unblocked(w_block_scale, n, groups).contiguous()
-
-    if w_block_scale.is_cuda and torch.cuda.is_current_stream_capturing() and \
-            not prepared_weights.holds(w_block_scale, UNBLOCKED_KIND):
-        return build()
-    return prepared_weights.get(w_block_scale, UNBLOCKED_KIND, build)
+    """`unblocked`, contiguous, made once per blocked scale tensor (`prepared_weights.get_or_record`: under CUDA-graph
+    capture a tensor not met before is un-blocked in the graph instead, a copy of N * K / 16 bytes)."""
+    return prepared_weights.get_or_record(w_block_scale, UNBLOCKED_KIND,
+                                          lambda: unblocked(w_block_scale, n, groups).contiguous())
 
 
 def nvfp4_linear(x: Tensor, w_fp4: Tensor, w_block_scale: Tensor, w_global_scale: Tensor,

@@ -114,6 +114,15 @@ def get(weight: Tensor, kind: Hashable, build: Callable[[], T]) -> T:
     return value
 
 
+def get_or_record(weight: Tensor, kind: Hashable, build: Callable[[], T]) -> T:
+    """`get`, except for a weight met for the first time during CUDA-graph capture: there `build()` runs inside
+    the graph (recorded, so its replays follow the weight's values) where `get` would refuse. For values cheap
+    enough to recompute per replay (a layout change of block scales)."""
+    if _capturing(weight) and not holds(weight, kind):
+        return build()
+    return get(weight, kind, build)
+
+
 def holds(weight: Tensor, kind: Hashable) -> bool:
     """Whether `get(weight, kind, ...)` would return a value without building one."""
     entry = (_CACHE.get(weight) or {}).get(kind)

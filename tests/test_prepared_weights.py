@@ -62,3 +62,21 @@ def test_the_front_door_reports_prepared_memory():
     assert "[16, 8] x2: 0.00 MiB" in str(held)
     prepared_weights.clear()
     assert fa4_inductor.prepared_memory().rows == []
+
+
+def test_get_or_record_builds_in_the_graph_what_capture_meets_first(monkeypatch):
+    """During capture (stood in for: no GPU here) a weight met for the first time is built each time, inside the
+    graph, and not kept; one prepared before capture is returned as prepared. `get` refuses the first case."""
+    import pytest
+
+    prepared_weights.clear()
+    w, seen, calls = torch.randn(4, 4), torch.randn(4, 4), []
+    kept = prepared_weights.get(seen, "x2", _counting_build(seen, calls))
+    monkeypatch.setattr(prepared_weights, "_capturing", lambda weight: True)
+    first = prepared_weights.get_or_record(w, "x2", _counting_build(w, calls))
+    assert torch.equal(first, w * 2) and not prepared_weights.holds(w, "x2") and len(calls) == 2
+    assert prepared_weights.get_or_record(w, "x2", _counting_build(w, calls)) is not first and len(calls) == 3
+    assert prepared_weights.get_or_record(seen, "x2", _counting_build(seen, calls)) is kept and len(calls) == 3
+    with pytest.raises(RuntimeError, match="during CUDA-graph capture"):
+        prepared_weights.get(w, "x2", _counting_build(w, calls))
+    prepared_weights.clear()
