@@ -57,7 +57,7 @@ X_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 DEVICES = ("cpu", "cuda")
 SCALE_LAYOUTS = ("rowmajor", "blocked")
 UNBLOCKED_KIND = "nvfp4_unblocked_scales"
-BLOCK = 16  # inputs per e4m3 block scale
+BLOCK = layout.NVFP4_BLOCK  # inputs per e4m3 block scale
 
 E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
 """The value of each 4-bit e2m1 code: bit 3 the sign, bits 2-1 the exponent (bias 1), bit 0 the mantissa."""
@@ -230,7 +230,7 @@ def _weight_only_kernel_for(x2d: Tensor, w_fp4: Tensor) -> tuple[str, str]:
         return "dequantize", ours
     if not 0 < m <= QUACK_MAX_M:
         return "dequantize", f"{m} rows of x, outside quack's 1..{QUACK_MAX_M}"
-    reason = quack_w4a16.unsupported_reason(x2d, "nvfp4", w_fp4.shape[0], 2 * w_fp4.shape[1])
+    reason = quack_w4a16.unsupported_reason(x2d, "nvfp4", n, k)
     return ("quack", "") if reason is None else ("dequantize", reason)
 
 

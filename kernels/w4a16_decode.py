@@ -163,7 +163,7 @@ def nvfp4_words(w_fp4: Tensor) -> Tensor:
 def nvfp4_block_words(w_block_scale: Tensor, k: int) -> Tensor:
     """The e4m3 block scales [N, K/16] as int32 [N, Kp/64] (block 4c + b in byte b of word c)."""
     kp = padded_k("nvfp4", k)
-    return _pad_cols(w_block_scale.view(torch.uint8), kp // 16, align=4).view(torch.int32)
+    return _pad_cols(w_block_scale.view(torch.uint8), kp // layout.NVFP4_BLOCK, align=4).view(torch.int32)
 
 
 def int8_words(w_int8: Tensor) -> Tensor:
@@ -218,7 +218,7 @@ def decode_nvfp4_words(words: Tensor, block_words: Tensor, k: int, dtype: torch.
     splat = e4m3 * 2.0 ** (5 if f16 else 119)
     assert torch.equal(_rounded(splat, dtype), splat), "the block scale splat is not exact"
     codes = vals.reshape(n, -1)
-    w_dec = _rounded(codes * splat.repeat_interleave(16, dim=1), dtype)
+    w_dec = _rounded(codes * splat.repeat_interleave(layout.NVFP4_BLOCK, dim=1), dtype)
     return (w_dec * 2.0 ** gemm.decode_exponent(f16))[:, :k]
 
 
