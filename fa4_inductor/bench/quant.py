@@ -42,7 +42,7 @@ ROWS = (1, 4, 16, 64, 256, 1024, 4096)
 
 
 def ours_backend(**options):
-    """Our backend with the quantized-linear families turned on (off by default: options.py)."""
+    """Our backend with every quantized-linear family turned on (`int8_int8_linear` is off by default: options.py)."""
     import fa4_inductor
 
     return fa4_inductor.backend(**{"int8_linear": True, "int8_int8_linear": True, "nvfp4_linear": True, **options})
