@@ -208,10 +208,10 @@ class KeyMaskForm(NamedTuple):
     padded: Optional[tuple[str, Tensor]] = None
 
 
-RIGHT_PADDING_ON_FA4 = False
-"""Right padding under a causal mask as FA4 varlen segments (`fa4.forward_padded`, two calls): written and tested
-on the CPU against FA4's varlen semantics, off until its GPU test (tests/test_gpu_fa4.py,
-`test_padding_runs_fa4_varlen`) has passed on the H200; until then such masks stay on the SDPA fallback."""
+RIGHT_PADDING_ON_FA4 = True
+"""Right padding under a causal mask as FA4 varlen segments (`fa4.forward_padded`, two calls): tested on the CPU
+against FA4's varlen semantics and on the H200 (tests/test_gpu_fa4.py, `test_padding_runs_fa4_varlen`,
+docs/benchmarks.md session 10). False sends such masks to the SDPA fallback with the mask."""
 
 _LAST_FORM: list = []  # [(weak key mask, its version, weak seqused_k, flags), the form's kind]
 
