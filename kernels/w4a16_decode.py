@@ -25,9 +25,11 @@ contiguous, 16-byte aligned and zero-padded to the chunk when needed (a small co
 
 Limits (`unsupported_reason`): CUDA sm90, x float16 / bfloat16 with 1..16 rows, K a multiple of 16, N >= 1.
 
-CTA shape (`config`): WARPS_N warps along N times WARPS_K along K, ROW_TILES tiles of 16 rows a warp (fewer
-for M > 8, whose x takes twice the registers). Split-K (`num_splits`): a host function of the shapes and the
-SM count, never of values, so a captured CUDA graph stays valid (see `num_splits`). Partials go
+CTA shape (`cta_shape`): warps_n warps along N times warps_k along K, row_tiles tiles of 16 rows a warp.
+Wide (2 x 4 warps, 2 tiles a warp, 1 for M > 8, whose x takes twice the registers: 64 / 32 rows a CTA) when its
+CTAs cover the SMs; narrow (1 x 8 warps, 1 tile: 16 rows a CTA) for weights with few rows, which the wide shape
+leaves on a quarter of the SMs with each SM decoding 64 rows alone. Split-K (`num_splits`): a host function of
+the shapes and the SM count, never of values, so a captured CUDA graph stays valid (see `num_splits`). Partials go
 to an fp32 workspace [splits, M, N] (a fresh torch allocation per call: fine under capture) reduced by a
 second kernel in a fixed order (deterministic). `tests/bench_w4a16.py --splits 1,2,4,8` sweeps the count.
 
@@ -58,8 +60,6 @@ MAX_M = M_BUCKETS[-1]
 ALIGN_BYTES = layout.ALIGN_BYTES
 CHUNK_VALUES = {"nvfp4": 64, "int8": 32}  # weights per 32-byte chunk of a row
 K_MULTIPLE = 16
-WARPS_N = 2
-WARPS_K = 4
 MIN_STEPS = 2  # steps (4 chunks a row) per warp in a split
 MAX_SPLITS = 32
 
@@ -103,26 +103,45 @@ def padded_k(fmt: str, k: int) -> int:
     return -(-k // step) * step
 
 
-def row_tiles(m_max: int) -> int:
-    """Tiles of 16 weight rows a warp: 2 for M <= 8 (x read once for 32 rows), 1 for M <= 16."""
-    return 2 if m_max <= 8 else 1
+class CtaShape(NamedTuple):
+    row_tiles: int  # tiles of 16 weight rows a warp
+    warps_n: int
+    warps_k: int
+
+    @property
+    def rows(self) -> int:
+        return 16 * self.row_tiles * self.warps_n
 
 
-def rows_per_cta(m: int) -> int:
-    return 16 * row_tiles(m_bucket(m)) * WARPS_N
+NARROW = CtaShape(1, 1, 8)
 
 
-def num_splits(n: int, k_padded: int, fmt: str, m: int, num_sms: int) -> int:
-    """Split-K count for an [n, k_padded] weight: none once the row CTAs cover half the SMs (a CTA is 8 warps
-    with two steps of loads in flight each), else about one CTA per SM, each split keeping MIN_STEPS steps
-    per warp. H200 sweep (docs/benchmarks.md, session 8): 8192 x 8192 and 8192 x 2048 fastest unsplit,
-    4096 x 14336 with 2, 2048 x 8192 with 4."""
-    row_ctas = -(-n // rows_per_cta(m))
+def wide(m: int) -> CtaShape:
+    """2 x 4 warps; 2 tiles a warp for M <= 8 (x read once for 32 rows), 1 for M <= 16."""
+    return CtaShape(2 if m_bucket(m) <= 8 else 1, 2, 4)
+
+
+def cta_shape(n: int, m: int, num_sms: int, forced: Optional[tuple[int, int, int]] = None) -> CtaShape:
+    """The CTA shape for an n-row weight: `forced` (FA4_INDUCTOR_W4A16_CTA, tests, tuning) if given, else wide
+    when its CTAs cover half the SMs, narrow below (Llama-1B's 2048- and 512-row projections: 128 / 32 CTAs of
+    16 rows instead of 32 / 8 of 64)."""
+    if forced is not None:
+        return CtaShape(*forced)
+    shape = wide(m)
+    return shape if 2 * -(-n // shape.rows) >= num_sms else NARROW
+
+
+def num_splits(n: int, k_padded: int, fmt: str, shape: CtaShape, num_sms: int) -> int:
+    """Split-K count for an [n, k_padded] weight: none once the row CTAs cover half the SMs, else about one CTA
+    per SM, each split keeping MIN_STEPS steps (4 chunks a row) per warp. H200 sweep of the wide shape
+    (docs/benchmarks.md, session 8): 8192 x 8192 and 8192 x 2048 fastest unsplit, 4096 x 14336 with 2,
+    2048 x 8192 with 4."""
+    row_ctas = -(-n // shape.rows)
     if 2 * row_ctas >= num_sms:
         return 1
     chunks = k_padded // CHUNK_VALUES[fmt]
     want = round(num_sms / row_ctas)
-    return max(1, min(want, chunks // (4 * WARPS_K * MIN_STEPS), MAX_SPLITS))
+    return max(1, min(want, chunks // (4 * shape.warps_k * MIN_STEPS), MAX_SPLITS))
 
 
 @functools.cache
@@ -273,6 +292,7 @@ class _Key(NamedTuple):
     split: bool  # main only
     bias: bool
     arch: str
+    cta: Optional[CtaShape] = None  # main only
 
 
 def _compile(key: _Key):
@@ -295,8 +315,7 @@ def _compile(key: _Key):
 
     from .cute.w4a16_decode_gemm import W4A16DecodeGemm
 
-    kernel = W4A16DecodeGemm(dt, key.fmt, key.m_max // 8, key.split, key.bias, row_tiles(key.m_max), WARPS_N,
-                             WARPS_K)
+    kernel = W4A16DecodeGemm(dt, key.fmt, key.m_max // 8, key.split, key.bias, *key.cta)
     x = cute.runtime.make_fake_tensor(Int32, (sym(), sym()), (sym64(divisibility=4), 1), assumed_align=16)
     w = cute.runtime.make_fake_tensor(Int32, (sym(), sym()), (sym64(divisibility=4), 1), assumed_align=16)
     block = cute.runtime.make_fake_tensor(Int32, (sym(), sym()), (sym64(), 1)) if nvfp4 else None
@@ -308,27 +327,29 @@ compiled = compile_utils.CompiledVariants(_compile)
 """`compiled(key)`: the variant `key` names, compiled on first use."""
 
 
-def keys(dtype: torch.dtype, fmt: str, m: int, split: bool, bias: bool, arch: str) -> list[_Key]:
+def keys(dtype: torch.dtype, fmt: str, m: int, split: bool, bias: bool, arch: str, cta: CtaShape) -> list[_Key]:
     """The variants a call runs: the main kernel, and the reduce kernel when split."""
-    main = _Key("main", dtype, fmt, m_bucket(m), split, bias and not split, arch)
+    main = _Key("main", dtype, fmt, m_bucket(m), split, bias and not split, arch, cta)
     return [main, _Key("reduce", dtype, fmt, 0, True, bias, arch)] if split else [main]
 
 
 def warmup(dtype: torch.dtype, fmt: str, m_values=M_BUCKETS, *, bias: Optional[bool] = None,
            device: torch.device | str = "cuda") -> int:
-    """Compile every variant calls with these rows can hit (split and not; `bias` None: both), outside
-    CUDA-graph capture. Returns how many were compiled now."""
+    """Compile every variant calls with these rows can hit (both CTA shapes, split and not; `bias` None: both),
+    outside CUDA-graph capture. Returns how many were compiled now."""
     if dtype not in DTYPES or fmt not in FORMATS:
         raise ValueError(f"the W4A16 decode GEMM does not take dtype {dtype} / format {fmt!r}")
     arch = compile_utils.target_arch(torch.device(device), off_gpu="sm_90a")
     before = len(compiled)
+    forced = switches.current().w4a16_cta
     for m in m_values:
-        for split in (False, True):
-            for b in ((False, True) if bias is None else (bool(bias),)):
-                if fmt == "nvfp4" and b:
-                    continue
-                for key in keys(dtype, fmt, m, split, b, arch):
-                    compiled(key)
+        for cta in ({CtaShape(*forced)} if forced else {wide(m), NARROW}):
+            for split in (False, True):
+                for b in ((False, True) if bias is None else (bool(bias),)):
+                    if fmt == "nvfp4" and b:
+                        continue
+                    for key in keys(dtype, fmt, m, split, b, arch, cta):
+                        compiled(key)
     return len(compiled) - before
 
 
@@ -338,18 +359,19 @@ def warmup(dtype: torch.dtype, fmt: str, m_values=M_BUCKETS, *, bias: Optional[b
 
 
 def _run(fmt: str, x2d: Tensor, words: Tensor, block: Optional[Tensor], scale: Tensor, bias: Optional[Tensor],
-         n: int, k: int, splits: Optional[int]) -> Tensor:
+         n: int, k: int, splits: Optional[int], cta: Optional[tuple[int, int, int]]) -> Tensor:
     m = x2d.shape[0]
     kp = words.shape[1] * (8 if fmt == "nvfp4" else 4)  # codes per int32 word
     x = prepare_x(x2d, kp)
     device = x.device
     out = torch.empty(m, n, dtype=x.dtype, device=device)
+    num_sms = _num_sms(device.index if device.index is not None else torch.cuda.current_device())
+    shape = cta_shape(n, m, num_sms, cta or switches.current().w4a16_cta)
     if splits is None:
-        index = device.index if device.index is not None else torch.cuda.current_device()
-        splits = num_splits(n, kp, fmt, m, _num_sms(index))
+        splits = num_splits(n, kp, fmt, shape, num_sms)
     split = splits > 1
     arch = compile_utils.target_arch(device)
-    variants = [compiled(key) for key in keys(x.dtype, fmt, m, split, bias is not None, arch)]
+    variants = [compiled(key) for key in keys(x.dtype, fmt, m, split, bias is not None, arch, shape)]
     xw = x.view(torch.int32)
     with torch.cuda.device(device):
         if not split:
@@ -371,17 +393,17 @@ def _check(x2d: Tensor, fmt: str, n: int, k: int, *tensors: Optional[Tensor]) ->
 
 
 def nvfp4_matmul(x2d: Tensor, w_fp4: Tensor, w_block_scale: Tensor, w_global_scale: Tensor, *,
-                 splits: Optional[int] = None) -> Tensor:
-    """x2d [M, K] @ dequant(w)^T -> [M, N] in x's dtype (module docstring). `splits` overrides `num_splits`
-    (tests, tuning)."""
+                 splits: Optional[int] = None, cta: Optional[tuple[int, int, int]] = None) -> Tensor:
+    """x2d [M, K] @ dequant(w)^T -> [M, N] in x's dtype (module docstring). `splits` overrides `num_splits` and
+    `cta` (row tiles, warps_n, warps_k) `cta_shape` (tests, tuning)."""
     n, k = layout.nvfp4_operands(w_fp4, w_block_scale, w_global_scale)
     _check(x2d, "nvfp4", n, k, w_fp4, w_block_scale, w_global_scale)
     words, pairs = prepare_nvfp4(w_fp4, w_block_scale)
-    return _run("nvfp4", x2d, words, pairs, w_global_scale.reshape(1), None, n, k, splits)
+    return _run("nvfp4", x2d, words, pairs, w_global_scale.reshape(1), None, n, k, splits, cta)
 
 
 def int8_matmul(x2d: Tensor, w_int8: Tensor, w_scale: Tensor, bias: Optional[Tensor] = None, *,
-                splits: Optional[int] = None) -> Tensor:
+                splits: Optional[int] = None, cta: Optional[tuple[int, int, int]] = None) -> Tensor:
     """x2d [M, K] @ (w_int8 [N, K] * w_scale [N])^T (+ bias [N]) -> [M, N] in x's dtype."""
     if w_int8.dim() != 2 or w_int8.dtype != torch.int8:
         raise ValueError(f"int8 weights are int8 [N, K], got {w_int8.dim()}-D {w_int8.dtype}")
@@ -392,4 +414,4 @@ def int8_matmul(x2d: Tensor, w_int8: Tensor, w_scale: Tensor, bias: Optional[Ten
     scale = w_scale.reshape(n).to(torch.float32).contiguous()
     if bias is not None:
         bias = bias.reshape(n).to(x2d.dtype).contiguous()
-    return _run("int8", x2d, prepare_int8(w_int8), None, scale, bias, n, k, splits)
+    return _run("int8", x2d, prepare_int8(w_int8), None, scale, bias, n, k, splits, cta)

@@ -3,6 +3,7 @@ W4A16 GEMM (kernels/quack_w4a16.py), NVFP4 and int8 weights, x bf16.
 
     python tests/bench_w4a16.py                   # M = 1, 4, 16 on the shapes
     python tests/bench_w4a16.py --m 1 --shapes 8192x8192 --splits 1,2,4,8   # split-count sweep, ours only
+    python tests/bench_w4a16.py --m 1,8 --cta auto,2x2x4,1x1x8              # CTA-shape sweep, ours only
 
 Timing: each kernel is called on C copies of its weight (C copies > 2x the 50 MB L2, so every call reads its
 weight from HBM as a decode step does) inside one CUDA graph; the median over 20 replays divided by C is the
@@ -68,7 +69,11 @@ def weights(n, k, c, seed=0):
     return out
 
 
-def bench_shape(n, k, ms, splits_list=None):
+def _cta_label(cta):
+    return "auto" if cta is None else "x".join(map(str, cta))
+
+
+def bench_shape(n, k, ms, splits_list=None, ctas=None):
     fp4_bytes, int8_bytes, bf16_bytes = n * k * 9 // 16, n * k + 4 * n, 2 * n * k
     c = copies(fp4_bytes)
     ws = weights(n, k, c)
@@ -76,12 +81,16 @@ def bench_shape(n, k, ms, splits_list=None):
     for m in ms:
         x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
         row = {}
-        if splits_list:
-            for s in splits_list:
-                row[f"ours nvfp4 s{s}"] = (graph_us([lambda w=w: w4.nvfp4_matmul(x, *w[:3], splits=s) for w in ws]),
-                                           fp4_bytes)
-                row[f"ours int8 s{s}"] = (graph_us([lambda w=w: w4.int8_matmul(x, w[3], w[4], splits=s) for w in ws]),
-                                          int8_bytes)
+        sweep = bool(splits_list or ctas)
+        if sweep:
+            row["bf16"] = (graph_us([lambda w=w: F.linear(x, w) for w in wbf]), bf16_bytes)
+            for cta in ctas or [None]:
+                for s in splits_list or [None]:
+                    tag = f"{_cta_label(cta)} s{s or 'auto'}"
+                    row[f"ours nvfp4 {tag}"] = (graph_us([lambda w=w: w4.nvfp4_matmul(x, *w[:3], splits=s, cta=cta)
+                                                          for w in ws]), fp4_bytes)
+                    row[f"ours int8 {tag}"] = (graph_us([lambda w=w: w4.int8_matmul(x, w[3], w[4], splits=s, cta=cta)
+                                                         for w in ws]), int8_bytes)
         else:
             ours = m <= w4.MAX_M  # above, the ops route elsewhere (quack, dequantize): bf16 and quack only
             row["bf16"] = (graph_us([lambda w=w: F.linear(x, w) for w in wbf]), bf16_bytes)
@@ -102,15 +111,18 @@ def bench_shape(n, k, ms, splits_list=None):
                 ref8 = x.double() @ (w8.double() * s8.double()[:, None]).T
                 e4 = ((w4.nvfp4_matmul(x, w_fp4, block, gs).double() - ref4).abs().max() / ref4.abs().max()).item()
                 e8 = ((w4.int8_matmul(x, w8, s8).double() - ref8).abs().max() / ref8.abs().max()).item()
-        splits = {f: w4.num_splits(n, w4.padded_k(f, k), f, m, w4._num_sms(0)) if m <= w4.MAX_M else "-"
+        shape = w4.cta_shape(n, m, w4._num_sms(0)) if m <= w4.MAX_M else None
+        splits = {f: w4.num_splits(n, w4.padded_k(f, k), f, shape, w4._num_sms(0)) if shape else "-"
                   for f in w4.FORMATS}
         base = row.get("bf16", (None,))[0]
         cells = []
         for name, (us, nbytes) in row.items():
             speed = f" {base / us:4.2f}x" if base and name != "bf16" else ""
             cells.append(f"{name} {us:6.1f} us {nbytes / us / 1e6:4.2f} TB/s{speed}")
-        acc = "" if splits_list or m > w4.MAX_M else f"  rel err nvfp4 {e4:.1e} int8 {e8:.1e}"
-        print(f"{n}x{k} m{m:<2} splits {splits['nvfp4']}/{splits['int8']}  " + "  |  ".join(cells) + acc, flush=True)
+        acc = "" if sweep or m > w4.MAX_M else f"  rel err nvfp4 {e4:.1e} int8 {e8:.1e}"
+        auto = f"cta {_cta_label(shape)} " if shape else ""
+        print(f"{n}x{k} m{m:<2} {auto}splits {splits['nvfp4']}/{splits['int8']}  " + "  |  ".join(cells) + acc,
+              flush=True)
     del ws, wbf
     torch.cuda.empty_cache()
 
@@ -119,14 +131,17 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("--m", default="1,4,16")
     p.add_argument("--shapes", default=",".join(f"{n}x{k}" for n, k in SHAPES))
-    p.add_argument("--splits", default=None, help="comma list: sweep split counts (ours only)")
+    p.add_argument("--splits", default=None, help="comma list: sweep split counts (ours and bf16 only)")
+    p.add_argument("--cta", default=None, help="comma list of CTA shapes RTxWNxWK or auto: sweep them (ours and "
+                                                "bf16 only)")
     a = p.parse_args()
     ms = [int(v) for v in a.m.split(",")]
     splits = [int(v) for v in a.splits.split(",")] if a.splits else None
+    ctas = [None if c == "auto" else tuple(int(v) for v in c.split("x")) for c in a.cta.split(",")] if a.cta else None
     print(f"device {torch.cuda.get_device_name()}, SMs {w4._num_sms(0)}")
     for shape in a.shapes.split(","):
         n, k = map(int, shape.split("x"))
-        bench_shape(n, k, ms, splits)
+        bench_shape(n, k, ms, splits, ctas)
 
 
 if __name__ == "__main__":

@@ -28,30 +28,35 @@ def report(name, out, ref, pytorch):
     assert err.max().item() <= 2 * pt_err + 1e-5 * scale, name
 
 
-def nvfp4_case(m, n, k, dtype, splits=None, seed=0):
+def plan(n, k, fmt, m, splits, cta):
+    shape = w4.cta_shape(n, m, w4._num_sms(0), cta)
+    splits = splits or w4.num_splits(n, w4.padded_k(fmt, k), fmt, shape, w4._num_sms(0))
+    return f"cta {'x'.join(map(str, shape))} splits {splits}"
+
+
+def nvfp4_case(m, n, k, dtype, splits=None, seed=0, cta=None):
     w_fp4, block, global_scale = random_nvfp4(n, k, seed=seed, device="cuda")
     x = torch.randn(m, k, dtype=dtype, device="cuda")
-    out = w4.nvfp4_matmul(x, w_fp4, block, global_scale, splits=splits)
+    out = w4.nvfp4_matmul(x, w_fp4, block, global_scale, splits=splits, cta=cta)
     assert out.shape == (m, n) and out.dtype == dtype
     wd = float64_dequantized(w_fp4, block, global_scale)
     ref = x.double() @ wd.T
     pytorch = F.linear(x, wd.to(dtype))
-    used = splits or w4.num_splits(n, w4.padded_k("nvfp4", k), "nvfp4", m, w4._num_sms(0))
-    report(f"nvfp4 {str(dtype)[6:]} m{m} n{n} k{k} splits {used}", out, ref, pytorch)
+    report(f"nvfp4 {str(dtype)[6:]} m{m} n{n} k{k} {plan(n, k, 'nvfp4', m, splits, cta)}", out, ref, pytorch)
 
 
-def int8_case(m, n, k, dtype, bias, splits=None, seed=0):
+def int8_case(m, n, k, dtype, bias, splits=None, seed=0, cta=None):
     g = torch.Generator().manual_seed(seed)
     w_int8 = torch.randint(-128, 128, (n, k), dtype=torch.int8, generator=g).cuda()
     scale = (torch.rand(n, generator=g) / 100 + 1e-3).cuda()
     b = torch.randn(n, dtype=dtype, device="cuda") if bias else None
     x = torch.randn(m, k, dtype=dtype, device="cuda")
-    out = w4.int8_matmul(x, w_int8, scale, b, splits=splits)
+    out = w4.int8_matmul(x, w_int8, scale, b, splits=splits, cta=cta)
     wd = w_int8.double() * scale.double()[:, None]
     ref = x.double() @ wd.T + (b.double() if bias else 0)
     pytorch = F.linear(x, wd.to(dtype), b)
-    used = splits or w4.num_splits(n, w4.padded_k("int8", k), "int8", m, w4._num_sms(0))
-    report(f"int8 {str(dtype)[6:]} m{m} n{n} k{k} bias {bias} splits {used}", out, ref, pytorch)
+    report(f"int8 {str(dtype)[6:]} m{m} n{n} k{k} bias {bias} {plan(n, k, 'int8', m, splits, cta)}", out, ref,
+           pytorch)
 
 
 @pytest.mark.parametrize("m", range(1, 17))
@@ -72,6 +77,15 @@ def test_forced_splits_and_dtypes(fmt, splits, dtype):
         nvfp4_case(5, 333, 4096, dtype, splits=splits, seed=splits)
     else:
         int8_case(5, 333, 4096, dtype, bias=True, splits=splits, seed=splits)
+
+
+@pytest.mark.parametrize("cta", [(1, 1, 8), (2, 2, 4), (1, 2, 8), (2, 1, 2)], ids=lambda c: "x".join(map(str, c)))
+@pytest.mark.parametrize("m", [1, 9])
+def test_forced_cta_shapes(cta, m):
+    """Every CTA shape the rule or FA4_INDUCTOR_W4A16_CTA can pick: odd N and K, split and not."""
+    for splits in (None, 3):
+        nvfp4_case(m, 333, 4160, torch.bfloat16, splits=splits, seed=m, cta=cta)
+        int8_case(m, 333, 4128, torch.float16, bias=True, splits=splits, seed=m, cta=cta)
 
 
 @pytest.mark.parametrize("m", [1, 8, 9, 16])

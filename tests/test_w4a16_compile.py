@@ -23,19 +23,23 @@ def cute_dsl():
     pytest.importorskip("tvm_ffi", reason="the kernel compiles with --enable-tvm-ffi")
 
 
-def _key(kernel, dtype, fmt, m, split, bias):
-    return w4._Key(kernel, dtype, fmt, m, split, bias, ARCH)
+def _key(kernel, dtype, fmt, m, split, bias, cta="wide"):
+    if kernel == "reduce":
+        return w4._Key(kernel, dtype, fmt, m, split, bias, ARCH)
+    return w4._Key(kernel, dtype, fmt, m, split, bias, ARCH, w4.wide(m) if cta == "wide" else w4.NARROW)
 
 
 FAST_VARIANTS = [
     ("main", torch.bfloat16, "nvfp4", 8, False, False),
+    ("main", torch.bfloat16, "nvfp4", 8, False, False, "narrow"),
     ("main", torch.float16, "int8", 16, True, False),
     ("reduce", torch.bfloat16, "int8", 0, True, True),
 ]
 SLOW_VARIANTS = [
     ("main", torch.float16, "nvfp4", 16, True, False),
-    ("main", torch.bfloat16, "nvfp4", 16, True, False),
+    ("main", torch.bfloat16, "nvfp4", 16, True, False, "narrow"),
     ("main", torch.bfloat16, "int8", 8, False, True),
+    ("main", torch.bfloat16, "int8", 8, True, False, "narrow"),
     ("main", torch.float16, "int8", 8, False, False),
     ("reduce", torch.float16, "nvfp4", 0, True, False),
 ]
@@ -69,7 +73,7 @@ def test_warmup_compiles_every_variant_of_a_format(cute_dsl):
 PTX_PROBE = """
 import sys, torch
 from fa4_inductor.kernels import w4a16_decode as w
-key = w.keys(torch.bfloat16, sys.argv[1], 8, False, False, "sm_90a")[0]
+key = w.keys(torch.bfloat16, sys.argv[1], 8, False, False, "sm_90a", w.wide(8))[0]
 ptx = w.compiled(key).__ptx__
 ops = ("ld.global", "cp.async", "mul.", "fma.", "add.", "mma.")
 lines = [l.split()[0].rstrip(";") for l in ptx.splitlines() if l.strip().startswith(ops)]
@@ -191,25 +195,47 @@ def test_x_is_zero_padded_to_the_chunk():
 
 @pytest.mark.parametrize("n, k, fmt, m", [
     (8192, 8192, "nvfp4", 1), (2048, 8192, "nvfp4", 1), (8192, 2048, "int8", 16), (128256, 4096, "nvfp4", 4),
-    (16, 16, "int8", 1), (4096, 14336, "nvfp4", 16),
+    (16, 16, "int8", 1), (4096, 14336, "nvfp4", 16), (16, 8192, "nvfp4", 1), (512, 2048, "int8", 8),
 ])
 def test_num_splits_is_in_range(n, k, fmt, m):
     kp = w4.padded_k(fmt, k)
-    s = w4.num_splits(n, kp, fmt, m, num_sms=132)
+    shape = w4.cta_shape(n, m, num_sms=132)
+    s = w4.num_splits(n, kp, fmt, shape, num_sms=132)
     assert 1 <= s <= w4.MAX_SPLITS
     chunks = kp // w4.CHUNK_VALUES[fmt]
-    assert s == 1 or chunks // s >= 4 * w4.WARPS_K * w4.MIN_STEPS
+    assert s == 1 or chunks // s >= 4 * shape.warps_k * w4.MIN_STEPS
 
 
-def test_num_splits_targets():
-    """Enough rows fill the GPU without splitting; fewer rows of a long K split."""
-    assert w4.num_splits(128256, 4096, "nvfp4", 1, 132) == 1
-    assert w4.num_splits(14336, 4096, "nvfp4", 1, 132) == 1
-    assert w4.num_splits(2048, 8192, "nvfp4", 1, 132) == 4
-    assert w4.num_splits(4096, 14336, "nvfp4", 1, 132) == 2
-    assert w4.num_splits(8192, 8192, "int8", 1, 132) == 1
-    assert w4.num_splits(2048, 8192, "nvfp4", 16, 132) == 2
-    assert w4.num_splits(2048, 2048, "nvfp4", 1, 132) == 1
+def _plan(n, k, m, fmt="nvfp4"):
+    shape = w4.cta_shape(n, m, 132)
+    return ("wide" if shape == w4.wide(m) else "narrow" if shape == w4.NARROW else shape,
+            w4.num_splits(n, w4.padded_k(fmt, k), fmt, shape, 132))
+
+
+def test_cta_shape_and_splits():
+    """Weights whose wide CTAs cover half the SMs keep them (and split K only below that); fewer rows take the
+    narrow 16-row CTAs, which cover the SMs without a split for Llama-1B's 2048-row projections."""
+    assert _plan(128256, 4096, 1) == ("wide", 1)
+    assert _plan(14336, 4096, 1) == ("wide", 1)
+    assert _plan(8192, 8192, 1, "int8") == ("wide", 1)
+    assert _plan(8192, 2048, 1) == ("wide", 1)
+    assert _plan(4096, 14336, 1) == ("narrow", 1)  # 64 wide CTAs (split 2 before): 256 narrow ones
+    assert _plan(4096, 14336, 16) == ("wide", 1)  # 32 rows a CTA at M > 8: 128 wide CTAs
+    assert _plan(2048, 8192, 1) == ("narrow", 1)
+    assert _plan(2048, 2048, 1) == ("narrow", 1)
+    assert _plan(512, 2048, 1) == ("narrow", 1)  # 32 CTAs; K too short for 2 steps a warp in a split
+    assert _plan(512, 8192, 1) == ("narrow", 2)
+    assert w4.cta_shape(8192, 1, 132, forced=(1, 2, 4)) == w4.CtaShape(1, 2, 4)
+    assert w4.wide(16) == w4.CtaShape(1, 2, 4) and w4.wide(8).rows == 64 and w4.NARROW.rows == 16
+
+
+def test_cta_switch_is_read_and_checked():
+    from fa4_inductor.kernels import switches
+
+    assert switches.read({"FA4_INDUCTOR_W4A16_CTA": "1x2x8"}).w4a16_cta == (1, 2, 8)
+    assert switches.read({}).w4a16_cta is None
+    with pytest.raises(ValueError, match="RTxWNxWK"):
+        switches.read({"FA4_INDUCTOR_W4A16_CTA": "1x8"})
 
 
 def test_declines_off_gpu_and_outside_its_limits():
