@@ -10,7 +10,9 @@ FA4_INDUCTOR_NO_REPLAY (FA4 launch replay off). Decode-kernel tuning: FA4_INDUCT
 FA4_INDUCTOR_DECODE_SPLITS (a fixed split count), FA4_INDUCTOR_DECODE_SMEM_KB (a CTA's shared-memory
 budget, default 100), FA4_INDUCTOR_DECODE_MIN_CTAS (int8-KV kernel: CTAs a SM its registers must allow, so
 ptxas caps them; default 0, uncapped). W4A16 decode GEMM tuning: FA4_INDUCTOR_W4A16_CTA (a fixed CTA shape,
-"RTxWNxWK": row tiles a warp, warps along N, warps along K; default: `w4a16_decode.cta_shape`'s rule). Others' variables we read: CUTE_DSL_ARCH (the CuTe DSL compile target), FA4's
+"RTxWNxWK": row tiles a warp, warps along N, warps along K; default: `w4a16_decode.cta_shape`'s rule),
+FA4_INDUCTOR_W4A16_PDL (on: launched as a programmatic dependent, its first weight loads before the wait; default
+off). Others' variables we read: CUTE_DSL_ARCH (the CuTe DSL compile target), FA4's
 disk-cache pair and XDG_CACHE_HOME (`fa4.py` turns FA4's disk cache on).
 """
 
@@ -30,6 +32,7 @@ DECODE_SPLITS = "FA4_INDUCTOR_DECODE_SPLITS"
 DECODE_SMEM_KB = "FA4_INDUCTOR_DECODE_SMEM_KB"
 DECODE_MIN_CTAS = "FA4_INDUCTOR_DECODE_MIN_CTAS"
 W4A16_CTA = "FA4_INDUCTOR_W4A16_CTA"
+W4A16_PDL = "FA4_INDUCTOR_W4A16_PDL"
 CUTE_DSL_ARCH = "CUTE_DSL_ARCH"
 FA4_CACHE_ENABLED = "FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED"
 FA4_CACHE_DIR = "FLASH_ATTENTION_CUTE_DSL_CACHE_DIR"
@@ -47,6 +50,7 @@ class Switches(NamedTuple):
     decode_smem_kb: int
     decode_min_ctas: int
     w4a16_cta: Optional[tuple[int, int, int]]
+    w4a16_pdl: bool
     cute_dsl_arch: Optional[str]
     fa4_cache_enabled_set: bool
     """FA4's disk-cache switch is set (by the user, or by `fa4.py` before importing FA4)."""
@@ -68,6 +72,7 @@ def read(env: Mapping[str, str]) -> Switches:
         decode_smem_kb=int(env.get(DECODE_SMEM_KB) or 100),
         decode_min_ctas=int(env.get(DECODE_MIN_CTAS) or 0),
         w4a16_cta=_cta_shape(env.get(W4A16_CTA)),
+        w4a16_pdl=_is_on(env.get(W4A16_PDL)),
         cute_dsl_arch=env.get(CUTE_DSL_ARCH) or None,
         fa4_cache_enabled_set=FA4_CACHE_ENABLED in env,
         fa4_cache_dir=env.get(FA4_CACHE_DIR) or None,

@@ -36,8 +36,12 @@ second kernel in a fixed order (deterministic). `tests/bench_w4a16.py --splits 1
 Loads: each warp loads its next step straight into registers (a per-warp cp.async ring in shared memory was
 measured 1.2-2x slower on the H200 on every shape, docs/benchmarks.md session 9, and removed).
 
-Compilation: one main variant per (x dtype, format, x row groups (M <= 8, M <= 16), split or not, bias or
-not, arch) and one reduce variant per (x dtype, format, bias or not, arch), kept for the process in
+PDL (FA4_INDUCTOR_W4A16_PDL, off by default): the main kernel launched as a programmatic dependent, so that in
+a run of these GEMMs over one x (q, k, v; gate, up) each one's first weight loads overlap the previous one's
+tail (`W4A16DecodeGemm`'s docstring says why that is safe).
+
+Compilation: one main variant per (x dtype, format, x row groups (M <= 8, M <= 16), CTA shape, split or not,
+bias or not, PDL or not, arch) and one reduce variant per (x dtype, format, bias or not, arch), kept for the process in
 `compiled` (`cute/compile_utils.py`). Call `warmup` (or one eager call per shape) before capturing a CUDA
 graph.
 """
@@ -293,6 +297,7 @@ class _Key(NamedTuple):
     bias: bool
     arch: str
     cta: Optional[CtaShape] = None  # main only
+    pdl: bool = False  # main only
 
 
 def _compile(key: _Key):
@@ -315,7 +320,7 @@ def _compile(key: _Key):
 
     from .cute.w4a16_decode_gemm import W4A16DecodeGemm
 
-    kernel = W4A16DecodeGemm(dt, key.fmt, key.m_max // 8, key.split, key.bias, *key.cta)
+    kernel = W4A16DecodeGemm(dt, key.fmt, key.m_max // 8, key.split, key.bias, *key.cta, pdl=key.pdl)
     x = cute.runtime.make_fake_tensor(Int32, (sym(), sym()), (sym64(divisibility=4), 1), assumed_align=16)
     w = cute.runtime.make_fake_tensor(Int32, (sym(), sym()), (sym64(divisibility=4), 1), assumed_align=16)
     block = cute.runtime.make_fake_tensor(Int32, (sym(), sym()), (sym64(), 1)) if nvfp4 else None
@@ -327,9 +332,10 @@ compiled = compile_utils.CompiledVariants(_compile)
 """`compiled(key)`: the variant `key` names, compiled on first use."""
 
 
-def keys(dtype: torch.dtype, fmt: str, m: int, split: bool, bias: bool, arch: str, cta: CtaShape) -> list[_Key]:
+def keys(dtype: torch.dtype, fmt: str, m: int, split: bool, bias: bool, arch: str, cta: CtaShape,
+         pdl: bool = False) -> list[_Key]:
     """The variants a call runs: the main kernel, and the reduce kernel when split."""
-    main = _Key("main", dtype, fmt, m_bucket(m), split, bias and not split, arch, cta)
+    main = _Key("main", dtype, fmt, m_bucket(m), split, bias and not split, arch, cta, pdl)
     return [main, _Key("reduce", dtype, fmt, 0, True, bias, arch)] if split else [main]
 
 
@@ -341,14 +347,14 @@ def warmup(dtype: torch.dtype, fmt: str, m_values=M_BUCKETS, *, bias: Optional[b
         raise ValueError(f"the W4A16 decode GEMM does not take dtype {dtype} / format {fmt!r}")
     arch = compile_utils.target_arch(torch.device(device), off_gpu="sm_90a")
     before = len(compiled)
-    forced = switches.current().w4a16_cta
+    forced, pdl = switches.current().w4a16_cta, switches.current().w4a16_pdl
     for m in m_values:
         for cta in ({CtaShape(*forced)} if forced else {wide(m), NARROW}):
             for split in (False, True):
                 for b in ((False, True) if bias is None else (bool(bias),)):
                     if fmt == "nvfp4" and b:
                         continue
-                    for key in keys(dtype, fmt, m, split, b, arch, cta):
+                    for key in keys(dtype, fmt, m, split, b, arch, cta, pdl):
                         compiled(key)
     return len(compiled) - before
 
@@ -366,12 +372,13 @@ def _run(fmt: str, x2d: Tensor, words: Tensor, block: Optional[Tensor], scale: T
     device = x.device
     out = torch.empty(m, n, dtype=x.dtype, device=device)
     num_sms = _num_sms(device.index if device.index is not None else torch.cuda.current_device())
-    shape = cta_shape(n, m, num_sms, cta or switches.current().w4a16_cta)
+    env = switches.current()
+    shape = cta_shape(n, m, num_sms, cta or env.w4a16_cta)
     if splits is None:
         splits = num_splits(n, kp, fmt, shape, num_sms)
     split = splits > 1
     arch = compile_utils.target_arch(device)
-    variants = [compiled(key) for key in keys(x.dtype, fmt, m, split, bias is not None, arch, shape)]
+    variants = [compiled(key) for key in keys(x.dtype, fmt, m, split, bias is not None, arch, shape, env.w4a16_pdl)]
     xw = x.view(torch.int32)
     with torch.cuda.device(device):
         if not split:

@@ -128,3 +128,51 @@ def test_cuda_graph_capture_and_replay(m):
         assert torch.equal(out8, w4.int8_matmul(x, w_int8, scale)), f"int8 replay {i}"
         wd = float64_dequantized(w_fp4, block, global_scale)
         report(f"graph nvfp4 m{m} replay {i}", out4, x.double() @ wd.T, F.linear(x, wd.to(x.dtype)))
+
+
+
+@pytest.mark.parametrize("m", [1, 9])
+def test_pdl_chain_equals_plain_launches(monkeypatch, m):
+    """PDL launches (FA4_INDUCTOR_W4A16_PDL=1) of a chain in which each GEMM reads the previous one's output (the
+    dependency `griddepcontrol.wait` must honour), then siblings over one x (the overlap PDL is for), eagerly and
+    replayed in a CUDA graph: bit for bit the plain launches' results; each GEMM against float64 on its input."""
+    from fa4_inductor.kernels import switches
+
+    sizes = [(2048, 2048), (8192, 2048), (2048, 8192), (512, 2048), (333, 2048)]  # narrow, wide, narrow, split
+    ws = [random_nvfp4(n, k, seed=i, device="cuda") for i, (n, k) in enumerate(sizes)]
+    x = torch.randn(m, 2048, dtype=torch.bfloat16, device="cuda")
+
+    def step():
+        h1 = w4.nvfp4_matmul(x, *ws[0])
+        h2 = w4.nvfp4_matmul(h1, *ws[1])
+        h3 = w4.nvfp4_matmul(h2, *ws[2])
+        return h1, h2, h3, w4.nvfp4_matmul(h3, *ws[3]), w4.nvfp4_matmul(h3, *ws[4], splits=3)
+
+    def plain_launches():
+        monkeypatch.setenv("FA4_INDUCTOR_W4A16_PDL", "0")
+        switches.reset()
+        out = step()
+        monkeypatch.setenv("FA4_INDUCTOR_W4A16_PDL", "1")
+        switches.reset()
+        return out
+
+    monkeypatch.setenv("FA4_INDUCTOR_W4A16_PDL", "1")
+    switches.reset()
+    try:
+        first = step()
+        assert all(torch.equal(a, b) for a, b in zip(first, plain_launches()))
+        graph, static = capture(step)
+        x.copy_(torch.randn_like(x))
+        graph.replay()
+        torch.cuda.synchronize()
+        plain = plain_launches()
+        for i, (a, b) in enumerate(zip(static, plain)):
+            assert torch.equal(a, b), f"replayed output {i}"
+        assert not torch.equal(first[0], plain[0])  # x changed before the replay
+        inputs = [x, plain[0], plain[1], plain[2], plain[2]]
+        for i, (inp, out, w) in enumerate(zip(inputs, plain, ws)):
+            wd = float64_dequantized(*w)
+            report(f"pdl chain m{m} gemm {i}", out, inp.double() @ wd.T, F.linear(inp, wd.to(inp.dtype)))
+    finally:
+        monkeypatch.delenv("FA4_INDUCTOR_W4A16_PDL")
+        switches.reset()

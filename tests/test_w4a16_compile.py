@@ -96,6 +96,36 @@ def test_ptx_streams_16_byte_loads_and_keeps_subnormals(cute_dsl, fmt, tmp_path)
     assert any(op.startswith("mma.sync.aligned.m16n8k16") for op in out), out
 
 
+PDL_PROBE = """
+import sys, torch
+from fa4_inductor.kernels import w4a16_decode as w
+key = w.keys(torch.bfloat16, sys.argv[1], 8, False, False, "sm_90a", w.NARROW, pdl=True)[0]
+ptx = w.compiled(key).__ptx__
+body = ptx[ptx.index(".entry"):]
+print(body.find("ld.global.v4"), body.find("griddepcontrol.wait"), body.find("griddepcontrol.launch_dependents"),
+      body.rfind("ld.global.v4"))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fmt", ["nvfp4", "int8"])
+def test_pdl_variant_loads_weights_before_its_wait(cute_dsl, fmt, tmp_path):
+    """With PDL the first weight loads come before `griddepcontrol.wait`, the dependents' trigger after it, and
+    the other loads (x, later steps) after both."""
+    env = dict(os.environ, CUTE_DSL_KEEP_PTX="1", CUTE_DSL_ARCH=ARCH)
+    first_load, wait, trigger, last_load = map(int, subprocess.run(
+        [sys.executable, "-c", PDL_PROBE, fmt], env=env, cwd=tmp_path, check=True, capture_output=True,
+        text=True).stdout.split())
+    assert 0 <= first_load < wait < trigger < last_load, (first_load, wait, trigger, last_load)
+
+
+def test_pdl_switch_is_read():
+    from fa4_inductor.kernels import switches
+
+    assert switches.read({"FA4_INDUCTOR_W4A16_PDL": "1"}).w4a16_pdl
+    assert not switches.read({}).w4a16_pdl
+
+
 # ------------------------------------------------------------------------------- layout and decode (PyTorch)
 
 E2M1 = torch.tensor(nvfp4_linear.E2M1_VALUES, dtype=torch.float64)

@@ -182,14 +182,19 @@ def shift(w: Int32, s: cutlass.Constexpr[int]) -> Int32:
 
 class W4A16DecodeGemm:
     """One compiled variant per (x dtype, format, x row groups `groups` (M <= 8 * groups), split or not, bias
-    or not, row tiles per warp, CTA shape WARPS_N x WARPS_K); N, K, M, strides and the split count are
-    runtime values.
+    or not, row tiles per warp, CTA shape WARPS_N x WARPS_K, PDL or not); N, K, M, strides and the split count
+    are runtime values.
+
+    pdl: launched as a programmatic dependent (Hopper PDL). When the kernel before it in the stream is another
+    of these GEMMs (q, k, v or gate, up: one x, one after the other), its CTAs may start while that one drains and
+    load their first two steps of weights before `griddepcontrol.wait`; it lets the next kernel be scheduled
+    once past its own wait.
 
     Call: (mX, mW, mBlock (nvfp4) or None, mScale, mBias [N] or None, mOut [M, N] (unit stride on N) or None
     when split, mPart [splits, M, N] fp32 or None when not split, stream)."""
 
     def __init__(self, dtype, fmt: str, groups: int, split: bool, has_bias: bool, row_tiles: int,
-                 warps_n: int, warps_k: int):
+                 warps_n: int, warps_k: int, pdl: bool = False):
         assert fmt in FORMATS and 1 <= groups <= MAX_GROUPS and row_tiles >= 1, (fmt, groups, row_tiles)
         self.dtype = dtype
         self.is_f16 = dtype == cutlass.Float16
@@ -200,6 +205,7 @@ class W4A16DecodeGemm:
         self.row_tiles = row_tiles
         self.warps_n = warps_n
         self.warps_k = warps_k
+        self.pdl = pdl
         self.x_words = CODES_PER_CHUNK[fmt] // 2
         self.acc_size = row_tiles * groups * 4
 
@@ -221,6 +227,7 @@ class W4A16DecodeGemm:
             block=(32 * self.warps_n * self.warps_k, 1, 1),
             smem=SharedStorage.size_in_bytes(),
             stream=stream,
+            use_pdl=self.pdl,
         )
 
     @cute.kernel
@@ -258,8 +265,20 @@ class W4A16DecodeGemm:
         rX = [cute.make_rmem_tensor((XW, G), Int32) for _ in range(2)]
         rA = cute.make_rmem_tensor((4,), Int32)
 
-        for b in cutlass.range_constexpr(2):
-            self.load_step(mX, mW, mBlock, rW[b], rS[b], rX[b], row0, n_rows, m_rows, c_begin + LANES_K * b + t, c_end)
+        if const_expr(self.pdl):
+            # Weights and block scales are never written by the kernel this one may overlap (its primary is
+            # another GEMM of ours, which triggers only past its own wait), so their first loads go out before
+            # the wait; x is the primary's output.
+            for b in cutlass.range_constexpr(2):
+                self.load_weights(mW, mBlock, rW[b], rS[b], row0, n_rows, c_begin + LANES_K * b + t, c_end)
+            cute.arch.griddepcontrol_wait()
+            cute.arch.griddepcontrol_launch_dependents()
+            for b in cutlass.range_constexpr(2):
+                self.load_x(mX, rX[b], m_rows, c_begin + LANES_K * b + t, c_end)
+        else:
+            for b in cutlass.range_constexpr(2):
+                self.load_step(mX, mW, mBlock, rW[b], rS[b], rX[b], row0, n_rows, m_rows, c_begin + LANES_K * b + t,
+                               c_end)
         for c0 in range(c_begin, c_end, 2 * LANES_K):
             for b in cutlass.range_constexpr(2):
                 if c0 + LANES_K * b < c_end:
@@ -293,6 +312,12 @@ class W4A16DecodeGemm:
                   rS: cute.Tensor, rX: cute.Tensor, row0: Int32, n_rows: Int32, m_rows: Int32, c: Int32, c_end: Int32):
         """Chunk c of the lane's rows (g, g + 8 of each tile), their block scales and the x row of each group
         over the same k; zeros past the range and past M."""
+        self.load_weights(mW, mBlock, rW, rS, row0, n_rows, c, c_end)
+        self.load_x(mX, rX, m_rows, c, c_end)
+
+    @cute.jit
+    def load_weights(self, mW: cute.Tensor, mBlock: Optional[cute.Tensor], rW: cute.Tensor, rS: cute.Tensor,
+                     row0: Int32, n_rows: Int32, c: Int32, c_end: Int32):
         g = cute.arch.lane_idx() // LANES_K
         for r in cutlass.range_constexpr(2 * self.row_tiles):
             n = cutlass.min(row0 + (r // 2) * TILE_ROWS + (r % 2) * 8 + g, n_rows - 1)  # past N: row N - 1, dropped
@@ -305,6 +330,10 @@ class W4A16DecodeGemm:
                     rW[i, r] = Int32(0)
                 if const_expr(self.fmt == "nvfp4"):
                     rS[r] = Int32(0)
+
+    @cute.jit
+    def load_x(self, mX: cute.Tensor, rX: cute.Tensor, m_rows: Int32, c: Int32, c_end: Int32):
+        g = cute.arch.lane_idx() // LANES_K
         for gi in cutlass.range_constexpr(self.groups):
             m = gi * 8 + g
             for i in cutlass.range_constexpr(self.x_words):
