@@ -11,8 +11,7 @@ FA4_INDUCTOR_DECODE_SPLITS (a fixed split count), FA4_INDUCTOR_DECODE_SMEM_KB (a
 budget, default 100), FA4_INDUCTOR_DECODE_MIN_CTAS (int8-KV kernel: CTAs a SM its registers must allow, so
 ptxas caps them; default 0, uncapped). W4A16 decode GEMM tuning: FA4_INDUCTOR_W4A16_CTA (a fixed CTA shape,
 "RTxWNxWK": row tiles a warp, warps along N, warps along K; default: `w4a16_decode.cta_shape`'s rule),
-FA4_INDUCTOR_W4A16_PDL (on: launched as a programmatic dependent, its first weight loads before the wait; default
-off). Others' variables we read: CUTE_DSL_ARCH (the CuTe DSL compile target), FA4's
+FA4_INDUCTOR_W4A16_PDL (0 / false / no / off: launched without programmatic dependent launch; default on). Others' variables we read: CUTE_DSL_ARCH (the CuTe DSL compile target), FA4's
 disk-cache pair and XDG_CACHE_HOME (`fa4.py` turns FA4's disk cache on).
 """
 
@@ -63,16 +62,20 @@ def _is_on(value: Optional[str]) -> bool:
     return (value or "0").strip().lower() in ("1", "true", "yes", "on")
 
 
+def _is_off(value: str) -> bool:
+    return value.strip().lower() in ("0", "false", "no", "off")
+
+
 def read(env: Mapping[str, str]) -> Switches:
     return Switches(
         on=frozenset(name for name in ON_OFF if _is_on(env.get(name))),
         routing=tuple(env.get(name) for name in ROUTING),
-        decode_pdl=env.get(DECODE_PDL, "1").strip().lower() not in ("0", "false", "no", "off"),
+        decode_pdl=not _is_off(env.get(DECODE_PDL, "1")),
         decode_splits=int(env[DECODE_SPLITS]) if env.get(DECODE_SPLITS) else None,
         decode_smem_kb=int(env.get(DECODE_SMEM_KB) or 100),
         decode_min_ctas=int(env.get(DECODE_MIN_CTAS) or 0),
         w4a16_cta=_cta_shape(env.get(W4A16_CTA)),
-        w4a16_pdl=_is_on(env.get(W4A16_PDL)),
+        w4a16_pdl=not _is_off(env.get(W4A16_PDL, "1")),
         cute_dsl_arch=env.get(CUTE_DSL_ARCH) or None,
         fa4_cache_enabled_set=FA4_CACHE_ENABLED in env,
         fa4_cache_dir=env.get(FA4_CACHE_DIR) or None,

@@ -26,9 +26,10 @@ contiguous, 16-byte aligned and zero-padded to the chunk when needed (a small co
 Limits (`unsupported_reason`): CUDA sm90, x float16 / bfloat16 with 1..16 rows, K a multiple of 16, N >= 1.
 
 CTA shape (`cta_shape`): warps_n warps along N times warps_k along K, row_tiles tiles of 16 rows a warp.
-Wide (2 x 4 warps, 2 tiles a warp, 1 for M > 8, whose x takes twice the registers: 64 / 32 rows a CTA) when its
-CTAs cover the SMs; narrow (1 x 8 warps, 1 tile: 16 rows a CTA) for weights with few rows, which the wide shape
-leaves on a quarter of the SMs with each SM decoding 64 rows alone. Split-K (`num_splits`): a host function of
+Wide (2 x 4 warps, 2 tiles a warp, 1 for M > 8, whose x takes twice the registers: 64 / 32 rows a CTA) for
+NVFP4 weights whose wide CTAs cover a quarter of the SMs; narrow (1 x 8 warps, 1 tile: 16 rows a CTA) for int8 and
+for NVFP4 weights with fewer rows, which the wide shape leaves on a quarter of the SMs or less with each SM
+decoding 64 rows alone. Split-K (`num_splits`): a host function of
 the shapes and the SM count, never of values, so a captured CUDA graph stays valid (see `num_splits`). Partials go
 to an fp32 workspace [splits, M, N] (a fresh torch allocation per call: fine under capture) reduced by a
 second kernel in a fixed order (deterministic). `tests/bench_w4a16.py --splits 1,2,4,8` sweeps the count.
@@ -36,9 +37,10 @@ second kernel in a fixed order (deterministic). `tests/bench_w4a16.py --splits 1
 Loads: each warp loads its next step straight into registers (a per-warp cp.async ring in shared memory was
 measured 1.2-2x slower on the H200 on every shape, docs/benchmarks.md session 9, and removed).
 
-PDL (FA4_INDUCTOR_W4A16_PDL, off by default): the main kernel launched as a programmatic dependent, so that in
-a run of these GEMMs over one x (q, k, v; gate, up) each one's first weight loads overlap the previous one's
-tail (`W4A16DecodeGemm`'s docstring says why that is safe).
+PDL (on; FA4_INDUCTOR_W4A16_PDL=0 turns it off): the main kernel is launched as a programmatic dependent, so in
+a run of these GEMMs (q, k, v; gate, up; chains) each one's first weight loads overlap the previous one's tail
+(`W4A16DecodeGemm`'s docstring says why that is safe). H200: 2048 x 2048 at M = 1 2.9 against 4.0 us in a
+graph of back-to-back calls; Llama-1B NVFP4 decode 1.136 against 1.160 ms/token (docs/benchmarks.md).
 
 Compilation: one main variant per (x dtype, format, x row groups (M <= 8, M <= 16), CTA shape, split or not,
 bias or not, PDL or not, arch) and one reduce variant per (x dtype, format, bias or not, arch), kept for the process in
@@ -125,14 +127,18 @@ def wide(m: int) -> CtaShape:
     return CtaShape(2 if m_bucket(m) <= 8 else 1, 2, 4)
 
 
-def cta_shape(n: int, m: int, num_sms: int, forced: Optional[tuple[int, int, int]] = None) -> CtaShape:
-    """The CTA shape for an n-row weight: `forced` (FA4_INDUCTOR_W4A16_CTA, tests, tuning) if given, else wide
-    when its CTAs cover half the SMs, narrow below (Llama-1B's 2048- and 512-row projections: 128 / 32 CTAs of
-    16 rows instead of 32 / 8 of 64)."""
+def cta_shape(n: int, m: int, num_sms: int, forced: Optional[tuple[int, int, int]] = None, fmt: str = "nvfp4"
+              ) -> CtaShape:
+    """The CTA shape for an n-row weight: `forced` (FA4_INDUCTOR_W4A16_CTA, tests, tuning) if given; else for
+    NVFP4 wide when its CTAs cover a quarter of the SMs, narrow below (Llama-1B's 2048- and 512-row projections:
+    128 / 32 CTAs of 16 rows instead of 32 / 8 of 64); int8 always narrow. H200, docs/benchmarks.md session 10
+    run 2: narrow is 1.3-1.8x faster on 2048 x 2048, 512 x 2048 and 2048 x 8192, wide 1.3x faster for NVFP4 on
+    8192 x 2048 and 8192 x 8192 (the narrow NVFP4 CTA decodes x's columns for half the rows) and on 4096 x 14336
+    at M = 8; int8 narrow is as fast or faster on every row."""
     if forced is not None:
         return CtaShape(*forced)
     shape = wide(m)
-    return shape if 2 * -(-n // shape.rows) >= num_sms else NARROW
+    return shape if fmt == "nvfp4" and 4 * -(-n // shape.rows) > num_sms else NARROW
 
 
 def num_splits(n: int, k_padded: int, fmt: str, shape: CtaShape, num_sms: int) -> int:
@@ -373,7 +379,7 @@ def _run(fmt: str, x2d: Tensor, words: Tensor, block: Optional[Tensor], scale: T
     out = torch.empty(m, n, dtype=x.dtype, device=device)
     num_sms = _num_sms(device.index if device.index is not None else torch.cuda.current_device())
     env = switches.current()
-    shape = cta_shape(n, m, num_sms, cta or env.w4a16_cta)
+    shape = cta_shape(n, m, num_sms, cta or env.w4a16_cta, fmt)
     if splits is None:
         splits = num_splits(n, kp, fmt, shape, num_sms)
     split = splits > 1

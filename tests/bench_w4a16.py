@@ -111,8 +111,8 @@ def bench_shape(n, k, ms, splits_list=None, ctas=None):
                 ref8 = x.double() @ (w8.double() * s8.double()[:, None]).T
                 e4 = ((w4.nvfp4_matmul(x, w_fp4, block, gs).double() - ref4).abs().max() / ref4.abs().max()).item()
                 e8 = ((w4.int8_matmul(x, w8, s8).double() - ref8).abs().max() / ref8.abs().max()).item()
-        shape = w4.cta_shape(n, m, w4._num_sms(0)) if m <= w4.MAX_M else None
-        splits = {f: w4.num_splits(n, w4.padded_k(f, k), f, shape, w4._num_sms(0)) if shape else "-"
+        shapes = {f: w4.cta_shape(n, m, w4._num_sms(0), fmt=f) for f in w4.FORMATS} if m <= w4.MAX_M else None
+        splits = {f: w4.num_splits(n, w4.padded_k(f, k), f, shapes[f], w4._num_sms(0)) if shapes else "-"
                   for f in w4.FORMATS}
         base = row.get("bf16", (None,))[0]
         cells = []
@@ -120,7 +120,7 @@ def bench_shape(n, k, ms, splits_list=None, ctas=None):
             speed = f" {base / us:4.2f}x" if base and name != "bf16" else ""
             cells.append(f"{name} {us:6.1f} us {nbytes / us / 1e6:4.2f} TB/s{speed}")
         acc = "" if sweep or m > w4.MAX_M else f"  rel err nvfp4 {e4:.1e} int8 {e8:.1e}"
-        auto = f"cta {_cta_label(shape)} " if shape else ""
+        auto = f"cta {_cta_label(shapes['nvfp4'])}/{_cta_label(shapes['int8'])} " if shapes else ""
         print(f"{n}x{k} m{m:<2} {auto}splits {splits['nvfp4']}/{splits['int8']}  " + "  |  ".join(cells) + acc,
               flush=True)
     del ws, wbf

@@ -29,7 +29,7 @@ def report(name, out, ref, pytorch):
 
 
 def plan(n, k, fmt, m, splits, cta):
-    shape = w4.cta_shape(n, m, w4._num_sms(0), cta)
+    shape = w4.cta_shape(n, m, w4._num_sms(0), cta, fmt)
     splits = splits or w4.num_splits(n, w4.padded_k(fmt, k), fmt, shape, w4._num_sms(0))
     return f"cta {'x'.join(map(str, shape))} splits {splits}"
 

@@ -266,9 +266,9 @@ class W4A16DecodeGemm:
         rA = cute.make_rmem_tensor((4,), Int32)
 
         if const_expr(self.pdl):
-            # Weights and block scales are never written by the kernel this one may overlap (its primary is
-            # another GEMM of ours, which triggers only past its own wait), so their first loads go out before
-            # the wait; x is the primary's output.
+            # Before the wait only the primary may still run, and every kernel that lets dependents start early
+            # (these GEMMs, past their own wait; FA4, decode attention) writes activations, never quantized
+            # weights or block scales: their first loads go out before the wait. x may be the primary's output.
             for b in cutlass.range_constexpr(2):
                 self.load_weights(mW, mBlock, rW[b], rS[b], row0, n_rows, c_begin + LANES_K * b + t, c_end)
             cute.arch.griddepcontrol_wait()
