@@ -20,6 +20,10 @@ Two arithmetic orders, each exactly what the model code it replaces computes (lo
 
 Kernels: the CPU runs this reference. CUDA calls go to the first route of `CUDA_ROUTES` that takes them
 (`choose`; `kernel_for` says which and why):
+- `w4a16_int8`: our weight-only decode GEMM (kernels/w4a16_decode.py) for calls of at most `W4A16_MAX_ROWS`
+  rows over weights of at most `W4A16_MAX_WEIGHTS` weights, per-channel scales, bf16 / fp16 x, K a multiple of
+  16: the int8 weight read in place, products summed in fp32, scale (and bias) applied to the sum before one
+  rounding, as quack's route below.
 - `quack_int8`: quack's SM90 mixed-input GEMM (kernels/quack_w4a16.py) for calls of at most
   `QUACK_MAX_ROWS` rows (x's rows, M): it reads the int8 weight itself, 1 byte per weight instead of 2, and
   multiplies by the per-channel scale (and adds the bias) on the fp32 accumulator before one rounding to
@@ -45,7 +49,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from . import layout, library, quack_w4a16
+from . import layout, library, quack_w4a16, w4a16_decode
 
 X_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 SCALE_DTYPES = X_DTYPES
@@ -151,6 +155,14 @@ def rows_reason(m: int) -> str | None:
     return None
 
 
+W4A16_MAX_ROWS = 16
+W4A16_MAX_WEIGHTS = 8192 * 2048
+"""Our W4A16 GEMM takes int8 calls of at most `W4A16_MAX_ROWS` rows over weights of at most this many weights
+(N * K). H200, CUDA-graph medians (docs/benchmarks.md, session 10): with its narrow CTAs and PDL it runs Llama-1B's
+projections (up to 8192 x 2048) at M = 1 in 2.4-8.4 us, 1.4-2.4x bf16 cuBLAS; on 8192 x 8192 it is at quack's
+speed (23 against 21 us), so larger weights stay on quack."""
+
+
 class Route(NamedTuple):
     """A CUDA kernel of the op: its name, whether it takes a call (the op's arguments -> a reason or None),
     the function that runs it (the op's signature), and why it runs a call it takes (None: a fallback)."""
@@ -174,6 +186,24 @@ def _quack_run(x, w_int8, w_scale, bias=None, *, group_size=-1, scale_after_matm
     return out.view(*x.shape[:-1], w_int8.shape[0])
 
 
+def _w4a16_reason(x, w_int8, w_scale, bias=None, *, group_size=-1, scale_after_matmul=False) -> str | None:
+    if group_size != -1:
+        return f"our W4A16 GEMM takes per-channel int8 scales, not groups of {group_size}"
+    n, k = w_int8.shape
+    m = rows(x)
+    if m > W4A16_MAX_ROWS:
+        return f"{m} rows > {W4A16_MAX_ROWS}, outside our W4A16 GEMM (W4A16_MAX_ROWS)"
+    if n * k > W4A16_MAX_WEIGHTS:
+        return f"an {n} x {k} weight, larger than our W4A16 GEMM is measured faster for (W4A16_MAX_WEIGHTS)"
+    return w4a16_decode.unsupported_reason(x.reshape(m, k), "int8", n, k)
+
+
+def _w4a16_run(x, w_int8, w_scale, bias=None, *, group_size=-1, scale_after_matmul=False) -> Tensor:
+    """Both arithmetic orders become one, as for quack."""
+    out = w4a16_decode.int8_matmul(x.reshape(-1, x.shape[-1]), w_int8, w_scale, bias)
+    return out.view(*x.shape[:-1], w_int8.shape[0])
+
+
 def _dense_reason(x, *args, **kwargs) -> str | None:
     return None
 
@@ -185,7 +215,9 @@ def _dense_run(x, w_int8, w_scale, bias=None, *, group_size=-1, scale_after_matm
 QUACK = Route("quack_int8", _quack_reason, _quack_run,
               f"at most {QUACK_MAX_ROWS} rows: quack's mixed-input GEMM reads the int8 weight directly")
 DENSE = Route("dense", _dense_reason, _dense_run, None)
-CUDA_ROUTES = (QUACK, DENSE)
+W4A16 = Route("w4a16_int8", _w4a16_reason, _w4a16_run,
+              f"at most {W4A16_MAX_ROWS} rows: our W4A16 decode GEMM reads the int8 weight in place")
+CUDA_ROUTES = (W4A16, QUACK, DENSE)
 
 
 def choose(table: tuple[Route, ...], *args, **kwargs) -> tuple[Route, list[str]]:

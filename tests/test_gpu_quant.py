@@ -1,6 +1,7 @@
 """GPU tier: quantized linears on CUDA (`pytest -m gpu tests/test_gpu_quant.py` on an sm90 GPU).
 
-`fa4::int8_linear`'s CUDA routes (quack's int8 GEMM up to `QUACK_MAX_ROWS` rows, the dense route above),
+`fa4::int8_linear`'s CUDA routes (our W4A16 GEMM up to `W4A16_MAX_ROWS` rows of small enough weights, quack's
+int8 GEMM up to `QUACK_MAX_ROWS` rows, the dense route above),
 quack's NVFP4 GEMM through the adapter (`kernels/quack_w4a16.py`), `fa4::int8_int8_linear`; weights prepared
 once (in the warm-up call, never during CUDA-graph capture), and the families through the backend.
 
@@ -81,7 +82,14 @@ class BuildCounter:
 # ------------------------------------------------------------------------------------- fa4::int8_linear
 
 SHAPES = [(192, 320), (256, 128), (2048, 2048)]  # (N, K): 192 is not a multiple of 128, 320 not of 128
-ROWS = [1, 3, 16, 64, 65, 256]  # quack up to 64 (each distinct tile config is a JIT compile: few of them)
+ROWS = [1, 3, 16, 17, 64, 65, 256]  # ours up to 16, quack up to 64 (each tile config is a JIT compile: few)
+
+
+def int8_route(m, n, k):
+    """The route `fa4::int8_linear` must take for a bf16 x of m rows over an [n, k] per-channel weight."""
+    if m <= int8_linear_op.W4A16_MAX_ROWS and n * k <= int8_linear_op.W4A16_MAX_WEIGHTS and k % 16 == 0:
+        return "w4a16_int8"
+    return "quack_int8" if m <= int8_linear_op.QUACK_MAX_ROWS else "dense"
 
 
 @pytest.mark.parametrize("scale_after_matmul, scale_dtype, bias", [(True, torch.bfloat16, False),
@@ -96,7 +104,7 @@ def test_int8_linear_routes_and_numerics(m, n, k, scale_after_matmul, scale_dtyp
     b = torch.randn(n, dtype=torch.bfloat16, device="cuda") if bias else None
     kwargs = dict(scale_after_matmul=scale_after_matmul)
     route, why = int8_linear_op.kernel_for(x, w, scale, b, **kwargs)
-    assert route == ("quack_int8" if m <= int8_linear_op.QUACK_MAX_ROWS else "dense"), why
+    assert route == int8_route(m, n, k), why
     out = INT8_LINEAR(x, w, scale, b, **kwargs)
     assert out.shape == (m, n) and out.dtype == torch.bfloat16 and out.is_contiguous()
     pytorch = int8_linear_op.int8_linear(x, w, scale, b, **kwargs)  # the model code's arithmetic, eager
@@ -104,11 +112,12 @@ def test_int8_linear_routes_and_numerics(m, n, k, scale_after_matmul, scale_dtyp
 
 
 @pytest.mark.parametrize("x_shape", [(2, 3), (1, 1), (4, 16)], ids=str)
-def test_int8_linear_3d_x_takes_quack(x_shape):
+def test_int8_linear_3d_x_takes_its_route(x_shape):
     n, k = 256, 512
     w, scale = int8_weight(n, k)
     x = torch.randn(*x_shape, k, dtype=torch.bfloat16, device="cuda")
-    assert int8_linear_op.kernel_for(x, w, scale, scale_after_matmul=True)[0] == "quack_int8"
+    rows = x.numel() // k
+    assert int8_linear_op.kernel_for(x, w, scale, scale_after_matmul=True)[0] == int8_route(rows, n, k)
     out = INT8_LINEAR(x, w, scale, None, scale_after_matmul=True)
     assert out.shape == (*x_shape, n)
     assert_within_pytorch_error("3-D x", out, int8_reference(x, w, scale),
@@ -132,8 +141,9 @@ def test_int8_linear_calls_quack_declines_run_dense(case, reason):
     else:
         k = 200
     w, scale = int8_weight(n, k, dtype, group)
-    x = torch.randn(4, k, dtype=dtype, device="cuda")
-    assert int8_linear_op.kernel_for(x, w, scale, group_size=group) == ("dense", reason)
+    x = torch.randn(32, k, dtype=dtype, device="cuda")  # above our W4A16 GEMM's rows
+    route, why = int8_linear_op.kernel_for(x, w, scale, group_size=group)
+    assert route == "dense" and why.endswith(reason), why
     out = INT8_LINEAR(x, w, scale, None, group_size=group)
     torch.testing.assert_close(out, int8_linear_op.int8_linear(x, w, scale, group_size=group), atol=0, rtol=0)
 
@@ -141,7 +151,7 @@ def test_int8_linear_calls_quack_declines_run_dense(case, reason):
 def test_int8_weight_prepared_once_and_again_after_an_update(monkeypatch):
     counter = BuildCounter(monkeypatch)
     w, scale = int8_weight(256, 512)
-    x = torch.randn(4, 512, dtype=torch.bfloat16, device="cuda")
+    x = torch.randn(32, 512, dtype=torch.bfloat16, device="cuda")  # quack's rows
     for _ in range(3):
         INT8_LINEAR(x, w, scale, None, scale_after_matmul=True)
     assert counter.kinds == ["quack_int8"]
@@ -152,7 +162,7 @@ def test_int8_weight_prepared_once_and_again_after_an_update(monkeypatch):
                                 int8_linear_op.int8_linear(x, w, scale, scale_after_matmul=True))
 
 
-@pytest.mark.parametrize("m", [1, 16, 128])
+@pytest.mark.parametrize("m", [1, 16, 32, 128])
 def test_int8_linear_under_cuda_graph_replay(m, monkeypatch):
     counter = BuildCounter(monkeypatch)
     w, scale = int8_weight(256, 512)
@@ -165,7 +175,7 @@ def test_int8_linear_under_cuda_graph_replay(m, monkeypatch):
         torch.cuda.synchronize()
         assert_within_pytorch_error(f"replay m={m}", out, int8_reference(x, w, scale, bias),
                                     int8_linear_op.int8_linear(x, w, scale, bias))
-    assert counter.kinds == (["quack_int8"] if m <= int8_linear_op.QUACK_MAX_ROWS else [])
+    assert counter.kinds == (["quack_int8"] if int8_route(m, 256, 512) == "quack_int8" else [])
 
 
 # ------------------------------------------------------------------------------------------ quack nvfp4
@@ -330,7 +340,7 @@ def test_a_weight_first_met_during_capture_is_refused():
     """Preparing during capture would record the repack into the graph: prepared_weights refuses (the last
     test of the file, as a failed capture may leave the stream in a state later tests should not inherit)."""
     w, scale = int8_weight(256, 512)
-    x = torch.randn(4, 512, dtype=torch.bfloat16, device="cuda")
+    x = torch.randn(32, 512, dtype=torch.bfloat16, device="cuda")  # quack's rows
     INT8_LINEAR(x, w.clone(), scale, None)  # quack's kernel compiled and its buffers made, for another weight
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()

@@ -85,18 +85,56 @@ def quack_takes_everything(monkeypatch):
 
 
 def test_route_by_rows(quack_takes_everything):
+    ours_off_gpu = "the W4A16 decode GEMM runs on CUDA, not cpu"
     x, w, scale = call(op.QUACK_MAX_ROWS, x_shape=(2, op.QUACK_MAX_ROWS // 2))
-    assert op.kernel_for(x, w, scale) == ("quack_int8", op.QUACK.takes)
+    assert op.kernel_for(x, w, scale) == (
+        "quack_int8", f"{op.QUACK.takes} ({op.QUACK_MAX_ROWS} rows > {op.W4A16_MAX_ROWS}, outside our W4A16 GEMM "
+                      "(W4A16_MAX_ROWS))")
+    x, w, scale = call(4)
+    assert op.kernel_for(x, w, scale) == ("quack_int8", f"{op.QUACK.takes} ({ours_off_gpu})")
     x, w, scale = call(op.QUACK_MAX_ROWS + 1)
-    assert op.kernel_for(x, w, scale) == ("dense", op.rows_reason(op.QUACK_MAX_ROWS + 1))
+    assert op.kernel_for(x, w, scale)[0] == "dense"
+    assert op.kernel_for(x, w, scale)[1].endswith(op.rows_reason(op.QUACK_MAX_ROWS + 1))
     x, w, scale = call(4, group_size=16)
     assert op.kernel_for(x, w, scale, group_size=16) == (
-        "dense", "quack's int8 GEMM takes per-channel scales, not groups of 16")
+        "dense", "our W4A16 GEMM takes per-channel int8 scales, not groups of 16; "
+                 "quack's int8 GEMM takes per-channel scales, not groups of 16")
 
 
-def test_the_cpu_tensor_goes_dense_with_quacks_reason():
+@pytest.fixture
+def ours_takes_everything(monkeypatch):
+    monkeypatch.setattr(op.w4a16_decode, "unsupported_reason", lambda x2d, fmt, n, k: None)
+
+
+def test_ours_takes_decode_rows_of_weights_up_to_its_size(ours_takes_everything, quack_takes_everything):
+    x, w, scale = call(op.W4A16_MAX_ROWS, x_shape=(2, op.W4A16_MAX_ROWS // 2))
+    assert op.kernel_for(x, w, scale) == ("w4a16_int8", op.W4A16.takes)
+    x, w, scale = call(op.W4A16_MAX_ROWS + 1)
+    assert op.kernel_for(x, w, scale)[0] == "quack_int8"
+    x = torch.randn(1, 8192, dtype=BF16)
+    big = torch.zeros(op.W4A16_MAX_WEIGHTS // 8192 + 1, 8192, dtype=torch.int8)
+    route, why = op.kernel_for(x, big, torch.ones(big.shape[0], dtype=BF16))
+    assert route == "quack_int8" and "larger than our W4A16 GEMM is measured faster for" in why
+
+
+def test_ours_route_flattens_x_and_passes_the_bias(monkeypatch):
+    seen = []
+
+    def fake(x2d, w_int8, w_scale, bias=None):
+        seen.append((tuple(x2d.shape), bias))
+        return torch.zeros(x2d.shape[0], w_int8.shape[0], dtype=x2d.dtype)
+
+    monkeypatch.setattr(op.w4a16_decode, "int8_matmul", fake)
+    x, w, scale = call(6, x_shape=(2, 3))
+    bias = torch.randn(64, dtype=BF16)
+    out = op.W4A16.run(x, w, scale, bias, scale_after_matmul=True)
+    assert out.shape == (2, 3, 64) and seen == [((6, 64), bias)]
+
+
+def test_the_cpu_tensor_goes_dense_with_the_reasons():
     x, w, scale = call(4)
-    assert op.kernel_for(x, w, scale) == ("dense", "quack's W4A16 GEMM runs on CUDA, not cpu")
+    assert op.kernel_for(x, w, scale) == (
+        "dense", "the W4A16 decode GEMM runs on CUDA, not cpu; quack's W4A16 GEMM runs on CUDA, not cpu")
 
 
 def test_quack_route_flattens_x_and_passes_the_bias(monkeypatch):
