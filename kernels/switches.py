@@ -9,7 +9,9 @@ FA4_INDUCTOR_NO_REPLAY (FA4 launch replay off). Decode-kernel tuning: FA4_INDUCT
 (0 / false / no / off: the combine kernel without programmatic dependent launch),
 FA4_INDUCTOR_DECODE_SPLITS (a fixed split count), FA4_INDUCTOR_DECODE_SMEM_KB (a CTA's shared-memory
 budget, default 100), FA4_INDUCTOR_DECODE_MIN_CTAS (int8-KV kernel: CTAs a SM its registers must allow, so
-ptxas caps them; default 0, uncapped). Others' variables we read: CUTE_DSL_ARCH (the CuTe DSL compile target), FA4's
+ptxas caps them; default 0, uncapped). W4A16 decode GEMM: FA4_INDUCTOR_W4A16_LOAD (its load path:
+registers, the default, or bulk / bulk-ahead, optionally with a ring depth, bulk:4;
+`w4a16_decode.parse_load`). Others' variables we read: CUTE_DSL_ARCH (the CuTe DSL compile target), FA4's
 disk-cache pair and XDG_CACHE_HOME (`fa4.py` turns FA4's disk cache on).
 """
 
@@ -28,6 +30,7 @@ DECODE_PDL = "FA4_INDUCTOR_DECODE_PDL"
 DECODE_SPLITS = "FA4_INDUCTOR_DECODE_SPLITS"
 DECODE_SMEM_KB = "FA4_INDUCTOR_DECODE_SMEM_KB"
 DECODE_MIN_CTAS = "FA4_INDUCTOR_DECODE_MIN_CTAS"
+W4A16_LOAD = "FA4_INDUCTOR_W4A16_LOAD"
 CUTE_DSL_ARCH = "CUTE_DSL_ARCH"
 FA4_CACHE_ENABLED = "FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED"
 FA4_CACHE_DIR = "FLASH_ATTENTION_CUTE_DSL_CACHE_DIR"
@@ -44,6 +47,8 @@ class Switches(NamedTuple):
     decode_splits: Optional[int]
     decode_smem_kb: int
     decode_min_ctas: int
+    w4a16_load: Optional[str]
+    """The raw value; `w4a16_decode.parse_load` checks it."""
     cute_dsl_arch: Optional[str]
     fa4_cache_enabled_set: bool
     """FA4's disk-cache switch is set (by the user, or by `fa4.py` before importing FA4)."""
@@ -64,6 +69,7 @@ def read(env: Mapping[str, str]) -> Switches:
         decode_splits=int(env[DECODE_SPLITS]) if env.get(DECODE_SPLITS) else None,
         decode_smem_kb=int(env.get(DECODE_SMEM_KB) or 100),
         decode_min_ctas=int(env.get(DECODE_MIN_CTAS) or 0),
+        w4a16_load=(env.get(W4A16_LOAD) or "").strip() or None,
         cute_dsl_arch=env.get(CUTE_DSL_ARCH) or None,
         fa4_cache_enabled_set=FA4_CACHE_ENABLED in env,
         fa4_cache_dir=env.get(FA4_CACHE_DIR) or None,

@@ -31,11 +31,16 @@ SM count, never of values, so a captured CUDA graph stays valid (see `num_splits
 to an fp32 workspace [splits, M, N] (a fresh torch allocation per call: fine under capture) reduced by a
 second kernel in a fixed order (deterministic). `tests/bench_w4a16.py --splits 1,2,4,8` sweeps the count.
 
-Loads: each warp loads its next step straight into registers (a per-warp cp.async ring in shared memory was
-measured 1.2-2x slower on the H200 on every shape, docs/benchmarks.md session 9, and removed).
+Load path (`load`, see `parse_load`): "registers", the default: each warp loads its next step straight into
+registers (a per-warp cp.async ring in shared memory was measured 1.2-2x slower on the H200 on every shape,
+docs/benchmarks.md session 9, and removed). "bulk": a producer warp streams the weight codes through a ring
+of shared-memory stages with bulk copies (`cute/w4a16_decode_gemm.py`), as deep as BULK_SMEM_BUDGET allows
+(`bulk_stages`) or "bulk:<stages>"; "bulk-ahead" also copies the next stage to registers before computing
+the current one. FA4_INDUCTOR_W4A16_LOAD sets it; the matmuls' and `warmup`'s `load` argument overrides it
+(tests, `tests/bench_w4a16.py --load registers,bulk --stages 4,6`).
 
 Compilation: one main variant per (x dtype, format, x row groups (M <= 8, M <= 16), split or not, bias or
-not, arch) and one reduce variant per (x dtype, format, bias or not, arch), kept for the process in
+not, arch, load path) and one reduce variant per (x dtype, format, bias or not, arch), kept for the process in
 `compiled` (`cute/compile_utils.py`). Call `warmup` (or one eager call per shape) before capturing a CUDA
 graph.
 """
@@ -62,6 +67,10 @@ WARPS_N = 2
 WARPS_K = 4
 MIN_STEPS = 2  # steps (4 chunks a row) per warp in a split
 MAX_SPLITS = 32
+LOADS = ("registers", "bulk", "bulk-ahead")
+BULK_SMEM_BUDGET = 200 * 1024  # the bulk ring's default depth fills this (one CTA a SM: its registers)
+SMEM_LIMIT = 227 * 1024  # sm90's shared memory a CTA can opt into
+MAX_STAGES = 16
 
 
 _name = layout.dtype_name
@@ -123,6 +132,53 @@ def num_splits(n: int, k_padded: int, fmt: str, m: int, num_sms: int) -> int:
     chunks = k_padded // CHUNK_VALUES[fmt]
     want = round(num_sms / row_ctas)
     return max(1, min(want, chunks // (4 * WARPS_K * MIN_STEPS), MAX_SPLITS))
+
+
+def parse_load(spec: str) -> tuple[str, Optional[int]]:
+    """A load path's spec -> (path, ring depth or None): "registers", "bulk", "bulk-ahead", the last two
+    optionally with ":<stages>" ("bulk:4")."""
+    path, _, depth = spec.strip().partition(":")
+    if path in LOADS and (not depth or (path != "registers" and depth.isdigit() and int(depth) >= 1)):
+        return path, int(depth) if depth else None
+    raise ValueError(f"the W4A16 decode GEMM's load path ({switches.W4A16_LOAD} or `load`) is one of "
+                     f"{', '.join(LOADS)}, the bulk ones optionally with ':<stages>' (bulk:4); got {spec!r}")
+
+
+def configured_load() -> str:
+    """The load path calls get without a `load` argument: FA4_INDUCTOR_W4A16_LOAD, else registers."""
+    spec = switches.current().w4a16_load or "registers"
+    parse_load(spec)
+    return spec
+
+
+def _bulk_layout(m_max: int):
+    """(stage, reduction words) of the bulk variants at this M bucket."""
+    from .cute.w4a16_decode_gemm import BulkStage
+
+    rt = row_tiles(m_max)
+    return BulkStage(16 * rt * WARPS_N, WARPS_K), (WARPS_K - 1) * WARPS_N * rt * (m_max // 8) * 4 * 32
+
+
+@functools.cache
+def bulk_stages(m_max: int, requested: Optional[int] = None) -> int:
+    """The bulk ring's depth: `requested`, which must fit SMEM_LIMIT, or the deepest (up to MAX_STAGES) that
+    fits BULK_SMEM_BUDGET. M <= 8: 33 KB a stage (64 rows x 528 bytes), 5 stages; M <= 16: 16.5 KB, 11."""
+    from .cute.w4a16_decode_gemm import bulk_smem_bytes
+
+    stage, red_words = _bulk_layout(m_max)
+    if requested is not None:
+        if bulk_smem_bytes(stage, requested, red_words) > SMEM_LIMIT:
+            raise ValueError(f"a {requested}-stage bulk ring at M <= {m_max} needs "
+                             f"{bulk_smem_bytes(stage, requested, red_words)} bytes of shared memory, over "
+                             f"sm90's {SMEM_LIMIT}")
+        return requested
+    return max(s for s in range(1, MAX_STAGES + 1) if bulk_smem_bytes(stage, s, red_words) <= BULK_SMEM_BUDGET)
+
+
+def load_key(spec: str, m_max: int) -> str:
+    """The `_Key.load` of a spec: "registers", or the bulk path with its depth resolved ("bulk:5")."""
+    path, depth = parse_load(spec)
+    return path if path == "registers" else f"{path}:{bulk_stages(m_max, depth)}"
 
 
 @functools.cache
@@ -273,6 +329,7 @@ class _Key(NamedTuple):
     split: bool  # main only
     bias: bool
     arch: str
+    load: str = "registers"  # main only: "registers" or "bulk:<stages>" / "bulk-ahead:<stages>" (`load_key`)
 
 
 def _compile(key: _Key):
@@ -295,8 +352,13 @@ def _compile(key: _Key):
 
     from .cute.w4a16_decode_gemm import W4A16DecodeGemm
 
+    path, stages = parse_load(key.load)
+    if path != "registers" and key.load != load_key(key.load, key.m_max):
+        raise ValueError(f"no W4A16 decode GEMM with load path {key.load!r}: give the ring's depth, which "
+                         f"must fit in shared memory (`load_key`)")
+    load = dict(load="bulk", stages=stages, ahead=path == "bulk-ahead") if path != "registers" else {}
     kernel = W4A16DecodeGemm(dt, key.fmt, key.m_max // 8, key.split, key.bias, row_tiles(key.m_max), WARPS_N,
-                             WARPS_K)
+                             WARPS_K, **load)
     x = cute.runtime.make_fake_tensor(Int32, (sym(), sym()), (sym64(divisibility=4), 1), assumed_align=16)
     w = cute.runtime.make_fake_tensor(Int32, (sym(), sym()), (sym64(divisibility=4), 1), assumed_align=16)
     block = cute.runtime.make_fake_tensor(Int32, (sym(), sym()), (sym64(), 1)) if nvfp4 else None
@@ -308,18 +370,22 @@ compiled = compile_utils.CompiledVariants(_compile)
 """`compiled(key)`: the variant `key` names, compiled on first use."""
 
 
-def keys(dtype: torch.dtype, fmt: str, m: int, split: bool, bias: bool, arch: str) -> list[_Key]:
-    """The variants a call runs: the main kernel, and the reduce kernel when split."""
-    main = _Key("main", dtype, fmt, m_bucket(m), split, bias and not split, arch)
+def keys(dtype: torch.dtype, fmt: str, m: int, split: bool, bias: bool, arch: str,
+         load: str = "registers") -> list[_Key]:
+    """The variants a call runs: the main kernel (load path `load`, a `parse_load` spec), and the reduce
+    kernel when split."""
+    m_max = m_bucket(m)
+    main = _Key("main", dtype, fmt, m_max, split, bias and not split, arch, load_key(load, m_max))
     return [main, _Key("reduce", dtype, fmt, 0, True, bias, arch)] if split else [main]
 
 
 def warmup(dtype: torch.dtype, fmt: str, m_values=M_BUCKETS, *, bias: Optional[bool] = None,
-           device: torch.device | str = "cuda") -> int:
-    """Compile every variant calls with these rows can hit (split and not; `bias` None: both), outside
-    CUDA-graph capture. Returns how many were compiled now."""
+           device: torch.device | str = "cuda", load: Optional[str] = None) -> int:
+    """Compile every variant calls with these rows can hit (split and not; `bias` None: both; `load` None:
+    the configured load path), outside CUDA-graph capture. Returns how many were compiled now."""
     if dtype not in DTYPES or fmt not in FORMATS:
         raise ValueError(f"the W4A16 decode GEMM does not take dtype {dtype} / format {fmt!r}")
+    load = configured_load() if load is None else load
     arch = compile_utils.target_arch(torch.device(device), off_gpu="sm_90a")
     before = len(compiled)
     for m in m_values:
@@ -327,7 +393,7 @@ def warmup(dtype: torch.dtype, fmt: str, m_values=M_BUCKETS, *, bias: Optional[b
             for b in ((False, True) if bias is None else (bool(bias),)):
                 if fmt == "nvfp4" and b:
                     continue
-                for key in keys(dtype, fmt, m, split, b, arch):
+                for key in keys(dtype, fmt, m, split, b, arch, load):
                     compiled(key)
     return len(compiled) - before
 
@@ -338,7 +404,7 @@ def warmup(dtype: torch.dtype, fmt: str, m_values=M_BUCKETS, *, bias: Optional[b
 
 
 def _run(fmt: str, x2d: Tensor, words: Tensor, block: Optional[Tensor], scale: Tensor, bias: Optional[Tensor],
-         n: int, k: int, splits: Optional[int]) -> Tensor:
+         n: int, k: int, splits: Optional[int], load: Optional[str]) -> Tensor:
     m = x2d.shape[0]
     kp = words.shape[1] * (8 if fmt == "nvfp4" else 4)  # codes per int32 word
     x = prepare_x(x2d, kp)
@@ -349,7 +415,8 @@ def _run(fmt: str, x2d: Tensor, words: Tensor, block: Optional[Tensor], scale: T
         splits = num_splits(n, kp, fmt, m, _num_sms(index))
     split = splits > 1
     arch = compile_utils.target_arch(device)
-    variants = [compiled(key) for key in keys(x.dtype, fmt, m, split, bias is not None, arch)]
+    load = configured_load() if load is None else load
+    variants = [compiled(key) for key in keys(x.dtype, fmt, m, split, bias is not None, arch, load)]
     xw = x.view(torch.int32)
     with torch.cuda.device(device):
         if not split:
@@ -371,17 +438,17 @@ def _check(x2d: Tensor, fmt: str, n: int, k: int, *tensors: Optional[Tensor]) ->
 
 
 def nvfp4_matmul(x2d: Tensor, w_fp4: Tensor, w_block_scale: Tensor, w_global_scale: Tensor, *,
-                 splits: Optional[int] = None) -> Tensor:
-    """x2d [M, K] @ dequant(w)^T -> [M, N] in x's dtype (module docstring). `splits` overrides `num_splits`
-    (tests, tuning)."""
+                 splits: Optional[int] = None, load: Optional[str] = None) -> Tensor:
+    """x2d [M, K] @ dequant(w)^T -> [M, N] in x's dtype (module docstring). `splits` overrides `num_splits`,
+    `load` the configured load path (tests, tuning)."""
     n, k = layout.nvfp4_operands(w_fp4, w_block_scale, w_global_scale)
     _check(x2d, "nvfp4", n, k, w_fp4, w_block_scale, w_global_scale)
     words, pairs = prepare_nvfp4(w_fp4, w_block_scale)
-    return _run("nvfp4", x2d, words, pairs, w_global_scale.reshape(1), None, n, k, splits)
+    return _run("nvfp4", x2d, words, pairs, w_global_scale.reshape(1), None, n, k, splits, load)
 
 
 def int8_matmul(x2d: Tensor, w_int8: Tensor, w_scale: Tensor, bias: Optional[Tensor] = None, *,
-                splits: Optional[int] = None) -> Tensor:
+                splits: Optional[int] = None, load: Optional[str] = None) -> Tensor:
     """x2d [M, K] @ (w_int8 [N, K] * w_scale [N])^T (+ bias [N]) -> [M, N] in x's dtype."""
     if w_int8.dim() != 2 or w_int8.dtype != torch.int8:
         raise ValueError(f"int8 weights are int8 [N, K], got {w_int8.dim()}-D {w_int8.dtype}")
@@ -392,4 +459,4 @@ def int8_matmul(x2d: Tensor, w_int8: Tensor, w_scale: Tensor, bias: Optional[Ten
     scale = w_scale.reshape(n).to(torch.float32).contiguous()
     if bias is not None:
         bias = bias.reshape(n).to(x2d.dtype).contiguous()
-    return _run("int8", x2d, prepare_int8(w_int8), None, scale, bias, n, k, splits)
+    return _run("int8", x2d, prepare_int8(w_int8), None, scale, bias, n, k, splits, load)
