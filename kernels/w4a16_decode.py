@@ -137,8 +137,8 @@ def num_splits(n: int, k_padded: int, fmt: str, m: int, num_sms: int) -> int:
 def parse_load(spec: str) -> tuple[str, Optional[int]]:
     """A load path's spec -> (path, ring depth or None): "registers", "bulk", "bulk-ahead", the last two
     optionally with ":<stages>" ("bulk:4")."""
-    path, _, depth = spec.strip().partition(":")
-    if path in LOADS and (not depth or (path != "registers" and depth.isdigit() and int(depth) >= 1)):
+    path, colon, depth = spec.strip().partition(":")
+    if path in LOADS and (not colon or (path != "registers" and depth.isdigit() and int(depth) >= 1)):
         return path, int(depth) if depth else None
     raise ValueError(f"the W4A16 decode GEMM's load path ({switches.W4A16_LOAD} or `load`) is one of "
                      f"{', '.join(LOADS)}, the bulk ones optionally with ':<stages>' (bulk:4); got {spec!r}")
