@@ -493,8 +493,8 @@ class W4A16DecodeGemm:
 
     @cute.jit
     def load_step(self, mX: cute.Tensor, mW: Optional[cute.Tensor], mBlock: Optional[cute.Tensor],
-                  rW: Optional[cute.Tensor], rS: cute.Tensor, rX: cute.Tensor, row0: Int32, n_rows: Int32, m_rows: Int32,
-                  c: Int32, c_end: Int32):
+                  rW: Optional[cute.Tensor], rS: cute.Tensor, rX: cute.Tensor, row0: Int32, n_rows: Int32,
+                  m_rows: Int32, c: Int32, c_end: Int32):
         """Chunk c of the lane's rows (g, g + 8 of each tile) (no weights when mW is None), their block scales
         and the x row of each group over the same k; zeros past the range and past M."""
         g = cute.arch.lane_idx() // LANES_K
