@@ -35,8 +35,9 @@ Load path (`load`, see `parse_load`): "registers", the default: each warp loads 
 registers (a per-warp cp.async ring in shared memory was measured 1.2-2x slower on the H200 on every shape,
 docs/benchmarks.md session 9, and removed). "bulk": a producer warp streams the weight codes through a ring
 of shared-memory stages with bulk copies (`cute/w4a16_decode_gemm.py`), as deep as BULK_SMEM_BUDGET allows
-(`bulk_stages`) or "bulk:<stages>"; "bulk-ahead" also copies the next stage to registers before computing
-the current one. FA4_INDUCTOR_W4A16_LOAD sets it; the matmuls' and `warmup`'s `load` argument overrides it
+(`bulk_stages`) or "bulk:<stages>"; "+ahead" also copies the next stage to registers before computing
+the current one, "+prefetch" (NVFP4) prefetches each stage's block scales into L2 from the producer
+("bulk+ahead+prefetch:4"). FA4_INDUCTOR_W4A16_LOAD sets it; the matmuls' and `warmup`'s `load` argument overrides it
 (tests, `tests/bench_w4a16.py --load registers,bulk --stages 4,6`).
 
 Compilation: one main variant per (x dtype, format, x row groups (M <= 8, M <= 16), split or not, bias or
@@ -67,7 +68,8 @@ WARPS_N = 2
 WARPS_K = 4
 MIN_STEPS = 2  # steps (4 chunks a row) per warp in a split
 MAX_SPLITS = 32
-LOADS = ("registers", "bulk", "bulk-ahead")
+LOADS = ("registers", "bulk")
+BULK_OPTIONS = ("ahead", "prefetch")  # "bulk+ahead", "bulk+prefetch", "bulk+ahead+prefetch"
 BULK_SMEM_BUDGET = 200 * 1024  # the bulk ring's default depth fills this (one CTA a SM: its registers)
 SMEM_LIMIT = 227 * 1024  # sm90's shared memory a CTA can opt into
 MAX_STAGES = 16
@@ -135,13 +137,17 @@ def num_splits(n: int, k_padded: int, fmt: str, m: int, num_sms: int) -> int:
 
 
 def parse_load(spec: str) -> tuple[str, Optional[int]]:
-    """A load path's spec -> (path, ring depth or None): "registers", "bulk", "bulk-ahead", the last two
-    optionally with ":<stages>" ("bulk:4")."""
+    """A load path's spec -> (path, ring depth or None): "registers", or "bulk" with options "+ahead",
+    "+prefetch" (in this order) and a ring depth ":<stages>" ("bulk+prefetch:4"); the path keeps the options."""
     path, colon, depth = spec.strip().partition(":")
-    if path in LOADS and (not colon or (path != "registers" and depth.isdigit() and int(depth) >= 1)):
+    base, *options = path.split("+")
+    in_order = set(options) <= set(BULK_OPTIONS) and options == sorted(set(options), key=BULK_OPTIONS.index)
+    bulk_only = (not options or in_order) and (not colon or (depth.isdigit() and int(depth) >= 1))
+    if base == "registers" and not options and not colon or base == "bulk" and bulk_only:
         return path, int(depth) if depth else None
-    raise ValueError(f"the W4A16 decode GEMM's load path ({switches.W4A16_LOAD} or `load`) is one of "
-                     f"{', '.join(LOADS)}, the bulk ones optionally with ':<stages>' (bulk:4); got {spec!r}")
+    raise ValueError(f"the W4A16 decode GEMM's load path ({switches.W4A16_LOAD} or `load`) is registers or bulk, "
+                     f"bulk with options {', '.join('+' + o for o in BULK_OPTIONS)} (in this order) and a ring "
+                     f"depth (bulk+prefetch:4); got {spec!r}")
 
 
 def configured_load() -> str:
@@ -329,7 +335,7 @@ class _Key(NamedTuple):
     split: bool  # main only
     bias: bool
     arch: str
-    load: str = "registers"  # main only: "registers" or "bulk:<stages>" / "bulk-ahead:<stages>" (`load_key`)
+    load: str = "registers"  # main only: "registers" or "bulk[+ahead][+prefetch]:<stages>" (`load_key`)
 
 
 def _compile(key: _Key):
@@ -356,7 +362,9 @@ def _compile(key: _Key):
     if path != "registers" and key.load != load_key(key.load, key.m_max):
         raise ValueError(f"no W4A16 decode GEMM with load path {key.load!r}: give the ring's depth, which "
                          f"must fit in shared memory (`load_key`)")
-    load = dict(load="bulk", stages=stages, ahead=path == "bulk-ahead") if path != "registers" else {}
+    options = path.split("+")[1:]
+    load = {} if path == "registers" else dict(load="bulk", stages=stages, ahead="ahead" in options,
+                                                   prefetch="prefetch" in options)
     kernel = W4A16DecodeGemm(dt, key.fmt, key.m_max // 8, key.split, key.bias, row_tiles(key.m_max), WARPS_N,
                              WARPS_K, **load)
     x = cute.runtime.make_fake_tensor(Int32, (sym(), sym()), (sym64(divisibility=4), 1), assumed_align=16)

@@ -3,7 +3,7 @@ W4A16 GEMM (kernels/quack_w4a16.py), NVFP4 and int8 weights, x bf16.
 
     python tests/bench_w4a16.py                   # M = 1, 4, 16 on the shapes
     python tests/bench_w4a16.py --m 1 --shapes 8192x8192 --splits 1,2,4,8   # split-count sweep, ours only
-    python tests/bench_w4a16.py --m 1,8,16 --load registers,bulk,bulk-ahead     # load paths side by side
+    python tests/bench_w4a16.py --m 1,8,16 --load registers,bulk,bulk+prefetch   # load paths side by side
     python tests/bench_w4a16.py --m 1 --load bulk --stages 2,3,4,5              # bulk ring depth sweep
 
 `--load` (comma list of `w4a16_decode.parse_load` specs; default FA4_INDUCTOR_W4A16_LOAD, else registers)
@@ -156,7 +156,7 @@ def main():
     p.add_argument("--m", default="1,4,16")
     p.add_argument("--shapes", default=",".join(f"{n}x{k}" for n, k in SHAPES))
     p.add_argument("--splits", default=None, help="comma list: sweep split counts (ours only)")
-    p.add_argument("--load", default=None, help="comma list of load paths: registers, bulk, bulk-ahead, bulk:4 ...")
+    p.add_argument("--load", default=None, help="comma list of load paths: registers, bulk, bulk+prefetch:4 ...")
     p.add_argument("--stages", default=None, help="comma list: ring depths for each bulk load path")
     a = p.parse_args()
     ms = [int(v) for v in a.m.split(",")]

@@ -4,7 +4,7 @@ Numerics against the float64 exact dequantization on fresh random inputs: the ma
 2x PyTorch's own error (the weight dequantized to x's dtype, then cuBLAS) plus 1e-5 of the output's
 scale. Every case prints its shape, split count, load path and errors (`-s` shows them), so a failure says
 where it is. The numerics tests run on both load paths (`LOADS`; the bulk ring's wrap-around at depth 2 and
-`ahead` in the split and short-K tests).
+the bulk options in the split, short-K and large-weight tests).
 """
 
 import pytest
@@ -18,7 +18,7 @@ from test_nvfp4_linear import float64_dequantized, random_nvfp4
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
 LOADS = ["registers", "bulk"]
-MORE_LOADS = LOADS + ["bulk:2", "bulk-ahead"]  # a ring that wraps every other step; stage j + 1 read early
+MORE_LOADS = LOADS + ["bulk:2", "bulk+ahead+prefetch"]  # a ring wrapping every other step; the options
 
 
 def report(name, out, ref, pytorch):

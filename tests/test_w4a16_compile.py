@@ -96,18 +96,20 @@ def test_ptx_streams_16_byte_loads_and_keeps_subnormals(cute_dsl, fmt, tmp_path)
 # ------------------------------------------------------------------------------- the bulk load path
 
 # dtype, format, M bucket, split, bias, load spec: both formats, both M buckets, split and not, int8 bias,
-# the default depth, a given depth and `ahead`
+# the default depth, a given depth, +ahead and +prefetch
 BULK_FAST = [
     (torch.bfloat16, "nvfp4", 8, False, False, "bulk"),
     (torch.float16, "int8", 16, True, False, "bulk"),
+    (torch.bfloat16, "nvfp4", 16, True, False, "bulk+prefetch"),
 ]
 BULK_SLOW = [
     (torch.float16, "nvfp4", 16, True, False, "bulk"),
     (torch.bfloat16, "nvfp4", 16, False, False, "bulk:3"),
-    (torch.bfloat16, "nvfp4", 8, True, False, "bulk-ahead"),
+    (torch.bfloat16, "nvfp4", 8, True, False, "bulk+ahead"),
+    (torch.float16, "nvfp4", 8, False, False, "bulk+ahead+prefetch:4"),
     (torch.bfloat16, "int8", 8, False, True, "bulk"),
     (torch.float16, "int8", 8, True, False, "bulk:2"),
-    (torch.bfloat16, "int8", 16, False, True, "bulk-ahead:4"),
+    (torch.bfloat16, "int8", 16, False, True, "bulk+ahead:4"),
 ]
 
 
@@ -148,13 +150,16 @@ def _bulk_ptx(fmt, m, spec, tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("fmt, m, spec", [("nvfp4", 8, "bulk"), ("int8", 16, "bulk"), ("nvfp4", 16, "bulk")])
+@pytest.mark.parametrize("fmt, m, spec", [("nvfp4", 8, "bulk"), ("int8", 16, "bulk"), ("nvfp4", 16, "bulk+prefetch")])
 def test_bulk_ptx_copies_codes_through_the_ring(cute_dsl, fmt, m, spec, tmp_path):
     """The weight codes arrive by bulk copies completing on mbarriers and leave shared memory in 16-byte loads
     (the only vector global loads left are x's); the K slices' reduction syncs the consumers alone (named
-    barrier 1); and, where ptxas is found, the variant does not spill (9 warps a CTA: at most 168 registers)."""
+    barrier 1); +prefetch prefetches the scale rows into L2, one per row; and, where ptxas is found, the
+    variant does not spill (9 warps a CTA: at most 168 registers)."""
     ops, ptx = _bulk_ptx(fmt, m, spec, tmp_path)
     count = lambda op: sum(o == op for o in ops)  # noqa: E731
+    prefetches = count("cp.async.bulk.prefetch.L2.global")
+    assert prefetches >= 16 * w4.row_tiles(m) * w4.WARPS_N // 32 if "prefetch" in spec else prefetches == 0
     rt, groups = w4.row_tiles(m), m // 8
     assert count("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes") >= 16 * rt * w4.WARPS_N // 32
     assert count("mbarrier.arrive.expect_tx.shared.b64") >= 1 and count("mbarrier.arrive.shared.b64") >= 1
@@ -205,7 +210,7 @@ def test_bulk_ring_depths(cute_dsl):
         assert stage.bytes == 16 * w4.row_tiles(m) * w4.WARPS_N * (w4.WARPS_K * 4 * 32 + 16)
         depth = w4.bulk_stages(m)
         assert bulk_smem_bytes(stage, depth, red) <= w4.BULK_SMEM_BUDGET < bulk_smem_bytes(stage, depth + 1, red)
-    assert w4.load_key("bulk:6", 8) == "bulk:6" and w4.load_key("bulk-ahead", 16) == "bulk-ahead:11"
+    assert w4.load_key("bulk:6", 8) == "bulk:6" and w4.load_key("bulk+ahead", 16) == "bulk+ahead:11"
     with pytest.raises(ValueError, match="7-stage bulk ring at M <= 8 needs"):
         w4.bulk_stages(8, 7)
     with pytest.raises(ValueError, match="give the ring's depth"):
@@ -215,9 +220,11 @@ def test_bulk_ring_depths(cute_dsl):
 def test_load_spec_is_checked(monkeypatch):
     assert w4.parse_load("registers") == ("registers", None)
     assert w4.parse_load("bulk") == ("bulk", None)
-    assert w4.parse_load(" bulk-ahead:4 ") == ("bulk-ahead", 4)
-    for bad in ("ring", "Bulk", "bulk:0", "bulk:x", "registers:2", "bulk:", "bulk-ahead:-1"):
-        with pytest.raises(ValueError, match="load path .* is one of registers, bulk, bulk-ahead"):
+    assert w4.parse_load(" bulk+ahead:4 ") == ("bulk+ahead", 4)
+    assert w4.parse_load("bulk+ahead+prefetch") == ("bulk+ahead+prefetch", None)
+    for bad in ("ring", "Bulk", "bulk:0", "bulk:x", "registers:2", "bulk:", "bulk+ahead:-1", "registers+ahead",
+                "bulk+prefetch+ahead", "bulk+ahead+ahead", "bulk+", "bulk-ahead"):
+        with pytest.raises(ValueError, match="load path .* is registers or bulk, bulk with options"):
             w4.parse_load(bad)
     from fa4_inductor.kernels import switches
 

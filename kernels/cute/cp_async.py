@@ -33,3 +33,13 @@ def bulk_copy_g2s(dst, src, size, mbar, *, loc=None, ip=None):
                Int32(size).ir_value(loc=loc, ip=ip), Int32(mbar).ir_value(loc=loc, ip=ip)],
         "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [$0], [$1], $2, [$3];", "r,l,r,r",
         has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip)
+
+
+@dsl_user_op
+def prefetch_l2(src, size, *, loc=None, ip=None):
+    """cp.async.bulk.prefetch of `size` bytes (a runtime multiple of 16) at global address `src` (Int64, 16-byte
+    aligned) into L2; nothing to wait for."""
+    llvm.inline_asm(
+        None, [Int64(src).ir_value(loc=loc, ip=ip), Int32(size).ir_value(loc=loc, ip=ip)],
+        "cp.async.bulk.prefetch.L2.global [$0], $1;", "l,r",
+        has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip)

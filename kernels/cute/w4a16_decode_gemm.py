@@ -30,7 +30,10 @@ count, completed by the copies) and an "empty" one (one arrive per consumer warp
 bytes to registers). The CONSUMERS (the WARPS_N x WARPS_K warps) wait "full", copy their lane's 32 bytes a
 row to the same registers the register path fills, arrive "empty", then decode and multiply with the same
 code; block scales and x are still loaded a step ahead with ordinary loads (4-byte scale words are no bulk
-size). `ahead`: a consumer copies stage j + 1 to a second register set before computing step j.
+size). `ahead`: a consumer copies stage j + 1 to a second register set before computing step j. `prefetch`
+(nvfp4): the producer also prefetches each stage's block-scale rows into L2 (`cp.async.bulk.prefetch`, the
+row segment widened to whole 16-byte blocks) before waiting for the stage, so the consumers' scale loads,
+issued a step ahead, find them in L2 rather than in HBM.
 
 Decode, exact (checked bit for bit by the CPU tests' emulation, `w4a16_decode.decode_nvfp4_words` and
 `decode_int8_words`):
@@ -56,7 +59,7 @@ from cutlass._mlir import ir
 from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T, dsl_user_op
 
-from .cp_async import bulk_copy_g2s
+from .cp_async import bulk_copy_g2s, prefetch_l2
 
 FORMATS = ("nvfp4", "int8")
 LOADS = ("registers", "bulk")
@@ -228,16 +231,17 @@ def shift(w: Int32, s: cutlass.Constexpr[int]) -> Int32:
 class W4A16DecodeGemm:
     """One compiled variant per (x dtype, format, x row groups `groups` (M <= 8 * groups), split or not, bias
     or not, row tiles per warp, CTA shape WARPS_N x WARPS_K, load path: "registers", or "bulk" with a ring of
-    `stages` stages, `ahead` or not); N, K, M, strides and the split count are runtime values.
+    `stages` stages, `ahead` or not, `prefetch` or not); N, K, M, strides and the split count are runtime values.
 
     Call: (mX, mW, mBlock (nvfp4) or None, mScale, mBias [N] or None, mOut [M, N] (unit stride on N) or None
     when split, mPart [splits, M, N] fp32 or None when not split, stream)."""
 
     def __init__(self, dtype, fmt: str, groups: int, split: bool, has_bias: bool, row_tiles: int,
-                 warps_n: int, warps_k: int, load: str = "registers", stages: int = 0, ahead: bool = False):
+                 warps_n: int, warps_k: int, load: str = "registers", stages: int = 0, ahead: bool = False,
+                 prefetch: bool = False):
         assert fmt in FORMATS and 1 <= groups <= MAX_GROUPS and row_tiles >= 1, (fmt, groups, row_tiles)
-        assert load in LOADS and (stages >= 1) == (load == "bulk") and not (ahead and load != "bulk"), (
-            load, stages, ahead)
+        assert load in LOADS and (stages >= 1) == (load == "bulk") and (load == "bulk" or not (ahead or prefetch)), (
+            load, stages, ahead, prefetch)
         self.dtype = dtype
         self.is_f16 = dtype == cutlass.Float16
         self.fmt = fmt
@@ -252,6 +256,7 @@ class W4A16DecodeGemm:
         self.load = load
         self.stages = stages
         self.ahead = ahead
+        self.prefetch = prefetch and fmt == "nvfp4"
         self.stage = BulkStage(TILE_ROWS * row_tiles * warps_n, warps_k)
 
     @cute.jit
@@ -382,7 +387,8 @@ class W4A16DecodeGemm:
         cute.arch.barrier()
         n_steps = (cta_end - cta_begin + self.stage.chunks - 1) // self.stage.chunks
         if warp_idx == consumers:
-            self.produce(mW, storage.ring.data_ptr().toint(), full, empty, bx, cta_begin, cta_end, n_steps, n_rows)
+            self.produce(mW, mBlock, storage.ring.data_ptr().toint(), full, empty, bx, cta_begin, cta_end, n_steps,
+                         n_rows)
         else:
             sPiece = storage.ring.get_tensor(cute.make_layout((4, self.stages * self.stage.bytes // 16), stride=(1, 4)))
             # the lane's first 16 bytes in a stage: row g of its warp's first tile, its chunk of the step
@@ -404,10 +410,11 @@ class W4A16DecodeGemm:
                 self.store(acc, mScale, mBias, mOut, mPart, row0, n_rows, m_rows, g, t, split_idx)
 
     @cute.jit
-    def produce(self, mW: cute.Tensor, ring: Int32, full: cute.Pointer, empty: cute.Pointer, bx: Int32,
-                cta_begin: Int32, cta_end: Int32, n_steps: Int32, n_rows: Int32):
+    def produce(self, mW: cute.Tensor, mBlock: Optional[cute.Tensor], ring: Int32, full: cute.Pointer,
+                empty: cute.Pointer, bx: Int32, cta_begin: Int32, cta_end: Int32, n_steps: Int32, n_rows: Int32):
         """The producer warp: step j of the CTA's K range into stage j % stages once its consumers released
-        it, one bulk copy a row (lane L copies rows L, L + 32, ...; past N: row N - 1, results dropped)."""
+        it, one bulk copy a row (lane L copies rows L, L + 32, ...; past N: row N - 1, results dropped); with
+        `prefetch`, first the step's block-scale rows into L2."""
         st = self.stage
         lane = cute.arch.lane_idx()
         row_bytes = cutlass.Int64(mW.layout.stride[0]) * 4
@@ -415,9 +422,11 @@ class W4A16DecodeGemm:
         first_row = bx * st.rows
         for j in range(n_steps):
             s = j % self.stages
-            cute.arch.mbarrier_wait(empty + s, ((j // self.stages) & 1) ^ 1)  # passes at once on a first use
             c = cta_begin + st.chunks * j
             size = cutlass.min(cta_end - c, st.chunks) * CHUNK_BYTES
+            if const_expr(self.prefetch):
+                self.prefetch_scales(mBlock, first_row, n_rows, c, size // CHUNK_BYTES)
+            cute.arch.mbarrier_wait(empty + s, ((j // self.stages) & 1) ^ 1)  # passes at once on a first use
             if lane == 0:
                 cute.arch.mbarrier_arrive_and_expect_tx(full + s, size * st.rows)
             cute.arch.sync_warp()
@@ -433,6 +442,22 @@ class W4A16DecodeGemm:
                         n = cutlass.min(first_row + r, n_rows - 1)
                         src = base + cutlass.Int64(n) * row_bytes + cutlass.Int64(c) * CHUNK_BYTES
                         bulk_copy_g2s(ring + s * st.bytes + r * st.pitch, src, size, mbar)
+
+    @cute.jit
+    def prefetch_scales(self, mBlock: cute.Tensor, first_row: Int32, n_rows: Int32, c: Int32, n_chunks: Int32):
+        """L2 prefetch of block-scale words c .. c + n_chunks of the CTA's rows (lane L: rows L, L + 32, ...),
+        each widened to the 16-byte blocks it touches (every such block holds a byte of the row's segment, so
+        it is mapped memory)."""
+        row_bytes = cutlass.Int64(mBlock.layout.stride[0]) * 4
+        base = mBlock.iterator.toint()
+        lane = cute.arch.lane_idx()
+        for i in cutlass.range_constexpr((self.stage.rows + 31) // 32):
+            r = lane + 32 * i
+            if r < self.stage.rows:
+                start = base + cutlass.Int64(cutlass.min(first_row + r, n_rows - 1)) * row_bytes + cutlass.Int64(c) * 4
+                lo = start & cutlass.Int64(-16)
+                hi = (start + cutlass.Int64(n_chunks) * 4 + 15) & cutlass.Int64(-16)
+                prefetch_l2(lo, Int32(hi - lo))
 
     @cute.jit
     def consume(self, mX: cute.Tensor, mBlock: Optional[cute.Tensor], sPiece: cute.Tensor, full: cute.Pointer,
