@@ -37,8 +37,8 @@ docs/benchmarks.md session 9, and removed). "bulk": a producer warp streams the 
 of shared-memory stages with bulk copies (`cute/w4a16_decode_gemm.py`), as deep as BULK_SMEM_BUDGET allows
 (`bulk_stages`) or "bulk:<stages>"; "+ahead" also copies the next stage to registers before computing
 the current one, "+prefetch" (NVFP4) prefetches each stage's block scales into L2 from the producer
-("bulk+ahead+prefetch:4"). FA4_INDUCTOR_W4A16_LOAD sets it; the matmuls' and `warmup`'s `load` argument overrides it
-(tests, `tests/bench_w4a16.py --load registers,bulk --stages 4,6`).
+("bulk+ahead+prefetch:4"). FA4_INDUCTOR_W4A16_LOAD sets it; the matmuls' and `warmup`'s `load` argument
+overrides it (tests, `tests/bench_w4a16.py --load registers,bulk --stages 4,6`).
 
 Compilation: one main variant per (x dtype, format, x row groups (M <= 8, M <= 16), split or not, bias or
 not, arch, load path) and one reduce variant per (x dtype, format, bias or not, arch), kept for the process in
@@ -136,6 +136,7 @@ def num_splits(n: int, k_padded: int, fmt: str, m: int, num_sms: int) -> int:
     return max(1, min(want, chunks // (4 * WARPS_K * MIN_STEPS), MAX_SPLITS))
 
 
+@functools.cache
 def parse_load(spec: str) -> tuple[str, Optional[int]]:
     """A load path's spec -> (path, ring depth or None): "registers", or "bulk" with options "+ahead",
     "+prefetch" (in this order) and a ring depth ":<stages>" ("bulk+prefetch:4"); the path keeps the options."""
@@ -181,6 +182,7 @@ def bulk_stages(m_max: int, requested: Optional[int] = None) -> int:
     return max(s for s in range(1, MAX_STAGES + 1) if bulk_smem_bytes(stage, s, red_words) <= BULK_SMEM_BUDGET)
 
 
+@functools.cache
 def load_key(spec: str, m_max: int) -> str:
     """The `_Key.load` of a spec: "registers", or the bulk path with its depth resolved ("bulk:5")."""
     path, depth = parse_load(spec)
