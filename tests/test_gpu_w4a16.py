@@ -112,14 +112,10 @@ def test_load_path_from_the_environment(monkeypatch):
     w_fp4, block, global_scale = random_nvfp4(512, 1024, seed=5, device="cuda")
     x = torch.randn(4, 1024, dtype=torch.bfloat16, device="cuda")
     bulk = w4.nvfp4_matmul(x, w_fp4, block, global_scale, load="bulk")
-    try:
-        monkeypatch.setenv(switches.W4A16_LOAD, "bulk")
-        switches.reset()
-        assert w4.configured_load() == "bulk"
-        assert torch.equal(w4.nvfp4_matmul(x, w_fp4, block, global_scale), bulk)
-    finally:
-        monkeypatch.delenv(switches.W4A16_LOAD)
-        switches.reset()
+    monkeypatch.setenv(switches.W4A16_LOAD, "bulk")
+    switches.reset()
+    assert w4.configured_load() == "bulk"
+    assert torch.equal(w4.nvfp4_matmul(x, w_fp4, block, global_scale), bulk)
 
 
 @pytest.mark.parametrize("load", LOADS)

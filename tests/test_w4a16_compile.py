@@ -228,35 +228,29 @@ def test_load_spec_is_checked(monkeypatch):
             w4.parse_load(bad)
     from fa4_inductor.kernels import switches
 
-    try:
-        monkeypatch.setenv(switches.W4A16_LOAD, "tma")
-        switches.reset()
-        with pytest.raises(ValueError, match="FA4_INDUCTOR_W4A16_LOAD or `load`.*got 'tma'"):
-            w4.configured_load()
-        with pytest.raises(ValueError, match="got 'tma'"):
-            w4.warmup(torch.bfloat16, "nvfp4", (1,), device="cpu")
-        monkeypatch.setenv(switches.W4A16_LOAD, "bulk:3")
-        switches.reset()
-        assert w4.configured_load() == "bulk:3"
-        monkeypatch.delenv(switches.W4A16_LOAD)
-        switches.reset()
-        assert w4.configured_load() == "registers"
-    finally:
-        switches.reset()
+    monkeypatch.setenv(switches.W4A16_LOAD, "tma")
+    switches.reset()
+    with pytest.raises(ValueError, match="FA4_INDUCTOR_W4A16_LOAD or `load`.*got 'tma'"):
+        w4.configured_load()
+    with pytest.raises(ValueError, match="got 'tma'"):
+        w4.warmup(torch.bfloat16, "nvfp4", (1,), device="cpu")
+    monkeypatch.setenv(switches.W4A16_LOAD, "bulk:3")
+    switches.reset()
+    assert w4.configured_load() == "bulk:3"
+    monkeypatch.delenv(switches.W4A16_LOAD)
+    switches.reset()
+    assert w4.configured_load() == "registers"
 
 
 @pytest.mark.slow
 def test_warmup_compiles_the_configured_load_path(cute_dsl, monkeypatch):
     from fa4_inductor.kernels import switches
 
-    try:
-        monkeypatch.setenv(switches.W4A16_LOAD, "bulk:2")
-        switches.reset()
-        w4.warmup(torch.float16, "int8", (16,), bias=False, device="cpu")
-        assert w4.warmup(torch.float16, "int8", (16,), bias=False, device="cpu", load="bulk:2") == 0
-        assert w4.warmup(torch.float16, "int8", (16,), bias=False, device="cpu", load="registers") >= 1
-    finally:
-        switches.reset()
+    monkeypatch.setenv(switches.W4A16_LOAD, "bulk:2")
+    switches.reset()
+    w4.warmup(torch.float16, "int8", (16,), bias=False, device="cpu")
+    assert w4.warmup(torch.float16, "int8", (16,), bias=False, device="cpu", load="bulk:2") == 0
+    assert w4.warmup(torch.float16, "int8", (16,), bias=False, device="cpu", load="registers") >= 1
 
 
 # ------------------------------------------------------------------------------- layout and decode (PyTorch)
