@@ -10,7 +10,7 @@ FA4_INDUCTOR_NO_REPLAY (FA4 launch replay off). Decode-kernel tuning: FA4_INDUCT
 FA4_INDUCTOR_DECODE_SPLITS (a fixed split count), FA4_INDUCTOR_DECODE_SMEM_KB (a CTA's shared-memory
 budget, default 100), FA4_INDUCTOR_DECODE_MIN_CTAS (int8-KV kernel: CTAs a SM its registers must allow, so
 ptxas caps them; default 0, uncapped). W4A16 decode GEMM: FA4_INDUCTOR_W4A16_LOAD (its load path:
-registers, the default, or bulk, with options and a ring depth, bulk+prefetch:4;
+registers, the default, or bulk, with options and a ring depth, bulk+scales:4;
 `w4a16_decode.parse_load`). Others' variables we read: CUTE_DSL_ARCH (the CuTe DSL compile target), FA4's
 disk-cache pair and XDG_CACHE_HOME (`fa4.py` turns FA4's disk cache on).
 """

@@ -36,9 +36,10 @@ registers (a per-warp cp.async ring in shared memory was measured 1.2-2x slower 
 docs/benchmarks.md session 9, and removed). "bulk": a producer warp streams the weight codes through a ring
 of shared-memory stages with bulk copies (`cute/w4a16_decode_gemm.py`), as deep as BULK_SMEM_BUDGET allows
 (`bulk_stages`) or "bulk:<stages>"; "+ahead" also copies the next stage to registers before computing
-the current one, "+prefetch" (NVFP4) prefetches each stage's block scales into L2 from the producer
-("bulk+ahead+prefetch:4"). FA4_INDUCTOR_W4A16_LOAD sets it; the matmuls' and `warmup`'s `load` argument
-overrides it (tests, `tests/bench_w4a16.py --load registers,bulk --stages 4,6`).
+the current one, "+prefetch" (NVFP4) prefetches each stage's block scales into L2 from the producer,
+"+scales" (NVFP4) moves the block scales through the ring too ("bulk+ahead+prefetch:4"; int8 drops the
+NVFP4 options). FA4_INDUCTOR_W4A16_LOAD sets it; the matmuls' and `warmup`'s `load` argument overrides it
+(tests, `tests/bench_w4a16.py --load registers,bulk --stages 4,6`).
 
 Compilation: one main variant per (x dtype, format, x row groups (M <= 8, M <= 16), split or not, bias or
 not, arch, load path) and one reduce variant per (x dtype, format, bias or not, arch), kept for the process in
@@ -69,7 +70,8 @@ WARPS_K = 4
 MIN_STEPS = 2  # steps (4 chunks a row) per warp in a split
 MAX_SPLITS = 32
 LOADS = ("registers", "bulk")
-BULK_OPTIONS = ("ahead", "prefetch")  # "bulk+ahead", "bulk+prefetch", "bulk+ahead+prefetch"
+BULK_OPTIONS = ("ahead", "prefetch", "scales")  # "bulk+ahead", "bulk+prefetch+scales", ...
+NVFP4_ONLY = ("prefetch", "scales")  # options about block scales: dropped for int8
 BULK_SMEM_BUDGET = 200 * 1024  # the bulk ring's default depth fills this (one CTA a SM: its registers)
 SMEM_LIMIT = 227 * 1024  # sm90's shared memory a CTA can opt into
 MAX_STAGES = 16
@@ -158,21 +160,22 @@ def configured_load() -> str:
     return spec
 
 
-def _bulk_layout(m_max: int):
-    """(stage, reduction words) of the bulk variants at this M bucket."""
+def _bulk_layout(m_max: int, scales: bool = False):
+    """(stage, reduction words) of the bulk variants at this M bucket (`scales`: block scales in the stage)."""
     from .cute.w4a16_decode_gemm import BulkStage
 
     rt = row_tiles(m_max)
-    return BulkStage(16 * rt * WARPS_N, WARPS_K), (WARPS_K - 1) * WARPS_N * rt * (m_max // 8) * 4 * 32
+    return BulkStage(16 * rt * WARPS_N, WARPS_K, scales), (WARPS_K - 1) * WARPS_N * rt * (m_max // 8) * 4 * 32
 
 
 @functools.cache
-def bulk_stages(m_max: int, requested: Optional[int] = None) -> int:
+def bulk_stages(m_max: int, requested: Optional[int] = None, scales: bool = False) -> int:
     """The bulk ring's depth: `requested`, which must fit SMEM_LIMIT, or the deepest (up to MAX_STAGES) that
-    fits BULK_SMEM_BUDGET. M <= 8: 33 KB a stage (64 rows x 528 bytes), 5 stages; M <= 16: 16.5 KB, 11."""
+    fits BULK_SMEM_BUDGET. M <= 8: 33 KB a stage (64 rows x 528 bytes), 5 stages; M <= 16: 16.5 KB, 11
+    (+scales: 64 or 32 rows x 80 bytes more a stage: 5 and 10)."""
     from .cute.w4a16_decode_gemm import bulk_smem_bytes
 
-    stage, red_words = _bulk_layout(m_max)
+    stage, red_words = _bulk_layout(m_max, scales)
     if requested is not None:
         if bulk_smem_bytes(stage, requested, red_words) > SMEM_LIMIT:
             raise ValueError(f"a {requested}-stage bulk ring at M <= {m_max} needs "
@@ -183,10 +186,14 @@ def bulk_stages(m_max: int, requested: Optional[int] = None) -> int:
 
 
 @functools.cache
-def load_key(spec: str, m_max: int) -> str:
-    """The `_Key.load` of a spec: "registers", or the bulk path with its depth resolved ("bulk:5")."""
+def load_key(spec: str, m_max: int, fmt: str = "nvfp4") -> str:
+    """The `_Key.load` of a spec for `fmt`: "registers", or the bulk path (without the NVFP4-only options for
+    int8) with its depth resolved ("bulk:5")."""
     path, depth = parse_load(spec)
-    return path if path == "registers" else f"{path}:{bulk_stages(m_max, depth)}"
+    if path == "registers":
+        return path
+    path = "+".join(p for p in path.split("+") if fmt == "nvfp4" or p not in NVFP4_ONLY)
+    return f"{path}:{bulk_stages(m_max, depth, 'scales' in path.split('+'))}"
 
 
 @functools.cache
@@ -361,12 +368,12 @@ def _compile(key: _Key):
     from .cute.w4a16_decode_gemm import W4A16DecodeGemm
 
     path, stages = parse_load(key.load)
-    if path != "registers" and key.load != load_key(key.load, key.m_max):
+    if path != "registers" and key.load != load_key(key.load, key.m_max, key.fmt):
         raise ValueError(f"no W4A16 decode GEMM with load path {key.load!r}: give the ring's depth, which "
                          f"must fit in shared memory (`load_key`)")
     options = path.split("+")[1:]
     load = {} if path == "registers" else dict(load="bulk", stages=stages, ahead="ahead" in options,
-                                                   prefetch="prefetch" in options)
+                                                   prefetch="prefetch" in options, scales="scales" in options)
     kernel = W4A16DecodeGemm(dt, key.fmt, key.m_max // 8, key.split, key.bias, row_tiles(key.m_max), WARPS_N,
                              WARPS_K, **load)
     x = cute.runtime.make_fake_tensor(Int32, (sym(), sym()), (sym64(divisibility=4), 1), assumed_align=16)
@@ -385,7 +392,7 @@ def keys(dtype: torch.dtype, fmt: str, m: int, split: bool, bias: bool, arch: st
     """The variants a call runs: the main kernel (load path `load`, a `parse_load` spec), and the reduce
     kernel when split."""
     m_max = m_bucket(m)
-    main = _Key("main", dtype, fmt, m_max, split, bias and not split, arch, load_key(load, m_max))
+    main = _Key("main", dtype, fmt, m_max, split, bias and not split, arch, load_key(load, m_max, fmt))
     return [main, _Key("reduce", dtype, fmt, 0, True, bias, arch)] if split else [main]
 
 

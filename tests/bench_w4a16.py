@@ -3,7 +3,7 @@ W4A16 GEMM (kernels/quack_w4a16.py), NVFP4 and int8 weights, x bf16.
 
     python tests/bench_w4a16.py                   # M = 1, 4, 16 on the shapes
     python tests/bench_w4a16.py --m 1 --shapes 8192x8192 --splits 1,2,4,8   # split-count sweep, ours only
-    python tests/bench_w4a16.py --m 1,8,16 --load registers,bulk,bulk+prefetch   # load paths side by side
+    python tests/bench_w4a16.py --m 1,8,16 --load registers,bulk,bulk+prefetch,bulk+scales   # load paths
     python tests/bench_w4a16.py --m 1 --load bulk --stages 2,3,4,5              # bulk ring depth sweep
 
 `--load` (comma list of `w4a16_decode.parse_load` specs; default FA4_INDUCTOR_W4A16_LOAD, else registers)

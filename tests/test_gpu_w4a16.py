@@ -18,7 +18,7 @@ from test_nvfp4_linear import float64_dequantized, random_nvfp4
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
 LOADS = ["registers", "bulk"]
-MORE_LOADS = LOADS + ["bulk:2", "bulk+ahead+prefetch"]  # a ring wrapping every other step; the options
+MORE_LOADS = LOADS + ["bulk:2", "bulk+ahead+prefetch", "bulk+scales:3"]  # rings wrapping often; the options
 
 
 def report(name, out, ref, pytorch):

@@ -96,11 +96,12 @@ def test_ptx_streams_16_byte_loads_and_keeps_subnormals(cute_dsl, fmt, tmp_path)
 # ------------------------------------------------------------------------------- the bulk load path
 
 # dtype, format, M bucket, split, bias, load spec: both formats, both M buckets, split and not, int8 bias,
-# the default depth, a given depth, +ahead and +prefetch
+# the default depth, a given depth, +ahead, +prefetch and +scales
 BULK_FAST = [
     (torch.bfloat16, "nvfp4", 8, False, False, "bulk"),
     (torch.float16, "int8", 16, True, False, "bulk"),
     (torch.bfloat16, "nvfp4", 16, True, False, "bulk+prefetch"),
+    (torch.bfloat16, "nvfp4", 8, True, False, "bulk+scales"),
 ]
 BULK_SLOW = [
     (torch.float16, "nvfp4", 16, True, False, "bulk"),
@@ -110,14 +111,23 @@ BULK_SLOW = [
     (torch.bfloat16, "int8", 8, False, True, "bulk"),
     (torch.float16, "int8", 8, True, False, "bulk:2"),
     (torch.bfloat16, "int8", 16, False, True, "bulk+ahead:4"),
+    (torch.float16, "nvfp4", 16, False, False, "bulk+ahead+prefetch+scales"),
 ]
 
 
 def _bulk_key(dtype, fmt, m, split, bias, spec):
     key = w4.keys(dtype, fmt, m, split, bias, ARCH, spec)[0]
     path, depth = w4.parse_load(spec)
-    assert key.load == f"{path}:{depth or w4.bulk_stages(m)}" and key.m_max == m and key.bias == bias
+    scales = "+scales" in path
+    assert key.load == f"{path}:{depth or w4.bulk_stages(m, None, scales)}" and key.m_max == m and key.bias == bias
     return key
+
+
+def test_int8_keys_drop_the_block_scale_options():
+    assert w4.keys(torch.bfloat16, "int8", 3, False, True, ARCH, "bulk+ahead+prefetch+scales:3")[0].load == \
+        "bulk+ahead:3"
+    assert w4.keys(torch.bfloat16, "int8", 3, False, True, ARCH, "bulk+scales")[0].load == f"bulk:{w4.bulk_stages(8)}"
+    assert w4.keys(torch.bfloat16, "nvfp4", 9, False, False, ARCH, "bulk+scales")[0].load == "bulk+scales:10"
 
 
 @pytest.mark.parametrize("variant", BULK_FAST, ids=_ids)
@@ -150,20 +160,28 @@ def _bulk_ptx(fmt, m, spec, tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("fmt, m, spec", [("nvfp4", 8, "bulk"), ("int8", 16, "bulk"), ("nvfp4", 16, "bulk+prefetch")])
+@pytest.mark.parametrize("fmt, m, spec", [("nvfp4", 8, "bulk"), ("int8", 16, "bulk"), ("nvfp4", 16, "bulk+prefetch"),
+                                          ("nvfp4", 8, "bulk+scales"), ("nvfp4", 16, "bulk+prefetch+scales")])
 def test_bulk_ptx_copies_codes_through_the_ring(cute_dsl, fmt, m, spec, tmp_path):
     """The weight codes arrive by bulk copies completing on mbarriers and leave shared memory in 16-byte loads
     (the only vector global loads left are x's); the K slices' reduction syncs the consumers alone (named
-    barrier 1); +prefetch prefetches the scale rows into L2, one per row; and, where ptxas is found, the
-    variant does not spill (9 warps a CTA: at most 168 registers)."""
+    barrier 1); +prefetch prefetches the scale rows into L2, one per row; +scales copies the scale words with
+    4-byte cp.async tracked by the stage's mbarrier, and the consumers load no scale from global memory (the
+    one 4-byte global load left is the global scale); and, where ptxas is found, the variant does not spill
+    (9 warps a CTA: at most 168 registers)."""
     ops, ptx = _bulk_ptx(fmt, m, spec, tmp_path)
     count = lambda op: sum(o == op for o in ops)  # noqa: E731
     prefetches = count("cp.async.bulk.prefetch.L2.global")
     assert prefetches >= 16 * w4.row_tiles(m) * w4.WARPS_N // 32 if "prefetch" in spec else prefetches == 0
+    if "scales" in spec:
+        assert count("cp.async.ca.shared.global") >= 16 * w4.row_tiles(m) * w4.WARPS_N * 16 // 32, ops
+        assert count("cp.async.mbarrier.arrive.noinc.shared.b64") >= 1 and count("ld.global.b32") == 1, ops
+    else:
+        assert count("cp.async.ca.shared.global") == 0 and count("cp.async.mbarrier.arrive.noinc.shared.b64") == 0
     rt, groups = w4.row_tiles(m), m // 8
     assert count("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes") >= 16 * rt * w4.WARPS_N // 32
     assert count("mbarrier.arrive.expect_tx.shared.b64") >= 1 and count("mbarrier.arrive.shared.b64") >= 1
-    assert count("mbarrier.init.shared.b64") == 2 * w4.bulk_stages(m)
+    assert count("mbarrier.init.shared.b64") == 2 * w4.bulk_stages(m, None, "scales" in spec)
     x_loads_per_step = groups * w4.CHUNK_VALUES[fmt] * 2 // 16
     w_reads_per_step = 2 * rt * 2
     assert count("ld.shared.v4.b32") % w_reads_per_step == 0 and count("ld.shared.v4.b32") > 0, ops
@@ -197,6 +215,14 @@ def test_bulk_stage_reads_are_bank_conflict_free_and_copies_aligned(cute_dsl):
         segments = sorted((st.offset(r, 0, 0), st.offset(r, 0, 0) + st.chunks * 32) for r in range(rows))
         assert all(a % 16 == 0 for a, _ in segments)
         assert all(end <= nxt for (_, end), (nxt, _) in zip(segments, segments[1:])) and segments[-1][1] <= st.bytes
+        # +scales: the block-scale words after the codes, a warp's 4-byte reads (rows g, chunks 4 wk + t) on 32 banks
+        sc = BulkStage(rows, warps_k, scales=True)
+        assert sc.scales_at >= segments[-1][1] and sc.scale_offset(rows - 1, sc.chunks - 1) + 4 <= sc.bytes
+        assert sc.bytes % 16 == 0
+        for wk in range(warps_k):
+            for row in range(0, rows, 8):
+                at = [sc.scale_offset(row + lane // 4, 4 * wk + lane % 4) for lane in range(32)]
+                assert sorted(a // 4 % 32 for a in at) == list(range(32)), (rows, warps_k, wk, row)
 
 
 def test_bulk_ring_depths(cute_dsl):
@@ -205,11 +231,14 @@ def test_bulk_ring_depths(cute_dsl):
     from fa4_inductor.kernels.cute.w4a16_decode_gemm import bulk_smem_bytes
 
     assert (w4.bulk_stages(8), w4.bulk_stages(16)) == (5, 11)
+    assert (w4.bulk_stages(8, None, True), w4.bulk_stages(16, None, True)) == (5, 10)
     for m in w4.M_BUCKETS:
-        stage, red = w4._bulk_layout(m)
-        assert stage.bytes == 16 * w4.row_tiles(m) * w4.WARPS_N * (w4.WARPS_K * 4 * 32 + 16)
-        depth = w4.bulk_stages(m)
-        assert bulk_smem_bytes(stage, depth, red) <= w4.BULK_SMEM_BUDGET < bulk_smem_bytes(stage, depth + 1, red)
+        for scales in (False, True):
+            stage, red = w4._bulk_layout(m, scales)
+            rows = 16 * w4.row_tiles(m) * w4.WARPS_N
+            assert stage.bytes == rows * (w4.WARPS_K * 4 * 32 + 16) + (rows * (w4.WARPS_K * 4 + 4) * 4 if scales else 0)
+            depth = w4.bulk_stages(m, None, scales)
+            assert bulk_smem_bytes(stage, depth, red) <= w4.BULK_SMEM_BUDGET < bulk_smem_bytes(stage, depth + 1, red)
     assert w4.load_key("bulk:6", 8) == "bulk:6" and w4.load_key("bulk+ahead", 16) == "bulk+ahead:11"
     with pytest.raises(ValueError, match="7-stage bulk ring at M <= 8 needs"):
         w4.bulk_stages(8, 7)
@@ -222,8 +251,9 @@ def test_load_spec_is_checked(monkeypatch):
     assert w4.parse_load("bulk") == ("bulk", None)
     assert w4.parse_load(" bulk+ahead:4 ") == ("bulk+ahead", 4)
     assert w4.parse_load("bulk+ahead+prefetch") == ("bulk+ahead+prefetch", None)
+    assert w4.parse_load("bulk+prefetch+scales:2") == ("bulk+prefetch+scales", 2)
     for bad in ("ring", "Bulk", "bulk:0", "bulk:x", "registers:2", "bulk:", "bulk+ahead:-1", "registers+ahead",
-                "bulk+prefetch+ahead", "bulk+ahead+ahead", "bulk+", "bulk-ahead"):
+                "bulk+prefetch+ahead", "bulk+scales+ahead", "bulk+ahead+ahead", "bulk+", "bulk-ahead"):
         with pytest.raises(ValueError, match="load path .* is registers or bulk, bulk with options"):
             w4.parse_load(bad)
     from fa4_inductor.kernels import switches

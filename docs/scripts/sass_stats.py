@@ -27,7 +27,7 @@ def compile_variant(argv):
     if argv[0] == "w4a16":
         from fa4_inductor.kernels import w4a16_decode as w4
 
-        load = w4.load_key(argv[3] if len(argv) > 3 else "registers", int(argv[2]))
+        load = w4.load_key(argv[3] if len(argv) > 3 else "registers", int(argv[2]), argv[1])
         w4.compiled(w4._Key("main", torch.bfloat16, argv[1], int(argv[2]), False, False, "sm_90a", load))
     elif argv[0] == "int8kv":
         from fa4_inductor.kernels import decode_int8kv

@@ -33,7 +33,10 @@ code; block scales and x are still loaded a step ahead with ordinary loads (4-by
 size). `ahead`: a consumer copies stage j + 1 to a second register set before computing step j. `prefetch`
 (nvfp4): the producer also prefetches each stage's block-scale rows into L2 (`cp.async.bulk.prefetch`, the
 row segment widened to whole 16-byte blocks) before waiting for the stage, so the consumers' scale loads,
-issued a step ahead, find them in L2 rather than in HBM.
+issued a step ahead, find them in L2 rather than in HBM. `scales` (nvfp4): the block scales go through the
+ring too: the producer's lanes copy the stage's scale words with 4-byte cp.async and make the stage's "full"
+mbarrier wait for them (`cp.async.mbarrier.arrive.noinc`), and the consumers read them from the stage with
+its codes (no global scale loads left in the consumers).
 
 Decode, exact (checked bit for bit by the CPU tests' emulation, `w4a16_decode.decode_nvfp4_words` and
 `decode_int8_words`):
@@ -59,7 +62,7 @@ from cutlass._mlir import ir
 from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T, dsl_user_op
 
-from .cp_async import bulk_copy_g2s, prefetch_l2
+from .cp_async import bulk_copy_g2s, cp_async, prefetch_l2
 
 FORMATS = ("nvfp4", "int8")
 LOADS = ("registers", "bulk")
@@ -76,19 +79,29 @@ class BulkStage:
     (one step of every K warp), row r at r * pitch bytes. A consumer lane 4g + t reads 16 bytes at a time
     from rows g and g + 8 of a tile at chunk t: 8 lanes a shared-memory wavefront, two rows at four chunks.
     A pitch that is a multiple of 128 bytes puts both rows on the same banks (2-way conflict); 16 bytes
-    more shifts row g + 1 by four banks, so the 8 lanes cover the 32 banks once."""
+    more shifts row g + 1 by four banks, so the 8 lanes cover the 32 banks once.
+
+    With `scales`, the rows' block-scale words follow (one a chunk), row r at scale_pitch * r words; a warp's
+    4-byte reads (rows g, chunks t) start row g on bank 4 * (g * scale_pitch / 4 mod 8): all 8 rows apart when
+    scale_pitch / 4 is odd."""
 
     PAD = 16
 
-    def __init__(self, rows: int, warps_k: int):
+    def __init__(self, rows: int, warps_k: int, scales: bool = False):
         self.rows = rows
         self.chunks = warps_k * LANES_K
         self.pitch = self.chunks * CHUNK_BYTES + self.PAD
-        self.bytes = rows * self.pitch
+        self.scales_at = rows * self.pitch
+        self.scale_pitch = self.chunks + (4 if self.chunks // 4 % 2 == 0 else 8)
+        self.bytes = self.scales_at + (rows * self.scale_pitch * 4 if scales else 0)
 
     def offset(self, row: int, chunk: int, half: int) -> int:
         """Bytes from the stage's start of 16-byte half `half` of chunk `chunk` of row `row`."""
         return row * self.pitch + chunk * CHUNK_BYTES + 16 * half
+
+    def scale_offset(self, row: int, chunk: int) -> int:
+        """Bytes from the stage's start of the block-scale word of chunk `chunk` of row `row` (`scales`)."""
+        return self.scales_at + (row * self.scale_pitch + chunk) * 4
 
 
 def bulk_smem_bytes(stage: BulkStage, stages: int, red_words: int) -> int:
@@ -238,10 +251,10 @@ class W4A16DecodeGemm:
 
     def __init__(self, dtype, fmt: str, groups: int, split: bool, has_bias: bool, row_tiles: int,
                  warps_n: int, warps_k: int, load: str = "registers", stages: int = 0, ahead: bool = False,
-                 prefetch: bool = False):
+                 prefetch: bool = False, scales: bool = False):
         assert fmt in FORMATS and 1 <= groups <= MAX_GROUPS and row_tiles >= 1, (fmt, groups, row_tiles)
-        assert load in LOADS and (stages >= 1) == (load == "bulk") and (load == "bulk" or not (ahead or prefetch)), (
-            load, stages, ahead, prefetch)
+        assert load in LOADS and (stages >= 1) == (load == "bulk") and (
+            load == "bulk" or not (ahead or prefetch or scales)), (load, stages, ahead, prefetch, scales)
         self.dtype = dtype
         self.is_f16 = dtype == cutlass.Float16
         self.fmt = fmt
@@ -257,7 +270,8 @@ class W4A16DecodeGemm:
         self.stages = stages
         self.ahead = ahead
         self.prefetch = prefetch and fmt == "nvfp4"
-        self.stage = BulkStage(TILE_ROWS * row_tiles * warps_n, warps_k)
+        self.ring_scales = scales and fmt == "nvfp4"
+        self.stage = BulkStage(TILE_ROWS * row_tiles * warps_n, warps_k, self.ring_scales)
 
     @cute.jit
     def __call__(self, mX: cute.Tensor, mW: cute.Tensor, mBlock: Optional[cute.Tensor], mScale: cute.Tensor,
@@ -381,7 +395,7 @@ class W4A16DecodeGemm:
         if warp_idx == consumers:
             if lane == 0:
                 for s in cutlass.range_constexpr(self.stages):
-                    cute.arch.mbarrier_init(full + s, 1)
+                    cute.arch.mbarrier_init(full + s, 1 + (32 if self.ring_scales else 0))  # + the scale copiers
                     cute.arch.mbarrier_init(empty + s, consumers)
                 cute.arch.mbarrier_init_fence()
         cute.arch.barrier()
@@ -391,9 +405,12 @@ class W4A16DecodeGemm:
                          n_rows)
         else:
             sPiece = storage.ring.get_tensor(cute.make_layout((4, self.stages * self.stage.bytes // 16), stride=(1, 4)))
+            sWord = storage.ring.get_tensor(cute.make_layout((self.stages * self.stage.bytes // 4,)))
             # the lane's first 16 bytes in a stage: row g of its warp's first tile, its chunk of the step
-            lane_piece = (self.stage.offset((wn * self.row_tiles) * TILE_ROWS + g, LANES_K * wk + t, 0)) // 16
-            self.consume(mX, mBlock, sPiece, full, empty, acc, lane_piece, row0, n_rows, m_rows,
+            lane_row = (wn * self.row_tiles) * TILE_ROWS + g
+            lane_piece = (self.stage.offset(lane_row, LANES_K * wk + t, 0)) // 16
+            lane_word = self.stage.scale_offset(lane_row, LANES_K * wk + t) // 4
+            self.consume(mX, mBlock, sPiece, sWord, full, empty, acc, lane_piece, lane_word, row0, n_rows, m_rows,
                          cta_begin + LANES_K * wk + t, cta_end, n_steps)
 
             if const_expr(self.warps_k > 1):
@@ -431,6 +448,9 @@ class W4A16DecodeGemm:
                 cute.arch.mbarrier_arrive_and_expect_tx(full + s, size * st.rows)
             cute.arch.sync_warp()
             mbar = (full + s).toint()
+            if const_expr(self.ring_scales):
+                self.copy_scales(mBlock, ring + s * st.bytes, first_row, n_rows, c, size // CHUNK_BYTES)
+                cute.arch.cp_async_mbarrier_arrive_noinc(full + s)
             for i in cutlass.range_constexpr((st.rows + 31) // 32):
                 r = lane + 32 * i
                 if const_expr(st.rows % 32 == 0):
@@ -442,6 +462,23 @@ class W4A16DecodeGemm:
                         n = cutlass.min(first_row + r, n_rows - 1)
                         src = base + cutlass.Int64(n) * row_bytes + cutlass.Int64(c) * CHUNK_BYTES
                         bulk_copy_g2s(ring + s * st.bytes + r * st.pitch, src, size, mbar)
+
+    @cute.jit
+    def copy_scales(self, mBlock: cute.Tensor, stage: Int32, first_row: Int32, n_rows: Int32, c: Int32,
+                    n_chunks: Int32):
+        """cp.async of block-scale words c .. c + n_chunks of the CTA's rows into the stage at shared address
+        `stage` (lane L: word L % chunks of rows L // chunks, + 32 // chunks, ...: each row's words from
+        consecutive lanes); words past the range are zero-filled without a read."""
+        st = self.stage
+        row_bytes = cutlass.Int64(mBlock.layout.stride[0]) * 4
+        base = mBlock.iterator.toint()
+        lane = cute.arch.lane_idx()
+        for i in cutlass.range_constexpr(st.rows * st.chunks // 32):
+            r = (lane + 32 * i) // st.chunks
+            w = (lane + 32 * i) % st.chunks
+            n = cutlass.min(first_row + r, n_rows - 1)
+            src = base + cutlass.Int64(n) * row_bytes + cutlass.Int64(c + cutlass.min(w, n_chunks - 1)) * 4
+            cp_async(stage + st.scale_offset(r, w), src, 4, 4 * cutlass.max(cutlass.min(n_chunks - w, 1), 0))
 
     @cute.jit
     def prefetch_scales(self, mBlock: cute.Tensor, first_row: Int32, n_rows: Int32, c: Int32, n_chunks: Int32):
@@ -460,58 +497,78 @@ class W4A16DecodeGemm:
                 prefetch_l2(lo, Int32(hi - lo))
 
     @cute.jit
-    def consume(self, mX: cute.Tensor, mBlock: Optional[cute.Tensor], sPiece: cute.Tensor, full: cute.Pointer,
-                empty: cute.Pointer, acc: cute.Tensor, lane_piece: Int32, row0: Int32, n_rows: Int32, m_rows: Int32,
-                c_first: Int32, cta_end: Int32, n_steps: Int32):
+    def consume(self, mX: cute.Tensor, mBlock: Optional[cute.Tensor], sPiece: cute.Tensor, sWord: cute.Tensor,
+                full: cute.Pointer, empty: cute.Pointer, acc: cute.Tensor, lane_piece: Int32, lane_word: Int32,
+                row0: Int32, n_rows: Int32, m_rows: Int32, c_first: Int32, cta_end: Int32, n_steps: Int32):
         """A consumer warp's K loop over the CTA's steps: the lane's chunk of step j is c_first + chunks * j.
-        Block scales and x go to two alternating register sets a step ahead; the weights come from the ring
-        (one register set, or two with `ahead`: step j + 1's copied out before step j's MMAs)."""
+        x (and the block scales, unless `scales`) go to two alternating register sets a step ahead; the weights
+        (and with `scales` the block scales) come from the ring into one register set, or two with `ahead`
+        (step j + 1's copied out before step j's MMAs)."""
         RT = self.row_tiles
         step = self.stage.chunks
         rW = [cute.make_rmem_tensor((CHUNK_WORDS, 2 * RT), Int32) for _ in range(2 if self.ahead else 1)]
         rS = [cute.make_rmem_tensor((2 * RT,), Int32) for _ in range(2)]
         rX = [cute.make_rmem_tensor((self.x_words, self.groups), Int32) for _ in range(2)]
         rA = cute.make_rmem_tensor((4,), Int32)
+        mLoad = self.global_scales(mBlock)
+        rs = self.scale_set(len(rW))
 
-        self.load_step(mX, None, mBlock, None, rS[0], rX[0], row0, n_rows, m_rows, c_first, cta_end)
+        self.load_step(mX, None, mLoad, None, rS[0], rX[0], row0, n_rows, m_rows, c_first, cta_end)
         if const_expr(self.ahead):
             if n_steps > 0:
-                self.read_stage(sPiece, full, empty, rW[0], lane_piece, 0, c_first, cta_end)
+                self.read_stage(sPiece, sWord, full, empty, rW[0], rS[0], lane_piece, lane_word, 0, c_first, cta_end)
         for j0 in range(0, n_steps, 2):
             for b in cutlass.range_constexpr(2):
                 j = j0 + b
                 if j < n_steps:
                     w = rW[b % len(rW)]
                     if const_expr(not self.ahead):
-                        self.read_stage(sPiece, full, empty, w, lane_piece, j, c_first + step * j, cta_end)
-                    self.load_step(mX, None, mBlock, None, rS[1 - b], rX[1 - b], row0, n_rows, m_rows,
+                        self.read_stage(sPiece, sWord, full, empty, w, rS[rs(b)], lane_piece, lane_word, j,
+                                        c_first + step * j, cta_end)
+                    self.load_step(mX, None, mLoad, None, rS[1 - b], rX[1 - b], row0, n_rows, m_rows,
                                    c_first + step * (j + 1), cta_end)
                     if const_expr(self.ahead):
                         if j + 1 < n_steps:
-                            self.read_stage(sPiece, full, empty, rW[1 - b], lane_piece, j + 1,
-                                            c_first + step * (j + 1), cta_end)
+                            self.read_stage(sPiece, sWord, full, empty, rW[1 - b], rS[1 - b], lane_piece, lane_word,
+                                            j + 1, c_first + step * (j + 1), cta_end)
                     if const_expr(self.fmt == "nvfp4"):
-                        self.nvfp4_step(w, rS[b], rX[b], rA, acc)
+                        self.nvfp4_step(w, rS[rs(b)], rX[b], rA, acc)
                     else:
                         self.int8_step(w, rX[b], rA, acc)
 
+    def global_scales(self, mBlock):
+        """The block-scale tensor the consumers load from global memory a step ahead: none with `scales`."""
+        return None if self.ring_scales else mBlock
+
+    def scale_set(self, weight_sets: int):
+        """Register set b's step -> its block scales' set: the weights' with `scales`, else x's (b)."""
+        return (lambda b: b % weight_sets) if self.ring_scales else (lambda b: b)
+
     @cute.jit
-    def read_stage(self, sPiece: cute.Tensor, full: cute.Pointer, empty: cute.Pointer, rW: cute.Tensor,
-                   lane_piece: Int32, j: Int32, c: Int32, cta_end: Int32):
+    def read_stage(self, sPiece: cute.Tensor, sWord: cute.Tensor, full: cute.Pointer, empty: cute.Pointer,
+                   rW: cute.Tensor, rS: cute.Tensor, lane_piece: Int32, lane_word: Int32, j: Int32, c: Int32,
+                   cta_end: Int32):
         """Wait for step j's stage, copy the lane's chunk c of its rows (g, g + 8 of each tile) to rW with
-        16-byte shared loads (zeros past the range), then release the stage (one arrive a warp)."""
+        16-byte shared loads (with `scales`, their block-scale words to rS; zeros past the range), then release
+        the stage (one arrive a warp)."""
         st = self.stage
         s = j % self.stages
         cute.arch.mbarrier_wait(full + s, (j // self.stages) & 1)
         first = lane_piece + s * (st.bytes // 16)
         for r in cutlass.range_constexpr(2 * self.row_tiles):
-            at = first + st.offset((r // 2) * TILE_ROWS + (r % 2) * 8, 0, 0) // 16
+            row = (r // 2) * TILE_ROWS + (r % 2) * 8
+            at = first + st.offset(row, 0, 0) // 16
+            at_scale = lane_word + s * (st.bytes // 4) + (st.scale_offset(row, 0) - st.scales_at) // 4
             if c < cta_end:
                 for h in cutlass.range_constexpr(2):
                     cute.autovec_copy(sPiece[None, at + h], cute.local_tile(rW[None, r], (4,), (h,)))
+                if const_expr(self.ring_scales):
+                    rS[r] = sWord[at_scale]
             else:
                 for i in cutlass.range_constexpr(CHUNK_WORDS):
                     rW[i, r] = Int32(0)
+                if const_expr(self.ring_scales):
+                    rS[r] = Int32(0)
         cute.arch.sync_warp()
         if cute.arch.lane_idx() == 0:
             cute.arch.mbarrier_arrive(empty + s)
@@ -528,13 +585,13 @@ class W4A16DecodeGemm:
             if c < c_end:
                 if const_expr(mW is not None):
                     cute.autovec_copy(cute.local_tile(mW[n, None], (CHUNK_WORDS,), (c,)), rW[None, r])
-                if const_expr(self.fmt == "nvfp4"):
+                if const_expr(mBlock is not None):
                     rS[r] = mBlock[n, c]
             else:
                 if const_expr(mW is not None):
                     for i in cutlass.range_constexpr(CHUNK_WORDS):
                         rW[i, r] = Int32(0)
-                if const_expr(self.fmt == "nvfp4"):
+                if const_expr(mBlock is not None):
                     rS[r] = Int32(0)
         for gi in cutlass.range_constexpr(self.groups):
             m = gi * 8 + g
