@@ -244,7 +244,8 @@ def shift(w: Int32, s: cutlass.Constexpr[int]) -> Int32:
 class W4A16DecodeGemm:
     """One compiled variant per (x dtype, format, x row groups `groups` (M <= 8 * groups), split or not, bias
     or not, row tiles per warp, CTA shape WARPS_N x WARPS_K, load path: "registers", or "bulk" with a ring of
-    `stages` stages, `ahead` or not, `prefetch` or not); N, K, M, strides and the split count are runtime values.
+    `stages` stages and the options `ahead`, `prefetch`, `scales`); N, K, M, strides and the split count are
+    runtime values.
 
     Call: (mX, mW, mBlock (nvfp4) or None, mScale, mBias [N] or None, mOut [M, N] (unit stride on N) or None
     when split, mPart [splits, M, N] fp32 or None when not split, stream)."""
