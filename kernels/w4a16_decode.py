@@ -34,8 +34,15 @@ the shapes and the SM count, never of values, so a captured CUDA graph stays val
 to an fp32 workspace [splits, M, N] (a fresh torch allocation per call: fine under capture) reduced by a
 second kernel in a fixed order (deterministic). `tests/bench_w4a16.py --splits 1,2,4,8` sweeps the count.
 
-Loads: each warp loads its next step straight into registers (a per-warp cp.async ring in shared memory was
-measured 1.2-2x slower on the H200 on every shape, docs/benchmarks.md session 9, and removed).
+Load path (`load`, see `parse_load`): "registers", the default: each warp loads its next step straight into
+registers (a per-warp cp.async ring in shared memory was measured 1.2-2x slower on the H200 on every shape,
+docs/benchmarks.md session 9, and removed). "bulk": a producer warp streams the weight codes through a ring
+of shared-memory stages with bulk copies (`cute/w4a16_decode_gemm.py`), as deep as BULK_SMEM_BUDGET allows
+(`bulk_stages`) or "bulk:<stages>"; "+ahead" also copies the next stage to registers before computing
+the current one, "+prefetch" (NVFP4) prefetches each stage's block scales into L2 from the producer,
+"+scales" (NVFP4) moves the block scales through the ring too ("bulk+ahead+prefetch:4"; int8 drops the
+NVFP4 options). FA4_INDUCTOR_W4A16_LOAD sets it; the matmuls' and `warmup`'s `load` argument overrides it
+(tests, `tests/bench_w4a16.py --load registers,bulk --stages 4,6`).
 
 PDL (on; FA4_INDUCTOR_W4A16_PDL=0 turns it off): the main kernel is launched as a programmatic dependent, so in
 a run of these GEMMs (q, k, v; gate, up; chains) each one's first weight loads overlap the previous one's tail
@@ -43,8 +50,8 @@ a run of these GEMMs (q, k, v; gate, up; chains) each one's first weight loads o
 graph of back-to-back calls; Llama-1B NVFP4 decode 1.136 against 1.160 ms/token (docs/benchmarks.md).
 
 Compilation: one main variant per (x dtype, format, x row groups (M <= 8, M <= 16), CTA shape, split or not,
-bias or not, PDL or not, arch) and one reduce variant per (x dtype, format, bias or not, arch), kept for the process in
-`compiled` (`cute/compile_utils.py`). Call `warmup` (or one eager call per shape) before capturing a CUDA
+bias or not, PDL or not, arch, load path) and one reduce variant per (x dtype, format, bias or not, arch), kept
+for the process in `compiled` (`cute/compile_utils.py`). Call `warmup` (or one eager call per shape) before capturing a CUDA
 graph.
 """
 
@@ -68,6 +75,12 @@ CHUNK_VALUES = {"nvfp4": 64, "int8": 32}  # weights per 32-byte chunk of a row
 K_MULTIPLE = 16
 MIN_STEPS = 2  # steps (4 chunks a row) per warp in a split
 MAX_SPLITS = 32
+LOADS = ("registers", "bulk")
+BULK_OPTIONS = ("ahead", "prefetch", "scales")  # "bulk+ahead", "bulk+prefetch+scales", ...
+NVFP4_ONLY = ("prefetch", "scales")  # options about block scales: dropped for int8
+BULK_SMEM_BUDGET = 200 * 1024  # the bulk ring's default depth fills this (one CTA a SM: its registers)
+SMEM_LIMIT = 227 * 1024  # sm90's shared memory a CTA can opt into
+MAX_STAGES = 16
 
 
 _name = layout.dtype_name
@@ -152,6 +165,65 @@ def num_splits(n: int, k_padded: int, fmt: str, shape: CtaShape, num_sms: int) -
     chunks = k_padded // CHUNK_VALUES[fmt]
     want = round(num_sms / row_ctas)
     return max(1, min(want, chunks // (4 * shape.warps_k * MIN_STEPS), MAX_SPLITS))
+
+
+@functools.cache
+def parse_load(spec: str) -> tuple[str, Optional[int]]:
+    """A load path's spec -> (path, ring depth or None): "registers", or "bulk" with options "+ahead",
+    "+prefetch" (in this order) and a ring depth ":<stages>" ("bulk+prefetch:4"); the path keeps the options."""
+    path, colon, depth = spec.strip().partition(":")
+    base, *options = path.split("+")
+    in_order = set(options) <= set(BULK_OPTIONS) and options == sorted(set(options), key=BULK_OPTIONS.index)
+    bulk_only = (not options or in_order) and (not colon or (depth.isdigit() and int(depth) >= 1))
+    if base == "registers" and not options and not colon or base == "bulk" and bulk_only:
+        return path, int(depth) if depth else None
+    raise ValueError(f"the W4A16 decode GEMM's load path ({switches.W4A16_LOAD} or `load`) is registers or bulk, "
+                     f"bulk with options {', '.join('+' + o for o in BULK_OPTIONS)} (in this order) and a ring "
+                     f"depth (bulk+prefetch:4); got {spec!r}")
+
+
+def configured_load() -> str:
+    """The load path calls get without a `load` argument: FA4_INDUCTOR_W4A16_LOAD, else registers."""
+    spec = switches.current().w4a16_load or "registers"
+    parse_load(spec)
+    return spec
+
+
+def _bulk_layout(m_max: int, cta: CtaShape, scales: bool = False):
+    """(stage, reduction words) of the bulk variants at this M bucket and CTA shape (`scales`: block scales in
+    the stage)."""
+    from .cute.w4a16_decode_gemm import BulkStage
+
+    red_words = (cta.warps_k - 1) * cta.warps_n * cta.row_tiles * (m_max // 8) * 4 * 32
+    return BulkStage(cta.rows, cta.warps_k, scales), red_words
+
+
+@functools.cache
+def bulk_stages(m_max: int, cta: CtaShape, requested: Optional[int] = None, scales: bool = False) -> int:
+    """The bulk ring's depth: `requested`, which must fit SMEM_LIMIT, or the deepest (up to MAX_STAGES) that
+    fits BULK_SMEM_BUDGET. Wide CTAs, M <= 8: 33 KB a stage (64 rows x 528 bytes), 5 stages; M <= 16: 16.5 KB,
+    11 (+scales: 64 or 32 rows x 80 bytes more a stage: 5 and 10); narrow CTAs: 16 rows x 1040 bytes."""
+    from .cute.w4a16_decode_gemm import bulk_smem_bytes
+
+    stage, red_words = _bulk_layout(m_max, cta, scales)
+    if requested is not None:
+        if bulk_smem_bytes(stage, requested, red_words) > SMEM_LIMIT:
+            raise ValueError(f"a {requested}-stage bulk ring at M <= {m_max} needs "
+                             f"{bulk_smem_bytes(stage, requested, red_words)} bytes of shared memory, over "
+                             f"sm90's {SMEM_LIMIT}")
+        return requested
+    return max(s for s in range(1, MAX_STAGES + 1) if bulk_smem_bytes(stage, s, red_words) <= BULK_SMEM_BUDGET)
+
+
+@functools.cache
+def load_key(spec: str, m_max: int, fmt: str, cta: CtaShape) -> str:
+    """The `_Key.load` of a spec for `fmt`: "registers", or the bulk path (without the NVFP4-only options for
+    int8) with its depth resolved ("bulk:5")."""
+    path, depth = parse_load(spec)
+    if path == "registers":
+        return path
+    path = "+".join(p for p in path.split("+") if fmt == "nvfp4" or p not in NVFP4_ONLY)
+    return f"{path}:{bulk_stages(m_max, cta, depth, 'scales' in path.split('+'))}"
 
 
 @functools.cache
@@ -304,6 +376,7 @@ class _Key(NamedTuple):
     arch: str
     cta: Optional[CtaShape] = None  # main only
     pdl: bool = False  # main only
+    load: str = "registers"  # main only: "registers" or "bulk[+ahead][+prefetch]:<stages>" (`load_key`)
 
 
 def _compile(key: _Key):
@@ -326,7 +399,14 @@ def _compile(key: _Key):
 
     from .cute.w4a16_decode_gemm import W4A16DecodeGemm
 
-    kernel = W4A16DecodeGemm(dt, key.fmt, key.m_max // 8, key.split, key.bias, *key.cta, pdl=key.pdl)
+    path, stages = parse_load(key.load)
+    if path != "registers" and key.load != load_key(key.load, key.m_max, key.fmt, key.cta):
+        raise ValueError(f"no W4A16 decode GEMM with load path {key.load!r}: give the ring's depth, which "
+                         f"must fit in shared memory (`load_key`)")
+    options = path.split("+")[1:]
+    load = {} if path == "registers" else dict(load="bulk", stages=stages, ahead="ahead" in options,
+                                                   prefetch="prefetch" in options, scales="scales" in options)
+    kernel = W4A16DecodeGemm(dt, key.fmt, key.m_max // 8, key.split, key.bias, *key.cta, pdl=key.pdl, **load)
     x = cute.runtime.make_fake_tensor(Int32, (sym(), sym()), (sym64(divisibility=4), 1), assumed_align=16)
     w = cute.runtime.make_fake_tensor(Int32, (sym(), sym()), (sym64(divisibility=4), 1), assumed_align=16)
     block = cute.runtime.make_fake_tensor(Int32, (sym(), sym()), (sym64(), 1)) if nvfp4 else None
@@ -339,18 +419,22 @@ compiled = compile_utils.CompiledVariants(_compile)
 
 
 def keys(dtype: torch.dtype, fmt: str, m: int, split: bool, bias: bool, arch: str, cta: CtaShape,
-         pdl: bool = False) -> list[_Key]:
-    """The variants a call runs: the main kernel, and the reduce kernel when split."""
-    main = _Key("main", dtype, fmt, m_bucket(m), split, bias and not split, arch, cta, pdl)
+         pdl: bool = False, load: str = "registers") -> list[_Key]:
+    """The variants a call runs: the main kernel (load path `load`, a `parse_load` spec), and the reduce
+    kernel when split."""
+    m_max = m_bucket(m)
+    main = _Key("main", dtype, fmt, m_max, split, bias and not split, arch, cta, pdl,
+                load_key(load, m_max, fmt, cta))
     return [main, _Key("reduce", dtype, fmt, 0, True, bias, arch)] if split else [main]
 
 
 def warmup(dtype: torch.dtype, fmt: str, m_values=M_BUCKETS, *, bias: Optional[bool] = None,
-           device: torch.device | str = "cuda") -> int:
-    """Compile every variant calls with these rows can hit (both CTA shapes, split and not; `bias` None: both),
-    outside CUDA-graph capture. Returns how many were compiled now."""
+           device: torch.device | str = "cuda", load: Optional[str] = None) -> int:
+    """Compile every variant calls with these rows can hit (both CTA shapes, split and not; `bias` None: both;
+    `load` None: the configured load path), outside CUDA-graph capture. Returns how many were compiled now."""
     if dtype not in DTYPES or fmt not in FORMATS:
         raise ValueError(f"the W4A16 decode GEMM does not take dtype {dtype} / format {fmt!r}")
+    load = configured_load() if load is None else load
     arch = compile_utils.target_arch(torch.device(device), off_gpu="sm_90a")
     before = len(compiled)
     forced, pdl = switches.current().w4a16_cta, switches.current().w4a16_pdl
@@ -360,7 +444,7 @@ def warmup(dtype: torch.dtype, fmt: str, m_values=M_BUCKETS, *, bias: Optional[b
                 for b in ((False, True) if bias is None else (bool(bias),)):
                     if fmt == "nvfp4" and b:
                         continue
-                    for key in keys(dtype, fmt, m, split, b, arch, cta, pdl):
+                    for key in keys(dtype, fmt, m, split, b, arch, cta, pdl, load):
                         compiled(key)
     return len(compiled) - before
 
@@ -371,7 +455,7 @@ def warmup(dtype: torch.dtype, fmt: str, m_values=M_BUCKETS, *, bias: Optional[b
 
 
 def _run(fmt: str, x2d: Tensor, words: Tensor, block: Optional[Tensor], scale: Tensor, bias: Optional[Tensor],
-         n: int, k: int, splits: Optional[int], cta: Optional[tuple[int, int, int]]) -> Tensor:
+         n: int, k: int, splits: Optional[int], cta: Optional[tuple[int, int, int]], load: Optional[str]) -> Tensor:
     m = x2d.shape[0]
     kp = words.shape[1] * (8 if fmt == "nvfp4" else 4)  # codes per int32 word
     x = prepare_x(x2d, kp)
@@ -384,7 +468,9 @@ def _run(fmt: str, x2d: Tensor, words: Tensor, block: Optional[Tensor], scale: T
         splits = num_splits(n, kp, fmt, shape, num_sms)
     split = splits > 1
     arch = compile_utils.target_arch(device)
-    variants = [compiled(key) for key in keys(x.dtype, fmt, m, split, bias is not None, arch, shape, env.w4a16_pdl)]
+    load = configured_load() if load is None else load
+    variants = [compiled(key) for key in keys(x.dtype, fmt, m, split, bias is not None, arch, shape, env.w4a16_pdl,
+                                              load)]
     xw = x.view(torch.int32)
     with torch.cuda.device(device):
         if not split:
@@ -406,17 +492,19 @@ def _check(x2d: Tensor, fmt: str, n: int, k: int, *tensors: Optional[Tensor]) ->
 
 
 def nvfp4_matmul(x2d: Tensor, w_fp4: Tensor, w_block_scale: Tensor, w_global_scale: Tensor, *,
-                 splits: Optional[int] = None, cta: Optional[tuple[int, int, int]] = None) -> Tensor:
-    """x2d [M, K] @ dequant(w)^T -> [M, N] in x's dtype (module docstring). `splits` overrides `num_splits` and
-    `cta` (row tiles, warps_n, warps_k) `cta_shape` (tests, tuning)."""
+                 splits: Optional[int] = None, cta: Optional[tuple[int, int, int]] = None,
+                 load: Optional[str] = None) -> Tensor:
+    """x2d [M, K] @ dequant(w)^T -> [M, N] in x's dtype (module docstring). `splits` overrides `num_splits`,
+    `cta` (row tiles, warps_n, warps_k) `cta_shape` and `load` the configured load path (tests, tuning)."""
     n, k = layout.nvfp4_operands(w_fp4, w_block_scale, w_global_scale)
     _check(x2d, "nvfp4", n, k, w_fp4, w_block_scale, w_global_scale)
     words, pairs = prepare_nvfp4(w_fp4, w_block_scale)
-    return _run("nvfp4", x2d, words, pairs, w_global_scale.reshape(1), None, n, k, splits, cta)
+    return _run("nvfp4", x2d, words, pairs, w_global_scale.reshape(1), None, n, k, splits, cta, load)
 
 
 def int8_matmul(x2d: Tensor, w_int8: Tensor, w_scale: Tensor, bias: Optional[Tensor] = None, *,
-                splits: Optional[int] = None, cta: Optional[tuple[int, int, int]] = None) -> Tensor:
+                splits: Optional[int] = None, cta: Optional[tuple[int, int, int]] = None,
+                load: Optional[str] = None) -> Tensor:
     """x2d [M, K] @ (w_int8 [N, K] * w_scale [N])^T (+ bias [N]) -> [M, N] in x's dtype."""
     if w_int8.dim() != 2 or w_int8.dtype != torch.int8:
         raise ValueError(f"int8 weights are int8 [N, K], got {w_int8.dim()}-D {w_int8.dtype}")
@@ -427,4 +515,4 @@ def int8_matmul(x2d: Tensor, w_int8: Tensor, w_scale: Tensor, bias: Optional[Ten
     scale = w_scale.reshape(n).to(torch.float32).contiguous()
     if bias is not None:
         bias = bias.reshape(n).to(x2d.dtype).contiguous()
-    return _run("int8", x2d, prepare_int8(w_int8), None, scale, bias, n, k, splits, cta)
+    return _run("int8", x2d, prepare_int8(w_int8), None, scale, bias, n, k, splits, cta, load)

@@ -4,6 +4,12 @@ W4A16 GEMM (kernels/quack_w4a16.py), NVFP4 and int8 weights, x bf16.
     python tests/bench_w4a16.py                   # M = 1, 4, 16 on the issue's shapes
     python tests/bench_w4a16.py --m 1 --shapes 8192x8192 --splits 1,2,4,8   # split-count sweep, ours only
     python tests/bench_w4a16.py --m 1,8 --cta auto,2x2x4,1x1x8              # CTA-shape sweep, ours only
+    python tests/bench_w4a16.py --m 1,8,16 --load registers,bulk,bulk+prefetch,bulk+scales   # load paths
+    python tests/bench_w4a16.py --m 1 --load bulk --stages 2,3,4,5              # bulk ring depth sweep
+
+`--load` (comma list of `w4a16_decode.parse_load` specs; default FA4_INDUCTOR_W4A16_LOAD, else registers)
+times ours once per load path; `--stages` gives each bulk path those ring depths ("bulk:3"; a depth that does
+not fit shared memory is reported and skipped). They combine with `--splits` and `--cta`.
 
 Timing: each kernel is called on C copies of its weight (C copies > 2x the 50 MB L2, so every call reads its
 weight from HBM as a decode step does) inside one CUDA graph; the median over 20 replays divided by C is the
@@ -73,7 +79,7 @@ def _cta_label(cta):
     return "auto" if cta is None else "x".join(map(str, cta))
 
 
-def bench_shape(n, k, ms, splits_list=None, ctas=None):
+def bench_shape(n, k, ms, splits_list=None, loads=(None,), ctas=None):
     fp4_bytes, int8_bytes, bf16_bytes = n * k * 9 // 16, n * k + 4 * n, 2 * n * k
     c = copies(fp4_bytes)
     ws = weights(n, k, c)
@@ -81,22 +87,28 @@ def bench_shape(n, k, ms, splits_list=None, ctas=None):
     for m in ms:
         x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
         row = {}
+        tag = lambda ld: f" {ld}" if ld else ""  # noqa: E731
+        loads_m = [ld for ld in loads if fits(ld, m)]
         sweep = bool(splits_list or ctas)
-        if sweep:
+        if sweep:  # ours only, beside bf16
             row["bf16"] = (graph_us([lambda w=w: F.linear(x, w) for w in wbf]), bf16_bytes)
             for cta in ctas or [None]:
                 for s in splits_list or [None]:
-                    tag = f"{_cta_label(cta)} s{s or 'auto'}"
-                    row[f"ours nvfp4 {tag}"] = (graph_us([lambda w=w: w4.nvfp4_matmul(x, *w[:3], splits=s, cta=cta)
-                                                          for w in ws]), fp4_bytes)
-                    row[f"ours int8 {tag}"] = (graph_us([lambda w=w: w4.int8_matmul(x, w[3], w[4], splits=s, cta=cta)
-                                                         for w in ws]), int8_bytes)
+                    for ld in loads_m:
+                        name = f"{_cta_label(cta)} s{s or 'auto'}{tag(ld)}"
+                        row[f"ours nvfp4 {name}"] = (graph_us([
+                            lambda w=w: w4.nvfp4_matmul(x, *w[:3], splits=s, cta=cta, load=ld) for w in ws]), fp4_bytes)
+                        row[f"ours int8 {name}"] = (graph_us([
+                            lambda w=w: w4.int8_matmul(x, w[3], w[4], splits=s, cta=cta, load=ld) for w in ws]),
+                            int8_bytes)
         else:
             ours = m <= w4.MAX_M  # above, the ops route elsewhere (quack, dequantize): bf16 and quack only
             row["bf16"] = (graph_us([lambda w=w: F.linear(x, w) for w in wbf]), bf16_bytes)
-            if ours:
-                row["ours nvfp4"] = (graph_us([lambda w=w: w4.nvfp4_matmul(x, *w[:3]) for w in ws]), fp4_bytes)
-                row["ours int8"] = (graph_us([lambda w=w: w4.int8_matmul(x, w[3], w[4]) for w in ws]), int8_bytes)
+            for ld in loads_m if ours else ():
+                row[f"ours nvfp4{tag(ld)}"] = (
+                    graph_us([lambda w=w: w4.nvfp4_matmul(x, *w[:3], load=ld) for w in ws]), fp4_bytes)
+                row[f"ours int8{tag(ld)}"] = (
+                    graph_us([lambda w=w: w4.int8_matmul(x, w[3], w[4], load=ld) for w in ws]), int8_bytes)
             if quack_w4a16.unsupported_reason(x, "nvfp4", n, k) is None:
                 row["quack nvfp4"] = (graph_us([lambda w=w: quack_w4a16.nvfp4_matmul(x, *w[:3]) for w in ws]),
                                       fp4_bytes)
@@ -109,8 +121,11 @@ def bench_shape(n, k, ms, splits_list=None, ctas=None):
 
                 ref4 = x.double() @ float64_dequantized(w_fp4, block, gs).T
                 ref8 = x.double() @ (w8.double() * s8.double()[:, None]).T
-                e4 = ((w4.nvfp4_matmul(x, w_fp4, block, gs).double() - ref4).abs().max() / ref4.abs().max()).item()
-                e8 = ((w4.int8_matmul(x, w8, s8).double() - ref8).abs().max() / ref8.abs().max()).item()
+                errs = []
+                for ld in loads_m:
+                    e4 = (w4.nvfp4_matmul(x, w_fp4, block, gs, load=ld).double() - ref4).abs().max() / ref4.abs().max()
+                    e8 = (w4.int8_matmul(x, w8, s8, load=ld).double() - ref8).abs().max() / ref8.abs().max()
+                    errs.append(f"{tag(ld).strip() or 'ours'} nvfp4 {e4.item():.1e} int8 {e8.item():.1e}")
         shapes = {f: w4.cta_shape(n, m, w4._num_sms(0), fmt=f) for f in w4.FORMATS} if m <= w4.MAX_M else None
         splits = {f: w4.num_splits(n, w4.padded_k(f, k), f, shapes[f], w4._num_sms(0)) if shapes else "-"
                   for f in w4.FORMATS}
@@ -119,12 +134,33 @@ def bench_shape(n, k, ms, splits_list=None, ctas=None):
         for name, (us, nbytes) in row.items():
             speed = f" {base / us:4.2f}x" if base and name != "bf16" else ""
             cells.append(f"{name} {us:6.1f} us {nbytes / us / 1e6:4.2f} TB/s{speed}")
-        acc = "" if sweep or m > w4.MAX_M else f"  rel err nvfp4 {e4:.1e} int8 {e8:.1e}"
+        acc = "" if sweep or m > w4.MAX_M else "  rel err " + ", ".join(errs)
         auto = f"cta {_cta_label(shapes['nvfp4'])}/{_cta_label(shapes['int8'])} " if shapes else ""
         print(f"{n}x{k} m{m:<2} {auto}splits {splits['nvfp4']}/{splits['int8']}  " + "  |  ".join(cells) + acc,
               flush=True)
     del ws, wbf
     torch.cuda.empty_cache()
+
+
+def load_specs(specs, stages):
+    """The load paths to time: each spec, each bulk one at each of `stages` (checked per M: `fits`)."""
+    out = []
+    for spec in specs:
+        path, _ = w4.parse_load(spec)
+        out += [spec] if path == "registers" or not stages else [f"{path}:{s}" for s in stages]
+    return out
+
+
+def fits(spec, m):
+    """Whether load path `spec` has a variant at m rows (a ring that deep fits shared memory), else say why."""
+    if spec is None or m > w4.MAX_M:
+        return True
+    try:
+        w4.load_key(spec, w4.m_bucket(m), "nvfp4", w4.wide(m))  # the largest stages: fits the others too
+        return True
+    except ValueError as e:
+        print(f"m{m}: skipped {spec}: {e}")
+        return False
 
 
 def main():
@@ -134,14 +170,21 @@ def main():
     p.add_argument("--splits", default=None, help="comma list: sweep split counts (ours and bf16 only)")
     p.add_argument("--cta", default=None, help="comma list of CTA shapes RTxWNxWK or auto: sweep them (ours and "
                                                 "bf16 only)")
+    p.add_argument("--load", default=None, help="comma list of load paths: registers, bulk, bulk+prefetch:4 ...")
+    p.add_argument("--stages", default=None, help="comma list: ring depths for each bulk load path")
     a = p.parse_args()
     ms = [int(v) for v in a.m.split(",")]
     splits = [int(v) for v in a.splits.split(",")] if a.splits else None
     ctas = [None if c == "auto" else tuple(int(v) for v in c.split("x")) for c in a.cta.split(",")] if a.cta else None
-    print(f"device {torch.cuda.get_device_name()}, SMs {w4._num_sms(0)}")
+    loads = load_specs(a.load.split(",") if a.load else [w4.configured_load()],
+                       [int(v) for v in a.stages.split(",")] if a.stages else None)
+    print(f"device {torch.cuda.get_device_name()}, SMs {w4._num_sms(0)}, load paths {', '.join(loads)} "
+          f"(bulk default depths, wide CTAs: M <= 8 {w4.bulk_stages(8, w4.wide(8))}, M <= 16 "
+          f"{w4.bulk_stages(16, w4.wide(16))}; narrow: {w4.bulk_stages(8, w4.NARROW)}, "
+          f"{w4.bulk_stages(16, w4.NARROW)})")
     for shape in a.shapes.split(","):
         n, k = map(int, shape.split("x"))
-        bench_shape(n, k, ms, splits, ctas)
+        bench_shape(n, k, ms, splits, loads, ctas)
 
 
 if __name__ == "__main__":

@@ -2,18 +2,23 @@
 
 Numerics against the float64 exact dequantization on fresh random inputs: the max abs error is at most
 2x PyTorch's own error (the weight dequantized to x's dtype, then cuBLAS) plus 1e-5 of the output's
-scale. Every case prints its shape, split count and errors (`-s` shows them), so a failure says where it is.
+scale. Every case prints its shape, split count, load path and errors (`-s` shows them), so a failure says
+where it is. The numerics tests run on both load paths (`LOADS`; the bulk ring's wrap-around at depth 2 and
+the bulk options in the split, short-K and large-weight tests).
 """
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from fa4_inductor.kernels import w4a16_decode as w4
+from fa4_inductor.kernels import switches, w4a16_decode as w4
 from gpu_helpers import capture
 from test_nvfp4_linear import float64_dequantized, random_nvfp4
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+
+LOADS = ["registers", "bulk"]
+MORE_LOADS = LOADS + ["bulk:2", "bulk+ahead+prefetch", "bulk+scales:3"]  # rings wrapping often; the options
 
 
 def report(name, out, ref, pytorch):
@@ -28,125 +33,143 @@ def report(name, out, ref, pytorch):
     assert err.max().item() <= 2 * pt_err + 1e-5 * scale, name
 
 
-def plan(n, k, fmt, m, splits, cta):
+def plan(n, k, fmt, m, splits, cta, load):
     shape = w4.cta_shape(n, m, w4._num_sms(0), cta, fmt)
     splits = splits or w4.num_splits(n, w4.padded_k(fmt, k), fmt, shape, w4._num_sms(0))
-    return f"cta {'x'.join(map(str, shape))} splits {splits}"
+    return f"cta {'x'.join(map(str, shape))} splits {splits} {load}"
 
 
-def nvfp4_case(m, n, k, dtype, splits=None, seed=0, cta=None):
+def nvfp4_case(m, n, k, dtype, splits=None, seed=0, load="registers", cta=None):
     w_fp4, block, global_scale = random_nvfp4(n, k, seed=seed, device="cuda")
     x = torch.randn(m, k, dtype=dtype, device="cuda")
-    out = w4.nvfp4_matmul(x, w_fp4, block, global_scale, splits=splits, cta=cta)
+    out = w4.nvfp4_matmul(x, w_fp4, block, global_scale, splits=splits, load=load, cta=cta)
     assert out.shape == (m, n) and out.dtype == dtype
     wd = float64_dequantized(w_fp4, block, global_scale)
     ref = x.double() @ wd.T
     pytorch = F.linear(x, wd.to(dtype))
-    report(f"nvfp4 {str(dtype)[6:]} m{m} n{n} k{k} {plan(n, k, 'nvfp4', m, splits, cta)}", out, ref, pytorch)
+    report(f"nvfp4 {str(dtype)[6:]} m{m} n{n} k{k} {plan(n, k, 'nvfp4', m, splits, cta, load)}", out, ref, pytorch)
 
 
-def int8_case(m, n, k, dtype, bias, splits=None, seed=0, cta=None):
+def int8_case(m, n, k, dtype, bias, splits=None, seed=0, load="registers", cta=None):
     g = torch.Generator().manual_seed(seed)
     w_int8 = torch.randint(-128, 128, (n, k), dtype=torch.int8, generator=g).cuda()
     scale = (torch.rand(n, generator=g) / 100 + 1e-3).cuda()
     b = torch.randn(n, dtype=dtype, device="cuda") if bias else None
     x = torch.randn(m, k, dtype=dtype, device="cuda")
-    out = w4.int8_matmul(x, w_int8, scale, b, splits=splits, cta=cta)
+    out = w4.int8_matmul(x, w_int8, scale, b, splits=splits, load=load, cta=cta)
     wd = w_int8.double() * scale.double()[:, None]
     ref = x.double() @ wd.T + (b.double() if bias else 0)
     pytorch = F.linear(x, wd.to(dtype), b)
-    report(f"int8 {str(dtype)[6:]} m{m} n{n} k{k} bias {bias} {plan(n, k, 'int8', m, splits, cta)}", out, ref,
+    report(f"int8 {str(dtype)[6:]} m{m} n{n} k{k} bias {bias} {plan(n, k, 'int8', m, splits, cta, load)}", out, ref,
            pytorch)
 
 
+@pytest.mark.parametrize("load", LOADS)
 @pytest.mark.parametrize("m", range(1, 17))
-def test_nvfp4_every_m(m):
-    nvfp4_case(m, 1000, 2064, torch.bfloat16, seed=m)  # N not a multiple of 16 rows, K of the chunk
+def test_nvfp4_every_m(m, load):
+    nvfp4_case(m, 1000, 2064, torch.bfloat16, seed=m, load=load)  # N not a multiple of 16 rows, K of the chunk
 
 
+@pytest.mark.parametrize("load", LOADS)
 @pytest.mark.parametrize("m", range(1, 17))
-def test_int8_every_m(m):
-    int8_case(m, 1000, 2064, torch.bfloat16, bias=m % 2 == 1, seed=m)  # N, K not multiples of 64
+def test_int8_every_m(m, load):
+    int8_case(m, 1000, 2064, torch.bfloat16, bias=m % 2 == 1, seed=m, load=load)  # N, K not multiples of 64
 
 
+@pytest.mark.parametrize("load", MORE_LOADS)
 @pytest.mark.parametrize("fmt", ["nvfp4", "int8"])
 @pytest.mark.parametrize("splits", [1, 2, 7])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
-def test_forced_splits_and_dtypes(fmt, splits, dtype):
+def test_forced_splits_and_dtypes(fmt, splits, dtype, load):
     if fmt == "nvfp4":
-        nvfp4_case(5, 333, 4096, dtype, splits=splits, seed=splits)
+        nvfp4_case(5, 333, 4096, dtype, splits=splits, seed=splits, load=load)
     else:
-        int8_case(5, 333, 4096, dtype, bias=True, splits=splits, seed=splits)
+        int8_case(5, 333, 4096, dtype, bias=True, splits=splits, seed=splits, load=load)
 
 
+@pytest.mark.parametrize("load", LOADS)
 @pytest.mark.parametrize("cta", [(1, 1, 8), (2, 2, 4), (1, 2, 8), (2, 1, 2)], ids=lambda c: "x".join(map(str, c)))
 @pytest.mark.parametrize("m", [1, 9])
-def test_forced_cta_shapes(cta, m):
+def test_forced_cta_shapes(cta, m, load):
     """Every CTA shape the rule or FA4_INDUCTOR_W4A16_CTA can pick: odd N and K, split and not."""
     for splits in (None, 3):
-        nvfp4_case(m, 333, 4160, torch.bfloat16, splits=splits, seed=m, cta=cta)
-        int8_case(m, 333, 4128, torch.float16, bias=True, splits=splits, seed=m, cta=cta)
+        nvfp4_case(m, 333, 4160, torch.bfloat16, splits=splits, seed=m, cta=cta, load=load)
+        int8_case(m, 333, 4128, torch.float16, bias=True, splits=splits, seed=m, cta=cta, load=load)
 
 
+@pytest.mark.parametrize("load", MORE_LOADS)
 @pytest.mark.parametrize("m", [1, 8, 9, 16])
-def test_short_k_ranges(m):
-    """Warps with 0, 1 or 2 steps of K (fewer than the two register sets a warp loads ahead) and a tail step
-    with lanes past the range."""
+def test_short_k_ranges(m, load):
+    """Warps with 0, 1 or 2 steps of K (fewer than the two register sets a warp loads ahead; bulk: CTAs with 0,
+    1 or 2 stages, the last one short) and a tail step with lanes past the range."""
     for k in (64, 320, 1088):
-        nvfp4_case(m, 70, k, torch.bfloat16, seed=k)
-        int8_case(m, 70, k, torch.float16, bias=True, seed=k)
-    nvfp4_case(m, 333, 4096, torch.bfloat16, splits=7, seed=m)
+        nvfp4_case(m, 70, k, torch.bfloat16, seed=k, load=load)
+        int8_case(m, 70, k, torch.float16, bias=True, seed=k, load=load)
+    nvfp4_case(m, 333, 4096, torch.bfloat16, splits=7, seed=m, load=load)
 
 
+@pytest.mark.parametrize("load", LOADS)
 @pytest.mark.parametrize("n, k", [(16, 16), (3, 48), (2048, 8192), (8192, 2048)])
-def test_shapes(n, k):
-    nvfp4_case(3, n, k, torch.bfloat16)
-    int8_case(3, n, k, torch.bfloat16, bias=False)
+def test_shapes(n, k, load):
+    nvfp4_case(3, n, k, torch.bfloat16, load=load)
+    int8_case(3, n, k, torch.bfloat16, bias=False, load=load)
 
 
-def test_a_large_weight():
-    nvfp4_case(1, 8192, 8192, torch.bfloat16)
-    int8_case(16, 8192, 8192, torch.bfloat16, bias=True)
+@pytest.mark.parametrize("load", MORE_LOADS)
+def test_a_large_weight(load):
+    nvfp4_case(1, 8192, 8192, torch.bfloat16, load=load)
+    int8_case(16, 8192, 8192, torch.bfloat16, bias=True, load=load)
 
 
+def test_load_path_from_the_environment(monkeypatch):
+    """FA4_INDUCTOR_W4A16_LOAD picks the variant calls without `load` get: the bulk one's output, bit for bit
+    (the kernels are deterministic)."""
+    w_fp4, block, global_scale = random_nvfp4(512, 1024, seed=5, device="cuda")
+    x = torch.randn(4, 1024, dtype=torch.bfloat16, device="cuda")
+    bulk = w4.nvfp4_matmul(x, w_fp4, block, global_scale, load="bulk")
+    monkeypatch.setenv(switches.W4A16_LOAD, "bulk")
+    switches.reset()
+    assert w4.configured_load() == "bulk"
+    assert torch.equal(w4.nvfp4_matmul(x, w_fp4, block, global_scale), bulk)
+
+
+@pytest.mark.parametrize("load", LOADS)
 @pytest.mark.parametrize("m", [1, 16])
-def test_cuda_graph_capture_and_replay(m):
+def test_cuda_graph_capture_and_replay(m, load):
     n, k = 4096, 4096
     w_fp4, block, global_scale = random_nvfp4(n, k, device="cuda")
     w_int8 = torch.randint(-128, 128, (n, k), dtype=torch.int8, device="cuda")
     scale = torch.rand(n, device="cuda") / 100
     x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
-    w4.warmup(torch.bfloat16, "nvfp4", (m,), bias=False)
-    w4.warmup(torch.bfloat16, "int8", (m,), bias=False)
-    graph, (out4, out8) = capture(lambda: (w4.nvfp4_matmul(x, w_fp4, block, global_scale),
-                                           w4.int8_matmul(x, w_int8, scale)))
+    w4.warmup(torch.bfloat16, "nvfp4", (m,), bias=False, load=load)
+    w4.warmup(torch.bfloat16, "int8", (m,), bias=False, load=load)
+    graph, (out4, out8) = capture(lambda: (w4.nvfp4_matmul(x, w_fp4, block, global_scale, load=load),
+                                           w4.int8_matmul(x, w_int8, scale, load=load)))
     for i in range(2):
         x.copy_(torch.randn_like(x))
         graph.replay()
         torch.cuda.synchronize()
-        assert torch.equal(out4, w4.nvfp4_matmul(x, w_fp4, block, global_scale)), f"nvfp4 replay {i}"
-        assert torch.equal(out8, w4.int8_matmul(x, w_int8, scale)), f"int8 replay {i}"
+        assert torch.equal(out4, w4.nvfp4_matmul(x, w_fp4, block, global_scale, load=load)), f"nvfp4 replay {i}"
+        assert torch.equal(out8, w4.int8_matmul(x, w_int8, scale, load=load)), f"int8 replay {i}"
         wd = float64_dequantized(w_fp4, block, global_scale)
         report(f"graph nvfp4 m{m} replay {i}", out4, x.double() @ wd.T, F.linear(x, wd.to(x.dtype)))
 
 
-
+@pytest.mark.parametrize("load", LOADS)
 @pytest.mark.parametrize("m", [1, 9])
-def test_pdl_chain_equals_plain_launches(monkeypatch, m):
+def test_pdl_chain_equals_plain_launches(monkeypatch, m, load):
     """PDL launches (FA4_INDUCTOR_W4A16_PDL=1) of a chain in which each GEMM reads the previous one's output (the
     dependency `griddepcontrol.wait` must honour), then siblings over one x (the overlap PDL is for), eagerly and
     replayed in a CUDA graph: bit for bit the plain launches' results; each GEMM against float64 on its input."""
-    from fa4_inductor.kernels import switches
-
     sizes = [(2048, 2048), (8192, 2048), (2048, 8192), (512, 2048), (333, 2048)]  # narrow, wide, narrow, split
     ws = [random_nvfp4(n, k, seed=i, device="cuda") for i, (n, k) in enumerate(sizes)]
     x = torch.randn(m, 2048, dtype=torch.bfloat16, device="cuda")
 
     def step():
-        h1 = w4.nvfp4_matmul(x, *ws[0])
-        h2 = w4.nvfp4_matmul(h1, *ws[1])
-        h3 = w4.nvfp4_matmul(h2, *ws[2])
-        return h1, h2, h3, w4.nvfp4_matmul(h3, *ws[3]), w4.nvfp4_matmul(h3, *ws[4], splits=3)
+        h1 = w4.nvfp4_matmul(x, *ws[0], load=load)
+        h2 = w4.nvfp4_matmul(h1, *ws[1], load=load)
+        h3 = w4.nvfp4_matmul(h2, *ws[2], load=load)
+        return h1, h2, h3, w4.nvfp4_matmul(h3, *ws[3], load=load), w4.nvfp4_matmul(h3, *ws[4], splits=3, load=load)
 
     def plain_launches():
         monkeypatch.setenv("FA4_INDUCTOR_W4A16_PDL", "0")

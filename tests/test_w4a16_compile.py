@@ -5,6 +5,7 @@ hold. Numerics on the device are in `test_gpu_w4a16.py`.
 """
 
 import os
+import shutil
 import subprocess
 import sys
 
@@ -23,10 +24,10 @@ def cute_dsl():
     pytest.importorskip("tvm_ffi", reason="the kernel compiles with --enable-tvm-ffi")
 
 
-def _key(kernel, dtype, fmt, m, split, bias, cta="wide"):
+def _key(kernel, dtype, fmt, m, split, bias, cta="wide", load="registers"):
     if kernel == "reduce":
         return w4._Key(kernel, dtype, fmt, m, split, bias, ARCH)
-    return w4._Key(kernel, dtype, fmt, m, split, bias, ARCH, w4.wide(m) if cta == "wide" else w4.NARROW)
+    return w4._Key(kernel, dtype, fmt, m, split, bias, ARCH, w4.wide(m) if cta == "wide" else w4.NARROW, False, load)
 
 
 FAST_VARIANTS = [
@@ -94,6 +95,210 @@ def test_ptx_streams_16_byte_loads_and_keeps_subnormals(cute_dsl, fmt, tmp_path)
     assert not any("ftz" in op for op in out), out
     assert "fma.rn.bf16x2" in out, out
     assert any(op.startswith("mma.sync.aligned.m16n8k16") for op in out), out
+
+
+# ------------------------------------------------------------------------------- the bulk load path
+
+# dtype, format, M bucket, split, bias, load spec: both formats, both M buckets, split and not, int8 bias,
+# the default depth, a given depth, +ahead, +prefetch and +scales
+BULK_FAST = [
+    (torch.bfloat16, "nvfp4", 8, False, False, "bulk"),
+    (torch.float16, "int8", 16, True, False, "bulk"),
+    (torch.bfloat16, "nvfp4", 16, True, False, "bulk+prefetch"),
+    (torch.bfloat16, "nvfp4", 8, True, False, "bulk+scales"),
+    (torch.bfloat16, "nvfp4", 8, False, False, "bulk", w4.NARROW),
+]
+BULK_SLOW = [
+    (torch.float16, "nvfp4", 16, True, False, "bulk"),
+    (torch.bfloat16, "nvfp4", 16, False, False, "bulk:3"),
+    (torch.bfloat16, "nvfp4", 8, True, False, "bulk+ahead"),
+    (torch.float16, "nvfp4", 8, False, False, "bulk+ahead+prefetch:4"),
+    (torch.bfloat16, "int8", 8, False, True, "bulk"),
+    (torch.float16, "int8", 8, True, False, "bulk:2"),
+    (torch.bfloat16, "int8", 16, False, True, "bulk+ahead:4"),
+    (torch.float16, "nvfp4", 16, False, False, "bulk+ahead+prefetch+scales"),
+    (torch.float16, "int8", 16, False, True, "bulk", w4.NARROW),
+    (torch.bfloat16, "nvfp4", 16, True, False, "bulk+scales", w4.NARROW),
+]
+
+
+def _bulk_key(dtype, fmt, m, split, bias, spec, cta=None):
+    cta = cta or w4.wide(m)
+    key = w4.keys(dtype, fmt, m, split, bias, ARCH, cta, False, spec)[0]
+    path, depth = w4.parse_load(spec)
+    scales = "+scales" in path
+    assert key.load == f"{path}:{depth or w4.bulk_stages(m, cta, None, scales)}" and key.m_max == m
+    assert key.bias == bias and key.cta == cta
+    return key
+
+
+def test_int8_keys_drop_the_block_scale_options():
+    def load(fmt, m, spec):
+        return w4.keys(torch.bfloat16, fmt, m, False, fmt == "int8", ARCH, w4.wide(m), False, spec)[0].load
+
+    assert load("int8", 3, "bulk+ahead+prefetch+scales:3") == "bulk+ahead:3"
+    assert load("int8", 3, "bulk+scales") == f"bulk:{w4.bulk_stages(8, w4.wide(8))}"
+    assert load("nvfp4", 9, "bulk+scales") == "bulk+scales:10"
+
+
+@pytest.mark.parametrize("variant", BULK_FAST, ids=_ids)
+def test_bulk_variant_compiles(cute_dsl, variant):
+    key = _bulk_key(*variant)
+    assert callable(w4.compiled(key)) and w4.compiled(key) is not w4.compiled(key._replace(load="registers"))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("variant", BULK_SLOW, ids=_ids)
+def test_more_bulk_variants_compile(cute_dsl, variant):
+    assert callable(w4.compiled(_bulk_key(*variant)))
+
+
+BULK_PTX_PROBE = """
+import sys, torch
+from fa4_inductor.kernels import w4a16_decode as w
+m = int(sys.argv[2])
+key = w.keys(torch.bfloat16, sys.argv[1], m, False, sys.argv[1] == "int8", "sm_90a", w.wide(m), False, sys.argv[3])[0]
+ptx = w.compiled(key).__ptx__
+open("kernel.ptx", "w").write(ptx)
+print(" ".join(l.split()[0].rstrip(";") for l in ptx.splitlines() if l.strip()[:1].isalpha()))
+"""
+
+
+def _bulk_ptx(fmt, m, spec, tmp_path):
+    env = dict(os.environ, CUTE_DSL_KEEP_PTX="1", CUTE_DSL_ARCH=ARCH)
+    ops = subprocess.run([sys.executable, "-c", BULK_PTX_PROBE, fmt, str(m), spec], env=env, cwd=tmp_path,
+                         check=True, capture_output=True, text=True).stdout.split()
+    return ops, tmp_path / "kernel.ptx"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fmt, m, spec", [("nvfp4", 8, "bulk"), ("int8", 16, "bulk"), ("nvfp4", 16, "bulk+prefetch"),
+                                          ("nvfp4", 8, "bulk+scales"), ("nvfp4", 16, "bulk+prefetch+scales")])
+def test_bulk_ptx_copies_codes_through_the_ring(cute_dsl, fmt, m, spec, tmp_path):
+    """The weight codes arrive by bulk copies completing on mbarriers and leave shared memory in 16-byte loads
+    (the only vector global loads left are x's); the K slices' reduction syncs the consumers alone (named
+    barrier 1); +prefetch prefetches the scale rows into L2, one per row; +scales copies the scale words with
+    4-byte cp.async tracked by the stage's mbarrier, and the consumers load no scale from global memory (the
+    one 4-byte global load left is the global scale); and, where ptxas is found, the variant does not spill
+    (9 warps a CTA: at most 168 registers)."""
+    ops, ptx = _bulk_ptx(fmt, m, spec, tmp_path)
+    count = lambda op: sum(o == op for o in ops)  # noqa: E731
+    cta = w4.wide(m)
+    prefetches = count("cp.async.bulk.prefetch.L2.global")
+    assert prefetches >= cta.rows // 32 if "prefetch" in spec else prefetches == 0
+    if "scales" in spec:
+        assert count("cp.async.ca.shared.global") >= cta.rows * 16 // 32, ops
+        assert count("cp.async.mbarrier.arrive.noinc.shared.b64") >= 1 and count("ld.global.b32") == 1, ops
+    else:
+        assert count("cp.async.ca.shared.global") == 0 and count("cp.async.mbarrier.arrive.noinc.shared.b64") == 0
+    rt, groups = cta.row_tiles, m // 8
+    assert count("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes") >= cta.rows // 32
+    assert count("mbarrier.arrive.expect_tx.shared.b64") >= 1 and count("mbarrier.arrive.shared.b64") >= 1
+    assert count("mbarrier.init.shared.b64") == 2 * w4.bulk_stages(m, cta, None, "scales" in spec)
+    x_loads_per_step = groups * w4.CHUNK_VALUES[fmt] * 2 // 16
+    w_reads_per_step = 2 * rt * 2
+    assert count("ld.shared.v4.b32") % w_reads_per_step == 0 and count("ld.shared.v4.b32") > 0, ops
+    assert count("ld.global.v4.b32") % x_loads_per_step == 0, ops
+    assert "bar.sync 1, 256;" in " ".join(ptx.read_text().split())
+    ptxas = shutil.which("ptxas")
+    if ptxas:
+        info = subprocess.run([ptxas, f"-arch={ARCH}", "-v", str(ptx), "-o", os.devnull], check=True,
+                              capture_output=True, text=True).stderr
+        assert "0 bytes spill stores" in info, info
+
+
+def test_bulk_stage_reads_are_bank_conflict_free_and_copies_aligned(cute_dsl):
+    """Each 8-lane wavefront of the consumers' 16-byte shared loads (lane 4g + t: rows g and g + 8 of a tile,
+    chunk 4 wk + t, both halves) covers the 32 banks once; every row segment a bulk copy writes starts on 16
+    bytes, and the stage holds every row's segment without overlap."""
+    from fa4_inductor.kernels.cute.w4a16_decode_gemm import BulkStage
+
+    for rows, warps_k in [(64, 4), (32, 4), (32, 2), (64, 1)]:
+        st = BulkStage(rows, warps_k)
+        assert st.pitch % 16 == 0 and st.pitch >= st.chunks * 32 and st.bytes == rows * st.pitch
+        for wk in range(warps_k):
+            for tile in range(rows // 16):
+                for row8 in range(2):
+                    for half in range(2):
+                        for wave in range(4):
+                            at = [st.offset(16 * tile + 8 * row8 + lane // 4, 4 * wk + lane % 4, half)
+                                  for lane in range(8 * wave, 8 * wave + 8)]
+                            banks = sorted((a // 4 + w) % 32 for a in at for w in range(4))
+                            assert banks == list(range(32)), (rows, warps_k, wk, tile, row8, half, wave)
+        segments = sorted((st.offset(r, 0, 0), st.offset(r, 0, 0) + st.chunks * 32) for r in range(rows))
+        assert all(a % 16 == 0 for a, _ in segments)
+        assert all(end <= nxt for (_, end), (nxt, _) in zip(segments, segments[1:])) and segments[-1][1] <= st.bytes
+        # +scales: the block-scale words after the codes, a warp's 4-byte reads (rows g, chunks 4 wk + t) on 32 banks
+        sc = BulkStage(rows, warps_k, scales=True)
+        assert sc.scales_at >= segments[-1][1] and sc.scale_offset(rows - 1, sc.chunks - 1) + 4 <= sc.bytes
+        assert sc.bytes % 16 == 0
+        for wk in range(warps_k):
+            for row in range(0, rows, 8):
+                at = [sc.scale_offset(row + lane // 4, 4 * wk + lane % 4) for lane in range(32)]
+                assert sorted(a // 4 % 32 for a in at) == list(range(32)), (rows, warps_k, wk, row)
+
+
+def test_bulk_ring_depths(cute_dsl):
+    """The default depth fills BULK_SMEM_BUDGET (wide CTAs, M <= 8: 64 rows x 528 bytes a stage; M <= 16: 32 rows;
+    narrow: 16 rows x 1040 bytes); a given depth must fit sm90's shared memory."""
+    from fa4_inductor.kernels.cute.w4a16_decode_gemm import bulk_smem_bytes
+
+    wide8, wide16 = w4.wide(8), w4.wide(16)
+    assert (w4.bulk_stages(8, wide8), w4.bulk_stages(16, wide16)) == (5, 11)
+    assert (w4.bulk_stages(8, wide8, None, True), w4.bulk_stages(16, wide16, None, True)) == (5, 10)
+    for m in w4.M_BUCKETS:
+        for cta in (w4.wide(m), w4.NARROW):
+            for scales in (False, True):
+                stage, red = w4._bulk_layout(m, cta, scales)
+                rows = cta.rows
+                assert stage.bytes == rows * (cta.warps_k * 4 * 32 + 16) + (
+                    rows * (cta.warps_k * 4 + 4) * 4 if scales else 0)
+                depth = w4.bulk_stages(m, cta, None, scales)
+                fits = bulk_smem_bytes(stage, depth, red) <= w4.BULK_SMEM_BUDGET
+                assert fits and (depth == w4.MAX_STAGES or bulk_smem_bytes(stage, depth + 1, red) > w4.BULK_SMEM_BUDGET)
+    assert w4.load_key("bulk:6", 8, "nvfp4", wide8) == "bulk:6"
+    assert w4.load_key("bulk+ahead", 16, "nvfp4", wide16) == "bulk+ahead:11"
+    with pytest.raises(ValueError, match="7-stage bulk ring at M <= 8 needs"):
+        w4.bulk_stages(8, wide8, 7)
+    with pytest.raises(ValueError, match="give the ring's depth"):
+        w4.compiled(_key("main", torch.bfloat16, "nvfp4", 8, False, False, load="bulk"))
+
+
+def test_load_spec_is_checked(monkeypatch):
+    assert w4.parse_load("registers") == ("registers", None)
+    assert w4.parse_load("bulk") == ("bulk", None)
+    assert w4.parse_load(" bulk+ahead:4 ") == ("bulk+ahead", 4)
+    assert w4.parse_load("bulk+ahead+prefetch") == ("bulk+ahead+prefetch", None)
+    assert w4.parse_load("bulk+prefetch+scales:2") == ("bulk+prefetch+scales", 2)
+    for bad in ("ring", "Bulk", "bulk:0", "bulk:x", "registers:2", "bulk:", "bulk+ahead:-1", "registers+ahead",
+                "bulk+prefetch+ahead", "bulk+scales+ahead", "bulk+ahead+ahead", "bulk+", "bulk-ahead"):
+        with pytest.raises(ValueError, match="load path .* is registers or bulk, bulk with options"):
+            w4.parse_load(bad)
+    from fa4_inductor.kernels import switches
+
+    monkeypatch.setenv(switches.W4A16_LOAD, "tma")
+    switches.reset()
+    with pytest.raises(ValueError, match="FA4_INDUCTOR_W4A16_LOAD or `load`.*got 'tma'"):
+        w4.configured_load()
+    with pytest.raises(ValueError, match="got 'tma'"):
+        w4.warmup(torch.bfloat16, "nvfp4", (1,), device="cpu")
+    monkeypatch.setenv(switches.W4A16_LOAD, "bulk:3")
+    switches.reset()
+    assert w4.configured_load() == "bulk:3"
+    monkeypatch.delenv(switches.W4A16_LOAD)
+    switches.reset()
+    assert w4.configured_load() == "registers"
+
+
+@pytest.mark.slow
+def test_warmup_compiles_the_configured_load_path(cute_dsl, monkeypatch):
+    from fa4_inductor.kernels import switches
+
+    monkeypatch.setenv(switches.W4A16_LOAD, "bulk:2")
+    switches.reset()
+    w4.warmup(torch.float16, "int8", (16,), bias=False, device="cpu")
+    assert w4.warmup(torch.float16, "int8", (16,), bias=False, device="cpu", load="bulk:2") == 0
+    assert w4.warmup(torch.float16, "int8", (16,), bias=False, device="cpu", load="registers") >= 1
 
 
 PDL_PROBE = """

@@ -5,6 +5,7 @@ instructions of every loop (a backward branch) by opcode, with the number of MMA
 can be compared between versions of a kernel.
 
     python docs/scripts/sass_stats.py w4a16 nvfp4 8          # main W4A16 GEMM, M bucket 8, bf16 x, unsplit
+    python docs/scripts/sass_stats.py w4a16 nvfp4 8 bulk     # the same with a load path (`w4a16_decode.parse_load`)
     python docs/scripts/sass_stats.py int8kv 64              # int8-KV decode attention, head dim 64, group 4, split
 """
 import collections
@@ -26,7 +27,8 @@ def compile_variant(argv):
     if argv[0] == "w4a16":
         from fa4_inductor.kernels import w4a16_decode as w4
 
-        w4.compiled(w4._Key("main", torch.bfloat16, argv[1], int(argv[2]), False, False, "sm_90a"))
+        load = w4.load_key(argv[3] if len(argv) > 3 else "registers", int(argv[2]), argv[1])
+        w4.compiled(w4._Key("main", torch.bfloat16, argv[1], int(argv[2]), False, False, "sm_90a", load))
     elif argv[0] == "int8kv":
         from fa4_inductor.kernels import decode_int8kv
 

@@ -19,6 +19,25 @@ is free as long as W and x agree: each lane feeds its own chunk's codes into its
 (sharing x through L1) times WARPS_K slices of the CTA's K range, added through shared memory at the
 end; grid y splits K further (fp32 partials, `w4a16_splitk_reduce.py`).
 
+Load paths (compile time). "registers": each lane loads its next step (weights, block scales, x) straight
+into registers, two register sets alternating, one step in flight a warp. "bulk": one more warp, the
+PRODUCER, streams the weight codes through a ring of STAGES stages in shared memory with 1-D bulk copies
+(`cp.async.bulk`, one per row segment), up to STAGES stages in flight a CTA. A stage (`BulkStage`) holds the
+CTA's rows x one step of every K warp: CTA step j covers chunks cta_begin + 16 j .. + 16 (at WARPS_K = 4)
+and K warp wk takes chunks 4 wk + t of it (so a row segment is contiguous: one copy), the last step of the
+CTA's range possibly shorter. Per stage a "full" mbarrier (the producer's arrive with the stage's exact byte
+count, completed by the copies) and an "empty" one (one arrive per consumer warp once its lanes copied their
+bytes to registers). The CONSUMERS (the WARPS_N x WARPS_K warps) wait "full", copy their lane's 32 bytes a
+row to the same registers the register path fills, arrive "empty", then decode and multiply with the same
+code; block scales and x are still loaded a step ahead with ordinary loads (4-byte scale words are no bulk
+size). `ahead`: a consumer copies stage j + 1 to a second register set before computing step j. `prefetch`
+(nvfp4): the producer also prefetches each stage's block-scale rows into L2 (`cp.async.bulk.prefetch`, the
+row segment widened to whole 16-byte blocks) before waiting for the stage, so the consumers' scale loads,
+issued a step ahead, find them in L2 rather than in HBM. `scales` (nvfp4): the block scales go through the
+ring too: the producer's lanes copy the stage's scale words with 4-byte cp.async and make the stage's "full"
+mbarrier wait for them (`cp.async.mbarrier.arrive.noinc`), and the consumers read them from the stage with
+its codes (no global scale loads left in the consumers).
+
 Decode, exact (checked bit for bit by the CPU tests' emulation, `w4a16_decode.decode_nvfp4_words` and
 `decode_int8_words`):
 - NVFP4 pair (code j, code j + 4) of a word -> one bf16x2 (f16x2) register: the magnitude bits land on
@@ -43,12 +62,54 @@ from cutlass._mlir import ir
 from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T, dsl_user_op
 
+from .cp_async import bulk_copy_g2s, cp_async, prefetch_l2
+
 FORMATS = ("nvfp4", "int8")
+LOADS = ("registers", "bulk")
 CHUNK_WORDS = 8  # 32 bytes of one weight row per lane per step
+CHUNK_BYTES = 4 * CHUNK_WORDS
 CODES_PER_CHUNK = {"nvfp4": 64, "int8": 32}
 LANES_K = 4  # lanes sharing a row (t = lane % 4); each takes its own chunk
 TILE_ROWS = 16
 MAX_GROUPS = 2  # 8 x rows each: M <= 16
+
+
+class BulkStage:
+    """One stage of the bulk load path's ring: `rows` weight rows (the CTA's) x `chunks` 32-byte chunks
+    (one step of every K warp), row r at r * pitch bytes. A consumer lane 4g + t reads 16 bytes at a time
+    from rows g and g + 8 of a tile at chunk t: 8 lanes a shared-memory wavefront, two rows at four chunks.
+    A pitch that is a multiple of 128 bytes puts both rows on the same banks (2-way conflict); 16 bytes
+    more shifts row g + 1 by four banks, so the 8 lanes cover the 32 banks once.
+
+    With `scales`, the rows' block-scale words follow (one a chunk), row r at scale_pitch * r words; a warp's
+    4-byte reads (rows g, chunks t) start row g on bank 4 * (g * scale_pitch / 4 mod 8): all 8 rows apart when
+    scale_pitch / 4 is odd."""
+
+    PAD = 16
+
+    def __init__(self, rows: int, warps_k: int, scales: bool = False):
+        self.rows = rows
+        self.chunks = warps_k * LANES_K
+        self.pitch = self.chunks * CHUNK_BYTES + self.PAD
+        self.scales_at = rows * self.pitch
+        self.scale_pitch = self.chunks + (4 if self.chunks // 4 % 2 == 0 else 8)
+        self.bytes = self.scales_at + (rows * self.scale_pitch * 4 if scales else 0)
+
+    def offset(self, row: int, chunk: int, half: int) -> int:
+        """Bytes from the stage's start of 16-byte half `half` of chunk `chunk` of row `row`."""
+        return row * self.pitch + chunk * CHUNK_BYTES + 16 * half
+
+    def scale_offset(self, row: int, chunk: int) -> int:
+        """Bytes from the stage's start of the block-scale word of chunk `chunk` of row `row` (`scales`)."""
+        return self.scales_at + (row * self.scale_pitch + chunk) * 4
+
+
+def bulk_smem_bytes(stage: BulkStage, stages: int, red_words: int) -> int:
+    """Shared memory of a bulk variant: the ring, the K-slice reduction buffer (apart: no stage is reused for
+    it) and two mbarriers a stage, with the struct's alignment padding."""
+    ring = stages * stage.bytes
+    red = -(-4 * red_words // 16) * 16
+    return -(-(ring + red) // 8) * 8 + 16 * stages
 
 
 def decode_exponent(is_f16: bool) -> int:
@@ -182,20 +243,24 @@ def shift(w: Int32, s: cutlass.Constexpr[int]) -> Int32:
 
 class W4A16DecodeGemm:
     """One compiled variant per (x dtype, format, x row groups `groups` (M <= 8 * groups), split or not, bias
-    or not, row tiles per warp, CTA shape WARPS_N x WARPS_K, PDL or not); N, K, M, strides and the split count
-    are runtime values.
+    or not, row tiles per warp, CTA shape WARPS_N x WARPS_K, load path: "registers", or "bulk" with a ring of
+    `stages` stages and the options `ahead`, `prefetch`, `scales`; PDL or not); N, K, M, strides and the split
+    count are runtime values.
 
     pdl: launched as a programmatic dependent (Hopper PDL). When the kernel before it in the stream is another
     of these GEMMs (q, k, v or gate, up: one x, one after the other), its CTAs may start while that one drains and
-    load their first two steps of weights before `griddepcontrol.wait`; it lets the next kernel be scheduled
-    once past its own wait.
+    load their first weights before `griddepcontrol.wait` (the register path's first two steps; the bulk path's
+    producer copies); it lets the next kernel be scheduled once past its own wait.
 
     Call: (mX, mW, mBlock (nvfp4) or None, mScale, mBias [N] or None, mOut [M, N] (unit stride on N) or None
     when split, mPart [splits, M, N] fp32 or None when not split, stream)."""
 
     def __init__(self, dtype, fmt: str, groups: int, split: bool, has_bias: bool, row_tiles: int,
-                 warps_n: int, warps_k: int, pdl: bool = False):
+                 warps_n: int, warps_k: int, load: str = "registers", stages: int = 0, ahead: bool = False,
+                 prefetch: bool = False, scales: bool = False, pdl: bool = False):
         assert fmt in FORMATS and 1 <= groups <= MAX_GROUPS and row_tiles >= 1, (fmt, groups, row_tiles)
+        assert load in LOADS and (stages >= 1) == (load == "bulk") and (
+            load == "bulk" or not (ahead or prefetch or scales)), (load, stages, ahead, prefetch, scales)
         self.dtype = dtype
         self.is_f16 = dtype == cutlass.Float16
         self.fmt = fmt
@@ -205,9 +270,15 @@ class W4A16DecodeGemm:
         self.row_tiles = row_tiles
         self.warps_n = warps_n
         self.warps_k = warps_k
-        self.pdl = pdl
         self.x_words = CODES_PER_CHUNK[fmt] // 2
         self.acc_size = row_tiles * groups * 4
+        self.load = load
+        self.stages = stages
+        self.ahead = ahead
+        self.prefetch = prefetch and fmt == "nvfp4"
+        self.ring_scales = scales and fmt == "nvfp4"
+        self.stage = BulkStage(TILE_ROWS * row_tiles * warps_n, warps_k, self.ring_scales)
+        self.pdl = pdl
 
     @cute.jit
     def __call__(self, mX: cute.Tensor, mW: cute.Tensor, mBlock: Optional[cute.Tensor], mScale: cute.Tensor,
@@ -217,14 +288,27 @@ class W4A16DecodeGemm:
         if const_expr(self.split):
             num_splits = mPart.shape[0]
         red_words = max(1, (self.warps_k - 1) * self.warps_n * self.acc_size * 32)
+        threads = 32 * self.warps_n * self.warps_k
 
-        @cute.struct
-        class SharedStorage:
-            sRed: cute.struct.Align[cute.struct.MemRange[Float32, red_words], 16]
+        if const_expr(self.load == "bulk"):
+            threads += 32  # the producer warp
+            ring_words = self.stages * self.stage.bytes // 4
+
+            @cute.struct
+            class SharedStorage:
+                ring: cute.struct.Align[cute.struct.MemRange[Int32, ring_words], 128]
+                sRed: cute.struct.Align[cute.struct.MemRange[Float32, red_words], 16]
+                full: cute.struct.Align[cute.struct.MemRange[cutlass.Int64, self.stages], 8]
+                empty: cute.struct.Align[cute.struct.MemRange[cutlass.Int64, self.stages], 8]
+        else:
+
+            @cute.struct
+            class SharedStorage:
+                sRed: cute.struct.Align[cute.struct.MemRange[Float32, red_words], 16]
 
         self.kernel(mX, mW, mBlock, mScale, mBias, mOut, mPart, SharedStorage).launch(
             grid=((mW.shape[0] + rows_per_cta - 1) // rows_per_cta, num_splits, 1),
-            block=(32 * self.warps_n * self.warps_k, 1, 1),
+            block=(threads, 1, 1),
             smem=SharedStorage.size_in_bytes(),
             stream=stream,
             use_pdl=self.pdl,
@@ -258,89 +342,295 @@ class W4A16DecodeGemm:
 
         acc = cute.make_rmem_tensor((self.acc_size,), Float32)
         acc.fill(0.0)
-        # Two register sets of operands (weights [word, row (tile, half)], block scales, x [word, group]),
-        # alternating: a step's loads are issued as soon as its set is free, a step ahead of their use.
-        rW = [cute.make_rmem_tensor((CHUNK_WORDS, 2 * RT), Int32) for _ in range(2)]
-        rS = [cute.make_rmem_tensor((2 * RT,), Int32) for _ in range(2)]
-        rX = [cute.make_rmem_tensor((XW, G), Int32) for _ in range(2)]
-        rA = cute.make_rmem_tensor((4,), Int32)
-
-        if const_expr(self.pdl):
-            # Before the wait only the primary may still run, and every kernel that lets dependents start early
-            # (these GEMMs, past their own wait; FA4, decode attention) writes activations, never quantized
-            # weights or block scales: their first loads go out before the wait. x may be the primary's output.
-            for b in cutlass.range_constexpr(2):
-                self.load_weights(mW, mBlock, rW[b], rS[b], row0, n_rows, c_begin + LANES_K * b + t, c_end)
-            cute.arch.griddepcontrol_wait()
-            cute.arch.griddepcontrol_launch_dependents()
-            for b in cutlass.range_constexpr(2):
-                self.load_x(mX, rX[b], m_rows, c_begin + LANES_K * b + t, c_end)
+        if const_expr(self.load == "bulk"):
+            self.bulk_kernel(mX, mW, mBlock, mScale, mBias, mOut, mPart, SharedStorage, acc, bx, split_idx,
+                             warp_idx, row0, n_rows, m_rows, cta_begin, cta_begin + cta_chunks)
         else:
-            for b in cutlass.range_constexpr(2):
-                self.load_step(mX, mW, mBlock, rW[b], rS[b], rX[b], row0, n_rows, m_rows, c_begin + LANES_K * b + t,
-                               c_end)
-        for c0 in range(c_begin, c_end, 2 * LANES_K):
-            for b in cutlass.range_constexpr(2):
-                if c0 + LANES_K * b < c_end:
-                    if const_expr(nvfp4):
-                        self.nvfp4_step(rW[b], rS[b], rX[b], rA, acc)
-                    else:
-                        self.int8_step(rW[b], rX[b], rA, acc)
+            # Two register sets of operands (weights [word, row (tile, half)], block scales, x [word, group]),
+            # alternating: a step's loads are issued as soon as its set is free, a step ahead of their use.
+            rW = [cute.make_rmem_tensor((CHUNK_WORDS, 2 * RT), Int32) for _ in range(2)]
+            rS = [cute.make_rmem_tensor((2 * RT,), Int32) for _ in range(2)]
+            rX = [cute.make_rmem_tensor((XW, G), Int32) for _ in range(2)]
+            rA = cute.make_rmem_tensor((4,), Int32)
+
+            if const_expr(self.pdl):
+                # Before the wait only the primary may still run, and every kernel that lets dependents start
+                # early (these GEMMs, past their own wait; FA4, decode attention) writes activations, never
+                # quantized weights or block scales: their first loads go out before the wait. x may be the
+                # primary's output.
+                for b in cutlass.range_constexpr(2):
+                    self.load_step(None, mW, mBlock, rW[b], rS[b], rX[b], row0, n_rows, m_rows,
+                                   c_begin + LANES_K * b + t, c_end)
+                self.dependent_wait()
+                for b in cutlass.range_constexpr(2):
+                    self.load_step(mX, None, None, None, rS[b], rX[b], row0, n_rows, m_rows,
+                                   c_begin + LANES_K * b + t, c_end)
+            else:
+                for b in cutlass.range_constexpr(2):
                     self.load_step(mX, mW, mBlock, rW[b], rS[b], rX[b], row0, n_rows, m_rows,
-                                   c0 + LANES_K * (b + 2) + t, c_end)
+                                   c_begin + LANES_K * b + t, c_end)
+            for c0 in range(c_begin, c_end, 2 * LANES_K):
+                for b in cutlass.range_constexpr(2):
+                    if c0 + LANES_K * b < c_end:
+                        if const_expr(nvfp4):
+                            self.nvfp4_step(rW[b], rS[b], rX[b], rA, acc)
+                        else:
+                            self.int8_step(rW[b], rX[b], rA, acc)
+                        self.load_step(mX, mW, mBlock, rW[b], rS[b], rX[b], row0, n_rows, m_rows,
+                                       c0 + LANES_K * (b + 2) + t, c_end)
 
-        # ---- the CTA's K slices add up through shared memory ----
-        if const_expr(self.warps_k > 1):
-            smem = cutlass.memory.SmemAllocator()
-            storage = smem.allocate(SharedStorage)
-            sRed = storage.sRed.get_tensor(cute.make_layout(
-                (32, self.acc_size, self.warps_n, self.warps_k - 1)))
-            if wk > 0:
-                for i in cutlass.range_constexpr(self.acc_size):
-                    sRed[lane, i, wn, wk - 1] = acc[i]
-            cute.arch.barrier()
-            if wk == 0:
-                for s in cutlass.range_constexpr(self.warps_k - 1):
+            # ---- the CTA's K slices add up through shared memory ----
+            if const_expr(self.warps_k > 1):
+                smem = cutlass.memory.SmemAllocator()
+                storage = smem.allocate(SharedStorage)
+                sRed = storage.sRed.get_tensor(cute.make_layout(
+                    (32, self.acc_size, self.warps_n, self.warps_k - 1)))
+                if wk > 0:
                     for i in cutlass.range_constexpr(self.acc_size):
-                        acc[i] = acc[i] + sRed[lane, i, wn, s]
+                        sRed[lane, i, wn, wk - 1] = acc[i]
+                cute.arch.barrier()
+                if wk == 0:
+                    for s in cutlass.range_constexpr(self.warps_k - 1):
+                        for i in cutlass.range_constexpr(self.acc_size):
+                            acc[i] = acc[i] + sRed[lane, i, wn, s]
 
-        if wk == 0:
-            self.store(acc, mScale, mBias, mOut, mPart, row0, n_rows, m_rows, g, t, split_idx)
-
-    @cute.jit
-    def load_step(self, mX: cute.Tensor, mW: cute.Tensor, mBlock: Optional[cute.Tensor], rW: cute.Tensor,
-                  rS: cute.Tensor, rX: cute.Tensor, row0: Int32, n_rows: Int32, m_rows: Int32, c: Int32, c_end: Int32):
-        """Chunk c of the lane's rows (g, g + 8 of each tile), their block scales and the x row of each group
-        over the same k; zeros past the range and past M."""
-        self.load_weights(mW, mBlock, rW, rS, row0, n_rows, c, c_end)
-        self.load_x(mX, rX, m_rows, c, c_end)
+            if wk == 0:
+                self.store(acc, mScale, mBias, mOut, mPart, row0, n_rows, m_rows, g, t, split_idx)
 
     @cute.jit
-    def load_weights(self, mW: cute.Tensor, mBlock: Optional[cute.Tensor], rW: cute.Tensor, rS: cute.Tensor,
-                     row0: Int32, n_rows: Int32, c: Int32, c_end: Int32):
+    def bulk_kernel(self, mX: cute.Tensor, mW: cute.Tensor, mBlock: Optional[cute.Tensor], mScale: cute.Tensor,
+                    mBias: Optional[cute.Tensor], mOut: Optional[cute.Tensor], mPart: Optional[cute.Tensor],
+                    SharedStorage: cutlass.Constexpr, acc: cute.Tensor, bx: Int32, split_idx: Int32, warp_idx: Int32,
+                    row0: Int32, n_rows: Int32, m_rows: Int32, cta_begin: Int32, cta_end: Int32):
+        """The bulk load path: the ring's barriers, the producer warp, the consumer warps' K loop, the K slices'
+        reduction and the epilogue."""
+        consumers = self.warps_n * self.warps_k
+        lane = cute.arch.lane_idx()
+        g = lane // LANES_K
+        t = lane % LANES_K
+        wn = warp_idx % self.warps_n
+        wk = warp_idx // self.warps_n
+        storage = cutlass.memory.SmemAllocator().allocate(SharedStorage)
+        full = storage.full.data_ptr()
+        empty = storage.empty.data_ptr()
+        if warp_idx == consumers:
+            if lane == 0:
+                for s in cutlass.range_constexpr(self.stages):
+                    cute.arch.mbarrier_init(full + s, 1 + (32 if self.ring_scales else 0))  # + the scale copiers
+                    cute.arch.mbarrier_init(empty + s, consumers)
+                cute.arch.mbarrier_init_fence()
+        cute.arch.barrier()
+        n_steps = (cta_end - cta_begin + self.stage.chunks - 1) // self.stage.chunks
+        if warp_idx == consumers:
+            self.produce(mW, mBlock, storage.ring.data_ptr().toint(), full, empty, bx, cta_begin, cta_end, n_steps,
+                         n_rows)
+        else:
+            if const_expr(self.pdl):
+                self.dependent_wait()  # the producer's weight copies may precede it (see `kernel`); x may not
+            sPiece = storage.ring.get_tensor(cute.make_layout((4, self.stages * self.stage.bytes // 16), stride=(1, 4)))
+            sWord = storage.ring.get_tensor(cute.make_layout((self.stages * self.stage.bytes // 4,)))
+            # the lane's first 16 bytes in a stage: row g of its warp's first tile, its chunk of the step
+            lane_row = (wn * self.row_tiles) * TILE_ROWS + g
+            lane_piece = (self.stage.offset(lane_row, LANES_K * wk + t, 0)) // 16
+            lane_word = self.stage.scale_offset(lane_row, LANES_K * wk + t) // 4
+            self.consume(mX, mBlock, sPiece, sWord, full, empty, acc, lane_piece, lane_word, row0, n_rows, m_rows,
+                         cta_begin + LANES_K * wk + t, cta_end, n_steps)
+
+            if const_expr(self.warps_k > 1):
+                sRed = storage.sRed.get_tensor(cute.make_layout((32, self.acc_size, self.warps_n, self.warps_k - 1)))
+                if wk > 0:
+                    for i in cutlass.range_constexpr(self.acc_size):
+                        sRed[lane, i, wn, wk - 1] = acc[i]
+                cute.arch.barrier(barrier_id=1, number_of_threads=32 * consumers)  # the consumers only
+                if wk == 0:
+                    for s in cutlass.range_constexpr(self.warps_k - 1):
+                        for i in cutlass.range_constexpr(self.acc_size):
+                            acc[i] = acc[i] + sRed[lane, i, wn, s]
+            if wk == 0:
+                self.store(acc, mScale, mBias, mOut, mPart, row0, n_rows, m_rows, g, t, split_idx)
+
+    @cute.jit
+    def produce(self, mW: cute.Tensor, mBlock: Optional[cute.Tensor], ring: Int32, full: cute.Pointer,
+                empty: cute.Pointer, bx: Int32, cta_begin: Int32, cta_end: Int32, n_steps: Int32, n_rows: Int32):
+        """The producer warp: step j of the CTA's K range into stage j % stages once its consumers released
+        it, one bulk copy a row (lane L copies rows L, L + 32, ...; past N: row N - 1, results dropped); with
+        `prefetch`, first the step's block-scale rows into L2."""
+        st = self.stage
+        lane = cute.arch.lane_idx()
+        row_bytes = cutlass.Int64(mW.layout.stride[0]) * 4
+        base = mW.iterator.toint()
+        first_row = bx * st.rows
+        for j in range(n_steps):
+            s = j % self.stages
+            c = cta_begin + st.chunks * j
+            size = cutlass.min(cta_end - c, st.chunks) * CHUNK_BYTES
+            if const_expr(self.prefetch):
+                self.prefetch_scales(mBlock, first_row, n_rows, c, size // CHUNK_BYTES)
+            cute.arch.mbarrier_wait(empty + s, ((j // self.stages) & 1) ^ 1)  # passes at once on a first use
+            if lane == 0:
+                cute.arch.mbarrier_arrive_and_expect_tx(full + s, size * st.rows)
+            cute.arch.sync_warp()
+            mbar = (full + s).toint()
+            if const_expr(self.ring_scales):
+                self.copy_scales(mBlock, ring + s * st.bytes, first_row, n_rows, c, size // CHUNK_BYTES)
+                cute.arch.cp_async_mbarrier_arrive_noinc(full + s)
+            for i in cutlass.range_constexpr((st.rows + 31) // 32):
+                r = lane + 32 * i
+                if const_expr(st.rows % 32 == 0):
+                    n = cutlass.min(first_row + r, n_rows - 1)
+                    src = base + cutlass.Int64(n) * row_bytes + cutlass.Int64(c) * CHUNK_BYTES
+                    bulk_copy_g2s(ring + s * st.bytes + r * st.pitch, src, size, mbar)
+                else:
+                    if r < st.rows:
+                        n = cutlass.min(first_row + r, n_rows - 1)
+                        src = base + cutlass.Int64(n) * row_bytes + cutlass.Int64(c) * CHUNK_BYTES
+                        bulk_copy_g2s(ring + s * st.bytes + r * st.pitch, src, size, mbar)
+
+    @cute.jit
+    def copy_scales(self, mBlock: cute.Tensor, stage: Int32, first_row: Int32, n_rows: Int32, c: Int32,
+                    n_chunks: Int32):
+        """cp.async of block-scale words c .. c + n_chunks of the CTA's rows into the stage at shared address
+        `stage` (lane L: word L % chunks of rows L // chunks, + 32 // chunks, ...: each row's words from
+        consecutive lanes); words past the range are zero-filled without a read."""
+        st = self.stage
+        row_bytes = cutlass.Int64(mBlock.layout.stride[0]) * 4
+        base = mBlock.iterator.toint()
+        lane = cute.arch.lane_idx()
+        for i in cutlass.range_constexpr(st.rows * st.chunks // 32):
+            r = (lane + 32 * i) // st.chunks
+            w = (lane + 32 * i) % st.chunks
+            n = cutlass.min(first_row + r, n_rows - 1)
+            src = base + cutlass.Int64(n) * row_bytes + cutlass.Int64(c + cutlass.min(w, n_chunks - 1)) * 4
+            cp_async(stage + st.scale_offset(r, w), src, 4, 4 * cutlass.max(cutlass.min(n_chunks - w, 1), 0))
+
+    @cute.jit
+    def prefetch_scales(self, mBlock: cute.Tensor, first_row: Int32, n_rows: Int32, c: Int32, n_chunks: Int32):
+        """L2 prefetch of block-scale words c .. c + n_chunks of the CTA's rows (lane L: rows L, L + 32, ...),
+        each widened to the 16-byte blocks it touches (every such block holds a byte of the row's segment, so
+        it is mapped memory)."""
+        row_bytes = cutlass.Int64(mBlock.layout.stride[0]) * 4
+        base = mBlock.iterator.toint()
+        lane = cute.arch.lane_idx()
+        for i in cutlass.range_constexpr((self.stage.rows + 31) // 32):
+            r = lane + 32 * i
+            if r < self.stage.rows:
+                start = base + cutlass.Int64(cutlass.min(first_row + r, n_rows - 1)) * row_bytes + cutlass.Int64(c) * 4
+                lo = start & cutlass.Int64(-16)
+                hi = (start + cutlass.Int64(n_chunks) * 4 + 15) & cutlass.Int64(-16)
+                prefetch_l2(lo, Int32(hi - lo))
+
+    @cute.jit
+    def consume(self, mX: cute.Tensor, mBlock: Optional[cute.Tensor], sPiece: cute.Tensor, sWord: cute.Tensor,
+                full: cute.Pointer, empty: cute.Pointer, acc: cute.Tensor, lane_piece: Int32, lane_word: Int32,
+                row0: Int32, n_rows: Int32, m_rows: Int32, c_first: Int32, cta_end: Int32, n_steps: Int32):
+        """A consumer warp's K loop over the CTA's steps: the lane's chunk of step j is c_first + chunks * j.
+        x (and the block scales, unless `scales`) go to two alternating register sets a step ahead; the weights
+        (and with `scales` the block scales) come from the ring into one register set, or two with `ahead`
+        (step j + 1's copied out before step j's MMAs)."""
+        RT = self.row_tiles
+        step = self.stage.chunks
+        rW = [cute.make_rmem_tensor((CHUNK_WORDS, 2 * RT), Int32) for _ in range(2 if self.ahead else 1)]
+        rS = [cute.make_rmem_tensor((2 * RT,), Int32) for _ in range(2)]
+        rX = [cute.make_rmem_tensor((self.x_words, self.groups), Int32) for _ in range(2)]
+        rA = cute.make_rmem_tensor((4,), Int32)
+        mLoad = self.global_scales(mBlock)
+        rs = self.scale_set(len(rW))
+
+        self.load_step(mX, None, mLoad, None, rS[0], rX[0], row0, n_rows, m_rows, c_first, cta_end)
+        if const_expr(self.ahead):
+            if n_steps > 0:
+                self.read_stage(sPiece, sWord, full, empty, rW[0], rS[0], lane_piece, lane_word, 0, c_first, cta_end)
+        for j0 in range(0, n_steps, 2):
+            for b in cutlass.range_constexpr(2):
+                j = j0 + b
+                if j < n_steps:
+                    w = rW[b % len(rW)]
+                    if const_expr(not self.ahead):
+                        self.read_stage(sPiece, sWord, full, empty, w, rS[rs(b)], lane_piece, lane_word, j,
+                                        c_first + step * j, cta_end)
+                    self.load_step(mX, None, mLoad, None, rS[1 - b], rX[1 - b], row0, n_rows, m_rows,
+                                   c_first + step * (j + 1), cta_end)
+                    if const_expr(self.ahead):
+                        if j + 1 < n_steps:
+                            self.read_stage(sPiece, sWord, full, empty, rW[1 - b], rS[1 - b], lane_piece, lane_word,
+                                            j + 1, c_first + step * (j + 1), cta_end)
+                    if const_expr(self.fmt == "nvfp4"):
+                        self.nvfp4_step(w, rS[rs(b)], rX[b], rA, acc)
+                    else:
+                        self.int8_step(w, rX[b], rA, acc)
+
+    def global_scales(self, mBlock):
+        """The block-scale tensor the consumers load from global memory a step ahead: none with `scales`."""
+        return None if self.ring_scales else mBlock
+
+    def scale_set(self, weight_sets: int):
+        """Register set b's step -> its block scales' set: the weights' with `scales`, else x's (b)."""
+        return (lambda b: b % weight_sets) if self.ring_scales else (lambda b: b)
+
+    @cute.jit
+    def read_stage(self, sPiece: cute.Tensor, sWord: cute.Tensor, full: cute.Pointer, empty: cute.Pointer,
+                   rW: cute.Tensor, rS: cute.Tensor, lane_piece: Int32, lane_word: Int32, j: Int32, c: Int32,
+                   cta_end: Int32):
+        """Wait for step j's stage, copy the lane's chunk c of its rows (g, g + 8 of each tile) to rW with
+        16-byte shared loads (with `scales`, their block-scale words to rS; zeros past the range), then release
+        the stage (one arrive a warp)."""
+        st = self.stage
+        s = j % self.stages
+        cute.arch.mbarrier_wait(full + s, (j // self.stages) & 1)
+        first = lane_piece + s * (st.bytes // 16)
+        for r in cutlass.range_constexpr(2 * self.row_tiles):
+            row = (r // 2) * TILE_ROWS + (r % 2) * 8
+            at = first + st.offset(row, 0, 0) // 16
+            at_scale = lane_word + s * (st.bytes // 4) + (st.scale_offset(row, 0) - st.scales_at) // 4
+            if c < cta_end:
+                for h in cutlass.range_constexpr(2):
+                    cute.autovec_copy(sPiece[None, at + h], cute.local_tile(rW[None, r], (4,), (h,)))
+                if const_expr(self.ring_scales):
+                    rS[r] = sWord[at_scale]
+            else:
+                for i in cutlass.range_constexpr(CHUNK_WORDS):
+                    rW[i, r] = Int32(0)
+                if const_expr(self.ring_scales):
+                    rS[r] = Int32(0)
+        cute.arch.sync_warp()
+        if cute.arch.lane_idx() == 0:
+            cute.arch.mbarrier_arrive(empty + s)
+
+    @cute.jit
+    def dependent_wait(self):
+        """PDL: wait for the kernel before this one to finish, then let the next one be scheduled."""
+        cute.arch.griddepcontrol_wait()
+        cute.arch.griddepcontrol_launch_dependents()
+
+    @cute.jit
+    def load_step(self, mX: Optional[cute.Tensor], mW: Optional[cute.Tensor], mBlock: Optional[cute.Tensor],
+                  rW: Optional[cute.Tensor], rS: cute.Tensor, rX: cute.Tensor, row0: Int32, n_rows: Int32,
+                  m_rows: Int32, c: Int32, c_end: Int32):
+        """Chunk c of the lane's rows (g, g + 8 of each tile) (no weights when mW is None), their block scales
+        (none when mBlock is None) and the x row of each group over the same k (none when mX is None); zeros
+        past the range and past M."""
         g = cute.arch.lane_idx() // LANES_K
         for r in cutlass.range_constexpr(2 * self.row_tiles):
             n = cutlass.min(row0 + (r // 2) * TILE_ROWS + (r % 2) * 8 + g, n_rows - 1)  # past N: row N - 1, dropped
             if c < c_end:
-                cute.autovec_copy(cute.local_tile(mW[n, None], (CHUNK_WORDS,), (c,)), rW[None, r])
-                if const_expr(self.fmt == "nvfp4"):
+                if const_expr(mW is not None):
+                    cute.autovec_copy(cute.local_tile(mW[n, None], (CHUNK_WORDS,), (c,)), rW[None, r])
+                if const_expr(mBlock is not None):
                     rS[r] = mBlock[n, c]
             else:
-                for i in cutlass.range_constexpr(CHUNK_WORDS):
-                    rW[i, r] = Int32(0)
-                if const_expr(self.fmt == "nvfp4"):
+                if const_expr(mW is not None):
+                    for i in cutlass.range_constexpr(CHUNK_WORDS):
+                        rW[i, r] = Int32(0)
+                if const_expr(mBlock is not None):
                     rS[r] = Int32(0)
-
-    @cute.jit
-    def load_x(self, mX: cute.Tensor, rX: cute.Tensor, m_rows: Int32, c: Int32, c_end: Int32):
-        g = cute.arch.lane_idx() // LANES_K
-        for gi in cutlass.range_constexpr(self.groups):
-            m = gi * 8 + g
-            for i in cutlass.range_constexpr(self.x_words):
-                rX[i, gi] = Int32(0)
-            if c < c_end:
-                if m < m_rows:
-                    cute.autovec_copy(cute.local_tile(mX[m, None], (self.x_words,), (c,)), rX[None, gi])
+        if const_expr(mX is not None):
+            for gi in cutlass.range_constexpr(self.groups):
+                m = gi * 8 + g
+                for i in cutlass.range_constexpr(self.x_words):
+                    rX[i, gi] = Int32(0)
+                if c < c_end:
+                    if m < m_rows:
+                        cute.autovec_copy(cute.local_tile(mX[m, None], (self.x_words,), (c,)), rX[None, gi])
 
     @cute.jit
     def nvfp4_step(self, rW: cute.Tensor, rS: cute.Tensor, rX: cute.Tensor, rA: cute.Tensor, acc: cute.Tensor):
