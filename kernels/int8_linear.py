@@ -20,8 +20,8 @@ Two arithmetic orders, each exactly what the model code it replaces computes (lo
 
 Kernels: the CPU runs this reference. CUDA calls go to the first route of `CUDA_ROUTES` that takes them
 (`choose`; `kernel_for` says which and why):
-- `w4a16_int8`: our weight-only decode GEMM (kernels/w4a16_decode.py) for calls of at most `W4A16_MAX_ROWS`
-  rows over weights of at most `W4A16_MAX_WEIGHTS` weights, per-channel scales, bf16 / fp16 x, K a multiple of
+- `w4a16_int8`: our weight-only decode GEMM (kernels/w4a16_decode.py) for decode-sized calls where it is
+  measured faster than quack (`w4a16_int8_shape_reason`), per-channel scales, bf16 / fp16 x, K a multiple of
   16: the int8 weight read in place, products summed in fp32, scale (and bias) applied to the sum before one
   rounding, as quack's route below.
 - `quack_int8`: quack's SM90 mixed-input GEMM (kernels/quack_w4a16.py) for calls of at most
@@ -156,11 +156,24 @@ def rows_reason(m: int) -> str | None:
 
 
 W4A16_MAX_ROWS = 16
-W4A16_MAX_WEIGHTS = 8192 * 2048
-"""Our W4A16 GEMM takes int8 calls of at most `W4A16_MAX_ROWS` rows over weights of at most this many weights
-(N * K). H200, CUDA-graph medians (docs/benchmarks.md, session 10): with its narrow CTAs and PDL it runs Llama-1B's
-projections (up to 8192 x 2048) at M = 1 in 2.4-8.4 us, 1.4-2.4x bf16 cuBLAS; on 8192 x 8192 it is at quack's
-speed (23 against 21 us), so larger weights stay on quack."""
+W4A16_MAX_ROWS_WIDE = 8
+"""Our W4A16 GEMM takes int8 calls of at most `W4A16_MAX_ROWS` rows over weights of at most 2048 rows (N), and
+of at most `W4A16_MAX_ROWS_WIDE` rows over larger weights with N < 4 K (`w4a16_int8_shape_reason`); quack takes
+the rest. H200, CUDA-graph medians, PDL (docs/benchmarks.md, session 10 run 3), ours against quack in us:
+2048 x 2048 3.5 / 7.0 (M = 1), 4.2 / 6.9 (16); 2048 x 8192 8.3 / 14.2 (1), 11.7 / 14.4 (16); 4096 x 14336
+18.6 / 22.9 (1), 19.7 / 22.9 (8), 27.4 / 23.1 (16); 8192 x 8192 22.4 / 23.5 (1), 24.1 / 23.7 (8), 33.6 / 23.7
+(16); 8192 x 2048 8.7 / 8.7 (1), 9.8 / 8.7 (8)."""
+
+
+def w4a16_int8_shape_reason(m: int, n: int, k: int) -> str | None:
+    """Why a call of m rows over an [n, k] int8 weight does not go to our W4A16 GEMM on account of its size."""
+    if m > W4A16_MAX_ROWS:
+        return f"{m} rows > {W4A16_MAX_ROWS}, outside our W4A16 GEMM (W4A16_MAX_ROWS)"
+    if n > 2048 and m > W4A16_MAX_ROWS_WIDE:
+        return f"{m} rows over a weight of {n} > 2048 rows: quack's GEMM is measured faster (W4A16_MAX_ROWS_WIDE)"
+    if n >= 4 * k:
+        return f"an {n} x {k} weight (N >= 4 K): quack's GEMM is measured as fast or faster"
+    return None
 
 
 class Route(NamedTuple):
@@ -191,11 +204,7 @@ def _w4a16_reason(x, w_int8, w_scale, bias=None, *, group_size=-1, scale_after_m
         return f"our W4A16 GEMM takes per-channel int8 scales, not groups of {group_size}"
     n, k = w_int8.shape
     m = rows(x)
-    if m > W4A16_MAX_ROWS:
-        return f"{m} rows > {W4A16_MAX_ROWS}, outside our W4A16 GEMM (W4A16_MAX_ROWS)"
-    if n * k > W4A16_MAX_WEIGHTS:
-        return f"an {n} x {k} weight, larger than our W4A16 GEMM is measured faster for (W4A16_MAX_WEIGHTS)"
-    return w4a16_decode.unsupported_reason(x.reshape(m, k), "int8", n, k)
+    return w4a16_int8_shape_reason(m, n, k) or w4a16_decode.unsupported_reason(x.reshape(m, k), "int8", n, k)
 
 
 def _w4a16_run(x, w_int8, w_scale, bias=None, *, group_size=-1, scale_after_matmul=False) -> Tensor:

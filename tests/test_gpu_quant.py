@@ -1,6 +1,6 @@
 """GPU tier: quantized linears on CUDA (`pytest -m gpu tests/test_gpu_quant.py` on an sm90 GPU).
 
-`fa4::int8_linear`'s CUDA routes (our W4A16 GEMM up to `W4A16_MAX_ROWS` rows of small enough weights, quack's
+`fa4::int8_linear`'s CUDA routes (our W4A16 GEMM for decode-sized calls where it is measured faster, quack's
 int8 GEMM up to `QUACK_MAX_ROWS` rows, the dense route above),
 quack's NVFP4 GEMM through the adapter (`kernels/quack_w4a16.py`), `fa4::int8_int8_linear`; weights prepared
 once (in the warm-up call, never during CUDA-graph capture), and the families through the backend.
@@ -87,7 +87,7 @@ ROWS = [1, 3, 16, 17, 64, 65, 256]  # ours up to 16, quack up to 64 (each tile c
 
 def int8_route(m, n, k):
     """The route `fa4::int8_linear` must take for a bf16 x of m rows over an [n, k] per-channel weight."""
-    if m <= int8_linear_op.W4A16_MAX_ROWS and n * k <= int8_linear_op.W4A16_MAX_WEIGHTS and k % 16 == 0:
+    if int8_linear_op.w4a16_int8_shape_reason(m, n, k) is None and k % 16 == 0:
         return "w4a16_int8"
     return "quack_int8" if m <= int8_linear_op.QUACK_MAX_ROWS else "dense"
 
