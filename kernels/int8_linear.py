@@ -158,21 +158,22 @@ def rows_reason(m: int) -> str | None:
 W4A16_MAX_ROWS = 16
 W4A16_MAX_ROWS_WIDE = 8
 """Our W4A16 GEMM takes int8 calls of at most `W4A16_MAX_ROWS` rows over weights of at most 2048 rows (N), and
-of at most `W4A16_MAX_ROWS_WIDE` rows over larger weights with N < 4 K (`w4a16_int8_shape_reason`); quack takes
-the rest. H200, CUDA-graph medians, PDL (docs/benchmarks.md, session 10 run 3), ours against quack in us:
-2048 x 2048 3.5 / 7.0 (M = 1), 4.2 / 6.9 (16); 2048 x 8192 8.3 / 14.2 (1), 11.7 / 14.4 (16); 4096 x 14336
-18.6 / 22.9 (1), 19.7 / 22.9 (8), 27.4 / 23.1 (16); 8192 x 8192 22.4 / 23.5 (1), 24.1 / 23.7 (8), 33.6 / 23.7
-(16); 8192 x 2048 8.7 / 8.7 (1), 9.8 / 8.7 (8)."""
+of at most `W4A16_MAX_ROWS_WIDE` rows over weights of at most 4096 rows (`w4a16_int8_shape_reason`); quack takes
+the rest. H200, CUDA-graph medians, PDL, float32 scales (docs/benchmarks.md, session 10 run 3), ours against quack
+in us: 2048 x 2048 3.5 / 7.0 (M = 1), 4.2 / 6.9 (16); 2048 x 8192 8.3 / 14.2 (1), 11.7 / 14.4 (16); 4096 x 14336
+18.6 / 22.9 (1), 19.7 / 22.9 (8), 27.4 / 23.1 (16); 8192 x 8192 22.4 / 23.5 (1), 24.1 / 23.7 (8); 8192 x 2048
+8.7 / 8.7 (1), 9.8 / 8.7 (8). The op converts bf16 / fp16 scales to float32 per call (~2.5 us, run 4), which
+leaves 8192-row weights to quack."""
 
 
 def w4a16_int8_shape_reason(m: int, n: int, k: int) -> str | None:
     """Why a call of m rows over an [n, k] int8 weight does not go to our W4A16 GEMM on account of its size."""
     if m > W4A16_MAX_ROWS:
         return f"{m} rows > {W4A16_MAX_ROWS}, outside our W4A16 GEMM (W4A16_MAX_ROWS)"
+    if n > 4096:
+        return f"a weight of {n} > 4096 rows: quack's GEMM is measured as fast or faster"
     if n > 2048 and m > W4A16_MAX_ROWS_WIDE:
         return f"{m} rows over a weight of {n} > 2048 rows: quack's GEMM is measured faster (W4A16_MAX_ROWS_WIDE)"
-    if n >= 4 * k:
-        return f"an {n} x {k} weight (N >= 4 K): quack's GEMM is measured as fast or faster"
     return None
 
 
