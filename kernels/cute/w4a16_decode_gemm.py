@@ -380,22 +380,9 @@ class W4A16DecodeGemm:
                                        c0 + LANES_K * (b + 2) + t, c_end)
 
             # ---- the CTA's K slices add up through shared memory ----
-            if const_expr(self.warps_k > 1):
-                smem = cutlass.memory.SmemAllocator()
-                storage = smem.allocate(SharedStorage)
-                sRed = storage.sRed.get_tensor(cute.make_layout(
-                    (32, self.acc_size, self.warps_n, self.warps_k - 1)))
-                if wk > 0:
-                    for i in cutlass.range_constexpr(self.acc_size):
-                        sRed[lane, i, wn, wk - 1] = acc[i]
-                cute.arch.barrier()
-                if wk == 0:
-                    for s in cutlass.range_constexpr(self.warps_k - 1):
-                        for i in cutlass.range_constexpr(self.acc_size):
-                            acc[i] = acc[i] + sRed[lane, i, wn, s]
-
-            if wk == 0:
-                self.store(acc, mScale, mBias, mOut, mPart, row0, n_rows, m_rows, g, t, split_idx)
+            storage = cutlass.memory.SmemAllocator().allocate(SharedStorage)
+            self.add_k_slices_and_store(storage, acc, mScale, mBias, mOut, mPart, row0, n_rows, m_rows, split_idx,
+                                        lane, g, t, wn, wk, False)
 
     @cute.jit
     def bulk_kernel(self, mX: cute.Tensor, mW: cute.Tensor, mBlock: Optional[cute.Tensor], mScale: cute.Tensor,
@@ -436,18 +423,31 @@ class W4A16DecodeGemm:
             self.consume(mX, mBlock, sPiece, sWord, full, empty, acc, lane_piece, lane_word, row0, n_rows, m_rows,
                          cta_begin + LANES_K * wk + t, cta_end, n_steps)
 
-            if const_expr(self.warps_k > 1):
-                sRed = storage.sRed.get_tensor(cute.make_layout((32, self.acc_size, self.warps_n, self.warps_k - 1)))
-                if wk > 0:
-                    for i in cutlass.range_constexpr(self.acc_size):
-                        sRed[lane, i, wn, wk - 1] = acc[i]
-                cute.arch.barrier(barrier_id=1, number_of_threads=32 * consumers)  # the consumers only
-                if wk == 0:
-                    for s in cutlass.range_constexpr(self.warps_k - 1):
-                        for i in cutlass.range_constexpr(self.acc_size):
-                            acc[i] = acc[i] + sRed[lane, i, wn, s]
+            self.add_k_slices_and_store(storage, acc, mScale, mBias, mOut, mPart, row0, n_rows, m_rows, split_idx,
+                                        lane, g, t, wn, wk, True)
+
+    @cute.jit
+    def add_k_slices_and_store(self, storage, acc: cute.Tensor, mScale: cute.Tensor, mBias: Optional[cute.Tensor],
+                               mOut: Optional[cute.Tensor], mPart: Optional[cute.Tensor], row0: Int32, n_rows: Int32,
+                               m_rows: Int32, split_idx: Int32, lane: Int32, g: Int32, t: Int32, wn: Int32,
+                               wk: Int32, consumers_only: cutlass.Constexpr[bool]):
+        """The CTA's K slices add up through shared memory into warp wk = 0's accumulators, which it stores;
+        `consumers_only`: the barrier spares the bulk path's producer warp (named barrier 1)."""
+        if const_expr(self.warps_k > 1):
+            sRed = storage.sRed.get_tensor(cute.make_layout((32, self.acc_size, self.warps_n, self.warps_k - 1)))
+            if wk > 0:
+                for i in cutlass.range_constexpr(self.acc_size):
+                    sRed[lane, i, wn, wk - 1] = acc[i]
+            if const_expr(consumers_only):
+                cute.arch.barrier(barrier_id=1, number_of_threads=32 * self.warps_n * self.warps_k)
+            else:
+                cute.arch.barrier()
             if wk == 0:
-                self.store(acc, mScale, mBias, mOut, mPart, row0, n_rows, m_rows, g, t, split_idx)
+                for s in cutlass.range_constexpr(self.warps_k - 1):
+                    for i in cutlass.range_constexpr(self.acc_size):
+                        acc[i] = acc[i] + sRed[lane, i, wn, s]
+        if wk == 0:
+            self.store(acc, mScale, mBias, mOut, mPart, row0, n_rows, m_rows, g, t, split_idx)
 
     @cute.jit
     def produce(self, mW: cute.Tensor, mBlock: Optional[cute.Tensor], ring: Int32, full: cute.Pointer,
