@@ -2,6 +2,7 @@
 into a tiny HF Llama), compiled with the backend: every quantized linear runs `fa4::nvfp4_linear`."""
 
 import json
+import logging
 
 import pytest
 import torch
@@ -209,3 +210,47 @@ def test_from_torchao_keeps_the_weights_bit_for_bit_as_plain_buffers(per_tensor_
         compiled = PostGradCompiled(model, x, backend=fa4_inductor.backend(nvfp4_linear=True))
     assert compiled.code.count(OP_CALL) == 1 and "scale_layout" not in compiled.code  # scales stored un-blocked
     torch.testing.assert_close(compiled.out, before, atol=0, rtol=0)
+
+
+class Messages(logging.Handler):
+    """The messages of a logger (pytest's log capture is off in this suite: pyproject.toml)."""
+
+    def __init__(self):
+        super().__init__(logging.WARNING)
+        self.messages = []
+
+    def emit(self, record):
+        self.messages.append(record.getMessage())
+
+
+def test_compiling_torchao_nvfp4_weights_hints_at_from_torchao_once(monkeypatch):
+    """torchao NVFP4 weights reach the compiled graph as tensor subclasses (host time on every call): the backend
+    says so once a process, with the count and the remedy; after `nvfp4.from_torchao` it has nothing to say."""
+    pytest.importorskip("torchao")
+    import importlib
+
+    from test_nvfp4_linear import K, torchao_model
+
+    backend_module = importlib.import_module("fa4_inductor.backend")  # the module, not the function it exports
+    monkeypatch.setattr(backend_module, "_HINTED", [])
+    handler = Messages()
+    logger = logging.getLogger("fa4_inductor")
+    logger.addHandler(handler)
+    try:
+        model = torchao_model(torch.float32, False)
+        x = torch.randn(2, K)
+        for _ in range(2):
+            torch._dynamo.reset()
+            with torch.no_grad():
+                torch.compile(model, backend=fa4_inductor.backend())(x)
+        hints = [m for m in handler.messages if "from_torchao" in m]
+        assert len(hints) == 1 and hints[0].startswith("1 torchao NVFP4 weights reach this graph"), hints
+        handler.messages.clear()
+        monkeypatch.setattr(backend_module, "_HINTED", [])
+        nvfp4.from_torchao(model)
+        torch._dynamo.reset()
+        with torch.no_grad():
+            torch.compile(model, backend=fa4_inductor.backend())(x)
+        assert not [m for m in handler.messages if "from_torchao" in m]
+    finally:
+        logger.removeHandler(handler)
