@@ -27,12 +27,14 @@ Limits (`unsupported_reason`): CUDA sm90, x float16 / bfloat16 with 1..16 rows, 
 
 CTA shape (`cta_shape`): warps_n warps along N times warps_k along K, row_tiles tiles of 16 rows a warp.
 Wide (2 x 4 warps, 2 tiles a warp, 1 for M > 8, whose x takes twice the registers: 64 / 32 rows a CTA) for
-NVFP4 weights whose wide CTAs cover a quarter of the SMs; narrow (1 x 8 warps, 1 tile: 16 rows a CTA) for int8 and
-for NVFP4 weights with fewer rows, which the wide shape leaves on a quarter of the SMs or less with each SM
-decoding 64 rows alone. Split-K (`num_splits`): a host function of
-the shapes and the SM count, never of values, so a captured CUDA graph stays valid (see `num_splits`). Partials go
-to an fp32 workspace [splits, M, N] (a fresh torch allocation per call: fine under capture) reduced by a
-second kernel in a fixed order (deterministic). `tests/bench_w4a16.py --splits 1,2,4,8` sweeps the count.
+NVFP4 weights whose wide CTAs cover a quarter of the SMs; narrow (1 x 8 warps, 1 tile: 16 rows a CTA) for int8
+and for NVFP4 weights with fewer rows, which the wide shape leaves on a quarter of the SMs or less with each SM
+decoding 64 rows alone. `tests/bench_w4a16.py --cta auto,2x2x4,1x1x8` compares them.
+
+Split-K (`num_splits`): a host function of the shapes and the SM count, never of values, so a captured CUDA
+graph stays valid. Partials go to an fp32 workspace [splits, M, N] (a fresh torch allocation per call: fine
+under capture) reduced by a second kernel in a fixed order (deterministic). `tests/bench_w4a16.py --splits
+1,2,4,8` sweeps the count.
 
 Load path (`load`, see `parse_load`): "registers", the default: each warp loads its next step straight into
 registers (a per-warp cp.async ring in shared memory was measured 1.2-2x slower on the H200 on every shape,
@@ -42,7 +44,8 @@ of shared-memory stages with bulk copies (`cute/w4a16_decode_gemm.py`), as deep 
 the current one, "+prefetch" (NVFP4) prefetches each stage's block scales into L2 from the producer,
 "+scales" (NVFP4) moves the block scales through the ring too ("bulk+ahead+prefetch:4"; int8 drops the
 NVFP4 options). FA4_INDUCTOR_W4A16_LOAD sets it; the matmuls' and `warmup`'s `load` argument overrides it
-(tests, `tests/bench_w4a16.py --load registers,bulk --stages 4,6`).
+(tests, `tests/bench_w4a16.py --load registers,bulk --stages 4,6`). On the H200 the bulk path is equal or slower
+on most rows (docs/benchmarks.md, session 10 run 3), so registers stay the default.
 
 PDL (on; FA4_INDUCTOR_W4A16_PDL=0 turns it off): the main kernel is launched as a programmatic dependent, so in
 a run of these GEMMs (q, k, v; gate, up; chains) each one's first weight loads overlap the previous one's tail
@@ -51,8 +54,8 @@ graph of back-to-back calls; Llama-1B NVFP4 decode 1.136 against 1.160 ms/token 
 
 Compilation: one main variant per (x dtype, format, x row groups (M <= 8, M <= 16), CTA shape, split or not,
 bias or not, PDL or not, arch, load path) and one reduce variant per (x dtype, format, bias or not, arch), kept
-for the process in `compiled` (`cute/compile_utils.py`). Call `warmup` (or one eager call per shape) before capturing a CUDA
-graph.
+for the process in `compiled` (`cute/compile_utils.py`). Call `warmup` (or one eager call per shape) before
+capturing a CUDA graph.
 """
 
 from __future__ import annotations
