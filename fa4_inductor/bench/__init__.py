@@ -65,7 +65,7 @@ from . import attention_op, int8_kv, llama_e2e, models, padded, quant, sweep, ta
 from .attention_op import attention_impls, crossover_suite, decode_kernel_comparison, decode_suite, op_suite, overhead_suite
 from .int8_kv import int8_kv_suite
 from .llama_e2e import decode_tokens_per_s, e2e_suite, generate_suite, generate_times, prefill_ms
-from .models import LLAMA_1B, compile_model, left_padded_batch, llama
+from .models import LLAMA_1B, compile_model, padded_batch, llama
 from .padded import padded_ms, padded_suite
 from .quant import quant_suite
 from .sweep import sweep_suite
@@ -83,7 +83,7 @@ DEFAULT_SUITES = ("op", "overhead", "decode", "e2e", "generate", "padded", "trai
 __all__ = ["DEFAULT_SUITES", "LLAMA_1B", "SUITES", "SUITE_FUNCTIONS", "Table", "attention_impls", "attention_op",
            "compile_model", "crossover_suite", "sweep_selection", "decode_kernel_comparison", "decode_suite", "decode_tokens_per_s", "e2e_suite",
            "environment", "generate_suite", "generate_times", "gpu_ms", "host_us_per_call", "int8_kv", "int8_kv_suite",
-           "left_padded_batch",
+           "padded_batch",
            "llama", "llama_e2e", "main", "median_wall_ms", "models", "op_suite", "overhead_suite", "padded",
            "padded_ms", "padded_suite", "plot", "prefill_ms", "quant", "quant_selection", "quant_suite", "sweep", "sweep_suite", "tables", "timing",
            "train_suite", "training"]

@@ -60,7 +60,7 @@ def compile_model(model_fn, backend_name, **kwargs):
     return torch.compile(model_fn, **kwargs)
 
 
-def left_padded_batch(vocab: int, batch: int, seqlen: int, pads, device, side: str = "left"
+def padded_batch(vocab: int, batch: int, seqlen: int, pads, device, side: str = "left"
                       ) -> tuple[torch.Tensor, torch.Tensor]:
     """(input_ids, attention_mask) of a padded batch: row b starts after pads[b] pad tokens (`side` "left", what
     generate passes), or ends pads[b] tokens early ("right", fine-tuning batches)."""

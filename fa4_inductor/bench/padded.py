@@ -9,7 +9,7 @@ import functools
 import torch
 
 from . import models, timing
-from .models import BACKENDS, left_padded_batch, llama
+from .models import BACKENDS, padded_batch, llama
 from .tables import Table, attempt, or_failed, speedup
 
 
@@ -51,7 +51,7 @@ def padded_suite(device="cuda", dtype=torch.bfloat16, batch=4, seqlen=2048, pads
     for attention in attentions:
         torch.manual_seed(0)
         model = llama(attention, device, dtype, **(model_overrides or {}))
-        batches = {f"{side}-padded": left_padded_batch(model.config.vocab_size, batch, seqlen, pads, device, side)
+        batches = {f"{side}-padded": padded_batch(model.config.vocab_size, batch, seqlen, pads, device, side)
                    for side in sides}
         for train in [p == "train" for p in passes]:
             for kind, (tokens, mask) in [*batches.items(), ("no mask", (next(iter(batches.values()))[0], None))]:
