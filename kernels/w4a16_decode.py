@@ -78,7 +78,6 @@ CHUNK_VALUES = {"nvfp4": 64, "int8": 32}  # weights per 32-byte chunk of a row
 K_MULTIPLE = 16
 MIN_STEPS = 2  # steps (4 chunks a row) per warp in a split
 MAX_SPLITS = 32
-LOADS = ("registers", "bulk")
 BULK_OPTIONS = ("ahead", "prefetch", "scales")  # "bulk+ahead", "bulk+prefetch+scales", ...
 NVFP4_ONLY = ("prefetch", "scales")  # options about block scales: dropped for int8
 BULK_SMEM_BUDGET = 200 * 1024  # the bulk ring's default depth fills this (one CTA a SM: its registers)
@@ -195,10 +194,10 @@ def configured_load() -> str:
 def _bulk_layout(m_max: int, cta: CtaShape, scales: bool = False):
     """(stage, reduction words) of the bulk variants at this M bucket and CTA shape (`scales`: block scales in
     the stage)."""
-    from .cute.w4a16_decode_gemm import BulkStage
+    from .cute.w4a16_decode_gemm import BulkStage, reduction_words
 
-    red_words = (cta.warps_k - 1) * cta.warps_n * cta.row_tiles * (m_max // 8) * 4 * 32
-    return BulkStage(cta.rows, cta.warps_k, scales), red_words
+    return BulkStage(cta.rows, cta.warps_k, scales), reduction_words(cta.row_tiles, m_max // 8, cta.warps_n,
+                                                                     cta.warps_k)
 
 
 @functools.cache

@@ -104,6 +104,11 @@ class BulkStage:
         return self.scales_at + (row * self.scale_pitch + chunk) * 4
 
 
+def reduction_words(row_tiles: int, groups: int, warps_n: int, warps_k: int) -> int:
+    """Float32 words of the K-slice reduction buffer: the accumulators of every K warp but the first."""
+    return max(1, (warps_k - 1) * warps_n * row_tiles * groups * 4 * 32)
+
+
 def bulk_smem_bytes(stage: BulkStage, stages: int, red_words: int) -> int:
     """Shared memory of a bulk variant: the ring, the K-slice reduction buffer (apart: no stage is reused for
     it) and two mbarriers a stage, with the struct's alignment padding."""
@@ -287,7 +292,7 @@ class W4A16DecodeGemm:
         num_splits = 1
         if const_expr(self.split):
             num_splits = mPart.shape[0]
-        red_words = max(1, (self.warps_k - 1) * self.warps_n * self.acc_size * 32)
+        red_words = reduction_words(self.row_tiles, self.groups, self.warps_n, self.warps_k)
         threads = 32 * self.warps_n * self.warps_k
 
         if const_expr(self.load == "bulk"):
