@@ -79,7 +79,7 @@ def read(env: Mapping[str, str]) -> Switches:
         decode_splits=int(env[DECODE_SPLITS]) if env.get(DECODE_SPLITS) else None,
         decode_smem_kb=int(env.get(DECODE_SMEM_KB) or 100),
         decode_min_ctas=int(env.get(DECODE_MIN_CTAS) or 0),
-        w4a16_cta=_cta_shape(env.get(W4A16_CTA)),
+        w4a16_cta=parse_cta_shape(env.get(W4A16_CTA)),
         w4a16_pdl=not _is_off(env.get(W4A16_PDL, "1")),
         w4a16_load=(env.get(W4A16_LOAD) or "").strip() or None,
         cute_dsl_arch=env.get(CUTE_DSL_ARCH) or None,
@@ -89,7 +89,8 @@ def read(env: Mapping[str, str]) -> Switches:
     )
 
 
-def _cta_shape(value: Optional[str]) -> Optional[tuple[int, int, int]]:
+def parse_cta_shape(value: Optional[str]) -> Optional[tuple[int, int, int]]:
+    """FA4_INDUCTOR_W4A16_CTA's "RTxWNxWK" as (row tiles, warps_n, warps_k); None for no value."""
     if not value:
         return None
     parts = value.lower().split("x")

@@ -24,7 +24,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from fa4_inductor.kernels import quack_w4a16, w4a16_decode as w4
+from fa4_inductor.kernels import quack_w4a16, switches, w4a16_decode as w4
 
 SHAPES = [(8192, 8192), (2048, 8192), (8192, 2048), (14336, 4096), (4096, 14336), (128256, 4096)]
 L2_BYTES = 50 * 2 ** 20
@@ -175,7 +175,7 @@ def main():
     a = p.parse_args()
     ms = [int(v) for v in a.m.split(",")]
     splits = [int(v) for v in a.splits.split(",")] if a.splits else None
-    ctas = [None if c == "auto" else tuple(int(v) for v in c.split("x")) for c in a.cta.split(",")] if a.cta else None
+    ctas = [None if c == "auto" else switches.parse_cta_shape(c) for c in a.cta.split(",")] if a.cta else None
     loads = load_specs(a.load.split(",") if a.load else [w4.configured_load()],
                        [int(v) for v in a.stages.split(",")] if a.stages else None)
     print(f"device {torch.cuda.get_device_name()}, SMs {w4._num_sms(0)}, load paths {', '.join(loads)} "
