@@ -19,6 +19,7 @@ from fa4_inductor.lowering import READ_BY_VALUE, module_buffers, run_torch_ir_pa
 from fa4_inductor.lowering.post_grad import HOOK as POST_GRAD_HOOK, PostGradPasses
 
 from . import publishing
+from .nvfp4 import is_torchao_nvfp4
 from .options import Options
 
 log = logging.getLogger("fa4_inductor")
@@ -97,8 +98,10 @@ _HINTED: list[bool] = []
 def _hint_plain_nvfp4(example_inputs) -> None:
     """Once a process: say that torchao NVFP4 weights reach the graph as tensor subclasses, which torch.compile
     guards and unwraps around every call, and how to keep the same weights without that host time."""
-    count = sum(type(t).__name__ == "NVFP4Tensor" and type(t).__module__.startswith("torchao") for t in example_inputs)
-    if count and not _HINTED:
+    if _HINTED:
+        return
+    count = sum(is_torchao_nvfp4(t) for t in example_inputs)
+    if count:
         _HINTED.append(True)
         log.warning("%d torchao NVFP4 weights reach this graph as tensor subclasses, which torch.compile guards and "
                     "unwraps around every call; `fa4_inductor.nvfp4.from_torchao(model)` before compiling keeps the "

@@ -192,6 +192,11 @@ def quantize(model: nn.Module, filter_fn: Callable[[nn.Linear, str], bool] | Non
     return replaced
 
 
+def is_torchao_nvfp4(t) -> bool:
+    """Whether t is torchao's NVFP4 tensor subclass (told by its type, without importing torchao)."""
+    return type(t).__name__ == "NVFP4Tensor" and type(t).__module__.startswith("torchao")
+
+
 def from_torchao(model: nn.Module) -> list[str]:
     """Replace each `nn.Linear` whose weight is torchao's NVFP4 weight-only tensor (`NVFP4WeightOnlyConfig`: codes,
     e4m3 block scales, swizzled or not, an optional float32 per-tensor scale) with an `NVFP4Linear` over the same
@@ -203,7 +208,7 @@ def from_torchao(model: nn.Module) -> list[str]:
     replaced = []
     for name, module in list(model.named_modules()):
         w = getattr(module, "weight", None)
-        if type(module) is not nn.Linear or type(w).__name__ != "NVFP4Tensor" or w.block_size != BLOCK or \
+        if type(module) is not nn.Linear or not is_torchao_nvfp4(w) or w.block_size != BLOCK or \
                 w.act_quant_kwargs is not None or w.qdata.dim() != 2 or w.qdata.stride(-1) != 1:
             continue
         n, k = module.out_features, module.in_features
