@@ -13,7 +13,8 @@ Formats (the ops' own, see nvfp4_linear.py / int8_linear.py):
   computed in the graph is fine). The kernel computes sum_k x * (e2m1 * e4m3) in fp32 (products exact),
   then multiplies by the global scale once: it does not round e4m3 * global to fp32 first as the op's
   reference does (a relative difference of at most one fp32 ulp per weight, far below the bf16 output's).
-- int8: w_int8 int8 [N, K], w_scale [N] (any float dtype; made fp32), bias [N] in x's dtype or None:
+- int8: w_int8 int8 [N, K], w_scale [N] (float32, bfloat16 and float16 read as they are, with a kernel variant
+  each; other float dtypes made fp32 per call), bias [N] in x's dtype or None:
   out = dtype(sum_k x * w * scale[n] + bias[n]) (the sum in fp32). Per-channel scales only.
 
 Layout: the checkpoint's row-major bytes as they are, read as 32-bit words, when a row is a whole number of
@@ -71,6 +72,7 @@ from .cute import compile_utils
 
 FORMATS = ("nvfp4", "int8")
 DTYPES = layout.HALF_DTYPES
+SCALE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 M_BUCKETS = (8, 16)
 MAX_M = M_BUCKETS[-1]
 ALIGN_BYTES = layout.ALIGN_BYTES
@@ -379,6 +381,7 @@ class _Key(NamedTuple):
     cta: Optional[CtaShape] = None  # main only
     pdl: bool = False  # main only
     load: str = "registers"  # main only: "registers" or "bulk[+ahead][+prefetch]:<stages>" (`load_key`)
+    scale_dtype: torch.dtype = torch.float32  # int8's per-channel scales as the caller holds them
 
 
 def _compile(key: _Key):
@@ -389,7 +392,7 @@ def _compile(key: _Key):
     dt = compile_utils.cutlass_dtype(key.dtype)
     sym, sym64 = cute.sym_int, cute.sym_int64
     nvfp4 = key.fmt == "nvfp4"
-    scale = cute.runtime.make_fake_compact_tensor(Float32, (sym(),))
+    scale = cute.runtime.make_fake_compact_tensor(compile_utils.cutlass_dtype(key.scale_dtype), (sym(),))
     bias = cute.runtime.make_fake_compact_tensor(dt, (sym(),)) if key.bias else None
     out = cute.runtime.make_fake_tensor(dt, (sym(), sym()), (sym64(), 1))
     part = cute.runtime.make_fake_compact_tensor(Float32, (sym(), sym(), sym()), stride_order=(2, 1, 0))
@@ -421,19 +424,23 @@ compiled = compile_utils.CompiledVariants(_compile)
 
 
 def keys(dtype: torch.dtype, fmt: str, m: int, split: bool, bias: bool, arch: str, cta: CtaShape,
-         pdl: bool = False, load: str = "registers") -> list[_Key]:
+         pdl: bool = False, load: str = "registers", scale_dtype: torch.dtype = torch.float32) -> list[_Key]:
     """The variants a call runs: the main kernel (load path `load`, a `parse_load` spec), and the reduce
-    kernel when split."""
+    kernel when split. `scale_dtype`: the dtype of int8's per-channel scales (NVFP4's global scale is fp32)."""
     m_max = m_bucket(m)
+    if scale_dtype not in SCALE_DTYPES or (fmt == "nvfp4" and scale_dtype != torch.float32):
+        raise ValueError(f"the W4A16 decode GEMM does not take {fmt} scales of dtype {scale_dtype}")
     main = _Key("main", dtype, fmt, m_max, split, bias and not split, arch, cta, pdl,
-                load_key(load, m_max, fmt, cta))
-    return [main, _Key("reduce", dtype, fmt, 0, True, bias, arch)] if split else [main]
+                load_key(load, m_max, fmt, cta), scale_dtype)
+    return [main, _Key("reduce", dtype, fmt, 0, True, bias, arch, scale_dtype=scale_dtype)] if split else [main]
 
 
 def warmup(dtype: torch.dtype, fmt: str, m_values=M_BUCKETS, *, bias: Optional[bool] = None,
-           device: torch.device | str = "cuda", load: Optional[str] = None) -> int:
+           device: torch.device | str = "cuda", load: Optional[str] = None,
+           scale_dtype: torch.dtype = torch.float32) -> int:
     """Compile every variant calls with these rows can hit (both CTA shapes, split and not; `bias` None: both;
-    `load` None: the configured load path), outside CUDA-graph capture. Returns how many were compiled now."""
+    `load` None: the configured load path; int8 scales of `scale_dtype`), outside CUDA-graph capture. Returns
+    how many were compiled now."""
     if dtype not in DTYPES or fmt not in FORMATS:
         raise ValueError(f"the W4A16 decode GEMM does not take dtype {dtype} / format {fmt!r}")
     load = configured_load() if load is None else load
@@ -446,7 +453,7 @@ def warmup(dtype: torch.dtype, fmt: str, m_values=M_BUCKETS, *, bias: Optional[b
                 for b in ((False, True) if bias is None else (bool(bias),)):
                     if fmt == "nvfp4" and b:
                         continue
-                    for key in keys(dtype, fmt, m, split, b, arch, cta, pdl, load):
+                    for key in keys(dtype, fmt, m, split, b, arch, cta, pdl, load, scale_dtype):
                         compiled(key)
     return len(compiled) - before
 
@@ -472,7 +479,7 @@ def _run(fmt: str, x2d: Tensor, words: Tensor, block: Optional[Tensor], scale: T
     arch = compile_utils.target_arch(device)
     load = configured_load() if load is None else load
     variants = [compiled(key) for key in keys(x.dtype, fmt, m, split, bias is not None, arch, shape, env.w4a16_pdl,
-                                              load)]
+                                              load, scale.dtype)]
     xw = x.view(torch.int32)
     with torch.cuda.device(device):
         if not split:
@@ -514,7 +521,10 @@ def int8_matmul(x2d: Tensor, w_int8: Tensor, w_scale: Tensor, bias: Optional[Ten
     if w_scale.numel() != n:
         raise ValueError(f"the int8 W4A16 decode GEMM takes per-channel scales ({n}), got {list(w_scale.shape)}")
     _check(x2d, "int8", n, k, w_int8, w_scale, bias)
-    scale = w_scale.reshape(n).to(torch.float32).contiguous()
+    scale = w_scale.reshape(n)
+    if scale.dtype not in SCALE_DTYPES:
+        scale = scale.to(torch.float32)
+    scale = scale.contiguous()
     if bias is not None:
         bias = bias.reshape(n).to(x2d.dtype).contiguous()
     return _run("int8", x2d, prepare_int8(w_int8), None, scale, bias, n, k, splits, cta, load)

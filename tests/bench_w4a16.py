@@ -62,7 +62,7 @@ def copies(nbytes: int) -> int:
     return max(2, min(32, math.ceil(2 * L2_BYTES / nbytes)))
 
 
-def weights(n, k, c, seed=0):
+def weights(n, k, c, seed=0, int8_scales=torch.float32):
     g = torch.Generator(device="cuda").manual_seed(seed)
     out = []
     for _ in range(c):
@@ -70,7 +70,7 @@ def weights(n, k, c, seed=0):
         block = (torch.rand(n, k // 16, device="cuda", generator=g) * 6 + 0.01).to(torch.float8_e4m3fn)
         gs = torch.full((), 1e-2, device="cuda")
         w8 = torch.randint(-128, 128, (n, k), dtype=torch.int8, device="cuda", generator=g)
-        s8 = torch.rand(n, device="cuda", generator=g) / 100
+        s8 = (torch.rand(n, device="cuda", generator=g) / 100).to(int8_scales)
         out.append((w_fp4, block, gs, w8, s8))
     return out
 
@@ -79,10 +79,10 @@ def _cta_label(cta):
     return "auto" if cta is None else "x".join(map(str, cta))
 
 
-def bench_shape(n, k, ms, splits_list=None, loads=(None,), ctas=None):
-    fp4_bytes, int8_bytes, bf16_bytes = n * k * 9 // 16, n * k + 4 * n, 2 * n * k
+def bench_shape(n, k, ms, splits_list=None, loads=(None,), ctas=None, int8_scales=torch.float32):
+    fp4_bytes, int8_bytes, bf16_bytes = n * k * 9 // 16, n * k + int8_scales.itemsize * n, 2 * n * k
     c = copies(fp4_bytes)
-    ws = weights(n, k, c)
+    ws = weights(n, k, c, int8_scales=int8_scales)
     wbf = [torch.randn(n, k, dtype=torch.bfloat16, device="cuda") for _ in range(copies(bf16_bytes))]
     for m in ms:
         x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
@@ -172,6 +172,8 @@ def main():
                                                 "bf16 only)")
     p.add_argument("--load", default=None, help="comma list of load paths: registers, bulk, bulk+prefetch:4 ...")
     p.add_argument("--stages", default=None, help="comma list: ring depths for each bulk load path")
+    p.add_argument("--int8-scales", default="float32", choices=("float32", "bfloat16", "float16"),
+                   help="the int8 weights' per-channel scale dtype")
     a = p.parse_args()
     ms = [int(v) for v in a.m.split(",")]
     splits = [int(v) for v in a.splits.split(",")] if a.splits else None
@@ -184,7 +186,7 @@ def main():
           f"{w4.bulk_stages(16, w4.NARROW)})")
     for shape in a.shapes.split(","):
         n, k = map(int, shape.split("x"))
-        bench_shape(n, k, ms, splits, loads, ctas)
+        bench_shape(n, k, ms, splits, loads, ctas, getattr(torch, a.int8_scales))
 
 
 if __name__ == "__main__":

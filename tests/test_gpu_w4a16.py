@@ -50,18 +50,18 @@ def nvfp4_case(m, n, k, dtype, splits=None, seed=0, load="registers", cta=None):
     report(f"nvfp4 {str(dtype)[6:]} m{m} n{n} k{k} {plan(n, k, 'nvfp4', m, splits, cta, load)}", out, ref, pytorch)
 
 
-def int8_case(m, n, k, dtype, bias, splits=None, seed=0, load="registers", cta=None):
+def int8_case(m, n, k, dtype, bias, splits=None, seed=0, load="registers", cta=None, scale_dtype=torch.float32):
     g = torch.Generator().manual_seed(seed)
     w_int8 = torch.randint(-128, 128, (n, k), dtype=torch.int8, generator=g).cuda()
-    scale = (torch.rand(n, generator=g) / 100 + 1e-3).cuda()
+    scale = (torch.rand(n, generator=g) / 100 + 1e-3).to(scale_dtype).cuda()
     b = torch.randn(n, dtype=dtype, device="cuda") if bias else None
     x = torch.randn(m, k, dtype=dtype, device="cuda")
     out = w4.int8_matmul(x, w_int8, scale, b, splits=splits, load=load, cta=cta)
     wd = w_int8.double() * scale.double()[:, None]
     ref = x.double() @ wd.T + (b.double() if bias else 0)
     pytorch = F.linear(x, wd.to(dtype), b)
-    report(f"int8 {str(dtype)[6:]} m{m} n{n} k{k} bias {bias} {plan(n, k, 'int8', m, splits, cta, load)}", out, ref,
-           pytorch)
+    report(f"int8 {str(dtype)[6:]} m{m} n{n} k{k} bias {bias} scales {str(scale_dtype)[6:]} "
+           f"{plan(n, k, 'int8', m, splits, cta, load)}", out, ref, pytorch)
 
 
 @pytest.mark.parametrize("load", LOADS)
@@ -85,6 +85,21 @@ def test_forced_splits_and_dtypes(fmt, splits, dtype, load):
         nvfp4_case(5, 333, 4096, dtype, splits=splits, seed=splits, load=load)
     else:
         int8_case(5, 333, 4096, dtype, bias=True, splits=splits, seed=splits, load=load)
+
+
+@pytest.mark.parametrize("splits", [1, 3])
+@pytest.mark.parametrize("scale_dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+def test_int8_scales_read_in_their_own_dtype(dtype, scale_dtype, splits):
+    """bf16 / fp16 per-channel scales (torchao's, gpt-fast's) go to a kernel variant that widens them where it
+    reads them: no fp32 copy a call, and the same sums as the fp32 copy of the same scales."""
+    int8_case(3, 700, 1024, dtype, bias=True, splits=splits, seed=splits, scale_dtype=scale_dtype)
+    g = torch.Generator().manual_seed(7)
+    w_int8 = torch.randint(-128, 128, (512, 1024), dtype=torch.int8, generator=g).cuda()
+    scale = (torch.rand(512, generator=g) / 100 + 1e-3).to(scale_dtype).cuda()
+    x = torch.randn(2, 1024, dtype=dtype, device="cuda")
+    assert torch.equal(w4.int8_matmul(x, w_int8, scale, splits=splits), w4.int8_matmul(x, w_int8, scale.float(),
+                                                                                        splits=splits))
 
 
 @pytest.mark.parametrize("load", LOADS)

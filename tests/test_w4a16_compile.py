@@ -24,10 +24,11 @@ def cute_dsl():
     pytest.importorskip("tvm_ffi", reason="the kernel compiles with --enable-tvm-ffi")
 
 
-def _key(kernel, dtype, fmt, m, split, bias, cta="wide", load="registers"):
+def _key(kernel, dtype, fmt, m, split, bias, cta="wide", load="registers", scale_dtype=torch.float32):
     if kernel == "reduce":
-        return w4._Key(kernel, dtype, fmt, m, split, bias, ARCH)
-    return w4._Key(kernel, dtype, fmt, m, split, bias, ARCH, w4.wide(m) if cta == "wide" else w4.NARROW, False, load)
+        return w4._Key(kernel, dtype, fmt, m, split, bias, ARCH, scale_dtype=scale_dtype)
+    return w4._Key(kernel, dtype, fmt, m, split, bias, ARCH, w4.wide(m) if cta == "wide" else w4.NARROW, False, load,
+                   scale_dtype)
 
 
 FAST_VARIANTS = [
@@ -35,6 +36,7 @@ FAST_VARIANTS = [
     ("main", torch.bfloat16, "nvfp4", 8, False, False, "narrow"),
     ("main", torch.float16, "int8", 16, True, False),
     ("reduce", torch.bfloat16, "int8", 0, True, True),
+    ("main", torch.bfloat16, "int8", 8, False, True, "narrow", "registers", torch.bfloat16),
 ]
 SLOW_VARIANTS = [
     ("main", torch.float16, "nvfp4", 16, True, False),
@@ -43,6 +45,8 @@ SLOW_VARIANTS = [
     ("main", torch.bfloat16, "int8", 8, True, False, "narrow"),
     ("main", torch.float16, "int8", 8, False, False),
     ("reduce", torch.float16, "nvfp4", 0, True, False),
+    ("reduce", torch.float16, "int8", 0, True, True, "wide", "registers", torch.float16),
+    ("main", torch.float16, "int8", 16, True, False, "narrow", "registers", torch.float16),
 ]
 
 
@@ -61,6 +65,18 @@ def test_variant_compiles(cute_dsl, variant):
 @pytest.mark.parametrize("variant", SLOW_VARIANTS, ids=_ids)
 def test_more_variants_compile(cute_dsl, variant):
     assert callable(w4.compiled(_key(*variant)))
+
+
+def test_scale_dtypes_of_the_variants():
+    """int8's per-channel scales pick a variant by dtype; NVFP4's global scale is always fp32."""
+    cta = w4.NARROW
+    assert [k.scale_dtype for k in w4.keys(torch.bfloat16, "int8", 3, True, True, ARCH, cta,
+                                           scale_dtype=torch.bfloat16)] == [torch.bfloat16] * 2
+    assert w4.keys(torch.float16, "int8", 3, False, True, ARCH, cta)[0].scale_dtype == torch.float32
+    with pytest.raises(ValueError, match="nvfp4 scales of dtype torch.bfloat16"):
+        w4.keys(torch.bfloat16, "nvfp4", 3, False, False, ARCH, cta, scale_dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="int8 scales of dtype torch.float64"):
+        w4.keys(torch.bfloat16, "int8", 3, False, False, ARCH, cta, scale_dtype=torch.float64)
 
 
 @pytest.mark.slow

@@ -33,7 +33,7 @@ def target_arch(device: torch.device, off_gpu: Optional[str] = None) -> str:
 def cutlass_dtype(dtype: torch.dtype):
     import cutlass
 
-    return {torch.float16: cutlass.Float16, torch.bfloat16: cutlass.BFloat16}[dtype]
+    return {torch.float16: cutlass.Float16, torch.bfloat16: cutlass.BFloat16, torch.float32: cutlass.Float32}[dtype]
 
 
 def cute_for(arch: str):

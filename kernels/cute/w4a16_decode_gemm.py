@@ -9,7 +9,8 @@ padded to whole chunks):
 - mX Int32 [M, Kp / 2]: x, two 16-bit values a word.
 - nvfp4: mW Int32 [N, Kp / 8], eight e2m1 codes a word (code i in bits 4i..4i+3); mBlock Int32 [N, Kp / 64],
   the four e4m3 block scales of a 64-code chunk (block 4c + b in byte b); mScale Float32 [1], the global scale.
-- int8: mW Int32 [N, Kp / 4], four int8 codes a word; mScale Float32 [N], the per-channel scale.
+- int8: mW Int32 [N, Kp / 4], four int8 codes a word; mScale [N] Float32, BFloat16 or Float16, the per-channel
+  scale, widened to fp32 where it is read.
 
 Work split. A chunk is 32 bytes of one weight row (64 NVFP4 or 32 int8 codes). A warp owns ROW_TILES tiles
 of 16 rows; lane 4g + t loads rows g and g + 8 of each tile, chunk c0 + t of every step (4 chunks of a
@@ -707,7 +708,7 @@ class W4A16DecodeGemm:
                 n = row0 + rt * TILE_ROWS + half * 8 + g
                 if n < n_rows:
                     if const_expr(self.fmt == "int8" and not self.split):
-                        scale = mScale[n]
+                        scale = mScale[n].to(Float32)
                     for gi in cutlass.range_constexpr(self.groups):
                         for col in cutlass.range_constexpr(2):
                             m = gi * 8 + 2 * t + col

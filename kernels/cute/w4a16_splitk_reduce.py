@@ -58,7 +58,7 @@ class W4A16SplitKReduce:
             if const_expr(self.fmt == "nvfp4"):
                 y = y * (mScale[0] * Float32(float(2 ** decode_exponent(self.dtype == cutlass.Float16))))
             else:
-                y = y * mScale[n]
+                y = y * mScale[n].to(Float32)
             if const_expr(self.has_bias):
                 y = y + Float32(mBias[n])
             mOut[m, n] = y.to(self.dtype)
