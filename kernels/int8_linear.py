@@ -157,21 +157,24 @@ def rows_reason(m: int) -> str | None:
 
 W4A16_MAX_ROWS = 16
 W4A16_MAX_ROWS_WIDE = 8
-"""Our W4A16 GEMM takes int8 calls of at most `W4A16_MAX_ROWS` rows over weights of at most 2048 rows (N), and
-of at most `W4A16_MAX_ROWS_WIDE` rows over weights of at most 4096 rows (`w4a16_int8_shape_reason`); quack takes
-the rest. H200, CUDA-graph medians, PDL, float32 scales (docs/benchmarks.md, session 10 run 3), ours against quack
-in us: 2048 x 2048 3.5 / 7.0 (M = 1), 4.2 / 6.9 (16); 2048 x 8192 8.3 / 14.2 (1), 11.7 / 14.4 (16); 4096 x 14336
-18.6 / 22.9 (1), 19.7 / 22.9 (8), 27.4 / 23.1 (16); 8192 x 8192 22.4 / 23.5 (1), 24.1 / 23.7 (8); 8192 x 2048
-8.7 / 8.7 (1), 9.8 / 8.7 (8). The op converts bf16 / fp16 scales to float32 per call (~2.5 us, run 4), which
-leaves 8192-row weights to quack."""
+W4A16_WIDE_ROWS = 4096
+W4A16_LONG_K = 8192
+"""Our W4A16 GEMM takes int8 calls of at most `W4A16_MAX_ROWS` rows over weights of at most 2048 rows (N), of at
+most `W4A16_MAX_ROWS_WIDE` rows over weights of at most `W4A16_WIDE_ROWS` rows, and single rows over wider weights
+whose K is at least `W4A16_LONG_K` (`w4a16_int8_shape_reason`); quack takes the rest. H200, CUDA-graph medians,
+PDL, bf16 scales read as they are (docs/benchmarks.md, session 11 run 1), ours against quack in us: 2048 x 2048
+3.5 / 7.1 (M = 1), 4.2 / 7.2 (16); 2048 x 8192 7.8 / 14.1 (1), 11.1 / 14.4 (16); 4096 x 14336 18.3 / 22.2 (1),
+19.4 / 22.2 (8), 26.1 / 22.2 (16); 8192 x 8192 21.0 / 23.8 (1), 23.6 / 22.4 (8); 8192 x 2048 8.4 / 8.4 (1),
+9.5 / 8.5 (8); 14336 x 4096 21.7 / 19.5 (1)."""
 
 
 def w4a16_int8_shape_reason(m: int, n: int, k: int) -> str | None:
     """Why a call of m rows over an [n, k] int8 weight does not go to our W4A16 GEMM on account of its size."""
     if m > W4A16_MAX_ROWS:
         return f"{m} rows > {W4A16_MAX_ROWS}, outside our W4A16 GEMM (W4A16_MAX_ROWS)"
-    if n > 4096:
-        return f"a weight of {n} > 4096 rows: quack's GEMM is measured as fast or faster"
+    if n > W4A16_WIDE_ROWS and (m > 1 or k < W4A16_LONG_K):
+        return (f"{m} rows over a weight of {n} > {W4A16_WIDE_ROWS} rows and K {k}: quack's GEMM is measured as "
+                f"fast or faster (ours leads there only for one row and K >= {W4A16_LONG_K})")
     if n > 2048 and m > W4A16_MAX_ROWS_WIDE:
         return f"{m} rows over a weight of {n} > 2048 rows: quack's GEMM is measured faster (W4A16_MAX_ROWS_WIDE)"
     return None

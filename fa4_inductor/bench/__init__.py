@@ -31,7 +31,7 @@ Suites (`--suite`, comma-separated; all but `crossover`, `int8kv` and `sweep` by
   (and each of its CUDA routes forced) against bf16 cuBLAS, default `torch.compile` of the same torchao
   module, that module under our backend and quack called directly (CUDA-graph medians); then Llama-1B-shaped
   int8 weight-only static-cache decode, ours against default compile and bf16. `--quant-models`,
-  `--quant-formats`, `--quant-rows`, `--quant-no-e2e` cut it into runs of a few minutes.
+  `--quant-formats`, `--quant-rows`, `--quant-no-e2e`, `--quant-e2e-runs` cut it into runs of a few minutes.
 - `int8kv` (only when named, ~4 compiles of the 16-layer model): static-cache decode at batch 8 x 32k keys (head
   dim 64) from a bfloat16 `StaticCache` against `fa4_inductor.Int8StaticCache`, default torch.compile against
   ours: ms per step, the K/V bytes a step reads, logits against the bfloat16 cache (`int8_kv.py`).
@@ -113,6 +113,8 @@ def quant_selection(args) -> dict:
         selection["e2e"] = False
     if args.quant_prompt:
         selection["e2e_prompt"] = args.quant_prompt
+    if getattr(args, "quant_e2e_runs", None):
+        selection["e2e_runs"] = tuple(r.strip() for r in args.quant_e2e_runs.split(",") if r.strip())
     return selection
 
 
@@ -126,6 +128,9 @@ def main(argv=None) -> int:
     parser.add_argument("--quant-formats", help=f"the quant suite's formats, from {tuple(quant.FORMATS)} (default: all)")
     parser.add_argument("--quant-rows", help=f"the quant suite's M values (default: {','.join(map(str, quant.ROWS))})")
     parser.add_argument("--quant-no-e2e", action="store_true", help="the quant suite without its end-to-end decode")
+    parser.add_argument("--quant-e2e-runs", help="the end-to-end decode's runs only, e.g. 'bf16:default,nvfp4:plain' "
+                                                 "(weights:backend, backend default, ours or plain; default: all); "
+                                                 "'--quant-formats none' skips the GEMM tables")
     parser.add_argument("--quant-prompt", type=int, help="the quant suite's end-to-end prompt length (default 512)")
     parser.add_argument("--out", help="write the tables (markdown) here")
     parser.add_argument("--json", help="write the raw tables as JSON here")

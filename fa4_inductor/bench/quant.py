@@ -276,10 +276,23 @@ E2E_CONFIGS = {"int8": _int8_weight_only_config, "nvfp4": _nvfp4_weight_only_con
 PLAIN_NVFP4 = "fa4_inductor, nvfp4.from_torchao"
 
 
+E2E_BACKENDS = {"default": "default torch.compile", "ours": "fa4_inductor", "plain": PLAIN_NVFP4}
+
+
+def e2e_runs(formats=tuple(E2E_CONFIGS)) -> list[str]:
+    """Every "weights:backend" run of the end-to-end table for these formats, in table order."""
+    runs = ["bf16:default", "bf16:ours"]
+    for fmt in formats:
+        runs += [f"{fmt}:default", f"{fmt}:ours"] + ([f"{fmt}:plain"] if fmt == "nvfp4" else [])
+    return runs
+
+
 def e2e_table(device="cuda", dtype=torch.bfloat16, prompt=512, steps=64, model_overrides=None,
-              formats=tuple(E2E_CONFIGS)) -> Table:
+              formats=tuple(E2E_CONFIGS), runs=None) -> Table:
     """Llama-1B-shaped decode, tokens/s and ms/token: bf16 under default compile and ours, each weight format of
-    `formats` (torchao weight-only) under default compile and ours."""
+    `formats` (torchao weight-only) under default compile and ours (`e2e_runs`), or only the "weights:backend"
+    entries of `runs` (each compile takes minutes on the GPU: a table can be split across calls). Each result is
+    also printed to stderr as it is measured."""
     from torchao.quantization import quantize_
 
     mode = "reduce-overhead" if device == "cuda" else "default"
@@ -291,13 +304,15 @@ def e2e_table(device="cuda", dtype=torch.bfloat16, prompt=512, steps=64, model_o
                        f"mode={mode!r}; {steps} steps, first 3 excluded. torchao Int8WeightOnlyConfig / "
                        "NVFP4WeightOnlyConfig on every linear but lm_head (tied to the embedding); our backend with "
                        "int8_linear and nvfp4_linear on.")
-    runs = [("bf16", "default torch.compile", "inductor"), ("bf16", "fa4_inductor", ours_backend())]
-    for fmt in formats:
-        runs += [(fmt, "default torch.compile", "inductor"), (fmt, "fa4_inductor", ours_backend())]
-        if fmt == "nvfp4":  # the same codes as plain buffers: no tensor subclass around each call
-            runs.append((fmt, PLAIN_NVFP4, ours_backend()))
+    every = e2e_runs(formats)
+    unknown = [r for r in runs or () if r not in every]
+    if unknown:
+        raise ValueError(f"unknown end-to-end runs {unknown} (from {every})")
     results = {}
-    for weights, name, backend in runs:
+    for run in (r for r in every if runs is None or r in runs):
+        weights, which = run.split(":")
+        name = E2E_BACKENDS[which]  # plain: the same NVFP4 codes as plain buffers, no subclass around each call
+        backend = "inductor" if which == "default" else ours_backend()
         torch.manual_seed(0)
         model = models.llama("sdpa", device, dtype, **(model_overrides or {}))
         if weights != "bf16":  # lm_head stays bf16: its weight is tied to the embedding's
@@ -308,8 +323,11 @@ def e2e_table(device="cuda", dtype=torch.bfloat16, prompt=512, steps=64, model_o
         torch._dynamo.reset()
         results[(weights, name)] = attempt(f"e2e {weights} {name}", functools.partial(
             llama_e2e.decode_tokens_per_s, model, backend, prompt, steps, device, mode=mode))
+        rate = (results[(weights, name)] or (None,))[0]
+        print(f"  quant e2e {weights}, {name}: {f'{1e3 / rate:.3f} ms/token' if rate else 'failed'}",
+              file=sys.stderr, flush=True)
         del model
-    base = results[("bf16", "default torch.compile")]
+    base = results.get(("bf16", "default torch.compile"))
     for (weights, name), result in results.items():
         rate, logits = result or (None, None)
         difference = "n/a"
@@ -325,8 +343,9 @@ def e2e_table(device="cuda", dtype=torch.bfloat16, prompt=512, steps=64, model_o
 
 
 def quant_suite(device="cuda", dtype=torch.bfloat16, models=tuple(SHAPES), formats=("int8", "int8_int8", "nvfp4"),
-                rows=ROWS, e2e=True, e2e_overrides=None, e2e_prompt=512):
-    """Yields a GEMM table per available format, then the end-to-end table."""
+                rows=ROWS, e2e=True, e2e_overrides=None, e2e_prompt=512, e2e_runs=None):
+    """Yields a GEMM table per available format (formats ("none",): none), then the end-to-end table (its
+    `e2e_runs` only, when given)."""
     unknown = set(formats) - set(FORMATS) - {"none"}
     if unknown:
         raise ValueError(f"unknown quant formats {sorted(unknown)} (from {tuple(FORMATS)}, or none)")
@@ -339,4 +358,4 @@ def quant_suite(device="cuda", dtype=torch.bfloat16, models=tuple(SHAPES), forma
         yield gemm_table(fmt, device, dtype, models, rows)
     if e2e:
         yield e2e_table(device, dtype, prompt=e2e_prompt, model_overrides=e2e_overrides,
-                        formats=tuple(f for f in formats if f in E2E_CONFIGS) or tuple(E2E_CONFIGS))
+                        formats=tuple(f for f in formats if f in E2E_CONFIGS) or tuple(E2E_CONFIGS), runs=e2e_runs)
