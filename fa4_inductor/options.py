@@ -59,6 +59,13 @@ class Options:
     docs/benchmarks.md session 8; Llama-1B-shaped decode at a 4k cache 2.0 vs 4.6 ms/token); larger or symbolic
     row counts keep default compile's dequantize-then-matmul, which measured faster than the op's other routes."""
 
+    inductor_gemvs: bool = True
+    """With `coordinate_descent_tuning` on (torchao's `quantize_` and gpt-fast turn it on), Inductor decomposes one-row
+    matmuls into a multiply and a sum before our stage and emits a fused dequantize-GEMV kernel; the quantized
+    families see the matmul again (lowering/gemv.py). On, such a linear stays with Inductor's GEMV where that measured
+    faster than the op for its weight's shape on the H200 (`int8_linear.gemv_reason`, `nvfp4_linear.gemv_reason`);
+    off, every one goes to the op (what `docs/scripts/one_row_gemv.py` measures)."""
+
     nvfp4_activations: bool = False
     """With `nvfp4_linear`: on Blackwell GPUs (sm100 / sm120) quantize each NVFP4 linear's activations to NVFP4 too
     (an e4m3 scale per 16 inputs, a per-row scale from the row's amax, computed on the device at every call) and

@@ -31,7 +31,9 @@ else:
     from .attention import unsupported_reason as attention_unsupported_reason
     from .attention_int8kv import unsupported_reason as attention_int8kv_unsupported_reason
     from .int8_int8_linear import unsupported_reason as int8_int8_linear_unsupported_reason
+    from .int8_linear import gemv_reason as int8_linear_gemv_reason
     from .int8_linear import unsupported_reason as int8_linear_unsupported_reason
+    from .nvfp4_linear import gemv_reason as nvfp4_linear_gemv_reason
     from .nvfp4_linear import rows_reason as nvfp4_linear_rows_reason
     from .nvfp4_linear import unsupported_reason as nvfp4_linear_unsupported_reason
 
@@ -48,4 +50,4 @@ else:
     __all__ = ["ATTENTION", "ATTENTION_FORWARD", "ATTENTION_INT8KV", "INT8_INT8_LINEAR", "INT8_LINEAR", "NVFP4_LINEAR",
                "attention", "attention_int8kv", "attention_int8kv_unsupported_reason", "attention_unsupported_reason",
                "crossover", "int8_int8_linear", "int8_int8_linear_unsupported_reason", "int8_linear",
-               "int8_linear_unsupported_reason", "nvfp4_linear", "nvfp4_linear_rows_reason", "nvfp4_linear_unsupported_reason", "quack_w4a16"]
+               "int8_linear_gemv_reason", "int8_linear_unsupported_reason", "nvfp4_linear", "nvfp4_linear_gemv_reason", "nvfp4_linear_rows_reason", "nvfp4_linear_unsupported_reason", "quack_w4a16"]

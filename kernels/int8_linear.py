@@ -168,6 +168,20 @@ PDL, bf16 scales read as they are (docs/benchmarks.md, session 11 run 1), ours a
 9.5 / 8.5 (8); 14336 x 4096 21.7 / 19.5 (1)."""
 
 
+INDUCTOR_GEMV_FASTER: frozenset = frozenset()
+"""[N, K] int8 weights whose one-row linear Inductor's fused dequantize GEMV (coordinate descent tuning) ran faster
+than the op on the H200 (docs/scripts/one_row_gemv.py; not measured yet: none)."""
+
+
+def gemv_reason(device_type: str, n: int, k: int) -> str | None:
+    """Why lowering leaves a one-row linear over an [n, k] int8 weight, which Inductor has decomposed for its GEMV
+    (lowering/gemv.py), to that GEMV, or None."""
+    if device_type == "cuda" and (n, k) in INDUCTOR_GEMV_FASTER:
+        return (f"one row over a [{n}, {k}] weight: Inductor's fused dequantize GEMV measured faster than the op "
+                "(int8_linear.INDUCTOR_GEMV_FASTER)")
+    return None
+
+
 def w4a16_int8_shape_reason(m: int, n: int, k: int) -> str | None:
     """Why a call of m rows over an [n, k] int8 weight does not go to our W4A16 GEMM on account of its size."""
     if m > W4A16_MAX_ROWS:

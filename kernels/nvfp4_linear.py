@@ -116,6 +116,20 @@ def rows_reason(x: Tensor, quantize_activations: bool = False) -> str | None:
     return None
 
 
+INDUCTOR_GEMV_FASTER: frozenset = frozenset()
+"""[N, K] NVFP4 weights whose one-row linear Inductor's fused decode GEMV (coordinate descent tuning) ran faster than
+the op on the H200 (docs/scripts/one_row_gemv.py; not measured yet: none)."""
+
+
+def gemv_reason(device_type: str, n: int, k: int) -> str | None:
+    """Why lowering leaves a one-row linear over an [n, k] NVFP4 weight, which Inductor has decomposed for its GEMV
+    (lowering/gemv.py), to that GEMV, or None."""
+    if device_type == "cuda" and (n, k) in INDUCTOR_GEMV_FASTER:
+        return (f"one row over a [{n}, {k}] weight: Inductor's fused decode GEMV measured faster than the op "
+                "(nvfp4_linear.INDUCTOR_GEMV_FASTER)")
+    return None
+
+
 def _check_inputs(x: Tensor, w_fp4: Tensor, w_block_scale: Tensor, w_global_scale: Tensor,
                   bias: Optional[Tensor], scale_layout: str = "rowmajor") -> None:
     if w_fp4.dtype != torch.uint8 or w_fp4.dim() != 2:

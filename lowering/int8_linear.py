@@ -42,8 +42,9 @@ from __future__ import annotations
 import torch
 from torch.fx import Node
 
-from ..kernels import INT8_LINEAR, int8_linear_unsupported_reason
+from ..kernels import INT8_LINEAR, int8_linear_gemv_reason, int8_linear_unsupported_reason
 from ..kernels.layout import dtype_name as _name
+from . import gemv
 from .family import POST_GRAD, Context, Family
 from .graph_edit import NodeMaker, decline_other_readers, erase_dead
 from .records import Decline
@@ -53,7 +54,6 @@ from .spellings import is_transpose_2d as _is_transpose, same_size, shape, singl
 aten, prims = torch.ops.aten, torch.ops.prims
 CONVERT = prims.convert_element_type.default
 RESHAPES = (aten.reshape.default, aten.view.default)
-MATMULS = (aten.mm.default, aten.addmm.default)
 FLOATS = (torch.float16, torch.bfloat16, torch.float32)
 WEIGHT_STEPS = (CONVERT, *RESHAPES, aten.mul.Tensor, aten.unsqueeze.default, aten.expand.default, aten.clone.default)
 
@@ -61,7 +61,9 @@ WEIGHT_STEPS = (CONVERT, *RESHAPES, aten.mul.Tensor, aten.unsqueeze.default, ate
 def _transposed_weight(matmul: Node) -> Node | None:
     """W of `x @ W^T`: the matmul's right operand is a permute([1, 0]) of it, or (torchao's Int8Tensor) a
     cast of the int8 weight's permute, the cast being elementwise."""
-    operand = matmul.args[1] if matmul.target is aten.mm.default else matmul.args[2]
+    operand = gemv.right_operand(matmul)
+    if operand is None:
+        return None
     if _is_transpose(operand):
         return operand.args[0]
     if _is(operand, CONVERT) and _is_transpose(operand.args[0]):
@@ -78,9 +80,8 @@ def _reaches_int8(node, depth: int = 8) -> bool:
 
 
 def is_candidate(node: Node) -> bool:
-    """A matmul `x @ W^T` whose W is computed from an int8 tensor."""
-    if not _is(node, *MATMULS):
-        return False
+    """A matmul `x @ W^T` (or Inductor's decomposed one-row matmul, `gemv.py`) whose W is computed from an int8
+    tensor."""
     weight = _transposed_weight(node)
     return weight is not None and _reaches_int8(weight)
 
@@ -249,10 +250,13 @@ def _scale_argument(scale: Node, wanted: tuple, make: NodeMaker) -> Node:
     return make(aten.reshape.default, scale, list(wanted))
 
 
-def rewrite(matmul: Node, context: Context) -> str:
-    m = match(matmul)
-    _check_supported(m)
-    _check_sole_users(m)
+def rewrite(node: Node, context: Context) -> str:
+    with gemv.as_matmul(node, context) as matmul:
+        m = match(matmul)
+        _check_supported(m)
+        _check_sole_users(m)
+        if matmul is not node and getattr(context.options, "inductor_gemvs", True):
+            gemv.keep_if(int8_linear_gemv_reason(value(m.x).device.type, *m.n_k))
     graph = context.gm.graph
     with graph.inserting_before(m.end):
         make = NodeMaker(graph, m.end, context.fake_mode)

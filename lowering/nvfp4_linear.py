@@ -47,9 +47,11 @@ from torch.fx import Node
 from torch.fx.node import map_arg
 from torch.utils import _pytree as pytree
 
-from ..kernels import NVFP4_LINEAR, nvfp4_linear_rows_reason, nvfp4_linear_unsupported_reason
+from ..kernels import NVFP4_LINEAR, nvfp4_linear_gemv_reason, nvfp4_linear_rows_reason
+from ..kernels import nvfp4_linear_unsupported_reason
 from ..kernels.layout import dtype_name as _name
 from ..kernels.nvfp4_linear import BLOCK, E2M1_VALUES, blocked_index, blocked_numel
+from . import gemv
 from .family import POST_GRAD, Context, Family
 from .graph_edit import NodeMaker, decline_other_readers, erase_dead
 from .records import Decline
@@ -59,7 +61,6 @@ from .spellings import is_transpose_2d as _is_transpose, shape, value
 aten, prims = torch.ops.aten, torch.ops.prims
 CONVERT = prims.convert_element_type.default
 RESHAPES = (aten.reshape.default, aten.view.default, aten.unsqueeze.default, aten.squeeze.dim)
-MATMULS = (aten.mm.default, aten.addmm.default)
 E4M3 = torch.float8_e4m3fn
 # Ops a decode may use besides those tagged pointwise, each elementwise on the codes as `_region` admits them.
 MASKED_WRITE, BITCAST, TABLE_LOOKUP = aten.index_put.default, aten.view.dtype, aten.index.Tensor
@@ -70,9 +71,10 @@ LAYOUT_OPS = (aten.view.default, aten.reshape.default, aten._unsafe_view.default
 
 
 def _weight_of(matmul: Node) -> Node | None:
-    """W of `x @ W^T`: the matmul's right operand is a permute([1, 0]) of it."""
-    operand = matmul.args[1] if matmul.target is aten.mm.default else matmul.args[2]
-    return operand.args[0] if _is_transpose(operand) else None
+    """W of `x @ W^T` (or of Inductor's decomposed one-row matmul, `gemv.py`): the matmul's right operand is a
+    permute([1, 0]) of it."""
+    operand = gemv.right_operand(matmul)
+    return operand.args[0] if operand is not None and _is_transpose(operand) else None
 
 
 def _peel(node: Node, targets) -> tuple[Node, list[Node]]:
@@ -106,8 +108,6 @@ def _product(matmul: Node) -> Node | None:
 
 def is_candidate(node: Node) -> bool:
     """A matmul `x @ W^T` whose W is a product computed from e4m3 scales and uint8 codes."""
-    if not _is(node, *MATMULS):
-        return False
     product = _product(node)
     return product is not None and _reaches(product, E4M3, 6) and _reaches(product, torch.uint8, 12)
 
@@ -369,11 +369,15 @@ def _check_supported(m: Match, w4a4: bool) -> None:
         raise Decline(f"the bias is {_describe(m.bias)}, not [{n}] {_name(x.dtype)}")
 
 
-def rewrite(matmul: Node, context: Context) -> str:
-    m = match(matmul)
-    w4a4 = getattr(context.options, "nvfp4_activations", False)
-    _check_supported(m, w4a4)
-    _check_sole_users(m)
+def rewrite(node: Node, context: Context) -> str:
+    with gemv.as_matmul(node, context) as matmul:
+        m = match(matmul)
+        w4a4 = getattr(context.options, "nvfp4_activations", False)
+        _check_supported(m, w4a4)
+        _check_sole_users(m)
+        if matmul is not node and getattr(context.options, "inductor_gemvs", True):
+            n, half_k = shape(m.w_fp4)
+            gemv.keep_if(nvfp4_linear_gemv_reason(value(m.x).device.type, n, 2 * half_k))
     graph = context.gm.graph
     with graph.inserting_before(matmul):
         make = NodeMaker(graph, matmul, context.fake_mode)

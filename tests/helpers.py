@@ -184,3 +184,20 @@ class PostGradCompiled:
     @property
     def details(self) -> list[tuple[bool, str]]:
         return [(r.rewritten, r.detail) for r in self.records]
+
+
+def one_row_matmuls_decomposed():
+    """Inductor's decomposition of a one-row `mm` into a multiply and a sum in float32, which it applies on CUDA
+    when `coordinate_descent_tuning` is on (torchao's `quantize_` turns it on), applied on the CPU too: the
+    decomposition's own wrapper (`pw_cast_for_opmath`) around its own expression (lowering/gemv.py)."""
+    from torch._inductor import decomposition
+
+    @decomposition.pw_cast_for_opmath
+    def one_row_mm(x, w, out_dtype=None):
+        if out_dtype is None and x.shape[0] == 1:
+            return (x.unsqueeze(2) * w.unsqueeze(0)).sum(dim=1)
+        return NotImplemented
+
+    # Inductor reads a table merged once per process (`fast_random_decomps`, cached): patch that one.
+    table = {**decomposition.fast_random_decomps(), torch.ops.aten.mm.default: one_row_mm}
+    return mock.patch.object(decomposition, "fast_random_decomps", lambda: table)

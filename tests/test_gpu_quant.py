@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 import fa4_inductor
 import upstream
-from fa4_inductor import report
+from fa4_inductor import nvfp4, report
 from fa4_inductor.kernels import int8_linear as int8_linear_op
 from fa4_inductor.kernels import prepared_weights, quack_w4a16
 from gpu_helpers import capture
@@ -292,10 +292,19 @@ def test_torchao_int8_dynamic_compiled_where_default_compile_fails(m):
 # -------------------------------------------------------------------------------- the family, compiled
 
 
-# ONE_ROW: on CUDA, Inductor may decompose a one-row mm (M = 1) into a multiply and a sum before the post-grad
-# stage (seen without cudagraphs, not under reduce-overhead, torch 2.11): then no matmul is left to rewrite, and
-# default compile's fused dequantize GEMV is the faster kernel there (docs/benchmarks.md, session 7: 3.1 against
-# quack's 5.9 us on 2048 x 2048). Either way the output is checked.
+# ONE_ROW: with `coordinate_descent_tuning` on (torchao's `quantize_` turns it on for the process, so any test after
+# one of torchao's in this process), Inductor decomposes a one-row mm (M = 1) into a multiply and a sum before our
+# stage; the family sees the matmul again (lowering/gemv.py) and rewrites it, or leaves it to Inductor's GEMV where
+# `gemv_reason` says that measured faster. Either way the output is checked.
+
+
+def one_row_records(records, n, k, gemv_reason):
+    """True if records are what a one-row linear over an [n, k] weight gets: rewritten, or kept with the reason."""
+    reason = gemv_reason("cuda", n, k)
+    decomposed = torch._inductor.config.coordinate_descent_tuning
+    if decomposed and reason is not None:
+        return [(r.rewritten, r.detail) for r in records] == [(False, reason)]
+    return [r.rewritten for r in records] == [True]
 
 
 def compiled_with(model, x, mode):
@@ -314,7 +323,8 @@ def test_gpt_fast_int8_linear_compiled(m, mode):
     linear = upstream.WeightOnlyInt8Linear.from_linear(nn.Linear(2048, 512), torch.bfloat16).cuda()
     x = torch.randn(m, 2048, dtype=torch.bfloat16, device="cuda")
     out, records = compiled_with(linear, x, mode)
-    assert [r.rewritten for r in records] in (([], [True]) if m == 1 else ([True],)), records  # see ONE_ROW
+    assert one_row_records(records, 512, 2048, int8_linear_op.gemv_reason) if m == 1 else \
+        [r.rewritten for r in records] == [True], records  # see ONE_ROW
     assert_within_pytorch_error("gpt-fast", out, int8_reference(x, linear.weight, linear.scales), linear(x))
 
 
@@ -328,12 +338,49 @@ def test_torchao_int8_weight_only_compiled(m):
     quantize_(model, Int8WeightOnlyConfig())
     x = torch.randn(m, 2048, dtype=torch.bfloat16, device="cuda")
     out, records = compiled_with(model, x, "reduce-overhead")
-    assert [r.rewritten for r in records] in (([], [True]) if m == 1 else ([True],)), (torchao.__version__, records)
+    assert one_row_records(records, 512, 2048, int8_linear_op.gemv_reason) if m == 1 else \
+        [r.rewritten for r in records] == [True], (torchao.__version__, records)  # see ONE_ROW
     with torch.no_grad():
         expected = model(x)
     w = model[0].weight
     reference = int8_reference(x, w.qdata, w.scale.reshape(-1), model[0].bias)
     assert_within_pytorch_error("torchao int8 weight-only", out, reference, expected)
+
+
+def one_row_linear(fmt, n, k):
+    torch.manual_seed(0)
+    linear = nn.Linear(k, n, bias=False, dtype=torch.bfloat16, device="cuda")
+    if fmt == "int8":
+        return upstream.WeightOnlyInt8Linear.from_linear(linear, torch.bfloat16).cuda()
+    model = nn.Sequential(linear).requires_grad_(False)
+    nvfp4.quantize(model)
+    return model
+
+
+def one_row_reference(fmt, module, x):
+    if fmt == "int8":
+        return int8_reference(x, module.weight, module.scales)
+    layer = module[0]
+    w = nvfp4_dequantized(layer.weight_packed, layer.weight_scale, layer.weight_decode_scale)
+    return x.double() @ w.T
+
+
+@pytest.mark.parametrize("mode", [None, "reduce-overhead"], ids=["default", "reduce-overhead"])
+@pytest.mark.parametrize("fmt, n, k", [("int8", 512, 2048), ("int8", 2048, 8192), ("nvfp4", 2048, 2048),
+                                       ("nvfp4", 8192, 2048)], ids=str)
+def test_one_row_linears_inductor_decomposed_run_the_op(fmt, n, k, mode):
+    """`coordinate_descent_tuning` on: Inductor's one-row mm is a multiply and a sum before our stage; with
+    `inductor_gemvs=False` every one runs the op (our W4A16 GEMM), within the FA rule of the float64 reference."""
+    module = one_row_linear(fmt, n, k)
+    x = torch.randn(1, 1, k, dtype=torch.bfloat16, device="cuda")
+    torch._dynamo.reset()
+    with torch._inductor.config.patch(coordinate_descent_tuning=True), torch.no_grad(), \
+            report.collecting() as records:
+        fn = torch.compile(module, backend=fa4_inductor.backend(inductor_gemvs=False), mode=mode)
+        out = [fn(x) for _ in range(3)][-1]
+        expected = module(x)
+    assert [(r.family, r.rewritten) for r in records] == [(f"{fmt}_linear", True)], list(records)
+    assert_within_pytorch_error(f"one-row {fmt}", out, one_row_reference(fmt, module, x), expected)
 
 
 def test_a_weight_first_met_during_capture_is_refused():

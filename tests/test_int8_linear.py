@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 import fa4_inductor
 import upstream
-from helpers import PostGradCompiled
+from helpers import PostGradCompiled, one_row_matmuls_decomposed
 from fa4_inductor.kernels import INT8_LINEAR, int8_linear_unsupported_reason
 
 pytestmark = pytest.mark.usefixtures("without_fx_graph_cache")  # conftest.py: a cache hit skips the passes
@@ -186,6 +186,12 @@ view: bf16[6, 64] = aten.reshape(arg1_1, (6, 64))
 int8_linear_default: bf16[6, 48] = fa4.int8_linear(view, arg0_1, arg2_1, None, scale_after_matmul=True)
 reshape_default: bf16[2, 3, 48] = aten.reshape(int8_linear_default, (2, 3, 48))""")
 
+    def test_gpt_fast_one_row_decomposed_by_inductor(self):
+        with one_row_matmuls_decomposed():
+            compiled = compile_with_int8(gpt_fast_linear(torch.bfloat16), torch.randn(1, K, dtype=torch.bfloat16))
+        self.assertExpectedInline("\n".join(compiled.graphs), """\
+int8_linear_default: bf16[1, 48] = fa4.int8_linear(arg1_1, arg0_1, arg2_1, None, scale_after_matmul=True)""")
+
     def test_per_group_with_bias(self):
         dequantize, _ = SPELLINGS["per-group view, cast, view back"]
         linear = DequantizedLinear(dequantize, torch.bfloat16, group_size=GROUP, bias=True)
@@ -205,7 +211,7 @@ def test_training_keeps_the_dequantized_weight_the_backward_reads():
     assert compiled.details == [(False, "the dequantized weight (permute) is also read by permute_1, a graph output "
                                         "(a training forward saves it for the backward)")]
     expected = linear(x)
-    torch.testing.assert_close(compiled.out, expected)
+    torch.testing.assert_close(compiled.out, expected, atol=1e-2 * expected.abs().max().item(), rtol=1e-2)  # bf16 mm
     torch.testing.assert_close(torch.autograd.grad(compiled.out.sum(), x), torch.autograd.grad(expected.sum(), x))
 
 
@@ -262,6 +268,82 @@ def test_torchao_int8_weight_only_config(x_shape, bias):
     assert [r.detail for r in compiled.records] == [
         f"fa4.int8_linear(x[{'x'.join(map(str, (math.prod(x_shape[:-1]), K)))}] bfloat16, w[{N}x{K}] int8, "
         f"scale[{N}] bfloat16, scale_after_matmul=True)"]
+
+
+def torchao_int8_model(bias: bool):
+    from torchao.quantization import Int8WeightOnlyConfig, quantize_
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(K, N, bias=bias)).to(torch.bfloat16).requires_grad_(False)
+    quantize_(model, Int8WeightOnlyConfig(set_inductor_config=False))  # leaves Inductor's config as it is
+    return model
+
+
+@pytest.mark.parametrize("source", ["torchao", "gpt-fast", "dequantize in float32"])
+def test_one_row_matmuls_inductor_decomposed_are_rewritten(source):
+    """With `coordinate_descent_tuning` (torchao turns it on) Inductor has made a one-row matmul a multiply and a
+    sum in float32 before our stage; the family sees the matmul again (lowering/gemv.py): same arithmetic."""
+    if source == "torchao":
+        pytest.importorskip("torchao")
+        linear, scale_dtype, after = torchao_int8_model(bias=True), "bfloat16", ", scale_after_matmul=True"
+    elif source == "gpt-fast":
+        linear, scale_dtype, after = gpt_fast_linear(torch.bfloat16), "bfloat16", ", scale_after_matmul=True"
+    else:
+        linear = DequantizedLinear(SPELLINGS["per-channel in float32"][0], torch.bfloat16, torch.float32)
+        scale_dtype, after = "float32", ""
+    x = torch.randn(1, 1, K, dtype=torch.bfloat16)
+    with one_row_matmuls_decomposed(), torch.no_grad():
+        compiled = compile_with_int8(linear, x)
+        decomposed_only = PostGradCompiled(linear, x, backend=fa4_inductor.backend(int8_linear=False))
+        expected = linear(x)
+    assert "aten.sum(" in decomposed_only.graphs[0] and "aten.mm(" not in decomposed_only.graphs[0]
+    assert OP_CALL in compiled.code and "aten.sum(" not in compiled.graphs[0]
+    assert compiled.details == [(True, f"fa4.int8_linear(x[1x{K}] bfloat16, w[{N}x{K}] int8, scale[{N}] "
+                                       f"{scale_dtype}{after})")]
+    reference = linear[0] if source == "torchao" else linear
+    w = reference.weight
+    dequantized = w.dequantize().double() if source == "torchao" else None
+    if dequantized is not None:  # against float64: within a bf16 rounding of the output
+        out64 = x.double() @ dequantized.T + reference.bias.double()
+        torch.testing.assert_close(compiled.out.double(), out64, atol=1e-2 * out64.abs().max().item(), rtol=1e-2)
+    torch.testing.assert_close(compiled.out, expected, atol=0, rtol=0)  # a matmul's roundings, as eager's
+
+
+def test_a_declined_one_row_matmul_keeps_inductor_decomposition():
+    """Declined (a float32 scale after a bf16 matmul would promote the output): the multiply and sum are put
+    back as they were, the graph computes what it did."""
+    linear = upstream.WeightOnlyInt8Linear.from_linear(nn.Linear(K, N), torch.bfloat16)
+    linear.scales = linear.scales.float()
+    x = torch.randn(1, K, dtype=torch.bfloat16)
+    with one_row_matmuls_decomposed(), torch.no_grad():
+        compiled = compile_with_int8(linear, x)
+        plain = PostGradCompiled(linear, x, backend=fa4_inductor.backend(int8_linear=False))
+        expected = linear(x)
+    assert compiled.details == [(False, "a scale applied after the matmul must have x's dtype bfloat16, not float32 "
+                                        "(it would promote the output)")]
+    ops = lambda graph: sorted(line.split(" = ", 1)[1].split("(")[0] for line in graph.splitlines())  # noqa: E731
+    assert ops(compiled.graphs[0]) == ops(plain.graphs[0]) and "aten.sum(" in compiled.graphs[0]
+    torch.testing.assert_close(compiled.out, plain.out, atol=0, rtol=0)  # Inductor's code for it, as without us
+    torch.testing.assert_close(compiled.out, expected, atol=1e-2 * expected.abs().max().item(), rtol=1e-2)  # bf16 mm
+
+
+@pytest.mark.parametrize("inductor_gemvs", [True, False])
+def test_one_row_matmul_left_to_inductor_gemv_where_it_measured_faster(monkeypatch, inductor_gemvs):
+    """Where `gemv_reason` says Inductor's fused GEMV is faster for the weight's shape (a CUDA rule: forced here), the
+    decomposition stays with that reason; `inductor_gemvs=False` sends it to the op all the same."""
+    from fa4_inductor.lowering import int8_linear as family
+
+    monkeypatch.setattr(family, "int8_linear_gemv_reason", lambda device, n, k: f"GEMV faster for [{n}, {k}]")
+    linear = gpt_fast_linear(torch.bfloat16)
+    x = torch.randn(1, K, dtype=torch.bfloat16)
+    with one_row_matmuls_decomposed(), torch.no_grad():
+        compiled = compile_with_int8(linear, x, backend=fa4_inductor.backend(inductor_gemvs=inductor_gemvs))
+        expected = linear(x)
+    if inductor_gemvs:
+        assert compiled.details == [(False, f"GEMV faster for [{N}, {K}]")] and "aten.sum(" in compiled.graphs[0]
+    else:
+        assert [rewritten for rewritten, _ in compiled.details] == [True] and OP_CALL in compiled.code
+    torch.testing.assert_close(compiled.out, expected, atol=1e-2 * expected.abs().max().item(), rtol=1e-2)
 
 
 def test_explain_reports_the_post_grad_family():

@@ -1,0 +1,136 @@
+"""One-row matmuls that Inductor has already decomposed, seen again as the matmuls they are.
+
+With `coordinate_descent_tuning` on (torchao's `quantize_` turns it on for the whole process, through its
+configs' `set_inductor_config`), Inductor decomposes `mm(x, W)` whose x has one row known when compiling,
+on CUDA, into a multiply and a sum before the post-grad stage, in float32 for half-precision operands:
+
+    convert(x [1, K], f32) -> unsqueeze(., 2) ----.
+                                                    mul -> sum(., [1]) [-> convert(., x.dtype)]   [1, N]
+    convert(W [K, N], f32) -> unsqueeze(., 0) ----'
+
+(no converts for float32 operands). That is the matmul's arithmetic: products summed in float32, rounded
+once to x's dtype. The quantized-linear families take `W` of `right_operand(node)` for their candidate test,
+and rewrite under `as_matmul(node, context)`, which puts `mm(x, W)` in the decomposition's place while they
+match, and puts the decomposition back if they decline (a declined linear keeps Inductor's code).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import NamedTuple
+
+import torch
+from torch.fx import Node
+
+from .graph_edit import NodeMaker, erased
+from .records import Decline
+from .spellings import dtype_of, is_call, shape
+
+aten, prims = torch.ops.aten, torch.ops.prims
+CONVERT = prims.convert_element_type.default
+MATMULS = (aten.mm.default, aten.addmm.default)
+HALF = (torch.float16, torch.bfloat16)
+
+
+class Gemv(NamedTuple):
+    x: Node  # [1, K]
+    w: Node  # [K, N]
+    nodes: list  # the decomposition, from its first node to its last (x and W excluded)
+
+
+def _from_float32(node: Node, nodes: list) -> Node:
+    """The half-precision tensor `node` widens to float32, or `node` itself. The widening joins `nodes` unless
+    something else reads it too (the one-row matmuls of q, k and v share x's)."""
+    if is_call(node, CONVERT) and node.args[1] == torch.float32 and dtype_of(node.args[0]) in HALF:
+        if len(node.users) == 1:
+            nodes.append(node)
+        return node.args[0]
+    return node
+
+
+def decomposed(end: Node) -> Gemv | None:
+    """The decomposed one-row matmul ending at `end`, or None."""
+    nodes = [end]
+    total = end.args[0] if is_call(end, CONVERT) else end
+    if total is not end:
+        nodes.append(total)
+    if not is_call(total, aten.sum.dim_IntList) or list(total.args[1]) != [1] or total.kwargs.get("keepdim") \
+            or (len(total.args) > 2 and total.args[2]):
+        return None
+    product = total.args[0]
+    if not is_call(product, aten.mul.Tensor) or len(product.users) != 1:
+        return None
+    a, b = product.args
+    if not (is_call(a, aten.unsqueeze.default) and is_call(b, aten.unsqueeze.default)):
+        return None
+    if a.args[1] == 0 and b.args[1] == 2:
+        a, b = b, a
+    if a.args[1] != 2 or b.args[1] != 0:
+        return None
+    nodes += [product, a, b]
+    x, w = _from_float32(a.args[0], nodes), _from_float32(b.args[0], nodes)
+    if len(shape(x)) != 2 or shape(x)[0] != 1 or len(shape(w)) != 2 or dtype_of(x) != dtype_of(w):
+        return None
+    widened = dtype_of(x) in HALF
+    if widened != (total is not end) or (widened and end.args[1] != dtype_of(x)) \
+            or widened != (a.args[0] is not x) or widened != (b.args[0] is not w):
+        return None
+    if dtype_of(total) != torch.float32 or any(len(n.users) != 1 for n in nodes[1:]):
+        return None
+    return Gemv(x, w, nodes[::-1])
+
+
+def right_operand(node: Node) -> Node | None:
+    """W of a matmul `x @ W` ending at `node`: mm's or addmm's right operand, or a decomposed one-row mm's."""
+    if is_call(node, aten.mm.default):
+        return node.args[1]
+    if is_call(node, aten.addmm.default):
+        return node.args[2]
+    gemv = decomposed(node) if is_call(node, CONVERT, aten.sum.dim_IntList) else None
+    return gemv.w if gemv is not None else None
+
+
+def keep_if(reason: str | None) -> None:
+    """Inside `as_matmul`: a family's crossover says Inductor's own GEMV is faster for this one (`reason`): decline,
+    which puts the decomposition back."""
+    if reason is not None:
+        raise Decline(reason)
+
+
+@contextlib.contextmanager
+def as_matmul(node: Node, context):
+    """Yields the matmul ending at `node`: `node` itself when it is one, else an `mm(x, W)` put in place of the
+    decomposition `node` ends (which is erased); if the body raises `Decline`, the decomposition is rebuilt
+    in the mm's place (when the mm is still there) and the exception goes on."""
+    if is_call(node, *MATMULS):
+        yield node
+        return
+    gemv = decomposed(node)
+    if gemv is None:
+        raise Decline(f"{node.name} is not a matmul")
+    graph = context.gm.graph
+    recipe = [(n.target, n.args, dict(n.kwargs)) for n in gemv.nodes]
+    old = list(gemv.nodes)
+    with graph.inserting_before(node):
+        mm = NodeMaker(graph, node, context.fake_mode)(aten.mm.default, gemv.x, gemv.w)
+    node.replace_all_uses_with(mm)
+    for n in reversed(old):
+        graph.erase_node(n)
+    try:
+        yield mm
+    except Decline:
+        if not erased(mm):
+            _rebuild(graph, mm, recipe, old, context)
+        raise
+
+
+def _rebuild(graph, mm: Node, recipe, old: list, context) -> None:
+    """The decomposition, from `recipe` (target, args, kwargs per node of `old`), in `mm`'s place."""
+    new: dict = {}
+    with graph.inserting_before(mm):
+        make = NodeMaker(graph, mm, context.fake_mode)
+        for node, (target, args, kwargs) in zip(old, recipe):
+            args, kwargs = torch.fx.node.map_arg((args, kwargs), lambda n: new.get(n, n))
+            new[node] = make(target, *args, **kwargs)
+    mm.replace_all_uses_with(new[old[-1]])
+    graph.erase_node(mm)
