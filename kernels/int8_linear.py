@@ -168,9 +168,12 @@ PDL, bf16 scales read as they are (docs/benchmarks.md, session 11 run 1), ours a
 9.5 / 8.5 (8); 14336 x 4096 21.7 / 19.5 (1)."""
 
 
-INDUCTOR_GEMV_FASTER: frozenset = frozenset()
+INDUCTOR_GEMV_FASTER: frozenset = frozenset({(8192, 2048), (4096, 4096), (1024, 4096)})
 """[N, K] int8 weights whose one-row linear Inductor's fused dequantize GEMV (coordinate descent tuning) ran faster
-than the op on the H200 (docs/scripts/one_row_gemv.py; not measured yet: none)."""
+than the op on the H200 (docs/scripts/one_row_gemv.py, docs/benchmarks.md session 12 run 1; us per linear, weights
+from HBM, Inductor / ours): 8192 x 2048 5.46 / 8.11, 4096 x 4096 5.40 / 6.10, 1024 x 4096 2.80 / 6.61. The op was
+faster on 2048 x 2048 (3.34 / 3.21), 512 x 2048 (2.60 / 2.21), 2048 x 8192 (9.68 / 7.44), 14336 x 4096 (19.3 /
+18.0), 4096 x 14336 (22.7 / 16.3) and 8192 x 8192 (23.2 / 19.4); shapes not measured go to the op."""
 
 
 def gemv_reason(device_type: str, n: int, k: int) -> str | None:

@@ -118,7 +118,9 @@ def rows_reason(x: Tensor, quantize_activations: bool = False) -> str | None:
 
 INDUCTOR_GEMV_FASTER: frozenset = frozenset()
 """[N, K] NVFP4 weights whose one-row linear Inductor's fused decode GEMV (coordinate descent tuning) ran faster than
-the op on the H200 (docs/scripts/one_row_gemv.py; not measured yet: none)."""
+the op on the H200 (docs/scripts/one_row_gemv.py, docs/benchmarks.md session 12 run 1): none; us per linear,
+Inductor / ours: 2048 x 2048 13.1 / 2.78, 512 x 2048 4.95 / 2.25 (Inductor's decode of the codes costs more than
+its bytes save: slower than bf16 cuBLAS, 6.0 us, on 2048 x 2048)."""
 
 
 def gemv_reason(device_type: str, n: int, k: int) -> str | None:

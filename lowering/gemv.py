@@ -8,7 +8,8 @@ on CUDA, into a multiply and a sum before the post-grad stage, in float32 for ha
                                                     mul -> sum(., [1]) [-> convert(., x.dtype)]   [1, N]
     convert(W [K, N], f32) -> unsqueeze(., 0) ----'
 
-(no converts for float32 operands). That is the matmul's arithmetic: products summed in float32, rounded
+(no converts for float32 operands; torch 2.11 folds a model's cast of int8 codes to x's dtype into W's widening,
+`Gemv.w_cast`). That is the matmul's arithmetic: products summed in float32, rounded
 once to x's dtype. The quantized-linear families take `W` of `right_operand(node)` for their candidate test,
 and rewrite under `as_matmul(node, context)`, which puts `mm(x, W)` in the decomposition's place while they
 match, and puts the decomposition back if they decline (a declined linear keeps Inductor's code).
@@ -30,18 +31,27 @@ aten, prims = torch.ops.aten, torch.ops.prims
 CONVERT = prims.convert_element_type.default
 MATMULS = (aten.mm.default, aten.addmm.default)
 HALF = (torch.float16, torch.bfloat16)
+CODES = (torch.int8, torch.uint8)
 
 
 class Gemv(NamedTuple):
     x: Node  # [1, K]
     w: Node  # [K, N]
     nodes: list  # the decomposition, from its first node to its last (x and W excluded)
+    w_cast: torch.dtype | None = None
+    """x's dtype when W is an integer tensor the decomposition widens straight to float32: the matmul reads
+    `convert(w, w_cast)` (torch 2.11 folds the model's cast of int8 codes to x's dtype into the widening; codes
+    of at most 8 bits are exact in half precision, so it is the same arithmetic)."""
 
 
-def _from_float32(node: Node, nodes: list) -> Node:
-    """The half-precision tensor `node` widens to float32, or `node` itself. The widening joins `nodes` unless
-    something else reads it too (the one-row matmuls of q, k and v share x's)."""
-    if is_call(node, CONVERT) and node.args[1] == torch.float32 and dtype_of(node.args[0]) in HALF:
+def _widened(node: Node, sources: tuple) -> bool:
+    return is_call(node, CONVERT) and node.args[1] == torch.float32 and dtype_of(node.args[0]) in sources
+
+
+def _from_float32(node: Node, nodes: list, sources: tuple = HALF) -> Node:
+    """The tensor of a dtype in `sources` that `node` widens to float32, or `node` itself. The widening joins
+    `nodes` unless something else reads it too (the one-row matmuls of q, k and v share x's)."""
+    if _widened(node, sources):
         if len(node.users) == 1:
             nodes.append(node)
         return node.args[0]
@@ -68,8 +78,10 @@ def decomposed(end: Node) -> Gemv | None:
     if a.args[1] != 2 or b.args[1] != 0:
         return None
     nodes += [product, a, b]
-    x, w = _from_float32(a.args[0], nodes), _from_float32(b.args[0], nodes)
-    if len(shape(x)) != 2 or shape(x)[0] != 1 or len(shape(w)) != 2 or dtype_of(x) != dtype_of(w):
+    x = _from_float32(a.args[0], nodes)
+    w_cast = dtype_of(x) if dtype_of(x) in HALF and _widened(b.args[0], CODES) else None
+    w = _from_float32(b.args[0], nodes, CODES if w_cast else HALF)
+    if len(shape(x)) != 2 or shape(x)[0] != 1 or len(shape(w)) != 2 or dtype_of(x) != (w_cast or dtype_of(w)):
         return None
     widened = dtype_of(x) in HALF
     if widened != (total is not end) or (widened and end.args[1] != dtype_of(x)) \
@@ -77,7 +89,7 @@ def decomposed(end: Node) -> Gemv | None:
         return None
     if dtype_of(total) != torch.float32 or any(len(n.users) != 1 for n in nodes[1:]):
         return None
-    return Gemv(x, w, nodes[::-1])
+    return Gemv(x, w, nodes[::-1], w_cast)
 
 
 def right_operand(node: Node) -> Node | None:
@@ -112,7 +124,9 @@ def as_matmul(node: Node, context):
     recipe = [(n.target, n.args, dict(n.kwargs)) for n in gemv.nodes]
     old = list(gemv.nodes)
     with graph.inserting_before(node):
-        mm = NodeMaker(graph, node, context.fake_mode)(aten.mm.default, gemv.x, gemv.w)
+        make = NodeMaker(graph, node, context.fake_mode)
+        w = make(CONVERT, gemv.w, gemv.w_cast) if gemv.w_cast else gemv.w
+        mm = make(aten.mm.default, gemv.x, w)
     node.replace_all_uses_with(mm)
     for n in reversed(old):
         graph.erase_node(n)
@@ -121,6 +135,8 @@ def as_matmul(node: Node, context):
     except Decline:
         if not erased(mm):
             _rebuild(graph, mm, recipe, old, context)
+        if w is not gemv.w and not erased(w) and not w.users:
+            graph.erase_node(w)
         raise
 
 

@@ -309,6 +309,25 @@ def test_one_row_matmuls_inductor_decomposed_are_rewritten(source):
     torch.testing.assert_close(compiled.out, expected, atol=0, rtol=0)  # a matmul's roundings, as eager's
 
 
+def test_one_row_int8_cast_folded_into_the_widening_is_rewritten():
+    """torch 2.11 on CUDA hands our stage torchao's one-row linear with `convert(convert(w.T, bf16), f32)` folded into
+    `convert(w.T, f32)` (seen on the H200, docs/benchmarks.md session 12): written out here as that graph."""
+    w, _ = quantized(torch.bfloat16)
+    scale, bias = torch.rand(N, 1) / 64 + 1e-3, torch.randn(N, dtype=torch.bfloat16)
+
+    def folded(x, w, scale, bias):
+        total = (x.float().unsqueeze(2) * w.t().float().unsqueeze(0)).sum(dim=1)
+        return total.to(x.dtype) * scale.to(x.dtype).reshape(N) + bias
+
+    x = torch.randn(1, K, dtype=torch.bfloat16)
+    compiled = compile_with_int8(folded, x, w, scale, bias)
+    assert compiled.details == [(True, f"fa4.int8_linear(x[1x{K}] bfloat16, w[{N}x{K}] int8, scale[{N}] bfloat16, "
+                                       "scale_after_matmul=True)")]
+    assert "aten.sum(" not in compiled.graphs[0]
+    out64 = x.double() @ (w.double() * scale.double()).T + bias.double()  # within the bf16 roundings of scale and out
+    torch.testing.assert_close(compiled.out.double(), out64, atol=1e-2 * out64.abs().max().item(), rtol=1e-2)
+
+
 def test_a_declined_one_row_matmul_keeps_inductor_decomposition():
     """Declined (a float32 scale after a bf16 matmul would promote the output): the multiply and sum are put
     back as they were, the graph computes what it did."""
