@@ -19,6 +19,7 @@ from fa4_inductor.lowering import READ_BY_VALUE, module_buffers, run_torch_ir_pa
 from fa4_inductor.lowering.post_grad import HOOK as POST_GRAD_HOOK, PostGradPasses
 
 from . import publishing
+from .int8 import is_torchao_int8_weight_only
 from .nvfp4 import is_torchao_nvfp4
 from .options import Options
 
@@ -39,7 +40,7 @@ class Backend:
         self.options = options or Options()
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs, mode: str | None = None, options: dict | None = None):
-        _hint_plain_nvfp4(example_inputs)
+        _hint_plain_weights(example_inputs)
         pristine = _copy(gm) if module_buffers(gm, example_inputs) else None
         records = run_torch_ir_passes(gm, example_inputs, self.options)
         patches = inductor_config_patches(mode, options)
@@ -95,18 +96,27 @@ def _quantized(t) -> bool:
 _HINTED: list[bool] = []
 
 
-def _hint_plain_nvfp4(example_inputs) -> None:
-    """Once a process: say that torchao NVFP4 weights reach the graph as tensor subclasses, which torch.compile
-    guards and unwraps around every call, and how to keep the same weights without that host time."""
+# (what the weights are, how to tell them, the function that keeps them as plain buffers, what it measured)
+_SUBCLASS_WEIGHTS = (
+    ("NVFP4", is_torchao_nvfp4, "fa4_inductor.nvfp4.from_torchao",
+     "H200, Llama-1B-shaped decode: 1.14 against 1.99 ms/token, docs/benchmarks.md"),
+    ("int8", is_torchao_int8_weight_only, "fa4_inductor.int8.from_torchao", "docs/benchmarks.md"),
+)
+
+
+def _hint_plain_weights(example_inputs) -> None:
+    """Once a process: say that torchao weights reach the graph as tensor subclasses, which torch.compile guards and
+    unwraps around every call, and how to keep the same weights without that host time."""
     if _HINTED:
         return
-    count = sum(is_torchao_nvfp4(t) for t in example_inputs)
-    if count:
-        _HINTED.append(True)
-        log.warning("%d torchao NVFP4 weights reach this graph as tensor subclasses, which torch.compile guards and "
-                    "unwraps around every call; `fa4_inductor.nvfp4.from_torchao(model)` before compiling keeps the "
-                    "same weights as plain buffers with the same outputs (H200, Llama-1B-shaped decode: 1.14 against "
-                    "1.99 ms/token, docs/benchmarks.md)", count)
+    for kind, is_kind, remedy, measured in _SUBCLASS_WEIGHTS:
+        count = sum(is_kind(t) for t in example_inputs)
+        if count:
+            _HINTED.append(True)
+            log.warning("%d torchao %s weights reach this graph as tensor subclasses, which torch.compile guards and "
+                        "unwraps around every call; `%s(model)` before compiling keeps the same weights as plain "
+                        "buffers with the same outputs (%s)", count, kind, remedy, measured)
+            return
 
 
 def _copy(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:

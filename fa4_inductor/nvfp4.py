@@ -187,7 +187,7 @@ def quantize(model: nn.Module, filter_fn: Callable[[nn.Linear, str], bool] | Non
     for name, module in list(model.named_modules()):
         if type(module) is nn.Linear and module.in_features % BLOCK == 0 and (filter_fn is None or
                                                                                filter_fn(module, name)):
-            _replace(model, name, NVFP4Linear.from_linear(module))
+            replace_module(model, name, NVFP4Linear.from_linear(module))
             replaced.append(name)
     return replaced
 
@@ -215,13 +215,14 @@ def from_torchao(model: nn.Module) -> list[str]:
         scale = unblocked(w.scale, n, k // BLOCK) if w.is_swizzled_scales else w.scale
         decode = w.per_tensor_scale if w.per_tensor_scale is not None else torch.ones((), device=w.qdata.device)
         bias = module.bias.detach() if module.bias is not None else None
-        _replace(model, name, NVFP4Linear.from_tensors(w.qdata.view(torch.uint8), scale.contiguous(), decode_scale=decode,
+        replace_module(model, name, NVFP4Linear.from_tensors(w.qdata.view(torch.uint8), scale.contiguous(), decode_scale=decode,
                                                        bias=bias))
         replaced.append(name)
     return replaced
 
 
-def _replace(model: nn.Module, name: str, new: nn.Module) -> None:
+def replace_module(model: nn.Module, name: str, new: nn.Module) -> None:
+    """model.<name> = new."""
     parent, _, child = name.rpartition(".")
     setattr(model.get_submodule(parent) if parent else model, child, new)
 
@@ -293,7 +294,7 @@ def load_checkpoint(model: nn.Module, checkpoint: str | Path | Mapping[str, Tens
                              f"the model's linear [{module.out_features}, {module.in_features}]")
         if module.bias is not None and bias is None:
             raise ValueError(f"{name}: the model's linear has a bias, the checkpoint none")
-        _replace(model, name, layer)
+        replace_module(model, name, layer)
     result = model.load_state_dict(tensors, strict=False)
     if hasattr(model, "tie_weights"):
         model.tie_weights()

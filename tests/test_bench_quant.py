@@ -59,22 +59,23 @@ def test_command_line_selection():
 
 def test_e2e_runs_name_every_row_and_refuse_unknown_ones():
     assert quant.e2e_runs(("int8", "nvfp4")) == ["bf16:default", "bf16:ours", "int8:default", "int8:ours",
-                                                 "nvfp4:default", "nvfp4:ours", "nvfp4:plain"]
-    with pytest.raises(ValueError, match=r"unknown end-to-end runs \['int8:plain'\]"):
-        quant.e2e_table("cpu", formats=("int8",), runs=("int8:plain",))
+                                                 "int8:plain", "nvfp4:default", "nvfp4:ours", "nvfp4:plain"]
+    with pytest.raises(ValueError, match=r"unknown end-to-end runs \['nvfp4:plain'\]"):
+        quant.e2e_table("cpu", formats=("int8",), runs=("nvfp4:plain",))
 
 
-@pytest.mark.slow  # two compiles of a tiny decoder on the CPU
+@pytest.mark.slow  # three compiles of a tiny decoder on the CPU
 def test_e2e_table_split_into_runs(capsys):
     """A table of the named runs only (a GPU call each), each result printed as it is measured."""
     pytest.importorskip("torchao")
     tiny_llama = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                       num_key_value_heads=2, vocab_size=128)
     table = quant.e2e_table("cpu", torch.bfloat16, prompt=8, steps=5, model_overrides=tiny_llama, formats=("int8",),
-                            runs=("int8:ours", "bf16:ours"))
-    assert [row[:2] for row in table.rows] == [["bf16", "fa4_inductor"], ["int8", "fa4_inductor"]]
+                            runs=("int8:ours", "bf16:ours", "int8:plain"))
+    assert [row[:2] for row in table.rows] == [["bf16", "fa4_inductor"], ["int8", "fa4_inductor"],
+                                               ["int8", quant.PLAIN_INT8]]
     assert all(isinstance(row[2], float) for row in table.rows), table.rows
-    assert [row[4] for row in table.rows] == ["n/a", "n/a"]  # no bf16 default-compile run to compare with
+    assert [row[4] for row in table.rows] == ["n/a"] * 3  # no bf16 default-compile run to compare with
     err = capsys.readouterr().err
     assert "quant e2e bf16, fa4_inductor: " in err and "quant e2e int8, fa4_inductor: " in err and "ms/token" in err
 

@@ -365,6 +365,66 @@ def test_one_row_matmul_left_to_inductor_gemv_where_it_measured_faster(monkeypat
     torch.testing.assert_close(compiled.out, expected, atol=1e-2 * expected.abs().max().item(), rtol=1e-2)
 
 
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "no-bias"])
+def test_from_torchao_keeps_the_weights_bit_for_bit_as_plain_buffers(bias):
+    """`int8.from_torchao` turns torchao's int8 weight-only linears into `Int8Linear` layers: the same outputs bit for
+    bit (eager, 2-D and 3-D x), no tensor subclass left, dynamic-activation weights left as they are; compiled with
+    the backend, each one runs the op, with the same outputs as torchao's weights under the backend."""
+    pytest.importorskip("torchao")
+    from torchao.quantization import Int8DynamicActivationInt8WeightConfig, Int8WeightOnlyConfig, quantize_
+
+    from fa4_inductor import int8
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(K, N, bias=bias), nn.ReLU(), nn.Linear(N, N)).to(torch.bfloat16)
+    model.requires_grad_(False)
+    quantize_(model, Int8WeightOnlyConfig(set_inductor_config=False), filter_fn=lambda m, fqn: fqn == "0")
+    quantize_(model, Int8DynamicActivationInt8WeightConfig(set_inductor_config=False),
+              filter_fn=lambda m, fqn: fqn == "2")
+    xs = [torch.randn(5, K, dtype=torch.bfloat16), torch.randn(2, 3, K, dtype=torch.bfloat16)]
+    with torch.no_grad():
+        before = [model(x) for x in xs]
+        under_backend = compile_with_int8(model[0], xs[0]).out
+    w = model[0].weight
+    codes, scale = w.qdata.clone(), w.scale.clone()
+    assert int8.from_torchao(model) == ["0"]
+    layer = model[0]
+    assert isinstance(layer, int8.Int8Linear) and type(model[2].weight).__name__ == "Int8Tensor"
+    assert not int8.is_torchao_int8_weight_only(model[2].weight)
+    assert torch.equal(layer.weight, codes) and torch.equal(layer.scale, scale.flatten().to(torch.bfloat16))
+    with torch.no_grad():
+        for x, expected in zip(xs, before):
+            torch.testing.assert_close(model(x), expected, atol=0, rtol=0)
+        compiled = compile_with_int8(layer, xs[0])
+    assert compiled.code.count(OP_CALL) == 1
+    torch.testing.assert_close(compiled.out, under_backend, atol=0, rtol=0)
+    out64 = xs[0].double() @ (codes.double() * scale.double()).T + (layer.bias.double() if bias else 0)
+    torch.testing.assert_close(compiled.out.double(), out64, atol=1e-2 * out64.abs().max().item(), rtol=1e-2)
+
+
+def test_compiling_torchao_int8_weights_hints_at_from_torchao(monkeypatch):
+    """torchao int8 weight-only weights reach the graph as tensor subclasses: the backend names `int8.from_torchao`."""
+    pytest.importorskip("torchao")
+    import importlib
+    import logging
+
+    from test_nvfp4_load import Messages
+
+    backend_module = importlib.import_module("fa4_inductor.backend")
+    monkeypatch.setattr(backend_module, "_HINTED", [])
+    handler, logger = Messages(), logging.getLogger("fa4_inductor")
+    logger.addHandler(handler)
+    try:
+        torch._dynamo.reset()
+        with torch.no_grad():
+            torch.compile(torchao_int8_model(bias=False), backend=fa4_inductor.backend())(torch.randn(2, K, dtype=torch.bfloat16))
+    finally:
+        logger.removeHandler(handler)
+    hints = [m for m in handler.messages if "from_torchao" in m]
+    assert len(hints) == 1 and hints[0].startswith("1 torchao int8 weights reach this graph") and \
+        "`fa4_inductor.int8.from_torchao(model)`" in hints[0], hints
+
+
 def test_explain_reports_the_post_grad_family():
     """`explain` runs no Inductor, but a graph with int8 inputs goes through AOTAutograd so that the POST_GRAD
     families report on it (backend.rewrite_only)."""

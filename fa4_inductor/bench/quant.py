@@ -29,7 +29,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .. import nvfp4
+from .. import int8, nvfp4
 from . import llama_e2e, models
 from .tables import Table, attempt, or_failed, report_failure, speedup
 from .timing import gpu_ms
@@ -273,17 +273,20 @@ def _nvfp4_weight_only_config():
 E2E_CONFIGS = {"int8": _int8_weight_only_config, "nvfp4": _nvfp4_weight_only_config}
 
 
-PLAIN_NVFP4 = "fa4_inductor, nvfp4.from_torchao"
+PLAIN = {"nvfp4": (nvfp4.from_torchao, "fa4_inductor, nvfp4.from_torchao"),
+         "int8": (int8.from_torchao, "fa4_inductor, int8.from_torchao")}
+"""weights -> the function that turns torchao's weights into plain buffers, and the backend column's name."""
+PLAIN_NVFP4, PLAIN_INT8 = PLAIN["nvfp4"][1], PLAIN["int8"][1]
 
 
-E2E_BACKENDS = {"default": "default torch.compile", "ours": "fa4_inductor", "plain": PLAIN_NVFP4}
+E2E_BACKENDS = {"default": "default torch.compile", "ours": "fa4_inductor"}
 
 
 def e2e_runs(formats=tuple(E2E_CONFIGS)) -> list[str]:
     """Every "weights:backend" run of the end-to-end table for these formats, in table order."""
     runs = ["bf16:default", "bf16:ours"]
     for fmt in formats:
-        runs += [f"{fmt}:default", f"{fmt}:ours"] + ([f"{fmt}:plain"] if fmt == "nvfp4" else [])
+        runs += [f"{fmt}:default", f"{fmt}:ours"] + ([f"{fmt}:plain"] if fmt in PLAIN else [])
     return runs
 
 
@@ -311,15 +314,15 @@ def e2e_table(device="cuda", dtype=torch.bfloat16, prompt=512, steps=64, model_o
     results = {}
     for run in (r for r in every if runs is None or r in runs):
         weights, which = run.split(":")
-        name = E2E_BACKENDS[which]  # plain: the same NVFP4 codes as plain buffers, no subclass around each call
+        name = PLAIN[weights][1] if which == "plain" else E2E_BACKENDS[which]
         backend = "inductor" if which == "default" else ours_backend()
         torch.manual_seed(0)
         model = models.llama("sdpa", device, dtype, **(model_overrides or {}))
         if weights != "bf16":  # lm_head stays bf16: its weight is tied to the embedding's
             quantize_(model, E2E_CONFIGS[weights](),
                       filter_fn=lambda module, fqn: isinstance(module, nn.Linear) and "lm_head" not in fqn)
-        if name == PLAIN_NVFP4:
-            nvfp4.from_torchao(model)
+        if which == "plain":  # the same codes as plain buffers: no subclass to guard and unwrap around each call
+            PLAIN[weights][0](model)
         torch._dynamo.reset()
         results[(weights, name)] = attempt(f"e2e {weights} {name}", functools.partial(
             llama_e2e.decode_tokens_per_s, model, backend, prompt, steps, device, mode=mode))
