@@ -1,0 +1,66 @@
+"""Where a compiled training step of the Llama-1B-shaped model goes on the GPU (issue 12's <= 55 ms target): wall ms
+per step against the summed kernel time, and the kernel time by kind (FA4 attention forward / backward, cuBLAS and
+CUTLASS GEMMs, Triton kernels of Inductor, the rest), then the kernels that take the most time.
+
+    python docs/scripts/train_profile.py [eager|sdpa] [tokens]    # default: sdpa 4096, ours then default compile
+
+The step is the train suite's "logits mean" step: `model(ids, use_cache=False).logits.mean().backward()`.
+"""
+import collections
+import sys
+import time
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from fa4_inductor.bench import models
+
+KINDS = (("attention", ("flash", "fmha", "attention")), ("gemm", ("gemm", "nvjet", "sm90_xmma", "cutlass", "cublas")),
+         ("triton", ("triton",)))
+
+
+def kind(name: str) -> str:
+    lowered = name.lower()
+    return next((k for k, keys in KINDS if any(key in lowered for key in keys)), "other")
+
+
+def main():
+    attention = sys.argv[1] if len(sys.argv) > 1 else "sdpa"
+    tokens = int(sys.argv[2]) if len(sys.argv) > 2 else 4096
+    for backend in ("fa4_inductor", "inductor"):
+        torch.manual_seed(0)
+        torch._dynamo.reset()
+        model = models.llama(attention, "cuda", torch.bfloat16).train()
+        ids = torch.randint(0, model.config.vocab_size, (1, tokens), device="cuda")
+        compiled = models.compile_model(model, backend)
+
+        def step():
+            model.zero_grad(set_to_none=True)
+            compiled(ids, use_cache=False).logits.mean().backward()
+
+        for _ in range(3):
+            step()
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        for _ in range(3):
+            step()
+        torch.cuda.synchronize()
+        wall = (time.perf_counter() - start) / 3 * 1e3
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(2):
+                step()
+            torch.cuda.synchronize()
+        events = [e for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA]
+        total = sum(e.self_device_time_total for e in events) / 2 / 1e3
+        by_kind = collections.Counter()
+        for e in events:
+            by_kind[kind(e.key)] += e.self_device_time_total / 2 / 1e3
+        print(f"== {backend}, {attention} code, {tokens} tokens: wall {wall:.1f} ms/step, kernels {total:.1f} ms/step")
+        print("   " + ", ".join(f"{k} {v:.1f} ms" for k, v in by_kind.most_common()))
+        for e in sorted(events, key=lambda e: -e.self_device_time_total)[:14]:
+            print(f"   {e.self_device_time_total / 2 / 1e3:7.2f} ms  {e.count // 2:5d}x  {e.key[:110]}")
+        del model, compiled
+
+
+if __name__ == "__main__":
+    main()
