@@ -2,7 +2,7 @@
 per step against the summed kernel time, and the kernel time by kind (FA4 attention forward / backward, cuBLAS and
 CUTLASS GEMMs, Triton kernels of Inductor, the rest), then the kernels that take the most time.
 
-    python docs/scripts/train_profile.py [eager|sdpa] [tokens]    # default: sdpa 4096, ours then default compile
+    python docs/scripts/train_profile.py [eager|sdpa] [tokens] [backends]   # default: sdpa 4096 fa4_inductor,inductor
 
 The step is the train suite's "logits mean" step: `model(ids, use_cache=False).logits.mean().backward()`.
 """
@@ -27,7 +27,8 @@ def kind(name: str) -> str:
 def main():
     attention = sys.argv[1] if len(sys.argv) > 1 else "sdpa"
     tokens = int(sys.argv[2]) if len(sys.argv) > 2 else 4096
-    for backend in ("fa4_inductor", "inductor"):
+    backends = sys.argv[3].split(",") if len(sys.argv) > 3 else ("fa4_inductor", "inductor")
+    for backend in backends:
         torch.manual_seed(0)
         torch._dynamo.reset()
         model = models.llama(attention, "cuda", torch.bfloat16).train()
