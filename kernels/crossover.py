@@ -7,6 +7,9 @@ back, SDPA wins below ~17 GFLOP of causal attention at head dim 32 and ~35-70 at
 above, FA4 wins by up to 1.4x. The thresholds sit on the generous side (SDPA is default compile's own
 kernel, so routing to it is never slower than default compile).
 
+Also where Inductor's own fused one-row GEMV (coordinate descent tuning) beats a quantized-linear op:
+`inductor_gemv_reason`, over each op's table of measured weight shapes.
+
 Two users: lowering keeps small SDPA calls in host-bound graphs as written (`lowering/crossover.py`), and
 the op itself sends a small call with a key mask to the SDPA fallback rather than reading the mask's form
 on the host (a sync that stalls a host-bound graph; `attention.py`).
@@ -29,3 +32,12 @@ def gflop_limit(head_dim: int) -> float:
 
 def small(b, h, sq, sk, d, causal: bool = False) -> bool:
     return attention_gflop(b, h, sq, sk, d, causal) < gflop_limit(d)
+
+
+def inductor_gemv_reason(device_type: str, n: int, k: int, faster: frozenset, table: str) -> str | None:
+    """Why a one-row linear over an [n, k] weight stays with Inductor's fused GEMV: on CUDA, its shape is in `faster`
+    (the op module's `table`, H200-measured), else None."""
+    if device_type == "cuda" and (n, k) in faster:
+        return (f"one row over a [{n}, {k}] weight: Inductor's fused GEMV measured faster than the op "
+                f"({table})")
+    return None

@@ -49,7 +49,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from . import layout, library, quack_w4a16, w4a16_decode
+from . import crossover, layout, library, quack_w4a16, w4a16_decode
 
 X_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 SCALE_DTYPES = X_DTYPES
@@ -179,10 +179,7 @@ faster on 2048 x 2048 (3.34 / 3.21), 512 x 2048 (2.60 / 2.21), 2048 x 8192 (9.68
 def gemv_reason(device_type: str, n: int, k: int) -> str | None:
     """Why lowering leaves a one-row linear over an [n, k] int8 weight, which Inductor has decomposed for its GEMV
     (lowering/gemv.py), to that GEMV, or None."""
-    if device_type == "cuda" and (n, k) in INDUCTOR_GEMV_FASTER:
-        return (f"one row over a [{n}, {k}] weight: Inductor's fused dequantize GEMV measured faster than the op "
-                "(int8_linear.INDUCTOR_GEMV_FASTER)")
-    return None
+    return crossover.inductor_gemv_reason(device_type, n, k, INDUCTOR_GEMV_FASTER, "int8_linear.INDUCTOR_GEMV_FASTER")
 
 
 def w4a16_int8_shape_reason(m: int, n: int, k: int) -> str | None:

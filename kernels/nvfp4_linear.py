@@ -51,7 +51,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from . import layout, library, nvfp4_blackwell, prepared_weights, quack_w4a16, switches, w4a16_decode
+from . import crossover, layout, library, nvfp4_blackwell, prepared_weights, quack_w4a16, switches, w4a16_decode
 
 X_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 DEVICES = ("cpu", "cuda")
@@ -126,10 +126,7 @@ its bytes save: slower than bf16 cuBLAS, 6.0 us, on 2048 x 2048)."""
 def gemv_reason(device_type: str, n: int, k: int) -> str | None:
     """Why lowering leaves a one-row linear over an [n, k] NVFP4 weight, which Inductor has decomposed for its GEMV
     (lowering/gemv.py), to that GEMV, or None."""
-    if device_type == "cuda" and (n, k) in INDUCTOR_GEMV_FASTER:
-        return (f"one row over a [{n}, {k}] weight: Inductor's fused decode GEMV measured faster than the op "
-                "(nvfp4_linear.INDUCTOR_GEMV_FASTER)")
-    return None
+    return crossover.inductor_gemv_reason(device_type, n, k, INDUCTOR_GEMV_FASTER, "nvfp4_linear.INDUCTOR_GEMV_FASTER")
 
 
 def _check_inputs(x: Tensor, w_fp4: Tensor, w_block_scale: Tensor, w_global_scale: Tensor,

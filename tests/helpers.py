@@ -201,3 +201,17 @@ def one_row_matmuls_decomposed():
     # Inductor reads a table merged once per process (`fast_random_decomps`, cached): patch that one.
     table = {**decomposition.fast_random_decomps(), torch.ops.aten.mm.default: one_row_mm}
     return mock.patch.object(decomposition, "fast_random_decomps", lambda: table)
+
+
+def compiled_one_row_decomposed(fn, x, backend, family_off, op_call: str):
+    """fn(x) compiled under Inductor's one-row decomposition (`one_row_matmuls_decomposed`) with `backend`, and with
+    `family_off` (the quantized family off), checking that the decomposition reaches our stage (a sum and no mm
+    without the family) and that `backend` calls `op_call` in place of the sum. Returns (compiled, the eager
+    output)."""
+    with one_row_matmuls_decomposed(), torch.no_grad():
+        compiled = PostGradCompiled(fn, x, backend=backend)
+        decomposed_only = PostGradCompiled(fn, x, backend=family_off)
+        expected = fn(x)
+    assert "aten.sum(" in decomposed_only.graphs[0] and "aten.mm(" not in decomposed_only.graphs[0]
+    assert "aten.sum(" not in compiled.graphs[0] and op_call in compiled.code
+    return compiled, expected

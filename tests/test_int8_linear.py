@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 import fa4_inductor
 import upstream
-from helpers import PostGradCompiled, one_row_matmuls_decomposed
+from helpers import PostGradCompiled, compiled_one_row_decomposed, one_row_matmuls_decomposed
 from fa4_inductor.kernels import INT8_LINEAR, int8_linear_unsupported_reason
 
 pytestmark = pytest.mark.usefixtures("without_fx_graph_cache")  # conftest.py: a cache hit skips the passes
@@ -292,12 +292,8 @@ def test_one_row_matmuls_inductor_decomposed_are_rewritten(source):
         linear = DequantizedLinear(SPELLINGS["per-channel in float32"][0], torch.bfloat16, torch.float32)
         scale_dtype, after = "float32", ""
     x = torch.randn(1, 1, K, dtype=torch.bfloat16)
-    with one_row_matmuls_decomposed(), torch.no_grad():
-        compiled = compile_with_int8(linear, x)
-        decomposed_only = PostGradCompiled(linear, x, backend=fa4_inductor.backend(int8_linear=False))
-        expected = linear(x)
-    assert "aten.sum(" in decomposed_only.graphs[0] and "aten.mm(" not in decomposed_only.graphs[0]
-    assert OP_CALL in compiled.code and "aten.sum(" not in compiled.graphs[0]
+    compiled, expected = compiled_one_row_decomposed(linear, x, fa4_inductor.backend(int8_linear=True),
+                                                     fa4_inductor.backend(int8_linear=False), OP_CALL)
     assert compiled.details == [(True, f"fa4.int8_linear(x[1x{K}] bfloat16, w[{N}x{K}] int8, scale[{N}] "
                                        f"{scale_dtype}{after})")]
     reference = linear[0] if source == "torchao" else linear

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 import fa4_inductor
 from fa4_inductor import nvfp4
-from helpers import PostGradCompiled, one_row_matmuls_decomposed
+from helpers import PostGradCompiled, compiled_one_row_decomposed
 
 from fa4_inductor.kernels import NVFP4_LINEAR, nvfp4_linear_unsupported_reason
 from fa4_inductor.kernels import nvfp4_linear as nvfp4_op
@@ -289,12 +289,8 @@ def test_a_one_row_matmul_inductor_decomposed_is_rewritten():
     """Inductor's one-row matmul as a multiply and a sum (lowering/gemv.py) is an NVFP4 linear all the same."""
     layer = nvfp4_linear_module(torch.bfloat16, bias=False)  # (addmm, with a bias, is not decomposed)
     x = torch.randn(1, 1, K, dtype=torch.bfloat16)
-    with one_row_matmuls_decomposed(), torch.no_grad():
-        compiled = compile_with_nvfp4(layer, x)
-        decomposed_only = PostGradCompiled(layer, x, backend=fa4_inductor.backend(nvfp4_linear=False))
-        expected = layer(x)
-    assert "aten.sum(" in decomposed_only.graphs[0] and "aten.mm(" not in decomposed_only.graphs[0]
-    assert OP_CALL in compiled.code and "aten.sum(" not in compiled.graphs[0]
+    compiled, expected = compiled_one_row_decomposed(layer, x, fa4_inductor.backend(nvfp4_linear=True),
+                                                     fa4_inductor.backend(nvfp4_linear=False), OP_CALL)
     assert compiled.details == [(True, f"fa4.nvfp4_linear(x[{dims(1, K)}] bfloat16, w[{dims(N, K // 2)}] uint8, "
                                        f"block_scale[{dims(N, K // 16)}] e4m3, global scale)")]
     torch.testing.assert_close(compiled.out, expected, atol=0, rtol=0)
