@@ -15,7 +15,7 @@ for `fa4_inductor`'s reports.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Hashable, TypeVar
+from typing import Any, Callable, Hashable, Sequence, TypeVar
 
 import torch
 from torch import Tensor
@@ -30,6 +30,20 @@ class _Entry:
     data_ptr: int
     value: Any
     nbytes: int
+    depends: tuple = ()  # (tensor, version) of each other tensor the value was built from, held
+
+
+def _stamp(tensors) -> tuple:
+    return tuple((t, t._version) for t in tensors)
+
+
+def _same(stamp: tuple, tensors) -> bool:
+    """Each tensor is the held one or a view of its memory (held, so not reused) with the same shape and strides,
+    unchanged since (views share their base's version counter)."""
+    return len(stamp) == len(tensors) and all(
+        (held is t or (held.data_ptr() == t.data_ptr() and held.shape == t.shape and held.stride() == t.stride()
+                       and held.dtype == t.dtype and held.device == t.device)) and version == t._version
+        for (held, version), t in zip(stamp, tensors))
 
 
 _CACHE: WeakIdKeyDictionary = WeakIdKeyDictionary()
@@ -94,15 +108,18 @@ def outside_graph_pools(device: torch.device, fn: Callable[[], T]) -> T:
     return value
 
 
-def get(weight: Tensor, kind: Hashable, build: Callable[[], T]) -> T:
+def get(weight: Tensor, kind: Hashable, build: Callable[[], T], depends: Sequence[Tensor] = ()) -> T:
     """The value `build()` made for `weight` under `kind`, built now if there is none or `weight` changed
-    since (version counter or storage)."""
+    since (version counter or storage). `depends`: other tensors the value is built from (a weight's block
+    scales), held by the entry; the value is rebuilt when one of them is not the same memory (a view of it is:
+    an op that reshapes the scales each call) or changed."""
     per_kind = _CACHE.get(weight)
     if per_kind is None:
         per_kind = _CACHE[weight] = {}
     version, data_ptr = weight._version, weight.data_ptr()
     entry = per_kind.get(kind)
-    if entry is not None and entry.version == version and entry.data_ptr == data_ptr:
+    if (entry is not None and entry.version == version and entry.data_ptr == data_ptr
+            and _same(entry.depends, depends)):
         return entry.value
     if _capturing(weight):
         raise RuntimeError(
@@ -110,7 +127,8 @@ def get(weight: Tensor, kind: Hashable, build: Callable[[], T]) -> T:
             "run the model once before capturing (torch.compile's reduce-overhead mode does), so that the "
             "prepared copy exists before the graph records")
     value = outside_graph_pools(weight.device, build)
-    per_kind[kind] = _Entry(version, data_ptr, value, sum(t.numel() * t.element_size() for t in _tensors(value)))
+    per_kind[kind] = _Entry(version, data_ptr, value, sum(t.numel() * t.element_size() for t in _tensors(value)),
+                            _stamp(depends))
     return value
 
 

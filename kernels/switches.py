@@ -13,8 +13,9 @@ ptxas caps them; default 0, uncapped). W4A16 decode GEMM tuning: FA4_INDUCTOR_W4
 "RTxWNxWK": row tiles a warp, warps along N, warps along K; default: `w4a16_decode.cta_shape`'s rule),
 FA4_INDUCTOR_W4A16_PDL (0 / false / no / off: launched without programmatic dependent launch; default on),
 FA4_INDUCTOR_W4A16_LOAD (its load path: registers, the default, or bulk, with options and a ring depth,
-bulk+scales:4; `w4a16_decode.parse_load`). Others' variables we read: CUTE_DSL_ARCH (the CuTe DSL compile
-target), FA4's disk-cache pair and XDG_CACHE_HOME (`fa4.py` turns FA4's disk cache on).
+bulk+scales:4; `w4a16_decode.parse_load`), FA4_INDUCTOR_W4A16_PACK (on: NVFP4 weights prepacked once into the
+kernel's packed layout, `w4a16_decode.pack_nvfp4`; default off). Others' variables we read: CUTE_DSL_ARCH (the CuTe
+DSL compile target), FA4's disk-cache pair and XDG_CACHE_HOME (`fa4.py` turns FA4's disk cache on).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ DECODE_MIN_CTAS = "FA4_INDUCTOR_DECODE_MIN_CTAS"
 W4A16_CTA = "FA4_INDUCTOR_W4A16_CTA"
 W4A16_PDL = "FA4_INDUCTOR_W4A16_PDL"
 W4A16_LOAD = "FA4_INDUCTOR_W4A16_LOAD"
+W4A16_PACK = "FA4_INDUCTOR_W4A16_PACK"
 CUTE_DSL_ARCH = "CUTE_DSL_ARCH"
 FA4_CACHE_ENABLED = "FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED"
 FA4_CACHE_DIR = "FLASH_ATTENTION_CUTE_DSL_CACHE_DIR"
@@ -55,6 +57,7 @@ class Switches(NamedTuple):
     w4a16_pdl: bool
     w4a16_load: Optional[str]
     """The raw value; `w4a16_decode.parse_load` checks it."""
+    w4a16_pack: bool
     cute_dsl_arch: Optional[str]
     fa4_cache_enabled_set: bool
     """FA4's disk-cache switch is set (by the user, or by `fa4.py` before importing FA4)."""
@@ -82,6 +85,7 @@ def read(env: Mapping[str, str]) -> Switches:
         w4a16_cta=parse_cta_shape(env.get(W4A16_CTA)),
         w4a16_pdl=not _is_off(env.get(W4A16_PDL, "1")),
         w4a16_load=(env.get(W4A16_LOAD) or "").strip() or None,
+        w4a16_pack=_is_on(env.get(W4A16_PACK)),
         cute_dsl_arch=env.get(CUTE_DSL_ARCH) or None,
         fa4_cache_enabled_set=FA4_CACHE_ENABLED in env,
         fa4_cache_dir=env.get(FA4_CACHE_DIR) or None,

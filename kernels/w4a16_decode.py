@@ -48,6 +48,18 @@ NVFP4 options). FA4_INDUCTOR_W4A16_LOAD sets it; the matmuls' and `warmup`'s `lo
 (tests, `tests/bench_w4a16.py --load registers,bulk --stages 4,6`). On the H200 the bulk path is equal or slower
 on most rows (docs/benchmarks.md, session 10 run 3), so registers stay the default.
 
+Packed NVFP4 (`pack`, off by default; FA4_INDUCTOR_W4A16_PACK=1 or the matmul's `pack=True`): the weight and its
+block scales are rewritten once per weight and x dtype (`pack_nvfp4`, `prepared_weights` kind ("w4a16_nvfp4_packed",
+dtype), rebuilt when the weight or its scale tensor changes) into a layout the kernel decodes with fewer
+instructions (`cute/w4a16_decode_gemm.py`, "Decode"): each word's codes permuted, the block scales re-encoded with
+their signs folded into the codes (zero scales zero the codes). Same bytes as the plain layout; the results equal
+the plain variant's up to the fp32 summation order (the MMAs take the k values in another order). The scales must
+stay the same memory between calls (the tensor or a view of it: the entry holds the one it was built from); scales
+in new memory each call would repack each call, and under CUDA-graph capture that is refused. H200 (session 11,
+CUDA-graph medians, x bf16, M = 1 / 8): 8192 x 8192 20.6 / 22.8 us packed against 19.3 / 24.1 plain, 2048 x 8192
+6.9 / 10.3 against 6.8 / 9.9, 8192 x 2048 6.6 / 8.8 against 7.1 / 8.7, 2048 x 2048 2.9 / 3.7 against 3.0 / 3.9:
+13% fewer instructions a MMA (sass_stats) move the time by -7..+7%, so plain stays the default.
+
 PDL (on; FA4_INDUCTOR_W4A16_PDL=0 turns it off): the main kernel is launched as a programmatic dependent, so in
 a run of these GEMMs (q, k, v; gate, up; chains) each one's first weight loads overlap the previous one's tail
 (`W4A16DecodeGemm`'s docstring says why that is safe). H200: 2048 x 2048 at M = 1 2.9 against 4.0 us in a
@@ -62,6 +74,7 @@ capturing a CUDA graph.
 from __future__ import annotations
 
 import functools
+import math
 from typing import NamedTuple, Optional
 
 import torch
@@ -343,6 +356,128 @@ def decode_int8_words(words: Tensor, k: int, dtype: torch.dtype = torch.bfloat16
     return out.reshape(n, -1)[:, :k]
 
 
+# ---- the packed NVFP4 layout (`pack`): built once per weight, its decode emulated bit for bit ----
+
+
+def _pack_scale_table(f16: bool) -> list[int]:
+    """e4m3 byte -> the packed scale byte (E' << 3) | m, |e4m3| = (1 + m / 8) 2^(E' - 9); 0 for zero (the codes
+    are zeroed), a NaN splat's byte for NaN."""
+    table = []
+    for byte in range(256):
+        mag = byte & 0x7F
+        if mag == 0:
+            table.append(0)
+        elif mag == 0x7F:
+            table.append(0xA1 if f16 else 0x91)
+        else:
+            v = float(torch.tensor([mag], dtype=torch.uint8).view(torch.float8_e4m3fn).float())
+            m, e = math.frexp(v)  # v = m 2^e, m in [0.5, 1)
+            mant = int((2 * m - 1) * 8)
+            assert (1 + mant / 8) * 2.0 ** (e - 1) == v and 0 <= e - 1 + 9 <= 17
+            table.append(((e - 1 + 9) << 3) | mant)
+    return table
+
+
+def _pack_bit_sources(f16: bool) -> list[tuple[int, int]]:
+    """For each of a packed word's 32 bits, the (code of the word, bit of the code) it holds."""
+    from .cute import w4a16_decode_gemm as gemm
+
+    sources = [None] * 32
+    for pair in range(4):
+        for half in range(2):
+            for bit, pos in enumerate(gemm.pack_positions(pair, f16)):
+                sources[pos + 16 * half] = (2 * pair + half, bit)
+    assert all(s is not None for s in sources)
+    return sources
+
+
+def _codes(w_fp4: Tensor) -> Tensor:
+    """uint8 [N, K/2] -> int64 codes [N, K] (code 2i from the low nibble)."""
+    w = (w_fp4.view(torch.uint8) if w_fp4.dtype != torch.uint8 else w_fp4).long()
+    return torch.stack([w & 0xF, w >> 4], dim=-1).reshape(w.shape[0], -1)
+
+
+def pack_nvfp4(w_fp4: Tensor, w_block_scale: Tensor, dtype: torch.dtype = torch.bfloat16) -> tuple[Tensor, Tensor]:
+    """The packed layout of an NVFP4 weight for x of `dtype` (`pack`): (words int32 [N, Kp/8], block-scale words
+    int32 [N, Kp/64]), K padded to 64 with zero codes. Word c of a row holds codes 8c..8c+7 in the bit places
+    `_pack_bit_sources` gives; scale word c the packed bytes of blocks 4c..4c+3. Plain PyTorch, on the weight's
+    device."""
+    f16 = dtype == torch.float16
+    n, k = w_fp4.shape[0], 2 * w_fp4.shape[1]
+    kp = padded_k("nvfp4", k)
+    device = w_fp4.device
+    codes = torch.zeros(n, kp, dtype=torch.int64, device=device)
+    codes[:, :k] = _codes(w_fp4)
+    scale = torch.zeros(n, kp // layout.NVFP4_BLOCK, dtype=torch.int64, device=device)
+    scale[:, : k // layout.NVFP4_BLOCK] = w_block_scale.view(torch.uint8).long()
+    per_code = scale.repeat_interleave(layout.NVFP4_BLOCK, dim=1)
+    codes = torch.where((per_code & 0x7F) == 0, 0, codes ^ ((per_code >> 7) << 3))
+    table = torch.tensor(_pack_scale_table(f16), dtype=torch.int64, device=device)
+    blocks = table[scale].to(torch.uint8).contiguous().view(torch.int32)
+    codes = codes.reshape(n, kp // 8, 8)
+    words = torch.zeros(n, kp // 8, dtype=torch.int64, device=device)
+    for pos, (code, bit) in enumerate(_pack_bit_sources(f16)):
+        words |= ((codes[:, :, code] >> bit) & 1) << pos
+    words = torch.where(words >= 1 << 31, words - (1 << 32), words).to(torch.int32)
+    return words, blocks
+
+
+def unpack_nvfp4(words: Tensor, block_words: Tensor, dtype: torch.dtype = torch.bfloat16) -> tuple[Tensor, Tensor]:
+    """`pack_nvfp4` undone: (w_fp4 uint8 [N, Kp/2], block scales float8_e4m3fn [N, Kp/16]). The same weights; the
+    same bytes where every block scale is positive (a negative scale comes back positive with its block's code
+    signs flipped, a zero scale as 2^-9 over zero codes, NaN as 0x7F)."""
+    f16 = dtype == torch.float16
+    w = _u32(words.view(torch.int32))
+    n = w.shape[0]
+    codes = torch.zeros(n, w.shape[1], 8, dtype=torch.int64, device=w.device)
+    for pos, (code, bit) in enumerate(_pack_bit_sources(f16)):
+        codes[:, :, code] |= ((w >> pos) & 1) << bit
+    codes = codes.reshape(n, -1)
+    w_fp4 = (codes[:, 0::2] | (codes[:, 1::2] << 4)).to(torch.uint8)
+    inverse = {b: byte for byte, b in reversed(list(enumerate(_pack_scale_table(f16)))) if byte < 0x80}
+    inverse[0] = 0x01
+    lut = torch.tensor([inverse.get(b, 0x7F) for b in range(256)], dtype=torch.uint8, device=w.device)
+    scales = lut[block_words.contiguous().view(torch.uint8).long()].view(torch.float8_e4m3fn)
+    return w_fp4, scales
+
+
+def decode_packed_nvfp4_words(words: Tensor, block_words: Tensor, k: int, dtype: torch.dtype = torch.bfloat16
+                              ) -> Tensor:
+    """float64 e2m1 * e4m3 [N, k] from packed operands, decoded the packed kernel's way for x of `dtype`: each pair's
+    shifts, masks and merge, the scale splat from the mad, the packed multiply rounded to `dtype`, times 2^E."""
+    from .cute import w4a16_decode_gemm as gemm
+
+    f16 = dtype == torch.float16
+    w = _u32(words.view(torch.int32))
+    n = w.shape[0]
+    mag = gemm.nvfp4_magnitude_field(f16)
+    vals = torch.empty(n, w.shape[1], 8, dtype=torch.float64)
+    for pair, (mshift, sshift) in enumerate(gemm.PACK_PAIRS[f16]):
+        if mshift == sshift:
+            bits = _shift(w, mshift) & (mag | gemm.SIGN_FIELD)
+        else:
+            bits = (_shift(w, mshift) & mag) | (_shift(w, sshift) & gemm.SIGN_FIELD)
+        vals[:, :, 2 * pair], vals[:, :, 2 * pair + 1] = _halves(bits, dtype).unbind(-1)
+    mul, add = gemm.PACK_SCALE_SPLAT[f16]
+    b = block_words.contiguous().view(torch.uint8).long()  # [N, Kp/16]
+    splat = _halves((b * (mul | mul << 16) + add) & 0xFFFFFFFF, dtype)
+    assert torch.equal(splat[..., 0], splat[..., 1]) or splat.isnan().any()
+    per_code = splat[..., 0].repeat_interleave(layout.NVFP4_BLOCK, dim=1)
+    w_dec = _rounded(vals.reshape(n, -1) * per_code, dtype)
+    return (w_dec * 2.0 ** gemm.decode_exponent(f16))[:, :k]
+
+
+def prepare_nvfp4_packed(w_fp4: Tensor, w_block_scale: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+    """`pack_nvfp4` of the weight, once per weight, scale tensor and x dtype."""
+    return prepared_weights.get(w_fp4, ("w4a16_nvfp4_packed", dtype), lambda: pack_nvfp4(w_fp4, w_block_scale, dtype),
+                                depends=(w_block_scale,))
+
+
+def configured_pack() -> bool:
+    """Whether NVFP4 calls without a `pack` argument take the packed layout: FA4_INDUCTOR_W4A16_PACK."""
+    return switches.current().w4a16_pack
+
+
 def prepare_nvfp4(w_fp4: Tensor, w_block_scale: Tensor) -> tuple[Tensor, Tensor]:
     """(words, block-scale words): views when K is a multiple of 64 and the tensors are aligned, else the
     weight's padded copy (once per weight) and the scales' (per call)."""
@@ -382,6 +517,7 @@ class _Key(NamedTuple):
     pdl: bool = False  # main only
     load: str = "registers"  # main only: "registers" or "bulk[+ahead][+prefetch]:<stages>" (`load_key`)
     scale_dtype: torch.dtype = torch.float32  # int8's per-channel scales as the caller holds them
+    pack: bool = False  # main only, NVFP4: the packed layout (`pack_nvfp4`)
 
 
 def _compile(key: _Key):
@@ -411,6 +547,8 @@ def _compile(key: _Key):
     options = path.split("+")[1:]
     load = {} if path == "registers" else dict(load="bulk", stages=stages, ahead="ahead" in options,
                                                    prefetch="prefetch" in options, scales="scales" in options)
+    if key.pack:
+        load["pack"] = True
     kernel = W4A16DecodeGemm(dt, key.fmt, key.m_max // 8, key.split, key.bias, *key.cta, pdl=key.pdl, **load)
     x = cute.runtime.make_fake_tensor(Int32, (sym(), sym()), (sym64(divisibility=4), 1), assumed_align=16)
     w = cute.runtime.make_fake_tensor(Int32, (sym(), sym()), (sym64(divisibility=4), 1), assumed_align=16)
@@ -424,26 +562,31 @@ compiled = compile_utils.CompiledVariants(_compile)
 
 
 def keys(dtype: torch.dtype, fmt: str, m: int, split: bool, bias: bool, arch: str, cta: CtaShape,
-         pdl: bool = False, load: str = "registers", scale_dtype: torch.dtype = torch.float32) -> list[_Key]:
+         pdl: bool = False, load: str = "registers", scale_dtype: torch.dtype = torch.float32,
+         pack: bool = False) -> list[_Key]:
     """The variants a call runs: the main kernel (load path `load`, a `parse_load` spec), and the reduce
-    kernel when split. `scale_dtype`: the dtype of int8's per-channel scales (NVFP4's global scale is fp32)."""
+    kernel when split. `scale_dtype`: the dtype of int8's per-channel scales (NVFP4's global scale is fp32);
+    `pack`: NVFP4 weights in the packed layout."""
     m_max = m_bucket(m)
     if scale_dtype not in SCALE_DTYPES or (fmt == "nvfp4" and scale_dtype != torch.float32):
         raise ValueError(f"the W4A16 decode GEMM does not take {fmt} scales of dtype {scale_dtype}")
+    if pack and fmt != "nvfp4":
+        raise ValueError(f"the packed layout is NVFP4's; {fmt} weights have none")
     main = _Key("main", dtype, fmt, m_max, split, bias and not split, arch, cta, pdl,
-                load_key(load, m_max, fmt, cta), scale_dtype)
+                load_key(load, m_max, fmt, cta), scale_dtype, pack)
     return [main, _Key("reduce", dtype, fmt, 0, True, bias, arch, scale_dtype=scale_dtype)] if split else [main]
 
 
 def warmup(dtype: torch.dtype, fmt: str, m_values=M_BUCKETS, *, bias: Optional[bool] = None,
            device: torch.device | str = "cuda", load: Optional[str] = None,
-           scale_dtype: torch.dtype = torch.float32) -> int:
+           scale_dtype: torch.dtype = torch.float32, pack: Optional[bool] = None) -> int:
     """Compile every variant calls with these rows can hit (both CTA shapes, split and not; `bias` None: both;
-    `load` None: the configured load path; int8 scales of `scale_dtype`), outside CUDA-graph capture. Returns
-    how many were compiled now."""
+    `load` None: the configured load path; int8 scales of `scale_dtype`; `pack` None: NVFP4 as configured),
+    outside CUDA-graph capture. Returns how many were compiled now."""
     if dtype not in DTYPES or fmt not in FORMATS:
         raise ValueError(f"the W4A16 decode GEMM does not take dtype {dtype} / format {fmt!r}")
     load = configured_load() if load is None else load
+    pack = fmt == "nvfp4" and (configured_pack() if pack is None else pack)
     arch = compile_utils.target_arch(torch.device(device), off_gpu="sm_90a")
     before = len(compiled)
     forced, pdl = switches.current().w4a16_cta, switches.current().w4a16_pdl
@@ -453,7 +596,7 @@ def warmup(dtype: torch.dtype, fmt: str, m_values=M_BUCKETS, *, bias: Optional[b
                 for b in ((False, True) if bias is None else (bool(bias),)):
                     if fmt == "nvfp4" and b:
                         continue
-                    for key in keys(dtype, fmt, m, split, b, arch, cta, pdl, load, scale_dtype):
+                    for key in keys(dtype, fmt, m, split, b, arch, cta, pdl, load, scale_dtype, pack):
                         compiled(key)
     return len(compiled) - before
 
@@ -464,7 +607,8 @@ def warmup(dtype: torch.dtype, fmt: str, m_values=M_BUCKETS, *, bias: Optional[b
 
 
 def _run(fmt: str, x2d: Tensor, words: Tensor, block: Optional[Tensor], scale: Tensor, bias: Optional[Tensor],
-         n: int, k: int, splits: Optional[int], cta: Optional[tuple[int, int, int]], load: Optional[str]) -> Tensor:
+         n: int, k: int, splits: Optional[int], cta: Optional[tuple[int, int, int]], load: Optional[str],
+         pack: bool = False) -> Tensor:
     m = x2d.shape[0]
     kp = words.shape[1] * (8 if fmt == "nvfp4" else 4)  # codes per int32 word
     x = prepare_x(x2d, kp)
@@ -479,7 +623,7 @@ def _run(fmt: str, x2d: Tensor, words: Tensor, block: Optional[Tensor], scale: T
     arch = compile_utils.target_arch(device)
     load = configured_load() if load is None else load
     variants = [compiled(key) for key in keys(x.dtype, fmt, m, split, bias is not None, arch, shape, env.w4a16_pdl,
-                                              load, scale.dtype)]
+                                              load, scale.dtype, pack)]
     xw = x.view(torch.int32)
     with torch.cuda.device(device):
         if not split:
@@ -502,13 +646,18 @@ def _check(x2d: Tensor, fmt: str, n: int, k: int, *tensors: Optional[Tensor]) ->
 
 def nvfp4_matmul(x2d: Tensor, w_fp4: Tensor, w_block_scale: Tensor, w_global_scale: Tensor, *,
                  splits: Optional[int] = None, cta: Optional[tuple[int, int, int]] = None,
-                 load: Optional[str] = None) -> Tensor:
+                 load: Optional[str] = None, pack: Optional[bool] = None) -> Tensor:
     """x2d [M, K] @ dequant(w)^T -> [M, N] in x's dtype (module docstring). `splits` overrides `num_splits`,
-    `cta` (row tiles, warps_n, warps_k) `cta_shape` and `load` the configured load path (tests, tuning)."""
+    `cta` (row tiles, warps_n, warps_k) `cta_shape`, `load` the configured load path and `pack` the configured
+    layout (FA4_INDUCTOR_W4A16_PACK) (tests, tuning)."""
     n, k = layout.nvfp4_operands(w_fp4, w_block_scale, w_global_scale)
     _check(x2d, "nvfp4", n, k, w_fp4, w_block_scale, w_global_scale)
-    words, pairs = prepare_nvfp4(w_fp4, w_block_scale)
-    return _run("nvfp4", x2d, words, pairs, w_global_scale.reshape(1), None, n, k, splits, cta, load)
+    pack = configured_pack() if pack is None else pack
+    if pack:
+        words, pairs = prepare_nvfp4_packed(w_fp4, w_block_scale, x2d.dtype)
+    else:
+        words, pairs = prepare_nvfp4(w_fp4, w_block_scale)
+    return _run("nvfp4", x2d, words, pairs, w_global_scale.reshape(1), None, n, k, splits, cta, load, pack)
 
 
 def int8_matmul(x2d: Tensor, w_int8: Tensor, w_scale: Tensor, bias: Optional[Tensor] = None, *,

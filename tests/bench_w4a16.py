@@ -6,10 +6,13 @@ W4A16 GEMM (kernels/quack_w4a16.py), NVFP4 and int8 weights, x bf16.
     python tests/bench_w4a16.py --m 1,8 --cta auto,2x2x4,1x1x8              # CTA-shape sweep, ours only
     python tests/bench_w4a16.py --m 1,8,16 --load registers,bulk,bulk+prefetch,bulk+scales   # load paths
     python tests/bench_w4a16.py --m 1 --load bulk --stages 2,3,4,5              # bulk ring depth sweep
+    python tests/bench_w4a16.py --m 1,8 --pack off,on --shapes 8192x8192,2048x8192   # NVFP4 plain vs packed layout
 
 `--load` (comma list of `w4a16_decode.parse_load` specs; default FA4_INDUCTOR_W4A16_LOAD, else registers)
 times ours once per load path; `--stages` gives each bulk path those ring depths ("bulk:3"; a depth that does
-not fit shared memory is reported and skipped). They combine with `--splits` and `--cta`.
+not fit shared memory is reported and skipped). They combine with `--splits` and `--cta`. `--pack off,on` times the
+NVFP4 rows once per layout (the packed one prepared before timing, `w4a16_decode.pack_nvfp4`; default
+FA4_INDUCTOR_W4A16_PACK); int8 rows are timed once.
 
 Timing: each kernel is called on C copies of its weight (C copies > 2x the 50 MB L2, so every call reads its
 weight from HBM as a decode step does) inside one CUDA graph; the median over 20 replays divided by C is the
@@ -79,7 +82,7 @@ def _cta_label(cta):
     return "auto" if cta is None else "x".join(map(str, cta))
 
 
-def bench_shape(n, k, ms, splits_list=None, loads=(None,), ctas=None, int8_scales=torch.float32):
+def bench_shape(n, k, ms, splits_list=None, loads=(None,), ctas=None, int8_scales=torch.float32, packs=(None,)):
     fp4_bytes, int8_bytes, bf16_bytes = n * k * 9 // 16, n * k + int8_scales.itemsize * n, 2 * n * k
     c = copies(fp4_bytes)
     ws = weights(n, k, c, int8_scales=int8_scales)
@@ -88,6 +91,7 @@ def bench_shape(n, k, ms, splits_list=None, loads=(None,), ctas=None, int8_scale
         x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
         row = {}
         tag = lambda ld: f" {ld}" if ld else ""  # noqa: E731
+        ptag = lambda pk: "" if pk is None else (" packed" if pk else " plain")  # noqa: E731
         loads_m = [ld for ld in loads if fits(ld, m)]
         sweep = bool(splits_list or ctas)
         if sweep:  # ours only, beside bf16
@@ -96,8 +100,10 @@ def bench_shape(n, k, ms, splits_list=None, loads=(None,), ctas=None, int8_scale
                 for s in splits_list or [None]:
                     for ld in loads_m:
                         name = f"{_cta_label(cta)} s{s or 'auto'}{tag(ld)}"
-                        row[f"ours nvfp4 {name}"] = (graph_us([
-                            lambda w=w: w4.nvfp4_matmul(x, *w[:3], splits=s, cta=cta, load=ld) for w in ws]), fp4_bytes)
+                        for pk in packs:
+                            row[f"ours nvfp4 {name}{ptag(pk)}"] = (graph_us([
+                                lambda w=w: w4.nvfp4_matmul(x, *w[:3], splits=s, cta=cta, load=ld, pack=pk)
+                                for w in ws]), fp4_bytes)
                         row[f"ours int8 {name}"] = (graph_us([
                             lambda w=w: w4.int8_matmul(x, w[3], w[4], splits=s, cta=cta, load=ld) for w in ws]),
                             int8_bytes)
@@ -105,8 +111,9 @@ def bench_shape(n, k, ms, splits_list=None, loads=(None,), ctas=None, int8_scale
             ours = m <= w4.MAX_M  # above, the ops route elsewhere (quack, dequantize): bf16 and quack only
             row["bf16"] = (graph_us([lambda w=w: F.linear(x, w) for w in wbf]), bf16_bytes)
             for ld in loads_m if ours else ():
-                row[f"ours nvfp4{tag(ld)}"] = (
-                    graph_us([lambda w=w: w4.nvfp4_matmul(x, *w[:3], load=ld) for w in ws]), fp4_bytes)
+                for pk in packs:
+                    row[f"ours nvfp4{tag(ld)}{ptag(pk)}"] = (
+                        graph_us([lambda w=w: w4.nvfp4_matmul(x, *w[:3], load=ld, pack=pk) for w in ws]), fp4_bytes)
                 row[f"ours int8{tag(ld)}"] = (
                     graph_us([lambda w=w: w4.int8_matmul(x, w[3], w[4], load=ld) for w in ws]), int8_bytes)
             if quack_w4a16.unsupported_reason(x, "nvfp4", n, k) is None:
@@ -123,9 +130,11 @@ def bench_shape(n, k, ms, splits_list=None, loads=(None,), ctas=None, int8_scale
                 ref8 = x.double() @ (w8.double() * s8.double()[:, None]).T
                 errs = []
                 for ld in loads_m:
-                    e4 = (w4.nvfp4_matmul(x, w_fp4, block, gs, load=ld).double() - ref4).abs().max() / ref4.abs().max()
+                    e4 = [(w4.nvfp4_matmul(x, w_fp4, block, gs, load=ld, pack=pk).double() - ref4).abs().max()
+                          / ref4.abs().max() for pk in packs]
                     e8 = (w4.int8_matmul(x, w8, s8, load=ld).double() - ref8).abs().max() / ref8.abs().max()
-                    errs.append(f"{tag(ld).strip() or 'ours'} nvfp4 {e4.item():.1e} int8 {e8.item():.1e}")
+                    errs.append(f"{tag(ld).strip() or 'ours'} nvfp4 {'/'.join(f'{e.item():.1e}' for e in e4)} "
+                                f"int8 {e8.item():.1e}")
         shapes = {f: w4.cta_shape(n, m, w4._num_sms(0), fmt=f) for f in w4.FORMATS} if m <= w4.MAX_M else None
         splits = {f: w4.num_splits(n, w4.padded_k(f, k), f, shapes[f], w4._num_sms(0)) if shapes else "-"
                   for f in w4.FORMATS}
@@ -172,6 +181,7 @@ def main():
                                                 "bf16 only)")
     p.add_argument("--load", default=None, help="comma list of load paths: registers, bulk, bulk+prefetch:4 ...")
     p.add_argument("--stages", default=None, help="comma list: ring depths for each bulk load path")
+    p.add_argument("--pack", default=None, help="comma list of NVFP4 layouts: off (plain), on (packed)")
     p.add_argument("--int8-scales", default="float32", choices=("float32", "bfloat16", "float16"),
                    help="the int8 weights' per-channel scale dtype")
     a = p.parse_args()
@@ -184,9 +194,10 @@ def main():
           f"(bulk default depths, wide CTAs: M <= 8 {w4.bulk_stages(8, w4.wide(8))}, M <= 16 "
           f"{w4.bulk_stages(16, w4.wide(16))}; narrow: {w4.bulk_stages(8, w4.NARROW)}, "
           f"{w4.bulk_stages(16, w4.NARROW)})")
+    packs = [{"off": False, "on": True}[v.strip()] for v in a.pack.split(",")] if a.pack else [None]
     for shape in a.shapes.split(","):
         n, k = map(int, shape.split("x"))
-        bench_shape(n, k, ms, splits, loads, ctas, getattr(torch, a.int8_scales))
+        bench_shape(n, k, ms, splits, loads, ctas, getattr(torch, a.int8_scales), packs)
 
 
 if __name__ == "__main__":

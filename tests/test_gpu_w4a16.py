@@ -4,7 +4,8 @@ Numerics against the float64 exact dequantization on fresh random inputs: the ma
 2x PyTorch's own error (the weight dequantized to x's dtype, then cuBLAS) plus 1e-5 of the output's
 scale. Every case prints its shape, split count, load path and errors (`-s` shows them), so a failure says
 where it is. The numerics tests run on both load paths (`LOADS`; the bulk ring's wrap-around at depth 2 and
-the bulk options in the split, short-K and large-weight tests).
+the bulk options in the split, short-K and large-weight tests), and the NVFP4 ones on both layouts (`PACKS`: plain,
+and packed once by `w4a16_decode.pack_nvfp4`, for bf16 and f16 x).
 """
 
 import pytest
@@ -19,6 +20,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 
 LOADS = ["registers", "bulk"]
 MORE_LOADS = LOADS + ["bulk:2", "bulk+ahead+prefetch", "bulk+scales:3"]  # rings wrapping often; the options
+PACKS = [False, True]
 
 
 def report(name, out, ref, pytorch):
@@ -33,21 +35,22 @@ def report(name, out, ref, pytorch):
     assert err.max().item() <= 2 * pt_err + 1e-5 * scale, name
 
 
-def plan(n, k, fmt, m, splits, cta, load):
+def plan(n, k, fmt, m, splits, cta, load, pack=False):
     shape = w4.cta_shape(n, m, w4._num_sms(0), cta, fmt)
     splits = splits or w4.num_splits(n, w4.padded_k(fmt, k), fmt, shape, w4._num_sms(0))
-    return f"cta {'x'.join(map(str, shape))} splits {splits} {load}"
+    return f"cta {'x'.join(map(str, shape))} splits {splits} {load}{' packed' if pack else ''}"
 
 
-def nvfp4_case(m, n, k, dtype, splits=None, seed=0, load="registers", cta=None):
+def nvfp4_case(m, n, k, dtype, splits=None, seed=0, load="registers", cta=None, pack=False):
     w_fp4, block, global_scale = random_nvfp4(n, k, seed=seed, device="cuda")
     x = torch.randn(m, k, dtype=dtype, device="cuda")
-    out = w4.nvfp4_matmul(x, w_fp4, block, global_scale, splits=splits, load=load, cta=cta)
+    out = w4.nvfp4_matmul(x, w_fp4, block, global_scale, splits=splits, load=load, cta=cta, pack=pack)
     assert out.shape == (m, n) and out.dtype == dtype
     wd = float64_dequantized(w_fp4, block, global_scale)
     ref = x.double() @ wd.T
     pytorch = F.linear(x, wd.to(dtype))
-    report(f"nvfp4 {str(dtype)[6:]} m{m} n{n} k{k} {plan(n, k, 'nvfp4', m, splits, cta, load)}", out, ref, pytorch)
+    report(f"nvfp4 {str(dtype)[6:]} m{m} n{n} k{k} {plan(n, k, 'nvfp4', m, splits, cta, load, pack)}", out, ref,
+           pytorch)
 
 
 def int8_case(m, n, k, dtype, bias, splits=None, seed=0, load="registers", cta=None, scale_dtype=torch.float32):
@@ -64,10 +67,11 @@ def int8_case(m, n, k, dtype, bias, splits=None, seed=0, load="registers", cta=N
            f"{plan(n, k, 'int8', m, splits, cta, load)}", out, ref, pytorch)
 
 
+@pytest.mark.parametrize("pack", PACKS, ids=["plain", "packed"])
 @pytest.mark.parametrize("load", LOADS)
 @pytest.mark.parametrize("m", range(1, 17))
-def test_nvfp4_every_m(m, load):
-    nvfp4_case(m, 1000, 2064, torch.bfloat16, seed=m, load=load)  # N not a multiple of 16 rows, K of the chunk
+def test_nvfp4_every_m(m, load, pack):
+    nvfp4_case(m, 1000, 2064, torch.bfloat16, seed=m, load=load, pack=pack)  # N, K not multiples of 16 rows, 64
 
 
 @pytest.mark.parametrize("load", LOADS)
@@ -87,6 +91,34 @@ def test_forced_splits_and_dtypes(fmt, splits, dtype, load):
         int8_case(5, 333, 4096, dtype, bias=True, splits=splits, seed=splits, load=load)
 
 
+@pytest.mark.parametrize("load", MORE_LOADS)
+@pytest.mark.parametrize("splits", [1, 2, 7])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+def test_packed_splits_and_dtypes(splits, dtype, load):
+    nvfp4_case(5, 333, 4096, dtype, splits=splits, seed=splits, load=load, pack=True)
+
+
+@pytest.mark.parametrize("pack", PACKS, ids=["plain", "packed"])
+@pytest.mark.parametrize("m", [1, 8, 16])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+def test_nvfp4_signed_zero_and_subnormal_block_scales(dtype, m, pack):
+    """Block scales of every e4m3 byte but NaN (negative, zero, subnormal: the packed layout folds signs into the
+    codes and zeroes zero-scaled blocks), odd N and K."""
+    n, k = 333, 4160
+    g = torch.Generator().manual_seed(m)
+    w_fp4 = torch.randint(0, 256, (n, k // 2), dtype=torch.uint8, generator=g).cuda()
+    scale_bytes = torch.randint(0, 256, (n, k // 16), dtype=torch.uint8, generator=g)
+    scale_bytes = torch.where(scale_bytes & 0x7F == 0x7F, 0x38, scale_bytes)  # NaN -> 1.0
+    block = scale_bytes.view(torch.float8_e4m3fn).cuda()
+    global_scale = torch.tensor(3e-3, device="cuda")
+    x = torch.randn(m, k, dtype=dtype, device="cuda")
+    for splits in (None, 3):
+        out = w4.nvfp4_matmul(x, w_fp4, block, global_scale, splits=splits, pack=pack)
+        wd = float64_dequantized(w_fp4, block, global_scale)
+        report(f"nvfp4 signed scales {str(dtype)[6:]} m{m} {plan(n, k, 'nvfp4', m, splits, None, 'registers', pack)}",
+               out, x.double() @ wd.T, F.linear(x, wd.to(dtype)))
+
+
 @pytest.mark.parametrize("splits", [1, 3])
 @pytest.mark.parametrize("scale_dtype", [torch.bfloat16, torch.float16], ids=str)
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
@@ -102,38 +134,48 @@ def test_int8_scales_read_in_their_own_dtype(dtype, scale_dtype, splits):
                                                                                         splits=splits))
 
 
+@pytest.mark.parametrize("pack", PACKS, ids=["plain", "packed"])
 @pytest.mark.parametrize("load", LOADS)
 @pytest.mark.parametrize("cta", [(1, 1, 8), (2, 2, 4), (1, 2, 8), (2, 1, 2)], ids=lambda c: "x".join(map(str, c)))
 @pytest.mark.parametrize("m", [1, 9])
-def test_forced_cta_shapes(cta, m, load):
+def test_forced_cta_shapes(cta, m, load, pack):
     """Every CTA shape the rule or FA4_INDUCTOR_W4A16_CTA can pick: odd N and K, split and not."""
     for splits in (None, 3):
-        nvfp4_case(m, 333, 4160, torch.bfloat16, splits=splits, seed=m, cta=cta, load=load)
-        int8_case(m, 333, 4128, torch.float16, bias=True, splits=splits, seed=m, cta=cta, load=load)
+        nvfp4_case(m, 333, 4160, torch.bfloat16, splits=splits, seed=m, cta=cta, load=load, pack=pack)
+        nvfp4_case(m, 333, 4160, torch.float16, splits=splits, seed=m + 1, cta=cta, load=load, pack=pack)
+        if not pack:
+            int8_case(m, 333, 4128, torch.float16, bias=True, splits=splits, seed=m, cta=cta, load=load)
 
 
+@pytest.mark.parametrize("pack", PACKS, ids=["plain", "packed"])
 @pytest.mark.parametrize("load", MORE_LOADS)
 @pytest.mark.parametrize("m", [1, 8, 9, 16])
-def test_short_k_ranges(m, load):
+def test_short_k_ranges(m, load, pack):
     """Warps with 0, 1 or 2 steps of K (fewer than the two register sets a warp loads ahead; bulk: CTAs with 0,
     1 or 2 stages, the last one short) and a tail step with lanes past the range."""
     for k in (64, 320, 1088):
-        nvfp4_case(m, 70, k, torch.bfloat16, seed=k, load=load)
-        int8_case(m, 70, k, torch.float16, bias=True, seed=k, load=load)
-    nvfp4_case(m, 333, 4096, torch.bfloat16, splits=7, seed=m, load=load)
+        nvfp4_case(m, 70, k, torch.bfloat16, seed=k, load=load, pack=pack)
+        if not pack:
+            int8_case(m, 70, k, torch.float16, bias=True, seed=k, load=load)
+    nvfp4_case(m, 333, 4096, torch.bfloat16, splits=7, seed=m, load=load, pack=pack)
 
 
+@pytest.mark.parametrize("pack", PACKS, ids=["plain", "packed"])
 @pytest.mark.parametrize("load", LOADS)
 @pytest.mark.parametrize("n, k", [(16, 16), (3, 48), (2048, 8192), (8192, 2048)])
-def test_shapes(n, k, load):
-    nvfp4_case(3, n, k, torch.bfloat16, load=load)
-    int8_case(3, n, k, torch.bfloat16, bias=False, load=load)
+def test_shapes(n, k, load, pack):
+    nvfp4_case(3, n, k, torch.bfloat16, load=load, pack=pack)
+    if not pack:
+        int8_case(3, n, k, torch.bfloat16, bias=False, load=load)
 
 
+@pytest.mark.parametrize("pack", PACKS, ids=["plain", "packed"])
 @pytest.mark.parametrize("load", MORE_LOADS)
-def test_a_large_weight(load):
-    nvfp4_case(1, 8192, 8192, torch.bfloat16, load=load)
-    int8_case(16, 8192, 8192, torch.bfloat16, bias=True, load=load)
+def test_a_large_weight(load, pack):
+    nvfp4_case(1, 8192, 8192, torch.bfloat16, load=load, pack=pack)
+    nvfp4_case(8, 8192, 8192, torch.float16, load=load, pack=pack)
+    if not pack:
+        int8_case(16, 8192, 8192, torch.bfloat16, bias=True, load=load)
 
 
 def test_load_path_from_the_environment(monkeypatch):
@@ -148,23 +190,41 @@ def test_load_path_from_the_environment(monkeypatch):
     assert torch.equal(w4.nvfp4_matmul(x, w_fp4, block, global_scale), bulk)
 
 
+def test_pack_from_the_environment(monkeypatch):
+    """FA4_INDUCTOR_W4A16_PACK=1: calls without `pack` take the packed layout (prepared once), bit for bit the
+    `pack=True` call's output."""
+    from fa4_inductor.kernels import prepared_weights
+
+    w_fp4, block, global_scale = random_nvfp4(512, 1024, seed=6, device="cuda")
+    x = torch.randn(4, 1024, dtype=torch.bfloat16, device="cuda")
+    packed = w4.nvfp4_matmul(x, w_fp4, block, global_scale, pack=True)
+    monkeypatch.setenv(switches.W4A16_PACK, "1")
+    switches.reset()
+    assert w4.configured_pack()
+    assert torch.equal(w4.nvfp4_matmul(x, w_fp4, block, global_scale), packed)
+    assert prepared_weights.holds(w_fp4, ("w4a16_nvfp4_packed", torch.bfloat16))
+
+
+@pytest.mark.parametrize("pack", PACKS, ids=["plain", "packed"])
 @pytest.mark.parametrize("load", LOADS)
 @pytest.mark.parametrize("m", [1, 16])
-def test_cuda_graph_capture_and_replay(m, load):
+def test_cuda_graph_capture_and_replay(m, load, pack):
+    """Captured after a warm-up (which compiles the variants and, packed, prepares the weight), replayed on new x."""
     n, k = 4096, 4096
     w_fp4, block, global_scale = random_nvfp4(n, k, device="cuda")
     w_int8 = torch.randint(-128, 128, (n, k), dtype=torch.int8, device="cuda")
     scale = torch.rand(n, device="cuda") / 100
     x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
-    w4.warmup(torch.bfloat16, "nvfp4", (m,), bias=False, load=load)
+    w4.warmup(torch.bfloat16, "nvfp4", (m,), bias=False, load=load, pack=pack)
     w4.warmup(torch.bfloat16, "int8", (m,), bias=False, load=load)
-    graph, (out4, out8) = capture(lambda: (w4.nvfp4_matmul(x, w_fp4, block, global_scale, load=load),
+    graph, (out4, out8) = capture(lambda: (w4.nvfp4_matmul(x, w_fp4, block, global_scale, load=load, pack=pack),
                                            w4.int8_matmul(x, w_int8, scale, load=load)))
     for i in range(2):
         x.copy_(torch.randn_like(x))
         graph.replay()
         torch.cuda.synchronize()
-        assert torch.equal(out4, w4.nvfp4_matmul(x, w_fp4, block, global_scale, load=load)), f"nvfp4 replay {i}"
+        assert torch.equal(out4, w4.nvfp4_matmul(x, w_fp4, block, global_scale, load=load, pack=pack)), \
+            f"nvfp4 replay {i}"
         assert torch.equal(out8, w4.int8_matmul(x, w_int8, scale, load=load)), f"int8 replay {i}"
         wd = float64_dequantized(w_fp4, block, global_scale)
         report(f"graph nvfp4 m{m} replay {i}", out4, x.double() @ wd.T, F.linear(x, wd.to(x.dtype)))

@@ -517,3 +517,124 @@ def test_matmuls_check_their_operands():
 def test_host_module_imports_no_cutlass():
     code = "import sys, fa4_inductor.kernels.w4a16_decode; assert 'cutlass' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+# ------------------------------------------------------------------------------- the packed NVFP4 layout (`pack`)
+
+
+def _same_or_nan(a, b):
+    return bool(((a == b) | (a.isnan() & b.isnan())).all())
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_packed_decode_covers_every_code_and_scale(dtype):
+    """Every e2m1 code in every position of a word against every e4m3 byte (subnormals, both signs, zero, NaN):
+    the packed kernel's shifts, masks, merges and scale mads (for bf16 and f16 x) give the exact weight."""
+    scale_bytes = torch.arange(256, dtype=torch.uint8)
+    n = scale_bytes.numel()
+    g = torch.Generator().manual_seed(1)
+    codes = torch.stack([torch.randperm(16, generator=g) for _ in range(4 * n)]).reshape(n, 64).to(torch.uint8)
+    w_fp4 = codes[:, 0::2] | (codes[:, 1::2] << 4)
+    scales = scale_bytes.repeat_interleave(4).reshape(n, 4).view(torch.float8_e4m3fn)
+    words, blocks = w4.pack_nvfp4(w_fp4, scales, dtype)
+    assert _same_or_nan(w4.decode_packed_nvfp4_words(words, blocks, 64, dtype), _exact_nvfp4(w_fp4, scales))
+
+
+def test_packed_bit_places_cover_each_word_once():
+    """Each packed word holds its 8 codes' 32 bits once; pair P is codes 2P, 2P + 1 (the k slots of one x word)."""
+    for f16 in (False, True):
+        sources = w4._pack_bit_sources(f16)
+        assert sorted(sources) == [(c, b) for c in range(8) for b in range(4)]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("n, k", [(5, 64), (3, 48), (17, 16), (2, 4096)])
+def test_packed_layout_round_trip(n, k, dtype):
+    """pack_nvfp4 then unpack_nvfp4: the same codes and scales byte for byte where the scales are positive (a
+    quantizer's), the same weights for any finite scales; the padding decodes to zeros."""
+    w_fp4, scales = _random_nvfp4(n, k, seed=n * 1000 + k)
+    kp = w4.padded_k("nvfp4", k)
+    words, blocks = w4.pack_nvfp4(w_fp4, scales, dtype)
+    assert words.dtype == torch.int32 and tuple(words.shape) == (n, kp // 8)
+    assert blocks.dtype == torch.int32 and tuple(blocks.shape) == (n, kp // 64)
+    assert torch.equal(w4.decode_packed_nvfp4_words(words, blocks, k, dtype), _exact_nvfp4(w_fp4, scales))
+    w_back, s_back = w4.unpack_nvfp4(words, blocks, dtype)
+    assert torch.equal(_exact_nvfp4(w_back, s_back)[:, :k], _exact_nvfp4(w_fp4, scales))
+    assert not _exact_nvfp4(w_back, s_back)[:, k:].any()
+    magnitude = scales.view(torch.uint8) & 0x7F
+    positive = torch.where(magnitude == 0, 1, magnitude).to(torch.uint8).view(torch.float8_e4m3fn)
+    words, blocks = w4.pack_nvfp4(w_fp4, positive, dtype)
+    w_back, s_back = w4.unpack_nvfp4(words, blocks, dtype)
+    assert torch.equal(w_back[:, : k // 2], w_fp4) and not w_back[:, k // 2:].any()
+    assert torch.equal(s_back[:, : k // 16].view(torch.uint8), positive.view(torch.uint8))
+
+
+def test_packed_weights_are_prepared_once_per_dtype_and_scales():
+    from fa4_inductor.kernels import prepared_weights
+
+    w_fp4, scales = _random_nvfp4(4, 128, seed=4)
+    first = w4.prepare_nvfp4_packed(w_fp4, scales, torch.bfloat16)
+    assert w4.prepare_nvfp4_packed(w_fp4, scales, torch.bfloat16) is first
+    assert w4.prepare_nvfp4_packed(w_fp4, scales, torch.float16) is not first
+    assert any(kind == ("w4a16_nvfp4_packed", torch.bfloat16) for _, kind, _ in prepared_weights.report())
+    assert w4.prepare_nvfp4_packed(w_fp4, scales.view(4, 8)[:].view(4, 8), torch.bfloat16) is first  # a view: kept
+    other = scales.clone()
+    assert w4.prepare_nvfp4_packed(w_fp4, other, torch.bfloat16) is not first  # another scale tensor: rebuilt
+    again = w4.prepare_nvfp4_packed(w_fp4, other, torch.bfloat16)
+    assert again is w4.prepare_nvfp4_packed(w_fp4, other, torch.bfloat16)
+    other.view(torch.uint8)[0, 0] ^= 1  # changed in place: rebuilt
+    assert w4.prepare_nvfp4_packed(w_fp4, other, torch.bfloat16) is not again
+
+
+def test_pack_keys_and_switch():
+    from fa4_inductor.kernels import switches
+
+    cta = w4.wide(8)
+    assert w4.keys(torch.bfloat16, "nvfp4", 3, True, False, ARCH, cta, pack=True)[0].pack
+    assert not w4.keys(torch.bfloat16, "nvfp4", 3, True, False, ARCH, cta)[0].pack
+    assert not w4.keys(torch.bfloat16, "nvfp4", 3, True, False, ARCH, cta, pack=True)[1].pack  # the reduce
+    with pytest.raises(ValueError, match="packed layout is NVFP4's"):
+        w4.keys(torch.bfloat16, "int8", 3, False, False, ARCH, cta, pack=True)
+    assert switches.read({"FA4_INDUCTOR_W4A16_PACK": "1"}).w4a16_pack
+    assert not switches.read({}).w4a16_pack and not switches.read({"FA4_INDUCTOR_W4A16_PACK": "off"}).w4a16_pack
+
+
+def _pack_key(dtype, m, split, cta="wide"):
+    return w4._Key("main", dtype, "nvfp4", m, split, False, ARCH, w4.wide(m) if cta == "wide" else w4.NARROW, False,
+                   "registers", pack=True)
+
+
+def test_packed_variant_compiles(cute_dsl):
+    key = _pack_key(torch.bfloat16, 8, False)
+    assert callable(w4.compiled(key)) and w4.compiled(key) is not w4.compiled(key._replace(pack=False))
+
+
+PACK_PTX_PROBE = """
+import sys, torch
+from fa4_inductor.kernels import w4a16_decode as w
+for i, spec in enumerate(sys.argv[1:]):
+    dtype, m, split, cta = spec.split(",")
+    key = w._Key("main", getattr(torch, dtype), "nvfp4", int(m), split == "1", False, "sm_90a",
+                 w.wide(int(m)) if cta == "wide" else w.NARROW, False, "registers", pack=True)
+    open(f"kernel{i}.ptx", "w").write(w.compiled(key).__ptx__)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_packed_variants_compile_without_spills(cute_dsl, dtype, tmp_path):
+    """Both M buckets (M = 1..8 and 9..16), split and not, both CTA shapes: the packed variants compile for sm_90a
+    and, where ptxas is found, do not spill."""
+    specs = [f"{dtype},{m},{split},{cta}" for m in (8, 16) for split in (0, 1) for cta in ("wide", "narrow")]
+    env = dict(os.environ, CUTE_DSL_KEEP_PTX="1", CUTE_DSL_ARCH=ARCH)
+    subprocess.run([sys.executable, "-c", PACK_PTX_PROBE, *specs], env=env, cwd=tmp_path, check=True,
+                   capture_output=True, text=True)
+    ptxas = shutil.which("ptxas")
+    for i, spec in enumerate(specs):
+        ptx = tmp_path / f"kernel{i}.ptx"
+        text = ptx.read_text()
+        assert "mma.sync.aligned.m16n8k16" in text and "mad.lo.u32" in text, spec
+        if ptxas:
+            info = subprocess.run([ptxas, f"-arch={ARCH}", "-v", str(ptx), "-o", os.devnull], check=True,
+                                  capture_output=True, text=True).stderr
+            assert "0 bytes spill stores" in info and "0 bytes spill loads" in info, (spec, info)

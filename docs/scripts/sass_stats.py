@@ -4,8 +4,9 @@ and, when `nvdisasm` is found (NVDISASM or PATH; the `nvidia-cuda-nvdisasm` whee
 instructions of every loop (a backward branch) by opcode, with the number of MMAs, so the instructions per MMA
 can be compared between versions of a kernel.
 
-    python docs/scripts/sass_stats.py w4a16 nvfp4 8          # main W4A16 GEMM, M bucket 8, bf16 x, unsplit
+    python docs/scripts/sass_stats.py w4a16 nvfp4 8          # main W4A16 GEMM, M bucket 8, bf16 x, unsplit, wide CTA
     python docs/scripts/sass_stats.py w4a16 nvfp4 8 bulk     # the same with a load path (`w4a16_decode.parse_load`)
+    python docs/scripts/sass_stats.py w4a16 nvfp4 8 registers --pack --f16 --narrow   # packed NVFP4, f16 x, 1x1x8
     python docs/scripts/sass_stats.py int8kv 64              # int8-KV decode attention, head dim 64, group 4, split
 """
 import collections
@@ -27,8 +28,14 @@ def compile_variant(argv):
     if argv[0] == "w4a16":
         from fa4_inductor.kernels import w4a16_decode as w4
 
-        load = w4.load_key(argv[3] if len(argv) > 3 else "registers", int(argv[2]), argv[1])
-        w4.compiled(w4._Key("main", torch.bfloat16, argv[1], int(argv[2]), False, False, "sm_90a", load))
+        flags = {a for a in argv if a.startswith("--")}
+        argv = [a for a in argv if not a.startswith("--")]
+        m = int(argv[2])
+        cta = w4.NARROW if "--narrow" in flags else w4.wide(m)
+        load = w4.load_key(argv[3] if len(argv) > 3 else "registers", m, argv[1], cta)
+        dtype = torch.float16 if "--f16" in flags else torch.bfloat16
+        w4.compiled(w4._Key("main", dtype, argv[1], m, "--split" in flags, False, "sm_90a", cta, False, load,
+                            pack="--pack" in flags))
     elif argv[0] == "int8kv":
         from fa4_inductor.kernels import decode_int8kv
 
