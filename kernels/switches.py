@@ -14,8 +14,8 @@ ptxas caps them; default 0, uncapped). W4A16 decode GEMM tuning: FA4_INDUCTOR_W4
 FA4_INDUCTOR_W4A16_PDL (0 / false / no / off: launched without programmatic dependent launch; default on),
 FA4_INDUCTOR_W4A16_LOAD (its load path: registers, the default, or bulk, with options and a ring depth,
 bulk+scales:4; `w4a16_decode.parse_load`), FA4_INDUCTOR_W4A16_PACK (on: NVFP4 weights prepacked once into the
-kernel's packed layout, `w4a16_decode.pack_nvfp4`; default off). Others' variables we read: CUTE_DSL_ARCH (the CuTe
-DSL compile target), FA4's disk-cache pair and XDG_CACHE_HOME (`fa4.py` turns FA4's disk cache on).
+kernel's packed layout, `w4a16_decode.pack_nvfp4`; tiles: that layout in 16-row tiles; default off). Others'
+variables we read: CUTE_DSL_ARCH (the CuTe DSL compile target), FA4's disk-cache pair and XDG_CACHE_HOME (`fa4.py` turns FA4's disk cache on).
 """
 
 from __future__ import annotations
@@ -57,7 +57,8 @@ class Switches(NamedTuple):
     w4a16_pdl: bool
     w4a16_load: Optional[str]
     """The raw value; `w4a16_decode.parse_load` checks it."""
-    w4a16_pack: bool
+    w4a16_pack: Optional[str]
+    """None (off), "pairs" (on) or "tiles"."""
     cute_dsl_arch: Optional[str]
     fa4_cache_enabled_set: bool
     """FA4's disk-cache switch is set (by the user, or by `fa4.py` before importing FA4)."""
@@ -85,12 +86,24 @@ def read(env: Mapping[str, str]) -> Switches:
         w4a16_cta=parse_cta_shape(env.get(W4A16_CTA)),
         w4a16_pdl=not _is_off(env.get(W4A16_PDL, "1")),
         w4a16_load=(env.get(W4A16_LOAD) or "").strip() or None,
-        w4a16_pack=_is_on(env.get(W4A16_PACK)),
+        w4a16_pack=parse_pack(env.get(W4A16_PACK)),
         cute_dsl_arch=env.get(CUTE_DSL_ARCH) or None,
         fa4_cache_enabled_set=FA4_CACHE_ENABLED in env,
         fa4_cache_dir=env.get(FA4_CACHE_DIR) or None,
         cache_home=env.get("XDG_CACHE_HOME") or str(Path.home() / ".cache"),
     )
+
+
+def parse_pack(value: Optional[str]) -> Optional[str]:
+    """FA4_INDUCTOR_W4A16_PACK: off (unset, 0 / false / no / off), on (1 / true / yes / on: "pairs") or "tiles"."""
+    v = (value or "").strip().lower()
+    if not v or _is_off(v):
+        return None
+    if _is_on(v):
+        return "pairs"
+    if v == "tiles":
+        return v
+    raise ValueError(f"{W4A16_PACK} is off, on or tiles, not {value!r}")
 
 
 def parse_cta_shape(value: Optional[str]) -> Optional[tuple[int, int, int]]:

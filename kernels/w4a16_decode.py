@@ -58,7 +58,11 @@ stay the same memory between calls (the tensor or a view of it: the entry holds 
 in new memory each call would repack each call, and under CUDA-graph capture that is refused. H200 (session 11,
 CUDA-graph medians, x bf16, M = 1 / 8): 8192 x 8192 20.6 / 22.8 us packed against 19.3 / 24.1 plain, 2048 x 8192
 6.9 / 10.3 against 6.8 / 9.9, 8192 x 2048 6.6 / 8.8 against 7.1 / 8.7, 2048 x 2048 2.9 / 3.7 against 3.0 / 3.9:
-13% fewer instructions a MMA (sass_stats) move the time by -7..+7%, so plain stays the default.
+13% fewer instructions a MMA (sass_stats) move the time by -7..+7%, so plain stays the default. `pack="tiles"`
+(FA4_INDUCTOR_W4A16_PACK=tiles; register load path only) also stores the packed words in 16-row tiles
+(`tile_words`), so a warp's step reads 2 KB back to back instead of 128-byte runs of 32 rows: as fast again (8192 x
+8192 20.1 / 23.4 us, 2048 x 8192 6.7 / 10.2, 8192 x 2048 6.7 / 8.8, 2048 x 2048 2.9 / 3.7), so the run length of the
+weight reads is not what holds the kernel either.
 
 PDL (on; FA4_INDUCTOR_W4A16_PDL=0 turns it off): the main kernel is launched as a programmatic dependent, so in
 a run of these GEMMs (q, k, v; gate, up; chains) each one's first weight loads overlap the previous one's tail
@@ -467,15 +471,42 @@ def decode_packed_nvfp4_words(words: Tensor, block_words: Tensor, k: int, dtype:
     return (w_dec * 2.0 ** gemm.decode_exponent(f16))[:, :k]
 
 
-def prepare_nvfp4_packed(w_fp4: Tensor, w_block_scale: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
-    """`pack_nvfp4` of the weight, once per weight, scale tensor and x dtype."""
-    return prepared_weights.get(w_fp4, ("w4a16_nvfp4_packed", dtype), lambda: pack_nvfp4(w_fp4, w_block_scale, dtype),
-                                depends=(w_block_scale,))
+def tile_words(words: Tensor) -> Tensor:
+    """Packed words [N, Kp/8] in 16-row tiles (`pack="tiles"`): int32 [ceil(N/16) * chunks * 16, 8], row n's chunk
+    c at row (n // 16 * chunks + c) * 16 + n % 16 (rows past N zero), so a warp's step (16 rows x 4 chunks of a
+    tile) is 2 KB back to back."""
+    n, chunks = words.shape[0], words.shape[1] // 8
+    tiles = -(-n // 16)
+    padded = words.new_zeros(tiles * 16, chunks * 8)
+    padded[:n] = words
+    return padded.reshape(tiles, 16, chunks, 8).permute(0, 2, 1, 3).contiguous().reshape(-1, 8)
 
 
-def configured_pack() -> bool:
-    """Whether NVFP4 calls without a `pack` argument take the packed layout: FA4_INDUCTOR_W4A16_PACK."""
-    return switches.current().w4a16_pack
+def untile_words(tiled: Tensor, n: int, chunks: int) -> Tensor:
+    """`tile_words` undone: [n, chunks * 8]."""
+    return tiled.reshape(-1, chunks, 16, 8).permute(0, 2, 1, 3).reshape(-1, chunks * 8)[:n]
+
+
+def prepare_nvfp4_packed(w_fp4: Tensor, w_block_scale: Tensor, dtype: torch.dtype, tiled: bool = False
+                         ) -> tuple[Tensor, Tensor]:
+    """`pack_nvfp4` of the weight (`tiled`: its words through `tile_words`), once per weight, scale tensor and x
+    dtype."""
+    def build():
+        words, blocks = pack_nvfp4(w_fp4, w_block_scale, dtype)
+        return (tile_words(words) if tiled else words), blocks
+
+    kind = ("w4a16_nvfp4_tiled" if tiled else "w4a16_nvfp4_packed", dtype)
+    return prepared_weights.get(w_fp4, kind, build, depends=(w_block_scale,))
+
+
+PACKS = (False, True, "tiles")  # plain, packed, packed in 16-row tiles
+
+
+def configured_pack():
+    """The NVFP4 layout calls without a `pack` argument take: FA4_INDUCTOR_W4A16_PACK (off: False, on: True,
+    tiles: "tiles")."""
+    value = switches.current().w4a16_pack
+    return "tiles" if value == "tiles" else bool(value)
 
 
 def prepare_nvfp4(w_fp4: Tensor, w_block_scale: Tensor) -> tuple[Tensor, Tensor]:
@@ -518,6 +549,7 @@ class _Key(NamedTuple):
     load: str = "registers"  # main only: "registers" or "bulk[+ahead][+prefetch]:<stages>" (`load_key`)
     scale_dtype: torch.dtype = torch.float32  # int8's per-channel scales as the caller holds them
     pack: bool = False  # main only, NVFP4: the packed layout (`pack_nvfp4`)
+    tiled: bool = False  # main only, packed NVFP4 in 16-row tiles (`tile_words`)
 
 
 def _compile(key: _Key):
@@ -549,9 +581,13 @@ def _compile(key: _Key):
                                                    prefetch="prefetch" in options, scales="scales" in options)
     if key.pack:
         load["pack"] = True
+        load["tiled"] = key.tiled
     kernel = W4A16DecodeGemm(dt, key.fmt, key.m_max // 8, key.split, key.bias, *key.cta, pdl=key.pdl, **load)
     x = cute.runtime.make_fake_tensor(Int32, (sym(), sym()), (sym64(divisibility=4), 1), assumed_align=16)
     w = cute.runtime.make_fake_tensor(Int32, (sym(), sym()), (sym64(divisibility=4), 1), assumed_align=16)
+    if key.tiled:
+        w = cute.runtime.make_fake_tensor(Int32, (sym(), CHUNK_VALUES["nvfp4"] // 8), (CHUNK_VALUES["nvfp4"] // 8, 1),
+                                          assumed_align=16)
     block = cute.runtime.make_fake_tensor(Int32, (sym(), sym()), (sym64(), 1)) if nvfp4 else None
     return compile_utils.compile_for_tvm_ffi(
         cute, kernel, x, w, block, scale, bias, None if key.split else out, part if key.split else None)
@@ -563,30 +599,34 @@ compiled = compile_utils.CompiledVariants(_compile)
 
 def keys(dtype: torch.dtype, fmt: str, m: int, split: bool, bias: bool, arch: str, cta: CtaShape,
          pdl: bool = False, load: str = "registers", scale_dtype: torch.dtype = torch.float32,
-         pack: bool = False) -> list[_Key]:
+         pack=False) -> list[_Key]:
     """The variants a call runs: the main kernel (load path `load`, a `parse_load` spec), and the reduce
     kernel when split. `scale_dtype`: the dtype of int8's per-channel scales (NVFP4's global scale is fp32);
-    `pack`: NVFP4 weights in the packed layout."""
+    `pack`: NVFP4 weights in the packed layout (True) or packed in tiles ("tiles", register path only)."""
     m_max = m_bucket(m)
     if scale_dtype not in SCALE_DTYPES or (fmt == "nvfp4" and scale_dtype != torch.float32):
         raise ValueError(f"the W4A16 decode GEMM does not take {fmt} scales of dtype {scale_dtype}")
     if pack and fmt != "nvfp4":
         raise ValueError(f"the packed layout is NVFP4's; {fmt} weights have none")
+    if pack not in PACKS:
+        raise ValueError(f"the NVFP4 layout (`pack`) is one of {PACKS}, not {pack!r}")
+    if pack == "tiles" and parse_load(load)[0] != "registers":
+        raise ValueError("the tiled NVFP4 layout runs on the register load path only")
     main = _Key("main", dtype, fmt, m_max, split, bias and not split, arch, cta, pdl,
-                load_key(load, m_max, fmt, cta), scale_dtype, pack)
+                load_key(load, m_max, fmt, cta), scale_dtype, bool(pack), pack == "tiles")
     return [main, _Key("reduce", dtype, fmt, 0, True, bias, arch, scale_dtype=scale_dtype)] if split else [main]
 
 
 def warmup(dtype: torch.dtype, fmt: str, m_values=M_BUCKETS, *, bias: Optional[bool] = None,
            device: torch.device | str = "cuda", load: Optional[str] = None,
-           scale_dtype: torch.dtype = torch.float32, pack: Optional[bool] = None) -> int:
+           scale_dtype: torch.dtype = torch.float32, pack=None) -> int:
     """Compile every variant calls with these rows can hit (both CTA shapes, split and not; `bias` None: both;
     `load` None: the configured load path; int8 scales of `scale_dtype`; `pack` None: NVFP4 as configured),
     outside CUDA-graph capture. Returns how many were compiled now."""
     if dtype not in DTYPES or fmt not in FORMATS:
         raise ValueError(f"the W4A16 decode GEMM does not take dtype {dtype} / format {fmt!r}")
     load = configured_load() if load is None else load
-    pack = fmt == "nvfp4" and (configured_pack() if pack is None else pack)
+    pack = (configured_pack() if pack is None else pack) if fmt == "nvfp4" else False
     arch = compile_utils.target_arch(torch.device(device), off_gpu="sm_90a")
     before = len(compiled)
     forced, pdl = switches.current().w4a16_cta, switches.current().w4a16_pdl
@@ -608,9 +648,11 @@ def warmup(dtype: torch.dtype, fmt: str, m_values=M_BUCKETS, *, bias: Optional[b
 
 def _run(fmt: str, x2d: Tensor, words: Tensor, block: Optional[Tensor], scale: Tensor, bias: Optional[Tensor],
          n: int, k: int, splits: Optional[int], cta: Optional[tuple[int, int, int]], load: Optional[str],
-         pack: bool = False) -> Tensor:
+         pack=False) -> Tensor:
     m = x2d.shape[0]
     kp = words.shape[1] * (8 if fmt == "nvfp4" else 4)  # codes per int32 word
+    if pack == "tiles":
+        kp = block.shape[1] * CHUNK_VALUES["nvfp4"]
     x = prepare_x(x2d, kp)
     device = x.device
     out = torch.empty(m, n, dtype=x.dtype, device=device)
@@ -646,7 +688,7 @@ def _check(x2d: Tensor, fmt: str, n: int, k: int, *tensors: Optional[Tensor]) ->
 
 def nvfp4_matmul(x2d: Tensor, w_fp4: Tensor, w_block_scale: Tensor, w_global_scale: Tensor, *,
                  splits: Optional[int] = None, cta: Optional[tuple[int, int, int]] = None,
-                 load: Optional[str] = None, pack: Optional[bool] = None) -> Tensor:
+                 load: Optional[str] = None, pack=None) -> Tensor:
     """x2d [M, K] @ dequant(w)^T -> [M, N] in x's dtype (module docstring). `splits` overrides `num_splits`,
     `cta` (row tiles, warps_n, warps_k) `cta_shape`, `load` the configured load path and `pack` the configured
     layout (FA4_INDUCTOR_W4A16_PACK) (tests, tuning)."""
@@ -654,7 +696,7 @@ def nvfp4_matmul(x2d: Tensor, w_fp4: Tensor, w_block_scale: Tensor, w_global_sca
     _check(x2d, "nvfp4", n, k, w_fp4, w_block_scale, w_global_scale)
     pack = configured_pack() if pack is None else pack
     if pack:
-        words, pairs = prepare_nvfp4_packed(w_fp4, w_block_scale, x2d.dtype)
+        words, pairs = prepare_nvfp4_packed(w_fp4, w_block_scale, x2d.dtype, pack == "tiles")
     else:
         words, pairs = prepare_nvfp4(w_fp4, w_block_scale)
     return _run("nvfp4", x2d, words, pairs, w_global_scale.reshape(1), None, n, k, splits, cta, load, pack)

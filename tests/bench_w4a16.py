@@ -10,8 +10,8 @@ W4A16 GEMM (kernels/quack_w4a16.py), NVFP4 and int8 weights, x bf16.
 
 `--load` (comma list of `w4a16_decode.parse_load` specs; default FA4_INDUCTOR_W4A16_LOAD, else registers)
 times ours once per load path; `--stages` gives each bulk path those ring depths ("bulk:3"; a depth that does
-not fit shared memory is reported and skipped). They combine with `--splits` and `--cta`. `--pack off,on` times the
-NVFP4 rows once per layout (the packed one prepared before timing, `w4a16_decode.pack_nvfp4`; default
+not fit shared memory is reported and skipped). They combine with `--splits` and `--cta`. `--pack off,on,tiles` times
+the NVFP4 rows once per layout (the packed one prepared before timing, `w4a16_decode.pack_nvfp4`; default
 FA4_INDUCTOR_W4A16_PACK); int8 rows are timed once.
 
 Timing: each kernel is called on C copies of its weight (C copies > 2x the 50 MB L2, so every call reads its
@@ -91,7 +91,7 @@ def bench_shape(n, k, ms, splits_list=None, loads=(None,), ctas=None, int8_scale
         x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
         row = {}
         tag = lambda ld: f" {ld}" if ld else ""  # noqa: E731
-        ptag = lambda pk: "" if pk is None else (" packed" if pk else " plain")  # noqa: E731
+        ptag = lambda pk: "" if pk is None else {False: " plain", True: " packed", "tiles": " tiles"}[pk]  # noqa: E731
         loads_m = [ld for ld in loads if fits(ld, m)]
         sweep = bool(splits_list or ctas)
         if sweep:  # ours only, beside bf16
@@ -181,7 +181,7 @@ def main():
                                                 "bf16 only)")
     p.add_argument("--load", default=None, help="comma list of load paths: registers, bulk, bulk+prefetch:4 ...")
     p.add_argument("--stages", default=None, help="comma list: ring depths for each bulk load path")
-    p.add_argument("--pack", default=None, help="comma list of NVFP4 layouts: off (plain), on (packed)")
+    p.add_argument("--pack", default=None, help="comma list of NVFP4 layouts: off (plain), on (packed), tiles")
     p.add_argument("--int8-scales", default="float32", choices=("float32", "bfloat16", "float16"),
                    help="the int8 weights' per-channel scale dtype")
     a = p.parse_args()
@@ -194,7 +194,7 @@ def main():
           f"(bulk default depths, wide CTAs: M <= 8 {w4.bulk_stages(8, w4.wide(8))}, M <= 16 "
           f"{w4.bulk_stages(16, w4.wide(16))}; narrow: {w4.bulk_stages(8, w4.NARROW)}, "
           f"{w4.bulk_stages(16, w4.NARROW)})")
-    packs = [{"off": False, "on": True}[v.strip()] for v in a.pack.split(",")] if a.pack else [None]
+    packs = [{"off": False, "on": True, "tiles": "tiles"}[v.strip()] for v in a.pack.split(",")] if a.pack else [None]
     for shape in a.shapes.split(","):
         n, k = map(int, shape.split("x"))
         bench_shape(n, k, ms, splits, loads, ctas, getattr(torch, a.int8_scales), packs)

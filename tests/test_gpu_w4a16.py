@@ -20,7 +20,13 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 
 LOADS = ["registers", "bulk"]
 MORE_LOADS = LOADS + ["bulk:2", "bulk+ahead+prefetch", "bulk+scales:3"]  # rings wrapping often; the options
-PACKS = [False, True]
+PACKS = [False, True, "tiles"]
+PACK_IDS = ["plain", "packed", "tiles"]
+
+
+def skip_tiles_off_registers(pack, load):
+    if pack == "tiles" and load != "registers":
+        pytest.skip("the tiled layout runs on the register load path only")
 
 
 def report(name, out, ref, pytorch):
@@ -67,10 +73,11 @@ def int8_case(m, n, k, dtype, bias, splits=None, seed=0, load="registers", cta=N
            f"{plan(n, k, 'int8', m, splits, cta, load)}", out, ref, pytorch)
 
 
-@pytest.mark.parametrize("pack", PACKS, ids=["plain", "packed"])
+@pytest.mark.parametrize("pack", PACKS, ids=PACK_IDS)
 @pytest.mark.parametrize("load", LOADS)
 @pytest.mark.parametrize("m", range(1, 17))
 def test_nvfp4_every_m(m, load, pack):
+    skip_tiles_off_registers(pack, load)
     nvfp4_case(m, 1000, 2064, torch.bfloat16, seed=m, load=load, pack=pack)  # N, K not multiples of 16 rows, 64
 
 
@@ -94,11 +101,13 @@ def test_forced_splits_and_dtypes(fmt, splits, dtype, load):
 @pytest.mark.parametrize("load", MORE_LOADS)
 @pytest.mark.parametrize("splits", [1, 2, 7])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
-def test_packed_splits_and_dtypes(splits, dtype, load):
-    nvfp4_case(5, 333, 4096, dtype, splits=splits, seed=splits, load=load, pack=True)
+@pytest.mark.parametrize("pack", [True, "tiles"], ids=["packed", "tiles"])
+def test_packed_splits_and_dtypes(splits, dtype, load, pack):
+    skip_tiles_off_registers(pack, load)
+    nvfp4_case(5, 333, 4096, dtype, splits=splits, seed=splits, load=load, pack=pack)
 
 
-@pytest.mark.parametrize("pack", PACKS, ids=["plain", "packed"])
+@pytest.mark.parametrize("pack", PACKS, ids=PACK_IDS)
 @pytest.mark.parametrize("m", [1, 8, 16])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
 def test_nvfp4_signed_zero_and_subnormal_block_scales(dtype, m, pack):
@@ -134,12 +143,13 @@ def test_int8_scales_read_in_their_own_dtype(dtype, scale_dtype, splits):
                                                                                         splits=splits))
 
 
-@pytest.mark.parametrize("pack", PACKS, ids=["plain", "packed"])
+@pytest.mark.parametrize("pack", PACKS, ids=PACK_IDS)
 @pytest.mark.parametrize("load", LOADS)
 @pytest.mark.parametrize("cta", [(1, 1, 8), (2, 2, 4), (1, 2, 8), (2, 1, 2)], ids=lambda c: "x".join(map(str, c)))
 @pytest.mark.parametrize("m", [1, 9])
 def test_forced_cta_shapes(cta, m, load, pack):
     """Every CTA shape the rule or FA4_INDUCTOR_W4A16_CTA can pick: odd N and K, split and not."""
+    skip_tiles_off_registers(pack, load)
     for splits in (None, 3):
         nvfp4_case(m, 333, 4160, torch.bfloat16, splits=splits, seed=m, cta=cta, load=load, pack=pack)
         nvfp4_case(m, 333, 4160, torch.float16, splits=splits, seed=m + 1, cta=cta, load=load, pack=pack)
@@ -147,12 +157,13 @@ def test_forced_cta_shapes(cta, m, load, pack):
             int8_case(m, 333, 4128, torch.float16, bias=True, splits=splits, seed=m, cta=cta, load=load)
 
 
-@pytest.mark.parametrize("pack", PACKS, ids=["plain", "packed"])
+@pytest.mark.parametrize("pack", PACKS, ids=PACK_IDS)
 @pytest.mark.parametrize("load", MORE_LOADS)
 @pytest.mark.parametrize("m", [1, 8, 9, 16])
 def test_short_k_ranges(m, load, pack):
     """Warps with 0, 1 or 2 steps of K (fewer than the two register sets a warp loads ahead; bulk: CTAs with 0,
     1 or 2 stages, the last one short) and a tail step with lanes past the range."""
+    skip_tiles_off_registers(pack, load)
     for k in (64, 320, 1088):
         nvfp4_case(m, 70, k, torch.bfloat16, seed=k, load=load, pack=pack)
         if not pack:
@@ -160,18 +171,20 @@ def test_short_k_ranges(m, load, pack):
     nvfp4_case(m, 333, 4096, torch.bfloat16, splits=7, seed=m, load=load, pack=pack)
 
 
-@pytest.mark.parametrize("pack", PACKS, ids=["plain", "packed"])
+@pytest.mark.parametrize("pack", PACKS, ids=PACK_IDS)
 @pytest.mark.parametrize("load", LOADS)
 @pytest.mark.parametrize("n, k", [(16, 16), (3, 48), (2048, 8192), (8192, 2048)])
 def test_shapes(n, k, load, pack):
+    skip_tiles_off_registers(pack, load)
     nvfp4_case(3, n, k, torch.bfloat16, load=load, pack=pack)
     if not pack:
         int8_case(3, n, k, torch.bfloat16, bias=False, load=load)
 
 
-@pytest.mark.parametrize("pack", PACKS, ids=["plain", "packed"])
+@pytest.mark.parametrize("pack", PACKS, ids=PACK_IDS)
 @pytest.mark.parametrize("load", MORE_LOADS)
 def test_a_large_weight(load, pack):
+    skip_tiles_off_registers(pack, load)
     nvfp4_case(1, 8192, 8192, torch.bfloat16, load=load, pack=pack)
     nvfp4_case(8, 8192, 8192, torch.float16, load=load, pack=pack)
     if not pack:
@@ -203,13 +216,19 @@ def test_pack_from_the_environment(monkeypatch):
     assert w4.configured_pack()
     assert torch.equal(w4.nvfp4_matmul(x, w_fp4, block, global_scale), packed)
     assert prepared_weights.holds(w_fp4, ("w4a16_nvfp4_packed", torch.bfloat16))
+    tiles = w4.nvfp4_matmul(x, w_fp4, block, global_scale, pack="tiles")
+    monkeypatch.setenv(switches.W4A16_PACK, "tiles")
+    switches.reset()
+    assert torch.equal(w4.nvfp4_matmul(x, w_fp4, block, global_scale), tiles)
+    assert prepared_weights.holds(w_fp4, ("w4a16_nvfp4_tiled", torch.bfloat16))
 
 
-@pytest.mark.parametrize("pack", PACKS, ids=["plain", "packed"])
+@pytest.mark.parametrize("pack", PACKS, ids=PACK_IDS)
 @pytest.mark.parametrize("load", LOADS)
 @pytest.mark.parametrize("m", [1, 16])
 def test_cuda_graph_capture_and_replay(m, load, pack):
     """Captured after a warm-up (which compiles the variants and, packed, prepares the weight), replayed on new x."""
+    skip_tiles_off_registers(pack, load)
     n, k = 4096, 4096
     w_fp4, block, global_scale = random_nvfp4(n, k, device="cuda")
     w_int8 = torch.randint(-128, 128, (n, k), dtype=torch.int8, device="cuda")

@@ -599,23 +599,54 @@ def test_pack_keys_and_switch():
     assert not switches.read({}).w4a16_pack and not switches.read({"FA4_INDUCTOR_W4A16_PACK": "off"}).w4a16_pack
 
 
-def _pack_key(dtype, m, split, cta="wide"):
+def _pack_key(dtype, m, split, cta="wide", tiled=False):
     return w4._Key("main", dtype, "nvfp4", m, split, False, ARCH, w4.wide(m) if cta == "wide" else w4.NARROW, False,
-                   "registers", pack=True)
+                   "registers", pack=True, tiled=tiled)
 
 
 def test_packed_variant_compiles(cute_dsl):
     key = _pack_key(torch.bfloat16, 8, False)
     assert callable(w4.compiled(key)) and w4.compiled(key) is not w4.compiled(key._replace(pack=False))
+    tiled = _pack_key(torch.float16, 16, True, "narrow", tiled=True)
+    assert callable(w4.compiled(tiled)) and w4.compiled(tiled) is not w4.compiled(tiled._replace(tiled=False))
+
+
+@pytest.mark.parametrize("n, k", [(5, 64), (17, 192), (32, 128)])
+def test_tiled_words_round_trip(n, k):
+    """tile_words puts row n's chunk c at (n // 16 * chunks + c) * 16 + n % 16, zeros past N; untile_words undoes it."""
+    w_fp4, scales = _random_nvfp4(n, k, seed=k)
+    words, _ = w4.pack_nvfp4(w_fp4, scales)
+    chunks = words.shape[1] // 8
+    tiled = w4.tile_words(words)
+    assert tiled.shape == (-(-n // 16) * chunks * 16, 8)
+    for row in range(n):
+        for c in range(chunks):
+            assert torch.equal(tiled[(row // 16 * chunks + c) * 16 + row % 16], words[row, 8 * c:8 * c + 8])
+    assert torch.equal(w4.untile_words(tiled, n, chunks), words)
+    assert tiled.abs().sum() == words.abs().sum()
+
+
+def test_tiled_keys():
+    from fa4_inductor.kernels import switches
+
+    key = w4.keys(torch.bfloat16, "nvfp4", 3, False, False, ARCH, w4.wide(8), pack="tiles")[0]
+    assert key.pack and key.tiled
+    with pytest.raises(ValueError, match="register load path only"):
+        w4.keys(torch.bfloat16, "nvfp4", 3, False, False, ARCH, w4.wide(8), load="bulk", pack="tiles")
+    with pytest.raises(ValueError, match="NVFP4 layout"):
+        w4.keys(torch.bfloat16, "nvfp4", 3, False, False, ARCH, w4.wide(8), pack="rows")
+    assert switches.read({"FA4_INDUCTOR_W4A16_PACK": "tiles"}).w4a16_pack == "tiles"
+    with pytest.raises(ValueError, match="off, on or tiles"):
+        switches.read({"FA4_INDUCTOR_W4A16_PACK": "tile"})
 
 
 PACK_PTX_PROBE = """
 import sys, torch
 from fa4_inductor.kernels import w4a16_decode as w
 for i, spec in enumerate(sys.argv[1:]):
-    dtype, m, split, cta = spec.split(",")
+    dtype, m, split, cta, tiled = spec.split(",")
     key = w._Key("main", getattr(torch, dtype), "nvfp4", int(m), split == "1", False, "sm_90a",
-                 w.wide(int(m)) if cta == "wide" else w.NARROW, False, "registers", pack=True)
+                 w.wide(int(m)) if cta == "wide" else w.NARROW, False, "registers", pack=True, tiled=tiled == "1")
     open(f"kernel{i}.ptx", "w").write(w.compiled(key).__ptx__)
 """
 
@@ -624,8 +655,9 @@ for i, spec in enumerate(sys.argv[1:]):
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 def test_packed_variants_compile_without_spills(cute_dsl, dtype, tmp_path):
     """Both M buckets (M = 1..8 and 9..16), split and not, both CTA shapes: the packed variants compile for sm_90a
-    and, where ptxas is found, do not spill."""
-    specs = [f"{dtype},{m},{split},{cta}" for m in (8, 16) for split in (0, 1) for cta in ("wide", "narrow")]
+    and, where ptxas is found, do not spill; the tiled ones too (unsplit)."""
+    specs = [f"{dtype},{m},{split},{cta},0" for m in (8, 16) for split in (0, 1) for cta in ("wide", "narrow")]
+    specs += [f"{dtype},{m},0,{cta},1" for m in (8, 16) for cta in ("wide", "narrow")]
     env = dict(os.environ, CUTE_DSL_KEEP_PTX="1", CUTE_DSL_ARCH=ARCH)
     subprocess.run([sys.executable, "-c", PACK_PTX_PROBE, *specs], env=env, cwd=tmp_path, check=True,
                    capture_output=True, text=True)

@@ -7,6 +7,7 @@ can be compared between versions of a kernel.
     python docs/scripts/sass_stats.py w4a16 nvfp4 8          # main W4A16 GEMM, M bucket 8, bf16 x, unsplit, wide CTA
     python docs/scripts/sass_stats.py w4a16 nvfp4 8 bulk     # the same with a load path (`w4a16_decode.parse_load`)
     python docs/scripts/sass_stats.py w4a16 nvfp4 8 registers --pack --f16 --narrow   # packed NVFP4, f16 x, 1x1x8
+    python docs/scripts/sass_stats.py w4a16 nvfp4 8 registers --tiles    # packed NVFP4 in 16-row tiles
     python docs/scripts/sass_stats.py int8kv 64              # int8-KV decode attention, head dim 64, group 4, split
 """
 import collections
@@ -35,7 +36,7 @@ def compile_variant(argv):
         load = w4.load_key(argv[3] if len(argv) > 3 else "registers", m, argv[1], cta)
         dtype = torch.float16 if "--f16" in flags else torch.bfloat16
         w4.compiled(w4._Key("main", dtype, argv[1], m, "--split" in flags, False, "sm_90a", cta, False, load,
-                            pack="--pack" in flags))
+                            pack="--pack" in flags or "--tiles" in flags, tiled="--tiles" in flags))
     elif argv[0] == "int8kv":
         from fa4_inductor.kernels import decode_int8kv
 

@@ -311,7 +311,8 @@ class W4A16DecodeGemm:
 
     def __init__(self, dtype, fmt: str, groups: int, split: bool, has_bias: bool, row_tiles: int,
                  warps_n: int, warps_k: int, load: str = "registers", stages: int = 0, ahead: bool = False,
-                 prefetch: bool = False, scales: bool = False, pdl: bool = False, pack: bool = False):
+                 prefetch: bool = False, scales: bool = False, pdl: bool = False, pack: bool = False,
+                 tiled: bool = False):
         assert fmt in FORMATS and 1 <= groups <= MAX_GROUPS and row_tiles >= 1, (fmt, groups, row_tiles)
         assert load in LOADS and (stages >= 1) == (load == "bulk") and (
             load == "bulk" or not (ahead or prefetch or scales)), (load, stages, ahead, prefetch, scales)
@@ -334,7 +335,9 @@ class W4A16DecodeGemm:
         self.stage = BulkStage(TILE_ROWS * row_tiles * warps_n, warps_k, self.ring_scales)
         self.pdl = pdl
         assert not pack or fmt == "nvfp4", fmt
+        assert not tiled or (pack and load == "registers"), (tiled, pack, load)
         self.pack = pack
+        self.tiled = tiled
 
     @cute.jit
     def __call__(self, mX: cute.Tensor, mW: cute.Tensor, mBlock: Optional[cute.Tensor], mScale: cute.Tensor,
@@ -362,8 +365,9 @@ class W4A16DecodeGemm:
             class SharedStorage:
                 sRed: cute.struct.Align[cute.struct.MemRange[Float32, red_words], 16]
 
+        n_rows = mBlock.shape[0] if const_expr(self.tiled) else mW.shape[0]
         self.kernel(mX, mW, mBlock, mScale, mBias, mOut, mPart, SharedStorage).launch(
-            grid=((mW.shape[0] + rows_per_cta - 1) // rows_per_cta, num_splits, 1),
+            grid=((n_rows + rows_per_cta - 1) // rows_per_cta, num_splits, 1),
             block=(threads, 1, 1),
             smem=SharedStorage.size_in_bytes(),
             stream=stream,
@@ -387,10 +391,14 @@ class W4A16DecodeGemm:
         wn = warp_idx % self.warps_n
         wk = warp_idx // self.warps_n
         n_rows = mW.shape[0]
+        if const_expr(self.tiled):
+            n_rows = mBlock.shape[0]
         m_rows = mX.shape[0]
         row0 = (bx * self.warps_n + wn) * (TILE_ROWS * RT)
 
         chunks = mW.shape[1] // CHUNK_WORDS
+        if const_expr(self.tiled):
+            chunks = mBlock.shape[1]
         cta_begin = split_idx * chunks // num_splits
         cta_chunks = (split_idx + 1) * chunks // num_splits - cta_begin
         c_begin = cta_begin + wk * cta_chunks // self.warps_k
@@ -673,7 +681,11 @@ class W4A16DecodeGemm:
         for r in cutlass.range_constexpr(2 * self.row_tiles):
             n = cutlass.min(row0 + (r // 2) * TILE_ROWS + (r % 2) * 8 + g, n_rows - 1)  # past N: row N - 1, dropped
             if c < c_end:
-                if const_expr(mW is not None):
+                if const_expr(mW is not None and self.tiled):
+                    # row n's chunk c of the tiled layout: 16-row tiles, each chunk's 16 rows back to back
+                    at = ((n >> 4) * mBlock.shape[1] + c) * TILE_ROWS + (n & (TILE_ROWS - 1))
+                    cute.autovec_copy(mW[at, None], rW[None, r])
+                elif const_expr(mW is not None):
                     cute.autovec_copy(cute.local_tile(mW[n, None], (CHUNK_WORDS,), (c,)), rW[None, r])
                 if const_expr(mBlock is not None):
                     rS[r] = mBlock[n, c]
