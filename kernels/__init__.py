@@ -6,9 +6,9 @@
 |---|---|---|
 | `attention.py` | `fa4::attention`, `fa4::attention_forward` (its twin without autograd), `fa4::attention_backward` | `attention_unsupported_reason(device_type, dtype, head_dim, head_dim_v)`; `crossover` says where SDPA is faster |
 | `attention_int8kv.py` | `fa4::attention_int8kv`: attention over an int8 KV cache (forward only) | `attention_int8kv_unsupported_reason` (the same arguments) |
-| `int8_linear.py` | `fa4::int8_linear`: int8 weight-only linears | `int8_linear_unsupported_reason(device_type, dtype, scale_dtype, in_features, group_size, scale_after_matmul)` |
+| `int8_linear.py` | `fa4::int8_linear`: int8 weight-only linears | `int8_linear_unsupported_reason(device_type, dtype, scale_dtype, in_features, group_size, scale_after_matmul)`; `int8_linear_gemv_reason` says where Inductor's one-row GEMV is faster |
 | `int8_int8_linear.py` | `fa4::int8_int8_linear`: int8 activations x int8 weights | `int8_int8_linear_unsupported_reason(device_type, out_dtype, n, k)` |
-| `nvfp4_linear.py` | `fa4::nvfp4_linear`: NVFP4 weight-only linears | `nvfp4_linear_unsupported_reason(device_type, dtype, in_features)` |
+| `nvfp4_linear.py` | `fa4::nvfp4_linear`: NVFP4 weight-only linears | `nvfp4_linear_unsupported_reason(device_type, dtype, in_features)`; `nvfp4_linear_rows_reason`, `nvfp4_linear_gemv_reason` |
 
 `quack_w4a16.py` is the adapter to quack's mixed-input GEMM that the quantized ops call;
 `prepared_weights.py` keeps what a kernel prepares once per weight; `sharding.py` says how each op runs on
@@ -47,7 +47,9 @@ else:
     INT8_INT8_LINEAR = torch.ops.fa4.int8_int8_linear.default
     NVFP4_LINEAR = torch.ops.fa4.nvfp4_linear.default
 
-    __all__ = ["ATTENTION", "ATTENTION_FORWARD", "ATTENTION_INT8KV", "INT8_INT8_LINEAR", "INT8_LINEAR", "NVFP4_LINEAR",
-               "attention", "attention_int8kv", "attention_int8kv_unsupported_reason", "attention_unsupported_reason",
-               "crossover", "int8_int8_linear", "int8_int8_linear_unsupported_reason", "int8_linear",
-               "int8_linear_gemv_reason", "int8_linear_unsupported_reason", "nvfp4_linear", "nvfp4_linear_gemv_reason", "nvfp4_linear_rows_reason", "nvfp4_linear_unsupported_reason", "quack_w4a16"]
+    __all__ = ["ATTENTION", "ATTENTION_FORWARD", "ATTENTION_INT8KV", "INT8_INT8_LINEAR", "INT8_LINEAR",
+               "NVFP4_LINEAR", "attention", "attention_int8kv", "attention_int8kv_unsupported_reason",
+               "attention_unsupported_reason", "crossover", "int8_int8_linear",
+               "int8_int8_linear_unsupported_reason", "int8_linear", "int8_linear_gemv_reason",
+               "int8_linear_unsupported_reason", "nvfp4_linear", "nvfp4_linear_gemv_reason",
+               "nvfp4_linear_rows_reason", "nvfp4_linear_unsupported_reason", "quack_w4a16"]
