@@ -42,8 +42,9 @@ class Options:
     a weight dequantized per channel or per group, then `F.linear`) into `fa4::int8_linear`, on Inductor's
     aten graphs (lowering/int8_linear.py); on CUDA the op runs quack's int8 GEMM for small M and a dense GEMM
     above (kernels/int8_linear.py). Measured on the H200 (docs/benchmarks.md, session 7): 11-600x faster than
-    default compile's `_weight_int8pack_mm` from M = 4 to 4096 on Llama-1B shapes; at M = 1 Inductor turns the
-    matmul into its fused dequantize GEMV before our stage (the faster kernel there), so nothing is rewritten."""
+    default compile's `_weight_int8pack_mm` from M = 4 to 4096 on Llama-1B shapes; one-row matmuls that Inductor
+    has decomposed for its fused dequantize GEMV are rewritten too, except where that GEMV measured faster
+    (`inductor_gemvs`)."""
 
     int8_int8_linear: bool = False
     """Rewrite torchao's `Int8DynamicActivationInt8WeightConfig` linears (`_int_mm` of a per-token int8
