@@ -14,7 +14,9 @@ ptxas caps them; default 0, uncapped). W4A16 decode GEMM tuning: FA4_INDUCTOR_W4
 FA4_INDUCTOR_W4A16_PDL (0 / false / no / off: launched without programmatic dependent launch; default on),
 FA4_INDUCTOR_W4A16_LOAD (its load path: registers, the default, or bulk, with options and a ring depth,
 bulk+scales:4; `w4a16_decode.parse_load`), FA4_INDUCTOR_W4A16_PACK (on: NVFP4 weights prepacked once into the
-kernel's packed layout, `w4a16_decode.pack_nvfp4`; tiles: that layout in 16-row tiles; default off). Others'
+kernel's packed layout, `w4a16_decode.pack_nvfp4`; tiles: that layout in 16-row tiles; default off),
+FA4_INDUCTOR_W4A16_GEMV (on: M = 1..4 calls of the plain layout take the CUDA-core GEMV, `cute/w4a16_gemv.py`;
+default off). Others'
 variables we read: CUTE_DSL_ARCH (the CuTe DSL compile target), FA4's disk-cache pair and XDG_CACHE_HOME (`fa4.py` turns FA4's disk cache on).
 """
 
@@ -37,6 +39,7 @@ W4A16_CTA = "FA4_INDUCTOR_W4A16_CTA"
 W4A16_PDL = "FA4_INDUCTOR_W4A16_PDL"
 W4A16_LOAD = "FA4_INDUCTOR_W4A16_LOAD"
 W4A16_PACK = "FA4_INDUCTOR_W4A16_PACK"
+W4A16_GEMV = "FA4_INDUCTOR_W4A16_GEMV"
 CUTE_DSL_ARCH = "CUTE_DSL_ARCH"
 FA4_CACHE_ENABLED = "FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED"
 FA4_CACHE_DIR = "FLASH_ATTENTION_CUTE_DSL_CACHE_DIR"
@@ -59,6 +62,7 @@ class Switches(NamedTuple):
     """The raw value; `w4a16_decode.parse_load` checks it."""
     w4a16_pack: Optional[str]
     """None (off), "pairs" (on) or "tiles"."""
+    w4a16_gemv: bool
     cute_dsl_arch: Optional[str]
     fa4_cache_enabled_set: bool
     """FA4's disk-cache switch is set (by the user, or by `fa4.py` before importing FA4)."""
@@ -87,6 +91,7 @@ def read(env: Mapping[str, str]) -> Switches:
         w4a16_pdl=not _is_off(env.get(W4A16_PDL, "1")),
         w4a16_load=(env.get(W4A16_LOAD) or "").strip() or None,
         w4a16_pack=parse_pack(env.get(W4A16_PACK)),
+        w4a16_gemv=_is_on(env.get(W4A16_GEMV)),
         cute_dsl_arch=env.get(CUTE_DSL_ARCH) or None,
         fa4_cache_enabled_set=FA4_CACHE_ENABLED in env,
         fa4_cache_dir=env.get(FA4_CACHE_DIR) or None,

@@ -4,6 +4,7 @@ out[M, N] = x[M, K] @ dequant(W)[N, K]^T for decode-sized M (1..16), x float16 /
     unsupported_reason(x2d, fmt, n, k) -> str | None          fmt "nvfp4" or "int8"
     nvfp4_matmul(x2d, w_fp4, w_block_scale, w_global_scale) -> Tensor [M, N] in x's dtype
     int8_matmul(x2d, w_int8, w_scale, bias=None) -> Tensor [M, N] in x's dtype
+    (both: gemv=None / True / False, the CUDA-core GEMV for M <= 4, "CUDA-core GEMV" below)
     warmup(dtype, fmt, ...)                                   compile before CUDA-graph capture
 
 
@@ -68,6 +69,13 @@ PDL (on; FA4_INDUCTOR_W4A16_PDL=0 turns it off): the main kernel is launched as 
 a run of these GEMMs (q, k, v; gate, up; chains) each one's first weight loads overlap the previous one's tail
 (`W4A16DecodeGemm`'s docstring says why that is safe). H200: 2048 x 2048 at M = 1 2.9 against 4.0 us in a
 graph of back-to-back calls; Llama-1B NVFP4 decode 1.136 against 1.160 ms/token (docs/benchmarks.md).
+
+CUDA-core GEMV (`cute/w4a16_gemv.py`, off by default; FA4_INDUCTOR_W4A16_GEMV=1 or the matmuls' `gemv=True`): calls
+with M <= 4 (NVFP4 in the plain layout, int8) go to a GEMV on CUDA cores instead: 4-warp CTAs of 4 rows a warp, each
+lane reading 16-byte pieces of its rows (512 contiguous bytes a warp and row), fp32 FMAs, shuffles and shared memory
+for the sums, no split-K kernel (`gemv_warps_k` splits K inside the CTA for weights with few rows). `splits`, `cta`
+and `load` do not apply to it. Its variants are keyed by `_GemvKey` (x dtype, format, M, bias, arch, rows a warp, K
+warps, PDL, scale dtype, register cap) in `compiled_gemv`. Not measured yet (`tests/bench_w4a16.py --gemv off,on`).
 
 Compilation: one main variant per (x dtype, format, x row groups (M <= 8, M <= 16), CTA shape, split or not,
 bias or not, PDL or not, arch, load path) and one reduce variant per (x dtype, format, bias or not, arch), kept
@@ -360,6 +368,71 @@ def decode_int8_words(words: Tensor, k: int, dtype: torch.dtype = torch.bfloat16
     return out.reshape(n, -1)[:, :k]
 
 
+def _f32_bits(bits: Tensor) -> Tensor:
+    """uint32 words (int64) as fp32 values (float64 [...])."""
+    return torch.where(bits >= 1 << 31, bits - (1 << 32), bits).to(torch.int32).view(torch.float32).double()
+
+
+def decode_nvfp4_gemv(words: Tensor, block_words: Tensor, k: int) -> Tensor:
+    """float64 e2m1 * e4m3 [N, k] from the GEMV's operands (`cute/w4a16_gemv.py`), decoded its way: the bf16 pair
+    bits and packed fma of `decode_nvfp4_words`, the lane's two block scales from the scale word shifted by 16 for odd
+    pieces and splat by e4m3 -> f16 -> f32 * 2^119 -> bf16, each pair's halves read as fp32 (low << 16, high &
+    0xFFFF0000), times 2^7. Equal to the exact product iff the GEMV's decode is exact."""
+    from .cute import w4a16_decode_gemm as gemm, w4a16_gemv as gemv
+
+    w = _u32(words.view(torch.int32))  # [N, W]
+    n, nwords = w.shape
+    mag = gemm.nvfp4_magnitude_field(False)
+    pairs = torch.empty(n, nwords, 4, dtype=torch.int64)
+    for j in range(4):
+        mshift, sshift = gemm.nvfp4_shifts(j, False)
+        signs = w & gemm.nvfp4_sign_mask(j % 2, False)
+        pairs[:, :, j] = (_shift(w, mshift) & mag) | (_shift(signs, sshift) & ~mag & 0xFFFFFFFF)
+    b = _u32(block_words.view(torch.int32))  # [N, Kp/64]
+    piece = torch.arange(nwords // gemv.PIECE_WORDS)
+    lane_word = _shift(b[:, piece >> 1], 0) >> 16 * (piece & 1) & 0xFFFF  # the splat reads the low 16 bits
+    splats = []
+    for byte in range(2):
+        e4m3 = ((lane_word >> 8 * byte) & 0xFF).to(torch.uint8).view(torch.float8_e4m3fn)
+        s = (e4m3.to(torch.float16).to(torch.float32) * 2.0 ** gemv.SPLAT_EXPONENT).to(torch.bfloat16)
+        splats.append(s.double())
+    block_of_word = torch.stack(splats, dim=-1).repeat_interleave(2, dim=-1).reshape(n, nwords)  # word i: block i // 2
+    codes = torch.empty(n, nwords, 8, dtype=torch.float64)
+    for j in range(4):
+        lo, hi = _halves(pairs[:, :, j], torch.bfloat16).unbind(-1)
+        low_bits = _u32(((lo * block_of_word).to(torch.bfloat16).view(torch.int16).long() & 0xFFFF) << 16)
+        high_bits = _u32(((hi * block_of_word).to(torch.bfloat16).view(torch.int16).long() & 0xFFFF) << 16)
+        codes[:, :, j] = _f32_bits(low_bits)
+        codes[:, :, j + 4] = _f32_bits(high_bits & gemv.HIGH_HALF)
+    return (codes.reshape(n, -1) * 2.0 ** gemm.decode_exponent(False))[:, :k]
+
+
+def decode_int8_gemv(words: Tensor, k: int) -> Tensor:
+    """float64 int8 codes [N, k] from the GEMV's words, decoded its way: prmt of the flipped byte under 0x4B0000,
+    read as fp32, minus 2^23 + 128 in fp32."""
+    from .cute import w4a16_gemv as gemv
+
+    w = _u32(words.view(torch.int32)) ^ gemv.INT8_FLIP
+    n = w.shape[0]
+    bits = torch.stack([_prmt(w, gemv.INT8_HIGH, sel) for sel in gemv.INT8_SELECTORS], dim=-1)
+    f = _f32_bits(bits).float()
+    out = (f - torch.tensor(gemv.INT8_OFFSET, dtype=torch.float32)).double()
+    return out.reshape(n, -1)[:, :k]
+
+
+def _prmt(a: Tensor, b: int, selector: int) -> Tensor:
+    """PTX prmt.b32 (default mode) of uint32 words a (int64) and a constant b: byte i of the result is byte
+    (selector >> 4i) & 7 of b:a, or its sign replicated when bit 3 of that nibble is set."""
+    out = torch.zeros_like(a)
+    for i in range(4):
+        nib = selector >> 4 * i & 0xF
+        src = (a if nib & 7 < 4 else torch.full_like(a, b)) >> 8 * (nib & 3) & 0xFF
+        if nib & 8:
+            src = torch.where(src & 0x80 != 0, 0xFF, 0)
+        out |= src << 8 * i
+    return out
+
+
 # ---- the packed NVFP4 layout (`pack`): built once per weight, its decode emulated bit for bit ----
 
 
@@ -597,6 +670,90 @@ compiled = compile_utils.CompiledVariants(_compile)
 """`compiled(key)`: the variant `key` names, compiled on first use."""
 
 
+# ---- the CUDA-core GEMV (`cute/w4a16_gemv.py`): M = 1..4, FA4_INDUCTOR_W4A16_GEMV=1 or the matmuls' `gemv=True` ----
+
+GEMV_MAX_M = 4
+GEMV_ROWS = 4  # weight rows a warp
+GEMV_WARPS = 4  # a CTA; `cute/w4a16_gemv.py`'s NUM_WARPS
+GEMV_WARPS_K = (1, 2, 4)
+GEMV_MIN_CTAS = {1: 0, 2: 0, 3: 0, 4: 0}  # by M: > 1 caps the registers so that this many CTAs fit a SM
+GEMV_TARGET_ROW_WARPS = 16384  # rows x K warps the split along K aims for: N * 512 B * warps_k in flight
+
+
+class _GemvKey(NamedTuple):
+    dtype: torch.dtype
+    fmt: str
+    m: int  # x rows, 1..4: a variant each
+    bias: bool
+    arch: str
+    rows: int = GEMV_ROWS
+    warps_k: int = 1
+    pdl: bool = False
+    scale_dtype: torch.dtype = torch.float32
+    min_ctas: int = 0
+
+
+def gemv_warps_k(n: int, pieces: int) -> int:
+    """Warps along K in a GEMV CTA for an n-row weight of `pieces` 16-byte pieces a row: doubled (up to the CTA's 4)
+    while n * warps_k is below GEMV_TARGET_ROW_WARPS and each K warp keeps at least one 32-piece step."""
+    wk = 1
+    while 2 * wk <= GEMV_WARPS and n * wk < GEMV_TARGET_ROW_WARPS and pieces >= 32 * 2 * wk:
+        wk *= 2
+    return wk
+
+
+def gemv_key(dtype: torch.dtype, fmt: str, m: int, bias: bool, arch: str, warps_k: int, pdl: bool = False,
+             scale_dtype: torch.dtype = torch.float32, rows: int = GEMV_ROWS) -> _GemvKey:
+    if not 1 <= m <= GEMV_MAX_M:
+        raise ValueError(f"the W4A16 GEMV takes 1..{GEMV_MAX_M} rows of x, got {m}")
+    if scale_dtype not in SCALE_DTYPES or (fmt == "nvfp4" and scale_dtype != torch.float32):
+        raise ValueError(f"the W4A16 GEMV does not take {fmt} scales of dtype {scale_dtype}")
+    if warps_k not in GEMV_WARPS_K or fmt not in FORMATS or (bias and fmt == "nvfp4"):
+        raise ValueError(f"no W4A16 GEMV for {fmt} with {warps_k} K warps, bias {bias}")
+    return _GemvKey(dtype, fmt, m, bool(bias), arch, rows, warps_k, pdl, scale_dtype, GEMV_MIN_CTAS[m])
+
+
+def _compile_gemv(key: _GemvKey):
+    cute = compile_utils.cute_for(key.arch)
+    from cutlass import Float32, Int32
+
+    from .cute.w4a16_gemv import W4A16Gemv
+
+    dt = compile_utils.cutlass_dtype(key.dtype)
+    sym, sym64 = cute.sym_int, cute.sym_int64
+    kernel = W4A16Gemv(dt, key.fmt, key.m, key.bias, key.rows, key.warps_k, pdl=key.pdl, min_ctas=key.min_ctas)
+    x = cute.runtime.make_fake_tensor(Int32, (key.m, sym()), (sym64(divisibility=4), 1), assumed_align=16)
+    w = cute.runtime.make_fake_tensor(Int32, (sym(), sym()), (sym64(divisibility=4), 1), assumed_align=16)
+    block = cute.runtime.make_fake_tensor(Int32, (sym(), sym()), (sym64(), 1)) if key.fmt == "nvfp4" else None
+    scale = cute.runtime.make_fake_compact_tensor(
+        Float32 if key.fmt == "nvfp4" else compile_utils.cutlass_dtype(key.scale_dtype), (sym(),))
+    bias = cute.runtime.make_fake_compact_tensor(dt, (sym(),)) if key.bias else None
+    out = cute.runtime.make_fake_tensor(dt, (key.m, sym()), (sym64(), 1))
+    return compile_utils.compile_for_tvm_ffi(cute, kernel, x, w, block, scale, bias, out)
+
+
+compiled_gemv = compile_utils.CompiledVariants(_compile_gemv)
+"""`compiled_gemv(key)`: the GEMV variant `key` names, compiled on first use."""
+
+
+def configured_gemv() -> bool:
+    """Whether calls without a `gemv` argument take the GEMV for M <= 4: FA4_INDUCTOR_W4A16_GEMV (default off)."""
+    return switches.current().w4a16_gemv
+
+
+def _run_gemv(fmt: str, x2d: Tensor, words: Tensor, block: Optional[Tensor], scale: Tensor, bias: Optional[Tensor],
+              n: int) -> Tensor:
+    m = x2d.shape[0]
+    kp = words.shape[1] * (8 if fmt == "nvfp4" else 4)
+    x = prepare_x(x2d, kp)
+    out = torch.empty(m, n, dtype=x.dtype, device=x.device)
+    key = gemv_key(x.dtype, fmt, m, bias is not None, compile_utils.target_arch(x.device),
+                   gemv_warps_k(n, words.shape[1] // 4), switches.current().w4a16_pdl, scale.dtype)
+    with torch.cuda.device(x.device):
+        compiled_gemv(key)(x.view(torch.int32), words, block, scale, bias, out)
+    return out
+
+
 def keys(dtype: torch.dtype, fmt: str, m: int, split: bool, bias: bool, arch: str, cta: CtaShape,
          pdl: bool = False, load: str = "registers", scale_dtype: torch.dtype = torch.float32,
          pack=False) -> list[_Key]:
@@ -619,9 +776,10 @@ def keys(dtype: torch.dtype, fmt: str, m: int, split: bool, bias: bool, arch: st
 
 def warmup(dtype: torch.dtype, fmt: str, m_values=M_BUCKETS, *, bias: Optional[bool] = None,
            device: torch.device | str = "cuda", load: Optional[str] = None,
-           scale_dtype: torch.dtype = torch.float32, pack=None) -> int:
+           scale_dtype: torch.dtype = torch.float32, pack=None, gemv: Optional[bool] = None) -> int:
     """Compile every variant calls with these rows can hit (both CTA shapes, split and not; `bias` None: both;
-    `load` None: the configured load path; int8 scales of `scale_dtype`; `pack` None: NVFP4 as configured),
+    `load` None: the configured load path; int8 scales of `scale_dtype`; `pack` None: NVFP4 as configured; `gemv`
+    None: as configured (on: the GEMV's variants for the rows up to 4 these M values cover, every K-warp count)),
     outside CUDA-graph capture. Returns how many were compiled now."""
     if dtype not in DTYPES or fmt not in FORMATS:
         raise ValueError(f"the W4A16 decode GEMM does not take dtype {dtype} / format {fmt!r}")
@@ -638,7 +796,15 @@ def warmup(dtype: torch.dtype, fmt: str, m_values=M_BUCKETS, *, bias: Optional[b
                         continue
                     for key in keys(dtype, fmt, m, split, b, arch, cta, pdl, load, scale_dtype, pack):
                         compiled(key)
-    return len(compiled) - before
+    gemv_before = len(compiled_gemv)
+    if (configured_gemv() if gemv is None else gemv) and not pack:
+        rows = {r for m in m_values for r in (range(1, GEMV_MAX_M + 1) if m > GEMV_MAX_M else (m,))}
+        for m in sorted(rows):
+            for wk in GEMV_WARPS_K:
+                for b in ((False, True) if bias is None else (bool(bias),)):
+                    if not (fmt == "nvfp4" and b):
+                        compiled_gemv(gemv_key(dtype, fmt, m, b, arch, wk, pdl, scale_dtype))
+    return len(compiled) - before + len(compiled_gemv) - gemv_before
 
 
 # ---------------------------------------------------------------------------------------------
@@ -688,13 +854,17 @@ def _check(x2d: Tensor, fmt: str, n: int, k: int, *tensors: Optional[Tensor]) ->
 
 def nvfp4_matmul(x2d: Tensor, w_fp4: Tensor, w_block_scale: Tensor, w_global_scale: Tensor, *,
                  splits: Optional[int] = None, cta: Optional[tuple[int, int, int]] = None,
-                 load: Optional[str] = None, pack=None) -> Tensor:
+                 load: Optional[str] = None, pack=None, gemv: Optional[bool] = None) -> Tensor:
     """x2d [M, K] @ dequant(w)^T -> [M, N] in x's dtype (module docstring). `splits` overrides `num_splits`,
     `cta` (row tiles, warps_n, warps_k) `cta_shape`, `load` the configured load path and `pack` the configured
-    layout (FA4_INDUCTOR_W4A16_PACK) (tests, tuning)."""
+    layout (FA4_INDUCTOR_W4A16_PACK) (tests, tuning); `gemv` (None: FA4_INDUCTOR_W4A16_GEMV) sends M <= 4 calls of
+    the plain layout to the CUDA-core GEMV, which takes none of the other three."""
     n, k = layout.nvfp4_operands(w_fp4, w_block_scale, w_global_scale)
     _check(x2d, "nvfp4", n, k, w_fp4, w_block_scale, w_global_scale)
     pack = configured_pack() if pack is None else pack
+    if not pack and x2d.shape[0] <= GEMV_MAX_M and (configured_gemv() if gemv is None else gemv):
+        words, blocks = prepare_nvfp4(w_fp4, w_block_scale)
+        return _run_gemv("nvfp4", x2d, words, blocks, w_global_scale.reshape(1), None, n)
     if pack:
         words, pairs = prepare_nvfp4_packed(w_fp4, w_block_scale, x2d.dtype, pack == "tiles")
     else:
@@ -704,8 +874,8 @@ def nvfp4_matmul(x2d: Tensor, w_fp4: Tensor, w_block_scale: Tensor, w_global_sca
 
 def int8_matmul(x2d: Tensor, w_int8: Tensor, w_scale: Tensor, bias: Optional[Tensor] = None, *,
                 splits: Optional[int] = None, cta: Optional[tuple[int, int, int]] = None,
-                load: Optional[str] = None) -> Tensor:
-    """x2d [M, K] @ (w_int8 [N, K] * w_scale [N])^T (+ bias [N]) -> [M, N] in x's dtype."""
+                load: Optional[str] = None, gemv: Optional[bool] = None) -> Tensor:
+    """x2d [M, K] @ (w_int8 [N, K] * w_scale [N])^T (+ bias [N]) -> [M, N] in x's dtype (`gemv` as `nvfp4_matmul`'s)."""
     if w_int8.dim() != 2 or w_int8.dtype != torch.int8:
         raise ValueError(f"int8 weights are int8 [N, K], got {w_int8.dim()}-D {w_int8.dtype}")
     n, k = w_int8.shape
@@ -718,4 +888,6 @@ def int8_matmul(x2d: Tensor, w_int8: Tensor, w_scale: Tensor, bias: Optional[Ten
     scale = scale.contiguous()
     if bias is not None:
         bias = bias.reshape(n).to(x2d.dtype).contiguous()
+    if x2d.shape[0] <= GEMV_MAX_M and (configured_gemv() if gemv is None else gemv):
+        return _run_gemv("int8", x2d, prepare_int8(w_int8), None, scale, bias, n)
     return _run("int8", x2d, prepare_int8(w_int8), None, scale, bias, n, k, splits, cta, load)

@@ -7,12 +7,15 @@ W4A16 GEMM (kernels/quack_w4a16.py), NVFP4 and int8 weights, x bf16.
     python tests/bench_w4a16.py --m 1,8,16 --load registers,bulk,bulk+prefetch,bulk+scales   # load paths
     python tests/bench_w4a16.py --m 1 --load bulk --stages 2,3,4,5              # bulk ring depth sweep
     python tests/bench_w4a16.py --m 1,8 --pack off,on --shapes 8192x8192,2048x8192   # NVFP4 plain vs packed layout
+    python tests/bench_w4a16.py --m 1,4 --gemv off,on --shapes 8192x8192,512x2048    # tensor-core kernel vs GEMV
 
 `--load` (comma list of `w4a16_decode.parse_load` specs; default FA4_INDUCTOR_W4A16_LOAD, else registers)
 times ours once per load path; `--stages` gives each bulk path those ring depths ("bulk:3"; a depth that does
 not fit shared memory is reported and skipped). They combine with `--splits` and `--cta`. `--pack off,on,tiles` times
 the NVFP4 rows once per layout (the packed one prepared before timing, `w4a16_decode.pack_nvfp4`; default
-FA4_INDUCTOR_W4A16_PACK); int8 rows are timed once.
+FA4_INDUCTOR_W4A16_PACK); int8 rows are timed once. `--gemv off,on` times ours once per route for M <= 4 (off: the
+tensor-core kernel, on: the CUDA-core GEMV, `cute/w4a16_gemv.py`; default FA4_INDUCTOR_W4A16_GEMV), NVFP4 (plain layout)
+and int8; the accuracy column follows the same order.
 
 Timing: each kernel is called on C copies of its weight (C copies > 2x the 50 MB L2, so every call reads its
 weight from HBM as a decode step does) inside one CUDA graph; the median over 20 replays divided by C is the
@@ -82,7 +85,8 @@ def _cta_label(cta):
     return "auto" if cta is None else "x".join(map(str, cta))
 
 
-def bench_shape(n, k, ms, splits_list=None, loads=(None,), ctas=None, int8_scales=torch.float32, packs=(None,)):
+def bench_shape(n, k, ms, splits_list=None, loads=(None,), ctas=None, int8_scales=torch.float32, packs=(None,),
+                gemvs=(None,)):
     fp4_bytes, int8_bytes, bf16_bytes = n * k * 9 // 16, n * k + int8_scales.itemsize * n, 2 * n * k
     c = copies(fp4_bytes)
     ws = weights(n, k, c, int8_scales=int8_scales)
@@ -92,6 +96,8 @@ def bench_shape(n, k, ms, splits_list=None, loads=(None,), ctas=None, int8_scale
         row = {}
         tag = lambda ld: f" {ld}" if ld else ""  # noqa: E731
         ptag = lambda pk: "" if pk is None else {False: " plain", True: " packed", "tiles": " tiles"}[pk]  # noqa: E731
+        gtag = lambda gv: "" if gv is None else " gemv" if gv else " mma"  # noqa: E731
+        gemvs_m = gemvs if m <= w4.GEMV_MAX_M else (None,)
         loads_m = [ld for ld in loads if fits(ld, m)]
         sweep = bool(splits_list or ctas)
         if sweep:  # ours only, beside bf16
@@ -102,20 +108,23 @@ def bench_shape(n, k, ms, splits_list=None, loads=(None,), ctas=None, int8_scale
                         name = f"{_cta_label(cta)} s{s or 'auto'}{tag(ld)}"
                         for pk in packs:
                             row[f"ours nvfp4 {name}{ptag(pk)}"] = (graph_us([
-                                lambda w=w: w4.nvfp4_matmul(x, *w[:3], splits=s, cta=cta, load=ld, pack=pk)
+                                lambda w=w: w4.nvfp4_matmul(x, *w[:3], splits=s, cta=cta, load=ld, pack=pk, gemv=False)
                                 for w in ws]), fp4_bytes)
                         row[f"ours int8 {name}"] = (graph_us([
-                            lambda w=w: w4.int8_matmul(x, w[3], w[4], splits=s, cta=cta, load=ld) for w in ws]),
-                            int8_bytes)
+                            lambda w=w: w4.int8_matmul(x, w[3], w[4], splits=s, cta=cta, load=ld, gemv=False)
+                            for w in ws]), int8_bytes)
         else:
             ours = m <= w4.MAX_M  # above, the ops route elsewhere (quack, dequantize): bf16 and quack only
             row["bf16"] = (graph_us([lambda w=w: F.linear(x, w) for w in wbf]), bf16_bytes)
             for ld in loads_m if ours else ():
-                for pk in packs:
-                    row[f"ours nvfp4{tag(ld)}{ptag(pk)}"] = (
-                        graph_us([lambda w=w: w4.nvfp4_matmul(x, *w[:3], load=ld, pack=pk) for w in ws]), fp4_bytes)
-                row[f"ours int8{tag(ld)}"] = (
-                    graph_us([lambda w=w: w4.int8_matmul(x, w[3], w[4], load=ld) for w in ws]), int8_bytes)
+                for gv in gemvs_m:
+                    for pk in packs:
+                        if gv and pk:
+                            continue  # the GEMV reads the plain layout only
+                        row[f"ours nvfp4{tag(ld)}{ptag(pk)}{gtag(gv)}"] = (graph_us([
+                            lambda w=w: w4.nvfp4_matmul(x, *w[:3], load=ld, pack=pk, gemv=gv) for w in ws]), fp4_bytes)
+                    row[f"ours int8{tag(ld)}{gtag(gv)}"] = (
+                        graph_us([lambda w=w: w4.int8_matmul(x, w[3], w[4], load=ld, gemv=gv) for w in ws]), int8_bytes)
             if quack_w4a16.unsupported_reason(x, "nvfp4", n, k) is None:
                 row["quack nvfp4"] = (graph_us([lambda w=w: quack_w4a16.nvfp4_matmul(x, *w[:3]) for w in ws]),
                                       fp4_bytes)
@@ -130,11 +139,13 @@ def bench_shape(n, k, ms, splits_list=None, loads=(None,), ctas=None, int8_scale
                 ref8 = x.double() @ (w8.double() * s8.double()[:, None]).T
                 errs = []
                 for ld in loads_m:
-                    e4 = [(w4.nvfp4_matmul(x, w_fp4, block, gs, load=ld, pack=pk).double() - ref4).abs().max()
-                          / ref4.abs().max() for pk in packs]
-                    e8 = (w4.int8_matmul(x, w8, s8, load=ld).double() - ref8).abs().max() / ref8.abs().max()
-                    errs.append(f"{tag(ld).strip() or 'ours'} nvfp4 {'/'.join(f'{e.item():.1e}' for e in e4)} "
-                                f"int8 {e8.item():.1e}")
+                    for gv in gemvs_m:
+                        e4 = [(w4.nvfp4_matmul(x, w_fp4, block, gs, load=ld, pack=pk, gemv=gv).double() - ref4).abs()
+                              .max() / ref4.abs().max() for pk in packs if not (gv and pk)]
+                        e8 = ((w4.int8_matmul(x, w8, s8, load=ld, gemv=gv).double() - ref8).abs().max()
+                              / ref8.abs().max())
+                        errs.append(f"{tag(ld).strip() or 'ours'}{gtag(gv)} nvfp4 "
+                                    f"{'/'.join(f'{e.item():.1e}' for e in e4)} int8 {e8.item():.1e}")
         shapes = {f: w4.cta_shape(n, m, w4._num_sms(0), fmt=f) for f in w4.FORMATS} if m <= w4.MAX_M else None
         splits = {f: w4.num_splits(n, w4.padded_k(f, k), f, shapes[f], w4._num_sms(0)) if shapes else "-"
                   for f in w4.FORMATS}
@@ -182,6 +193,7 @@ def main():
     p.add_argument("--load", default=None, help="comma list of load paths: registers, bulk, bulk+prefetch:4 ...")
     p.add_argument("--stages", default=None, help="comma list: ring depths for each bulk load path")
     p.add_argument("--pack", default=None, help="comma list of NVFP4 layouts: off (plain), on (packed), tiles")
+    p.add_argument("--gemv", default=None, help="comma list of M <= 4 routes: off (tensor-core kernel), on (GEMV)")
     p.add_argument("--int8-scales", default="float32", choices=("float32", "bfloat16", "float16"),
                    help="the int8 weights' per-channel scale dtype")
     a = p.parse_args()
@@ -195,9 +207,10 @@ def main():
           f"{w4.bulk_stages(16, w4.wide(16))}; narrow: {w4.bulk_stages(8, w4.NARROW)}, "
           f"{w4.bulk_stages(16, w4.NARROW)})")
     packs = [{"off": False, "on": True, "tiles": "tiles"}[v.strip()] for v in a.pack.split(",")] if a.pack else [None]
+    gemvs = [{"off": False, "on": True}[v.strip()] for v in a.gemv.split(",")] if a.gemv else [None]
     for shape in a.shapes.split(","):
         n, k = map(int, shape.split("x"))
-        bench_shape(n, k, ms, splits, loads, ctas, getattr(torch, a.int8_scales), packs)
+        bench_shape(n, k, ms, splits, loads, ctas, getattr(torch, a.int8_scales), packs, gemvs)
 
 
 if __name__ == "__main__":

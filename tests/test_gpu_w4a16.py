@@ -5,7 +5,8 @@ Numerics against the float64 exact dequantization on fresh random inputs: the ma
 scale. Every case prints its shape, split count, load path and errors (`-s` shows them), so a failure says
 where it is. The numerics tests run on both load paths (`LOADS`; the bulk ring's wrap-around at depth 2 and
 the bulk options in the split, short-K and large-weight tests), and the NVFP4 ones on both layouts (`PACKS`: plain,
-and packed once by `w4a16_decode.pack_nvfp4`, for bf16 and f16 x).
+and packed once by `w4a16_decode.pack_nvfp4`, for bf16 and f16 x). The `gemv` tests run the CUDA-core GEMV
+(`gemv=True`, FA4_INDUCTOR_W4A16_GEMV=1) on M = 1..4.
 """
 
 import pytest
@@ -47,30 +48,37 @@ def plan(n, k, fmt, m, splits, cta, load, pack=False):
     return f"cta {'x'.join(map(str, shape))} splits {splits} {load}{' packed' if pack else ''}"
 
 
-def nvfp4_case(m, n, k, dtype, splits=None, seed=0, load="registers", cta=None, pack=False):
+def gemv_plan(n, k, fmt):
+    return f"gemv warps_k {w4.gemv_warps_k(n, w4.padded_k(fmt, k) // w4.CHUNK_VALUES[fmt] * 2)}"
+
+
+def nvfp4_case(m, n, k, dtype, splits=None, seed=0, load="registers", cta=None, pack=False, gemv=False):
     w_fp4, block, global_scale = random_nvfp4(n, k, seed=seed, device="cuda")
     x = torch.randn(m, k, dtype=dtype, device="cuda")
-    out = w4.nvfp4_matmul(x, w_fp4, block, global_scale, splits=splits, load=load, cta=cta, pack=pack)
+    out = w4.nvfp4_matmul(x, w_fp4, block, global_scale, splits=splits, load=load, cta=cta, pack=pack, gemv=gemv)
     assert out.shape == (m, n) and out.dtype == dtype
     wd = float64_dequantized(w_fp4, block, global_scale)
     ref = x.double() @ wd.T
     pytorch = F.linear(x, wd.to(dtype))
-    report(f"nvfp4 {str(dtype)[6:]} m{m} n{n} k{k} {plan(n, k, 'nvfp4', m, splits, cta, load, pack)}", out, ref,
-           pytorch)
+    how = gemv_plan(n, k, "nvfp4") if gemv and m <= w4.GEMV_MAX_M else plan(n, k, 'nvfp4', m, splits, cta, load, pack)
+    report(f"nvfp4 {str(dtype)[6:]} m{m} n{n} k{k} {how}", out, ref, pytorch)
 
 
-def int8_case(m, n, k, dtype, bias, splits=None, seed=0, load="registers", cta=None, scale_dtype=torch.float32):
+def int8_case(m, n, k, dtype, bias, splits=None, seed=0, load="registers", cta=None, scale_dtype=torch.float32,
+              gemv=False):
     g = torch.Generator().manual_seed(seed)
     w_int8 = torch.randint(-128, 128, (n, k), dtype=torch.int8, generator=g).cuda()
     scale = (torch.rand(n, generator=g) / 100 + 1e-3).to(scale_dtype).cuda()
     b = torch.randn(n, dtype=dtype, device="cuda") if bias else None
     x = torch.randn(m, k, dtype=dtype, device="cuda")
-    out = w4.int8_matmul(x, w_int8, scale, b, splits=splits, load=load, cta=cta)
+    out = w4.int8_matmul(x, w_int8, scale, b, splits=splits, load=load, cta=cta, gemv=gemv)
+    assert out.shape == (m, n) and out.dtype == dtype
     wd = w_int8.double() * scale.double()[:, None]
     ref = x.double() @ wd.T + (b.double() if bias else 0)
     pytorch = F.linear(x, wd.to(dtype), b)
-    report(f"int8 {str(dtype)[6:]} m{m} n{n} k{k} bias {bias} scales {str(scale_dtype)[6:]} "
-           f"{plan(n, k, 'int8', m, splits, cta, load)}", out, ref, pytorch)
+    how = gemv_plan(n, k, "int8") if gemv and m <= w4.GEMV_MAX_M else plan(n, k, 'int8', m, splits, cta, load)
+    report(f"int8 {str(dtype)[6:]} m{m} n{n} k{k} bias {bias} scales {str(scale_dtype)[6:]} {how}", out, ref,
+           pytorch)
 
 
 @pytest.mark.parametrize("pack", PACKS, ids=PACK_IDS)
@@ -292,4 +300,136 @@ def test_pdl_chain_equals_plain_launches(monkeypatch, m, load):
             report(f"pdl chain m{m} gemm {i}", out, inp.double() @ wd.T, F.linear(inp, wd.to(inp.dtype)))
     finally:
         monkeypatch.delenv("FA4_INDUCTOR_W4A16_PDL")
+        switches.reset()
+
+
+# ------------------------------------------------------------------------------- the CUDA-core GEMV (M <= 4)
+
+GEMV_SHAPES = [(1000, 2064), (333, 4160), (70, 64), (3, 48), (16, 16), (8192, 2048), (2048, 8192), (512, 2048),
+               (5, 8256)]  # N, K off the 4-row warp and 32-piece step; every K-warp count (`gemv_warps_k`)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("m", range(1, 5))
+def test_gemv_every_m(m, dtype):
+    nvfp4_case(m, 1000, 2064, dtype, seed=m, gemv=True)
+    int8_case(m, 1000, 2064, dtype, bias=m % 2 == 1, seed=m, gemv=True)
+
+
+@pytest.mark.parametrize("n, k", GEMV_SHAPES)
+@pytest.mark.parametrize("m", [1, 4])
+def test_gemv_shapes(m, n, k):
+    nvfp4_case(m, n, k, torch.bfloat16, seed=n + k, gemv=True)
+    int8_case(m, n, k, torch.float16, bias=True, seed=n + k, gemv=True)
+
+
+@pytest.mark.parametrize("scale_dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("m", [2, 3])
+def test_gemv_int8_scales_and_bias(m, dtype, scale_dtype):
+    for bias in (False, True):
+        int8_case(m, 700, 1024, dtype, bias=bias, seed=m, scale_dtype=scale_dtype, gemv=True)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("m", [1, 4])
+def test_gemv_signed_zero_and_subnormal_block_scales(dtype, m):
+    """Block scales of every e4m3 byte but NaN (negative, zero, subnormal), odd N and K."""
+    n, k = 333, 4160
+    g = torch.Generator().manual_seed(m)
+    w_fp4 = torch.randint(0, 256, (n, k // 2), dtype=torch.uint8, generator=g).cuda()
+    scale_bytes = torch.randint(0, 256, (n, k // 16), dtype=torch.uint8, generator=g)
+    scale_bytes = torch.where(scale_bytes & 0x7F == 0x7F, 0x38, scale_bytes)  # NaN -> 1.0
+    block = scale_bytes.view(torch.float8_e4m3fn).cuda()
+    global_scale = torch.tensor(3e-3, device="cuda")
+    x = torch.randn(m, k, dtype=dtype, device="cuda")
+    out = w4.nvfp4_matmul(x, w_fp4, block, global_scale, gemv=True)
+    wd = float64_dequantized(w_fp4, block, global_scale)
+    report(f"gemv nvfp4 signed scales {str(dtype)[6:]} m{m}", out, x.double() @ wd.T, F.linear(x, wd.to(dtype)))
+
+
+def test_gemv_from_the_environment(monkeypatch):
+    """FA4_INDUCTOR_W4A16_GEMV=1: calls without `gemv` at M <= 4 take the GEMV (bit for bit the `gemv=True` call's
+    output, which differs from the tensor-core kernel's in its summation order); M = 5 and packed NVFP4 keep the
+    tensor-core kernel; the GEMV is deterministic."""
+    w_fp4, block, global_scale = random_nvfp4(512, 1024, seed=8, device="cuda")
+    w_int8 = torch.randint(-128, 128, (512, 1024), dtype=torch.int8, device="cuda")
+    scale = torch.rand(512, device="cuda") / 100
+    x = torch.randn(5, 1024, dtype=torch.bfloat16, device="cuda")
+    gemv4 = w4.nvfp4_matmul(x[:4], w_fp4, block, global_scale, gemv=True)
+    gemv8 = w4.int8_matmul(x[:4], w_int8, scale, gemv=True)
+    mma4 = w4.nvfp4_matmul(x, w_fp4, block, global_scale, gemv=False)
+    packed = w4.nvfp4_matmul(x[:4], w_fp4, block, global_scale, pack=True)
+    monkeypatch.setenv(switches.W4A16_GEMV, "1")
+    switches.reset()
+    assert w4.configured_gemv()
+    assert torch.equal(w4.nvfp4_matmul(x[:4], w_fp4, block, global_scale), gemv4)
+    assert torch.equal(w4.int8_matmul(x[:4], w_int8, scale), gemv8)
+    assert torch.equal(w4.nvfp4_matmul(x, w_fp4, block, global_scale), mma4)
+    assert torch.equal(w4.nvfp4_matmul(x[:4], w_fp4, block, global_scale, pack=True), packed)
+    assert not torch.equal(w4.nvfp4_matmul(x[:4], w_fp4, block, global_scale, gemv=False), gemv4)
+    monkeypatch.delenv(switches.W4A16_GEMV)
+    switches.reset()
+    assert not w4.configured_gemv()
+
+
+@pytest.mark.parametrize("m", [1, 4])
+def test_gemv_cuda_graph_capture_and_replay(m):
+    """Captured after a warm-up (which compiles the GEMV's variants), replayed on new x: the eager call's output."""
+    n, k = 4096, 4096
+    w_fp4, block, global_scale = random_nvfp4(n, k, device="cuda")
+    w_int8 = torch.randint(-128, 128, (n, k), dtype=torch.int8, device="cuda")
+    scale = torch.rand(n, device="cuda") / 100
+    bias = torch.randn(n, dtype=torch.bfloat16, device="cuda")
+    x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
+    w4.warmup(torch.bfloat16, "nvfp4", (m,), bias=False, gemv=True)
+    w4.warmup(torch.bfloat16, "int8", (m,), gemv=True)
+    graph, (out4, out8) = capture(lambda: (w4.nvfp4_matmul(x, w_fp4, block, global_scale, gemv=True),
+                                           w4.int8_matmul(x, w_int8, scale, bias, gemv=True)))
+    for i in range(2):
+        x.copy_(torch.randn_like(x))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out4, w4.nvfp4_matmul(x, w_fp4, block, global_scale, gemv=True)), f"nvfp4 replay {i}"
+        assert torch.equal(out8, w4.int8_matmul(x, w_int8, scale, bias, gemv=True)), f"int8 replay {i}"
+        wd = float64_dequantized(w_fp4, block, global_scale)
+        report(f"graph gemv nvfp4 m{m} replay {i}", out4, x.double() @ wd.T, F.linear(x, wd.to(x.dtype)))
+
+
+@pytest.mark.parametrize("m", [1, 4])
+def test_gemv_pdl_chain_equals_plain_launches(monkeypatch, m):
+    """A chain of GEMVs, each reading the previous one's output, with PDL launches (the default) and without, eagerly
+    and replayed in a CUDA graph: bit for bit the same; each against float64 on its input."""
+    sizes = [(2048, 2048), (8192, 2048), (2048, 8192), (512, 2048)]
+    ws = [random_nvfp4(n, k, seed=i, device="cuda") for i, (n, k) in enumerate(sizes)]
+    x = torch.randn(m, 2048, dtype=torch.bfloat16, device="cuda")
+
+    def step():
+        h1 = w4.nvfp4_matmul(x, *ws[0], gemv=True)
+        h2 = w4.nvfp4_matmul(h1, *ws[1], gemv=True)
+        h3 = w4.nvfp4_matmul(h2, *ws[2], gemv=True)
+        return h1, h2, h3, w4.nvfp4_matmul(h3, *ws[3], gemv=True)
+
+    def launches(pdl):
+        monkeypatch.setenv("FA4_INDUCTOR_W4A16_PDL", pdl)
+        switches.reset()
+        return step()
+
+    try:
+        first = launches("1")
+        plain = launches("0")
+        assert all(torch.equal(a, b) for a, b in zip(first, plain))
+        launches("1")
+        graph, static = capture(step)
+        x.copy_(torch.randn_like(x))
+        graph.replay()
+        torch.cuda.synchronize()
+        plain = launches("0")
+        for i, (a, b) in enumerate(zip(static, plain)):
+            assert torch.equal(a, b), f"replayed output {i}"
+        for i, (inp, out, w) in enumerate(zip([x, *plain[:3]], plain, ws)):
+            wd = float64_dequantized(*w)
+            report(f"gemv pdl chain m{m} gemm {i}", out, inp.double() @ wd.T, F.linear(inp, wd.to(inp.dtype)))
+    finally:
+        monkeypatch.delenv("FA4_INDUCTOR_W4A16_PDL", raising=False)
         switches.reset()

@@ -9,6 +9,9 @@ can be compared between versions of a kernel.
     python docs/scripts/sass_stats.py w4a16 nvfp4 8 registers --pack --f16 --narrow   # packed NVFP4, f16 x, 1x1x8
     python docs/scripts/sass_stats.py w4a16 nvfp4 8 registers --tiles    # packed NVFP4 in 16-row tiles
     python docs/scripts/sass_stats.py int8kv 64              # int8-KV decode attention, head dim 64, group 4, split
+    python docs/scripts/sass_stats.py gemv nvfp4 1 2         # CUDA-core GEMV, M = 1, 2 K warps, bf16 x (--f16, --bias)
+
+Loops with no MMA (the GEMV's) report their fp32 FMAs instead: instructions per FFMA.
 """
 import collections
 import glob
@@ -37,6 +40,14 @@ def compile_variant(argv):
         dtype = torch.float16 if "--f16" in flags else torch.bfloat16
         w4.compiled(w4._Key("main", dtype, argv[1], m, "--split" in flags, False, "sm_90a", cta, False, load,
                             pack="--pack" in flags or "--tiles" in flags, tiled="--tiles" in flags))
+    elif argv[0] == "gemv":
+        from fa4_inductor.kernels import w4a16_decode as w4
+
+        flags = {a for a in argv if a.startswith("--")}
+        argv = [a for a in argv if not a.startswith("--")]
+        dtype = torch.float16 if "--f16" in flags else torch.bfloat16
+        w4.compiled_gemv(w4.gemv_key(dtype, argv[1], int(argv[2]), "--bias" in flags, "sm_90a",
+                                     int(argv[3]) if len(argv) > 3 else 1))
     elif argv[0] == "int8kv":
         from fa4_inductor.kernels import decode_int8kv
 
@@ -101,8 +112,10 @@ def main():
             sass = subprocess.run([nvdisasm, "-c", path], capture_output=True, text=True).stdout
             for length, ops in loops(sass):
                 mma = sum(n for op, n in ops.items() if op.endswith("MMA"))
-                per = f", {length / mma:.1f} a MMA" if mma else ""
-                print(f"  loop of {length} instructions, {mma} MMA{per}: {ops.most_common(12)}")
+                ffma = ops.get("FFMA", 0)
+                per = f", {length / mma:.1f} a MMA" if mma else f", {length / ffma:.2f} a FFMA" if ffma else ""
+                print(f"  loop of {length} instructions, {mma or ffma} {'MMA' if mma or not ffma else 'FFMA'}{per}: "
+                      f"{ops.most_common(12)}")
     shutil.rmtree(dump)
 
 

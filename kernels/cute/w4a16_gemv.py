@@ -1,0 +1,252 @@
+"""Weight-only decode GEMV for Hopper (sm_90a) in CuTe DSL, on CUDA cores: out[M, N] = x[M, K] @ dequant(W)[N, K]^T for
+M = 1..4 (a compile-time count), x float16 / bfloat16, W NVFP4 or int8, fp32 products and sums, output in x's dtype.
+An alternative to `w4a16_decode_gemm.py` (tensor cores, one big CTA a SM) for the smallest M: many small CTAs, each
+lane streaming 16-byte pieces of weight rows, no split-K kernel.
+
+Operands (the same as `w4a16_decode_gemm.py` takes, `w4a16_decode.py` hands them over; K padded to whole 32-byte
+chunks, so a row is a whole number of 16-byte pieces):
+- mX Int32 [M, Kp / 2]: x, two 16-bit values a word.
+- nvfp4: mW Int32 [N, Kp / 8] (code i of a word in bits 4i..4i+3), mBlock Int32 [N, Kp / 64] (block 4c + b in
+  byte b of word c), mScale Float32 [1], the global scale.
+- int8: mW Int32 [N, Kp / 4], mScale [N] Float32 / BFloat16 / Float16, mBias [N] in x's dtype or None.
+
+Work split. A piece is 16 bytes of a row: 32 NVFP4 codes (two blocks) or 16 int8 codes. A CTA is WARPS_N x WARPS_K
+warps (NUM_WARPS); a warp owns ROWS consecutive rows and takes every WARPS_K-th 32-piece step of them: lane L of K warp
+wk reads piece (WARPS_K s + wk) * 32 + L of each of its rows, so a warp's loads of one row are 512 contiguous bytes,
+and x's matching 16-byte pieces, converted to fp32 once for the warp's ROWS rows. Each lane adds its products in
+fp32; the lanes' sums meet by butterfly shuffles, the K warps' through shared memory, in a fixed order.
+
+Decode, exact (emulated bit for bit by `w4a16_decode.decode_nvfp4_gemv` / `decode_int8_gemv`):
+- NVFP4: pair (code j, code j + 4) of a word as `w4a16_decode_gemm`'s bf16 decode makes it (one shift, one shift of
+  the word's sign bits, one lop3: e2m1 * 2^-126 in bf16), times the block scale splat e4m3 * 2^119 in one packed
+  bf16 fma: e2m1 * e4m3 * 2^-7, normal and exact; its two halves are fp32 values as they are (the high one
+  masked, the low one shifted up). The epilogue multiplies by 2^7 * the global scale. This bf16 decode serves f16
+  x too (the products are fp32).
+- int8: byte b of the word XOR 0x80 under 0x4B00_00 (one prmt) is the fp32 2^23 + 128 + int8(b); minus
+  2^23 + 128 (exact) gives int8(b). The per-channel scale and the bias are applied in the epilogue.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float32, Int32, const_expr
+from cutlass.cutlass_dsl import T, dsl_user_op
+from cutlass._mlir.dialects import llvm
+
+from .w4a16_decode_gemm import (MINUS_ZERO, _asm, _i32, _struct, and_bits, decode_exponent, fma_x2,
+                                nvfp4_magnitude_field, nvfp4_shifts, nvfp4_sign_mask, prmt, select_bits, shift)
+
+FORMATS = ("nvfp4", "int8")
+MAX_M = 4
+NUM_WARPS = 4
+PIECE_WORDS = 4  # 16 bytes
+CODES_PER_PIECE = {"nvfp4": 32, "int8": 16}
+INT8_HIGH = 0x4B000000
+INT8_SELECTORS = tuple(0x7540 | j for j in range(4))  # byte j of the word, then 0x00, 0x00, 0x4B
+INT8_FLIP = 0x80808080
+INT8_OFFSET = float(2 ** 23 + 128)
+SPLAT_EXPONENT = 119  # the bf16 block scale splat is e4m3 * 2^119
+SPLAT_F32 = f"0f{(SPLAT_EXPONENT + 127) << 23:08X}"  # 2^119 as a PTX fp32 literal
+HIGH_HALF = 0xFFFF0000
+
+
+@dsl_user_op
+def as_f32(a: Int32, *, loc=None, ip=None) -> Float32:
+    return Float32(_asm(T.f32(), [_i32(a, loc, ip)], "mov.b32 $0, $1;", "=f,r"))
+
+
+@dsl_user_op
+def halves_f32(word: Int32, is_f16: bool, *, loc=None, ip=None):
+    """The two 16-bit floats of `word` (low first) as fp32, exactly."""
+    if is_f16:
+        text = "{\n.reg .b16 lo, hi;\nmov.b32 {lo, hi}, $2;\ncvt.f32.f16 $0, lo;\ncvt.f32.f16 $1, hi;\n}"
+    else:
+        text = f"{{\nshl.b32 $0, $2, 16;\nand.b32 $1, $2, 0x{HIGH_HALF:08X};\n}}"
+    res = _asm(_struct(2, "f32"), [_i32(word, loc, ip)], text, "=f,=f,r")
+    return [Float32(llvm.extractvalue(T.f32(), res, [i], loc=loc, ip=ip)) for i in range(2)]
+
+
+@dsl_user_op
+def block_splats(word: Int32, *, loc=None, ip=None):
+    """The e4m3 bytes 0 and 1 of `word` as bf16 splat pairs (S, S), S = e4m3 * 2^119, exact (e4m3 -> f16 -> f32 is
+    exact, the power of two too, and S has e4m3's 4 significant bits)."""
+    text = ("{\n.reg .b16 lo, hi, f0, f1;\n.reg .b32 h01;\n.reg .f32 s0, s1;\n"
+            "mov.b32 {lo, hi}, $2;\n"
+            "cvt.rn.f16x2.e4m3x2 h01, lo;\n"
+            "mov.b32 {f0, f1}, h01;\n"
+            "cvt.f32.f16 s0, f0;\ncvt.f32.f16 s1, f1;\n"
+            f"mul.rn.f32 s0, s0, {SPLAT_F32};\nmul.rn.f32 s1, s1, {SPLAT_F32};\n"
+            "cvt.rn.bf16x2.f32 $0, s0, s0;\ncvt.rn.bf16x2.f32 $1, s1, s1;\n}")
+    res = _asm(_struct(2, "i32"), [_i32(word, loc, ip)], text, "=r,=r,r")
+    return [Int32(llvm.extractvalue(T.i32(), res, [i], loc=loc, ip=ip)) for i in range(2)]
+
+
+@dsl_user_op
+def fma_f32(a: Float32, b: Float32, c: Float32, *, loc=None, ip=None) -> Float32:
+    args = [Float32(v).ir_value(loc=loc, ip=ip) for v in (a, b, c)]
+    return Float32(_asm(T.f32(), args, "fma.rn.f32 $0, $1, $2, $3;", "=f,f,f,f"))
+
+
+@dsl_user_op
+def sub_f32(a: Float32, b: float, *, loc=None, ip=None) -> Float32:
+    args = [Float32(v).ir_value(loc=loc, ip=ip) for v in (a, b)]
+    return Float32(_asm(T.f32(), args, "sub.rn.f32 $0, $1, $2;", "=f,f,f"))
+
+
+class W4A16Gemv:
+    """One compiled variant per (x dtype, format, M, bias or not, ROWS rows a warp, WARPS_K warps along K, PDL or
+    not, `min_ctas`: > 1 caps the registers so that this many CTAs fit a SM); N, K and strides are runtime values.
+
+    pdl: launched as a programmatic dependent; every thread waits for the kernel before it (`griddepcontrol.wait`)
+    before its first load, then lets the next one be scheduled.
+
+    Call: (mX, mW, mBlock (nvfp4) or None, mScale, mBias [N] or None, mOut [M, N] (unit stride on N), stream)."""
+
+    def __init__(self, dtype, fmt: str, m: int, has_bias: bool, rows: int, warps_k: int, pdl: bool = False,
+                 min_ctas: int = 0):
+        assert fmt in FORMATS and 1 <= m <= MAX_M and rows >= 1 and NUM_WARPS % warps_k == 0, (fmt, m, rows, warps_k)
+        assert not (has_bias and fmt == "nvfp4"), "NVFP4 weights have no bias here"
+        self.dtype = dtype
+        self.is_f16 = dtype == cutlass.Float16
+        self.fmt = fmt
+        self.m = m
+        self.has_bias = has_bias
+        self.rows = rows
+        self.warps_k = warps_k
+        self.warps_n = NUM_WARPS // warps_k
+        self.pdl = pdl
+        self.min_ctas = min_ctas
+
+    @cute.jit
+    def __call__(self, mX: cute.Tensor, mW: cute.Tensor, mBlock: Optional[cute.Tensor], mScale: cute.Tensor,
+                 mBias: Optional[cute.Tensor], mOut: cute.Tensor, stream):
+        rows_per_cta = self.rows * self.warps_n
+        red_words = NUM_WARPS * self.rows * self.m
+
+        @cute.struct
+        class SharedStorage:
+            sRed: cute.struct.Align[cute.struct.MemRange[Float32, red_words], 16]
+
+        self.kernel(mX, mW, mBlock, mScale, mBias, mOut, SharedStorage).launch(
+            grid=((mW.shape[0] + rows_per_cta - 1) // rows_per_cta, 1, 1),
+            block=(32 * NUM_WARPS, 1, 1),
+            smem=SharedStorage.size_in_bytes(),
+            stream=stream,
+            use_pdl=self.pdl,
+            min_blocks_per_mp=self.min_ctas,
+            preferred_smem_carveout=100 if self.min_ctas > 1 else None,  # also spares the DSL a device query
+        )
+
+    @cute.kernel
+    def kernel(self, mX: cute.Tensor, mW: cute.Tensor, mBlock: Optional[cute.Tensor], mScale: cute.Tensor,
+               mBias: Optional[cute.Tensor], mOut: cute.Tensor, SharedStorage: cutlass.Constexpr):
+        R, M = self.rows, self.m
+        bx, _, _ = cute.arch.block_idx()
+        warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        lane = cute.arch.lane_idx()
+        wn = warp_idx % self.warps_n
+        wk = warp_idx // self.warps_n
+        n_rows = mW.shape[0]
+        row0 = (bx * self.warps_n + wn) * R
+        pieces = mW.shape[1] // PIECE_WORDS
+
+        if const_expr(self.pdl):
+            cute.arch.griddepcontrol_wait()
+            cute.arch.griddepcontrol_launch_dependents()
+
+        acc = cute.make_rmem_tensor((R * M,), Float32)
+        acc.fill(0.0)
+        rW = cute.make_rmem_tensor((PIECE_WORDS, R), Int32)
+        rS = cute.make_rmem_tensor((R,), Int32)
+        rX = cute.make_rmem_tensor((PIECE_WORDS, M), Int32)
+        for p in cutlass.range(wk * 32 + lane, pieces, 32 * self.warps_k, unroll=1):
+            for r in cutlass.range_constexpr(R):
+                n = cutlass.min(row0 + r, n_rows - 1)  # past N: row N - 1, dropped
+                cute.autovec_copy(cute.local_tile(mW[n, None], (PIECE_WORDS,), (p,)), rW[None, r])
+                if const_expr(self.fmt == "nvfp4"):
+                    rS[r] = mBlock[n, p >> 1] >> ((p & 1) * 16)
+            if const_expr(self.fmt == "nvfp4"):
+                self.nvfp4_piece(mX, rW, rS, rX, acc, p)
+            else:
+                self.int8_piece(mX, rW, rX, acc, p)
+
+        # ---- the lanes, then the K warps, add up; warp wk = 0's lanes store (r, m) = divmod(lane, M) ----
+        for i in cutlass.range_constexpr(R * M):
+            acc[i] = cute.arch.warp_reduction_sum(acc[i])
+        storage = cutlass.memory.SmemAllocator().allocate(SharedStorage)
+        sRed = storage.sRed.get_tensor(cute.make_layout((R * M, self.warps_n, self.warps_k)))
+        if lane == 0:
+            for i in cutlass.range_constexpr(R * M):
+                sRed[i, wn, wk] = acc[i]
+        cute.arch.barrier()
+        if wk == 0:
+            if lane < R * M:
+                total = sRed[lane, wn, 0]
+                for s in cutlass.range_constexpr(1, self.warps_k):
+                    total = total + sRed[lane, wn, s]
+                n = row0 + lane // M
+                m = lane % M
+                if n < n_rows:
+                    self.store(total, mScale, mBias, mOut, n, m)
+
+    @cute.jit
+    def load_x(self, mX: cute.Tensor, rX: cute.Tensor, q: Int32):
+        """x's 16-byte piece q (words 4q..4q+3) of each of the M rows."""
+        for m in cutlass.range_constexpr(self.m):
+            cute.autovec_copy(cute.local_tile(mX[m, None], (PIECE_WORDS,), (q,)), rX[None, m])
+
+    @cute.jit
+    def nvfp4_piece(self, mX: cute.Tensor, rW: cute.Tensor, rS: cute.Tensor, rX: cute.Tensor, acc: cute.Tensor,
+                    p: Int32):
+        """Word i of the piece: codes 8i..8i+7, block i // 2, x piece 4p + i (k = 32p + 8i + j: x word 4i + j // 2,
+        half j % 2)."""
+        R, M = self.rows, self.m
+        mag = nvfp4_magnitude_field(False)
+        splats = [block_splats(rS[r]) for r in range(R)]
+        for i in cutlass.range_constexpr(PIECE_WORDS):
+            self.load_x(mX, rX, 4 * p + i)
+            xf = [[halves_f32(rX[q, m], self.is_f16) for q in range(PIECE_WORDS)] for m in range(M)]
+            for r in cutlass.range_constexpr(R):
+                word = rW[i, r]
+                parity = [and_bits(word, nvfp4_sign_mask(j, False)) for j in range(2)]
+                for j in cutlass.range_constexpr(4):
+                    mshift, sshift = nvfp4_shifts(j, False)
+                    bits = select_bits(shift(word, mshift), shift(parity[j % 2], sshift), mag)
+                    pair = fma_x2(bits, splats[r][i // 2], MINUS_ZERO, False)
+                    w_lo, w_hi = halves_f32(pair, False)
+                    for m in cutlass.range_constexpr(M):
+                        a = r * M + m
+                        acc[a] = fma_f32(xf[m][j // 2][j % 2], w_lo, acc[a])
+                        acc[a] = fma_f32(xf[m][(j + 4) // 2][j % 2], w_hi, acc[a])
+
+    @cute.jit
+    def int8_piece(self, mX: cute.Tensor, rW: cute.Tensor, rX: cute.Tensor, acc: cute.Tensor, p: Int32):
+        """Word i of the piece: codes 4i..4i+3 (k = 16p + 4i + j: x piece 2p + i // 2, word 2 (i % 2) + j // 2,
+        half j % 2)."""
+        R, M = self.rows, self.m
+        for h in cutlass.range_constexpr(2):
+            self.load_x(mX, rX, 2 * p + h)
+            xf = [[halves_f32(rX[q, m], self.is_f16) for q in range(PIECE_WORDS)] for m in range(M)]
+            for r in cutlass.range_constexpr(R):
+                for ii in cutlass.range_constexpr(2):
+                    flipped = rW[2 * h + ii, r] ^ Int32(INT8_FLIP - (1 << 32))
+                    for j in cutlass.range_constexpr(4):
+                        w = sub_f32(as_f32(prmt(flipped, Int32(INT8_HIGH), INT8_SELECTORS[j])), INT8_OFFSET)
+                        for m in cutlass.range_constexpr(M):
+                            a = r * M + m
+                            acc[a] = fma_f32(xf[m][2 * ii + j // 2][j % 2], w, acc[a])
+
+    @cute.jit
+    def store(self, total: Float32, mScale: cute.Tensor, mBias: Optional[cute.Tensor], mOut: cute.Tensor, n: Int32,
+              m: Int32):
+        y = total
+        if const_expr(self.fmt == "nvfp4"):
+            y = total * (mScale[0] * Float32(float(2 ** decode_exponent(False))))
+        else:
+            y = total * mScale[n].to(Float32)
+        if const_expr(self.has_bias):
+            y = y + Float32(mBias[n])
+        mOut[m, n] = y.to(self.dtype)
