@@ -708,8 +708,8 @@ def gemv_key(dtype: torch.dtype, fmt: str, m: int, bias: bool, arch: str, warps_
         raise ValueError(f"the W4A16 GEMV takes 1..{GEMV_MAX_M} rows of x, got {m}")
     if scale_dtype not in SCALE_DTYPES or (fmt == "nvfp4" and scale_dtype != torch.float32):
         raise ValueError(f"the W4A16 GEMV does not take {fmt} scales of dtype {scale_dtype}")
-    if warps_k not in GEMV_WARPS_K or fmt not in FORMATS or (bias and fmt == "nvfp4"):
-        raise ValueError(f"no W4A16 GEMV for {fmt} with {warps_k} K warps, bias {bias}")
+    if warps_k not in GEMV_WARPS_K or fmt not in FORMATS or (bias and fmt == "nvfp4") or not 1 <= rows * m <= 32:
+        raise ValueError(f"no W4A16 GEMV for {fmt} with {rows} rows a warp, {warps_k} K warps, bias {bias}")
     return _GemvKey(dtype, fmt, m, bool(bias), arch, rows, warps_k, pdl, scale_dtype, GEMV_MIN_CTAS[m])
 
 
@@ -736,19 +736,25 @@ compiled_gemv = compile_utils.CompiledVariants(_compile_gemv)
 """`compiled_gemv(key)`: the GEMV variant `key` names, compiled on first use."""
 
 
+def _gemv_shape(gemv) -> Optional[tuple[int, int]]:
+    """A matmul's `gemv` argument as a forced (rows a warp, K warps) shape, or None (`gemv_warps_k`'s rule)."""
+    return tuple(gemv) if isinstance(gemv, tuple) else None
+
+
 def configured_gemv() -> bool:
     """Whether calls without a `gemv` argument take the GEMV for M <= 4: FA4_INDUCTOR_W4A16_GEMV (default off)."""
     return switches.current().w4a16_gemv
 
 
 def _run_gemv(fmt: str, x2d: Tensor, words: Tensor, block: Optional[Tensor], scale: Tensor, bias: Optional[Tensor],
-              n: int) -> Tensor:
+              n: int, shape: Optional[tuple[int, int]] = None) -> Tensor:
     m = x2d.shape[0]
     kp = words.shape[1] * (8 if fmt == "nvfp4" else 4)
     x = prepare_x(x2d, kp)
     out = torch.empty(m, n, dtype=x.dtype, device=x.device)
-    key = gemv_key(x.dtype, fmt, m, bias is not None, compile_utils.target_arch(x.device),
-                   gemv_warps_k(n, words.shape[1] // 4), switches.current().w4a16_pdl, scale.dtype)
+    rows, warps_k = shape or (GEMV_ROWS, gemv_warps_k(n, words.shape[1] // 4))
+    key = gemv_key(x.dtype, fmt, m, bias is not None, compile_utils.target_arch(x.device), warps_k,
+                   switches.current().w4a16_pdl, scale.dtype, rows)
     with torch.cuda.device(x.device):
         compiled_gemv(key)(x.view(torch.int32), words, block, scale, bias, out)
     return out
@@ -858,13 +864,14 @@ def nvfp4_matmul(x2d: Tensor, w_fp4: Tensor, w_block_scale: Tensor, w_global_sca
     """x2d [M, K] @ dequant(w)^T -> [M, N] in x's dtype (module docstring). `splits` overrides `num_splits`,
     `cta` (row tiles, warps_n, warps_k) `cta_shape`, `load` the configured load path and `pack` the configured
     layout (FA4_INDUCTOR_W4A16_PACK) (tests, tuning); `gemv` (None: FA4_INDUCTOR_W4A16_GEMV) sends M <= 4 calls of
-    the plain layout to the CUDA-core GEMV, which takes none of the other three."""
+    the plain layout to the CUDA-core GEMV, which takes none of the other three; a tuple (rows a warp, K warps) as
+    `gemv` forces the GEMV's shape (tuning: `tests/bench_w4a16.py --gemv 4x1,2x2`)."""
     n, k = layout.nvfp4_operands(w_fp4, w_block_scale, w_global_scale)
     _check(x2d, "nvfp4", n, k, w_fp4, w_block_scale, w_global_scale)
     pack = configured_pack() if pack is None else pack
     if not pack and x2d.shape[0] <= GEMV_MAX_M and (configured_gemv() if gemv is None else gemv):
         words, blocks = prepare_nvfp4(w_fp4, w_block_scale)
-        return _run_gemv("nvfp4", x2d, words, blocks, w_global_scale.reshape(1), None, n)
+        return _run_gemv("nvfp4", x2d, words, blocks, w_global_scale.reshape(1), None, n, _gemv_shape(gemv))
     if pack:
         words, pairs = prepare_nvfp4_packed(w_fp4, w_block_scale, x2d.dtype, pack == "tiles")
     else:
@@ -889,5 +896,5 @@ def int8_matmul(x2d: Tensor, w_int8: Tensor, w_scale: Tensor, bias: Optional[Ten
     if bias is not None:
         bias = bias.reshape(n).to(x2d.dtype).contiguous()
     if x2d.shape[0] <= GEMV_MAX_M and (configured_gemv() if gemv is None else gemv):
-        return _run_gemv("int8", x2d, prepare_int8(w_int8), None, scale, bias, n)
+        return _run_gemv("int8", x2d, prepare_int8(w_int8), None, scale, bias, n, _gemv_shape(gemv))
     return _run("int8", x2d, prepare_int8(w_int8), None, scale, bias, n, k, splits, cta, load)

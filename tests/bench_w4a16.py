@@ -15,7 +15,8 @@ not fit shared memory is reported and skipped). They combine with `--splits` and
 the NVFP4 rows once per layout (the packed one prepared before timing, `w4a16_decode.pack_nvfp4`; default
 FA4_INDUCTOR_W4A16_PACK); int8 rows are timed once. `--gemv off,on` times ours once per route for M <= 4 (off: the
 tensor-core kernel, on: the CUDA-core GEMV, `cute/w4a16_gemv.py`; default FA4_INDUCTOR_W4A16_GEMV), NVFP4 (plain layout)
-and int8; the accuracy column follows the same order.
+and int8; "RxK" (4x1, 2x2, 8x1) forces the GEMV's rows a warp and K warps (tuning); the accuracy column follows the
+same order.
 
 Timing: each kernel is called on C copies of its weight (C copies > 2x the 50 MB L2, so every call reads its
 weight from HBM as a decode step does) inside one CUDA graph; the median over 20 replays divided by C is the
@@ -96,7 +97,8 @@ def bench_shape(n, k, ms, splits_list=None, loads=(None,), ctas=None, int8_scale
         row = {}
         tag = lambda ld: f" {ld}" if ld else ""  # noqa: E731
         ptag = lambda pk: "" if pk is None else {False: " plain", True: " packed", "tiles": " tiles"}[pk]  # noqa: E731
-        gtag = lambda gv: "" if gv is None else " gemv" if gv else " mma"  # noqa: E731
+        gtag = lambda gv: ("" if gv is None else f" gemv {gv[0]}x{gv[1]}" if isinstance(gv, tuple)  # noqa: E731
+                           else " gemv" if gv else " mma")
         gemvs_m = gemvs if m <= w4.GEMV_MAX_M else (None,)
         loads_m = [ld for ld in loads if fits(ld, m)]
         sweep = bool(splits_list or ctas)
@@ -183,6 +185,12 @@ def fits(spec, m):
         return False
 
 
+def parse_gemv(value):
+    """--gemv's off / on / RxK -> the matmuls' `gemv` argument: False, True or (rows a warp, K warps)."""
+    value = value.strip()
+    return {"off": False, "on": True}[value] if value in ("off", "on") else tuple(map(int, value.split("x")))
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--m", default="1,4,16")
@@ -193,7 +201,8 @@ def main():
     p.add_argument("--load", default=None, help="comma list of load paths: registers, bulk, bulk+prefetch:4 ...")
     p.add_argument("--stages", default=None, help="comma list: ring depths for each bulk load path")
     p.add_argument("--pack", default=None, help="comma list of NVFP4 layouts: off (plain), on (packed), tiles")
-    p.add_argument("--gemv", default=None, help="comma list of M <= 4 routes: off (tensor-core kernel), on (GEMV)")
+    p.add_argument("--gemv", default=None, help="comma list of M <= 4 routes: off (tensor-core kernel), on (GEMV), "
+                                                 "RxK (the GEMV with R rows a warp, K warps along K)")
     p.add_argument("--int8-scales", default="float32", choices=("float32", "bfloat16", "float16"),
                    help="the int8 weights' per-channel scale dtype")
     a = p.parse_args()
@@ -207,7 +216,7 @@ def main():
           f"{w4.bulk_stages(16, w4.wide(16))}; narrow: {w4.bulk_stages(8, w4.NARROW)}, "
           f"{w4.bulk_stages(16, w4.NARROW)})")
     packs = [{"off": False, "on": True, "tiles": "tiles"}[v.strip()] for v in a.pack.split(",")] if a.pack else [None]
-    gemvs = [{"off": False, "on": True}[v.strip()] for v in a.gemv.split(",")] if a.gemv else [None]
+    gemvs = [parse_gemv(v) for v in a.gemv.split(",")] if a.gemv else [None]
     for shape in a.shapes.split(","):
         n, k = map(int, shape.split("x"))
         bench_shape(n, k, ms, splits, loads, ctas, getattr(torch, a.int8_scales), packs, gemvs)

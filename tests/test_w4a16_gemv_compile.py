@@ -131,6 +131,9 @@ def test_gemv_keys_are_checked():
         w4.gemv_key(torch.bfloat16, "nvfp4", 1, True, ARCH, 1)
     with pytest.raises(ValueError, match="no W4A16 GEMV"):
         w4.gemv_key(torch.bfloat16, "int8", 1, False, ARCH, 8)
+    with pytest.raises(ValueError, match="16 rows a warp"):
+        w4.gemv_key(torch.bfloat16, "int8", 4, False, ARCH, 1, rows=16)  # one lane a (row, x row) to store
+    assert w4._gemv_shape((2, 4)) == (2, 4) and w4._gemv_shape(True) is None
 
 
 def test_the_matmuls_take_a_gemv_argument():
@@ -164,22 +167,26 @@ GEMV_PTX_PROBE = """
 import sys, torch
 from fa4_inductor.kernels import w4a16_decode as w
 for i, spec in enumerate(sys.argv[1:]):
-    dtype, fmt, m, bias, wk, scale, pdl = spec.split(",")
+    dtype, fmt, m, bias, wk, scale, pdl, rows = spec.split(",")
     key = w.gemv_key(getattr(torch, dtype), fmt, int(m), bias == "1", "sm_90a", int(wk), pdl == "1",
-                     getattr(torch, scale))
+                     getattr(torch, scale), int(rows))
     open(f"kernel{i}.ptx", "w").write(w.compiled_gemv(key).__ptx__)
 """
 
 
 def _gemv_specs(dtype):
-    """Every M, both formats, int8 with and without bias and each scale dtype, every K-warp count, PDL and not."""
+    """Every M, both formats, int8 with and without bias and each scale dtype, every K-warp count, PDL and not; the
+    default rows a warp, and 2 and 8 (the tuning shapes `tests/bench_w4a16.py --gemv 2x1,8x1` tries) at M = 1, 4."""
+    rows = w4.GEMV_ROWS
     specs = []
     for m in range(1, w4.GEMV_MAX_M + 1):
         wk = w4.GEMV_WARPS_K[m % len(w4.GEMV_WARPS_K)]
-        specs.append(f"{dtype},nvfp4,{m},0,{wk},float32,{m % 2}")
+        specs.append(f"{dtype},nvfp4,{m},0,{wk},float32,{m % 2},{rows}")
         for bias in (0, 1):
             scale = ("float32", "bfloat16", "float16")[(m + bias) % 3]
-            specs.append(f"{dtype},int8,{m},{bias},{w4.GEMV_WARPS_K[(m + bias) % 3]},{scale},{bias}")
+            specs.append(f"{dtype},int8,{m},{bias},{w4.GEMV_WARPS_K[(m + bias) % 3]},{scale},{bias},{rows}")
+    for fmt in ("nvfp4", "int8"):
+        specs += [f"{dtype},{fmt},1,0,1,float32,1,8", f"{dtype},{fmt},4,0,2,float32,1,2"]
     return specs
 
 
@@ -197,7 +204,7 @@ def test_gemv_variants_compile_without_spills(cute_dsl, dtype, tmp_path):
         text = (tmp_path / f"kernel{i}.ptx").read_text()
         assert "ld.global.v4.b32" in text and "fma.rn.f32" in text, spec
         assert "ftz" not in text and "mma." not in text, spec
-        assert ("griddepcontrol.wait" in text) == spec.endswith(",1"), spec
+        assert ("griddepcontrol.wait" in text) == (spec.split(",")[6] == "1"), spec
         if ptxas:
             info = subprocess.run([ptxas, f"-arch={ARCH}", "-v", str(tmp_path / f"kernel{i}.ptx"), "-o", os.devnull],
                                   check=True, capture_output=True, text=True).stderr
