@@ -220,3 +220,28 @@ def test_sass_stats_reports_the_gemv(cute_dsl):
                          text=True).stdout
     print(out)
     assert "registers [" in out
+
+
+GEMV_PDL_PROBE = """
+import sys, torch
+from fa4_inductor.kernels import w4a16_decode as w
+key = w.gemv_key(torch.bfloat16, sys.argv[1], 1, False, "sm_90a", 2, pdl=True)
+ptx = w.compiled_gemv(key).__ptx__
+body = ptx[ptx.index(".entry"):]
+wait = body.find("griddepcontrol.wait")
+print(body.find("ld.global.v4"), wait, body.find("griddepcontrol.launch_dependents"),
+      body.find("ld.global.v4", body.find("griddepcontrol.launch_dependents")), body.count("ld.global.v4", 0, wait))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fmt", ["nvfp4", "int8"])
+def test_gemv_pdl_loads_only_weights_before_its_wait(cute_dsl, fmt, tmp_path):
+    """With PDL the first weight piece of each of the warp's rows is loaded before `griddepcontrol.wait` (16-byte
+    loads, one a row: no x), the dependents' trigger comes after it, and the x loads after both."""
+    env = dict(os.environ, CUTE_DSL_KEEP_PTX="1", CUTE_DSL_ARCH=ARCH)
+    first, wait, trigger, after, before = map(int, subprocess.run(
+        [sys.executable, "-c", GEMV_PDL_PROBE, fmt], env=env, cwd=tmp_path, check=True, capture_output=True,
+        text=True).stdout.split())
+    assert 0 <= first < wait < trigger < after, (first, wait, trigger, after)
+    assert before == w4.GEMV_ROWS, before

@@ -100,8 +100,8 @@ class W4A16Gemv:
     """One compiled variant per (x dtype, format, M, bias or not, ROWS rows a warp, WARPS_K warps along K, PDL or
     not, `min_ctas`: > 1 caps the registers so that this many CTAs fit a SM); N, K and strides are runtime values.
 
-    pdl: launched as a programmatic dependent; every thread waits for the kernel before it (`griddepcontrol.wait`)
-    before its first load, then lets the next one be scheduled.
+    pdl: launched as a programmatic dependent; each lane loads its first weight piece, then waits for the kernel
+    before it (`griddepcontrol.wait`) before any other load, then lets the next one be scheduled.
 
     Call: (mX, mW, mBlock (nvfp4) or None, mScale, mBias [N] or None, mOut [M, N] (unit stride on N), stream)."""
 
@@ -153,25 +153,27 @@ class W4A16Gemv:
         row0 = (bx * self.warps_n + wn) * R
         pieces = mW.shape[1] // PIECE_WORDS
 
-        if const_expr(self.pdl):
-            cute.arch.griddepcontrol_wait()
-            cute.arch.griddepcontrol_launch_dependents()
-
         acc = cute.make_rmem_tensor((R * M,), Float32)
         acc.fill(0.0)
         rW = cute.make_rmem_tensor((PIECE_WORDS, R), Int32)
         rS = cute.make_rmem_tensor((R,), Int32)
         rX = cute.make_rmem_tensor((PIECE_WORDS, M), Int32)
-        for p in cutlass.range(wk * 32 + lane, pieces, 32 * self.warps_k, unroll=1):
-            for r in cutlass.range_constexpr(R):
-                n = cutlass.min(row0 + r, n_rows - 1)  # past N: row N - 1, dropped
-                cute.autovec_copy(cute.local_tile(mW[n, None], (PIECE_WORDS,), (p,)), rW[None, r])
-                if const_expr(self.fmt == "nvfp4"):
-                    rS[r] = mBlock[n, p >> 1] >> ((p & 1) * 16)
+        first = wk * 32 + lane
+        stride = 32 * self.warps_k
+        if first < pieces:
+            self.load_piece(mW, mBlock, rW, rS, row0, n_rows, first)
+        if const_expr(self.pdl):
+            # Before the wait only the primary may still run, and it writes activations, never quantized weights or
+            # their block scales (as in `w4a16_decode_gemm`): the first weight loads go out before it; x after.
+            cute.arch.griddepcontrol_wait()
+            cute.arch.griddepcontrol_launch_dependents()
+        for p in cutlass.range(first, pieces, stride, unroll=1):
             if const_expr(self.fmt == "nvfp4"):
                 self.nvfp4_piece(mX, rW, rS, rX, acc, p)
             else:
                 self.int8_piece(mX, rW, rX, acc, p)
+            if p + stride < pieces:
+                self.load_piece(mW, mBlock, rW, rS, row0, n_rows, p + stride)
 
         # ---- the lanes, then the K warps, add up; warp wk = 0's lanes store (r, m) = divmod(lane, M) ----
         for i in cutlass.range_constexpr(R * M):
@@ -191,6 +193,17 @@ class W4A16Gemv:
                 m = lane % M
                 if n < n_rows:
                     self.store(total, mScale, mBias, mOut, n, m)
+
+    @cute.jit
+    def load_piece(self, mW: cute.Tensor, mBlock: Optional[cute.Tensor], rW: cute.Tensor, rS: cute.Tensor, row0: Int32,
+                   n_rows: Int32, p: Int32):
+        """Piece p of the warp's rows (past N: row N - 1, dropped) and, NVFP4, their two block scales in the low 16
+        bits of rS."""
+        for r in cutlass.range_constexpr(self.rows):
+            n = cutlass.min(row0 + r, n_rows - 1)
+            cute.autovec_copy(cute.local_tile(mW[n, None], (PIECE_WORDS,), (p,)), rW[None, r])
+            if const_expr(self.fmt == "nvfp4"):
+                rS[r] = mBlock[n, p >> 1] >> ((p & 1) * 16)
 
     @cute.jit
     def load_x(self, mX: cute.Tensor, rX: cute.Tensor, q: Int32):
