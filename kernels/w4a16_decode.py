@@ -71,9 +71,10 @@ a run of these GEMMs (q, k, v; gate, up; chains) each one's first weight loads o
 graph of back-to-back calls; Llama-1B NVFP4 decode 1.136 against 1.160 ms/token (docs/benchmarks.md).
 
 CUDA-core GEMV (`cute/w4a16_gemv.py`, off by default; FA4_INDUCTOR_W4A16_GEMV=1 or the matmuls' `gemv=True`): calls
-with M <= 4 (NVFP4 in the plain layout, int8) go to a GEMV on CUDA cores instead: 4-warp CTAs of 4 rows a warp, each
+with M <= 4 (NVFP4 in the plain layout, int8) go to a GEMV on CUDA cores instead: 4-warp CTAs of up to 4 rows a warp, each
 lane reading 16-byte pieces of its rows (512 contiguous bytes a warp and row), fp32 FMAs, shuffles and shared memory
-for the sums, no split-K kernel (`gemv_warps_k` splits K inside the CTA for weights with few rows). `splits`, `cta`
+for the sums, no split-K kernel (`gemv_shape`: K split inside the CTA and fewer rows a warp for weights with few
+rows). `splits`, `cta`
 and `load` do not apply to it. Its variants are keyed by `_GemvKey` (x dtype, format, M, bias, arch, rows a warp, K
 warps, PDL, scale dtype, register cap) in `compiled_gemv`. Not measured yet (`tests/bench_w4a16.py --gemv off,on`).
 
@@ -673,7 +674,8 @@ compiled = compile_utils.CompiledVariants(_compile)
 # ---- the CUDA-core GEMV (`cute/w4a16_gemv.py`): M = 1..4, FA4_INDUCTOR_W4A16_GEMV=1 or the matmuls' `gemv=True` ----
 
 GEMV_MAX_M = 4
-GEMV_ROWS = 4  # weight rows a warp
+GEMV_ROWS = 4  # weight rows a warp, halved (down to 1) while the CTAs do not cover the SMs (`gemv_shape`)
+GEMV_ROW_CHOICES = (4, 2, 1)
 GEMV_WARPS = 4  # a CTA; `cute/w4a16_gemv.py`'s NUM_WARPS
 GEMV_WARPS_K = (1, 2, 4)
 GEMV_MIN_CTAS = {1: 0, 2: 0, 3: 0, 4: 0}  # by M: > 1 caps the registers so that this many CTAs fit a SM
@@ -700,6 +702,16 @@ def gemv_warps_k(n: int, pieces: int) -> int:
     while 2 * wk <= GEMV_WARPS and n * wk < GEMV_TARGET_ROW_WARPS and pieces >= 32 * 2 * wk:
         wk *= 2
     return wk
+
+
+def gemv_shape(n: int, pieces: int, num_sms: int) -> tuple[int, int]:
+    """(rows a warp, K warps) of the GEMV for an n-row weight of `pieces` 16-byte pieces a row: `gemv_warps_k`, then
+    GEMV_ROWS halved while the CTAs number fewer than the SMs (512 x 2048: 1 row a warp, 256 CTAs)."""
+    warps_k = gemv_warps_k(n, pieces)
+    rows = GEMV_ROWS
+    while rows > 1 and -(-n // (rows * (GEMV_WARPS // warps_k))) < num_sms:
+        rows //= 2
+    return rows, warps_k
 
 
 def gemv_key(dtype: torch.dtype, fmt: str, m: int, bias: bool, arch: str, warps_k: int, pdl: bool = False,
@@ -752,7 +764,8 @@ def _run_gemv(fmt: str, x2d: Tensor, words: Tensor, block: Optional[Tensor], sca
     kp = words.shape[1] * (8 if fmt == "nvfp4" else 4)
     x = prepare_x(x2d, kp)
     out = torch.empty(m, n, dtype=x.dtype, device=x.device)
-    rows, warps_k = shape or (GEMV_ROWS, gemv_warps_k(n, words.shape[1] // 4))
+    device = x.device.index if x.device.index is not None else torch.cuda.current_device()
+    rows, warps_k = shape or gemv_shape(n, words.shape[1] // 4, _num_sms(device))
     key = gemv_key(x.dtype, fmt, m, bias is not None, compile_utils.target_arch(x.device), warps_k,
                    switches.current().w4a16_pdl, scale.dtype, rows)
     with torch.cuda.device(x.device):
@@ -785,7 +798,8 @@ def warmup(dtype: torch.dtype, fmt: str, m_values=M_BUCKETS, *, bias: Optional[b
            scale_dtype: torch.dtype = torch.float32, pack=None, gemv: Optional[bool] = None) -> int:
     """Compile every variant calls with these rows can hit (both CTA shapes, split and not; `bias` None: both;
     `load` None: the configured load path; int8 scales of `scale_dtype`; `pack` None: NVFP4 as configured; `gemv`
-    None: as configured (on: the GEMV's variants for the rows up to 4 these M values cover, every K-warp count)),
+    None: as configured (on: the GEMV's variants for the rows up to 4 these M values cover, every shape `gemv_shape`
+    picks)),
     outside CUDA-graph capture. Returns how many were compiled now."""
     if dtype not in DTYPES or fmt not in FORMATS:
         raise ValueError(f"the W4A16 decode GEMM does not take dtype {dtype} / format {fmt!r}")
@@ -806,10 +820,11 @@ def warmup(dtype: torch.dtype, fmt: str, m_values=M_BUCKETS, *, bias: Optional[b
     if (configured_gemv() if gemv is None else gemv) and not pack:
         rows = {r for m in m_values for r in (range(1, GEMV_MAX_M + 1) if m > GEMV_MAX_M else (m,))}
         for m in sorted(rows):
-            for wk in GEMV_WARPS_K:
-                for b in ((False, True) if bias is None else (bool(bias),)):
-                    if not (fmt == "nvfp4" and b):
-                        compiled_gemv(gemv_key(dtype, fmt, m, b, arch, wk, pdl, scale_dtype))
+            for r in GEMV_ROW_CHOICES:
+                for wk in GEMV_WARPS_K:
+                    for b in ((False, True) if bias is None else (bool(bias),)):
+                        if not (fmt == "nvfp4" and b):
+                            compiled_gemv(gemv_key(dtype, fmt, m, b, arch, wk, pdl, scale_dtype, r))
     return len(compiled) - before + len(compiled_gemv) - gemv_before
 
 

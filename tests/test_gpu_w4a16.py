@@ -48,8 +48,10 @@ def plan(n, k, fmt, m, splits, cta, load, pack=False):
     return f"cta {'x'.join(map(str, shape))} splits {splits} {load}{' packed' if pack else ''}"
 
 
-def gemv_plan(n, k, fmt):
-    return f"gemv warps_k {w4.gemv_warps_k(n, w4.padded_k(fmt, k) // w4.CHUNK_VALUES[fmt] * 2)}"
+def gemv_plan(n, k, fmt, gemv=True):
+    rows, warps_k = gemv if isinstance(gemv, tuple) else w4.gemv_shape(
+        n, w4.padded_k(fmt, k) // w4.CHUNK_VALUES[fmt] * 2, w4._num_sms(0))
+    return f"gemv rows {rows} warps_k {warps_k}"
 
 
 def nvfp4_case(m, n, k, dtype, splits=None, seed=0, load="registers", cta=None, pack=False, gemv=False):
@@ -60,7 +62,8 @@ def nvfp4_case(m, n, k, dtype, splits=None, seed=0, load="registers", cta=None, 
     wd = float64_dequantized(w_fp4, block, global_scale)
     ref = x.double() @ wd.T
     pytorch = F.linear(x, wd.to(dtype))
-    how = gemv_plan(n, k, "nvfp4") if gemv and m <= w4.GEMV_MAX_M else plan(n, k, 'nvfp4', m, splits, cta, load, pack)
+    how = gemv_plan(n, k, "nvfp4", gemv) if gemv and m <= w4.GEMV_MAX_M else plan(n, k, 'nvfp4', m, splits, cta, load,
+                                                                                     pack)
     report(f"nvfp4 {str(dtype)[6:]} m{m} n{n} k{k} {how}", out, ref, pytorch)
 
 
@@ -76,7 +79,7 @@ def int8_case(m, n, k, dtype, bias, splits=None, seed=0, load="registers", cta=N
     wd = w_int8.double() * scale.double()[:, None]
     ref = x.double() @ wd.T + (b.double() if bias else 0)
     pytorch = F.linear(x, wd.to(dtype), b)
-    how = gemv_plan(n, k, "int8") if gemv and m <= w4.GEMV_MAX_M else plan(n, k, 'int8', m, splits, cta, load)
+    how = gemv_plan(n, k, "int8", gemv) if gemv and m <= w4.GEMV_MAX_M else plan(n, k, 'int8', m, splits, cta, load)
     report(f"int8 {str(dtype)[6:]} m{m} n{n} k{k} bias {bias} scales {str(scale_dtype)[6:]} {how}", out, ref,
            pytorch)
 
@@ -306,7 +309,16 @@ def test_pdl_chain_equals_plain_launches(monkeypatch, m, load):
 # ------------------------------------------------------------------------------- the CUDA-core GEMV (M <= 4)
 
 GEMV_SHAPES = [(1000, 2064), (333, 4160), (70, 64), (3, 48), (16, 16), (8192, 2048), (2048, 8192), (512, 2048),
-               (5, 8256)]  # N, K off the 4-row warp and 32-piece step; every K-warp count (`gemv_warps_k`)
+               (5, 8256), (4099, 1040)]  # N, K off the warp's rows and 32-piece step; every shape `gemv_shape` picks
+
+
+@pytest.mark.parametrize("shape", [(4, 1), (4, 2), (4, 4), (2, 1), (2, 4), (1, 1), (1, 2), (8, 1)],
+                         ids=lambda s: f"{s[0]}x{s[1]}")
+@pytest.mark.parametrize("m", [1, 3])
+def test_gemv_forced_shapes(m, shape):
+    """Every (rows a warp, K warps) `gemv_shape` can pick, and 8 rows (tuning), N and K odd: `gemv=(rows, K warps)`."""
+    for fmt_case, kw in ((nvfp4_case, {}), (int8_case, {"bias": True})):
+        fmt_case(m, 333, 4160, torch.bfloat16, seed=m, gemv=shape, **kw)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)

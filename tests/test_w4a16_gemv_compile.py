@@ -120,6 +120,21 @@ def test_gemv_warps_k():
             assert w4.gemv_warps_k(n, pieces) in w4.GEMV_WARPS_K
 
 
+def test_gemv_shape():
+    """Rows a warp halved while the CTAs (4 warps: 4 / warps_k row groups) number fewer than the SMs."""
+    assert w4.gemv_shape(8192, 8192 // 32, 132) == (4, 2)
+    assert w4.gemv_shape(8192, 2048 // 32, 132) == (4, 2)
+    assert w4.gemv_shape(2048, 8192 // 32, 132) == (4, 4)  # 512 CTAs
+    assert w4.gemv_shape(2048, 2048 // 32, 132) == (4, 2)
+    assert w4.gemv_shape(512, 2048 // 32, 132) == (1, 2)  # 256 CTAs of 2 rows
+    assert w4.gemv_shape(512, 2048 // 16, 132) == (2, 4)  # int8: 256 CTAs
+    assert w4.gemv_shape(3, 48 // 32 + 1, 132) == (1, 1)
+    for n in (1, 7, 333, 1000, 8192, 128256):
+        for pieces in (1, 31, 64, 129, 512):
+            rows, wk = w4.gemv_shape(n, pieces, 132)
+            assert rows in w4.GEMV_ROW_CHOICES and wk in w4.GEMV_WARPS_K
+
+
 def test_gemv_keys_are_checked():
     key = w4.gemv_key(torch.bfloat16, "int8", 3, True, ARCH, 2, scale_dtype=torch.float16)
     assert (key.m, key.bias, key.warps_k, key.scale_dtype, key.rows) == (3, True, 2, torch.float16, w4.GEMV_ROWS)
@@ -159,8 +174,9 @@ def test_gemv_variants_compile(cute_dsl):
 def test_gemv_warmup(cute_dsl):
     w4.warmup(torch.bfloat16, "nvfp4", (1,), device="cpu", gemv=True)
     assert w4.warmup(torch.bfloat16, "nvfp4", (1,), device="cpu", gemv=True) == 0
-    assert w4.gemv_key(torch.bfloat16, "nvfp4", 1, False, ARCH, 4, switches.current().w4a16_pdl) in \
-        w4.compiled_gemv._compiled
+    for rows in w4.GEMV_ROW_CHOICES:
+        assert w4.gemv_key(torch.bfloat16, "nvfp4", 1, False, ARCH, 4, switches.current().w4a16_pdl,
+                           rows=rows) in w4.compiled_gemv._compiled
 
 
 GEMV_PTX_PROBE = """
@@ -176,7 +192,7 @@ for i, spec in enumerate(sys.argv[1:]):
 
 def _gemv_specs(dtype):
     """Every M, both formats, int8 with and without bias and each scale dtype, every K-warp count, PDL and not; the
-    default rows a warp, and 2 and 8 (the tuning shapes `tests/bench_w4a16.py --gemv 2x1,8x1` tries) at M = 1, 4."""
+    default rows a warp, the 2 and 1 `gemv_shape` falls back to, and 8 (`tests/bench_w4a16.py --gemv 8x1`)."""
     rows = w4.GEMV_ROWS
     specs = []
     for m in range(1, w4.GEMV_MAX_M + 1):
@@ -186,7 +202,8 @@ def _gemv_specs(dtype):
             scale = ("float32", "bfloat16", "float16")[(m + bias) % 3]
             specs.append(f"{dtype},int8,{m},{bias},{w4.GEMV_WARPS_K[(m + bias) % 3]},{scale},{bias},{rows}")
     for fmt in ("nvfp4", "int8"):
-        specs += [f"{dtype},{fmt},1,0,1,float32,1,8", f"{dtype},{fmt},4,0,2,float32,1,2"]
+        specs += [f"{dtype},{fmt},1,0,1,float32,1,8", f"{dtype},{fmt},4,0,2,float32,1,2",
+                  f"{dtype},{fmt},3,0,4,float32,0,1", f"{dtype},{fmt},2,0,1,float32,1,2"]
     return specs
 
 
