@@ -158,6 +158,9 @@ def bench_shape(n, k, ms, splits_list=None, loads=(None,), ctas=None, int8_scale
             cells.append(f"{name} {us:6.1f} us {nbytes / us / 1e6:4.2f} TB/s{speed}")
         acc = "" if sweep or m > w4.MAX_M else "  rel err " + ", ".join(errs)
         auto = f"cta {_cta_label(shapes['nvfp4'])}/{_cta_label(shapes['int8'])} " if shapes else ""
+        if any(gemvs_m):
+            auto += "gemv " + "/".join("x".join(map(str, w4.gemv_shape(n, w4.padded_k(f, k) // w4.CHUNK_VALUES[f] * 2,
+                                                                       w4._num_sms(0)))) for f in w4.FORMATS) + " "
         print(f"{n}x{k} m{m:<2} {auto}splits {splits['nvfp4']}/{splits['int8']}  " + "  |  ".join(cells) + acc,
               flush=True)
     del ws, wbf
