@@ -118,6 +118,17 @@ def test_packed_splits_and_dtypes(splits, dtype, load, pack):
     nvfp4_case(5, 333, 4096, dtype, splits=splits, seed=splits, load=load, pack=pack)
 
 
+def signed_scale_case(m, n, k, dtype):
+    """x [m, k] and an NVFP4 weight [n, k] whose block scales are every e4m3 byte but NaN (negative, zero, subnormal),
+    with a float32 global scale."""
+    g = torch.Generator().manual_seed(m)
+    w_fp4 = torch.randint(0, 256, (n, k // 2), dtype=torch.uint8, generator=g).cuda()
+    scale_bytes = torch.randint(0, 256, (n, k // 16), dtype=torch.uint8, generator=g)
+    scale_bytes = torch.where(scale_bytes & 0x7F == 0x7F, 0x38, scale_bytes)  # NaN -> 1.0
+    block = scale_bytes.view(torch.float8_e4m3fn).cuda()
+    return torch.randn(m, k, dtype=dtype, device="cuda"), w_fp4, block, torch.tensor(3e-3, device="cuda")
+
+
 @pytest.mark.parametrize("pack", PACKS, ids=PACK_IDS)
 @pytest.mark.parametrize("m", [1, 8, 16])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
@@ -125,13 +136,7 @@ def test_nvfp4_signed_zero_and_subnormal_block_scales(dtype, m, pack):
     """Block scales of every e4m3 byte but NaN (negative, zero, subnormal: the packed layout folds signs into the
     codes and zeroes zero-scaled blocks), odd N and K."""
     n, k = 333, 4160
-    g = torch.Generator().manual_seed(m)
-    w_fp4 = torch.randint(0, 256, (n, k // 2), dtype=torch.uint8, generator=g).cuda()
-    scale_bytes = torch.randint(0, 256, (n, k // 16), dtype=torch.uint8, generator=g)
-    scale_bytes = torch.where(scale_bytes & 0x7F == 0x7F, 0x38, scale_bytes)  # NaN -> 1.0
-    block = scale_bytes.view(torch.float8_e4m3fn).cuda()
-    global_scale = torch.tensor(3e-3, device="cuda")
-    x = torch.randn(m, k, dtype=dtype, device="cuda")
+    x, w_fp4, block, global_scale = signed_scale_case(m, n, k, dtype)
     for splits in (None, 3):
         out = w4.nvfp4_matmul(x, w_fp4, block, global_scale, splits=splits, pack=pack)
         wd = float64_dequantized(w_fp4, block, global_scale)
@@ -348,13 +353,7 @@ def test_gemv_int8_scales_and_bias(m, dtype, scale_dtype):
 def test_gemv_signed_zero_and_subnormal_block_scales(dtype, m):
     """Block scales of every e4m3 byte but NaN (negative, zero, subnormal), odd N and K."""
     n, k = 333, 4160
-    g = torch.Generator().manual_seed(m)
-    w_fp4 = torch.randint(0, 256, (n, k // 2), dtype=torch.uint8, generator=g).cuda()
-    scale_bytes = torch.randint(0, 256, (n, k // 16), dtype=torch.uint8, generator=g)
-    scale_bytes = torch.where(scale_bytes & 0x7F == 0x7F, 0x38, scale_bytes)  # NaN -> 1.0
-    block = scale_bytes.view(torch.float8_e4m3fn).cuda()
-    global_scale = torch.tensor(3e-3, device="cuda")
-    x = torch.randn(m, k, dtype=dtype, device="cuda")
+    x, w_fp4, block, global_scale = signed_scale_case(m, n, k, dtype)
     out = w4.nvfp4_matmul(x, w_fp4, block, global_scale, gemv=True)
     wd = float64_dequantized(w_fp4, block, global_scale)
     report(f"gemv nvfp4 signed scales {str(dtype)[6:]} m{m}", out, x.double() @ wd.T, F.linear(x, wd.to(dtype)))

@@ -13,16 +13,11 @@ import pytest
 import torch
 
 from fa4_inductor.kernels import switches, w4a16_decode as w4
-from test_w4a16_compile import DTYPES, _exact_nvfp4, _random_nvfp4
+from test_w4a16_compile import DTYPES, _exact_nvfp4, _random_nvfp4, cute_dsl  # noqa: F401 (a fixture)
 
 ARCH = "sm_90a"
 
 
-@pytest.fixture(scope="module")
-def cute_dsl():
-    os.environ.setdefault("CUTE_DSL_ARCH", ARCH)
-    pytest.importorskip("cutlass")
-    pytest.importorskip("tvm_ffi", reason="the kernel compiles with --enable-tvm-ffi")
 
 
 # ------------------------------------------------------------------------------- decode (PyTorch)
