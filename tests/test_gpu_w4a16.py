@@ -281,33 +281,36 @@ def test_pdl_chain_equals_plain_launches(monkeypatch, m, load):
         h3 = w4.nvfp4_matmul(h2, *ws[2], load=load)
         return h1, h2, h3, w4.nvfp4_matmul(h3, *ws[3], load=load), w4.nvfp4_matmul(h3, *ws[4], splits=3, load=load)
 
-    def plain_launches():
-        monkeypatch.setenv("FA4_INDUCTOR_W4A16_PDL", "0")
-        switches.reset()
-        out = step()
-        monkeypatch.setenv("FA4_INDUCTOR_W4A16_PDL", "1")
-        switches.reset()
-        return out
+    check_pdl_chain(monkeypatch, f"pdl chain m{m} gemm", step, x, ws,
+                    lambda x, out: [x, out[0], out[1], out[2], out[2]])
 
-    monkeypatch.setenv("FA4_INDUCTOR_W4A16_PDL", "1")
-    switches.reset()
+
+def check_pdl_chain(monkeypatch, name, step, x, ws, inputs_of):
+    """`step()` (one call per weight of `ws`, each reading x or an earlier output: `inputs_of(x, outputs)`) with PDL
+    launches and without, eagerly and replayed in a CUDA graph after x changed: bit for bit the same; each output
+    against float64 on its input."""
+    def launches(pdl):
+        monkeypatch.setenv("FA4_INDUCTOR_W4A16_PDL", pdl)
+        switches.reset()
+        return step()
+
     try:
-        first = step()
-        assert all(torch.equal(a, b) for a, b in zip(first, plain_launches()))
+        first = launches("1")
+        assert all(torch.equal(a, b) for a, b in zip(first, launches("0")))
+        launches("1")
         graph, static = capture(step)
         x.copy_(torch.randn_like(x))
         graph.replay()
         torch.cuda.synchronize()
-        plain = plain_launches()
+        plain = launches("0")
         for i, (a, b) in enumerate(zip(static, plain)):
             assert torch.equal(a, b), f"replayed output {i}"
         assert not torch.equal(first[0], plain[0])  # x changed before the replay
-        inputs = [x, plain[0], plain[1], plain[2], plain[2]]
-        for i, (inp, out, w) in enumerate(zip(inputs, plain, ws)):
+        for i, (inp, out, w) in enumerate(zip(inputs_of(x, plain), plain, ws)):
             wd = float64_dequantized(*w)
-            report(f"pdl chain m{m} gemm {i}", out, inp.double() @ wd.T, F.linear(inp, wd.to(inp.dtype)))
+            report(f"{name} {i}", out, inp.double() @ wd.T, F.linear(inp, wd.to(inp.dtype)))
     finally:
-        monkeypatch.delenv("FA4_INDUCTOR_W4A16_PDL")
+        monkeypatch.delenv("FA4_INDUCTOR_W4A16_PDL", raising=False)
         switches.reset()
 
 
@@ -421,26 +424,4 @@ def test_gemv_pdl_chain_equals_plain_launches(monkeypatch, m):
         h3 = w4.nvfp4_matmul(h2, *ws[2], gemv=True)
         return h1, h2, h3, w4.nvfp4_matmul(h3, *ws[3], gemv=True)
 
-    def launches(pdl):
-        monkeypatch.setenv("FA4_INDUCTOR_W4A16_PDL", pdl)
-        switches.reset()
-        return step()
-
-    try:
-        first = launches("1")
-        plain = launches("0")
-        assert all(torch.equal(a, b) for a, b in zip(first, plain))
-        launches("1")
-        graph, static = capture(step)
-        x.copy_(torch.randn_like(x))
-        graph.replay()
-        torch.cuda.synchronize()
-        plain = launches("0")
-        for i, (a, b) in enumerate(zip(static, plain)):
-            assert torch.equal(a, b), f"replayed output {i}"
-        for i, (inp, out, w) in enumerate(zip([x, *plain[:3]], plain, ws)):
-            wd = float64_dequantized(*w)
-            report(f"gemv pdl chain m{m} gemm {i}", out, inp.double() @ wd.T, F.linear(inp, wd.to(inp.dtype)))
-    finally:
-        monkeypatch.delenv("FA4_INDUCTOR_W4A16_PDL", raising=False)
-        switches.reset()
+    check_pdl_chain(monkeypatch, f"gemv pdl chain m{m} gemm", step, x, ws, lambda x, out: [x, *out[:3]])
