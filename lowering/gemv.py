@@ -102,9 +102,13 @@ def right_operand(node: Node) -> Node | None:
     return gemv.w if gemv is not None else None
 
 
-def keep_if(reason: str | None) -> None:
-    """Inside `as_matmul`: a family's crossover says Inductor's own GEMV is faster for this one (`reason`): decline,
-    which puts the decomposition back."""
+def keep_inductors_if_faster(node: Node, matmul: Node, context, gemv_reason, *args) -> None:
+    """Inside `as_matmul(node, ...)`: when `matmul` stands for a decomposition and the `inductor_gemvs` option is on,
+    decline with `gemv_reason(*args)` (the op's measured crossover) if it gives one, which puts the decomposition
+    back for Inductor's own GEMV."""
+    if matmul is node or not getattr(context.options, "inductor_gemvs", True):
+        return
+    reason = gemv_reason(*args)
     if reason is not None:
         raise Decline(reason)
 

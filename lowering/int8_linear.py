@@ -255,8 +255,7 @@ def rewrite(node: Node, context: Context) -> str:
         m = match(matmul)
         _check_supported(m)
         _check_sole_users(m)
-        if matmul is not node and getattr(context.options, "inductor_gemvs", True):
-            gemv.keep_if(int8_linear_gemv_reason(value(m.x).device.type, *m.n_k))
+        gemv.keep_inductors_if_faster(node, matmul, context, int8_linear_gemv_reason, value(m.x).device.type, *m.n_k)
     graph = context.gm.graph
     with graph.inserting_before(m.end):
         make = NodeMaker(graph, m.end, context.fake_mode)

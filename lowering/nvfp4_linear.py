@@ -375,9 +375,9 @@ def rewrite(node: Node, context: Context) -> str:
         w4a4 = getattr(context.options, "nvfp4_activations", False)
         _check_supported(m, w4a4)
         _check_sole_users(m)
-        if matmul is not node and getattr(context.options, "inductor_gemvs", True):
-            n, half_k = shape(m.w_fp4)
-            gemv.keep_if(nvfp4_linear_gemv_reason(value(m.x).device.type, n, 2 * half_k))
+        n, half_k = shape(m.w_fp4)
+        gemv.keep_inductors_if_faster(node, matmul, context, nvfp4_linear_gemv_reason, value(m.x).device.type, n,
+                                      2 * half_k)
     graph = context.gm.graph
     with graph.inserting_before(matmul):
         make = NodeMaker(graph, matmul, context.fake_mode)
