@@ -15,8 +15,8 @@ FA4_INDUCTOR_W4A16_PDL (0 / false / no / off: launched without programmatic depe
 FA4_INDUCTOR_W4A16_LOAD (its load path: registers, the default, or bulk, with options and a ring depth,
 bulk+scales:4; `w4a16_decode.parse_load`), FA4_INDUCTOR_W4A16_PACK (on: NVFP4 weights prepacked once into the
 kernel's packed layout, `w4a16_decode.pack_nvfp4`; tiles: that layout in 16-row tiles; default off),
-FA4_INDUCTOR_W4A16_GEMV (on: M = 1..4 calls of the plain layout take the CUDA-core GEMV, `cute/w4a16_gemv.py`;
-default off). Others'
+FA4_INDUCTOR_W4A16_GEMV (which calls of the plain layout take the CUDA-core GEMV, `cute/w4a16_gemv.py`, by
+their rows M: unset or auto, the measured rule `w4a16_decode.GEMV_AUTO_ROWS`; on, M = 1..4; off, none). Others'
 variables we read: CUTE_DSL_ARCH (the CuTe DSL compile target), FA4's disk-cache pair and XDG_CACHE_HOME (`fa4.py` turns FA4's disk cache on).
 """
 
@@ -62,7 +62,8 @@ class Switches(NamedTuple):
     """The raw value; `w4a16_decode.parse_load` checks it."""
     w4a16_pack: Optional[str]
     """None (off), "pairs" (on) or "tiles"."""
-    w4a16_gemv: bool
+    w4a16_gemv: Optional[int]
+    """None (auto: `w4a16_decode.GEMV_AUTO_ROWS`) or the most rows of x a call may have to take the GEMV (0: none)."""
     cute_dsl_arch: Optional[str]
     fa4_cache_enabled_set: bool
     """FA4's disk-cache switch is set (by the user, or by `fa4.py` before importing FA4)."""
@@ -91,7 +92,7 @@ def read(env: Mapping[str, str]) -> Switches:
         w4a16_pdl=not _is_off(env.get(W4A16_PDL, "1")),
         w4a16_load=(env.get(W4A16_LOAD) or "").strip() or None,
         w4a16_pack=parse_pack(env.get(W4A16_PACK)),
-        w4a16_gemv=_is_on(env.get(W4A16_GEMV)),
+        w4a16_gemv=parse_gemv(env.get(W4A16_GEMV)),
         cute_dsl_arch=env.get(CUTE_DSL_ARCH) or None,
         fa4_cache_enabled_set=FA4_CACHE_ENABLED in env,
         fa4_cache_dir=env.get(FA4_CACHE_DIR) or None,
@@ -109,6 +110,18 @@ def parse_pack(value: Optional[str]) -> Optional[str]:
     if v == "tiles":
         return v
     raise ValueError(f"{W4A16_PACK} is off, on or tiles, not {value!r}")
+
+
+def parse_gemv(value: Optional[str]) -> Optional[int]:
+    """FA4_INDUCTOR_W4A16_GEMV: auto (unset or "auto": None), on (M up to 4) or off (0)."""
+    v = (value or "").strip().lower()
+    if not v or v == "auto":
+        return None
+    if _is_on(v):
+        return 4
+    if _is_off(v):
+        return 0
+    raise ValueError(f"{W4A16_GEMV} is auto, on or off, not {value!r}")
 
 
 def parse_cta_shape(value: Optional[str]) -> Optional[tuple[int, int, int]]:

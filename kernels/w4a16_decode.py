@@ -4,7 +4,7 @@ out[M, N] = x[M, K] @ dequant(W)[N, K]^T for decode-sized M (1..16), x float16 /
     unsupported_reason(x2d, fmt, n, k) -> str | None          fmt "nvfp4" or "int8"
     nvfp4_matmul(x2d, w_fp4, w_block_scale, w_global_scale) -> Tensor [M, N] in x's dtype
     int8_matmul(x2d, w_int8, w_scale, bias=None) -> Tensor [M, N] in x's dtype
-    (both: gemv=None / True / False, the CUDA-core GEMV for M <= 4, "CUDA-core GEMV" below)
+    (both: gemv=None / True / False, the CUDA-core GEMV for the fewest rows, "CUDA-core GEMV" below)
     warmup(dtype, fmt, ...)                                   compile before CUDA-graph capture
 
 
@@ -70,13 +70,16 @@ a run of these GEMMs (q, k, v; gate, up; chains) each one's first weight loads o
 (`W4A16DecodeGemm`'s docstring says why that is safe). H200: 2048 x 2048 at M = 1 2.9 against 4.0 us in a
 graph of back-to-back calls; Llama-1B NVFP4 decode 1.136 against 1.160 ms/token (docs/benchmarks.md).
 
-CUDA-core GEMV (`cute/w4a16_gemv.py`, off by default; FA4_INDUCTOR_W4A16_GEMV=1 or the matmuls' `gemv=True`): calls
-with M <= 4 (NVFP4 in the plain layout, int8) go to a GEMV on CUDA cores instead: 4-warp CTAs of up to 4 rows a warp, each
-lane reading 16-byte pieces of its rows (512 contiguous bytes a warp and row), fp32 FMAs, shuffles and shared memory
-for the sums, no split-K kernel (`gemv_shape`: K split inside the CTA and fewer rows a warp for weights with few
-rows). `splits`, `cta`
-and `load` do not apply to it. Its variants are keyed by `_GemvKey` (x dtype, format, M, bias, arch, rows a warp, K
-warps, PDL, scale dtype, register cap) in `compiled_gemv`. Not measured yet (`tests/bench_w4a16.py --gemv off,on`).
+CUDA-core GEMV (`cute/w4a16_gemv.py`): calls with M <= GEMV_AUTO_ROWS (NVFP4 in the plain layout, int8) go to a
+GEMV on CUDA cores instead (FA4_INDUCTOR_W4A16_GEMV: auto, the default; on: M <= 4; off: never; the matmuls' `gemv`
+argument overrides it): 4-warp CTAs of up to 4 rows a warp, each lane reading 16-byte pieces of its rows (512
+contiguous bytes a warp and row), fp32 FMAs, shuffles and shared memory for the sums, no split-K kernel (`gemv_shape`:
+K split inside the CTA and fewer rows a warp for weights with few rows). `splits`, `cta` and `load` do not apply to
+it. Its variants are keyed by `_GemvKey` (x dtype, format, M, bias, arch, rows a warp, K warps, PDL, scale dtype,
+register cap) in `compiled_gemv`. H200 (docs/benchmarks.md session 13, `tests/bench_w4a16.py --gemv off,on`), us at
+M = 1, tensor cores / GEMV: NVFP4 2048 x 8192 6.6 / 5.9, 2048 x 2048 2.9 / 2.5, 512 x 2048 2.3 / 1.8, 8192 x 2048
+6.9 / 6.9; int8 8192 x 8192 22.5 / 20.6, 8192 x 2048 8.8 / 6.3, 2048 x 8192 8.2 / 7.7, 512 x 2048 2.4 / 1.6; at M = 4
+the GEMV is slower on every measured shape (8192 x 8192 NVFP4 21.3 / 34.4), hence GEMV_AUTO_ROWS = 1.
 
 Compilation: one main variant per (x dtype, format, x row groups (M <= 8, M <= 16), CTA shape, split or not,
 bias or not, PDL or not, arch, load path) and one reduce variant per (x dtype, format, bias or not, arch), kept
@@ -671,9 +674,10 @@ compiled = compile_utils.CompiledVariants(_compile)
 """`compiled(key)`: the variant `key` names, compiled on first use."""
 
 
-# ---- the CUDA-core GEMV (`cute/w4a16_gemv.py`): M = 1..4, FA4_INDUCTOR_W4A16_GEMV=1 or the matmuls' `gemv=True` ----
+# ---- the CUDA-core GEMV (`cute/w4a16_gemv.py`): M <= GEMV_AUTO_ROWS, FA4_INDUCTOR_W4A16_GEMV or the matmuls' `gemv` ----
 
 GEMV_MAX_M = 4
+GEMV_AUTO_ROWS = 1  # H200, docs/benchmarks.md session 13: faster than the tensor-core kernel at M = 1, slower at M = 4
 GEMV_ROWS = 4  # weight rows a warp, halved (down to 1) while the CTAs do not cover the SMs (`gemv_shape`)
 GEMV_ROW_CHOICES = (4, 2, 1)
 GEMV_WARPS = 4  # a CTA; `cute/w4a16_gemv.py`'s NUM_WARPS
@@ -753,9 +757,19 @@ def _gemv_shape(gemv) -> Optional[tuple[int, int]]:
     return tuple(gemv) if isinstance(gemv, tuple) else None
 
 
-def configured_gemv() -> bool:
-    """Whether calls without a `gemv` argument take the GEMV for M <= 4: FA4_INDUCTOR_W4A16_GEMV (default off)."""
-    return switches.current().w4a16_gemv
+def configured_gemv_rows() -> int:
+    """The most rows of x a call without a `gemv` argument may have to take the GEMV: FA4_INDUCTOR_W4A16_GEMV (auto:
+    GEMV_AUTO_ROWS; on: GEMV_MAX_M; off: 0)."""
+    rows = switches.current().w4a16_gemv
+    return GEMV_AUTO_ROWS if rows is None else rows
+
+
+def gemv_rows(gemv) -> int:
+    """The most rows of x that take the GEMV under a matmul's `gemv` argument (None: as configured; True or a forced
+    shape: GEMV_MAX_M; False: 0)."""
+    if gemv is None:
+        return configured_gemv_rows()
+    return GEMV_MAX_M if gemv is True or isinstance(gemv, tuple) else 0
 
 
 def _run_gemv(fmt: str, x2d: Tensor, words: Tensor, block: Optional[Tensor], scale: Tensor, bias: Optional[Tensor],
@@ -798,8 +812,8 @@ def warmup(dtype: torch.dtype, fmt: str, m_values=M_BUCKETS, *, bias: Optional[b
            scale_dtype: torch.dtype = torch.float32, pack=None, gemv: Optional[bool] = None) -> int:
     """Compile every variant calls with these rows can hit (both CTA shapes, split and not; `bias` None: both;
     `load` None: the configured load path; int8 scales of `scale_dtype`; `pack` None: NVFP4 as configured; `gemv`
-    None: as configured (on: the GEMV's variants for the rows up to 4 these M values cover, every shape `gemv_shape`
-    picks)),
+    None: as configured (`gemv_rows`: the GEMV's variants for the rows up to that many these M values cover, every
+    shape `gemv_shape` picks)),
     outside CUDA-graph capture. Returns how many were compiled now."""
     if dtype not in DTYPES or fmt not in FORMATS:
         raise ValueError(f"the W4A16 decode GEMM does not take dtype {dtype} / format {fmt!r}")
@@ -817,8 +831,9 @@ def warmup(dtype: torch.dtype, fmt: str, m_values=M_BUCKETS, *, bias: Optional[b
                     for key in keys(dtype, fmt, m, split, b, arch, cta, pdl, load, scale_dtype, pack):
                         compiled(key)
     gemv_before = len(compiled_gemv)
-    if (configured_gemv() if gemv is None else gemv) and not pack:
-        rows = {r for m in m_values for r in (range(1, GEMV_MAX_M + 1) if m > GEMV_MAX_M else (m,))}
+    most = gemv_rows(gemv)
+    if most and not pack:
+        rows = {r for m in m_values for r in (range(1, most + 1) if m > GEMV_MAX_M else (m,)) if r <= most}
         for m in sorted(rows):
             for r in GEMV_ROW_CHOICES:
                 for wk in GEMV_WARPS_K:
@@ -878,13 +893,14 @@ def nvfp4_matmul(x2d: Tensor, w_fp4: Tensor, w_block_scale: Tensor, w_global_sca
                  load: Optional[str] = None, pack=None, gemv: Optional[bool] = None) -> Tensor:
     """x2d [M, K] @ dequant(w)^T -> [M, N] in x's dtype (module docstring). `splits` overrides `num_splits`,
     `cta` (row tiles, warps_n, warps_k) `cta_shape`, `load` the configured load path and `pack` the configured
-    layout (FA4_INDUCTOR_W4A16_PACK) (tests, tuning); `gemv` (None: FA4_INDUCTOR_W4A16_GEMV) sends M <= 4 calls of
-    the plain layout to the CUDA-core GEMV, which takes none of the other three; a tuple (rows a warp, K warps) as
+    layout (FA4_INDUCTOR_W4A16_PACK) (tests, tuning); `gemv` (None: FA4_INDUCTOR_W4A16_GEMV, `gemv_rows`) True sends
+    M <= 4 calls of the plain layout to the CUDA-core GEMV, which takes none of the other three, False none; a tuple
+    (rows a warp, K warps) as
     `gemv` forces the GEMV's shape (tuning: `tests/bench_w4a16.py --gemv 4x1,2x2`)."""
     n, k = layout.nvfp4_operands(w_fp4, w_block_scale, w_global_scale)
     _check(x2d, "nvfp4", n, k, w_fp4, w_block_scale, w_global_scale)
     pack = configured_pack() if pack is None else pack
-    if not pack and x2d.shape[0] <= GEMV_MAX_M and (configured_gemv() if gemv is None else gemv):
+    if not pack and x2d.shape[0] <= gemv_rows(gemv):
         words, blocks = prepare_nvfp4(w_fp4, w_block_scale)
         return _run_gemv("nvfp4", x2d, words, blocks, w_global_scale.reshape(1), None, n, _gemv_shape(gemv))
     if pack:
@@ -910,6 +926,6 @@ def int8_matmul(x2d: Tensor, w_int8: Tensor, w_scale: Tensor, bias: Optional[Ten
     scale = scale.contiguous()
     if bias is not None:
         bias = bias.reshape(n).to(x2d.dtype).contiguous()
-    if x2d.shape[0] <= GEMV_MAX_M and (configured_gemv() if gemv is None else gemv):
+    if x2d.shape[0] <= gemv_rows(gemv):
         return _run_gemv("int8", x2d, prepare_int8(w_int8), None, scale, bias, n, _gemv_shape(gemv))
     return _run("int8", x2d, prepare_int8(w_int8), None, scale, bias, n, k, splits, cta, load)

@@ -84,18 +84,23 @@ def test_gemv_products_are_exact_in_fp32():
 
 
 def test_gemv_switch_is_read():
-    assert not switches.read({}).w4a16_gemv
-    assert switches.read({"FA4_INDUCTOR_W4A16_GEMV": "1"}).w4a16_gemv
-    assert not switches.read({"FA4_INDUCTOR_W4A16_GEMV": "off"}).w4a16_gemv
+    assert switches.read({}).w4a16_gemv is None
+    assert switches.read({"FA4_INDUCTOR_W4A16_GEMV": "auto"}).w4a16_gemv is None
+    assert switches.read({"FA4_INDUCTOR_W4A16_GEMV": "1"}).w4a16_gemv == w4.GEMV_MAX_M
+    assert switches.read({"FA4_INDUCTOR_W4A16_GEMV": "off"}).w4a16_gemv == 0
+    with pytest.raises(ValueError, match="auto, on or off"):
+        switches.read({"FA4_INDUCTOR_W4A16_GEMV": "2"})
 
 
-def test_gemv_is_off_by_default(monkeypatch):
+def test_gemv_takes_one_row_by_default(monkeypatch):
     monkeypatch.delenv(switches.W4A16_GEMV, raising=False)
     switches.reset()
-    assert not w4.configured_gemv()
-    monkeypatch.setenv(switches.W4A16_GEMV, "on")
-    switches.reset()
-    assert w4.configured_gemv()
+    assert w4.configured_gemv_rows() == w4.GEMV_AUTO_ROWS == 1
+    assert [w4.gemv_rows(g) for g in (None, True, False, (2, 2))] == [1, 4, 0, 4]
+    for value, rows in (("on", 4), ("off", 0)):
+        monkeypatch.setenv(switches.W4A16_GEMV, value)
+        switches.reset()
+        assert w4.configured_gemv_rows() == w4.gemv_rows(None) == rows
     monkeypatch.delenv(switches.W4A16_GEMV)
     switches.reset()
 

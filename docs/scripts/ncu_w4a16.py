@@ -1,0 +1,40 @@
+"""Hardware counters of our W4A16 kernels on one decode-sized call (issue 15: what holds them at ~2 TB/s).
+
+    ncu --clock-control none --profile-from-start off --section SpeedOfLight --section Occupancy \
+        --section LaunchStats --section WarpStateStats --section SchedulerStats --section ComputeWorkloadAnalysis \
+        --section MemoryWorkloadAnalysis python3 docs/scripts/ncu_w4a16.py [N K]
+
+One row of x (bf16) times an N x K weight (default 8192 x 8192), NVFP4 and int8, on the CUDA-core GEMV and on the
+tensor-core kernel: each compiled and run once outside the profiled range, then once inside it (between
+cudaProfilerStart / Stop), so ncu reports four kernels (plus the tensor-core kernel's split-K reduce where split).
+"""
+
+import sys
+
+import torch
+
+from fa4_inductor.kernels import w4a16_decode as w4
+
+sys.path.insert(0, "tests")
+from test_nvfp4_linear import random_nvfp4  # noqa: E402
+
+n, k = (int(a) for a in sys.argv[1:3]) if len(sys.argv) > 2 else (8192, 8192)
+x = torch.randn(1, k, dtype=torch.bfloat16, device="cuda")
+w_fp4, block, global_scale = random_nvfp4(n, k, seed=1, device="cuda")
+w_int8 = torch.randint(-128, 128, (n, k), dtype=torch.int8, device="cuda")
+scale = torch.rand(n, device="cuda") / 100
+calls = [("nvfp4 gemv", lambda: w4.nvfp4_matmul(x, w_fp4, block, global_scale, gemv=True)),
+         ("nvfp4 mma", lambda: w4.nvfp4_matmul(x, w_fp4, block, global_scale, gemv=False)),
+         ("int8 gemv", lambda: w4.int8_matmul(x, w_int8, scale, gemv=True)),
+         ("int8 mma", lambda: w4.int8_matmul(x, w_int8, scale, gemv=False))]
+for _, call in calls:
+    call()
+torch.cuda.synchronize()
+torch.cuda.profiler.start()
+for name, call in calls:
+    torch.cuda.nvtx.range_push(name)
+    call()
+    torch.cuda.nvtx.range_pop()
+torch.cuda.synchronize()
+torch.cuda.profiler.stop()
+print("profiled, in order:", ", ".join(name for name, _ in calls))
