@@ -364,34 +364,43 @@ def test_gemv_signed_zero_and_subnormal_block_scales(dtype, m):
 
 def test_gemv_from_the_environment(monkeypatch):
     """Calls without `gemv`: by default (auto) one row takes the GEMV and two rows the tensor-core kernel;
-    FA4_INDUCTOR_W4A16_GEMV=1 sends M <= 4 to the GEMV, =0 none (each bit for bit the forced call's output; the
-    GEMV's differs from the tensor-core kernel's in its summation order). M = 5 and packed NVFP4 keep the tensor-core
-    kernel; the GEMV is deterministic."""
+    FA4_INDUCTOR_W4A16_GEMV=1 sends M <= 4 to the GEMV, =0 none; M = 5 and packed NVFP4 keep the tensor-core kernel.
+    Each routed call's output is bit for bit the forced call's (the GEMV is deterministic)."""
     w_fp4, block, global_scale = random_nvfp4(512, 1024, seed=8, device="cuda")
     w_int8 = torch.randint(-128, 128, (512, 1024), dtype=torch.int8, device="cuda")
     scale = torch.rand(512, device="cuda") / 100
     x = torch.randn(5, 1024, dtype=torch.bfloat16, device="cuda")
-    gemv1 = w4.nvfp4_matmul(x[:1], w_fp4, block, global_scale, gemv=True)
-    gemv4 = w4.nvfp4_matmul(x[:4], w_fp4, block, global_scale, gemv=True)
+    routes = []
+    run_gemv = w4._run_gemv
+    monkeypatch.setattr(w4, "_run_gemv", lambda *args, **kwargs: routes.append(args[1].shape[0]) or run_gemv(*args,
+                                                                                                        **kwargs))
+
+    def nvfp4(rows, **kwargs):
+        return w4.nvfp4_matmul(x[:rows], w_fp4, block, global_scale, **kwargs)
+
+    gemv1, gemv4, mma1, mma2, mma5 = nvfp4(1, gemv=True), nvfp4(4, gemv=True), nvfp4(1, gemv=False), \
+        nvfp4(2, gemv=False), nvfp4(5, gemv=False)
     gemv8 = w4.int8_matmul(x[:4], w_int8, scale, gemv=True)
-    mma1 = w4.nvfp4_matmul(x[:1], w_fp4, block, global_scale, gemv=False)
-    mma2 = w4.nvfp4_matmul(x[:2], w_fp4, block, global_scale, gemv=False)
-    mma4 = w4.nvfp4_matmul(x, w_fp4, block, global_scale, gemv=False)
-    packed = w4.nvfp4_matmul(x[:4], w_fp4, block, global_scale, pack=True)
-    monkeypatch.delenv(switches.W4A16_GEMV, raising=False)
-    switches.reset()
-    assert torch.equal(w4.nvfp4_matmul(x[:1], w_fp4, block, global_scale), gemv1)
-    assert torch.equal(w4.nvfp4_matmul(x[:2], w_fp4, block, global_scale), mma2)
-    monkeypatch.setenv(switches.W4A16_GEMV, "1")
-    switches.reset()
-    assert torch.equal(w4.nvfp4_matmul(x[:4], w_fp4, block, global_scale), gemv4)
-    assert torch.equal(w4.int8_matmul(x[:4], w_int8, scale), gemv8)
-    assert torch.equal(w4.nvfp4_matmul(x, w_fp4, block, global_scale), mma4)
-    assert torch.equal(w4.nvfp4_matmul(x[:4], w_fp4, block, global_scale, pack=True), packed)
-    assert not torch.equal(w4.nvfp4_matmul(x[:4], w_fp4, block, global_scale, gemv=False), gemv4)
-    monkeypatch.setenv(switches.W4A16_GEMV, "0")
-    switches.reset()
-    assert torch.equal(w4.nvfp4_matmul(x[:1], w_fp4, block, global_scale), mma1)
+    packed = nvfp4(4, pack=True)
+    assert routes == [1, 4, 4]
+
+    def configure(value):
+        if value is None:
+            monkeypatch.delenv(switches.W4A16_GEMV, raising=False)
+        else:
+            monkeypatch.setenv(switches.W4A16_GEMV, value)
+        switches.reset()
+        routes.clear()
+
+    configure(None)
+    assert torch.equal(nvfp4(1), gemv1) and torch.equal(nvfp4(2), mma2) and torch.equal(nvfp4(5), mma5)
+    assert routes == [1]
+    configure("1")
+    assert torch.equal(nvfp4(4), gemv4) and torch.equal(w4.int8_matmul(x[:4], w_int8, scale), gemv8)
+    assert torch.equal(nvfp4(5), mma5) and torch.equal(nvfp4(4, pack=True), packed)
+    assert routes == [4, 4]
+    configure("0")
+    assert torch.equal(nvfp4(1), mma1) and routes == []
     monkeypatch.delenv(switches.W4A16_GEMV)
     switches.reset()
 

@@ -30,8 +30,10 @@ Suites (`--suite`, comma-separated; all but `crossover`, `int8kv` and `sweep` by
   nvfp4 once its op exists) a GEMM table over Llama-1B / Llama-8B projection shapes and M = 1..4096, our op
   (and each of its CUDA routes forced) against bf16 cuBLAS, default `torch.compile` of the same torchao
   module, that module under our backend and quack called directly (CUDA-graph medians); then Llama-1B-shaped
-  int8 weight-only static-cache decode, ours against default compile and bf16. `--quant-models`,
-  `--quant-formats`, `--quant-rows`, `--quant-no-e2e`, `--quant-e2e-runs` cut it into runs of a few minutes.
+  int8 / NVFP4 weight-only static-cache decode and a 2048-token prefill with each model's logits error against
+  bf16, ours against default compile and bf16. `--quant-models`, `--quant-formats`, `--quant-rows`,
+  `--quant-no-e2e`, `--quant-e2e-runs`, `--quant-no-prefill`, `--quant-prefill-runs` cut it into runs of a few
+  minutes.
 - `int8kv` (only when named, ~4 compiles of the 16-layer model): static-cache decode at batch 8 x 32k keys (head
   dim 64) from a bfloat16 `StaticCache` against `fa4_inductor.Int8StaticCache`, default torch.compile against
   ours: ms per step, the K/V bytes a step reads, logits against the bfloat16 cache (`int8_kv.py`).
@@ -115,6 +117,10 @@ def quant_selection(args) -> dict:
         selection["e2e_prompt"] = args.quant_prompt
     if getattr(args, "quant_e2e_runs", None):
         selection["e2e_runs"] = tuple(r.strip() for r in args.quant_e2e_runs.split(",") if r.strip())
+    if getattr(args, "quant_no_prefill", False):
+        selection["prefill"] = False
+    if getattr(args, "quant_prefill_runs", None):
+        selection["prefill_runs"] = tuple(r.strip() for r in args.quant_prefill_runs.split(",") if r.strip())
     return selection
 
 
@@ -131,6 +137,9 @@ def main(argv=None) -> int:
     parser.add_argument("--quant-e2e-runs", help="the end-to-end decode's runs only, e.g. 'bf16:default,nvfp4:plain' "
                                                  "(weights:backend, backend default, ours or plain; default: all); "
                                                  "'--quant-formats none' skips the GEMM tables")
+    parser.add_argument("--quant-no-prefill", action="store_true",
+                        help="the quant suite without its 2048-token prefill and logits-error table")
+    parser.add_argument("--quant-prefill-runs", help="the prefill table's runs only (as --quant-e2e-runs)")
     parser.add_argument("--quant-prompt", type=int, help="the quant suite's end-to-end prompt length (default 512)")
     parser.add_argument("--out", help="write the tables (markdown) here")
     parser.add_argument("--json", help="write the raw tables as JSON here")

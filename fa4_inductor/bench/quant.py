@@ -13,9 +13,11 @@ projection shapes (`SHAPES`), M = 1..4096, CUDA-graph medians (`timing.gpu_ms(cu
 A format is a `Format`: its name, what makes its quantized weight, and its columns. `nvfp4` rows appear when
 `torch.ops.fa4.nvfp4_linear(x, w_fp4, w_block_scale, w_global_scale, bias=None)` exists.
 
-End to end: the Llama-1B-shaped HF model (bench/models.py) with torchao's int8 weight-only config, static-cache
-decode under `mode="reduce-overhead"` (bench/llama_e2e.decode_tokens_per_s): bf16 under default compile, int8
-under default compile, int8 under our backend (int8_linear on).
+End to end: the Llama-1B-shaped HF model (bench/models.py) with torchao's int8 / NVFP4 weight-only configs,
+static-cache decode under `mode="reduce-overhead"` (bench/llama_e2e.decode_tokens_per_s), and a 2048-token prefill
+with each model's logits error against the unquantized model: bf16, then each format's torchao weights, under
+default compile and ours, and the same codes as plain buffers (`int8.from_torchao` / `nvfp4.from_torchao`) under
+ours.
 """
 
 from __future__ import annotations
@@ -290,14 +292,40 @@ def e2e_runs(formats=tuple(E2E_CONFIGS)) -> list[str]:
     return runs
 
 
+def _selected(every: list[str], runs, what: str) -> list[str]:
+    """The "weights:backend" entries of `every` that `runs` names (all of them for None), in `every`'s order."""
+    unknown = [r for r in runs or () if r not in every]
+    if unknown:
+        raise ValueError(f"unknown {what} runs {unknown} (from {every})")
+    return [r for r in every if runs is None or r in runs]
+
+
+def _llama_for(run: str, device, dtype, model_overrides=None):
+    """(weights, backend column name, backend, model) for a "weights:backend" run: the Llama-1B-shaped model, seed
+    0 (the same bf16 weights for every run), quantized by torchao on every linear but lm_head (its weight is tied to
+    the embedding), its weights made plain buffers for "plain"."""
+    from torchao.quantization import quantize_
+
+    weights, which = run.split(":")
+    name = PLAIN[weights][1] if which == "plain" else E2E_BACKENDS[which]
+    backend = "inductor" if which == "default" else ours_backend()
+    torch.manual_seed(0)
+    model = models.llama("sdpa", device, dtype, **(model_overrides or {}))
+    if weights != "bf16":
+        quantize_(model, E2E_CONFIGS[weights](),
+                  filter_fn=lambda module, fqn: isinstance(module, nn.Linear) and "lm_head" not in fqn)
+    if which == "plain":  # the same codes as plain buffers: no subclass to guard and unwrap around each call
+        PLAIN[weights][0](model)
+    torch._dynamo.reset()
+    return weights, name, backend, model
+
+
 def e2e_table(device="cuda", dtype=torch.bfloat16, prompt=512, steps=64, model_overrides=None,
               formats=tuple(E2E_CONFIGS), runs=None) -> Table:
     """Llama-1B-shaped decode, tokens/s and ms/token: bf16 under default compile and ours, each weight format of
     `formats` (torchao weight-only) under default compile and ours (`e2e_runs`), or only the "weights:backend"
     entries of `runs` (each compile takes minutes on the GPU: a table can be split across calls). Each result is
     also printed to stderr as it is measured."""
-    from torchao.quantization import quantize_
-
     mode = "reduce-overhead" if device == "cuda" else "default"
     title = "Llama-1B-shaped HF model, weight-only quantized decode with a static cache (higher tokens/s is better)"
     table = Table(title,
@@ -307,23 +335,9 @@ def e2e_table(device="cuda", dtype=torch.bfloat16, prompt=512, steps=64, model_o
                        f"mode={mode!r}; {steps} steps, first 3 excluded. torchao Int8WeightOnlyConfig / "
                        "NVFP4WeightOnlyConfig on every linear but lm_head (tied to the embedding); our backend with "
                        "int8_linear and nvfp4_linear on.")
-    every = e2e_runs(formats)
-    unknown = [r for r in runs or () if r not in every]
-    if unknown:
-        raise ValueError(f"unknown end-to-end runs {unknown} (from {every})")
     results = {}
-    for run in (r for r in every if runs is None or r in runs):
-        weights, which = run.split(":")
-        name = PLAIN[weights][1] if which == "plain" else E2E_BACKENDS[which]
-        backend = "inductor" if which == "default" else ours_backend()
-        torch.manual_seed(0)
-        model = models.llama("sdpa", device, dtype, **(model_overrides or {}))
-        if weights != "bf16":  # lm_head stays bf16: its weight is tied to the embedding's
-            quantize_(model, E2E_CONFIGS[weights](),
-                      filter_fn=lambda module, fqn: isinstance(module, nn.Linear) and "lm_head" not in fqn)
-        if which == "plain":  # the same codes as plain buffers: no subclass to guard and unwrap around each call
-            PLAIN[weights][0](model)
-        torch._dynamo.reset()
+    for run in _selected(e2e_runs(formats), runs, "end-to-end"):
+        weights, name, backend, model = _llama_for(run, device, dtype, model_overrides)
         results[(weights, name)] = attempt(f"e2e {weights} {name}", functools.partial(
             llama_e2e.decode_tokens_per_s, model, backend, prompt, steps, device, mode=mode))
         rate = (results[(weights, name)] or (None,))[0]
@@ -345,10 +359,54 @@ def e2e_table(device="cuda", dtype=torch.bfloat16, prompt=512, steps=64, model_o
     return table
 
 
+def _logits_error(logits: torch.Tensor, ref: torch.Tensor) -> tuple[str, str]:
+    """(relative RMS error, share of positions whose top-1 token agrees) of [S, vocab] logits against ref's."""
+    logits, ref = logits.float(), ref.float()
+    rms = ((logits - ref).norm() / ref.norm()).item()
+    return f"{rms:.1e}", f"{(logits.argmax(-1) == ref.argmax(-1)).float().mean().item():.1%}"
+
+
+def prefill_table(device="cuda", dtype=torch.bfloat16, seqlen=2048, model_overrides=None,
+                  formats=tuple(E2E_CONFIGS), runs=None) -> Table:
+    """Llama-1B-shaped prefill of `seqlen` tokens (batch 1, last-token logits, `llama_e2e.prefill_ms`) for the
+    runs of `e2e_runs` (or the named ones), and each model's logits error against the bf16 model run eagerly on
+    the same tokens (every position): what quantizing the weights costs in accuracy, and what each backend adds."""
+    title = f"Llama-1B-shaped HF model, {seqlen}-token prefill with quantized weights (lower ms is better)"
+    table = Table(title, ["weights", "backend", "prefill ms", "vs bf16 default compile",
+                          "logits vs bf16 eager: relative RMS error", "top-1 agreement"],
+                  note=f"{dtype} activations, batch 1, compiled with dynamic=True; torchao weight-only configs on every "
+                       "linear but lm_head, as in the decode table. The error compares all positions' logits with the "
+                       "unquantized model's in eager mode.")
+    tokens = torch.randint(0, 128256 if not model_overrides else model_overrides.get("vocab_size", 128256),
+                           (1, seqlen), generator=torch.Generator().manual_seed(1)).to(device)
+    ref, base = None, None
+    for run in _selected(e2e_runs(formats), runs, "prefill"):
+        weights, name, backend, model = _llama_for(run, device, dtype, model_overrides)
+        with torch.no_grad():
+            if ref is None:
+                _, _, _, bf16 = _llama_for("bf16:default", device, dtype, model_overrides)
+                ref = bf16(tokens).logits[0]
+                del bf16
+            ms = attempt(f"prefill {weights} {name}",
+                         lambda: llama_e2e.prefill_ms(model, backend, (seqlen,), device)[seqlen])
+            compiled = models.compile_model(model, backend, dynamic=True)
+            error = attempt(f"prefill logits {weights} {name}",
+                            lambda: _logits_error(compiled(tokens).logits[0], ref)) or ("n/a", "n/a")
+        if run == "bf16:default":
+            base = ms
+        print(f"  quant prefill {weights}, {name}: {f'{ms:.2f} ms' if ms else 'failed'}, error {error}",
+              file=sys.stderr, flush=True)
+        table.rows.append([weights, name, or_failed(ms), speedup(base, ms), *error])
+        del model, compiled
+        torch._dynamo.reset()
+    return table
+
+
 def quant_suite(device="cuda", dtype=torch.bfloat16, models=tuple(SHAPES), formats=("int8", "int8_int8", "nvfp4"),
-                rows=ROWS, e2e=True, e2e_overrides=None, e2e_prompt=512, e2e_runs=None):
-    """Yields a GEMM table per available format (formats ("none",): none), then the end-to-end table (its
-    `e2e_runs` only, when given)."""
+                rows=ROWS, e2e=True, e2e_overrides=None, e2e_prompt=512, e2e_runs=None, prefill=True,
+                prefill_seqlen=2048, prefill_runs=None):
+    """Yields a GEMM table per available format (formats ("none",): none), then the end-to-end decode table (its
+    `e2e_runs` only, when given), then the prefill table (`prefill_runs` only, when given)."""
     unknown = set(formats) - set(FORMATS) - {"none"}
     if unknown:
         raise ValueError(f"unknown quant formats {sorted(unknown)} (from {tuple(FORMATS)}, or none)")
@@ -359,6 +417,10 @@ def quant_suite(device="cuda", dtype=torch.bfloat16, models=tuple(SHAPES), forma
             print(f"  quant: no {name} rows: {reason}", file=sys.stderr)
             continue
         yield gemm_table(fmt, device, dtype, models, rows)
+    e2e_formats = tuple(f for f in formats if f in E2E_CONFIGS) or tuple(E2E_CONFIGS)
     if e2e:
-        yield e2e_table(device, dtype, prompt=e2e_prompt, model_overrides=e2e_overrides,
-                        formats=tuple(f for f in formats if f in E2E_CONFIGS) or tuple(E2E_CONFIGS), runs=e2e_runs)
+        yield e2e_table(device, dtype, prompt=e2e_prompt, model_overrides=e2e_overrides, formats=e2e_formats,
+                        runs=e2e_runs)
+    if prefill:
+        yield prefill_table(device, dtype, seqlen=prefill_seqlen, model_overrides=e2e_overrides, formats=e2e_formats,
+                            runs=prefill_runs)
