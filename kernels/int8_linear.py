@@ -134,12 +134,13 @@ def _int8_linear_fake(x, w_int8, w_scale, bias=None, *, group_size=-1, scale_aft
 
 # ---------------------------------------------------------------------------------------------- CUDA routes
 
-QUACK_MAX_ROWS = 64
-"""The most rows (M) a call sent to quack's int8 GEMM has; more go to `dense`. Measured on the H200
-(shared/notes/quant.md section 1, CUDA-graph medians, 8192 x 8192): quack int8 20.6 / 20.8 / 25.2 us at
-M = 1 / 16 / 64 against bf16 cuBLAS's 33.6 / 33.5 / 37.0; 56.7 against 54.9 at M = 256. That compares quack
-with a bf16 weight already in memory; `dense` also pays the dequantize, so the crossover against it may sit
-higher: `python -m fa4_inductor bench --suite quant` times both routes forced, per shape and M."""
+QUACK_MAX_ROWS = 256
+"""The most rows (M) a call sent to quack's int8 GEMM has; more go to `dense`. Measured on the H200 (CUDA-graph
+medians, us, both routes forced through the op; docs/benchmarks.md session 13 run 2): at M = 256 quack 17.6 / 12.5
+/ 48.7 / 55.1 against dense 63.7 / 20.9 / 206 / 205 on Llama-8B's 4096 x 4096 / 1024 x 4096 / 14336 x 4096 /
+4096 x 14336 (bf16 cuBLAS over a bf16 weight: 16.9 / 8.5 / 51.7 / 57.1): `dense` pays a dequantize per call that
+quack does not. Above 256 rows it is not measured yet, so those calls keep `dense`, whose GEMM time dominates as M
+grows (8192 x 8192, M = 2048: ~400 us of cuBLAS against ~50 us of dequantize)."""
 
 
 def rows(x: Tensor) -> int:
@@ -150,8 +151,8 @@ def rows(x: Tensor) -> int:
 def rows_reason(m: int) -> str | None:
     """Why a call of m rows does not go to quack's int8 GEMM on account of its size, or None."""
     if m > QUACK_MAX_ROWS:
-        return (f"{m} rows > {QUACK_MAX_ROWS}: a dense GEMM over a dequantized weight is as fast there "
-                "(QUACK_MAX_ROWS)")
+        return (f"{m} rows > {QUACK_MAX_ROWS}: quack's int8 GEMM is measured faster than dequantize + cuBLAS up to "
+                "there only (QUACK_MAX_ROWS)")
     return None
 
 

@@ -99,9 +99,9 @@ def test_e2e_table_has_the_plain_nvfp4_row():
 
 @pytest.mark.slow  # four compiles of a tiny decoder on the CPU
 def test_prefill_table_times_and_compares_with_bf16(capsys):
-    """The prefill table: each named run's prefill time and its logits error against the bf16 model run eagerly.
-    bf16 under ours matches bf16 eagerly up to bf16 rounding (4.7e-3 here), the int8 model within int8's per-channel
-    error (6.5e-3 here); torchao's weights and the same codes as plain buffers give the same logits under ours."""
+    """The prefill table: each named run's prefill time and its logits error against the unquantized model run
+    eagerly in float64: bf16's own rounding for the bf16 row, more for int8 weights (per-channel codes), still
+    small; torchao's weights and the same codes as plain buffers give the same logits under ours."""
     tiny_llama = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                       num_key_value_heads=2, vocab_size=128)
     table = quant.prefill_table("cpu", torch.bfloat16, seqlen=32, model_overrides=tiny_llama, formats=("int8",),
@@ -110,8 +110,8 @@ def test_prefill_table_times_and_compares_with_bf16(capsys):
                                                ["int8", quant.PLAIN_INT8]]
     cells = [dict(zip(table.columns, row)) for row in table.rows]
     assert all(isinstance(c["prefill ms"], float) for c in cells), cells
-    error = [float(c["logits vs bf16 eager: relative RMS error"]) for c in cells]
-    assert 0 < error[0] < 1e-2 and 0 < error[1] < 2e-2, error
+    error = [float(c["logits vs float64: relative RMS error"]) for c in cells]
+    assert 0 < error[0] < error[1] < 2e-2, error
     assert error[1] == error[2]
     assert all(c["top-1 agreement"].endswith("%") for c in cells)
     assert "quant prefill int8, fa4_inductor: " in capsys.readouterr().err

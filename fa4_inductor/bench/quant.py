@@ -32,7 +32,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .. import int8, nvfp4
-from . import llama_e2e, models
+from . import llama_e2e, models, timing
 from .tables import Table, attempt, or_failed, report_failure, speedup
 from .timing import gpu_ms
 
@@ -359,45 +359,49 @@ def e2e_table(device="cuda", dtype=torch.bfloat16, prompt=512, steps=64, model_o
     return table
 
 
+PREFILL_LOGITS = 64  # the last positions whose logits the prefill returns, and the error compares
+
+
 def _logits_error(logits: torch.Tensor, ref: torch.Tensor) -> tuple[str, str]:
     """(relative RMS error, share of positions whose top-1 token agrees) of [S, vocab] logits against ref's."""
-    logits, ref = logits.float(), ref.float()
+    logits, ref = logits.double(), ref.double()
     rms = ((logits - ref).norm() / ref.norm()).item()
-    return f"{rms:.1e}", f"{(logits.argmax(-1) == ref.argmax(-1)).float().mean().item():.1%}"
+    return f"{rms:.1e}", f"{(logits.argmax(-1) == ref.argmax(-1)).double().mean().item():.1%}"
 
 
 def prefill_table(device="cuda", dtype=torch.bfloat16, seqlen=2048, model_overrides=None,
                   formats=tuple(E2E_CONFIGS), runs=None) -> Table:
-    """Llama-1B-shaped prefill of `seqlen` tokens (batch 1, last-token logits, `llama_e2e.prefill_ms`) for the
-    runs of `e2e_runs` (or the named ones), and each model's logits error against the bf16 model run eagerly on
-    the same tokens (every position): what quantizing the weights costs in accuracy, and what each backend adds."""
+    """Llama-1B-shaped prefill of `seqlen` tokens (batch 1, the last PREFILL_LOGITS positions' logits) for the runs
+    of `e2e_runs` (or the named ones): the compiled forward's median wall time, and the error of those logits
+    against the unquantized model run eagerly in float64 on the same tokens. The bf16 rows give bf16's own error;
+    a quantized row's excess over them is what quantizing the weights costs, plus what its backend adds."""
     title = f"Llama-1B-shaped HF model, {seqlen}-token prefill with quantized weights (lower ms is better)"
     table = Table(title, ["weights", "backend", "prefill ms", "vs bf16 default compile",
-                          "logits vs bf16 eager: relative RMS error", "top-1 agreement"],
-                  note=f"{dtype} activations, batch 1, compiled with dynamic=True; torchao weight-only configs on every "
-                       "linear but lm_head, as in the decode table. The error compares all positions' logits with the "
-                       "unquantized model's in eager mode.")
-    tokens = torch.randint(0, 128256 if not model_overrides else model_overrides.get("vocab_size", 128256),
-                           (1, seqlen), generator=torch.Generator().manual_seed(1)).to(device)
+                          "logits vs float64: relative RMS error", "top-1 agreement"],
+                  note=f"{dtype} activations, batch 1, compiled with dynamic=False, the last {PREFILL_LOGITS} "
+                       "positions' logits returned; median wall time of 7 calls. torchao weight-only configs on every "
+                       "linear but lm_head, as in the decode table. The error compares those logits with the "
+                       "unquantized model's, run eagerly in float64.")
+    vocab = {**models.LLAMA_1B, **(model_overrides or {})}["vocab_size"]
+    tokens = torch.randint(0, vocab, (1, seqlen), generator=torch.Generator().manual_seed(1)).to(device)
     ref, base = None, None
     for run in _selected(e2e_runs(formats), runs, "prefill"):
-        weights, name, backend, model = _llama_for(run, device, dtype, model_overrides)
         with torch.no_grad():
             if ref is None:
-                _, _, _, bf16 = _llama_for("bf16:default", device, dtype, model_overrides)
-                ref = bf16(tokens).logits[0]
-                del bf16
-            ms = attempt(f"prefill {weights} {name}",
-                         lambda: llama_e2e.prefill_ms(model, backend, (seqlen,), device)[seqlen])
-            compiled = models.compile_model(model, backend, dynamic=True)
-            error = attempt(f"prefill logits {weights} {name}",
-                            lambda: _logits_error(compiled(tokens).logits[0], ref)) or ("n/a", "n/a")
+                _, _, _, exact = _llama_for("bf16:default", device, dtype, model_overrides)
+                ref = exact.double()(tokens, logits_to_keep=PREFILL_LOGITS).logits[0]
+                del exact
+            weights, name, backend, model = _llama_for(run, device, dtype, model_overrides)
+            compiled = models.compile_model(model, backend, dynamic=False)
+            forward = functools.partial(compiled, tokens, logits_to_keep=PREFILL_LOGITS)
+            error = attempt(f"prefill {weights} {name}", lambda: _logits_error(forward().logits[0], ref))
+            ms = timing.median_wall_ms(forward, repeats=7) if error else None
         if run == "bf16:default":
             base = ms
         print(f"  quant prefill {weights}, {name}: {f'{ms:.2f} ms' if ms else 'failed'}, error {error}",
               file=sys.stderr, flush=True)
-        table.rows.append([weights, name, or_failed(ms), speedup(base, ms), *error])
-        del model, compiled
+        table.rows.append([weights, name, or_failed(ms), speedup(base, ms), *(error or ("n/a", "n/a"))])
+        del model, compiled, forward
         torch._dynamo.reset()
     return table
 
