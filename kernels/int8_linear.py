@@ -174,7 +174,9 @@ INDUCTOR_GEMV_FASTER: frozenset = frozenset({(8192, 2048), (4096, 4096), (1024, 
 than the op on the H200 (docs/scripts/one_row_gemv.py, docs/benchmarks.md session 12 run 1; us per linear, weights
 from HBM, Inductor / ours): 8192 x 2048 5.46 / 8.11, 4096 x 4096 5.40 / 6.10, 1024 x 4096 2.80 / 6.61. The op was
 faster on 2048 x 2048 (3.34 / 3.21), 512 x 2048 (2.60 / 2.21), 2048 x 8192 (9.68 / 7.44), 14336 x 4096 (19.3 /
-18.0), 4096 x 14336 (22.7 / 16.3) and 8192 x 8192 (23.2 / 19.4); shapes not measured go to the op."""
+18.0), 4096 x 14336 (22.7 / 16.3) and 8192 x 8192 (23.2 / 19.4); shapes not measured go to the op. Since session 13
+one-row calls of the op run our CUDA-core GEMV (`w4a16_decode.GEMV_AUTO_ROWS`), which `tests/bench_w4a16.py` timed
+at 6.3, 6.5 and 3.8 us on the three shapes above (weights from HBM): still slower than Inductor's there."""
 
 
 def gemv_reason(device_type: str, n: int, k: int) -> str | None:
