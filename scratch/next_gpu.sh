@@ -1,8 +1,15 @@
-# Session 12's unrun GPU work, in priority order (each line time-boxed; one call of ~9 minutes after staging).
-set -x
+# Session 13's unverified changes and unrun GPU work, in priority order (one call of ~9 minutes after staging).
+# Output goes to $OUT/log.txt (a call returns only its last 12 KB).
 P="python3 -m pytest -m gpu -q -p no:cacheprovider -p no:logging -W ignore -rf"
-timeout 150 $P -n 12 tests/test_gpu_w4a16.py -k gemv 2>&1 | tail -8          # the CUDA-core GEMV, never run yet
-PYTHONUNBUFFERED=1 timeout 120 python3 tests/bench_w4a16.py --m 1,4 --gemv off,on --shapes 8192x8192,8192x2048,2048x8192,2048x2048,512x2048
-PYTHONUNBUFFERED=1 timeout 40 python3 docs/scripts/read_pattern.py 8192 8192
-PYTHONUNBUFFERED=1 timeout 150 python3 docs/scripts/train_profile.py sdpa 4096 fa4_inductor False,True
-PYTHONUNBUFFERED=1 timeout 120 python3 -m fa4_inductor bench --suite quant --quant-formats none --quant-e2e-runs nvfp4:plain --quant-prompt 4096
+L=$OUT/log.txt
+run() { echo "+ $*" >>$L; PYTHONUNBUFFERED=1 "$@" >>$L 2>&1; echo "rc=$?" >>$L; }
+# 1. QUACK_MAX_ROWS 64 -> 256 (session 13 run 3's Llama-8B rows): the op's quack route at 65..256 rows, never run yet
+run timeout 150 $P -n 8 tests/test_gpu_quant.py -k "routes_and_numerics or quack_first_call"
+# 2. the whole W4A16 tier with the GEMV on by default for one row
+run timeout 150 $P -n 12 tests/test_gpu_w4a16.py tests/test_gpu_nvfp4.py
+# 3. the quant prefill table (one compile a run now, float64 reference)
+run timeout 200 python3 -m fa4_inductor bench --suite quant --quant-formats none --quant-no-e2e \
+    --quant-prefill-runs bf16:default,bf16:ours,int8:plain,nvfp4:plain
+# 4. Llama-8B NVFP4 rows (then int8_int8 on both models, and int8 / nvfp4 at M = 64, 1024, 4096)
+run timeout 100 python3 -m fa4_inductor bench --suite quant --quant-models llama-8b --quant-formats nvfp4 --quant-rows 1,16,256 --quant-no-e2e --quant-no-prefill
+tail -c 11000 $L
