@@ -35,7 +35,7 @@ def test_int8_gemm_table_rows_and_columns(tiny):
 
 def test_suite_skips_formats_it_cannot_measure(tiny, capsys):
     tables = list(quant.quant_suite("cpu", torch.bfloat16, models=("tiny",), formats=("nvfp4",), rows=(1,),
-                                    e2e=False))
+                                    e2e=False, prefill=False))
     if hasattr(torch.ops.fa4, "nvfp4_linear"):
         pytest.skip("the nvfp4 op exists: its rows need quack, which is not importable on the CPU machine")
     assert tables == []
@@ -54,6 +54,10 @@ def test_command_line_selection():
     args = argparse.Namespace(quant_models=None, quant_formats="none", quant_rows=None, quant_no_e2e=False,
                               quant_prompt=None, quant_e2e_runs="bf16:default, nvfp4:plain")
     assert bench.quant_selection(args) == dict(formats=("none",), e2e_runs=("bf16:default", "nvfp4:plain"))
+    args.quant_no_e2e, args.quant_e2e_runs, args.quant_prefill_runs = True, None, "bf16:ours,int8:plain"
+    assert bench.quant_selection(args) == dict(formats=("none",), e2e=False, prefill_runs=("bf16:ours", "int8:plain"))
+    args.quant_no_prefill = True
+    assert bench.quant_selection(args)["prefill"] is False
     assert "quant" in bench.SUITES and "quant" not in bench.DEFAULT_SUITES
 
 
