@@ -78,8 +78,9 @@ K split inside the CTA and fewer rows a warp for weights with few rows). `splits
 it. Its variants are keyed by `_GemvKey` (x dtype, format, M, bias, arch, rows a warp, K warps, PDL, scale dtype,
 register cap) in `compiled_gemv`. H200 (docs/benchmarks.md session 13, `tests/bench_w4a16.py --gemv off,on`), us at
 M = 1, tensor cores / GEMV: NVFP4 2048 x 8192 6.6 / 5.9, 2048 x 2048 2.9 / 2.5, 512 x 2048 2.3 / 1.8, 8192 x 2048
-6.9 / 6.9; int8 8192 x 8192 22.5 / 20.6, 8192 x 2048 8.8 / 6.3, 2048 x 8192 8.2 / 7.7, 512 x 2048 2.4 / 1.6; at M = 4
-the GEMV is slower on every measured shape (8192 x 8192 NVFP4 21.3 / 34.4), hence GEMV_AUTO_ROWS = 1.
+6.9 / 6.9, 14336 x 4096 20.6 / 17.1, 8192 x 8192 19.1 / 20.1 (the one loss); int8 8192 x 8192 22.5 / 20.6, 8192 x 2048
+8.8 / 6.3, 2048 x 8192 8.2 / 7.7, 512 x 2048 2.4 / 1.6. At M = 2 it wins only on the 4096-column shapes the tensor-core
+kernel tiles poorly, and at M = 4 on 512 x 2048 int8 alone (8192 x 8192 NVFP4 21.3 / 34.4), hence GEMV_AUTO_ROWS = 1.
 
 Compilation: one main variant per (x dtype, format, x row groups (M <= 8, M <= 16), CTA shape, split or not,
 bias or not, PDL or not, arch, load path) and one reduce variant per (x dtype, format, bias or not, arch), kept
@@ -677,7 +678,7 @@ compiled = compile_utils.CompiledVariants(_compile)
 # ---- the CUDA-core GEMV (`cute/w4a16_gemv.py`): M <= GEMV_AUTO_ROWS, FA4_INDUCTOR_W4A16_GEMV or the matmuls' `gemv` ----
 
 GEMV_MAX_M = 4
-GEMV_AUTO_ROWS = 1  # H200, docs/benchmarks.md session 13: faster than the tensor-core kernel at M = 1, slower at M = 4
+GEMV_AUTO_ROWS = 1  # H200, docs/benchmarks.md session 13: faster than the tensor-core kernel at M = 1, mostly slower above
 GEMV_ROWS = 4  # weight rows a warp, halved (down to 1) while the CTAs do not cover the SMs (`gemv_shape`)
 GEMV_ROW_CHOICES = (4, 2, 1)
 GEMV_WARPS = 4  # a CTA; `cute/w4a16_gemv.py`'s NUM_WARPS
