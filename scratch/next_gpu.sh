@@ -15,6 +15,8 @@ run timeout 100 python3 -m fa4_inductor bench --suite quant --quant-models llama
 # 5. issue 15: occupancy, the limit ncu found (session 13 run 2): CTA shapes of fewer warps let more CTAs share a SM
 #    (narrow NVFP4 at 142 registers: 8 warps a SM in 8-warp CTAs, 12 in 4-warp ones)
 run timeout 100 python3 tests/bench_w4a16.py --m 1,8 --cta auto,1x1x4,1x2x2,2x1x4,2x2x2 --shapes 8192x8192,2048x8192,8192x2048
+#    and the GEMV's own shape where it lost or tied at M = 1 (NVFP4 8192 x 8192, 8192 x 2048)
+run timeout 80 python3 tests/bench_w4a16.py --m 1 --gemv off,4x1,4x2,4x4,2x2,2x4 --shapes 8192x8192,8192x2048
 # 6. issue 16: what holds the int8-KV kernel at b1 x 32k
 NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
 run timeout 90 $NCU --clock-control none --profile-from-start off --section SpeedOfLight --section Occupancy \
