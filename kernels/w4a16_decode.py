@@ -770,7 +770,7 @@ def gemv_rows(gemv) -> int:
     shape: GEMV_MAX_M; False: 0)."""
     if gemv is None:
         return configured_gemv_rows()
-    return GEMV_MAX_M if gemv is True or isinstance(gemv, tuple) else 0
+    return GEMV_MAX_M if gemv else 0
 
 
 def _run_gemv(fmt: str, x2d: Tensor, words: Tensor, block: Optional[Tensor], scale: Tensor, bias: Optional[Tensor],

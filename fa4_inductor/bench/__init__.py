@@ -91,11 +91,16 @@ __all__ = ["DEFAULT_SUITES", "LLAMA_1B", "SUITES", "SUITE_FUNCTIONS", "Table", "
            "train_suite", "training"]
 
 
+def _comma_list(value: str) -> tuple[str, ...]:
+    """A comma-separated option's non-empty items, stripped."""
+    return tuple(item.strip() for item in value.split(",") if item.strip())
+
+
 def sweep_selection(models: str | None) -> dict:
     """`sweep_suite` arguments for `--sweep-models` ("256x2,bert": Llama hidden 256 x 2 layers and BERT)."""
     if not models:
         return {}
-    names = [m.strip() for m in models.split(",") if m.strip()]
+    names = _comma_list(models)
     llama = tuple(tuple(int(x) for x in m.split("x")) for m in names if m != "bert")
     return dict(llama_sizes=llama, decode_sizes=tuple(size for size in sweep.DECODE_SIZES if size in llama),
                 bert="bert" in names)
@@ -106,21 +111,21 @@ def quant_selection(args) -> dict:
     --quant-no-e2e`."""
     selection = {}
     if args.quant_models:
-        selection["models"] = tuple(m.strip() for m in args.quant_models.split(",") if m.strip())
+        selection["models"] = _comma_list(args.quant_models)
     if args.quant_formats:
-        selection["formats"] = tuple(f.strip() for f in args.quant_formats.split(",") if f.strip())
+        selection["formats"] = _comma_list(args.quant_formats)
     if args.quant_rows:
-        selection["rows"] = tuple(int(r) for r in args.quant_rows.split(",") if r.strip())
+        selection["rows"] = tuple(map(int, _comma_list(args.quant_rows)))
     if args.quant_no_e2e:
         selection["e2e"] = False
     if args.quant_prompt:
         selection["e2e_prompt"] = args.quant_prompt
     if getattr(args, "quant_e2e_runs", None):
-        selection["e2e_runs"] = tuple(r.strip() for r in args.quant_e2e_runs.split(",") if r.strip())
+        selection["e2e_runs"] = _comma_list(args.quant_e2e_runs)
     if getattr(args, "quant_no_prefill", False):
         selection["prefill"] = False
     if getattr(args, "quant_prefill_runs", None):
-        selection["prefill_runs"] = tuple(r.strip() for r in args.quant_prefill_runs.split(",") if r.strip())
+        selection["prefill_runs"] = _comma_list(args.quant_prefill_runs)
     return selection
 
 

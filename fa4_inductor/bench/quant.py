@@ -384,14 +384,15 @@ def prefill_table(device="cuda", dtype=torch.bfloat16, seqlen=2048, model_overri
                        "unquantized model's, run eagerly in float64.")
     vocab = {**models.LLAMA_1B, **(model_overrides or {})}["vocab_size"]
     tokens = torch.randint(0, vocab, (1, seqlen), generator=torch.Generator().manual_seed(1)).to(device)
-    ref, base = None, None
-    for run in _selected(e2e_runs(formats), runs, "prefill"):
+    selected = _selected(e2e_runs(formats), runs, "prefill")
+    with torch.no_grad():
+        _, _, _, exact = _llama_for("bf16:default", device, dtype, model_overrides)
+        ref = exact.double()(tokens, logits_to_keep=PREFILL_LOGITS).logits[0]
+        del exact
+    base = None
+    for run in selected:
+        weights, name, backend, model = _llama_for(run, device, dtype, model_overrides)
         with torch.no_grad():
-            if ref is None:
-                _, _, _, exact = _llama_for("bf16:default", device, dtype, model_overrides)
-                ref = exact.double()(tokens, logits_to_keep=PREFILL_LOGITS).logits[0]
-                del exact
-            weights, name, backend, model = _llama_for(run, device, dtype, model_overrides)
             compiled = models.compile_model(model, backend, dynamic=False)
             forward = functools.partial(compiled, tokens, logits_to_keep=PREFILL_LOGITS)
             error = attempt(f"prefill {weights} {name}", lambda: _logits_error(forward().logits[0], ref))
