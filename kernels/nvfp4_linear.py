@@ -62,21 +62,27 @@ BLOCK = layout.NVFP4_BLOCK  # inputs per e4m3 block scale
 E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
 """The value of each 4-bit e2m1 code: bit 3 the sign, bits 2-1 the exponent (bias 1), bit 0 the mantissa."""
 
-W4A16_MAX_M = 8
+W4A16_MAX_M = 16
 """Rows of x up to which CUDA calls go to our W4A16 decode GEMM (`w4a16_decode.nvfp4_matmul`). H200, CUDA-graph
-medians (docs/benchmarks.md, session 8): 1.14-1.52x bf16 cuBLAS at M = 1..8 on 8192 x 8192, 2048 x 8192,
-8192 x 2048, 14336 x 4096 and 4096 x 14336, 3-5x quack; at M = 16 0.65-0.78x bf16, so larger M goes on."""
+medians (docs/benchmarks.md, sessions 8 and 9): 1.14-1.52x bf16 cuBLAS at M = 1..8 on 8192 x 8192, 2048 x 8192,
+8192 x 2048, 14336 x 4096 and 4096 x 14336, 3-5x quack; at M = 16 slower than bf16 (17.5-50 us) but 2.7-5x faster
+than quack's GEMM and default compile of torchao's NVFP4 linear (46-201 us), the two other ways to run it."""
 
 QUACK_ROUTE = True
-"""quack's W4A16 GEMM takes NVFP4 calls above `W4A16_MAX_M` rows (up to `QUACK_MAX_M`): on the H200 it takes
-31-63 us on Llama-1B shapes at M = 16..256, the op's dequantize route 28-232 us (docs/benchmarks.md, session 8).
-Both are slower than default torch.compile of torchao's NVFP4 linear there, which is why lowering rewrites
-CUDA matmuls only up to `W4A16_MAX_M` rows (`rows_reason`)."""
+"""quack's W4A16 GEMM takes NVFP4 calls above `W4A16_MAX_M` rows (up to `QUACK_MAX_M`)."""
 
-QUACK_MAX_M = 64
-"""Rows of x up to which CUDA calls go to quack's W4A16 GEMM; above it the dequantized weight and cuBLAS
-(H200, N = K = 8192, docs in shared/notes/quant.md: quack 25.9 us vs bf16 37.0 at M = 64, 57.5 vs 54.9 at
-M = 256). The crossover is to be measured on the GPU; this is the line until then."""
+QUACK_MAX_M = 256
+"""Rows of x up to which CUDA calls go to quack's W4A16 GEMM; above it the dequantized weight and cuBLAS. H200,
+docs/benchmarks.md sessions 8 and 14: at M = 256 quack takes 38-128 us on the Llama-1B and -8B shapes, the
+dequantize route 62-746 us."""
+
+QUACK_MIN_WEIGHTS = 1 << 24
+"""Weights (N * K) from which quack's GEMM, at `W4A16_MAX_M` + 1 .. `QUACK_MAX_M` rows, beats default torch.compile
+of torchao's NVFP4 linear, so that lowering rewrites such matmuls (`rows_reason`). H200, docs/benchmarks.md
+sessions 8 and 14, quack / default compile, us: 4096 x 4096 M = 16 48.1 / 57.6, M = 256 59.3 / 62.9; 8192 x 2048
+and 2048 x 8192 M = 16..256 1.07-1.18x; 14336 x 4096 and 4096 x 14336 1.7-2x. Below it default compile wins
+(2048 x 2048 M = 16..256: 33-38 / 18-23; 512 x 2048: 29-36 / 9.2-9.5). Default compile's dequantization costs
+about 3.3 us per million weights, quack about 1.1 plus 31 us: they cross near 12 million weights."""
 
 
 _name = layout.dtype_name
@@ -94,26 +100,35 @@ def unsupported_reason(device_type: str, dtype: torch.dtype, in_features: int) -
     return None
 
 
-def rows_reason(x: Tensor, quantize_activations: bool = False) -> str | None:
-    """Why lowering keeps a weight-only NVFP4 matmul over this (fake) x as written on CUDA, or None: the op
-    beats default torch.compile's dequantize-then-matmul only through our W4A16 decode GEMM, on sm90, for at
-    most `W4A16_MAX_M` rows known when compiling (H200, docs/benchmarks.md session 8: at M = 1..8 2-9x default
-    compile; at M >= 16 0.25-0.5x). CPU calls (the reference) and the Blackwell W4A4 path are not limited."""
+def rows_reason(x: Tensor, n: int, k: int, quantize_activations: bool = False) -> str | None:
+    """Why lowering keeps a weight-only NVFP4 matmul over this (fake) x and an [n, k] weight as written on CUDA, or
+    None: the op beats default torch.compile's dequantize-then-matmul on sm90 through our W4A16 decode GEMM for at
+    most `W4A16_MAX_M` rows known when compiling, and through quack's GEMM up to `QUACK_MAX_M` rows of a weight of
+    at least `QUACK_MIN_WEIGHTS` (measured slower elsewhere). CPU calls (the reference) and the Blackwell W4A4
+    path are not limited."""
     if x.device.type != "cuda" or quantize_activations:
         return None
     rows = 1
     for size in x.shape[:-1]:
         if not isinstance(size, int):
             return (f"x has a symbolic row count ({'x'.join(map(str, x.shape[:-1]))}); on CUDA the op beats default "
-                    f"compile only up to {W4A16_MAX_M} rows (our W4A16 GEMM)")
+                    f"compile only for row counts known when compiling")
         rows *= size
-    if rows > W4A16_MAX_M:
-        return (f"{rows} rows of x: on CUDA the op beats default compile only up to {W4A16_MAX_M} rows (our W4A16 "
-                "GEMM; measured slower above)")
     major, minor = switches.capability(x.device.index)
     if major != 9:
         return f"our W4A16 GEMM is built for sm90; on sm{major}{minor} the op is not faster than default compile"
-    return None
+    if rows <= W4A16_MAX_M:
+        return None
+    if rows > QUACK_MAX_M:
+        return (f"{rows} rows of x: on CUDA the op beats default compile only up to {QUACK_MAX_M} rows "
+                "(measured slower above)")
+    if n * k < QUACK_MIN_WEIGHTS:
+        return (f"{rows} rows of x over a {n} x {k} weight: above {W4A16_MAX_M} rows the op (quack's GEMM) beats "
+                f"default compile only from {QUACK_MIN_WEIGHTS} weights")
+    if not QUACK_ROUTE:
+        return f"{rows} rows of x: above {W4A16_MAX_M} rows the op beats default compile only through quack's GEMM, " \
+            "turned off (QUACK_ROUTE)"
+    return quack_w4a16.unsupported_reason(x, "nvfp4", n, k)
 
 
 INDUCTOR_GEMV_FASTER: frozenset = frozenset()

@@ -360,11 +360,11 @@ def _check_supported(m: Match, w4a4: bool) -> None:
     if not all(isinstance(d, int) for d in shape(m.w_fp4)):
         raise Decline(f"the packed weight's shape {list(shape(m.w_fp4))} is symbolic")
     x = value(m.x)
-    reason = nvfp4_linear_unsupported_reason(x.device.type, x.dtype, 2 * shape(m.w_fp4)[1]) or \
-        nvfp4_linear_rows_reason(x, w4a4)
+    n, half_k = shape(m.w_fp4)
+    reason = nvfp4_linear_unsupported_reason(x.device.type, x.dtype, 2 * half_k) or \
+        nvfp4_linear_rows_reason(x, n, 2 * half_k, w4a4)
     if reason is not None:
         raise Decline(reason)
-    n = shape(m.w_fp4)[0]
     if m.bias is not None and (_dtype(m.bias) != x.dtype or shape(m.bias) != (n,)):
         raise Decline(f"the bias is {_describe(m.bias)}, not [{n}] {_name(x.dtype)}")
 

@@ -213,8 +213,8 @@ def test_cuda_routes_small_m_to_our_gemm_then_quack_where_they_say_they_can(monk
     monkeypatch.setattr(nvfp4_op.quack_w4a16, "unsupported_reason", unsupported_reason)
     monkeypatch.setattr(nvfp4_op.w4a16_decode, "unsupported_reason", ours_unsupported_reason)
     monkeypatch.setattr(nvfp4_op, "QUACK_ROUTE", False)
-    assert nvfp4_op.kernel_for(torch.zeros(9, K, dtype=torch.bfloat16), w_fp4) == \
-        ("dequantize", "9 rows of x, outside our W4A16 GEMM's 1..8")
+    assert nvfp4_op.kernel_for(torch.zeros(17, K, dtype=torch.bfloat16), w_fp4) == \
+        ("dequantize", "17 rows of x, outside our W4A16 GEMM's 1..16")
     assert nvfp4_op.kernel_for(torch.zeros(3, K, dtype=torch.bfloat16), w_fp4) == \
         ("dequantize", "stand-in: even M only")
     monkeypatch.setattr(nvfp4_op, "QUACK_ROUTE", True)
@@ -224,8 +224,8 @@ def test_cuda_routes_small_m_to_our_gemm_then_quack_where_they_say_they_can(monk
     assert nvfp4_op.kernel_for(torch.zeros(nvfp4_op.W4A16_MAX_M + 2, K, dtype=bf16), w_fp4) == ("quack", "")
     assert nvfp4_op.kernel_for(torch.zeros(1, K, dtype=bf16), w_fp4) == ("quack", "")
     assert nvfp4_op.kernel_for(torch.zeros(nvfp4_op.QUACK_MAX_M, K, dtype=bf16), w_fp4) == ("quack", "")
-    assert nvfp4_op.kernel_for(torch.zeros(65, K, dtype=bf16), w_fp4) == \
-        ("dequantize", "65 rows of x, outside quack's 1..64")
+    assert nvfp4_op.kernel_for(torch.zeros(257, K, dtype=bf16), w_fp4) == \
+        ("dequantize", "257 rows of x, outside quack's 1..256")
     assert nvfp4_op.kernel_for(torch.zeros(0, K, dtype=bf16), w_fp4)[0] == "dequantize"
     assert nvfp4_op.kernel_for(torch.zeros(5, K, dtype=torch.float16), w_fp4) == ("dequantize", "stand-in: bf16 only")
     assert calls[1] == ((1, K), "nvfp4", N, K)
@@ -588,20 +588,36 @@ view_4: bf16[2, 3, 48] = aten.reshape(nvfp4_linear_default, (2, 3, 48))""")
 
 
 def test_lowering_keeps_cuda_matmuls_the_op_would_make_slower(monkeypatch):
-    """On CUDA the op beats default compile only through our W4A16 GEMM: static M <= W4A16_MAX_M on sm90."""
+    """On CUDA (sm90) the op beats default compile through our W4A16 GEMM for static M <= W4A16_MAX_M, and through
+    quack's GEMM up to QUACK_MAX_M rows of a weight of at least QUACK_MIN_WEIGHTS."""
     from torch._subclasses import FakeTensorMode
 
     capability = [(9, 0)]
     monkeypatch.setattr(nvfp4_op.switches, "capability", lambda index: capability[0])
+    quack_calls = []
+    monkeypatch.setattr(nvfp4_op.quack_w4a16, "unsupported_reason",
+                        lambda x, fmt, n, k: quack_calls.append((tuple(x.shape), fmt, n, k)))
     with FakeTensorMode(allow_non_fake_inputs=True):
         decode = torch.empty(1, 1, K, device="cuda", dtype=torch.bfloat16)
-        batch = torch.empty(2, nvfp4_op.W4A16_MAX_M, K, device="cuda", dtype=torch.bfloat16)
+        batch = torch.empty(2, nvfp4_op.W4A16_MAX_M // 2, K, device="cuda", dtype=torch.bfloat16)
+        larger = torch.empty(2, nvfp4_op.W4A16_MAX_M, 4096, device="cuda", dtype=torch.bfloat16)
+        prefill = torch.empty(1, nvfp4_op.QUACK_MAX_M + 1, 4096, device="cuda", dtype=torch.bfloat16)
         cpu = torch.empty(4096, K, dtype=torch.bfloat16)
-    assert nvfp4_op.rows_reason(decode) is None
-    assert nvfp4_op.rows_reason(batch) == ("16 rows of x: on CUDA the op beats default compile only up to 8 rows "
-                                          "(our W4A16 GEMM; measured slower above)")
-    assert nvfp4_op.rows_reason(batch, quantize_activations=True) is None
-    assert nvfp4_op.rows_reason(cpu) is None
+    assert nvfp4_op.rows_reason(decode, N, K) is None
+    assert nvfp4_op.rows_reason(batch, N, K) is None
+    assert nvfp4_op.rows_reason(larger, 2048, 4096) == (
+        "32 rows of x over a 2048 x 4096 weight: above 16 rows the op (quack's GEMM) beats default compile only from "
+        "16777216 weights")
+    assert quack_calls == []
+    assert nvfp4_op.rows_reason(larger, 4096, 4096) is None
+    assert quack_calls == [((2, 16, 4096), "nvfp4", 4096, 4096)]
+    monkeypatch.setattr(nvfp4_op, "QUACK_ROUTE", False)
+    assert nvfp4_op.rows_reason(larger, 4096, 4096) == (
+        "32 rows of x: above 16 rows the op beats default compile only through quack's GEMM, turned off (QUACK_ROUTE)")
+    assert nvfp4_op.rows_reason(prefill, 4096, 4096) == (
+        "257 rows of x: on CUDA the op beats default compile only up to 256 rows (measured slower above)")
+    assert nvfp4_op.rows_reason(prefill, 4096, 4096, quantize_activations=True) is None
+    assert nvfp4_op.rows_reason(cpu, N, K) is None
     capability[0] = (10, 0)
-    assert nvfp4_op.rows_reason(decode) == ("our W4A16 GEMM is built for sm90; on sm100 the op is not faster than "
-                                           "default compile")
+    assert nvfp4_op.rows_reason(decode, N, K) == ("our W4A16 GEMM is built for sm90; on sm100 the op is not faster "
+                                                 "than default compile")
