@@ -55,10 +55,10 @@ class Options:
     nvfp4_linear: bool = True
     """Rewrite NVFP4 weight-only linears (torchao's `NVFP4WeightOnlyConfig`, `fa4_inductor.nvfp4.NVFP4Linear`, user
     code that decodes e2m1 codes and multiplies e4m3 block scales, then `F.linear`) into `fa4::nvfp4_linear`, on
-    Inductor's aten graphs (lowering/nvfp4_linear.py). On CUDA only matmuls of at most 8 rows known when compiling
-    (decode steps), on sm90: there our W4A16 decode GEMM runs them 1.2-9x faster than default compile (H200,
-    docs/benchmarks.md session 8; Llama-1B-shaped decode at a 4k cache 2.0 vs 4.6 ms/token); larger or symbolic
-    row counts keep default compile's dequantize-then-matmul, which measured faster than the op's other routes."""
+    Inductor's aten graphs (lowering/nvfp4_linear.py). On CUDA, on sm90, only where the op measured faster than
+    default compile (H200, docs/benchmarks.md session 14): matmuls of at most 16 rows known when compiling (our W4A16
+    decode GEMM, 2.3-14x), and of at most 256 rows over weights of 2^24 or more (quack's GEMM, 1.08-1.94x); other
+    or symbolic row counts keep default compile's dequantize-then-matmul (`kernels/nvfp4_linear.rows_reason`)."""
 
     inductor_gemvs: bool = True
     """With `coordinate_descent_tuning` on (torchao's `quantize_` and gpt-fast turn it on), Inductor decomposes one-row
