@@ -10,6 +10,7 @@ can be compared between versions of a kernel.
     python docs/scripts/sass_stats.py w4a16 nvfp4 8 registers --tiles    # packed NVFP4 in 16-row tiles
     python docs/scripts/sass_stats.py int8kv 64              # int8-KV decode attention, head dim 64, group 4, split
     python docs/scripts/sass_stats.py gemv nvfp4 1 2         # CUDA-core GEMV, M = 1, 2 K warps, bf16 x (--f16, --bias)
+    python docs/scripts/sass_stats.py intgemv 4 1 256        # integer NVFP4 GEMV: 4 rows a warp, 1 K warp, 256 pieces
 
 Loops with no MMA (the GEMV's) report their fp32 FMAs instead: instructions per FFMA.
 """
@@ -48,6 +49,12 @@ def compile_variant(argv):
         dtype = torch.float16 if "--f16" in flags else torch.bfloat16
         w4.compiled_gemv(w4.gemv_key(dtype, argv[1], int(argv[2]), "--bias" in flags, "sm_90a",
                                      int(argv[3]) if len(argv) > 3 else 1))
+    elif argv[0] == "intgemv":
+        from fa4_inductor.kernels import nvfp4_int_gemv as g
+
+        dtype = torch.float16 if "--f16" in argv else torch.bfloat16
+        argv = [a for a in argv if not a.startswith("--")]
+        g.compiled(g.Key(dtype, "sm_90a", int(argv[1]), int(argv[2]), int(argv[3])))
     elif argv[0] == "int8kv":
         from fa4_inductor.kernels import decode_int8kv
 

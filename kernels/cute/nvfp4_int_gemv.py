@@ -1,0 +1,299 @@
+"""One-row NVFP4 GEMV for Hopper (sm_90a) in CuTe DSL on the integer dot-product units: out[1, N] = x[1, K] @
+dequant(W)[N, K]^T, x float16 / bfloat16, output in x's dtype. `w4a16_gemv.py`'s work split and operands (read its
+docstring), with another inner product: it spends ~2 instructions a weight where that kernel's fp32 one spends 5.6.
+
+Weights. A code c (bit 3 the sign, bits 2-0 an index i into e2m1's magnitudes) becomes the byte 64 + 2 * e2m1(c), in
+52..76, by two byte permutes on the word of 8 codes: prmt with the magnitude table {64 + 2m} reads code c's byte i
+where the sign bit is clear and writes 0 where it is set (prmt's sign-replicate mode, on table bytes below 0x80);
+prmt with the table {64 - 2m} on the codes with their sign bits flipped does the opposite; the two are ORed. Four
+such bytes are one `dp4a` operand.
+
+x. Each block of 16 x values (the weight's scale block) becomes integers y = rint(x * 2^s) with 2^s the power of two
+that puts the block's max |x| in [2^14, 2^15): one fma with 1.5 * 2^23 (whose fp32 bits are 0x4B400000 + y) a value.
+A bf16 (fp16) y is exact where |x| >= 2^-7 (2^-4) of the block's max; below that its error is at most 2^-15 of the
+block max. |y| <= 32640 (32752) splits into a byte b0 in 0..255 and a signed byte b1 (y = b0 + 256 b1), the two
+planes' bytes of four values packed into words by prmt. Every CTA writes the planes of all of x to shared memory
+once, with per block the multiplier 2^-s and the correction 64 * sum(y) of the weight bytes' offset.
+
+Per block and row: s0 = sum(wb * b0) and s1 = sum(wb * b1) by dp4a (u8 x u8, u8 x s8), v = s0 + 256 s1 - 64 sum(y) =
+sum(2 e2m1 * y) is exact in int32 and in fp32 (|v| <= 16 * 12 * 32752 < 2^24), then acc += v * (e4m3 * 2^-s) in one
+fp32 fma. The epilogue multiplies by the global scale / 2. A non-finite block of x makes its multiplier NaN, and so
+the outputs. `nvfp4_int_gemv.emulate` is this arithmetic in integers on the CPU, bit for bit up to the fp32 sums'
+order.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float32, Int32, const_expr
+from cutlass._mlir.dialects import llvm
+from cutlass.cutlass_dsl import T, dsl_user_op
+
+from .decode_attention_int8kv import _max_abs
+from .w4a16_decode_gemm import _asm, _i32, _struct, prmt
+from .w4a16_gemv import NUM_WARPS, PIECE_WORDS, halves_f32
+
+BLOCK = 16  # x values (and weight codes) a scale block
+BLOCKS_PER_PIECE = 2
+WEIGHT_OFFSET = 64
+MAGNITUDES = (0, 1, 2, 3, 4, 6, 8, 12)  # 2 * e2m1 magnitude, by the code's low 3 bits
+POSITIVE_TABLE = tuple(WEIGHT_OFFSET + m for m in MAGNITUDES)
+NEGATIVE_TABLE = tuple(WEIGHT_OFFSET - m for m in MAGNITUDES)
+ROUNDER = 1.5 * 2 ** 23  # fp32 bits of ROUNDER + y are ROUNDER_BITS + y for |y| < 2^22
+ROUNDER_BITS = 0x4B400000
+TOP_EXPONENT = 14  # the block max times 2^s lies in [2^14, 2^15)
+MAX_SHIFT = 126  # 2^s and 2^-s stay normal fp32
+NAN_BITS = 0x7FC00000
+META_WORDS = 4  # a piece: (2^-s, correction) of its two blocks
+PLANE_HALF_WORDS = 4  # a piece's plane is two halves of 16 bytes (one block each)
+
+
+def table_words(table) -> tuple[int, int]:
+    """The 8 bytes of `table` as the two prmt operands (bytes 0-3, 4-7)."""
+    lo = sum(b << (8 * i) for i, b in enumerate(table[:4]))
+    hi = sum(b << (8 * i) for i, b in enumerate(table[4:]))
+    return lo, hi
+
+
+@dsl_user_op
+def prmt_reg(a: Int32, b: Int32, selector: Int32, *, loc=None, ip=None) -> Int32:
+    """prmt.b32 with the selector in a register (its low 16 bits: four byte selectors, bit 3 sign-replicate)."""
+    return Int32(_asm(T.i32(), [_i32(a, loc, ip), _i32(b, loc, ip), _i32(selector, loc, ip)],
+                      "prmt.b32 $0, $1, $2, $3;", "=r,r,r,r"))
+
+
+@dsl_user_op
+def weight_bytes(codes: Int32, tables, *, loc=None, ip=None) -> Int32:
+    """The bytes 64 + 2 * e2m1 of the four codes in the low 16 bits of `codes` (two prmt, a xor and an or); `tables`
+    the four table words (`table_words` of POSITIVE_TABLE, then NEGATIVE_TABLE) in registers."""
+    text = ("{\n.reg .b32 p, f, n;\n"
+            "prmt.b32 p, $2, $3, $1;\n"
+            "xor.b32 f, $1, 0x88888888;\n"
+            "prmt.b32 n, $4, $5, f;\n"
+            "or.b32 $0, p, n;\n}")
+    return Int32(_asm(T.i32(), [_i32(codes, loc, ip), *(_i32(t, loc, ip) for t in tables)], text, "=r,r,r,r,r,r"))
+
+
+@dsl_user_op
+def dp4a(a: Int32, b: Int32, c: Int32, b_signed: bool, *, loc=None, ip=None) -> Int32:
+    """c + the dot product of a's four unsigned bytes with b's (signed where b_signed)."""
+    op = "dp4a.u32.s32" if b_signed else "dp4a.u32.u32"
+    return Int32(_asm(T.i32(), [_i32(a, loc, ip), _i32(b, loc, ip), _i32(c, loc, ip)],
+                      f"{op} $0, $1, $2, $3;", "=r,r,r,r"))
+
+
+@dsl_user_op
+def rounded_bits(x: Float32, multiplier: Float32, *, loc=None, ip=None) -> Int32:
+    """The fp32 bits of x * multiplier + 1.5 * 2^23 (round to nearest even): ROUNDER_BITS + rint(x * multiplier)."""
+    return Int32(_asm(T.i32(), [Float32(x).ir_value(loc=loc, ip=ip), Float32(multiplier).ir_value(loc=loc, ip=ip)],
+                      "{\n.reg .f32 r;\n"
+                      f"fma.rn.f32 r, $1, $2, 0f{ROUNDER_BITS:08X};\nmov.b32 $0, r;\n}}", "=r,f,f"))
+
+
+@dsl_user_op
+def as_f32(a: Int32, *, loc=None, ip=None) -> Float32:
+    return Float32(_asm(T.f32(), [_i32(a, loc, ip)], "mov.b32 $0, $1;", "=f,r"))
+
+
+@dsl_user_op
+def as_i32(a: Float32, *, loc=None, ip=None) -> Int32:
+    return Int32(_asm(T.i32(), [Float32(a).ir_value(loc=loc, ip=ip)], "mov.b32 $0, $1;", "=r,f"))
+
+
+@dsl_user_op
+def e4m3_pair_f32(word: Int32, *, loc=None, ip=None):
+    """The e4m3 bytes 0 and 1 of `word` as fp32, exactly (e4m3 -> f16 -> f32)."""
+    text = ("{\n.reg .b16 lo, hi, f0, f1;\n.reg .b32 h01;\n"
+            "mov.b32 {lo, hi}, $2;\n"
+            "cvt.rn.f16x2.e4m3x2 h01, lo;\n"
+            "mov.b32 {f0, f1}, h01;\n"
+            "cvt.f32.f16 $0, f0;\ncvt.f32.f16 $1, f1;\n}")
+    res = _asm(_struct(2, "f32"), [_i32(word, loc, ip)], text, "=f,=f,r")
+    return [Float32(llvm.extractvalue(T.f32(), res, [i], loc=loc, ip=ip)) for i in range(2)]
+
+
+class NVFP4IntGemv:
+    """One compiled variant per (x dtype, ROWS rows a warp, WARPS_K warps along K, `max_pieces` (the shared memory
+    the x planes take: 80 bytes a 16-byte weight piece of a row), PDL or not, `min_ctas`).
+
+    Call: (mX Int32 [1, Kp / 2], mW Int32 [N, Kp / 8], mBlock Int32 [N, Kp / 64], mScale Float32 [1], mOut [1, N],
+    stream), as `W4A16Gemv` takes them for NVFP4; Kp / 32 pieces a row, at most `max_pieces`."""
+
+    def __init__(self, dtype, rows: int, warps_k: int, max_pieces: int, pdl: bool = False, min_ctas: int = 0):
+        assert rows >= 1 and NUM_WARPS % warps_k == 0 and max_pieces >= 1, (rows, warps_k, max_pieces)
+        self.dtype = dtype
+        self.is_f16 = dtype == cutlass.Float16
+        self.rows = rows
+        self.warps_k = warps_k
+        self.warps_n = NUM_WARPS // warps_k
+        self.max_pieces = max_pieces
+        self.pdl = pdl
+        self.min_ctas = min_ctas
+
+    @cute.jit
+    def __call__(self, mX: cute.Tensor, mW: cute.Tensor, mBlock: cute.Tensor, mScale: cute.Tensor, mOut: cute.Tensor,
+                 stream):
+        rows_per_cta = self.rows * self.warps_n
+        plane_words = 2 * 2 * self.max_pieces * PLANE_HALF_WORDS
+
+        @cute.struct
+        class SharedStorage:
+            sPlanes: cute.struct.Align[cute.struct.MemRange[Int32, plane_words], 16]
+            sMeta: cute.struct.Align[cute.struct.MemRange[Int32, self.max_pieces * META_WORDS], 16]
+            sRed: cute.struct.Align[cute.struct.MemRange[Float32, NUM_WARPS * self.rows], 16]
+            sTables: cute.struct.Align[cute.struct.MemRange[Int32, 4], 16]
+
+        self.kernel(mX, mW, mBlock, mScale, mOut, SharedStorage).launch(
+            grid=((mW.shape[0] + rows_per_cta - 1) // rows_per_cta, 1, 1),
+            block=(32 * NUM_WARPS, 1, 1),
+            smem=SharedStorage.size_in_bytes(),
+            stream=stream,
+            use_pdl=self.pdl,
+            min_blocks_per_mp=self.min_ctas,
+            preferred_smem_carveout=100 if self.min_ctas > 1 else None,
+        )
+
+    @cute.kernel
+    def kernel(self, mX: cute.Tensor, mW: cute.Tensor, mBlock: cute.Tensor, mScale: cute.Tensor, mOut: cute.Tensor,
+               SharedStorage: cutlass.Constexpr):
+        R = self.rows
+        bx, _, _ = cute.arch.block_idx()
+        tidx, _, _ = cute.arch.thread_idx()
+        warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        lane = cute.arch.lane_idx()
+        wn = warp_idx % self.warps_n
+        wk = warp_idx // self.warps_n
+        n_rows = mW.shape[0]
+        row0 = (bx * self.warps_n + wn) * R
+        pieces = mW.shape[1] // PIECE_WORDS
+
+        storage = cutlass.memory.SmemAllocator().allocate(SharedStorage)
+        # plane word (plane, half, piece, word): bytes of x values 32 piece + 16 half + 4 word + 0..3
+        sPlanes = storage.sPlanes.get_tensor(cute.make_layout(
+            (PLANE_HALF_WORDS, self.max_pieces, 2, 2),
+            stride=(1, PLANE_HALF_WORDS, PLANE_HALF_WORDS * self.max_pieces, 2 * PLANE_HALF_WORDS * self.max_pieces)))
+        sMeta = storage.sMeta.get_tensor(cute.make_layout((META_WORDS, self.max_pieces), stride=(1, META_WORDS)))
+
+        acc = cute.make_rmem_tensor((R,), Float32)
+        acc.fill(0.0)
+        rW = cute.make_rmem_tensor((PIECE_WORDS, R), Int32)
+        rS = cute.make_rmem_tensor((R,), Int32)
+        first = wk * 32 + lane
+        stride = 32 * self.warps_k
+        if first < pieces:
+            self.load_piece(mW, mBlock, rW, rS, row0, n_rows, first)
+        if const_expr(self.pdl):
+            cute.arch.griddepcontrol_wait()
+            cute.arch.griddepcontrol_launch_dependents()
+
+        # ---- x's planes: thread t takes blocks t, t + 128, ... (8 words of x a block) ----
+        rX = cute.make_rmem_tensor((2 * PIECE_WORDS,), Int32)
+        for blk in cutlass.range(tidx, pieces * BLOCKS_PER_PIECE, 32 * NUM_WARPS, unroll=1):
+            cute.autovec_copy(cute.local_tile(mX[0, None], (2 * PIECE_WORDS,), (blk,)), rX)
+            self.quantize_block(rX, sPlanes, sMeta, blk)
+        sTables = storage.sTables.get_tensor(cute.make_layout((4,)))
+        if tidx < 4:  # read back from shared memory, the tables live in registers: as constants ptxas would move
+            # them from uniform registers before every prmt (a prmt's first data operand is a vector register)
+            words = (*table_words(POSITIVE_TABLE), *table_words(NEGATIVE_TABLE))
+            value = Int32(words[0])
+            for i in cutlass.range_constexpr(1, 4):
+                if tidx == i:
+                    value = Int32(words[i])
+            sTables[tidx] = value
+        cute.arch.barrier()
+        tables = [sTables[i] for i in range(4)]
+
+        rP = cute.make_rmem_tensor((PLANE_HALF_WORDS, 2, 2), Int32)  # (word, half, plane)
+        rM = cute.make_rmem_tensor((META_WORDS,), Int32)
+        for p in cutlass.range(first, pieces, stride, unroll=1):
+            for plane in cutlass.range_constexpr(2):
+                for h in cutlass.range_constexpr(2):
+                    cute.autovec_copy(sPlanes[None, p, h, plane], rP[None, h, plane])
+            cute.autovec_copy(sMeta[None, p], rM)
+            self.piece(rW, rS, rP, rM, acc, tables)
+            if p + stride < pieces:
+                self.load_piece(mW, mBlock, rW, rS, row0, n_rows, p + stride)
+
+        # ---- the lanes, then the K warps, add up ----
+        for r in cutlass.range_constexpr(R):
+            acc[r] = cute.arch.warp_reduction_sum(acc[r])
+        sRed = storage.sRed.get_tensor(cute.make_layout((R, self.warps_n, self.warps_k)))
+        if lane == 0:
+            for r in cutlass.range_constexpr(R):
+                sRed[r, wn, wk] = acc[r]
+        cute.arch.barrier()
+        if wk == 0:
+            if lane < R:
+                total = sRed[lane, wn, 0]
+                for s in cutlass.range_constexpr(1, self.warps_k):
+                    total = total + sRed[lane, wn, s]
+                n = row0 + lane
+                if n < n_rows:
+                    mOut[0, n] = (total * (mScale[0] * Float32(0.5))).to(self.dtype)
+
+    @cute.jit
+    def load_piece(self, mW: cute.Tensor, mBlock: cute.Tensor, rW: cute.Tensor, rS: cute.Tensor, row0: Int32,
+                   n_rows: Int32, p: Int32):
+        """Piece p of the warp's rows (past N: row N - 1, dropped) and their two block scales in the low 16 bits
+        of rS."""
+        for r in cutlass.range_constexpr(self.rows):
+            n = cutlass.min(row0 + r, n_rows - 1)
+            cute.autovec_copy(cute.local_tile(mW[n, None], (PIECE_WORDS,), (p,)), rW[None, r])
+            rS[r] = mBlock[n, p >> 1] >> ((p & 1) * 16)
+
+    @cute.jit
+    def quantize_block(self, rX: cute.Tensor, sPlanes: cute.Tensor, sMeta: cute.Tensor, blk: Int32):
+        """Block blk's 16 x values (8 words) as the two planes' 4 words and its (2^-s, 64 * sum(y))."""
+        values = []
+        for w in cutlass.range_constexpr(2 * PIECE_WORDS):
+            values.extend(halves_f32(rX[w], self.is_f16))
+        amax = Float32(0.0)
+        for v in values:
+            amax = _max_abs(amax, v)  # NaN stays NaN
+        field = as_i32(amax) >> 23  # amax >= 0: its biased exponent; 255 for inf / nan
+        field = cutlass.max(field, Int32(TOP_EXPONENT + 127 - MAX_SHIFT))  # s <= MAX_SHIFT
+        multiplier = as_f32((Int32(2 * 127 + TOP_EXPONENT) - field) << 23)  # 2^s, s = 14 - (field - 127)
+        inverse = as_i32(Float32(0.0))
+        if field < 255:
+            inverse = (field - TOP_EXPONENT) << 23  # 2^-s
+        else:
+            inverse = Int32(NAN_BITS)
+            multiplier = Float32(0.0)
+        total = Int32(0)
+        bits = []
+        for v in values:
+            b = rounded_bits(v, multiplier)
+            bits.append(b)
+            total = total + (b - Int32(ROUNDER_BITS))  # y
+        p = blk // BLOCKS_PER_PIECE
+        h = blk % BLOCKS_PER_PIECE
+        for w in cutlass.range_constexpr(PLANE_HALF_WORDS):
+            ab = prmt(bits[4 * w], bits[4 * w + 1], 0x5140)
+            cd = prmt(bits[4 * w + 2], bits[4 * w + 3], 0x5140)
+            sPlanes[w, p, h, 0] = prmt(ab, cd, 0x5410)
+            sPlanes[w, p, h, 1] = prmt(ab, cd, 0x7632)
+        sMeta[2 * h, p] = inverse
+        sMeta[2 * h + 1, p] = total * WEIGHT_OFFSET
+
+    @cute.jit
+    def piece(self, rW: cute.Tensor, rS: cute.Tensor, rP: cute.Tensor, rM: cute.Tensor, acc: cute.Tensor, tables):
+        """Word i of the piece: codes 8i..8i+7 (x values 32p + 8i + j), block i // 2, plane words 2 (i % 2), + 1 of
+        half i // 2."""
+        for r in cutlass.range_constexpr(self.rows):
+            scales = e4m3_pair_f32(rS[r])
+            for h in cutlass.range_constexpr(BLOCKS_PER_PIECE):
+                s0 = Int32(0)
+                s1 = Int32(0)
+                for ii in cutlass.range_constexpr(2):
+                    word = rW[2 * h + ii, r]
+                    lo = weight_bytes(word, tables)
+                    hi = weight_bytes(word >> 16, tables)
+                    s0 = dp4a(lo, rP[2 * ii, h, 0], s0, False)
+                    s0 = dp4a(hi, rP[2 * ii + 1, h, 0], s0, False)
+                    s1 = dp4a(lo, rP[2 * ii, h, 1], s1, True)
+                    s1 = dp4a(hi, rP[2 * ii + 1, h, 1], s1, True)
+                v = s0 + (s1 << 8) - rM[2 * h + 1]
+                acc[r] = v.to(Float32) * (scales[h] * as_f32(rM[2 * h])) + acc[r]

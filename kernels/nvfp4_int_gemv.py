@@ -1,0 +1,146 @@
+"""Host side of the integer one-row NVFP4 GEMV (`cute/nvfp4_int_gemv.py`): out[1, N] = x[1, K] @ dequant(W)[N, K]^T
+on the dp4a units, with x held as 16-bit integers per 16-value block (exact where |x| >= 2^-7 of its block's max for
+bf16 x, 2^-4 for fp16; at most 2^-15 of the block max off below that: `emulate` and `x_error_bound`).
+
+    matmul(x2d [1, K], w_fp4, w_block_scale, w_global_scale, shape=None) -> [1, N] in x's dtype
+    emulate(x2d, w_fp4, w_block_scale, w_global_scale) -> float64 [1, N]    the kernel's arithmetic, on the CPU
+
+Not routed by the op yet: `w4a16_decode.nvfp4_matmul(..., gemv="int")` calls it (tests, `tests/bench_w4a16.py
+--gemv int`), until the H200 has measured it against the fp32 GEMV (`cute/w4a16_gemv.py`). Operands and work split are
+that GEMV's (`w4a16_decode.prepare_nvfp4`, `gemv_shape`); x's planes take 80 bytes of shared memory a 16-byte piece of a
+weight row, so a variant is compiled per power-of-two bucket of pieces (`max_pieces`), up to K = 16384.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple, Optional
+
+import torch
+from torch import Tensor
+
+from . import layout, switches
+from .cute import compile_utils
+
+MAX_PIECES = 512  # K <= 16384
+MIN_PIECES = 16  # the smallest bucket (K = 512)
+PLANE_BYTES_PER_PIECE = 80
+
+
+class Key(NamedTuple):
+    dtype: torch.dtype
+    arch: str
+    rows: int
+    warps_k: int
+    max_pieces: int
+    pdl: bool = False
+
+
+def pieces_bucket(pieces: int) -> int:
+    if not 1 <= pieces <= MAX_PIECES:
+        raise ValueError(f"the integer NVFP4 GEMV takes rows of 1..{MAX_PIECES} pieces (K <= {32 * MAX_PIECES}), "
+                         f"got {pieces}")
+    bucket = MIN_PIECES
+    while bucket < pieces:
+        bucket *= 2
+    return bucket
+
+
+def unsupported_reason(x2d: Tensor, n: int, k: int) -> str | None:
+    """Why the kernel cannot take this call (beyond `w4a16_decode.unsupported_reason`, which the caller asks first),
+    or None."""
+    if x2d.shape[0] != 1:
+        return f"the integer NVFP4 GEMV takes one row of x, got {x2d.shape[0]}"
+    if -(-k // 32) > MAX_PIECES:
+        return f"the integer NVFP4 GEMV takes K <= {32 * MAX_PIECES}, got {k}"
+    return None
+
+
+def _compile(key: Key):
+    cute = compile_utils.cute_for(key.arch)
+    from cutlass import Float32, Int32
+
+    from .cute.nvfp4_int_gemv import NVFP4IntGemv
+
+    dt = compile_utils.cutlass_dtype(key.dtype)
+    sym, sym64 = cute.sym_int, cute.sym_int64
+    kernel = NVFP4IntGemv(dt, key.rows, key.warps_k, key.max_pieces, pdl=key.pdl)
+    x = cute.runtime.make_fake_tensor(Int32, (1, sym()), (sym64(divisibility=4), 1), assumed_align=16)
+    w = cute.runtime.make_fake_tensor(Int32, (sym(), sym()), (sym64(divisibility=4), 1), assumed_align=16)
+    block = cute.runtime.make_fake_tensor(Int32, (sym(), sym()), (sym64(), 1))
+    scale = cute.runtime.make_fake_compact_tensor(Float32, (sym(),))
+    out = cute.runtime.make_fake_tensor(dt, (1, sym()), (sym64(), 1))
+    return compile_utils.compile_for_tvm_ffi(cute, kernel, x, w, block, scale, out)
+
+
+compiled = compile_utils.CompiledVariants(_compile)
+"""`compiled(key)`: the variant `key` names, compiled on first use."""
+
+
+def matmul(x2d: Tensor, w_fp4: Tensor, w_block_scale: Tensor, w_global_scale: Tensor,
+           shape: Optional[tuple[int, int]] = None) -> Tensor:
+    """x2d [1, K] @ dequant(w)^T -> [1, N] in x's dtype; `shape` (rows a warp, K warps) forces the work split."""
+    from . import w4a16_decode as w4
+
+    n, k = layout.nvfp4_operands(w_fp4, w_block_scale, w_global_scale)
+    reason = w4.unsupported_reason(x2d, "nvfp4", n, k) or unsupported_reason(x2d, n, k)
+    if reason is not None:
+        raise ValueError(reason)
+    words, blocks = w4.prepare_nvfp4(w_fp4, w_block_scale)
+    pieces = words.shape[1] // 4
+    x = w4.prepare_x(x2d, 8 * words.shape[1])
+    out = torch.empty(1, n, dtype=x.dtype, device=x.device)
+    device = x.device.index if x.device.index is not None else torch.cuda.current_device()
+    rows, warps_k = shape or w4.gemv_shape(n, pieces, w4._num_sms(device))
+    key = Key(x.dtype, compile_utils.target_arch(x.device), rows, warps_k, pieces_bucket(pieces),
+              switches.current().w4a16_pdl)
+    with torch.cuda.device(x.device):
+        compiled(key)(x.view(torch.int32), words, blocks, w_global_scale.reshape(1).float(), out)
+    return out
+
+
+# ---- the kernel's arithmetic on the CPU ----
+
+
+def x_integers(x: Tensor) -> tuple[Tensor, Tensor]:
+    """(y int64 [K], s int64 [K / 16]): each block of 16 values of a 1-D x (K a multiple of 16) as the kernel holds it,
+    y = rint(x * 2^s) (ties to even) with 2^s putting the block's max |x| in [2^14, 2^15), s <= 126. A non-finite
+    block gets y = 0 and s = None's stand-in -1000 (its multiplier is NaN)."""
+    from .cute import nvfp4_int_gemv as kern
+
+    v = x.float().reshape(-1, kern.BLOCK)
+    amax = v.abs().amax(dim=1)
+    field = (amax.view(torch.int32).long() >> 23) & 0xFF
+    finite = field < 255
+    field = field.clamp(min=kern.TOP_EXPONENT + 127 - kern.MAX_SHIFT)
+    s = 2 * 127 + kern.TOP_EXPONENT - field - 127
+    scaled = v.double() * torch.pow(2.0, s.double())[:, None]
+    y = torch.where(finite[:, None], torch.round(scaled), torch.zeros_like(scaled)).long()  # round: ties to even
+    return y.reshape(-1), torch.where(finite, s, torch.full_like(s, -1000))
+
+
+def x_error_bound(x: Tensor) -> Tensor:
+    """Per value, the most the kernel's integer x is off the value (0 where exact): half a unit of 2^-s."""
+    y, s = x_integers(x)
+    return (torch.pow(2.0, -s.double() - 1)).repeat_interleave(16)
+
+
+def emulate(x2d: Tensor, w_fp4: Tensor, w_block_scale: Tensor, w_global_scale: Tensor) -> Tensor:
+    """float64 [1, N]: the kernel's result before the fp32 sums' rounding and the output cast: per block the exact
+    integer sum(2 e2m1 * y) times e4m3 * 2^-s, summed, times global / 2. NaN for a non-finite block of x."""
+    from .cute import nvfp4_int_gemv as kern
+
+    n, k = layout.nvfp4_operands(w_fp4, w_block_scale, w_global_scale)
+    kp = -(-k // 64) * 64
+    x = torch.nn.functional.pad(x2d.reshape(-1)[:k].cpu(), (0, kp - k))
+    y, s = x_integers(x)
+    codes = w_fp4.view(torch.uint8).cpu().long()
+    codes = torch.stack([codes & 0xF, codes >> 4], dim=-1).reshape(n, -1)  # code 2i low nibble
+    codes = torch.nn.functional.pad(codes, (0, kp - codes.shape[1]))
+    table = torch.tensor(kern.POSITIVE_TABLE + kern.NEGATIVE_TABLE) - kern.WEIGHT_OFFSET
+    w2 = table[codes]  # 2 * e2m1
+    sums = (w2 * y[None, :]).reshape(n, -1, kern.BLOCK).sum(-1)  # [N, Kp / 16], exact
+    scales = w_block_scale.cpu().view(torch.float8_e4m3fn).double()
+    scales = torch.nn.functional.pad(scales, (0, kp // kern.BLOCK - scales.shape[1]))
+    inverse = torch.where(s > -1000, torch.pow(2.0, -s.double()), torch.full_like(s, float("nan"), dtype=torch.float64))
+    out = (sums.double() * scales * inverse[None, :]).sum(-1) * (w_global_scale.cpu().double().reshape(()) / 2)
+    return out[None, :]
