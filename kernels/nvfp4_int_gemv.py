@@ -144,3 +144,23 @@ def emulate(x2d: Tensor, w_fp4: Tensor, w_block_scale: Tensor, w_global_scale: T
     inverse = torch.where(s > -1000, torch.pow(2.0, -s.double()), torch.full_like(s, float("nan"), dtype=torch.float64))
     out = (sums.double() * scales * inverse[None, :]).sum(-1) * (w_global_scale.cpu().double().reshape(()) / 2)
     return out[None, :]
+
+
+def weight_bytes(codes: Tensor) -> Tensor:
+    """`cute/nvfp4_int_gemv.weight_bytes` on the low 16 bits of int64 words: the two prmt, the xor and the or."""
+    from . import w4a16_decode as w4
+    from .cute import nvfp4_int_gemv as kern
+
+    p_lo, p_hi = kern.table_words(kern.POSITIVE_TABLE)
+    n_lo, n_hi = kern.table_words(kern.NEGATIVE_TABLE)
+    return w4._prmt(p_lo, p_hi, codes) | w4._prmt(n_lo, n_hi, codes ^ 0x88888888)
+
+
+def plane_words(bits: Tensor) -> tuple[Tensor, Tensor]:
+    """`quantize_block`'s packing: int64 [..., 4] fp32 bit patterns of four values -> (the words of their bytes 0,
+    of their bytes 1)."""
+    from . import w4a16_decode as w4
+
+    ab = w4._prmt(bits[..., 0], bits[..., 1], 0x5140)
+    cd = w4._prmt(bits[..., 2], bits[..., 3], 0x5140)
+    return w4._prmt(ab, cd, 0x5410), w4._prmt(ab, cd, 0x7632)

@@ -97,7 +97,7 @@ from typing import NamedTuple, Optional
 import torch
 from torch import Tensor
 
-from . import layout, prepared_weights, switches
+from . import layout, nvfp4_int_gemv, prepared_weights, switches
 from .cute import compile_utils
 
 FORMATS = ("nvfp4", "int8")
@@ -425,15 +425,17 @@ def decode_int8_gemv(words: Tensor, k: int) -> Tensor:
     return out.reshape(n, -1)[:, :k]
 
 
-def _prmt(a: Tensor, b: int, selector: int) -> Tensor:
-    """PTX prmt.b32 (default mode) of uint32 words a (int64) and a constant b: byte i of the result is byte
-    (selector >> 4i) & 7 of b:a, or its sign replicated when bit 3 of that nibble is set."""
+def _prmt(a, b, selector) -> Tensor:
+    """PTX prmt.b32 (default mode) of uint32 words a and b (int64 tensors or ints) under `selector` (an int or a tensor
+    of them: its low 16 bits): byte i of the result is byte (selector >> 4i) & 7 of b:a, or its sign replicated when
+    bit 3 of that nibble is set."""
+    a, b, selector = (torch.as_tensor(v, dtype=torch.int64) for v in (a, b, selector))
+    a, b, selector = torch.broadcast_tensors(a, b, selector)
     out = torch.zeros_like(a)
     for i in range(4):
         nib = selector >> 4 * i & 0xF
-        src = (a if nib & 7 < 4 else torch.full_like(a, b)) >> 8 * (nib & 3) & 0xFF
-        if nib & 8:
-            src = torch.where(src & 0x80 != 0, 0xFF, 0)
+        src = torch.where(nib & 7 < 4, a, b) >> 8 * (nib & 3) & 0xFF
+        src = torch.where(nib & 8 != 0, torch.where(src & 0x80 != 0, 0xFF, 0), src)
         out |= src << 8 * i
     return out
 
@@ -678,6 +680,7 @@ compiled = compile_utils.CompiledVariants(_compile)
 # ---- the CUDA-core GEMV (`cute/w4a16_gemv.py`): M <= GEMV_AUTO_ROWS, FA4_INDUCTOR_W4A16_GEMV or the matmuls' `gemv` ----
 
 GEMV_MAX_M = 4
+INT_GEMV = "int"  # the matmuls' `gemv` for the integer one-row NVFP4 GEMV (`nvfp4_int_gemv`)
 GEMV_AUTO_ROWS = 1  # H200, docs/benchmarks.md session 13: faster than the tensor-core kernel at M = 1, mostly slower above
 GEMV_ROWS = 4  # weight rows a warp, halved (down to 1) while the CTAs do not cover the SMs (`gemv_shape`)
 GEMV_ROW_CHOICES = (4, 2, 1)
@@ -897,10 +900,15 @@ def nvfp4_matmul(x2d: Tensor, w_fp4: Tensor, w_block_scale: Tensor, w_global_sca
     layout (FA4_INDUCTOR_W4A16_PACK) (tests, tuning); `gemv` (None: FA4_INDUCTOR_W4A16_GEMV, `gemv_rows`) True sends
     M <= 4 calls of the plain layout to the CUDA-core GEMV, which takes none of the other three, False none; a tuple
     (rows a warp, K warps) as
-    `gemv` forces the GEMV's shape (tuning: `tests/bench_w4a16.py --gemv 4x1,2x2`)."""
+    `gemv` forces the GEMV's shape (tuning: `tests/bench_w4a16.py --gemv 4x1,2x2`); INT_GEMV ("int") sends one-row
+    calls it takes to the integer GEMV (`nvfp4_int_gemv`, not routed otherwise yet), the others as True."""
     n, k = layout.nvfp4_operands(w_fp4, w_block_scale, w_global_scale)
     _check(x2d, "nvfp4", n, k, w_fp4, w_block_scale, w_global_scale)
     pack = configured_pack() if pack is None else pack
+    if gemv == INT_GEMV:
+        if not pack and nvfp4_int_gemv.unsupported_reason(x2d, n, k) is None:
+            return nvfp4_int_gemv.matmul(x2d, w_fp4, w_block_scale, w_global_scale)
+        gemv = True
     if not pack and x2d.shape[0] <= gemv_rows(gemv):
         words, blocks = prepare_nvfp4(w_fp4, w_block_scale)
         return _run_gemv("nvfp4", x2d, words, blocks, w_global_scale.reshape(1), None, n, _gemv_shape(gemv))
@@ -921,6 +929,7 @@ def int8_matmul(x2d: Tensor, w_int8: Tensor, w_scale: Tensor, bias: Optional[Ten
     if w_scale.numel() != n:
         raise ValueError(f"the int8 W4A16 decode GEMM takes per-channel scales ({n}), got {list(w_scale.shape)}")
     _check(x2d, "int8", n, k, w_int8, w_scale, bias)
+    gemv = True if gemv == INT_GEMV else gemv  # no integer GEMV for int8 weights: the fp32 one
     scale = w_scale.reshape(n)
     if scale.dtype not in SCALE_DTYPES:
         scale = scale.to(torch.float32)

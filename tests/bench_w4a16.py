@@ -98,7 +98,7 @@ def bench_shape(n, k, ms, splits_list=None, loads=(None,), ctas=None, int8_scale
         tag = lambda ld: f" {ld}" if ld else ""  # noqa: E731
         ptag = lambda pk: "" if pk is None else {False: " plain", True: " packed", "tiles": " tiles"}[pk]  # noqa: E731
         gtag = lambda gv: ("" if gv is None else f" gemv {gv[0]}x{gv[1]}" if isinstance(gv, tuple)  # noqa: E731
-                           else " gemv" if gv else " mma")
+                           else " int gemv" if gv == w4.INT_GEMV else " gemv" if gv else " mma")
         gemvs_m = gemvs if m <= w4.GEMV_MAX_M else (None,)
         loads_m = [ld for ld in loads if fits(ld, m)]
         sweep = bool(splits_list or ctas)
@@ -189,9 +189,12 @@ def fits(spec, m):
 
 
 def parse_gemv(value):
-    """--gemv's off / on / RxK -> the matmuls' `gemv` argument: False, True or (rows a warp, K warps)."""
+    """--gemv's off / on / int / RxK -> the matmuls' `gemv` argument: False, True, INT_GEMV (NVFP4 one-row calls on the
+    integer GEMV) or (rows a warp, K warps)."""
     value = value.strip()
-    return {"off": False, "on": True}[value] if value in ("off", "on") else tuple(map(int, value.split("x")))
+    if value in ("off", "on", "int"):
+        return {"off": False, "on": True, "int": w4.INT_GEMV}[value]
+    return tuple(map(int, value.split("x")))
 
 
 def main():
@@ -204,7 +207,7 @@ def main():
     p.add_argument("--load", default=None, help="comma list of load paths: registers, bulk, bulk+prefetch:4 ...")
     p.add_argument("--stages", default=None, help="comma list: ring depths for each bulk load path")
     p.add_argument("--pack", default=None, help="comma list of NVFP4 layouts: off (plain), on (packed), tiles")
-    p.add_argument("--gemv", default=None, help="comma list of M <= 4 routes: off (tensor-core kernel), on (GEMV), "
+    p.add_argument("--gemv", default=None, help="comma list of M <= 4 routes: off (tensor-core kernel), on (GEMV), int (NVFP4 one-row calls on the integer GEMV), "
                                                  "RxK (the GEMV with R rows a warp, K warps along K)")
     p.add_argument("--int8-scales", default="float32", choices=("float32", "bfloat16", "float16"),
                    help="the int8 weights' per-channel scale dtype")

@@ -6,7 +6,8 @@ scale. Every case prints its shape, split count, load path and errors (`-s` show
 where it is. The numerics tests run on both load paths (`LOADS`; the bulk ring's wrap-around at depth 2 and
 the bulk options in the split, short-K and large-weight tests), and the NVFP4 ones on both layouts (`PACKS`: plain,
 and packed once by `w4a16_decode.pack_nvfp4`, for bf16 and f16 x). The `gemv` tests run the CUDA-core GEMV
-(`gemv=True`, FA4_INDUCTOR_W4A16_GEMV=1) on M = 1..4.
+(`gemv=True`, FA4_INDUCTOR_W4A16_GEMV=1) on M = 1..4; the `int_gemv` ones the integer one-row NVFP4 GEMV
+(`kernels/nvfp4_int_gemv.py`), also against its arithmetic emulated on the CPU.
 """
 
 import pytest
@@ -443,3 +444,74 @@ def test_gemv_pdl_chain_equals_plain_launches(monkeypatch, m):
         return h1, h2, h3, w4.nvfp4_matmul(h3, *ws[3], gemv=True)
 
     check_pdl_chain(monkeypatch, f"gemv pdl chain m{m} gemm", step, x, ws, lambda x, out: [x, *out[:3]])
+
+
+# ------------------------------------------------------------------------------- the integer NVFP4 GEMV (M = 1)
+
+
+def int_gemv_case(n, k, dtype, seed=0, shape=None, x=None):
+    """`nvfp4_int_gemv.matmul` against the float64 product (`report`'s bound) and against its own arithmetic emulated
+    on the CPU (`nvfp4_int_gemv.emulate`), which it must equal up to the fp32 sums and the output's rounding."""
+    from fa4_inductor.kernels import nvfp4_int_gemv as g
+
+    w_fp4, block, global_scale = random_nvfp4(n, k, seed=seed, device="cuda")
+    x = torch.randn(1, k, dtype=dtype, device="cuda") if x is None else x
+    out = g.matmul(x, w_fp4, block, global_scale, shape=shape)
+    assert out.shape == (1, n) and out.dtype == dtype
+    wd = float64_dequantized(w_fp4, block, global_scale)
+    emu = g.emulate(x.cpu(), w_fp4.cpu(), block.cpu(), global_scale.cpu()).cuda()
+    rounding = 2.0 ** (-8 if dtype == torch.bfloat16 else -10)
+    gap = (out.double() - emu).abs()
+    assert (gap <= rounding * emu.abs() + 1e-6 * emu.abs().max()).all(), \
+        f"int gemv n{n} k{k}: off its emulation by {gap.max().item():.3g} (|emu| max {emu.abs().max().item():.3g})"
+    report(f"int gemv {str(dtype)[6:]} n{n} k{k} shape {shape or 'auto'}", out, x.double() @ wd.T,
+           F.linear(x, wd.to(dtype)))
+    return out
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("n, k", GEMV_SHAPES + [(4096, 14336), (1024, 16384), (8192, 8192)])
+def test_int_gemv_shapes(n, k, dtype):
+    int_gemv_case(n, k, dtype, seed=n + k)
+
+
+@pytest.mark.parametrize("shape", [(4, 1), (4, 2), (4, 4), (2, 4), (1, 1), (8, 1)], ids=lambda s: f"{s[0]}x{s[1]}")
+def test_int_gemv_forced_shapes(shape):
+    int_gemv_case(333, 4160, torch.bfloat16, seed=7, shape=shape)
+
+
+def test_int_gemv_outliers_and_non_finite_x():
+    """An outlier (its block's small values round to 2^-15 of it) stays within the bounds; an inf in x makes the
+    row NaN (eager gives inf or NaN there)."""
+    k = 4096
+    x = torch.randn(1, k, device="cuda")
+    x[0, ::97] *= 300
+    int_gemv_case(1000, k, torch.bfloat16, x=x.to(torch.bfloat16))
+    from fa4_inductor.kernels import nvfp4_int_gemv as g
+
+    w_fp4, block, global_scale = random_nvfp4(64, k, device="cuda")
+    x = torch.randn(1, k, dtype=torch.bfloat16, device="cuda")
+    x[0, 123] = float("inf")
+    assert g.matmul(x, w_fp4, block, global_scale).isnan().all()
+
+
+def test_int_gemv_through_the_matmul_and_cuda_graph_replay(monkeypatch):
+    """`nvfp4_matmul(gemv="int")` takes one-row calls to it (and others to the fp32 GEMV); captured after a warm-up
+    call, replayed on new x: the eager call's output."""
+    n, k = 4096, 4096
+    w_fp4, block, global_scale = random_nvfp4(n, k, device="cuda")
+    x = torch.randn(1, k, dtype=torch.bfloat16, device="cuda")
+    from fa4_inductor.kernels import nvfp4_int_gemv as g
+
+    calls, real = [], g.matmul
+    monkeypatch.setattr(g, "matmul", lambda *a, **kw: calls.append(tuple(a[0].shape)) or real(*a, **kw))
+    first = w4.nvfp4_matmul(x, w_fp4, block, global_scale, gemv=w4.INT_GEMV)
+    assert calls == [(1, k)] and torch.equal(first, real(x, w_fp4, block, global_scale))
+    nvfp4_case(3, n, k, torch.bfloat16, gemv=w4.INT_GEMV)  # three rows: the fp32 GEMV
+    assert calls == [(1, k)]
+    graph, out = capture(lambda: w4.nvfp4_matmul(x, w_fp4, block, global_scale, gemv=w4.INT_GEMV))
+    for i in range(2):
+        x.copy_(torch.randn_like(x))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, real(x, w_fp4, block, global_scale)), f"replay {i}"

@@ -1,0 +1,98 @@
+"""CPU tier of the integer one-row NVFP4 GEMV (`kernels/cute/nvfp4_int_gemv.py`, host `kernels/nvfp4_int_gemv.py`):
+its byte tricks emulated in PyTorch give the weights and x planes it means to; its integer x and result stay within
+the bound it documents against the float64 reference; its variants compile for sm_90a without a GPU. Numerics on the
+device: `test_gpu_w4a16.py` (the `int_gemv` tests)."""
+
+import pytest
+import torch
+
+from fa4_inductor.kernels import nvfp4_int_gemv as g, w4a16_decode as w4
+from fa4_inductor.kernels.cute import nvfp4_int_gemv as kern
+from test_nvfp4_linear import E2M1, float64_reference, random_nvfp4
+from test_w4a16_compile import cute_dsl  # noqa: F401 (a fixture)
+
+ARCH = "sm_90a"
+
+
+def test_weight_bytes_are_64_plus_twice_e2m1_for_every_four_codes():
+    selectors = torch.arange(1 << 16, dtype=torch.int64)
+    got = g.weight_bytes(selectors | (0x5A5A << 16))  # the high 16 bits are not read
+    table = torch.tensor([64 + int(2 * v) for v in E2M1] + [64 - int(2 * v) for v in E2M1])
+    for i in range(4):
+        assert torch.equal(got >> 8 * i & 0xFF, table[selectors >> 4 * i & 0xF]), i
+
+
+def test_plane_words_hold_the_low_two_bytes_of_each_value():
+    g_ = torch.Generator().manual_seed(0)
+    bits = torch.randint(0, 1 << 32, (1000, 4), generator=g_, dtype=torch.int64)
+    low, high = g.plane_words(bits)
+    for i in range(4):
+        assert torch.equal(low >> 8 * i & 0xFF, bits[:, i] & 0xFF)
+        assert torch.equal(high >> 8 * i & 0xFF, bits[:, i] >> 8 & 0xFF)
+
+
+def test_the_rounder_bits_carry_y_in_their_low_16_bits():
+    """fp32 bits of 1.5 * 2^23 + y are 0x4B400000 + y for |y| < 2^22, so bytes 0 and 1 are y's two's complement."""
+    y = torch.arange(-32768, 32768, dtype=torch.int64)
+    bits = (y.float() + kern.ROUNDER).view(torch.int32).long() & 0xFFFFFFFF
+    assert torch.equal(bits - kern.ROUNDER_BITS, y)
+    b1 = (bits >> 8 & 0xFF)
+    assert torch.equal((bits & 0xFF) + 256 * torch.where(b1 >= 128, b1 - 256, b1), y)
+
+
+@pytest.mark.parametrize("dtype, exact_below", [(torch.bfloat16, 2.0 ** -7), (torch.float16, 2.0 ** -4)])
+def test_x_integers_are_exact_near_the_block_max_and_bounded_below(dtype, exact_below):
+    g_ = torch.Generator().manual_seed(1)
+    x = (torch.randn(64, 16, generator=g_) * torch.exp2(torch.randint(-12, 12, (64, 16), generator=g_).float()))
+    x[3] = 0.0
+    x[4, 5] = 1e4  # an outlier block
+    x = x.to(dtype).reshape(-1)
+    y, s = g.x_integers(x)
+    assert y.abs().max() <= (32640 if dtype == torch.bfloat16 else 32752) and (s <= kern.MAX_SHIFT).all()
+    approx = y.double() * torch.pow(2.0, -s.double()).repeat_interleave(16)
+    err = (approx - x.double()).abs()
+    amax = x.double().reshape(-1, 16).abs().amax(1).repeat_interleave(16)
+    near = x.double().abs() >= amax * exact_below
+    assert (err[near] == 0).all()
+    bound = g.x_error_bound(x)
+    assert (err <= bound).all() and ((bound <= amax * 2.0 ** -15) | (amax == 0)).all()
+    assert not err[~near].eq(0).all()  # the bound is not vacuous: some small values are rounded
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("n, k", [(64, 4096), (7, 48), (33, 2064)])
+def test_emulated_result_is_the_float64_product_within_the_x_bound(dtype, n, k):
+    w_fp4, block, global_scale = random_nvfp4(n, k, seed=n + k)
+    x = torch.randn(1, k, dtype=torch.float32)
+    x[0, 5] = 200.0  # an outlier: its block's small values round
+    x = x.to(dtype)
+    got = g.emulate(x, w_fp4, block, global_scale)
+    ref = float64_reference(x, w_fp4, block, global_scale)
+    from test_nvfp4_linear import float64_dequantized
+
+    bound = (float64_dequantized(w_fp4, block, global_scale).abs() * g.x_error_bound(
+        torch.nn.functional.pad(x[0], (0, -k % 16)))[:k]).sum(-1)
+    assert ((got - ref).abs()[0] <= bound * (1 + 1e-12) + 1e-300).all()
+    assert (got - ref).abs().max() <= 2.0 ** -12 * ref.abs().max()  # far below the bf16 output's rounding
+
+
+def test_a_non_finite_block_of_x_makes_the_outputs_nan():
+    w_fp4, block, global_scale = random_nvfp4(4, 64, seed=3)
+    x = torch.randn(1, 64, dtype=torch.bfloat16)
+    x[0, 20] = float("inf")
+    assert g.emulate(x, w_fp4, block, global_scale).isnan().all()
+
+
+def test_pieces_bucket_and_limits():
+    assert [g.pieces_bucket(p) for p in (1, 16, 17, 256, 448, 512)] == [16, 16, 32, 256, 512, 512]
+    with pytest.raises(ValueError, match="1..512 pieces"):
+        g.pieces_bucket(513)
+    x = torch.empty(2, 64)
+    assert g.unsupported_reason(x, 8, 64) == "the integer NVFP4 GEMV takes one row of x, got 2"
+    assert g.unsupported_reason(torch.empty(1, 64), 8, 16400) == "the integer NVFP4 GEMV takes K <= 16384, got 16400"
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_variants_compile(cute_dsl, dtype):
+    for key in (g.Key(dtype, ARCH, 4, 1, 256), g.Key(dtype, ARCH, 1, 4, 16, pdl=True)):
+        assert callable(g.compiled(key)) and g.compiled(key) is g.compiled(key)
