@@ -5,8 +5,9 @@
         --section MemoryWorkloadAnalysis python3 docs/scripts/ncu_w4a16.py [N K]
 
 One row of x (bf16) times an N x K weight (default 8192 x 8192), NVFP4 and int8, on the CUDA-core GEMV and on the
-tensor-core kernel: each compiled and run once outside the profiled range, then once inside it (between
-cudaProfilerStart / Stop), so ncu reports four kernels (plus the tensor-core kernel's split-K reduce where split).
+tensor-core kernel, and NVFP4 on the integer GEMV (`nvfp4_int_gemv`): each compiled and run once outside the profiled
+range, then once inside it (between cudaProfilerStart / Stop), so ncu reports five kernels (plus the tensor-core
+kernel's split-K reduce where split).
 """
 
 import sys
@@ -23,7 +24,8 @@ x = torch.randn(1, k, dtype=torch.bfloat16, device="cuda")
 w_fp4, block, global_scale = random_nvfp4(n, k, seed=1, device="cuda")
 w_int8 = torch.randint(-128, 128, (n, k), dtype=torch.int8, device="cuda")
 scale = torch.rand(n, device="cuda") / 100
-calls = [("nvfp4 gemv", lambda: w4.nvfp4_matmul(x, w_fp4, block, global_scale, gemv=True)),
+calls = [("nvfp4 int gemv", lambda: w4.nvfp4_matmul(x, w_fp4, block, global_scale, gemv=w4.INT_GEMV)),
+         ("nvfp4 gemv", lambda: w4.nvfp4_matmul(x, w_fp4, block, global_scale, gemv=True)),
          ("nvfp4 mma", lambda: w4.nvfp4_matmul(x, w_fp4, block, global_scale, gemv=False)),
          ("int8 gemv", lambda: w4.int8_matmul(x, w_int8, scale, gemv=True)),
          ("int8 mma", lambda: w4.int8_matmul(x, w_int8, scale, gemv=False))]
