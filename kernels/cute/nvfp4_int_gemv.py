@@ -28,13 +28,12 @@ from typing import Optional
 
 import cutlass
 import cutlass.cute as cute
-from cutlass import Float32, Int32, const_expr
-from cutlass._mlir.dialects import llvm
+from cutlass import Float32, Int32
 from cutlass.cutlass_dsl import T, dsl_user_op
 
 from .decode_attention_int8kv import _max_abs
-from .w4a16_decode_gemm import _asm, _i32, _struct, prmt
-from .w4a16_gemv import NUM_WARPS, PIECE_WORDS, halves_f32
+from .w4a16_decode_gemm import _asm, _i32, prmt
+from .w4a16_gemv import NUM_WARPS, PIECE_WORDS, W4A16Gemv, as_f32, e4m3_pair_f32, halves_f32
 
 BLOCK = 16  # x values (and weight codes) a scale block
 BLOCKS_PER_PIECE = 2
@@ -56,13 +55,6 @@ def table_words(table) -> tuple[int, int]:
     lo = sum(b << (8 * i) for i, b in enumerate(table[:4]))
     hi = sum(b << (8 * i) for i, b in enumerate(table[4:]))
     return lo, hi
-
-
-@dsl_user_op
-def prmt_reg(a: Int32, b: Int32, selector: Int32, *, loc=None, ip=None) -> Int32:
-    """prmt.b32 with the selector in a register (its low 16 bits: four byte selectors, bit 3 sign-replicate)."""
-    return Int32(_asm(T.i32(), [_i32(a, loc, ip), _i32(b, loc, ip), _i32(selector, loc, ip)],
-                      "prmt.b32 $0, $1, $2, $3;", "=r,r,r,r"))
 
 
 @dsl_user_op
@@ -94,44 +86,22 @@ def rounded_bits(x: Float32, multiplier: Float32, *, loc=None, ip=None) -> Int32
 
 
 @dsl_user_op
-def as_f32(a: Int32, *, loc=None, ip=None) -> Float32:
-    return Float32(_asm(T.f32(), [_i32(a, loc, ip)], "mov.b32 $0, $1;", "=f,r"))
-
-
-@dsl_user_op
 def as_i32(a: Float32, *, loc=None, ip=None) -> Int32:
     return Int32(_asm(T.i32(), [Float32(a).ir_value(loc=loc, ip=ip)], "mov.b32 $0, $1;", "=r,f"))
 
 
-@dsl_user_op
-def e4m3_pair_f32(word: Int32, *, loc=None, ip=None):
-    """The e4m3 bytes 0 and 1 of `word` as fp32, exactly (e4m3 -> f16 -> f32)."""
-    text = ("{\n.reg .b16 lo, hi, f0, f1;\n.reg .b32 h01;\n"
-            "mov.b32 {lo, hi}, $2;\n"
-            "cvt.rn.f16x2.e4m3x2 h01, lo;\n"
-            "mov.b32 {f0, f1}, h01;\n"
-            "cvt.f32.f16 $0, f0;\ncvt.f32.f16 $1, f1;\n}")
-    res = _asm(_struct(2, "f32"), [_i32(word, loc, ip)], text, "=f,=f,r")
-    return [Float32(llvm.extractvalue(T.f32(), res, [i], loc=loc, ip=ip)) for i in range(2)]
-
-
-class NVFP4IntGemv:
+class NVFP4IntGemv(W4A16Gemv):
     """One compiled variant per (x dtype, ROWS rows a warp, WARPS_K warps along K, `max_pieces` (the shared memory
-    the x planes take: 80 bytes a 16-byte weight piece of a row), PDL or not, `min_ctas`).
+    the x planes take: 80 bytes a 16-byte weight piece of a row), PDL or not, `min_ctas`). `W4A16Gemv`'s work split,
+    first loads and sums (`start`, `load_piece`, `add_up_and_store`) with M = 1.
 
     Call: (mX Int32 [1, Kp / 2], mW Int32 [N, Kp / 8], mBlock Int32 [N, Kp / 64], mScale Float32 [1], mOut [1, N],
     stream), as `W4A16Gemv` takes them for NVFP4; Kp / 32 pieces a row, at most `max_pieces`."""
 
     def __init__(self, dtype, rows: int, warps_k: int, max_pieces: int, pdl: bool = False, min_ctas: int = 0):
-        assert rows >= 1 and NUM_WARPS % warps_k == 0 and max_pieces >= 1, (rows, warps_k, max_pieces)
-        self.dtype = dtype
-        self.is_f16 = dtype == cutlass.Float16
-        self.rows = rows
-        self.warps_k = warps_k
-        self.warps_n = NUM_WARPS // warps_k
+        super().__init__(dtype, "nvfp4", 1, False, rows, warps_k, pdl, min_ctas)
+        assert max_pieces >= 1, max_pieces
         self.max_pieces = max_pieces
-        self.pdl = pdl
-        self.min_ctas = min_ctas
 
     @cute.jit
     def __call__(self, mX: cute.Tensor, mW: cute.Tensor, mBlock: cute.Tensor, mScale: cute.Tensor, mOut: cute.Tensor,
@@ -159,17 +129,7 @@ class NVFP4IntGemv:
     @cute.kernel
     def kernel(self, mX: cute.Tensor, mW: cute.Tensor, mBlock: cute.Tensor, mScale: cute.Tensor, mOut: cute.Tensor,
                SharedStorage: cutlass.Constexpr):
-        R = self.rows
-        bx, _, _ = cute.arch.block_idx()
         tidx, _, _ = cute.arch.thread_idx()
-        warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
-        lane = cute.arch.lane_idx()
-        wn = warp_idx % self.warps_n
-        wk = warp_idx // self.warps_n
-        n_rows = mW.shape[0]
-        row0 = (bx * self.warps_n + wn) * R
-        pieces = mW.shape[1] // PIECE_WORDS
-
         storage = cutlass.memory.SmemAllocator().allocate(SharedStorage)
         # plane word (plane, half, piece, word): bytes of x values 32 piece + 16 half + 4 word + 0..3
         sPlanes = storage.sPlanes.get_tensor(cute.make_layout(
@@ -177,17 +137,11 @@ class NVFP4IntGemv:
             stride=(1, PLANE_HALF_WORDS, PLANE_HALF_WORDS * self.max_pieces, 2 * PLANE_HALF_WORDS * self.max_pieces)))
         sMeta = storage.sMeta.get_tensor(cute.make_layout((META_WORDS, self.max_pieces), stride=(1, META_WORDS)))
 
-        acc = cute.make_rmem_tensor((R,), Float32)
+        acc = cute.make_rmem_tensor((self.rows,), Float32)
         acc.fill(0.0)
-        rW = cute.make_rmem_tensor((PIECE_WORDS, R), Int32)
-        rS = cute.make_rmem_tensor((R,), Int32)
-        first = wk * 32 + lane
-        stride = 32 * self.warps_k
-        if first < pieces:
-            self.load_piece(mW, mBlock, rW, rS, row0, n_rows, first)
-        if const_expr(self.pdl):
-            cute.arch.griddepcontrol_wait()
-            cute.arch.griddepcontrol_launch_dependents()
+        rW = cute.make_rmem_tensor((PIECE_WORDS, self.rows), Int32)
+        rS = cute.make_rmem_tensor((self.rows,), Int32)
+        lane, wn, wk, row0, n_rows, pieces, first, stride = self.start(mW, mBlock, rW, rS)
 
         # ---- x's planes: thread t takes blocks t, t + 128, ... (8 words of x a block) ----
         rX = cute.make_rmem_tensor((2 * PIECE_WORDS,), Int32)
@@ -216,33 +170,13 @@ class NVFP4IntGemv:
             self.piece(rW, rS, rP, rM, acc, tables)
             if p + stride < pieces:
                 self.load_piece(mW, mBlock, rW, rS, row0, n_rows, p + stride)
-
-        # ---- the lanes, then the K warps, add up ----
-        for r in cutlass.range_constexpr(R):
-            acc[r] = cute.arch.warp_reduction_sum(acc[r])
-        sRed = storage.sRed.get_tensor(cute.make_layout((R, self.warps_n, self.warps_k)))
-        if lane == 0:
-            for r in cutlass.range_constexpr(R):
-                sRed[r, wn, wk] = acc[r]
-        cute.arch.barrier()
-        if wk == 0:
-            if lane < R:
-                total = sRed[lane, wn, 0]
-                for s in cutlass.range_constexpr(1, self.warps_k):
-                    total = total + sRed[lane, wn, s]
-                n = row0 + lane
-                if n < n_rows:
-                    mOut[0, n] = (total * (mScale[0] * Float32(0.5))).to(self.dtype)
+        self.add_up_and_store(acc, storage.sRed, lane, wn, wk, row0, n_rows, mScale, None, mOut)
 
     @cute.jit
-    def load_piece(self, mW: cute.Tensor, mBlock: cute.Tensor, rW: cute.Tensor, rS: cute.Tensor, row0: Int32,
-                   n_rows: Int32, p: Int32):
-        """Piece p of the warp's rows (past N: row N - 1, dropped) and their two block scales in the low 16 bits
-        of rS."""
-        for r in cutlass.range_constexpr(self.rows):
-            n = cutlass.min(row0 + r, n_rows - 1)
-            cute.autovec_copy(cute.local_tile(mW[n, None], (PIECE_WORDS,), (p,)), rW[None, r])
-            rS[r] = mBlock[n, p >> 1] >> ((p & 1) * 16)
+    def store(self, total: Float32, mScale: cute.Tensor, mBias: Optional[cute.Tensor], mOut: cute.Tensor, n: Int32,
+              m: Int32):
+        mOut[m, n] = (total * (mScale[0] * Float32(0.5))).to(self.dtype)  # the sums are of 2 * e2m1
+
 
     @cute.jit
     def quantize_block(self, rX: cute.Tensor, sPlanes: cute.Tensor, sMeta: cute.Tensor, blk: Int32):

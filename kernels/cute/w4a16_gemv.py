@@ -69,15 +69,29 @@ def halves_f32(word: Int32, is_f16: bool, *, loc=None, ip=None):
     return [Float32(llvm.extractvalue(T.f32(), res, [i], loc=loc, ip=ip)) for i in range(2)]
 
 
+E4M3_PAIR_TO_F32 = ("mov.b32 {{lo, hi}}, {word};\n"
+                    "cvt.rn.f16x2.e4m3x2 h01, lo;\n"
+                    "mov.b32 {{f0, f1}}, h01;\n"
+                    "cvt.f32.f16 {s0}, f0;\ncvt.f32.f16 {s1}, f1;\n")
+"""PTX that turns the e4m3 bytes 0 and 1 of `word` into fp32 s0, s1, exactly (e4m3 -> f16 -> f32); it needs the .b16
+registers lo, hi, f0, f1 and the .b32 h01."""
+
+
+@dsl_user_op
+def e4m3_pair_f32(word: Int32, *, loc=None, ip=None):
+    """The e4m3 bytes 0 and 1 of `word` as fp32, exactly."""
+    text = ("{\n.reg .b16 lo, hi, f0, f1;\n.reg .b32 h01;\n" + E4M3_PAIR_TO_F32.format(word="$2", s0="$0", s1="$1")
+            + "}")
+    res = _asm(_struct(2, "f32"), [_i32(word, loc, ip)], text, "=f,=f,r")
+    return [Float32(llvm.extractvalue(T.f32(), res, [i], loc=loc, ip=ip)) for i in range(2)]
+
+
 @dsl_user_op
 def block_splats(word: Int32, *, loc=None, ip=None):
     """The e4m3 bytes 0 and 1 of `word` as bf16 splat pairs (S, S), S = e4m3 * 2^119, exact (e4m3 -> f16 -> f32 is
     exact, the power of two too, and S has e4m3's 4 significant bits)."""
     text = ("{\n.reg .b16 lo, hi, f0, f1;\n.reg .b32 h01;\n.reg .f32 s0, s1;\n"
-            "mov.b32 {lo, hi}, $2;\n"
-            "cvt.rn.f16x2.e4m3x2 h01, lo;\n"
-            "mov.b32 {f0, f1}, h01;\n"
-            "cvt.f32.f16 s0, f0;\ncvt.f32.f16 s1, f1;\n"
+            + E4M3_PAIR_TO_F32.format(word="$2", s0="s0", s1="s1") +
             f"mul.rn.f32 s0, s0, {SPLAT_F32};\nmul.rn.f32 s1, s1, {SPLAT_F32};\n"
             "cvt.rn.bf16x2.f32 $0, s0, s0;\ncvt.rn.bf16x2.f32 $1, s1, s1;\n}")
     res = _asm(_struct(2, "i32"), [_i32(word, loc, ip)], text, "=r,=r,r")
@@ -144,20 +158,34 @@ class W4A16Gemv:
     def kernel(self, mX: cute.Tensor, mW: cute.Tensor, mBlock: Optional[cute.Tensor], mScale: cute.Tensor,
                mBias: Optional[cute.Tensor], mOut: cute.Tensor, SharedStorage: cutlass.Constexpr):
         R, M = self.rows, self.m
+        acc = cute.make_rmem_tensor((R * M,), Float32)
+        acc.fill(0.0)
+        rW = cute.make_rmem_tensor((PIECE_WORDS, R), Int32)
+        rS = cute.make_rmem_tensor((R,), Int32)
+        rX = cute.make_rmem_tensor((PIECE_WORDS, M), Int32)
+        lane, wn, wk, row0, n_rows, pieces, first, stride = self.start(mW, mBlock, rW, rS)
+        for p in cutlass.range(first, pieces, stride, unroll=1):
+            if const_expr(self.fmt == "nvfp4"):
+                self.nvfp4_piece(mX, rW, rS, rX, acc, p)
+            else:
+                self.int8_piece(mX, rW, rX, acc, p)
+            if p + stride < pieces:
+                self.load_piece(mW, mBlock, rW, rS, row0, n_rows, p + stride)
+        storage = cutlass.memory.SmemAllocator().allocate(SharedStorage)
+        self.add_up_and_store(acc, storage.sRed, lane, wn, wk, row0, n_rows, mScale, mBias, mOut)
+
+    @cute.jit
+    def start(self, mW: cute.Tensor, mBlock: Optional[cute.Tensor], rW: cute.Tensor, rS: cute.Tensor):
+        """The warp's place (lane, wn, wk, first row, N, pieces a row, its first piece, its piece stride), with its
+        first piece loaded and, with PDL, the wait for the kernel before done."""
         bx, _, _ = cute.arch.block_idx()
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         lane = cute.arch.lane_idx()
         wn = warp_idx % self.warps_n
         wk = warp_idx // self.warps_n
         n_rows = mW.shape[0]
-        row0 = (bx * self.warps_n + wn) * R
+        row0 = (bx * self.warps_n + wn) * self.rows
         pieces = mW.shape[1] // PIECE_WORDS
-
-        acc = cute.make_rmem_tensor((R * M,), Float32)
-        acc.fill(0.0)
-        rW = cute.make_rmem_tensor((PIECE_WORDS, R), Int32)
-        rS = cute.make_rmem_tensor((R,), Int32)
-        rX = cute.make_rmem_tensor((PIECE_WORDS, M), Int32)
         first = wk * 32 + lane
         stride = 32 * self.warps_k
         if first < pieces:
@@ -167,19 +195,17 @@ class W4A16Gemv:
             # their block scales (as in `w4a16_decode_gemm`): the first weight loads go out before it; x after.
             cute.arch.griddepcontrol_wait()
             cute.arch.griddepcontrol_launch_dependents()
-        for p in cutlass.range(first, pieces, stride, unroll=1):
-            if const_expr(self.fmt == "nvfp4"):
-                self.nvfp4_piece(mX, rW, rS, rX, acc, p)
-            else:
-                self.int8_piece(mX, rW, rX, acc, p)
-            if p + stride < pieces:
-                self.load_piece(mW, mBlock, rW, rS, row0, n_rows, p + stride)
+        return lane, wn, wk, row0, n_rows, pieces, first, stride
 
-        # ---- the lanes, then the K warps, add up; warp wk = 0's lanes store (r, m) = divmod(lane, M) ----
+    @cute.jit
+    def add_up_and_store(self, acc: cute.Tensor, red, lane: Int32, wn: Int32, wk: Int32, row0: Int32, n_rows: Int32,
+                         mScale: cute.Tensor, mBias: Optional[cute.Tensor], mOut: cute.Tensor):
+        """The lanes, then the K warps (through `red`, shared memory of NUM_WARPS * ROWS * M floats), add up; warp
+        wk = 0's lanes store (r, m) = divmod(lane, M)."""
+        R, M = self.rows, self.m
         for i in cutlass.range_constexpr(R * M):
             acc[i] = cute.arch.warp_reduction_sum(acc[i])
-        storage = cutlass.memory.SmemAllocator().allocate(SharedStorage)
-        sRed = storage.sRed.get_tensor(cute.make_layout((R * M, self.warps_n, self.warps_k)))
+        sRed = red.get_tensor(cute.make_layout((R * M, self.warps_n, self.warps_k)))
         if lane == 0:
             for i in cutlass.range_constexpr(R * M):
                 sRed[i, wn, wk] = acc[i]
