@@ -106,7 +106,6 @@ class NVFP4IntGemv(W4A16Gemv):
     @cute.jit
     def __call__(self, mX: cute.Tensor, mW: cute.Tensor, mBlock: cute.Tensor, mScale: cute.Tensor, mOut: cute.Tensor,
                  stream):
-        rows_per_cta = self.rows * self.warps_n
         plane_words = 2 * 2 * self.max_pieces * PLANE_HALF_WORDS
 
         @cute.struct
@@ -116,15 +115,8 @@ class NVFP4IntGemv(W4A16Gemv):
             sRed: cute.struct.Align[cute.struct.MemRange[Float32, NUM_WARPS * self.rows], 16]
             sTables: cute.struct.Align[cute.struct.MemRange[Int32, 4], 16]
 
-        self.kernel(mX, mW, mBlock, mScale, mOut, SharedStorage).launch(
-            grid=((mW.shape[0] + rows_per_cta - 1) // rows_per_cta, 1, 1),
-            block=(32 * NUM_WARPS, 1, 1),
-            smem=SharedStorage.size_in_bytes(),
-            stream=stream,
-            use_pdl=self.pdl,
-            min_blocks_per_mp=self.min_ctas,
-            preferred_smem_carveout=100 if self.min_ctas > 1 else None,
-        )
+        self.launch(self.kernel(mX, mW, mBlock, mScale, mOut, SharedStorage), mW.shape[0],
+                    SharedStorage.size_in_bytes(), stream)
 
     @cute.kernel
     def kernel(self, mX: cute.Tensor, mW: cute.Tensor, mBlock: cute.Tensor, mScale: cute.Tensor, mOut: cute.Tensor,

@@ -137,17 +137,22 @@ class W4A16Gemv:
     @cute.jit
     def __call__(self, mX: cute.Tensor, mW: cute.Tensor, mBlock: Optional[cute.Tensor], mScale: cute.Tensor,
                  mBias: Optional[cute.Tensor], mOut: cute.Tensor, stream):
-        rows_per_cta = self.rows * self.warps_n
         red_words = NUM_WARPS * self.rows * self.m
 
         @cute.struct
         class SharedStorage:
             sRed: cute.struct.Align[cute.struct.MemRange[Float32, red_words], 16]
 
-        self.kernel(mX, mW, mBlock, mScale, mBias, mOut, SharedStorage).launch(
-            grid=((mW.shape[0] + rows_per_cta - 1) // rows_per_cta, 1, 1),
+        self.launch(self.kernel(mX, mW, mBlock, mScale, mBias, mOut, SharedStorage), mW.shape[0],
+                    SharedStorage.size_in_bytes(), stream)
+
+    def launch(self, kernel, n_rows, smem_bytes: int, stream):
+        """Launch `kernel` (a traced kernel call) on the CTAs that cover n_rows weight rows."""
+        rows_per_cta = self.rows * self.warps_n
+        kernel.launch(
+            grid=((n_rows + rows_per_cta - 1) // rows_per_cta, 1, 1),
             block=(32 * NUM_WARPS, 1, 1),
-            smem=SharedStorage.size_in_bytes(),
+            smem=smem_bytes,
             stream=stream,
             use_pdl=self.pdl,
             min_blocks_per_mp=self.min_ctas,
