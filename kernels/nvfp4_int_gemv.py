@@ -2,13 +2,13 @@
 on the dp4a units, with x held as 16-bit integers per 16-value block (exact where |x| >= 2^-7 of its block's max for
 bf16 x, 2^-4 for fp16; at most 2^-15 of the block max off below that: `emulate` and `x_error_bound`).
 
-    matmul(x2d [1, K], w_fp4, w_block_scale, w_global_scale, shape=None) -> [1, N] in x's dtype
+    matmul(x2d [1, K], w_fp4, w_block_scale, w_global_scale, forced=None) -> [1, N] in x's dtype
     emulate(x2d, w_fp4, w_block_scale, w_global_scale) -> float64 [1, N]    the kernel's arithmetic, on the CPU
 
-Not routed by the op yet: `w4a16_decode.nvfp4_matmul(..., gemv="int")` calls it (tests, `tests/bench_w4a16.py
---gemv int`), until the H200 has measured it against the fp32 GEMV (`cute/w4a16_gemv.py`). Operands and work split are
-that GEMV's (`w4a16_decode.prepare_nvfp4`, `gemv_shape`); x's planes take 80 bytes of shared memory a 16-byte piece of a
-weight row, so a variant is compiled per power-of-two bucket of pieces (`max_pieces`), up to K = 16384.
+Not routed by the op yet: `w4a16_decode.nvfp4_matmul(..., gemv="int")` (or `("int", rows, warps_k)`) calls it (tests,
+`tests/bench_w4a16.py --gemv int,int:8x1`), until the H200 has measured it against the fp32 GEMV (`cute/w4a16_gemv.py`). Operands and work split are
+that GEMV's (`w4a16_decode.prepare_nvfp4`), its CTA shape `shape`; x's planes take 80 bytes of shared memory a 16-byte
+piece of a weight row, so a variant is compiled per power-of-two bucket of pieces (`max_pieces`), up to K = 16384.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from . import layout, switches
 from .cute import compile_utils
 
 MAX_PIECES = 512  # K <= 16384
+ROW_CHOICES = (8, 4, 2, 1)  # weight rows a warp
 MIN_PIECES = 16  # the smallest bucket (K = 512)
 PLANE_BYTES_PER_PIECE = 80
 
@@ -43,6 +44,15 @@ def pieces_bucket(pieces: int) -> int:
     while bucket < pieces:
         bucket *= 2
     return bucket
+
+
+def shape(n: int, num_sms: int) -> tuple[int, int]:
+    """(rows a warp, K warps) for an n-row weight: every CTA writes all of x's planes first, so the fewest CTAs that
+    still cover the SMs, each as many rows as it can (up to 8 a warp, 4 warps along N: one K warp)."""
+    from .cute.nvfp4_int_gemv import NUM_WARPS
+
+    rows = next((r for r in ROW_CHOICES if -(-n // (r * NUM_WARPS)) >= num_sms), ROW_CHOICES[-1])
+    return rows, 1
 
 
 def unsupported_reason(x2d: Tensor, n: int, k: int) -> str | None:
@@ -77,8 +87,8 @@ compiled = compile_utils.CompiledVariants(_compile)
 
 
 def matmul(x2d: Tensor, w_fp4: Tensor, w_block_scale: Tensor, w_global_scale: Tensor,
-           shape: Optional[tuple[int, int]] = None) -> Tensor:
-    """x2d [1, K] @ dequant(w)^T -> [1, N] in x's dtype; `shape` (rows a warp, K warps) forces the work split."""
+           forced: Optional[tuple[int, int]] = None) -> Tensor:
+    """x2d [1, K] @ dequant(w)^T -> [1, N] in x's dtype; `forced` (rows a warp, K warps) overrides `shape`."""
     from . import w4a16_decode as w4
 
     n, k = layout.nvfp4_operands(w_fp4, w_block_scale, w_global_scale)
@@ -90,7 +100,7 @@ def matmul(x2d: Tensor, w_fp4: Tensor, w_block_scale: Tensor, w_global_scale: Te
     x = w4.prepare_x(x2d, 8 * words.shape[1])
     out = torch.empty(1, n, dtype=x.dtype, device=x.device)
     device = x.device.index if x.device.index is not None else torch.cuda.current_device()
-    rows, warps_k = shape or w4.gemv_shape(n, pieces, w4._num_sms(device))
+    rows, warps_k = forced or shape(n, w4._num_sms(device))
     key = Key(x.dtype, compile_utils.target_arch(x.device), rows, warps_k, pieces_bucket(pieces),
               switches.current().w4a16_pdl)
     with torch.cuda.device(x.device):

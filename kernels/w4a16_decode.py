@@ -756,6 +756,11 @@ compiled_gemv = compile_utils.CompiledVariants(_compile_gemv)
 """`compiled_gemv(key)`: the GEMV variant `key` names, compiled on first use."""
 
 
+def _is_int_gemv(gemv) -> bool:
+    """A matmul's `gemv` naming the integer GEMV: INT_GEMV, or (INT_GEMV, rows a warp, K warps) forcing its shape."""
+    return gemv == INT_GEMV or isinstance(gemv, tuple) and len(gemv) == 3 and gemv[0] == INT_GEMV
+
+
 def _gemv_shape(gemv) -> Optional[tuple[int, int]]:
     """A matmul's `gemv` argument as a forced (rows a warp, K warps) shape, or None (`gemv_warps_k`'s rule)."""
     return tuple(gemv) if isinstance(gemv, tuple) else None
@@ -901,13 +906,15 @@ def nvfp4_matmul(x2d: Tensor, w_fp4: Tensor, w_block_scale: Tensor, w_global_sca
     M <= 4 calls of the plain layout to the CUDA-core GEMV, which takes none of the other three, False none; a tuple
     (rows a warp, K warps) as
     `gemv` forces the GEMV's shape (tuning: `tests/bench_w4a16.py --gemv 4x1,2x2`); INT_GEMV ("int") sends one-row
-    calls it takes to the integer GEMV (`nvfp4_int_gemv`, not routed otherwise yet), the others as True."""
+    calls it takes to the integer GEMV (`nvfp4_int_gemv`, not routed otherwise yet), the others as True;
+    (INT_GEMV, rows, K warps) forces its shape."""
     n, k = layout.nvfp4_operands(w_fp4, w_block_scale, w_global_scale)
     _check(x2d, "nvfp4", n, k, w_fp4, w_block_scale, w_global_scale)
     pack = configured_pack() if pack is None else pack
-    if gemv == INT_GEMV:
+    if _is_int_gemv(gemv):
         if not pack and nvfp4_int_gemv.unsupported_reason(x2d, n, k) is None:
-            return nvfp4_int_gemv.matmul(x2d, w_fp4, w_block_scale, w_global_scale)
+            forced = tuple(gemv[1:]) if isinstance(gemv, tuple) else None
+            return nvfp4_int_gemv.matmul(x2d, w_fp4, w_block_scale, w_global_scale, forced)
         gemv = True
     if not pack and x2d.shape[0] <= gemv_rows(gemv):
         words, blocks = prepare_nvfp4(w_fp4, w_block_scale)
@@ -929,7 +936,7 @@ def int8_matmul(x2d: Tensor, w_int8: Tensor, w_scale: Tensor, bias: Optional[Ten
     if w_scale.numel() != n:
         raise ValueError(f"the int8 W4A16 decode GEMM takes per-channel scales ({n}), got {list(w_scale.shape)}")
     _check(x2d, "int8", n, k, w_int8, w_scale, bias)
-    gemv = True if gemv == INT_GEMV else gemv  # no integer GEMV for int8 weights: the fp32 one
+    gemv = True if _is_int_gemv(gemv) else gemv  # no integer GEMV for int8 weights: the fp32 one
     scale = w_scale.reshape(n)
     if scale.dtype not in SCALE_DTYPES:
         scale = scale.to(torch.float32)

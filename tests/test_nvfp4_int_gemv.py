@@ -83,6 +83,11 @@ def test_a_non_finite_block_of_x_makes_the_outputs_nan():
     assert g.emulate(x, w_fp4, block, global_scale).isnan().all()
 
 
+def test_shape_covers_the_sms_with_the_fewest_ctas():
+    assert [g.shape(n, 132) for n in (14336, 8192, 4096, 2048, 1024, 512, 100)] == \
+        [(8, 1), (8, 1), (4, 1), (2, 1), (1, 1), (1, 1), (1, 1)]
+
+
 def test_pieces_bucket_and_limits():
     assert [g.pieces_bucket(p) for p in (1, 16, 17, 256, 448, 512)] == [16, 16, 32, 256, 512, 512]
     with pytest.raises(ValueError, match="1..512 pieces"):
