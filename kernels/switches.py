@@ -16,7 +16,9 @@ FA4_INDUCTOR_W4A16_LOAD (its load path: registers, the default, or bulk, with op
 bulk+scales:4; `w4a16_decode.parse_load`), FA4_INDUCTOR_W4A16_PACK (on: NVFP4 weights prepacked once into the
 kernel's packed layout, `w4a16_decode.pack_nvfp4`; tiles: that layout in 16-row tiles; default off),
 FA4_INDUCTOR_W4A16_GEMV (which calls of the plain layout take the CUDA-core GEMV, `cute/w4a16_gemv.py`, by
-their rows M: unset or auto, the measured rule `w4a16_decode.GEMV_AUTO_ROWS`; on, M = 1..4; off, none). Others'
+their rows M: unset or auto, the measured rule `w4a16_decode.GEMV_AUTO_ROWS`; on, M = 1..4; off, none),
+FA4_INDUCTOR_W4A16_INT_GEMV (on: one-row NVFP4 calls of the plain layout take the integer GEMV,
+`cute/nvfp4_int_gemv.py`, where it takes them; default off: not measured yet). Others'
 variables we read: CUTE_DSL_ARCH (the CuTe DSL compile target), FA4's disk-cache pair and XDG_CACHE_HOME (`fa4.py` turns FA4's disk cache on).
 """
 
@@ -40,6 +42,7 @@ W4A16_PDL = "FA4_INDUCTOR_W4A16_PDL"
 W4A16_LOAD = "FA4_INDUCTOR_W4A16_LOAD"
 W4A16_PACK = "FA4_INDUCTOR_W4A16_PACK"
 W4A16_GEMV = "FA4_INDUCTOR_W4A16_GEMV"
+W4A16_INT_GEMV = "FA4_INDUCTOR_W4A16_INT_GEMV"
 CUTE_DSL_ARCH = "CUTE_DSL_ARCH"
 FA4_CACHE_ENABLED = "FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED"
 FA4_CACHE_DIR = "FLASH_ATTENTION_CUTE_DSL_CACHE_DIR"
@@ -64,6 +67,7 @@ class Switches(NamedTuple):
     """None (off), "pairs" (on) or "tiles"."""
     w4a16_gemv: Optional[int]
     """None (auto: `w4a16_decode.GEMV_AUTO_ROWS`) or the most rows of x a call may have to take the GEMV (0: none)."""
+    w4a16_int_gemv: bool
     cute_dsl_arch: Optional[str]
     fa4_cache_enabled_set: bool
     """FA4's disk-cache switch is set (by the user, or by `fa4.py` before importing FA4)."""
@@ -93,6 +97,7 @@ def read(env: Mapping[str, str]) -> Switches:
         w4a16_load=(env.get(W4A16_LOAD) or "").strip() or None,
         w4a16_pack=parse_pack(env.get(W4A16_PACK)),
         w4a16_gemv=parse_gemv(env.get(W4A16_GEMV)),
+        w4a16_int_gemv=_is_on(env.get(W4A16_INT_GEMV)),
         cute_dsl_arch=env.get(CUTE_DSL_ARCH) or None,
         fa4_cache_enabled_set=FA4_CACHE_ENABLED in env,
         fa4_cache_dir=env.get(FA4_CACHE_DIR) or None,

@@ -906,16 +906,17 @@ def nvfp4_matmul(x2d: Tensor, w_fp4: Tensor, w_block_scale: Tensor, w_global_sca
     M <= 4 calls of the plain layout to the CUDA-core GEMV, which takes none of the other three, False none; a tuple
     (rows a warp, K warps) as
     `gemv` forces the GEMV's shape (tuning: `tests/bench_w4a16.py --gemv 4x1,2x2`); INT_GEMV ("int") sends one-row
-    calls it takes to the integer GEMV (`nvfp4_int_gemv`, not routed otherwise yet), the others as True;
+    calls it takes to the integer GEMV (`nvfp4_int_gemv`, not routed otherwise yet; None does too under
+    FA4_INDUCTOR_W4A16_INT_GEMV=1), the others as True;
     (INT_GEMV, rows, K warps) forces its shape."""
     n, k = layout.nvfp4_operands(w_fp4, w_block_scale, w_global_scale)
     _check(x2d, "nvfp4", n, k, w_fp4, w_block_scale, w_global_scale)
     pack = configured_pack() if pack is None else pack
-    if _is_int_gemv(gemv):
+    if _is_int_gemv(gemv) or gemv is None and switches.current().w4a16_int_gemv:
         if not pack and nvfp4_int_gemv.unsupported_reason(x2d, n, k) is None:
             forced = tuple(gemv[1:]) if isinstance(gemv, tuple) else None
             return nvfp4_int_gemv.matmul(x2d, w_fp4, w_block_scale, w_global_scale, forced)
-        gemv = True
+        gemv = None if gemv is None else True
     if not pack and x2d.shape[0] <= gemv_rows(gemv):
         words, blocks = prepare_nvfp4(w_fp4, w_block_scale)
         return _run_gemv("nvfp4", x2d, words, blocks, w_global_scale.reshape(1), None, n, _gemv_shape(gemv))

@@ -509,6 +509,15 @@ def test_int_gemv_through_the_matmul_and_cuda_graph_replay(monkeypatch):
     assert calls == [(1, k)] and torch.equal(first, real(x, w_fp4, block, global_scale))
     nvfp4_case(3, n, k, torch.bfloat16, gemv=w4.INT_GEMV)  # three rows: the fp32 GEMV
     assert calls == [(1, k)]
+    monkeypatch.setenv("FA4_INDUCTOR_W4A16_INT_GEMV", "1")
+    switches.reset()
+    try:
+        assert torch.equal(w4.nvfp4_matmul(x, w_fp4, block, global_scale), first) and calls == [(1, k)] * 2
+        w4.nvfp4_matmul(torch.randn(2, k, dtype=torch.bfloat16, device="cuda"), w_fp4, block, global_scale)
+        assert calls == [(1, k)] * 2  # two rows: as configured without the switch
+    finally:
+        monkeypatch.delenv("FA4_INDUCTOR_W4A16_INT_GEMV")
+        switches.reset()
     graph, out = capture(lambda: w4.nvfp4_matmul(x, w_fp4, block, global_scale, gemv=w4.INT_GEMV))
     for i in range(2):
         x.copy_(torch.randn_like(x))

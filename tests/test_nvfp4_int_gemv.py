@@ -101,3 +101,11 @@ def test_pieces_bucket_and_limits():
 def test_variants_compile(cute_dsl, dtype):
     for key in (g.Key(dtype, ARCH, 4, 1, 256), g.Key(dtype, ARCH, 1, 4, 16, pdl=True)):
         assert callable(g.compiled(key)) and g.compiled(key) is g.compiled(key)
+
+
+def test_the_switch():
+    from fa4_inductor.kernels import switches
+
+    assert switches.read({}).w4a16_int_gemv is False
+    assert switches.read({"FA4_INDUCTOR_W4A16_INT_GEMV": "1"}).w4a16_int_gemv is True
+    assert switches.read({"FA4_INDUCTOR_W4A16_INT_GEMV": "off"}).w4a16_int_gemv is False
