@@ -22,6 +22,7 @@ run timeout 170 env FA4_INDUCTOR_W4A16_INT_GEMV=1 python3 -m fa4_inductor bench 
 run timeout 120 python3 docs/scripts/compare_compiles.py int8_int8 8192 2048 256
 cp $OUT/default.py $OUT/i8i8_default.py; cp $OUT/ours.py $OUT/i8i8_ours.py
 run timeout 120 python3 docs/scripts/compare_compiles.py int8 4096 4096 1
+# ---- call 3 ----
 # 3. issue 14: the prefill rows left (nvfp4:plain's compile ran past 150 s in session 14)
 run timeout 300 python3 -m fa4_inductor bench --suite quant --quant-formats none --quant-no-e2e --quant-prefill-runs nvfp4:plain,int8:ours,nvfp4:ours
 # 4. issue 14: Llama-8B int8 rows at 64 / 1024 / 4096 and int8_int8 rows
