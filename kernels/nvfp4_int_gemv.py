@@ -174,3 +174,25 @@ def plane_words(bits: Tensor) -> tuple[Tensor, Tensor]:
     ab = w4._prmt(bits[..., 0], bits[..., 1], 0x5140)
     cd = w4._prmt(bits[..., 2], bits[..., 3], 0x5140)
     return w4._prmt(ab, cd, 0x5410), w4._prmt(ab, cd, 0x7632)
+
+
+def quantize_blocks(x: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """`cute/nvfp4_int_gemv.quantize_block` step by step in fp32 and int32 bit patterns, for a 1-D x of whole blocks:
+    (plane-0 words, plane-1 words) int64 [K / 4], and per block the multiplier's inverse bits and the correction 64 *
+    sum(y), int64 [K / 16]."""
+    from .cute import nvfp4_int_gemv as kern
+
+    v = x.float().reshape(-1, kern.BLOCK)
+    amax = v.abs().amax(dim=1)
+    amax = torch.where(v.isnan().any(dim=1), torch.full_like(amax, float("nan")), amax)
+    field = amax.view(torch.int32).long() >> 23
+    field = field.clamp(min=kern.TOP_EXPONENT + 127 - kern.MAX_SHIFT)
+    finite = field < 255
+    multiplier = ((2 * 127 + kern.TOP_EXPONENT - field) << 23).to(torch.int32).view(torch.float32)
+    multiplier = torch.where(finite, multiplier, torch.zeros_like(multiplier))
+    inverse = torch.where(finite, (field - kern.TOP_EXPONENT) << 23, torch.full_like(field, kern.NAN_BITS))
+    rounded = v * multiplier[:, None] + kern.ROUNDER  # the product is exact: one rounding, as the fma's
+    bits = rounded.view(torch.int32).long() & 0xFFFFFFFF
+    total = (bits - kern.ROUNDER_BITS).sum(dim=1)
+    low, high = plane_words(bits.reshape(-1, 4))
+    return low, high, inverse, total * kern.WEIGHT_OFFSET

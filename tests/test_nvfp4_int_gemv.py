@@ -109,3 +109,24 @@ def test_the_switch():
     assert switches.read({}).w4a16_int_gemv is False
     assert switches.read({"FA4_INDUCTOR_W4A16_INT_GEMV": "1"}).w4a16_int_gemv is True
     assert switches.read({"FA4_INDUCTOR_W4A16_INT_GEMV": "off"}).w4a16_int_gemv is False
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_the_kernels_block_quantization_step_by_step_gives_x_integers(dtype):
+    """The kernel's bit-level steps (exponent field, multiplier and inverse bit patterns, the rounder, the packing)
+    give the y, 2^-s and 64 * sum(y) that `x_integers` defines."""
+    g_ = torch.Generator().manual_seed(5)
+    span = 20 if dtype == torch.bfloat16 else 12  # finite in fp16
+    x = torch.randn(300, 16, generator=g_) * torch.exp2(torch.randint(-span, span, (300, 1), generator=g_).float())
+    x[7] = 0.0
+    x[8, :] = 1e-38  # subnormal in fp32 (zero in fp16): the clamped shift
+    x = x.to(dtype).reshape(-1)
+    low, high, inverse, correction = g.quantize_blocks(x)
+    y, s = g.x_integers(x)
+    got = torch.stack([(low >> 8 * i & 0xFF) + 256 * (((high >> 8 * i & 0xFF) + 128) % 256 - 128)
+                       for i in range(4)], dim=-1).reshape(-1)
+    assert torch.equal(got, y)
+    assert torch.equal(inverse.to(torch.int32).view(torch.float32).double(), torch.pow(2.0, -s.double()))
+    assert torch.equal(correction, 64 * y.reshape(-1, 16).sum(1))
+    x[40] = float("nan")
+    assert g.quantize_blocks(x)[2][2].item() == kern.NAN_BITS  # value 40 is in block 2
