@@ -196,3 +196,22 @@ def quantize_blocks(x: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     total = (bits - kern.ROUNDER_BITS).sum(dim=1)
     low, high = plane_words(bits.reshape(-1, 4))
     return low, high, inverse, total * kern.WEIGHT_OFFSET
+
+
+def block_sums(words: Tensor, low: Tensor, high: Tensor, correction: Tensor) -> Tensor:
+    """`cute/nvfp4_int_gemv.piece`'s integer part for weight words int64 [N, Kp / 8] against `quantize_blocks`' planes:
+    per row and block, the dp4a sums s0 (u8 x u8), s1 (u8 x s8) and v = s0 + 256 s1 - correction, int64 [N, Kp / 16]."""
+    def dot(a, b, b_signed):
+        total = torch.zeros(torch.broadcast_shapes(a.shape, b.shape), dtype=torch.int64)
+        for i in range(4):
+            bi = b >> 8 * i & 0xFF
+            total += (a >> 8 * i & 0xFF) * ((bi + 128) % 256 - 128 if b_signed else bi)
+        return total
+
+    n, nwords = words.shape
+    lo_codes, hi_codes = words & 0xFFFF, words >> 16 & 0xFFFF
+    w_lo, w_hi = weight_bytes(lo_codes), weight_bytes(hi_codes)  # [N, W]: codes 8j..8j+3, 8j+4..8j+7
+    s0 = dot(w_lo, low[0::2][None, :], False) + dot(w_hi, low[1::2][None, :], False)
+    s1 = dot(w_lo, high[0::2][None, :], True) + dot(w_hi, high[1::2][None, :], True)
+    per_block = lambda t: t.reshape(n, nwords // 2, 2).sum(-1)  # noqa: E731 (two words a block)
+    return per_block(s0) + 256 * per_block(s1) - correction[None, :]

@@ -130,3 +130,18 @@ def test_the_kernels_block_quantization_step_by_step_gives_x_integers(dtype):
     assert torch.equal(correction, 64 * y.reshape(-1, 16).sum(1))
     x[40] = float("nan")
     assert g.quantize_blocks(x)[2][2].item() == kern.NAN_BITS  # value 40 is in block 2
+
+
+def test_the_kernels_dp4a_sums_are_the_exact_block_products():
+    """`piece`'s integer steps (weight bytes, u8 x u8 and u8 x s8 dot products, the offset's correction) give, per row
+    and block, exactly sum(2 * e2m1 * y)."""
+    n, k = 9, 256
+    w_fp4, _, _ = random_nvfp4(n, k, seed=11)
+    x = (torch.randn(k) * 3).to(torch.bfloat16)
+    low, high, _, correction = g.quantize_blocks(x)
+    words = w4.nvfp4_words(w_fp4).long() & 0xFFFFFFFF
+    got = g.block_sums(words, low, high, correction)
+    y, _ = g.x_integers(x)
+    codes = torch.stack([w_fp4.long() & 0xF, w_fp4.long() >> 4], dim=-1).reshape(n, k)
+    twice = torch.tensor([int(2 * v) for v in E2M1] + [-int(2 * v) for v in E2M1])[codes]
+    assert torch.equal(got, (twice * y).reshape(n, -1, 16).sum(-1))
