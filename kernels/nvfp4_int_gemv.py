@@ -1,14 +1,15 @@
-"""Host side of the integer one-row NVFP4 GEMV (`cute/nvfp4_int_gemv.py`): out[1, N] = x[1, K] @ dequant(W)[N, K]^T
-on the dp4a units, with x held as 16-bit integers per 16-value block (exact where |x| >= 2^-7 of its block's max for
+"""Host side of the integer NVFP4 GEMV (`cute/nvfp4_int_gemv.py`): out[M, N] = x[M, K] @ dequant(W)[N, K]^T for
+M = 1..4 on the dp4a units, with x held as 16-bit integers per 16-value block (exact where |x| >= 2^-7 of its block's max for
 bf16 x, 2^-4 for fp16; at most 2^-15 of the block max off below that: `emulate` and `x_error_bound`).
 
-    matmul(x2d [1, K], w_fp4, w_block_scale, w_global_scale, forced=None) -> [1, N] in x's dtype
-    emulate(x2d, w_fp4, w_block_scale, w_global_scale) -> float64 [1, N]    the kernel's arithmetic, on the CPU
+    matmul(x2d [M, K], w_fp4, w_block_scale, w_global_scale, forced=None) -> [M, N] in x's dtype
+    emulate(x2d, w_fp4, w_block_scale, w_global_scale) -> float64 [M, N]    the kernel's arithmetic, on the CPU
 
 Not routed by the op yet: `w4a16_decode.nvfp4_matmul(..., gemv="int")` (or `("int", rows, warps_k)`) calls it (tests,
 `tests/bench_w4a16.py --gemv int,int:8x1`), until the H200 has measured it against the fp32 GEMV (`cute/w4a16_gemv.py`). Operands and work split are
 that GEMV's (`w4a16_decode.prepare_nvfp4`), its CTA shape `shape`; x's planes take 80 bytes of shared memory a 16-byte
-piece of a weight row, so a variant is compiled per power-of-two bucket of pieces (`max_pieces`), up to K = 16384.
+piece of a weight row and row of x, so a variant is compiled per power-of-two bucket of pieces (`max_pieces`), up to
+K = 16384.
 """
 
 from __future__ import annotations
@@ -23,12 +24,14 @@ from .cute import compile_utils
 
 MAX_PIECES = 512  # K <= 16384
 ROW_CHOICES = (8, 4, 2, 1)  # weight rows a warp
+MAX_ROW_PRODUCT = 8  # weight rows a warp times rows of x: a warp's accumulators and x planes stay in registers
 MIN_PIECES = 16  # the smallest bucket (K = 512)
 PLANE_BYTES_PER_PIECE = 80
 
 
 class Key(NamedTuple):
     dtype: torch.dtype
+    m: int
     arch: str
     rows: int
     warps_k: int
@@ -46,20 +49,24 @@ def pieces_bucket(pieces: int) -> int:
     return bucket
 
 
-def shape(n: int, num_sms: int) -> tuple[int, int]:
-    """(rows a warp, K warps) for an n-row weight: every CTA writes all of x's planes first, so the fewest CTAs that
-    still cover the SMs, each as many rows as it can (up to 8 a warp, 4 warps along N: one K warp)."""
+def shape(n: int, m: int, num_sms: int) -> tuple[int, int]:
+    """(rows a warp, K warps) for an n-row weight and m rows of x: every CTA writes all of x's planes first, so the
+    fewest CTAs that still cover the SMs, each as many rows as it can (rows * m <= MAX_ROW_PRODUCT, 4 warps along N:
+    one K warp)."""
     from .cute.nvfp4_int_gemv import NUM_WARPS
 
-    rows = next((r for r in ROW_CHOICES if -(-n // (r * NUM_WARPS)) >= num_sms), ROW_CHOICES[-1])
+    choices = [r for r in ROW_CHOICES if r * m <= MAX_ROW_PRODUCT] or [1]
+    rows = next((r for r in choices if -(-n // (r * NUM_WARPS)) >= num_sms), choices[-1])
     return rows, 1
 
 
 def unsupported_reason(x2d: Tensor, n: int, k: int) -> str | None:
     """Why the kernel cannot take this call (beyond `w4a16_decode.unsupported_reason`, which the caller asks first),
     or None."""
-    if x2d.shape[0] != 1:
-        return f"the integer NVFP4 GEMV takes one row of x, got {x2d.shape[0]}"
+    from .cute.nvfp4_int_gemv import MAX_M
+
+    if not 1 <= x2d.shape[0] <= MAX_M:
+        return f"the integer NVFP4 GEMV takes 1..{MAX_M} rows of x, got {x2d.shape[0]}"
     if -(-k // 32) > MAX_PIECES:
         return f"the integer NVFP4 GEMV takes K <= {32 * MAX_PIECES}, got {k}"
     return None
@@ -73,12 +80,12 @@ def _compile(key: Key):
 
     dt = compile_utils.cutlass_dtype(key.dtype)
     sym, sym64 = cute.sym_int, cute.sym_int64
-    kernel = NVFP4IntGemv(dt, key.rows, key.warps_k, key.max_pieces, pdl=key.pdl)
-    x = cute.runtime.make_fake_tensor(Int32, (1, sym()), (sym64(divisibility=4), 1), assumed_align=16)
+    kernel = NVFP4IntGemv(dt, key.m, key.rows, key.warps_k, key.max_pieces, pdl=key.pdl)
+    x = cute.runtime.make_fake_tensor(Int32, (key.m, sym()), (sym64(divisibility=4), 1), assumed_align=16)
     w = cute.runtime.make_fake_tensor(Int32, (sym(), sym()), (sym64(divisibility=4), 1), assumed_align=16)
     block = cute.runtime.make_fake_tensor(Int32, (sym(), sym()), (sym64(), 1))
     scale = cute.runtime.make_fake_compact_tensor(Float32, (sym(),))
-    out = cute.runtime.make_fake_tensor(dt, (1, sym()), (sym64(), 1))
+    out = cute.runtime.make_fake_tensor(dt, (key.m, sym()), (sym64(), 1))
     return compile_utils.compile_for_tvm_ffi(cute, kernel, x, w, block, scale, out)
 
 
@@ -88,7 +95,7 @@ compiled = compile_utils.CompiledVariants(_compile)
 
 def matmul(x2d: Tensor, w_fp4: Tensor, w_block_scale: Tensor, w_global_scale: Tensor,
            forced: Optional[tuple[int, int]] = None) -> Tensor:
-    """x2d [1, K] @ dequant(w)^T -> [1, N] in x's dtype; `forced` (rows a warp, K warps) overrides `shape`."""
+    """x2d [M, K] @ dequant(w)^T -> [M, N] in x's dtype; `forced` (rows a warp, K warps) overrides `shape`."""
     from . import w4a16_decode as w4
 
     n, k = layout.nvfp4_operands(w_fp4, w_block_scale, w_global_scale)
@@ -98,10 +105,11 @@ def matmul(x2d: Tensor, w_fp4: Tensor, w_block_scale: Tensor, w_global_scale: Te
     words, blocks = w4.prepare_nvfp4(w_fp4, w_block_scale)
     pieces = words.shape[1] // 4
     x = w4.prepare_x(x2d, 8 * words.shape[1])
-    out = torch.empty(1, n, dtype=x.dtype, device=x.device)
+    m = x.shape[0]
+    out = torch.empty(m, n, dtype=x.dtype, device=x.device)
     device = x.device.index if x.device.index is not None else torch.cuda.current_device()
-    rows, warps_k = forced or shape(n, w4._num_sms(device))
-    key = Key(x.dtype, compile_utils.target_arch(x.device), rows, warps_k, pieces_bucket(pieces),
+    rows, warps_k = forced or shape(n, m, w4._num_sms(device))
+    key = Key(x.dtype, m, compile_utils.target_arch(x.device), rows, warps_k, pieces_bucket(pieces),
               switches.current().w4a16_pdl)
     with torch.cuda.device(x.device):
         compiled(key)(x.view(torch.int32), words, blocks, w_global_scale.reshape(1).float(), out)
@@ -135,25 +143,27 @@ def x_error_bound(x: Tensor) -> Tensor:
 
 
 def emulate(x2d: Tensor, w_fp4: Tensor, w_block_scale: Tensor, w_global_scale: Tensor) -> Tensor:
-    """float64 [1, N]: the kernel's result before the fp32 sums' rounding and the output cast: per block the exact
-    integer sum(2 e2m1 * y) times e4m3 * 2^-s, summed, times global / 2. NaN for a non-finite block of x."""
+    """float64 [M, N]: the kernel's result before the fp32 sums' rounding and the output cast: per row of x and block
+    the exact integer sum(2 e2m1 * y) times e4m3 * 2^-s, summed, times global / 2. NaN for a non-finite block of x."""
     from .cute import nvfp4_int_gemv as kern
 
     n, k = layout.nvfp4_operands(w_fp4, w_block_scale, w_global_scale)
     kp = -(-k // 64) * 64
-    x = torch.nn.functional.pad(x2d.reshape(-1)[:k].cpu(), (0, kp - k))
-    y, s = x_integers(x)
     codes = w_fp4.view(torch.uint8).cpu().long()
     codes = torch.stack([codes & 0xF, codes >> 4], dim=-1).reshape(n, -1)  # code 2i low nibble
     codes = torch.nn.functional.pad(codes, (0, kp - codes.shape[1]))
     table = torch.tensor(kern.POSITIVE_TABLE + kern.NEGATIVE_TABLE) - kern.WEIGHT_OFFSET
     w2 = table[codes]  # 2 * e2m1
-    sums = (w2 * y[None, :]).reshape(n, -1, kern.BLOCK).sum(-1)  # [N, Kp / 16], exact
     scales = w_block_scale.cpu().view(torch.float8_e4m3fn).double()
     scales = torch.nn.functional.pad(scales, (0, kp // kern.BLOCK - scales.shape[1]))
-    inverse = torch.where(s > -1000, torch.pow(2.0, -s.double()), torch.full_like(s, float("nan"), dtype=torch.float64))
-    out = (sums.double() * scales * inverse[None, :]).sum(-1) * (w_global_scale.cpu().double().reshape(()) / 2)
-    return out[None, :]
+    rows = []
+    for x in x2d.reshape(-1, x2d.shape[-1]).cpu():
+        y, s = x_integers(torch.nn.functional.pad(x[:k], (0, kp - k)))
+        sums = (w2 * y[None, :]).reshape(n, -1, kern.BLOCK).sum(-1)  # [N, Kp / 16], exact
+        inverse = torch.where(s > -1000, torch.pow(2.0, -s.double()), torch.full_like(s, float("nan"),
+                                                                                       dtype=torch.float64))
+        rows.append((sums.double() * scales * inverse[None, :]).sum(-1))
+    return torch.stack(rows) * (w_global_scale.cpu().double().reshape(()) / 2)
 
 
 def weight_bytes(codes: Tensor) -> Tensor:

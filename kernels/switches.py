@@ -17,7 +17,7 @@ bulk+scales:4; `w4a16_decode.parse_load`), FA4_INDUCTOR_W4A16_PACK (on: NVFP4 we
 kernel's packed layout, `w4a16_decode.pack_nvfp4`; tiles: that layout in 16-row tiles; default off),
 FA4_INDUCTOR_W4A16_GEMV (which calls of the plain layout take the CUDA-core GEMV, `cute/w4a16_gemv.py`, by
 their rows M: unset or auto, the measured rule `w4a16_decode.GEMV_AUTO_ROWS`; on, M = 1..4; off, none),
-FA4_INDUCTOR_W4A16_INT_GEMV (on: one-row NVFP4 calls of the plain layout take the integer GEMV,
+FA4_INDUCTOR_W4A16_INT_GEMV (on: NVFP4 calls of 1..4 rows of the plain layout take the integer GEMV,
 `cute/nvfp4_int_gemv.py`, where it takes them; default off: not measured yet). Others'
 variables we read: CUTE_DSL_ARCH (the CuTe DSL compile target), FA4's disk-cache pair and XDG_CACHE_HOME (`fa4.py` turns FA4's disk cache on).
 """

@@ -680,7 +680,7 @@ compiled = compile_utils.CompiledVariants(_compile)
 # ---- the CUDA-core GEMV (`cute/w4a16_gemv.py`): M <= GEMV_AUTO_ROWS, FA4_INDUCTOR_W4A16_GEMV or the matmuls' `gemv` ----
 
 GEMV_MAX_M = 4
-INT_GEMV = "int"  # the matmuls' `gemv` for the integer one-row NVFP4 GEMV (`nvfp4_int_gemv`)
+INT_GEMV = "int"  # the matmuls' `gemv` for the integer NVFP4 GEMV of 1..4 rows (`nvfp4_int_gemv`)
 GEMV_AUTO_ROWS = 1  # H200, docs/benchmarks.md session 13: faster than the tensor-core kernel at M = 1, mostly slower above
 GEMV_ROWS = 4  # weight rows a warp, halved (down to 1) while the CTAs do not cover the SMs (`gemv_shape`)
 GEMV_ROW_CHOICES = (4, 2, 1)
@@ -905,8 +905,8 @@ def nvfp4_matmul(x2d: Tensor, w_fp4: Tensor, w_block_scale: Tensor, w_global_sca
     layout (FA4_INDUCTOR_W4A16_PACK) (tests, tuning); `gemv` (None: FA4_INDUCTOR_W4A16_GEMV, `gemv_rows`) True sends
     M <= 4 calls of the plain layout to the CUDA-core GEMV, which takes none of the other three, False none; a tuple
     (rows a warp, K warps) as
-    `gemv` forces the GEMV's shape (tuning: `tests/bench_w4a16.py --gemv 4x1,2x2`); INT_GEMV ("int") sends one-row
-    calls it takes to the integer GEMV (`nvfp4_int_gemv`, not routed otherwise yet; None does too under
+    `gemv` forces the GEMV's shape (tuning: `tests/bench_w4a16.py --gemv 4x1,2x2`); INT_GEMV ("int") sends the calls
+    of 1..4 rows it takes to the integer GEMV (`nvfp4_int_gemv`, not routed otherwise yet; None does too under
     FA4_INDUCTOR_W4A16_INT_GEMV=1), the others as True;
     (INT_GEMV, rows, K warps) forces its shape."""
     n, k = layout.nvfp4_operands(w_fp4, w_block_scale, w_global_scale)

@@ -190,8 +190,8 @@ def fits(spec, m):
 
 
 def parse_gemv(value):
-    """--gemv's off / on / int / int:RxK / RxK -> the matmuls' `gemv` argument: False, True, INT_GEMV (NVFP4 one-row
-    calls on the integer GEMV), (INT_GEMV, rows a warp, K warps) or (rows a warp, K warps)."""
+    """--gemv's off / on / int / int:RxK / RxK -> the matmuls' `gemv` argument: False, True, INT_GEMV (NVFP4 calls of 1..4
+    rows on the integer GEMV), (INT_GEMV, rows a warp, K warps) or (rows a warp, K warps)."""
     value = value.strip()
     if value in ("off", "on", "int"):
         return {"off": False, "on": True, "int": w4.INT_GEMV}[value]
@@ -210,7 +210,7 @@ def main():
     p.add_argument("--load", default=None, help="comma list of load paths: registers, bulk, bulk+prefetch:4 ...")
     p.add_argument("--stages", default=None, help="comma list: ring depths for each bulk load path")
     p.add_argument("--pack", default=None, help="comma list of NVFP4 layouts: off (plain), on (packed), tiles")
-    p.add_argument("--gemv", default=None, help="comma list of M <= 4 routes: off (tensor-core kernel), on (GEMV), int (NVFP4 one-row calls on the integer GEMV), int:RxK (its shape), "
+    p.add_argument("--gemv", default=None, help="comma list of M <= 4 routes: off (tensor-core kernel), on (GEMV), int (NVFP4 calls on the integer GEMV), int:RxK (its shape), "
                                                  "RxK (the GEMV with R rows a warp, K warps along K)")
     p.add_argument("--int8-scales", default="float32", choices=("float32", "bfloat16", "float16"),
                    help="the int8 weights' per-channel scale dtype")

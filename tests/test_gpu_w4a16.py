@@ -449,22 +449,22 @@ def test_gemv_pdl_chain_equals_plain_launches(monkeypatch, m):
 # ------------------------------------------------------------------------------- the integer NVFP4 GEMV (M = 1)
 
 
-def int_gemv_case(n, k, dtype, seed=0, shape=None, x=None):
+def int_gemv_case(n, k, dtype, seed=0, shape=None, x=None, m=1):
     """`nvfp4_int_gemv.matmul` against the float64 product (`report`'s bound) and against its own arithmetic emulated
     on the CPU (`nvfp4_int_gemv.emulate`), which it must equal up to the fp32 sums and the output's rounding."""
     from fa4_inductor.kernels import nvfp4_int_gemv as g
 
     w_fp4, block, global_scale = random_nvfp4(n, k, seed=seed, device="cuda")
-    x = torch.randn(1, k, dtype=dtype, device="cuda") if x is None else x
+    x = torch.randn(m, k, dtype=dtype, device="cuda") if x is None else x
     out = g.matmul(x, w_fp4, block, global_scale, forced=shape)
-    assert out.shape == (1, n) and out.dtype == dtype
+    assert out.shape == (x.shape[0], n) and out.dtype == dtype
     wd = float64_dequantized(w_fp4, block, global_scale)
     emu = g.emulate(x.cpu(), w_fp4.cpu(), block.cpu(), global_scale.cpu()).cuda()
     rounding = 2.0 ** (-8 if dtype == torch.bfloat16 else -10)
     gap = (out.double() - emu).abs()
     assert (gap <= rounding * emu.abs() + 1e-6 * emu.abs().max()).all(), \
-        f"int gemv n{n} k{k}: off its emulation by {gap.max().item():.3g} (|emu| max {emu.abs().max().item():.3g})"
-    report(f"int gemv {str(dtype)[6:]} n{n} k{k} shape {shape or 'auto'}", out, x.double() @ wd.T,
+        f"int gemv m{x.shape[0]} n{n} k{k}: off its emulation by {gap.max().item():.3g} (|emu| max {emu.abs().max().item():.3g})"
+    report(f"int gemv {str(dtype)[6:]} m{x.shape[0]} n{n} k{k} shape {shape or 'auto'}", out, x.double() @ wd.T,
            F.linear(x, wd.to(dtype)))
     return out
 
@@ -475,9 +475,17 @@ def test_int_gemv_shapes(n, k, dtype):
     int_gemv_case(n, k, dtype, seed=n + k)
 
 
+@pytest.mark.parametrize("m", [2, 3, 4])
+@pytest.mark.parametrize("n, k", [(1000, 2064), (8192, 2048), (3, 48), (4099, 1040)])
+def test_int_gemv_more_rows(m, n, k):
+    int_gemv_case(n, k, torch.bfloat16, seed=m + n, m=m)
+
+
 @pytest.mark.parametrize("shape", [(8, 1), (4, 1), (4, 2), (4, 4), (2, 4), (1, 1)], ids=lambda s: f"{s[0]}x{s[1]}")
 def test_int_gemv_forced_shapes(shape):
     int_gemv_case(333, 4160, torch.bfloat16, seed=7, shape=shape)
+    if shape[0] <= 2:
+        int_gemv_case(333, 4160, torch.float16, seed=8, shape=shape, m=4)
 
 
 def test_int_gemv_outliers_and_non_finite_x():
@@ -496,7 +504,7 @@ def test_int_gemv_outliers_and_non_finite_x():
 
 
 def test_int_gemv_through_the_matmul_and_cuda_graph_replay(monkeypatch):
-    """`nvfp4_matmul(gemv="int")` takes one-row calls to it (and others to the fp32 GEMV); captured after a warm-up
+    """`nvfp4_matmul(gemv="int")` takes calls of 1..4 rows to it (and others elsewhere); captured after a warm-up
     call, replayed on new x: the eager call's output."""
     n, k = 4096, 4096
     w_fp4, block, global_scale = random_nvfp4(n, k, device="cuda")
@@ -507,14 +515,14 @@ def test_int_gemv_through_the_matmul_and_cuda_graph_replay(monkeypatch):
     monkeypatch.setattr(g, "matmul", lambda *a, **kw: calls.append(tuple(a[0].shape)) or real(*a, **kw))
     first = w4.nvfp4_matmul(x, w_fp4, block, global_scale, gemv=w4.INT_GEMV)
     assert calls == [(1, k)] and torch.equal(first, real(x, w_fp4, block, global_scale))
-    nvfp4_case(3, n, k, torch.bfloat16, gemv=w4.INT_GEMV)  # three rows: the fp32 GEMV
+    nvfp4_case(5, n, k, torch.bfloat16, gemv=w4.INT_GEMV)  # five rows: the tensor-core kernel
     assert calls == [(1, k)]
     monkeypatch.setenv("FA4_INDUCTOR_W4A16_INT_GEMV", "1")
     switches.reset()
     try:
         assert torch.equal(w4.nvfp4_matmul(x, w_fp4, block, global_scale), first) and calls == [(1, k)] * 2
-        w4.nvfp4_matmul(torch.randn(2, k, dtype=torch.bfloat16, device="cuda"), w_fp4, block, global_scale)
-        assert calls == [(1, k)] * 2  # two rows: as configured without the switch
+        w4.nvfp4_matmul(torch.randn(6, k, dtype=torch.bfloat16, device="cuda"), w_fp4, block, global_scale)
+        assert calls == [(1, k)] * 2  # six rows: as configured without the switch
     finally:
         monkeypatch.delenv("FA4_INDUCTOR_W4A16_INT_GEMV")
         switches.reset()

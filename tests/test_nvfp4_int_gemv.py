@@ -1,4 +1,4 @@
-"""CPU tier of the integer one-row NVFP4 GEMV (`kernels/cute/nvfp4_int_gemv.py`, host `kernels/nvfp4_int_gemv.py`):
+"""CPU tier of the integer NVFP4 GEMV of 1..4 rows (`kernels/cute/nvfp4_int_gemv.py`, host `kernels/nvfp4_int_gemv.py`):
 its byte tricks emulated in PyTorch give the weights and x planes it means to; its integer x and result stay within
 the bound it documents against the float64 reference; its variants compile for sm_90a without a GPU. Numerics on the
 device: `test_gpu_w4a16.py` (the `int_gemv` tests)."""
@@ -60,19 +60,20 @@ def test_x_integers_are_exact_near_the_block_max_and_bounded_below(dtype, exact_
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
-@pytest.mark.parametrize("n, k", [(64, 4096), (7, 48), (33, 2064)])
-def test_emulated_result_is_the_float64_product_within_the_x_bound(dtype, n, k):
+@pytest.mark.parametrize("m, n, k", [(1, 64, 4096), (3, 7, 48), (2, 33, 2064)])
+def test_emulated_result_is_the_float64_product_within_the_x_bound(dtype, m, n, k):
     w_fp4, block, global_scale = random_nvfp4(n, k, seed=n + k)
-    x = torch.randn(1, k, dtype=torch.float32)
+    x = torch.randn(m, k, dtype=torch.float32)
     x[0, 5] = 200.0  # an outlier: its block's small values round
     x = x.to(dtype)
     got = g.emulate(x, w_fp4, block, global_scale)
     ref = float64_reference(x, w_fp4, block, global_scale)
     from test_nvfp4_linear import float64_dequantized
 
-    bound = (float64_dequantized(w_fp4, block, global_scale).abs() * g.x_error_bound(
-        torch.nn.functional.pad(x[0], (0, -k % 16)))[:k]).sum(-1)
-    assert ((got - ref).abs()[0] <= bound * (1 + 1e-12) + 1e-300).all()
+    wd = float64_dequantized(w_fp4, block, global_scale).abs()
+    for i in range(m):
+        bound = (wd * g.x_error_bound(torch.nn.functional.pad(x[i], (0, -k % 16)))[:k]).sum(-1)
+        assert ((got - ref).abs()[i] <= bound * (1 + 1e-12) + 1e-300).all()
     assert (got - ref).abs().max() <= 2.0 ** -12 * ref.abs().max()  # far below the bf16 output's rounding
 
 
@@ -84,8 +85,9 @@ def test_a_non_finite_block_of_x_makes_the_outputs_nan():
 
 
 def test_shape_covers_the_sms_with_the_fewest_ctas():
-    assert [g.shape(n, 132) for n in (14336, 8192, 4096, 2048, 1024, 512, 100)] == \
+    assert [g.shape(n, 1, 132) for n in (14336, 8192, 4096, 2048, 1024, 512, 100)] == \
         [(8, 1), (8, 1), (4, 1), (2, 1), (1, 1), (1, 1), (1, 1)]
+    assert [g.shape(8192, m, 132) for m in (2, 3, 4)] == [(4, 1), (2, 1), (2, 1)]
 
 
 def test_pieces_bucket_and_limits():
@@ -93,13 +95,15 @@ def test_pieces_bucket_and_limits():
     with pytest.raises(ValueError, match="1..512 pieces"):
         g.pieces_bucket(513)
     x = torch.empty(2, 64)
-    assert g.unsupported_reason(x, 8, 64) == "the integer NVFP4 GEMV takes one row of x, got 2"
+    assert g.unsupported_reason(x, 8, 64) is None
+    assert g.unsupported_reason(torch.empty(5, 64), 8, 64) == "the integer NVFP4 GEMV takes 1..4 rows of x, got 5"
     assert g.unsupported_reason(torch.empty(1, 64), 8, 16400) == "the integer NVFP4 GEMV takes K <= 16384, got 16400"
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
 def test_variants_compile(cute_dsl, dtype):
-    for key in (g.Key(dtype, ARCH, 4, 1, 256), g.Key(dtype, ARCH, 1, 4, 16, pdl=True)):
+    for key in (g.Key(dtype, 1, ARCH, 4, 1, 256), g.Key(dtype, 1, ARCH, 1, 4, 16, pdl=True),
+                g.Key(dtype, 3, ARCH, 2, 1, 64)):
         assert callable(g.compiled(key)) and g.compiled(key) is g.compiled(key)
 
 

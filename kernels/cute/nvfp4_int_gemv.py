@@ -1,5 +1,5 @@
-"""One-row NVFP4 GEMV for Hopper (sm_90a) in CuTe DSL on the integer dot-product units: out[1, N] = x[1, K] @
-dequant(W)[N, K]^T, x float16 / bfloat16, output in x's dtype. `w4a16_gemv.py`'s work split and operands (read its
+"""Few-row NVFP4 GEMV for Hopper (sm_90a) in CuTe DSL on the integer dot-product units: out[M, N] = x[M, K] @
+dequant(W)[N, K]^T for M = 1..MAX_M, x float16 / bfloat16, output in x's dtype. `w4a16_gemv.py`'s work split and operands (read its
 docstring), with another inner product: its loop issues 2.55 instructions a weight (4 rows a warp; sm_90a SASS,
 `docs/scripts/sass_stats.py intgemv 4 1 256`) where that kernel's fp32 one issues 5.12.
 
@@ -13,8 +13,8 @@ x. Each block of 16 x values (the weight's scale block) becomes integers y = rin
 that puts the block's max |x| in [2^14, 2^15): one fma with 1.5 * 2^23 (whose fp32 bits are 0x4B400000 + y) a value.
 A bf16 (fp16) y is exact where |x| >= 2^-7 (2^-4) of the block's max; below that its error is at most 2^-15 of the
 block max. |y| <= 32640 (32752) splits into a byte b0 in 0..255 and a signed byte b1 (y = b0 + 256 b1), the two
-planes' bytes of four values packed into words by prmt. Every CTA writes the planes of all of x to shared memory
-once, with per block the multiplier 2^-s and the correction 64 * sum(y) of the weight bytes' offset.
+planes' bytes of four values packed into words by prmt. Every CTA writes the planes of all of x (every row) to
+shared memory once, with per block the multiplier 2^-s and the correction 64 * sum(y) of the weight bytes' offset.
 
 Per block and row: s0 = sum(wb * b0) and s1 = sum(wb * b1) by dp4a (u8 x u8, u8 x s8), v = s0 + 256 s1 - 64 sum(y) =
 sum(2 e2m1 * y) is exact in int32 and in fp32 (|v| <= 16 * 12 * 32752 < 2^24), then acc += v * (e4m3 * 2^-s) in one
@@ -36,6 +36,7 @@ from .decode_attention_int8kv import _max_abs
 from .w4a16_decode_gemm import _asm, _i32, prmt
 from .w4a16_gemv import NUM_WARPS, PIECE_WORDS, W4A16Gemv, as_f32, e4m3_pair_f32, halves_f32
 
+MAX_M = 4
 BLOCK = 16  # x values (and weight codes) a scale block
 BLOCKS_PER_PIECE = 2
 WEIGHT_OFFSET = 64
@@ -92,28 +93,30 @@ def as_i32(a: Float32, *, loc=None, ip=None) -> Int32:
 
 
 class NVFP4IntGemv(W4A16Gemv):
-    """One compiled variant per (x dtype, ROWS rows a warp, WARPS_K warps along K, `max_pieces` (the shared memory
-    the x planes take: 80 bytes a 16-byte weight piece of a row), PDL or not, `min_ctas`). `W4A16Gemv`'s work split,
-    first loads and sums (`start`, `load_piece`, `add_up_and_store`) with M = 1.
+    """One compiled variant per (x dtype, M rows of x (1..MAX_M), ROWS weight rows a warp, WARPS_K warps along K,
+    `max_pieces` (the shared memory the x planes take: 80 bytes a 16-byte weight piece of a row, per row of x), PDL or
+    not, `min_ctas`). `W4A16Gemv`'s work split, first loads and sums (`start`, `load_piece`, `add_up_and_store`); each
+    weight word is decoded once for the M rows of x.
 
-    Call: (mX Int32 [1, Kp / 2], mW Int32 [N, Kp / 8], mBlock Int32 [N, Kp / 64], mScale Float32 [1], mOut [1, N],
+    Call: (mX Int32 [M, Kp / 2], mW Int32 [N, Kp / 8], mBlock Int32 [N, Kp / 64], mScale Float32 [1], mOut [M, N],
     stream), as `W4A16Gemv` takes them for NVFP4; Kp / 32 pieces a row, at most `max_pieces`."""
 
-    def __init__(self, dtype, rows: int, warps_k: int, max_pieces: int, pdl: bool = False, min_ctas: int = 0):
-        super().__init__(dtype, "nvfp4", 1, False, rows, warps_k, pdl, min_ctas)
+    def __init__(self, dtype, m: int, rows: int, warps_k: int, max_pieces: int, pdl: bool = False,
+                 min_ctas: int = 0):
+        super().__init__(dtype, "nvfp4", m, False, rows, warps_k, pdl, min_ctas)
         assert max_pieces >= 1, max_pieces
         self.max_pieces = max_pieces
 
     @cute.jit
     def __call__(self, mX: cute.Tensor, mW: cute.Tensor, mBlock: cute.Tensor, mScale: cute.Tensor, mOut: cute.Tensor,
                  stream):
-        plane_words = 2 * 2 * self.max_pieces * PLANE_HALF_WORDS
+        plane_words = 2 * 2 * self.max_pieces * PLANE_HALF_WORDS * self.m
 
         @cute.struct
         class SharedStorage:
             sPlanes: cute.struct.Align[cute.struct.MemRange[Int32, plane_words], 16]
-            sMeta: cute.struct.Align[cute.struct.MemRange[Int32, self.max_pieces * META_WORDS], 16]
-            sRed: cute.struct.Align[cute.struct.MemRange[Float32, NUM_WARPS * self.rows], 16]
+            sMeta: cute.struct.Align[cute.struct.MemRange[Int32, self.max_pieces * META_WORDS * self.m], 16]
+            sRed: cute.struct.Align[cute.struct.MemRange[Float32, NUM_WARPS * self.rows * self.m], 16]
             sTables: cute.struct.Align[cute.struct.MemRange[Int32, 4], 16]
 
         self.launch(self.kernel(mX, mW, mBlock, mScale, mOut, SharedStorage), mW.shape[0],
@@ -124,23 +127,25 @@ class NVFP4IntGemv(W4A16Gemv):
                SharedStorage: cutlass.Constexpr):
         tidx, _, _ = cute.arch.thread_idx()
         storage = cutlass.memory.SmemAllocator().allocate(SharedStorage)
-        # plane word (plane, half, piece, word): bytes of x values 32 piece + 16 half + 4 word + 0..3
+        M, mp = self.m, self.max_pieces
+        # plane word (word, piece, half, plane, x row): bytes of x values 32 piece + 16 half + 4 word + 0..3
         sPlanes = storage.sPlanes.get_tensor(cute.make_layout(
-            (PLANE_HALF_WORDS, self.max_pieces, 2, 2),
-            stride=(1, PLANE_HALF_WORDS, PLANE_HALF_WORDS * self.max_pieces, 2 * PLANE_HALF_WORDS * self.max_pieces)))
-        sMeta = storage.sMeta.get_tensor(cute.make_layout((META_WORDS, self.max_pieces), stride=(1, META_WORDS)))
+            (PLANE_HALF_WORDS, mp, 2, 2, M),
+            stride=(1, PLANE_HALF_WORDS, PLANE_HALF_WORDS * mp, 2 * PLANE_HALF_WORDS * mp, 4 * PLANE_HALF_WORDS * mp)))
+        sMeta = storage.sMeta.get_tensor(cute.make_layout((META_WORDS, mp, M), stride=(1, META_WORDS, META_WORDS * mp)))
 
-        acc = cute.make_rmem_tensor((self.rows,), Float32)
+        acc = cute.make_rmem_tensor((self.rows * M,), Float32)
         acc.fill(0.0)
         rW = cute.make_rmem_tensor((PIECE_WORDS, self.rows), Int32)
         rS = cute.make_rmem_tensor((self.rows,), Int32)
         lane, wn, wk, row0, n_rows, pieces, first, stride = self.start(mW, mBlock, rW, rS)
 
-        # ---- x's planes: thread t takes blocks t, t + 128, ... (8 words of x a block) ----
+        # ---- x's planes: thread t takes blocks t, t + 128, ... of each row (8 words of x a block) ----
         rX = cute.make_rmem_tensor((2 * PIECE_WORDS,), Int32)
-        for blk in cutlass.range(tidx, pieces * BLOCKS_PER_PIECE, 32 * NUM_WARPS, unroll=1):
-            cute.autovec_copy(cute.local_tile(mX[0, None], (2 * PIECE_WORDS,), (blk,)), rX)
-            self.quantize_block(rX, sPlanes, sMeta, blk)
+        for m in cutlass.range_constexpr(M):
+            for blk in cutlass.range(tidx, pieces * BLOCKS_PER_PIECE, 32 * NUM_WARPS, unroll=1):
+                cute.autovec_copy(cute.local_tile(mX[m, None], (2 * PIECE_WORDS,), (blk,)), rX)
+                self.quantize_block(rX, sPlanes[None, None, None, None, m], sMeta[None, None, m], blk)
         sTables = storage.sTables.get_tensor(cute.make_layout((4,)))
         if tidx < 4:  # read back from shared memory, the tables live in registers: as constants ptxas would move
             # them from uniform registers before every prmt (a prmt's first data operand is a vector register)
@@ -153,13 +158,14 @@ class NVFP4IntGemv(W4A16Gemv):
         cute.arch.barrier()
         tables = [sTables[i] for i in range(4)]
 
-        rP = cute.make_rmem_tensor((PLANE_HALF_WORDS, 2, 2), Int32)  # (word, half, plane)
-        rM = cute.make_rmem_tensor((META_WORDS,), Int32)
+        rP = cute.make_rmem_tensor((PLANE_HALF_WORDS, 2, 2, M), Int32)  # (word, half, plane, x row)
+        rM = cute.make_rmem_tensor((META_WORDS, M), Int32)
         for p in cutlass.range(first, pieces, stride, unroll=1):
-            for plane in cutlass.range_constexpr(2):
-                for h in cutlass.range_constexpr(2):
-                    cute.autovec_copy(sPlanes[None, p, h, plane], rP[None, h, plane])
-            cute.autovec_copy(sMeta[None, p], rM)
+            for m in cutlass.range_constexpr(M):
+                for plane in cutlass.range_constexpr(2):
+                    for h in cutlass.range_constexpr(2):
+                        cute.autovec_copy(sPlanes[None, p, h, plane, m], rP[None, h, plane, m])
+                cute.autovec_copy(sMeta[None, p, m], rM[None, m])
             self.piece(rW, rS, rP, rM, acc, tables)
             if p + stride < pieces:
                 self.load_piece(mW, mBlock, rW, rS, row0, n_rows, p + stride)
@@ -169,7 +175,6 @@ class NVFP4IntGemv(W4A16Gemv):
     def store(self, total: Float32, mScale: cute.Tensor, mBias: Optional[cute.Tensor], mOut: cute.Tensor, n: Int32,
               m: Int32):
         mOut[m, n] = (total * (mScale[0] * Float32(0.5))).to(self.dtype)  # the sums are of 2 * e2m1
-
 
     @cute.jit
     def quantize_block(self, rX: cute.Tensor, sPlanes: cute.Tensor, sMeta: cute.Tensor, blk: Int32):
@@ -208,19 +213,22 @@ class NVFP4IntGemv(W4A16Gemv):
     @cute.jit
     def piece(self, rW: cute.Tensor, rS: cute.Tensor, rP: cute.Tensor, rM: cute.Tensor, acc: cute.Tensor, tables):
         """Word i of the piece: codes 8i..8i+7 (x values 32p + 8i + j), block i // 2, plane words 2 (i % 2), + 1 of
-        half i // 2."""
+        half i // 2; each decoded once for the M rows of x (accumulator r * M + m)."""
+        M = self.m
         for r in cutlass.range_constexpr(self.rows):
             scales = e4m3_pair_f32(rS[r])
             for h in cutlass.range_constexpr(BLOCKS_PER_PIECE):
-                s0 = Int32(0)
-                s1 = Int32(0)
+                s0 = [Int32(0)] * M
+                s1 = [Int32(0)] * M
                 for ii in cutlass.range_constexpr(2):
                     word = rW[2 * h + ii, r]
                     lo = weight_bytes(word, tables)
                     hi = weight_bytes(word >> 16, tables)
-                    s0 = dp4a(lo, rP[2 * ii, h, 0], s0, False)
-                    s0 = dp4a(hi, rP[2 * ii + 1, h, 0], s0, False)
-                    s1 = dp4a(lo, rP[2 * ii, h, 1], s1, True)
-                    s1 = dp4a(hi, rP[2 * ii + 1, h, 1], s1, True)
-                v = s0 + (s1 << 8) - rM[2 * h + 1]
-                acc[r] = v.to(Float32) * (scales[h] * as_f32(rM[2 * h])) + acc[r]
+                    for m in cutlass.range_constexpr(M):
+                        s0[m] = dp4a(lo, rP[2 * ii, h, 0, m], s0[m], False)
+                        s0[m] = dp4a(hi, rP[2 * ii + 1, h, 0, m], s0[m], False)
+                        s1[m] = dp4a(lo, rP[2 * ii, h, 1, m], s1[m], True)
+                        s1[m] = dp4a(hi, rP[2 * ii + 1, h, 1, m], s1[m], True)
+                for m in cutlass.range_constexpr(M):
+                    v = s0[m] + (s1[m] << 8) - rM[2 * h + 1, m]
+                    acc[r * M + m] = v.to(Float32) * (scales[h] * as_f32(rM[2 * h, m])) + acc[r * M + m]
