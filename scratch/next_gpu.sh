@@ -13,7 +13,9 @@ run timeout 90 $NCU --clock-control none --profile-from-start off --section Spee
   --section LaunchStats --section WarpStateStats --section SchedulerStats --section InstructionStats \
   python3 docs/scripts/ncu_w4a16.py 8192 8192
 run timeout 80 python3 tests/bench_w4a16.py --m 1 --gemv int,int:8x1,int:4x1,int:4x2,int:2x1 --shapes 8192x8192,2048x8192,8192x2048
-# ---- call 2 (the first is ~440 s of timeouts) ----
+#    at 2..4 rows against the tensor-core kernel (off) and the fp32 GEMV (on)
+run timeout 120 python3 tests/bench_w4a16.py --m 2,4 --gemv off,on,int --shapes 8192x8192,2048x8192,8192x2048,4096x14336
+# ---- call 2 (the first is ~560 s of timeouts) ----
 #    the end-to-end decode with it (issue 15's 0.9 ms/token; 1.091 with the fp32 GEMV, session 13)
 run timeout 170 env FA4_INDUCTOR_W4A16_INT_GEMV=1 python3 -m fa4_inductor bench --suite quant --quant-formats none \
     --quant-no-prefill --quant-e2e-runs nvfp4:plain --quant-prompt 4096
