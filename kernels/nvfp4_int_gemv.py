@@ -1,15 +1,15 @@
 """Host side of the integer NVFP4 GEMV (`cute/nvfp4_int_gemv.py`): out[M, N] = x[M, K] @ dequant(W)[N, K]^T for
-M = 1..4 on the dp4a units, with x held as 16-bit integers per 16-value block (exact where |x| >= 2^-7 of its block's max for
-bf16 x, 2^-4 for fp16; at most 2^-15 of the block max off below that: `emulate` and `x_error_bound`).
+M = 1..4 on the dp4a units, with x held as 16-bit integers per 16-value block (exact where |x| >= 2^-7 of its block's
+max for bf16 x, 2^-4 for fp16; at most 2^-15 of the block max off below that: `emulate` and `x_error_bound`).
 
     matmul(x2d [M, K], w_fp4, w_block_scale, w_global_scale, forced=None) -> [M, N] in x's dtype
     emulate(x2d, w_fp4, w_block_scale, w_global_scale) -> float64 [M, N]    the kernel's arithmetic, on the CPU
 
-Not routed by the op yet: `w4a16_decode.nvfp4_matmul(..., gemv="int")` (or `("int", rows, warps_k)`) calls it (tests,
-`tests/bench_w4a16.py --gemv int,int:8x1`), until the H200 has measured it against the fp32 GEMV (`cute/w4a16_gemv.py`). Operands and work split are
-that GEMV's (`w4a16_decode.prepare_nvfp4`), its CTA shape `shape`; x's planes take 80 bytes of shared memory a 16-byte
-piece of a weight row and row of x, so a variant is compiled per power-of-two bucket of pieces (`max_pieces`), up to
-K = 16384.
+Not routed by the op yet: `w4a16_decode.nvfp4_matmul(..., gemv="int")` (or `("int", rows, warps_k)`, or
+FA4_INDUCTOR_W4A16_INT_GEMV=1) calls it (tests, `tests/bench_w4a16.py --gemv int,int:8x1`), until the H200 has measured
+it against the fp32 GEMV (`cute/w4a16_gemv.py`) and the tensor-core kernel. Operands and work split are that GEMV's
+(`w4a16_decode.prepare_nvfp4`), its CTA shape `shape`; x's planes take 80 bytes of shared memory a 16-byte piece of a
+weight row and row of x, so a variant is compiled per power-of-two bucket of pieces (`max_pieces`), up to K = 16384.
 """
 
 from __future__ import annotations
@@ -26,7 +26,6 @@ MAX_PIECES = 512  # K <= 16384
 ROW_CHOICES = (8, 4, 2, 1)  # weight rows a warp
 MAX_ROW_PRODUCT = 8  # weight rows a warp times rows of x: a warp's accumulators and x planes stay in registers
 MIN_PIECES = 16  # the smallest bucket (K = 512)
-PLANE_BYTES_PER_PIECE = 80
 
 
 class Key(NamedTuple):

@@ -680,7 +680,7 @@ compiled = compile_utils.CompiledVariants(_compile)
 # ---- the CUDA-core GEMV (`cute/w4a16_gemv.py`): M <= GEMV_AUTO_ROWS, FA4_INDUCTOR_W4A16_GEMV or the matmuls' `gemv` ----
 
 GEMV_MAX_M = 4
-INT_GEMV = "int"  # the matmuls' `gemv` for the integer NVFP4 GEMV of 1..4 rows (`nvfp4_int_gemv`)
+INT_GEMV = "int"  # the matmuls' `gemv` naming the integer NVFP4 GEMV of 1..4 rows (`nvfp4_int_gemv`)
 GEMV_AUTO_ROWS = 1  # H200, docs/benchmarks.md session 13: faster than the tensor-core kernel at M = 1, mostly slower above
 GEMV_ROWS = 4  # weight rows a warp, halved (down to 1) while the CTAs do not cover the SMs (`gemv_shape`)
 GEMV_ROW_CHOICES = (4, 2, 1)

@@ -97,9 +97,7 @@ def bench_shape(n, k, ms, splits_list=None, loads=(None,), ctas=None, int8_scale
         row = {}
         tag = lambda ld: f" {ld}" if ld else ""  # noqa: E731
         ptag = lambda pk: "" if pk is None else {False: " plain", True: " packed", "tiles": " tiles"}[pk]  # noqa: E731
-        gtag = lambda gv: ("" if gv is None else f" int gemv {gv[1]}x{gv[2]}" if isinstance(gv, tuple) and len(gv) == 3  # noqa: E731,E501
-                           else f" gemv {gv[0]}x{gv[1]}" if isinstance(gv, tuple)
-                           else " int gemv" if gv == w4.INT_GEMV else " gemv" if gv else " mma")
+        gtag = gemv_tag
         gemvs_m = gemvs if m <= w4.GEMV_MAX_M else (None,)
         loads_m = [ld for ld in loads if fits(ld, m)]
         sweep = bool(splits_list or ctas)
@@ -189,9 +187,18 @@ def fits(spec, m):
         return False
 
 
+def gemv_tag(gv) -> str:
+    """A row name's part for the matmuls' `gemv` argument (`parse_gemv`'s values)."""
+    if gv is None:
+        return ""
+    if isinstance(gv, tuple):
+        return f" int gemv {gv[1]}x{gv[2]}" if len(gv) == 3 else f" gemv {gv[0]}x{gv[1]}"
+    return " int gemv" if gv == w4.INT_GEMV else " gemv" if gv else " mma"
+
+
 def parse_gemv(value):
-    """--gemv's off / on / int / int:RxK / RxK -> the matmuls' `gemv` argument: False, True, INT_GEMV (NVFP4 calls of 1..4
-    rows on the integer GEMV), (INT_GEMV, rows a warp, K warps) or (rows a warp, K warps)."""
+    """--gemv's off / on / int / int:RxK / RxK -> the matmuls' `gemv` argument: False, True, INT_GEMV (NVFP4 calls
+    of 1..4 rows on the integer GEMV), (INT_GEMV, rows a warp, K warps) or (rows a warp, K warps)."""
     value = value.strip()
     if value in ("off", "on", "int"):
         return {"off": False, "on": True, "int": w4.INT_GEMV}[value]
@@ -210,7 +217,8 @@ def main():
     p.add_argument("--load", default=None, help="comma list of load paths: registers, bulk, bulk+prefetch:4 ...")
     p.add_argument("--stages", default=None, help="comma list: ring depths for each bulk load path")
     p.add_argument("--pack", default=None, help="comma list of NVFP4 layouts: off (plain), on (packed), tiles")
-    p.add_argument("--gemv", default=None, help="comma list of M <= 4 routes: off (tensor-core kernel), on (GEMV), int (NVFP4 calls on the integer GEMV), int:RxK (its shape), "
+    p.add_argument("--gemv", default=None, help="comma list of M <= 4 routes: off (tensor-core kernel), on (GEMV), "
+                                                 "int (NVFP4 calls on the integer GEMV), int:RxK (its shape), "
                                                  "RxK (the GEMV with R rows a warp, K warps along K)")
     p.add_argument("--int8-scales", default="float32", choices=("float32", "bfloat16", "float16"),
                    help="the int8 weights' per-channel scale dtype")

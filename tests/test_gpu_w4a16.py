@@ -463,7 +463,8 @@ def int_gemv_case(n, k, dtype, seed=0, shape=None, x=None, m=1):
     rounding = 2.0 ** (-8 if dtype == torch.bfloat16 else -10)
     gap = (out.double() - emu).abs()
     assert (gap <= rounding * emu.abs() + 1e-6 * emu.abs().max()).all(), \
-        f"int gemv m{x.shape[0]} n{n} k{k}: off its emulation by {gap.max().item():.3g} (|emu| max {emu.abs().max().item():.3g})"
+        f"int gemv m{x.shape[0]} n{n} k{k}: off its emulation by {gap.max().item():.3g} " \
+        f"(|emu| max {emu.abs().max().item():.3g})"
     report(f"int gemv {str(dtype)[6:]} m{x.shape[0]} n{n} k{k} shape {shape or 'auto'}", out, x.double() @ wd.T,
            F.linear(x, wd.to(dtype)))
     return out

@@ -1,6 +1,6 @@
 """Few-row NVFP4 GEMV for Hopper (sm_90a) in CuTe DSL on the integer dot-product units: out[M, N] = x[M, K] @
-dequant(W)[N, K]^T for M = 1..MAX_M, x float16 / bfloat16, output in x's dtype. `w4a16_gemv.py`'s work split and operands (read its
-docstring), with another inner product: its loop issues 2.55 instructions a weight (4 rows a warp; sm_90a SASS,
+dequant(W)[N, K]^T for M = 1..MAX_M, x float16 / bfloat16, output in x's dtype. `w4a16_gemv.py`'s work split and
+operands (read its docstring), with another inner product: its loop issues 2.55 instructions a weight (4 rows a warp; sm_90a SASS,
 `docs/scripts/sass_stats.py intgemv 4 1 256`) where that kernel's fp32 one issues 5.12.
 
 Weights. A code c (bit 3 the sign, bits 2-0 an index i into e2m1's magnitudes) becomes the byte 64 + 2 * e2m1(c), in
