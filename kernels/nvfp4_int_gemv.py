@@ -3,6 +3,7 @@ M = 1..4 on the dp4a units, with x held as 16-bit integers per 16-value block (e
 max for bf16 x, 2^-4 for fp16; at most 2^-15 of the block max off below that: `emulate` and `x_error_bound`).
 
     matmul(x2d [M, K], w_fp4, w_block_scale, w_global_scale, forced=None) -> [M, N] in x's dtype
+    run(x2d, w_fp4, w_block_scale, w_global_scale, n, forced=None)    the same without the checks
     emulate(x2d, w_fp4, w_block_scale, w_global_scale) -> float64 [M, N]    the kernel's arithmetic, on the CPU
 
 Not routed by the op yet: `w4a16_decode.nvfp4_matmul(..., gemv="int")` (or `("int", rows, warps_k)`, or
@@ -101,6 +102,14 @@ def matmul(x2d: Tensor, w_fp4: Tensor, w_block_scale: Tensor, w_global_scale: Te
     reason = w4.unsupported_reason(x2d, "nvfp4", n, k) or unsupported_reason(x2d, n, k)
     if reason is not None:
         raise ValueError(reason)
+    return run(x2d, w_fp4, w_block_scale, w_global_scale, n, forced)
+
+
+def run(x2d: Tensor, w_fp4: Tensor, w_block_scale: Tensor, w_global_scale: Tensor, n: int,
+        forced: Optional[tuple[int, int]] = None) -> Tensor:
+    """`matmul` without its checks, for a caller that has made them (`w4a16_decode.nvfp4_matmul`, every call)."""
+    from . import w4a16_decode as w4
+
     words, blocks = w4.prepare_nvfp4(w_fp4, w_block_scale)
     pieces = words.shape[1] // 4
     x = w4.prepare_x(x2d, 8 * words.shape[1])

@@ -915,7 +915,7 @@ def nvfp4_matmul(x2d: Tensor, w_fp4: Tensor, w_block_scale: Tensor, w_global_sca
     if _is_int_gemv(gemv) or gemv is None and switches.current().w4a16_int_gemv:
         if not pack and nvfp4_int_gemv.unsupported_reason(x2d, n, k) is None:
             forced = tuple(gemv[1:]) if isinstance(gemv, tuple) else None
-            return nvfp4_int_gemv.matmul(x2d, w_fp4, w_block_scale, w_global_scale, forced)
+            return nvfp4_int_gemv.run(x2d, w_fp4, w_block_scale, w_global_scale, n, forced)
         gemv = None if gemv is None else True
     if not pack and x2d.shape[0] <= gemv_rows(gemv):
         words, blocks = prepare_nvfp4(w_fp4, w_block_scale)

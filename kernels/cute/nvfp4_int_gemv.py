@@ -34,7 +34,7 @@ from cutlass.cutlass_dsl import T, dsl_user_op
 
 from .decode_attention_int8kv import _max_abs
 from .w4a16_decode_gemm import _asm, _i32, prmt
-from .w4a16_gemv import NUM_WARPS, PIECE_WORDS, W4A16Gemv, as_f32, e4m3_pair_f32, halves_f32
+from .w4a16_gemv import NUM_WARPS, PIECE_WORDS, W4A16Gemv, as_f32, as_i32, e4m3_pair_f32, halves_f32
 
 MAX_M = 4
 BLOCK = 16  # x values (and weight codes) a scale block
@@ -85,11 +85,6 @@ def rounded_bits(x: Float32, multiplier: Float32, *, loc=None, ip=None) -> Int32
     return Int32(_asm(T.i32(), [Float32(x).ir_value(loc=loc, ip=ip), Float32(multiplier).ir_value(loc=loc, ip=ip)],
                       "{\n.reg .f32 r;\n"
                       f"fma.rn.f32 r, $1, $2, 0f{ROUNDER_BITS:08X};\nmov.b32 $0, r;\n}}", "=r,f,f"))
-
-
-@dsl_user_op
-def as_i32(a: Float32, *, loc=None, ip=None) -> Int32:
-    return Int32(_asm(T.i32(), [Float32(a).ir_value(loc=loc, ip=ip)], "mov.b32 $0, $1;", "=r,f"))
 
 
 class NVFP4IntGemv(W4A16Gemv):

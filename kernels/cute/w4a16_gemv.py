@@ -59,6 +59,11 @@ def as_f32(a: Int32, *, loc=None, ip=None) -> Float32:
 
 
 @dsl_user_op
+def as_i32(a: Float32, *, loc=None, ip=None) -> Int32:
+    return Int32(_asm(T.i32(), [Float32(a).ir_value(loc=loc, ip=ip)], "mov.b32 $0, $1;", "=r,f"))
+
+
+@dsl_user_op
 def halves_f32(word: Int32, is_f16: bool, *, loc=None, ip=None):
     """The two 16-bit floats of `word` (low first) as fp32, exactly."""
     if is_f16:
