@@ -25,6 +25,7 @@ from .cute import compile_utils
 
 MAX_PIECES = 512  # K <= 16384
 ROW_CHOICES = (8, 4, 2, 1)  # weight rows a warp
+SHAPE_ORDER = ((4, 1), (4, 2), (2, 2), (1, 2), (1, 4), (2, 1), (1, 1))  # (rows a warp, K warps) by preference (`shape`)
 MAX_ROW_PRODUCT = 8  # weight rows a warp times rows of x: a warp's accumulators and x planes stay in registers
 MIN_PIECES = 16  # the smallest bucket (K = 512)
 
@@ -49,15 +50,16 @@ def pieces_bucket(pieces: int) -> int:
     return bucket
 
 
-def shape(n: int, m: int, num_sms: int) -> tuple[int, int]:
-    """(rows a warp, K warps) for an n-row weight and m rows of x: every CTA writes all of x's planes first, so the
-    fewest CTAs that still cover the SMs, each as many rows as it can (rows * m <= MAX_ROW_PRODUCT, 4 warps along N:
-    one K warp)."""
+def shape(n: int, m: int, num_sms: int, pieces: int) -> tuple[int, int]:
+    """(rows a warp, K warps) for an n-row weight of `pieces` 16-byte pieces a row and m rows of x: the first CTA shape
+    in SHAPE_ORDER (rows * m <= MAX_ROW_PRODUCT, each K warp at least one 32-piece step) whose CTAs cover the SMs,
+    else the one of the most CTAs. Each CTA writes all of x's planes first, so more CTAs cost more of that; 4 rows a
+    warp keep 4 CTAs a SM resident (128 registers with two pieces in flight; 8 rows take 253)."""
     from .cute.nvfp4_int_gemv import NUM_WARPS
 
-    choices = [r for r in ROW_CHOICES if r * m <= MAX_ROW_PRODUCT] or [1]
-    rows = next((r for r in choices if -(-n // (r * NUM_WARPS)) >= num_sms), choices[-1])
-    return rows, 1
+    fits = [(r, wk) for r, wk in SHAPE_ORDER if r * m <= MAX_ROW_PRODUCT and (wk == 1 or pieces >= 32 * wk)]
+    ctas = {s: -(-n // (s[0] * (NUM_WARPS // s[1]))) for s in fits}
+    return next((s for s in fits if ctas[s] >= num_sms), max(fits, key=lambda s: ctas[s]))
 
 
 def unsupported_reason(x2d: Tensor, n: int, k: int) -> str | None:
@@ -116,7 +118,7 @@ def run(x2d: Tensor, w_fp4: Tensor, w_block_scale: Tensor, w_global_scale: Tenso
     m = x.shape[0]
     out = torch.empty(m, n, dtype=x.dtype, device=x.device)
     device = x.device.index if x.device.index is not None else torch.cuda.current_device()
-    rows, warps_k = forced or shape(n, m, w4._num_sms(device))
+    rows, warps_k = forced or shape(n, m, w4._num_sms(device), pieces)
     key = Key(x.dtype, m, compile_utils.target_arch(x.device), rows, warps_k, pieces_bucket(pieces),
               switches.current().w4a16_pdl)
     with torch.cuda.device(x.device):

@@ -476,6 +476,13 @@ def test_int_gemv_shapes(n, k, dtype):
     int_gemv_case(n, k, dtype, seed=n + k)
 
 
+@pytest.mark.parametrize("shape", [(4, 1), (2, 2), (1, 4)], ids=lambda s: f"{s[0]}x{s[1]}")
+@pytest.mark.parametrize("k", [1024, 2080, 3104, 4128, 5152])
+def test_int_gemv_steps_a_lane(k, shape):
+    """1 to 6 32-piece steps a lane (two pieces in flight: even and odd counts, a lane past the last piece)."""
+    int_gemv_case(257, k, torch.bfloat16, seed=k, shape=shape)
+
+
 @pytest.mark.parametrize("m", [2, 3, 4])
 @pytest.mark.parametrize("n, k", [(1000, 2064), (8192, 2048), (3, 48), (4099, 1040)])
 def test_int_gemv_more_rows(m, n, k):

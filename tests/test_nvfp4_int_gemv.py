@@ -84,10 +84,12 @@ def test_a_non_finite_block_of_x_makes_the_outputs_nan():
     assert g.emulate(x, w_fp4, block, global_scale).isnan().all()
 
 
-def test_shape_covers_the_sms_with_the_fewest_ctas():
-    assert [g.shape(n, 1, 132) for n in (14336, 8192, 4096, 2048, 1024, 512, 100)] == \
-        [(8, 1), (8, 1), (4, 1), (2, 1), (1, 1), (1, 1), (1, 1)]
-    assert [g.shape(8192, m, 132) for m in (2, 3, 4)] == [(4, 1), (2, 1), (2, 1)]
+def test_shape_prefers_four_rows_a_warp_and_covers_the_sms():
+    assert [g.shape(n, 1, 132, 256) for n in (14336, 8192, 4096, 2048, 1024, 512, 100)] == \
+        [(4, 1), (4, 1), (4, 1), (4, 2), (2, 2), (1, 2), (1, 4)]
+    assert [g.shape(8192, m, 132, 256) for m in (2, 3, 4)] == [(4, 1), (2, 2), (2, 2)]
+    # a K warp needs a 32-piece step of its own: K = 1024 (32 pieces) keeps one K warp, then the most CTAs
+    assert g.shape(512, 1, 132, 32) == (1, 1)
 
 
 def test_pieces_bucket_and_limits():

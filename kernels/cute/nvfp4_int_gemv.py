@@ -131,9 +131,14 @@ class NVFP4IntGemv(W4A16Gemv):
 
         acc = cute.make_rmem_tensor((self.rows * M,), Float32)
         acc.fill(0.0)
+        # two pieces of the warp's rows in flight: the even steps' in rW / rS, the odd steps' in rW2 / rS2
         rW = cute.make_rmem_tensor((PIECE_WORDS, self.rows), Int32)
         rS = cute.make_rmem_tensor((self.rows,), Int32)
+        rW2 = cute.make_rmem_tensor((PIECE_WORDS, self.rows), Int32)
+        rS2 = cute.make_rmem_tensor((self.rows,), Int32)
         lane, wn, wk, row0, n_rows, pieces, first, stride = self.start(mW, mBlock, rW, rS)
+        if first + stride < pieces:
+            self.load_piece(mW, mBlock, rW2, rS2, row0, n_rows, first + stride)
 
         # ---- x's planes: thread t takes blocks t, t + 128, ... of each row (8 words of x a block) ----
         rX = cute.make_rmem_tensor((2 * PIECE_WORDS,), Int32)
@@ -155,16 +160,26 @@ class NVFP4IntGemv(W4A16Gemv):
 
         rP = cute.make_rmem_tensor((PLANE_HALF_WORDS, 2, 2, M), Int32)  # (word, half, plane, x row)
         rM = cute.make_rmem_tensor((META_WORDS, M), Int32)
-        for p in cutlass.range(first, pieces, stride, unroll=1):
-            for m in cutlass.range_constexpr(M):
-                for plane in cutlass.range_constexpr(2):
-                    for h in cutlass.range_constexpr(2):
-                        cute.autovec_copy(sPlanes[None, p, h, plane, m], rP[None, h, plane, m])
-                cute.autovec_copy(sMeta[None, p, m], rM[None, m])
+        for p in cutlass.range(first, pieces, 2 * stride, unroll=1):
+            self.x_piece(sPlanes, sMeta, rP, rM, p)
             self.piece(rW, rS, rP, rM, acc, tables)
+            if p + 2 * stride < pieces:
+                self.load_piece(mW, mBlock, rW, rS, row0, n_rows, p + 2 * stride)
             if p + stride < pieces:
-                self.load_piece(mW, mBlock, rW, rS, row0, n_rows, p + stride)
+                self.x_piece(sPlanes, sMeta, rP, rM, p + stride)
+                self.piece(rW2, rS2, rP, rM, acc, tables)
+                if p + 3 * stride < pieces:
+                    self.load_piece(mW, mBlock, rW2, rS2, row0, n_rows, p + 3 * stride)
         self.add_up_and_store(acc, storage.sRed, lane, wn, wk, row0, n_rows, mScale, None, mOut)
+
+    @cute.jit
+    def x_piece(self, sPlanes: cute.Tensor, sMeta: cute.Tensor, rP: cute.Tensor, rM: cute.Tensor, p: Int32):
+        """Piece p's plane words and block metadata of every row of x, from shared memory."""
+        for m in cutlass.range_constexpr(self.m):
+            for plane in cutlass.range_constexpr(2):
+                for h in cutlass.range_constexpr(2):
+                    cute.autovec_copy(sPlanes[None, p, h, plane, m], rP[None, h, plane, m])
+            cute.autovec_copy(sMeta[None, p, m], rM[None, m])
 
     @cute.jit
     def store(self, total: Float32, mScale: cute.Tensor, mBias: Optional[cute.Tensor], mOut: cute.Tensor, n: Int32,
