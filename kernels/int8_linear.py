@@ -25,7 +25,7 @@ Kernels: the CPU runs this reference. CUDA calls go to the first route of `CUDA_
   16: the int8 weight read in place, products summed in fp32, scale (and bias) applied to the sum before one
   rounding, as quack's route below.
 - `quack_int8`: quack's SM90 mixed-input GEMM (kernels/quack_w4a16.py) for calls of at most
-  `QUACK_MAX_ROWS` rows (x's rows, M): it reads the int8 weight itself, 1 byte per weight instead of 2, and
+  `QUACK_MAX_ROWS` rows (x's rows, M; `QUACK_MAX_ROWS_WIDE` over wide weights): it reads the int8 weight itself, 1 byte per weight instead of 2, and
   multiplies by the per-channel scale (and adds the bias) on the fp32 accumulator before one rounding to
   bf16. So its arithmetic differs from both orders above by roundings (the products and sums are exact or
   fp32 either way): within a bf16 rounding of the output, not bit for bit. bf16 x, per-channel scales,
@@ -135,12 +135,17 @@ def _int8_linear_fake(x, w_int8, w_scale, bias=None, *, group_size=-1, scale_aft
 # ---------------------------------------------------------------------------------------------- CUDA routes
 
 QUACK_MAX_ROWS = 256
-"""The most rows (M) a call sent to quack's int8 GEMM has; more go to `dense`. Measured on the H200 (CUDA-graph
-medians, us, both routes forced through the op; docs/benchmarks.md session 13 run 2): at M = 256 quack 17.6 / 12.5
-/ 48.7 / 55.1 against dense 63.7 / 20.9 / 206 / 205 on Llama-8B's 4096 x 4096 / 1024 x 4096 / 14336 x 4096 /
-4096 x 14336 (bf16 cuBLAS over a bf16 weight: 16.9 / 8.5 / 51.7 / 57.1): `dense` pays a dequantize per call that
-quack does not. Above 256 rows it is not measured yet, so those calls keep `dense`, whose GEMM time dominates as M
-grows (8192 x 8192, M = 2048: ~400 us of cuBLAS against ~50 us of dequantize)."""
+QUACK_MAX_ROWS_WIDE = 4096
+QUACK_WIDE_N = 4096
+"""Calls sent to quack's int8 GEMM: at most QUACK_MAX_ROWS rows (M) over any weight, at most QUACK_MAX_ROWS_WIDE over
+weights of at least QUACK_WIDE_N rows (N); the rest go to `dense`. Measured on the H200 (CUDA-graph medians, us):
+- M = 256 (docs/benchmarks.md session 13 run 2, both routes forced through the op): quack 17.6 / 12.5 / 48.7 / 55.1
+  against dense 63.7 / 20.9 / 206 / 205 on Llama-8B's 4096 x 4096 / 1024 x 4096 / 14336 x 4096 / 4096 x 14336: `dense`
+  pays a dequantize per call that quack does not.
+- M = 1024 and 4096 (session 15 run 2, quack called directly against the op's dense route): 4096 x 4096 49.6 / 99.8
+  and 210 / 282; 14336 x 4096 194 / 347 and 732 / 1031; 4096 x 14336 175 / 316 and 727 / 874 (quack at bf16 cuBLAS's
+  speed there); but 1024 x 4096 39.4 / 29.3 at M = 1024, so narrow weights keep `dense` above 256 rows. Above 4096
+  rows nothing is measured: `dense`, whose GEMM time dominates as M grows."""
 
 
 def rows(x: Tensor) -> int:
@@ -148,11 +153,12 @@ def rows(x: Tensor) -> int:
     return x.numel() // x.shape[-1] if x.shape[-1] else 0
 
 
-def rows_reason(m: int) -> str | None:
-    """Why a call of m rows does not go to quack's int8 GEMM on account of its size, or None."""
-    if m > QUACK_MAX_ROWS:
-        return (f"{m} rows > {QUACK_MAX_ROWS}: quack's int8 GEMM is measured faster than dequantize + cuBLAS up to "
-                "there only (QUACK_MAX_ROWS)")
+def rows_reason(m: int, n: int) -> str | None:
+    """Why a call of m rows over an n-row weight does not go to quack's int8 GEMM on account of its size, or None."""
+    limit = QUACK_MAX_ROWS_WIDE if n >= QUACK_WIDE_N else QUACK_MAX_ROWS
+    if m > limit:
+        return (f"{m} rows > {limit} over a weight of {n} rows: quack's int8 GEMM is measured faster than dequantize + "
+                "cuBLAS up to there only (QUACK_MAX_ROWS, QUACK_MAX_ROWS_WIDE from QUACK_WIDE_N rows)")
     return None
 
 
@@ -211,7 +217,7 @@ def _quack_reason(x, w_int8, w_scale, bias=None, *, group_size=-1, scale_after_m
     if group_size != -1:
         return f"quack's int8 GEMM takes per-channel scales, not groups of {group_size}"
     n, k = w_int8.shape
-    return rows_reason(rows(x)) or quack_w4a16.unsupported_reason(x, "int8", n, k)
+    return rows_reason(rows(x), n) or quack_w4a16.unsupported_reason(x, "int8", n, k)
 
 
 def _quack_run(x, w_int8, w_scale, bias=None, *, group_size=-1, scale_after_matmul=False) -> Tensor:
@@ -243,7 +249,8 @@ def _dense_run(x, w_int8, w_scale, bias=None, *, group_size=-1, scale_after_matm
 
 
 QUACK = Route("quack_int8", _quack_reason, _quack_run,
-              f"at most {QUACK_MAX_ROWS} rows: quack's mixed-input GEMM reads the int8 weight directly")
+              f"at most {QUACK_MAX_ROWS} rows ({QUACK_MAX_ROWS_WIDE} over weights of {QUACK_WIDE_N} rows or more): "
+              "quack's mixed-input GEMM reads the int8 weight directly")
 DENSE = Route("dense", _dense_reason, _dense_run, None)
 W4A16 = Route("w4a16_int8", _w4a16_reason, _w4a16_run,
               f"at most {W4A16_MAX_ROWS} rows: our W4A16 decode GEMM reads the int8 weight in place")

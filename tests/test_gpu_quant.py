@@ -1,7 +1,7 @@
 """GPU tier: quantized linears on CUDA (`pytest -m gpu tests/test_gpu_quant.py` on an sm90 GPU).
 
 `fa4::int8_linear`'s CUDA routes (our W4A16 GEMM for decode-sized calls where it is measured faster, quack's
-int8 GEMM up to `QUACK_MAX_ROWS` rows, the dense route above),
+int8 GEMM up to `QUACK_MAX_ROWS` rows (`QUACK_MAX_ROWS_WIDE` over wide weights), the dense route above),
 quack's NVFP4 GEMM through the adapter (`kernels/quack_w4a16.py`), `fa4::int8_int8_linear`; weights prepared
 once (in the warm-up call, never during CUDA-graph capture), and the families through the backend.
 
@@ -89,7 +89,7 @@ def int8_route(m, n, k):
     """The route `fa4::int8_linear` must take for a bf16 x of m rows over an [n, k] per-channel weight."""
     if int8_linear_op.w4a16_int8_shape_reason(m, n, k) is None and k % 16 == 0:
         return "w4a16_int8"
-    return "quack_int8" if m <= int8_linear_op.QUACK_MAX_ROWS else "dense"
+    return "dense" if int8_linear_op.rows_reason(m, n) else "quack_int8"
 
 
 @pytest.mark.parametrize("scale_after_matmul, scale_dtype, bias", [(True, torch.bfloat16, False),
@@ -109,6 +109,19 @@ def test_int8_linear_routes_and_numerics(m, n, k, scale_after_matmul, scale_dtyp
     assert out.shape == (m, n) and out.dtype == torch.bfloat16 and out.is_contiguous()
     pytorch = int8_linear_op.int8_linear(x, w, scale, b, **kwargs)  # the model code's arithmetic, eager
     assert_within_pytorch_error(f"{route} m={m}", out, int8_reference(x, w, scale, b), pytorch)
+
+
+@pytest.mark.parametrize("m", [257, 1024, 4096, 4097])
+def test_int8_linear_wide_weights_above_256_rows(m):
+    """Weights of QUACK_WIDE_N rows take quack up to QUACK_MAX_ROWS_WIDE rows of x, then `dense`."""
+    n, k = int8_linear_op.QUACK_WIDE_N, 256
+    w, scale = int8_weight(n, k)
+    x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
+    route, why = int8_linear_op.kernel_for(x, w, scale, scale_after_matmul=True)
+    assert route == ("quack_int8" if m <= int8_linear_op.QUACK_MAX_ROWS_WIDE else "dense"), why
+    out = INT8_LINEAR(x, w, scale, None, scale_after_matmul=True)
+    assert_within_pytorch_error(f"{route} m={m}", out, int8_reference(x, w, scale),
+                                int8_linear_op.int8_linear(x, w, scale, scale_after_matmul=True))
 
 
 @pytest.mark.parametrize("x_shape", [(2, 3), (1, 1), (4, 16)], ids=str)

@@ -65,10 +65,15 @@ def test_quack_import_is_lazy():
 
 
 def test_rows_crossover_is_a_pure_function():
-    assert op.rows_reason(1) is None and op.rows_reason(op.QUACK_MAX_ROWS) is None
-    assert op.rows_reason(op.QUACK_MAX_ROWS + 1) == (
-        f"{op.QUACK_MAX_ROWS + 1} rows > {op.QUACK_MAX_ROWS}: quack's int8 GEMM is measured faster than dequantize "
-        "+ cuBLAS up to there only (QUACK_MAX_ROWS)")
+    narrow, wide = op.QUACK_WIDE_N - 1, op.QUACK_WIDE_N
+    assert op.rows_reason(1, narrow) is None and op.rows_reason(op.QUACK_MAX_ROWS, narrow) is None
+    assert op.rows_reason(op.QUACK_MAX_ROWS + 1, wide) is None and op.rows_reason(op.QUACK_MAX_ROWS_WIDE, wide) is None
+    assert op.rows_reason(op.QUACK_MAX_ROWS + 1, narrow) == (
+        f"{op.QUACK_MAX_ROWS + 1} rows > {op.QUACK_MAX_ROWS} over a weight of {narrow} rows: quack's int8 GEMM is "
+        "measured faster than dequantize + cuBLAS up to there only (QUACK_MAX_ROWS, QUACK_MAX_ROWS_WIDE from "
+        "QUACK_WIDE_N rows)")
+    assert op.rows_reason(op.QUACK_MAX_ROWS_WIDE + 1, wide).startswith(
+        f"{op.QUACK_MAX_ROWS_WIDE + 1} rows > {op.QUACK_MAX_ROWS_WIDE} over a weight of {wide} rows")
 
 
 def call(m, n=64, k=64, group_size=-1, x_shape=None):
@@ -94,7 +99,7 @@ def test_route_by_rows(quack_takes_everything):
     assert op.kernel_for(x, w, scale) == ("quack_int8", f"{op.QUACK.takes} ({ours_off_gpu})")
     x, w, scale = call(op.QUACK_MAX_ROWS + 1)
     assert op.kernel_for(x, w, scale)[0] == "dense"
-    assert op.kernel_for(x, w, scale)[1].endswith(op.rows_reason(op.QUACK_MAX_ROWS + 1))
+    assert op.kernel_for(x, w, scale)[1].endswith(op.rows_reason(op.QUACK_MAX_ROWS + 1, 64))
     x, w, scale = call(4, group_size=16)
     assert op.kernel_for(x, w, scale, group_size=16) == (
         "dense", "our W4A16 GEMM takes per-channel int8 scales, not groups of 16; "
