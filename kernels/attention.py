@@ -23,7 +23,8 @@ asks before emitting them (exported as `kernels.attention_unsupported_reason`).
 Kernels: CPU runs the float32/float64 reference. CUDA takes the first route of `routes.FORWARD` that
 takes the call: PyTorch's cuDNN SDPA (`sdpa_cudnn.py`) for decode-shaped calls with one cache length,
 our split-KV decode kernel (`decode.py`) for decode-shaped calls with per-sequence lengths or a key mask,
-FA4 (`fa4.py`), PyTorch's memory-efficient SDPA kernel (`sdpa_fallback.py`), else the reference on the
+cuDNN SDPA again for small unmasked attentions (`crossover.small`: those lowering leaves to the op when their
+sizes are symbolic), FA4 (`fa4.py`), PyTorch's memory-efficient SDPA kernel (`sdpa_fallback.py`), else the reference on the
 device; `kernel_for` says which and why, and `_route` remembers it per call signature
 (`backward_kernel_for` for the backward, `routes.BACKWARD`: FA4, the SDPA fallback's recomputing
 backward, or the reference). FA4 takes no key mask: a key-mask call that is not decode-shaped first
@@ -75,12 +76,13 @@ def unsupported_reason(device_type: str, dtype: torch.dtype, head_dim: int, head
 
 def kernel_for(q: Tensor, k: Tensor, v: Tensor, key_mask: Optional[Tensor] = None, *,
                seqused_k: Optional[Tensor] = None, **flags) -> tuple[str, str]:
-    """(kernel name, why) for a forward call: "sdpa_cudnn", "decode", "fa4", "sdpa" or "reference", the
+    """(kernel name, why) for a forward call: "sdpa_cudnn", "decode", "sdpa_small", "fa4", "sdpa" or "reference", the
     first route of `routes.FORWARD` that takes it (CPU: the reference).
 
     Decode-shaped calls (few packed query rows against a long cache, `decode.dispatch_reason`)
     go to our split-KV decode kernel when they carry per-sequence lengths or a key mask, else to
-    cuDNN SDPA (`sdpa_cudnn`, faster there); the rest to FA4 where it takes them, else to the SDPA fallback.
+    cuDNN SDPA (`sdpa_cudnn`, faster there); small unmasked ones to cuDNN SDPA too ("sdpa_small"); the rest to FA4
+    where it takes them, else to the SDPA fallback.
     FA4 takes no key mask (a padding mask): such calls that are not decode-shaped go to the SDPA fallback."""
     route, why = _choose(routes.FORWARD, q, k, v, seqused_k, key_mask, flags)
     return route.name, why

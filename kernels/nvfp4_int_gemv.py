@@ -6,11 +6,12 @@ max for bf16 x, 2^-4 for fp16; at most 2^-15 of the block max off below that: `e
     run(x2d, w_fp4, w_block_scale, w_global_scale, n, forced=None)    the same without the checks
     emulate(x2d, w_fp4, w_block_scale, w_global_scale) -> float64 [M, N]    the kernel's arithmetic, on the CPU
 
-Not routed by the op yet: `w4a16_decode.nvfp4_matmul(..., gemv="int")` (or `("int", rows, warps_k)`, or
-FA4_INDUCTOR_W4A16_INT_GEMV=1) calls it (tests, `tests/bench_w4a16.py --gemv int,int:8x1`), until the H200 has measured
-it against the fp32 GEMV (`cute/w4a16_gemv.py`) and the tensor-core kernel. Operands and work split are that GEMV's
-(`w4a16_decode.prepare_nvfp4`), its CTA shape `shape`; x's planes take 80 bytes of shared memory a 16-byte piece of a
-weight row and row of x, so a variant is compiled per power-of-two bucket of pieces (`max_pieces`), up to K = 16384.
+Routed (`w4a16_decode.nvfp4_matmul`): one-row NVFP4 calls where it measured faster than the fp32 GEMV
+(`cute/w4a16_gemv.py`), `w4a16_decode.int_gemv_auto`; FA4_INDUCTOR_W4A16_INT_GEMV=on sends it every call of 1..4 rows,
+off none; `gemv="int"` or `("int", rows, warps_k)` forces it (tests, `tests/bench_w4a16.py --gemv int,int:4x1`).
+Operands and work split are that GEMV's (`w4a16_decode.prepare_nvfp4`), its CTA shape `shape`; x's planes take 80
+bytes of shared memory a 16-byte piece of a weight row and row of x, so a variant is compiled per power-of-two bucket
+of pieces (`max_pieces`), up to K = 16384.
 """
 
 from __future__ import annotations

@@ -9,7 +9,8 @@ A route is a name, whether it takes a call, and the adapter module that runs it:
 `forward` / `backward` up on the module when it calls them, as it would a module function.
 
 Forward order (`FORWARD`): cuDNN SDPA for fixed-length decode calls, our split-KV decode kernel for the other
-decode-shaped ones, FA4, the SDPA fallback, the reference; the backward has FA4, the SDPA fallback's
+decode-shaped ones, cuDNN SDPA for small unmasked attentions (`crossover.small`), FA4, the SDPA fallback, the
+reference; the backward has FA4, the SDPA fallback's
 recomputing backward, the reference. The reference takes every call, so a walk always ends.
 `INT8KV` (`fa4::attention_int8kv`): the int8-KV decode kernel, then the dequantizing
 fallback, which takes every call.
@@ -45,11 +46,13 @@ def _sdpa_cudnn_reason(q: Tensor, k: Tensor, v: Tensor, *, seqused_k: Optional[T
 SDPA_CUDNN = Route("sdpa_cudnn", _sdpa_cudnn_reason, sdpa_cudnn,
                    "decode-shaped with one cache length: cuDNN SDPA (GQA-native) is faster here")
 DECODE = Route("decode", decode.dispatch_reason, decode, "decode-shaped: the split-KV decode kernel takes this call")
+SDPA_SMALL = Route("sdpa_small", sdpa_cudnn.small_reason, sdpa_cudnn,
+                   "a small attention: cuDNN SDPA's shorter host path wins (crossover.py)")
 FA4 = Route("fa4", fa4.unsupported_reason, fa4, "FA4 takes this call")
 SDPA = Route("sdpa", sdpa_fallback.unsupported_reason, sdpa_fallback, None)
 REFERENCE = Route("reference", reference.unsupported_reason, reference, None)
 
-FORWARD = (SDPA_CUDNN, DECODE, FA4, SDPA, REFERENCE)
+FORWARD = (SDPA_CUDNN, DECODE, SDPA_SMALL, FA4, SDPA, REFERENCE)
 BACKWARD = (FA4, SDPA, REFERENCE)
 
 # `fa4::attention_int8kv` (int8 k, v with float32 per-(token, KV head) scales; kernels/attention_int8kv.py): the

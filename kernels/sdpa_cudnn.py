@@ -11,8 +11,14 @@ sends these calls to our decode kernel as well (A/B benchmarks).
 
 What it takes (`unsupported_reason`): float16 / bfloat16 on sm90 with cuDNN, head_dim == head_dim_v,
 a multiple of 8 up to 128 (where it was measured); unit stride on the head dim; no seqused_k, key mask,
-softcap or window; causal only with one query token (bottom-right with Sq = 1 hides nothing, and
-SDPA's causal mask is top-left aligned, so Sq > 1 has no spelling here).
+softcap or window; causal only with one query token or as many queries as keys (bottom-right with Sq = 1
+hides nothing, with Sq = Sk it is top-left, SDPA's alignment; other Sq have no spelling here).
+
+Its second use (`small_reason`): small attentions of any shape it can spell (`crossover.small`, the measured
+crossover against FA4), which lowering keeps as SDPA calls when it sees their sizes but which reach the op in
+dynamic-shape graphs: there FA4's longer host path lost to default compile's SDPA (the size sweep's hidden-256
+Llama at batch 8, 128-2048 tokens: 0.61-0.78x, docs/benchmarks.md session 15). FA4_INDUCTOR_SMALL_ON_FA4=1
+keeps them on FA4.
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from . import layout, switches
+from . import crossover, layout, switches
 from .flags import Flags
 
 DTYPES = layout.HALF_DTYPES
@@ -32,18 +38,32 @@ MAX_HEAD_DIM = 128
 def unsupported_reason(q: Tensor, k: Tensor, v: Tensor, *, seqused_k: Optional[Tensor] = None,
                        key_mask: Optional[Tensor] = None, **flags) -> str | None:
     """Why cuDNN SDPA should not take this decode-shaped call, or None if it should (module docstring)."""
+    return (switches.gate("cuDNN SDPA", switches.DECODE_EVERYWHERE, q, DTYPES)
+            or _spelling_reason(q, k, v, seqused_k, key_mask, Flags(**flags)))
+
+
+def small_reason(q: Tensor, k: Tensor, v: Tensor, *, seqused_k: Optional[Tensor] = None,
+                 key_mask: Optional[Tensor] = None, **flags) -> str | None:
+    """Why cuDNN SDPA should not take this call as a small attention (`crossover.small`), or None if it should."""
     f = Flags(**flags)
-    reason = switches.gate("cuDNN SDPA", switches.DECODE_EVERYWHERE, q, DTYPES)
-    if reason is not None:
-        return reason
+    b, h, sq, d = q.shape
+    if not crossover.small(b, h, sq, k.shape[2], d, f.causal):
+        return "not a small attention (crossover.py): FA4's host path is worth it"
+    return (switches.gate("cuDNN SDPA for small attentions", switches.SMALL_ON_FA4, q, DTYPES)
+            or _spelling_reason(q, k, v, seqused_k, key_mask, f))
+
+
+def _spelling_reason(q: Tensor, k: Tensor, v: Tensor, seqused_k: Optional[Tensor], key_mask: Optional[Tensor],
+                     f: Flags) -> str | None:
+    """Why cuDNN SDPA cannot say what the op's call asks, or was not measured there; None if it can."""
     if switches.capability(q.device.index)[0] != 9 or not torch.backends.cudnn.is_available():
         return "cuDNN SDPA is taken on sm90 with cuDNN only (where it was measured)"
     if seqused_k is not None or key_mask is not None:
         return "per-sequence cache lengths or a key mask: cuDNN SDPA would need a bias over the whole cache"
     if f.softcap > 0 or f.window_left >= 0 or f.window_right >= 0:
         return "softcap or a local window: no cuDNN SDPA spelling"
-    if f.causal and q.shape[2] > 1:
-        return "causal with several query tokens: SDPA's causal mask is top-left aligned"
+    if f.causal and 1 < q.shape[2] != k.shape[2]:
+        return "causal with several query tokens over more keys: SDPA's causal mask is top-left aligned"
     d = q.shape[-1]
     if v.shape[-1] != d or d % 8 or d > MAX_HEAD_DIM:
         return f"cuDNN SDPA is taken for equal head dims, multiples of 8 up to {MAX_HEAD_DIM}; got ({d}, {v.shape[-1]})"

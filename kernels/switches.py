@@ -5,6 +5,7 @@ kernel of ours starts with.
 
 Switches (on: 1 / true / yes / on): FA4_INDUCTOR_DISABLE_FA4, FA4_INDUCTOR_DISABLE_DECODE,
 FA4_INDUCTOR_DECODE_EVERYWHERE (fixed-length decode calls to our kernel, not cuDNN SDPA),
+FA4_INDUCTOR_SMALL_ON_FA4 (small unmasked attentions stay on FA4 instead of cuDNN SDPA),
 FA4_INDUCTOR_NO_REPLAY (FA4 launch replay off). Decode-kernel tuning: FA4_INDUCTOR_DECODE_PDL
 (0 / false / no / off: the combine kernel without programmatic dependent launch),
 FA4_INDUCTOR_DECODE_SPLITS (a fixed split count), FA4_INDUCTOR_DECODE_SMEM_KB (a CTA's shared-memory
@@ -17,8 +18,8 @@ bulk+scales:4; `w4a16_decode.parse_load`), FA4_INDUCTOR_W4A16_PACK (on: NVFP4 we
 kernel's packed layout, `w4a16_decode.pack_nvfp4`; tiles: that layout in 16-row tiles; default off),
 FA4_INDUCTOR_W4A16_GEMV (which calls of the plain layout take the CUDA-core GEMV, `cute/w4a16_gemv.py`, by
 their rows M: unset or auto, the measured rule `w4a16_decode.GEMV_AUTO_ROWS`; on, M = 1..4; off, none),
-FA4_INDUCTOR_W4A16_INT_GEMV (on: NVFP4 calls of 1..4 rows of the plain layout take the integer GEMV,
-`cute/nvfp4_int_gemv.py`, where it takes them; default off: not measured yet). Others'
+FA4_INDUCTOR_W4A16_INT_GEMV (which NVFP4 calls of the plain layout take the integer GEMV, `cute/nvfp4_int_gemv.py`:
+unset or auto, one-row calls where it measured faster, `w4a16_decode.int_gemv_auto`; on, 1..4 rows; off, none). Others'
 variables we read: CUTE_DSL_ARCH (the CuTe DSL compile target), FA4's disk-cache pair and XDG_CACHE_HOME (`fa4.py` turns FA4's disk cache on).
 """
 
@@ -33,6 +34,7 @@ DISABLE_FA4 = "FA4_INDUCTOR_DISABLE_FA4"
 DISABLE_DECODE = "FA4_INDUCTOR_DISABLE_DECODE"
 NO_REPLAY = "FA4_INDUCTOR_NO_REPLAY"
 DECODE_EVERYWHERE = "FA4_INDUCTOR_DECODE_EVERYWHERE"
+SMALL_ON_FA4 = "FA4_INDUCTOR_SMALL_ON_FA4"
 DECODE_PDL = "FA4_INDUCTOR_DECODE_PDL"
 DECODE_SPLITS = "FA4_INDUCTOR_DECODE_SPLITS"
 DECODE_SMEM_KB = "FA4_INDUCTOR_DECODE_SMEM_KB"
@@ -46,8 +48,8 @@ W4A16_INT_GEMV = "FA4_INDUCTOR_W4A16_INT_GEMV"
 CUTE_DSL_ARCH = "CUTE_DSL_ARCH"
 FA4_CACHE_ENABLED = "FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED"
 FA4_CACHE_DIR = "FLASH_ATTENTION_CUTE_DSL_CACHE_DIR"
-ON_OFF = (DISABLE_FA4, DISABLE_DECODE, NO_REPLAY, DECODE_EVERYWHERE)
-ROUTING = (DISABLE_FA4, DISABLE_DECODE, DECODE_EVERYWHERE)  # the switches that change which kernel a call gets
+ON_OFF = (DISABLE_FA4, DISABLE_DECODE, NO_REPLAY, DECODE_EVERYWHERE, SMALL_ON_FA4)
+ROUTING = (DISABLE_FA4, DISABLE_DECODE, DECODE_EVERYWHERE, SMALL_ON_FA4)  # the switches that change which kernel a call gets
 
 
 class Switches(NamedTuple):
@@ -67,7 +69,8 @@ class Switches(NamedTuple):
     """None (off), "pairs" (on) or "tiles"."""
     w4a16_gemv: Optional[int]
     """None (auto: `w4a16_decode.GEMV_AUTO_ROWS`) or the most rows of x a call may have to take the GEMV (0: none)."""
-    w4a16_int_gemv: bool
+    w4a16_int_gemv: Optional[bool]
+    """None (auto: `w4a16_decode.int_gemv_auto`'s measured rule), True (NVFP4 calls of 1..4 rows) or False (none)."""
     cute_dsl_arch: Optional[str]
     fa4_cache_enabled_set: bool
     """FA4's disk-cache switch is set (by the user, or by `fa4.py` before importing FA4)."""
@@ -97,7 +100,7 @@ def read(env: Mapping[str, str]) -> Switches:
         w4a16_load=(env.get(W4A16_LOAD) or "").strip() or None,
         w4a16_pack=parse_pack(env.get(W4A16_PACK)),
         w4a16_gemv=parse_gemv(env.get(W4A16_GEMV)),
-        w4a16_int_gemv=_is_on(env.get(W4A16_INT_GEMV)),
+        w4a16_int_gemv=parse_auto_on_off(W4A16_INT_GEMV, env.get(W4A16_INT_GEMV)),
         cute_dsl_arch=env.get(CUTE_DSL_ARCH) or None,
         fa4_cache_enabled_set=FA4_CACHE_ENABLED in env,
         fa4_cache_dir=env.get(FA4_CACHE_DIR) or None,
@@ -127,6 +130,16 @@ def parse_gemv(value: Optional[str]) -> Optional[int]:
     if _is_off(v):
         return 0
     raise ValueError(f"{W4A16_GEMV} is auto, on or off, not {value!r}")
+
+
+def parse_auto_on_off(name: str, value: Optional[str]) -> Optional[bool]:
+    """A switch that is auto (unset or "auto": None), on (True) or off (False)."""
+    v = (value or "").strip().lower()
+    if not v or v == "auto":
+        return None
+    if _is_on(v) or _is_off(v):
+        return _is_on(v)
+    raise ValueError(f"{name} is auto, on or off, not {value!r}")
 
 
 def parse_cta_shape(value: Optional[str]) -> Optional[tuple[int, int, int]]:

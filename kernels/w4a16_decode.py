@@ -766,6 +766,30 @@ def _gemv_shape(gemv) -> Optional[tuple[int, int]]:
     return tuple(gemv) if isinstance(gemv, tuple) else None
 
 
+INT_GEMV_AUTO_ROWS = 1
+INT_GEMV_WIDE_N = 4096
+INT_GEMV_SHORT_K = 2048
+"""One-row NVFP4 calls take the integer GEMV over weights of at least INT_GEMV_WIDE_N rows or at most INT_GEMV_SHORT_K
+columns (`int_gemv_auto`). H200, docs/benchmarks.md session 15 run 4, us, integer GEMV against the fp32 one: 8192 x 8192
+15.0 / 19.3, 8192 x 2048 5.7 / 6.8, 14336 x 4096 15.4 / 17.2, 4096 x 14336 15.8 / 18.2, 4096 x 4096 5.7 / 6.8, 128256 x
+4096 96.4 / 113.2, 2048 x 2048 2.4 / 2.5, 512 x 2048 1.7 / 1.8; but 2048 x 8192 6.5 / 6.0 and 1024 x 4096 2.9 / 2.5.
+At 2..4 rows the tensor-core kernel is faster (run 1)."""
+
+
+def int_gemv_auto(m: int, n: int, k: int) -> bool:
+    """Whether a call of m rows over an [n, k] NVFP4 weight takes the integer GEMV by default (INT_GEMV_AUTO_ROWS)."""
+    return m <= INT_GEMV_AUTO_ROWS and (n >= INT_GEMV_WIDE_N or k <= INT_GEMV_SHORT_K)
+
+
+def configured_int_gemv(m: int, n: int, k: int) -> bool:
+    """Whether a call without a `gemv` argument takes the integer GEMV: FA4_INDUCTOR_W4A16_INT_GEMV (auto:
+    `int_gemv_auto`, within the rows the GEMVs are configured for; on: always, where it takes the call; off: never)."""
+    setting = switches.current().w4a16_int_gemv
+    if setting is None:
+        return m <= configured_gemv_rows() and int_gemv_auto(m, n, k)
+    return setting
+
+
 def configured_gemv_rows() -> int:
     """The most rows of x a call without a `gemv` argument may have to take the GEMV: FA4_INDUCTOR_W4A16_GEMV (auto:
     GEMV_AUTO_ROWS; on: GEMV_MAX_M; off: 0)."""
@@ -906,13 +930,12 @@ def nvfp4_matmul(x2d: Tensor, w_fp4: Tensor, w_block_scale: Tensor, w_global_sca
     M <= 4 calls of the plain layout to the CUDA-core GEMV, which takes none of the other three, False none; a tuple
     (rows a warp, K warps) as
     `gemv` forces the GEMV's shape (tuning: `tests/bench_w4a16.py --gemv 4x1,2x2`); INT_GEMV ("int") sends the calls
-    of 1..4 rows it takes to the integer GEMV (`nvfp4_int_gemv`, not routed otherwise yet; None does too under
-    FA4_INDUCTOR_W4A16_INT_GEMV=1), the others as True;
+    of 1..4 rows it takes to the integer GEMV (`nvfp4_int_gemv`; None: `configured_int_gemv`), the others as True;
     (INT_GEMV, rows, K warps) forces its shape."""
     n, k = layout.nvfp4_operands(w_fp4, w_block_scale, w_global_scale)
     _check(x2d, "nvfp4", n, k, w_fp4, w_block_scale, w_global_scale)
     pack = configured_pack() if pack is None else pack
-    if _is_int_gemv(gemv) or gemv is None and switches.current().w4a16_int_gemv:
+    if _is_int_gemv(gemv) or gemv is None and configured_int_gemv(x2d.shape[0], n, k):
         if not pack and nvfp4_int_gemv.unsupported_reason(x2d, n, k) is None:
             forced = tuple(gemv[1:]) if isinstance(gemv, tuple) else None
             return nvfp4_int_gemv.run(x2d, w_fp4, w_block_scale, w_global_scale, n, forced)

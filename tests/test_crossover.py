@@ -145,3 +145,26 @@ def test_decode_shaped_calls_are_not_kept():
     rec, out = compile_and_record(lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=m), q, k, v, mask)
     assert rec.count() == 1
     torch.testing.assert_close(out, F.scaled_dot_product_attention(q, k, v, attn_mask=mask))
+
+
+def test_the_op_sends_small_unmasked_attentions_to_cudnn_sdpa(monkeypatch):
+    """What lowering cannot decide on symbolic sizes the op decides per call (`sdpa_cudnn.small_reason`, the same
+    `kernels/crossover.small`): here on CPU tensors with the CUDA checks passed as an H200 would."""
+    from fa4_inductor.kernels import sdpa_cudnn, switches
+
+    monkeypatch.setattr(switches, "gate", lambda kernel, switch, q, dtypes: None)
+    monkeypatch.setattr(switches, "capability", lambda index: (9, 0))
+    monkeypatch.setattr(torch.backends.cudnn, "is_available", lambda: True)
+    flags = dict(scale=0.125, causal=True, window_left=-1, window_right=-1, softcap=0.0)
+
+    def reason(b, sq, sk, d=64, hq=4, hkv=1, **extra):  # the size sweep's hidden-256 Llama
+        q = torch.randn(b, sq, hq, d).transpose(1, 2)
+        k, v = (torch.randn(b, sk, hkv, d).transpose(1, 2) for _ in range(2))
+        return sdpa_cudnn.small_reason(q, k, v, **{**flags, **extra})
+
+    assert reason(8, 128, 128) is None and reason(8, 2048, 2048) is None  # 1.1 and 17 GFLOP at head dim 64
+    assert reason(8, 8192, 8192) == "not a small attention (crossover.py): FA4's host path is worth it"
+    assert reason(2, 128, 256).startswith("causal with several query tokens over more keys")
+    assert reason(2, 128, 256, causal=False) is None
+    assert reason(2, 128, 128, seqused_k=torch.full((2,), 100)).startswith("per-sequence cache lengths")
+    assert reason(2, 128, 128, window_left=16).startswith("softcap or a local window")

@@ -30,6 +30,7 @@ def fa4_device(monkeypatch):
         pytest.skip(f"FA4 is wired for sm90 / sm100, not sm{major}{minor}")
     monkeypatch.delenv(fa4.DISABLE_ENV, raising=False)
     monkeypatch.setenv(decode.DISABLE_ENV, "1")  # decode-shaped cases here are FA4's (test_gpu_decode.py has ours)
+    monkeypatch.setenv(switches.SMALL_ON_FA4, "1")  # and so are small ones (test_small_attentions_... unsets it)
     torch.manual_seed(0)
 
 
@@ -61,13 +62,13 @@ def float64(*tensors):
     return [t.detach().double() for t in tensors]
 
 
-def assert_runs_fa4(q, k, v, seqused_k=None, **flags):
+def assert_runs_fa4(q, k, v, seqused_k=None, route="fa4", **flags):
     name, why = attention_op.kernel_for(q, k, v, seqused_k=seqused_k, **flags)
-    assert name == "fa4", why
+    assert name == route, why
 
 
-def check_forward(q, k, v, seqused_k=None, **flags):
-    assert_runs_fa4(q, k, v, seqused_k, **flags)
+def check_forward(q, k, v, seqused_k=None, route="fa4", **flags):
+    assert_runs_fa4(q, k, v, seqused_k, route, **flags)
     out, lse = ATTENTION(q, k, v, seqused_k, **flags)
     b, hq, sq, dv = out.shape
     assert out.dtype == q.dtype and out.stride() == (sq * hq * dv, dv, hq * dv, 1)
@@ -78,9 +79,9 @@ def check_forward(q, k, v, seqused_k=None, **flags):
     torch.testing.assert_close(lse.double(), ref_lse, rtol=0, atol=1e-3 + flags["softcap"] * 2 ** -9)
 
 
-def check_backward(q, k, v, seqused_k=None, with_grad_lse=False, **flags):
+def check_backward(q, k, v, seqused_k=None, with_grad_lse=False, route="fa4", **flags):
     """Gradients through the op's autograd (fa4::attention_backward), by the FA rule."""
-    assert_runs_fa4(q, k, v, seqused_k, **flags)
+    assert_runs_fa4(q, k, v, seqused_k, route, **flags)
     out, lse = ATTENTION(q, k, v, seqused_k, **flags)
     dout = torch.randn_like(out)
     dlse = torch.randn_like(lse) if with_grad_lse else None
@@ -175,6 +176,28 @@ def test_backward_seqused_k(sq, causal):
 
 def test_backward_through_lse():
     check_backward(*qkv(group=4, requires_grad=True), with_grad_lse=True, **attention_flags(128, causal=True))
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("group, d", [(1, 64), (4, 64), (4, 128)])
+def test_small_attentions_run_cudnn_sdpa(monkeypatch, group, d, causal):
+    """Small unmasked attentions (`crossover.small`) run cuDNN SDPA, forward and FA4's backward from its lse;
+    larger ones, a key mask or Sq != Sk under causal keep their routes."""
+    monkeypatch.delenv(switches.SMALL_ON_FA4)
+    switches.reset()
+    flags = attention_flags(d, causal=causal)
+    q, k, v = qkv(b=2, sq=256, group=group, d=d, requires_grad=True)
+    assert crossover.small(2, HQ, 256, 256, d, causal)
+    check_forward(q, k, v, route="sdpa_small", **flags)
+    check_backward(q, k, v, route="sdpa_small", **flags)
+    big = qkv(b=8, sq=4096, group=group, d=d)
+    assert attention_op.kernel_for(*big, **flags)[0] == "fa4"
+    if causal:
+        q2, k2, v2 = qkv(b=2, sq=128, sk=256, group=group, d=d)
+        assert attention_op.kernel_for(q2, k2, v2, **flags)[0] == "fa4"
+    monkeypatch.setenv(switches.SMALL_ON_FA4, "1")
+    switches.reset()
+    assert attention_op.kernel_for(q, k, v, **flags)[0] == "fa4"
 
 
 def test_hf_and_sdpa_layouts_are_not_copied():

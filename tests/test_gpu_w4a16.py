@@ -366,7 +366,10 @@ def test_gemv_signed_zero_and_subnormal_block_scales(dtype, m):
 def test_gemv_from_the_environment(monkeypatch):
     """Calls without `gemv`: by default (auto) one row takes the GEMV and two rows the tensor-core kernel;
     FA4_INDUCTOR_W4A16_GEMV=1 sends M <= 4 to the GEMV, =0 none; M = 5 and packed NVFP4 keep the tensor-core kernel.
-    Each routed call's output is bit for bit the forced call's (the GEMV is deterministic)."""
+    Each routed call's output is bit for bit the forced call's (the GEMV is deterministic). The integer GEMV, which
+    would take this one-row NVFP4 call by default, is switched off (its own switch test is below)."""
+    monkeypatch.setenv(switches.W4A16_INT_GEMV, "0")
+    switches.reset()
     w_fp4, block, global_scale = random_nvfp4(512, 1024, seed=8, device="cuda")
     w_int8 = torch.randint(-128, 128, (512, 1024), dtype=torch.int8, device="cuda")
     scale = torch.rand(512, device="cuda") / 100
@@ -533,6 +536,16 @@ def test_int_gemv_through_the_matmul_and_cuda_graph_replay(monkeypatch):
         assert torch.equal(w4.nvfp4_matmul(x, w_fp4, block, global_scale), first) and calls == [(1, k)] * 2
         w4.nvfp4_matmul(torch.randn(6, k, dtype=torch.bfloat16, device="cuda"), w_fp4, block, global_scale)
         assert calls == [(1, k)] * 2  # six rows: as configured without the switch
+    finally:
+        monkeypatch.delenv("FA4_INDUCTOR_W4A16_INT_GEMV")
+        switches.reset()
+    assert w4.int_gemv_auto(1, n, k)  # unset (auto): a one-row call over this weight takes it
+    assert torch.equal(w4.nvfp4_matmul(x, w_fp4, block, global_scale), first) and calls == [(1, k)] * 3
+    monkeypatch.setenv("FA4_INDUCTOR_W4A16_INT_GEMV", "off")
+    switches.reset()
+    try:
+        w4.nvfp4_matmul(x, w_fp4, block, global_scale)
+        assert calls == [(1, k)] * 3
     finally:
         monkeypatch.delenv("FA4_INDUCTOR_W4A16_INT_GEMV")
         switches.reset()

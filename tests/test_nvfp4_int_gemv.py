@@ -112,9 +112,23 @@ def test_variants_compile(cute_dsl, dtype):
 def test_the_switch():
     from fa4_inductor.kernels import switches
 
-    assert switches.read({}).w4a16_int_gemv is False
+    assert switches.read({}).w4a16_int_gemv is None
+    assert switches.read({"FA4_INDUCTOR_W4A16_INT_GEMV": "auto"}).w4a16_int_gemv is None
     assert switches.read({"FA4_INDUCTOR_W4A16_INT_GEMV": "1"}).w4a16_int_gemv is True
     assert switches.read({"FA4_INDUCTOR_W4A16_INT_GEMV": "off"}).w4a16_int_gemv is False
+    with pytest.raises(ValueError, match="auto, on or off"):
+        switches.read({"FA4_INDUCTOR_W4A16_INT_GEMV": "sometimes"})
+
+
+def test_one_row_calls_take_it_where_it_measured_faster():
+    from fa4_inductor.kernels import w4a16_decode as w4
+
+    faster = [(8192, 8192), (8192, 2048), (14336, 4096), (4096, 14336), (4096, 4096), (2048, 2048), (512, 2048),
+              (128256, 4096)]
+    slower = [(2048, 8192), (1024, 4096)]
+    assert all(w4.int_gemv_auto(1, n, k) for n, k in faster)
+    assert not any(w4.int_gemv_auto(1, n, k) for n, k in slower)
+    assert not w4.int_gemv_auto(2, 8192, 8192)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
