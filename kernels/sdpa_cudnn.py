@@ -78,9 +78,10 @@ def forward(q: Tensor, k: Tensor, v: Tensor, seqused_k: Optional[Tensor] = None,
     for the batch: no seqused_k, no key mask."""
     if seqused_k is not None or key_mask is not None:
         raise ValueError("cuDNN SDPA is taken with neither seqused_k nor a key mask")
-    scale = Flags(**flags).scale
-    out, lse = torch.ops.aten._scaled_dot_product_cudnn_attention(q, k, v, None, True, 0.0, False, False,
-                                                                   scale=scale)[:2]
+    f = Flags(**flags)
+    causal = f.causal and q.shape[2] > 1  # one query token sees every key; several, as many as keys (top-left)
+    out, lse = torch.ops.aten._scaled_dot_product_cudnn_attention(q, k, v, None, True, 0.0, causal, False,
+                                                                   scale=f.scale)[:2]
     b, hq, sq, d = q.shape
     strides = (sq * hq * d, d, hq * d, 1)
     if out.stride() != strides:

@@ -168,3 +168,26 @@ def test_the_op_sends_small_unmasked_attentions_to_cudnn_sdpa(monkeypatch):
     assert reason(2, 128, 256, causal=False) is None
     assert reason(2, 128, 128, seqused_k=torch.full((2,), 100)).startswith("per-sequence cache lengths")
     assert reason(2, 128, 128, window_left=16).startswith("softcap or a local window")
+
+
+@pytest.mark.parametrize("sq, causal", [(1, True), (64, True), (64, False)])
+def test_the_cudnn_adapter_passes_causal_through(monkeypatch, sq, causal):
+    """`sdpa_cudnn.forward` against the float64 reference, with cuDNN's kernel replaced by PyTorch's math SDPA of the
+    same arguments (top-left causal): a dropped causal flag changes every output row but the last."""
+    from fa4_inductor.kernels import reference, sdpa_cudnn
+
+    def cudnn(q, k, v, bias, lse, dropout, is_causal, debug, scale=None):
+        k, v = (t.repeat_interleave(q.shape[1] // t.shape[1], dim=1) for t in (k, v))
+        s = (q @ k.transpose(-2, -1)) * scale
+        if is_causal:
+            s = s.masked_fill(torch.ones(s.shape[-2:], dtype=torch.bool).triu(1), float("-inf"))
+        return s.softmax(-1) @ v, s.logsumexp(-1)
+
+    monkeypatch.setattr(torch.ops.aten, "_scaled_dot_product_cudnn_attention", cudnn)
+    flags = dict(scale=0.25, causal=causal, window_left=-1, window_right=-1, softcap=0.0)
+    q = torch.randn(2, sq, 4, 16, dtype=torch.float64).transpose(1, 2)
+    k, v = (torch.randn(2, 64, 2, 16, dtype=torch.float64).transpose(1, 2) for _ in range(2))
+    out, lse = sdpa_cudnn.forward(q, k, v, **flags)
+    ref_out, ref_lse = reference.attention_forward(q, k, v, seqused_k=None, **flags)
+    torch.testing.assert_close(out, ref_out)
+    torch.testing.assert_close(lse.double(), ref_lse, atol=1e-6, rtol=0)
