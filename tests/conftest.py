@@ -22,3 +22,13 @@ def without_fx_graph_cache(tmp_path, monkeypatch):
     with torch._inductor.config.patch(fx_graph_cache=False, fx_graph_remote_cache=False), \
             torch._functorch.config.patch(enable_autograd_cache=False):
         yield
+
+
+@pytest.fixture
+def torchao_int_mm_as_on_cuda(monkeypatch):
+    """torchao's int8 x int8 matmul traces a u8 x s8 `_int_mm` (x shifted by 128, then a correction by the weight's
+    column sums; torchao/kernel/intmm.py) on CPUs with AVX512-VNNI and no AMX, and the s8 x s8 `_int_mm` elsewhere,
+    CUDA included. Tests of the graphs CUDA gets pin the s8 x s8 path, so they do not depend on the CPU they run on."""
+    intmm = pytest.importorskip("torchao.kernel.intmm")
+    if hasattr(intmm, "_cpu_is_vnni_supported"):
+        monkeypatch.setattr(intmm, "_cpu_is_vnni_supported", lambda: False)

@@ -11,7 +11,7 @@ from fa4_inductor.kernels import INT8_INT8_LINEAR, int8_int8_linear_unsupported_
 from fa4_inductor.kernels import int8_int8_linear as op
 from helpers import PostGradCompiled as Compiled
 
-pytestmark = pytest.mark.usefixtures("without_fx_graph_cache")
+pytestmark = pytest.mark.usefixtures("without_fx_graph_cache", "torchao_int_mm_as_on_cuda")
 
 M, N, K = 5, 48, 64
 OP_CALL = "torch.ops.fa4.int8_int8_linear.default("
