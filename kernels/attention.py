@@ -24,8 +24,8 @@ Kernels: CPU runs the float32/float64 reference. CUDA takes the first route of `
 takes the call: PyTorch's cuDNN SDPA (`sdpa_cudnn.py`) for decode-shaped calls with one cache length,
 our split-KV decode kernel (`decode.py`) for decode-shaped calls with per-sequence lengths or a key mask,
 cuDNN SDPA again for small unmasked attentions (`crossover.small`: those lowering leaves to the op when their
-sizes are symbolic), FA4 (`fa4.py`), PyTorch's memory-efficient SDPA kernel (`sdpa_fallback.py`), else the reference on the
-device; `kernel_for` says which and why, and `_route` remembers it per call signature
+sizes are symbolic), FA4 (`fa4.py`), PyTorch's memory-efficient SDPA kernel (`sdpa_fallback.py`), else the
+reference on the device; `kernel_for` says which and why, and `_route` remembers it per call signature
 (`backward_kernel_for` for the backward, `routes.BACKWARD`: FA4, the SDPA fallback's recomputing
 backward, or the reference). FA4 takes no key mask: a key-mask call that is not decode-shaped first
 has its mask read on the host (`key_mask_form`, outside CUDA-graph capture), and goes to FA4

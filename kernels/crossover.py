@@ -10,9 +10,10 @@ kernel, so routing to it is never slower than default compile).
 Also where Inductor's own fused one-row GEMV (coordinate descent tuning) beats a quantized-linear op:
 `inductor_gemv_reason`, over each op's table of measured weight shapes.
 
-Two users: lowering keeps small SDPA calls in host-bound graphs as written (`lowering/crossover.py`), and
-the op itself sends a small call with a key mask to the SDPA fallback rather than reading the mask's form
-on the host (a sync that stalls a host-bound graph; `attention.py`).
+Three users: lowering keeps small SDPA calls in host-bound graphs as written (`lowering/crossover.py`); the
+op itself sends a small call with a key mask to the SDPA fallback rather than reading the mask's form on the
+host (a sync that stalls a host-bound graph; `attention.py`), and a small unmasked one to cuDNN SDPA (route
+`sdpa_small`, `sdpa_cudnn.small_reason`), where lowering could not see its sizes.
 """
 
 from __future__ import annotations

@@ -24,11 +24,11 @@ Kernels: the CPU runs this reference. CUDA calls go to the first route of `CUDA_
   measured faster than quack (`w4a16_int8_shape_reason`), per-channel scales, bf16 / fp16 x, K a multiple of
   16: the int8 weight read in place, products summed in fp32, scale (and bias) applied to the sum before one
   rounding, as quack's route below.
-- `quack_int8`: quack's SM90 mixed-input GEMM (kernels/quack_w4a16.py) for calls of at most
-  `QUACK_MAX_ROWS` rows (x's rows, M; `QUACK_MAX_ROWS_WIDE` over wide weights): it reads the int8 weight itself, 1 byte per weight instead of 2, and
-  multiplies by the per-channel scale (and adds the bias) on the fp32 accumulator before one rounding to
-  bf16. So its arithmetic differs from both orders above by roundings (the products and sums are exact or
-  fp32 either way): within a bf16 rounding of the output, not bit for bit. bf16 x, per-channel scales,
+- `quack_int8`: quack's SM90 mixed-input GEMM (kernels/quack_w4a16.py) for calls of at most `QUACK_MAX_ROWS` rows
+  (x's rows, M; `QUACK_MAX_ROWS_WIDE` over wide weights): it reads the int8 weight itself, 1 byte per weight
+  instead of 2, and multiplies by the per-channel scale (and adds the bias) on the fp32 accumulator before one
+  rounding to bf16. So its arithmetic differs from both orders above by roundings (the products and sums are
+  exact or fp32 either way): within a bf16 rounding of the output, not bit for bit. bf16 x, per-channel scales,
   N % 64 == K % 64 == 0 (quack_w4a16.unsupported_reason says the rest).
 - `dense`: the reference on the device: it dequantizes the weight into a temporary per call (reads N*K int8
   bytes, writes 2*N*K for bf16), then cuBLAS multiplies (reads those 2*N*K back). Above the crossover the

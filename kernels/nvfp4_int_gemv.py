@@ -25,7 +25,6 @@ from . import layout, switches
 from .cute import compile_utils
 
 MAX_PIECES = 512  # K <= 16384
-ROW_CHOICES = (8, 4, 2, 1)  # weight rows a warp
 SHAPE_ORDER = ((4, 1), (4, 2), (2, 2), (1, 2), (1, 4), (2, 1), (1, 1))  # (rows a warp, K warps) by preference (`shape`)
 MAX_ROW_PRODUCT = 8  # weight rows a warp times rows of x: a warp's accumulators and x planes stay in registers
 MIN_PIECES = 16  # the smallest bucket (K = 512)

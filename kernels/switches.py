@@ -49,7 +49,8 @@ CUTE_DSL_ARCH = "CUTE_DSL_ARCH"
 FA4_CACHE_ENABLED = "FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED"
 FA4_CACHE_DIR = "FLASH_ATTENTION_CUTE_DSL_CACHE_DIR"
 ON_OFF = (DISABLE_FA4, DISABLE_DECODE, NO_REPLAY, DECODE_EVERYWHERE, SMALL_ON_FA4)
-ROUTING = (DISABLE_FA4, DISABLE_DECODE, DECODE_EVERYWHERE, SMALL_ON_FA4)  # the switches that change which kernel a call gets
+# the switches that change which kernel a call gets
+ROUTING = (DISABLE_FA4, DISABLE_DECODE, DECODE_EVERYWHERE, SMALL_ON_FA4)
 
 
 class Switches(NamedTuple):
@@ -122,14 +123,8 @@ def parse_pack(value: Optional[str]) -> Optional[str]:
 
 def parse_gemv(value: Optional[str]) -> Optional[int]:
     """FA4_INDUCTOR_W4A16_GEMV: auto (unset or "auto": None), on (M up to 4) or off (0)."""
-    v = (value or "").strip().lower()
-    if not v or v == "auto":
-        return None
-    if _is_on(v):
-        return 4
-    if _is_off(v):
-        return 0
-    raise ValueError(f"{W4A16_GEMV} is auto, on or off, not {value!r}")
+    setting = parse_auto_on_off(W4A16_GEMV, value)
+    return None if setting is None else 4 if setting else 0
 
 
 def parse_auto_on_off(name: str, value: Optional[str]) -> Optional[bool]:
