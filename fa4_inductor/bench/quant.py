@@ -261,6 +261,8 @@ def gemm_table(fmt: Format, device="cuda", dtype=torch.bfloat16, models=tuple(SH
                 table.rows.append([model, f"{n} x {k}", m, *map(or_failed, cells),
                                    speedup(number(times["bf16 cuBLAS"]), number(ours)),
                                    speedup(number(times.get("default compile")), number(ours))])
+                # A run cut by its timeout still leaves the rows it measured.
+                print(f"  {fmt.name} row: {' | '.join(map(str, table.rows[-1]))}", file=sys.stderr, flush=True)
             del columns, made, w_bf16
             torch._dynamo.reset()
     return table
