@@ -157,9 +157,22 @@ def _forward_outputs(q: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
     return _empty_bshd(b, hq, sq, v.shape[-1], q), q.new_empty((b, hq, sq), dtype=reference.compute_dtype(q.dtype))
 
 
+_COMPLETED: dict = {}
+
+
 def _complete(flags: dict) -> dict:
-    """Device kernels get only the flags a caller passed; the schema's defaults fill in the rest."""
-    return flags if len(flags) == len(Flags._fields) else Flags(**flags)._asdict()
+    """Device kernels get only the flags a caller passed; the schema's defaults fill in the rest (remembered per
+    set of passed flags: a model calls with a few, on the host path of every call). The dict returned may be shared:
+    read it, never change it."""
+    if len(flags) == len(Flags._fields):
+        return flags
+    key = tuple(flags.items())
+    done = _COMPLETED.get(key)
+    if done is None:
+        if len(_COMPLETED) > 256:
+            _COMPLETED.clear()
+        done = _COMPLETED[key] = Flags(**flags)._asdict()
+    return done
 
 
 library.define("attention(Tensor q, Tensor k, Tensor v, Tensor? seqused_k=None, Tensor? key_mask=None, "

@@ -82,8 +82,8 @@ def alignment_reason(name: str, t: Tensor, address: Optional[int] = None) -> str
 def describe(*tensors: Tensor | None) -> tuple:
     """What a kernel's choice and compilation can depend on, per tensor: shape, strides, dtype, device
     and the start's 16-byte alignment (None stays None). Keys of the per-call-signature caches."""
-    return tuple(None if t is None else (t.shape, t.stride(), t.dtype, t.device, t.data_ptr() % ALIGN_BYTES)
-                 for t in tensors)
+    return tuple([None if t is None else (t.shape, t.stride(), t.dtype, t.device, t.data_ptr() % ALIGN_BYTES)
+                  for t in tensors])  # a list, not a generator: this is on every call's host path
 
 
 class SignatureCache(dict):

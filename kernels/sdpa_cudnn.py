@@ -33,6 +33,7 @@ from .flags import Flags
 
 DTYPES = layout.HALF_DTYPES
 MAX_HEAD_DIM = 128
+_CUDNN = torch.ops.aten._scaled_dot_product_cudnn_attention.default
 
 
 def unsupported_reason(q: Tensor, k: Tensor, v: Tensor, *, seqused_k: Optional[Tensor] = None,
@@ -78,14 +79,14 @@ def forward(q: Tensor, k: Tensor, v: Tensor, seqused_k: Optional[Tensor] = None,
     for the batch: no seqused_k, no key mask."""
     if seqused_k is not None or key_mask is not None:
         raise ValueError("cuDNN SDPA is taken with neither seqused_k nor a key mask")
-    f = Flags(**flags)
-    causal = f.causal and q.shape[2] > 1  # one query token sees every key; several, as many as keys (top-left)
-    out, lse = torch.ops.aten._scaled_dot_product_cudnn_attention(q, k, v, None, True, 0.0, causal, False,
-                                                                   scale=f.scale)[:2]
     b, hq, sq, d = q.shape
+    # Flags read without building `Flags`: this runs on the host path of every small attention.
+    causal = flags.get("causal", False) and sq > 1  # one query token sees every key; several, as many as keys
+    out, lse = _CUDNN(q, k, v, None, True, 0.0, causal, False, scale=flags["scale"])[:2]
     strides = (sq * hq * d, d, hq * d, 1)
     if out.stride() != strides:
         # One query token: a contiguous [B, Hq, 1, D] result already is the op's layout, but for a
         # size-1 stride; relabel it rather than pay a copy kernel (1-1.5 us a call on the H200).
         out = out.as_strided(out.shape, strides) if sq == 1 and out.is_contiguous() else layout.bhsd_copy(out)
-    return out, lse.reshape(b, hq, sq).float()
+    lse = lse.view(b, hq, sq) if lse.is_contiguous() else lse.reshape(b, hq, sq)
+    return out, lse if lse.dtype == torch.float32 else lse.float()

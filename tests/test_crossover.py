@@ -183,7 +183,7 @@ def test_the_cudnn_adapter_passes_causal_through(monkeypatch, sq, causal):
             s = s.masked_fill(torch.ones(s.shape[-2:], dtype=torch.bool).triu(1), float("-inf"))
         return s.softmax(-1) @ v, s.logsumexp(-1)
 
-    monkeypatch.setattr(torch.ops.aten, "_scaled_dot_product_cudnn_attention", cudnn)
+    monkeypatch.setattr(sdpa_cudnn, "_CUDNN", cudnn)
     flags = dict(scale=0.25, causal=causal, window_left=-1, window_right=-1, softcap=0.0)
     q = torch.randn(2, sq, 4, 16, dtype=torch.float64).transpose(1, 2)
     k, v = (torch.randn(2, 64, 2, 16, dtype=torch.float64).transpose(1, 2) for _ in range(2))
