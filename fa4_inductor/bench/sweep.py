@@ -11,20 +11,23 @@ Rows, by default:
   also padded: a quarter of the rows padded by different amounts (left for Llama, right for BERT),
   given as `attention_mask`; unpadded batches pass no mask;
 - prefill: one no_grad forward (Llama: `use_cache=False`, last-token logits as `generate` asks for
-  them), median wall-clock ms of `prefill_repeats` calls;
+  them), median wall-clock ms of `prefill_repeats` calls of each backend, the two called in alternating rounds
+  (`timing.interleaved_median_ms`: the small rows are host-bound, and drift of the machine fell on whichever
+  backend was timed during it);
 - decode (Llama 256x2 and 2048x16): the prompt prefilled eagerly into a `StaticCache` sized
   prompt + steps (as `generate` sizes it), then one-token steps of a step function compiled with
   `mode="reduce-overhead"` (as the e2e suite does); ms per step over `decode_steps` steps after 3 warm
-  ones. Padded decode passes the padding mask over the whole cache, one shape for every step (one CUDA
+  ones, the median of `DECODE_RUNS` such runs. Padded decode passes the padding mask over the whole cache, one shape for every step (one CUDA
   graph), with positions counted in cache slots.
 Each row also gives how far ours' output is from default's (relative to default's largest value:
 last-token logits, BERT's hidden states at unpadded positions, the first decode step's logits).
 
 Compiles, which are most of the run time: per (model, backend), prefill compiles the model once with
 `dynamic=True` and reuses it over every sequence length; Dynamo adds a graph per batch class (batch 1 is
-specialized) and per mask / no mask, 3 graphs. Decode compiles one step function per (model, batch,
-padding, backend), `dynamic=True`, fed a new cache per prompt length. `torch._dynamo.reset()` comes
-before each of these compiles, so no cache entries pile up, and hitting the recompile limit raises (a
+specialized) and per mask / no mask, 3 graphs, both backends' entries side by side (6, under Dynamo's limit of 8).
+Decode compiles one step function per (model, batch, padding, backend), `dynamic=True`, fed a new cache per prompt
+length. `torch._dynamo.reset()` comes before the prefill compiles of a model and before each decode compile, so no
+cache entries pile up, and hitting the recompile limit raises (a
 failed row) instead of silently timing eager code. The defaults come to 42 prefill and 12 decode
 compiles (Llama layers 44 in all, BERT's 12): by an estimate, not a measurement, 5 to 12 s per compile
 on the H200's host, 6 to 12 minutes. `time_budget_s` (450 s) stops starting measurements once it is
@@ -36,6 +39,7 @@ estimate.
 from __future__ import annotations
 
 import math
+import statistics
 import sys
 import time
 from dataclasses import dataclass
@@ -52,6 +56,7 @@ SEQLENS = (128, 512, 2048, 8192)
 BATCHES = (1, 8)
 TARGET = 0.98
 WARM_DECODE_STEPS = 3
+DECODE_RUNS = 3
 
 
 @dataclass(frozen=True)
@@ -233,9 +238,12 @@ def sweep_suite(device="cuda", dtype=torch.bfloat16, llama_sizes=LLAMA_SIZES, de
                         else:
                             cases.append(case)
         results = {name: {} for name in BACKENDS}
+        deadline = started + time_budget_s
+        _measure_prefill(results, model, sweep_model, [c for c in cases if c.phase == "prefill"], device,
+                         prefill_repeats, deadline)
         for name, backend_name in BACKENDS.items():
-            _measure(results[name], model, sweep_model, cases, backend_name, f"{sweep_model.name} {name}", device,
-                     mode, decode_steps, prefill_repeats, started + time_budget_s)
+            _measure_decode(results[name], model, sweep_model, [c for c in cases if c.phase == "decode"], backend_name,
+                            f"{sweep_model.name} {name}", device, mode, decode_steps, deadline)
         for case in sorted([*cases, *skipped], key=lambda c: (c.phase != "prefill", c.batch, c.padded, c.seq)):
             table.rows.append(_row(sweep_model, case, skipped.get(case), *(results[name].get(case) for name in BACKENDS)))
         del model
@@ -248,38 +256,65 @@ def sweep_suite(device="cuda", dtype=torch.bfloat16, llama_sizes=LLAMA_SIZES, de
     table.note = (f"{dtype}, random weights, sdpa attention code; speedup = default ms / ours ms; target: ours >= "
                   f"{TARGET}x default on every row: {len(measured) - len(below)} of {len(measured)} measured rows "
                   f"meet it ({len(table.rows) - len(measured)} not measured). Prefill: median of {prefill_repeats} "
-                  f"forwards; decode: ms per step over {decode_steps} steps, mode='{mode}'; padding: a quarter of "
+                  f"forwards of each backend, called in alternating rounds; decode: ms per step over {decode_steps} "
+                  f"steps, median of {DECODE_RUNS} runs, mode='{mode}'; padding: a quarter of "
                   f"the rows padded by different amounts. Took {time.perf_counter() - started:.0f} s.")
     yield table
 
 
-def _measure(results: dict, model, sweep_model: SweepModel, cases: list[Case], backend_name: str, label: str, device,
-             mode: str, decode_steps: int, prefill_repeats: int, deadline: float) -> None:
-    """Fills results[case] with (ms, output) or a failure / skip text, for one backend: one compile per
-    prefill, one per decode (batch, padding) group, each after a Dynamo reset."""
-    groups: dict[tuple, list[Case]] = {}
-    for case in cases:
-        groups.setdefault((case.phase, case.batch, case.padded), []).append(case)
+def _measure_prefill(results: dict, model, sweep_model: SweepModel, cases: list[Case], device, rounds: int,
+                     deadline: float) -> None:
+    """Fills results[backend display name][case] with (ms, output) or a failure / skip text for the prefill cases:
+    both backends compiled side by side (`dynamic=True`, one compile each reused over every case; Dynamo keeps an
+    entry per backend), warmed, then timed in alternating rounds (`timing.interleaved_median_ms`): the rows are
+    host-bound at small sizes, where timing one backend after the other gave the same compiled code 0.9 to 1.9 ms
+    in three runs."""
     with _dynamo_limits(), torch.no_grad():
         torch._dynamo.reset()
-        prefill = models.compile_model(model, backend_name, dynamic=True)
-        for (phase, batch, padded), group in groups.items():
-            if phase == "decode":
-                torch._dynamo.reset()
-                compiled_step = models.compile_model(decode_step(model), backend_name, mode=mode, dynamic=True,
-                                                     fullgraph=True)
+        compiled = {name: models.compile_model(model, backend, dynamic=True) for name, backend in BACKENDS.items()}
+        for case in cases:
+            if time.perf_counter() > deadline:
+                for name in BACKENDS:
+                    results[name][case] = "skipped: time budget spent"
+                continue
+            tokens, mask = sweep_inputs(sweep_model, model.config.vocab_size, case, device)
+            calls = {}
+            for name in BACKENDS:
+                what = f"{sweep_model.name} {name} prefill b{case.batch} s{case.seq}{' padded' if case.padded else ''}"
+                try:  # the first call compiles; one broken backend must not cost the other its row
+                    call, output = prefill_call(compiled[name], sweep_model, tokens, mask)
+                    calls[name] = call, output()
+                except Exception as e:
+                    results[name][case] = report_failure(what, e)
+            times = timing.interleaved_median_ms({name: call for name, (call, _) in calls.items()}, rounds)
+            for name, (_, out) in calls.items():
+                results[name][case] = (times[name], out)
+            if device == "cuda":
+                torch.cuda.empty_cache()
+
+
+def _measure_decode(results: dict, model, sweep_model: SweepModel, cases: list[Case], backend_name: str, label: str,
+                    device, mode: str, decode_steps: int, deadline: float) -> None:
+    """Fills results[case] with (ms, output) or a failure / skip text for one backend's decode cases: one compile
+    per (batch, padding) group after a Dynamo reset; ms a step is the median of `DECODE_RUNS` runs of
+    `decode_ms` (each a fresh cache)."""
+    groups: dict[tuple, list[Case]] = {}
+    for case in cases:
+        groups.setdefault((case.batch, case.padded), []).append(case)
+    with _dynamo_limits(), torch.no_grad():
+        for (batch, padded), group in groups.items():
+            torch._dynamo.reset()
+            compiled_step = models.compile_model(decode_step(model), backend_name, mode=mode, dynamic=True,
+                                                 fullgraph=True)
             for case in group:
                 if time.perf_counter() > deadline:
                     results[case] = "skipped: time budget spent"
                     continue
-                what = f"{label} {phase} b{case.batch} s{case.seq}{' padded' if padded else ''}"
+                what = f"{label} decode b{case.batch} s{case.seq}{' padded' if padded else ''}"
                 try:
-                    if phase == "prefill":
-                        tokens, mask = sweep_inputs(sweep_model, model.config.vocab_size, case, device)
-                        call, output = prefill_call(prefill, sweep_model, tokens, mask)
-                        results[case] = (timing.median_wall_ms(call, repeats=prefill_repeats), output())
-                    else:
-                        results[case] = decode_ms(compiled_step, model, sweep_model, case, decode_steps, device)
+                    runs = [decode_ms(compiled_step, model, sweep_model, case, decode_steps, device)
+                            for _ in range(DECODE_RUNS)]
+                    results[case] = (statistics.median(ms for ms, _ in runs), runs[0][1])
                 except Exception as e:  # one broken row must not cost the others
                     results[case] = report_failure(what, e)
                 if device == "cuda":

@@ -1,7 +1,8 @@
 """Timing helpers shared by every bench suite and by `python -m fa4_inductor demo`.
 
 - `gpu_ms`: GPU time of one call (`triton.testing.do_bench`, L2 flushed; or `do_bench_cudagraph`).
-- `median_wall_ms`: wall-clock ms of whole calls, the device synchronized around each one.
+- `wall_ms`, `median_wall_ms`: wall-clock ms of whole calls, the device synchronized around each one;
+  `interleaved_median_ms`: the same for several functions called in alternating rounds (A/B comparisons).
 - `host_us_per_call`: back-to-back calls without a sync, the host's launch cost when the kernels are tiny.
 """
 
@@ -35,19 +36,32 @@ def gpu_ms(fn: Callable[[], object], cuda_graph: bool = False) -> float:
     return do_bench(fn, warmup=10, rep=50, return_mode="median")
 
 
+def wall_ms(fn: Callable[[], object]) -> float:
+    """Wall-clock milliseconds of one call of `fn`, between two device syncs."""
+    sync()
+    start = time.perf_counter()
+    fn()
+    sync()
+    return (time.perf_counter() - start) * 1e3
+
+
 def median_wall_ms(fn: Callable[[], object], repeats: int = 5, warmup: int = 1) -> float:
-    """Median wall-clock milliseconds of `fn` over `repeats` calls, each between two device syncs, after
-    `warmup` untimed calls (the first one compiles)."""
+    """Median wall-clock milliseconds of `fn` over `repeats` calls (`wall_ms`), after `warmup` untimed calls (the
+    first one compiles)."""
     for _ in range(warmup):
         fn()
-    times = []
-    for _ in range(repeats):
-        sync()
-        start = time.perf_counter()
-        fn()
-        sync()
-        times.append((time.perf_counter() - start) * 1e3)
-    return statistics.median(times)
+    return statistics.median(wall_ms(fn) for _ in range(repeats))
+
+
+def interleaved_median_ms(fns: dict[str, Callable[[], object]], rounds: int) -> dict[str, float]:
+    """Median wall-clock milliseconds of each of `fns` over `rounds` rounds that call each once (`wall_ms`), the
+    order reversed every other round: a drift of the machine over the rounds (clocks, a busy compile pool) falls on
+    every function alike, where timing one after the other would hand it to whichever ran during it."""
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for round_index in range(rounds):
+        for name in (list(fns) if round_index % 2 == 0 else list(reversed(fns))):
+            times[name].append(wall_ms(fns[name]))
+    return {name: statistics.median(values) for name, values in times.items()}
 
 
 def host_us_per_call(fn: Callable[[], object], calls: int = 200, repeats: int = 5) -> float:
