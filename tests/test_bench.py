@@ -130,3 +130,23 @@ def test_int8_kv_suite_rows(monkeypatch):
     model = bench.llama("sdpa", "cpu", torch.float32, **tiny)
     assert bench.int8_kv.kv_bytes_per_step(model, "int8", 2, 64) == 2 * 2 * 2 * 64 * 2 * (16 + 4)
     assert bench.int8_kv.kv_bytes_per_step(model, "bf16", 2, 64) == 2 * 2 * 2 * 64 * 2 * 16 * 2
+
+
+def test_interleaved_timing_alternates_the_order_and_takes_each_median(monkeypatch):
+    """A drift over the rounds must fall on both functions: each round calls both, the first one of a round
+    alternating; each function's result is the median of its own timings."""
+    from fa4_inductor.bench import timing
+
+    calls = []
+    drift = {"a": [5.0, 1.0, 3.0, 2.0, 4.0], "b": [10.0, 30.0, 20.0, 50.0, 40.0]}
+    monkeypatch.setattr(timing, "wall_ms", lambda fn: fn())
+
+    def timed(name):
+        def call():
+            calls.append(name)
+            return drift[name][calls.count(name) - 1]
+        return call
+
+    result = timing.interleaved_median_ms({"a": timed("a"), "b": timed("b")}, rounds=5)
+    assert calls == ["a", "b", "b", "a", "a", "b", "b", "a", "a", "b"]
+    assert result == {"a": 3.0, "b": 30.0}
