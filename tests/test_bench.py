@@ -138,7 +138,7 @@ def test_interleaved_timing_alternates_the_order_and_takes_each_median(monkeypat
     from fa4_inductor.bench import timing
 
     calls = []
-    drift = {"a": [5.0, 1.0, 3.0, 2.0, 4.0], "b": [10.0, 30.0, 20.0, 50.0, 40.0]}
+    drift = {"a": [5.0, 1.0, 3.0, 2.0, 100.0], "b": [10.0, 30.0, 20.0, 500.0, 40.0]}  # means 22.2 and 120
     monkeypatch.setattr(timing, "wall_ms", lambda fn: fn())
 
     def timed(name):
