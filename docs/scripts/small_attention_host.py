@@ -65,7 +65,8 @@ def replay_table(layers=2, cache=512):
         "cuDNN SDPA (whole cache)": lambda: aten._scaled_dot_product_cudnn_attention.default(
             q, k, v, None, True, 0.0, False, False, scale=0.125),
     }
-    print(f"\n| CUDA graph of {layers} decode attentions | host us a replay | us a replay, 100 back to back |\n|---|---|---|")
+    print(f"\n| CUDA graph of {layers} decode attentions | host us a replay | us a replay, 100 back to back |")
+    print("|---|---|---|")
     for name, step in steps.items():
         for _ in range(3):
             step()

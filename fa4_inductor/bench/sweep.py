@@ -17,8 +17,8 @@ Rows, by default:
 - decode (Llama 256x2 and 2048x16): the prompt prefilled eagerly into a `StaticCache` sized
   prompt + steps (as `generate` sizes it), then one-token steps of a step function compiled with
   `mode="reduce-overhead"` (as the e2e suite does); ms per step over `decode_steps` steps after 3 warm
-  ones, the median of `DECODE_RUNS` such runs. Padded decode passes the padding mask over the whole cache, one shape for every step (one CUDA
-  graph), with positions counted in cache slots.
+  ones, the median of `DECODE_RUNS` such runs. Padded decode passes the padding mask over the whole cache,
+  one shape for every step (one CUDA graph), with positions counted in cache slots.
 Each row also gives how far ours' output is from default's (relative to default's largest value:
 last-token logits, BERT's hidden states at unpadded positions, the first decode step's logits).
 
@@ -286,9 +286,13 @@ def _measure_prefill(results: dict, model, sweep_model: SweepModel, cases: list[
                     calls[name] = call, output()
                 except Exception as e:
                     results[name][case] = report_failure(what, e)
-            times = timing.interleaved_median_ms({name: call for name, (call, _) in calls.items()}, rounds)
+            try:
+                times = timing.interleaved_median_ms({name: call for name, (call, _) in calls.items()}, rounds)
+            except Exception as e:  # a failure while timing (out of memory, say) costs this row only
+                failure = report_failure(f"{sweep_model.name} prefill b{case.batch} s{case.seq} timing", e)
+                times = dict.fromkeys(calls, failure)
             for name, (_, out) in calls.items():
-                results[name][case] = (times[name], out)
+                results[name][case] = (times[name], out) if isinstance(times[name], float) else times[name]
             if device == "cuda":
                 torch.cuda.empty_cache()
 
