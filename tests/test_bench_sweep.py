@@ -68,11 +68,22 @@ def test_a_failed_row_is_reported_and_the_others_measured(monkeypatch, capsys):
             raise RuntimeError("cache slot out of range")
         return real(compiled_step, model, sweep_model, case, steps, device)
 
+    real_timing, timings = sweep.timing.interleaved_median_ms, []
+
+    def broken_second_prefill(fns, rounds):  # the prefill rows come in order: seq 16, then 32
+        timings.append(rounds)
+        if len(timings) == 2:
+            raise RuntimeError("out of memory while timing")
+        return real_timing(fns, rounds)
+
     monkeypatch.setattr(sweep, "decode_ms", broken_at_32)
+    monkeypatch.setattr(sweep.timing, "interleaved_median_ms", broken_second_prefill)
     table = run_sweep(bert=False, batches=(1,))
-    failed = [row for row in table.rows if row[3] == 32 and row[1] == "decode"]
-    assert failed and all(row[5:9] == ["failed", "failed", "n/a", "n/a"] for row in failed)
-    assert "RuntimeError: cache slot out of range" in failed[0][-1]
+    failed = [row for row in table.rows if row[3] == 32]
+    assert [row[1] for row in failed] == ["prefill", "decode"]
+    assert all(row[5:9] == ["failed", "failed", "n/a", "n/a"] for row in failed)
+    assert "RuntimeError: out of memory while timing" in failed[0][-1]
+    assert "RuntimeError: cache slot out of range" in failed[1][-1]
     assert all(isinstance(row[5], float) for row in table.rows if row not in failed)
     assert "cache slot out of range" in capsys.readouterr().err
 
