@@ -14,6 +14,15 @@ for t in bench.sweep_suite(llama_sizes=((256, 2),), decode_sizes=((256, 2),), be
 run timeout 330 python3 -c "import faulthandler, sys; faulthandler.dump_traceback_later(60, repeat=True)
 sys.argv = ['fa4_inductor', 'bench', '--suite', 'quant', '--quant-formats', 'none', '--quant-no-e2e', '--quant-prefill-runs', 'nvfp4:plain']
 import runpy; runpy.run_module('fa4_inductor', run_name='__main__')"
+# 2b. the same compile with coordinate descent tuning off after torchao's quantize_ turned it on (the suspect: CD tuning
+#     compiles and times variants of each large dequantize kernel)
+run timeout 330 python3 -c "import time, torch
+from fa4_inductor.bench import quant
+real = quant._llama_for
+def llama_for(*a, **k):
+    out = real(*a, **k); torch._inductor.config.coordinate_descent_tuning = False; return out
+quant._llama_for = llama_for
+start = time.time(); print(quant.prefill_table(runs=['nvfp4:plain']).markdown(), time.time() - start, 's')"
 # 3. issue 14: int8 x int8 rows (each row is printed as it is measured since session 16)
 run timeout 240 python3 -m fa4_inductor bench --suite quant --quant-models llama-1b --quant-formats int8_int8 --quant-rows 64,256,4096 --quant-no-e2e --quant-no-prefill
 # ---- call 3 ----
