@@ -88,5 +88,4 @@ def forward(q: Tensor, k: Tensor, v: Tensor, seqused_k: Optional[Tensor] = None,
         # One query token: a contiguous [B, Hq, 1, D] result already is the op's layout, but for a
         # size-1 stride; relabel it rather than pay a copy kernel (1-1.5 us a call on the H200).
         out = out.as_strided(out.shape, strides) if sq == 1 and out.is_contiguous() else layout.bhsd_copy(out)
-    lse = lse.view(b, hq, sq) if lse.is_contiguous() else lse.reshape(b, hq, sq)
-    return out, lse if lse.dtype == torch.float32 else lse.float()
+    return out, lse.reshape(b, hq, sq).float()

@@ -94,6 +94,10 @@ class Case:
     seq: int
     padded: bool
 
+    @property
+    def label(self) -> str:
+        return f"{self.phase} b{self.batch} s{self.seq}{' padded' if self.padded else ''}"
+
 
 def sweep_models(llama_sizes=LLAMA_SIZES, decode_sizes=DECODE_SIZES, bert=True, llama_overrides=None,
                  bert_overrides=None) -> list[SweepModel]:
@@ -280,19 +284,19 @@ def _measure_prefill(results: dict, model, sweep_model: SweepModel, cases: list[
             tokens, mask = sweep_inputs(sweep_model, model.config.vocab_size, case, device)
             calls = {}
             for name in BACKENDS:
-                what = f"{sweep_model.name} {name} prefill b{case.batch} s{case.seq}{' padded' if case.padded else ''}"
                 try:  # the first call compiles; one broken backend must not cost the other its row
                     call, output = prefill_call(compiled[name], sweep_model, tokens, mask)
                     calls[name] = call, output()
                 except Exception as e:
-                    results[name][case] = report_failure(what, e)
+                    results[name][case] = report_failure(f"{sweep_model.name} {name} {case.label}", e)
             try:
                 times = timing.interleaved_median_ms({name: call for name, (call, _) in calls.items()}, rounds)
+                for name, (_, out) in calls.items():
+                    results[name][case] = (times[name], out)
             except Exception as e:  # a failure while timing (out of memory, say) costs this row only
-                failure = report_failure(f"{sweep_model.name} prefill b{case.batch} s{case.seq} timing", e)
-                times = dict.fromkeys(calls, failure)
-            for name, (_, out) in calls.items():
-                results[name][case] = (times[name], out) if isinstance(times[name], float) else times[name]
+                failure = report_failure(f"{sweep_model.name} {case.label}, timing", e)
+                for name in calls:
+                    results[name][case] = failure
             if device == "cuda":
                 torch.cuda.empty_cache()
 
@@ -306,7 +310,7 @@ def _measure_decode(results: dict, model, sweep_model: SweepModel, cases: list[C
     for case in cases:
         groups.setdefault((case.batch, case.padded), []).append(case)
     with _dynamo_limits(), torch.no_grad():
-        for (batch, padded), group in groups.items():
+        for group in groups.values():
             torch._dynamo.reset()
             compiled_step = models.compile_model(decode_step(model), backend_name, mode=mode, dynamic=True,
                                                  fullgraph=True)
@@ -314,13 +318,12 @@ def _measure_decode(results: dict, model, sweep_model: SweepModel, cases: list[C
                 if time.perf_counter() > deadline:
                     results[case] = "skipped: time budget spent"
                     continue
-                what = f"{label} decode b{case.batch} s{case.seq}{' padded' if padded else ''}"
                 try:
                     runs = [decode_ms(compiled_step, model, sweep_model, case, decode_steps, device)
                             for _ in range(DECODE_RUNS)]
                     results[case] = (statistics.median(ms for ms, _ in runs), runs[0][1])
                 except Exception as e:  # one broken row must not cost the others
-                    results[case] = report_failure(what, e)
+                    results[case] = report_failure(f"{label} {case.label}", e)
                 if device == "cuda":
                     torch.cuda.empty_cache()
 
