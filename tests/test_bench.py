@@ -150,3 +150,26 @@ def test_interleaved_timing_alternates_the_order_and_takes_each_median(monkeypat
     result = timing.interleaved_median_ms({"a": timed("a"), "b": timed("b")}, rounds=5)
     assert calls == ["a", "b", "b", "a", "a", "b", "b", "a", "a", "b"]
     assert result == {"a": 3.0, "b": 30.0}
+
+
+def test_per_step_timing_skips_the_warm_steps_and_pauses_the_garbage_collector(monkeypatch):
+    """A decode loop's timing: every step runs in order, the warm ones before the clock starts, the timed ones with
+    Python's garbage collector off (a collection of a compile-grown heap would land in one backend's steps), and
+    the collector is back on afterwards."""
+    import gc
+
+    from fa4_inductor.bench import timing
+
+    clock = {"now": 0.0}
+    monkeypatch.setattr(timing.time, "perf_counter", lambda: clock["now"])
+    seen = []
+
+    def step(i):
+        seen.append((i, gc.isenabled()))
+        clock["now"] += 0.001 * (100 if i < 2 else 1)  # warm steps slow (compiling), timed ones 1 ms
+
+    assert gc.isenabled()
+    ms = timing.per_step_ms(step, steps=6, warm=2)
+    assert seen == [(0, True), (1, True), (2, False), (3, False), (4, False), (5, False)]
+    assert ms == pytest.approx(1.0)
+    assert gc.isenabled()

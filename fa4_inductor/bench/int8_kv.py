@@ -12,7 +12,6 @@ largest magnitude). Under default compile the int8 cache is dequantized into a b
 from __future__ import annotations
 
 import functools
-import time
 
 import torch
 
@@ -67,19 +66,18 @@ def decode_ms(model, kind: str, backend_name: str, batch: int, capacity: int, st
     compiled = models.compile_model(step, backend_name, mode=mode, fullgraph=True)
     token = torch.randint(0, model.config.vocab_size, (batch, 1), generator=torch.Generator().manual_seed(1)).to(device)
     position = torch.full((batch, 1), filled, device=device)
-    warm, first = 3, None
+    state = {"token": token}
+
+    def step(i):
+        logits = compiled(state["token"].clone(), position.clone())
+        if i == 0:
+            state["first"] = logits.float().clone()
+        state["token"] = logits.argmax(-1, keepdim=True)
+        position.add_(1)
+
     with torch.no_grad():
-        for i in range(steps):
-            if i == warm:
-                timing.sync()
-                start = time.perf_counter()
-            logits = compiled(token.clone(), position.clone())
-            if first is None:
-                first = logits.float().clone()
-            token = logits.argmax(-1, keepdim=True)
-            position += 1
-        timing.sync()
-    return (time.perf_counter() - start) / (steps - warm) * 1e3, first
+        ms = timing.per_step_ms(step, steps)
+    return ms, state["first"]
 
 
 def int8_kv_suite(device="cuda", dtype=torch.bfloat16, batch=8, capacity=32768, steps=32, caches=CACHES,

@@ -5,7 +5,6 @@ decode step itself), default torch.compile against our backend."""
 from __future__ import annotations
 
 import functools
-import time
 
 import torch
 
@@ -43,20 +42,17 @@ def decode_tokens_per_s(model, backend_name, prompt: int, steps: int, device, mo
     with torch.no_grad():
         logits = model(tokens, position_ids=torch.arange(prompt, device=device)[None], **cache,
                        use_cache=True).logits[:, -1]
-        token, seen = logits.argmax(-1), [logits.float()]
-        position = torch.tensor([[prompt]], device=device)
-        warm = 3
-        for i in range(steps):
-            if i == warm:
-                timing.sync()
-                start = time.perf_counter()
-            logits = compiled(token[:, None].clone(), position.clone())
-            token = logits.argmax(-1)
+        state = {"token": logits.argmax(-1), "position": torch.tensor([[prompt]], device=device)}
+        seen = [logits.float()]
+
+        def step(i):
+            logits = compiled(state["token"][:, None].clone(), state["position"].clone())
+            state["token"] = logits.argmax(-1)
             seen.append(logits.float())
-            position += 1
-        timing.sync()
-        elapsed = time.perf_counter() - start
-    return (steps - warm) / elapsed, torch.stack(seen)
+            state["position"] += 1
+
+        ms = timing.per_step_ms(step, steps)
+    return 1e3 / ms, torch.stack(seen)
 
 
 def e2e_suite(device="cuda", dtype=torch.bfloat16, seqlens=(2048, 8192), prompt=2048, steps=64,

@@ -191,18 +191,17 @@ def decode_ms(compiled_step, model, sweep_model: SweepModel, case: Case, steps: 
     with torch.no_grad():
         logits = model(tokens, attention_mask=None if mask is None else mask[:, :case.seq], position_ids=positions,
                        use_cache=True, logits_to_keep=1, **{cache_keyword(model): cache}).logits[:, -1]
-        token, first = logits.argmax(-1), None
-        for i in range(WARM_DECODE_STEPS + steps):
-            if i == WARM_DECODE_STEPS:
-                timing.sync()
-                start = time.perf_counter()
+        state = {"token": logits.argmax(-1)}
+
+        def step(i):
             position = torch.full((case.batch, 1), case.seq + i, device=device)
-            logits = compiled_step(token[:, None].clone(), position, cache, mask)
-            if first is None:
-                first = logits.float().cpu()
-            token = logits.argmax(-1)
-        timing.sync()
-    return (time.perf_counter() - start) * 1e3 / steps, first
+            logits = compiled_step(state["token"][:, None].clone(), position, cache, mask)
+            if i == 0:
+                state["first"] = logits.float().cpu()
+            state["token"] = logits.argmax(-1)
+
+        ms = timing.per_step_ms(step, WARM_DECODE_STEPS + steps, warm=WARM_DECODE_STEPS)
+    return ms, state["first"]
 
 
 def _dynamo_limits():

@@ -3,12 +3,17 @@
 - `gpu_ms`: GPU time of one call (`triton.testing.do_bench`, L2 flushed; or `do_bench_cudagraph`).
 - `wall_ms`, `median_wall_ms`: wall-clock ms of whole calls, the device synchronized around each one;
   `interleaved_median_ms`: the same for several functions called in alternating rounds (A/B comparisons).
+- `per_step_ms`: wall-clock ms a step of a loop (decode), after untimed warm-up steps.
 - `host_us_per_call`: back-to-back calls without a sync, the host's launch cost when the kernels are tiny.
+
+Wall-clock timings run with Python's garbage collector paused (`gc_paused`): a collection of a heap that compiling
+has grown takes milliseconds, and a host-bound timing would charge it to whichever call it fell in.
 """
 
 from __future__ import annotations
 
-import math
+import contextlib
+import gc
 import statistics
 import time
 from typing import Callable
@@ -36,6 +41,19 @@ def gpu_ms(fn: Callable[[], object], cuda_graph: bool = False) -> float:
     return do_bench(fn, warmup=10, rep=50, return_mode="median")
 
 
+@contextlib.contextmanager
+def gc_paused():
+    """Collects once, then keeps Python's garbage collector off until the block ends."""
+    enabled = gc.isenabled()
+    gc.collect()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
 def wall_ms(fn: Callable[[], object]) -> float:
     """Wall-clock milliseconds of one call of `fn`, between two device syncs."""
     sync()
@@ -50,7 +68,8 @@ def median_wall_ms(fn: Callable[[], object], repeats: int = 5, warmup: int = 1) 
     first one compiles)."""
     for _ in range(warmup):
         fn()
-    return statistics.median(wall_ms(fn) for _ in range(repeats))
+    with gc_paused():
+        return statistics.median(wall_ms(fn) for _ in range(repeats))
 
 
 def interleaved_median_ms(fns: dict[str, Callable[[], object]], rounds: int) -> dict[str, float]:
@@ -58,10 +77,25 @@ def interleaved_median_ms(fns: dict[str, Callable[[], object]], rounds: int) -> 
     order reversed every other round: a drift of the machine over the rounds (clocks, a busy compile pool) falls on
     every function alike, where timing one after the other would hand it to whichever ran during it."""
     times: dict[str, list[float]] = {name: [] for name in fns}
-    for round_index in range(rounds):
-        for name in (list(fns) if round_index % 2 == 0 else list(reversed(fns))):
-            times[name].append(wall_ms(fns[name]))
+    with gc_paused():
+        for round_index in range(rounds):
+            for name in (list(fns) if round_index % 2 == 0 else list(reversed(fns))):
+                times[name].append(wall_ms(fns[name]))
     return {name: statistics.median(values) for name, values in times.items()}
+
+
+def per_step_ms(step: Callable[[int], object], steps: int, warm: int = 3) -> float:
+    """Wall-clock ms a call of step(i) for i = warm .. steps - 1, after step(0 .. warm - 1) ran untimed (the first
+    calls compile and record CUDA graphs); the device synchronized before and after the timed steps."""
+    for i in range(warm):
+        step(i)
+    with gc_paused():
+        sync()
+        start = time.perf_counter()
+        for i in range(warm, steps):
+            step(i)
+        sync()
+        return (time.perf_counter() - start) * 1e3 / (steps - warm)
 
 
 def host_us_per_call(fn: Callable[[], object], calls: int = 200, repeats: int = 5) -> float:
@@ -69,12 +103,14 @@ def host_us_per_call(fn: Callable[[], object], calls: int = 200, repeats: int = 
     GPU work is tiny."""
     for _ in range(10):
         fn()
-    best = math.inf
-    for _ in range(repeats):
-        sync()
-        start = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        sync()
-        best = min(best, (time.perf_counter() - start) / calls * 1e6)
-    return best
+    with gc_paused():
+        return min(_back_to_back_us(fn, calls) for _ in range(repeats))
+
+
+def _back_to_back_us(fn: Callable[[], object], calls: int) -> float:
+    sync()
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    sync()
+    return (time.perf_counter() - start) / calls * 1e6
