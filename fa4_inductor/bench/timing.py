@@ -6,8 +6,9 @@
 - `per_step_ms`: wall-clock ms a step of a loop (decode), after untimed warm-up steps.
 - `host_us_per_call`: back-to-back calls without a sync, the host's launch cost when the kernels are tiny.
 
-Wall-clock timings run with Python's garbage collector paused (`gc_paused`): a collection of a heap that compiling
-has grown takes milliseconds, and a host-bound timing would charge it to whichever call it fell in.
+Wall-clock timings run with the objects that exist before them frozen (`gc_frozen`): a full collection of a heap
+that compiling has grown takes milliseconds, and a host-bound timing would charge it to whichever call it fell in;
+the collector still runs over what the timed code itself leaves behind, which is that code's cost.
 """
 
 from __future__ import annotations
@@ -42,16 +43,14 @@ def gpu_ms(fn: Callable[[], object], cuda_graph: bool = False) -> float:
 
 
 @contextlib.contextmanager
-def gc_paused():
-    """Collects once, then keeps Python's garbage collector off until the block ends."""
-    enabled = gc.isenabled()
+def gc_frozen():
+    """Collects once, then keeps every object that exists out of the collector's sight until the block ends."""
     gc.collect()
-    gc.disable()
+    gc.freeze()
     try:
         yield
     finally:
-        if enabled:
-            gc.enable()
+        gc.unfreeze()
 
 
 def wall_ms(fn: Callable[[], object]) -> float:
@@ -68,7 +67,7 @@ def median_wall_ms(fn: Callable[[], object], repeats: int = 5, warmup: int = 1) 
     first one compiles)."""
     for _ in range(warmup):
         fn()
-    with gc_paused():
+    with gc_frozen():
         return statistics.median(wall_ms(fn) for _ in range(repeats))
 
 
@@ -77,7 +76,7 @@ def interleaved_median_ms(fns: dict[str, Callable[[], object]], rounds: int) -> 
     order reversed every other round: a drift of the machine over the rounds (clocks, a busy compile pool) falls on
     every function alike, where timing one after the other would hand it to whichever ran during it."""
     times: dict[str, list[float]] = {name: [] for name in fns}
-    with gc_paused():
+    with gc_frozen():
         for round_index in range(rounds):
             for name in (list(fns) if round_index % 2 == 0 else list(reversed(fns))):
                 times[name].append(wall_ms(fns[name]))
@@ -89,7 +88,7 @@ def per_step_ms(step: Callable[[int], object], steps: int, warm: int = 3) -> flo
     calls compile and record CUDA graphs); the device synchronized before and after the timed steps."""
     for i in range(warm):
         step(i)
-    with gc_paused():
+    with gc_frozen():
         sync()
         start = time.perf_counter()
         for i in range(warm, steps):
@@ -103,7 +102,7 @@ def host_us_per_call(fn: Callable[[], object], calls: int = 200, repeats: int = 
     GPU work is tiny."""
     for _ in range(10):
         fn()
-    with gc_paused():
+    with gc_frozen():
         return min(_back_to_back_us(fn, calls) for _ in range(repeats))
 
 
