@@ -124,3 +124,33 @@ def test_both_backends_compute_the_same_padded_prefill():
                 outputs.append(sweep.prefill_call(compiled, sweep_model, tokens, mask)[1]())
         default, ours = outputs
         assert torch.allclose(ours, default, atol=1e-4, rtol=1e-4), (ours - default).abs().max()
+
+
+def test_decode_runs_alternate_the_backends_and_take_each_median(monkeypatch):
+    """Decode runs fall into fast and slow modes on the GPU whatever the backend, so a case's runs alternate
+    (ABBA...) and each backend's ms is the median of its own runs; a backend that fails a case keeps its failure
+    while the other is still measured."""
+    monkeypatch.setattr(sweep.models, "compile_model", lambda step, backend, **kwargs: backend)
+    monkeypatch.setattr(sweep, "decode_step", lambda model: None)
+    calls = []
+    ms = {"inductor": [5.0, 1.0, 3.0, 2.0, 100.0], "fa4_inductor": [10.0, 30.0, 20.0, 500.0, 40.0]}
+
+    def decode_ms(backend, model, sweep_model, case, steps, device):
+        if case.seq == 32 and backend == "fa4_inductor":
+            raise RuntimeError("cache slot out of range")
+        calls.append((backend, case.seq))
+        return ms[backend][sum(1 for b, s in calls if b == backend and s == case.seq) - 1], f"logits {backend}"
+
+    monkeypatch.setattr(sweep, "decode_ms", decode_ms)
+    cases = [sweep.Case("decode", 2, seq, False) for seq in (16, 32)]
+    results = {name: {} for name in sweep.BACKENDS}
+    tiny = sweep.SweepModel("llama", (("hidden_size", 64), ("num_hidden_layers", 2)))
+    sweep._measure_decode(results, None, tiny, cases, "cpu", "default", 2, deadline=math.inf)
+    default, ours = sweep.BACKENDS.values()
+    assert [b for b, seq in calls if seq == 16] == [default, ours, ours, default, default, ours, ours, default,
+                                                    default, ours]
+    assert results["default torch.compile"][cases[0]] == (3.0, "logits inductor")
+    assert results["fa4_inductor"][cases[0]] == (30.0, "logits fa4_inductor")
+    assert [b for b, seq in calls if seq == 32] == [default] * 5
+    assert results["default torch.compile"][cases[1]] == (3.0, "logits inductor")
+    assert "cache slot out of range" in results["fa4_inductor"][cases[1]]

@@ -17,16 +17,17 @@ Rows, by default:
 - decode (Llama 256x2 and 2048x16): the prompt prefilled eagerly into a `StaticCache` sized
   prompt + steps (as `generate` sizes it), then one-token steps of a step function compiled with
   `mode="reduce-overhead"` (as the e2e suite does); ms per step over `decode_steps` steps after 3 warm
-  ones, the median of `DECODE_RUNS` such runs. Padded decode passes the padding mask over the whole cache,
-  one shape for every step (one CUDA graph), with positions counted in cache slots.
+  ones, the median of `DECODE_RUNS` such runs of each backend, the two alternating. Padded decode passes the
+  padding mask over the whole cache, one shape for every step (one CUDA graph), with positions counted in cache
+  slots.
 Each row also gives how far ours' output is from default's (relative to default's largest value:
 last-token logits, BERT's hidden states at unpadded positions, the first decode step's logits).
 
 Compiles, which are most of the run time: per (model, backend), prefill compiles the model once with
 `dynamic=True` and reuses it over every sequence length; Dynamo adds a graph per batch class (batch 1 is
 specialized) and per mask / no mask, 3 graphs, both backends' entries side by side (6, under Dynamo's limit of 8).
-Decode compiles one step function per (model, batch, padding, backend), `dynamic=True`, fed a new cache per prompt
-length. `torch._dynamo.reset()` comes before the prefill compiles of a model and before each decode compile, so no
+Decode compiles one step function per (model, batch, padding, backend), `dynamic=True`, both backends' side by
+side, fed a new cache per run. `torch._dynamo.reset()` comes before the prefill compiles of a model and before each decode compile, so no
 cache entries pile up, and hitting the recompile limit raises (a
 failed row) instead of silently timing eager code. The defaults come to 42 prefill and 12 decode
 compiles (Llama layers 44 in all, BERT's 12): by an estimate, not a measurement, 5 to 12 s per compile
@@ -56,7 +57,7 @@ SEQLENS = (128, 512, 2048, 8192)
 BATCHES = (1, 8)
 TARGET = 0.98
 WARM_DECODE_STEPS = 3
-DECODE_RUNS = 3
+DECODE_RUNS = 5
 
 
 @dataclass(frozen=True)
@@ -244,9 +245,8 @@ def sweep_suite(device="cuda", dtype=torch.bfloat16, llama_sizes=LLAMA_SIZES, de
         deadline = started + time_budget_s
         _measure_prefill(results, model, sweep_model, [c for c in cases if c.phase == "prefill"], device,
                          prefill_repeats, deadline)
-        for name, backend_name in BACKENDS.items():
-            _measure_decode(results[name], model, sweep_model, [c for c in cases if c.phase == "decode"], backend_name,
-                            f"{sweep_model.name} {name}", device, mode, decode_steps, deadline)
+        _measure_decode(results, model, sweep_model, [c for c in cases if c.phase == "decode"], device, mode,
+                        decode_steps, deadline)
         for case in sorted([*cases, *skipped], key=lambda c: (c.phase != "prefill", c.batch, c.padded, c.seq)):
             table.rows.append(_row(sweep_model, case, skipped.get(case), *(results[name].get(case) for name in BACKENDS)))
         del model
@@ -260,7 +260,7 @@ def sweep_suite(device="cuda", dtype=torch.bfloat16, llama_sizes=LLAMA_SIZES, de
                   f"{TARGET}x default on every row: {len(measured) - len(below)} of {len(measured)} measured rows "
                   f"meet it ({len(table.rows) - len(measured)} not measured). Prefill: median of {prefill_repeats} "
                   f"forwards of each backend, called in alternating rounds; decode: ms per step over {decode_steps} "
-                  f"steps, median of {DECODE_RUNS} runs, mode='{mode}'; padding: a quarter of "
+                  f"steps, median of {DECODE_RUNS} runs of each backend, alternating, mode='{mode}'; padding: a quarter of "
                   f"the rows padded by different amounts. Took {time.perf_counter() - started:.0f} s.")
     yield table
 
@@ -300,29 +300,39 @@ def _measure_prefill(results: dict, model, sweep_model: SweepModel, cases: list[
                 torch.cuda.empty_cache()
 
 
-def _measure_decode(results: dict, model, sweep_model: SweepModel, cases: list[Case], backend_name: str, label: str,
-                    device, mode: str, decode_steps: int, deadline: float) -> None:
-    """Fills results[case] with (ms, output) or a failure / skip text for one backend's decode cases: one compile
-    per (batch, padding) group after a Dynamo reset; ms a step is the median of `DECODE_RUNS` runs of
-    `decode_ms` (each a fresh cache)."""
+def _measure_decode(results: dict, model, sweep_model: SweepModel, cases: list[Case], device, mode: str,
+                    decode_steps: int, deadline: float) -> None:
+    """Fills results[backend display name][case] with (ms, output) or a failure / skip text for the decode cases:
+    per (batch, padding) group, after a Dynamo reset, both backends' step functions compiled side by side; each
+    case runs `DECODE_RUNS` times per backend (`decode_ms`, a fresh cache each), the backends alternating (ABBA...),
+    and ms a step is each backend's median. On the H200 a run's steps fall into a fast or a slow mode (0.48 or
+    0.75-0.9 ms a step for the same compiled tiny model, under either backend: docs/benchmarks.md, session 17), so
+    runs of one backend after the other's would compare modes rather than code."""
     groups: dict[tuple, list[Case]] = {}
     for case in cases:
         groups.setdefault((case.batch, case.padded), []).append(case)
     with _dynamo_limits(), torch.no_grad():
         for group in groups.values():
             torch._dynamo.reset()
-            compiled_step = models.compile_model(decode_step(model), backend_name, mode=mode, dynamic=True,
-                                                 fullgraph=True)
+            steps = {name: models.compile_model(decode_step(model), backend, mode=mode, dynamic=True, fullgraph=True)
+                     for name, backend in BACKENDS.items()}
             for case in group:
                 if time.perf_counter() > deadline:
-                    results[case] = "skipped: time budget spent"
+                    for name in BACKENDS:
+                        results[name][case] = "skipped: time budget spent"
                     continue
-                try:
-                    runs = [decode_ms(compiled_step, model, sweep_model, case, decode_steps, device)
-                            for _ in range(DECODE_RUNS)]
-                    results[case] = (statistics.median(ms for ms, _ in runs), runs[0][1])
-                except Exception as e:  # one broken row must not cost the others
-                    results[case] = report_failure(f"{label} {case.label}", e)
+                runs = {name: [] for name in BACKENDS}
+                for run_index in range(DECODE_RUNS):
+                    for name in (list(BACKENDS) if run_index % 2 == 0 else list(reversed(BACKENDS))):
+                        if isinstance(results[name].get(case), str):
+                            continue  # this backend failed the case: the other still runs its rows
+                        try:
+                            runs[name].append(decode_ms(steps[name], model, sweep_model, case, decode_steps, device))
+                        except Exception as e:  # one broken row must not cost the others
+                            results[name][case] = report_failure(f"{sweep_model.name} {name} {case.label}", e)
+                for name, measured in runs.items():
+                    if measured and not isinstance(results[name].get(case), str):
+                        results[name][case] = (statistics.median(ms for ms, _ in measured), measured[0][1])
                 if device == "cuda":
                     torch.cuda.empty_cache()
 
