@@ -22,7 +22,7 @@ def test_int8_gemm_table_rows_and_columns(tiny):
     table = quant.gemm_table(quant.INT8, "cpu", torch.bfloat16, models=("tiny",), rows=(1, 3))
     assert table.columns == ["model", "N x K", "M", "bf16 cuBLAS", "ours (op)", "ours: quack route",
                              "ours: dense route", "default compile", "fa4_inductor", "quack direct (no scale)",
-                             "ours vs bf16", "ours vs default compile"]
+                             "fa4_inductor vs bf16", "fa4_inductor vs default compile"]
     assert [row[:3] for row in table.rows] == [["tiny", "64 x 128", 1], ["tiny", "64 x 128", 3],
                                                ["tiny", "128 x 64", 1], ["tiny", "128 x 64", 3]]
     for row in table.rows:
@@ -30,7 +30,7 @@ def test_int8_gemm_table_rows_and_columns(tiny):
         assert all(math.isfinite(cells[c]) and cells[c] > 0 for c in
                    ("bf16 cuBLAS", "ours (op)", "ours: dense route", "default compile", "fa4_inductor"))
         assert cells["ours: quack route"] == "failed: RuntimeError"  # quack declines the CPU: the reason is printed
-        assert cells["ours vs bf16"].endswith("x")
+        assert cells["fa4_inductor vs bf16"] == f"{cells['bf16 cuBLAS'] / cells['fa4_inductor']:.2f}x"
 
 
 def test_suite_skips_formats_it_cannot_measure(tiny, capsys):
