@@ -10,10 +10,11 @@ kernel, so routing to it is never slower than default compile).
 Also where Inductor's own fused one-row GEMV (coordinate descent tuning) beats a quantized-linear op:
 `inductor_gemv_reason`, over each op's table of measured weight shapes.
 
-Three users: lowering keeps small SDPA calls in host-bound graphs as written (`lowering/crossover.py`); the
-op itself sends a small call with a key mask to the SDPA fallback rather than reading the mask's form on the
-host (a sync that stalls a host-bound graph; `attention.py`), and a small unmasked one to cuDNN SDPA (route
-`sdpa_small`, `sdpa_cudnn.small_reason`), where lowering could not see its sizes.
+Three users: lowering keeps small SDPA calls in host-bound graphs on SDPA (`lowering/crossover.py`, symbolic
+sizes under a guard); the op itself sends a small call with a key mask to the SDPA fallback rather than reading
+the mask's form on the host (a sync that stalls a host-bound graph; `attention.py`), and a small unmasked one to
+cuDNN SDPA (route `sdpa_small`, `sdpa_cudnn.small_reason`): the small calls lowering gave the op (graphs with
+enough GPU work per layer to hide its host path, or the option off).
 """
 
 from __future__ import annotations
@@ -31,8 +32,10 @@ def gflop_limit(head_dim: int) -> float:
     return next((g for dims, g in GFLOP_BELOW if head_dim <= dims), 0.0)
 
 
-def small(b, h, sq, sk, d, causal: bool = False) -> bool:
-    return attention_gflop(b, h, sq, sk, d, causal) < gflop_limit(d)
+def small(b, h, sq, sk, d, causal: bool = False):
+    """Whether the attention is under `gflop_limit`: a bool, or for symbolic sizes (lowering's) a SymBool whose
+    test guards the compiled graph, compared in integer FLOP so that the guard stays exact."""
+    return 4 * b * h * sq * sk * d < int(gflop_limit(d) * 1e9) * (2 if causal else 1)
 
 
 def inductor_gemv_reason(device_type: str, n: int, k: int, faster: frozenset, table: str) -> str | None:

@@ -320,7 +320,8 @@ def _replace_output(graph, call: AttentionCall, out: Node, make: NodeMaker, muta
 
 
 def _emit_sdpa(gm: GraphModule, call: AttentionCall, fake_mode, mutations: Mutations, why: str) -> str:
-    """A plain hand-written attention as the SDPA call that computes it (crossover.py)."""
+    """A plain attention (hand-written, or an SDPA call with a mask that is at most causal) as the SDPA call that
+    computes it without a mask (crossover.py)."""
     make = NodeMaker(gm.graph, call.output, fake_mode)
     with gm.graph.inserting_before(call.output):
         out = crossover.sdpa_for(make, call)
@@ -430,7 +431,7 @@ def rewrite(call: AttentionCall | None, context: Context) -> str | None:
     small = None
     if getattr(context.options, "small_calls_to_sdpa", True):
         small = crossover.small_attention(call, context.gm.graph, context.shared)
-    if small is not None and crossover.is_sdpa_call(call):
+    if small is not None and crossover.is_sdpa_call(call) and not crossover.mask_is_at_most_causal(call):
         raise Decline(small)
     if small is None:
         if call.padding is not None:

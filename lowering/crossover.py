@@ -6,11 +6,12 @@ torch.compile with the op's host path in every layer.
 
 Where the GPU work per attention is large (a graph's matmul and attention GFLOP per attention candidate
 at or over LAYER_GFLOP_HOST_BOUND), host time hides behind it and the op stays (FA4's GPU time is the
-lower, or within ~10%, on every measured row). Only static shapes on CUDA, self-attention (Sq == Sk,
-what was measured), and no KV cache (the op reads it un-repeated, where SDPA code repeats K/V at every
-step; HF's generate passes a decode step's cache as keys under a padding mask, Sq < Sk). An SDPA call is kept as written,
-whatever its mask (the sweep's padded small-model prefill ran 0.55x on the op: the padding mask's form
-is read on the host, a sync); a hand-written one without a mask other than a causal square band, or a
+lower, or within ~10%, on every measured row). Only on CUDA, self-attention (Sq == Sk, what was measured),
+and no KV cache (the op reads it un-repeated, where SDPA code repeats K/V at every step; HF's generate passes
+a decode step's cache as keys under a padding mask, Sq < Sk). Symbolic sizes are decided for the call being
+compiled, under a guard (`small_attention`). An SDPA call is kept as written, whatever its mask (the sweep's padded small-model prefill ran 0.55x on the op: the padding mask's form
+is read on the host, a sync), unless the mask is proven to be at most a causal band: then, like a hand-written
+one without a mask, it becomes the SDPA call without the mask (`is_causal`); a hand-written one without a mask other than a causal square band, or a
 softcap, becomes the SDPA call that computes it (`is_causal`, the matched scale, K/V as the model
 repeated them), which default compile would not find on its own.
 """
@@ -21,9 +22,10 @@ import math
 
 import torch
 from torch.fx import Node
+from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from ..kernels import crossover as kernel_crossover
-from .spellings import LINEAR, MATMUL, SDPA, SOFTMAX, shape, value
+from .spellings import LINEAR, MATMUL, SDPA, SOFTMAX, arg, shape, value
 
 DEVICES = ("cuda",)  # where the op's host path is the cost (tests add "cpu")
 # Below this much GPU work per attention a graph's host time is not hidden: HF models carry ~1 ms of host
@@ -36,60 +38,79 @@ attention_gflop, gflop_limit = kernel_crossover.attention_gflop, kernel_crossove
 
 def small_attention(call, graph, shared: dict) -> str | None:
     """Why `call` (an attention.AttentionCall) runs faster on SDPA, or None. The graph's GPU work per
-    attention (`gflop_per_attention`) is computed once per graph, in `shared`, and only when asked."""
+    attention (`flop_per_attention`) is computed once per graph, in `shared`, and only when asked.
+
+    Symbolic sizes (a dynamic graph) are decided for the sizes of the call being compiled, and the two
+    comparisons guard the graph: a later call whose sizes fall on the other side of either line recompiles
+    and gets the other answer (one more graph, not a slower one)."""
     q = value(call.q)
     if q.device.type not in DEVICES or len(shape(call.q)) != 4:
         return None
-    sizes = shape(call.q) + shape(call.k)[-2:]
-    if not all(isinstance(s, int) for s in sizes):
-        return None  # symbolic: the sizes a later call brings are unknown
     if call.seqused_k is not None:
         return None  # a KV cache: the op reads it un-repeated, where SDPA code repeats K/V every step
-    b, h, sq, d, sk, _ = sizes
-    if sq != sk:
+    b, h, sq, d = shape(call.q)
+    sk = shape(call.k)[-2]
+    if not statically_known_true(sq == sk):
         return None  # measured on self-attention; a decode step over a cache (a key mask, not seqused_k) is not
     causal = bool(call.flags.get("causal"))
-    if not is_sdpa_call(call) and (set(call.flags) - {"causal"} or call.padding is not None or (causal and sq != sk)):
+    if not is_sdpa_call(call) and (set(call.flags) - {"causal"} or call.padding is not None):
         return None  # the SDPA call a hand-written attention becomes has no mask, at most is_causal
-    gflop, limit = attention_gflop(b, h, sq, sk, d, causal), gflop_limit(d)
-    if gflop >= limit:
+    if not kernel_crossover.small(b, h, sq, sk, d, causal):  # a guard when symbolic
         return None
-    if "gflop_per_attention" not in shared:
-        shared["gflop_per_attention"] = gflop_per_attention(graph)
-    layer_gflop = shared["gflop_per_attention"]
-    if layer_gflop is None or layer_gflop >= LAYER_GFLOP_HOST_BOUND:
+    if "flop_per_attention" not in shared:
+        shared["flop_per_attention"] = flop_per_attention(graph)
+    if shared["flop_per_attention"] is None:
         return None
-    return (f"a small attention ({gflop:.2g} GFLOP, under {limit:g} at head dim {d}) in a host-bound graph "
-            f"({layer_gflop:.2g} GFLOP per attention): SDPA's C++ path has less host overhead than the fa4 op")
+    total, attentions = shared["flop_per_attention"]
+    if not total < int(LAYER_GFLOP_HOST_BOUND * 1e9) * attentions:  # a guard when symbolic
+        return None
+    gflop, layer_gflop = _hint(attention_gflop(b, h, sq, sk, d, causal)), _hint(total) / attentions / 1e9
+    guarded = "" if all(isinstance(n, int) for n in (b, h, sq, d, total)) else \
+        "; decided for this call's sizes, a guard recompiles for sizes past either line"
+    return (f"a small attention ({gflop:.2g} GFLOP, under {gflop_limit(_hint(d)):g} at head dim {_hint(d)}) in a "
+            f"host-bound graph ({layer_gflop:.2g} GFLOP per attention): SDPA's C++ path has less host overhead than "
+            f"the fa4 op{guarded}")
 
 
-def gflop_per_attention(graph) -> float | None:
-    """The matmul and attention GFLOP of a graph per attention candidate (SDPA call or softmax); None when a
-    size is symbolic or the graph has no candidate. Hand-written attention counts through its matmuls."""
-    total, attentions = 0.0, 0
+def _hint(size):
+    """A size's value for the call being compiled (symbolic sizes carry it)."""
+    return size.node.hint if isinstance(size, (torch.SymInt, torch.SymFloat)) else size
+
+
+def flop_per_attention(graph) -> tuple | None:
+    """(matmul and attention FLOP of a graph, its attention candidates: SDPA calls and softmaxes), sizes as they
+    are (symbolic ones give an expression); None when the graph has no candidate. Hand-written attention counts
+    through its matmuls."""
+    total, attentions = 0, 0
     for node in graph.nodes:
         try:
             if SDPA(node):
                 attentions += 1
                 q, k = shape(node.args[0]), shape(node.args[1])
-                total += attention_gflop(math.prod(q[:-2]), 1, q[-2], k[-2], q[-1])
+                total = total + 4 * math.prod(q) * k[-2]
             elif SOFTMAX(node):
                 attentions += 1
             elif MATMUL(node) or LINEAR(node):
                 out, a = shape(node), shape(node.args[0])
-                total += 2 * math.prod(out) * a[-1] / 1e9
+                total = total + 2 * math.prod(out) * a[-1]
         except (TypeError, AttributeError, IndexError):
             continue  # an operand without an example value
-    if not attentions or not isinstance(total, float):
-        return None
-    return total / attentions
+    return (total, attentions) if attentions else None
 
 
 def sdpa_for(make, call) -> Node:
-    """The SDPA call computing `call` (plain, see `small_attention`), on K/V as the model feeds them."""
+    """The SDPA call computing `call` (plain, see `small_attention`), on K/V as the model feeds them (an SDPA
+    call's `enable_gqa` kept)."""
+    gqa = {"enable_gqa": True} if is_sdpa_call(call) and arg(call.output, 7, "enable_gqa", False) is True else {}
     return make(torch.nn.functional.scaled_dot_product_attention, call.q, call.k, call.v,
-                is_causal=bool(call.flags.get("causal")), scale=call.scale, name="sdpa_small")
+                is_causal=bool(call.flags.get("causal")), scale=call.scale, **gqa, name="sdpa_small")
 
 
 def is_sdpa_call(call) -> bool:
     return SDPA(call.output)
+
+
+def mask_is_at_most_causal(call) -> bool:
+    """An SDPA call given a mask that the graph proves is none or a causal band (HF's mask for an unpadded
+    batch, which default compile builds and reads at every layer): `sdpa_for` computes it without the mask."""
+    return bool(call.masks) and call.padding is None and call.seqused_k is None and set(call.flags) <= {"causal"}

@@ -63,8 +63,8 @@ def test_above_the_threshold_and_with_the_option_off_the_op_takes_them(monkeypat
     assert rec.count() == 1
 
 
-def test_hand_written_windows_and_symbolic_sizes_go_to_the_op():
-    """A hand-written window has no SDPA spelling without a mask; symbolic sizes say nothing of later calls."""
+def test_hand_written_windows_go_to_the_op():
+    """A hand-written window has no SDPA spelling without a mask."""
     def windowed(q, k, v):
         n = q.shape[-2]
         i = torch.arange(n)
@@ -76,11 +76,29 @@ def test_hand_written_windows_and_symbolic_sizes_go_to_the_op():
     rec, out = compile_and_record(windowed, q, k, v)
     torch.testing.assert_close(out, windowed(q, k, v))
     assert rec.count() == 1
+
+
+def test_symbolic_sizes_are_decided_for_the_call_and_guarded(monkeypatch):
+    """A dynamic graph keeps a small call on SDPA, guarded: a later call past the line recompiles and gets the op
+    (and one back under the line reuses the first graph, no third compile)."""
+    monkeypatch.setattr(crossover, "LAYER_GFLOP_HOST_BOUND", 1e6)  # this test is about the attention's own size
     rec = Recorder()
     torch._dynamo.reset()
     fn = torch.compile(sdpa_causal, backend=rec, dynamic=True)
+    small = qkv()  # 2 x 4 x 32 x 16: 0.00026 GFLOP, under the head-dim-16 line of 20
+    torch.testing.assert_close(fn(*small), sdpa_causal(*small))
+    assert rec.count() == 0 and len(rec.graphs) == 1
+    assert rec.reasons[0].endswith("decided for this call's sizes, a guard recompiles for sizes past either line")
+    monkeypatch.setattr(crossover.kernel_crossover, "GFLOP_BELOW", ((32, 0.001), (256, 0.001)))
+    torch._dynamo.reset()
+    fn = torch.compile(sdpa_causal, backend=rec, dynamic=True)
+    large = [torch.randn(2, 4, 128, 16) for _ in range(3)]  # 0.0042 GFLOP, over a line of 0.001
+    fn(*small)
+    assert len(rec.graphs) == 2 and rec.count() == 0
+    torch.testing.assert_close(fn(*large), sdpa_causal(*large))
+    assert len(rec.graphs) == 3 and rec.count() == 1
     fn(*qkv())
-    assert rec.count() == 1
+    assert len(rec.graphs) == 3
 
 
 def test_a_graph_with_enough_gpu_work_per_layer_keeps_the_op(monkeypatch):
@@ -89,7 +107,7 @@ def test_a_graph_with_enough_gpu_work_per_layer_keeps_the_op(monkeypatch):
         return F.linear(x, w), sdpa_causal(q, k, v)
 
     x, w = torch.randn(64, 128), torch.randn(256, 128)  # 2 * 64 * 256 * 128 = 0.0042 GFLOP
-    assert crossover.gflop_per_attention(torch.fx.symbolic_trace(lambda x, w: F.linear(x, w)).graph) is None
+    assert crossover.flop_per_attention(torch.fx.symbolic_trace(lambda x, w: F.linear(x, w)).graph) is None
     monkeypatch.setattr(crossover, "LAYER_GFLOP_HOST_BOUND", 0.004)
     rec, _ = compile_and_record(layer, x, w, *qkv())
     assert rec.count() == 1
@@ -191,3 +209,50 @@ def test_the_cudnn_adapter_passes_causal_through(monkeypatch, sq, causal):
     ref_out, ref_lse = reference.attention_forward(q, k, v, seqused_k=None, **flags)
     torch.testing.assert_close(out, ref_out)
     torch.testing.assert_close(lse.double(), ref_lse, atol=1e-6, rtol=0)
+
+
+def test_a_small_sdpa_call_with_a_causal_mask_drops_the_mask():
+    """HF passes an unpadded batch's causal band as a mask, which default compile builds and reads at every layer:
+    a small call becomes SDPA with `is_causal` and no mask (`enable_gqa` kept), the band's nodes dead."""
+    def masked(q, k, v):
+        n = q.shape[-2]
+        band = torch.ones(n, n, dtype=torch.bool).tril()
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=band[None, None], enable_gqa=True)
+
+    q, k, v = qkv(heads_kv=2)
+    rec, out = compile_and_record(masked, q, k, v)
+    torch.testing.assert_close(out, masked(q, k, v))
+    assert rec.count() == 0
+    assert rec.records[0].detail.startswith("F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=0.25): "
+                                            "a small attention")
+    (node,) = [n for g in rec.graphs for n in g.graph.nodes if n.target is F.scaled_dot_product_attention]
+    assert node.kwargs["is_causal"] is True and node.kwargs["enable_gqa"] is True and len(node.args) == 3
+    assert not any(n.target in (torch.ones, "tril") for g in rec.graphs for n in g.graph.nodes)
+
+
+def test_a_small_hf_llama_in_a_dynamic_graph_runs_sdpa_without_its_mask():
+    """The size sweep's case: HF Llama (sdpa code), `use_cache=False`, an unpadded batch of 2, compiled with
+    `dynamic=True`: each layer's SDPA call loses the causal mask HF builds, the graph is guarded for the sizes,
+    and the logits match eager's. A padded batch keeps its masked SDPA calls as written."""
+    from fa4_inductor.bench import models
+
+    model = models.llama("sdpa", "cpu", torch.float32, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, vocab_size=128)
+    tokens = torch.randint(1, 128, (2, 24), generator=torch.Generator().manual_seed(0))
+    rec = Recorder()
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend=rec, dynamic=True)
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(tokens, use_cache=False).logits, model(tokens, use_cache=False).logits)
+    assert rec.count() == 0
+    assert [r.detail.split(":")[0] for r in rec.records if r.rewritten] == [
+        "F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=0.25)"] * 2
+    assert all(r.detail.endswith("a guard recompiles for sizes past either line") for r in rec.records if r.rewritten)
+    mask = torch.ones_like(tokens)
+    mask[1, :5] = 0
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(tokens, attention_mask=mask, use_cache=False).logits,
+                                   model(tokens, attention_mask=mask, use_cache=False).logits)
+    padded = [r for r in rec.records[2:] if r.family == "sdpa"]
+    assert len(padded) == 2 and not any(r.rewritten for r in padded)
+    assert all(r.detail.startswith("a small attention") for r in padded)
