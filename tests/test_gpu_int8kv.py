@@ -167,7 +167,7 @@ def test_generate_compiles_its_decode_step_with_the_int8_cache():
     def generate(m, **extra):
         cache = fa4_inductor.Int8StaticCache(config=config, max_cache_len=512)
         with torch.no_grad():
-            return m.generate(ids, past_key_values=cache, **kwargs, **extra)
+            return m.generate(ids, **{hf.cache_keyword(m): cache}, **kwargs, **extra)
 
     torch._dynamo.reset()
     model.generation_config.compile_config = CompileConfig(backend=recorder, fullgraph=True)

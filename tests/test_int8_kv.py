@@ -17,6 +17,7 @@ import expecttest
 import pytest
 import torch
 
+from fa4_inductor import hf
 from fa4_inductor.kernels import reference
 from helpers import Recorder, compile_and_record, recording_compile, tiny
 from kv_cache_cases import compiled_against_eager, gpt_fast_int8_cache, new_tokens
@@ -173,8 +174,6 @@ def test_sliding_window_layers_stay_in_the_model_dtype():
 
 def decode(model, cache, ids, steps=3, forward=None):
     """Logits of a prefill and `steps` greedy one-token steps through `cache`."""
-    from fa4_inductor import hf
-
     forward = forward or model
     keyword = hf.cache_keyword(model)
     logits = []
@@ -208,7 +207,7 @@ def test_generate_takes_the_cache():
     model = tiny("llama", "sdpa").model
     ids = torch.randint(0, 128, (1, 6), generator=torch.Generator().manual_seed(2))
     cache = Int8StaticCache(config=model.config, max_cache_len=16)
-    out = model.generate(ids, attention_mask=torch.ones_like(ids), past_key_values=cache, max_new_tokens=4,
+    out = model.generate(ids, attention_mask=torch.ones_like(ids), **{hf.cache_keyword(model): cache}, max_new_tokens=4,
                          do_sample=False, pad_token_id=0)
     assert out.shape == (1, 10) and int(cache.layers[0].get_seq_length()) == 9
     assert cache.layers[0].keys[:, :, :9].any() and not cache.layers[0].keys[:, :, 9:].any()
@@ -262,7 +261,7 @@ attention_out: f32[2, 4, 5, 16] = getitem(fa4_attention_int8kv, 0)
 attention_out_contiguous: f32[2, 4, 5, 16] = .contiguous(attention_out)""")
 
     def test_hf_llama_int8_static_cache_prefill_and_decode(self):
-        from fa4_inductor import Int8StaticCache, hf
+        from fa4_inductor import Int8StaticCache
 
         model = tiny("llama", "sdpa").model
         keyword = hf.cache_keyword(model)
@@ -454,9 +453,10 @@ def test_generate_compiles_the_int8_decode_step_with_a_left_padded_batch():
     torch._dynamo.reset()
     with torch.no_grad():
         model.generation_config.compile_config = config
-        got = model.generate(ids, past_key_values=Int8StaticCache(config=model.config, max_cache_len=16), **kwargs)
+        got = model.generate(ids, **{hf.cache_keyword(model): Int8StaticCache(config=model.config, max_cache_len=16)},
+                             **kwargs)
         model.generation_config.compile_config = None
-        expected = model.generate(ids, past_key_values=Int8StaticCache(config=model.config, max_cache_len=16),
+        expected = model.generate(ids, **{hf.cache_keyword(model): Int8StaticCache(config=model.config, max_cache_len=16)},
                                   disable_compile=True, **kwargs)
     layers = model.config.num_hidden_layers
     assert recorder.graphs and recorder.count("fa4::attention_int8kv") == len(recorder.graphs) * layers, recorder.records
