@@ -108,7 +108,7 @@ class TinyLlama(nn.Module):
 def run(seq_len: int | None = None) -> int:
     """Compiles TinyLlama with both attention spellings; returns 0 when outputs match eager, else 1."""
     import fa4_inductor
-    from fa4_inductor.bench.timing import median_wall_ms
+    from fa4_inductor.bench.timing import interleaved_median_ms
 
     cuda = torch.cuda.is_available()
     device, dtype = ("cuda", torch.bfloat16) if cuda else ("cpu", torch.float32)
@@ -135,7 +135,9 @@ def run(seq_len: int | None = None) -> int:
             if cuda:
                 default = torch.compile(model)
                 default(tokens)
-                ours = median_wall_ms(lambda: compiled(tokens), repeats=20, warmup=0)
-                base = median_wall_ms(lambda: default(tokens), repeats=20, warmup=0)
+                # Alternating rounds: a drift of the host over the timing falls on both compiles alike.
+                times = interleaved_median_ms({"ours": lambda: compiled(tokens), "default": lambda: default(tokens)},
+                                              rounds=20)
+                ours, base = times["ours"], times["default"]
                 print(f"forward: fa4_inductor {ours:.3f} ms, default torch.compile {base:.3f} ms ({base / ours:.2f}x)")
     return 1 if failures else 0
