@@ -14,6 +14,11 @@ run timeout 120 $P -n 12 tests/test_gpu_quant.py tests/test_gpu_nvfp4.py
 run timeout 60 python3 -m fa4_inductor demo
 run timeout 330 python3 -c "from fa4_inductor import bench
 for t in bench.sweep_suite(llama_sizes=((256, 2),), decode_sizes=((256, 2),), bert=False, time_budget_s=300): print(t.markdown())"
+# 2b. the same decode rows without CUDA graphs (a user's `torch.compile(model)` decode step): the op's host path
+#     (36-49 us a call against SDPA's ~23) is paid every step there, and lowering's crossover leaves decode-shaped
+#     calls to the op (it was measured on self-attention, by FLOP, not on a cache read)
+run timeout 200 python3 -c "from fa4_inductor import bench
+for t in bench.sweep_suite(llama_sizes=((256, 2),), decode_sizes=((256, 2),), bert=False, seqlens=(128, 2048), decode_mode='default', time_budget_s=180): print(t.markdown())"
 # ---- call 2 ----
 # 3. issue 14: the int8 x int8 table, Llama-1B (each row printed as measured; ~20 s a row: two fresh compiles)
 run timeout 500 python3 -m fa4_inductor bench --suite quant --quant-models llama-1b --quant-formats int8_int8 --quant-rows 1,16,64,256,4096 --quant-no-e2e --quant-no-prefill

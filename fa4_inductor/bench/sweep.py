@@ -214,11 +214,13 @@ def _dynamo_limits():
 
 def sweep_suite(device="cuda", dtype=torch.bfloat16, llama_sizes=LLAMA_SIZES, decode_sizes=DECODE_SIZES, bert=True,
                 seqlens=SEQLENS, batches=BATCHES, decode_steps=16, prefill_repeats=10, memory_cap_gib=100.0,
-                time_budget_s=450.0, llama_overrides=None, bert_overrides=None):
+                time_budget_s=450.0, llama_overrides=None, bert_overrides=None, decode_mode=None):
     """Yields one table, a row per (model, phase, batch, sequence length, padding); see the module
-    docstring for the defaults and the compile plan."""
+    docstring for the defaults and the compile plan. `decode_mode`: the decode step's compile mode (default:
+    "reduce-overhead" on CUDA, as the e2e suite and HF's static-cache generate compile it; "default" measures a
+    step without CUDA graphs, where every host microsecond shows)."""
     started = time.perf_counter()
-    mode = "reduce-overhead" if device == "cuda" else "default"
+    mode = decode_mode or ("reduce-overhead" if device == "cuda" else "default")
     table = Table("Size sweep: HF Llama-shaped models and BERT-base, ours against default torch.compile "
                   "(ms, lower is better)",
                   ["model", "phase", "batch", "seq", "padding", "default ms", "ours ms", "speedup",
