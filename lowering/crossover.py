@@ -9,11 +9,13 @@ at or over LAYER_GFLOP_HOST_BOUND), host time hides behind it and the op stays (
 lower, or within ~10%, on every measured row). Only on CUDA, self-attention (Sq == Sk, what was measured),
 and no KV cache (the op reads it un-repeated, where SDPA code repeats K/V at every step; HF's generate passes
 a decode step's cache as keys under a padding mask, Sq < Sk). Symbolic sizes are decided for the call being
-compiled, under a guard (`small_attention`). An SDPA call is kept as written, whatever its mask (the sweep's padded small-model prefill ran 0.55x on the op: the padding mask's form
-is read on the host, a sync), unless the mask is proven to be at most a causal band: then, like a hand-written
-one without a mask, it becomes the SDPA call without the mask (`is_causal`); a hand-written one without a mask other than a causal square band, or a
-softcap, becomes the SDPA call that computes it (`is_causal`, the matched scale, K/V as the model
-repeated them), which default compile would not find on its own.
+compiled, under a guard (`small_attention`).
+
+An SDPA call is kept as written, whatever its mask (the sweep's padded small-model prefill ran 0.55x on the
+op: the padding mask's form is read on the host, a sync), unless the mask is proven to be at most a causal
+band (`mask_is_at_most_causal`). Such a call, and a hand-written one without a mask other than a causal
+square band or a softcap, becomes the SDPA call that computes it without the mask (`is_causal`, the matched
+scale, K/V as the model gives them), which default compile would not find on its own.
 """
 
 from __future__ import annotations
