@@ -27,7 +27,7 @@ from torch.fx import Node
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from ..kernels import crossover as kernel_crossover
-from .spellings import LINEAR, MATMUL, SDPA, SOFTMAX, arg, shape, value
+from .spellings import LINEAR, MATMUL, SDPA, SOFTMAX, arg, shape, size_hint, value
 
 DEVICES = ("cuda",)  # where the op's host path is the cost (tests add "cpu")
 # Below this much GPU work per attention a graph's host time is not hidden: HF models carry ~1 ms of host
@@ -66,17 +66,12 @@ def small_attention(call, graph, shared: dict) -> str | None:
     total, attentions = shared["flop_per_attention"]
     if not total < int(LAYER_GFLOP_HOST_BOUND * 1e9) * attentions:  # a guard when symbolic
         return None
-    gflop, layer_gflop = _hint(attention_gflop(b, h, sq, sk, d, causal)), _hint(total) / attentions / 1e9
+    gflop, layer_gflop = size_hint(attention_gflop(b, h, sq, sk, d, causal)), size_hint(total) / attentions / 1e9
     guarded = "" if all(isinstance(n, int) for n in (b, h, sq, d, total)) else \
         "; decided for this call's sizes, a guard recompiles for sizes past either line"
-    return (f"a small attention ({gflop:.2g} GFLOP, under {gflop_limit(_hint(d)):g} at head dim {_hint(d)}) in a "
+    return (f"a small attention ({gflop:.2g} GFLOP, under {gflop_limit(size_hint(d)):g} at head dim {size_hint(d)}) in a "
             f"host-bound graph ({layer_gflop:.2g} GFLOP per attention): SDPA's C++ path has less host overhead than "
             f"the fa4 op{guarded}")
-
-
-def _hint(size):
-    """A size's value for the call being compiled (symbolic sizes carry it)."""
-    return size.node.hint if isinstance(size, (torch.SymInt, torch.SymFloat)) else size
 
 
 def flop_per_attention(graph) -> tuple | None:

@@ -18,10 +18,12 @@ Inductor), then
 (with a 3-D x the activation is reshaped to [M, K] before the matmul and the result back to [B, S, N]
 between the multiplications, as above; the reshapes move after the op, which computes on [M, N]).
 
-Only where default compile cannot run it as well: a static M above 16 stays as written (Inductor runs
-`_int_mm` there and fuses the scaling into one kernel; the op would run the same GEMM with unfused
-elementwise kernels after it). M of 16 rows or fewer (decode: `_int_mm` refuses it on CUDA and default
-compile fails) and a dynamic M (which may be either) become the op, which pads such calls for cuBLAS.
+Only where default compile cannot run it as well: M above 16 stays as written (Inductor runs `_int_mm`
+there and fuses the scaling into one kernel; the op would run the same GEMM with unfused elementwise kernels
+after it). M of 16 rows or fewer (decode: `_int_mm` refuses it on CUDA and default compile fails) becomes the
+op, which pads such calls for cuBLAS. A symbolic M is decided for the call being compiled, under a guard (a
+later call on the other side of 16 recompiles); where no guard can be added any more (a backward compiled after
+Dynamo built its guards) it becomes the op, which takes every M.
 Kept as written, with the reason: a weight computed in the graph or frozen, scales of other shapes, a
 chain of other steps or dtypes (an order the op does not compute), intermediate values other nodes read.
 """
@@ -37,7 +39,8 @@ from ..kernels.layout import dtype_name as _name
 from .family import POST_GRAD, Context, Family
 from .graph_edit import NodeMaker, erase_dead
 from .records import Decline
-from .spellings import describe_operand as _describe, dtype_of as _dtype, is_call as _is, shape, single_user, value
+from .spellings import describe_operand as _describe, dtype_of as _dtype, guardable, is_call as _is, shape, single_user
+from .spellings import size_hint, value
 
 aten, prims = torch.ops.aten, torch.ops.prims
 CONVERT = prims.convert_element_type.default
@@ -182,9 +185,10 @@ def _check_supported(m: Match) -> None:
     if not all(isinstance(d, int) for d in (n, k)):
         raise Decline(f"the int8 weight's shape {[n, k]} is symbolic")
     rows = shape(m.x_int8)[0]
-    if isinstance(rows, int) and rows >= INT_MM_MIN_ROWS:
-        raise Decline(f"{rows} rows: default compile runs torch._int_mm with the scaling fused (the op would add "
-                      f"unfused kernels); it takes static M below {INT_MM_MIN_ROWS} and dynamic M")
+    if guardable(rows) and rows >= INT_MM_MIN_ROWS:  # a guard when symbolic
+        when = "" if isinstance(rows, int) else " (M symbolic: this compile's, under a guard)"
+        raise Decline(f"{size_hint(rows)} rows{when}: default compile runs torch._int_mm with the scaling fused (the "
+                      f"op would add unfused kernels); it takes M below {INT_MM_MIN_ROWS}")
     reason = int8_int8_linear_unsupported_reason(value(m.x_int8).device.type, m.out_dtype, n, k)
     if reason is not None:
         raise Decline(reason)

@@ -113,6 +113,17 @@ def same_size(a, b) -> bool:
     return statically_known_true(a == b)
 
 
+def guardable(size) -> bool:
+    """A static size, or a symbolic one whose comparisons can still add a guard: Dynamo has not built its guards
+    yet (a backward compiled lazily, after them, would have the guard dropped with a warning: unsound)."""
+    return not isinstance(size, torch.SymInt) or not size.node.shape_env.frozen
+
+
+def size_hint(size):
+    """A size's value for the call being compiled (a symbolic size carries it)."""
+    return size.node.hint if isinstance(size, (torch.SymInt, torch.SymFloat)) else size
+
+
 def is_getattr(node, attribute: str) -> bool:
     return isinstance(node, Node) and node.op == "call_function" and node.target is getattr and node.args[1] == attribute
 

@@ -7,6 +7,7 @@ import torch
 import torch.nn as nn
 
 import fa4_inductor
+from fa4_inductor import report
 from fa4_inductor.kernels import INT8_INT8_LINEAR, int8_int8_linear_unsupported_reason
 from fa4_inductor.kernels import int8_int8_linear as op
 from helpers import PostGradCompiled as Compiled
@@ -138,20 +139,28 @@ def test_static_m_above_16_stays_for_default_compile():
         compiled = Compiled(model, x, backend=BACKEND)
     assert OP_CALL not in compiled.code
     assert compiled.details == [(False, "20 rows: default compile runs torch._int_mm with the scaling fused (the op "
-                                        "would add unfused kernels); it takes static M below 17 and dynamic M")]
+                                        "would add unfused kernels); it takes M below 17")]
 
 
-def test_dynamic_m_becomes_the_op():
+def test_dynamic_m_is_decided_for_the_call_under_a_guard():
+    """A symbolic M of 12 (2 x 6) becomes the op, guarded: a call of 24 rows recompiles and stays as written for
+    default compile's fused scaling, and one of 6 rows (1 x 6, specialized: a third graph) takes the op again."""
     pytest.importorskip("torchao")
     model = torchao_model(True)
-    x = torch.randn(4, 6, K, dtype=torch.bfloat16)
-    torch._dynamo.mark_dynamic(x, 0)
-    with torch.no_grad():
-        compiled = Compiled(model, x, backend=BACKEND)
-        expected = model(x)
-    assert OP_CALL in compiled.code
-    assert [r for r, _ in compiled.details] == [True]
-    close_to(compiled.out, expected)
+    with report.collecting() as records, torch.no_grad():
+        torch._dynamo.reset()
+        compiled = torch.compile(model, backend=BACKEND)
+        for batch in (2, 4, 1, 3):
+            x = torch.randn(batch, 6, K, dtype=torch.bfloat16)
+            if batch == 2:
+                torch._dynamo.mark_dynamic(x, 0)
+            close_to(compiled(x), model(x))
+    assert [r.rewritten for r in records] == [True, False, True]  # 3 x 6 rows reused the second graph
+    assert records[0].detail.startswith("fa4.int8_int8_linear(x[6*s")
+    assert records[1].detail == ("24 rows (M symbolic: this compile's, under a guard): default compile runs "
+                                 "torch._int_mm with the scaling fused (the op would add unfused kernels); it takes M "
+                                 "below 17")
+    assert records[2].detail == describe(6, True)
 
 
 @pytest.mark.parametrize("backend", [fa4_inductor.backend(int8_int8_linear=False), fa4_inductor.fa4_inductor],
@@ -218,3 +227,18 @@ view_8: f32[6, 1] = aten.reshape(convert_element_type_2, (-1, 1))
 view_9: f32[48] = aten.reshape(arg1_1, (48))
 int8_int8_linear_default: bf16[6, 48] = fa4.int8_int8_linear(view_7, view_8, arg0_1, view_9, arg3_1, out_dtype=bfloat16)
 reshape_default: bf16[2, 3, 48] = aten.reshape(int8_int8_linear_default, (2, 3, 48))""")
+
+
+def test_a_frozen_shape_env_adds_no_guard():
+    """Once Dynamo has built its guards (a backward compiled lazily after them), a symbolic M cannot be guarded:
+    `guardable` says so, and the family then takes the op, which serves every M."""
+    from torch._dynamo.source import ConstantSource
+    from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv
+
+    from fa4_inductor.lowering.spellings import guardable, size_hint
+
+    env = ShapeEnv()
+    rows = env.create_symintnode(env.create_symbol(24, ConstantSource("m"), dynamic_dim=DimDynamic.DYNAMIC), hint=24)
+    assert guardable(rows) and guardable(24) and size_hint(rows) == 24
+    env.freeze()
+    assert not guardable(rows) and guardable(24)
