@@ -45,6 +45,7 @@ other numerics, hence opt-in); everywhere else, and for shapes that path decline
 from __future__ import annotations
 
 import functools
+import math
 from typing import Optional
 
 import torch
@@ -103,17 +104,13 @@ def unsupported_reason(device_type: str, dtype: torch.dtype, in_features: int) -
 def rows_reason(x: Tensor, n: int, k: int, quantize_activations: bool = False) -> str | None:
     """Why lowering keeps a weight-only NVFP4 matmul over this (fake) x and an [n, k] weight as written on CUDA, or
     None: the op beats default torch.compile's dequantize-then-matmul on sm90 through our W4A16 decode GEMM for at
-    most `W4A16_MAX_M` rows known when compiling, and through quack's GEMM up to `QUACK_MAX_M` rows of a weight of
-    at least `QUACK_MIN_WEIGHTS` (measured slower elsewhere). CPU calls (the reference) and the Blackwell W4A4
-    path are not limited."""
+    most `W4A16_MAX_M` rows, and through quack's GEMM up to `QUACK_MAX_M` rows of a weight of at least
+    `QUACK_MIN_WEIGHTS` (measured slower elsewhere). A symbolic row count is answered for its hint, each comparison
+    guarding the compiled graph (a later call on the other side recompiles). CPU calls (the reference) and the
+    Blackwell W4A4 path are not limited."""
     if x.device.type != "cuda" or quantize_activations:
         return None
-    rows = 1
-    for size in x.shape[:-1]:
-        if not isinstance(size, int):
-            return (f"x has a symbolic row count ({'x'.join(map(str, x.shape[:-1]))}); on CUDA the op beats default "
-                    f"compile only for row counts known when compiling")
-        rows *= size
+    rows = math.prod(x.shape[:-1])  # symbolic (lowering's dynamic graphs): each comparison below guards the graph
     major, minor = switches.capability(x.device.index)
     if major != 9:
         return f"our W4A16 GEMM is built for sm90; on sm{major}{minor} the op is not faster than default compile"

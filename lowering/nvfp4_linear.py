@@ -42,6 +42,8 @@ dequantized weight something else also reads (a training forward saves it), dtyp
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch.fx import Node
 from torch.fx.node import map_arg
@@ -56,7 +58,7 @@ from .family import POST_GRAD, Context, Family
 from .graph_edit import NodeMaker, decline_other_readers, erase_dead
 from .records import Decline
 from .spellings import describe_operand as _describe, dtype_of as _dtype, is_call as _is
-from .spellings import is_transpose_2d as _is_transpose, shape, value
+from .spellings import guardable, is_transpose_2d as _is_transpose, shape, value
 
 aten, prims = torch.ops.aten, torch.ops.prims
 CONVERT = prims.convert_element_type.default
@@ -361,6 +363,9 @@ def _check_supported(m: Match, w4a4: bool) -> None:
         raise Decline(f"the packed weight's shape {list(shape(m.w_fp4))} is symbolic")
     x = value(m.x)
     n, half_k = shape(m.w_fp4)
+    if x.device.type == "cuda" and not guardable(math.prod(x.shape[:-1])):
+        raise Decline(f"x has a symbolic row count ({'x'.join(map(str, x.shape[:-1]))}) that can no longer be guarded: "
+                      "on CUDA the op beats default compile only for some row counts")
     reason = nvfp4_linear_unsupported_reason(x.device.type, x.dtype, 2 * half_k) or \
         nvfp4_linear_rows_reason(x, n, 2 * half_k, w4a4)
     if reason is not None:

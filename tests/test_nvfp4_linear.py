@@ -621,3 +621,24 @@ def test_lowering_keeps_cuda_matmuls_the_op_would_make_slower(monkeypatch):
     capability[0] = (10, 0)
     assert nvfp4_op.rows_reason(decode, N, K) == ("our W4A16 GEMM is built for sm90; on sm100 the op is not faster "
                                                  "than default compile")
+
+
+def test_a_symbolic_row_count_is_answered_for_its_hint_under_a_guard(monkeypatch):
+    """A dynamic graph's row count: the op for a hint of 8 rows, guarded to 16 rows or fewer (a later call of more
+    recompiles); default compile's path for 300 rows, guarded to more than 256."""
+    from torch._dynamo.source import ConstantSource
+    from torch._subclasses import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv
+    from torch.utils._sympy.numbers import int_oo
+    from torch.utils._sympy.value_ranges import ValueRanges
+
+    monkeypatch.setattr(nvfp4_op.switches, "capability", lambda index: (9, 0))
+    for hint, expected in ((8, None), (300, "rows of x: on CUDA the op beats default compile only up to 256 rows")):
+        env = ShapeEnv()
+        rows = env.create_symintnode(env.create_symbol(hint, ConstantSource("m"), dynamic_dim=DimDynamic.DYNAMIC),
+                                     hint=hint)
+        with FakeTensorMode(shape_env=env, allow_non_fake_inputs=True):
+            x = torch.empty(rows, K, device="cuda", dtype=torch.bfloat16)
+        reason = nvfp4_op.rows_reason(x, N, K)
+        assert reason is None if expected is None else expected in reason
+        assert env.var_to_range[rows.node.expr] == (ValueRanges(2, 16) if hint == 8 else ValueRanges(257, int_oo))
