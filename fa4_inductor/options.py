@@ -56,9 +56,10 @@ class Options:
     """Rewrite NVFP4 weight-only linears (torchao's `NVFP4WeightOnlyConfig`, `fa4_inductor.nvfp4.NVFP4Linear`, user
     code that decodes e2m1 codes and multiplies e4m3 block scales, then `F.linear`) into `fa4::nvfp4_linear`, on
     Inductor's aten graphs (lowering/nvfp4_linear.py). On CUDA, on sm90, only where the op measured faster than
-    default compile (H200, docs/benchmarks.md session 14): matmuls of at most 16 rows known when compiling (our W4A16
-    decode GEMM, 2.3-14x), and of at most 256 rows over weights of 2^24 or more (quack's GEMM, 1.08-1.94x); other
-    or symbolic row counts keep default compile's dequantize-then-matmul (`kernels/nvfp4_linear.rows_reason`)."""
+    default compile (H200, docs/benchmarks.md session 14): matmuls of at most 16 rows (our W4A16 decode GEMM,
+    2.3-14x), and of at most 256 rows over weights of 2^24 or more (quack's GEMM, 1.08-1.94x); other row counts keep
+    default compile's dequantize-then-matmul (`kernels/nvfp4_linear.rows_reason`; a symbolic count is decided for
+    the compiled call's, under a guard)."""
 
     inductor_gemvs: bool = True
     """With `coordinate_descent_tuning` on (torchao's `quantize_` and gpt-fast turn it on), Inductor decomposes one-row
