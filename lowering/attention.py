@@ -320,14 +320,15 @@ def _replace_output(graph, call: AttentionCall, out: Node, make: NodeMaker, muta
 
 
 def _emit_sdpa(gm: GraphModule, call: AttentionCall, fake_mode, mutations: Mutations, why: str) -> str:
-    """A plain attention (hand-written, or an SDPA call with a mask that is at most causal) as the SDPA call that
-    computes it without a mask (crossover.py)."""
+    """A small attention (hand-written, or an SDPA call with a mask that is at most causal) as the SDPA call that
+    computes it (`crossover.sdpa_for`)."""
     make = NodeMaker(gm.graph, call.output, fake_mode)
     with gm.graph.inserting_before(call.output):
         out = crossover.sdpa_for(make, call)
     _replace_output(gm.graph, call, out, make, mutations, copy=False)
-    causal = ", is_causal=True" if call.flags.get("causal") else ""
-    return f"F.scaled_dot_product_attention(q, k, v{causal}, scale={round(call.scale, 6)}): {why}"
+    mask = ", attn_mask=the additive mask" if out.kwargs.get("attn_mask") is not None else ""
+    causal = ", is_causal=True" if out.kwargs.get("is_causal") else ""
+    return f"F.scaled_dot_product_attention(q, k, v{mask}{causal}, scale={round(call.scale, 6)}): {why}"
 
 
 def _describe_call(call: AttentionCall, kwargs: dict) -> str:

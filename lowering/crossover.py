@@ -15,7 +15,9 @@ An SDPA call is kept as written, whatever its mask (the sweep's padded small-mod
 op: the padding mask's form is read on the host, a sync), unless the mask is proven to be at most a causal
 band (`mask_is_at_most_causal`). Such a call, and a hand-written one without a mask other than a causal
 square band or a softcap, becomes the SDPA call that computes it without the mask (`is_causal`, the matched
-scale, K/V as the model gives them), which default compile would not find on its own.
+scale, K/V as the model gives them), which default compile would not find on its own. A hand-written one with a
+padding mask becomes SDPA with its mask as it is where SDPA computes the same (`mask_to_pass`: HF's eager code,
+an additive mask with a finite fill added last), the op's otherwise.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from torch.fx import Node
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from ..kernels import crossover as kernel_crossover
-from .spellings import LINEAR, MATMUL, SDPA, SOFTMAX, arg, shape, size_hint, value
+from .spellings import ADD, CAST, LINEAR, MATMUL, SDPA, SOFTMAX, arg, shape, size_hint, value
 
 DEVICES = ("cuda",)  # where the op's host path is the cost (tests add "cpu")
 # Below this much GPU work per attention a graph's host time is not hidden: HF models carry ~1 ms of host
@@ -55,8 +57,9 @@ def small_attention(call, graph, shared: dict) -> str | None:
     if not statically_known_true(sq == sk):
         return None  # measured on self-attention; a decode step over a cache (a key mask, not seqused_k) is not
     causal = bool(call.flags.get("causal"))
-    if not is_sdpa_call(call) and (set(call.flags) - {"causal"} or call.padding is not None):
-        return None  # the SDPA call a hand-written attention becomes has no mask, at most is_causal
+    if not is_sdpa_call(call) and (set(call.flags) - {"causal"} or call.padding is not None) \
+            and mask_to_pass(call) is None:
+        return None  # the SDPA call a hand-written attention becomes computes no other mask
     if not kernel_crossover.small(b, h, sq, sk, d, causal):  # a guard when symbolic
         return None
     if "flop_per_attention" not in shared:
@@ -96,11 +99,31 @@ def flop_per_attention(graph) -> tuple | None:
 
 
 def sdpa_for(make, call) -> Node:
-    """The SDPA call computing `call` (plain, see `small_attention`), on K/V as the model feeds them (an SDPA
-    call's `enable_gqa` kept)."""
+    """The SDPA call computing `call` (see `small_attention`), on K/V as the model feeds them (an SDPA call's
+    `enable_gqa` kept): without a mask (at most `is_causal`), or with the hand-written one's additive mask
+    (`mask_to_pass`) where it hides more than a causal band."""
     gqa = {"enable_gqa": True} if is_sdpa_call(call) and arg(call.output, 7, "enable_gqa", False) is True else {}
+    if not is_sdpa_call(call) and (set(call.flags) - {"causal"} or call.padding is not None):
+        return make(torch.nn.functional.scaled_dot_product_attention, call.q, call.k, call.v,
+                    attn_mask=mask_to_pass(call), scale=call.scale, name="sdpa_small")
     return make(torch.nn.functional.scaled_dot_product_attention, call.q, call.k, call.v,
                 is_causal=bool(call.flags.get("causal")), scale=call.scale, **gqa, name="sdpa_small")
+
+
+def mask_to_pass(call) -> Node | None:
+    """A hand-written attention's mask that SDPA can take as it is, or None: the one mask, added to the scores as
+    the last step before the softmax (casts aside), in q's dtype and with a finite fill (HF's eager code: a row
+    that sees no key averages V, in eager and in SDPA alike); no softcap."""
+    if is_sdpa_call(call) or len(call.masks) != 1 or "softcap" in call.flags or call.blind_rows != "mean":
+        return None
+    mask, step = call.masks[0]
+    if not ADD(step) or value(mask).dtype != value(call.q).dtype:
+        return None
+    softmax = next((node for node in call.matched if SOFTMAX(node)), None)
+    node = softmax.args[0] if softmax is not None else None
+    while node is not None and CAST(node):
+        node = node.args[0]
+    return mask if node is step else None
 
 
 def is_sdpa_call(call) -> bool:

@@ -235,7 +235,8 @@ def test_a_small_hf_llama_in_a_dynamic_graph_runs_sdpa_without_its_mask(attentio
     """The size sweep's case: HF Llama, `use_cache=False`, an unpadded batch of 2, compiled with `dynamic=True`:
     each layer's attention (an SDPA call, or eager code's softmax) becomes SDPA without the causal mask HF builds,
     the graph is guarded for the sizes, and the logits match eager's. With a padded batch, SDPA code keeps its
-    masked calls as written; eager code's go to the op (its key mask, which the op runs on SDPA when small)."""
+    masked calls as written; eager code's become SDPA with HF's additive mask (the padded rows' logits, where a
+    query sees no key, included)."""
     from fa4_inductor.bench import models
 
     model = models.llama(attention, "cpu", torch.float32, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
@@ -256,8 +257,41 @@ def test_a_small_hf_llama_in_a_dynamic_graph_runs_sdpa_without_its_mask(attentio
         torch.testing.assert_close(compiled(tokens, attention_mask=mask, use_cache=False).logits,
                                    model(tokens, attention_mask=mask, use_cache=False).logits)
     padded = rec.records[2:]
-    assert len(padded) == 2
+    assert len(padded) == 2 and rec.count() == 0
     if attention == "sdpa":
         assert not any(r.rewritten for r in padded) and all(r.detail.startswith("a small attention") for r in padded)
-    else:
-        assert rec.count() == 2 and all(r.detail.startswith("fa4.attention(") for r in padded)
+    else:  # HF's additive mask is the last step before the softmax: SDPA takes it as it is
+        assert all(r.rewritten and r.detail.startswith(
+            "F.scaled_dot_product_attention(q, k, v, attn_mask=the additive mask, scale=0.25): a small") for r in padded)
+
+
+def handwritten_padded(scale_last: bool, fill: float):
+    def attend(q, k, v, attention_mask):
+        n = q.shape[-2]
+        keep = torch.ones(n, n, dtype=torch.bool).tril()[None, None] & attention_mask[:, None, None, :].bool()
+        bias = torch.zeros(keep.shape, dtype=q.dtype).masked_fill(~keep, fill)
+        s = q @ k.transpose(-2, -1)
+        s = (s + bias) * 0.25 if scale_last else s * 0.25 + bias
+        return s.softmax(-1) @ v
+    return attend
+
+
+@pytest.mark.parametrize("scale_last, fill, outcome", [(False, torch.finfo(torch.float32).min, "sdpa"),
+                                                       (True, torch.finfo(torch.float32).min, "op"),
+                                                       (False, float("-inf"), "kept")],
+                         ids=["mask-last", "scaled-after-the-mask", "minus-inf"])
+def test_a_small_padded_handwritten_attention_passes_its_additive_mask_to_sdpa(scale_last, fill, outcome):
+    """SDPA computes softmax(q k^T * scale + mask): the mask goes as it is only when it is added last, with a finite
+    fill (a query that sees no key averages V in both); scaled after, the op takes the call; an -inf fill (NaN rows
+    in eager) stays as written."""
+    q, k, v = qkv()
+    attention_mask = torch.ones(2, 32, dtype=torch.long)
+    attention_mask[1, :7] = 0
+    fn = handwritten_padded(scale_last, fill)
+    rec, out = compile_and_record(fn, q, k, v, attention_mask)
+    expected = fn(q, k, v, attention_mask)
+    torch.testing.assert_close(out, expected, equal_nan=True)
+    assert rec.count() == (outcome == "op")
+    assert rec.records[0].rewritten == (outcome != "kept")
+    assert rec.records[0].detail.startswith("F.scaled_dot_product_attention(q, k, v, attn_mask=the additive mask, "
+                                            "scale=0.25): a small attention") == (outcome == "sdpa")
