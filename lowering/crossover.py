@@ -29,7 +29,7 @@ from torch.fx import Node
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from ..kernels import crossover as kernel_crossover
-from .spellings import ADD, CAST, LINEAR, MATMUL, SDPA, SOFTMAX, arg, shape, size_hint, value
+from .spellings import ADD, CAST, LINEAR, MATMUL, SDPA, SOFTMAX, arg, guardable, shape, size_hint, value
 
 DEVICES = ("cuda",)  # where the op's host path is the cost (tests add "cpu")
 # Below this much GPU work per attention a graph's host time is not hidden: HF models carry ~1 ms of host
@@ -60,14 +60,14 @@ def small_attention(call, graph, shared: dict) -> str | None:
     if not is_sdpa_call(call) and (set(call.flags) - {"causal"} or call.padding is not None) \
             and mask_to_pass(call) is None:
         return None  # the SDPA call a hand-written attention becomes computes no other mask
-    if not kernel_crossover.small(b, h, sq, sk, d, causal):  # a guard when symbolic
+    if not guardable(b, h, sq, sk, d) or not kernel_crossover.small(b, h, sq, sk, d, causal):  # a guard if symbolic
         return None
     if "flop_per_attention" not in shared:
         shared["flop_per_attention"] = flop_per_attention(graph)
     if shared["flop_per_attention"] is None:
         return None
     total, attentions = shared["flop_per_attention"]
-    if not total < int(LAYER_GFLOP_HOST_BOUND * 1e9) * attentions:  # a guard when symbolic
+    if not guardable(total) or not total < int(LAYER_GFLOP_HOST_BOUND * 1e9) * attentions:  # a guard if symbolic
         return None
     gflop, layer_gflop = size_hint(attention_gflop(b, h, sq, sk, d, causal)), size_hint(total) / attentions / 1e9
     guarded = "" if all(isinstance(n, int) for n in (b, h, sq, d, total)) else \

@@ -364,8 +364,9 @@ def _check_supported(m: Match, w4a4: bool) -> None:
     x = value(m.x)
     n, half_k = shape(m.w_fp4)
     if x.device.type == "cuda" and not guardable(math.prod(x.shape[:-1])):
-        raise Decline(f"x has a symbolic row count ({'x'.join(map(str, x.shape[:-1]))}) that can no longer be guarded: "
-                      "on CUDA the op beats default compile only for some row counts")
+        raise Decline(f"x has a symbolic row count ({'x'.join(map(str, x.shape[:-1]))}) that cannot be guarded "
+                      "(data-dependent, or Dynamo's guards already built): on CUDA the op beats default compile only "
+                      "for some row counts")
     reason = nvfp4_linear_unsupported_reason(x.device.type, x.dtype, 2 * half_k) or \
         nvfp4_linear_rows_reason(x, n, 2 * half_k, w4a4)
     if reason is not None:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch.fx import Node
-from torch.fx.experimental.symbolic_shapes import statically_known_true
+from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols, statically_known_true
 
 from ..kernels.layout import dtype_name
 
@@ -113,10 +113,12 @@ def same_size(a, b) -> bool:
     return statically_known_true(a == b)
 
 
-def guardable(size) -> bool:
-    """A static size, or a symbolic one whose comparisons can still add a guard: Dynamo has not built its guards
-    yet (a backward compiled lazily, after them, would have the guard dropped with a warning: unsound)."""
-    return not isinstance(size, torch.SymInt) or not size.node.shape_env.frozen
+def guardable(*sizes) -> bool:
+    """Static sizes, or symbolic ones whose comparisons can still add a guard: backed by an input's size (a
+    data-dependent one cannot be compared at compile time), and Dynamo has not built its guards yet (a backward
+    compiled lazily, after them, would have the guard dropped with a warning: unsound)."""
+    return all(not isinstance(size, torch.SymInt)
+               or (not free_unbacked_symbols(size) and not size.node.shape_env.frozen) for size in sizes)
 
 
 def size_hint(size):

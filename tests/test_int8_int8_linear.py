@@ -229,9 +229,9 @@ int8_int8_linear_default: bf16[6, 48] = fa4.int8_int8_linear(view_7, view_8, arg
 reshape_default: bf16[2, 3, 48] = aten.reshape(int8_int8_linear_default, (2, 3, 48))""")
 
 
-def test_a_frozen_shape_env_adds_no_guard():
-    """Once Dynamo has built its guards (a backward compiled lazily after them), a symbolic M cannot be guarded:
-    `guardable` says so, and the family then takes the op, which serves every M."""
+def test_a_frozen_shape_env_or_a_data_dependent_size_adds_no_guard():
+    """Once Dynamo has built its guards (a backward compiled lazily after them), or for a data-dependent size, a
+    symbolic M cannot be guarded: `guardable` says so, and the family then takes the op, which serves every M."""
     from torch._dynamo.source import ConstantSource
     from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv
 
@@ -240,5 +240,6 @@ def test_a_frozen_shape_env_adds_no_guard():
     env = ShapeEnv()
     rows = env.create_symintnode(env.create_symbol(24, ConstantSource("m"), dynamic_dim=DimDynamic.DYNAMIC), hint=24)
     assert guardable(rows) and guardable(24) and size_hint(rows) == 24
+    assert not guardable(rows, env.create_unbacked_symint())
     env.freeze()
     assert not guardable(rows) and guardable(24)
