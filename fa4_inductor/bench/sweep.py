@@ -27,9 +27,9 @@ Compiles, which are most of the run time: per (model, backend), prefill compiles
 `dynamic=True` and reuses it over every sequence length; Dynamo adds a graph per batch class (batch 1 is
 specialized) and per mask / no mask, 3 graphs, both backends' entries side by side (6, under Dynamo's limit of 8).
 Decode compiles one step function per (model, batch, padding, backend), `dynamic=True`, both backends' side by
-side, fed a new cache per run. `torch._dynamo.reset()` comes before the prefill compiles of a model and before each decode compile, so no
-cache entries pile up, and hitting the recompile limit raises (a
-failed row) instead of silently timing eager code. The defaults come to 42 prefill and 12 decode
+side, fed a new cache per run. `torch._dynamo.reset()` comes before the prefill compiles of a model and before
+each decode compile, so no cache entries pile up, and hitting the recompile limit raises (a failed row) instead
+of silently timing eager code. The defaults come to 42 prefill and 12 decode
 compiles (Llama layers 44 in all, BERT's 12): by an estimate, not a measurement, 5 to 12 s per compile
 on the H200's host, 6 to 12 minutes. `time_budget_s` (450 s) stops starting measurements once it is
 spent (those rows say "skipped: time budget"; run them in a second call with `llama_sizes=` /
@@ -262,8 +262,8 @@ def sweep_suite(device="cuda", dtype=torch.bfloat16, llama_sizes=LLAMA_SIZES, de
                   f"{TARGET}x default on every row: {len(measured) - len(below)} of {len(measured)} measured rows "
                   f"meet it ({len(table.rows) - len(measured)} not measured). Prefill: median of {prefill_repeats} "
                   f"forwards of each backend, called in alternating rounds; decode: ms per step over {decode_steps} "
-                  f"steps, median of {DECODE_RUNS} runs of each backend, alternating, mode='{mode}'; padding: a quarter of "
-                  f"the rows padded by different amounts. Took {time.perf_counter() - started:.0f} s.")
+                  f"steps, median of {DECODE_RUNS} runs of each backend, alternating, mode='{mode}'; padding: a "
+                  f"quarter of the rows padded by different amounts. Took {time.perf_counter() - started:.0f} s.")
     yield table
 
 
@@ -324,14 +324,13 @@ def _measure_decode(results: dict, model, sweep_model: SweepModel, cases: list[C
                         results[name][case] = "skipped: time budget spent"
                     continue
                 runs = {name: [] for name in BACKENDS}
-                for run_index in range(DECODE_RUNS):
-                    for name in (list(BACKENDS) if run_index % 2 == 0 else list(reversed(BACKENDS))):
-                        if isinstance(results[name].get(case), str):
-                            continue  # this backend failed the case: the other still runs its rows
-                        try:
-                            runs[name].append(decode_ms(steps[name], model, sweep_model, case, decode_steps, device))
-                        except Exception as e:  # one broken row must not cost the others
-                            results[name][case] = report_failure(f"{sweep_model.name} {name} {case.label}", e)
+                for name in timing.alternating(list(BACKENDS), DECODE_RUNS):
+                    if isinstance(results[name].get(case), str):
+                        continue  # this backend failed the case: the other still runs its rows
+                    try:
+                        runs[name].append(decode_ms(steps[name], model, sweep_model, case, decode_steps, device))
+                    except Exception as e:  # one broken row must not cost the others
+                        results[name][case] = report_failure(f"{sweep_model.name} {name} {case.label}", e)
                 for name, measured in runs.items():
                     if measured and not isinstance(results[name].get(case), str):
                         results[name][case] = (statistics.median(ms for ms, _ in measured), measured[0][1])

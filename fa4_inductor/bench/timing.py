@@ -71,15 +71,21 @@ def median_wall_ms(fn: Callable[[], object], repeats: int = 5, warmup: int = 1) 
         return statistics.median(wall_ms(fn) for _ in range(repeats))
 
 
+def alternating(names, rounds: int):
+    """Each of `names` once a round for `rounds` rounds, the order reversed every other round (A B, B A, A B, ...):
+    a drift of the machine over the rounds falls on every name alike."""
+    for round_index in range(rounds):
+        yield from (names if round_index % 2 == 0 else reversed(names))
+
+
 def interleaved_median_ms(fns: dict[str, Callable[[], object]], rounds: int) -> dict[str, float]:
     """Median wall-clock milliseconds of each of `fns` over `rounds` rounds that call each once (`wall_ms`), the
     order reversed every other round: a drift of the machine over the rounds (clocks, a busy compile pool) falls on
     every function alike, where timing one after the other would hand it to whichever ran during it."""
     times: dict[str, list[float]] = {name: [] for name in fns}
     with gc_frozen():
-        for round_index in range(rounds):
-            for name in (list(fns) if round_index % 2 == 0 else list(reversed(fns))):
-                times[name].append(wall_ms(fns[name]))
+        for name in alternating(list(fns), rounds):
+            times[name].append(wall_ms(fns[name]))
     return {name: statistics.median(values) for name, values in times.items()}
 
 
