@@ -57,8 +57,7 @@ def small_attention(call, graph, shared: dict) -> str | None:
     if not statically_known_true(sq == sk):
         return None  # measured on self-attention; a decode step over a cache (a key mask, not seqused_k) is not
     causal = bool(call.flags.get("causal"))
-    if not is_sdpa_call(call) and (set(call.flags) - {"causal"} or call.padding is not None) \
-            and mask_to_pass(call) is None:
+    if not is_sdpa_call(call) and hides_more_than_causal(call) and mask_to_pass(call) is None:
         return None  # the SDPA call a hand-written attention becomes computes no other mask
     if not guardable(b, h, sq, sk, d) or not kernel_crossover.small(b, h, sq, sk, d, causal):  # a guard if symbolic
         return None
@@ -72,7 +71,8 @@ def small_attention(call, graph, shared: dict) -> str | None:
     gflop, layer_gflop = size_hint(attention_gflop(b, h, sq, sk, d, causal)), size_hint(total) / attentions / 1e9
     guarded = "" if all(isinstance(n, int) for n in (b, h, sq, d, total)) else \
         "; decided for this call's sizes, a guard recompiles for sizes past either line"
-    return (f"a small attention ({gflop:.2g} GFLOP, under {gflop_limit(size_hint(d)):g} at head dim {size_hint(d)}) in a "
+    head_dim = size_hint(d)
+    return (f"a small attention ({gflop:.2g} GFLOP, under {gflop_limit(head_dim):g} at head dim {head_dim}) in a "
             f"host-bound graph ({layer_gflop:.2g} GFLOP per attention): SDPA's C++ path has less host overhead than "
             f"the fa4 op{guarded}")
 
@@ -103,7 +103,7 @@ def sdpa_for(make, call) -> Node:
     `enable_gqa` kept): without a mask (at most `is_causal`), or with the hand-written one's additive mask
     (`mask_to_pass`) where it hides more than a causal band."""
     gqa = {"enable_gqa": True} if is_sdpa_call(call) and arg(call.output, 7, "enable_gqa", False) is True else {}
-    if not is_sdpa_call(call) and (set(call.flags) - {"causal"} or call.padding is not None):
+    if not is_sdpa_call(call) and hides_more_than_causal(call):
         return make(torch.nn.functional.scaled_dot_product_attention, call.q, call.k, call.v,
                     attn_mask=mask_to_pass(call), scale=call.scale, name="sdpa_small")
     return make(torch.nn.functional.scaled_dot_product_attention, call.q, call.k, call.v,
@@ -130,7 +130,12 @@ def is_sdpa_call(call) -> bool:
     return SDPA(call.output)
 
 
+def hides_more_than_causal(call) -> bool:
+    """The call's mask hides more than a causal band: a padding mask, a window (or carries a softcap)."""
+    return bool(set(call.flags) - {"causal"}) or call.padding is not None
+
+
 def mask_is_at_most_causal(call) -> bool:
     """An SDPA call given a mask that the graph proves is none or a causal band (HF's mask for an unpadded
     batch, which default compile builds and reads at every layer): `sdpa_for` computes it without the mask."""
-    return bool(call.masks) and call.padding is None and call.seqused_k is None and set(call.flags) <= {"causal"}
+    return bool(call.masks) and call.seqused_k is None and not hides_more_than_causal(call)
