@@ -113,8 +113,12 @@ def sdpa_for(make, call) -> Node:
 def mask_to_pass(call) -> Node | None:
     """A hand-written attention's mask that SDPA can take as it is, or None: the one mask, added to the scores as
     the last step before the softmax (casts aside), in q's dtype and with a finite fill (HF's eager code: a row
-    that sees no key averages V, in eager and in SDPA alike); no softcap."""
+    that sees no key averages V, in eager and in SDPA alike); no softcap; not in training, where such a row's
+    gradient in eager still reaches q and k through its softmax and SDPA's backward does not give it (the same
+    case `attention._encode_padding` declines for the op)."""
     if is_sdpa_call(call) or len(call.masks) != 1 or "softcap" in call.flags or call.blind_rows != "mean":
+        return None
+    if any(value(t).requires_grad for t in (call.q, call.k, call.v)):
         return None
     mask, step = call.masks[0]
     if not ADD(step) or value(mask).dtype != value(call.q).dtype:

@@ -295,3 +295,18 @@ def test_a_small_padded_handwritten_attention_passes_its_additive_mask_to_sdpa(s
     assert rec.records[0].rewritten == (outcome != "kept")
     assert rec.records[0].detail.startswith("F.scaled_dot_product_attention(q, k, v, attn_mask=the additive mask, "
                                             "scale=0.25): a small attention") == (outcome == "sdpa")
+
+
+def test_in_training_a_small_padded_handwritten_attention_keeps_its_mask():
+    """A query row that sees no key still passes eager's softmax gradient to q and k, which SDPA's backward over
+    the same mask does not give: in training the call is kept as written, gradients eager's."""
+    q, k, v = (t.requires_grad_() for t in qkv())
+    attention_mask = torch.ones(2, 32, dtype=torch.long)
+    attention_mask[1, :7] = 0
+    fn = handwritten_padded(False, torch.finfo(torch.float32).min)
+    rec, out = compile_and_record(fn, q, k, v, attention_mask)
+    expected = fn(q, k, v, attention_mask)
+    grads = torch.autograd.grad(out.sum(), (q, k, v))
+    torch.testing.assert_close(grads, torch.autograd.grad(expected.sum(), (q, k, v)))
+    assert rec.count() == 0 and not rec.records[0].rewritten
+    assert rec.records[0].detail.startswith("a run-time finfo.min padding mask in training")
