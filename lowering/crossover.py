@@ -17,7 +17,7 @@ band (`mask_is_at_most_causal`). Such a call, and a hand-written one without a m
 square band or a softcap, becomes the SDPA call that computes it without the mask (`is_causal`, the matched
 scale, K/V as the model gives them), which default compile would not find on its own. A hand-written one with a
 padding mask becomes SDPA with its mask as it is where SDPA computes the same (`mask_to_pass`: HF's eager code,
-an additive mask with a finite fill added last), the op's otherwise.
+an additive mask with a finite fill added last, not in training), the op's otherwise.
 """
 
 from __future__ import annotations
