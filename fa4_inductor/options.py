@@ -46,12 +46,12 @@ class Options:
     has decomposed for its fused dequantize GEMV are rewritten too, except where that GEMV measured faster
     (`inductor_gemvs`)."""
 
-    int8_int8_linear: bool = False
+    int8_int8_linear: bool = True
     """Rewrite torchao's `Int8DynamicActivationInt8WeightConfig` linears (`_int_mm` of a per-token int8
     activation and an int8 weight, then both scales) into `fa4::int8_int8_linear` where default compile
     cannot serve them (M <= 16 rows, where `_int_mm` refuses on CUDA; a symbolic M is decided for the compiled
-    call's under a guard); lowering/int8_int8_linear.py. Off until measured, like `int8_linear`; turning it on is
-    this one default."""
+    call's under a guard); lowering/int8_int8_linear.py. Above 16 rows the matmul stays with default compile,
+    which fuses both scales into the GEMM's epilogue (docs/benchmarks.md, sessions 17 and 18)."""
 
     nvfp4_linear: bool = True
     """Rewrite NVFP4 weight-only linears (torchao's `NVFP4WeightOnlyConfig`, `fa4_inductor.nvfp4.NVFP4Linear`, user

@@ -33,6 +33,21 @@ def test_int8_gemm_table_rows_and_columns(tiny):
         assert cells["fa4_inductor vs bf16"] == f"{cells['bf16 cuBLAS'] / cells['fa4_inductor']:.2f}x"
 
 
+def test_columns_are_timed_in_alternating_rounds_and_a_failure_is_not_retried(monkeypatch):
+    calls = []
+    timings = {"a": iter([5.0, 1.0, 3.0]), "b": iter([2.0, 9.0, 4.0])}
+
+    def fake_time_us(what, fn, x, device):
+        name = what.split()[-1]
+        calls.append(name)
+        return "failed: RuntimeError" if name == "c" else next(timings[name])
+
+    monkeypatch.setattr(quant, "_time_us", fake_time_us)
+    times = quant._alternating_times_us("int8 64x128 M=1", dict.fromkeys("abc"), None, "cpu", rounds=3)
+    assert calls == ["a", "b", "c", "b", "a", "a", "b"]
+    assert times == {"a": 3.0, "b": 4.0, "c": "failed: RuntimeError"}
+
+
 def test_suite_skips_formats_it_cannot_measure(tiny, capsys):
     tables = list(quant.quant_suite("cpu", torch.bfloat16, models=("tiny",), formats=("nvfp4",), rows=(1,),
                                     e2e=False, prefill=False))

@@ -163,15 +163,17 @@ def test_dynamic_m_is_decided_for_the_call_under_a_guard():
     assert records[2].detail == describe(6, True)
 
 
-@pytest.mark.parametrize("backend", [fa4_inductor.backend(int8_int8_linear=False), fa4_inductor.fa4_inductor],
+@pytest.mark.parametrize("backend, rewritten", [(fa4_inductor.backend(int8_int8_linear=False), False),
+                                                 (fa4_inductor.fa4_inductor, True)],
                          ids=["option-off", "default-options"])
-def test_the_family_is_off_unless_asked_for(backend):
+def test_the_family_is_on_by_default_and_off_when_asked(backend, rewritten):
     pytest.importorskip("torchao")
     model = torchao_model(False)
     x = torch.randn(2, K, dtype=torch.bfloat16)
     with torch.no_grad():
         compiled = Compiled(model, x, backend=backend)
-    assert OP_CALL not in compiled.code and compiled.records == []
+    assert (OP_CALL in compiled.code) is rewritten
+    assert [r.rewritten for r in compiled.records] == ([True] if rewritten else [])
 
 
 @pytest.mark.parametrize("fn, reason", [
