@@ -54,13 +54,26 @@ def padding_mask(kind: str, batch: int, seq: int) -> torch.Tensor:
     return mask
 
 
+SMALL_ON_SDPA = ("F.scaled_dot_product_attention(", "a small attention ")  # lowering/crossover.py's records
+
+
+def layers_served(recorder: Recorder) -> int:
+    """Attention layers on the op, or where lowering's small-attention crossover applies (CUDA;
+    test_call_modes_crossover.py) made into an SDPA call or kept as the SDPA call the model makes."""
+    return recorder.count() + sum(r.detail.startswith(SMALL_ON_SDPA) for r in recorder.records)
+
+
+def other_reasons(recorder: Recorder) -> list[str]:
+    return [r for r in recorder.reasons if not r.startswith(SMALL_ON_SDPA)]
+
+
 def assert_every_layer_rewritten(recorder: Recorder, model, graphs: int | None = 1):
     """Every attention layer of each of `graphs` compiled graphs (None: any number of graphs, the layers split
-    between them by graph breaks) is rewritten."""
+    between them by graph breaks) is served (`layers_served`), and no layer is kept for another reason."""
     if graphs is not None:
         assert len(recorder.graphs) == graphs, [str(r) for r in recorder.records]
-    assert recorder.count() == (graphs or 1) * model.attention_layers, [str(r) for r in recorder.records]
-    assert not recorder.reasons, recorder.reasons
+    assert layers_served(recorder) == (graphs or 1) * model.attention_layers, [str(r) for r in recorder.records]
+    assert not other_reasons(recorder), recorder.reasons
 
 
 def assert_matches_eager(compiled, model, kwargs):
@@ -280,8 +293,8 @@ def test_dynamic_cache_decode_with_an_attention_mask(name, impl):
     recorder = Recorder()
     for got, expected in zip(generate(torch.compile(model, backend=recorder)), generate(model)):
         torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
-    assert recorder.count() == len(recorder.graphs) * model.config.num_hidden_layers and not recorder.reasons, \
-        recorder.reasons
+    assert layers_served(recorder) == len(recorder.graphs) * model.config.num_hidden_layers, recorder.records
+    assert not other_reasons(recorder), recorder.reasons
 
 
 CHUNKED = [pytest.param(4, False, "chunked attention", id="longer-than-a-chunk"),
