@@ -431,7 +431,8 @@ def rewrite(call: AttentionCall | None, context: Context) -> str | None:
     _check_output_shape(call)
     small = None
     if getattr(context.options, "small_calls_to_sdpa", True):
-        small = crossover.small_attention(call, context.gm.graph, context.shared)
+        small = (crossover.small_attention(call, context.gm.graph, context.shared)
+                 or crossover.small_decode(call, context.gm.graph, context.shared))
     if small is not None and crossover.is_sdpa_call(call) and not crossover.mask_is_at_most_causal(call):
         raise Decline(small)
     if small is None:

@@ -29,12 +29,20 @@ from torch.fx import Node
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from ..kernels import crossover as kernel_crossover
+from . import int8_kv
 from .spellings import ADD, CAST, LINEAR, MATMUL, SDPA, SOFTMAX, arg, guardable, shape, size_hint, value
 
 DEVICES = ("cuda",)  # where the op's host path is the cost (tests add "cpu")
 # Below this much GPU work per attention a graph's host time is not hidden: HF models carry ~1 ms of host
 # time per forward at two layers (the size sweep's hidden-256 Llama was host-bound at 84 GFLOP per attention).
 LAYER_GFLOP_HOST_BOUND = 100.0
+# A decode step is a read of weights and K/V, not FLOP. Below this many bytes per attention (matmul weights and the
+# SDPA call's K/V, each the whole buffer) its layers take microseconds of GPU time, and SDPA as written beat the op
+# in the size sweep's hidden-256 Llama (2 layers, ~35 MiB of weights an attention, its 128k-vocab lm_head included;
+# 0.84-0.89x without CUDA graphs, 0.94-1.01x with them, session 18), where a Llama-1B shape (~150 MiB an attention)
+# decodes faster on the op (our decode kernel reads K/V un-repeated).
+DECODE_MIB_HOST_BOUND = 64.0
+DECODE_MAX_QUERIES = 16
 
 
 attention_gflop, gflop_limit = kernel_crossover.attention_gflop, kernel_crossover.gflop_limit
@@ -75,6 +83,55 @@ def small_attention(call, graph, shared: dict) -> str | None:
     return (f"a small attention ({gflop:.2g} GFLOP, under {gflop_limit(head_dim):g} at head dim {head_dim}) in a "
             f"host-bound graph ({layer_gflop:.2g} GFLOP per attention): SDPA's C++ path has less host overhead than "
             f"the fa4 op{guarded}")
+
+
+def small_decode(call, graph, shared: dict) -> str | None:
+    """Why a decode-shaped SDPA call (at most `DECODE_MAX_QUERIES` queries over a KV cache, static sizes) stays the
+    SDPA call the model makes, or None: the graph moves under `DECODE_MIB_HOST_BOUND` MiB per attention
+    (`bytes_per_attention`, once per graph in `shared`), so its host time is not hidden. Hand-written attention
+    goes to the op (the SDPA call it would become reads its mask, which the op turns into seqused_k)."""
+    if value(call.q).device.type not in DEVICES or len(shape(call.q)) != 4 or not is_sdpa_call(call):
+        return None
+    sq, sk = shape(call.q)[-2], shape(call.k)[-2]
+    if not (isinstance(sq, int) and isinstance(sk, int) and sq <= DECODE_MAX_QUERIES):
+        return None
+    if call.seqused_k is None and sq == sk:
+        return None  # not over a cache: `small_attention`'s case
+    if int8_kv.dequantized(call.k) is not None or int8_kv.dequantized(call.v) is not None:
+        return None  # an int8 cache: the op reads it as int8, where SDPA reads it dequantized
+    if "bytes_per_attention" not in shared:
+        shared["bytes_per_attention"] = bytes_per_attention(graph)
+    per_attention = shared["bytes_per_attention"]
+    if per_attention is None or not per_attention < DECODE_MIB_HOST_BOUND * 2 ** 20:
+        return None
+    return (f"a decode step in a host-bound graph ({per_attention / 2 ** 20:.2g} MiB of weights and K/V per "
+            f"attention, under {DECODE_MIB_HOST_BOUND:g}): SDPA's C++ path has less host overhead than the fa4 op")
+
+
+def bytes_per_attention(graph) -> float | None:
+    """Bytes of the graph's 2-D matmul operands (weights) and of its SDPA calls' K and V, per attention candidate
+    (SDPA calls and softmaxes); None when there is no candidate or a size is symbolic."""
+    total, attentions = 0, 0
+    for node in graph.nodes:
+        try:
+            if SDPA(node):
+                attentions += 1
+                operands = node.args[1:3]
+            elif SOFTMAX(node):
+                attentions += 1
+                continue
+            elif MATMUL(node) or LINEAR(node):
+                operands = [node.args[1]] if len(shape(node.args[1])) == 2 else []
+            else:
+                continue
+            for operand in operands:
+                t = value(operand)
+                if not all(isinstance(size, int) for size in t.shape):
+                    return None
+                total += t.numel() * t.element_size()
+        except (TypeError, AttributeError, IndexError):
+            continue  # an operand without an example value
+    return total / attentions if attentions else None
 
 
 def flop_per_attention(graph) -> tuple | None:
