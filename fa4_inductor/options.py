@@ -34,8 +34,9 @@ class Options:
     it, hence off by default."""
 
     small_calls_to_sdpa: bool = True
-    """On CUDA, leave small plain attentions (static shapes, at most a causal mask; lowering/crossover.py) on
-    PyTorch's SDPA, whose C++ host path beats the op's where the kernels take microseconds."""
+    """On CUDA, leave small attentions in host-bound graphs (lowering/crossover.py: self-attention by FLOP, and
+    decode steps by the bytes a graph moves per attention) on PyTorch's SDPA, whose C++ host path beats the op's
+    where the kernels take microseconds."""
 
     int8_linear: bool = True
     """Rewrite int8 weight-only linears (gpt-fast's `WeightOnlyInt8Linear`, torchao's `Int8WeightOnlyConfig`,

@@ -11,6 +11,10 @@ and no KV cache (the op reads it un-repeated, where SDPA code repeats K/V at eve
 a decode step's cache as keys under a padding mask, Sq < Sk). Symbolic sizes are decided for the call being
 compiled, under a guard (`small_attention`).
 
+A decode step (a few queries over a KV cache) is a read of bytes, not FLOP: its SDPA call stays as the model makes it
+where the graph moves little per attention (`small_decode`, `DECODE_MIB_HOST_BOUND`), and goes to the op, which
+reads K/V un-repeated, elsewhere.
+
 An SDPA call is kept as written, whatever its mask (the sweep's padded small-model prefill ran 0.55x on the
 op: the padding mask's form is read on the host, a sync), unless the mask is proven to be at most a causal
 band (`mask_is_at_most_causal`). Such a call, and a hand-written one without a mask other than a causal
