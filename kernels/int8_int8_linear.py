@@ -15,11 +15,14 @@ int8_int8_linear.py shows the graph), in its order and with torch's type promoti
     out = y.to(out_dtype)
 
 Kernels: the CPU runs exactly that (equal to eager bit for bit). CUDA runs the same with `torch._int_mm`
-(cuBLAS int8), which refuses 16 rows or fewer (every decode step: default torch.compile fails there);
-such calls are padded with zero rows to `PADDED_ROWS` and the padding is sliced off (the rows are independent,
-so the result is unchanged). cuBLAS also wants K and N multiples of 8: `unsupported_reason` says so, and
-lowering then keeps the graph as written. The scaling after the GEMM runs as separate elementwise kernels
-(a few microseconds each at decode sizes), where Inductor would fuse them.
+(cuBLAS int8) from `INT_MM_MIN_ROWS` rows; cuBLAS also wants K and N multiples of 8: `unsupported_reason` says so,
+and lowering then keeps the graph as written. The scaling after the GEMM runs as separate elementwise kernels,
+where Inductor would fuse them. `_int_mm` refuses 16 rows or fewer (every decode step: default torch.compile fails
+there). Such calls with a bfloat16 or float16 output go to `fa4::int8_linear`'s mixed-input kernels (our W4A16
+decode GEMM, quack's; `weight_only_route`): the int8 activation is exact in that dtype and the products sum in
+float32, so only the order of the two roundings differs from the reference (out = bf16(bf16(acc * w_scale) *
+x_scale), within a bf16 rounding of it); the others are padded with zero rows to `PADDED_ROWS` for `_int_mm`
+and the padding is sliced off (the rows are independent, so the result is unchanged).
 """
 
 from __future__ import annotations
@@ -30,12 +33,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from . import layout, library
+from . import int8_linear, layout, library
 
 OUT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 DEVICES = ("cpu", "cuda")
 INT_MM_MIN_ROWS = 17  # torch._int_mm on CUDA: "self.size(0) needs to be greater than 16"
 PADDED_ROWS = 32  # what fewer rows are padded to on CUDA (a multiple of 16 above the limit)
+WEIGHT_ONLY_DTYPES = (torch.float16, torch.bfloat16)  # outputs whose dtype holds an int8 activation exactly
 
 
 _name = layout.dtype_name
@@ -89,11 +93,25 @@ def int8_int8_linear(x_int8: Tensor, x_scale: Tensor, w_int8: Tensor, w_scale: T
     return _scale_and_bias(torch._int_mm(x_int8, w_int8.t()), x_scale, w_scale, bias, out_dtype)
 
 
+def weight_only_route(x: Tensor, w_int8: Tensor, w_scale: Tensor) -> Optional[int8_linear.Route]:
+    """The mixed-input kernel of `fa4::int8_linear` that would take x [M, K] (the int8 activation in the output's
+    dtype) over w_int8 with its per-channel scale, or None where only its dequantizing route would."""
+    route, _ = int8_linear.choose(int8_linear.CUDA_ROUTES, x, w_int8, w_scale)
+    return None if route is int8_linear.DENSE else route
+
+
 def int8_int8_linear_cuda(x_int8: Tensor, x_scale: Tensor, w_int8: Tensor, w_scale: Tensor,
                           bias: Optional[Tensor] = None, *, out_dtype: torch.dtype) -> Tensor:
-    """The reference with fewer than `INT_MM_MIN_ROWS` rows padded for cuBLAS."""
+    """Fewer than `INT_MM_MIN_ROWS` rows on `weight_only_route`'s kernel, else the reference with them padded for
+    cuBLAS."""
     _check_inputs(x_int8, x_scale, w_int8, w_scale, bias, out_dtype)
     m = x_int8.shape[0]
+    if m < INT_MM_MIN_ROWS and out_dtype in WEIGHT_ONLY_DTYPES:
+        x = x_int8.to(out_dtype)
+        route = weight_only_route(x, w_int8, w_scale)
+        if route is not None:
+            y = route.run(x, w_int8, w_scale) * x_scale.reshape(-1, 1)  # float32 with torchao's float32 scale
+            return (y if bias is None else y + bias).to(out_dtype).contiguous()
     if m < INT_MM_MIN_ROWS:
         acc = torch._int_mm(F.pad(x_int8, (0, 0, 0, PADDED_ROWS - m)), w_int8.t())[:m]
     else:

@@ -56,6 +56,32 @@ def test_cuda_path_pads_small_m_without_changing_the_result(m):
                        op.int8_int8_linear(x, xs, w, ws, b, out_dtype=torch.bfloat16))
 
 
+def test_cuda_path_runs_few_rows_on_a_mixed_input_kernel(monkeypatch):
+    """Where one of int8_linear's mixed-input kernels takes the shape (a stand-in here that rounds as they do: float32
+    products and sums, the weight's scale, one rounding to bf16), up to 16 rows run the int8 activation through it
+    in the output's dtype, then x's scale and the bias: within a bf16 rounding of the scaled product plus one of
+    the result from the float64 value. 17 rows and more stay on `_int_mm`, bit for bit the reference."""
+    seen = []
+
+    class StandIn:
+        @staticmethod
+        def run(x, w_int8, w_scale):
+            seen.append((tuple(x.shape), x.dtype))
+            return ((x.float() @ w_int8.float().T) * w_scale).to(x.dtype)
+
+    monkeypatch.setattr(op, "weight_only_route", lambda x, w_int8, w_scale: StandIn)
+    x, xs, w, ws, b = inputs(m=5, seed=5)
+    out = op.int8_int8_linear_cuda(x, xs, w, ws, b, out_dtype=torch.bfloat16)
+    assert seen == [((5, K), torch.bfloat16)] and out.dtype == torch.bfloat16 and out.is_contiguous()
+    product = (x.double() @ w.double().T) * xs.double().reshape(-1, 1) * ws.double()
+    exact = product + b.double()
+    assert ((out.double() - exact).abs() <= 2 ** -8 * (product.abs() * 1.01 + exact.abs()) + 1e-6).all()
+    x, xs, w, ws, b = inputs(m=17, seed=17)
+    assert torch.equal(op.int8_int8_linear_cuda(x, xs, w, ws, b, out_dtype=torch.bfloat16),
+                       op.int8_int8_linear(x, xs, w, ws, b, out_dtype=torch.bfloat16))
+    assert len(seen) == 1
+
+
 @pytest.mark.parametrize("m", [1, 16, 17, 40])
 def test_numerics_against_float64(m):
     x, xs, w, ws, b = inputs(m=m, seed=m)
