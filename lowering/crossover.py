@@ -33,7 +33,7 @@ from torch.fx import Node
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from ..kernels import crossover as kernel_crossover
-from . import int8_kv
+from . import gqa, int8_kv
 from .spellings import ADD, CAST, LINEAR, MATMUL, SDPA, SOFTMAX, arg, guardable, shape, size_hint, value
 
 DEVICES = ("cuda",)  # where the op's host path is the cost (tests add "cpu")
@@ -101,7 +101,7 @@ def small_decode(call, graph, shared: dict) -> str | None:
         return None
     if call.seqused_k is None and sq == sk:
         return None  # not over a cache: `small_attention`'s case
-    if int8_kv.dequantized(call.k) is not None or int8_kv.dequantized(call.v) is not None:
+    if any(int8_kv.dequantized(gqa.unrepeat(t).source) is not None for t in (call.k, call.v)):
         return None  # an int8 cache: the op reads it as int8, where SDPA reads it dequantized
     if "bytes_per_attention" not in shared:
         shared["bytes_per_attention"] = bytes_per_attention(graph)

@@ -319,3 +319,26 @@ def test_in_training_a_small_padded_handwritten_attention_keeps_its_mask():
     torch.testing.assert_close(grads, torch.autograd.grad(expected.sum(), (q, k, v)))
     assert rec.count() == 0 and not rec.records[0].rewritten
     assert rec.records[0].detail.startswith("a run-time finfo.min padding mask in training")
+
+
+def test_a_small_decode_step_over_an_int8_cache_keeps_the_int8_op():
+    """An int8 cache is read as int8 by `fa4::attention_int8kv`; SDPA would read it dequantized (K/V repeated for GQA
+    by HF's sdpa code before the call: the dequantization is found behind the repetition)."""
+    from transformers import StaticCache
+
+    from fa4_inductor import Int8StaticCache, hf
+    from helpers import tiny
+
+    model = tiny("llama", "sdpa").model
+    ids = torch.randint(0, 128, (2, 12), generator=torch.Generator().manual_seed(2))
+    for cache_class, op in ((Int8StaticCache, "fa4::attention_int8kv"), (StaticCache, None)):
+        cache = cache_class(config=model.config, max_cache_len=32)
+        torch._dynamo.reset()
+        rec = Recorder()
+        with torch.no_grad():
+            model(input_ids=ids, use_cache=True, **{hf.cache_keyword(model): cache})
+            torch.compile(model, backend=rec)(input_ids=ids[:, :1], use_cache=True, **{hf.cache_keyword(model): cache})
+        if op:
+            assert rec.count(op) == model.config.num_hidden_layers, [str(r) for r in rec.records]
+        else:
+            assert rec.count() == 0 and all(r.startswith("a decode step") for r in rec.reasons), rec.reasons
