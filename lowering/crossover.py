@@ -27,6 +27,7 @@ an additive mask with a finite fill added last, not in training), the op's other
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import torch
 from torch.fx import Node
@@ -52,9 +53,42 @@ DECODE_MAX_QUERIES = 16
 attention_gflop, gflop_limit = kernel_crossover.attention_gflop, kernel_crossover.gflop_limit
 
 
+class GraphWork(NamedTuple):
+    """What a graph asks of the GPU, counted before any rewrite (sizes as they are: symbolic ones give expressions)."""
+
+    flop: object  # matmul and attention FLOP (hand-written attention counts through its matmuls)
+    bytes: object  # the 2-D matmul operands (weights) and each SDPA call's K and V, whole buffers
+    attentions: int  # attention candidates: SDPA calls and softmaxes
+
+
+def graph_work(graph, shared: dict) -> GraphWork | None:
+    """The graph's `GraphWork`, computed once per graph (in `shared`, before the first rewrite changes the graph);
+    None when it has no attention candidate."""
+    if "graph_work" not in shared:
+        flop, nbytes, attentions = 0, 0, 0
+        for node in graph.nodes:
+            try:
+                if SDPA(node):
+                    attentions += 1
+                    q, k = shape(node.args[0]), shape(node.args[1])
+                    flop = flop + 4 * math.prod(q) * k[-2]
+                    nbytes = nbytes + sum(math.prod(shape(t)) * value(t).element_size() for t in node.args[1:3])
+                elif SOFTMAX(node):
+                    attentions += 1
+                elif MATMUL(node) or LINEAR(node):
+                    out, a, b = shape(node), shape(node.args[0]), shape(node.args[1])
+                    flop = flop + 2 * math.prod(out) * a[-1]
+                    if len(b) == 2:
+                        nbytes = nbytes + math.prod(b) * value(node.args[1]).element_size()
+            except (TypeError, AttributeError, IndexError):
+                continue  # an operand without an example value
+        shared["graph_work"] = GraphWork(flop, nbytes, attentions) if attentions else None
+    return shared["graph_work"]
+
+
 def small_attention(call, graph, shared: dict) -> str | None:
     """Why `call` (an attention.AttentionCall) runs faster on SDPA, or None. The graph's GPU work per
-    attention (`flop_per_attention`) is computed once per graph, in `shared`, and only when asked.
+    attention (`graph_work`) is computed only when asked.
 
     Symbolic sizes (a dynamic graph) are decided for the sizes of the call being compiled, and the two
     comparisons guard the graph: a later call whose sizes fall on the other side of either line recompiles
@@ -63,7 +97,7 @@ def small_attention(call, graph, shared: dict) -> str | None:
     if q.device.type not in DEVICES or len(shape(call.q)) != 4:
         return None
     if call.seqused_k is not None:
-        return None  # a KV cache: the op reads it un-repeated, where SDPA code repeats K/V every step
+        return None  # a KV cache: `small_decode`'s case
     b, h, sq, d = shape(call.q)
     sk = shape(call.k)[-2]
     if not statically_known_true(sq == sk):
@@ -73,90 +107,47 @@ def small_attention(call, graph, shared: dict) -> str | None:
         return None  # the SDPA call a hand-written attention becomes computes no other mask
     if not guardable(b, h, sq, sk, d) or not kernel_crossover.small(b, h, sq, sk, d, causal):  # a guard if symbolic
         return None
-    if "flop_per_attention" not in shared:
-        shared["flop_per_attention"] = flop_per_attention(graph)
-    if shared["flop_per_attention"] is None:
+    work = graph_work(graph, shared)
+    if work is None or not guardable(work.flop) or \
+            not work.flop < int(LAYER_GFLOP_HOST_BOUND * 1e9) * work.attentions:  # a guard if symbolic
         return None
-    total, attentions = shared["flop_per_attention"]
-    if not guardable(total) or not total < int(LAYER_GFLOP_HOST_BOUND * 1e9) * attentions:  # a guard if symbolic
-        return None
-    gflop, layer_gflop = size_hint(attention_gflop(b, h, sq, sk, d, causal)), size_hint(total) / attentions / 1e9
-    guarded = "" if all(isinstance(n, int) for n in (b, h, sq, d, total)) else \
-        "; decided for this call's sizes, a guard recompiles for sizes past either line"
+    gflop = size_hint(attention_gflop(b, h, sq, sk, d, causal))
+    layer_gflop = size_hint(work.flop) / work.attentions / 1e9
     head_dim = size_hint(d)
     return (f"a small attention ({gflop:.2g} GFLOP, under {gflop_limit(head_dim):g} at head dim {head_dim}) in a "
             f"host-bound graph ({layer_gflop:.2g} GFLOP per attention): SDPA's C++ path has less host overhead than "
-            f"the fa4 op{guarded}")
+            f"the fa4 op{_guarded(b, h, sq, d, work.flop)}")
 
 
 def small_decode(call, graph, shared: dict) -> str | None:
-    """Why a decode-shaped SDPA call (at most `DECODE_MAX_QUERIES` queries over a KV cache, static sizes) stays the
-    SDPA call the model makes, or None: the graph moves under `DECODE_MIB_HOST_BOUND` MiB per attention
-    (`bytes_per_attention`, once per graph in `shared`), so its host time is not hidden. Hand-written attention
-    goes to the op (the SDPA call it would become reads its mask, which the op turns into seqused_k)."""
+    """Why a decode-shaped SDPA call (at most `DECODE_MAX_QUERIES` queries over a KV cache) stays the SDPA call the
+    model makes, or None: the graph moves under `DECODE_MIB_HOST_BOUND` MiB per attention (`graph_work`), so its
+    host time is not hidden. A symbolic cache length (a DynamicCache) is decided for the call being compiled, under
+    a guard, as in `small_attention`. Hand-written attention goes to the op (the SDPA call it would become reads its
+    mask, which the op turns into seqused_k)."""
     if value(call.q).device.type not in DEVICES or len(shape(call.q)) != 4 or not is_sdpa_call(call):
         return None
     sq, sk = shape(call.q)[-2], shape(call.k)[-2]
-    if not (isinstance(sq, int) and isinstance(sk, int) and sq <= DECODE_MAX_QUERIES):
+    if not (isinstance(sq, int) and sq <= DECODE_MAX_QUERIES):
         return None
-    if call.seqused_k is None and sq == sk:
+    if call.seqused_k is None and statically_known_true(sq == sk):
         return None  # not over a cache: `small_attention`'s case
     if any(int8_kv.dequantized(gqa.unrepeat(t).source) is not None for t in (call.k, call.v)):
         return None  # an int8 cache: the op reads it as int8, where SDPA reads it dequantized
-    if "bytes_per_attention" not in shared:
-        shared["bytes_per_attention"] = bytes_per_attention(graph)
-    per_attention = shared["bytes_per_attention"]
-    if per_attention is None or not per_attention < DECODE_MIB_HOST_BOUND * 2 ** 20:
+    work = graph_work(graph, shared)
+    if work is None or not guardable(work.bytes) or \
+            not work.bytes < int(DECODE_MIB_HOST_BOUND * 2 ** 20) * work.attentions:  # a guard if symbolic
         return None
-    return (f"a decode step in a host-bound graph ({per_attention / 2 ** 20:.2g} MiB of weights and K/V per "
-            f"attention, under {DECODE_MIB_HOST_BOUND:g}): SDPA's C++ path has less host overhead than the fa4 op")
+    per_attention = size_hint(work.bytes) / work.attentions / 2 ** 20
+    return (f"a decode step in a host-bound graph ({per_attention:.2g} MiB of weights and K/V per attention, under "
+            f"{DECODE_MIB_HOST_BOUND:g}): SDPA's C++ path has less host overhead than the fa4 op"
+            f"{_guarded(work.bytes)}")
 
 
-def bytes_per_attention(graph) -> float | None:
-    """Bytes of the graph's 2-D matmul operands (weights) and of its SDPA calls' K and V, per attention candidate
-    (SDPA calls and softmaxes); None when there is no candidate or a size is symbolic."""
-    total, attentions = 0, 0
-    for node in graph.nodes:
-        try:
-            if SDPA(node):
-                attentions += 1
-                operands = node.args[1:3]
-            elif SOFTMAX(node):
-                attentions += 1
-                continue
-            elif MATMUL(node) or LINEAR(node):
-                operands = [node.args[1]] if len(shape(node.args[1])) == 2 else []
-            else:
-                continue
-            for operand in operands:
-                t = value(operand)
-                if not all(isinstance(size, int) for size in t.shape):
-                    return None
-                total += t.numel() * t.element_size()
-        except (TypeError, AttributeError, IndexError):
-            continue  # an operand without an example value
-    return total / attentions if attentions else None
-
-
-def flop_per_attention(graph) -> tuple | None:
-    """(matmul and attention FLOP of a graph, its attention candidates: SDPA calls and softmaxes), sizes as they
-    are (symbolic ones give an expression); None when the graph has no candidate. Hand-written attention counts
-    through its matmuls."""
-    total, attentions = 0, 0
-    for node in graph.nodes:
-        try:
-            if SDPA(node):
-                attentions += 1
-                q, k = shape(node.args[0]), shape(node.args[1])
-                total = total + 4 * math.prod(q) * k[-2]
-            elif SOFTMAX(node):
-                attentions += 1
-            elif MATMUL(node) or LINEAR(node):
-                out, a = shape(node), shape(node.args[0])
-                total = total + 2 * math.prod(out) * a[-1]
-        except (TypeError, AttributeError, IndexError):
-            continue  # an operand without an example value
-    return (total, attentions) if attentions else None
+def _guarded(*sizes) -> str:
+    if all(isinstance(n, int) for n in sizes):
+        return ""
+    return "; decided for this call's sizes, a guard recompiles for sizes past either line"
 
 
 def sdpa_for(make, call) -> Node:

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from fa4_inductor.lowering import crossover
-from helpers import Recorder, compile_and_record
+from helpers import Recorder, compile_and_record, recording_compile
 
 
 @pytest.fixture(autouse=True)
@@ -107,7 +107,7 @@ def test_a_graph_with_enough_gpu_work_per_layer_keeps_the_op(monkeypatch):
         return F.linear(x, w), sdpa_causal(q, k, v)
 
     x, w = torch.randn(64, 128), torch.randn(256, 128)  # 2 * 64 * 256 * 128 = 0.0042 GFLOP
-    assert crossover.flop_per_attention(torch.fx.symbolic_trace(lambda x, w: F.linear(x, w)).graph) is None
+    assert crossover.graph_work(torch.fx.symbolic_trace(lambda x, w: F.linear(x, w)).graph, {}) is None
     monkeypatch.setattr(crossover, "LAYER_GFLOP_HOST_BOUND", 0.004)
     rec, _ = compile_and_record(layer, x, w, *qkv())
     assert rec.count() == 1
@@ -342,3 +342,25 @@ def test_a_small_decode_step_over_an_int8_cache_keeps_the_int8_op():
             assert rec.count(op) == model.config.num_hidden_layers, [str(r) for r in rec.records]
         else:
             assert rec.count() == 0 and all(r.startswith("a decode step") for r in rec.reasons), rec.reasons
+
+
+def test_a_decode_step_over_a_growing_cache_is_decided_under_a_guard(monkeypatch):
+    """A DynamicCache's length is symbolic: the line is decided for the call being compiled, and a cache grown past
+    it recompiles once and goes to the op."""
+    q, weight = torch.randn(2, 4, 1, 16), torch.randn(64, 64)
+
+    def inputs(sk):
+        keep = torch.ones(2, sk, dtype=torch.bool)
+        keep[1, :5] = False
+        return q, torch.randn(2, 4, sk, 16), torch.randn(2, 4, sk, 16), keep, weight
+
+    weight_bytes, kv_bytes_per_key = 64 * 64 * 4, 2 * 2 * 4 * 16 * 4
+    monkeypatch.setattr(crossover, "DECODE_MIB_HOST_BOUND", (weight_bytes + 48 * kv_bytes_per_key) / 2 ** 20)
+    rec, compiled = recording_compile(generate_decode, dynamic=True)
+    for sk in (32, 40, 64, 80):
+        args = inputs(sk)
+        torch.testing.assert_close(compiled(*args), generate_decode(*args))
+    assert len(rec.graphs) == 2 and rec.count() == 1, [str(r) for r in rec.records]
+    assert rec.reasons == ["a decode step in a host-bound graph (0.047 MiB of weights and K/V per attention, under "
+                           "0.0625): SDPA's C++ path has less host overhead than the fa4 op; decided for this call's "
+                           "sizes, a guard recompiles for sizes past either line"]
