@@ -364,3 +364,18 @@ def test_a_decode_step_over_a_growing_cache_is_decided_under_a_guard(monkeypatch
     assert rec.reasons == ["a decode step in a host-bound graph (0.047 MiB of weights and K/V per attention, under "
                            "0.0625): SDPA's C++ path has less host overhead than the fa4 op; decided for this call's "
                            "sizes, a guard recompiles for sizes past either line"]
+
+
+def test_a_small_chunk_over_a_cache_is_kept_as_written():
+    """Four queries at the end of 32 cached keys under a causal band aligned to the last key: the SDPA call is kept as
+    the model wrote it (an `is_causal` SDPA call would align the band to the first key)."""
+    def chunk(q, k, v, weight):
+        sq, sk = q.shape[2], k.shape[2]
+        mask = torch.arange(sk)[None, :] <= (torch.arange(sq) + (sk - sq))[:, None]
+        return F.linear(F.scaled_dot_product_attention(q, k, v, attn_mask=mask).transpose(1, 2).flatten(2), weight)
+
+    args = torch.randn(2, 4, 4, 16), torch.randn(2, 4, 32, 16), torch.randn(2, 4, 32, 16), torch.randn(64, 64)
+    rec, out = compile_and_record(chunk, *args)
+    torch.testing.assert_close(out, chunk(*args))
+    assert rec.count() == 0 and len(rec.reasons) == 1 and rec.reasons[0].startswith("a decode step")
+    assert not [n for g in rec.graphs for n in g.graph.nodes if n.name.startswith("sdpa_small")]
