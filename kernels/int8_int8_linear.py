@@ -21,7 +21,7 @@ where Inductor would fuse them. `_int_mm` refuses 16 rows or fewer (every decode
 there). Such calls with a bfloat16 or float16 output go to `fa4::int8_linear`'s mixed-input kernels (our W4A16
 decode GEMM, quack's; `weight_only_route`): the int8 activation is exact in that dtype and the products sum in
 float32, so only the order of the two roundings differs from the reference (out = bf16(bf16(acc * w_scale) *
-x_scale), within a bf16 rounding of it); the others are padded with zero rows to `PADDED_ROWS` for `_int_mm`
+x_scale [+ bias]), the last step one kernel; within a bf16 rounding of it); the others are padded with zero rows to `PADDED_ROWS` for `_int_mm`
 and the padding is sliced off (the rows are independent, so the result is unchanged).
 """
 
@@ -109,9 +109,10 @@ def int8_int8_linear_cuda(x_int8: Tensor, x_scale: Tensor, w_int8: Tensor, w_sca
     if m < INT_MM_MIN_ROWS and out_dtype in WEIGHT_ONLY_DTYPES:
         x = x_int8.to(out_dtype)
         route = weight_only_route(x, w_int8, w_scale)
-        if route is not None:
-            y = route.run(x, w_int8, w_scale) * x_scale.reshape(-1, 1)  # float32 with torchao's float32 scale
-            return (y if bias is None else y + bias).to(out_dtype).contiguous()
+        if route is not None:  # x's scale (and the bias) in float32, rounded once into the output: one kernel
+            y, x_scale = route.run(x, w_int8, w_scale), x_scale.reshape(-1, 1)
+            out = torch.empty(y.shape, dtype=out_dtype, device=y.device)
+            return torch.mul(y, x_scale, out=out) if bias is None else torch.addcmul(bias, y, x_scale, out=out)
     if m < INT_MM_MIN_ROWS:
         acc = torch._int_mm(F.pad(x_int8, (0, 0, 0, PADDED_ROWS - m)), w_int8.t())[:m]
     else:
