@@ -17,8 +17,8 @@ for t in bench.sweep_suite(llama_sizes=((256, 2),), decode_sizes=((256, 2),), be
 # 3. the Llama-1B shape's decode without CUDA graphs (over small_decode's line: the op): is it >= 0.98x default?
 run timeout 200 python3 -c "from fa4_inductor import bench
 for t in bench.sweep_suite(llama_sizes=((2048, 16),), decode_sizes=((2048, 16),), bert=False, seqlens=(2048,), batches=(1, 8), decode_mode='default', time_budget_s=170): print(t.markdown())"
-# 4. int8 x int8 16 rows over 2048 x 8192 (cut in run 4)
-run timeout 100 python3 -m fa4_inductor bench --suite quant --quant-models llama-1b --quant-formats int8_int8 --quant-rows 16 --quant-no-e2e --quant-no-prefill
+# 4. int8 x int8 at 1 and 16 rows with the one-kernel scaling after the mixed-input kernel (session 18 run 4, before it: 12-21 us)
+run timeout 150 python3 -m fa4_inductor bench --suite quant --quant-models llama-1b --quant-formats int8_int8 --quant-rows 1,16 --quant-no-e2e --quant-no-prefill
 # ---- call 3+ ----
 # 5. issue 12: the rest of the size sweep, one model a call (`--sweep-models 2048x16`, then bert, 512x4, ...)
 run timeout 500 python3 -m fa4_inductor bench --suite sweep --sweep-models 2048x16
