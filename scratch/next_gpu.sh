@@ -19,6 +19,8 @@ run timeout 200 python3 -c "from fa4_inductor import bench
 for t in bench.sweep_suite(llama_sizes=((2048, 16),), decode_sizes=((2048, 16),), bert=False, seqlens=(2048,), batches=(1, 8), decode_mode='default', time_budget_s=170): print(t.markdown())"
 # 4. int8 x int8 at 1 and 16 rows with the one-kernel scaling after the mixed-input kernel (session 18 run 4, before it: 12-21 us)
 run timeout 150 python3 -m fa4_inductor bench --suite quant --quant-models llama-1b --quant-formats int8_int8 --quant-rows 1,16 --quant-no-e2e --quant-no-prefill
+# 4b. issue 14's last table: int8 x int8 on Llama-8B's shapes (~20 rows, ~160 s); then issue 14 can be resolved
+run timeout 240 python3 -m fa4_inductor bench --suite quant --quant-models llama-8b --quant-formats int8_int8 --quant-rows 1,16,64,256,4096 --quant-no-e2e --quant-no-prefill
 # ---- call 3+ ----
 # 5. issue 12: the rest of the size sweep, one model a call (`--sweep-models 2048x16`, then bert, 512x4, ...)
 run timeout 500 python3 -m fa4_inductor bench --suite sweep --sweep-models 2048x16
