@@ -54,7 +54,8 @@ def padding_mask(kind: str, batch: int, seq: int) -> torch.Tensor:
     return mask
 
 
-SMALL_ON_SDPA = ("F.scaled_dot_product_attention(", "a small attention ", "a decode step ")  # lowering/crossover.py's records
+# lowering/crossover.py's records
+SMALL_ON_SDPA = ("F.scaled_dot_product_attention(", "a small attention ", "a decode step ")
 
 
 def layers_served(recorder: Recorder) -> int:
