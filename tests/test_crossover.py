@@ -379,3 +379,16 @@ def test_a_small_chunk_over_a_cache_is_kept_as_written():
     torch.testing.assert_close(out, chunk(*args))
     assert rec.count() == 0 and len(rec.reasons) == 1 and rec.reasons[0].startswith("a decode step")
     assert not [n for g in rec.graphs for n in g.graph.nodes if n.name.startswith("sdpa_small")]
+
+
+def test_few_queries_over_many_keys_in_training_go_to_the_op():
+    """`small_decode` is for inference: with gradients (cross-attention to a short target) the op takes the call."""
+    fn, args = decode_inputs("generate's mask")
+    q, k, v, keep, weight = (a.clone() for a in args)
+    for t in (q, k, v):
+        t.requires_grad_()
+    rec, out = compile_and_record(fn, q, k, v, keep, weight)
+    expected = fn(q, k, v, keep, weight)
+    torch.testing.assert_close(out, expected)
+    torch.testing.assert_close(torch.autograd.grad(out.sum(), (q, k, v)), torch.autograd.grad(expected.sum(), (q, k, v)))
+    assert rec.count() == 1
