@@ -8,8 +8,10 @@ HF's eager code, in training, made SDPA with the padding mask, lost eager's grad
 see no key)."""
 
 import pytest
+import torch
 
 import test_call_modes as modes
+import test_model_zoo as zoo
 from fa4_inductor.lowering import crossover
 
 
@@ -34,3 +36,44 @@ def test_the_tiny_models_attentions_are_all_small(impl):
     model = modes.tiny("llama", impl)
     recorder, _ = modes.compile_and_run(model.forward, {**model.inputs(), "use_cache": False})
     assert recorder.count() == 0 and modes.layers_served(recorder) == model.attention_layers, recorder.records
+
+
+# The model zoo (test_model_zoo.py) under the crossover: every family's prefill, padded or not, and its static-cache
+# decode, counted as above. Heavier than the call modes: the slow tier.
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name, impl, padding", zoo.prefill_cases())
+def test_zoo_prefill(name, impl, padding):
+    model = modes.tiny(name, impl)
+    kwargs = model.inputs(padding=padding is not None)
+    if padding == "left":
+        kwargs["attention_mask"] = kwargs["attention_mask"].flip(-1)
+    recorder, got = modes.compile_and_run(model.forward, kwargs)
+    assert modes.layers_served(recorder) == model.attention_layers, [str(r) for r in recorder.records]
+    assert not modes.other_reasons(recorder), recorder.reasons
+    with torch.no_grad():
+        torch.testing.assert_close(got, model.forward(**kwargs), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("impl", zoo.IMPLEMENTATIONS)
+@pytest.mark.parametrize("name", zoo.DECODERS)
+def test_zoo_static_cache_decode(name, impl):
+    """Prefill and five decode steps with generate's all-ones mask: sdpa code's decode steps stay SDPA calls as
+    written (`small_decode`; most families' six-token prompt over the cache's 16 keys too), eager code's go to the
+    op."""
+    model = modes.tiny(name, impl)
+    prompt, steps = torch.randint(0, 128, (2, 6)), torch.randint(0, 128, (2, 5))
+    torch._dynamo.reset()
+    recorder = modes.Recorder()
+    with torch.no_grad():
+        compiled = torch.compile(model.forward, backend=recorder)
+        got, _ = zoo.generate_with_static_cache(compiled, model.model, prompt, steps, attention_mask=True)
+        expected, _ = zoo.generate_with_static_cache(model.forward, model.model, prompt, steps, attention_mask=True)
+    assert len(recorder.graphs) == 2, recorder.records
+    assert modes.layers_served(recorder) == 2 * model.attention_layers, [str(r) for r in recorder.records]
+    assert not modes.other_reasons(recorder), recorder.reasons
+    decode_kept = [r for r in recorder.reasons if r.startswith("a decode step")]
+    assert (len(decode_kept) >= model.attention_layers) if impl == "sdpa" else not decode_kept, recorder.reasons
+    for g, e in zip(got, expected):
+        torch.testing.assert_close(g, e, atol=1e-5, rtol=1e-5)
