@@ -127,6 +127,22 @@ def test_a_small_sdpa_call_with_a_padding_mask_is_kept():
     assert rec.count() == 0 and rec.reasons[0].startswith("a small attention")
 
 
+def test_a_causal_mask_read_from_a_module_buffer_is_still_watched():
+    """nanoGPT's `bias` buffer, read by value, becomes `is_causal=True`: a later change of the buffer must
+    still send the graph back to its traced form (backend.BufferGuard)."""
+    import fa4_inductor
+    from upstream import CausalSelfAttention
+
+    module = CausalSelfAttention(n_embd=64, n_head=4, block_size=32, flash=False).eval()
+    x = torch.randn(2, 32, 64)
+    torch._dynamo.reset()
+    compiled = torch.compile(module, backend=fa4_inductor.fa4_inductor)
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), module(x))
+        module.bias.copy_(torch.ones_like(module.bias))  # no mask any more
+        torch.testing.assert_close(compiled(x), module(x))
+
+
 def static_cache_decode(q, k_cache, v_cache, offset, weight):
     positions = torch.arange(q.shape[2]) + offset
     mask = torch.arange(k_cache.shape[2])[None, None, None, :] <= positions[None, None, :, None]
