@@ -215,3 +215,12 @@ def compiled_one_row_decomposed(fn, x, backend, family_off, op_call: str):
     assert "aten.sum(" in decomposed_only.graphs[0] and "aten.mm(" not in decomposed_only.graphs[0]
     assert "aten.sum(" not in compiled.graphs[0] and op_call in compiled.code
     return compiled, expected
+
+
+def assert_within_int8_int8_bound(out, x_int8, x_scale, w_int8, w_scale, bias):
+    """An int8 x int8 linear's result with its two scales applied in either order, each product rounded to bf16 once
+    (and the result once more): within a bf16 rounding of the scaled product plus one of the result, from float64."""
+    product = (x_int8.double() @ w_int8.double().T) * x_scale.double().reshape(-1, 1) * w_scale.double()
+    exact = product if bias is None else product + bias.double()
+    bound = 2 ** -8 * (product.abs() * 1.01 + exact.abs()) + 1e-6
+    assert ((out.double() - exact).abs() <= bound).all(), (out.double() - exact).abs().max()

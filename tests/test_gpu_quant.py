@@ -22,6 +22,7 @@ from fa4_inductor.kernels import int8_int8_linear as int8_int8_op
 from fa4_inductor.kernels import int8_linear as int8_linear_op
 from fa4_inductor.kernels import prepared_weights, quack_w4a16
 from gpu_helpers import capture
+from helpers import assert_within_int8_int8_bound
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
@@ -278,14 +279,6 @@ def test_int8_int8_linear_cuda_against_the_cpu_reference(m, n, k):
         return
     for result in (out, expected.cuda()):
         assert_within_int8_int8_bound(result, *args)
-
-
-def assert_within_int8_int8_bound(out, x_int8, x_scale, w_int8, w_scale, bias):
-    """Within a bf16 rounding of the scaled product plus one of the result, from the exact value."""
-    product = (x_int8.double() @ w_int8.double().T) * x_scale.double() * w_scale.double()
-    exact = product + bias.double()
-    bound = 2 ** -8 * (product.abs() * 1.01 + exact.abs()) + 1e-6
-    assert ((out.double() - exact).abs() <= bound).all(), (out.double() - exact).abs().max()
 
 
 def test_int8_int8_linear_under_cuda_graph_replay():
