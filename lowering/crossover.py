@@ -122,9 +122,9 @@ def small_attention(call, graph, shared: dict) -> str | None:
 def small_decode(call, graph, shared: dict) -> str | None:
     """Why a decode-shaped SDPA call (at most `DECODE_MAX_QUERIES` queries over a KV cache) stays the SDPA call the
     model makes, or None: in inference, the graph moves under `DECODE_MIB_HOST_BOUND` MiB per attention
-    (`graph_work`), so its host time is not hidden. A symbolic cache length (a DynamicCache) is decided for the call being compiled, under
-    a guard, as in `small_attention`. Hand-written attention goes to the op (the SDPA call it would become reads its
-    mask, which the op turns into seqused_k)."""
+    (`graph_work`), so its host time is not hidden. A symbolic cache length (a DynamicCache) is decided for the call
+    being compiled, under a guard, as in `small_attention`. Hand-written attention goes to the op (the SDPA call it
+    would become reads its mask, which the op turns into seqused_k)."""
     if value(call.q).device.type not in DEVICES or len(shape(call.q)) != 4 or not is_sdpa_call(call):
         return None
     if any(value(t).requires_grad for t in (call.q, call.k, call.v)):
