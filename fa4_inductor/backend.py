@@ -51,6 +51,10 @@ class Backend:
         # After compile_fx: a restarted analysis (it raises) leaves no stale records. A backward graph's
         # post-grad records come later, when AOTAutograd compiles it.
         publishing.publish(records + post_grad.records)
+        if post_grad.graphs == 0:
+            log.info("fa4_inductor: Inductor served this graph's code from its caches, so the post-grad rewrites in "
+                     "it (quantized linears) are not listed again; TORCHINDUCTOR_FX_GRAPH_CACHE=0 and "
+                     "TORCHINDUCTOR_AUTOGRAD_CACHE=0 list them")
         watched = gm.meta.get(READ_BY_VALUE)
         if watched:
             return BufferGuard(compiled, watched, example_inputs, pristine)

@@ -58,10 +58,12 @@ class PostGradPasses(CustomGraphPass):
     def __init__(self, options, user_pass=None):
         self.options, self.user_pass = options, user_pass
         self.records: list[Record] = []
+        self.graphs = 0  # graphs this pass saw; none when Inductor served the code from its caches
 
     def __call__(self, graph) -> None:
         from .passes import FAMILIES, run_families
 
+        self.graphs += 1
         gm = graph.owning_module
         without_autograd(graph)
         fake_mode = detect_fake_mode([n.meta.get("val") for n in graph.nodes if "val" in n.meta])

@@ -15,7 +15,8 @@ from fa4_inductor.kernels import nvfp4_linear as nvfp4_op
 from gpu_helpers import capture
 from test_nvfp4_linear import float64_dequantized, float64_reference, random_nvfp4
 
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+              pytest.mark.usefixtures("without_fx_graph_cache")]  # conftest.py: a cache hit skips the passes
 
 
 @pytest.fixture(autouse=True)

@@ -24,7 +24,8 @@ from fa4_inductor.kernels import prepared_weights, quack_w4a16
 from gpu_helpers import capture
 from helpers import assert_within_int8_int8_bound
 
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+              pytest.mark.usefixtures("without_fx_graph_cache")]  # conftest.py: a cache hit skips the passes
 
 INT8_LINEAR = torch.ops.fa4.int8_linear.default
 INT8_INT8_LINEAR = torch.ops.fa4.int8_int8_linear.default

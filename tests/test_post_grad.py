@@ -1,6 +1,8 @@
 """The post-grad stage (lowering/post_grad.py): POST_GRAD families see Inductor's aten graphs, forward and
 backward, through `post_grad_custom_pre_pass`, and the FX graph cache keys compiled code by what the stage is."""
 
+import logging
+
 import pytest
 import torch
 from torch._dynamo.utils import counters
@@ -113,6 +115,25 @@ def test_fx_graph_cache_hits_until_the_sources_change(fx_graph_cache, monkeypatc
     assert _compile_fresh(x, w) == (1, 0, 0)
     monkeypatch.setattr(post_grad, "source_hash", lambda: "edited")
     assert _compile_fresh(x, w) == (0, 1, 0)
+
+
+def test_a_graph_served_from_the_cache_says_its_post_grad_rewrites_are_not_listed(fx_graph_cache):
+    x, w = torch.randn(8, 16), torch.randn(16, 4)
+    messages = []
+    handler = logging.Handler(logging.INFO)
+    handler.emit = lambda record: messages.append(record.getMessage())
+    logger = logging.getLogger("fa4_inductor")
+    logger.addHandler(handler)
+    level = logger.level
+    logger.setLevel(logging.INFO)
+    try:
+        assert _compile_fresh(x, w) == (0, 1, 0)
+        assert not [m for m in messages if "served this graph's code from its caches" in m]
+        assert _compile_fresh(x, w) == (1, 0, 0)
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+    assert [m for m in messages if "served this graph's code from its caches" in m]
 
 
 def test_compiled_graphs_call_the_attention_twin_without_autograd():
