@@ -28,6 +28,7 @@ MAX_PIECES = 512  # K <= 16384
 SHAPE_ORDER = ((4, 1), (4, 2), (2, 2), (1, 2), (1, 4), (2, 1), (1, 1))  # (rows a warp, K warps) by preference (`shape`)
 MAX_ROW_PRODUCT = 8  # weight rows a warp times rows of x: a warp's accumulators and x planes stay in registers
 MIN_PIECES = 16  # the smallest bucket (K = 512)
+PREFETCH_MIN_CTAS = 4
 
 
 class Key(NamedTuple):
@@ -38,6 +39,7 @@ class Key(NamedTuple):
     warps_k: int
     max_pieces: int
     pdl: bool = False
+    prefetch: int = 0
 
 
 def pieces_bucket(pieces: int) -> int:
@@ -82,7 +84,10 @@ def _compile(key: Key):
 
     dt = compile_utils.cutlass_dtype(key.dtype)
     sym, sym64 = cute.sym_int, cute.sym_int64
-    kernel = NVFP4IntGemv(dt, key.m, key.rows, key.warps_k, key.max_pieces, pdl=key.pdl)
+    # one row of x: the prefetch window would cost a CTA a SM at 4 rows a warp (156 registers); capped at 128, no spills
+    # (more rows of x would spill)
+    kernel = NVFP4IntGemv(dt, key.m, key.rows, key.warps_k, key.max_pieces, pdl=key.pdl, prefetch=key.prefetch,
+                          min_ctas=PREFETCH_MIN_CTAS if key.prefetch and key.m == 1 else 0)
     x = cute.runtime.make_fake_tensor(Int32, (key.m, sym()), (sym64(divisibility=4), 1), assumed_align=16)
     w = cute.runtime.make_fake_tensor(Int32, (sym(), sym()), (sym64(divisibility=4), 1), assumed_align=16)
     block = cute.runtime.make_fake_tensor(Int32, (sym(), sym()), (sym64(), 1))
@@ -120,7 +125,7 @@ def run(x2d: Tensor, w_fp4: Tensor, w_block_scale: Tensor, w_global_scale: Tenso
     device = x.device.index if x.device.index is not None else torch.cuda.current_device()
     rows, warps_k = forced or shape(n, m, w4._num_sms(device), pieces)
     key = Key(x.dtype, m, compile_utils.target_arch(x.device), rows, warps_k, pieces_bucket(pieces),
-              switches.current().w4a16_pdl)
+              switches.current().w4a16_pdl, switches.current().int_gemv_prefetch)
     with torch.cuda.device(x.device):
         compiled(key)(x.view(torch.int32), words, blocks, w_global_scale.reshape(1).float(), out)
     return out

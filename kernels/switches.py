@@ -19,7 +19,9 @@ kernel's packed layout, `w4a16_decode.pack_nvfp4`; tiles: that layout in 16-row 
 FA4_INDUCTOR_W4A16_GEMV (which calls of the plain layout take the CUDA-core GEMV, `cute/w4a16_gemv.py`, by
 their rows M: unset or auto, the measured rule `w4a16_decode.GEMV_AUTO_ROWS`; on, M = 1..4; off, none),
 FA4_INDUCTOR_W4A16_INT_GEMV (which NVFP4 calls of the plain layout take the integer GEMV, `cute/nvfp4_int_gemv.py`:
-unset or auto, one-row calls where it measured faster, `w4a16_decode.int_gemv_auto`; on, 1..4 rows; off, none). Others'
+unset or auto, one-row calls where it measured faster, `w4a16_decode.int_gemv_auto`; on, 1..4 rows; off, none),
+FA4_INDUCTOR_INT_GEMV_PREFETCH (0, the default, or D >= 3: the integer GEMV keeps the weight bytes of the steps up to D
+ahead prefetched into L2; an experiment, not yet measured). Others'
 variables we read: CUTE_DSL_ARCH (the CuTe DSL compile target), FA4's disk-cache pair and XDG_CACHE_HOME (`fa4.py` turns FA4's disk cache on).
 """
 
@@ -45,6 +47,7 @@ W4A16_LOAD = "FA4_INDUCTOR_W4A16_LOAD"
 W4A16_PACK = "FA4_INDUCTOR_W4A16_PACK"
 W4A16_GEMV = "FA4_INDUCTOR_W4A16_GEMV"
 W4A16_INT_GEMV = "FA4_INDUCTOR_W4A16_INT_GEMV"
+INT_GEMV_PREFETCH = "FA4_INDUCTOR_INT_GEMV_PREFETCH"
 CUTE_DSL_ARCH = "CUTE_DSL_ARCH"
 FA4_CACHE_ENABLED = "FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED"
 FA4_CACHE_DIR = "FLASH_ATTENTION_CUTE_DSL_CACHE_DIR"
@@ -72,6 +75,8 @@ class Switches(NamedTuple):
     """None (auto: `w4a16_decode.GEMV_AUTO_ROWS`) or the most rows of x a call may have to take the GEMV (0: none)."""
     w4a16_int_gemv: Optional[bool]
     """None (auto: `w4a16_decode.int_gemv_auto`'s measured rule), True (NVFP4 calls of 1..4 rows) or False (none)."""
+    int_gemv_prefetch: int
+    """Steps ahead of its register loads the integer GEMV prefetches its weight rows into L2 (0: none)."""
     cute_dsl_arch: Optional[str]
     fa4_cache_enabled_set: bool
     """FA4's disk-cache switch is set (by the user, or by `fa4.py` before importing FA4)."""
@@ -102,6 +107,7 @@ def read(env: Mapping[str, str]) -> Switches:
         w4a16_pack=parse_pack(env.get(W4A16_PACK)),
         w4a16_gemv=parse_gemv(env.get(W4A16_GEMV)),
         w4a16_int_gemv=parse_auto_on_off(W4A16_INT_GEMV, env.get(W4A16_INT_GEMV)),
+        int_gemv_prefetch=parse_prefetch(env.get(INT_GEMV_PREFETCH)),
         cute_dsl_arch=env.get(CUTE_DSL_ARCH) or None,
         fa4_cache_enabled_set=FA4_CACHE_ENABLED in env,
         fa4_cache_dir=env.get(FA4_CACHE_DIR) or None,
@@ -135,6 +141,16 @@ def parse_auto_on_off(name: str, value: Optional[str]) -> Optional[bool]:
     if _is_on(v) or _is_off(v):
         return _is_on(v)
     raise ValueError(f"{name} is auto, on or off, not {value!r}")
+
+
+def parse_prefetch(value: Optional[str]) -> int:
+    """FA4_INDUCTOR_INT_GEMV_PREFETCH: 0 (unset) or a window of 3 or more steps (the registers already hold two)."""
+    v = (value or "").strip()
+    if not v:
+        return 0
+    if not v.isdigit() or int(v) in (1, 2):
+        raise ValueError(f"{INT_GEMV_PREFETCH} is 0 or a step count of at least 3, not {value!r}")
+    return int(v)
 
 
 def parse_cta_shape(value: Optional[str]) -> Optional[tuple[int, int, int]]:

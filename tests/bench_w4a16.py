@@ -8,6 +8,7 @@ W4A16 GEMM (kernels/quack_w4a16.py), NVFP4 and int8 weights, x bf16.
     python tests/bench_w4a16.py --m 1 --load bulk --stages 2,3,4,5              # bulk ring depth sweep
     python tests/bench_w4a16.py --m 1,8 --pack off,on --shapes 8192x8192,2048x8192   # NVFP4 plain vs packed layout
     python tests/bench_w4a16.py --m 1,4 --gemv off,on --shapes 8192x8192,512x2048    # tensor-core kernel vs GEMV
+    python tests/bench_w4a16.py --m 1 --gemv int --prefetch 0,4,8 --shapes 8192x8192   # the integer GEMV's L2 prefetch
 
 `--load` (comma list of `w4a16_decode.parse_load` specs; default FA4_INDUCTOR_W4A16_LOAD, else registers)
 times ours once per load path; `--stages` gives each bulk path those ring depths ("bulk:3"; a depth that does
@@ -27,6 +28,7 @@ Targets (H200): 8192x8192 M=1 NVFP4 <= 11 us, int8 <= 18 us; M=16 within 15% of 
 
 import argparse
 import math
+import os
 
 import torch
 import torch.nn.functional as F
@@ -220,6 +222,9 @@ def main():
     p.add_argument("--gemv", default=None, help="comma list of M <= 4 routes: off (tensor-core kernel), on (GEMV), "
                                                  "int (NVFP4 calls on the integer GEMV), int:RxK (its shape), "
                                                  "RxK (the GEMV with R rows a warp, K warps along K)")
+    p.add_argument("--prefetch", default=None, help="comma list of the integer GEMV's L2 prefetch windows "
+                                                     "(FA4_INDUCTOR_INT_GEMV_PREFETCH: 0, or 3 and more steps): each "
+                                                     "a pass over the shapes")
     p.add_argument("--int8-scales", default="float32", choices=("float32", "bfloat16", "float16"),
                    help="the int8 weights' per-channel scale dtype")
     a = p.parse_args()
@@ -234,9 +239,14 @@ def main():
           f"{w4.bulk_stages(16, w4.NARROW)})")
     packs = [{"off": False, "on": True, "tiles": "tiles"}[v.strip()] for v in a.pack.split(",")] if a.pack else [None]
     gemvs = [parse_gemv(v) for v in a.gemv.split(",")] if a.gemv else [None]
-    for shape in a.shapes.split(","):
-        n, k = map(int, shape.split("x"))
-        bench_shape(n, k, ms, splits, loads, ctas, getattr(torch, a.int8_scales), packs, gemvs)
+    for prefetch in a.prefetch.split(",") if a.prefetch else [None]:
+        if prefetch is not None:
+            os.environ[switches.INT_GEMV_PREFETCH] = prefetch
+            switches.reset()
+            print(f"## {switches.INT_GEMV_PREFETCH}={prefetch}")
+        for shape in a.shapes.split(","):
+            n, k = map(int, shape.split("x"))
+            bench_shape(n, k, ms, splits, loads, ctas, getattr(torch, a.int8_scales), packs, gemvs)
 
 
 if __name__ == "__main__":

@@ -499,6 +499,24 @@ def test_int_gemv_forced_shapes(shape):
         int_gemv_case(333, 4160, torch.float16, seed=8, shape=shape, m=4)
 
 
+@pytest.mark.parametrize("prefetch", [3, 4, 8])
+@pytest.mark.parametrize("m, n, k, shape", [(1, 257, 1024, (4, 1)), (1, 257, 5152, (4, 1)), (1, 333, 4160, (1, 4)),
+                                            (1, 8192, 8192, None), (2, 1000, 2064, None), (4, 333, 4160, (2, 2)),
+                                            (1, 4099, 1040, (2, 2))])
+def test_int_gemv_prefetch_window(monkeypatch, prefetch, m, n, k, shape):
+    """FA4_INDUCTOR_INT_GEMV_PREFETCH only adds L2 prefetches: the same output, bit for bit, as without it (and
+    within the bounds of `int_gemv_case`)."""
+    from fa4_inductor.kernels import nvfp4_int_gemv as g
+
+    w_fp4, block, global_scale = random_nvfp4(n, k, seed=n + k, device="cuda")
+    x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
+    plain = g.matmul(x, w_fp4, block, global_scale, forced=shape)
+    monkeypatch.setenv("FA4_INDUCTOR_INT_GEMV_PREFETCH", str(prefetch))
+    switches.reset()
+    assert switches.current().int_gemv_prefetch == prefetch
+    assert torch.equal(int_gemv_case(n, k, torch.bfloat16, seed=n + k, shape=shape, x=x), plain)
+
+
 def test_int_gemv_outliers_and_non_finite_x():
     """An outlier (its block's small values round to 2^-15 of it) stays within the bounds; an inf in x makes the
     row NaN (eager gives inf or NaN there)."""

@@ -105,7 +105,8 @@ def test_pieces_bucket_and_limits():
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
 def test_variants_compile(cute_dsl, dtype):
     for key in (g.Key(dtype, 1, ARCH, 4, 1, 256), g.Key(dtype, 1, ARCH, 1, 4, 16, pdl=True),
-                g.Key(dtype, 3, ARCH, 2, 1, 64)):
+                g.Key(dtype, 3, ARCH, 2, 1, 64), g.Key(dtype, 1, ARCH, 4, 1, 256, pdl=True, prefetch=4),
+                g.Key(dtype, 2, ARCH, 2, 2, 64, prefetch=3)):
         assert callable(g.compiled(key)) and g.compiled(key) is g.compiled(key)
 
 
@@ -118,6 +119,11 @@ def test_the_switch():
     assert switches.read({"FA4_INDUCTOR_W4A16_INT_GEMV": "off"}).w4a16_int_gemv is False
     with pytest.raises(ValueError, match="auto, on or off"):
         switches.read({"FA4_INDUCTOR_W4A16_INT_GEMV": "sometimes"})
+    assert switches.read({}).int_gemv_prefetch == 0
+    assert switches.read({"FA4_INDUCTOR_INT_GEMV_PREFETCH": "6"}).int_gemv_prefetch == 6
+    for value in ("2", "-1", "many"):
+        with pytest.raises(ValueError, match="0 or a step count of at least 3"):
+            switches.read({"FA4_INDUCTOR_INT_GEMV_PREFETCH": value})
 
 
 def test_one_row_calls_take_it_where_it_measured_faster():

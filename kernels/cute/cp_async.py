@@ -43,3 +43,19 @@ def prefetch_l2(src, size, *, loc=None, ip=None):
         None, [Int64(src).ir_value(loc=loc, ip=ip), Int32(size).ir_value(loc=loc, ip=ip)],
         "cp.async.bulk.prefetch.L2.global [$0], $1;", "l,r",
         has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip)
+
+
+def prefetch_l2_span(start, nbytes):
+    """L2 prefetch of the `nbytes` (Int64) at global address `start` (Int64), widened to the 16-byte blocks they touch
+    (each such block holds a byte of the span, so it is mapped memory)."""
+    lo = start & Int64(-16)
+    hi = (start + nbytes + 15) & Int64(-16)
+    prefetch_l2(lo, Int32(hi - lo))
+
+
+@dsl_user_op
+def prefetch_line_l2(src, *, loc=None, ip=None):
+    """prefetch.global.L2 of the cache line holding global address `src` (Int64): a per-thread hint, nothing to wait for."""
+    llvm.inline_asm(
+        None, [Int64(src).ir_value(loc=loc, ip=ip)], "prefetch.global.L2 [$0];", "l",
+        has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip)

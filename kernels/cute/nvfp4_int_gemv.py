@@ -29,9 +29,10 @@ from typing import Optional
 
 import cutlass
 import cutlass.cute as cute
-from cutlass import Float32, Int32
+from cutlass import Float32, Int32, const_expr
 from cutlass.cutlass_dsl import T, dsl_user_op
 
+from .cp_async import prefetch_line_l2
 from .decode_attention_int8kv import _max_abs
 from .w4a16_decode_gemm import _asm, _i32, prmt
 from .w4a16_gemv import NUM_WARPS, PIECE_WORDS, W4A16Gemv, as_f32, as_i32, e4m3_pair_f32, halves_f32
@@ -90,17 +91,22 @@ def rounded_bits(x: Float32, multiplier: Float32, *, loc=None, ip=None) -> Int32
 class NVFP4IntGemv(W4A16Gemv):
     """One compiled variant per (x dtype, M rows of x (1..MAX_M), ROWS weight rows a warp, WARPS_K warps along K,
     `max_pieces` (the shared memory the x planes take: 80 bytes a 16-byte weight piece of a row, per row of x), PDL or
-    not, `min_ctas`). `W4A16Gemv`'s work split, first loads and sums (`start`, `load_piece`, `add_up_and_store`); each
-    weight word is decoded once for the M rows of x.
+    not, `min_ctas`, `prefetch`). `W4A16Gemv`'s work split, first loads and sums (`start`, `load_piece`,
+    `add_up_and_store`); each weight word is decoded once for the M rows of x.
+
+    prefetch: 0, or D >= 3: a warp keeps its rows' weight and block-scale bytes of the steps up to D ahead of the one it
+    decodes prefetched into L2 (`prefetch_step`, a line a lane; no registers held): more reads in flight than the two
+    steps the registers hold.
 
     Call: (mX Int32 [M, Kp / 2], mW Int32 [N, Kp / 8], mBlock Int32 [N, Kp / 64], mScale Float32 [1], mOut [M, N],
     stream), as `W4A16Gemv` takes them for NVFP4; Kp / 32 pieces a row, at most `max_pieces`."""
 
     def __init__(self, dtype, m: int, rows: int, warps_k: int, max_pieces: int, pdl: bool = False,
-                 min_ctas: int = 0):
+                 min_ctas: int = 0, prefetch: int = 0):
         super().__init__(dtype, "nvfp4", m, False, rows, warps_k, pdl, min_ctas)
-        assert max_pieces >= 1, max_pieces
+        assert max_pieces >= 1 and (prefetch == 0 or prefetch >= 3) and 5 * rows <= 32, (max_pieces, prefetch, rows)
         self.max_pieces = max_pieces
+        self.prefetch = prefetch
 
     @cute.jit
     def __call__(self, mX: cute.Tensor, mW: cute.Tensor, mBlock: cute.Tensor, mScale: cute.Tensor, mOut: cute.Tensor,
@@ -139,6 +145,10 @@ class NVFP4IntGemv(W4A16Gemv):
         lane, wn, wk, row0, n_rows, pieces, first, stride = self.start(mW, mBlock, rW, rS)
         if first + stride < pieces:
             self.load_piece(mW, mBlock, rW2, rS2, row0, n_rows, first + stride)
+        pf = self.prefetch_lane(mW, mBlock, lane, row0, n_rows)
+        if const_expr(self.prefetch > 0):  # the window's steps past the two the registers load
+            for d in cutlass.range_constexpr(2, self.prefetch):
+                self.prefetch_step(*pf, pieces, first - lane + d * stride)
 
         # ---- x's planes: thread t takes blocks t, t + 128, ... of each row (8 words of x a block) ----
         rX = cute.make_rmem_tensor((2 * PIECE_WORDS,), Int32)
@@ -161,6 +171,9 @@ class NVFP4IntGemv(W4A16Gemv):
         rP = cute.make_rmem_tensor((PLANE_HALF_WORDS, 2, 2, M), Int32)  # (word, half, plane, x row)
         rM = cute.make_rmem_tensor((META_WORDS, M), Int32)
         for p in cutlass.range(first, pieces, 2 * stride, unroll=1):
+            if const_expr(self.prefetch > 0):
+                self.prefetch_step(*pf, pieces, p - lane + self.prefetch * stride)
+                self.prefetch_step(*pf, pieces, p - lane + (self.prefetch + 1) * stride)
             self.x_piece(sPlanes, sMeta, rP, rM, p)
             self.piece(rW, rS, rP, rM, acc, tables)
             if p + 2 * stride < pieces:
@@ -171,6 +184,32 @@ class NVFP4IntGemv(W4A16Gemv):
                 if p + 3 * stride < pieces:
                     self.load_piece(mW, mBlock, rW2, rS2, row0, n_rows, p + 3 * stride)
         self.add_up_and_store(acc, storage.sRed, lane, wn, wk, row0, n_rows, mScale, None, mOut)
+
+    @cute.jit
+    def prefetch_lane(self, mW: cute.Tensor, mBlock: cute.Tensor, lane: Int32, row0: Int32, n_rows: Int32):
+        """The lane's line in each of the warp's steps (`prefetch_step`): (its address at piece 0, its offset in pieces
+        from the step's first piece, bytes a piece, whether it prefetches). A step is 512 bytes of each of the warp's
+        rows (4 lines of 128) and 64 of their block scales: lane 4r + l takes line l of row row0 + r, lane 4 ROWS + r
+        that row's block scales (block-scale word w holds pieces 2w, 2w + 1)."""
+        r = cutlass.min(lane // 4, self.rows - 1)
+        line = lane % 4
+        base = mW.iterator.toint() + cutlass.Int64(row0 + r) * (cutlass.Int64(mW.layout.stride[0]) * 4) \
+            + cutlass.Int64(line * 128)
+        offset = line * 8
+        unit = Int32(16)
+        if lane >= 4 * self.rows:
+            r = cutlass.min(lane - 4 * self.rows, self.rows - 1)
+            base = mBlock.iterator.toint() + cutlass.Int64(row0 + r) * (cutlass.Int64(mBlock.layout.stride[0]) * 4)
+            offset = Int32(0)
+            unit = Int32(2)
+        return base, offset, unit, lane < 5 * self.rows and row0 + r < n_rows
+
+    @cute.jit
+    def prefetch_step(self, base, offset: Int32, unit: Int32, active, pieces: Int32, q: Int32):
+        """L2 prefetch of the lane's line (`prefetch_lane`) of the warp's step starting at piece q (an even piece;
+        lines past the row's end: none)."""
+        if active and q + offset < pieces:
+            prefetch_line_l2(base + cutlass.Int64(q * unit))
 
     @cute.jit
     def x_piece(self, sPlanes: cute.Tensor, sMeta: cute.Tensor, rP: cute.Tensor, rM: cute.Tensor, p: Int32):

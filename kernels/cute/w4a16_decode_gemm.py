@@ -72,7 +72,7 @@ from cutlass._mlir import ir
 from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T, dsl_user_op
 
-from .cp_async import bulk_copy_g2s, cp_async, prefetch_l2
+from .cp_async import bulk_copy_g2s, cp_async, prefetch_l2_span
 
 FORMATS = ("nvfp4", "int8")
 LOADS = ("registers", "bulk")
@@ -581,9 +581,7 @@ class W4A16DecodeGemm:
             r = lane + 32 * i
             if r < self.stage.rows:
                 start = base + cutlass.Int64(cutlass.min(first_row + r, n_rows - 1)) * row_bytes + cutlass.Int64(c) * 4
-                lo = start & cutlass.Int64(-16)
-                hi = (start + cutlass.Int64(n_chunks) * 4 + 15) & cutlass.Int64(-16)
-                prefetch_l2(lo, Int32(hi - lo))
+                prefetch_l2_span(start, cutlass.Int64(n_chunks) * 4)
 
     @cute.jit
     def consume(self, mX: cute.Tensor, mBlock: Optional[cute.Tensor], sPiece: cute.Tensor, sWord: cute.Tensor,
