@@ -9,7 +9,7 @@ Inductor), then
     _int_mm(x_int8 [M, K], permute(w, [1, 0]))                 int32 [M, N]
       -> convert_element_type(., float32) -> mul(., x_scale [M, 1])
          (torch 2.11: mul(., expand(x_scale [M, 1], [M, N])), the float32 scale promoting the product)
-      -> convert_element_type(., x.dtype)
+      -> convert_element_type(., x.dtype)                     (no step for a float32 x)
       [-> reshape] -> mul(., reshape(w_scale, [N]))            float32 (the scale is)
       [-> reshape] [-> add(., bias [N])]
       [-> reshape] -> convert_element_type(., x.dtype)
@@ -70,9 +70,9 @@ def _next(node: Node, replaced: list[Node]) -> Node:
     return user
 
 
-def _skip_reshapes(node: Node, replaced: list[Node], n) -> Node:
-    """The first step after `node` that is not a reshape keeping the N columns last (those join `replaced`)."""
-    node = _next(node, replaced)
+def _past_reshapes(node: Node, replaced: list[Node], n) -> Node:
+    """`node`, or the first step after it that is not a reshape keeping the N columns last (the reshapes join
+    `replaced`)."""
     while _is(node, *RESHAPES):
         if not shape(node) or shape(node)[-1] != n:
             raise Decline(f"the int8 GEMM's output is reshaped to {list(shape(node))}, which moves its {n} columns")
@@ -128,10 +128,14 @@ def match(matmul: Node) -> Match:
                       "activation's scale")
     m.x_scale = x_scale
     node = _next(node, m.replaced)
-    if not (_is(node, CONVERT) and node.args[1] in FLOATS):
+    if _is(node, CONVERT) and node.args[1] in FLOATS:
+        m.out_dtype = node.args[1]
+        node = _past_reshapes(_next(node, m.replaced), m.replaced, n)
+    elif _dtype(m.replaced[-1]) == torch.float32 and _is(node, aten.mul.Tensor, *RESHAPES):
+        m.out_dtype = torch.float32  # a float32 activation: torchao's cast back to its dtype is no step
+        node = _past_reshapes(node, m.replaced, n)
+    else:
         raise Decline(f"the activation-scaled product goes to {node.target}, not a cast to the output dtype")
-    m.out_dtype = node.args[1]
-    node = _skip_reshapes(node, m.replaced, n)
     w_scale = _other(node, m.replaced[-1]) if _is(node, aten.mul.Tensor) else None
     if not (_per_channel(w_scale, n) and value(w_scale).is_floating_point()):
         raise Decline(f"the scaled product is multiplied by {_describe(w_scale)}, not a per-channel weight scale "

@@ -1,6 +1,8 @@
 """`fa4::int8_int8_linear` (kernels/int8_int8_linear.py) and the int8_int8_linear family, which emits it for
 torchao's `Int8DynamicActivationInt8WeightConfig` on Inductor's aten graphs (lowering/int8_int8_linear.py)."""
 
+import math
+
 import expecttest
 import pytest
 import torch
@@ -118,11 +120,11 @@ def test_unsupported_reason():
 # -------------------------------------------------------------------------------------- the family, compiled
 
 
-def torchao_model(bias, seed=0):
+def torchao_model(bias, seed=0, dtype=torch.bfloat16):
     from torchao.quantization import Int8DynamicActivationInt8WeightConfig, quantize_
 
     torch.manual_seed(seed)
-    model = nn.Sequential(nn.Linear(K, N, bias=bias)).to(torch.bfloat16).requires_grad_(False)
+    model = nn.Sequential(nn.Linear(K, N, bias=bias)).to(dtype).requires_grad_(False)
     quantize_(model, Int8DynamicActivationInt8WeightConfig())
     return model
 
@@ -154,6 +156,24 @@ def test_torchao_int8_dynamic_small_m(x_shape, bias):
     m = 1 if len(x_shape) == 2 and x_shape[0] == 1 else x_shape[0] * (x_shape[1] if len(x_shape) == 3 else 1)
     assert compiled.details == [(True, describe(m, bias))]
     assert compiled.out.shape == expected.shape
+    close_to(compiled.out, expected)
+
+
+@pytest.mark.parametrize("x_shape", [(3, K), (2, 3, K)], ids=str)
+def test_a_float32_model_has_no_cast_back_and_is_rewritten(x_shape):
+    """With a float32 activation torchao's graph has no cast after the activation scale (the product is float32
+    already): the op with out_dtype float32 computes the same chain."""
+    pytest.importorskip("torchao")
+    model = torchao_model(True, dtype=torch.float32)
+    x = torch.randn(x_shape)
+    with torch.no_grad():
+        compiled = Compiled(model, x, backend=BACKEND)
+        expected = model(x)
+    assert OP_CALL in compiled.code
+    assert compiled.details == [(True, f"fa4.int8_int8_linear(x[{math.prod(x_shape[:-1])}x{K}] int8, "
+                                       f"x_scale[{math.prod(x_shape[:-1])}x1] float32, w[{N}x{K}] int8, "
+                                       f"w_scale[{N}] float32, bias[{N}] float32, out_dtype=float32)")]
+    assert compiled.out.shape == expected.shape and compiled.out.dtype == torch.float32
     close_to(compiled.out, expected)
 
 
