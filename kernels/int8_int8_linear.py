@@ -19,7 +19,8 @@ Kernels: the CPU runs exactly that (equal to eager bit for bit). CUDA runs the s
 and lowering then keeps the graph as written. The scaling after the GEMM runs as separate elementwise kernels,
 where Inductor would fuse them. `_int_mm` refuses 16 rows or fewer (every decode step: default torch.compile fails
 there). Such calls with a bfloat16 or float16 output go to `fa4::int8_linear`'s mixed-input kernels (our W4A16
-decode GEMM, quack's; `weight_only_route`): the int8 activation is exact in that dtype and the products sum in
+decode GEMM, quack's; `weight_only_route`; where M is static, lowering writes that in the graph instead, so that
+Inductor fuses the cast and the scaling with their neighbours): the int8 activation is exact in that dtype and the products sum in
 float32, so only the order of the two roundings differs from the reference (out = bf16(bf16(acc * w_scale) *
 x_scale [+ bias]), the last step one kernel; within a bf16 rounding of it). The others are padded with zero rows
 to `PADDED_ROWS` for `_int_mm` and the padding is sliced off (the rows are independent, so the result is

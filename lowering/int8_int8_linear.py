@@ -18,6 +18,12 @@ Inductor), then
 (with a 3-D x the activation is reshaped to [M, K] before the matmul and the result back to [B, S, N]
 between the multiplications, as above; the reshapes move after the op, which computes on [M, N]).
 
+Where the op would run the call on `fa4::int8_linear`'s mixed-input kernel (CUDA, a static M below 17, a bf16 /
+fp16 output: `_scaled_in_graph`), the graph calls that op itself, on the activation cast to the output dtype (exact),
+and scales its result in the graph, so that Inductor fuses the cast and the scaling with their neighbours:
+
+    int8_linear(convert_element_type(x_int8, out_dtype), w, w_scale) * x_scale [+ bias] -> convert(., out_dtype)
+
 Only where default compile cannot run it as well: M above 16 stays as written (Inductor runs `_int_mm`
 there and fuses the scaling into one kernel; the op would run the same GEMM with unfused elementwise kernels
 after it). M of 16 rows or fewer (decode: `_int_mm` refuses it on CUDA and default compile fails) becomes the
@@ -33,8 +39,9 @@ from __future__ import annotations
 import torch
 from torch.fx import Node
 
-from ..kernels import INT8_INT8_LINEAR, int8_int8_linear_unsupported_reason
-from ..kernels.int8_int8_linear import INT_MM_MIN_ROWS
+from ..kernels import INT8_INT8_LINEAR, INT8_LINEAR, int8_int8_linear_unsupported_reason
+from ..kernels import int8_int8_linear as int8_int8_kernels
+from ..kernels.int8_int8_linear import INT_MM_MIN_ROWS, WEIGHT_ONLY_DTYPES
 from ..kernels.layout import dtype_name as _name
 from .family import POST_GRAD, Context, Family
 from .graph_edit import NodeMaker, erase_dead
@@ -46,6 +53,7 @@ aten, prims = torch.ops.aten, torch.ops.prims
 CONVERT = prims.convert_element_type.default
 RESHAPES = (aten.reshape.default, aten.view.default)
 FLOATS = (torch.float16, torch.bfloat16, torch.float32)
+SCALED_IN_GRAPH_DEVICES = ("cuda",)
 
 
 def _weight(matmul: Node) -> Node | None:
@@ -198,6 +206,17 @@ def _check_supported(m: Match) -> None:
         raise Decline(reason)
 
 
+def _scaled_in_graph(m: Match, w_scale: Node) -> bool:
+    """Whether the op would run this call on `fa4::int8_linear`'s mixed-input kernel (a static M below
+    `INT_MM_MIN_ROWS`, a float16 / bfloat16 output, a kernel that takes the shape: `weight_only_route`): then the graph
+    calls that op on the activation cast to the output dtype (exact) and scales its result itself, so that Inductor
+    fuses the cast into the activation's quantization and the scaling into what reads the result."""
+    x, rows = value(m.x_int8), shape(m.x_int8)[0]
+    return (x.device.type in SCALED_IN_GRAPH_DEVICES and isinstance(rows, int) and rows < INT_MM_MIN_ROWS
+            and m.out_dtype in WEIGHT_ONLY_DTYPES
+            and int8_int8_kernels.weight_only_route(x.to(m.out_dtype), value(m.w_int8), value(w_scale)) is not None)
+
+
 def rewrite(matmul: Node, context: Context) -> str:
     m = match(matmul)
     _check_supported(m)
@@ -206,19 +225,34 @@ def rewrite(matmul: Node, context: Context) -> str:
     with graph.inserting_before(m.end):
         make = NodeMaker(graph, m.end, context.fake_mode)
         w_scale = m.w_scale if shape(m.w_scale) == (n,) else make(aten.reshape.default, m.w_scale, [n])
-        out = make(INT8_INT8_LINEAR, m.x_int8, m.x_scale, m.w_int8, w_scale, m.bias, out_dtype=m.out_dtype)
+        in_graph = _scaled_in_graph(m, w_scale)
+        if in_graph:  # out = (int8_linear(x_int8 as out_dtype, w, w_scale) * x_scale [+ bias]) as out_dtype
+            product = make(INT8_LINEAR, make(CONVERT, m.x_int8, m.out_dtype), m.w_int8, w_scale)
+            rows = shape(m.x_int8)[0]
+            x_scale = m.x_scale if shape(m.x_scale) == (rows, 1) else make(aten.reshape.default, m.x_scale, [rows, 1])
+            out = make(aten.mul.Tensor, product, x_scale)
+            if m.bias is not None:
+                out = make(aten.add.Tensor, out, m.bias)
+            out = make(CONVERT, out, m.out_dtype)
+        else:
+            out = make(INT8_INT8_LINEAR, m.x_int8, m.x_scale, m.w_int8, w_scale, m.bias, out_dtype=m.out_dtype)
         if shape(m.end) != shape(out):  # a reshape in the chain moved the result's shape: the last one says to what
             reshape = [node for node in m.replaced if _is(node, *RESHAPES)][-1]
             out = make(aten.reshape.default, out, reshape.args[1])
     m.end.replace_all_uses_with(out)
     erase_dead(graph, [m.end])
-    return _describe_call(m, w_scale)
+    return _describe_call(m, w_scale, in_graph)
 
 
-def _describe_call(m: Match, w_scale: Node) -> str:
+def _describe_call(m: Match, w_scale: Node, in_graph: bool) -> str:
     def tensor(name, node):
         return f"{name}[{'x'.join(str(s) for s in shape(node))}] {_name(_dtype(node))}"
 
+    if in_graph:
+        return (f"fa4.int8_linear({tensor('x', m.x_int8)} as {_name(m.out_dtype)}, {tensor('w', m.w_int8)}, "
+                f"{tensor('w_scale', w_scale)}) * {tensor('x_scale', m.x_scale)}"
+                + (f" + {tensor('bias', m.bias)}" if m.bias is not None else "")
+                + f" as {_name(m.out_dtype)}: the cast and the scaling in the graph, for Inductor to fuse")
     parts = [tensor("x", m.x_int8), tensor("x_scale", m.x_scale), tensor("w", m.w_int8), tensor("w_scale", w_scale)]
     if m.bias is not None:
         parts.append(tensor("bias", m.bias))

@@ -307,6 +307,8 @@ def test_torchao_int8_dynamic_compiled_where_default_compile_fails(m):
         fn = torch.compile(model, backend=fa4_inductor.backend(int8_int8_linear=True), mode="reduce-overhead")
         out = [fn(x) for _ in range(3)][-1]
     assert [r.rewritten for r in records] == [True], list(records)
+    # our W4A16 GEMM takes int8 weights of 512 rows up to 16 rows of x: lowering scales its result in the graph
+    assert records[0].detail.startswith("fa4.int8_linear(x["), records[0].detail
     w = model[0].weight
     reference = (x.double() @ (w.qdata.double() * w.scale.double()).T) + model[0].bias.double()
     # per-token int8 activations: about 1/254 of each row's max, relative

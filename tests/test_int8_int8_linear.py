@@ -2,6 +2,7 @@
 torchao's `Int8DynamicActivationInt8WeightConfig` on Inductor's aten graphs (lowering/int8_int8_linear.py)."""
 
 import math
+from unittest import mock
 
 import expecttest
 import pytest
@@ -261,7 +262,71 @@ def test_torch_2_11s_spelling_is_rewritten(fn):
     torch.testing.assert_close(compiled.out, fn(x, w, xs, ws), rtol=0, atol=0)
 
 
+@pytest.fixture
+def scaled_in_graph_as_on_cuda(monkeypatch):
+    """The family's choice on CUDA where `fa4::int8_linear` has a mixed-input kernel for the call, made on the CPU."""
+    from fa4_inductor.kernels import int8_linear as int8_linear_op
+    from fa4_inductor.lowering import int8_int8_linear as family
+
+    monkeypatch.setattr(family, "SCALED_IN_GRAPH_DEVICES", ("cuda", "cpu"))
+    monkeypatch.setattr(op, "weight_only_route", lambda x, w, s: int8_linear_op.W4A16)
+
+
+@pytest.mark.parametrize("bias", [False, True], ids=["no-bias", "bias"])
+@pytest.mark.parametrize("x_shape", [(1, K), (2, 3, K)], ids=str)
+def test_where_int8_linear_has_a_kernel_the_graph_scales_its_result(scaled_in_graph_as_on_cuda, x_shape, bias):
+    """`fa4::int8_linear` on the activation cast to bf16 (exact), its result scaled in the graph: within the bound of
+    the op's own mixed-input path of the float64 product (`assert_within_int8_int8_bound`)."""
+    pytest.importorskip("torchao")
+    model = torchao_model(bias)
+    x = torch.randn(x_shape, dtype=torch.bfloat16)
+    with torch.no_grad():
+        compiled = Compiled(model, x, backend=BACKEND)
+        expected = model(x)
+    assert "torch.ops.fa4.int8_linear.default(" in compiled.code and OP_CALL not in compiled.code
+    m = math.prod(x_shape[:-1])
+    assert compiled.details == [(True, f"fa4.int8_linear(x[{m}x{K}] int8 as bfloat16, w[{N}x{K}] int8, w_scale[{N}] "
+                                       f"float32) * x_scale[{m}x1] float32" + (f" + bias[{N}] bfloat16" if bias else "")
+                                       + " as bfloat16: the cast and the scaling in the graph, for Inductor to fuse")]
+    assert compiled.out.shape == expected.shape and compiled.out.dtype == torch.bfloat16
+    close_to(compiled.out, expected)
+
+
+def test_a_symbolic_m_keeps_the_op_which_decides_per_call(scaled_in_graph_as_on_cuda):
+    pytest.importorskip("torchao")
+    model = torchao_model(False)
+    with report.collecting() as records, torch.no_grad():
+        torch._dynamo.reset()
+        compiled = torch.compile(model, backend=BACKEND)
+        x = torch.randn(2, 3, K, dtype=torch.bfloat16)
+        torch._dynamo.mark_dynamic(x, 0)
+        close_to(compiled(x), model(x))
+    assert [r.rewritten for r in records] == [True] and records[0].detail.startswith("fa4.int8_int8_linear(x[3*s")
+
+
 class TestRewrittenGraphs(expecttest.TestCase):
+    def test_the_cast_and_the_scaling_in_the_graph(self):
+        pytest.importorskip("torchao")
+        from fa4_inductor.kernels import int8_linear as int8_linear_op
+        from fa4_inductor.lowering import int8_int8_linear as family
+
+        with mock.patch.object(family, "SCALED_IN_GRAPH_DEVICES", ("cuda", "cpu")), \
+                mock.patch.object(op, "weight_only_route", lambda x, w, s: int8_linear_op.W4A16), torch.no_grad():
+            compiled = Compiled(torchao_model(True), torch.randn(2, 3, K, dtype=torch.bfloat16), backend=BACKEND)
+        lines = compiled.graphs[0].splitlines()
+        quantized = next(i for i, line in enumerate(lines) if line.startswith("convert_element_type_4:"))
+        self.assertExpectedInline("\n".join(lines[quantized:]), """\
+convert_element_type_4: torch.int8[2, 3, 64] = prims.convert_element_type(clamp_max, int8)
+view_7: torch.int8[6, 64] = aten.reshape(convert_element_type_4, (-1, 64))
+view_8: f32[6, 1] = aten.reshape(convert_element_type_2, (-1, 1))
+view_9: f32[48] = aten.reshape(arg1_1, (48))
+convert_element_type_default: bf16[6, 64] = prims.convert_element_type(view_7, bfloat16)
+int8_linear_default: bf16[6, 48] = fa4.int8_linear(convert_element_type_default, arg0_1, view_9)
+mul_tensor: f32[6, 48] = aten.mul(int8_linear_default, view_8)
+add_tensor: f32[6, 48] = aten.add(mul_tensor, arg3_1)
+convert_element_type_default_1: bf16[6, 48] = prims.convert_element_type(add_tensor, bfloat16)
+reshape_default: bf16[2, 3, 48] = aten.reshape(convert_element_type_default_1, (2, 3, 48))""")
+
     def test_torchao_x_3d_with_bias(self):
         pytest.importorskip("torchao")
         with torch.no_grad():
