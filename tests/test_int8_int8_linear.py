@@ -1,6 +1,7 @@
 """`fa4::int8_int8_linear` (kernels/int8_int8_linear.py) and the int8_int8_linear family, which emits it for
 torchao's `Int8DynamicActivationInt8WeightConfig` on Inductor's aten graphs (lowering/int8_int8_linear.py)."""
 
+import contextlib
 import math
 from unittest import mock
 
@@ -144,15 +145,19 @@ def close_to(out, expected):
     torch.testing.assert_close(out.float(), expected.float(), atol=2e-2 * expected.abs().max().item(), rtol=2e-2)
 
 
+def compiled_torchao_model(bias, x_shape, dtype=torch.bfloat16):
+    """torchao's module compiled by BACKEND on a fresh random x, and its eager output."""
+    pytest.importorskip("torchao")
+    model = torchao_model(bias, dtype=dtype)
+    x = torch.randn(x_shape, dtype=dtype)
+    with torch.no_grad():
+        return Compiled(model, x, backend=BACKEND), model(x)
+
+
 @pytest.mark.parametrize("bias", [False, pytest.param(True, marks=pytest.mark.slow)], ids=["no-bias", "bias"])
 @pytest.mark.parametrize("x_shape", [(1, K), (16, K), pytest.param((2, 3, K), marks=pytest.mark.slow)], ids=str)
 def test_torchao_int8_dynamic_small_m(x_shape, bias):
-    pytest.importorskip("torchao")
-    model = torchao_model(bias)
-    x = torch.randn(x_shape, dtype=torch.bfloat16)
-    with torch.no_grad():
-        compiled = Compiled(model, x, backend=BACKEND)
-        expected = model(x)
+    compiled, expected = compiled_torchao_model(bias, x_shape)
     assert OP_CALL in compiled.code
     m = 1 if len(x_shape) == 2 and x_shape[0] == 1 else x_shape[0] * (x_shape[1] if len(x_shape) == 3 else 1)
     assert compiled.details == [(True, describe(m, bias))]
@@ -164,12 +169,7 @@ def test_torchao_int8_dynamic_small_m(x_shape, bias):
 def test_a_float32_model_has_no_cast_back_and_is_rewritten(x_shape):
     """With a float32 activation torchao's graph has no cast after the activation scale (the product is float32
     already): the op with out_dtype float32 computes the same chain."""
-    pytest.importorskip("torchao")
-    model = torchao_model(True, dtype=torch.float32)
-    x = torch.randn(x_shape)
-    with torch.no_grad():
-        compiled = Compiled(model, x, backend=BACKEND)
-        expected = model(x)
+    compiled, expected = compiled_torchao_model(True, x_shape, torch.float32)
     assert OP_CALL in compiled.code
     assert compiled.details == [(True, f"fa4.int8_int8_linear(x[{math.prod(x_shape[:-1])}x{K}] int8, "
                                        f"x_scale[{math.prod(x_shape[:-1])}x1] float32, w[{N}x{K}] int8, "
@@ -262,14 +262,21 @@ def test_torch_2_11s_spelling_is_rewritten(fn):
     torch.testing.assert_close(compiled.out, fn(x, w, xs, ws), rtol=0, atol=0)
 
 
-@pytest.fixture
-def scaled_in_graph_as_on_cuda(monkeypatch):
+@contextlib.contextmanager
+def as_on_cuda_with_a_mixed_input_kernel():
     """The family's choice on CUDA where `fa4::int8_linear` has a mixed-input kernel for the call, made on the CPU."""
     from fa4_inductor.kernels import int8_linear as int8_linear_op
     from fa4_inductor.lowering import int8_int8_linear as family
 
-    monkeypatch.setattr(family, "SCALED_IN_GRAPH_DEVICES", ("cuda", "cpu"))
-    monkeypatch.setattr(op, "weight_only_route", lambda x, w, s: int8_linear_op.W4A16)
+    with mock.patch.object(family, "SCALED_IN_GRAPH_DEVICES", ("cuda", "cpu")), \
+            mock.patch.object(op, "weight_only_route", lambda x, w, s: int8_linear_op.W4A16):
+        yield
+
+
+@pytest.fixture
+def scaled_in_graph_as_on_cuda():
+    with as_on_cuda_with_a_mixed_input_kernel():
+        yield
 
 
 @pytest.mark.parametrize("bias", [False, True], ids=["no-bias", "bias"])
@@ -277,12 +284,7 @@ def scaled_in_graph_as_on_cuda(monkeypatch):
 def test_where_int8_linear_has_a_kernel_the_graph_scales_its_result(scaled_in_graph_as_on_cuda, x_shape, bias):
     """`fa4::int8_linear` on the activation cast to bf16 (exact), its result scaled in the graph: within the bound of
     the op's own mixed-input path of the float64 product (`assert_within_int8_int8_bound`)."""
-    pytest.importorskip("torchao")
-    model = torchao_model(bias)
-    x = torch.randn(x_shape, dtype=torch.bfloat16)
-    with torch.no_grad():
-        compiled = Compiled(model, x, backend=BACKEND)
-        expected = model(x)
+    compiled, expected = compiled_torchao_model(bias, x_shape)
     assert "torch.ops.fa4.int8_linear.default(" in compiled.code and OP_CALL not in compiled.code
     m = math.prod(x_shape[:-1])
     assert compiled.details == [(True, f"fa4.int8_linear(x[{m}x{K}] int8 as bfloat16, w[{N}x{K}] int8, w_scale[{N}] "
@@ -305,17 +307,20 @@ def test_a_symbolic_m_keeps_the_op_which_decides_per_call(scaled_in_graph_as_on_
 
 
 class TestRewrittenGraphs(expecttest.TestCase):
-    def test_the_cast_and_the_scaling_in_the_graph(self):
+    @staticmethod
+    def rewritten_3d_with_bias() -> str:
+        """The rewritten graph of torchao's module with a bias on a [2, 3, K] x, from the activation's quantized codes on."""
         pytest.importorskip("torchao")
-        from fa4_inductor.kernels import int8_linear as int8_linear_op
-        from fa4_inductor.lowering import int8_int8_linear as family
-
-        with mock.patch.object(family, "SCALED_IN_GRAPH_DEVICES", ("cuda", "cpu")), \
-                mock.patch.object(op, "weight_only_route", lambda x, w, s: int8_linear_op.W4A16), torch.no_grad():
+        with torch.no_grad():
             compiled = Compiled(torchao_model(True), torch.randn(2, 3, K, dtype=torch.bfloat16), backend=BACKEND)
         lines = compiled.graphs[0].splitlines()
         quantized = next(i for i, line in enumerate(lines) if line.startswith("convert_element_type_4:"))
-        self.assertExpectedInline("\n".join(lines[quantized:]), """\
+        return "\n".join(lines[quantized:])
+
+    def test_the_cast_and_the_scaling_in_the_graph(self):
+        with as_on_cuda_with_a_mixed_input_kernel():
+            graph = self.rewritten_3d_with_bias()
+        self.assertExpectedInline(graph, """\
 convert_element_type_4: torch.int8[2, 3, 64] = prims.convert_element_type(clamp_max, int8)
 view_7: torch.int8[6, 64] = aten.reshape(convert_element_type_4, (-1, 64))
 view_8: f32[6, 1] = aten.reshape(convert_element_type_2, (-1, 1))
@@ -328,12 +333,7 @@ convert_element_type_default_1: bf16[6, 48] = prims.convert_element_type(add_ten
 reshape_default: bf16[2, 3, 48] = aten.reshape(convert_element_type_default_1, (2, 3, 48))""")
 
     def test_torchao_x_3d_with_bias(self):
-        pytest.importorskip("torchao")
-        with torch.no_grad():
-            compiled = Compiled(torchao_model(True), torch.randn(2, 3, K, dtype=torch.bfloat16), backend=BACKEND)
-        lines = compiled.graphs[0].splitlines()
-        quantized = next(i for i, line in enumerate(lines) if line.startswith("convert_element_type_4:"))
-        self.assertExpectedInline("\n".join(lines[quantized:]), """\
+        self.assertExpectedInline(self.rewritten_3d_with_bias(), """\
 convert_element_type_4: torch.int8[2, 3, 64] = prims.convert_element_type(clamp_max, int8)
 view_7: torch.int8[6, 64] = aten.reshape(convert_element_type_4, (-1, 64))
 view_8: f32[6, 1] = aten.reshape(convert_element_type_2, (-1, 1))
