@@ -46,7 +46,8 @@ class Spelling:
         return spelled and "out" not in node.kwargs and all(node.kwargs.get(k, v) == v for k, v in self.neutral)
 
 
-SDPA = Spelling((F.scaled_dot_product_attention,))
+SDPA = Spelling((F.scaled_dot_product_attention, torch.ops.aten.scaled_dot_product_attention.default))
+"""The aten overload is what a graph exported by `torch.export` calls (then compiled: `program.module()`)."""
 MATMUL = Spelling((torch.matmul, operator.matmul, torch.bmm), ("matmul", "bmm", "__matmul__"))
 LINEAR = Spelling((F.linear, torch.nn.functional.linear), ("linear",))
 SOFTMAX = Spelling((F.softmax, torch.softmax, torch.Tensor.softmax), ("softmax",))
