@@ -24,7 +24,6 @@ ours.
 from __future__ import annotations
 
 import functools
-import statistics
 import sys
 from dataclasses import dataclass
 from typing import Callable
@@ -244,14 +243,9 @@ def _alternating_times_us(what: str, columns: dict, x, device, rounds: int = TIM
     """Median microseconds of each column over `rounds` rounds that time every column once, in alternating order
     (`timing.alternating`): the columns that run the same program (default compile and ours above 16 int8 x int8
     rows) measured 10.8 against 15.0 us when timed one after the other (session 17). A column that fails is not
-    timed again."""
-    times: dict[str, list] = {name: [] for name in columns}
-    for name in timing.alternating(list(columns), rounds):
-        if times[name] and isinstance(times[name][0], str):
-            continue
-        times[name].append(_time_us(f"{what} {name}", columns[name], x, device))
-    return {name: values[0] if isinstance(values[0], str) else statistics.median(values)
-            for name, values in times.items()}
+    timed again (`timing.interleaved_median`)."""
+    return timing.interleaved_median(lambda name: _time_us(f"{what} {name}", columns[name], x, device), list(columns),
+                                     rounds)
 
 
 def gemm_table(fmt: Format, device="cuda", dtype=torch.bfloat16, models=tuple(SHAPES), rows=ROWS) -> Table:

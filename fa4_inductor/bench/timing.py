@@ -78,15 +78,24 @@ def alternating(names, rounds: int):
         yield from (names if round_index % 2 == 0 else reversed(names))
 
 
+def interleaved_median(measure: Callable[[str], float | str], names: list[str], rounds: int) -> dict:
+    """The median of measure(name) for each of `names` over `rounds` rounds that measure each once, the order
+    reversed every other round (`alternating`): a drift of the machine over the rounds (clocks, a busy compile pool)
+    falls on every name alike, where measuring one after the other would hand it to whichever ran during it. A
+    measurement that returns a string (a failure) is that name's result, and it is not measured again."""
+    times: dict[str, list] = {name: [] for name in names}
+    for name in alternating(list(names), rounds):
+        if times[name] and isinstance(times[name][0], str):
+            continue
+        times[name].append(measure(name))
+    return {name: values[0] if isinstance(values[0], str) else statistics.median(values)
+            for name, values in times.items()}
+
+
 def interleaved_median_ms(fns: dict[str, Callable[[], object]], rounds: int) -> dict[str, float]:
-    """Median wall-clock milliseconds of each of `fns` over `rounds` rounds that call each once (`wall_ms`), the
-    order reversed every other round: a drift of the machine over the rounds (clocks, a busy compile pool) falls on
-    every function alike, where timing one after the other would hand it to whichever ran during it."""
-    times: dict[str, list[float]] = {name: [] for name in fns}
+    """Median wall-clock milliseconds of each of `fns` (`wall_ms`) in alternating rounds (`interleaved_median`)."""
     with gc_frozen():
-        for name in alternating(list(fns), rounds):
-            times[name].append(wall_ms(fns[name]))
-    return {name: statistics.median(values) for name, values in times.items()}
+        return interleaved_median(lambda name: wall_ms(fns[name]), list(fns), rounds)
 
 
 def per_step_ms(step: Callable[[int], object], steps: int, warm: int = 3) -> float:
