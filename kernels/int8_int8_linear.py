@@ -95,6 +95,12 @@ def int8_int8_linear(x_int8: Tensor, x_scale: Tensor, w_int8: Tensor, w_scale: T
     return _scale_and_bias(torch._int_mm(x_int8, w_int8.t()), x_scale, w_scale, bias, out_dtype)
 
 
+def casts_to_weight_only(m, out_dtype: torch.dtype) -> bool:
+    """Whether a CUDA call of m rows with this output dtype is one for `weight_only_route`: too few rows for
+    `_int_mm`, and an output dtype that holds the int8 activation exactly."""
+    return m < INT_MM_MIN_ROWS and out_dtype in WEIGHT_ONLY_DTYPES
+
+
 def weight_only_route(x: Tensor, w_int8: Tensor, w_scale: Tensor) -> Optional[int8_linear.Route]:
     """The mixed-input kernel of `fa4::int8_linear` that would take x [M, K] (the int8 activation in the output's
     dtype) over w_int8 with its per-channel scale, or None where only its dequantizing route would."""
@@ -108,7 +114,7 @@ def int8_int8_linear_cuda(x_int8: Tensor, x_scale: Tensor, w_int8: Tensor, w_sca
     cuBLAS."""
     _check_inputs(x_int8, x_scale, w_int8, w_scale, bias, out_dtype)
     m = x_int8.shape[0]
-    if m < INT_MM_MIN_ROWS and out_dtype in WEIGHT_ONLY_DTYPES:
+    if casts_to_weight_only(m, out_dtype):
         x = x_int8.to(out_dtype)
         route = weight_only_route(x, w_int8, w_scale)
         if route is not None:  # x's scale (and the bias) in float32, rounded once into the output: one kernel

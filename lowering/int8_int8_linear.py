@@ -41,7 +41,7 @@ from torch.fx import Node
 
 from ..kernels import INT8_INT8_LINEAR, INT8_LINEAR, int8_int8_linear_unsupported_reason
 from ..kernels import int8_int8_linear as int8_int8_kernels
-from ..kernels.int8_int8_linear import INT_MM_MIN_ROWS, WEIGHT_ONLY_DTYPES
+from ..kernels.int8_int8_linear import INT_MM_MIN_ROWS
 from ..kernels.layout import dtype_name as _name
 from .family import POST_GRAD, Context, Family
 from .graph_edit import NodeMaker, erase_dead
@@ -212,8 +212,8 @@ def _scaled_in_graph(m: Match, w_scale: Node) -> bool:
     calls that op on the activation cast to the output dtype (exact) and scales its result itself, so that Inductor
     fuses the cast into the activation's quantization and the scaling into what reads the result."""
     x, rows = value(m.x_int8), shape(m.x_int8)[0]
-    return (x.device.type in SCALED_IN_GRAPH_DEVICES and isinstance(rows, int) and rows < INT_MM_MIN_ROWS
-            and m.out_dtype in WEIGHT_ONLY_DTYPES
+    return (x.device.type in SCALED_IN_GRAPH_DEVICES and isinstance(rows, int)
+            and int8_int8_kernels.casts_to_weight_only(rows, m.out_dtype)
             and int8_int8_kernels.weight_only_route(x.to(m.out_dtype), value(m.w_int8), value(w_scale)) is not None)
 
 

@@ -145,8 +145,8 @@ class NVFP4IntGemv(W4A16Gemv):
         lane, wn, wk, row0, n_rows, pieces, first, stride = self.start(mW, mBlock, rW, rS)
         if first + stride < pieces:
             self.load_piece(mW, mBlock, rW2, rS2, row0, n_rows, first + stride)
-        pf = self.prefetch_lane(mW, mBlock, lane, row0, n_rows)
         if const_expr(self.prefetch > 0):  # the window's steps past the two the registers load
+            pf = self.prefetch_lane(mW, mBlock, lane, row0, n_rows)
             for d in cutlass.range_constexpr(2, self.prefetch):
                 self.prefetch_step(*pf, pieces, first - lane + d * stride)
 
