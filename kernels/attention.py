@@ -9,7 +9,9 @@ of [B, S, H, D]). `Hq % Hkv == 0` is grouped-query attention: query head h reads
 `softcap * tanh(s / softcap)` to the scaled scores; the masks follow FlashAttention's bottom-right
 alignment (see `reference.py`); `seqused_k` [B] int32 (or int64) gives per-sequence used key lengths,
 each in 0..Sk (checked on the CPU; on CUDA a check would cost a host sync, and values outside are undefined);
-`key_mask` [B, Sk] bool hides the keys where it is False (a padding mask, any pattern).
+`key_mask` [B, Sk] bool hides the keys where it is False (a padding mask, any pattern); a [B, Sq, Sk] one hides
+key j from query row i where key_mask[b, i, j] is False (a boolean mask per query row, HF's prefill mask
+built outside the forward).
 Inputs the kernels cannot take are errors, never reinterpreted: dtypes other than float16, bfloat16,
 float32, float64; head dims outside 8..256 or not a multiple of 8; scale <= 0; softcap < 0; windows < -1.
 
@@ -135,7 +137,11 @@ def _check_inputs(q: Tensor, k: Tensor, v: Tensor, seqused_k: Optional[Tensor], 
     if key_mask is not None:
         if key_mask.dtype != torch.bool:
             raise ValueError(f"fa4::attention wants a bool key_mask, got {key_mask.dtype}")
-        torch._check(key_mask.shape == (q.shape[0], k.shape[2]), lambda: "key_mask must have shape [B, Sk]")
+        if key_mask.dim() == 3:
+            torch._check(key_mask.shape == (q.shape[0], q.shape[2], k.shape[2]),
+                         lambda: "a 3-D key_mask must have shape [B, Sq, Sk]")
+        else:
+            torch._check(key_mask.shape == (q.shape[0], k.shape[2]), lambda: "key_mask must have shape [B, Sk]")
 
 
 def _check_flags(flags: Flags) -> None:
@@ -221,6 +227,9 @@ class KeyMaskForm(NamedTuple):
     seqused_k: Optional[Tensor]
     key_mask: Optional[Tensor]
     padded: Optional[tuple[str, Tensor]] = None
+    causal_keys: Optional[int] = None
+    """With `padded`: a [B, Sq, Sk] mask that is a causal self-attention over the first Sq keys (Sq == this),
+    left-padded, hiding the rest (HF's prefill over an empty static cache): run on k, v[:, :, :Sq], causal."""
 
 
 RIGHT_PADDING_ON_FA4 = True
@@ -263,6 +272,9 @@ def key_mask_form(q: Tensor, k: Tensor, seqused_k: Optional[Tensor], key_mask: O
         return KeyMaskForm(None, None, ("left", key_mask.shape[1] - _lengths(key_mask)))
     if kind == "right padding, causal":
         return KeyMaskForm(None, None, ("right", _lengths(key_mask)))
+    if kind == "causal prefix, left padding":
+        sq = key_mask.shape[1]
+        return KeyMaskForm(None, None, ("left", sq - _lengths(key_mask[:, -1, :sq])), causal_keys=sq)
     return KeyMaskForm(seqused_k, key_mask)
 
 
@@ -273,7 +285,9 @@ def _lengths(key_mask: Tensor) -> Tensor:
 
 def _mask_kind(q, k, seqused_k, key_mask, flags) -> str:
     """Which `key_mask_form` a mask has ("hides nothing", "right padding", "left padding", "right padding,
-    causal" or "kept"), read on the host."""
+    causal", "causal prefix, left padding" or "kept"), read on the host."""
+    if key_mask.dim() == 3:
+        return _per_query_mask_kind(q, k, seqused_k, key_mask, flags)
     lengths = _lengths(key_mask)
     positions = torch.arange(key_mask.shape[1], device=key_mask.device)
     unused = positions >= seqused_k[:, None] if seqused_k is not None else torch.zeros_like(key_mask)
@@ -297,17 +311,36 @@ def _mask_kind(q, k, seqused_k, key_mask, flags) -> str:
     return "kept"
 
 
+def _per_query_mask_kind(q, k, seqused_k, key_mask, flags) -> str:
+    """"causal prefix, left padding" when a [B, Sq, Sk] mask (on a call with no band or seqused_k) hides every key
+    from Sq on and its first Sq columns are `tril & its last row`, that row left padding: a causal self-attention
+    over the first Sq keys with left padding, which FA4 runs as varlen segments; else "kept"."""
+    sq, sk = key_mask.shape[1:]
+    if seqused_k is not None or Flags(**flags).banded or sq > sk:
+        return "kept"
+    head, last = key_mask[:, :, :sq], key_mask[:, -1:, :sq]
+    causal = torch.ones(sq, sq, dtype=torch.bool, device=key_mask.device).tril()
+    positions = torch.arange(sq, device=key_mask.device)
+    left_padding = last[:, 0] == (positions >= sq - _lengths(last[:, 0])[:, None])
+    hides_rest, causal_prefix, left = torch.stack(
+        [~key_mask[:, :, sq:].any(), (head == (causal & last)).all(), left_padding.all()]).tolist()
+    return "causal prefix, left padding" if hides_rest and causal_prefix and left else "kept"
+
+
 def _version(t: Tensor) -> Optional[int]:
     """t's in-place update counter; None for an inference tensor, which has none (the op's key masks are
     fresh graph intermediates, so identity alone already tells them apart)."""
     return None if t.is_inference() else t._version
 
 
-def _reads_mask_form(q: Tensor, k: Tensor, flags: dict) -> bool:
+def _reads_mask_form(q: Tensor, k: Tensor, key_mask: Tensor, flags: dict) -> bool:
     """Whether a key-mask call is worth `key_mask_form`'s host read: not for a small attention, which the
     SDPA fallback runs with the mask about as fast as FA4 would without it (`crossover.py`), while the read's
-    sync would stall a host-bound graph (a small model's padded batch ran 0.55-0.63x default compile)."""
+    sync would stall a host-bound graph (a small model's padded batch ran 0.55-0.63x default compile). A mask per
+    query row is sized as the causal attention over Sq keys it may become."""
     b, h, sq, d = q.shape
+    if key_mask.dim() == 3:
+        return not crossover.small(b, h, sq, sq, d, True)
     return not crossover.small(b, h, sq, k.shape[2], d, flags["causal"])
 
 
@@ -315,9 +348,14 @@ def _attention_cuda(q, k, v, seqused_k=None, key_mask=None, **flags):
     flags = _complete(flags)
     route = _route(q, k, v, seqused_k, key_mask, flags)
     # A mask FA4 may take after all:
-    if key_mask is not None and route.name in ("sdpa", "reference") and _reads_mask_form(q, k, flags):
+    if key_mask is not None and route.name in ("sdpa", "reference") and _reads_mask_form(q, k, key_mask, flags):
         form = key_mask_form(q, k, seqused_k, key_mask, flags)
-        if form.key_mask is None:
+        if form.causal_keys is not None:
+            prefix = [t[:, :, :form.causal_keys] for t in (k, v)]
+            causal = {**flags, "causal": True}
+            if _route(q, *prefix, None, None, causal) is routes.FA4:
+                return fa4.forward_padded(q, *prefix, *form.padded, **causal)
+        elif form.key_mask is None:
             without_mask = _route(q, k, v, form.seqused_k, None, flags)
             if form.padded is None:
                 seqused_k, key_mask, route = form.seqused_k, None, without_mask
@@ -357,7 +395,9 @@ def attention_backward(
 def _attention_backward_cuda(grad_out, q, k, v, out, lse, grad_lse=None, seqused_k=None, key_mask=None, **flags):
     _check_inputs(q, k, v, seqused_k, key_mask)
     flags = _complete(flags)
-    form = (key_mask_form(q, k, seqused_k, key_mask, flags) if _reads_mask_form(q, k, flags)
+    # A mask per query row keeps its mask here: FA4's backward over the prefix would need dk, dv padded back.
+    form = (key_mask_form(q, k, seqused_k, key_mask, flags)
+            if key_mask is not None and key_mask.dim() == 2 and _reads_mask_form(q, k, key_mask, flags)
             else KeyMaskForm(seqused_k, key_mask))
     if form.padded is not None and _backward_route(q, k, v, None, None, flags) is routes.FA4:
         return fa4.backward_padded(grad_out, q, k, v, out, lse, grad_lse, *form.padded, **flags)

@@ -112,6 +112,8 @@ def unsupported_reason(q: Tensor, k: Tensor, v: Tensor, *, seqused_k: Optional[T
         return "seqused_k must be a 1-D tensor on q's device"
     if key_mask is not None and (key_mask.device != q.device or key_mask.dtype != torch.bool):
         return "key_mask must be a bool tensor on q's device"
+    if key_mask is not None and key_mask.dim() != 2:
+        return "the decode kernel takes a [B, Sk] key mask, not one per query row"
     return None
 
 

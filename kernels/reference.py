@@ -6,7 +6,8 @@ GQA is computed by grouping query heads (`h // group` uses K/V head `h`), never 
 Masking convention (FlashAttention's): with `offset = seqlen_k - seqlen_q` (per batch when
 `seqused_k` gives the used cache lengths), query row i of sequence b may see key j when
     j < seqlen_k,
-    key_mask[b, j]                       if a key mask is given (a padding mask),
+    key_mask[b, j]                       if a [B, Sk] key mask is given (a padding mask),
+    key_mask[b, i, j]                    if a [B, Sq, Sk] one is (a boolean mask per query row),
     j <= i + offset                      if causal,
     j >= i + offset - window_left        if window_left >= 0,
     j <= i + offset + window_right       if window_right >= 0.
@@ -38,7 +39,8 @@ def allowed_keys(
     device: torch.device,
     key_mask: torch.Tensor | None = None,
 ) -> torch.Tensor | None:
-    """Boolean [B or 1, 1, 1, Sq, Sk] mask of visible keys, or None when every key is visible."""
+    """Boolean [B or 1, 1, 1, Sq, Sk] mask of visible keys, or None when every key is visible. `key_mask`:
+    [B, Sk] or [B, Sq, Sk]."""
     if not causal and window_left < 0 and window_right < 0 and seqused_k is None and key_mask is None:
         return None
     i = torch.arange(seqlen_q, device=device).view(1, 1, 1, -1, 1)
@@ -56,7 +58,8 @@ def allowed_keys(
     if window_right >= 0:
         keep = keep & (j <= diagonal + window_right)
     if key_mask is not None:
-        keep = keep & key_mask.to(device=device, dtype=torch.bool).view(-1, 1, 1, 1, seqlen_k)
+        rows = key_mask[:, None, None] if key_mask.dim() == 3 else key_mask[:, None, None, None]
+        keep = keep & rows.to(device=device, dtype=torch.bool)
     return keep
 
 

@@ -340,7 +340,8 @@ def _describe_call(call: AttentionCall, kwargs: dict) -> str:
                                                                           ", seqused_k=padding mask sum")
     used += ", padding mask checked to hide none of its keys" if call.covering_mask is not None else ""
     if call.key_mask is not None:
-        used += ", key_mask=padding mask" + (", rows that see no key: mean of V" if call.blind_rows == "mean" else "")
+        used += ", key_mask=" + ("mask per query row" if call.key_mask.per_query else "padding mask")
+        used += ", rows that see no key: mean of V" if call.blind_rows == "mean" else ""
     if call.int8 is not None:
         keys = call.int8[0].keys
         sliced = "" if keys is None else f"[:, :, {'' if keys.start is None else keys.start}:{keys.stop}]"
@@ -364,6 +365,11 @@ def _encode_padding(call: AttentionCall, options) -> None:
         raise Decline("a run-time key-padding mask, and the padding option is off")
     if len(shape(call.q)) != 4:
         raise Decline("a run-time key-padding mask on 3-D (bmm) attention, whose batch mixes sequences and heads")
+    if call.padding.per_query:
+        mask, q, k = shape(call.padding.node), shape(call.q), shape(call.k)
+        if not (_equal(mask[2], q[-2]) and _equal(mask[3], k[-2]) and (_equal(mask[0], q[0]) or _equal(mask[0], 1))):
+            raise Decline(f"a boolean mask input of shape {list(mask)} for {q[-2]} queries over {k[-2]} keys "
+                          "(its rows or columns broadcast)")
     if options.checked_padding and not call.padding.plane:  # a 4-D mask input has no checked form
         banded = call.seqused_k is not None or any(f in call.flags for f in ("causal", "window_left", "window_right"))
         if banded:

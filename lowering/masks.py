@@ -24,7 +24,8 @@ Two kinds of run-time data are followed exactly, and become `fa4::attention` inp
     key masks  `m[arange(B)[:, None, None, None], kv_positions]` or `m[:, None, None, :]` of a [B, L]
                tensor m (an `attention_mask`), or a boolean [B, 1, 1, Sk] graph input (HF `generate`
                hands decode steps one): visible keys per sequence (`Band.keys`, `KeyMask`; padding.py):
-               the op's key_mask
+               the op's key_mask; a boolean [B, 1, Sq, Sk] graph input (HF's static-cache prefill mask):
+               visible keys per query row, the op's [B, Sq, Sk] key_mask
 
 The use site turns the value into the set of visible keys (`keep_band`):
 
@@ -82,11 +83,14 @@ class KeyMask:
     """A [B, L] run-time tensor of visible key positions (an `attention_mask`): key slot j is visible in
     sequence b when node[b, start + j] != 0; `start` is a key offset (HF's sliding-window cache: an int, or a
     SymInt under dynamic shapes) or None.
-    `plane`: node is a boolean [B, 1, 1, L] graph input, read as node[:, 0, 0, :]."""
+    `plane`: node is a boolean [B, 1, 1, L] graph input, read as node[:, 0, 0, :]; with `per_query`, a boolean
+    [B, 1, Sq, Sk] one (HF's prefill mask built outside the forward), read as node[:, 0]: key j visible to query
+    row i of sequence b when node[b, 0, i, j]."""
 
     node: Node
     start: Node | int | None = None
     plane: bool = False
+    per_query: bool = False
 
 
 @dataclass(frozen=True)
@@ -409,11 +413,11 @@ def evaluate(node, constants: dict) -> TwoValued:
         if node in constants:
             return _band_of_values(constants[node][1])
         v = value(node)
-        if isinstance(v, torch.Tensor) and v.dtype == torch.bool and v.dim() == 4 and \
-                same_size(v.shape[1], 1) and same_size(v.shape[2], 1):
-            return TwoValued(Band(keys=KeyMask(node, plane=True)), True, False)
+        if isinstance(v, torch.Tensor) and v.dtype == torch.bool and v.dim() == 4 and same_size(v.shape[1], 1):
+            keys = KeyMask(node, plane=True, per_query=not same_size(v.shape[2], 1))
+            return TwoValued(Band(keys=keys), True, False)
         raise MaskNotUnderstood(f"the mask is the graph input {node.name}; its values are unknown when compiling "
-                                "(only a boolean [B, 1, 1, Sk] input is read, as a key mask)")
+                                "(only a boolean [B, 1, Sq or 1, Sk] input is read, as a key mask)")
     if ONES(node):
         return _coerce(node, _uniform(1))
     if ZEROS(node):

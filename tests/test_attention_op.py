@@ -291,7 +291,7 @@ def test_key_masks_that_fa4_can_take_after_all(flags, seqused, mask_kind, expect
             "holes": torch.tensor([[1, 0, 1, 1, 1], [1, 1, 1, 1, 1]], dtype=torch.bool)}[mask_kind]
     used = None if seqused is None else torch.tensor(seqused, dtype=torch.int32)
     q, k, v = qkv(b=2, sq=5, sk=5, dtype=torch.float64)
-    new_used, new_mask, padded = attention_op.key_mask_form(q, k, used, mask, full)
+    new_used, new_mask, padded = attention_op.key_mask_form(q, k, used, mask, full)[:3]
     side, positions = padded or (None, None)
     assert {"dropped": lambda: new_mask is None and new_used is used and padded is None,
             "seqused_k": lambda: new_mask is None and new_used is not None and new_used.tolist() == lengths.tolist(),
@@ -424,6 +424,105 @@ def test_sdpa_fallback_backward_matches_the_reference(flags):
         torch.testing.assert_close(g, e)
 
 
+def static_prefill_mask(lengths, sq, sk):
+    """HF's prefill mask over an empty static cache of sk slots, left-padded: query i sees the visible keys j <= i
+    (sequence b's last lengths[b] tokens), slots from sq on are empty."""
+    j = torch.arange(sk)
+    causal = j[None, :] <= torch.arange(sq)[:, None]
+    visible = (j[None, :] >= sq - lengths[:, None]) & (j[None, :] < sq)
+    return causal[None] & visible[:, None, :]
+
+
+def random_per_query_mask(b, sq, sk):
+    mask = torch.rand(b, sq, sk) > 0.4
+    mask[0, 1] = False  # a row that sees no key
+    return mask
+
+
+@pytest.mark.parametrize("flags", [dict(), dict(causal=True), dict(softcap=2.0)], ids=str)
+def test_per_query_key_mask_matches_float64(flags):
+    """A [B, Sq, Sk] key mask hides key j from query row i of sequence b where it is False, on top of the flags."""
+    q, k, v = qkv(b=3, hq=8, hkv=2, sq=5, sk=9, dtype=torch.float32)
+    key_mask = random_per_query_mask(3, 5, 9)
+    out, lse = ATTENTION(q, k, v, None, key_mask, scale=0.3, **flags)
+    i, j = torch.arange(5)[:, None], torch.arange(9)[None, :]
+    keep = key_mask[:, None] & (j <= i + 4 if flags.get("causal") else True)  # bottom-right diagonal
+    expected = masked_sdpa_with_keep(q.double(), k.double(), v.double(), 0.3, keep, flags.get("softcap", 0.0))
+    blind = ~keep.any(-1)
+    expected = expected.masked_fill(blind[..., None], 0.0)
+    torch.testing.assert_close(out.double(), expected, atol=2e-6, rtol=2e-6)
+    assert blind.any() and torch.equal(lse.isinf(), blind.expand_as(lse))
+
+
+def test_per_query_key_mask_opcheck_gradcheck_and_shape():
+    q, k, v = qkv(b=2, sq=4, sk=6, d=8, dtype=torch.float64, requires_grad=True)
+    key_mask = random_per_query_mask(2, 4, 6)
+    torch.library.opcheck(ATTENTION, (q, k, v, None, key_mask), dict(scale=0.3))
+    plain = [t.detach() for t in (q, k, v)]
+    out, lse = ATTENTION(*plain, None, key_mask, scale=0.3)
+    torch.library.opcheck(BACKWARD, (torch.randn_like(out), *plain, out, lse, None, None, key_mask), dict(scale=0.3))
+    torch.autograd.gradcheck(lambda q, k, v: ATTENTION(q, k, v, None, key_mask, scale=0.3)[0], (q, k, v))
+    with pytest.raises(RuntimeError, match=r"a 3-D key_mask must have shape \[B, Sq, Sk\]"):
+        ATTENTION(*plain, None, key_mask[:, :3], scale=0.3)
+
+
+def test_sdpa_fallback_backward_takes_a_per_query_mask():
+    from fa4_inductor.kernels import sdpa_fallback
+
+    full = dict(scale=0.3, causal=False, window_left=-1, window_right=-1, softcap=0.0)
+    q, k, v = qkv(b=2, hq=4, hkv=2, sq=5, sk=8, d=8, dtype=torch.float64)
+    mask = random_per_query_mask(2, 5, 8)
+    out, lse = ATTENTION(q, k, v, None, mask, **full)
+    grad = torch.randn_like(out)
+    got = sdpa_fallback.backward_by_recomputation(grad, q, k, v, None, mask, **full)
+    expected = reference.attention_backward(grad, q, k, v, out, lse, None, seqused_k=None, key_mask=mask, **full)
+    for g, e in zip(got, expected):
+        torch.testing.assert_close(g, e)
+
+
+PER_QUERY_MASKS = {
+    # name: (mask of 2 sequences, 5 queries, 8 slots; flags; the form it should read as)
+    "static prefill, left-padded": (lambda: static_prefill_mask(torch.tensor([5, 2]), 5, 8), {}, "prefix"),
+    "static prefill, unpadded": (lambda: static_prefill_mask(torch.tensor([5, 5]), 5, 8), {}, "prefix"),
+    "static prefill, all padding": (lambda: static_prefill_mask(torch.tensor([5, 0]), 5, 8), {}, "prefix"),
+    "a flag on top": (lambda: static_prefill_mask(torch.tensor([5, 2]), 5, 8), dict(causal=True), "kept"),
+    "right-padded": (lambda: static_prefill_mask(torch.tensor([5, 5]), 5, 8)
+                     & (torch.arange(8) < torch.tensor([5, 3])[:, None])[:, None, :], {}, "kept"),
+    "after a cached prefix": (lambda: torch.ones(2, 5, 8, dtype=torch.bool).tril(3), {}, "kept"),
+    "a hole": (lambda: static_prefill_mask(torch.tensor([5, 2]), 5, 8).index_put_((torch.tensor(0), torch.tensor(4),
+                                                                                   torch.tensor(2)),
+                                                                                  torch.tensor(False)), {}, "kept"),
+    "HF's unmasked blind rows": (lambda: static_prefill_mask(torch.tensor([5, 2]), 5, 8)
+                                 | (torch.arange(5)[:, None] < torch.tensor([0, 3])[:, None, None]), {}, "kept"),
+}
+
+
+@pytest.mark.parametrize("name", PER_QUERY_MASKS)
+def test_per_query_masks_that_fa4_can_take(name, monkeypatch):
+    """`key_mask_form` reads a [B, Sq, Sk] mask: the static-cache prefill's becomes a left-padded causal attention
+    over the first Sq keys, which FA4 runs as varlen segments (here FA4's varlen interface on the CPU): the
+    same output and lse as the op with the mask. Anything else keeps its mask."""
+    from contextlib import nullcontext
+
+    from fa4_inductor.kernels import fa4
+
+    make, flags, expected = PER_QUERY_MASKS[name]
+    mask = make()
+    full = {**dict(scale=0.3, causal=False, window_left=-1, window_right=-1, softcap=0.0), **flags}
+    q, k, v = qkv(b=2, hq=4, hkv=2, sq=5, sk=8, dtype=torch.float64)
+    form = attention_op.key_mask_form(q, k, None, mask, full)
+    if expected == "kept":
+        assert form.key_mask is mask and form.padded is None and form.causal_keys is None
+        return
+    assert form.key_mask is None and form.causal_keys == 5 and form.padded[0] == "left"
+    monkeypatch.setattr(fa4, "_require", VarlenFA4OnTheCPU)
+    monkeypatch.setattr(fa4, "_device_guard", lambda t: nullcontext())
+    out, lse = fa4.forward_padded(q, k[:, :, :5], v[:, :, :5], *form.padded, **{**full, "causal": True})
+    expected_out, expected_lse = ATTENTION(q, k, v, None, mask, **full)
+    torch.testing.assert_close(out, expected_out)
+    torch.testing.assert_close(lse, expected_lse.float())
+
+
 def test_signature_caches_forget_their_oldest_entries():
     from fa4_inductor.kernels.layout import SignatureCache
 
@@ -462,5 +561,12 @@ def test_small_key_mask_calls_skip_the_host_read_of_the_mask():
     full = dict(scale=0.1, causal=True, window_left=-1, window_right=-1, softcap=0.0)
     small_q, small_k = torch.empty(8, 4, 2048, 64, device="meta"), torch.empty(8, 1, 2048, 64, device="meta")
     large_q, large_k = torch.empty(4, 32, 4096, 128, device="meta"), torch.empty(4, 8, 4096, 128, device="meta")
-    assert not attention_op._reads_mask_form(small_q, small_k, full)
-    assert attention_op._reads_mask_form(large_q, large_k, full)
+    key_mask = torch.empty(8, 2048, dtype=torch.bool, device="meta")
+    assert not attention_op._reads_mask_form(small_q, small_k, key_mask, full)
+    assert attention_op._reads_mask_form(large_q, large_k, key_mask, full)
+    # A mask per query row is sized as the causal attention over Sq keys it may become, not over the whole cache.
+    per_query = torch.empty(8, 2048, 16384, dtype=torch.bool, device="meta")
+    long_k = torch.empty(8, 1, 16384, 64, device="meta")
+    assert attention_op._reads_mask_form(small_q, long_k, key_mask, full)
+    assert not attention_op._reads_mask_form(small_q, long_k, per_query, full)
+    assert attention_op._reads_mask_form(large_q, torch.empty(4, 8, 16384, 128, device="meta"), per_query, full)

@@ -424,6 +424,37 @@ def test_padding_runs_fa4_varlen(side, flags_kind, monkeypatch):
     torch.testing.assert_close(lse[~blind], lse64[~blind].float(), atol=1e-3, rtol=1e-3)
 
 
+@pytest.mark.parametrize("kind", ["static-prefill", "custom"])
+def test_per_query_mask_over_a_static_cache(kind, monkeypatch):
+    """HF's prefill mask over an empty static cache ([B, Sq, Sk] key mask, left padding, slots from Sq on empty):
+    read on the host, it runs FA4 as left-padded varlen segments over the cache's first Sq slots, causal; any other
+    mask per query row runs on the SDPA fallback with its mask. Forward and backward (the SDPA fallback's, with the
+    mask) by the FA rule; blind rows zeros with lse -inf."""
+    monkeypatch.setattr(crossover, "GFLOP_BELOW", ())  # these shapes count as large here
+    b, sq, capacity, d = 4, 500, 1024, 128
+    q = qkv(b=b, sq=sq, group=4, requires_grad=True)[0]
+    # K/V are the cache buffers, [B, Hkv, capacity, D] contiguous, prompt written in the first sq slots
+    k, v = (torch.randn(b, HQ // 4, capacity, d, dtype=torch.bfloat16, device="cuda").requires_grad_()
+            for _ in range(2))
+    flags = attention_flags(d)
+    j = torch.arange(capacity, device="cuda")
+    starts = torch.tensor([0, 123, 499, sq], device="cuda")  # the last: all padding
+    mask = ((j[None, :] <= torch.arange(sq, device="cuda")[:, None])[None]
+            & ((j >= starts[:, None]) & (j < sq))[:, None, :])
+    if kind == "custom":
+        mask = mask | (torch.rand(b, sq, capacity, device="cuda") > 0.99)
+    calls = []
+    real = fa4.forward_padded
+    monkeypatch.setattr(fa4, "forward_padded", lambda *a, **kw: calls.append((a[1].shape[2], kw["causal"])) or
+                        real(*a, **kw))
+    out, lse, lse64 = key_mask_call_by_fa_rule(q, k, v, mask, flags)
+    assert calls == ([(sq, True)] if kind == "static-prefill" else []), calls
+    blind = torch.isinf(lse64)
+    assert torch.equal(torch.isinf(lse), blind) and (kind == "custom" or blind.any())
+    assert (out[blind] == 0).all()
+    torch.testing.assert_close(lse[~blind], lse64[~blind].float(), atol=1e-3, rtol=1e-3)
+
+
 @pytest.mark.parametrize("sq, sk", [(1, 128), (64, 64)], ids=["one-query", "self"])
 def test_key_masks_built_in_graph_under_cuda_graph_trees(sq, sk, monkeypatch):
     """A padding mask computed inside a `reduce-overhead` graph lives in the CUDA-graph pool; reading its form

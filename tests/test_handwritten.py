@@ -133,7 +133,7 @@ attention_out_contiguous: f32[2, 4, 9, 16] = .contiguous(attention_out)""")
 
         rec, _ = compile_and_record(fn, *inputs(), torch.randn(6, 6))
         self.assertEqual(rec.count(), 0)
-        self.assertExpectedInline("\n".join(rec.reasons), """mask not recognized: the mask is the graph input l_m_; its values are unknown when compiling (only a boolean [B, 1, 1, Sk] input is read, as a key mask)""")
+        self.assertExpectedInline("\n".join(rec.reasons), """mask not recognized: the mask is the graph input l_m_; its values are unknown when compiling (only a boolean [B, 1, Sq or 1, Sk] input is read, as a key mask)""")
 
     def test_fallback_dropout_in_training(self):
         m = upstream.CausalSelfAttention().train()

@@ -275,21 +275,32 @@ def test_explain_by_model_type(capsys, impl):
     assert sum("key_mask=padding mask" in line for line in lines) == 2
 
 
-def test_generate_with_static_cache_and_a_compiled_forward_is_rewritten():
+@pytest.mark.parametrize("padded", [False, True], ids=["unpadded", "left-padded"])
+def test_generate_with_static_cache_and_a_compiled_forward_is_rewritten(padded):
     """`generate(cache_implementation="static")` with the whole forward compiled: the decode steps' masks
-    arrive as boolean [B, 1, 1, Sk] graph inputs, read as key masks; every layer is rewritten."""
+    arrive as boolean [B, 1, 1, Sk] graph inputs, read as key masks; a padded batch's prefill mask as a boolean
+    [B, 1, Sq, Sk] one (transformers 5.24 builds it outside the forward), read as the op's [B, Sq, Sk] key mask;
+    every layer is rewritten, and the tokens are uncompiled generate's."""
     model = tiny("llama", "sdpa").model
     model.generation_config.pad_token_id = 0
     prompt = torch.randint(3, 128, (2, 6))
+    mask = torch.ones_like(prompt)
+    if padded:
+        mask[1, :2] = 0
+    kwargs = dict(attention_mask=mask, max_new_tokens=4, do_sample=False, cache_implementation="static")
+    forward = model.forward
     with torch.no_grad():
-        expected = model.generate(prompt, max_new_tokens=4, do_sample=False, cache_implementation="static")
+        expected = model.generate(prompt, **kwargs)
         torch._dynamo.reset()
         recorder = Recorder()
-        model.forward = torch.compile(model.forward, backend=recorder)
-        got = model.generate(prompt, max_new_tokens=4, do_sample=False, cache_implementation="static")
+        model.forward = torch.compile(forward, backend=recorder)
+        got = model.generate(prompt, **kwargs)
+    model.forward = forward
     assert torch.equal(got, expected)
-    assert not recorder.reasons and recorder.count() > 0, recorder.reasons
-    assert any("key_mask" in r.detail for r in recorder.records)
+    assert not recorder.reasons and recorder.count() == 2 * model.config.num_hidden_layers, recorder.reasons
+    prefill = [r.detail for r in recorder.records if "q[2x4x6x" in r.detail]
+    assert len(prefill) == model.config.num_hidden_layers
+    assert all(("key_mask=mask per query row" in d) == padded for d in prefill), prefill
 
 
 @pytest.mark.parametrize("impl", [impl if impl == "eager" else pytest.param(impl, marks=pytest.mark.slow)

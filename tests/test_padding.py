@@ -193,4 +193,40 @@ attention_out_contiguous: f32[3, 4, 1, 16] = .contiguous(attention_out)""")
         float_mask = torch.zeros(B, 1, 1, S).masked_fill(~mask, -1e4)  # values unknown when compiling: kept
         rec, _ = compile_and_record(fn, q, k, v, float_mask)
         self.assertEqual(rec.count(), 0)
-        self.assertIn("only a boolean [B, 1, 1, Sk] input is read", rec.reasons[0])
+        self.assertIn("only a boolean [B, 1, Sq or 1, Sk] input is read", rec.reasons[0])
+
+    def test_boolean_mask_input_per_query_row_is_a_3d_key_mask(self):
+        """HF `generate` with a static cache hands a padded batch's prefill a boolean [B, 1, Sq, Sk] mask input
+        (built outside the forward): it reaches the op as its [B, Sq, Sk] key_mask, exact for any contents."""
+        def fn(q, k, v, mask):
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+        q, k, v = qkv()
+        q = q[:, :, :5]
+        mask = torch.rand(B, 1, 5, S, generator=torch.Generator().manual_seed(3)) > 0.4
+        mask[0, 0, 1] = False  # a row that sees no key: zeros, as SDPA gives
+        rec, out = compile_and_record(fn, q, k, v, mask)
+        torch.testing.assert_close(out, fn(q, k, v, mask))
+        self.assertExpectedInline(rec.summary, """\
+key_mask: b8[3, 5, 8] = getitem(mask, (:, 0))
+fa4_attention: (f32[3, 4, 5, 16], f32[3, 4, 5]) = fa4.attention(q, k, v, None, key_mask, scale=0.25)
+attention_out: f32[3, 4, 5, 16] = getitem(fa4_attention, 0)
+attention_out_contiguous: f32[3, 4, 5, 16] = .contiguous(attention_out)""")
+        self.assertIn("key_mask=mask per query row", rec.records[0].detail)
+
+        one = mask[:1]  # one mask for the whole batch: expanded
+        rec, out = compile_and_record(fn, q, k, v, one)
+        torch.testing.assert_close(out, fn(q, k, v, one))
+        self.assertExpectedInline(rec.summary, """\
+getitem: b8[1, 5, 8] = getitem(mask, (:, 0))
+expand: b8[3, 5, 8] = .expand(getitem, 3, 5, 8)
+key_mask: b8[3, 5, 8] = .contiguous(expand)
+fa4_attention: (f32[3, 4, 5, 16], f32[3, 4, 5]) = fa4.attention(q, k, v, None, key_mask, scale=0.25)
+attention_out: f32[3, 4, 5, 16] = getitem(fa4_attention, 0)
+attention_out_contiguous: f32[3, 4, 5, 16] = .contiguous(attention_out)""")
+
+        column = mask[:, :, :, :1]  # one column for every key: declined, with the reason
+        rec, out = compile_and_record(fn, q, k, v, column)
+        torch.testing.assert_close(out, fn(q, k, v, column))
+        self.assertEqual(rec.reasons, ["a boolean mask input of shape [3, 1, 5, 1] for 5 queries over 8 keys (its rows "
+                                       "or columns broadcast)"])

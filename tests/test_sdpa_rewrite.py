@@ -88,7 +88,7 @@ attention_out_contiguous: f32[2, 4, 6, 8] = .contiguous(attention_out)""")
         rec = self.check(fn, *inputs(), torch.randn(6, 6))
         self.assertEqual(rec.count(), 0)
         self.assertEqual(rec.reasons, ["mask not recognized: the mask is the graph input l_m_; its values are unknown when "
-                                       "compiling (only a boolean [B, 1, 1, Sk] input is read, as a key mask)"])
+                                       "compiling (only a boolean [B, 1, Sq or 1, Sk] input is read, as a key mask)"])
 
     def test_fallback_head_dim(self):
         rec = self.check(lambda q, k, v: F.scaled_dot_product_attention(q, k, v), *inputs(d=12))
