@@ -1,4 +1,4 @@
-# Session 19's unrun GPU work, in priority order, split into calls of <= ~9 minutes (the first after .gpu/b's install).
+# Sessions 19-20's unrun GPU work, in priority order, split into calls of <= ~9 minutes (the first after .gpu/b's install).
 # Output goes to $OUT/log.txt. Have the next call ready: the machine goes back 30 s after a call, and a fresh one needs
 # .gpu/a and .gpu/b again. Run one part a call:  bash scratch/next_gpu.sh 1   (then 2, 3, ...)
 # Never `pkill -f pytest` here: it matches this script's own command line. A pytest cut by `timeout` can leave xdist
@@ -10,13 +10,18 @@ case "$1" in
 1)  # issue 15: the integer GEMV's L2 prefetch window (session 19, off by default): its tests (output bit-equal to
     # without); int8 x int8 with the cast and scaling in the graph (session 19): its tests, then its rows (session 19
     # run 1, the op: 10.5-23.2 us); then M = 1 times by prefetch window (session 15 run 4, none: 8192 x 8192 15.0 us)
-    run timeout 150 $P -n 12 tests/test_gpu_w4a16.py tests/test_gpu_quant.py -k "int_gemv or int8_int8 or int8_dynamic"
+    run timeout 150 $P -n 12 tests/test_gpu_w4a16.py tests/test_gpu_quant.py tests/test_gpu_fa4.py \
+        -k "int_gemv or int8_int8 or int8_dynamic or per_query"
     run timeout 150 python3 -m fa4_inductor bench --suite quant --quant-models llama-1b --quant-formats int8_int8 --quant-rows 1,16 --quant-no-e2e --quant-no-prefill
     run timeout 200 python3 tests/bench_w4a16.py --m 1 --gemv int --prefetch 0,4,8 \
         --shapes 8192x8192,2048x8192,8192x2048,4096x14336 ;;
-2)  # issue 12: the Llama-1B shape's whole sweep (~500 s)
+2)  # issue 12 (session 20): a left-padded prefill into a static cache with generate's [B, 1, S, 2S] mask, against the
+    # same batch with the [B, S] mask and without one; sdpa code, prefill only (~250 s)
+    run timeout 400 python3 -c "from fa4_inductor import bench
+for t in bench.padded_suite(attentions=('sdpa',), passes=('prefill',), sides=('left',)): print(t.markdown())" ;;
+3)  # issue 12: the Llama-1B shape's whole sweep (~500 s)
     MODELS=2048x16 bash scratch/sweep_all.sh ;;
-3)  # issue 12: the tiny Llama's decode rows without CUDA graphs, small_decode on (session 18 run 4: one row, 0.90x,
+4)  # issue 12: the tiny Llama's decode rows without CUDA graphs, small_decode on (session 18 run 4: one row, 0.90x,
     # on a slow machine; CPU: identical output code); if the prefetch window won in part 1, the NVFP4 decode end to end
     # with it (PF=<window>; session 15 run 5 without: 1.050 ms/token)
     run timeout 200 python3 -c "from fa4_inductor import bench

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from fa4_inductor import bench
+from fa4_inductor import bench, hf
 from fa4_inductor.__main__ import main
 
 
@@ -88,7 +88,30 @@ def test_padded_suite_runs_prefill_and_training(monkeypatch):
     (table,) = bench.padded_suite("cpu", torch.float32, batch=4, seqlen=16, attentions=("sdpa",), model_overrides=tiny)
     assert "failed" not in table.markdown(), table.markdown()
     assert [row[:3] for row in table.rows] == [
-        ["sdpa", pass_, kind] for pass_ in ("prefill", "train") for kind in ("left-padded", "right-padded", "no mask")]
+        ["sdpa", "prefill", kind] for kind in ("left-padded", "left-padded, static cache", "right-padded", "no mask")
+    ] + [["sdpa", "train", kind] for kind in ("left-padded", "right-padded", "no mask")]
+
+
+def test_static_cache_prefill_is_what_generate_hands_the_forward():
+    """The padded bench's static-cache prefill passes the mask, cache and positions that
+    `generate(cache_implementation="static")` passes the forward for the same left-padded batch."""
+    from helpers import tiny
+
+    model = tiny("llama", "sdpa").model
+    model.generation_config.pad_token_id = 0
+    tokens, mask = bench.padded_batch(model.config.vocab_size, 3, 7, (0, 2, 5), "cpu")
+    seen = []
+    forward = model.forward
+    model.forward = lambda *a, **kw: seen.append(kw) or forward(*a, **kw)
+    with torch.no_grad():
+        model.generate(tokens, attention_mask=mask, max_new_tokens=1, do_sample=False, cache_implementation="static")
+    model.forward = forward
+    keyword = hf.cache_keyword(model)
+    capacity = seen[0]["attention_mask"].shape[-1]
+    ours = bench.padded.static_cache_prefill(model, tokens, mask, capacity)
+    assert torch.equal(ours["attention_mask"], seen[0]["attention_mask"])
+    assert ours["use_cache"] == seen[0]["use_cache"]
+    assert type(ours[keyword]) is type(seen[0][keyword])
 
 
 @pytest.mark.slow

@@ -21,7 +21,8 @@ Suites (`--suite`, comma-separated; all but `crossover`, `int8kv` and `sweep` by
   mode): a left-padded batch of 4, time to first token (prefill with the padding mask) and decode
   tokens/s, default `torch.compile` against our backend.
 - `padded`: the same model on a left-padded batch of 4 x 2048 (0/100/700/1500 pad tokens, the
-  `attention_mask` generate passes), a right-padded one (the same pads at the end: fine-tuning batches) and
+  `attention_mask` generate passes; its prefill also into a static cache, with the 4-D mask generate builds),
+  a right-padded one (the same pads at the end: fine-tuning batches) and
   that batch without a mask: prefill and a training step
   (`use_cache=False`, labels, backward), default `torch.compile` against ours.
 - `train`: the same model's training step at batch 1 x 4096 tokens (`use_cache=False`, HF's labels
