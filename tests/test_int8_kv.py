@@ -467,6 +467,33 @@ def test_generate_compiles_the_int8_decode_step_with_a_left_padded_batch():
         torch.testing.assert_close(g, e, atol=1e-5, rtol=1e-5)
 
 
+def test_a_compiled_forward_generating_a_left_padded_batch_over_the_int8_cache():
+    """The whole forward compiled, `generate` over `Int8StaticCache` with a left-padded batch: the prefill's boolean
+    [B, 1, Sq, Sk] mask (built outside the forward) reaches `fa4::attention_int8kv` as its [B, Sq, Sk] key mask, the
+    decode steps' as [B, Sk] ones; the same tokens as uncompiled generate over the same kind of cache."""
+    from fa4_inductor import Int8StaticCache
+
+    model = tiny("llama", "sdpa").model
+    ids = torch.randint(1, 128, (2, 7), generator=torch.Generator().manual_seed(6))
+    mask = torch.ones_like(ids)
+    mask[1, :3] = 0
+    kwargs = dict(attention_mask=mask, max_new_tokens=4, do_sample=False, pad_token_id=0)
+    forward = model.forward
+    torch._dynamo.reset()
+    recorder = Recorder()
+    with torch.no_grad():
+        expected = model.generate(ids, **{hf.cache_keyword(model): Int8StaticCache(config=model.config, max_cache_len=16)},
+                                  **kwargs)
+        model.forward = torch.compile(forward, backend=recorder)
+        got = model.generate(ids, **{hf.cache_keyword(model): Int8StaticCache(config=model.config, max_cache_len=16)},
+                             **kwargs)
+    model.forward = forward
+    assert torch.equal(got, expected)
+    layers = model.config.num_hidden_layers
+    assert recorder.count("fa4::attention_int8kv") == 2 * layers and not recorder.reasons, recorder.records
+    assert sum("key_mask=mask per query row" in r.detail for r in recorder.records) == layers, recorder.records
+
+
 def test_a_dequantization_used_elsewhere_is_still_folded():
     """The attention reads the int8 cache; the other use keeps its own dequantized K."""
     def fn(q, k8, ks, v8, vs):
