@@ -300,7 +300,8 @@ def test_generate_with_static_cache_and_a_compiled_forward_is_rewritten(padded):
     assert not recorder.reasons and recorder.count() == 2 * model.config.num_hidden_layers, recorder.reasons
     prefill = [r.detail for r in recorder.records if "q[2x4x6x" in r.detail]
     assert len(prefill) == model.config.num_hidden_layers
-    assert all(("key_mask=mask per query row" in d) == padded for d in prefill), prefill
+    # transformers 5.24 hands the padded prefill a [B, 1, Sq, Sk] mask ("mask per query row"), older ones a [B, Sk] one
+    assert all(("key_mask=" in d) == padded for d in prefill), prefill
 
 
 @pytest.mark.parametrize("impl", [impl if impl == "eager" else pytest.param(impl, marks=pytest.mark.slow)
