@@ -33,7 +33,8 @@ backward, or the reference). FA4 takes no key mask: a key-mask call that is not 
 has its mask read on the host (`key_mask_form`, outside CUDA-graph capture), and goes to FA4
 when the mask hides nothing in use, or, with no band, is right padding (seqused_k), or, on a
 self-attention, is left padding, or right padding under a causal mask (FA4's varlen segments over the
-padded buffer); a small one
+padded buffer), or, one per query row, is a left-padded causal prefill over an empty static cache (the same
+varlen segments over the first Sq keys, forward only); a small one
 (`crossover.py`) skips the read and runs on the SDPA fallback with its mask.
 """
 
