@@ -351,3 +351,42 @@ def test_cache_position_of_older_transformers(dynamic):
                                    cache_position_attention(q, k_new, v_new, k_past, v_past), atol=1e-5, rtol=1e-5)
     assert recorder.count() == len(recorder.graphs) and not recorder.reasons, recorder.reasons
     assert all("seqused_k" in r.detail and "causal=True" in r.detail for r in recorder.records), recorder.records
+
+
+GENERATE_STRATEGIES = {
+    "beam search": dict(num_beams=3, max_new_tokens=4, do_sample=False),
+    "sampling": dict(do_sample=True, top_k=5, max_new_tokens=4),
+    "prompt lookup": dict(prompt_lookup_num_tokens=3, max_new_tokens=6, do_sample=False),
+    "beam search, static cache": dict(num_beams=2, max_new_tokens=4, do_sample=False, cache_implementation="static"),
+}
+
+
+@pytest.mark.parametrize("strategy", [pytest.param(name, marks=[] if name == "prompt lookup" else pytest.mark.slow)
+                                      for name in GENERATE_STRATEGIES])
+def test_generate_strategies_with_a_compiled_forward(strategy):
+    """`generate` strategies other than greedy over a compiled forward: beam search (the cache reordered between
+    steps), sampling, prompt-lookup decoding (several candidate tokens verified over the cache at once: a causal band
+    at the cache's offset) and beams over a static cache with a left-padded batch. Every attention layer of every
+    graph is rewritten, and the tokens are uncompiled generate's."""
+    model = tiny("llama", "sdpa").model
+    model.generation_config.pad_token_id = 0
+    ids = torch.randint(3, 128, (2, 9), generator=torch.Generator().manual_seed(1))
+    ids[:, 4:7] = ids[:, 0:3]  # a repeated n-gram for prompt lookup to find
+    mask = torch.ones_like(ids)
+    mask[1, :2] = 0
+    if strategy == "prompt lookup":  # batch 1 only
+        ids, mask = ids[:1], mask[:1]
+    kwargs = GENERATE_STRATEGIES[strategy]
+    forward = model.forward
+    torch._dynamo.reset()
+    recorder = Recorder()
+    with torch.no_grad():
+        torch.manual_seed(0)
+        expected = model.generate(ids, attention_mask=mask, **kwargs)
+        model.forward = torch.compile(forward, backend=recorder)
+        torch.manual_seed(0)
+        got = model.generate(ids, attention_mask=mask, **kwargs)
+    model.forward = forward
+    assert torch.equal(got, expected)
+    assert recorder.count() == len(recorder.graphs) * model.config.num_hidden_layers and not recorder.reasons, \
+        recorder.records
