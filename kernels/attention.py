@@ -34,7 +34,7 @@ has its mask read on the host (`key_mask_form`, outside CUDA-graph capture), and
 when the mask hides nothing in use, or, with no band, is right padding (seqused_k), or, on a
 self-attention, is left padding, or right padding under a causal mask (FA4's varlen segments over the
 padded buffer), or, one per query row, is a left-padded causal prefill over an empty static cache (the same
-varlen segments over the first Sq keys, forward only); a small one
+varlen segments over the first Sq keys; the backward too when those are all the keys); a small one
 (`crossover.py`) skips the read and runs on the SDPA fallback with its mask.
 """
 
@@ -230,7 +230,8 @@ class KeyMaskForm(NamedTuple):
     padded: Optional[tuple[str, Tensor]] = None
     causal_keys: Optional[int] = None
     """With `padded`: a [B, Sq, Sk] mask that is a causal self-attention over the first Sq keys (Sq == this),
-    left-padded, hiding the rest (HF's prefill over an empty static cache): run on k, v[:, :, :Sq], causal."""
+    left-padded, hiding the rest (HF's prefill over an empty static cache, or with Sq == Sk the mask HF builds
+    outside a compiled layer): run on k, v[:, :, :Sq], causal."""
 
 
 RIGHT_PADDING_ON_FA4 = True
@@ -396,12 +397,16 @@ def attention_backward(
 def _attention_backward_cuda(grad_out, q, k, v, out, lse, grad_lse=None, seqused_k=None, key_mask=None, **flags):
     _check_inputs(q, k, v, seqused_k, key_mask)
     flags = _complete(flags)
-    # A mask per query row keeps its mask here: FA4's backward over the prefix would need dk, dv padded back.
     form = (key_mask_form(q, k, seqused_k, key_mask, flags)
-            if key_mask is not None and key_mask.dim() == 2 and _reads_mask_form(q, k, key_mask, flags)
-            else KeyMaskForm(seqused_k, key_mask))
-    if form.padded is not None and _backward_route(q, k, v, None, None, flags) is routes.FA4:
-        return fa4.backward_padded(grad_out, q, k, v, out, lse, grad_lse, *form.padded, **flags)
+            if key_mask is not None and _reads_mask_form(q, k, key_mask, flags) else KeyMaskForm(seqused_k, key_mask))
+    padded_flags = flags
+    if form.causal_keys is not None:
+        # A mask per query row: FA4's backward when its causal prefix is every key (HF's training mask); over a
+        # shorter prefix the gradients of the keys past it would be missing, and the mask stays.
+        form = form if form.causal_keys == k.shape[2] else KeyMaskForm(seqused_k, key_mask)
+        padded_flags = {**flags, "causal": True}
+    if form.padded is not None and _backward_route(q, k, v, None, None, padded_flags) is routes.FA4:
+        return fa4.backward_padded(grad_out, q, k, v, out, lse, grad_lse, *form.padded, **padded_flags)
     if form.padded is None:
         seqused_k, key_mask = form.seqused_k, form.key_mask
     route = _backward_route(q, k, v, seqused_k, key_mask, flags)

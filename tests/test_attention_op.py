@@ -494,6 +494,9 @@ PER_QUERY_MASKS = {
                                                                                   torch.tensor(False)), {}, "kept"),
     "HF's unmasked blind rows": (lambda: static_prefill_mask(torch.tensor([5, 2]), 5, 8)
                                  | (torch.arange(5)[:, None] < torch.tensor([0, 3])[:, None, None]), {}, "kept"),
+    # Sq == Sk: the mask HF builds outside a compiled layer (FSDP2 per-layer units); the backward takes FA4 too
+    "training mask, left-padded": (lambda: static_prefill_mask(torch.tensor([5, 2]), 5, 5), {}, "prefix"),
+    "training mask, unpadded": (lambda: static_prefill_mask(torch.tensor([5, 5]), 5, 5), {}, "prefix"),
 }
 
 
@@ -509,7 +512,7 @@ def test_per_query_masks_that_fa4_can_take(name, monkeypatch):
     make, flags, expected = PER_QUERY_MASKS[name]
     mask = make()
     full = {**dict(scale=0.3, causal=False, window_left=-1, window_right=-1, softcap=0.0), **flags}
-    q, k, v = qkv(b=2, hq=4, hkv=2, sq=5, sk=8, dtype=torch.float64)
+    q, k, v = qkv(b=2, hq=4, hkv=2, sq=5, sk=mask.shape[-1], dtype=torch.float64)
     form = attention_op.key_mask_form(q, k, None, mask, full)
     if expected == "kept":
         assert form.key_mask is mask and form.padded is None and form.causal_keys is None
@@ -517,10 +520,18 @@ def test_per_query_masks_that_fa4_can_take(name, monkeypatch):
     assert form.key_mask is None and form.causal_keys == 5 and form.padded[0] == "left"
     monkeypatch.setattr(fa4, "_require", VarlenFA4OnTheCPU)
     monkeypatch.setattr(fa4, "_device_guard", lambda t: nullcontext())
-    out, lse = fa4.forward_padded(q, k[:, :, :5], v[:, :, :5], *form.padded, **{**full, "causal": True})
+    causal = {**full, "causal": True}
+    out, lse = fa4.forward_padded(q, k[:, :, :5], v[:, :, :5], *form.padded, **causal)
     expected_out, expected_lse = ATTENTION(q, k, v, None, mask, **full)
     torch.testing.assert_close(out, expected_out)
     torch.testing.assert_close(lse, expected_lse.float())
+    if k.shape[2] == 5:  # every key in the prefix: the backward runs FA4's too
+        grad_out, grad_lse = torch.randn_like(out), torch.randn_like(lse).masked_fill(lse.isinf(), 0)
+        got = fa4.backward_padded(grad_out, q, k, v, out, lse, grad_lse, *form.padded, **causal)
+        want = reference.attention_backward(grad_out, q, k, v, expected_out, lse.double(), grad_lse, seqused_k=None,
+                                            key_mask=mask, **full)
+        for name, g, w in zip("qkv", got, want):
+            torch.testing.assert_close(g, w, msg=lambda m: f"d{name}: {m}")
 
 
 def test_signature_caches_forget_their_oldest_entries():

@@ -609,25 +609,30 @@ def test_fsdp2_training_step(ranks, impl, inductor):
 
 
 PER_LAYER_CASES = [
-    pytest.param("sdpa", "layers compiled", True, id="sdpa-code-layers-compiled"),
-    pytest.param("sdpa", "layers", False, id="sdpa-code-model-compiled"),
-    pytest.param("eager", "layers compiled", False, id="eager-code-layers-compiled", marks=pytest.mark.slow),
+    pytest.param("sdpa", "layers compiled", "layers", id="sdpa-code-layers-compiled"),
+    pytest.param("sdpa", "layers", "mask input", id="sdpa-code-model-compiled"),
+    pytest.param("eager", "layers compiled", "kept", id="eager-code-layers-compiled", marks=pytest.mark.slow),
 ]
 
 
-@pytest.mark.parametrize("impl, layout, rewritten", PER_LAYER_CASES)
-def test_fsdp2_per_layer_units(ranks, impl, layout, rewritten):
+@pytest.mark.parametrize("impl, layout, expected", PER_LAYER_CASES)
+def test_fsdp2_per_layer_units(ranks, impl, layout, expected):
     """`fully_shard` per decoder layer: FSDP2's hooks run outside Dynamo (`_dynamo_disable`), so every layer is
     a graph of its own (all layers share it). Compiling the layers alone (torchtitan's way) leaves HF's mask to
     eager code, which skips it for sdpa code without padding: the layer's SDPA call is causal, and its graph
-    calls fa4::attention, its backward graph fa4::attention_backward. Compiling the whole model, or eager
-    attention code, hands the layer graph the mask HF built as a graph input whose values are unknown when
+    calls fa4::attention, its backward graph fa4::attention_backward. Compiling the whole model hands the layer
+    graph the boolean [B, 1, S, S] mask HF built as a graph input: the op's key mask per query row (on CUDA read
+    once on the host and run as FA4's causal attention, backward included), so the layer graph calls the same ops
+    and the model's own graphs none. Eager attention code hands it a float mask, whose values are unknown when
     compiling: attention stays as written, with the reason. Training is exact either way."""
     for r in ranks.run(_fsdp_case, impl, layout, False):
-        if rewritten:
+        if expected == "layers":
             assert not r["reasons"] and r["graphs"], (r["graphs"], r["reasons"])
             per_graph = {"forward": {"fa4::attention": 1}, "backward": {"fa4::attention_backward": 1}}
             assert all(c == per_graph[kind] for kind, c in r["graphs"]), r["graphs"]  # only layers compile
+        elif expected == "mask input":
+            assert not r["reasons"], r["reasons"]
+            assert r["forward"] == r["backward"] == 1, r["graphs"]  # the one layer graph
         else:
             assert r["forward"] == r["backward"] == 0, r["graphs"]
             assert r["reasons"] and all("the graph input" in reason for reason in r["reasons"]), r["reasons"]

@@ -424,14 +424,16 @@ def test_padding_runs_fa4_varlen(side, flags_kind, monkeypatch):
     torch.testing.assert_close(lse[~blind], lse64[~blind].float(), atol=1e-3, rtol=1e-3)
 
 
-@pytest.mark.parametrize("kind", ["static-prefill", "custom"])
+@pytest.mark.parametrize("kind", ["static-prefill", "custom", "training"])
 def test_per_query_mask_over_a_static_cache(kind, monkeypatch):
     """HF's prefill mask over an empty static cache ([B, Sq, Sk] key mask, left padding, slots from Sq on empty):
-    read on the host, it runs FA4 as left-padded varlen segments over the cache's first Sq slots, causal; any other
-    mask per query row runs on the SDPA fallback with its mask. Forward and backward (the SDPA fallback's, with the
-    mask) by the FA rule; blind rows zeros with lse -inf."""
+    read on the host, it runs FA4 as left-padded varlen segments over the cache's first Sq slots, causal, and the
+    backward on the SDPA fallback with the mask; "training": Sq == Sk (the mask HF builds outside a compiled layer),
+    FA4's backward too; any other mask per query row runs on the SDPA fallback with its mask. Forward and backward by
+    the FA rule; blind rows zeros with lse -inf."""
     monkeypatch.setattr(crossover, "GFLOP_BELOW", ())  # these shapes count as large here
-    b, sq, capacity, d = 4, 500, 1024, 128
+    b, sq, d = 4, 500, 128
+    capacity = sq if kind == "training" else 1024
     q = qkv(b=b, sq=sq, group=4, requires_grad=True)[0]
     # K/V are the cache buffers, [B, Hkv, capacity, D] contiguous, prompt written in the first sq slots
     k, v = (torch.randn(b, HQ // 4, capacity, d, dtype=torch.bfloat16, device="cuda").requires_grad_()
@@ -444,11 +446,14 @@ def test_per_query_mask_over_a_static_cache(kind, monkeypatch):
     if kind == "custom":
         mask = mask | (torch.rand(b, sq, capacity, device="cuda") > 0.99)
     calls = []
-    real = fa4.forward_padded
-    monkeypatch.setattr(fa4, "forward_padded", lambda *a, **kw: calls.append((a[1].shape[2], kw["causal"])) or
-                        real(*a, **kw))
+    for name in ("forward_padded", "backward_padded"):
+        real = getattr(fa4, name)
+        monkeypatch.setattr(fa4, name, lambda *a, _real=real, _name=name, **kw: calls.append((_name, kw["causal"]))
+                            or _real(*a, **kw))
     out, lse, lse64 = key_mask_call_by_fa_rule(q, k, v, mask, flags)
-    assert calls == ([(sq, True)] if kind == "static-prefill" else []), calls
+    expected = {"static-prefill": [("forward_padded", True)], "custom": [],
+                "training": [("forward_padded", True), ("backward_padded", True)]}[kind]
+    assert calls == expected, calls
     blind = torch.isinf(lse64)
     assert torch.equal(torch.isinf(lse), blind) and (kind == "custom" or blind.any())
     assert (out[blind] == 0).all()
