@@ -7,26 +7,27 @@ P="python3 -m pytest -m gpu -q -p no:cacheprovider -p no:logging -W ignore -rf"
 L=$OUT/log.txt
 run() { echo "+ $*" >>$L; PYTHONUNBUFFERED=1 "$@" >>$L 2>&1; echo "rc=$?" >>$L; }
 case "$1" in
-1)  # issue 15: the integer GEMV's L2 prefetch window (session 19, off by default): its tests (output bit-equal to
-    # without); int8 x int8 with the cast and scaling in the graph (session 19): its tests, then its rows (session 19
-    # run 1, the op: 10.5-23.2 us); then M = 1 times by prefetch window (session 15 run 4, none: 8192 x 8192 15.0 us)
+1)  # session 20: the GPU tests of the key mask per query row (FA4 over a static cache's prefix, the fallback, FSDP's
+    # training mask), the integer GEMV's prefetch window (session 19: output bit-equal to without) and int8 x int8 with
+    # the cast and scaling in the graph (session 19); then a left-padded prefill into a static cache with generate's
+    # [B, 1, S, 2S] mask against the same batch with the [B, S] mask and without one (sdpa code, prefill only)
     run timeout 150 $P -n 12 tests/test_gpu_w4a16.py tests/test_gpu_quant.py tests/test_gpu_fa4.py \
-        -k "int_gemv or int8_int8 or int8_dynamic or per_query"
-    run timeout 150 python3 -m fa4_inductor bench --suite quant --quant-models llama-1b --quant-formats int8_int8 --quant-rows 1,16 --quant-no-e2e --quant-no-prefill
-    run timeout 200 python3 tests/bench_w4a16.py --m 1 --gemv int --prefetch 0,4,8 \
-        --shapes 8192x8192,2048x8192,8192x2048,4096x14336 ;;
-2)  # issue 12 (session 20): a left-padded prefill into a static cache with generate's [B, 1, S, 2S] mask, against the
-    # same batch with the [B, S] mask and without one; sdpa code, prefill only (~250 s)
-    run timeout 400 python3 -c "from fa4_inductor import bench
+        -k "int_gemv or int8_int8 or int8_dynamic or per_query or padding_runs_fa4"
+    run timeout 330 python3 -c "from fa4_inductor import bench
 for t in bench.padded_suite(attentions=('sdpa',), passes=('prefill',), sides=('left',)): print(t.markdown())" ;;
-3)  # issue 12: the Llama-1B shape's whole sweep (~500 s)
-    MODELS=2048x16 bash scratch/sweep_all.sh ;;
-4)  # issue 12: the tiny Llama's decode rows without CUDA graphs, small_decode on (session 18 run 4: one row, 0.90x,
-    # on a slow machine; CPU: identical output code); if the prefetch window won in part 1, the NVFP4 decode end to end
+2)  # issue 15: M = 1 times by prefetch window (session 15 run 4, none: 8192 x 8192 15.0 us); int8 x int8 rows with the
+    # in-graph cast and scaling (session 19 run 1, the op: 10.5-23.2 us)
+    run timeout 200 python3 tests/bench_w4a16.py --m 1 --gemv int --prefetch 0,4,8 \
+        --shapes 8192x8192,2048x8192,8192x2048,4096x14336
+    run timeout 150 python3 -m fa4_inductor bench --suite quant --quant-models llama-1b --quant-formats int8_int8 --quant-rows 1,16 --quant-no-e2e --quant-no-prefill ;;
+3)  # issue 12: the tiny Llama's decode rows without CUDA graphs, small_decode on (session 18 run 4: one row, 0.90x,
+    # on a slow machine; CPU: identical output code); if the prefetch window won in part 2, the NVFP4 decode end to end
     # with it (PF=<window>; session 15 run 5 without: 1.050 ms/token)
     run timeout 200 python3 -c "from fa4_inductor import bench
 for t in bench.sweep_suite(llama_sizes=((256, 2),), decode_sizes=((256, 2),), bert=False, seqlens=(128, 2048), decode_mode='default', time_budget_s=170): print(t.markdown())"
     [ -n "$PF" ] && run timeout 200 env FA4_INDUCTOR_INT_GEMV_PREFETCH=$PF python3 -m fa4_inductor bench --suite quant --quant-formats none --quant-no-prefill --quant-e2e-runs nvfp4:plain --quant-prompt 4096 ;;
+4)  # issue 12: the Llama-1B shape's whole sweep (~500 s)
+    MODELS=2048x16 bash scratch/sweep_all.sh ;;
 *)  # issue 12: the rest of the size sweep, one model a call (MODELS=bert, then 512x4, 1024x2, 2048x4, 256x16), or all
     # at once on a machine with several GPUs
     MODELS=${MODELS:-bert} bash scratch/sweep_all.sh ;;
