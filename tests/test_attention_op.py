@@ -206,6 +206,12 @@ def test_lengths_reach_kernels_with_unit_stride(lengths):
     assert got.dtype == torch.int32 and got.stride() == (1,) and torch.equal(got, lengths.int())
 
 
+def random_per_query_mask(b, sq, sk):
+    mask = torch.rand(b, sq, sk) > 0.4
+    mask[0, 1] = False  # a row that sees no key
+    return mask
+
+
 def random_key_mask(b, sk, generator=None):
     """Left padding, right padding and holes, every sequence with at least one visible key."""
     mask = torch.rand(b, sk, generator=generator) > 0.3
@@ -407,15 +413,21 @@ def test_padded_batches_as_fa4_varlen_segments(side, flags, monkeypatch):
         torch.testing.assert_close(g, w, msg=lambda m: f"d{name}: {m}")
 
 
-@pytest.mark.parametrize("flags", [dict(causal=True), dict(), dict(window_left=2, window_right=0)], ids=str)
-def test_sdpa_fallback_backward_matches_the_reference(flags):
-    """The SDPA fallback's recomputing backward, run on the CPU: GQA, a key mask with an all-hidden row."""
+@pytest.mark.parametrize("flags, per_query", [(dict(causal=True), False), (dict(), False),
+                                               (dict(window_left=2, window_right=0), False), (dict(), True)],
+                         ids=["causal", "plain", "window", "mask per query row"])
+def test_sdpa_fallback_backward_matches_the_reference(flags, per_query):
+    """The SDPA fallback's recomputing backward, run on the CPU: GQA, a key mask with an all-hidden row ([B, Sk]), or
+    a [B, Sq, Sk] one over a longer cache."""
     from fa4_inductor.kernels import sdpa_fallback
 
     full = {**dict(scale=0.3, causal=False, window_left=-1, window_right=-1, softcap=0.0), **flags}
-    q, k, v = qkv(b=3, hq=4, hkv=2, sq=6, sk=6, d=8, dtype=torch.float64)
-    mask = random_key_mask(3, 6)
-    mask[2] = False
+    q, k, v = qkv(b=3, hq=4, hkv=2, sq=6, sk=9 if per_query else 6, d=8, dtype=torch.float64)
+    if per_query:
+        mask = random_per_query_mask(3, 6, 9)
+    else:
+        mask = random_key_mask(3, 6)
+        mask[2] = False
     out, lse = ATTENTION(q, k, v, None, mask, **full)
     grad = torch.randn_like(out)
     got = sdpa_fallback.backward_by_recomputation(grad, q, k, v, None, mask, **full)
@@ -431,12 +443,6 @@ def static_prefill_mask(lengths, sq, sk):
     causal = j[None, :] <= torch.arange(sq)[:, None]
     visible = (j[None, :] >= sq - lengths[:, None]) & (j[None, :] < sq)
     return causal[None] & visible[:, None, :]
-
-
-def random_per_query_mask(b, sq, sk):
-    mask = torch.rand(b, sq, sk) > 0.4
-    mask[0, 1] = False  # a row that sees no key
-    return mask
 
 
 @pytest.mark.parametrize("flags", [dict(), dict(causal=True), dict(softcap=2.0)], ids=str)
@@ -464,20 +470,6 @@ def test_per_query_key_mask_opcheck_gradcheck_and_shape():
     torch.autograd.gradcheck(lambda q, k, v: ATTENTION(q, k, v, None, key_mask, scale=0.3)[0], (q, k, v))
     with pytest.raises(RuntimeError, match=r"a 3-D key_mask must have shape \[B, Sq, Sk\]"):
         ATTENTION(*plain, None, key_mask[:, :3], scale=0.3)
-
-
-def test_sdpa_fallback_backward_takes_a_per_query_mask():
-    from fa4_inductor.kernels import sdpa_fallback
-
-    full = dict(scale=0.3, causal=False, window_left=-1, window_right=-1, softcap=0.0)
-    q, k, v = qkv(b=2, hq=4, hkv=2, sq=5, sk=8, d=8, dtype=torch.float64)
-    mask = random_per_query_mask(2, 5, 8)
-    out, lse = ATTENTION(q, k, v, None, mask, **full)
-    grad = torch.randn_like(out)
-    got = sdpa_fallback.backward_by_recomputation(grad, q, k, v, None, mask, **full)
-    expected = reference.attention_backward(grad, q, k, v, out, lse, None, seqused_k=None, key_mask=mask, **full)
-    for g, e in zip(got, expected):
-        torch.testing.assert_close(g, e)
 
 
 PER_QUERY_MASKS = {
