@@ -58,23 +58,54 @@ class AttentionCall:
     # How `padding` reaches the op (`_encode_padding`): its key_mask, or checked fast paths (padding.py).
     key_mask: KeyMask | None = None
     covering_mask: KeyMask | None = None  # must hide none of the band's keys (checked at run time)
+    autocast: torch.dtype | None = None  # q, k, v cast to this dtype first (`check_kernel_support`)
     int8: tuple | None = None  # (K's, V's) int8_kv.Int8Source: the op reads the int8 cache (fa4::attention_int8kv)
     int8_note: str = ""  # why K/V dequantized from int8 were not folded
 
 
-def check_kernel_support(q: Node, k: Node, v: Node) -> None:
+def check_kernel_support(q: Node, k: Node, v: Node, output: Node) -> torch.dtype | None:
+    """Declines what the kernels cannot take; returns the dtype q, k, v are to be cast to, or None: under autocast
+    (`autocast_dtype`) the attention's matmuls run in autocast's dtype whatever q, k, v's own dtypes (HF's RoPE
+    hands float32 q, k next to a bfloat16 v), so the op gets them cast to it, as autocast casts them for SDPA."""
     qv, kv, vv = value(q), value(k), value(v)
-    if not (qv.dtype == kv.dtype == vv.dtype):
-        raise Decline(f"q, k, v dtypes differ ({qv.dtype}, {kv.dtype}, {vv.dtype})")
+    dtype, cast, out = qv.dtype, None, value(output).dtype
+    if not (qv.dtype == kv.dtype == vv.dtype == out):
+        cast = autocast_dtype(output)
+        if cast is None or out != cast or not all(t.dtype.is_floating_point for t in (qv, kv, vv)):
+            reason = (f"the output dtype {out} is not q's {qv.dtype}" if qv.dtype == kv.dtype == vv.dtype
+                      else f"q, k, v dtypes differ ({qv.dtype}, {kv.dtype}, {vv.dtype})")
+            raise Decline(reason if cast is None else f"{reason}, under autocast to {cast}")
+        dtype = cast
     if qv.device != kv.device or qv.device != vv.device:
         raise Decline("q, k, v are on different devices")
     if qv.dim() not in (3, 4) or kv.dim() != qv.dim() or vv.dim() != qv.dim():
         raise Decline(f"q, k, v have {qv.dim()}, {kv.dim()}, {vv.dim()} dims (want 4, or 3 for bmm)")
     # Kernels are compiled per head dim: a symbolic one is specialized (guarded), as no model varies it.
-    reason = attention_unsupported_reason(qv.device.type, qv.dtype, int(qv.shape[-1]), int(vv.shape[-1]))
+    reason = attention_unsupported_reason(qv.device.type, dtype, int(qv.shape[-1]), int(vv.shape[-1]))
     if reason:
         raise Decline(reason)
     _check_no_broadcast(shape(q), shape(k), shape(v))
+    return cast
+
+
+def autocast_dtype(node: Node) -> torch.dtype | None:
+    """The dtype autocast runs `node` in, or None where autocast is off for its device: the innermost
+    `torch.autocast` region of the graph around it (Dynamo writes `_enter_autocast` / `_exit_autocast`), else the
+    state the graph was compiled under (Dynamo guards on it, so the graph runs under the same)."""
+    device = value(node).device.type
+    regions = []
+    for n in node.graph.nodes:
+        if n is node:
+            break
+        if n.target is torch.amp.autocast_mode._enter_autocast:
+            regions.append(n)
+        elif n.target is torch.amp.autocast_mode._exit_autocast and n.args and n.args[0] in regions:
+            regions.remove(n.args[0])
+    for region in reversed(regions):
+        device_type, dtype, enabled = (list(region.args) + [None, None, True])[:3]
+        if device_type == device:
+            return (dtype or torch.get_autocast_dtype(device)) if enabled else None
+    return torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else None
 
 
 def _equal(a, b) -> bool:
@@ -128,6 +159,8 @@ def _fold_int8(call: AttentionCall, options) -> None:
         q = value(call.q)
         if len(shape(call.q)) != 4:
             raise int8_kv.NotInt8("3-D (bmm) attention")
+        if call.autocast is not None:
+            raise int8_kv.NotInt8("under autocast")
         if any(value(t).requires_grad for t in (call.q, call.k, call.v)):
             raise int8_kv.NotInt8("q, k or v requires a gradient, and the int8-KV op is forward only")
         if call.key_mask is not None and call.blind_rows == "mean":
@@ -278,6 +311,9 @@ def emit(gm: GraphModule, call: AttentionCall, fake_mode, shared: dict, mutation
                     for t, source, name in zip((k, v), call.int8, ("int8_keys", "int8_values")))
             scales = [make(operator.getitem, t, source.index(3), name=name)
                       for t, source, name in zip(scales, call.int8, ("key_scales", "value_scales"))]
+        if call.autocast is not None:
+            q, k, v = (t if value(t).dtype == call.autocast else make("to", t, call.autocast, name=f"{name}_autocast")
+                       for t, name in ((q, "q"), (k, "k"), (v, "v")))
         if three_d:
             q, k, v = (make("unsqueeze", t, 0) for t in (q, k, v))
         seqused_k = _seqused_k(graph, make, call, shared, q, k)
@@ -350,6 +386,8 @@ def _describe_call(call: AttentionCall, kwargs: dict) -> str:
     else:
         text = f"fa4.attention(q[{fmt(call.q)}], k[{fmt(call.k)}], v[{fmt(call.v)}]{used}, {flags})"
     notes = [call.gqa]
+    if call.autocast is not None:
+        notes.append(f"q, k, v cast to {str(call.autocast).removeprefix('torch.')} as autocast does")
     if call.int8 is not None:
         spellings = {source.spelling for source in call.int8}
         notes.append(f"int8 K/V dequantization folded ({'/'.join(sorted(spellings))})")

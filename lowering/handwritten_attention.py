@@ -145,14 +145,12 @@ def match_handwritten(softmax: Node, constants: dict) -> attention.AttentionCall
     matched.append(kt)
     k, k_scale2 = _peel_scales(k, kt, matched)
     scale *= q_scale * k_scale * k_scale2
-    attention.check_kernel_support(q, k, v)
-    if value(output).dtype != value(q).dtype:
-        raise Decline(f"the output dtype {value(output).dtype} is not q's {value(q).dtype}")
+    autocast = attention.check_kernel_support(q, k, v, output)
     flags, seqused_k, keys = attention.flags_for(band, scores_shape)
     if softcap:
         flags["softcap"] = softcap
     return attention.AttentionCall(q, k, v, output=output, scale=scale, flags=flags, matched=matched + [output],
-                         seqused_k=seqused_k, padding=keys,
+                         seqused_k=seqused_k, padding=keys, autocast=autocast,
                          blind_rows=attention.blind_rows_of(hidden_scores, sdpa=False, softmax_dtype=value(softmax).dtype),
                          masks=[(m, use) for m, use in masks if isinstance(m, Node)])
 

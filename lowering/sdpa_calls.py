@@ -30,7 +30,7 @@ def match_sdpa(node: Node, constants: dict) -> attention.AttentionCall:
         raise Decline(f"dropout_p={dropout_p} (dropout is not supported)")
     if not isinstance(is_causal, bool):
         raise Decline(f"is_causal is not a constant ({is_causal})")
-    attention.check_kernel_support(q, k, v)
+    autocast = attention.check_kernel_support(q, k, v, node)
     scores_shape = shape(q)[:-1] + (shape(k)[-2],)
     flags, seqused_k, keys, blind = {}, None, None, "zeros"
     if attn_mask is not None:
@@ -46,7 +46,7 @@ def match_sdpa(node: Node, constants: dict) -> attention.AttentionCall:
     elif attention.constant(scale) is None:
         raise Decline(f"scale is not a constant ({scale})")
     return attention.AttentionCall(q, k, v, output=node, scale=attention.positive_scale(attention.constant(scale)), flags=flags, matched=[node],
-                         seqused_k=seqused_k, padding=keys, blind_rows=blind,
+                         seqused_k=seqused_k, padding=keys, blind_rows=blind, autocast=autocast,
                          masks=[(attn_mask, node)] if isinstance(attn_mask, Node) else [])
 
 

@@ -127,6 +127,16 @@ fa4_attention: (f32[2, 4, 9, 16], f32[2, 4, 9]) = fa4.attention(q, k, v, scale=0
 attention_out: f32[2, 4, 9, 16] = getitem(fa4_attention, 0)
 attention_out_contiguous: f32[2, 4, 9, 16] = .contiguous(attention_out)""")
 
+    def test_mixed_dtypes_without_autocast_stay_as_written(self):
+        """float32 scores cast to a bfloat16 v's dtype, no autocast: q, k's precision is the model's choice, kept."""
+        def fn(q, k, v):
+            return torch.softmax(q @ k.mT * 0.25, -1).to(v.dtype) @ v
+
+        q, k, v = inputs()
+        rec, out = compile_and_record(fn, q, k, v.bfloat16())
+        torch.testing.assert_close(out, fn(q, k, v.bfloat16()))
+        self.assertEqual(rec.reasons, ["q, k, v dtypes differ (torch.float32, torch.float32, torch.bfloat16)"])
+
     def test_fallback_arbitrary_mask(self):
         def fn(q, k, v, m):
             return torch.softmax(q @ k.mT * 0.25 + m, -1) @ v

@@ -77,6 +77,45 @@ fa4_attention: (f32[2, 4, 6, 8], f32[2, 4, 6]) = fa4.attention(q, k, v, scale=0.
 attention_out: f32[2, 4, 6, 8] = getitem(fa4_attention, 0)
 attention_out_contiguous: f32[2, 4, 6, 8] = .contiguous(attention_out)""")
 
+    def test_autocast_region_casts_q_k_v_as_autocast_does(self):
+        """Inside `torch.autocast`, SDPA runs in autocast's dtype whatever its inputs' (HF's RoPE hands float32 q, k
+        next to a bfloat16 v): the op gets them cast to it; its output is SDPA's, bfloat16."""
+        def fn(q, k, v):
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+        q, k, v = inputs(s=16, d=16)
+        v = v.bfloat16()
+        rec, out = compile_and_record(fn, q, k, v)
+        expected = fn(q, k, v)
+        assert out.dtype == expected.dtype == torch.bfloat16
+        torch.testing.assert_close(out, expected, atol=2e-2, rtol=2e-2)
+        self.assertExpectedInline(rec.summary, """\
+q_autocast: bf16[2, 4, 16, 16] = .to(q, bfloat16)
+k_autocast: bf16[2, 4, 16, 16] = .to(k, bfloat16)
+fa4_attention: (bf16[2, 4, 16, 16], f32[2, 4, 16]) = fa4.attention(q_autocast, k_autocast, v, scale=0.25, causal=True)
+attention_out: bf16[2, 4, 16, 16] = getitem(fa4_attention, 0)
+attention_out_contiguous: bf16[2, 4, 16, 16] = .contiguous(attention_out)""")
+        self.assertIn("q, k, v cast to bfloat16 as autocast does", rec.records[0].detail)
+
+        def outside(q, k, v):  # autocast around the compiled call: the state Dynamo compiled (and guards) under
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            rec, out = compile_and_record(outside, q, k, v)
+            expected = outside(q, k, v)
+        torch.testing.assert_close(out, expected, atol=2e-2, rtol=2e-2)
+        self.assertEqual(rec.count(), 1)
+
+        def disabled(q, k, v):  # autocast turned off inside: float32 q, k against a bfloat16 v is an error in eager
+            with torch.autocast("cpu", enabled=False):
+                return F.scaled_dot_product_attention(q.bfloat16(), k.bfloat16(), v, is_causal=True)
+
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            rec, out = compile_and_record(disabled, q, k, v)
+        self.assertEqual(rec.count(), 1)
+        self.assertNotIn("autocast", rec.records[0].detail)
+
     def test_fallback_dropout(self):
         fn = lambda q, k, v: F.scaled_dot_product_attention(q, k, v, dropout_p=0.1)  # noqa: E731
         rec, _ = compile_and_record(fn, *inputs())
