@@ -396,7 +396,7 @@ def _error_to_float64(got: torch.Tensor, reference: torch.Tensor) -> float:
     return (got.double() - reference).abs().max().item() / reference.abs().max().item()
 
 
-@pytest.mark.parametrize("model_kind", ["nanogpt-sdpa", "nanogpt-handwritten", "llama-sdpa"])
+@pytest.mark.parametrize("model_kind", ["nanogpt-sdpa", "nanogpt-handwritten", "llama-sdpa", "llama-eager"])
 def test_training_step_under_autocast(model_kind):
     """A float32 model trained under `torch.autocast(dtype=torch.bfloat16)` (nanoGPT's train.py): the projections
     hand attention bfloat16 q, k, v, so it is rewritten, and the op runs in bfloat16 as SDPA would. The loss and every
@@ -410,7 +410,7 @@ def test_training_step_under_autocast(model_kind):
         def loss_of(module, x):
             return module(x).float().square().mean()
     else:
-        net = without_dropout(tiny("llama", "sdpa").model).train()
+        net = without_dropout(tiny("llama", model_kind.removeprefix("llama-")).model).train()
         x = torch.randint(0, 128, (2, 12))
 
         def loss_of(module, x):
