@@ -275,7 +275,7 @@ def test_explain_by_model_type(capsys, impl):
     assert sum("key_mask=padding mask" in line for line in lines) == 2
 
 
-@pytest.mark.parametrize("padded", [False, True], ids=["unpadded", "left-padded"])
+@pytest.mark.parametrize("padded", [pytest.param(False, marks=pytest.mark.slow), True], ids=["unpadded", "left-padded"])
 def test_generate_with_static_cache_and_a_compiled_forward_is_rewritten(padded):
     """`generate(cache_implementation="static")` with the whole forward compiled: the decode steps' masks
     arrive as boolean [B, 1, 1, Sk] graph inputs, read as key masks; a padded batch's prefill mask as a boolean
