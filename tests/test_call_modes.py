@@ -396,8 +396,9 @@ def _error_to_float64(got: torch.Tensor, reference: torch.Tensor) -> float:
     return (got.double() - reference).abs().max().item() / reference.abs().max().item()
 
 
-@pytest.mark.parametrize("model_kind", ["nanogpt-sdpa", "llama-sdpa", pytest.param("nanogpt-handwritten", marks=pytest.mark.slow),
-                                        pytest.param("llama-eager", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("model_kind", ["nanogpt-sdpa", "llama-sdpa",
+                                        *(pytest.param(kind, marks=pytest.mark.slow)
+                                          for kind in ("nanogpt-handwritten", "llama-eager"))])
 def test_training_step_under_autocast(model_kind):
     """A float32 model trained under `torch.autocast(dtype=torch.bfloat16)` (nanoGPT's train.py): the projections
     hand attention bfloat16 q, k, v, so it is rewritten, and the op runs in bfloat16 as SDPA would. The loss and every
