@@ -16,6 +16,7 @@ with a `FAMILY` and an entry here.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 
 import torch
@@ -86,17 +87,46 @@ def run_families(context: Context, stage: str, families=FAMILIES) -> list[Record
 
 
 def run_torch_ir_passes(gm: GraphModule, example_inputs, options) -> list[Record]:
-    """The TORCH_IR families over a Dynamo graph, in place; one record per candidate."""
+    """The TORCH_IR families over a Dynamo graph, in place, and over the bodies of its activation-checkpointed
+    regions (`_checkpointed_bodies`); one record per candidate."""
     fake_mode = _fake_mode_of_graph(gm) or detect_fake_mode(example_inputs)
-    context = Context(gm, options, fake_mode, constants=module_buffers(gm, example_inputs))
-    records = run_families(context, TORCH_IR)
-    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
-    gm.meta[READ_BY_VALUE] = [placeholders.index(n) for n in context.read_by_value]
-    gm.graph.lint()
-    gm.recompile()
+    records, read_by_value = _run_graph(gm, options, fake_mode, module_buffers(gm, example_inputs))
+    placeholders = _placeholders(gm)
+    gm.meta[READ_BY_VALUE] = [placeholders.index(n) for n in read_by_value]
     for record in records:
         log.debug("%s", record)
     return records
+
+
+def _run_graph(gm: GraphModule, options, fake_mode, constants: dict) -> tuple[list[Record], set]:
+    """The records of one graph and its checkpointed bodies, and the placeholders of `gm` whose module buffers a
+    rewrite read by value."""
+    context = Context(gm, options, fake_mode, constants=constants)
+    records = run_families(context, TORCH_IR)
+    read_by_value = set(context.read_by_value)
+    for node, body in _checkpointed_bodies(gm):
+        outer = dict(zip(_placeholders(body), node.args[1:]))  # the body's inputs are the region's operands
+        body_records, body_read = _run_graph(body, options, fake_mode,
+                                             {p: constants[a] for p, a in outer.items() if a in constants})
+        module = module_path(node)
+        records += [r if r.module else dataclasses.replace(r, module=module) for r in body_records]
+        read_by_value |= {outer[p] for p in body_read}
+    gm.graph.lint()
+    gm.recompile()
+    return records, read_by_value
+
+
+def _checkpointed_bodies(gm: GraphModule) -> list:
+    """(region node, body) of every `torch.utils.checkpoint` region of the graph: Dynamo writes the region as
+    `tag_activation_checkpoint(body, *operands)` over a subgraph module (HF's `gradient_checkpointing_enable`
+    puts each decoder layer in one), which AOTAutograd inlines, recomputing it in the backward."""
+    return [(node, getattr(gm, node.args[0].target)) for node in gm.graph.nodes
+            if node.target is torch.ops.higher_order.tag_activation_checkpoint
+            and isinstance(node.args[0], torch.fx.Node) and node.args[0].op == "get_attr"]
+
+
+def _placeholders(gm: GraphModule) -> list:
+    return [n for n in gm.graph.nodes if n.op == "placeholder"]
 
 
 def _fake_mode_of_graph(gm: GraphModule):

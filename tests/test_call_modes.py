@@ -438,3 +438,25 @@ def test_training_step_under_autocast(model_kind):
     for i, (g, e, r) in enumerate(zip(got, eager, reference)):
         ours, theirs = _error_to_float64(g, r), _error_to_float64(e, r)
         assert ours <= 2 * theirs + 2 ** -8, f"tensor {i}: error {ours:.2e} against eager autocast's {theirs:.2e}"
+
+
+@pytest.mark.parametrize("impl", ["sdpa", pytest.param("eager", marks=pytest.mark.slow)])
+def test_training_step_with_gradient_checkpointing(impl):
+    """`gradient_checkpointing_enable()` (HF Trainer's `gradient_checkpointing=True`) puts each decoder layer in a
+    `torch.utils.checkpoint` region, which Dynamo writes as a subgraph: its attention is rewritten there too. HF's
+    mask crosses into the region as its input: sdpa code's boolean one becomes the op's key mask per query row,
+    eager code's float one stays as written (values unknown when compiling). Loss and gradients are eager's."""
+    model = tiny("llama", impl)
+    net = without_dropout(model.model).train()
+    net.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    kwargs = {**model.inputs(), "use_cache": False}
+    recorder = assert_training_step_matches_eager(net, {**kwargs, "labels": kwargs["input_ids"]})
+    layers = model.attention_layers
+    assert len(recorder.records) == layers, recorder.records
+    if impl == "sdpa":
+        assert all(r.rewritten and "key_mask=mask per query row" in r.detail for r in recorder.records), \
+            recorder.records
+        assert sorted(r.module.split("model.")[-1] for r in recorder.records) == [
+            f"layers.{i}.self_attn" for i in range(layers)]
+    else:
+        assert all("the graph input" in reason for reason in recorder.reasons), recorder.reasons

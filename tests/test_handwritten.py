@@ -127,6 +127,27 @@ fa4_attention: (f32[2, 4, 9, 16], f32[2, 4, 9]) = fa4.attention(q, k, v, scale=0
 attention_out: f32[2, 4, 9, 16] = getitem(fa4_attention, 0)
 attention_out_contiguous: f32[2, 4, 9, 16] = .contiguous(attention_out)""")
 
+    def test_inside_an_activation_checkpoint_reads_the_mask_buffer(self):
+        """nanoGPT's layer under `torch.utils.checkpoint`: Dynamo writes the region as a subgraph whose inputs are its
+        operands; the `bias` buffer is one, read by value as at the top level. Forward and gradients as eager."""
+        from torch.utils.checkpoint import checkpoint
+
+        m = upstream.CausalSelfAttention(dropout=0.0)
+
+        def fn(x):
+            return checkpoint(m, x, use_reentrant=False)
+
+        x = torch.randn(2, 10, 32, requires_grad=True)
+        rec, out = compile_and_record(fn, x)
+        expected = fn(x)
+        torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+        grad = torch.randn_like(out)
+        for got, want in zip(torch.autograd.grad(out, [x, *m.parameters()], grad),
+                             torch.autograd.grad(expected, [x, *m.parameters()], grad)):
+            torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+        self.assertEqual([r.rewritten for r in rec.records], [True])
+        self.assertIn("causal=True", rec.records[0].detail)
+
     def test_mixed_dtypes_without_autocast_stay_as_written(self):
         """float32 scores cast to a bfloat16 v's dtype, no autocast: q, k's precision is the model's choice, kept."""
         def fn(q, k, v):
