@@ -5,6 +5,7 @@ torch.compile against ours."""
 from __future__ import annotations
 
 import functools
+import inspect
 
 import torch
 
@@ -25,8 +26,11 @@ def static_cache_prefill(model, tokens, mask, capacity: int) -> dict:
     slots = torch.arange(capacity, device=tokens.device)
     visible = torch.nn.functional.pad(mask.bool(), (0, capacity - s))
     causal = slots[None, :] <= torch.arange(s, device=tokens.device)[:, None]
-    return {"attention_mask": (causal[None] & visible[:, None, :])[:, None],
-            cache_keyword(model): StaticCache(config=model.config, max_cache_len=capacity), "use_cache": True}
+    kwargs = {"attention_mask": (causal[None] & visible[:, None, :])[:, None],
+              cache_keyword(model): StaticCache(config=model.config, max_cache_len=capacity), "use_cache": True}
+    if "cache_position" in inspect.signature(model.forward).parameters:  # transformers before 5.24: else each
+        kwargs["cache_position"] = torch.arange(s, device=tokens.device)  # timed call appends past the capacity
+    return kwargs
 
 
 def padded_ms(model, backend_name, tokens, mask, train: bool, labels: bool = True, static_cache: int = 0) -> float:
