@@ -15,6 +15,17 @@ case "$1" in
         -k "int_gemv or int8_int8 or int8_dynamic or per_query or padding_runs_fa4"
     run timeout 330 python3 -c "from fa4_inductor import bench
 for t in bench.padded_suite(attentions=('sdpa',), passes=('prefill',), sides=('left',)): print(t.markdown())" ;;
+p)  # the padded rows one at a time, printed as they finish (a cut run keeps what it timed)
+    run timeout 300 python3 -c "
+import torch
+from fa4_inductor.bench import models, padded
+model = models.llama('sdpa', 'cuda', torch.bfloat16)
+tokens, mask = models.padded_batch(model.config.vocab_size, 4, 2048, (0, 100, 700, 1500), 'cuda', 'left')
+for kind, m, static in (('left-padded, static cache', mask, 4096), ('left-padded', mask, 0), ('no mask', None, 0)):
+    for name, backend in models.BACKENDS.items():
+        torch._dynamo.reset()
+        print(kind, '|', name, '|', round(padded.padded_ms(model, backend, tokens, m, False, static_cache=static), 2), flush=True)
+" ;;
 2)  # issue 15: M = 1 times by prefetch window (session 15 run 4, none: 8192 x 8192 15.0 us); int8 x int8 rows with the
     # in-graph cast and scaling (session 19 run 1, the op: 10.5-23.2 us)
     run timeout 200 python3 tests/bench_w4a16.py --m 1 --gemv int --prefetch 0,4,8 \
