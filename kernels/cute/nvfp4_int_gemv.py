@@ -104,7 +104,8 @@ class NVFP4IntGemv(W4A16Gemv):
     def __init__(self, dtype, m: int, rows: int, warps_k: int, max_pieces: int, pdl: bool = False,
                  min_ctas: int = 0, prefetch: int = 0):
         super().__init__(dtype, "nvfp4", m, False, rows, warps_k, pdl, min_ctas)
-        assert max_pieces >= 1 and (prefetch == 0 or prefetch >= 3) and 5 * rows <= 32, (max_pieces, prefetch, rows)
+        # the window takes a lane a weight line (4 a row) and one a row of block scales
+        assert max_pieces >= 1 and (prefetch == 0 or (prefetch >= 3 and 5 * rows <= 32)), (max_pieces, prefetch, rows)
         self.max_pieces = max_pieces
         self.prefetch = prefetch
 
