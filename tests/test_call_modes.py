@@ -361,8 +361,8 @@ GENERATE_STRATEGIES = {
 }
 
 
-@pytest.mark.parametrize("strategy", [pytest.param(name, marks=[] if name == "prompt lookup" else pytest.mark.slow)
-                                      for name in GENERATE_STRATEGIES])
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy", GENERATE_STRATEGIES)
 def test_generate_strategies_with_a_compiled_forward(strategy):
     """`generate` strategies other than greedy over a compiled forward: beam search (the cache reordered between
     steps), sampling, prompt-lookup decoding (several candidate tokens verified over the cache at once: a causal band

@@ -467,6 +467,7 @@ def test_generate_compiles_the_int8_decode_step_with_a_left_padded_batch():
         torch.testing.assert_close(g, e, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_a_compiled_forward_generating_a_left_padded_batch_over_the_int8_cache():
     """The whole forward compiled, `generate` over `Int8StaticCache` with a left-padded batch: the prefill's boolean
     [B, 1, Sq, Sk] mask (built outside the forward) reaches `fa4::attention_int8kv` as its [B, Sq, Sk] key mask, the
