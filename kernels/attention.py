@@ -356,6 +356,8 @@ def _attention_cuda(q, k, v, seqused_k=None, key_mask=None, **flags):
             prefix = [t[:, :, :form.causal_keys] for t in (k, v)]
             causal = {**flags, "causal": True}
             if _route(q, *prefix, None, None, causal) is routes.FA4:
+                log.debug("fa4::attention q%s: a mask per query row read as a causal prefix of %d keys, left-padded: "
+                          "FA4 varlen", tuple(q.shape), form.causal_keys)
                 return fa4.forward_padded(q, *prefix, *form.padded, **causal)
         elif form.key_mask is None:
             without_mask = _route(q, k, v, form.seqused_k, None, flags)

@@ -1,4 +1,4 @@
-# Sessions 19-20's unrun GPU work, in priority order, split into calls of <= ~9 minutes (the first after .gpu/b's install).
+# Unrun GPU work (sessions 19-20), in priority order (`q` first next time, then 3, 4, *), split into calls of <= ~9 minutes (the first after .gpu/b's install).
 # Output goes to $OUT/log.txt. Have the next call ready: the machine goes back 30 s after a call, and a fresh one needs
 # .gpu/a and .gpu/b again. Run one part a call:  bash scratch/next_gpu.sh 1   (then 2, 3, ...)
 # Never `pkill -f pytest` here: it matches this script's own command line. A pytest cut by `timeout` can leave xdist
@@ -26,6 +26,19 @@ for kind, m, static in (('left-padded, static cache', mask, 4096), ('left-padded
         torch._dynamo.reset()
         print(kind, '|', name, '|', round(padded.padded_ms(model, backend, tokens, m, False, static_cache=static), 2), flush=True)
 " ;;
+q)  # session 20 left this open: which kernels the static-cache padded prefill (run 3: 1.01x) takes, logged once
+    run timeout 200 python3 -c "
+import logging, torch
+from fa4_inductor.bench import models, padded
+logging.basicConfig(format='%(name)s %(message)s')
+logging.getLogger('fa4_inductor.kernels').setLevel(logging.DEBUG)
+model = models.llama('sdpa', 'cuda', torch.bfloat16)
+tokens, mask = models.padded_batch(model.config.vocab_size, 4, 2048, (0, 100, 700, 1500), 'cuda', 'left')
+kwargs = padded.static_cache_prefill(model, tokens, mask, 4096)
+compiled = models.compile_model(model, 'fa4_inductor')
+with torch.no_grad():
+    compiled(tokens, **kwargs, logits_to_keep=1)
+" 2>&1 | sort | uniq -c | sort -rn | head -20 >> $L ;;
 2)  # issue 15: M = 1 times by prefetch window (session 15 run 4, none: 8192 x 8192 15.0 us); int8 x int8 rows with the
     # in-graph cast and scaling (session 19 run 1, the op: 10.5-23.2 us)
     run timeout 200 python3 tests/bench_w4a16.py --m 1 --gemv int --prefetch 0,4,8 \
