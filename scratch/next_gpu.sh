@@ -27,7 +27,8 @@ for kind, m, static in (('left-padded, static cache', mask, 4096), ('left-padded
         print(kind, '|', name, '|', round(padded.padded_ms(model, backend, tokens, m, False, static_cache=static), 2), flush=True)
 " ;;
 q)  # session 20 left this open: which kernels the static-cache padded prefill (run 3: 1.01x) takes, logged once
-    run timeout 200 python3 -c "
+    echo "+ the static-cache padded prefill's kernel log" >>$L
+    timeout 200 python3 -c "
 import logging, torch
 from fa4_inductor.bench import models, padded
 logging.basicConfig(format='%(name)s %(message)s')
