@@ -63,6 +63,27 @@ class MaskNotUnderstood(Exception):
 
 
 @dataclass(frozen=True)
+class Outside:
+    """A region body's input computed in the enclosing graph (a `torch.utils.checkpoint` region's operand: HF's
+    mask, built before the checkpointed layer): `node` there, with that graph's module buffers, in-place updates
+    (a `mutations.Mutations`) and the region's node, which reads it."""
+
+    node: Node
+    constants: dict
+    mutations: object
+    region: Node
+
+
+class BodyConstants(dict):
+    """`constants` of a region body: its module buffers, and in `outside` its inputs computed in the enclosing graph
+    (placeholder -> `Outside`), which `evaluate` follows there when they are pure structure."""
+
+    def __init__(self, buffers: dict, outside: dict):
+        super().__init__(buffers)
+        self.outside = outside
+
+
+@dataclass(frozen=True)
 class Shift:
     """Positions known only at run time: query row i sits at `node + i`, key slot j at `minus + j`.
 
@@ -412,6 +433,9 @@ def evaluate(node, constants: dict) -> TwoValued:
     if node.op == "placeholder":
         if node in constants:
             return _band_of_values(constants[node][1])
+        outside = getattr(constants, "outside", {}).get(node)
+        if outside is not None and (proven := _proven_outside(outside)) is not None:
+            return proven
         v = value(node)
         if isinstance(v, torch.Tensor) and v.dtype == torch.bool and v.dim() == 4 and same_size(v.shape[1], 1):
             keys = KeyMask(node, plane=True, per_query=not same_size(v.shape[2], 1))
@@ -522,6 +546,22 @@ def evaluate(node, constants: dict) -> TwoValued:
             return _coerce(node, evaluate(source, constants))
         raise MaskNotUnderstood(f"{_describe(node)} indexes the mask by something other than leading slices")
     raise MaskNotUnderstood(f"the mask is built by {_describe(node)}, which is not understood")
+
+
+def _proven_outside(outside: Outside) -> TwoValued | None:
+    """The value of a region body's input as its enclosing graph proves it, if that is pure structure: built from
+    no graph input (sizes aside), not updated in place before the region reads it, with no run-time positions or
+    key mask (their tensors live in the other graph). None otherwise: the input is read as a graph input."""
+    from .records import Decline
+
+    if _graph_inputs(outside.node):
+        return None
+    try:
+        tv = evaluate(outside.node, outside.constants)
+        outside.mutations.check_mask(outside.node, outside.region)
+    except (MaskNotUnderstood, Decline):
+        return None
+    return tv if tv.band.shift is None and tv.band.keys is None else None
 
 
 def _constant(node, constants) -> TwoValued | None:

@@ -21,11 +21,12 @@ import logging
 
 import torch
 from torch._guards import detect_fake_mode
-from torch.fx import GraphModule
+from torch.fx import GraphModule, Node
 
 from . import handwritten_attention, int8_int8_linear, int8_linear, nvfp4_linear, sdpa_calls
 from .family import TORCH_IR, Context, Family
 from .graph_edit import erased
+from .masks import BodyConstants, Outside
 from .records import Decline, Record
 from .spellings import location, module_path
 
@@ -106,8 +107,11 @@ def _run_graph(gm: GraphModule, options, fake_mode, constants: dict) -> tuple[li
     read_by_value = set(context.read_by_value)
     for node, body in _checkpointed_bodies(gm):
         outer = dict(zip(_placeholders(body), node.args[1:]))  # the body's inputs are the region's operands
-        body_records, body_read = _run_graph(body, options, fake_mode,
-                                             {p: constants[a] for p, a in outer.items() if a in constants})
+        body_constants = BodyConstants(
+            {p: constants[a] for p, a in outer.items() if a in constants},
+            {p: Outside(a, constants, context.mutations, node) for p, a in outer.items()
+             if isinstance(a, Node) and a not in constants})
+        body_records, body_read = _run_graph(body, options, fake_mode, body_constants)
         module = module_path(node)
         records += [r if r.module else dataclasses.replace(r, module=module) for r in body_records]
         read_by_value |= {outer[p] for p in body_read}

@@ -440,23 +440,31 @@ def test_training_step_under_autocast(model_kind):
         assert ours <= 2 * theirs + 2 ** -8, f"tensor {i}: error {ours:.2e} against eager autocast's {theirs:.2e}"
 
 
-@pytest.mark.parametrize("impl", ["sdpa", pytest.param("eager", marks=pytest.mark.slow)])
-def test_training_step_with_gradient_checkpointing(impl):
+@pytest.mark.parametrize("impl, padded", [("sdpa", False), ("eager", False), ("sdpa", True),
+                                          pytest.param("eager", True, marks=pytest.mark.slow)])
+def test_training_step_with_gradient_checkpointing(impl, padded):
     """`gradient_checkpointing_enable()` (HF Trainer's `gradient_checkpointing=True`) puts each decoder layer in a
     `torch.utils.checkpoint` region, which Dynamo writes as a subgraph: its attention is rewritten there too. HF's
-    mask crosses into the region as its input: sdpa code's boolean one becomes the op's key mask per query row,
-    eager code's float one stays as written (values unknown when compiling). Loss and gradients are eager's."""
+    mask, built before the layers, enters the region as an input, proven from the enclosing graph when it is pure
+    structure (the causal band of an unpadded batch); a padded batch's depends on `attention_mask`: sdpa code's
+    boolean mask becomes the op's key mask per query row, eager code's float one stays as written (values unknown
+    when compiling). Loss and gradients are eager's."""
     model = tiny("llama", impl)
     net = without_dropout(model.model).train()
     net.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    kwargs = {**model.inputs(), "use_cache": False}
+    kwargs = {**model.inputs(padding=padded), "use_cache": False}
+    if padded:
+        kwargs["attention_mask"] = kwargs["attention_mask"].flip(-1)  # left padding
     recorder = assert_training_step_matches_eager(net, {**kwargs, "labels": kwargs["input_ids"]})
     layers = model.attention_layers
     assert len(recorder.records) == layers, recorder.records
-    if impl == "sdpa":
-        assert all(r.rewritten and "key_mask=mask per query row" in r.detail for r in recorder.records), \
-            recorder.records
+    if not padded:
+        assert all(r.rewritten and "causal=True" in r.detail and "key_mask" not in r.detail
+                   for r in recorder.records), recorder.records
         assert sorted(r.module.split("model.")[-1] for r in recorder.records) == [
             f"layers.{i}.self_attn" for i in range(layers)]
+    elif impl == "sdpa":
+        assert all(r.rewritten and "key_mask=mask per query row" in r.detail for r in recorder.records), \
+            recorder.records
     else:
         assert all("the graph input" in reason for reason in recorder.reasons), recorder.reasons

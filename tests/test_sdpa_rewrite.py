@@ -116,6 +116,30 @@ attention_out_contiguous: bf16[2, 4, 16, 16] = .contiguous(attention_out)""")
         self.assertEqual(rec.count(), 1)
         self.assertNotIn("autocast", rec.records[0].detail)
 
+    def test_mask_built_outside_a_checkpoint_region(self):
+        """A mask built before a `torch.utils.checkpoint` region enters its subgraph as an input: proven in the
+        enclosing graph when it is pure structure, not when it was updated in place there first."""
+        from torch.utils.checkpoint import checkpoint
+
+        def attend(q, k, v, m):
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=m)
+
+        def clean(q, k, v):
+            m = torch.ones(6, 6, dtype=torch.bool).tril()
+            return checkpoint(attend, q, k, v, m, use_reentrant=False)
+
+        def updated(q, k, v):
+            m = torch.ones(6, 6, dtype=torch.bool).tril()
+            m[0, 3] = True  # no longer a band
+            return checkpoint(attend, q, k, v, m, use_reentrant=False)
+
+        rec = self.check(clean, *inputs())
+        self.assertEqual([r.detail for r in rec.records], ["fa4.attention(q[2x4x6x8], k[2x4x6x8], v[2x4x6x8], "
+                                                           "scale=0.353553, causal=True)"])
+        rec = self.check(updated, *inputs())
+        self.assertEqual(rec.count(), 0)
+        self.assertIn("the graph input", rec.reasons[0])
+
     def test_fallback_dropout(self):
         fn = lambda q, k, v: F.scaled_dot_product_attention(q, k, v, dropout_p=0.1)  # noqa: E731
         rec, _ = compile_and_record(fn, *inputs())
