@@ -440,8 +440,9 @@ def test_training_step_under_autocast(model_kind):
         assert ours <= 2 * theirs + 2 ** -8, f"tensor {i}: error {ours:.2e} against eager autocast's {theirs:.2e}"
 
 
-@pytest.mark.parametrize("impl, padded", [("sdpa", False), ("eager", False), ("sdpa", True),
-                                          pytest.param("eager", True, marks=pytest.mark.slow)])
+@pytest.mark.parametrize("impl, padded", [("sdpa", False), ("sdpa", True),
+                                          *(pytest.param(*case, marks=pytest.mark.slow)
+                                            for case in (("eager", False), ("eager", True)))])
 def test_training_step_with_gradient_checkpointing(impl, padded):
     """`gradient_checkpointing_enable()` (HF Trainer's `gradient_checkpointing=True`) puts each decoder layer in a
     `torch.utils.checkpoint` region, which Dynamo writes as a subgraph: its attention is rewritten there too. HF's
