@@ -48,6 +48,7 @@ import torch
 from torch.fx import Node
 from torch.fx.experimental.symbolic_shapes import guard_or_false
 
+from .records import Decline
 from .spellings import (ADD, AND, ARANGE, CAST, CONTIGUOUS, EQ, EXPAND, FULL, GE, GETITEM, GT, LE, LOGICAL_NOT, LT,
                         MASKED_FILL, MUL, NE, ONES, RESHAPE, SUB, TENSOR, TRIL, TRIU, UNSQUEEZE, WHERE, ZEROS, Spelling,
                         arg, is_large_negative, normalize_dim, same_size, scalar, shape, value)
@@ -552,8 +553,6 @@ def _proven_outside(outside: Outside) -> TwoValued | None:
     """The value of a region body's input as its enclosing graph proves it, if that is pure structure: built from
     no graph input (sizes aside), not updated in place before the region reads it, with no run-time positions or
     key mask (their tensors live in the other graph). None otherwise: the input is read as a graph input."""
-    from .records import Decline
-
     if _graph_inputs(outside.node):
         return None
     try:
