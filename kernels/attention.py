@@ -289,12 +289,12 @@ def _mask_kind(q, k, seqused_k, key_mask, flags) -> str:
     """Which `key_mask_form` a mask has ("hides nothing", "right padding", "left padding", "right padding,
     causal", "causal prefix, left padding" or "kept"), read on the host."""
     if key_mask.dim() == 3:
-        return _per_query_mask_kind(q, k, seqused_k, key_mask, flags)
+        return _per_query_mask_kind(seqused_k, key_mask, flags)
     lengths = _lengths(key_mask)
     positions = torch.arange(key_mask.shape[1], device=key_mask.device)
     unused = positions >= seqused_k[:, None] if seqused_k is not None else torch.zeros_like(key_mask)
     right_padding = (key_mask == (positions < lengths[:, None])).all()
-    left_padding = (key_mask == (positions >= key_mask.shape[1] - lengths[:, None])).all()
+    left_padding = _is_left_padding(key_mask, lengths)
     hides_nothing, right_padding, left_padding, no_empty_row = torch.stack(
         [(key_mask | unused).all(), right_padding, left_padding, (lengths > 0).all()]).tolist()
     banded = Flags(**flags).banded
@@ -313,7 +313,13 @@ def _mask_kind(q, k, seqused_k, key_mask, flags) -> str:
     return "kept"
 
 
-def _per_query_mask_kind(q, k, seqused_k, key_mask, flags) -> str:
+def _is_left_padding(key_mask: Tensor, lengths: Tensor) -> Tensor:
+    """0-d bool tensor: every row of the [B, S] mask shows exactly its last lengths[b] keys."""
+    positions = torch.arange(key_mask.shape[1], device=key_mask.device)
+    return (key_mask == (positions >= key_mask.shape[1] - lengths[:, None])).all()
+
+
+def _per_query_mask_kind(seqused_k, key_mask, flags) -> str:
     """"causal prefix, left padding" when a [B, Sq, Sk] mask (on a call with no band or seqused_k) hides every key
     from Sq on and its first Sq columns are `tril & its last row`, that row left padding: a causal self-attention
     over the first Sq keys with left padding, which FA4 runs as varlen segments; else "kept"."""
@@ -322,10 +328,9 @@ def _per_query_mask_kind(q, k, seqused_k, key_mask, flags) -> str:
         return "kept"
     head, last = key_mask[:, :, :sq], key_mask[:, -1:, :sq]
     causal = torch.ones(sq, sq, dtype=torch.bool, device=key_mask.device).tril()
-    positions = torch.arange(sq, device=key_mask.device)
-    left_padding = last[:, 0] == (positions >= sq - _lengths(last[:, 0])[:, None])
     hides_rest, causal_prefix, left = torch.stack(
-        [~key_mask[:, :, sq:].any(), (head == (causal & last)).all(), left_padding.all()]).tolist()
+        [~key_mask[:, :, sq:].any(), (head == (causal & last)).all(),
+         _is_left_padding(last[:, 0], _lengths(last[:, 0]))]).tolist()
     return "causal prefix, left padding" if hides_rest and causal_prefix and left else "kept"
 
 
