@@ -41,6 +41,7 @@ import operator
 import torch
 from torch.fx import Node
 
+from ..kernels import KEY_MASK
 from .masks import KeyMask
 from .spellings import same_size, value
 
@@ -81,24 +82,23 @@ def check_hides_none(make, keys: KeyMask, seqused_k: Node | None) -> Node:
 def key_mask(make, keys: KeyMask, k: Node) -> Node:
     """The op's key_mask [B, Sk] bool: key slot j of sequence b is visible when keys.node[b, start + j] != 0.
     A mask of one row for the batch, or of one column for every key, is broadcast as eager does. A mask per query
-    row ([B or 1, 1, Sq, Sk], `_encode_padding` checked its sizes) gives the [B, Sq, Sk] key_mask."""
+    row ([B or 1, 1, Sq, Sk], `_encode_padding` checked its sizes) gives the [B, Sq, Sk] key_mask. Always made by
+    `fa4::key_mask` (kernels/key_mask.py says why)."""
     start = 0 if keys.start is None else keys.start
     b, sk = (s if isinstance(s, int) else make("size", k, d) for d, s in ((0, value(k).shape[0]), (2, value(k).shape[2])))
     if keys.per_query:
-        whole_batch = same_size(value(keys.node).shape[0], value(k).shape[0])
-        m = make(operator.getitem, keys.node, (slice(None), 0), name="key_mask" if whole_batch else None)
-        if whole_batch:
-            return m
-        sq = value(m).shape[1]
-        return make("contiguous", make("expand", m, b, sq if isinstance(sq, int) else make("size", m, 1), sk),
-                    name="key_mask")
+        m = make(operator.getitem, keys.node, (slice(None), 0))
+        if not same_size(value(keys.node).shape[0], value(k).shape[0]):
+            sq = value(m).shape[1]
+            m = make("expand", m, b, sq if isinstance(sq, int) else make("size", m, 1), sk)
+        return make(KEY_MASK, m, name="key_mask")
     m = make(operator.getitem, keys.node, (slice(None), 0, 0)) if keys.plane else keys.node
     rows, columns = value(m).shape
     one_column = same_size(columns, 1) and keys.start is None and not same_size(value(k).shape[2], 1)
     window = m if one_column else make(torch.narrow, m, 1, start, sk)
-    if not one_column and same_size(rows, value(k).shape[0]):
-        return make(operator.ne, window, 0, name="key_mask")
-    return make("contiguous", make("expand", make(operator.ne, window, 0), b, sk), name="key_mask")
+    if one_column or not same_size(rows, value(k).shape[0]):
+        window = make("expand", window, b, sk)
+    return make(KEY_MASK, window, name="key_mask")
 
 
 def blind_rows_as_mean(make, out: Node, lse: Node, v: Node) -> Node:

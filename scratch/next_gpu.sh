@@ -1,4 +1,4 @@
-# Unrun GPU work (sessions 19-20), in priority order (`q` first next time, then 3, 4, *), split into calls of <= ~9 minutes (the first after .gpu/b's install).
+# Unrun GPU work (sessions 19-21), in priority order (`r` first next time, then 3, 4, *), split into calls of <= ~9 minutes (the first after .gpu/b's install).
 # Output goes to $OUT/log.txt. Have the next call ready: the machine goes back 30 s after a call, and a fresh one needs
 # .gpu/a and .gpu/b again. Run one part a call:  bash scratch/next_gpu.sh 1   (then 2, 3, ...)
 # Never `pkill -f pytest` here: it matches this script's own command line. A pytest cut by `timeout` can leave xdist
@@ -15,6 +15,11 @@ case "$1" in
         -k "int_gemv or int8_int8 or int8_dynamic or per_query or padding_runs_fa4"
     run timeout 330 python3 -c "from fa4_inductor import bench
 for t in bench.padded_suite(attentions=('sdpa',), passes=('prefill',), sides=('left',)): print(t.markdown())" ;;
+r)  # session 21: `q` showed FA4 varlen on every layer of the static-cache padded prefill, each layer re-reading
+    # the mask on the host (a new view per layer); `fa4::key_mask` now hands every layer one tensor. Its GPU tests,
+    # then the three padded rows (`p`)
+    run timeout 120 $P -n 8 tests/test_gpu_fa4.py -k "per_query or padding_runs_fa4 or key_mask"
+    bash scratch/next_gpu.sh p ;;
 p)  # the padded rows one at a time, printed as they finish (a cut run keeps what it timed)
     run timeout 300 python3 -c "
 import torch

@@ -120,6 +120,18 @@ def test_opcheck_forward_with_seqused_k():
     torch.library.opcheck(ATTENTION, (q, k, v, torch.tensor([8, 4], dtype=torch.int32)), dict(scale=0.3, causal=True))
 
 
+@pytest.mark.parametrize("source", ["bool", "float", "expanded"])
+def test_key_mask_op_is_a_new_boolean_tensor(source):
+    """`fa4::key_mask(m)`: `m != 0` as a contiguous tensor of its own (never a view of m), the key mask lowering
+    hands the attention ops."""
+    m = torch.randn(3, 1, 5, 8)
+    m = {"bool": m > 0, "float": m.masked_fill(m < 0, 0.0), "expanded": (m > 0)[:1].expand(3, 1, 5, 8)}[source]
+    rows = torch.ops.fa4.key_mask.default(m[:, 0])
+    assert rows.dtype == torch.bool and rows.is_contiguous() and rows.untyped_storage().data_ptr() != m.data_ptr()
+    assert torch.equal(rows, m[:, 0] != 0)
+    torch.library.opcheck(torch.ops.fa4.key_mask.default, (m[:, 0],))
+
+
 def test_attention_forward_is_attention_without_autograd():
     """`fa4::attention_forward` (what compiled graphs call, lowering/post_grad.py) computes what
     `fa4::attention` does, passes opcheck, and has no autograd formula."""

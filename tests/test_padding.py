@@ -59,7 +59,7 @@ class TestPadding(expecttest.TestCase):
         rec = self.check(hf_padding_mask_sdpa, right_padding())
         self.assertExpectedInline(rec.summary, """\
 narrow: b8[3, 8] = narrow(.to(attention_mask, bool), 1, 0, 8)
-key_mask: b8[3, 8] = ne(narrow, 0)
+key_mask: b8[3, 8] = fa4.key_mask(narrow)
 fa4_attention: (f32[3, 4, 8, 16], f32[3, 4, 8]) = fa4.attention(q, k, v, None, key_mask, scale=0.25)
 attention_out: f32[3, 4, 8, 16] = getitem(fa4_attention, 0)
 attention_out_contiguous: f32[3, 4, 8, 16] = .contiguous(attention_out)""")
@@ -126,7 +126,7 @@ attention_out_contiguous: f32[3, 4, 8, 16] = .contiguous(attention_out)""")
         rec = self.check(causal_band_and_key_mask_sdpa, right_padding())
         self.assertExpectedInline(rec.summary, """\
 narrow: b8[3, 8] = narrow(.bool(attention_mask), 1, 0, 8)
-key_mask: b8[3, 8] = ne(narrow, 0)
+key_mask: b8[3, 8] = fa4.key_mask(narrow)
 fa4_attention: (f32[3, 4, 8, 16], f32[3, 4, 8]) = fa4.attention(q, k, v, None, key_mask, scale=0.25, causal=True)
 attention_out: f32[3, 4, 8, 16] = getitem(fa4_attention, 0)
 attention_out_contiguous: f32[3, 4, 8, 16] = .contiguous(attention_out)""")
@@ -186,7 +186,7 @@ attention_out_contiguous: f32[3, 4, 8, 16] = .contiguous(attention_out)""")
         self.assertExpectedInline(rec.summary, """\
 getitem: b8[3, 8] = getitem(mask, (:, 0, 0))
 narrow: b8[3, 8] = narrow(getitem, 1, 0, 8)
-key_mask: b8[3, 8] = ne(narrow, 0)
+key_mask: b8[3, 8] = fa4.key_mask(narrow)
 fa4_attention: (f32[3, 4, 1, 16], f32[3, 4, 1]) = fa4.attention(q, k, v, None, key_mask, scale=0.25)
 attention_out: f32[3, 4, 1, 16] = getitem(fa4_attention, 0)
 attention_out_contiguous: f32[3, 4, 1, 16] = .contiguous(attention_out)""")
@@ -208,7 +208,8 @@ attention_out_contiguous: f32[3, 4, 1, 16] = .contiguous(attention_out)""")
         rec, out = compile_and_record(fn, q, k, v, mask)
         torch.testing.assert_close(out, fn(q, k, v, mask))
         self.assertExpectedInline(rec.summary, """\
-key_mask: b8[3, 5, 8] = getitem(mask, (:, 0))
+getitem: b8[3, 5, 8] = getitem(mask, (:, 0))
+key_mask: b8[3, 5, 8] = fa4.key_mask(getitem)
 fa4_attention: (f32[3, 4, 5, 16], f32[3, 4, 5]) = fa4.attention(q, k, v, None, key_mask, scale=0.25)
 attention_out: f32[3, 4, 5, 16] = getitem(fa4_attention, 0)
 attention_out_contiguous: f32[3, 4, 5, 16] = .contiguous(attention_out)""")
@@ -220,7 +221,7 @@ attention_out_contiguous: f32[3, 4, 5, 16] = .contiguous(attention_out)""")
         self.assertExpectedInline(rec.summary, """\
 getitem: b8[1, 5, 8] = getitem(mask, (:, 0))
 expand: b8[3, 5, 8] = .expand(getitem, 3, 5, 8)
-key_mask: b8[3, 5, 8] = .contiguous(expand)
+key_mask: b8[3, 5, 8] = fa4.key_mask(expand)
 fa4_attention: (f32[3, 4, 5, 16], f32[3, 4, 5]) = fa4.attention(q, k, v, None, key_mask, scale=0.25)
 attention_out: f32[3, 4, 5, 16] = getitem(fa4_attention, 0)
 attention_out_contiguous: f32[3, 4, 5, 16] = .contiguous(attention_out)""")
@@ -230,3 +231,34 @@ attention_out_contiguous: f32[3, 4, 5, 16] = .contiguous(attention_out)""")
         torch.testing.assert_close(out, fn(q, k, v, column))
         self.assertEqual(rec.reasons, ["a boolean mask input of shape [3, 1, 5, 1] for 5 queries over 8 keys (its rows "
                                        "or columns broadcast)"])
+
+
+@pytest.mark.parametrize("mask_rows", ["key", "per query"])
+def test_every_layer_gets_the_same_key_mask_tensor(monkeypatch, mask_rows):
+    """The op reads a key mask's form on the host once and remembers it by the tensor's identity
+    (kernels/attention.py, `key_mask_form`): every layer must be handed one tensor, made by `fa4::key_mask`, not a
+    view Inductor recreates per layer or a buffer it recomputes per layer (and may reuse for other contents)."""
+    from fa4_inductor.kernels import reference
+
+    seen = []
+    forward = reference.forward
+
+    def recording(q, k, v, seqused_k=None, key_mask=None, **flags):
+        seen.append(key_mask)
+        return forward(q, k, v, seqused_k, key_mask, **flags)
+
+    monkeypatch.setattr(reference, "forward", recording)
+
+    def layers(q, k, v, mask):
+        for _ in range(3):
+            q = F.scaled_dot_product_attention(q, k, v, attn_mask=mask) + q
+        return q
+
+    q, k, v = qkv()
+    mask = right_padding()[:, None, None, :].bool()
+    if mask_rows == "per query":
+        mask = mask & torch.ones(S, S, dtype=torch.bool).tril()
+    rec, out = compile_and_record(layers, q, k, v, mask, inductor=True)
+    torch.testing.assert_close(out, layers(q, k, v, mask))
+    assert rec.count() == 3 and len(seen) == 3
+    assert all(m is seen[0] for m in seen), [id(m) for m in seen]
