@@ -25,7 +25,8 @@ last-token logits, BERT's hidden states at unpadded positions, the first decode 
 
 Compiles, which are most of the run time: per (model, backend), prefill compiles the model once with
 `dynamic=True` and reuses it over every sequence length; Dynamo adds a graph per batch class (batch 1 is
-specialized) and per mask / no mask, 3 graphs, both backends' entries side by side (6, under Dynamo's limit of 8).
+specialized) and per mask / no mask, 3 graphs, and ours one per side of its crossover guards that the sequence
+lengths reach, both backends' entries side by side (up to 12: `RECOMPILE_LIMIT`).
 Decode compiles one step function per (model, batch, padding, backend), `dynamic=True`, both backends' side by
 side, fed a new cache per run. `torch._dynamo.reset()` comes before the prefill compiles of a model and before
 each decode compile, so no cache entries pile up, and hitting the recompile limit raises (a failed row) instead
@@ -205,11 +206,20 @@ def decode_ms(compiled_step, model, sweep_model: SweepModel, case: Case, steps: 
     return ms, state["first"]
 
 
+RECOMPILE_LIMIT = 24
+"""Dynamo's graphs a code object may hold in the sweep's compiles: 3 classes (batch 1, batch > 1, padded) times
+ours' up to 3 sides of lowering/crossover.py's guards (a small attention, a host-bound graph), plus default's 3,
+is 12; Dynamo's default of 8 failed the Llama-1B shape's padded rows (docs/benchmarks.md, session 21)."""
+
+
 def _dynamo_limits():
     """Recompile-limit settings for the sweep's compiles: hitting the limit raises rather than running
     the frame eagerly (a timing of eager code would pass as a compiled one)."""
-    names = [name for name in ("fail_on_recompile_limit_hit",) if hasattr(torch._dynamo.config, name)]
-    return torch._dynamo.config.patch(**dict.fromkeys(names, True))
+    config = torch._dynamo.config
+    settings = {name: True for name in ("fail_on_recompile_limit_hit",) if hasattr(config, name)}
+    settings.update({name: max(getattr(config, name), RECOMPILE_LIMIT)
+                     for name in ("recompile_limit", "cache_size_limit") if hasattr(config, name)})
+    return config.patch(**settings)
 
 
 def sweep_suite(device="cuda", dtype=torch.bfloat16, llama_sizes=LLAMA_SIZES, decode_sizes=DECODE_SIZES, bert=True,
