@@ -123,6 +123,7 @@ def test_train_suite_runs_a_training_step_per_attention_code(monkeypatch):
                                                ["sdpa", "labels", 16], ["sdpa", "logits mean", 16]]
 
 
+@pytest.mark.slow  # 15 s: the fast tier's 5 minutes
 def test_crossover_suite_rows_and_the_rule_they_feed():
     table = bench.crossover_suite("cpu", torch.float32, head_dims=(32, 64), heads=((1, 2, 1),), seqlens=(16, 32))
     assert [row[:4] for row in table.rows] == [[1, "2/1", 16, 32], [1, "2/1", 32, 32], [1, "2/1", 16, 64],

@@ -18,6 +18,7 @@ def tiny(monkeypatch):
     monkeypatch.setattr(quant, "_compiled", lambda module, backend: module)
 
 
+@pytest.mark.slow  # 31 s: the fast tier's 5 minutes
 def test_int8_gemm_table_rows_and_columns(tiny):
     table = quant.gemm_table(quant.INT8, "cpu", torch.bfloat16, models=("tiny",), rows=(1, 3))
     assert table.columns == ["model", "N x K", "M", "bf16 cuBLAS", "ours (op)", "ours: quack route",

@@ -189,6 +189,7 @@ def test_static_m_above_16_stays_for_default_compile():
                                         "would add unfused kernels); it takes M below 17")]
 
 
+@pytest.mark.slow  # 11 s: the fast tier's 5 minutes
 def test_dynamic_m_is_decided_for_the_call_under_a_guard():
     """A symbolic M of 12 (2 x 6) becomes the op, guarded: a call of 24 rows recompiles and stays as written for
     default compile's fused scaling, and one of 6 rows (1 x 6, specialized: a third graph) takes the op again."""

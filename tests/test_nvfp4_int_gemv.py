@@ -102,6 +102,7 @@ def test_pieces_bucket_and_limits():
     assert g.unsupported_reason(torch.empty(1, 64), 8, 16400) == "the integer NVFP4 GEMV takes K <= 16384, got 16400"
 
 
+@pytest.mark.slow  # 11 s a dtype: the fast tier's 5 minutes
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
 def test_variants_compile(cute_dsl, dtype):
     for key in (g.Key(dtype, 1, ARCH, 4, 1, 256), g.Key(dtype, 1, ARCH, 1, 4, 16, pdl=True),

@@ -604,6 +604,7 @@ def _pack_key(dtype, m, split, cta="wide", tiled=False):
                    "registers", pack=True, tiled=tiled)
 
 
+@pytest.mark.slow  # 8 s: the fast tier's 5 minutes
 def test_packed_variant_compiles(cute_dsl):
     key = _pack_key(torch.bfloat16, 8, False)
     assert callable(w4.compiled(key)) and w4.compiled(key) is not w4.compiled(key._replace(pack=False))
