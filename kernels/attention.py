@@ -253,7 +253,9 @@ def key_mask_form(q: Tensor, k: Tensor, seqused_k: Optional[Tensor], key_mask: O
     (`fa4.forward_padded`). It reads four booleans on the host (one sync), once per mask tensor
     (the layers of a forward and their backward share it), and only outside CUDA-graph capture;
     otherwise, or when none holds, the mask is kept. What it remembers of a mask holds no tensor alive:
-    under CUDA-graph trees a tensor of the graph's memory pool kept past the graph is an error."""
+    under CUDA-graph trees a tensor of the graph's memory pool kept past the graph is an error. Identity names
+    contents only for a tensor nobody writes without a version bump: lowering hands every layer of a graph the one
+    tensor `fa4::key_mask` allocated (kernels/key_mask.py)."""
     if key_mask is None or (q.is_cuda and torch.cuda.is_current_stream_capturing()):
         return KeyMaskForm(seqused_k, key_mask)
     kind = None

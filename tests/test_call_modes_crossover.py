@@ -14,6 +14,8 @@ import test_call_modes as modes
 import test_model_zoo as zoo
 from fa4_inductor.lowering import crossover
 
+pytestmark = pytest.mark.slow  # about a minute on 2 cores: the fast tier's 5 minutes
+
 
 @pytest.fixture(autouse=True)
 def cpu_counts_as_cuda(monkeypatch):
