@@ -13,7 +13,7 @@ case "$1" in
     # [B, 1, S, 2S] mask against the same batch with the [B, S] mask and without one (sdpa code, prefill only)
     run timeout 150 $P -n 12 tests/test_gpu_w4a16.py tests/test_gpu_quant.py tests/test_gpu_fa4.py \
         -k "int_gemv or int8_int8 or int8_dynamic or per_query or padding_runs_fa4"
-    run timeout 260 python3 -c "from fa4_inductor import bench
+    run timeout 220 python3 -c "from fa4_inductor import bench
 for t in bench.padded_suite(attentions=('sdpa',), passes=('prefill',), sides=('left',)): print(t.markdown())" ;;
 r)  # session 21: `q` showed FA4 varlen on every layer of the static-cache padded prefill, each layer re-reading
     # the mask on the host (a new view per layer); `fa4::key_mask` now hands every layer one tensor. Its GPU tests,
@@ -21,9 +21,9 @@ r)  # session 21: `q` showed FA4 varlen on every layer of the static-cache padde
     run timeout 120 $P -n 8 tests/test_gpu_fa4.py -k "per_query or padding_runs_fa4 or key_mask"
     bash scratch/next_gpu.sh p ;;
 s)  # session 21: the Llama-1B shape's rows that run 4 could not give (padded prefill: recompile limit, now 24;
-    # decode: time budget), batch 8 at two lengths
-    run timeout 260 python3 -c "from fa4_inductor import bench
-for t in bench.sweep_suite(llama_sizes=((2048, 16),), decode_sizes=((2048, 16),), bert=False, batches=(8,), seqlens=(512, 2048), time_budget_s=200): print(t.markdown())" ;;
+    # decode: time budget), batch 8 x 2048
+    run timeout 220 python3 -c "from fa4_inductor import bench
+for t in bench.sweep_suite(llama_sizes=((2048, 16),), decode_sizes=((2048, 16),), bert=False, batches=(8,), seqlens=(2048,), time_budget_s=180): print(t.markdown())" ;;
 p)  # the padded rows one at a time, printed as they finish (a cut run keeps what it timed)
     run timeout 300 python3 -c "
 import torch

@@ -308,6 +308,7 @@ def _measure_prefill(results: dict, model, sweep_model: SweepModel, cases: list[
                 failure = report_failure(f"{sweep_model.name} {case.label}, timing", e)
                 for name in calls:
                     results[name][case] = failure
+            _print_row(sweep_model, case, results)
             if device == "cuda":
                 torch.cuda.empty_cache()
 
@@ -344,8 +345,15 @@ def _measure_decode(results: dict, model, sweep_model: SweepModel, cases: list[C
                 for name, measured in runs.items():
                     if measured and not isinstance(results[name].get(case), str):
                         results[name][case] = (statistics.median(ms for ms, _ in measured), measured[0][1])
+                _print_row(sweep_model, case, results)
                 if device == "cuda":
                     torch.cuda.empty_cache()
+
+
+def _print_row(sweep_model: SweepModel, case: Case, results: dict) -> None:
+    """A measured case's row to stderr at once: a run cut short (a device call's time limit) keeps what it timed."""
+    cells = _row(sweep_model, case, None, *(results[name].get(case) for name in BACKENDS))
+    print("  [row] | " + " | ".join(map(str, cells)) + " |", file=sys.stderr, flush=True)
 
 
 def _row(sweep_model: SweepModel, case: Case, skipped: str | None, base, ours) -> list:
