@@ -1,4 +1,5 @@
-# Unrun GPU work (sessions 19-21), in priority order (`r` first next time, then 3, 4, *), split into calls of <= ~9 minutes (the first after .gpu/b's install).
+# Unrun GPU work (sessions 19-21), in priority order (`s` first next time, with a 540 s timeout: the sweep's rows
+# now stream to the log as they are measured; then `*` per model), split into calls of <= ~9 minutes (the first after .gpu/b's install).
 # Output goes to $OUT/log.txt. Have the next call ready: the machine goes back 30 s after a call, and a fresh one needs
 # .gpu/a and .gpu/b again. Run one part a call:  bash scratch/next_gpu.sh 1   (then 2, 3, ...)
 # Never `pkill -f pytest` here: it matches this script's own command line. A pytest cut by `timeout` can leave xdist
@@ -22,8 +23,8 @@ r)  # session 21: `q` showed FA4 varlen on every layer of the static-cache padde
     bash scratch/next_gpu.sh p ;;
 s)  # session 21: the Llama-1B shape's rows that run 4 could not give (padded prefill: recompile limit, now 24;
     # decode: time budget), batch 8 x 2048
-    run timeout 220 python3 -c "from fa4_inductor import bench
-for t in bench.sweep_suite(llama_sizes=((2048, 16),), decode_sizes=((2048, 16),), bert=False, batches=(8,), seqlens=(2048,), time_budget_s=180): print(t.markdown())" ;;
+    run timeout 520 python3 -c "from fa4_inductor import bench
+for t in bench.sweep_suite(llama_sizes=((2048, 16),), decode_sizes=((2048, 16),), bert=False, batches=(8,), seqlens=(512, 2048, 8192), time_budget_s=420): print(t.markdown())" ;;
 p)  # the padded rows one at a time, printed as they finish (a cut run keeps what it timed)
     run timeout 300 python3 -c "
 import torch
