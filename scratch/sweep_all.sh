@@ -15,4 +15,6 @@ for model in $MODELS; do
   if [ $((i % NGPU)) -eq 0 ]; then wait; fi
 done
 wait
-for model in $MODELS; do echo "== $model"; grep -E "^\| |^rc=|took" $OUT/sweep_$model.md | tail -40; done | tail -c 11000
+# A run cut by LIMIT has no table: its rows as they were measured are the `[row]` lines of the .err file.
+for model in $MODELS; do echo "== $model"; grep -E "^\| |^rc=|took" $OUT/sweep_$model.md | tail -40
+  grep -q "^| model" $OUT/sweep_$model.md || grep "\[row\]" $OUT/sweep_$model.err; done | tail -c 11000
