@@ -14,6 +14,7 @@ shard of the global result, and DTensor expands them over the mesh's dimensions:
         the same three: the first seven tensors as q, the masks as above
     fa4::attention_int8kv (q, k, v, k_scale, v_scale, seqused_k, key_mask) -> (out, lse)
         the same three: the scales ([B, Hkv, Sk]) as k and v
+    fa4::key_mask (mask) -> the key mask: elementwise, so any Shard(d) gives Shard(d), Replicate gives Replicate
     fa4::int8_linear (x, w_int8, w_scale, bias) -> out [..., N]
         rows       x Shard(d) for a dim d before the last; the weight, scales and bias Replicate -> out Shard(d)
         columns    x Replicate; w_int8, w_scale, bias Shard(0)       ->  out Shard(-1)   (ColwiseParallel)
@@ -170,6 +171,13 @@ def attention_backward_rule(*args, **kwargs):
     return _rule(op, args, kwargs, strategies, declined)
 
 
+def key_mask_rule(mask):
+    op = torch.ops.fa4.key_mask.default
+    strategies = [Strategy(f"Shard({d})", [Shard(d)], {"mask": Shard(d)}) for d in range(len(_spec_shape(mask)))]
+    strategies.append(Strategy("replicate", [Replicate()], {"mask": Replicate()}))
+    return _rule(op, (mask,), {}, strategies, [])
+
+
 def _k_split(ranks: int, bias, k_inputs: dict, groups: int | None = None, unit: str = "scale groups",
              declined_for: str | None = None) -> tuple[dict | None, list[str]]:
     """The reduction strategy's placements of the inputs that hold K (`k_inputs`), or None, and why not. A
@@ -256,6 +264,7 @@ def register() -> None:
     register_sharding(torch.ops.fa4.attention_int8kv.default)(
         attention_rule(torch.ops.fa4.attention_int8kv.default, ("q", "k", "v", "k_scale", "v_scale")))
     register_sharding(torch.ops.fa4.attention_backward.default)(attention_backward_rule)
+    register_sharding(torch.ops.fa4.key_mask.default)(key_mask_rule)
     register_sharding(torch.ops.fa4.int8_linear.default)(int8_linear_rule)
     register_sharding(torch.ops.fa4.int8_int8_linear.default)(int8_int8_linear_rule)
     register_sharding(torch.ops.fa4.nvfp4_linear.default)(nvfp4_linear_rule)

@@ -153,6 +153,20 @@ def _max_error(got: torch.Tensor, expected: torch.Tensor) -> float:
     return torch.where(got == expected, 0.0, got - expected).abs().max().item()
 
 
+def _key_mask_case(placement: str) -> dict:
+    """fa4::key_mask on a DTensor mask placed `placement`: the placement kept, no warning, the local result."""
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+    g = torch.Generator().manual_seed(0)
+    full = torch.randn(2, 6, 8, generator=g).masked_fill(torch.rand(2, 6, 8, generator=g) < 0.4, 0.0)
+    placed = {"replicate": Replicate(), "batch": Shard(0), "keys": Shard(2)}[placement]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = torch.ops.fa4.key_mask.default(distribute_tensor(full, _mesh(), [placed]))
+    return dict(placements=str(out.placements), equal=bool(torch.equal(out.full_tensor(), full != 0)),
+                warnings=[str(w.message) for w in caught])
+
+
 def _op_case(placement: str, hq: int, hkv: int, mask: str | None, op: str = "attention",
              replicated_masks: bool = False) -> dict:
     """fa4::attention (or attention_forward, or attention_int8kv over int8 K/V and their scales) on DTensors
@@ -433,6 +447,14 @@ def test_attention_on_dtensors(ranks, placement, hq, hkv, mask, op, replicated_m
         assert all(v < 1e-5 for name, v in r["errors"].items() if "placements" not in name), r["errors"]
         if op == "attention":
             assert {r["errors"][f"{g} placements"] for g in ("dq", "dk", "dv")} == {expected}, r["errors"]
+
+
+@pytest.mark.parametrize("placement, expected", [("replicate", "(Replicate(),)"), ("batch", "(Shard(dim=0),)"),
+                                                  ("keys", "(Shard(dim=2),)")])
+def test_key_mask_on_dtensors(ranks, placement, expected):
+    """`fa4::key_mask` (what lowering makes every key mask with) is elementwise: it keeps any placement."""
+    for r in ranks.run(_key_mask_case, placement):
+        assert r == dict(placements=expected, equal=True, warnings=[]), r
 
 
 DECLINED = [
