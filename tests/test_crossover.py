@@ -255,6 +255,7 @@ def test_a_small_sdpa_call_with_a_causal_mask_drops_the_mask():
     assert not any(n.target in (torch.ones, "tril") for g in rec.graphs for n in g.graph.nodes)
 
 
+@pytest.mark.slow  # 8 s a code: the fast tier's 5 minutes
 @pytest.mark.parametrize("attention", ["sdpa", "eager"])
 def test_a_small_hf_llama_in_a_dynamic_graph_runs_sdpa_without_its_mask(attention):
     """The size sweep's case: HF Llama, `use_cache=False`, an unpadded batch of 2, compiled with `dynamic=True`:

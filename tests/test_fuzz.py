@@ -806,6 +806,7 @@ def check_case(case: Case, inductor: bool = False) -> str:
 # -------------------------------------------------------------------------------------------------------- tests
 
 
+@pytest.mark.slow  # 16 s: the fast tier's 5 minutes (test_fuzz_regressions stays)
 @settings(PROFILE)
 @given(case=cases())
 def test_fuzz_compiled_matches_eager(case):

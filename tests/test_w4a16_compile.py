@@ -157,6 +157,7 @@ def test_int8_keys_drop_the_block_scale_options():
     assert load("nvfp4", 9, "bulk+scales") == "bulk+scales:10"
 
 
+@pytest.mark.slow  # ~5 s a variant: the fast tier's 5 minutes (test_variant_compiles stays)
 @pytest.mark.parametrize("variant", BULK_FAST, ids=_ids)
 def test_bulk_variant_compiles(cute_dsl, variant):
     key = _bulk_key(*variant)

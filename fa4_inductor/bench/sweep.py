@@ -351,8 +351,13 @@ def _measure_decode(results: dict, model, sweep_model: SweepModel, cases: list[C
 
 
 def _print_row(sweep_model: SweepModel, case: Case, results: dict) -> None:
-    """A measured case's row to stderr at once: a run cut short (a device call's time limit) keeps what it timed."""
-    cells = _row(sweep_model, case, None, *(results[name].get(case) for name in BACKENDS))
+    """A measured case's row to stderr at once: a run cut short (a device call's time limit) keeps what it timed.
+    Never fails the measurement: a row it cannot make is printed as the raw results."""
+    try:
+        cells = _row(sweep_model, case, None, *(results[name].get(case) for name in BACKENDS))
+    except Exception as e:
+        cells = [sweep_model.name, case.label, f"{type(e).__name__}: {e}",
+                 *(str(results[name].get(case))[:80] for name in BACKENDS)]
     print("  [row] | " + " | ".join(map(str, cells)) + " |", file=sys.stderr, flush=True)
 
 
