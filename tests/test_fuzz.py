@@ -813,6 +813,7 @@ def test_fuzz_compiled_matches_eager(case):
     check_case(case)
 
 
+@pytest.mark.slow  # reads the STATS of test_fuzz_compiled_matches_eager, in the slow tier
 def test_fuzz_verdict_mix():
     """A generator that only produces declines (or programs eager refuses) tests nothing: the fuzz run
     above (this module's STATS) must have rewritten and declined a fair share of its examples."""
