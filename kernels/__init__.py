@@ -46,8 +46,8 @@ else:
     ATTENTION_FORWARD = torch.ops.fa4.attention_forward.default  # no autograd: inside compiled graphs
     ATTENTION_INT8KV = torch.ops.fa4.attention_int8kv.default  # forward only: int8 K/V with float32 scales
     INT8_LINEAR = torch.ops.fa4.int8_linear.default
-    KEY_MASK = torch.ops.fa4.key_mask.default
     INT8_INT8_LINEAR = torch.ops.fa4.int8_int8_linear.default
+    KEY_MASK = torch.ops.fa4.key_mask.default  # the attention ops' key mask, once a graph
     NVFP4_LINEAR = torch.ops.fa4.nvfp4_linear.default
 
     __all__ = ["ATTENTION", "ATTENTION_FORWARD", "ATTENTION_INT8KV", "INT8_INT8_LINEAR", "INT8_LINEAR",

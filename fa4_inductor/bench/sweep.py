@@ -217,9 +217,7 @@ def _dynamo_limits():
     the frame eagerly (a timing of eager code would pass as a compiled one)."""
     config = torch._dynamo.config
     settings = {name: True for name in ("fail_on_recompile_limit_hit",) if hasattr(config, name)}
-    settings.update({name: max(getattr(config, name), RECOMPILE_LIMIT)
-                     for name in ("recompile_limit", "cache_size_limit") if hasattr(config, name)})
-    return config.patch(**settings)
+    return config.patch(recompile_limit=max(config.recompile_limit, RECOMPILE_LIMIT), **settings)
 
 
 def sweep_suite(device="cuda", dtype=torch.bfloat16, llama_sizes=LLAMA_SIZES, decode_sizes=DECODE_SIZES, bert=True,
