@@ -271,6 +271,26 @@ def test_dynamic_true(name, impl, cache):
     assert_every_layer_rewritten(recorder, model)
 
 
+@pytest.mark.parametrize("impl", [case("sdpa"), case("eager", slow=True)])
+def test_padded_batch_after_unpadded_ones_under_dynamic_true(impl):
+    """A server's order under `dynamic=True`: one request alone, then a batch, then a padded batch. The batch size
+    has one symbol in the ids (dynamic since the second graph) and a fresh one in the mask, first seen in the third;
+    HF's lookup `mask[arange(B)[:, None, None, None], kv_idx]` is read as the key mask under a guard that they are
+    equal (the size sweep's padded rows kept SDPA without it)."""
+    model = tiny("llama", impl)
+    torch._dynamo.reset()
+    recorder = Recorder()
+    compiled = torch.compile(model.forward, backend=recorder, dynamic=True)
+    for batch, padding in ((1, None), (2, None), (2, "left"), (3, "left")):
+        kwargs = {**model.inputs(batch=batch, seq=9), "use_cache": False}
+        if padding:
+            kwargs["attention_mask"] = padding_mask(padding, batch, 9)
+        assert_matches_eager(compiled, model, kwargs)
+    assert_every_layer_rewritten(recorder, model, graphs=3)
+    assert all("key_mask=padding mask" in r.detail for r in recorder.records[-model.attention_layers:]), \
+        recorder.records
+
+
 @pytest.mark.parametrize("name, impl", [case("mistral", "sdpa"), case("llama", "eager", slow=True)])
 def test_dynamic_cache_decode_with_an_attention_mask(name, impl):
     """Prefill and two one-token steps through the DynamicCache the model makes, with generate's growing
