@@ -35,7 +35,7 @@ from .graph_edit import NodeMaker, after_definition, erase_dead
 from .mutations import Mutations, layout_free, storage
 from .masks import INF, MaskNotUnderstood, Band, KeyMask, Shift, band_args, broadcasts_last_two_dims, keep_band
 from .records import Decline
-from .spellings import same_size, scalar, shape, value
+from .spellings import equal_size, same_size, scalar, shape, value
 
 
 
@@ -108,21 +108,16 @@ def autocast_dtype(node: Node) -> torch.dtype | None:
     return torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else None
 
 
-def _equal(a, b) -> bool:
-    """Two sizes are equal: provably, or under a guard (a later call where they differ recompiles)."""
-    return same_size(a, b) or guard_or_false(a == b)
-
-
 def _check_no_broadcast(q, k, v) -> None:
     """Eager broadcasts q @ k^T and SDPA over batch and head dims; the op takes q [B, Hq, Sq, D] with k, v
     [B, Hkv, Sk, D] and Hq a multiple of Hkv (one K/V head for a group of query heads) only."""
-    if not (_equal(q[0], k[0]) and _equal(q[0], v[0])):
+    if not (equal_size(q[0], k[0]) and equal_size(q[0], v[0])):
         raise Decline(f"q, k, v leading sizes {q[0]}, {k[0]}, {v[0]} differ (eager broadcasts them)")
-    if not _equal(k[-2], v[-2]):
+    if not equal_size(k[-2], v[-2]):
         raise Decline(f"k and v have {k[-2]} and {v[-2]} keys")
     if len(q) == 4:
         hq, hk, hv = q[1], k[1], v[1]
-        if not _equal(hk, hv) or not (_equal(hq, hk) or guard_or_false(hq % hk == 0)):
+        if not equal_size(hk, hv) or not (equal_size(hq, hk) or guard_or_false(hq % hk == 0)):
             raise Decline(f"{hq} query heads against {hk} key and {hv} value heads (not a multiple: eager broadcasts)")
 
 
@@ -130,7 +125,7 @@ def _check_output_shape(call: "AttentionCall") -> None:
     """The op's output [B, Hq, Sq, Dv] is what the matched subgraph returned (a mask can broadcast it larger)."""
     expected = shape(call.q)[:-1] + shape(call.v)[-1:]
     actual = shape(call.output)
-    if len(actual) != len(expected) or not all(_equal(a, b) for a, b in zip(actual, expected)):
+    if len(actual) != len(expected) or not all(equal_size(a, b) for a, b in zip(actual, expected)):
         raise Decline(f"the attention's output has shape {list(actual)}, not q's {list(expected)} "
                       "(a mask or operand broadcasts it)")
 
@@ -178,7 +173,7 @@ def _fold_int8(call: AttentionCall, options) -> None:
 
 
 def require_square(scores_shape, what: str) -> None:
-    if not _equal(scores_shape[-2], scores_shape[-1]):
+    if not equal_size(scores_shape[-2], scores_shape[-1]):
         raise Decline(f"{what} needs seqlen_q == seqlen_k ({scores_shape[-2]} vs {scores_shape[-1]}): SDPA and "
                       "hand-written masks align top-left, FA4 bottom-right")
 
@@ -193,7 +188,7 @@ def mask_flags(kind: str, mask, constants, scores_shape, fill=None) -> tuple[Ban
         return band, hidden
     mshape = shape(mask)
     if len(mshape) > len(scores_shape) or not all(
-            same_size(m, 1) or _equal(m, s) for m, s in zip(mshape[::-1], scores_shape[::-1])):
+            same_size(m, 1) or equal_size(m, s) for m, s in zip(mshape[::-1], scores_shape[::-1])):
         raise Decline(f"the mask's shape {list(mshape)} broadcasts the scores' {list(scores_shape)} larger")
     if band != Band():
         same = len(mshape) >= 2 and all(same_size(a, b) for a, b in zip(mshape[-2:], scores_shape[-2:]))
@@ -234,7 +229,7 @@ def _band_flags(band: Band, scores_shape) -> tuple[dict, Shift | None]:
         flags = band_args(band)
     except MaskNotUnderstood as e:
         raise Decline(f"mask not recognized: {e}") from None
-    if band.shift is None and _equal(scores_shape[-2], scores_shape[-1]):
+    if band.shift is None and equal_size(scores_shape[-2], scores_shape[-1]):
         return flags, None
     # Queries over a longer cache, or at run-time positions: the band's upper bound j - i <= top (+ start)
     # is the last key in use, seqused_k = start + Sq + top, and bottom-right alignment puts it on the diagonal.
@@ -405,7 +400,8 @@ def _encode_padding(call: AttentionCall, options) -> None:
         raise Decline("a run-time key-padding mask on 3-D (bmm) attention, whose batch mixes sequences and heads")
     if call.padding.per_query:
         mask, q, k = shape(call.padding.node), shape(call.q), shape(call.k)
-        if not (_equal(mask[2], q[-2]) and _equal(mask[3], k[-2]) and (_equal(mask[0], q[0]) or _equal(mask[0], 1))):
+        if not (equal_size(mask[2], q[-2]) and equal_size(mask[3], k[-2])
+                and (equal_size(mask[0], q[0]) or equal_size(mask[0], 1))):
             raise Decline(f"a boolean mask input of shape {list(mask)} for {q[-2]} queries over {k[-2]} keys "
                           "(its rows or columns broadcast)")
     if options.checked_padding and not call.padding.plane:  # a 4-D mask input has no checked form

@@ -51,7 +51,7 @@ from torch.fx.experimental.symbolic_shapes import guard_or_false
 from .records import Decline
 from .spellings import (ADD, AND, ARANGE, CAST, CONTIGUOUS, EQ, EXPAND, FULL, GE, GETITEM, GT, LE, LOGICAL_NOT, LT,
                         MASKED_FILL, MUL, NE, ONES, RESHAPE, SUB, TENSOR, TRIL, TRIU, UNSQUEEZE, WHERE, ZEROS, Spelling,
-                        arg, guardable, is_large_negative, normalize_dim, same_size, scalar, shape, value)
+                        arg, equal_size, is_large_negative, normalize_dim, same_size, scalar, shape, value)
 
 INF = math.inf
 DIFF = Spelling((torch.diff,), ("diff",))
@@ -670,15 +670,10 @@ def _key_lookup(node: Node, constants) -> KeyMask | None:
     # dynamic first), and the batch may have one symbol in the ids and another in a mask first seen after the ids
     # went dynamic: the lookup reads the whole mask only when they are equal, so the graph is guarded on them.
     if not (GETITEM(batch) and batch.args[1] == (slice(None), None, None, None) and ARANGE(batch.args[0])
-            and _equal_under_guard(shape(batch)[0], shape(m)[0])
-            and (start is not None or _equal_under_guard(shape(keys)[-1], shape(m)[1]))):
+            and equal_size(shape(batch)[0], shape(m)[0])
+            and (start is not None or equal_size(shape(keys)[-1], shape(m)[1]))):
         return None
     return KeyMask(m, start)
-
-
-def _equal_under_guard(a, b) -> bool:
-    """Two sizes equal for this graph: provably, or for its example sizes with a guard (backed symbols only)."""
-    return same_size(a, b) or (guardable(a, b) and guard_or_false(a == b))
 
 
 def _row_gather(node: Node, constants) -> TwoValued | None:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch.fx import Node
-from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols, statically_known_true
+from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols, guard_or_false, statically_known_true
 
 from ..kernels.layout import dtype_name
 
@@ -112,6 +112,12 @@ def shape(node) -> tuple:
 def same_size(a, b) -> bool:
     """True when two sizes (ints or SymInts) are provably equal, without adding guards."""
     return statically_known_true(a == b)
+
+
+def equal_size(a, b) -> bool:
+    """Two sizes equal for this graph: provably, or for its example sizes under a guard (a later call where they
+    differ recompiles); backed symbols only."""
+    return same_size(a, b) or (guardable(a, b) and guard_or_false(a == b))
 
 
 def guardable(*sizes) -> bool:
