@@ -33,7 +33,8 @@ from . import crossover, gqa, int8_kv, kv_cache, padding
 from .family import Context
 from .graph_edit import NodeMaker, after_definition, erase_dead
 from .mutations import Mutations, layout_free, storage
-from .masks import INF, MaskNotUnderstood, Band, KeyMask, Shift, band_args, broadcasts_last_two_dims, keep_band
+from .masks import (INF, MaskNotUnderstood, Band, KeyMask, Shift, ValuesUnknown, band_args, broadcasts_last_two_dims,
+                    keep_band)
 from .records import Decline
 from .spellings import equal_size, same_size, scalar, shape, value
 
@@ -61,6 +62,18 @@ class AttentionCall:
     autocast: torch.dtype | None = None  # q, k, v cast to this dtype first (`check_kernel_support`)
     int8: tuple | None = None  # (K's, V's) int8_kv.Int8Source: the op reads the int8 cache (fa4::attention_int8kv)
     int8_note: str = ""  # why K/V dequantized from int8 were not folded
+    # The one mask, added to the scores, is a floating-point graph input (`AdditiveInput`): SDPA takes it as it is.
+    additive_input: Node | None = None
+    additive_reason: str = ""  # why the op cannot take that mask (values unknown when compiling)
+
+
+class AdditiveInput(Decline):
+    """`scores + mask` where the mask's values are a graph input's, unknown when compiling (`masks.ValuesUnknown`):
+    HF's eager-code mask built outside the forward (static-cache generate, Gemma-2's hybrid cache)."""
+
+    def __init__(self, message: str, scores: Node, mask: Node):
+        super().__init__(message)
+        self.scores, self.mask = scores, mask
 
 
 def check_kernel_support(q: Node, k: Node, v: Node, output: Node) -> torch.dtype | None:
@@ -182,20 +195,29 @@ def mask_flags(kind: str, mask, constants, scores_shape, fill=None) -> tuple[Ban
     """The visible keys of one masking step and the score its hidden keys get (see `keep_band`)."""
     try:
         band, hidden = keep_band(kind, mask, constants, fill)
+    except ValuesUnknown as e:
+        if kind == "additive" and isinstance(mask, Node):
+            _check_broadcast(shape(mask), scores_shape)
+            raise AdditiveInput(f"mask not recognized: {e}", None, mask) from None
+        raise Decline(f"mask not recognized: {e}") from None
     except MaskNotUnderstood as e:
         raise Decline(f"mask not recognized: {e}") from None
     if not isinstance(mask, Node):
         return band, hidden
     mshape = shape(mask)
-    if len(mshape) > len(scores_shape) or not all(
-            same_size(m, 1) or equal_size(m, s) for m, s in zip(mshape[::-1], scores_shape[::-1])):
-        raise Decline(f"the mask's shape {list(mshape)} broadcasts the scores' {list(scores_shape)} larger")
+    _check_broadcast(mshape, scores_shape)
     if band != Band():
         same = len(mshape) >= 2 and all(same_size(a, b) for a, b in zip(mshape[-2:], scores_shape[-2:]))
         # A mask the same for every query (a key-padding mask) may be broadcast over the query rows.
         if not same and (band.bounded or not broadcasts_last_two_dims(mshape, scores_shape)):
             raise Decline(f"mask not recognized: its last dims {mshape[-2:]} are not the scores' {scores_shape[-2:]}")
     return band, hidden
+
+
+def _check_broadcast(mshape, scores_shape) -> None:
+    if len(mshape) > len(scores_shape) or not all(
+            same_size(m, 1) or equal_size(m, s) for m, s in zip(mshape[::-1], scores_shape[::-1])):
+        raise Decline(f"the mask's shape {list(mshape)} broadcasts the scores' {list(scores_shape)} larger")
 
 
 def blind_rows_of(hidden_scores: list, sdpa: bool, softmax_dtype: torch.dtype | None = None) -> str:
@@ -469,6 +491,8 @@ def rewrite(call: AttentionCall | None, context: Context) -> str | None:
     if call is None:
         return None
     _check_output_shape(call)
+    if call.additive_input is not None:
+        return _additive_input_as_sdpa(call, context)
     small = None
     if getattr(context.options, "small_calls_to_sdpa", True):
         small = crossover.small_attention(call, context.gm.graph, context.shared)
@@ -489,4 +513,23 @@ def rewrite(call: AttentionCall | None, context: Context) -> str | None:
     else:
         text = emit(context.gm, call, context.fake_mode, context.shared, context.mutations)
     context.read_by_value |= buffers  # masks read from module buffers, is_causal's included
+    return text
+
+
+ADDITIVE_INPUT_ON_SDPA = ("an additive mask input, its values unknown when compiling (the op takes boolean key masks): "
+                          "SDPA with the mask as given, which computes what eager does")
+
+
+def _additive_input_as_sdpa(call: AttentionCall, context: Context) -> str:
+    """A hand-written attention whose one mask is a floating-point graph input, added to the scores: the SDPA call
+    with that mask (`crossover.sdpa_for`), in inference. In training it is kept: eager's softmax passes gradients
+    through rows that see no key (every score finfo.min), which SDPA's backward is not known to give."""
+    if any(value(t).requires_grad for t in (call.q, call.k, call.v)):
+        raise Decline(f"{call.additive_reason}; in training it is kept as written")
+    if call.autocast is not None or value(call.additive_input).dtype != value(call.q).dtype:
+        raise Decline(f"{call.additive_reason}, in {value(call.additive_input).dtype} for {value(call.q).dtype} "
+                      "scores (SDPA takes a mask in q's dtype)")
+    buffers = _check_in_place_updates(call, context.mutations, context.constants)
+    text = _emit_sdpa(context.gm, call, context.fake_mode, context.mutations, ADDITIVE_INPUT_ON_SDPA)
+    context.read_by_value |= buffers
     return text

@@ -164,7 +164,8 @@ def sdpa_for(make, call) -> Node:
     gqa = {"enable_gqa": True} if is_sdpa_call(call) and arg(call.output, 7, "enable_gqa", False) is True else {}
     if not is_sdpa_call(call) and hides_more_than_causal(call):
         return make(torch.nn.functional.scaled_dot_product_attention, call.q, call.k, call.v,
-                    attn_mask=mask_to_pass(call), scale=call.scale, name="sdpa_small")
+                    attn_mask=mask_to_pass(call), scale=call.scale,
+                    name="sdpa_small" if call.additive_input is None else "sdpa_mask_input")
     return make(torch.nn.functional.scaled_dot_product_attention, call.q, call.k, call.v,
                 is_causal=bool(call.flags.get("causal")), scale=call.scale, **gqa, name="sdpa_small")
 
@@ -175,6 +176,8 @@ def mask_to_pass(call) -> Node | None:
     that sees no key averages V, in eager and in SDPA alike); no softcap; not in training, where such a row's
     gradient in eager still reaches q and k through its softmax and SDPA's backward does not give it (the same
     case `attention._encode_padding` declines for the op)."""
+    if call.additive_input is not None:
+        return call.additive_input
     if is_sdpa_call(call) or len(call.masks) != 1 or "softcap" in call.flags or call.blind_rows != "mean":
         return None
     if any(value(t).requires_grad for t in (call.q, call.k, call.v)):
@@ -195,7 +198,7 @@ def is_sdpa_call(call) -> bool:
 
 def hides_more_than_causal(call) -> bool:
     """The call's mask hides more than a causal band: a padding mask, a window (or carries a softcap)."""
-    return bool(set(call.flags) - {"causal"}) or call.padding is not None
+    return bool(set(call.flags) - {"causal"}) or call.padding is not None or call.additive_input is not None
 
 
 def mask_is_at_most_causal(call) -> bool:

@@ -103,7 +103,7 @@ def match_handwritten(softmax: Node, constants: dict) -> attention.AttentionCall
         raise Decline(f"softmax over dim {dim}, not the key dim")
 
     # Walking up from the softmax meets the steps in reverse: masks, then the softcap, then scales.
-    scale, softcap, band, hidden_scores, masks = 1.0, 0.0, Band(), [], []
+    scale, softcap, band, hidden_scores, masks, additive = 1.0, 0.0, Band(), [], [], None
     scores_shape = shape(softmax)
     node = softmax.args[0]
     consumer = softmax
@@ -126,7 +126,11 @@ def match_handwritten(softmax: Node, constants: dict) -> attention.AttentionCall
             if softcap:
                 raise Decline("a mask applied before the softcap")
             step = node
-            node, mask, visible, hidden = _strip_mask(node, constants, scores_shape)
+            try:
+                node, mask, visible, hidden = _strip_mask(node, constants, scores_shape)
+            except attention.AdditiveInput as e:
+                additive = e
+                node, mask, visible, hidden = e.scores, e.mask, Band(), None
             masks.append((mask, step))
             band &= visible
             hidden_scores.append(hidden)
@@ -145,6 +149,8 @@ def match_handwritten(softmax: Node, constants: dict) -> attention.AttentionCall
     matched.append(kt)
     k, k_scale2 = _peel_scales(k, kt, matched)
     scale *= q_scale * k_scale * k_scale2
+    if additive is not None and (len(masks) > 1 or softcap):
+        raise Decline(str(additive))  # SDPA adds one mask and has no softcap
     autocast = attention.check_kernel_support(q, k, v, output)
     flags, seqused_k, keys = attention.flags_for(band, scores_shape)
     if softcap:
@@ -152,7 +158,8 @@ def match_handwritten(softmax: Node, constants: dict) -> attention.AttentionCall
     return attention.AttentionCall(q, k, v, output=output, scale=scale, flags=flags, matched=matched + [output],
                          seqused_k=seqused_k, padding=keys, autocast=autocast,
                          blind_rows=attention.blind_rows_of(hidden_scores, sdpa=False, softmax_dtype=value(softmax).dtype),
-                         masks=[(m, use) for m, use in masks if isinstance(m, Node)])
+                         masks=[(m, use) for m, use in masks if isinstance(m, Node)],
+                         additive_input=additive.mask if additive else None, additive_reason=str(additive or ""))
 
 
 def _strip_mask(node: Node, constants, scores_shape) -> tuple[Node, object, Band, float | None]:
@@ -166,14 +173,18 @@ def _strip_mask(node: Node, constants, scores_shape) -> tuple[Node, object, Band
             raise Decline(f"{node.format_node()} is not where(mask, scores, fill)")
         mask = node.args[0]
         return node.args[1], mask, *attention.mask_flags("where", mask, constants, scores_shape, node.args[2])
-    errors = []
+    errors, additive = [], None
     for scores, mask in ((node.args[0], node.args[1]), (node.args[1], node.args[0])):
         if not isinstance(scores, Node):
             continue
         try:
             return scores, mask, *attention.mask_flags("additive", mask, constants, scores_shape)
+        except attention.AdditiveInput as e:
+            additive = additive or attention.AdditiveInput(str(e), scores, mask)
         except Decline as e:
             errors.append(str(e))
+    if additive is not None:
+        raise additive
     raise Decline(errors[0] if errors else f"{node.format_node()} adds no tensor")
 
 

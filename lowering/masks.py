@@ -63,6 +63,15 @@ class MaskNotUnderstood(Exception):
     """A mask whose structure cannot be proven from the graph; the message is the reason."""
 
 
+class ValuesUnknown(MaskNotUnderstood):
+    """The mask is a floating-point graph input (`node`): nothing about its values is known when compiling (HF's
+    eager-code mask built outside the forward: static-cache generate, Gemma-2's hybrid cache)."""
+
+    def __init__(self, message: str, node: Node):
+        super().__init__(message)
+        self.node = node
+
+
 @dataclass(frozen=True)
 class Outside:
     """A region body's input computed in the enclosing graph (a `torch.utils.checkpoint` region's operand: HF's
@@ -441,8 +450,11 @@ def evaluate(node, constants: dict) -> TwoValued:
         if isinstance(v, torch.Tensor) and v.dtype == torch.bool and v.dim() == 4 and same_size(v.shape[1], 1):
             keys = KeyMask(node, plane=True, per_query=not same_size(v.shape[2], 1))
             return TwoValued(Band(keys=keys), True, False)
-        raise MaskNotUnderstood(f"the mask is the graph input {node.name}; its values are unknown when compiling "
-                                "(only a boolean [B, 1, Sq or 1, Sk] input is read, as a key mask)")
+        message = (f"the mask is the graph input {node.name}; its values are unknown when compiling "
+                   "(only a boolean [B, 1, Sq or 1, Sk] input is read, as a key mask)")
+        if isinstance(v, torch.Tensor) and v.dtype.is_floating_point:
+            raise ValuesUnknown(message, node)
+        raise MaskNotUnderstood(message)
     if ONES(node):
         return _coerce(node, _uniform(1))
     if ZEROS(node):

@@ -158,13 +158,38 @@ attention_out_contiguous: f32[2, 4, 9, 16] = .contiguous(attention_out)""")
         torch.testing.assert_close(out, fn(q, k, v.bfloat16()))
         self.assertEqual(rec.reasons, ["q, k, v dtypes differ (torch.float32, torch.float32, torch.bfloat16)"])
 
-    def test_fallback_arbitrary_mask(self):
+    def test_a_float_mask_input_becomes_sdpa_with_the_mask(self):
+        """A float mask input added to the scores, any values (HF's eager-code mask built outside the forward, in
+        static-cache generate): the SDPA call with that mask, which computes what eager does; the op takes boolean
+        masks only."""
         def fn(q, k, v, m):
             return torch.softmax(q @ k.mT * 0.25 + m, -1) @ v
 
-        rec, _ = compile_and_record(fn, *inputs(), torch.randn(6, 6))
+        q, k, v = inputs()
+        m = torch.randn(6, 6) * 4
+        rec, out = compile_and_record(fn, q, k, v, m)
+        self.assertEqual(rec.count(), 0)
+        torch.testing.assert_close(out.double(), fn(q.double(), k.double(), v.double(), m.double()), atol=1e-5,
+                                   rtol=1e-5)
+        self.assertExpectedInline(rec.summary, """\
+sdpa_mask_input: f32[2, 4, 6, 16] = scaled_dot_product_attention(q, k, v, attn_mask=m, scale=0.25)
+attention_out_contiguous: f32[2, 4, 6, 16] = .contiguous(sdpa_mask_input)""")
+
+    def test_a_float_mask_input_is_kept_with_a_softcap_or_in_training(self):
+        def capped(q, k, v, m):
+            s = torch.tanh(q @ k.mT * 0.25 / 30.0) * 30.0
+            return torch.softmax(s + m, -1) @ v
+
+        def plain(q, k, v, m):
+            return torch.softmax(q @ k.mT * 0.25 + m, -1) @ v
+
+        q, k, v = inputs()
+        rec, out = compile_and_record(capped, q, k, v, torch.randn(6, 6))
         self.assertEqual(rec.count(), 0)
         self.assertExpectedInline("\n".join(rec.reasons), """mask not recognized: the mask is the graph input l_m_; its values are unknown when compiling (only a boolean [B, 1, Sq or 1, Sk] input is read, as a key mask)""")
+        rec, out = compile_and_record(plain, q.requires_grad_(), k, v, torch.randn(6, 6))
+        self.assertEqual(rec.count(), 0)
+        self.assertExpectedInline("\n".join(rec.reasons), """mask not recognized: the mask is the graph input l_m_; its values are unknown when compiling (only a boolean [B, 1, Sq or 1, Sk] input is read, as a key mask); in training it is kept as written""")
 
     def test_fallback_dropout_in_training(self):
         m = upstream.CausalSelfAttention().train()

@@ -120,6 +120,36 @@ def test_generate_with_a_static_cache_decodes_through_the_op(name):
         torch.testing.assert_close(g, e, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("name", ["llama", pytest.param("qwen3", marks=pytest.mark.slow)])
+def test_generate_with_a_static_cache_in_eager_code_passes_its_mask_to_sdpa(name):
+    """Eager attention code under `generate(cache_implementation="static")`: the prefill and every decode step get
+    generate's float [B, 1, Sq, Sk] mask as a graph input (0 / finfo.min, but nothing in the graph says so). Each
+    layer becomes the SDPA call with that mask as given (what eager computes, for any values), not eager's matmuls
+    and softmax; a left-padded batch generates the same tokens and scores as without compiling."""
+    from fa4_inductor.lowering.attention import ADDITIVE_INPUT_ON_SDPA
+
+    model = tiny(name, "eager").model
+    ids = torch.randint(1, 128, (2, 7))
+    mask = torch.ones_like(ids)
+    mask[1, :3] = 0
+    forward = model.forward
+    recorder = Recorder()
+    kwargs = dict(attention_mask=mask, max_new_tokens=5, do_sample=False, cache_implementation="static",
+                  pad_token_id=0, return_dict_in_generate=True, output_scores=True)
+    torch._dynamo.reset()
+    with torch.no_grad():
+        expected = model.generate(ids, **kwargs)
+        model.forward = torch.compile(forward, backend=recorder)
+        got = model.generate(ids, **kwargs)
+    model.forward = forward
+    assert len(recorder.graphs) == 2  # the prefill, and one decode step for every step
+    assert len(recorder.records) == 2 * model.config.num_hidden_layers
+    assert all(r.rewritten and r.detail.endswith(ADDITIVE_INPUT_ON_SDPA) for r in recorder.records), recorder.records
+    assert torch.equal(got.sequences, expected.sequences)
+    for g, e in zip(got.scores, expected.scores):
+        torch.testing.assert_close(g, e, atol=1e-5, rtol=1e-5)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("attention_mask, checked", [(False, False), (True, False), (True, True)],
                          ids=["no-mask", "generate-mask-as-key-mask", "generate-mask-checked"])
