@@ -25,6 +25,26 @@ s)  # session 21: the Llama-1B shape's rows that run 4 could not give (padded pr
     # decode: time budget), batch 8 x 2048
     run timeout 520 python3 -c "from fa4_inductor import bench
 for t in bench.sweep_suite(llama_sizes=((2048, 16),), decode_sizes=((2048, 16),), bert=False, batches=(8,), seqlens=(512, 2048, 8192), time_budget_s=420): print(t.markdown())" ;;
+t)  # session 22: the padded sweep rows after the two lowering fixes (512x4's were all kept: a batch symbol per input;
+    # 2048x16's b8 x 512 ran 0.77x on the op's SDPA fallback), then eager code's float mask input on SDPA: generate's
+    # decode (HF compiles the step) and the static-cache padded prefill, ours against default
+    run timeout 200 python3 -c "from fa4_inductor import bench
+for t in bench.sweep_suite(llama_sizes=((512, 4),), decode_sizes=(), bert=False, batches=(1, 8), seqlens=(512, 2048, 8192), time_budget_s=180): print(t.markdown())"
+    run timeout 150 python3 -c "from fa4_inductor import bench
+for t in bench.sweep_suite(llama_sizes=((2048, 16),), decode_sizes=(), bert=False, batches=(8,), seqlens=(128, 512), time_budget_s=130): print(t.markdown())"
+    run timeout 240 python3 -c "
+import torch
+from fa4_inductor.bench import llama_e2e, models, padded
+model = models.llama('eager', 'cuda', torch.bfloat16)
+tokens, mask = models.padded_batch(model.config.vocab_size, 4, 2048, (0, 100, 700, 1500), 'cuda', 'left')
+for name, backend in models.BACKENDS.items():
+    torch._dynamo.reset()
+    print('eager code, static-cache padded prefill 4 x 2048 |', name, '|', round(padded.padded_ms(model, backend, tokens, mask, False, static_cache=4096), 2), 'ms', flush=True)
+for name, backend in models.BACKENDS.items():
+    torch._dynamo.reset()
+    first, rate, _ = llama_e2e.generate_times(model, backend, 1024, 64, 4, 'cuda')
+    print('eager code, generate b4 x 1024 + 64 |', name, '| first token', round(first, 1), 'ms |', round(rate), 'tokens/s', flush=True)
+" ;;
 p)  # the padded rows one at a time, printed as they finish (a cut run keeps what it timed)
     run timeout 300 python3 -c "
 import torch

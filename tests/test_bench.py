@@ -92,12 +92,13 @@ def test_padded_suite_runs_prefill_and_training(monkeypatch):
     ] + [["sdpa", "train", kind] for kind in ("left-padded", "right-padded", "no mask")]
 
 
-def test_static_cache_prefill_is_what_generate_hands_the_forward():
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+def test_static_cache_prefill_is_what_generate_hands_the_forward(attention):
     """The padded bench's static-cache prefill passes the mask, cache and positions that
     `generate(cache_implementation="static")` passes the forward for the same left-padded batch."""
     from helpers import tiny
 
-    model = tiny("llama", "sdpa").model
+    model = tiny("llama", attention).model
     model.generation_config.pad_token_id = 0
     tokens, mask = bench.padded_batch(model.config.vocab_size, 3, 7, (0, 2, 5), "cpu")
     seen = []

@@ -15,8 +15,9 @@ from .tables import Table, attempt, or_failed, speedup
 
 def static_cache_prefill(model, tokens, mask, capacity: int) -> dict:
     """The keyword arguments `generate(cache_implementation="static")` hands a compiled forward at a padded batch's
-    prefill: a `StaticCache` of `capacity` slots and (transformers 5.24 builds it outside the forward) a boolean
-    [B, 1, S, capacity] mask, query i seeing the visible keys j <= i, the empty slots hidden."""
+    prefill: a `StaticCache` of `capacity` slots and (transformers 5.24 builds it outside the forward) a
+    [B, 1, S, capacity] mask, query i seeing the visible keys j <= i, the empty slots hidden: boolean for sdpa code,
+    additive (0 visible, finfo.min hidden, the model's dtype) for eager code."""
     from transformers import StaticCache
 
     from ..hf import cache_keyword
@@ -25,8 +26,12 @@ def static_cache_prefill(model, tokens, mask, capacity: int) -> dict:
     slots = torch.arange(capacity, device=tokens.device)
     visible = torch.nn.functional.pad(mask.bool(), (0, capacity - s))
     causal = slots[None, :] <= torch.arange(s, device=tokens.device)[:, None]
-    return {"attention_mask": (causal[None] & visible[:, None, :])[:, None],
-            cache_keyword(model): StaticCache(config=model.config, max_cache_len=capacity), "use_cache": True}
+    keep = (causal[None] & visible[:, None, :])[:, None]
+    if model.config._attn_implementation == "eager":
+        keep = torch.zeros(keep.shape, dtype=model.dtype, device=keep.device).masked_fill(
+            ~keep, torch.finfo(model.dtype).min)
+    return {"attention_mask": keep, cache_keyword(model): StaticCache(config=model.config, max_cache_len=capacity),
+            "use_cache": True}
 
 
 def padded_ms(model, backend_name, tokens, mask, train: bool, labels: bool = True, static_cache: int = 0) -> float:
