@@ -1,5 +1,6 @@
-# Unrun GPU work (sessions 19-21), in priority order (`s` first next time, with a 540 s timeout: the sweep's rows
-# now stream to the log as they are measured; then `*` per model), split into calls of <= ~9 minutes (the first after .gpu/b's install).
+# Unrun GPU work (sessions 19-22), in priority order (session 23: `u`, then `v`, then `*` with MODELS=2048x4 and
+# 256x16; each with a timeout of 540-590 s; rows stream to the log as they are measured), split into calls of
+# <= ~9 minutes (the first after .gpu/b's install).
 # Output goes to $OUT/log.txt. Have the next call ready: the machine goes back 30 s after a call, and a fresh one needs
 # .gpu/a and .gpu/b again. Run one part a call:  bash scratch/next_gpu.sh 1   (then 2, 3, ...)
 # Never `pkill -f pytest` here: it matches this script's own command line. A pytest cut by `timeout` can leave xdist
@@ -25,6 +26,15 @@ s)  # session 21: the Llama-1B shape's rows that run 4 could not give (padded pr
     # decode: time budget), batch 8 x 2048
     run timeout 520 python3 -c "from fa4_inductor import bench
 for t in bench.sweep_suite(llama_sizes=((2048, 16),), decode_sizes=((2048, 16),), bert=False, batches=(8,), seqlens=(512, 2048, 8192), time_budget_s=420): print(t.markdown())" ;;
+u)  # session 22 left these: the Llama-1B shape's b8 x 128 / 512 padded rows after the crossover change (run 1:
+    # b8 x 512 left-padded 0.77x on the op's SDPA fallback), then its decode rows at 2048 (b1, b8, padded)
+    run timeout 280 python3 -c "from fa4_inductor import bench
+for t in bench.sweep_suite(llama_sizes=((2048, 16),), decode_sizes=(), bert=False, batches=(8,), seqlens=(128, 512), time_budget_s=250): print(t.markdown())"
+    run timeout 290 python3 -c "from fa4_inductor import bench
+for t in bench.sweep_suite(llama_sizes=((2048, 16),), decode_sizes=((2048, 16),), bert=False, batches=(1, 8), seqlens=(2048,), phases=('decode',), time_budget_s=260): print(t.markdown())" ;;
+v)  # the Llama-1B shape's decode rows at 8192 and b1 x 128 again (session 21: 0.95x once)
+    run timeout 560 python3 -c "from fa4_inductor import bench
+for t in bench.sweep_suite(llama_sizes=((2048, 16),), decode_sizes=((2048, 16),), bert=False, batches=(1, 8), seqlens=(128, 8192), phases=('decode',), time_budget_s=520): print(t.markdown())" ;;
 t)  # session 22: the padded sweep rows after the two lowering fixes (512x4's were all kept: a batch symbol per input;
     # 2048x16's b8 x 512 ran 0.77x on the op's SDPA fallback), then eager code's float mask input on SDPA: generate's
     # decode (HF compiles the step) and the static-cache padded prefill, ours against default

@@ -59,6 +59,15 @@ def test_sweep_rows_cover_prefill_decode_batches_and_padding(monkeypatch):
 
 
 @pytest.mark.slow
+def test_one_phase_alone(monkeypatch):
+    without_inductor(monkeypatch)
+    table = run_sweep(phases=("decode",), bert=False, seqlens=(16,), batches=(2,))
+    assert [tuple(row[:5]) for row in table.rows] == [("Llama h64 x2", "decode", 2, 16, "none"),
+                                                      ("Llama h64 x2", "decode", 2, 16, "left, 1/2 rows")]
+    assert all(isinstance(row[5], float) and isinstance(row[6], float) for row in table.rows), table.rows
+
+
+@pytest.mark.slow
 def test_a_failed_row_is_reported_and_the_others_measured(monkeypatch, capsys):
     without_inductor(monkeypatch)
     real = sweep.decode_ms

@@ -222,11 +222,13 @@ def _dynamo_limits():
 
 def sweep_suite(device="cuda", dtype=torch.bfloat16, llama_sizes=LLAMA_SIZES, decode_sizes=DECODE_SIZES, bert=True,
                 seqlens=SEQLENS, batches=BATCHES, decode_steps=16, prefill_repeats=10, memory_cap_gib=100.0,
-                time_budget_s=450.0, llama_overrides=None, bert_overrides=None, decode_mode=None):
+                time_budget_s=450.0, llama_overrides=None, bert_overrides=None, decode_mode=None,
+                phases=("prefill", "decode")):
     """Yields one table, a row per (model, phase, batch, sequence length, padding); see the module
     docstring for the defaults and the compile plan. `decode_mode`: the decode step's compile mode (default:
     "reduce-overhead" on CUDA, as the e2e suite and HF's static-cache generate compile it; "default" measures a
-    step without CUDA graphs, where every host microsecond shows)."""
+    step without CUDA graphs, where every host microsecond shows). `phases`: the phases measured (one alone
+    fits a large model's rows into one device call)."""
     started = time.perf_counter()
     mode = decode_mode or ("reduce-overhead" if device == "cuda" else "default")
     table = Table("Size sweep: HF Llama-shaped models and BERT-base, ours against default torch.compile "
@@ -238,7 +240,7 @@ def sweep_suite(device="cuda", dtype=torch.bfloat16, llama_sizes=LLAMA_SIZES, de
         model = sweep_model.build(device, dtype)
         max_positions = model.config.max_position_embeddings
         cases, skipped = [], {}
-        for phase in ("prefill", "decode") if sweep_model.decode else ("prefill",):
+        for phase in (p for p in phases if sweep_model.decode or p == "prefill"):
             for batch in batches:
                 for padded in (False, True) if batch > 1 else (False,):
                     for seq in seqlens:
