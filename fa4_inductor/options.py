@@ -33,6 +33,12 @@ class Options:
     the program (on CUDA a device-side assert, which ends the process) where default torch.compile runs
     it, hence off by default."""
 
+    additive_masks_on_op: bool = False
+    """A decode step in eager attention code whose mask is a float graph input (generate's static or hybrid cache
+    builds it outside the forward; values unknown when compiling) runs on the op, which adds the mask to the scores
+    on our decode kernel and reads K/V un-repeated (Gemma-2's softcap included); off: SDPA with the mask as given (no
+    softcap: Gemma-2 then stays as written). Off until the kernel's additive variant is measured on the H200."""
+
     small_calls_to_sdpa: bool = True
     """On CUDA, leave small attentions in host-bound graphs (lowering/crossover.py: self-attention by FLOP, and
     decode steps by the bytes a graph moves per attention) on PyTorch's SDPA, whose C++ host path beats the op's

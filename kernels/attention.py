@@ -11,7 +11,9 @@ alignment (see `reference.py`); `seqused_k` [B] int32 (or int64) gives per-seque
 each in 0..Sk (checked on the CPU; on CUDA a check would cost a host sync, and values outside are undefined);
 `key_mask` [B, Sk] bool hides the keys where it is False (a padding mask, any pattern); a [B, Sq, Sk] one hides
 key j from query row i where key_mask[b, i, j] is False (a boolean mask per query row, HF's prefill mask
-built outside the forward).
+built outside the forward). A key_mask in q's dtype is added to the scaled, soft-capped
+scores instead, any values (eager attention code's mask built outside the forward): decode-shaped calls run it on
+our decode kernel, the others on the SDPA fallback (without a softcap) or the reference.
 Inputs the kernels cannot take are errors, never reinterpreted: dtypes other than float16, bfloat16,
 float32, float64; head dims outside 8..256 or not a multiple of 8; scale <= 0; softcap < 0; windows < -1.
 
@@ -136,8 +138,9 @@ def _check_inputs(q: Tensor, k: Tensor, v: Tensor, seqused_k: Optional[Tensor], 
                 and bool(((seqused_k < 0) | (seqused_k > k.shape[2])).any()):
             raise ValueError(f"fa4::attention: seqused_k {seqused_k.tolist()} is not within 0..{k.shape[2]} keys")
     if key_mask is not None:
-        if key_mask.dtype != torch.bool:
-            raise ValueError(f"fa4::attention wants a bool key_mask, got {key_mask.dtype}")
+        if key_mask.dtype not in (torch.bool, q.dtype):
+            raise ValueError(f"fa4::attention wants a bool key_mask, or an additive one in q's dtype ({q.dtype}), "
+                             f"got {key_mask.dtype}")
         if key_mask.dim() == 3:
             torch._check(key_mask.shape == (q.shape[0], q.shape[2], k.shape[2]),
                          lambda: "a 3-D key_mask must have shape [B, Sq, Sk]")
@@ -348,6 +351,8 @@ def _reads_mask_form(q: Tensor, k: Tensor, key_mask: Tensor, flags: dict) -> boo
     sync would stall a host-bound graph (a small model's padded batch ran 0.55-0.63x default compile). A mask per
     query row is sized as the causal attention over Sq keys it may become."""
     b, h, sq, d = q.shape
+    if reference.is_additive(key_mask):
+        return False  # values, not a pattern of visible keys
     if key_mask.dim() == 3:
         return not crossover.small(b, h, sq, sq, d, True)
     return not crossover.small(b, h, sq, k.shape[2], d, flags["causal"])

@@ -110,8 +110,8 @@ def unsupported_reason(q: Tensor, k: Tensor, v: Tensor, *, seqused_k: Optional[T
             return reason
     if seqused_k is not None and (seqused_k.device != q.device or seqused_k.dim() != 1):
         return "seqused_k must be a 1-D tensor on q's device"
-    if key_mask is not None and (key_mask.device != q.device or key_mask.dtype != torch.bool):
-        return "key_mask must be a bool tensor on q's device"
+    if key_mask is not None and (key_mask.device != q.device or key_mask.dtype not in (torch.bool, q.dtype)):
+        return "key_mask must be a bool tensor, or an additive one in q's dtype, on q's device"
     if key_mask is not None and key_mask.dim() != 2:
         return "the decode kernel takes a [B, Sk] key mask, not one per query row"
     return None
@@ -169,6 +169,7 @@ class _Key(NamedTuple):
     pdl: bool = False  # combine kernel: programmatic dependent launch
     stages: int = 0  # main kernel: K / V ring depth per warp
     key_mask: bool = False  # main kernel: a [B, Sk] key mask is given
+    additive_mask: bool = False  # main kernel: that key mask is additive (q's dtype), not boolean
     min_ctas: int = 0  # int8-KV main kernel: CTAs a SM its registers must allow (0: ptxas decides)
 
 
@@ -209,8 +210,9 @@ def fake_main_tail(cute, key):
     from cutlass import Float32, Int32, Uint8
 
     used = cute.runtime.make_fake_compact_tensor(Int32, (cute.sym_int(),)) if key.seqused else None
+    mask_dtype = compile_utils.cutlass_dtype(key.dtype) if key.additive_mask else Uint8
     key_mask = cute.runtime.make_fake_tensor(
-        Uint8, (cute.sym_int(), cute.sym_int()), (cute.sym_int64(), 1)) if key.key_mask else None
+        mask_dtype, (cute.sym_int(), cute.sym_int()), (cute.sym_int64(), 1)) if key.key_mask else None
     o_part, lse_part = fake_partials(cute, key.head_dim) if key.split else (None, None)
     out = None if key.split else fake_bhsd(cute, compile_utils.cutlass_dtype(key.dtype), key.head_dim)
     lse = None if key.split else fake_lse(cute)
@@ -232,7 +234,7 @@ def _compile(key: _Key):
     from .cute.decode_attention import DecodeAttentionSm90
 
     kernel = DecodeAttentionSm90(dt, d, key.group, key.causal, key.softcap, key.seqused, key.split, key.stages,
-                                 key.key_mask)
+                                 key.key_mask, key.additive_mask)
     align = ALIGN_BYTES // 2
     return compile_utils.compile_for_tvm_ffi(
         cute, kernel, fake_bhsd(cute, dt, d), fake_bhsd(cute, dt, d, align, ALIGN_BYTES),
@@ -258,7 +260,8 @@ def _keys(q: Tensor, k: Tensor, seqused_k: Optional[Tensor], key_mask: Optional[
     group = q.shape[1] // k.shape[1]
     arch = compile_utils.target_arch(q.device)
     main = _Key("main", q.dtype, q.shape[-1], group, bool(causal), softcap > 0, seqused_k is not None, split, arch,
-                stages=stages_for(q.shape[-1]), key_mask=key_mask is not None)
+                stages=stages_for(q.shape[-1]), key_mask=key_mask is not None,
+                additive_mask=key_mask is not None and key_mask.dtype != torch.uint8)
     return main, combine_key(q.dtype, q.shape[-1], group, arch)
 
 
@@ -276,7 +279,7 @@ class Prepared(NamedTuple):
 
     q: Tensor  # unit stride on D
     seqused_k: Optional[Tensor]  # int32, unit stride
-    key_mask: Optional[Tensor]  # uint8 view, unit stride on Sk
+    key_mask: Optional[Tensor]  # uint8 view (boolean), or additive in q's dtype; unit stride on Sk
     out: Tensor  # [B, Hq, Sq, D] stored as [B, Sq, Hq, D]
     lse: Tensor  # [B, Hq, Sq] float32
     splits: int
@@ -306,7 +309,8 @@ def prepare(q: Tensor, k: Tensor, seqused_k: Optional[Tensor], key_mask: Optiona
     if key_mask is not None:
         if key_mask.shape != (b, sk):
             raise ValueError(f"key_mask must have shape ({b}, {sk}), got {tuple(key_mask.shape)}")
-        key_mask = (key_mask if key_mask.stride(-1) == 1 else key_mask.contiguous()).view(torch.uint8)
+        key_mask = key_mask if key_mask.stride(-1) == 1 else key_mask.contiguous()
+        key_mask = key_mask.view(torch.uint8) if key_mask.dtype == torch.bool else key_mask
     if splits is None:
         splits = switches.current().decode_splits
     if splits is None and out.numel():
@@ -343,8 +347,8 @@ def forward(q: Tensor, k: Tensor, v: Tensor, seqused_k: Optional[Tensor] = None,
             splits: Optional[int] = None, **flags) -> tuple[Tensor, Tensor]:
     """(out [B, Hq, Sq, D] stored as [B, Sq, Hq, D], lse [B, Hq, Sq] float32, natural log).
 
-    `key_mask` [B, Sk] bool hides keys where False. `splits` overrides `num_splits` (tests and
-    benchmarks); it must not depend on seqused_k."""
+    `key_mask` [B, Sk] bool hides keys where False; in q's dtype it is added to the scores. `splits` overrides
+    `num_splits` (tests and benchmarks); it must not depend on seqused_k."""
     call = prepare(q, k, seqused_k, key_mask, splits, Flags(**flags))
     main_key, combine_key = _keys(call.q, k, call.seqused_k, call.key_mask, call.causal, call.softcap, call.splits > 1)
     return launch(call, compiled(main_key), (k, v), combine_key)

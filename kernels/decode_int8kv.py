@@ -54,6 +54,8 @@ def unsupported_reason(q: Tensor, k: Tensor, v: Tensor, *, k_scale: Optional[Ten
     reason = decode.unsupported_reason(q, k, v, seqused_k=seqused_k, key_mask=key_mask, **flags)
     if reason is not None:
         return reason
+    if key_mask is not None and key_mask.dtype != torch.bool:
+        return "the int8-KV decode kernel takes a boolean key mask, not an additive one"
     for name, s in (("k_scale", k_scale), ("v_scale", v_scale)):
         if s is None:
             return f"the int8-KV decode kernel needs {name}"

@@ -12,6 +12,8 @@ Masking convention (FlashAttention's): with `offset = seqlen_k - seqlen_q` (per 
     j >= i + offset - window_left        if window_left >= 0,
     j <= i + offset + window_right       if window_right >= 0.
 A row that sees no key returns zeros and a log-sum-exp of -inf.
+A floating-point key mask is additive instead (`is_additive`): key_mask[b, (i,) j] is added to the scaled,
+soft-capped score (eager code's `scores + mask`, any values: a row whose every score is finfo.min is uniform).
 """
 
 from __future__ import annotations
@@ -63,20 +65,41 @@ def allowed_keys(
     return keep
 
 
+def is_additive(key_mask: Optional[Tensor]) -> bool:
+    """A floating-point key mask: added to the scores rather than hiding keys."""
+    return key_mask is not None and key_mask.dtype.is_floating_point
+
+
+def visible_keys(key_mask: Optional[Tensor]) -> Optional[Tensor]:
+    """The key mask as `allowed_keys` takes it: a boolean one, or None for an additive one (it hides nothing)."""
+    return None if is_additive(key_mask) else key_mask
+
+
+def _bias(key_mask: Optional[Tensor], acc: torch.dtype) -> Optional[Tensor]:
+    """An additive key mask broadcast over [B, Hkv, G, Sq, Sk] scores, in the compute dtype; None otherwise."""
+    if not is_additive(key_mask):
+        return None
+    rows = key_mask[:, None, None] if key_mask.dim() == 3 else key_mask[:, None, None, None]
+    return rows.to(acc)
+
+
 def _grouped(q: torch.Tensor, num_kv_heads: int) -> torch.Tensor:
     """[B, Hq, S, D] -> [B, Hkv, G, S, D], query heads of one K/V head side by side."""
     return q.unflatten(1, (num_kv_heads, q.shape[1] // num_kv_heads))
 
 
-def _scores(q, k, scale, softcap, keep):
-    """Scaled, soft-capped and masked scores [B, Hkv, G, Sq, Sk] in the compute dtype."""
+def _scores(q, k, scale, softcap, keep, key_mask=None):
+    """(scaled, soft-capped and masked scores [B, Hkv, G, Sq, Sk] in the compute dtype, the soft-capped scores
+    before any mask)."""
     acc = compute_dtype(q.dtype)
-    s = _grouped(q.to(acc), k.shape[1]) @ k.to(acc).unsqueeze(2).transpose(-1, -2) * scale
+    capped = _grouped(q.to(acc), k.shape[1]) @ k.to(acc).unsqueeze(2).transpose(-1, -2) * scale
     if softcap > 0:
-        s = softcap * torch.tanh(s / softcap)
+        capped = softcap * torch.tanh(capped / softcap)
+    bias = _bias(key_mask, acc)
+    s = capped if bias is None else capped + bias
     if keep is not None:
         s = s.masked_fill(~keep, float("-inf"))
-    return s
+    return s, capped
 
 
 def attention_forward(
@@ -84,12 +107,21 @@ def attention_forward(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Returns (out [B, Hq, Sq, Dv], lse [B, Hq, Sq]), both in the compute dtype."""
     keep = allowed_keys(q.shape[2], k.shape[2], causal=causal, window_left=window_left,
-                        window_right=window_right, seqused_k=seqused_k, device=q.device, key_mask=key_mask)
-    s = _scores(q, k, scale, softcap, keep)
-    lse = torch.logsumexp(s, dim=-1, keepdim=True)
-    p = torch.exp(s - lse.masked_fill(lse == float("-inf"), 0.0))
+                        window_right=window_right, seqused_k=seqused_k, device=q.device, key_mask=visible_keys(key_mask))
+    s, _ = _scores(q, k, scale, softcap, keep, key_mask)
+    p, lse = _softmax(s)
     out = p @ v.to(s.dtype).unsqueeze(2)
     return out.flatten(1, 2), lse.squeeze(-1).flatten(1, 2)
+
+
+def _softmax(s: Tensor) -> tuple[Tensor, Tensor]:
+    """(softmax of s over the keys, its log-sum-exp), zeros and -inf for a row that sees no key. Normalised by the
+    sum, not by exp(-lse): next to a row max of finfo.min (an additive mask on every key) lse cannot hold log(sum)."""
+    m = s.amax(-1, keepdim=True)
+    m = m.masked_fill(m == float("-inf"), 0.0)
+    e = torch.exp(s - m)
+    total = e.sum(-1, keepdim=True)
+    return e / total.masked_fill(total == 0, 1.0), m + torch.log(total)
 
 
 def attention_backward(
@@ -103,14 +135,17 @@ def attention_backward(
     (a large scale in bfloat16) the rounded `out` costs dq and dk several times eager's error.
     d lse / d s = p, so a gradient on lse adds `p * grad_lse` to the score gradient."""
     keep = allowed_keys(q.shape[2], k.shape[2], causal=causal, window_left=window_left,
-                        window_right=window_right, seqused_k=seqused_k, device=q.device, key_mask=key_mask)
+                        window_right=window_right, seqused_k=seqused_k, device=q.device, key_mask=visible_keys(key_mask))
     num_kv_heads = k.shape[1]
-    s = _scores(q, k, scale, softcap, keep)
+    s, capped = _scores(q, k, scale, softcap, keep, key_mask)
     acc = s.dtype
-    lse5 = _grouped(lse.to(acc), num_kv_heads).unsqueeze(-1)
-    p = torch.exp(s - lse5.masked_fill(lse5 == float("-inf"), 0.0))
-    if keep is not None:
-        p = p.masked_fill(~keep, 0.0)
+    if is_additive(key_mask):
+        p = _softmax(s)[0]  # recomputed: exp(s - lse) is off where lse cannot hold log(sum) (see `_softmax`)
+    else:
+        lse5 = _grouped(lse.to(acc), num_kv_heads).unsqueeze(-1)
+        p = torch.exp(s - lse5.masked_fill(lse5 == float("-inf"), 0.0))
+        if keep is not None:
+            p = p.masked_fill(~keep, 0.0)
     do = _grouped(grad_out.to(acc), num_kv_heads)
     v5 = v.to(acc).unsqueeze(2)
     k5 = k.to(acc).unsqueeze(2)
@@ -121,7 +156,7 @@ def attention_backward(
         row_term = row_term - _grouped(grad_lse.to(acc), num_kv_heads).unsqueeze(-1)
     ds = p * (dp - row_term)
     if softcap > 0:
-        ds = ds * (1 - (s.masked_fill(torch.isinf(s), 0.0) / softcap) ** 2)
+        ds = ds * (1 - (capped / softcap) ** 2)
     dq = (ds @ k5).flatten(1, 2) * scale
     dk = (ds.transpose(-1, -2) @ _grouped(q.to(acc), num_kv_heads)).sum(2) * scale
     return dq, dk, dv

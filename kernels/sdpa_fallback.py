@@ -4,7 +4,8 @@ It runs when FA4 is missing, disabled (`FA4_INDUCTOR_DISABLE_FA4=1`), the GPU is
 sm100 (A100, consumer Blackwell), or the call has a key mask (a padding mask FA4 cannot take). `aten::_scaled_dot_product_efficient_attention` takes an additive
 bias and returns the log-sum-exp our op must produce, so every flag except softcap maps onto it:
 causal / window / seqused_k / key_mask become one bias built from `reference.allowed_keys` (bottom-right
-alignment, exactly the op's contract), and GQA repeats K/V heads (a copy this path accepts).
+alignment, exactly the op's contract) and an additive key mask's values, and GQA repeats K/V heads (a copy this path
+accepts).
 Rows that see no key come back as zeros with lse -inf, as the contract says. Softcap has no SDPA
 spelling and stays with the reference.
 
@@ -42,14 +43,21 @@ def unsupported_reason(q: Tensor, k: Tensor, v: Tensor, *, seqused_k: Optional[T
     return None
 
 
-def _bias(keep: Optional[Tensor], b: int, h: int, sq: int, sk: int, dtype: torch.dtype) -> Optional[Tensor]:
-    """Additive [B, H, Sq, Sk] bias (a broadcast view of a padded buffer), or None when all keys are visible."""
-    if keep is None:
+def _bias(keep: Optional[Tensor], b: int, h: int, sq: int, sk: int, dtype: torch.dtype,
+          additive: Optional[Tensor] = None) -> Optional[Tensor]:
+    """Additive [B, H, Sq, Sk] bias (a broadcast view of a padded buffer): an additive key mask's values (0 without
+    one) where `keep` shows the key, -inf where it hides it; None when there is neither."""
+    if keep is None and additive is None:
         return None
     padded = math.ceil(sk / BIAS_ALIGN) * BIAS_ALIGN
-    bias = torch.full((keep.shape[0], 1, sq, padded), float("-inf"), dtype=dtype, device=keep.device)
-    bias[..., :sk].masked_fill_(keep[:, 0], 0.0)
-    return bias[..., :sk].expand(b, h, sq, sk)
+    rows = additive.shape[0] if additive is not None else keep.shape[0]
+    device = additive.device if additive is not None else keep.device
+    bias = torch.zeros((rows, 1, sq, padded), dtype=dtype, device=device)[..., :sk]
+    if additive is not None:
+        bias.copy_(additive[:, None, None] if additive.dim() == 2 else additive[:, None])
+    if keep is not None:
+        bias.masked_fill_(~keep[:, 0], float("-inf"))
+    return bias.expand(b, h, sq, sk)
 
 
 def forward(q: Tensor, k: Tensor, v: Tensor, seqused_k: Optional[Tensor] = None, key_mask: Optional[Tensor] = None,
@@ -62,11 +70,12 @@ def forward(q: Tensor, k: Tensor, v: Tensor, seqused_k: Optional[Tensor] = None,
     b, hq, sq, _ = q.shape
     sk, group = k.shape[2], hq // k.shape[1]
     keep = reference.allowed_keys(sq, sk, causal=f.causal, window_left=f.window_left, window_right=f.window_right,
-                                  seqused_k=seqused_k, device=q.device, key_mask=key_mask)
+                                  seqused_k=seqused_k, device=q.device, key_mask=reference.visible_keys(key_mask))
+    additive = key_mask if reference.is_additive(key_mask) else None
     if group > 1:
         k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
     result, lse, _, _ = torch.ops.aten._scaled_dot_product_efficient_attention(
-        q, k, v, _bias(keep, b, hq, sq, sk, q.dtype), True, scale=f.scale)
+        q, k, v, _bias(keep, b, hq, sq, sk, q.dtype, additive), True, scale=f.scale)
     lse = lse[..., :sq].float()
     if keep is not None:
         blind = ~keep[:, 0].any(-1)  # [B or 1, 1, Sq]: rows that see no key
@@ -94,12 +103,13 @@ def backward_by_recomputation(grad_out, q, k, v, seqused_k=None, key_mask=None, 
     b, hq, sq, _ = q.shape
     sk, group = k.shape[2], hq // k.shape[1]
     keep = reference.allowed_keys(sq, sk, causal=f.causal, window_left=f.window_left, window_right=f.window_right,
-                                  seqused_k=seqused_k, device=q.device, key_mask=key_mask)
+                                  seqused_k=seqused_k, device=q.device, key_mask=reference.visible_keys(key_mask))
     if keep is not None:
         blind = ~keep.any(-1, keepdim=True)  # rows that see no key: any finite bias, and no gradient
         keep = keep | blind
         grad_out = grad_out.masked_fill(blind[:, 0], 0.0)
-    bias = _bias(keep, b, hq, sq, sk, q.dtype)  # padded as the memory-efficient kernel wants it
+    additive = key_mask if reference.is_additive(key_mask) else None
+    bias = _bias(keep, b, hq, sq, sk, q.dtype, additive)  # padded as the memory-efficient kernel wants it
     with torch.enable_grad():
         leaves = [t.detach().requires_grad_() for t in (q, k, v)]
         qq, kk, vv = leaves

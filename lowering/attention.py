@@ -29,6 +29,7 @@ from torch.fx import GraphModule, Node
 from torch.fx.experimental.symbolic_shapes import guard_or_false
 
 from ..kernels import ATTENTION, ATTENTION_INT8KV, attention_int8kv_unsupported_reason, attention_unsupported_reason
+from ..kernels.decode import MAX_Q_LEN as DECODE_MAX_Q_LEN
 from . import crossover, gqa, int8_kv, kv_cache, padding
 from .family import Context
 from .graph_edit import NodeMaker, after_definition, erase_dead
@@ -341,7 +342,8 @@ def emit(gm: GraphModule, call: AttentionCall, fake_mode, shared: dict, mutation
         if call.key_mask is not None:
             where = (call.key_mask, str(shape(k)[-2]))  # one [B, Sk] key mask per padding mask and key length
             if where not in shared:
-                shared[where] = padding.key_mask(make, call.key_mask, k)
+                shared[where] = (padding.additive_key_mask(make, call.key_mask, k) if call.key_mask.additive
+                                 else padding.key_mask(make, call.key_mask, k))
             inputs += [seqused_k, shared[where]]
         elif seqused_k is not None:
             inputs.append(seqused_k)
@@ -393,7 +395,8 @@ def _describe_call(call: AttentionCall, kwargs: dict) -> str:
                                                                           ", seqused_k=padding mask sum")
     used += ", padding mask checked to hide none of its keys" if call.covering_mask is not None else ""
     if call.key_mask is not None:
-        used += ", key_mask=" + ("mask per query row" if call.key_mask.per_query else "padding mask")
+        used += ", key_mask=" + ("additive mask input" if call.key_mask.additive else
+                                 "mask per query row" if call.key_mask.per_query else "padding mask")
         used += ", rows that see no key: mean of V" if call.blind_rows == "mean" else ""
     if call.int8 is not None:
         keys = call.int8[0].keys
@@ -492,7 +495,7 @@ def rewrite(call: AttentionCall | None, context: Context) -> str | None:
         return None
     _check_output_shape(call)
     if call.additive_input is not None:
-        return _additive_input_as_sdpa(call, context)
+        return _additive_input_rewrite(call, context)
     small = None
     if getattr(context.options, "small_calls_to_sdpa", True):
         small = crossover.small_attention(call, context.gm.graph, context.shared)
@@ -520,16 +523,40 @@ ADDITIVE_INPUT_ON_SDPA = ("an additive mask input, its values unknown when compi
                           "SDPA with the mask as given, which computes what eager does")
 
 
-def _additive_input_as_sdpa(call: AttentionCall, context: Context) -> str:
-    """A hand-written attention whose one mask is a floating-point graph input, added to the scores: the SDPA call
-    with that mask (`crossover.sdpa_for`), in inference. In training it is kept: eager's softmax passes gradients
-    through rows that see no key (every score finfo.min), which SDPA's backward is not known to give."""
+def _additive_input_rewrite(call: AttentionCall, context: Context) -> str:
+    """A hand-written attention whose one mask is a floating-point graph input, added to the scores, in inference:
+    with `additive_masks_on_op`, a decode step (at most `DECODE_MAX_Q_LEN` queries, the mask the same for each) goes
+    to the op with the mask as its additive key_mask (`_additive_on_op`); else the SDPA call with that mask
+    (`crossover.sdpa_for`), or, with a softcap (no SDPA spelling), it is kept. In training it is kept: eager's
+    softmax passes gradients through rows that see no key (every score finfo.min), which SDPA's backward is not
+    known to give."""
     if any(value(t).requires_grad for t in (call.q, call.k, call.v)):
         raise Decline(f"{call.additive_reason}; in training it is kept as written")
     if call.autocast is not None or value(call.additive_input).dtype != value(call.q).dtype:
         raise Decline(f"{call.additive_reason}, in {value(call.additive_input).dtype} for {value(call.q).dtype} "
-                      "scores (SDPA takes a mask in q's dtype)")
+                      "scores (SDPA and the op take a mask in q's dtype)")
+    on_op = getattr(context.options, "additive_masks_on_op", False) and _additive_on_op(call)
+    if not on_op and "softcap" in call.flags:
+        raise Decline(f"{call.additive_reason}; with a softcap, which SDPA has not")
     buffers = _check_in_place_updates(call, context.mutations, context.constants)
-    text = _emit_sdpa(context.gm, call, context.fake_mode, context.mutations, ADDITIVE_INPUT_ON_SDPA)
+    if on_op:
+        _fold_gqa(call, context.options.gqa)
+        text = emit(context.gm, call, context.fake_mode, context.shared, context.mutations)
+    else:
+        text = _emit_sdpa(context.gm, call, context.fake_mode, context.mutations, ADDITIVE_INPUT_ON_SDPA)
     context.read_by_value |= buffers
     return text
+
+
+def _additive_on_op(call: AttentionCall) -> bool:
+    """Whether the op's decode kernel takes this call's additive mask: a 4-D [B or 1, 1, 1, Sk] mask (one for every
+    query and head) over at most `DECODE_MAX_Q_LEN` queries, which becomes the call's additive key mask."""
+    mshape, q = shape(call.additive_input), shape(call.q)
+    if len(q) != 4 or len(mshape) != 4 or not all(same_size(m, 1) for m in mshape[1:3]):
+        return False
+    if not (isinstance(q[2], int) and q[2] <= DECODE_MAX_Q_LEN) or not equal_size(mshape[3], shape(call.k)[2]):
+        return False
+    if not (same_size(mshape[0], 1) or equal_size(mshape[0], q[0])):
+        return False
+    call.key_mask = KeyMask(call.additive_input, additive=True)
+    return True

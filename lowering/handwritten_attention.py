@@ -149,8 +149,8 @@ def match_handwritten(softmax: Node, constants: dict) -> attention.AttentionCall
     matched.append(kt)
     k, k_scale2 = _peel_scales(k, kt, matched)
     scale *= q_scale * k_scale * k_scale2
-    if additive is not None and (len(masks) > 1 or softcap):
-        raise Decline(str(additive))  # SDPA adds one mask and has no softcap
+    if additive is not None and len(masks) > 1:
+        raise Decline(str(additive))  # one mask, added as it is
     autocast = attention.check_kernel_support(q, k, v, output)
     flags, seqused_k, keys = attention.flags_for(band, scores_shape)
     if softcap:

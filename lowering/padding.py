@@ -101,6 +101,16 @@ def key_mask(make, keys: KeyMask, k: Node) -> Node:
     return make(KEY_MASK, window, name="key_mask")
 
 
+def additive_key_mask(make, keys: KeyMask, k: Node) -> Node:
+    """The op's additive key_mask from a float mask as eager code adds it to [B, H, Sq, Sk] scores
+    ([B or 1, 1, 1, Sk]): [B, Sk] in its dtype."""
+    m = make(operator.getitem, keys.node, (slice(None), 0, 0))
+    if not same_size(value(m).shape[0], value(k).shape[0]):
+        b = value(k).shape[0]
+        m = make("expand", m, b if isinstance(b, int) else make("size", k, 0), -1)
+    return m
+
+
 def blind_rows_as_mean(make, out: Node, lse: Node, v: Node) -> Node:
     """out with every row that saw no key (lse -inf) replaced by the mean of V over all keys: what eager's
     softmax gives when every score of the row is the same finfo.min."""

@@ -273,10 +273,59 @@ def test_key_mask_opcheck_and_gradcheck():
     torch.autograd.gradcheck(lambda q, k, v: ATTENTION(q, k, v, None, key_mask, scale=0.3)[0], (q, k, v))
 
 
+def additive_mask(b, sq, sk, dtype, per_query):
+    """Eager code's mask in q's dtype: random finite values, finfo.min on some keys and on every key of one row
+    (eager's softmax makes that row uniform: the mean of V)."""
+    m = torch.randn(b, sq, sk, dtype=torch.float64) * 3
+    m = m.masked_fill(torch.rand(b, sq, sk) < 0.3, torch.finfo(dtype).min).to(dtype)
+    m[-1, -1] = torch.finfo(dtype).min
+    return m if per_query else m[:, -1]
+
+
+@pytest.mark.parametrize("per_query", [False, True], ids=["[B, Sk]", "[B, Sq, Sk]"])
+@pytest.mark.parametrize("flags", [dict(), dict(causal=True), dict(softcap=2.0)], ids=str)
+def test_additive_key_mask_matches_float64(flags, per_query):
+    """A key mask in q's dtype is added to the scaled, soft-capped scores (eager attention code's mask), any values."""
+    q, k, v = qkv(b=2, hq=8, hkv=2, sq=3, sk=9, dtype=torch.float32)
+    mask = additive_mask(2, 3, 9, torch.float32, per_query)
+    out, lse = ATTENTION(q, k, v, None, mask, scale=0.3, **flags)
+    qd, kd, vd = (t.double().repeat_interleave(4 if t is not q else 1, dim=1) for t in (q, k, v))
+    scores = qd @ kd.transpose(-1, -2) * 0.3
+    if "softcap" in flags:
+        scores = 2.0 * torch.tanh(scores / 2.0)
+    scores = scores + (mask.double()[:, None] if per_query else mask.double()[:, None, None])
+    if flags.get("causal"):
+        scores = scores.masked_fill(torch.ones(3, 9, dtype=torch.bool).tril(6).logical_not(), float("-inf"))
+    torch.testing.assert_close(out.double(), torch.softmax(scores, -1) @ vd, atol=2e-6, rtol=2e-6)
+    torch.testing.assert_close(lse.double(), torch.logsumexp(scores, -1), atol=2e-5, rtol=2e-6)
+    if per_query:  # the all-finfo.min row: uniform weights
+        torch.testing.assert_close(out[-1, :, -1].double(), vd[-1].mean(1), atol=2e-6, rtol=2e-6)
+
+
+def test_additive_key_mask_opcheck_gradcheck_and_the_sdpa_fallback_backward():
+    from fa4_inductor.kernels import sdpa_fallback
+
+    q, k, v = qkv(b=2, hq=4, hkv=2, sq=4, sk=6, d=8, dtype=torch.float64, requires_grad=True)
+    mask = additive_mask(2, 4, 6, torch.float64, per_query=False)
+    mask[0, 1] = -1e4  # gradcheck's finite differences stay away from finfo.min's rounding
+    mask = mask.clamp_min(-1e4)
+    torch.library.opcheck(ATTENTION, (q, k, v, None, mask), dict(scale=0.3, causal=True, softcap=3.0))
+    torch.autograd.gradcheck(lambda q, k, v: ATTENTION(q, k, v, None, mask, scale=0.3, softcap=3.0)[0], (q, k, v))
+    plain = [t.detach() for t in (q, k, v)]
+    full = dict(scale=0.3, causal=True, window_left=-1, window_right=-1, softcap=0.0)
+    out, lse = ATTENTION(*plain, None, mask, **full)
+    grad = torch.randn_like(out)
+    torch.library.opcheck(BACKWARD, (grad, *plain, out, lse, None, None, mask), full)
+    got = sdpa_fallback.backward_by_recomputation(grad, *plain, None, mask, **full)
+    expected = reference.attention_backward(grad, *plain, out, lse, None, seqused_k=None, key_mask=mask, **full)
+    for g, e in zip(got, expected):
+        torch.testing.assert_close(g, e)
+
+
 def test_key_mask_must_be_bool_b_by_sk():
     q, k, v = qkv(b=2, sq=3, sk=5)
     with pytest.raises(ValueError, match="bool key_mask"):
-        ATTENTION(q, k, v, None, torch.ones(2, 5), scale=0.3)
+        ATTENTION(q, k, v, None, torch.ones(2, 5, dtype=torch.float64), scale=0.3)
     with pytest.raises(RuntimeError, match=r"key_mask must have shape \[B, Sk\]"):
         ATTENTION(q, k, v, None, torch.ones(2, 4, dtype=torch.bool), scale=0.3)
 

@@ -46,9 +46,11 @@ def test_main_kernel_compiles(cute_dsl, variant):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("additive", [False, True], ids=["boolean", "additive"])
 @pytest.mark.parametrize("variant", KEY_MASK_VARIANTS, ids=lambda v: "-".join(map(str, v)).replace("torch.", ""))
-def test_main_kernel_with_a_key_mask_compiles(cute_dsl, variant):
-    key = decode._Key("main", *variant, ARCH, stages=decode.stages_for(variant[1]), key_mask=True)
+def test_main_kernel_with_a_key_mask_compiles(cute_dsl, variant, additive):
+    key = decode._Key("main", *variant, ARCH, stages=decode.stages_for(variant[1]), key_mask=True,
+                      additive_mask=additive)
     assert callable(decode.compiled(key))
 
 
@@ -167,6 +169,10 @@ def test_prepare_normalises_a_call():
     assert call.seqused_k.dtype == torch.int32 and call.key_mask.dtype == torch.uint8
     assert call.splits == 3 and call.causal and call.scalars == (0.5 * math.log2(math.e), 0.0, 0.0)
     assert call.out.shape == (2, 3, 16, 64) and call.lse.shape == (2, 3, 16)
+    additive = decode.prepare(q, k, None, torch.randn(2, 40).masked_fill(mask, 0.0)[:, ::1], 3, Flags(scale=0.5))
+    assert additive.key_mask.dtype == torch.float32 and additive.key_mask.stride(-1) == 1
+    assert decode._keys(q, k, None, additive.key_mask, False, 0.0, True)[0].additive_mask
+    assert not decode._keys(q, k, None, call.key_mask, False, 0.0, True)[0].additive_mask
     capped = decode.prepare(q, k, None, None, 1000, Flags(scale=0.5, softcap=30.0))
     assert capped.splits == decode.MAX_SPLITS and capped.scalars == (0.0, 0.5 / 30.0, 30.0 * math.log2(math.e))
     with pytest.raises(ValueError):

@@ -175,6 +175,28 @@ attention_out_contiguous: f32[2, 4, 9, 16] = .contiguous(attention_out)""")
 sdpa_mask_input: f32[2, 4, 6, 16] = scaled_dot_product_attention(q, k, v, attn_mask=m, scale=0.25)
 attention_out_contiguous: f32[2, 4, 6, 16] = .contiguous(sdpa_mask_input)""")
 
+    def test_a_decode_steps_float_mask_input_goes_to_the_op_with_the_option(self):
+        """`additive_masks_on_op`: one query over a cache of 9 keys, repeated K/V, a softcap and a float mask input
+        [B, 1, 1, Sk] added to the scores: the op with the mask as its additive [B, Sk] key_mask, K/V un-repeated."""
+        def step(q, k, v, m):
+            k, v = k.repeat_interleave(2, dim=1), v.repeat_interleave(2, dim=1)
+            s = torch.tanh(q @ k.mT * 0.25 / 30.0) * 30.0
+            return torch.softmax(s + m[:, :, :, :9], -1) @ v
+
+        q, k, v = torch.randn(2, 4, 1, 16), torch.randn(2, 2, 9, 16), torch.randn(2, 2, 9, 16)
+        m = (torch.randn(2, 1, 1, 12) * 3).masked_fill(torch.rand(2, 1, 1, 12) < 0.3, torch.finfo(torch.float32).min)
+        rec, out = compile_and_record(step, q, k, v, m, additive_masks_on_op=True)
+        self.assertEqual(rec.count(), 1)
+        expected = step(q.double(), k.double(), v.double(), m.double().clamp_min(-1e300))
+        torch.testing.assert_close(out.double(), expected, atol=1e-5, rtol=1e-5)
+        self.assertExpectedInline(rec.summary, """\
+getitem: f32[2, 9] = getitem(getitem(m, (:, :, :, :9)), (:, 0, 0))
+fa4_attention: (f32[2, 4, 1, 16], f32[2, 4, 1]) = fa4.attention(q, k, v, None, getitem, scale=0.25, softcap=30)
+attention_out: f32[2, 4, 1, 16] = getitem(fa4_attention, 0)
+attention_out_contiguous: f32[2, 4, 1, 16] = .contiguous(attention_out)""")
+        rec, _ = compile_and_record(step, q, k, v, m)  # the option off: kept (SDPA has no softcap)
+        self.assertEqual(rec.count(), 0)
+
     def test_a_float_mask_input_is_kept_with_a_softcap_or_in_training(self):
         def capped(q, k, v, m):
             s = torch.tanh(q @ k.mT * 0.25 / 30.0) * 30.0
@@ -186,7 +208,7 @@ attention_out_contiguous: f32[2, 4, 6, 16] = .contiguous(sdpa_mask_input)""")
         q, k, v = inputs()
         rec, out = compile_and_record(capped, q, k, v, torch.randn(6, 6))
         self.assertEqual(rec.count(), 0)
-        self.assertExpectedInline("\n".join(rec.reasons), """mask not recognized: the mask is the graph input l_m_; its values are unknown when compiling (only a boolean [B, 1, Sq or 1, Sk] input is read, as a key mask)""")
+        self.assertExpectedInline("\n".join(rec.reasons), """mask not recognized: the mask is the graph input l_m_; its values are unknown when compiling (only a boolean [B, 1, Sq or 1, Sk] input is read, as a key mask); with a softcap, which SDPA has not""")
         rec, out = compile_and_record(plain, q.requires_grad_(), k, v, torch.randn(6, 6))
         self.assertEqual(rec.count(), 0)
         self.assertExpectedInline("\n".join(rec.reasons), """mask not recognized: the mask is the graph input l_m_; its values are unknown when compiling (only a boolean [B, 1, Sq or 1, Sk] input is read, as a key mask); in training it is kept as written""")

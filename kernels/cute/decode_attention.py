@@ -19,7 +19,9 @@ Decode is bound by reading K and V once, so the kernel is organised around the K
   (normalised) and its log2-domain lse for `DecodeCombine` to merge.
 
 Masking (FlashAttention's bottom-right rule): query row i sees key j when j < seqlen_k and, if
-causal, j <= i + seqlen_k - Sq, and, with a key mask (a padding mask, [B, Sk] bytes), key_mask[b, j]. Keys past seqlen_k are never read: their shared-memory rows are
+causal, j <= i + seqlen_k - Sq, and, with a key mask (a padding mask, [B, Sk] bytes), key_mask[b, j]; an additive
+key mask ([B, Sk] in q's dtype, eager code's mask) is added to the scores instead. Keys past seqlen_k are never read:
+their shared-memory rows are
 zero-filled, so stale or non-finite cache contents cannot reach P @ V. Scores live in the log2
 domain (scale * log2(e) folded in; softcap applied as softcap * tanh(s * scale / softcap)); a row
 whose running max is still -inf uses 0 as its max, so no -inf - -inf ever happens.
@@ -37,6 +39,7 @@ from cutlass.cute.nvgpu import cpasync, warp
 
 LOG2_E = math.log2(math.e)
 LN_2 = math.log(2.0)
+FLT_MAX = 3.4028234663852886e38
 TILE_M = 16  # packed query rows per CTA (one m16n8k16 row block)
 TILE_N = 16  # keys per warp tile
 NUM_WARPS = 4
@@ -151,17 +154,22 @@ class SplitKVMerge:
 
 class DecodeAttentionSm90(SplitKVMerge):
     """One compiled variant per (dtype, head_dim, group, causal, softcap on/off, seqused_k given,
-    key mask given, split or not, ring depth `stages` >= 2: the merge reuses the K ring); everything
-    else (batch, heads, Sq, Sk, strides, split count) is a runtime value.
+    key mask given (and whether it is additive), split or not, ring depth `stages` >= 2: the merge reuses the K
+    ring); everything else (batch, heads, Sq, Sk, strides, split count) is a runtime value.
 
     Call: (mQ, mK, mV, mSeqused, mKeyMask, mO, mLSE, mOpart, mLSEpart, scale_log2, softcap_in,
-    softcap_out, stream). mKeyMask [B, Sk] uint8 (nonzero: visible), unit stride on Sk. mO [B, Hq, Sq, D] (any strides, unit on D) and mLSE [B, Hq, Sq] fp32 are written when
+    softcap_out, stream). mKeyMask [B, Sk], unit stride on Sk: uint8 (nonzero: visible), or with `additive_mask`
+    in q's dtype, added to each (soft-capped) score; it enters the log2 domain times log2(e), floored at
+    -FLT_MAX so that HF's finfo.min stays finite and a row of it is uniform, as in eager (split, such a row's
+    lse cannot hold log(sum): the combine weighs the splits alike, where eager weighs keys alike; a decode query of
+    generate always sees its own key).
+    mO [B, Hq, Sq, D] (any strides, unit on D) and mLSE [B, Hq, Sq] fp32 are written when
     not split; mOpart [B, Hkv * row_tiles, splits, 16, D] fp32 and mLSEpart [B, Hkv * row_tiles,
     splits, 16] fp32 (log2 domain) when split (grid x = splits comes from mOpart's shape).
     """
 
     def __init__(self, dtype, head_dim: int, group: int, causal: bool, has_softcap: bool,
-                 has_seqused: bool, split: bool, stages: int, has_key_mask: bool = False):
+                 has_seqused: bool, split: bool, stages: int, has_key_mask: bool = False, additive_mask: bool = False):
         assert head_dim in (64, 128, 256), head_dim
         assert stages >= 2, stages
         self.dtype = dtype
@@ -171,6 +179,8 @@ class DecodeAttentionSm90(SplitKVMerge):
         self.has_softcap = has_softcap
         self.has_seqused = has_seqused
         self.has_key_mask = has_key_mask
+        self.additive_mask = additive_mask
+        assert has_key_mask or not additive_mask
         self.split = split
         self.stages = stages
         self.num_threads = 32 * NUM_WARPS
@@ -366,9 +376,15 @@ class DecodeAttentionSm90(SplitKVMerge):
             if const_expr(self.has_key_mask):
                 # This thread's key columns, loaded before S = Q K^T so the load overlaps the MMAs
                 # (clamped: the last tile may pass Sk).
-                visible = cute.make_rmem_tensor((n_cols,), Int32)
-                for c in cutlass.range_constexpr(n_cols):
-                    visible[c] = Int32(mKeyMask[b, cutlass.min(tile * TILE_N + tScS[0, c][1], mK.shape[2] - 1)])
+                if const_expr(self.additive_mask):
+                    bias = cute.make_rmem_tensor((n_cols,), Float32)
+                    for c in cutlass.range_constexpr(n_cols):
+                        value = mKeyMask[b, cutlass.min(tile * TILE_N + tScS[0, c][1], mK.shape[2] - 1)]
+                        bias[c] = cute.arch.fmax(Float32(value) * LOG2_E, -FLT_MAX)
+                else:
+                    visible = cute.make_rmem_tensor((n_cols,), Int32)
+                    for c in cutlass.range_constexpr(n_cols):
+                        visible[c] = Int32(mKeyMask[b, cutlass.min(tile * TILE_N + tScS[0, c][1], mK.shape[2] - 1)])
 
             acc_S = cute.make_rmem_tensor(thr_mma.partition_shape_C((TILE_M, TILE_N)), Float32)
             acc_S.fill(0.0)
@@ -385,8 +401,10 @@ class DecodeAttentionSm90(SplitKVMerge):
                         x = cute.math.tanh(x * softcap_in) * softcap_out  # accurate tanh: decode has time to spare
                     else:
                         x = x * scale_log2
+                    if const_expr(self.additive_mask):
+                        x = x + bias[c]
                     x = x if tile * TILE_N + tScS[0, c][1] < limit[r] else -Float32.inf
-                    if const_expr(self.has_key_mask):
+                    if const_expr(self.has_key_mask and not self.additive_mask):
                         x = x if visible[c] != 0 else -Float32.inf
                     s_mn[r, c] = x
                 row = s_mn[r, None].load()
