@@ -1,4 +1,4 @@
-# Unrun GPU work (sessions 19-22), in priority order (session 23: `u`, then `v`, then `*` with MODELS=2048x4 and
+# Unrun GPU work (sessions 19-22), in priority order (session 23: `w`, `u`, then `v`, then `*` with MODELS=2048x4 and
 # 256x16; each with a timeout of 540-590 s; rows stream to the log as they are measured), split into calls of
 # <= ~9 minutes (the first after .gpu/b's install).
 # Output goes to $OUT/log.txt. Have the next call ready: the machine goes back 30 s after a call, and a fresh one needs
@@ -26,6 +26,19 @@ s)  # session 21: the Llama-1B shape's rows that run 4 could not give (padded pr
     # decode: time budget), batch 8 x 2048
     run timeout 520 python3 -c "from fa4_inductor import bench
 for t in bench.sweep_suite(llama_sizes=((2048, 16),), decode_sizes=((2048, 16),), bert=False, batches=(8,), seqlens=(512, 2048, 8192), time_budget_s=420): print(t.markdown())" ;;
+w)  # session 22: the decode kernel's additive key mask (eager code's mask input, `additive_masks_on_op`), never run
+    # yet: its GPU tests, then eager code's generate with the option on against off (run 4: 1086 tokens/s off, 904
+    # default compile); if they pass and it wins, turn the option on by default
+    run timeout 200 $P -n 8 tests/test_gpu_decode.py -k "additive or key_mask or softcap"
+    run timeout 300 python3 -c "
+import torch, fa4_inductor
+from fa4_inductor.bench import llama_e2e, models
+model = models.llama('eager', 'cuda', torch.bfloat16)
+for name, backend in (('off', 'fa4_inductor'), ('on', fa4_inductor.backend(additive_masks_on_op=True))):
+    torch._dynamo.reset()
+    first, rate, _ = llama_e2e.generate_times(model, backend, 1024, 64, 4, 'cuda')
+    print('eager code, generate b4 x 1024 + 64, additive_masks_on_op', name, '| first token', round(first, 1), 'ms |', round(rate), 'tokens/s', flush=True)
+" ;;
 u)  # session 22 left these: the Llama-1B shape's b8 x 128 / 512 padded rows after the crossover change (run 1:
     # b8 x 512 left-padded 0.77x on the op's SDPA fallback), then its decode rows at 2048 (b1, b8, padded)
     run timeout 280 python3 -c "from fa4_inductor import bench

@@ -10,12 +10,15 @@ from fa4_inductor.kernels import reference
 def eager(q, k, v, seqused_k=None, key_mask=None, *, scale, causal, window_left, window_right, softcap):
     """The attention as plain PyTorch ops in q's dtype: (out, lse)."""
     keep = reference.allowed_keys(q.shape[2], k.shape[2], causal=causal, window_left=window_left,
-                                  window_right=window_right, seqused_k=seqused_k, device=q.device, key_mask=key_mask)
+                                  window_right=window_right, seqused_k=seqused_k, device=q.device,
+                                  key_mask=reference.visible_keys(key_mask))
     group = q.shape[1] // k.shape[1]
     k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
     s = q @ k.transpose(-1, -2) * scale
     if softcap > 0:
         s = softcap * torch.tanh(s / softcap)
+    if reference.is_additive(key_mask):  # eager code's `scores + mask`
+        s = s + (key_mask[:, None] if key_mask.dim() == 3 else key_mask[:, None, None])
     if keep is not None:
         s = s.masked_fill(~keep.squeeze(2), float("-inf"))
     return torch.softmax(s, dim=-1).nan_to_num(0.0) @ v, torch.logsumexp(s, dim=-1)
@@ -76,6 +79,16 @@ def flags(d, causal=False, softcap=0.0, scale=None):
     """The attention flags of a call with head dim d: scale d ** -0.5 unless given, no window."""
     return dict(scale=d ** -0.5 if scale is None else scale, causal=causal, window_left=-1, window_right=-1,
                 softcap=softcap)
+
+
+def additive_key_mask(b, sk, dtype, seed=0):
+    """A [b, sk] additive key mask in `dtype` on the GPU, as eager attention code adds it: random finite values,
+    finfo.min on padded keys (left, right, holes) and on every key but the last of the last sequence."""
+    g = torch.Generator().manual_seed(seed)
+    hidden = ~padding_key_mask(b, sk, seed).cpu()
+    hidden[-1, -1] = False
+    mask = (torch.randn(b, sk, generator=g) * 2).masked_fill(hidden, torch.finfo(dtype).min)
+    return mask.to(dtype).cuda()
 
 
 def padding_key_mask(b, sk, seed=0):

@@ -16,7 +16,8 @@ import fa4_inductor
 from fa4_inductor import hf
 from fa4_inductor.kernels import attention as attention_op
 from fa4_inductor.kernels import decode, reference, switches
-from gpu_helpers import assert_fa_rule, eager, flags, padding_key_mask, replays, sm90_decode_setup
+from gpu_helpers import (additive_key_mask, assert_fa_rule, eager, flags, padding_key_mask, replays,
+                         sm90_decode_setup)
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
@@ -108,6 +109,31 @@ def test_key_mask(causal, sq, splits):
     mask = padding_key_mask(4, 2003)
     out, lse = check(q, k, v, used, splits=splits, key_mask=mask, **flags(128, causal))
     assert (lse[-1] == float("-inf")).all() and (out[-1] == 0).all()
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("softcap", [0.0, 30.0])
+@pytest.mark.parametrize("splits", [None, 1, 7])
+def test_additive_key_mask(dtype, softcap, splits):
+    """Eager code's mask input ([B, Sk] in q's dtype, added to the scores; `backend(additive_masks_on_op=True)`):
+    random values, finfo.min on padded keys, one sequence seeing only its last key; through the op too."""
+    q, k, v = make_inputs(dtype=dtype, b=4, group=4, sq=1, sk=2003, layout="bhsd")
+    mask = additive_key_mask(4, 2003, dtype)
+    fl = flags(128, softcap=softcap)
+    check(q, k, v, splits=splits, key_mask=mask, **fl)
+    if splits is None:
+        check(q, k, v, key_mask=mask, via_op=True, **fl)
+
+
+def test_additive_key_mask_on_the_sdpa_fallback_for_prefill():
+    q, k, v = make_inputs(b=4, group=4, sq=300, sk=300)
+    mask = additive_key_mask(4, 300, torch.bfloat16)
+    fl = flags(128, causal=True)
+    name, why = attention_op.kernel_for(q, k, v, mask, **fl)
+    assert name == "sdpa", why
+    out, _ = ATTENTION(q, k, v, None, mask, **fl)
+    ref_out, _ = reference.attention_forward(q.double(), k.double(), v.double(), seqused_k=None, key_mask=mask, **fl)
+    assert_fa_rule("out", out, ref_out, eager(q, k, v, None, mask, **fl)[0])
 
 
 def test_key_mask_through_the_op_and_the_sdpa_fallback_for_prefill():
