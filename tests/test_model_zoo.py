@@ -131,30 +131,38 @@ def test_generate_with_a_static_cache_in_eager_code_passes_its_mask_to_sdpa(name
     and softmax; Gemma-2's softcap has no SDPA spelling, so its layers stay as written, with the reason. A
     left-padded batch generates the same tokens and scores as without compiling."""
     model = tiny(name, "eager").model
-    ids = torch.randint(1, 100, (2, 7))
-    mask = torch.ones_like(ids)
-    mask[1, :3] = 0
-    forward = model.forward
-    recorder = Recorder()
-    kwargs = dict(attention_mask=mask, max_new_tokens=5, do_sample=False, cache_implementation="static",
-                  pad_token_id=0, return_dict_in_generate=True, output_scores=True)
-    torch._dynamo.reset()
-    with torch.no_grad():
-        expected = model.generate(ids, **kwargs)
-        model.forward = torch.compile(forward, backend=recorder)
-        got = model.generate(ids, **kwargs)
-    model.forward = forward
-    assert len(recorder.graphs) == 2  # the prefill, and one decode step for every step
-    assert len(recorder.records) == 2 * model.config.num_hidden_layers
+    recorder = eager_code_static_generate(model, Recorder())
     if name == "gemma2":
         assert all("the mask is the graph input" in reason for reason in recorder.reasons) and \
             len(recorder.reasons) == len(recorder.records), recorder.records
     else:
         assert all(r.rewritten and r.detail.endswith(ADDITIVE_INPUT_ON_SDPA) for r in recorder.records), \
             recorder.records
+
+
+def eager_code_static_generate(model, recorder: Recorder) -> Recorder:
+    """A left-padded batch of 2 through `generate(cache_implementation="static")` over `model.forward` compiled with
+    `recorder`: the same tokens and scores as uncompiled, two graphs (the prefill, one decode step for every step)
+    and a record per layer of each."""
+    ids = torch.randint(1, 100, (2, 7))
+    mask = torch.ones_like(ids)
+    mask[1, :3] = 0
+    forward = model.forward
+    kwargs = dict(attention_mask=mask, max_new_tokens=5, do_sample=False, cache_implementation="static",
+                  pad_token_id=0, return_dict_in_generate=True, output_scores=True)
+    torch._dynamo.reset()
+    with torch.no_grad():
+        expected = model.generate(ids, **kwargs)
+        model.forward = torch.compile(forward, backend=recorder)
+        try:
+            got = model.generate(ids, **kwargs)
+        finally:
+            model.forward = forward
     assert torch.equal(got.sequences, expected.sequences)
     for g, e in zip(got.scores, expected.scores):
         torch.testing.assert_close(g, e, atol=1e-5, rtol=1e-5)
+    assert len(recorder.graphs) == 2 and len(recorder.records) == 2 * model.config.num_hidden_layers
+    return recorder
 
 
 @pytest.mark.parametrize("name", ["llama", pytest.param("gemma2", marks=pytest.mark.slow)])
@@ -163,29 +171,13 @@ def test_eager_code_decode_steps_take_the_mask_input_on_the_op_with_the_option(n
     input) goes to the op with the mask as its additive key_mask and K/V un-repeated, Gemma-2's softcap too; the
     prefill stays on SDPA with its mask (Gemma-2's as written: a softcap). Same tokens and scores as uncompiled."""
     model = tiny(name, "eager").model
-    ids = torch.randint(1, 100, (2, 7))
-    mask = torch.ones_like(ids)
-    mask[1, :3] = 0
-    forward = model.forward
-    recorder = Recorder(additive_masks_on_op=True)
-    kwargs = dict(attention_mask=mask, max_new_tokens=5, do_sample=False, cache_implementation="static",
-                  pad_token_id=0, return_dict_in_generate=True, output_scores=True)
-    torch._dynamo.reset()
-    with torch.no_grad():
-        expected = model.generate(ids, **kwargs)
-        model.forward = torch.compile(forward, backend=recorder)
-        got = model.generate(ids, **kwargs)
-    model.forward = forward
+    recorder = eager_code_static_generate(model, Recorder(additive_masks_on_op=True))
     layers = model.config.num_hidden_layers
-    assert len(recorder.graphs) == 2 and len(recorder.records) == 2 * layers
     prefill, decode = recorder.records[:layers], recorder.records[layers:]
     assert all("key_mask=additive mask input" in r.detail and "repeat_kv folded" in r.detail for r in decode), decode
     assert recorder.count() == layers
     assert all(r.detail.endswith(ADDITIVE_INPUT_ON_SDPA) if name == "llama" else "softcap" in r.detail
                for r in prefill), prefill
-    assert torch.equal(got.sequences, expected.sequences)
-    for g, e in zip(got.scores, expected.scores):
-        torch.testing.assert_close(g, e, atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.slow
