@@ -349,10 +349,11 @@ def _reads_mask_form(q: Tensor, k: Tensor, key_mask: Tensor, flags: dict) -> boo
     """Whether a key-mask call is worth `key_mask_form`'s host read: not for a small attention, which the
     SDPA fallback runs with the mask about as fast as FA4 would without it (`crossover.py`), while the read's
     sync would stall a host-bound graph (a small model's padded batch ran 0.55-0.63x default compile). A mask per
-    query row is sized as the causal attention over Sq keys it may become."""
+    query row is sized as the causal attention over Sq keys it may become. Never for an additive mask: its values
+    are added to the scores, not a pattern of visible keys that FA4's arguments could say."""
     b, h, sq, d = q.shape
     if reference.is_additive(key_mask):
-        return False  # values, not a pattern of visible keys
+        return False
     if key_mask.dim() == 3:
         return not crossover.small(b, h, sq, sq, d, True)
     return not crossover.small(b, h, sq, k.shape[2], d, flags["causal"])
