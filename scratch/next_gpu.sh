@@ -27,9 +27,10 @@ s)  # session 21: the Llama-1B shape's rows that run 4 could not give (padded pr
     run timeout 520 python3 -c "from fa4_inductor import bench
 for t in bench.sweep_suite(llama_sizes=((2048, 16),), decode_sizes=((2048, 16),), bert=False, batches=(8,), seqlens=(512, 2048, 8192), time_budget_s=420): print(t.markdown())" ;;
 w)  # session 22: the decode kernel's additive key mask (eager code's mask input, `additive_masks_on_op`), never run
-    # yet: its GPU tests, then eager code's generate with the option on against off (run 4: 1086 tokens/s off, 904
-    # default compile); if they pass and it wins, turn the option on by default
-    run timeout 200 $P -n 8 tests/test_gpu_decode.py -k "additive or key_mask or softcap"
+    # yet, and key-mask decode calls on our kernel below 512 keys (was: the SDPA fallback): their GPU tests, then eager
+    # code's generate with the option on against off (run 4: 1086 tokens/s off, 904 default compile); if they pass
+    # and it wins, turn the option on by default
+    run timeout 200 $P -n 8 tests/test_gpu_decode.py -k "additive or key_mask or softcap or dispatch"
     run timeout 300 python3 -c "
 import torch, fa4_inductor
 from fa4_inductor.bench import llama_e2e, models
@@ -45,6 +46,22 @@ u)  # session 22 left these: the Llama-1B shape's b8 x 128 / 512 padded rows aft
 for t in bench.sweep_suite(llama_sizes=((2048, 16),), decode_sizes=(), bert=False, batches=(8,), seqlens=(128, 512), time_budget_s=250): print(t.markdown())"
     run timeout 290 python3 -c "from fa4_inductor import bench
 for t in bench.sweep_suite(llama_sizes=((2048, 16),), decode_sizes=((2048, 16),), bert=False, batches=(1, 8), seqlens=(2048,), phases=('decode',), time_budget_s=260): print(t.markdown())" ;;
+x)  # the Llama-1B shape's decode b1 x 128 step (session 21: 0.95x, unexplained): each backend's kernels by GPU time
+    run timeout 300 python3 -c "
+import torch
+from fa4_inductor.bench import models, sweep
+from torch.profiler import profile, ProfilerActivity
+model = models.llama('sdpa', 'cuda', torch.bfloat16, **models.llama_shape(2048, 16))
+sm = sweep.SweepModel('llama', (), decode=True)
+case = sweep.Case('decode', 1, 128, False)
+for name, backend in models.BACKENDS.items():
+    torch._dynamo.reset()
+    step = models.compile_model(sweep.decode_step(model), backend, mode='reduce-overhead')
+    print(name, 'ms/step', round(sweep.decode_ms(step, model, sm, case, 16, 'cuda')[0], 3), flush=True)
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        sweep.decode_ms(step, model, sm, case, 4, 'cuda')
+    print(prof.key_averages().table(sort_by='cuda_time_total', row_limit=14), flush=True)
+" ;;
 v)  # the Llama-1B shape's decode rows at 8192 and b1 x 128 again (session 21: 0.95x once)
     run timeout 560 python3 -c "from fa4_inductor import bench
 for t in bench.sweep_suite(llama_sizes=((2048, 16),), decode_sizes=((2048, 16),), bert=False, batches=(1, 8), seqlens=(128, 8192), phases=('decode',), time_budget_s=520): print(t.markdown())" ;;

@@ -139,6 +139,8 @@ def test_additive_key_mask_on_the_sdpa_fallback_for_prefill():
 def test_key_mask_through_the_op_and_the_sdpa_fallback_for_prefill():
     q, k, v = make_inputs(b=4, group=4, sq=1, sk=4096)
     check(q, k, v, key_mask=padding_key_mask(4, 4096), via_op=True, **flags(128, causal=True))
+    q, k, v = make_inputs(b=8, group=4, sq=1, sk=147)  # a short cache (generate's first steps): still ours
+    check(q, k, v, key_mask=padding_key_mask(8, 147), via_op=True, **flags(128, causal=True))
     q, k, v = make_inputs(b=4, group=4, sq=300, sk=300)  # prefill-shaped: FA4 takes no key mask
     mask = padding_key_mask(4, 300)
     fl = flags(128, causal=True)
@@ -215,6 +217,8 @@ def test_dispatch_rule():
     assert attention_op.kernel_for(q, k, v, seqused_k=used, **flags(128, causal=True))[0] not in ("decode", "sdpa_cudnn")
     q, k, v = make_inputs(b=1, hkv=8, group=4, sq=1, sk=256)  # short cache: FA4's
     assert attention_op.kernel_for(q, k, v, seqused_k=used, **flags(128, causal=True))[0] not in ("decode", "sdpa_cudnn")
+    short_mask = torch.ones(1, 256, dtype=torch.bool, device="cuda")  # unless a key mask: FA4 takes none
+    assert attention_op.kernel_for(q, k, v, short_mask, **flags(128, causal=True))[0] == "decode"
     q, k, v = make_inputs(b=1, hkv=8, group=4, sq=1, sk=4096)
     windowed = dict(flags(128, causal=True), window_left=128)
     assert attention_op.kernel_for(q, k, v, seqused_k=used, **windowed)[0] not in ("decode", "sdpa_cudnn")
