@@ -287,8 +287,8 @@ def test_padded_batch_after_unpadded_ones_under_dynamic_true(impl):
             kwargs["attention_mask"] = padding_mask(padding, batch, 9)
         assert_matches_eager(compiled, model, kwargs)
     assert_every_layer_rewritten(recorder, model, graphs=3)
-    assert all("key_mask=padding mask" in r.detail for r in recorder.records[-model.attention_layers:]), \
-        recorder.records
+    assert all("key_mask=padding mask" in r.detail or r.detail.startswith(SMALL_ON_SDPA)
+               for r in recorder.records[-model.attention_layers:]), recorder.records
 
 
 @pytest.mark.parametrize("name, impl", [case("mistral", "sdpa"), case("llama", "eager", slow=True)])
