@@ -13,11 +13,11 @@ Disable it with FA4_INDUCTOR_DISABLE_DECODE=1 (environment switches are read by 
 When `fa4::attention` uses it (`dispatch_reason`): decode-shaped calls that the above allows,
 Sq * group <= DISPATCH_MAX_ROWS (16: one row tile, so each KV tile is read once) and
 Sk >= DISPATCH_MIN_SEQLEN_K (512; 1024 when B * Hkv >= 64: the crossover with FA4 measured at
-hq32/hkv8 d128, b1 at 256-512 keys and b8 at 512-1024) unless a key mask is given (FA4 takes none: the alternative is
-the SDPA fallback, slower than our kernel at every cache length measured, 256 keys included), unless cuDNN SDPA takes
-the call (`sdpa_cudnn.py`: one cache length for the batch, no key mask). Measured on the H200 (docs/benchmarks.md, 2026-11-29 sessions
-3 and 4): it beats FA4 on every benchmarked shape, b1-b64 x 1k-128k keys, by up to 10x at batch 1
-(FA4 has no split-KV on Hopper), and SDPA with the equivalent mask where per-sequence lengths or a
+hq32/hkv8 d128, b1 at 256-512 keys and b8 at 512-1024; any Sk with a key mask, which FA4 does not take: there the
+alternative is the SDPA fallback, slower than our kernel at every cache length measured, 256 keys included), except
+where cuDNN SDPA takes the call (`sdpa_cudnn.py`: one cache length for the batch, no key mask). Measured on the H200
+(docs/benchmarks.md, 2026-11-29 sessions 3 and 4): it beats FA4 on every benchmarked shape, b1-b64 x 1k-128k
+keys, by up to 10x at batch 1 (FA4 has no split-KV on Hopper), and SDPA with the equivalent mask where per-sequence lengths or a
 padding mask are given (HF static caches always pass them); on fixed-length caches cuDNN SDPA
 (what SDPA with `enable_gqa` runs there) is 1-25% faster, so the op sends those calls to it.
 

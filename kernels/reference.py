@@ -106,8 +106,8 @@ def attention_forward(
     q, k, v, *, scale, causal, window_left, window_right, softcap, seqused_k, key_mask=None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Returns (out [B, Hq, Sq, Dv], lse [B, Hq, Sq]), both in the compute dtype."""
-    keep = allowed_keys(q.shape[2], k.shape[2], causal=causal, window_left=window_left,
-                        window_right=window_right, seqused_k=seqused_k, device=q.device, key_mask=visible_keys(key_mask))
+    keep = allowed_keys(q.shape[2], k.shape[2], causal=causal, window_left=window_left, window_right=window_right,
+                        seqused_k=seqused_k, device=q.device, key_mask=visible_keys(key_mask))
     s, _ = _scores(q, k, scale, softcap, keep, key_mask)
     p, lse = _softmax(s)
     out = p @ v.to(s.dtype).unsqueeze(2)
@@ -134,8 +134,8 @@ def attention_backward(
     the compute dtype rather than from `out`, which is rounded to the inputs' dtype: with a peaked softmax
     (a large scale in bfloat16) the rounded `out` costs dq and dk several times eager's error.
     d lse / d s = p, so a gradient on lse adds `p * grad_lse` to the score gradient."""
-    keep = allowed_keys(q.shape[2], k.shape[2], causal=causal, window_left=window_left,
-                        window_right=window_right, seqused_k=seqused_k, device=q.device, key_mask=visible_keys(key_mask))
+    keep = allowed_keys(q.shape[2], k.shape[2], causal=causal, window_left=window_left, window_right=window_right,
+                        seqused_k=seqused_k, device=q.device, key_mask=visible_keys(key_mask))
     num_kv_heads = k.shape[1]
     s, capped = _scores(q, k, scale, softcap, keep, key_mask)
     acc = s.dtype

@@ -21,9 +21,8 @@ Decode is bound by reading K and V once, so the kernel is organised around the K
 Masking (FlashAttention's bottom-right rule): query row i sees key j when j < seqlen_k and, if
 causal, j <= i + seqlen_k - Sq, and, with a key mask (a padding mask, [B, Sk] bytes), key_mask[b, j]; an additive
 key mask ([B, Sk] in q's dtype, eager code's mask) is added to the scores instead. Keys past seqlen_k are never read:
-their shared-memory rows are
-zero-filled, so stale or non-finite cache contents cannot reach P @ V. Scores live in the log2
-domain (scale * log2(e) folded in; softcap applied as softcap * tanh(s * scale / softcap)); a row
+their shared-memory rows are zero-filled, so stale or non-finite cache contents cannot reach P @ V. Scores live in
+the log2 domain (scale * log2(e) folded in; softcap applied as softcap * tanh(s * scale / softcap)); a row
 whose running max is still -inf uses 0 as its max, so no -inf - -inf ever happens.
 """
 
