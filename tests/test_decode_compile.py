@@ -154,7 +154,7 @@ def test_dispatch_takes_decode_shaped_calls(sq, group, sk, why):
     assert why in decode.dispatch_reason(q, k, k, scale=0.1)
 
 
-def test_prepare_normalises_a_call():
+def test_prepare_normalises_a_call(monkeypatch):
     """`prepare`, the host half shared by the bf16 and int8-KV decode kernels: lengths as int32, the mask as
     bytes, q with a unit stride on D, the kernels' scalars, the split count as asked (capped)."""
     import math
@@ -171,6 +171,7 @@ def test_prepare_normalises_a_call():
     assert call.out.shape == (2, 3, 16, 64) and call.lse.shape == (2, 3, 16)
     additive = decode.prepare(q, k, None, torch.randn(2, 40).masked_fill(mask, 0.0)[:, ::1], 3, Flags(scale=0.5))
     assert additive.key_mask.dtype == torch.float32 and additive.key_mask.stride(-1) == 1
+    monkeypatch.setattr(decode.compile_utils, "target_arch", lambda device: ARCH)  # no GPU to ask
     assert decode._keys(q, k, None, additive.key_mask, False, 0.0, True)[0].additive_mask
     assert not decode._keys(q, k, None, call.key_mask, False, 0.0, True)[0].additive_mask
     capped = decode.prepare(q, k, None, None, 1000, Flags(scale=0.5, softcap=30.0))
