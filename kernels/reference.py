@@ -60,9 +60,13 @@ def allowed_keys(
     if window_right >= 0:
         keep = keep & (j <= diagonal + window_right)
     if key_mask is not None:
-        rows = key_mask[:, None, None] if key_mask.dim() == 3 else key_mask[:, None, None, None]
-        keep = keep & rows.to(device=device, dtype=torch.bool)
+        keep = keep & key_mask_rows(key_mask).to(device=device, dtype=torch.bool)
     return keep
+
+
+def key_mask_rows(key_mask: Tensor) -> Tensor:
+    """A [B, Sk] or [B, Sq, Sk] key mask as a [B, 1, 1, 1 or Sq, Sk] view, broadcasting over [B, Hkv, G, Sq, Sk]."""
+    return key_mask[:, None, None] if key_mask.dim() == 3 else key_mask[:, None, None, None]
 
 
 def is_additive(key_mask: Optional[Tensor]) -> bool:
@@ -77,10 +81,7 @@ def visible_keys(key_mask: Optional[Tensor]) -> Optional[Tensor]:
 
 def _bias(key_mask: Optional[Tensor], acc: torch.dtype) -> Optional[Tensor]:
     """An additive key mask broadcast over [B, Hkv, G, Sq, Sk] scores, in the compute dtype; None otherwise."""
-    if not is_additive(key_mask):
-        return None
-    rows = key_mask[:, None, None] if key_mask.dim() == 3 else key_mask[:, None, None, None]
-    return rows.to(acc)
+    return key_mask_rows(key_mask).to(acc) if is_additive(key_mask) else None
 
 
 def _grouped(q: torch.Tensor, num_kv_heads: int) -> torch.Tensor:

@@ -44,9 +44,10 @@ def unsupported_reason(q: Tensor, k: Tensor, v: Tensor, *, seqused_k: Optional[T
 
 
 def _bias(keep: Optional[Tensor], b: int, h: int, sq: int, sk: int, dtype: torch.dtype,
-          additive: Optional[Tensor] = None) -> Optional[Tensor]:
+          key_mask: Optional[Tensor] = None) -> Optional[Tensor]:
     """Additive [B, H, Sq, Sk] bias (a broadcast view of a padded buffer): an additive key mask's values (0 without
     one) where `keep` shows the key, -inf where it hides it; None when there is neither."""
+    additive = key_mask if reference.is_additive(key_mask) else None
     if keep is None and additive is None:
         return None
     padded = math.ceil(sk / BIAS_ALIGN) * BIAS_ALIGN
@@ -54,7 +55,7 @@ def _bias(keep: Optional[Tensor], b: int, h: int, sq: int, sk: int, dtype: torch
     device = additive.device if additive is not None else keep.device
     bias = torch.zeros((rows, 1, sq, padded), dtype=dtype, device=device)[..., :sk]
     if additive is not None:
-        bias.copy_(additive[:, None, None] if additive.dim() == 2 else additive[:, None])
+        bias.copy_(reference.key_mask_rows(additive)[:, 0])
     if keep is not None:
         bias.masked_fill_(~keep[:, 0], float("-inf"))
     return bias.expand(b, h, sq, sk)
@@ -71,11 +72,10 @@ def forward(q: Tensor, k: Tensor, v: Tensor, seqused_k: Optional[Tensor] = None,
     sk, group = k.shape[2], hq // k.shape[1]
     keep = reference.allowed_keys(sq, sk, causal=f.causal, window_left=f.window_left, window_right=f.window_right,
                                   seqused_k=seqused_k, device=q.device, key_mask=reference.visible_keys(key_mask))
-    additive = key_mask if reference.is_additive(key_mask) else None
     if group > 1:
         k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
     result, lse, _, _ = torch.ops.aten._scaled_dot_product_efficient_attention(
-        q, k, v, _bias(keep, b, hq, sq, sk, q.dtype, additive), True, scale=f.scale)
+        q, k, v, _bias(keep, b, hq, sq, sk, q.dtype, key_mask), True, scale=f.scale)
     lse = lse[..., :sq].float()
     if keep is not None:
         blind = ~keep[:, 0].any(-1)  # [B or 1, 1, Sq]: rows that see no key
@@ -108,8 +108,7 @@ def backward_by_recomputation(grad_out, q, k, v, seqused_k=None, key_mask=None, 
         blind = ~keep.any(-1, keepdim=True)  # rows that see no key: any finite bias, and no gradient
         keep = keep | blind
         grad_out = grad_out.masked_fill(blind[:, 0], 0.0)
-    additive = key_mask if reference.is_additive(key_mask) else None
-    bias = _bias(keep, b, hq, sq, sk, q.dtype, additive)  # padded as the memory-efficient kernel wants it
+    bias = _bias(keep, b, hq, sq, sk, q.dtype, key_mask)  # padded as the memory-efficient kernel wants it
     with torch.enable_grad():
         leaves = [t.detach().requires_grad_() for t in (q, k, v)]
         qq, kk, vv = leaves
