@@ -72,9 +72,9 @@ class AdditiveInput(Decline):
     """`scores + mask` where the mask's values are a graph input's, unknown when compiling (`masks.ValuesUnknown`):
     HF's eager-code mask built outside the forward (static-cache generate, Gemma-2's hybrid cache)."""
 
-    def __init__(self, message: str, scores: Node, mask: Node):
+    def __init__(self, message: str, mask: Node, scores: Node | None = None):
         super().__init__(message)
-        self.scores, self.mask = scores, mask
+        self.mask, self.scores = mask, scores  # scores: set by the matcher that knows which operand they are
 
 
 def check_kernel_support(q: Node, k: Node, v: Node, output: Node) -> torch.dtype | None:
@@ -199,7 +199,7 @@ def mask_flags(kind: str, mask, constants, scores_shape, fill=None) -> tuple[Ban
     except ValuesUnknown as e:
         if kind == "additive" and isinstance(mask, Node):
             _check_broadcast(shape(mask), scores_shape)
-            raise AdditiveInput(f"mask not recognized: {e}", None, mask) from None
+            raise AdditiveInput(f"mask not recognized: {e}", mask) from None
         raise Decline(f"mask not recognized: {e}") from None
     except MaskNotUnderstood as e:
         raise Decline(f"mask not recognized: {e}") from None
@@ -536,7 +536,9 @@ def _additive_input_rewrite(call: AttentionCall, context: Context) -> str:
         raise Decline(f"{call.additive_reason}, in {value(call.additive_input).dtype} for {value(call.q).dtype} "
                       "scores (SDPA and the op take a mask in q's dtype)")
     on_op = getattr(context.options, "additive_masks_on_op", False) and _additive_on_op(call)
-    if not on_op and "softcap" in call.flags:
+    if on_op:
+        call.key_mask = KeyMask(call.additive_input, additive=True)
+    elif "softcap" in call.flags:
         raise Decline(f"{call.additive_reason}; with a softcap, which SDPA has not")
     buffers = _check_in_place_updates(call, context.mutations, context.constants)
     if on_op:
@@ -550,13 +552,10 @@ def _additive_input_rewrite(call: AttentionCall, context: Context) -> str:
 
 def _additive_on_op(call: AttentionCall) -> bool:
     """Whether the op's decode kernel takes this call's additive mask: a 4-D [B or 1, 1, 1, Sk] mask (one for every
-    query and head) over at most `DECODE_MAX_Q_LEN` queries, which becomes the call's additive key mask."""
+    query and head) over at most `DECODE_MAX_Q_LEN` queries."""
     mshape, q = shape(call.additive_input), shape(call.q)
     if len(q) != 4 or len(mshape) != 4 or not all(same_size(m, 1) for m in mshape[1:3]):
         return False
     if not (isinstance(q[2], int) and q[2] <= DECODE_MAX_Q_LEN) or not equal_size(mshape[3], shape(call.k)[2]):
         return False
-    if not (same_size(mshape[0], 1) or equal_size(mshape[0], q[0])):
-        return False
-    call.key_mask = KeyMask(call.additive_input, additive=True)
-    return True
+    return same_size(mshape[0], 1) or equal_size(mshape[0], q[0])

@@ -180,7 +180,8 @@ def _strip_mask(node: Node, constants, scores_shape) -> tuple[Node, object, Band
         try:
             return scores, mask, *attention.mask_flags("additive", mask, constants, scores_shape)
         except attention.AdditiveInput as e:
-            additive = additive or attention.AdditiveInput(str(e), scores, mask)
+            e.scores = scores
+            additive = additive or e
         except Decline as e:
             errors.append(str(e))
     if additive is not None:

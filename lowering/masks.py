@@ -123,7 +123,7 @@ class KeyMask:
     start: Node | int | None = None
     plane: bool = False
     per_query: bool = False
-    additive: bool = False  # node is a float mask added to the scores (eager code's mask input), any values
+    additive: bool = False
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ def eager(q, k, v, seqused_k=None, key_mask=None, *, scale, causal, window_left,
     if softcap > 0:
         s = softcap * torch.tanh(s / softcap)
     if reference.is_additive(key_mask):  # eager code's `scores + mask`
-        s = s + (key_mask[:, None] if key_mask.dim() == 3 else key_mask[:, None, None])
+        s = s + reference.key_mask_rows(key_mask)[:, 0]
     if keep is not None:
         s = s.masked_fill(~keep.squeeze(2), float("-inf"))
     return torch.softmax(s, dim=-1).nan_to_num(0.0) @ v, torch.logsumexp(s, dim=-1)
