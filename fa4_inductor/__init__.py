@@ -42,7 +42,7 @@ class _BackendModule(types.ModuleType):
         return fa4_inductor(gm, example_inputs, **kwargs)
 
     def __deepcopy__(self, memo):
-        return self  # HF's CompileConfig deep-copies its backend: `CompileConfig(backend=fa4_inductor)` works
+        return self  # as `Backend.__deepcopy__`: `CompileConfig(backend=fa4_inductor)` works
 
 
 sys.modules[__name__].__class__ = _BackendModule

@@ -87,6 +87,14 @@ class Backend:
     def __repr__(self) -> str:
         return f"fa4_inductor.backend({self.options})"
 
+    def __deepcopy__(self, memo):
+        # HF's generate deep-copies its CompileConfig, backend included, on every call: a copy is a new callable to
+        # Dynamo, which recompiles the decode step each generate (90 against 1198 tokens/s on the H200).
+        return self
+
+    def __copy__(self):
+        return self
+
 
 _QUANTIZED_DTYPES = (torch.int8, torch.uint8, torch.float8_e4m3fn, torch.float8_e5m2)
 

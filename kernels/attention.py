@@ -281,13 +281,19 @@ def key_mask_form(q: Tensor, k: Tensor, seqused_k: Optional[Tensor], key_mask: O
         return KeyMaskForm(None, None, ("right", _lengths(key_mask)))
     if kind == "causal prefix, left padding":
         sq = key_mask.shape[1]
-        return KeyMaskForm(None, None, ("left", sq - _lengths(key_mask[:, -1, :sq])), causal_keys=sq)
+        return KeyMaskForm(None, None, ("left", sq - _lengths(_visible(key_mask[:, -1, :sq]))), causal_keys=sq)
     return KeyMaskForm(seqused_k, key_mask)
 
 
 def _lengths(key_mask: Tensor) -> Tensor:
     """[B] int32 visible keys per sequence."""
     return key_mask.sum(-1, dtype=torch.int32)
+
+
+def _visible(key_mask: Tensor) -> Tensor:
+    """The keys a boolean mask shows, or those an additive one adds 0 to (`_reads_mask_form` reads an additive mask
+    only where its other values are finfo.min, which hides a key as False does)."""
+    return key_mask == 0 if reference.is_additive(key_mask) else key_mask
 
 
 def _mask_kind(q, k, seqused_k, key_mask, flags) -> str:
@@ -327,16 +333,19 @@ def _is_left_padding(key_mask: Tensor, lengths: Tensor) -> Tensor:
 def _per_query_mask_kind(seqused_k, key_mask, flags) -> str:
     """"causal prefix, left padding" when a [B, Sq, Sk] mask (on a call with no band or seqused_k) hides every key
     from Sq on and its first Sq columns are `tril & its last row`, that row left padding: a causal self-attention
-    over the first Sq keys with left padding, which FA4 runs as varlen segments; else "kept"."""
+    over the first Sq keys with left padding, which FA4 runs as varlen segments; else "kept". An additive mask is
+    read so only when its every value is 0 (shows the key) or finfo.min (hides it)."""
     sq, sk = key_mask.shape[1:]
     if seqused_k is not None or Flags(**flags).banded or sq > sk:
         return "kept"
-    head, last = key_mask[:, :, :sq], key_mask[:, -1:, :sq]
+    visible = _visible(key_mask)
+    head, last = visible[:, :, :sq], visible[:, -1:, :sq]
     causal = torch.ones(sq, sq, dtype=torch.bool, device=key_mask.device).tril()
-    hides_rest, causal_prefix, left = torch.stack(
-        [~key_mask[:, :, sq:].any(), (head == (causal & last)).all(),
-         _is_left_padding(last[:, 0], _lengths(last[:, 0]))]).tolist()
-    return "causal prefix, left padding" if hides_rest and causal_prefix and left else "kept"
+    checks = [~visible[:, :, sq:].any(), (head == (causal & last)).all(),
+              _is_left_padding(last[:, 0], _lengths(last[:, 0]))]
+    if reference.is_additive(key_mask):
+        checks.append((visible | (key_mask == torch.finfo(key_mask.dtype).min)).all())
+    return "causal prefix, left padding" if all(torch.stack(checks).tolist()) else "kept"
 
 
 def _version(t: Tensor) -> Optional[int]:
@@ -345,14 +354,21 @@ def _version(t: Tensor) -> Optional[int]:
     return None if t.is_inference() else t._version
 
 
+ABSORBING_DTYPES = (torch.bfloat16, torch.float32)
+"""Dtypes whose finfo.min absorbs any score in float32 (its ulp there is ~1e31): a row of an additive mask that is
+finfo.min on every key gets the same score for every key, a uniform softmax, as eager code's does. Not float16's
+-65504, next to which eager's scores still count."""
+
+
 def _reads_mask_form(q: Tensor, k: Tensor, key_mask: Tensor, flags: dict) -> bool:
     """Whether a key-mask call is worth `key_mask_form`'s host read: not for a small attention, which the
     SDPA fallback runs with the mask about as fast as FA4 would without it (`crossover.py`), while the read's
     sync would stall a host-bound graph (a small model's padded batch ran 0.55-0.63x default compile). A mask per
-    query row is sized as the causal attention over Sq keys it may become. Never for an additive mask: its values
-    are added to the scores, not a pattern of visible keys that FA4's arguments could say."""
+    query row is sized as the causal attention over Sq keys it may become. An additive mask is read only per query
+    row (eager code's prefill mask) in `ABSORBING_DTYPES`, where FA4's answer can be made eager's
+    (`_blind_rows_as_mean`)."""
     b, h, sq, d = q.shape
-    if reference.is_additive(key_mask):
+    if reference.is_additive(key_mask) and (key_mask.dim() != 3 or key_mask.dtype not in ABSORBING_DTYPES):
         return False
     if key_mask.dim() == 3:
         return not crossover.small(b, h, sq, sq, d, True)
@@ -371,7 +387,10 @@ def _attention_cuda(q, k, v, seqused_k=None, key_mask=None, **flags):
             if _route(q, *prefix, None, None, causal) is routes.FA4:
                 log.debug("fa4::attention q%s: a mask per query row read as a causal prefix of %d keys, left-padded: "
                           "FA4 varlen", tuple(q.shape), form.causal_keys)
-                return fa4.forward_padded(q, *prefix, *form.padded, **causal)
+                out, lse = fa4.forward_padded(q, *prefix, *form.padded, **causal)
+                if reference.is_additive(key_mask):
+                    _blind_rows_as_mean(out, lse, v, key_mask.dtype)
+                return out, lse
         elif form.key_mask is None:
             without_mask = _route(q, k, v, form.seqused_k, None, flags)
             if form.padded is None:
@@ -379,6 +398,16 @@ def _attention_cuda(q, k, v, seqused_k=None, key_mask=None, **flags):
             elif without_mask is routes.FA4:
                 return fa4.forward_padded(q, k, v, *form.padded, **flags)
     return route.adapter.forward(q, k, v, seqused_k, key_mask, **flags)
+
+
+def _blind_rows_as_mean(out: Tensor, lse: Tensor, v: Tensor, mask_dtype: torch.dtype) -> None:
+    """In place: the rows FA4 found to see no key (zeros, lse -inf) as an additive mask of 0 and finfo.min has them.
+    Every score of such a row is finfo.min (`ABSORBING_DTYPES`), so its softmax is uniform over all Sk keys: out the
+    mean of V, lse finfo.min (log Sk is below its float32 ulp)."""
+    blind = lse == float("-inf")
+    mean = v.mean(2, dtype=torch.float32).repeat_interleave(out.shape[1] // v.shape[1], 1)[:, :, None]
+    torch.where(blind[..., None], mean.to(out.dtype), out, out=out)
+    lse.masked_fill_(blind, torch.finfo(mask_dtype).min)
 
 
 def _attention_fake(q, k, v, seqused_k=None, key_mask=None, **flags):
@@ -412,8 +441,9 @@ def attention_backward(
 def _attention_backward_cuda(grad_out, q, k, v, out, lse, grad_lse=None, seqused_k=None, key_mask=None, **flags):
     _check_inputs(q, k, v, seqused_k, key_mask)
     flags = _complete(flags)
-    form = (key_mask_form(q, k, seqused_k, key_mask, flags)
-            if key_mask is not None and _reads_mask_form(q, k, key_mask, flags) else KeyMaskForm(seqused_k, key_mask))
+    # An additive mask keeps its mask here: FA4's backward has no gradient through rows that see no key, eager's has.
+    reads = key_mask is not None and not reference.is_additive(key_mask) and _reads_mask_form(q, k, key_mask, flags)
+    form = key_mask_form(q, k, seqused_k, key_mask, flags) if reads else KeyMaskForm(seqused_k, key_mask)
     padded_flags = flags
     if form.causal_keys is not None:
         # A mask per query row: FA4's backward when its causal prefix is every key (HF's training mask); over a

@@ -1,5 +1,6 @@
-"""`fa4::key_mask(mask) -> Tensor`: `mask != 0` as a new contiguous boolean tensor, the key mask the attention ops
-take (lowering/padding.py emits one per padding mask of a graph).
+"""`fa4::key_mask(mask, *, additive=False) -> Tensor`: `mask != 0` as a new contiguous boolean tensor, the key mask
+the attention ops take (lowering/padding.py emits one per padding mask of a graph); with `additive`, a new contiguous
+copy of the mask in its own dtype (eager attention code's float mask input, which the op adds to the scores).
 
 It is an op of its own for `attention.key_mask_form`, which reads a key mask's contents on the host once and
 remembers them by the tensor's identity and version. Inductor writes the buffers it allocates with its own kernels
@@ -16,15 +17,15 @@ from torch import Tensor
 
 from . import library
 
-library.define("key_mask(Tensor mask) -> Tensor")
+library.define("key_mask(Tensor mask, *, bool additive=False) -> Tensor")
 
 
-def key_mask(mask: Tensor) -> Tensor:
-    return (mask != 0).contiguous()
+def key_mask(mask: Tensor, *, additive: bool = False) -> Tensor:
+    return mask.clone(memory_format=torch.contiguous_format) if additive else (mask != 0).contiguous()
 
 
-def _key_mask_fake(mask: Tensor) -> Tensor:
-    return mask.new_empty(mask.shape, dtype=torch.bool)
+def _key_mask_fake(mask: Tensor, *, additive: bool = False) -> Tensor:
+    return mask.new_empty(mask.shape, dtype=mask.dtype if additive else torch.bool)
 
 
 library.impl("key_mask", key_mask, "CompositeExplicitAutograd")

@@ -29,6 +29,11 @@ from .flags import Flags
 
 DTYPES = layout.HALF_DTYPES + (torch.float32,)  # the memory-efficient kernel also takes float32
 BIAS_ALIGN = 16  # the efficient kernel wants the bias's last dim padded to this many elements
+ADDITIVE_FLOOR = -torch.finfo(torch.float32).max / 2
+"""The least additive key-mask value the bias carries. The efficient kernel scales scores by log2(e) in float32:
+bfloat16's finfo.min (eager code's hidden keys) overflowed there to -inf, and a row whose every visible key had it
+came back as zeros (the H200, session 23), where eager's softmax is uniform over those keys. At this floor such a
+row is still uniform (any score is below the value's float32 ulp) and such keys still get no weight next to others."""
 
 
 def unsupported_reason(q: Tensor, k: Tensor, v: Tensor, *, seqused_k: Optional[Tensor] = None,
@@ -55,7 +60,7 @@ def _bias(keep: Optional[Tensor], b: int, h: int, sq: int, sk: int, dtype: torch
     device = additive.device if additive is not None else keep.device
     bias = torch.zeros((rows, 1, sq, padded), dtype=dtype, device=device)[..., :sk]
     if additive is not None:
-        bias.copy_(reference.key_mask_rows(additive)[:, 0])
+        bias.copy_(reference.key_mask_rows(additive)[:, 0].clamp_min(ADDITIVE_FLOOR))
     if keep is not None:
         bias.masked_fill_(~keep[:, 0], float("-inf"))
     return bias.expand(b, h, sq, sk)

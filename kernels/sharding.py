@@ -171,11 +171,11 @@ def attention_backward_rule(*args, **kwargs):
     return _rule(op, args, kwargs, strategies, declined)
 
 
-def key_mask_rule(mask):
+def key_mask_rule(mask, **kwargs):
     op = torch.ops.fa4.key_mask.default
     strategies = [Strategy(f"Shard({d})", [Shard(d)], {"mask": Shard(d)}) for d in range(len(_spec_shape(mask)))]
     strategies.append(Strategy("replicate", [Replicate()], {"mask": Replicate()}))
-    return _rule(op, (mask,), {}, strategies, [])
+    return _rule(op, (mask,), kwargs, strategies, [])
 
 
 def _k_split(ranks: int, bias, k_inputs: dict, groups: int | None = None, unit: str = "scale groups",

@@ -342,8 +342,7 @@ def emit(gm: GraphModule, call: AttentionCall, fake_mode, shared: dict, mutation
         if call.key_mask is not None:
             where = (call.key_mask, str(shape(k)[-2]))  # one [B, Sk] key mask per padding mask and key length
             if where not in shared:
-                shared[where] = (padding.additive_key_mask(make, call.key_mask, k) if call.key_mask.additive
-                                 else padding.key_mask(make, call.key_mask, k))
+                shared[where] = padding.key_mask(make, call.key_mask, k)
             inputs += [seqused_k, shared[where]]
         elif seqused_k is not None:
             inputs.append(seqused_k)
@@ -525,23 +524,22 @@ ADDITIVE_INPUT_ON_SDPA = ("an additive mask input, its values unknown when compi
 
 def _additive_input_rewrite(call: AttentionCall, context: Context) -> str:
     """A hand-written attention whose one mask is a floating-point graph input, added to the scores, in inference:
-    with `additive_masks_on_op`, a decode step (at most `DECODE_MAX_Q_LEN` queries, the mask the same for each) goes
-    to the op with the mask as its additive key_mask (`_additive_on_op`); else the SDPA call with that mask
-    (`crossover.sdpa_for`), or, with a softcap (no SDPA spelling), it is kept. In training it is kept: eager's
-    softmax passes gradients through rows that see no key (every score finfo.min), which SDPA's backward is not
-    known to give."""
+    with `additive_masks_on_op`, it goes to the op with the mask as its additive key_mask where the op takes it
+    (`_additive_on_op`); else the SDPA call with that mask (`crossover.sdpa_for`), or, with a softcap (no SDPA
+    spelling), it is kept. In training it is kept: eager's softmax passes gradients through rows that see no key
+    (every score finfo.min), which SDPA's backward is not known to give."""
     if any(value(t).requires_grad for t in (call.q, call.k, call.v)):
         raise Decline(f"{call.additive_reason}; in training it is kept as written")
     if call.autocast is not None or value(call.additive_input).dtype != value(call.q).dtype:
         raise Decline(f"{call.additive_reason}, in {value(call.additive_input).dtype} for {value(call.q).dtype} "
                       "scores (SDPA and the op take a mask in q's dtype)")
-    on_op = getattr(context.options, "additive_masks_on_op", False) and _additive_on_op(call)
-    if on_op:
-        call.key_mask = KeyMask(call.additive_input, additive=True)
+    keys = _additive_on_op(call) if getattr(context.options, "additive_masks_on_op", False) else None
+    if keys is not None:
+        call.key_mask = keys
     elif "softcap" in call.flags:
         raise Decline(f"{call.additive_reason}; with a softcap, which SDPA has not")
     buffers = _check_in_place_updates(call, context.mutations, context.constants)
-    if on_op:
+    if keys is not None:
         _fold_gqa(call, context.options.gqa)
         text = emit(context.gm, call, context.fake_mode, context.shared, context.mutations)
     else:
@@ -550,12 +548,19 @@ def _additive_input_rewrite(call: AttentionCall, context: Context) -> str:
     return text
 
 
-def _additive_on_op(call: AttentionCall) -> bool:
-    """Whether the op's decode kernel takes this call's additive mask: a 4-D [B or 1, 1, 1, Sk] mask (one for every
-    query and head) over at most `DECODE_MAX_Q_LEN` queries."""
+def _additive_on_op(call: AttentionCall) -> KeyMask | None:
+    """The op's additive key mask for this call's 4-D mask input, or None where the op does not take it: a
+    [B or 1, 1, 1, Sk] mask over at most `DECODE_MAX_Q_LEN` queries (a decode step: the decode kernel adds it), or a
+    [B or 1, 1, Sq, Sk] one, a row per query, without a softcap (a prefill: FA4 where it is generate's left-padded
+    causal mask, which the op reads on the host, else the SDPA fallback with it, which has no softcap: the reference
+    would run it)."""
     mshape, q = shape(call.additive_input), shape(call.q)
-    if len(q) != 4 or len(mshape) != 4 or not all(same_size(m, 1) for m in mshape[1:3]):
-        return False
-    if not (isinstance(q[2], int) and q[2] <= DECODE_MAX_Q_LEN) or not equal_size(mshape[3], shape(call.k)[2]):
-        return False
-    return same_size(mshape[0], 1) or equal_size(mshape[0], q[0])
+    if len(q) != 4 or len(mshape) != 4 or not same_size(mshape[1], 1) or not equal_size(mshape[3], shape(call.k)[2]):
+        return None
+    if not (same_size(mshape[0], 1) or equal_size(mshape[0], q[0])):
+        return None
+    if same_size(mshape[2], 1) and isinstance(q[2], int) and q[2] <= DECODE_MAX_Q_LEN:
+        return KeyMask(call.additive_input, additive=True)
+    if "softcap" not in call.flags and not same_size(mshape[2], 1) and equal_size(mshape[2], q[2]):
+        return KeyMask(call.additive_input, additive=True, per_query=True)
+    return None

@@ -82,8 +82,9 @@ def check_hides_none(make, keys: KeyMask, seqused_k: Node | None) -> Node:
 def key_mask(make, keys: KeyMask, k: Node) -> Node:
     """The op's key_mask [B, Sk] bool: key slot j of sequence b is visible when keys.node[b, start + j] != 0.
     A mask of one row for the batch, or of one column for every key, is broadcast as eager does. A mask per query
-    row ([B or 1, 1, Sq, Sk], `_encode_padding` checked its sizes) gives the [B, Sq, Sk] key_mask. Always made by
-    `fa4::key_mask` (kernels/key_mask.py says why)."""
+    row ([B or 1, 1, Sq, Sk], `_encode_padding` or `_additive_on_op` checked its sizes) gives the [B, Sq, Sk]
+    key_mask, in the mask's dtype when it is additive. Always made by `fa4::key_mask` (kernels/key_mask.py says why),
+    but for an additive [B, Sk] one (`additive_key_mask`), which the op never reads on the host."""
     start = 0 if keys.start is None else keys.start
     b, sk = (s if isinstance(s, int) else make("size", k, d) for d, s in ((0, value(k).shape[0]), (2, value(k).shape[2])))
     if keys.per_query:
@@ -91,7 +92,9 @@ def key_mask(make, keys: KeyMask, k: Node) -> Node:
         if not same_size(value(keys.node).shape[0], value(k).shape[0]):
             sq = value(m).shape[1]
             m = make("expand", m, b, sq if isinstance(sq, int) else make("size", m, 1), sk)
-        return make(KEY_MASK, m, name="key_mask")
+        return make(KEY_MASK, m, name="key_mask", **({"additive": True} if keys.additive else {}))
+    if keys.additive:
+        return additive_key_mask(make, keys, k)
     m = make(operator.getitem, keys.node, (slice(None), 0, 0)) if keys.plane else keys.node
     rows, columns = value(m).shape
     one_column = same_size(columns, 1) and keys.start is None and not same_size(value(k).shape[2], 1)

@@ -40,6 +40,15 @@ for name, backend in (('off', 'fa4_inductor'), ('on', fa4_inductor.backend(addit
     first, rate, _ = llama_e2e.generate_times(model, backend, 1024, 64, 4, 'cuda')
     print('eager code, generate b4 x 1024 + 64, additive_masks_on_op', name, '| first token', round(first, 1), 'ms |', round(rate), 'tokens/s', flush=True)
 " ;;
+w3) # session 23: `w` failed the SDPA fallback's prefill with an additive mask (zeros on rows whose visible keys are
+    # all finfo.min: now floored) and ran generate at 90 tokens/s with additive_masks_on_op (a deep-copied backend
+    # recompiled every generate: fixed); eager code's prefill mask now reaches FA4 with the option. GPU tests, then
+    # aten SDPA on such rows, logits vs eager, prefill times and generate (scratch/w3.py)
+    run timeout 200 $P -n 8 tests/test_gpu_decode.py tests/test_gpu_fa4.py -k "additive or key_mask or per_query or dispatch"
+    run timeout 120 python3 scratch/w3.py sdpa
+    run timeout 300 python3 scratch/w3.py prefill ;;
+w4) # then generate, option off / on against default (scratch/w3.py)
+    run timeout 500 python3 scratch/w3.py generate ;;
 u)  # session 22 left these: the Llama-1B shape's b8 x 128 / 512 padded rows after the crossover change (run 1:
     # b8 x 512 left-padded 0.77x on the op's SDPA fallback), then its decode rows at 2048 (b1, b8, padded)
     run timeout 280 python3 -c "from fa4_inductor import bench

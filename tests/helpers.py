@@ -31,9 +31,6 @@ class Recorder(fa4_inductor.Backend):
         self.inserted: list[list[torch.fx.Node]] = []  # per graph: the nodes the rewrites added, in graph order
         self.records = []
 
-    def __deepcopy__(self, memo):
-        return self  # HF's CompileConfig deep-copies its backend: the records must reach this object
-
     def __call__(self, gm, example_inputs, mode=None, options=None):
         before = set(gm.graph.nodes)
         records = run_torch_ir_passes(gm, example_inputs, self.options)

@@ -132,6 +132,15 @@ def test_key_mask_op_is_a_new_boolean_tensor(source):
     torch.library.opcheck(torch.ops.fa4.key_mask.default, (m[:, 0],))
 
 
+def test_key_mask_op_copies_an_additive_mask():
+    """`fa4::key_mask(m, additive=True)`: a contiguous copy of eager code's float mask in its dtype, never a view."""
+    m = torch.randn(1, 1, 5, 8).masked_fill(torch.rand(1, 1, 5, 8) > 0.5, torch.finfo(torch.float32).min)
+    rows = torch.ops.fa4.key_mask.default(m[:, 0].expand(3, 5, 8), additive=True)
+    assert rows.dtype == m.dtype and rows.is_contiguous() and rows.untyped_storage().data_ptr() != m.data_ptr()
+    assert torch.equal(rows, m[:, 0].expand(3, 5, 8))
+    torch.library.opcheck(torch.ops.fa4.key_mask.default, (m[:, 0].expand(3, 5, 8),), dict(additive=True))
+
+
 def test_attention_forward_is_attention_without_autograd():
     """`fa4::attention_forward` (what compiled graphs call, lowering/post_grad.py) computes what
     `fa4::attention` does, passes opcheck, and has no autograd formula."""
@@ -585,6 +594,49 @@ def test_per_query_masks_that_fa4_can_take(name, monkeypatch):
                                             key_mask=mask, **full)
         for name, g, w in zip("qkv", got, want):
             torch.testing.assert_close(g, w, msg=lambda m: f"d{name}: {m}")
+
+
+ADDITIVE_PREFILL_MASKS = {
+    # name: (an additive [2, 5, 8] mask in float32 built from a boolean one, whether the op reads it as FA4's)
+    "left-padded": (lambda hide: torch.zeros(2, 5, 8).masked_fill(hide, torch.finfo(torch.float32).min), True),
+    "all padding": (lambda hide: torch.zeros(2, 5, 8).masked_fill(hide | True, torch.finfo(torch.float32).min), True),
+    "-inf hides": (lambda hide: torch.zeros(2, 5, 8).masked_fill(hide, float("-inf")), False),
+    "a bias": (lambda hide: torch.full((2, 5, 8), 0.5).masked_fill(hide, torch.finfo(torch.float32).min), False),
+}
+
+
+@pytest.mark.parametrize("name", ADDITIVE_PREFILL_MASKS)
+def test_an_additive_prefill_mask_of_zeros_and_finfo_min_runs_as_fa4_varlen(name, monkeypatch):
+    """Eager code's static-cache prefill mask (`additive_masks_on_op`): read on the host like the boolean one when
+    its values are 0 and finfo.min, run as FA4 varlen segments (FA4's varlen interface on the CPU), and the rows
+    that see no key made eager's: the mean of V over all keys, lse finfo.min (`_blind_rows_as_mean`). The same
+    output and lse as the op with the additive mask. Other values keep the mask; float16's finfo.min is not read."""
+    from contextlib import nullcontext
+
+    from fa4_inductor.kernels import fa4
+
+    make, read = ADDITIVE_PREFILL_MASKS[name]
+    mask = make(~static_prefill_mask(torch.tensor([5, 2]), 5, 8))
+    full = dict(scale=0.3, causal=False, window_left=-1, window_right=-1, softcap=0.0)
+    q, k, v = qkv(b=2, hq=4, hkv=2, sq=5, sk=8, dtype=torch.float32)
+    large_q, large_k = torch.empty(4, 32, 4096, 128, device="meta"), torch.empty(4, 8, 8192, 128, device="meta")
+    for dtype, reads in ((torch.bfloat16, True), (torch.float32, True), (torch.float16, False)):
+        per_query = torch.empty(4, 4096, 8192, dtype=dtype, device="meta")
+        assert attention_op._reads_mask_form(large_q.to(dtype), large_k.to(dtype), per_query, full) == reads
+        assert not attention_op._reads_mask_form(large_q.to(dtype), large_k.to(dtype), per_query[:, 0], full)
+    form = attention_op.key_mask_form(q, k, None, mask, full)
+    if not read:
+        assert form.key_mask is mask and form.padded is None and form.causal_keys is None
+        return
+    assert form.key_mask is None and form.causal_keys == 5 and form.padded[0] == "left"
+    monkeypatch.setattr(fa4, "_require", VarlenFA4OnTheCPU)
+    monkeypatch.setattr(fa4, "_device_guard", lambda t: nullcontext())
+    out, lse = fa4.forward_padded(q, k[:, :, :5], v[:, :, :5], *form.padded, **{**full, "causal": True})
+    attention_op._blind_rows_as_mean(out, lse, v, mask.dtype)
+    expected_out, expected_lse = ATTENTION(q, k, v, None, mask, **full)
+    torch.testing.assert_close(out, expected_out)
+    torch.testing.assert_close(lse, expected_lse)
+    assert lse.isfinite().all() and torch.equal(out[1, :, 0], v[1].mean(1).repeat_interleave(2, 0))
 
 
 def test_signature_caches_forget_their_oldest_entries():

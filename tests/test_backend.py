@@ -39,12 +39,15 @@ def test_entry_point_is_registered():
     assert ep.load() is fa4_inductor.fa4_inductor
 
 
-def test_the_module_survives_hf_compile_config():
-    """HF's `CompileConfig(backend=fa4_inductor)` deep-copies its backend (generate's static-cache compile)."""
+def test_the_module_and_backends_survive_hf_compile_config():
+    """HF's generate deep-copies its `CompileConfig`, backend included, on every call: a copy would be a new backend
+    to Dynamo, which then recompiles the decode step each generate."""
     import copy
 
     assert copy.deepcopy(fa4_inductor) is fa4_inductor
     assert copy.deepcopy({"backend": fa4_inductor})["backend"] is fa4_inductor
+    configured = fa4_inductor.backend(gqa=False)
+    assert copy.deepcopy({"backend": configured})["backend"] is configured and copy.copy(configured) is configured
 
 
 def test_mode_and_options_reach_inductor():

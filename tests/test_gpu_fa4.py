@@ -424,6 +424,32 @@ def test_padding_runs_fa4_varlen(side, flags_kind, monkeypatch):
     torch.testing.assert_close(lse[~blind], lse64[~blind].float(), atol=1e-3, rtol=1e-3)
 
 
+def test_additive_static_prefill_mask_runs_fa4_with_eagers_blind_rows(monkeypatch):
+    """Eager code's prefill mask over an empty static cache (`additive_masks_on_op`: [B, Sq, Sk] bfloat16 of 0 and
+    finfo.min, left-padded): read on the host, it runs FA4 as left-padded varlen segments, and the rows that see no
+    key get the mean of V over every slot, as eager's uniform softmax gives them; the backward runs on the SDPA
+    fallback with the mask (its floor keeps those rows uniform). By the FA rule against float64."""
+    monkeypatch.setattr(crossover, "GFLOP_BELOW", ())  # these shapes count as large here
+    b, sq, d, capacity = 4, 500, 128, 1024
+    q = qkv(b=b, sq=sq, group=4, requires_grad=True)[0]
+    k, v = (torch.randn(b, HQ // 4, capacity, d, dtype=torch.bfloat16, device="cuda").requires_grad_()
+            for _ in range(2))
+    j = torch.arange(capacity, device="cuda")
+    starts = torch.tensor([0, 123, 499, sq], device="cuda")  # the last: all padding
+    visible = ((j[None, :] <= torch.arange(sq, device="cuda")[:, None])[None]
+               & ((j >= starts[:, None]) & (j < sq))[:, None, :])
+    mask = torch.zeros(visible.shape, dtype=torch.bfloat16, device="cuda").masked_fill(
+        ~visible, torch.finfo(torch.bfloat16).min)
+    calls = []
+    real = fa4.forward_padded
+    monkeypatch.setattr(fa4, "forward_padded", lambda *a, **kw: calls.append(kw["causal"]) or real(*a, **kw))
+    out, lse, lse64 = key_mask_call_by_fa_rule(q, k, v, mask, attention_flags(d))
+    assert calls == [True], calls
+    blind = ~visible.any(-1)[:, None].expand_as(lse)
+    assert blind.any() and lse.isfinite().all()
+    torch.testing.assert_close(lse, lse64.float(), atol=1e-3, rtol=1e-3)
+
+
 @pytest.mark.parametrize("kind", ["static-prefill", "custom", "training"])
 def test_per_query_mask_over_a_static_cache(kind, monkeypatch):
     """HF's prefill mask over an empty static cache ([B, Sq, Sk] key mask, left padding, slots from Sq on empty):

@@ -197,6 +197,38 @@ attention_out_contiguous: f32[2, 4, 1, 16] = .contiguous(attention_out)""")
         rec, _ = compile_and_record(step, q, k, v, m)  # the option off: kept (SDPA has no softcap)
         self.assertEqual(rec.count(), 0)
 
+    def test_a_prefills_float_mask_input_goes_to_the_op_with_the_option(self):
+        """`additive_masks_on_op`: a prefill of 5 queries over a static cache of 8 keys, repeated K/V and generate's
+        float mask input [1, 1, Sq, Sk] (left-padded causal, 0 and finfo.min): the op with an additive [B, Sq, Sk]
+        key_mask copied by `fa4::key_mask` (which the op reads on the host, kernels/attention.py); K/V
+        un-repeated. With a softcap the prefill stays as written."""
+        def prefill(q, k, v, m):
+            k, v = k.repeat_interleave(2, dim=1), v.repeat_interleave(2, dim=1)
+            return torch.softmax(q @ k.mT * 0.25 + m, -1) @ v
+
+        q, k, v = torch.randn(2, 4, 5, 16), torch.randn(2, 2, 8, 16), torch.randn(2, 2, 8, 16)
+        visible = torch.ones(5, 8, dtype=torch.bool).tril()
+        visible[:, :2] = False  # two pad tokens: rows 0 and 1 see no key
+        m = torch.zeros(1, 1, 5, 8).masked_fill(~visible, torch.finfo(torch.float32).min)
+        rec, out = compile_and_record(prefill, q, k, v, m, additive_masks_on_op=True)
+        self.assertEqual(rec.count(), 1)
+        torch.testing.assert_close(out, prefill(q, k, v, m), atol=1e-5, rtol=1e-5)
+        self.assertExpectedInline(rec.summary, """\
+getitem: f32[1, 5, 8] = getitem(m, (:, 0))
+expand: f32[2, 5, 8] = .expand(getitem, 2, 5, 8)
+key_mask: f32[2, 5, 8] = fa4.key_mask(expand, additive=True)
+fa4_attention: (f32[2, 4, 5, 16], f32[2, 4, 5]) = fa4.attention(q, k, v, None, key_mask, scale=0.25)
+attention_out: f32[2, 4, 5, 16] = getitem(fa4_attention, 0)
+attention_out_contiguous: f32[2, 4, 5, 16] = .contiguous(attention_out)""")
+
+        def capped(q, k, v, m):
+            k, v = k.repeat_interleave(2, dim=1), v.repeat_interleave(2, dim=1)
+            return torch.softmax(torch.tanh(q @ k.mT * 0.25 / 30.0) * 30.0 + m, -1) @ v
+
+        rec, _ = compile_and_record(capped, q, k, v, m, additive_masks_on_op=True)
+        self.assertEqual(rec.count(), 0)
+        self.assertIn("with a softcap, which SDPA has not", rec.reasons[0])
+
     def test_a_float_mask_input_is_kept_with_a_softcap_or_in_training(self):
         def capped(q, k, v, m):
             s = torch.tanh(q @ k.mT * 0.25 / 30.0) * 30.0
