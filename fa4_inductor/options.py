@@ -33,11 +33,13 @@ class Options:
     the program (on CUDA a device-side assert, which ends the process) where default torch.compile runs
     it, hence off by default."""
 
-    additive_masks_on_op: bool = False
-    """A decode step in eager attention code whose mask is a float graph input (generate's static or hybrid cache
-    builds it outside the forward; values unknown when compiling) runs on the op, which adds the mask to the scores
-    on our decode kernel and reads K/V un-repeated (Gemma-2's softcap included); off: SDPA with the mask as given (no
-    softcap: Gemma-2 then stays as written). Off until the kernel's additive variant is measured on the H200."""
+    additive_masks_on_op: bool = True
+    """Eager attention code whose mask is a float graph input (generate's static or hybrid cache builds it outside
+    the forward; values unknown when compiling) runs on the op, which reads K/V un-repeated: a decode step's mask is
+    added to the scores on our decode kernel (Gemma-2's softcap included); a prefill's is read on the host, FA4 where
+    it is generate's left-padded causal mask of 0 and finfo.min, else the SDPA fallback with it. Off: SDPA with the
+    mask (floored) as given, Gemma-2 as written (no softcap). H200, Llama-1B shape, eager code (session 23): padded
+    prefill 33.0 against 46.2 ms off (89.4 default compile), generate 1269 against 1069 tokens/s (1010)."""
 
     small_calls_to_sdpa: bool = True
     """On CUDA, leave small attentions in host-bound graphs (lowering/crossover.py: self-attention by FLOP, and

@@ -49,6 +49,11 @@ w3) # session 23: `w` failed the SDPA fallback's prefill with an additive mask (
     run timeout 300 python3 scratch/w3.py prefill ;;
 w4) # then generate, option off / on against default (scratch/w3.py)
     run timeout 500 python3 scratch/w3.py generate ;;
+w5) # session 23 after w3/w4: the additive backward on the reference, SDPA with a floored mask (lowering's
+    # sdpa_mask_input, option off) on rows of finfo.min, the option on by default
+    run timeout 150 $P -n 8 tests/test_gpu_decode.py tests/test_gpu_fa4.py -k "additive or key_mask or per_query"
+    run timeout 100 python3 scratch/w3.py sdpa
+    run timeout 280 python3 scratch/w3.py prefill "ours, option off|ours (option on)" ;;
 u)  # session 22 left these: the Llama-1B shape's b8 x 128 / 512 padded rows after the crossover change (run 1:
     # b8 x 512 left-padded 0.77x on the op's SDPA fallback), then its decode rows at 2048 (b1, b8, padded)
     run timeout 280 python3 -c "from fa4_inductor import bench

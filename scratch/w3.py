@@ -6,8 +6,10 @@ import torch.nn.functional as F
 from fa4_inductor.bench import llama_e2e, models, padded
 
 part = sys.argv[1] if len(sys.argv) > 1 else "all"
-BACKENDS = {"default": "inductor", "ours, option off": "fa4_inductor",
-            "ours, option on": fa4_inductor.backend(additive_masks_on_op=True)}
+BACKENDS = {"default": "inductor", "ours, option off": fa4_inductor.backend(additive_masks_on_op=False),
+            "ours (option on)": "fa4_inductor"}
+if len(sys.argv) > 2:
+    BACKENDS = {name: BACKENDS[name] for name in sys.argv[2].split("|")}
 if part in ("all", "sdpa"):
     torch.manual_seed(0)
     q, k, v = (torch.randn(2, 4, 64, 64, device="cuda", dtype=torch.bfloat16) for _ in range(3))
@@ -17,13 +19,15 @@ if part in ("all", "sdpa"):
     eager = torch.softmax(q.float() @ k.float().transpose(-1, -2) / 8 + m.float(), -1) @ v.float()
     B = torch.nn.attention.SDPBackend
     for name, backend in (("default", None), ("math", B.MATH), ("efficient", B.EFFICIENT_ATTENTION), ("cudnn", B.CUDNN_ATTENTION)):
-        try:
-            with torch.nn.attention.sdpa_kernel(backend) if backend else torch.no_grad():
-                o = F.scaled_dot_product_attention(q, k, v, attn_mask=m)
-            print("aten sdpa", name, "| rows seeing only finfo.min: error", round((o[:, :, :8].float() - eager[:, :, :8]).abs().max().item(), 4),
-                  "| other rows", round((o[:, :, 8:].float() - eager[:, :, 8:]).abs().max().item(), 4), flush=True)
-        except Exception as e:
-            print("aten sdpa", name, "error", type(e).__name__, str(e)[:150], flush=True)
+        for floor in (None, -torch.finfo(torch.float32).max / 2):
+            try:
+                with torch.nn.attention.sdpa_kernel(backend) if backend else torch.no_grad():
+                    o = F.scaled_dot_product_attention(q, k, v, attn_mask=m if floor is None else m.clamp_min(floor))
+                print("aten sdpa", name, "mask floored at", floor, "| rows seeing only finfo.min: error",
+                      round((o[:, :, :8].float() - eager[:, :, :8]).abs().max().item(), 4),
+                      "| other rows", round((o[:, :, 8:].float() - eager[:, :, 8:]).abs().max().item(), 4), flush=True)
+            except Exception as e:
+                print("aten sdpa", name, "error", type(e).__name__, str(e)[:150], flush=True)
 model = models.llama("eager", "cuda", torch.bfloat16)
 if part in ("all", "prefill"):
     tokens, mask = models.padded_batch(model.config.vocab_size, 4, 2048, (0, 100, 700, 1500), "cuda", "left")

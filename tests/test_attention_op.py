@@ -311,9 +311,7 @@ def test_additive_key_mask_matches_float64(flags, per_query):
         torch.testing.assert_close(out[-1, :, -1].double(), vd[-1].mean(1), atol=2e-6, rtol=2e-6)
 
 
-def test_additive_key_mask_opcheck_gradcheck_and_the_sdpa_fallback_backward():
-    from fa4_inductor.kernels import sdpa_fallback
-
+def test_additive_key_mask_opcheck_and_gradcheck():
     q, k, v = qkv(b=2, hq=4, hkv=2, sq=4, sk=6, d=8, dtype=torch.float64, requires_grad=True)
     mask = additive_mask(2, 4, 6, torch.float64, per_query=False)
     mask[0, 1] = -1e4  # gradcheck's finite differences stay away from finfo.min's rounding
@@ -325,10 +323,6 @@ def test_additive_key_mask_opcheck_gradcheck_and_the_sdpa_fallback_backward():
     out, lse = ATTENTION(*plain, None, mask, **full)
     grad = torch.randn_like(out)
     torch.library.opcheck(BACKWARD, (grad, *plain, out, lse, None, None, mask), full)
-    got = sdpa_fallback.backward_by_recomputation(grad, *plain, None, mask, **full)
-    expected = reference.attention_backward(grad, *plain, out, lse, None, seqused_k=None, key_mask=mask, **full)
-    for g, e in zip(got, expected):
-        torch.testing.assert_close(g, e)
 
 
 def test_key_mask_must_be_bool_b_by_sk():

@@ -159,9 +159,9 @@ attention_out_contiguous: f32[2, 4, 9, 16] = .contiguous(attention_out)""")
         self.assertEqual(rec.reasons, ["q, k, v dtypes differ (torch.float32, torch.float32, torch.bfloat16)"])
 
     def test_a_float_mask_input_becomes_sdpa_with_the_mask(self):
-        """A float mask input added to the scores, any values (HF's eager-code mask built outside the forward, in
-        static-cache generate): the SDPA call with that mask, which computes what eager does; the op takes boolean
-        masks only."""
+        """A float [Sq, Sk] mask input added to the scores, any values: the SDPA call with that mask (floored at
+        `ADDITIVE_FLOOR`, where CUDA's kernels still average V over a row of finfo.min), which computes what eager
+        does; the op takes an additive mask of generate's 4-D shapes only."""
         def fn(q, k, v, m):
             return torch.softmax(q @ k.mT * 0.25 + m, -1) @ v
 
@@ -172,10 +172,11 @@ attention_out_contiguous: f32[2, 4, 9, 16] = .contiguous(attention_out)""")
         torch.testing.assert_close(out.double(), fn(q.double(), k.double(), v.double(), m.double()), atol=1e-5,
                                    rtol=1e-5)
         self.assertExpectedInline(rec.summary, """\
-sdpa_mask_input: f32[2, 4, 6, 16] = scaled_dot_product_attention(q, k, v, attn_mask=m, scale=0.25)
+mask_floored: f32[6, 6] = .clamp_min(m, -1.70141e+38)
+sdpa_mask_input: f32[2, 4, 6, 16] = scaled_dot_product_attention(q, k, v, attn_mask=mask_floored, scale=0.25)
 attention_out_contiguous: f32[2, 4, 6, 16] = .contiguous(sdpa_mask_input)""")
 
-    def test_a_decode_steps_float_mask_input_goes_to_the_op_with_the_option(self):
+    def test_a_decode_steps_float_mask_input_goes_to_the_op(self):
         """`additive_masks_on_op`: one query over a cache of 9 keys, repeated K/V, a softcap and a float mask input
         [B, 1, 1, Sk] added to the scores: the op with the mask as its additive [B, Sk] key_mask, K/V un-repeated."""
         def step(q, k, v, m):
@@ -185,7 +186,7 @@ attention_out_contiguous: f32[2, 4, 6, 16] = .contiguous(sdpa_mask_input)""")
 
         q, k, v = torch.randn(2, 4, 1, 16), torch.randn(2, 2, 9, 16), torch.randn(2, 2, 9, 16)
         m = (torch.randn(2, 1, 1, 12) * 3).masked_fill(torch.rand(2, 1, 1, 12) < 0.3, torch.finfo(torch.float32).min)
-        rec, out = compile_and_record(step, q, k, v, m, additive_masks_on_op=True)
+        rec, out = compile_and_record(step, q, k, v, m)
         self.assertEqual(rec.count(), 1)
         expected = step(q.double(), k.double(), v.double(), m.double().clamp_min(-1e300))
         torch.testing.assert_close(out.double(), expected, atol=1e-5, rtol=1e-5)
@@ -194,10 +195,10 @@ getitem: f32[2, 9] = getitem(getitem(m, (:, :, :, :9)), (:, 0, 0))
 fa4_attention: (f32[2, 4, 1, 16], f32[2, 4, 1]) = fa4.attention(q, k, v, None, getitem, scale=0.25, softcap=30)
 attention_out: f32[2, 4, 1, 16] = getitem(fa4_attention, 0)
 attention_out_contiguous: f32[2, 4, 1, 16] = .contiguous(attention_out)""")
-        rec, _ = compile_and_record(step, q, k, v, m)  # the option off: kept (SDPA has no softcap)
+        rec, _ = compile_and_record(step, q, k, v, m, additive_masks_on_op=False)  # kept (SDPA has no softcap)
         self.assertEqual(rec.count(), 0)
 
-    def test_a_prefills_float_mask_input_goes_to_the_op_with_the_option(self):
+    def test_a_prefills_float_mask_input_goes_to_the_op(self):
         """`additive_masks_on_op`: a prefill of 5 queries over a static cache of 8 keys, repeated K/V and generate's
         float mask input [1, 1, Sq, Sk] (left-padded causal, 0 and finfo.min): the op with an additive [B, Sq, Sk]
         key_mask copied by `fa4::key_mask` (which the op reads on the host, kernels/attention.py); K/V
@@ -210,7 +211,7 @@ attention_out_contiguous: f32[2, 4, 1, 16] = .contiguous(attention_out)""")
         visible = torch.ones(5, 8, dtype=torch.bool).tril()
         visible[:, :2] = False  # two pad tokens: rows 0 and 1 see no key
         m = torch.zeros(1, 1, 5, 8).masked_fill(~visible, torch.finfo(torch.float32).min)
-        rec, out = compile_and_record(prefill, q, k, v, m, additive_masks_on_op=True)
+        rec, out = compile_and_record(prefill, q, k, v, m)
         self.assertEqual(rec.count(), 1)
         torch.testing.assert_close(out, prefill(q, k, v, m), atol=1e-5, rtol=1e-5)
         self.assertExpectedInline(rec.summary, """\
@@ -225,7 +226,7 @@ attention_out_contiguous: f32[2, 4, 5, 16] = .contiguous(attention_out)""")
             k, v = k.repeat_interleave(2, dim=1), v.repeat_interleave(2, dim=1)
             return torch.softmax(torch.tanh(q @ k.mT * 0.25 / 30.0) * 30.0 + m, -1) @ v
 
-        rec, _ = compile_and_record(capped, q, k, v, m, additive_masks_on_op=True)
+        rec, _ = compile_and_record(capped, q, k, v, m)
         self.assertEqual(rec.count(), 0)
         self.assertIn("with a softcap, which SDPA has not", rec.reasons[0])
 

@@ -124,20 +124,24 @@ def test_generate_with_a_static_cache_decodes_through_the_op(name):
 @pytest.mark.parametrize("name", ["llama", *(pytest.param(name, marks=pytest.mark.slow)
                                               for name in ("qwen3", "qwen2", "mistral", "phi3", "gpt_neox", "gpt2",
                                                            "gemma2"))])
-def test_generate_with_a_static_cache_in_eager_code_passes_its_mask_to_sdpa(name):
+def test_generate_with_a_static_cache_in_eager_code_takes_its_mask_input_to_the_op(name):
     """Eager attention code under `generate(cache_implementation="static")`: the prefill and every decode step get
-    generate's float [B, 1, Sq, Sk] mask as a graph input (0 / finfo.min, but nothing in the graph says so). Each
-    layer becomes the SDPA call with that mask as given (what eager computes, for any values), not eager's matmuls
-    and softmax; Gemma-2's softcap has no SDPA spelling, so its layers stay as written, with the reason. A
-    left-padded batch generates the same tokens and scores as without compiling."""
+    generate's float mask as a graph input ([B, 1, Sq, Sk], [B, 1, 1, Sk]: 0 / finfo.min, but nothing in the graph
+    says so). Each layer goes to the op with the mask as its additive key_mask and K/V un-repeated, not eager's
+    matmuls and softmax; but Gemma-2's prefill, kept as written with the reason (a softcap: the op would run the
+    reference where FA4 does not take the mask). A left-padded batch generates the same tokens and scores as
+    without compiling."""
     model = tiny(name, "eager").model
     recorder = eager_code_static_generate(model, Recorder())
+    layers = model.config.num_hidden_layers
+    on_op = recorder.records[layers:] if name == "gemma2" else recorder.records
+    config = model.config
+    grouped = getattr(config, "num_key_value_heads", None) not in (None, config.num_attention_heads)
+    assert all("key_mask=additive mask input" in r.detail and ("folded" in r.detail) == grouped for r in on_op), on_op
+    assert recorder.count() == len(on_op)
     if name == "gemma2":
-        assert all("the mask is the graph input" in reason for reason in recorder.reasons) and \
-            len(recorder.reasons) == len(recorder.records), recorder.records
-    else:
-        assert all(r.rewritten and r.detail.endswith(ADDITIVE_INPUT_ON_SDPA) for r in recorder.records), \
-            recorder.records
+        assert all("the mask is the graph input" in r and "softcap" in r for r in recorder.reasons) and \
+            len(recorder.reasons) == layers, recorder.records
 
 
 def eager_code_static_generate(model, recorder: Recorder) -> Recorder:
@@ -165,20 +169,12 @@ def eager_code_static_generate(model, recorder: Recorder) -> Recorder:
     return recorder
 
 
-@pytest.mark.parametrize("name", ["llama", pytest.param("gemma2", marks=pytest.mark.slow)])
-def test_eager_code_generate_takes_the_mask_input_on_the_op_with_the_option(name):
-    """`backend(additive_masks_on_op=True)`: each layer of generate's prefill (the float [B, 1, Sq, Sk] mask input)
-    and decode steps ([B, 1, 1, Sk]) goes to the op with the mask as its additive key_mask and K/V un-repeated; but
-    Gemma-2's prefill, kept as written (a softcap: the op would run the reference where FA4 does not take the mask).
-    Same tokens and scores as uncompiled."""
-    model = tiny(name, "eager").model
-    recorder = eager_code_static_generate(model, Recorder(additive_masks_on_op=True))
-    layers = model.config.num_hidden_layers
-    on_op = recorder.records if name == "llama" else recorder.records[layers:]
-    assert all("key_mask=additive mask input" in r.detail and "repeat_kv folded" in r.detail for r in on_op), on_op
-    assert recorder.count() == len(on_op)
-    if name == "gemma2":
-        assert all("softcap" in r.detail for r in recorder.records[:layers]), recorder.records
+def test_eager_code_generate_passes_its_mask_input_to_sdpa_with_the_option_off():
+    """`backend(additive_masks_on_op=False)`: each layer of generate's prefill and decode steps becomes the SDPA call
+    with the mask (floored, lowering/crossover.py) as given, which computes what eager does for any values."""
+    model = tiny("llama", "eager").model
+    recorder = eager_code_static_generate(model, Recorder(additive_masks_on_op=False))
+    assert all(r.rewritten and r.detail.endswith(ADDITIVE_INPUT_ON_SDPA) for r in recorder.records), recorder.records
 
 
 def test_generate_compiling_its_decode_step_with_a_configured_backend_compiles_once():
@@ -189,7 +185,7 @@ def test_generate_compiling_its_decode_step_with_a_configured_backend_compiles_o
 
     model = tiny("llama", "eager").model
     ids = torch.randint(1, 100, (2, 7), generator=torch.Generator().manual_seed(3))
-    recorder = Recorder(additive_masks_on_op=True)
+    recorder = Recorder()
     config = CompileConfig(backend=recorder)
     config._compile_all_devices = True  # HF compiles on GPUs only by default
     kwargs = dict(max_new_tokens=3, do_sample=False, cache_implementation="static", pad_token_id=0)
