@@ -13,7 +13,10 @@ each in 0..Sk (checked on the CPU; on CUDA a check would cost a host sync, and v
 key j from query row i where key_mask[b, i, j] is False (a boolean mask per query row, HF's prefill mask
 built outside the forward). A key_mask in q's dtype is added to the scaled, soft-capped
 scores instead, any values (eager attention code's mask built outside the forward): decode-shaped calls run it on
-our decode kernel, the others on the SDPA fallback (without a softcap) or the reference.
+our decode kernel; a [B, Sq, Sk] one of 0 and finfo.min (bfloat16, float32) is read on the host as the boolean
+ones are, and runs FA4 when it is a left-padded causal prefix, the rows that see no key then set as eager's
+(`_blind_rows_as_mean`); the others run on the SDPA fallback (without a softcap) or the reference. Their backward
+runs the reference.
 Inputs the kernels cannot take are errors, never reinterpreted: dtypes other than float16, bfloat16,
 float32, float64; head dims outside 8..256 or not a multiple of 8; scale <= 0; softcap < 0; windows < -1.
 
