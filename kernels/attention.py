@@ -237,7 +237,10 @@ class KeyMaskForm(NamedTuple):
     causal_keys: Optional[int] = None
     """With `padded`: a [B, Sq, Sk] mask that is a causal self-attention over the first Sq keys (Sq == this),
     left-padded, hiding the rest (HF's prefill over an empty static cache, or with Sq == Sk the mask HF builds
-    outside a compiled layer): run on k, v[:, :, :Sq], causal."""
+    outside a compiled layer): run on k, v[:, :, :Sq], causal, with `window_left`."""
+    window_left: int = -1
+    """With `causal_keys`: each query row sees at most this many keys before its own (a sliding-window layer's mask;
+    -1: no window)."""
 
 
 RIGHT_PADDING_ON_FA4 = True
@@ -245,7 +248,7 @@ RIGHT_PADDING_ON_FA4 = True
 against FA4's varlen semantics and on the H200 (tests/test_gpu_fa4.py, `test_padding_runs_fa4_varlen`,
 docs/benchmarks.md session 10). False sends such masks to the SDPA fallback with the mask."""
 
-_LAST_FORM: list = []  # [(weak key mask, its version, weak seqused_k, flags), the form's kind]
+_LAST_FORM: list = []  # [(weak key mask, its version, weak seqused_k, flags), (the form's kind, its window)]
 
 
 def key_mask_form(q: Tensor, k: Tensor, seqused_k: Optional[Tensor], key_mask: Optional[Tensor], flags: dict
@@ -269,11 +272,12 @@ def key_mask_form(q: Tensor, k: Tensor, seqused_k: Optional[Tensor], key_mask: O
         (mask, version, used, same_flags), remembered = _LAST_FORM
         if mask() is key_mask and version == _version(key_mask) and (used() if used else None) is seqused_k \
                 and same_flags == flags:
-            kind = remembered
+            kind, window_left = remembered
     if kind is None:
-        kind = _mask_kind(q, k, seqused_k, key_mask, flags)
+        kind, window_left = _mask_kind(q, k, seqused_k, key_mask, flags)
         _LAST_FORM[:] = [(weakref.ref(key_mask), _version(key_mask),
-                          weakref.ref(seqused_k) if seqused_k is not None else None, dict(flags)), kind]
+                          weakref.ref(seqused_k) if seqused_k is not None else None, dict(flags)),
+                         (kind, window_left)]
     if kind == "hides nothing":
         return KeyMaskForm(seqused_k, None)
     if kind == "right padding":
@@ -284,7 +288,8 @@ def key_mask_form(q: Tensor, k: Tensor, seqused_k: Optional[Tensor], key_mask: O
         return KeyMaskForm(None, None, ("right", _lengths(key_mask)))
     if kind == "causal prefix, left padding":
         sq = key_mask.shape[1]
-        return KeyMaskForm(None, None, ("left", sq - _lengths(_visible(key_mask[:, -1, :sq]))), causal_keys=sq)
+        return KeyMaskForm(None, None, ("left", sq - _lengths(_diagonal(key_mask))), causal_keys=sq,
+                           window_left=window_left)
     return KeyMaskForm(seqused_k, key_mask)
 
 
@@ -293,17 +298,28 @@ def _lengths(key_mask: Tensor) -> Tensor:
     return key_mask.sum(-1, dtype=torch.int32)
 
 
+def _diagonal(key_mask: Tensor) -> Tensor:
+    """[B, Sq] whether query row i of a [B, Sq, Sk] mask sees key i: in a left-padded causal prefix, the rows from
+    the sequence's first token on."""
+    return _visible(torch.diagonal(key_mask, dim1=1, dim2=2))
+
+
 def _visible(key_mask: Tensor) -> Tensor:
     """The keys a boolean mask shows, or those an additive one adds 0 to (`_reads_mask_form` reads an additive mask
     only where its other values are finfo.min, which hides a key as False does)."""
     return key_mask == 0 if reference.is_additive(key_mask) else key_mask
 
 
-def _mask_kind(q, k, seqused_k, key_mask, flags) -> str:
+def _mask_kind(q, k, seqused_k, key_mask, flags) -> tuple[str, int]:
     """Which `key_mask_form` a mask has ("hides nothing", "right padding", "left padding", "right padding,
-    causal", "causal prefix, left padding" or "kept"), read on the host."""
-    if key_mask.dim() == 3:
-        return _per_query_mask_kind(seqused_k, key_mask, flags)
+    causal", "causal prefix, left padding" or "kept"), read on the host, and its window (-1 but for the
+    causal prefix)."""
+    return _per_query_mask_kind(seqused_k, key_mask, flags) if key_mask.dim() == 3 else \
+        (_padding_mask_kind(q, k, seqused_k, key_mask, flags), -1)
+
+
+def _padding_mask_kind(q, k, seqused_k, key_mask, flags) -> str:
+    """`_mask_kind` of a [B, Sk] mask."""
     lengths = _lengths(key_mask)
     positions = torch.arange(key_mask.shape[1], device=key_mask.device)
     unused = positions >= seqused_k[:, None] if seqused_k is not None else torch.zeros_like(key_mask)
@@ -333,22 +349,30 @@ def _is_left_padding(key_mask: Tensor, lengths: Tensor) -> Tensor:
     return (key_mask == (positions >= key_mask.shape[1] - lengths[:, None])).all()
 
 
-def _per_query_mask_kind(seqused_k, key_mask, flags) -> str:
-    """"causal prefix, left padding" when a [B, Sq, Sk] mask (on a call with no band or seqused_k) hides every key
-    from Sq on and its first Sq columns are `tril & its last row`, that row left padding: a causal self-attention
-    over the first Sq keys with left padding, which FA4 runs as varlen segments; else "kept". An additive mask is
-    read so only when its every value is 0 (shows the key) or finfo.min (hides it)."""
+def _per_query_mask_kind(seqused_k, key_mask, flags) -> tuple[str, int]:
+    """("causal prefix, left padding", window_left) when a [B, Sq, Sk] mask (on a call with no band or seqused_k)
+    hides every key from Sq on and its first Sq columns are a causal band, left-padded: query row i of a sequence
+    whose tokens start at s sees keys max(s, i - window_left)..i (no window: -1; window_left + 1 is the most keys a
+    row sees, a sliding-window layer's window where that is shorter than Sq), which FA4 runs as varlen segments;
+    else ("kept", -1). An additive mask is read so only when its every value is 0 (shows the key) or finfo.min
+    (hides it)."""
     sq, sk = key_mask.shape[1:]
     if seqused_k is not None or Flags(**flags).banded or sq > sk:
-        return "kept"
+        return "kept", -1
     visible = _visible(key_mask)
-    head, last = visible[:, :, :sq], visible[:, -1:, :sq]
-    causal = torch.ones(sq, sq, dtype=torch.bool, device=key_mask.device).tril()
-    checks = [~visible[:, :, sq:].any(), (head == (causal & last)).all(),
-              _is_left_padding(last[:, 0], _lengths(last[:, 0]))]
+    head = visible[:, :, :sq]
+    rows = torch.arange(sq, device=key_mask.device)
+    starts = sq - _lengths(_diagonal(key_mask))
+    window = head.sum(-1, dtype=torch.int32).amax()
+    behind = rows[:, None] - rows[None, :]
+    band = (behind >= 0) & (behind < window) & (rows[None, None, :] >= starts[:, None, None])
+    checks = [~visible[:, :, sq:].any(), (head == band).all()]
     if reference.is_additive(key_mask):
         checks.append((visible | (key_mask == torch.finfo(key_mask.dtype).min)).all())
-    return "causal prefix, left padding" if all(torch.stack(checks).tolist()) else "kept"
+    *passed, window = torch.stack([*checks, window]).tolist()  # one sync
+    if not all(passed):
+        return "kept", -1
+    return "causal prefix, left padding", window - 1 if window < sq else -1
 
 
 def _version(t: Tensor) -> Optional[int]:
@@ -386,10 +410,10 @@ def _attention_cuda(q, k, v, seqused_k=None, key_mask=None, **flags):
         form = key_mask_form(q, k, seqused_k, key_mask, flags)
         if form.causal_keys is not None:
             prefix = [t[:, :, :form.causal_keys] for t in (k, v)]
-            causal = {**flags, "causal": True}
+            causal = {**flags, "causal": True, "window_left": form.window_left}
             if _route(q, *prefix, None, None, causal) is routes.FA4:
-                log.debug("fa4::attention q%s: a mask per query row read as a causal prefix of %d keys, left-padded: "
-                          "FA4 varlen", tuple(q.shape), form.causal_keys)
+                log.debug("fa4::attention q%s: a mask per query row read as a causal prefix of %d keys, left-padded, "
+                          "window %d: FA4 varlen", tuple(q.shape), form.causal_keys, form.window_left)
                 out, lse = fa4.forward_padded(q, *prefix, *form.padded, **causal)
                 if reference.is_additive(key_mask):
                     _blind_rows_as_mean(out, lse, v, key_mask.dtype)
@@ -451,8 +475,8 @@ def _attention_backward_cuda(grad_out, q, k, v, out, lse, grad_lse=None, seqused
     if form.causal_keys is not None:
         # A mask per query row: FA4's backward when its causal prefix is every key (HF's training mask); over a
         # shorter prefix the gradients of the keys past it would be missing, and the mask stays.
+        padded_flags = {**flags, "causal": True, "window_left": form.window_left}
         form = form if form.causal_keys == k.shape[2] else KeyMaskForm(seqused_k, key_mask)
-        padded_flags = {**flags, "causal": True}
     if form.padded is not None and _backward_route(q, k, v, None, None, padded_flags) is routes.FA4:
         return fa4.backward_padded(grad_out, q, k, v, out, lse, grad_lse, *form.padded, **padded_flags)
     if form.padded is None:

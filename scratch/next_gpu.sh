@@ -1,5 +1,6 @@
-# Unrun GPU work (sessions 19-22), in priority order (session 23: `w`, `u`, then `v`, then `*` with MODELS=2048x4 and
-# 256x16; each with a timeout of 540-590 s; rows stream to the log as they are measured), split into calls of
+# Unrun GPU work (sessions 19-23), in priority order (session 24: `y`, the unpadded b8 x 128 row again (`u`'s first
+# command), `v`, `x`, then `*` with MODELS=2048x4 and 256x16; each with a timeout of 540-590 s; rows stream to the log
+# as they are measured), split into calls of
 # <= ~9 minutes (the first after .gpu/b's install).
 # Output goes to $OUT/log.txt. Have the next call ready: the machine goes back 30 s after a call, and a fresh one needs
 # .gpu/a and .gpu/b again. Run one part a call:  bash scratch/next_gpu.sh 1   (then 2, 3, ...)
@@ -54,6 +55,10 @@ w5) # session 23 after w3/w4: the additive backward on the reference, SDPA with 
     run timeout 150 $P -n 8 tests/test_gpu_decode.py tests/test_gpu_fa4.py -k "additive or key_mask or per_query"
     run timeout 100 python3 scratch/w3.py sdpa
     run timeout 280 python3 scratch/w3.py prefill "ours, option off|ours (option on)" ;;
+y)  # session 23: a sliding-window layer's prefill mask per query row read as FA4 varlen with its window (CPU-tested
+    # only): its GPU tests, then a Mistral of the Llama-1B shape with a 1024 window (scratch/sliding.py)
+    run timeout 150 $P -n 8 tests/test_gpu_fa4.py -k "per_query or additive"
+    run timeout 400 python3 scratch/sliding.py ;;
 u)  # session 22 left these: the Llama-1B shape's b8 x 128 / 512 padded rows after the crossover change (run 1:
     # b8 x 512 left-padded 0.77x on the op's SDPA fallback), then its decode rows at 2048 (b1, b8, padded)
     run timeout 280 python3 -c "from fa4_inductor import bench

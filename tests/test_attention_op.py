@@ -553,14 +553,29 @@ PER_QUERY_MASKS = {
     # Sq == Sk: the mask HF builds outside a compiled layer (FSDP2 per-layer units); the backward takes FA4 too
     "training mask, left-padded": (lambda: static_prefill_mask(torch.tensor([5, 2]), 5, 5), {}, "prefix"),
     "training mask, unpadded": (lambda: static_prefill_mask(torch.tensor([5, 5]), 5, 5), {}, "prefix"),
+    # a sliding-window layer's (Mistral, Gemma-2/3 under static-cache generate): each row sees its last 3 keys
+    "sliding window, left-padded": (lambda: static_prefill_mask(torch.tensor([5, 4]), 5, 5) & window_band(5, 3),
+                                    {}, "prefix, window 2"),
+    "sliding window over a static cache": (lambda: static_prefill_mask(torch.tensor([5, 2]), 5, 8)
+                                           & window_band(5, 2, 8), {}, "prefix, window 1"),
+    "a window wider on one row": (lambda: (static_prefill_mask(torch.tensor([5, 4]), 5, 5) & window_band(5, 3))
+                                  .index_put_((torch.tensor(0), torch.tensor(4), torch.tensor(1)), torch.tensor(True)),
+                                  {}, "kept"),
 }
+
+
+def window_band(sq, window, sk=None):
+    """[Sq, Sk] keys j with i - window < j <= i."""
+    behind = torch.arange(sq)[:, None] - torch.arange(sk or sq)[None, :]
+    return (behind >= 0) & (behind < window)
 
 
 @pytest.mark.parametrize("name", PER_QUERY_MASKS)
 def test_per_query_masks_that_fa4_can_take(name, monkeypatch):
     """`key_mask_form` reads a [B, Sq, Sk] mask: the static-cache prefill's becomes a left-padded causal attention
-    over the first Sq keys, which FA4 runs as varlen segments (here FA4's varlen interface on the CPU): the
-    same output and lse as the op with the mask. Anything else keeps its mask."""
+    over the first Sq keys (a sliding-window layer's with its window), which FA4 runs as varlen segments (here
+    FA4's varlen interface on the CPU): the same output and lse as the op with the mask. Anything else keeps its
+    mask."""
     from contextlib import nullcontext
 
     from fa4_inductor.kernels import fa4
@@ -574,9 +589,10 @@ def test_per_query_masks_that_fa4_can_take(name, monkeypatch):
         assert form.key_mask is mask and form.padded is None and form.causal_keys is None
         return
     assert form.key_mask is None and form.causal_keys == 5 and form.padded[0] == "left"
+    assert form.window_left == (int(expected.split()[-1]) if "window" in expected else -1)
     monkeypatch.setattr(fa4, "_require", VarlenFA4OnTheCPU)
     monkeypatch.setattr(fa4, "_device_guard", lambda t: nullcontext())
-    causal = {**full, "causal": True}
+    causal = {**full, "causal": True, "window_left": form.window_left}
     out, lse = fa4.forward_padded(q, k[:, :, :5], v[:, :, :5], *form.padded, **causal)
     expected_out, expected_lse = ATTENTION(q, k, v, None, mask, **full)
     torch.testing.assert_close(out, expected_out)
@@ -596,6 +612,8 @@ ADDITIVE_PREFILL_MASKS = {
     "all padding": (lambda hide: torch.zeros(2, 5, 8).masked_fill(hide | True, torch.finfo(torch.float32).min), True),
     "-inf hides": (lambda hide: torch.zeros(2, 5, 8).masked_fill(hide, float("-inf")), False),
     "a bias": (lambda hide: torch.full((2, 5, 8), 0.5).masked_fill(hide, torch.finfo(torch.float32).min), False),
+    "sliding window": (lambda hide: torch.zeros(2, 5, 8).masked_fill(hide | ~window_band(5, 2, 8),
+                                                                     torch.finfo(torch.float32).min), True),
 }
 
 
@@ -625,7 +643,8 @@ def test_an_additive_prefill_mask_of_zeros_and_finfo_min_runs_as_fa4_varlen(name
     assert form.key_mask is None and form.causal_keys == 5 and form.padded[0] == "left"
     monkeypatch.setattr(fa4, "_require", VarlenFA4OnTheCPU)
     monkeypatch.setattr(fa4, "_device_guard", lambda t: nullcontext())
-    out, lse = fa4.forward_padded(q, k[:, :, :5], v[:, :, :5], *form.padded, **{**full, "causal": True})
+    out, lse = fa4.forward_padded(q, k[:, :, :5], v[:, :, :5], *form.padded,
+                                  **{**full, "causal": True, "window_left": form.window_left})
     attention_op._blind_rows_as_mean(out, lse, v, mask.dtype)
     expected_out, expected_lse = ATTENTION(q, k, v, None, mask, **full)
     torch.testing.assert_close(out, expected_out)

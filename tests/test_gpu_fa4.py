@@ -450,16 +450,17 @@ def test_additive_static_prefill_mask_runs_fa4_with_eagers_blind_rows(monkeypatc
     torch.testing.assert_close(lse, lse64.float(), atol=1e-3, rtol=1e-3)
 
 
-@pytest.mark.parametrize("kind", ["static-prefill", "custom", "training"])
+@pytest.mark.parametrize("kind", ["static-prefill", "custom", "training", "sliding-window"])
 def test_per_query_mask_over_a_static_cache(kind, monkeypatch):
     """HF's prefill mask over an empty static cache ([B, Sq, Sk] key mask, left padding, slots from Sq on empty):
     read on the host, it runs FA4 as left-padded varlen segments over the cache's first Sq slots, causal, and the
     backward on the SDPA fallback with the mask; "training": Sq == Sk (the mask HF builds outside a compiled layer),
-    FA4's backward too; any other mask per query row runs on the SDPA fallback with its mask. Forward and backward by
-    the FA rule; blind rows zeros with lse -inf."""
+    FA4's backward too; "sliding-window": a sliding layer's prefill mask (Sq == Sk, each row its last 100 keys), FA4
+    with the window, forward and backward; any other mask per query row runs on the SDPA fallback with its mask.
+    Forward and backward by the FA rule; blind rows zeros with lse -inf."""
     monkeypatch.setattr(crossover, "GFLOP_BELOW", ())  # these shapes count as large here
     b, sq, d = 4, 500, 128
-    capacity = sq if kind == "training" else 1024
+    capacity = sq if kind in ("training", "sliding-window") else 1024
     q = qkv(b=b, sq=sq, group=4, requires_grad=True)[0]
     # K/V are the cache buffers, [B, Hkv, capacity, D] contiguous, prompt written in the first sq slots
     k, v = (torch.randn(b, HQ // 4, capacity, d, dtype=torch.bfloat16, device="cuda").requires_grad_()
@@ -471,6 +472,8 @@ def test_per_query_mask_over_a_static_cache(kind, monkeypatch):
             & ((j >= starts[:, None]) & (j < sq))[:, None, :])
     if kind == "custom":
         mask = mask | (torch.rand(b, sq, capacity, device="cuda") > 0.99)
+    if kind == "sliding-window":
+        mask = mask & (torch.arange(sq, device="cuda")[:, None] - j[None, :] < 100)
     calls = []
     for name in ("forward_padded", "backward_padded"):
         real = getattr(fa4, name)
@@ -478,7 +481,8 @@ def test_per_query_mask_over_a_static_cache(kind, monkeypatch):
                             or _real(*a, **kw))
     out, lse, lse64 = key_mask_call_by_fa_rule(q, k, v, mask, flags)
     expected = {"static-prefill": [("forward_padded", True)], "custom": [],
-                "training": [("forward_padded", True), ("backward_padded", True)]}[kind]
+                "training": [("forward_padded", True), ("backward_padded", True)],
+                "sliding-window": [("forward_padded", True), ("backward_padded", True)]}[kind]
     assert calls == expected, calls
     blind = torch.isinf(lse64)
     assert torch.equal(torch.isinf(lse), blind) and (kind == "custom" or blind.any())
