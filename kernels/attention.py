@@ -248,7 +248,17 @@ RIGHT_PADDING_ON_FA4 = True
 against FA4's varlen semantics and on the H200 (tests/test_gpu_fa4.py, `test_padding_runs_fa4_varlen`,
 docs/benchmarks.md session 10). False sends such masks to the SDPA fallback with the mask."""
 
-_LAST_FORM: list = []  # [(weak key mask, its version, weak seqused_k, flags), (the form's kind, its window)]
+class MaskKind(NamedTuple):
+    """What `_mask_kind` read off a mask (host values only: it is remembered past the call)."""
+
+    name: str  # "hides nothing", "right padding", "left padding", "right padding, causal", "causal prefix, left
+    # padding", "packed" or "kept"
+    window_left: int = -1  # "causal prefix, left padding": the most keys a row sees before its own (-1: any)
+    segments: Optional[tuple[tuple[int, ...], int]] = None  # "packed": the sequences' offsets in the [B * S]
+    # flattened tokens (and B * S), the longest one's length
+
+
+_LAST_FORM: list = []  # [(weak key mask, its version, weak seqused_k, flags), its MaskKind]
 
 
 def key_mask_form(q: Tensor, k: Tensor, seqused_k: Optional[Tensor], key_mask: Optional[Tensor], flags: dict
@@ -267,17 +277,17 @@ def key_mask_form(q: Tensor, k: Tensor, seqused_k: Optional[Tensor], key_mask: O
     tensor `fa4::key_mask` allocated (kernels/key_mask.py)."""
     if key_mask is None or (q.is_cuda and torch.cuda.is_current_stream_capturing()):
         return KeyMaskForm(seqused_k, key_mask)
-    kind = None
+    read = None
     if _LAST_FORM:
         (mask, version, used, same_flags), remembered = _LAST_FORM
         if mask() is key_mask and version == _version(key_mask) and (used() if used else None) is seqused_k \
                 and same_flags == flags:
-            kind, window_left = remembered
-    if kind is None:
-        kind, window_left = _mask_kind(q, k, seqused_k, key_mask, flags)
+            read = remembered
+    if read is None:
+        read = _mask_kind(q, k, seqused_k, key_mask, flags)
         _LAST_FORM[:] = [(weakref.ref(key_mask), _version(key_mask),
-                          weakref.ref(seqused_k) if seqused_k is not None else None, dict(flags)),
-                         (kind, window_left)]
+                          weakref.ref(seqused_k) if seqused_k is not None else None, dict(flags)), read]
+    kind = read.name
     if kind == "hides nothing":
         return KeyMaskForm(seqused_k, None)
     if kind == "right padding":
@@ -289,7 +299,11 @@ def key_mask_form(q: Tensor, k: Tensor, seqused_k: Optional[Tensor], key_mask: O
     if kind == "causal prefix, left padding":
         sq = key_mask.shape[1]
         return KeyMaskForm(None, None, ("left", sq - _lengths(_diagonal(key_mask))), causal_keys=sq,
-                           window_left=window_left)
+                           window_left=read.window_left)
+    if kind == "packed":
+        offsets, longest = read.segments
+        offsets = torch.tensor(offsets, dtype=torch.int32).to(key_mask.device, non_blocking=True)
+        return KeyMaskForm(None, None, ("packed", (offsets, longest)), causal_keys=key_mask.shape[1])
     return KeyMaskForm(seqused_k, key_mask)
 
 
@@ -310,12 +324,10 @@ def _visible(key_mask: Tensor) -> Tensor:
     return key_mask == 0 if reference.is_additive(key_mask) else key_mask
 
 
-def _mask_kind(q, k, seqused_k, key_mask, flags) -> tuple[str, int]:
-    """Which `key_mask_form` a mask has ("hides nothing", "right padding", "left padding", "right padding,
-    causal", "causal prefix, left padding" or "kept"), read on the host, and its window (-1 but for the
-    causal prefix)."""
+def _mask_kind(q, k, seqused_k, key_mask, flags) -> MaskKind:
+    """Which `key_mask_form` a mask has, read on the host."""
     return _per_query_mask_kind(seqused_k, key_mask, flags) if key_mask.dim() == 3 else \
-        (_padding_mask_kind(q, k, seqused_k, key_mask, flags), -1)
+        MaskKind(_padding_mask_kind(q, k, seqused_k, key_mask, flags))
 
 
 def _padding_mask_kind(q, k, seqused_k, key_mask, flags) -> str:
@@ -349,16 +361,21 @@ def _is_left_padding(key_mask: Tensor, lengths: Tensor) -> Tensor:
     return (key_mask == (positions >= key_mask.shape[1] - lengths[:, None])).all()
 
 
-def _per_query_mask_kind(seqused_k, key_mask, flags) -> tuple[str, int]:
-    """("causal prefix, left padding", window_left) when a [B, Sq, Sk] mask (on a call with no band or seqused_k)
-    hides every key from Sq on and its first Sq columns are a causal band, left-padded: query row i of a sequence
-    whose tokens start at s sees keys max(s, i - window_left)..i (no window: -1; window_left + 1 is the most keys a
-    row sees, a sliding-window layer's window where that is shorter than Sq), which FA4 runs as varlen segments;
-    else ("kept", -1). An additive mask is read so only when its every value is 0 (shows the key) or finfo.min
-    (hides it)."""
+def _per_query_mask_kind(seqused_k, key_mask, flags) -> MaskKind:
+    """A [B, Sq, Sk] mask on a call with no band or seqused_k, read on the host (one sync; two for "packed"):
+
+    - "causal prefix, left padding" when it hides every key from Sq on and its first Sq columns are a causal band,
+      left-padded: query row i of a sequence whose tokens start at s sees keys max(s, i - window_left)..i
+      (window_left + 1 is the most keys a row sees: a sliding-window layer's window where that is shorter than Sq;
+      else -1), which FA4 runs as varlen segments;
+    - "packed" when Sq == Sk and each row holds sequences back to back, each causal within itself, every query seeing
+      a key (HF's mask for packed sequences from position_ids; Llama 4's chunked layers): FA4 varlen, one segment a
+      sequence (`MaskKind.segments`);
+    - else "kept". An additive mask is read so only when its every value is 0 (shows the key) or finfo.min (hides
+      it)."""
     sq, sk = key_mask.shape[1:]
     if seqused_k is not None or Flags(**flags).banded or sq > sk:
-        return "kept", -1
+        return MaskKind("kept")
     visible = _visible(key_mask)
     head = visible[:, :, :sq]
     rows = torch.arange(sq, device=key_mask.device)
@@ -366,13 +383,22 @@ def _per_query_mask_kind(seqused_k, key_mask, flags) -> tuple[str, int]:
     window = head.sum(-1, dtype=torch.int32).amax()
     behind = rows[:, None] - rows[None, :]
     band = (behind >= 0) & (behind < window) & (rows[None, None, :] >= starts[:, None, None])
-    checks = [~visible[:, :, sq:].any(), (head == band).all()]
+    shared = [~visible[:, :, sq:].any()]
     if reference.is_additive(key_mask):
-        checks.append((visible | (key_mask == torch.finfo(key_mask.dtype).min)).all())
-    *passed, window = torch.stack([*checks, window]).tolist()  # one sync
-    if not all(passed):
-        return "kept", -1
-    return "causal prefix, left padding", window - 1 if window < sq else -1
+        shared.append((visible | (key_mask == torch.finfo(key_mask.dtype).min)).all())
+    checks = [(head == band).all()]
+    if sq == sk:
+        first = head.to(torch.uint8).argmax(-1)  # each row's first visible key: its sequence's first token
+        before = torch.cat([first[:, :1], first[:, :-1]], 1)
+        checks += [head.any(-1).all() & ((first == rows) | (first == before)).all()
+                   & (head == ((behind >= 0) & (rows[None, None, :] >= first[..., None]))).all()]
+    shared_ok, prefix, *packed, window = torch.stack([torch.stack(shared).all(), *checks, window]).tolist()
+    if shared_ok and prefix:
+        return MaskKind("causal prefix, left padding", window - 1 if window < sq else -1)
+    if shared_ok and packed and packed[0]:
+        flat = (first == rows).flatten().nonzero().flatten().tolist() + [first.numel()]
+        return MaskKind("packed", segments=(tuple(flat), max(b - a for a, b in zip(flat, flat[1:]))))
+    return MaskKind("kept")
 
 
 def _version(t: Tensor) -> Optional[int]:

@@ -223,11 +223,17 @@ def right_padding_as_varlen(lengths: Tensor, b: int, s: int) -> tuple[dict, dict
             dict(cu_seqlens_q=torch.cat([rows[:-1] + used, rows[-1:]]), seqused_q=s - used, **keys))
 
 
-def _padded_calls(side: str, positions: Tensor, b: int, s: int, flags: Flags) -> list[tuple[dict, dict]]:
+def _padded_calls(side: str, positions, b: int, s: int, flags: Flags) -> list[tuple[dict, dict]]:
     """(varlen arguments, kernel flags) of the FA4 calls that run a padded batch: `positions` are the first
-    visible keys (side "left") or the lengths (side "right", causal only)."""
+    visible keys (side "left"), the lengths (side "right", causal only), or (side "packed": sequences packed
+    back to back in each row, causal) the [segments + 1] int32 offsets of every sequence in the [B * S] flattened
+    tokens and the longest one's length."""
     if side == "left":
         return [(left_padding_as_varlen(positions, b, s, flags.banded), _kernel_flags(flags))]
+    if side == "packed":
+        offsets, longest = positions
+        return [(dict(cu_seqlens_q=offsets, cu_seqlens_k=offsets, max_seqlen_q=longest, max_seqlen_k=longest),
+                 _kernel_flags(flags))]
     valid, padding = right_padding_as_varlen(positions, b, s)
     return [(valid, _kernel_flags(flags)), (padding, _kernel_flags(flags._replace(causal=False)))]
 
@@ -238,10 +244,11 @@ def _flat(t: Tensor) -> Tensor:
     return t.reshape(t.shape[0] * t.shape[1], *t.shape[2:])
 
 
-def forward_padded(q: Tensor, k: Tensor, v: Tensor, side: str, positions: Tensor, **flags) -> tuple[Tensor, Tensor]:
+def forward_padded(q: Tensor, k: Tensor, v: Tensor, side: str, positions, **flags) -> tuple[Tensor, Tensor]:
     """FA4 forward of a self-attention (Sq == Sk) whose key mask is padding, run as varlen segments over the
     padded buffer (`_padded_calls`): no copy of Q/K/V, no mask. Left padding: query rows that see no key get
-    zeros and an lse of -inf, as the op's contract says; right padding (causal): every row sees a key."""
+    zeros and an lse of -inf, as the op's contract says; right padding (causal) and packed sequences: every row sees
+    a key."""
     flags = Flags(**flags)
     fa = _require()
     b, hq, s, _ = q.shape
@@ -256,7 +263,7 @@ def forward_padded(q: Tensor, k: Tensor, v: Tensor, side: str, positions: Tensor
 
 
 def backward_padded(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
-                    grad_lse: Optional[Tensor], side: str, positions: Tensor, **flags) -> tuple[Tensor, Tensor, Tensor]:
+                    grad_lse: Optional[Tensor], side: str, positions, **flags) -> tuple[Tensor, Tensor, Tensor]:
     """FA4 backward of `forward_padded`; gradients of padded key slots are zero. With two calls (right padding)
     each writes its own zeroed gradients, summed: both reach the same keys."""
     flags = Flags(**flags)

@@ -402,11 +402,11 @@ class VarlenFA4OnTheCPU:
     (does not add) the gradients of its rows."""
 
     @staticmethod
-    def _segments(cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, **_):
+    def _segments(cu_seqlens_q, cu_seqlens_k, seqused_q=None, seqused_k=None, **_):
         for i in range(len(cu_seqlens_q) - 1):
             q0, k0 = int(cu_seqlens_q[i]), int(cu_seqlens_k[i])
             nq = int(seqused_q[i]) if seqused_q is not None else int(cu_seqlens_q[i + 1]) - q0
-            nk = int(seqused_k[i])
+            nk = int(seqused_k[i]) if seqused_k is not None else int(cu_seqlens_k[i + 1]) - k0
             if nq and nk:
                 yield slice(q0, q0 + nq), slice(k0, k0 + nk)
 
@@ -421,7 +421,7 @@ class VarlenFA4OnTheCPU:
         return t[rows].transpose(0, 1)[None]
 
     def _flash_attn_fwd(self, q, k, v, *, out, lse, return_lse, max_seqlen_q, max_seqlen_k, **kw):
-        varlen = {n: kw.pop(n) for n in ("cu_seqlens_q", "cu_seqlens_k", "seqused_q", "seqused_k")}
+        varlen = {n: kw.pop(n, None) for n in ("cu_seqlens_q", "cu_seqlens_k", "seqused_q", "seqused_k")}
         for qr, kr in self._segments(**varlen):
             o, l = reference.attention_forward(self._seq(q, qr), self._seq(k, kr), self._seq(v, kr), seqused_k=None,
                                                **self._flags(**kw))
@@ -429,7 +429,7 @@ class VarlenFA4OnTheCPU:
             lse[:, qr] = l[0].float()
 
     def _flash_attn_bwd(self, q, k, v, out, dout, lse, *, dq, dk, dv, dlse, max_seqlen_q, max_seqlen_k, **kw):
-        varlen = {n: kw.pop(n) for n in ("cu_seqlens_q", "cu_seqlens_k", "seqused_q", "seqused_k")}
+        varlen = {n: kw.pop(n, None) for n in ("cu_seqlens_q", "cu_seqlens_k", "seqused_q", "seqused_k")}
         for qr, kr in self._segments(**varlen):
             grads = reference.attention_backward(
                 self._seq(dout, qr), self._seq(q, qr), self._seq(k, kr), self._seq(v, kr), self._seq(out, qr),
@@ -558,10 +558,24 @@ PER_QUERY_MASKS = {
                                     {}, "prefix, window 2"),
     "sliding window over a static cache": (lambda: static_prefill_mask(torch.tensor([5, 2]), 5, 8)
                                            & window_band(5, 2, 8), {}, "prefix, window 1"),
+    # sequences packed back to back (HF's mask from position_ids; Llama 4's chunks): FA4 varlen, one segment each
+    "packed sequences": (lambda: torch.stack([packed_mask([2, 3]), packed_mask([5])]), {}, "packed 0 2 5 10 5"),
+    "chunks of 2": (lambda: torch.stack([packed_mask([2, 2, 1])] * 2), {}, "packed 0 2 4 5 7 9 10 2"),
+    "packed, a row seeing no key": (lambda: torch.stack([packed_mask([2, 3]), packed_mask([5])])
+                                    .index_put_((torch.tensor(1), torch.tensor(3)), torch.tensor(False)), {}, "kept"),
+    "packed, a sequence seeing the one before": (lambda: torch.stack([packed_mask([2, 3]), packed_mask([5])])
+                                                 .index_put_((torch.tensor(0), torch.tensor(3), torch.tensor(1)),
+                                                             torch.tensor(True)), {}, "kept"),
     "a window wider on one row": (lambda: (static_prefill_mask(torch.tensor([5, 4]), 5, 5) & window_band(5, 3))
                                   .index_put_((torch.tensor(0), torch.tensor(4), torch.tensor(1)), torch.tensor(True)),
                                   {}, "kept"),
 }
+
+
+def packed_mask(lengths):
+    """[S, S] causal within each of the sequences of these lengths, placed back to back."""
+    ids = torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor(lengths))
+    return (ids[:, None] == ids[None, :]) & torch.ones(len(ids), len(ids), dtype=torch.bool).tril()
 
 
 def window_band(sq, window, sk=None):
@@ -573,9 +587,10 @@ def window_band(sq, window, sk=None):
 @pytest.mark.parametrize("name", PER_QUERY_MASKS)
 def test_per_query_masks_that_fa4_can_take(name, monkeypatch):
     """`key_mask_form` reads a [B, Sq, Sk] mask: the static-cache prefill's becomes a left-padded causal attention
-    over the first Sq keys (a sliding-window layer's with its window), which FA4 runs as varlen segments (here
-    FA4's varlen interface on the CPU): the same output and lse as the op with the mask. Anything else keeps its
-    mask."""
+    over the first Sq keys (a sliding-window layer's with its window), and one of sequences packed back to back a
+    causal attention within each, which FA4 runs as varlen segments (here FA4's varlen interface on the CPU): the
+    same output and lse as the op with the mask, and the same gradients where the keys are all in the prefix.
+    Anything else keeps its mask."""
     from contextlib import nullcontext
 
     from fa4_inductor.kernels import fa4
@@ -588,7 +603,12 @@ def test_per_query_masks_that_fa4_can_take(name, monkeypatch):
     if expected == "kept":
         assert form.key_mask is mask and form.padded is None and form.causal_keys is None
         return
-    assert form.key_mask is None and form.causal_keys == 5 and form.padded[0] == "left"
+    assert form.key_mask is None and form.causal_keys == 5
+    if expected.startswith("packed"):
+        *offsets, longest = (int(n) for n in expected.split()[1:])
+        assert form.padded[0] == "packed" and form.padded[1][0].tolist() == offsets and form.padded[1][1] == longest
+    else:
+        assert form.padded[0] == "left"
     assert form.window_left == (int(expected.split()[-1]) if "window" in expected else -1)
     monkeypatch.setattr(fa4, "_require", VarlenFA4OnTheCPU)
     monkeypatch.setattr(fa4, "_device_guard", lambda t: nullcontext())
