@@ -41,6 +41,13 @@ class Options:
     mask (floored) as given, Gemma-2 as written (no softcap). H200, Llama-1B shape, eager code (session 23): padded
     prefill 33.0 against 46.2 ms off (89.4 default compile), generate 1269 against 1069 tokens/s (1010)."""
 
+    run_time_masks: bool = False
+    """A boolean SDPA mask [B or 1, 1, Sq, Sk] that the graph does not prove a band or padding (HF's mask for packed
+    sequences from explicit position_ids, Llama 4's chunked layers over more than a chunk) reaches the op as its key
+    mask per query row, exact for any contents; the op reads it on the host (a sync a forward) and runs FA4 varlen
+    where it is sequences packed back to back, a left-padded causal band or a sliding window, else the SDPA
+    fallback with it. Off: such calls stay as written. Off until measured on the H200."""
+
     small_calls_to_sdpa: bool = True
     """On CUDA, leave small attentions in host-bound graphs (lowering/crossover.py: self-attention by FLOP, and
     decode steps by the bytes a graph moves per attention) on PyTorch's SDPA, whose C++ host path beats the op's

@@ -192,16 +192,22 @@ def require_square(scores_shape, what: str) -> None:
                       "hand-written masks align top-left, FA4 bottom-right")
 
 
-def mask_flags(kind: str, mask, constants, scores_shape, fill=None) -> tuple[Band, float | None]:
-    """The visible keys of one masking step and the score its hidden keys get (see `keep_band`)."""
+def mask_flags(kind: str, mask, constants, scores_shape, fill=None, run_time_masks: bool = False
+               ) -> tuple[Band, float | None]:
+    """The visible keys of one masking step and the score its hidden keys get (see `keep_band`). With
+    `run_time_masks`, a boolean SDPA mask it cannot prove is the op's key mask per query row (`run_time_mask`)."""
     try:
         band, hidden = keep_band(kind, mask, constants, fill)
     except ValuesUnknown as e:
         if kind == "additive" and isinstance(mask, Node):
             _check_broadcast(shape(mask), scores_shape)
             raise AdditiveInput(f"mask not recognized: {e}", mask) from None
+        if run_time_masks and (keys := run_time_mask(kind, mask, scores_shape)) is not None:
+            return Band(keys=keys), None
         raise Decline(f"mask not recognized: {e}") from None
     except MaskNotUnderstood as e:
+        if run_time_masks and (keys := run_time_mask(kind, mask, scores_shape)) is not None:
+            return Band(keys=keys), None
         raise Decline(f"mask not recognized: {e}") from None
     if not isinstance(mask, Node):
         return band, hidden
@@ -213,6 +219,22 @@ def mask_flags(kind: str, mask, constants, scores_shape, fill=None) -> tuple[Ban
         if not same and (band.bounded or not broadcasts_last_two_dims(mshape, scores_shape)):
             raise Decline(f"mask not recognized: its last dims {mshape[-2:]} are not the scores' {scores_shape[-2:]}")
     return band, hidden
+
+
+def run_time_mask(kind: str, mask, scores_shape) -> KeyMask | None:
+    """A boolean SDPA mask [B or 1, 1, Sq, Sk] on the scores' last two dims, as the op's key mask per query row
+    (exact for any contents: the op reads it on the host, FA4 where it has a form FA4 takes, such as HF's packed
+    sequences from position_ids or Llama 4's chunks, else the SDPA fallback with it); None for any other mask."""
+    if kind != "bool" or not isinstance(mask, Node):
+        return None
+    mshape = shape(mask)
+    if len(mshape) != 4 or len(scores_shape) != 4 or not same_size(mshape[1], 1):
+        return None
+    if not (same_size(mshape[0], 1) or equal_size(mshape[0], scores_shape[0])):
+        return None
+    if same_size(mshape[2], 1) or not (equal_size(mshape[2], scores_shape[2]) and equal_size(mshape[3], scores_shape[3])):
+        return None
+    return KeyMask(mask, plane=True, per_query=True)
 
 
 def _check_broadcast(mshape, scores_shape) -> None:

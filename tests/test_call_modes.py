@@ -27,6 +27,7 @@ import torch.nn.functional as F
 
 import upstream
 from fa4_inductor import hf
+from fa4_inductor.kernels import attention as attention_op, reference
 from helpers import Recorder, compile_and_run, tiny
 
 FAMILIES = ["llama", "qwen3", "mistral", "gemma2"]  # gemma2: softcap, sliding and full layers; eager code only
@@ -163,6 +164,32 @@ def test_position_ids_without_cache_or_mask_stay_as_written(impl):
     assert all("the graph input l_kwargs_position_ids_" in r for r in recorder.reasons), recorder.reasons
 
 
+@pytest.mark.parametrize("impl", ["sdpa"])
+def test_packed_sequences_reach_the_op_with_run_time_masks(impl, monkeypatch):
+    """`backend(run_time_masks=True)`: packed sequences from explicit position_ids (HF's mask, values known at run
+    time only) reach every layer of the op as its key mask per query row, in inference and in a training step
+    (outputs and gradients equal to eager); the op reads that mask on the host as sequences packed back to back
+    (`MaskKind.segments`: FA4 varlen on CUDA)."""
+    model = tiny("llama", impl)
+    kwargs = {**model.inputs(), "use_cache": False}
+    seq = kwargs["input_ids"].shape[1]
+    kwargs["position_ids"] = torch.cat([torch.arange(5), torch.arange(seq - 5)]).expand(2, -1)
+    masks = []
+    real = reference.forward
+    monkeypatch.setattr(reference, "forward", lambda *a, **kw: masks.append(a[4]) or real(*a, **kw))
+    recorder, got = compile_and_run(model.forward, kwargs, run_time_masks=True)
+    assert_every_layer_rewritten(recorder, model)
+    assert all("key_mask=mask per query row" in r.detail for r in recorder.records), recorder.records
+    with torch.no_grad():
+        torch.testing.assert_close(got, model.forward(**kwargs), atol=1e-5, rtol=1e-5)
+    flags = dict(scale=0.25, causal=False, window_left=-1, window_right=-1, softcap=0.0)
+    read = attention_op._per_query_mask_kind(None, masks[0], flags)
+    assert read == attention_op.MaskKind("packed", segments=((0, 5, seq, seq + 5, 2 * seq), seq - 5)), read
+    net = model.model.train()
+    recorder = assert_training_step_matches_eager(net, {**kwargs, "labels": kwargs["input_ids"]}, run_time_masks=True)
+    assert_every_layer_rewritten(recorder, model, graphs=None)
+
+
 def without_dropout(model: nn.Module) -> nn.Module:
     """GPT-2's default config drops 10% of attention weights, hidden states and embeddings in training."""
     for module in model.modules():
@@ -178,9 +205,9 @@ def training_step(fn, model: nn.Module, kwargs: dict) -> tuple[torch.Tensor, lis
     return loss.detach(), [p.grad.clone() for p in model.parameters()]
 
 
-def assert_training_step_matches_eager(model: nn.Module, kwargs: dict) -> Recorder:
+def assert_training_step_matches_eager(model: nn.Module, kwargs: dict, **options) -> Recorder:
     torch._dynamo.reset()
-    recorder = Recorder()
+    recorder = Recorder(**options)
     got = training_step(torch.compile(model, backend=recorder), model, kwargs)
     expected = training_step(model, model, kwargs)
     torch.testing.assert_close(got[0], expected[0], atol=1e-5, rtol=1e-5)
@@ -345,6 +372,33 @@ def test_chunked_attention(chunk, padded, reason):
         assert recorder.count() == 1 and "causal=True" in recorder.records[0].detail, recorder.records
     else:
         assert recorder.count() == 0 and len(recorder.reasons) == 1 and reason in recorder.reasons[0], recorder.reasons
+
+
+def test_chunked_attention_longer_than_a_chunk_with_run_time_masks(monkeypatch):
+    """`backend(run_time_masks=True)`: Llama 4's chunked mask over 8 tokens in chunks of 3 reaches the op as its key
+    mask per query row, which the op reads on the host as sequences packed back to back (FA4 varlen on CUDA), with
+    and without left padding (a padded chunked mask hides a pad row's every key: it stays masked)."""
+    masking_utils = pytest.importorskip("transformers.masking_utils")
+    config = hf.tiny_config("llama", "sdpa")  # a boolean mask (eager code's is float, added to the scores)
+    config.attention_chunk_size = 3
+
+    def chunked(q, k, v, mask_2d):
+        mask = masking_utils.create_chunked_causal_mask(config, q.transpose(1, 2).flatten(2), mask_2d, None)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+    q, k, v = (torch.randn(2, 4, 8, 16) for _ in range(3))
+    masks = []
+    real = reference.forward
+    monkeypatch.setattr(reference, "forward", lambda *a, **kw: masks.append(a[4]) or real(*a, **kw))
+    flags = dict(scale=0.25, causal=False, window_left=-1, window_right=-1, softcap=0.0)
+    for mask_2d, read in ((None, attention_op.MaskKind("packed", segments=((0, 3, 6, 8, 11, 14, 16), 3))),
+                          (padding_mask("left", 2, 8), attention_op.MaskKind("kept"))):
+        torch._dynamo.reset()
+        recorder = Recorder(run_time_masks=True)
+        torch.testing.assert_close(torch.compile(chunked, backend=recorder)(q, k, v, mask_2d),
+                                   chunked(q, k, v, mask_2d))
+        assert recorder.count() == 1 and "key_mask=mask per query row" in recorder.records[0].detail, recorder.records
+        assert attention_op._per_query_mask_kind(None, masks[-1], flags) == read
 
 
 def cache_position_attention(q, k_new, v_new, k_past, v_past):

@@ -450,17 +450,19 @@ def test_additive_static_prefill_mask_runs_fa4_with_eagers_blind_rows(monkeypatc
     torch.testing.assert_close(lse, lse64.float(), atol=1e-3, rtol=1e-3)
 
 
-@pytest.mark.parametrize("kind", ["static-prefill", "custom", "training", "sliding-window"])
+@pytest.mark.parametrize("kind", ["static-prefill", "custom", "training", "sliding-window", "packed"])
 def test_per_query_mask_over_a_static_cache(kind, monkeypatch):
     """HF's prefill mask over an empty static cache ([B, Sq, Sk] key mask, left padding, slots from Sq on empty):
     read on the host, it runs FA4 as left-padded varlen segments over the cache's first Sq slots, causal, and the
     backward on the SDPA fallback with the mask; "training": Sq == Sk (the mask HF builds outside a compiled layer),
     FA4's backward too; "sliding-window": a sliding layer's prefill mask (Sq == Sk, each row its last 100 keys), FA4
-    with the window, forward and backward; any other mask per query row runs on the SDPA fallback with its mask.
+    with the window, forward and backward; "packed": sequences back to back in each row, causal within each (HF's
+    packed position_ids, Llama 4's chunks; `run_time_masks`), FA4 varlen forward and backward, a segment a sequence;
+    any other mask per query row runs on the SDPA fallback with its mask.
     Forward and backward by the FA rule; blind rows zeros with lse -inf."""
     monkeypatch.setattr(crossover, "GFLOP_BELOW", ())  # these shapes count as large here
     b, sq, d = 4, 500, 128
-    capacity = sq if kind in ("training", "sliding-window") else 1024
+    capacity = sq if kind in ("training", "sliding-window", "packed") else 1024
     q = qkv(b=b, sq=sq, group=4, requires_grad=True)[0]
     # K/V are the cache buffers, [B, Hkv, capacity, D] contiguous, prompt written in the first sq slots
     k, v = (torch.randn(b, HQ // 4, capacity, d, dtype=torch.bfloat16, device="cuda").requires_grad_()
@@ -474,6 +476,10 @@ def test_per_query_mask_over_a_static_cache(kind, monkeypatch):
         mask = mask | (torch.rand(b, sq, capacity, device="cuda") > 0.99)
     if kind == "sliding-window":
         mask = mask & (torch.arange(sq, device="cuda")[:, None] - j[None, :] < 100)
+    if kind == "packed":
+        ids = torch.stack([torch.bucketize(j, torch.tensor(bounds, device="cuda", dtype=torch.long), right=True)
+                           for bounds in ([123, 499], [250], [1, 2, 3, 300], [])])
+        mask = (ids[:, :, None] == ids[:, None, :]) & (j[None, :] <= j[:, None])[None]
     calls = []
     for name in ("forward_padded", "backward_padded"):
         real = getattr(fa4, name)
@@ -482,10 +488,11 @@ def test_per_query_mask_over_a_static_cache(kind, monkeypatch):
     out, lse, lse64 = key_mask_call_by_fa_rule(q, k, v, mask, flags)
     expected = {"static-prefill": [("forward_padded", True)], "custom": [],
                 "training": [("forward_padded", True), ("backward_padded", True)],
-                "sliding-window": [("forward_padded", True), ("backward_padded", True)]}[kind]
+                "sliding-window": [("forward_padded", True), ("backward_padded", True)],
+                "packed": [("forward_padded", True), ("backward_padded", True)]}[kind]
     assert calls == expected, calls
     blind = torch.isinf(lse64)
-    assert torch.equal(torch.isinf(lse), blind) and (kind == "custom" or blind.any())
+    assert torch.equal(torch.isinf(lse), blind) and (kind in ("custom", "packed") or blind.any())
     assert (out[blind] == 0).all()
     torch.testing.assert_close(lse[~blind], lse64[~blind].float(), atol=1e-3, rtol=1e-3)
 
