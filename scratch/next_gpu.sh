@@ -1,4 +1,4 @@
-# Unrun GPU work (sessions 19-23), in priority order (session 24: `y`, the unpadded b8 x 128 row again (`u`'s first
+# Unrun GPU work (sessions 19-23), in priority order (session 24: `y`, `z`, the unpadded b8 x 128 row again (`u`'s first
 # command), `v`, `x`, then `*` with MODELS=2048x4 and 256x16; each with a timeout of 540-590 s; rows stream to the log
 # as they are measured), split into calls of
 # <= ~9 minutes (the first after .gpu/b's install).
@@ -59,6 +59,9 @@ y)  # session 23: a sliding-window layer's prefill mask per query row read as FA
     # only): its GPU tests, then a Mistral of the Llama-1B shape with a 1024 window (scratch/sliding.py)
     run timeout 150 $P -n 8 tests/test_gpu_fa4.py -k "per_query or additive"
     run timeout 400 python3 scratch/sliding.py ;;
+z)  # session 23: packed sequences (position_ids) with run_time_masks on FA4 varlen (CPU-tested only): forward and a
+    # training step, Llama-1B shape, 16 x 512 packed in 8192 (scratch/packed.py); if it wins, turn run_time_masks on
+    run timeout 500 python3 scratch/packed.py ;;
 u)  # session 22 left these: the Llama-1B shape's b8 x 128 / 512 padded rows after the crossover change (run 1:
     # b8 x 512 left-padded 0.77x on the op's SDPA fallback), then its decode rows at 2048 (b1, b8, padded)
     run timeout 280 python3 -c "from fa4_inductor import bench
