@@ -38,8 +38,9 @@ backward, or the reference). FA4 takes no key mask: a key-mask call that is not 
 has its mask read on the host (`key_mask_form`, outside CUDA-graph capture), and goes to FA4
 when the mask hides nothing in use, or, with no band, is right padding (seqused_k), or, on a
 self-attention, is left padding, or right padding under a causal mask (FA4's varlen segments over the
-padded buffer), or, one per query row, is a left-padded causal prefill over an empty static cache (the same
-varlen segments over the first Sq keys; the backward too when those are all the keys); a small one
+padded buffer), or, one per query row, is a left-padded causal prefill over an empty static cache, with or
+without a sliding window (the same varlen segments over the first Sq keys; the backward too when those are all the
+keys), or sequences packed back to back, causal within each (a varlen segment a sequence); a small one
 (`crossover.py`) skips the read and runs on the SDPA fallback with its mask.
 """
 
@@ -269,7 +270,8 @@ def key_mask_form(q: Tensor, k: Tensor, seqused_k: Optional[Tensor], key_mask: O
     seqused_k, `padded` when every row is one run of visible keys that ends at the last key (left
     padding: generate's prompts) or, under a causal mask with no window, starts at the first key (right
     padding: fine-tuning batches), which FA4 runs as varlen segments over the padded buffer
-    (`fa4.forward_padded`). It reads four booleans on the host (one sync), once per mask tensor
+    (`fa4.forward_padded`); a [B, Sq, Sk] mask, per query row, as `_per_query_mask_kind` reads it. It reads four
+    booleans on the host (one sync), once per mask tensor
     (the layers of a forward and their backward share it), and only outside CUDA-graph capture;
     otherwise, or when none holds, the mask is kept. What it remembers of a mask holds no tensor alive:
     under CUDA-graph trees a tensor of the graph's memory pool kept past the graph is an error. Identity names
