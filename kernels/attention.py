@@ -383,8 +383,8 @@ def _per_query_mask_kind(seqused_k, key_mask, flags) -> MaskKind:
     rows = torch.arange(sq, device=key_mask.device)
     starts = sq - _lengths(_diagonal(key_mask))
     window = head.sum(-1, dtype=torch.int32).amax()
-    behind = rows[:, None] - rows[None, :]
-    band = (behind >= 0) & (behind < window) & (rows[None, None, :] >= starts[:, None, None])
+    causal = rows[None, :] <= rows[:, None]  # [Sq, Sq] bool: no integer matrix of that size (2 GiB at 16k)
+    band = causal & (rows[None, :] > rows[:, None] - window) & (rows[None, None, :] >= starts[:, None, None])
     shared = [~visible[:, :, sq:].any()]
     if reference.is_additive(key_mask):
         shared.append((visible | (key_mask == torch.finfo(key_mask.dtype).min)).all())
@@ -393,7 +393,7 @@ def _per_query_mask_kind(seqused_k, key_mask, flags) -> MaskKind:
         first = head.to(torch.uint8).argmax(-1)  # each row's first visible key: its sequence's first token
         before = torch.cat([first[:, :1], first[:, :-1]], 1)
         checks += [head.any(-1).all() & ((first == rows) | (first == before)).all()
-                   & (head == ((behind >= 0) & (rows[None, None, :] >= first[..., None]))).all()]
+                   & (head == (causal & (rows[None, None, :] >= first[..., None]))).all()]
     shared_ok, prefix, *packed, window = torch.stack([torch.stack(shared).all(), *checks, window]).tolist()
     if shared_ok and prefix:
         return MaskKind("causal prefix, left padding", window - 1 if window < sq else -1)
