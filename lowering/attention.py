@@ -198,14 +198,10 @@ def mask_flags(kind: str, mask, constants, scores_shape, fill=None, run_time_mas
     `run_time_masks`, a boolean SDPA mask it cannot prove is the op's key mask per query row (`run_time_mask`)."""
     try:
         band, hidden = keep_band(kind, mask, constants, fill)
-    except ValuesUnknown as e:
-        if kind == "additive" and isinstance(mask, Node):
+    except MaskNotUnderstood as e:
+        if isinstance(e, ValuesUnknown) and kind == "additive" and isinstance(mask, Node):
             _check_broadcast(shape(mask), scores_shape)
             raise AdditiveInput(f"mask not recognized: {e}", mask) from None
-        if run_time_masks and (keys := run_time_mask(kind, mask, scores_shape)) is not None:
-            return Band(keys=keys), None
-        raise Decline(f"mask not recognized: {e}") from None
-    except MaskNotUnderstood as e:
         if run_time_masks and (keys := run_time_mask(kind, mask, scores_shape)) is not None:
             return Band(keys=keys), None
         raise Decline(f"mask not recognized: {e}") from None
@@ -232,7 +228,7 @@ def run_time_mask(kind: str, mask, scores_shape) -> KeyMask | None:
         return None
     if not (same_size(mshape[0], 1) or equal_size(mshape[0], scores_shape[0])):
         return None
-    if same_size(mshape[2], 1) or not (equal_size(mshape[2], scores_shape[2]) and equal_size(mshape[3], scores_shape[3])):
+    if same_size(mshape[2], 1) or not all(equal_size(m, s) for m, s in zip(mshape[2:], scores_shape[2:])):
         return None
     return KeyMask(mask, plane=True, per_query=True)
 

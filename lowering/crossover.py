@@ -176,9 +176,9 @@ def mask_to_pass(call) -> Node | None:
     """A hand-written attention's mask that SDPA can take as it is, or None: the one mask, added to the scores as
     the last step before the softmax (casts aside), in q's dtype and with a finite fill (HF's eager code: a row
     that sees no key averages V, in eager and in SDPA alike once `sdpa_for` floors the mask at `ADDITIVE_FLOOR`:
-    CUDA's kernels read bfloat16's finfo.min as -inf and zero such a row); no softcap; not in training, where such a row's
-    gradient in eager still reaches q and k through its softmax and SDPA's backward does not give it (the same
-    case `attention._encode_padding` declines for the op)."""
+    CUDA's kernels read bfloat16's finfo.min as -inf and zero such a row); no softcap; not in training, where such
+    a row's gradient in eager still reaches q and k through its softmax and SDPA's backward does not give it (the
+    same case `attention._encode_padding` declines for the op)."""
     if call.additive_input is not None:
         return call.additive_input
     if is_sdpa_call(call) or len(call.masks) != 1 or "softcap" in call.flags or call.blind_rows != "mean":
