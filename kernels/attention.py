@@ -381,7 +381,7 @@ def _per_query_mask_kind(seqused_k, key_mask, flags) -> MaskKind:
     visible = _visible(key_mask)
     head = visible[:, :, :sq]
     rows = torch.arange(sq, device=key_mask.device)
-    starts = sq - _lengths(_diagonal(key_mask))
+    starts = sq - _lengths(torch.diagonal(head, dim1=1, dim2=2))
     window = head.sum(-1, dtype=torch.int32).amax()
     causal = rows[None, :] <= rows[:, None]  # [Sq, Sq] bool: no integer matrix of that size (2 GiB at 16k)
     band = causal & (rows[None, :] > rows[:, None] - window) & (rows[None, None, :] >= starts[:, None, None])

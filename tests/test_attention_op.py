@@ -642,7 +642,7 @@ def test_an_additive_prefill_mask_of_zeros_and_finfo_min_runs_as_fa4_varlen(name
     """Eager code's static-cache prefill mask (`additive_masks_on_op`): read on the host like the boolean one when
     its values are 0 and finfo.min, run as FA4 varlen segments (FA4's varlen interface on the CPU), and the rows
     that see no key made eager's: the mean of V over all keys, lse finfo.min (`_blind_rows_as_mean`). The same
-    output and lse as the op with the additive mask. Other values keep the mask; float16's finfo.min is not read."""
+    output and lse as the op with the additive mask. Other values keep the mask."""
     from contextlib import nullcontext
 
     from fa4_inductor.kernels import fa4
@@ -651,11 +651,6 @@ def test_an_additive_prefill_mask_of_zeros_and_finfo_min_runs_as_fa4_varlen(name
     mask = make(~static_prefill_mask(torch.tensor([5, 2]), 5, 8))
     full = dict(scale=0.3, causal=False, window_left=-1, window_right=-1, softcap=0.0)
     q, k, v = qkv(b=2, hq=4, hkv=2, sq=5, sk=8, dtype=torch.float32)
-    large_q, large_k = torch.empty(4, 32, 4096, 128, device="meta"), torch.empty(4, 8, 8192, 128, device="meta")
-    for dtype, reads in ((torch.bfloat16, True), (torch.float32, True), (torch.float16, False)):
-        per_query = torch.empty(4, 4096, 8192, dtype=dtype, device="meta")
-        assert attention_op._reads_mask_form(large_q.to(dtype), large_k.to(dtype), per_query, full) == reads
-        assert not attention_op._reads_mask_form(large_q.to(dtype), large_k.to(dtype), per_query[:, 0], full)
     form = attention_op.key_mask_form(q, k, None, mask, full)
     if not read:
         assert form.key_mask is mask and form.padded is None and form.causal_keys is None
@@ -719,3 +714,9 @@ def test_small_key_mask_calls_skip_the_host_read_of_the_mask():
     assert attention_op._reads_mask_form(small_q, long_k, key_mask, full)
     assert not attention_op._reads_mask_form(small_q, long_k, per_query, full)
     assert attention_op._reads_mask_form(large_q, torch.empty(4, 8, 16384, 128, device="meta"), per_query, full)
+    # An additive mask is read per query row only, and only where finfo.min absorbs the scores (not float16's).
+    for dtype, reads in ((torch.bfloat16, True), (torch.float32, True), (torch.float16, False)):
+        additive = torch.empty(4, 4096, 16384, dtype=dtype, device="meta")
+        long_k = torch.empty(4, 8, 16384, 128, dtype=dtype, device="meta")
+        assert attention_op._reads_mask_form(large_q.to(dtype), long_k, additive, full) == reads
+        assert not attention_op._reads_mask_form(large_q.to(dtype), long_k, additive[:, 0], full)
