@@ -41,12 +41,13 @@ class Options:
     mask (floored) as given, Gemma-2 as written (no softcap). H200, Llama-1B shape, eager code (session 23): padded
     prefill 33.0 against 46.2 ms off (89.4 default compile), generate 1269 against 1069 tokens/s (1010)."""
 
-    run_time_masks: bool = False
+    run_time_masks: bool = True
     """A boolean SDPA mask [B or 1, 1, Sq, Sk] that the graph does not prove a band or padding (HF's mask for packed
     sequences from explicit position_ids, Llama 4's chunked layers over more than a chunk) reaches the op as its key
     mask per query row, exact for any contents; the op reads it on the host (a sync a forward) and runs FA4 varlen
     where it is sequences packed back to back, a left-padded causal band or a sliding window, else the SDPA
-    fallback with it. Off: such calls stay as written. Off until measured on the H200."""
+    fallback with it. Off: such calls stay as written. H200, Llama-1B shape, 16 x 512 packed in 8192 tokens
+    (session 24): forward 31.5 against 64.9 ms off (65.4 default compile), a training step 111 against 223 ms."""
 
     small_calls_to_sdpa: bool = True
     """On CUDA, leave small attentions in host-bound graphs (lowering/crossover.py: self-attention by FLOP, and

@@ -1,6 +1,5 @@
-# Unrun GPU work (sessions 19-23), in priority order (session 24: `y`, `z`, the unpadded b8 x 128 row again (`u`'s first
-# command), `v`, `x`, then `*` with MODELS=2048x4 and 256x16; each with a timeout of 540-590 s; rows stream to the log
-# as they are measured), split into calls of
+# Unrun GPU work (sessions 19-24), in priority order (session 25: `a`, then the GPU tiers of `h200_check.sh tests`;
+# each with a timeout of 540-590 s; rows stream to the log as they are measured), split into calls of
 # <= ~9 minutes (the first after .gpu/b's install).
 # Output goes to $OUT/log.txt. Have the next call ready: the machine goes back 30 s after a call, and a fresh one needs
 # .gpu/a and .gpu/b again. Run one part a call:  bash scratch/next_gpu.sh 1   (then 2, 3, ...)
@@ -10,6 +9,37 @@ P="python3 -m pytest -m gpu -q -p no:cacheprovider -p no:logging -W ignore -rf"
 L=$OUT/log.txt
 run() { echo "+ $*" >>$L; PYTHONUNBUFFERED=1 "$@" >>$L 2>&1; echo "rc=$?" >>$L; }
 case "$1" in
+a)  # session 24: h2048 x 4's unpadded b8 x 128 prefill ran 0.94x and 0.97x (h2048 x 16's same row: 1.10x). Its graph
+    # has ~125 GFLOP an attention, just over LAYER_GFLOP_HOST_BOUND (100), so the op runs its 0.27-GFLOP attentions.
+    # The row for both depths with the line at 100 (the op) and at 150 (SDPA as written), then each backend's kernels
+    # by GPU time against its wall time (host-bound if the wall is well above the kernels' sum)
+    run timeout 300 python3 -c "
+from fa4_inductor import bench
+from fa4_inductor.lowering import crossover
+for line in (100.0, 150.0):
+    crossover.LAYER_GFLOP_HOST_BOUND = line
+    for t in bench.sweep_suite(llama_sizes=((2048, 4), (2048, 16)), decode_sizes=(), bert=False, batches=(8,), seqlens=(128,), time_budget_s=120): print('LAYER_GFLOP_HOST_BOUND', line, t.markdown(), flush=True)
+"
+    run timeout 200 python3 -c "
+import torch, time
+from fa4_inductor.bench import models, sweep
+from torch.profiler import profile, ProfilerActivity
+model = models.llama('sdpa', 'cuda', torch.bfloat16, **models.llama_shape(2048, 4))
+sm = sweep.SweepModel('llama', (), decode=False)
+tokens = torch.randint(1, model.config.vocab_size, (8, 128), device='cuda')
+for name, backend in models.BACKENDS.items():
+    torch._dynamo.reset()
+    call, _ = sweep.prefill_call(models.compile_model(model, backend), sm, tokens, None)
+    with torch.no_grad():
+        for _ in range(5): call()
+        torch.cuda.synchronize(); t = time.perf_counter()
+        for _ in range(20): call()
+        torch.cuda.synchronize(); print(name, 'wall ms', round((time.perf_counter() - t) / 20 * 1e3, 3), flush=True)
+        with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
+            for _ in range(5): call()
+            torch.cuda.synchronize()
+    print(prof.key_averages().table(sort_by='cuda_time_total', row_limit=12), flush=True)
+" ;;
 1)  # session 20: the GPU tests of the key mask per query row (FA4 over a static cache's prefix, the fallback, FSDP's
     # training mask), the integer GEMV's prefetch window (session 19: output bit-equal to without) and int8 x int8 with
     # the cast and scaling in the graph (session 19); then a left-padded prefill into a static cache with generate's

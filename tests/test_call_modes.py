@@ -145,16 +145,16 @@ def test_position_ids(name, impl, mode):
 
 
 @pytest.mark.parametrize("impl", ["sdpa", pytest.param("eager", marks=pytest.mark.slow)])
-def test_position_ids_without_cache_or_mask_stay_as_written(impl):
+def test_position_ids_without_cache_or_mask_stay_as_written_without_run_time_masks(impl):
     """Without a cache or an attention_mask, HF reads packed sequences from explicit position_ids (a reset
-    starts a new sequence that sees only itself): values known at run time only, so the mask is kept,
-    and packed batches run exactly."""
+    starts a new sequence that sees only itself): values known at run time only, so with `run_time_masks` off the
+    mask is kept, and packed batches run exactly."""
     model = tiny("llama", impl)
     kwargs = {**model.inputs(), "use_cache": False}
     seq = kwargs["input_ids"].shape[1]
     kwargs["position_ids"] = torch.arange(seq).expand(2, -1)
     torch._dynamo.reset()
-    recorder = Recorder()
+    recorder = Recorder(run_time_masks=False)
     compiled = torch.compile(model.forward, backend=recorder)
     assert_matches_eager(compiled, model, kwargs)
     kwargs["position_ids"] = torch.cat([torch.arange(5), torch.arange(seq - 5)]).expand(2, -1)  # two packed
@@ -166,7 +166,7 @@ def test_position_ids_without_cache_or_mask_stay_as_written(impl):
 
 @pytest.mark.parametrize("impl", ["sdpa"])
 def test_packed_sequences_reach_the_op_with_run_time_masks(impl, monkeypatch):
-    """`backend(run_time_masks=True)`: packed sequences from explicit position_ids (HF's mask, values known at run
+    """`run_time_masks` (on by default): packed sequences from explicit position_ids (HF's mask, values known at run
     time only) reach every layer of the op as its key mask per query row, in inference and in a training step
     (outputs and gradients equal to eager); the op reads that mask on the host as sequences packed back to back
     (`MaskKind.segments`: FA4 varlen on CUDA)."""
@@ -177,7 +177,7 @@ def test_packed_sequences_reach_the_op_with_run_time_masks(impl, monkeypatch):
     masks = []
     real = reference.forward
     monkeypatch.setattr(reference, "forward", lambda *a, **kw: masks.append(a[4]) or real(*a, **kw))
-    recorder, got = compile_and_run(model.forward, kwargs, run_time_masks=True)
+    recorder, got = compile_and_run(model.forward, kwargs)
     assert_every_layer_rewritten(recorder, model)
     assert all("key_mask=mask per query row" in r.detail for r in recorder.records), recorder.records
     with torch.no_grad():
@@ -186,7 +186,7 @@ def test_packed_sequences_reach_the_op_with_run_time_masks(impl, monkeypatch):
     read = attention_op._per_query_mask_kind(None, masks[0], flags)
     assert read == attention_op.MaskKind("packed", segments=((0, 5, seq, seq + 5, 2 * seq), seq - 5)), read
     net = model.model.train()
-    recorder = assert_training_step_matches_eager(net, {**kwargs, "labels": kwargs["input_ids"]}, run_time_masks=True)
+    recorder = assert_training_step_matches_eager(net, {**kwargs, "labels": kwargs["input_ids"]})
     assert_every_layer_rewritten(recorder, model, graphs=None)
 
 
@@ -375,7 +375,7 @@ def test_chunked_attention(chunk, padded, reason):
 
 
 def test_chunked_attention_longer_than_a_chunk_with_run_time_masks(monkeypatch):
-    """`backend(run_time_masks=True)`: Llama 4's chunked mask over 8 tokens in chunks of 3 reaches the op as its key
+    """`run_time_masks` (on by default): Llama 4's chunked mask over 8 tokens in chunks of 3 reaches the op as its key
     mask per query row, which the op reads on the host as sequences packed back to back (FA4 varlen on CUDA), with
     and without left padding (a padded chunked mask hides a pad row's every key: it stays masked)."""
     masking_utils = pytest.importorskip("transformers.masking_utils")
@@ -394,7 +394,7 @@ def test_chunked_attention_longer_than_a_chunk_with_run_time_masks(monkeypatch):
     for mask_2d, read in ((None, attention_op.MaskKind("packed", segments=((0, 3, 6, 8, 11, 14, 16), 3))),
                           (padding_mask("left", 2, 8), attention_op.MaskKind("kept"))):
         torch._dynamo.reset()
-        recorder = Recorder(run_time_masks=True)
+        recorder = Recorder()
         torch.testing.assert_close(torch.compile(chunked, backend=recorder)(q, k, v, mask_2d),
                                    chunked(q, k, v, mask_2d))
         assert recorder.count() == 1 and "key_mask=mask per query row" in recorder.records[0].detail, recorder.records

@@ -126,10 +126,11 @@ def test_an_exported_model_compiled_with_the_backend_gets_the_rewrite():
     torch.testing.assert_close(out.double(), expected, rtol=1e-4, atol=1e-5)
 
 
-def test_an_exported_hf_model_keeps_masks_it_cannot_read_with_the_reason():
+def test_an_exported_hf_model_hands_the_op_its_mask_per_query_row():
     """An HF decoder exported, then compiled: its causal mask is built of aten ops (expand, ...), which the mask
-    proofs (written for Dynamo's torch-level graphs) do not read yet; every layer is kept as written, with the
-    reason, and the logits are eager's."""
+    proofs (written for Dynamo's torch-level graphs) do not read yet; with `run_time_masks` (on by default) every
+    layer reaches the op with that boolean mask as its key mask per query row (read on the host on CUDA: a causal
+    prefix, FA4), and the logits are eager's. With the option off, every layer is kept as written, with the reason."""
     pytest.importorskip("transformers")
     from fa4_inductor import hf
 
@@ -137,11 +138,14 @@ def test_an_exported_hf_model_keeps_masks_it_cannot_read_with_the_reason():
     model = hf.build("llama", "sdpa").model.eval()
     ids = torch.randint(3, model.config.vocab_size, (2, 12))
     program = torch.export.export(model, (ids,), kwargs={"use_cache": False})
-    torch._dynamo.reset()
-    with report.collecting() as records, torch.no_grad():
-        out = torch.compile(program.module(), backend=fa4_inductor.fa4_inductor)(ids, use_cache=False)
+    with torch.no_grad():
         expected = model(ids, use_cache=False)
-    assert len(records) == model.config.num_hidden_layers
-    assert all(not r.rewritten and r.detail.startswith("mask not recognized: the mask is built by expand.default")
-               for r in records), [str(r) for r in records]
-    torch.testing.assert_close(out.logits, expected.logits)
+    for backend, rewritten, detail in ((fa4_inductor.fa4_inductor, True, "key_mask=mask per query row"),
+                                       (fa4_inductor.backend(run_time_masks=False), False,
+                                        "mask not recognized: the mask is built by expand.default")):
+        torch._dynamo.reset()
+        with report.collecting() as records, torch.no_grad():
+            out = torch.compile(program.module(), backend=backend)(ids, use_cache=False)
+        assert len(records) == model.config.num_hidden_layers
+        assert all(r.rewritten == rewritten and detail in r.detail for r in records), [str(r) for r in records]
+        torch.testing.assert_close(out.logits, expected.logits)
