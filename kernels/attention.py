@@ -458,11 +458,21 @@ def _attention_cuda(q, k, v, seqused_k=None, key_mask=None, **flags):
 def _blind_rows_as_mean(out: Tensor, lse: Tensor, v: Tensor, mask_dtype: torch.dtype) -> None:
     """In place: the rows FA4 found to see no key (zeros, lse -inf) as an additive mask of 0 and finfo.min has them.
     Every score of such a row is finfo.min (`ABSORBING_DTYPES`), so its softmax is uniform over all Sk keys: out the
-    mean of V, lse finfo.min (log Sk is below its float32 ulp)."""
-    blind = lse == float("-inf")
-    mean = v.mean(2, dtype=torch.float32).repeat_interleave(out.shape[1] // v.shape[1], 1)[:, :, None]
-    torch.where(blind[..., None], mean.to(out.dtype), out, out=out)
-    lse.masked_fill_(blind, torch.finfo(mask_dtype).min)
+    mean of V (`blind_rows_as_mean`), lse finfo.min (log Sk is below its float32 ulp)."""
+    blind_rows_as_mean(out, lse, v, in_place=True)
+    lse.masked_fill_(lse == float("-inf"), torch.finfo(mask_dtype).min)
+
+
+def blind_rows_as_mean(out: Tensor, lse: Tensor, v: Tensor, in_place: bool = False) -> Tensor:
+    """out [B, Hq, Sq, Dv] with every query row that saw no key (lse -inf) the mean of V [B, Hkv, Sk, Dv] over all
+    keys: what eager's softmax gives a row whose every score is the same finfo.min. Written into out with
+    `in_place` (the op's own output, whose layout it keeps); lowering puts the out-of-place call in the graph, after
+    the op, for masks the graph itself builds."""
+    blind = (lse == float("-inf"))[..., None]
+    mean = v.mean(2, keepdim=True, dtype=torch.float32)
+    if out.shape[1] != v.shape[1]:
+        mean = mean.repeat_interleave(out.shape[1] // v.shape[1], 1)
+    return torch.where(blind, mean.to(out.dtype), out, **({"out": out} if in_place else {}))
 
 
 def _attention_fake(q, k, v, seqused_k=None, key_mask=None, **flags):

@@ -28,7 +28,8 @@ import torch
 from torch.fx import GraphModule, Node
 from torch.fx.experimental.symbolic_shapes import guard_or_false
 
-from ..kernels import ATTENTION, ATTENTION_INT8KV, attention_int8kv_unsupported_reason, attention_unsupported_reason
+from ..kernels import (ATTENTION, ATTENTION_INT8KV, attention_int8kv_unsupported_reason, attention_unsupported_reason,
+                       blind_rows_as_mean)
 from ..kernels.decode import MAX_Q_LEN as DECODE_MAX_Q_LEN
 from . import crossover, gqa, int8_kv, kv_cache, padding
 from .family import Context
@@ -370,7 +371,7 @@ def emit(gm: GraphModule, call: AttentionCall, fake_mode, shared: dict, mutation
             op = make(ATTENTION, *inputs, name="fa4_attention", **kwargs)
         out = make(operator.getitem, op, 0, name="attention_out")
         if call.key_mask is not None and call.blind_rows == "mean":
-            out = padding.blind_rows_as_mean(make, out, make(operator.getitem, op, 1), v)
+            out = make(blind_rows_as_mean, out, make(operator.getitem, op, 1), v, name="attention_out_blind_rows")
         if three_d:
             out = make("squeeze", out, 0)
     _replace_output(graph, call, out, make, mutations, copy=three_d)

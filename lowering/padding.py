@@ -12,7 +12,7 @@ By default (`attention._encode_padding`) the op takes the mask itself, `key_mask
 KV cache's length): exact for every mask. A query row whose keys are all hidden (a left-padded
 position under a causal band, an all-padding sequence) gets what eager gives it: zeros for SDPA's
 boolean or -inf masks (its safe softmax), the mean of V over all keys for a finfo.min mask applied in
-one step (every score the same: `blind_rows_as_mean`); -inf in a hand-written softmax (NaN in eager)
+one step (every score the same: `kernels.blind_rows_as_mean` after the op); -inf in a hand-written softmax (NaN in eager)
 or several masking steps keep their mask, with the reason. On CUDA, decode-shaped calls with a key
 mask run on our decode kernel, the others on the SDPA fallback (FA4 takes no key mask).
 
@@ -114,12 +114,3 @@ def additive_key_mask(make, keys: KeyMask, k: Node) -> Node:
     return m
 
 
-def blind_rows_as_mean(make, out: Node, lse: Node, v: Node) -> Node:
-    """out with every row that saw no key (lse -inf) replaced by the mean of V over all keys: what eager's
-    softmax gives when every score of the row is the same finfo.min."""
-    blind = make(operator.getitem, make(operator.eq, lse, float("-inf")), (Ellipsis, None))
-    mean = make("mean", v, 2, keepdim=True, dtype=torch.float32)
-    group = int(value(out).shape[1]) // int(value(v).shape[1])
-    if group > 1:
-        mean = make("repeat_interleave", mean, group, 1)
-    return make(torch.where, blind, make("to", mean, value(out).dtype), out, name="attention_out_blind_rows")
