@@ -254,7 +254,7 @@ class MaskKind(NamedTuple):
 
     name: str  # "hides nothing", "right padding", "left padding", "right padding, causal", "causal prefix, left
     # padding", "packed" or "kept"
-    window_left: int = -1  # "causal prefix, left padding": the most keys a row sees before its own (-1: any)
+    window_left: int = -1  # "causal prefix, left padding", "packed": the most keys a row sees before its own (-1: any)
     segments: Optional[tuple[tuple[int, ...], int]] = None  # "packed": the sequences' offsets in the [B * S]
     # flattened tokens (and B * S), the longest one's length
 
@@ -305,7 +305,8 @@ def key_mask_form(q: Tensor, k: Tensor, seqused_k: Optional[Tensor], key_mask: O
     if kind == "packed":
         offsets, longest = read.segments
         offsets = torch.tensor(offsets, dtype=torch.int32).to(key_mask.device, non_blocking=True)
-        return KeyMaskForm(None, None, ("packed", (offsets, longest)), causal_keys=key_mask.shape[1])
+        return KeyMaskForm(None, None, ("packed", (offsets, longest)), causal_keys=key_mask.shape[1],
+                           window_left=read.window_left)
     return KeyMaskForm(seqused_k, key_mask)
 
 
@@ -370,9 +371,10 @@ def _per_query_mask_kind(seqused_k, key_mask, flags) -> MaskKind:
       left-padded: query row i of a sequence whose tokens start at s sees keys max(s, i - window_left)..i
       (window_left + 1 is the most keys a row sees: a sliding-window layer's window where that is shorter than Sq;
       else -1), which FA4 runs as varlen segments;
-    - "packed" when Sq == Sk and each row holds sequences back to back, each causal within itself, every query seeing
-      a key (HF's mask for packed sequences from position_ids; Llama 4's chunked layers): FA4 varlen, one segment a
-      sequence (`MaskKind.segments`);
+    - "packed" when Sq == Sk and each row holds sequences back to back, each causal within itself (a sliding-window
+      layer's: within its window, `window_left` as above), every query seeing a key (HF's mask for packed sequences
+      from position_ids; Llama 4's chunked layers): FA4 varlen, one segment a sequence (`MaskKind.segments`), a
+      sequence starting at each row that sees only its own key;
     - else "kept". An additive mask is read so only when its every value is 0 (shows the key) or finfo.min (hides
       it)."""
     sq, sk = key_mask.shape[1:]
@@ -383,23 +385,23 @@ def _per_query_mask_kind(seqused_k, key_mask, flags) -> MaskKind:
     rows = torch.arange(sq, device=key_mask.device)
     starts = sq - _lengths(torch.diagonal(head, dim1=1, dim2=2))
     window = head.sum(-1, dtype=torch.int32).amax()
-    causal = rows[None, :] <= rows[:, None]  # [Sq, Sq] bool: no integer matrix of that size (2 GiB at 16k)
-    band = causal & (rows[None, :] > rows[:, None] - window) & (rows[None, None, :] >= starts[:, None, None])
+    # [Sq, Sq] bool: no integer matrix of that size (2 GiB at 16k)
+    windowed = (rows[None, :] <= rows[:, None]) & (rows[None, :] > rows[:, None] - window)
     shared = [~visible[:, :, sq:].any()]
     if reference.is_additive(key_mask):
         shared.append((visible | (key_mask == torch.finfo(key_mask.dtype).min)).all())
-    checks = [(head == band).all()]
+    checks = [(head == (windowed & (rows[None, None, :] >= starts[:, None, None]))).all()]
     if sq == sk:
-        first = head.to(torch.uint8).argmax(-1)  # each row's first visible key: its sequence's first token
-        before = torch.cat([first[:, :1], first[:, :-1]], 1)
-        checks += [head.any(-1).all() & ((first == rows) | (first == before)).all()
-                   & (head == (causal & (rows[None, None, :] >= first[..., None]))).all()]
+        sequence_starts = head.to(torch.uint8).argmax(-1) == rows  # rows whose first visible key is their own
+        first = torch.where(sequence_starts, rows, 0).cummax(-1).values  # each row's sequence's first token
+        checks += [head.any(-1).all() & (head == (windowed & (rows[None, None, :] >= first[..., None]))).all()]
     shared_ok, prefix, *packed, window = torch.stack([torch.stack(shared).all(), *checks, window]).tolist()
     if shared_ok and prefix:
         return MaskKind("causal prefix, left padding", window - 1 if window < sq else -1)
     if shared_ok and packed and packed[0]:
-        flat = (first == rows).flatten().nonzero().flatten().tolist() + [first.numel()]
-        return MaskKind("packed", segments=(tuple(flat), max(b - a for a, b in zip(flat, flat[1:]))))
+        flat = sequence_starts.flatten().nonzero().flatten().tolist() + [sequence_starts.numel()]
+        longest = max(b - a for a, b in zip(flat, flat[1:]))
+        return MaskKind("packed", window - 1 if window < longest else -1, (tuple(flat), longest))
     return MaskKind("kept")
 
 

@@ -222,16 +222,22 @@ def run_time_mask(kind: str, mask, scores_shape) -> KeyMask | None:
     """A boolean SDPA mask [B or 1, 1, Sq, Sk] on the scores' last two dims, as the op's key mask per query row
     (exact for any contents: the op reads it on the host, FA4 where it has a form FA4 takes, such as HF's packed
     sequences from position_ids or Llama 4's chunks, else the SDPA fallback with it); None for any other mask."""
-    if kind != "bool" or not isinstance(mask, Node):
-        return None
-    mshape = shape(mask)
-    if len(mshape) != 4 or len(scores_shape) != 4 or not same_size(mshape[1], 1):
-        return None
-    if not (same_size(mshape[0], 1) or equal_size(mshape[0], scores_shape[0])):
-        return None
-    if same_size(mshape[2], 1) or not all(equal_size(m, s) for m, s in zip(mshape[2:], scores_shape[2:])):
+    if kind != "bool" or not isinstance(mask, Node) or mask_rows(shape(mask), scores_shape) != "per query":
         return None
     return KeyMask(mask, plane=True, per_query=True)
+
+
+def mask_rows(mshape, scores_shape) -> str | None:
+    """How a mask of shape `mshape` covers scores [B, H, Sq, Sk]: "per query" for [B or 1, 1, Sq, Sk] (Sq not 1),
+    "one row" for [B or 1, 1, 1, Sk]; None for any other shape. Symbolic sizes are compared under guards."""
+    if len(mshape) != 4 or len(scores_shape) != 4 or not same_size(mshape[1], 1):
+        return None
+    if not (same_size(mshape[0], 1) or equal_size(mshape[0], scores_shape[0])) \
+            or not equal_size(mshape[3], scores_shape[3]):
+        return None
+    if same_size(mshape[2], 1):
+        return "one row"
+    return "per query" if equal_size(mshape[2], scores_shape[2]) else None
 
 
 def _check_broadcast(mshape, scores_shape) -> None:
@@ -443,8 +449,7 @@ def _encode_padding(call: AttentionCall, options) -> None:
         raise Decline("a run-time key-padding mask on 3-D (bmm) attention, whose batch mixes sequences and heads")
     if call.padding.per_query:
         mask, q, k = shape(call.padding.node), shape(call.q), shape(call.k)
-        if not (equal_size(mask[2], q[-2]) and equal_size(mask[3], k[-2])
-                and (equal_size(mask[0], q[0]) or equal_size(mask[0], 1))):
+        if mask_rows(mask, (*q[:3], k[-2])) != "per query":
             raise Decline(f"a boolean mask input of shape {list(mask)} for {q[-2]} queries over {k[-2]} keys "
                           "(its rows or columns broadcast)")
     if options.checked_padding and not call.padding.plane:  # a 4-D mask input has no checked form
@@ -573,13 +578,10 @@ def _additive_on_op(call: AttentionCall) -> KeyMask | None:
     [B or 1, 1, Sq, Sk] one, a row per query, without a softcap (a prefill: FA4 where it is generate's left-padded
     causal mask, which the op reads on the host, else the SDPA fallback with it, which has no softcap: the reference
     would run it)."""
-    mshape, q = shape(call.additive_input), shape(call.q)
-    if len(q) != 4 or len(mshape) != 4 or not same_size(mshape[1], 1) or not equal_size(mshape[3], shape(call.k)[2]):
-        return None
-    if not (same_size(mshape[0], 1) or equal_size(mshape[0], q[0])):
-        return None
-    if same_size(mshape[2], 1) and isinstance(q[2], int) and q[2] <= DECODE_MAX_Q_LEN:
+    q = shape(call.q)
+    rows = mask_rows(shape(call.additive_input), (*q[:3], shape(call.k)[2])) if len(q) == 4 else None
+    if rows == "one row" and isinstance(q[2], int) and q[2] <= DECODE_MAX_Q_LEN:
         return KeyMask(call.additive_input, additive=True)
-    if "softcap" not in call.flags and not same_size(mshape[2], 1) and equal_size(mshape[2], q[2]):
+    if rows == "per query" and "softcap" not in call.flags:
         return KeyMask(call.additive_input, additive=True, per_query=True)
     return None

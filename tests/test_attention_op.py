@@ -561,6 +561,14 @@ PER_QUERY_MASKS = {
     # sequences packed back to back (HF's mask from position_ids; Llama 4's chunks): FA4 varlen, one segment each
     "packed sequences": (lambda: torch.stack([packed_mask([2, 3]), packed_mask([5])]), {}, "packed 0 2 5 10 5"),
     "chunks of 2": (lambda: torch.stack([packed_mask([2, 2, 1])] * 2), {}, "packed 0 2 4 5 7 9 10 2"),
+    # a sliding-window layer's packed mask (Mistral's with position_ids): each row sees its sequence's last 2 keys
+    "packed, a window of 2": (lambda: torch.stack([packed_mask([1, 4]), packed_mask([3, 2])]) & window_band(5, 2), {},
+                              "packed 0 1 5 8 10 4, window 1"),
+    "packed, a window of 1": (lambda: torch.stack([packed_mask([2, 3])] * 2) & window_band(5, 1), {},
+                              "prefix, window 0"),  # every row sees its own key only: any segmentation
+    "packed, a window wider on one row": (lambda: (torch.stack([packed_mask([1, 4])] * 2) & window_band(5, 2))
+                                          .index_put_((torch.tensor(0), torch.tensor(4), torch.tensor(2)),
+                                                      torch.tensor(True)), {}, "kept"),
     "packed, a row seeing no key": (lambda: torch.stack([packed_mask([2, 3]), packed_mask([5])])
                                     .index_put_((torch.tensor(1), torch.tensor(3)), torch.tensor(False)), {}, "kept"),
     "packed, a sequence seeing the one before": (lambda: torch.stack([packed_mask([2, 3]), packed_mask([5])])
@@ -605,7 +613,7 @@ def test_per_query_masks_that_fa4_can_take(name, monkeypatch):
         return
     assert form.key_mask is None and form.causal_keys == 5
     if expected.startswith("packed"):
-        *offsets, longest = (int(n) for n in expected.split()[1:])
+        *offsets, longest = (int(n) for n in expected.split(",")[0].split()[1:])
         assert form.padded[0] == "packed" and form.padded[1][0].tolist() == offsets and form.padded[1][1] == longest
     else:
         assert form.padded[0] == "left"

@@ -164,13 +164,13 @@ def test_position_ids_without_cache_or_mask_stay_as_written_without_run_time_mas
     assert all("the graph input l_kwargs_position_ids_" in r for r in recorder.reasons), recorder.reasons
 
 
-@pytest.mark.parametrize("impl", ["sdpa"])
-def test_packed_sequences_reach_the_op_with_run_time_masks(impl, monkeypatch):
+@pytest.mark.parametrize("name, window_left", [case("llama", -1), case("mistral", 3, slow=True)])
+def test_packed_sequences_reach_the_op_with_run_time_masks(name, window_left, monkeypatch):
     """`run_time_masks` (on by default): packed sequences from explicit position_ids (HF's mask, values known at run
     time only) reach every layer of the op as its key mask per query row, in inference and in a training step
     (outputs and gradients equal to eager); the op reads that mask on the host as sequences packed back to back
-    (`MaskKind.segments`: FA4 varlen on CUDA)."""
-    model = tiny("llama", impl)
+    (`MaskKind.segments`: FA4 varlen on CUDA), Mistral's within its sliding window of 4 keys."""
+    model = tiny(name, "sdpa")
     kwargs = {**model.inputs(), "use_cache": False}
     seq = kwargs["input_ids"].shape[1]
     kwargs["position_ids"] = torch.cat([torch.arange(5), torch.arange(seq - 5)]).expand(2, -1)
@@ -184,7 +184,7 @@ def test_packed_sequences_reach_the_op_with_run_time_masks(impl, monkeypatch):
         torch.testing.assert_close(got, model.forward(**kwargs), atol=1e-5, rtol=1e-5)
     flags = dict(scale=0.25, causal=False, window_left=-1, window_right=-1, softcap=0.0)
     read = attention_op._per_query_mask_kind(None, masks[0], flags)
-    assert read == attention_op.MaskKind("packed", segments=((0, 5, seq, seq + 5, 2 * seq), seq - 5)), read
+    assert read == attention_op.MaskKind("packed", window_left, ((0, 5, seq, seq + 5, 2 * seq), seq - 5)), read
     net = model.model.train()
     recorder = assert_training_step_matches_eager(net, {**kwargs, "labels": kwargs["input_ids"]})
     assert_every_layer_rewritten(recorder, model, graphs=None)
