@@ -70,8 +70,9 @@ class AttentionCall:
 
 
 class AdditiveInput(Decline):
-    """`scores + mask` where the mask's values are a graph input's, unknown when compiling (`masks.ValuesUnknown`):
-    HF's eager-code mask built outside the forward (static-cache generate, Gemma-2's hybrid cache)."""
+    """`scores + mask` where the mask's values are known at run time only: a graph input's (`masks.ValuesUnknown`:
+    HF's eager-code mask built outside the forward, static-cache generate, Gemma-2's hybrid cache) or, with
+    `run_time_masks`, one the graph builds in a way the proofs do not read (`mask_flags`)."""
 
     def __init__(self, message: str, mask: Node, scores: Node | None = None):
         super().__init__(message)
@@ -196,11 +197,15 @@ def require_square(scores_shape, what: str) -> None:
 def mask_flags(kind: str, mask, constants, scores_shape, fill=None, run_time_masks: bool = False
                ) -> tuple[Band, float | None]:
     """The visible keys of one masking step and the score its hidden keys get (see `keep_band`). With
-    `run_time_masks`, a boolean SDPA mask it cannot prove is the op's key mask per query row (`run_time_mask`)."""
+    `run_time_masks`, a boolean SDPA mask it cannot prove is the op's key mask per query row (`run_time_mask`), and
+    an additive one [B or 1, 1, Sq, Sk] added to hand-written scores (eager code's mask for packed sequences or
+    Llama 4's chunks) is taken as one whose values are known at run time only (`AdditiveInput`), as a float mask
+    input is."""
     try:
         band, hidden = keep_band(kind, mask, constants, fill)
     except MaskNotUnderstood as e:
-        if isinstance(e, ValuesUnknown) and kind == "additive" and isinstance(mask, Node):
+        if kind == "additive" and isinstance(mask, Node) and (
+                isinstance(e, ValuesUnknown) or run_time_masks and mask_rows(shape(mask), scores_shape) == "per query"):
             _check_broadcast(shape(mask), scores_shape)
             raise AdditiveInput(f"mask not recognized: {e}", mask) from None
         if run_time_masks and (keys := run_time_mask(kind, mask, scores_shape)) is not None:

@@ -76,8 +76,9 @@ def _dropout_is_noop(node: Node) -> bool:
     return scalar(p) == 0.0 or training is False
 
 
-def match_handwritten(softmax: Node, constants: dict) -> attention.AttentionCall | None:
-    """The attention around a softmax node, None if the softmax is not attention at all."""
+def match_handwritten(softmax: Node, constants: dict, run_time_masks: bool = False) -> attention.AttentionCall | None:
+    """The attention around a softmax node, None if the softmax is not attention at all. `run_time_masks`: an
+    additive mask the graph cannot prove is taken as one whose values are known at run time only (`mask_flags`)."""
     matched = [softmax]
     probs = softmax
     while True:
@@ -127,7 +128,7 @@ def match_handwritten(softmax: Node, constants: dict) -> attention.AttentionCall
                 raise Decline("a mask applied before the softcap")
             step = node
             try:
-                node, mask, visible, hidden = _strip_mask(node, constants, scores_shape)
+                node, mask, visible, hidden = _strip_mask(node, constants, scores_shape, run_time_masks)
             except attention.AdditiveInput as e:
                 additive = e
                 node, mask, visible, hidden = e.scores, e.mask, Band(), None
@@ -162,7 +163,8 @@ def match_handwritten(softmax: Node, constants: dict) -> attention.AttentionCall
                          additive_input=additive.mask if additive else None, additive_reason=str(additive or ""))
 
 
-def _strip_mask(node: Node, constants, scores_shape) -> tuple[Node, object, Band, float | None]:
+def _strip_mask(node: Node, constants, scores_shape, run_time_masks: bool = False
+                ) -> tuple[Node, object, Band, float | None]:
     """(scores, mask, visible band, hidden keys' score) for a masking step: masked_fill, where(cond, scores,
     fill) or scores + mask."""
     if MASKED_FILL(node):
@@ -178,7 +180,8 @@ def _strip_mask(node: Node, constants, scores_shape) -> tuple[Node, object, Band
         if not isinstance(scores, Node):
             continue
         try:
-            return scores, mask, *attention.mask_flags("additive", mask, constants, scores_shape)
+            return scores, mask, *attention.mask_flags("additive", mask, constants, scores_shape,
+                                                       run_time_masks=run_time_masks)
         except attention.AdditiveInput as e:
             e.scores = scores
             additive = additive or e
@@ -190,7 +193,8 @@ def _strip_mask(node: Node, constants, scores_shape) -> tuple[Node, object, Band
 
 
 def _rewrite(node: Node, context: Context) -> str | None:
-    return attention.rewrite(match_handwritten(node, context.constants), context)
+    return attention.rewrite(
+        match_handwritten(node, context.constants, getattr(context.options, "run_time_masks", False)), context)
 
 
 FAMILY = Family("handwritten", TORCH_IR, SOFTMAX, _rewrite)

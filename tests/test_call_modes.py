@@ -190,6 +190,34 @@ def test_packed_sequences_reach_the_op_with_run_time_masks(name, window_left, mo
     assert_every_layer_rewritten(recorder, model, graphs=None)
 
 
+def test_eager_codes_packed_sequences_reach_the_op_in_inference(monkeypatch):
+    """`run_time_masks`: eager code adds its packed-sequence mask (built from position_ids, float, 0 and finfo.min) to
+    the scores; in inference every layer hands it to the op as its additive key mask per query row (read on the host
+    on CUDA as sequences packed back to back), output equal to eager; in a training step it is kept as written, with
+    the reason (eager's softmax passes gradients through rows that see no key)."""
+    model = tiny("llama", "eager")
+    kwargs = {**model.inputs(), "use_cache": False}
+    seq = kwargs["input_ids"].shape[1]
+    kwargs["position_ids"] = torch.cat([torch.arange(5), torch.arange(seq - 5)]).expand(2, -1)
+    masks = []
+    real = reference.forward
+    monkeypatch.setattr(reference, "forward", lambda *a, **kw: masks.append(a[4]) or real(*a, **kw))
+    recorder, got = compile_and_run(model.forward, kwargs)
+    assert_every_layer_rewritten(recorder, model)
+    with torch.no_grad():
+        torch.testing.assert_close(got, model.forward(**kwargs), atol=1e-5, rtol=1e-5)
+    assert masks[0].dtype == torch.float32 and masks[0].shape == (2, seq, seq)
+    flags = dict(scale=0.25, causal=False, window_left=-1, window_right=-1, softcap=0.0)
+    read = attention_op._per_query_mask_kind(None, masks[0], flags)
+    assert read == attention_op.MaskKind("packed", -1, ((0, 5, seq, seq + 5, 2 * seq), seq - 5)), read
+    torch._dynamo.reset()
+    recorder = Recorder()
+    net = model.model.train()
+    torch.compile(net, backend=recorder)(**{**kwargs, "labels": kwargs["input_ids"]}).loss.backward()
+    assert recorder.count() == 0 and len(recorder.reasons) == model.attention_layers
+    assert all("in training it is kept as written" in r for r in recorder.reasons), recorder.reasons
+
+
 def without_dropout(model: nn.Module) -> nn.Module:
     """GPT-2's default config drops 10% of attention weights, hidden states and embeddings in training."""
     for module in model.modules():
