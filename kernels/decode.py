@@ -172,6 +172,7 @@ class _Key(NamedTuple):
     key_mask: bool = False  # main kernel: a [B, Sk] key mask is given
     additive_mask: bool = False  # main kernel: that key mask is additive (q's dtype), not boolean
     min_ctas: int = 0  # int8-KV main kernel: CTAs a SM its registers must allow (0: ptxas decides)
+    half_rows: bool = False  # int8-KV main kernel: every packed query row is one of the tile's first 8
 
 
 def fake_bhsd(cute, dtype, d: int, div: int = 1, align: Optional[int] = None):

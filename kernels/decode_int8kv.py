@@ -42,6 +42,7 @@ KV_DTYPE = torch.int8
 SCALE_DTYPE = torch.float32
 CTAS_PER_SM = 2
 SCALE_BYTES = 4
+HALF_TILE_ROWS = 8  # packed query rows (q_len x group) that fill only the first half of the kernel's 16-row tile
 
 
 def unsupported_reason(q: Tensor, k: Tensor, v: Tensor, *, k_scale: Optional[Tensor], v_scale: Optional[Tensor],
@@ -88,10 +89,12 @@ def num_splits(batch: int, kv_heads: int, q_len: int, group: int, seqlen_k: int,
     return decode.num_splits(batch, kv_heads, q_len, group, seqlen_k, head_dim, num_sms * ctas_per_sm())
 
 
-def _key(dtype: torch.dtype, head_dim: int, group: int, causal: bool, softcap: bool, seqused: bool, split: bool,
-         key_mask: bool, arch: str) -> decode._Key:
+def _key(dtype: torch.dtype, head_dim: int, group: int, q_len: int, causal: bool, softcap: bool, seqused: bool,
+         split: bool, key_mask: bool, arch: str) -> decode._Key:
+    current = switches.current()
     return decode._Key("int8kv", dtype, head_dim, group, causal, softcap, seqused, split, arch,
-                       stages=stages_for(head_dim), key_mask=key_mask, min_ctas=switches.current().decode_min_ctas)
+                       stages=stages_for(head_dim), key_mask=key_mask, min_ctas=current.decode_min_ctas,
+                       half_rows=current.decode_half_rows and q_len * group <= HALF_TILE_ROWS)
 
 
 def _compile(key: decode._Key):
@@ -104,7 +107,7 @@ def _compile(key: decode._Key):
     dt = compile_utils.cutlass_dtype(key.dtype)
     d = key.head_dim
     kernel = DecodeAttentionInt8KVSm90(dt, d, key.group, key.causal, key.softcap, key.seqused, key.split, key.stages,
-                                       key.key_mask, key.min_ctas)
+                                       key.key_mask, key.min_ctas, key.half_rows)
 
     def kv():
         return decode.fake_bhsd(cute, Int8, d, decode.ALIGN_BYTES, decode.ALIGN_BYTES)
@@ -142,7 +145,7 @@ def forward(q: Tensor, k: Tensor, v: Tensor, k_scale: Tensor, v_scale: Tensor, s
         v_scale = v_scale.clone(memory_format=torch.contiguous_format)
     group = q.shape[1] // k.shape[1]
     arch = compile_utils.target_arch(q.device)
-    main = _key(q.dtype, q.shape[-1], group, call.causal, call.softcap > 0, call.seqused_k is not None,
+    main = _key(q.dtype, q.shape[-1], group, q.shape[2], call.causal, call.softcap > 0, call.seqused_k is not None,
                 call.splits > 1, call.key_mask is not None, arch)
     return decode.launch(call, compiled(main), (k, v, k_scale, v_scale),
                          decode.combine_key(q.dtype, q.shape[-1], group, arch))
@@ -166,6 +169,6 @@ def warmup(
     arch = decode.check_warmup(dtype, head_dim, group, q_len, device)
     before = len(compiled) + len(decode.compiled)
     for c, used, masked, split in decode.warmup_variants(causal, seqused_k, key_mask):
-        compiled(_key(dtype, head_dim, group, c, bool(softcap), used, split, masked, arch))
+        compiled(_key(dtype, head_dim, group, q_len, c, bool(softcap), used, split, masked, arch))
     decode.compiled(decode.combine_key(dtype, head_dim, group, arch))
     return len(compiled) + len(decode.compiled) - before

@@ -10,7 +10,8 @@ FA4_INDUCTOR_NO_REPLAY (FA4 launch replay off). Decode-kernel tuning: FA4_INDUCT
 (0 / false / no / off: the combine kernel without programmatic dependent launch),
 FA4_INDUCTOR_DECODE_SPLITS (a fixed split count), FA4_INDUCTOR_DECODE_SMEM_KB (a CTA's shared-memory
 budget, default 100), FA4_INDUCTOR_DECODE_MIN_CTAS (int8-KV kernel: CTAs a SM its registers must allow, so
-ptxas caps them; default 0, uncapped). W4A16 decode GEMM tuning: FA4_INDUCTOR_W4A16_CTA (a fixed CTA shape,
+ptxas caps them; default 0, uncapped), FA4_INDUCTOR_DECODE_HALF_ROWS (on: the int8-KV kernel skips the softmax of
+the tile's rows 8-15 when a call packs at most 8 query rows; default off until measured). W4A16 decode GEMM tuning: FA4_INDUCTOR_W4A16_CTA (a fixed CTA shape,
 "RTxWNxWK": row tiles a warp, warps along N, warps along K; default: `w4a16_decode.cta_shape`'s rule),
 FA4_INDUCTOR_W4A16_PDL (0 / false / no / off: launched without programmatic dependent launch; default on),
 FA4_INDUCTOR_W4A16_LOAD (its load path: registers, the default, or bulk, with options and a ring depth,
@@ -41,6 +42,7 @@ DECODE_PDL = "FA4_INDUCTOR_DECODE_PDL"
 DECODE_SPLITS = "FA4_INDUCTOR_DECODE_SPLITS"
 DECODE_SMEM_KB = "FA4_INDUCTOR_DECODE_SMEM_KB"
 DECODE_MIN_CTAS = "FA4_INDUCTOR_DECODE_MIN_CTAS"
+DECODE_HALF_ROWS = "FA4_INDUCTOR_DECODE_HALF_ROWS"
 W4A16_CTA = "FA4_INDUCTOR_W4A16_CTA"
 W4A16_PDL = "FA4_INDUCTOR_W4A16_PDL"
 W4A16_LOAD = "FA4_INDUCTOR_W4A16_LOAD"
@@ -65,6 +67,7 @@ class Switches(NamedTuple):
     decode_splits: Optional[int]
     decode_smem_kb: int
     decode_min_ctas: int
+    decode_half_rows: bool
     w4a16_cta: Optional[tuple[int, int, int]]
     w4a16_pdl: bool
     w4a16_load: Optional[str]
@@ -101,6 +104,7 @@ def read(env: Mapping[str, str]) -> Switches:
         decode_splits=int(env[DECODE_SPLITS]) if env.get(DECODE_SPLITS) else None,
         decode_smem_kb=int(env.get(DECODE_SMEM_KB) or 100),
         decode_min_ctas=int(env.get(DECODE_MIN_CTAS) or 0),
+        decode_half_rows=not _is_off(env.get(DECODE_HALF_ROWS, "0")),
         w4a16_cta=parse_cta_shape(env.get(W4A16_CTA)),
         w4a16_pdl=not _is_off(env.get(W4A16_PDL, "1")),
         w4a16_load=(env.get(W4A16_LOAD) or "").strip() or None,

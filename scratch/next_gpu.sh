@@ -1,4 +1,4 @@
-# Unrun GPU work (sessions 19-24), in priority order (session 25: `a`, then the GPU tiers of `h200_check.sh tests`;
+# Unrun GPU work (sessions 19-24), in priority order (session 25: `a`, `b`, then the GPU tiers of `h200_check.sh tests`;
 # each with a timeout of 540-590 s; rows stream to the log as they are measured), split into calls of
 # <= ~9 minutes (the first after .gpu/b's install).
 # Output goes to $OUT/log.txt. Have the next call ready: the machine goes back 30 s after a call, and a fresh one needs
@@ -92,6 +92,18 @@ y)  # session 23: a sliding-window layer's prefill mask per query row read as FA
 z)  # session 23: packed sequences (position_ids) with run_time_masks on FA4 varlen (CPU-tested only): forward and a
     # training step, Llama-1B shape, 16 x 512 packed in 8192 (scratch/packed.py); if it wins, turn run_time_masks on
     run timeout 500 python3 scratch/packed.py ;;
+b)  # session 24 (issue 16): FA4_INDUCTOR_DECODE_HALF_ROWS=1, the int8-KV kernel skipping the softmax of the tile's
+    # rows 8-15 for calls of at most 8 packed rows (sm_90a SASS: loop 459 -> 398 instructions, 218 -> 168 registers at
+    # d128; d64 308 -> 246, 125 -> 117). Its GPU tests (bit-equal to the switch off), then b1 / b8 x 32k at d128 and d64,
+    # switch off / on, at 2 CTAs a SM (smem 100 KB) and 3 (smem 64 KB, MIN_CTAS=3: the split rule aims at 3)
+    run timeout 200 $P -n 8 tests/test_gpu_decode_int8kv.py
+    for cfg in "0 100 0" "1 100 0" "0 64 3" "1 64 3"; do set -- $cfg
+      echo "+ HALF_ROWS=$1 SMEM_KB=$2 MIN_CTAS=$3" >>$L
+      for shape in "1 32768 128" "8 32768 128" "1 32768 64" "8 32768 64"; do set -- $cfg $shape
+        FA4_INDUCTOR_DECODE_HALF_ROWS=$1 FA4_INDUCTOR_DECODE_SMEM_KB=$2 FA4_INDUCTOR_DECODE_MIN_CTAS=$3 timeout 100 \
+          python3 tests/bench_decode_int8kv.py --b $4 --sk $5 --d $6 2>&1 | grep "^b" >>$L
+      done
+    done ;;
 u)  # session 22 left these: the Llama-1B shape's b8 x 128 / 512 padded rows after the crossover change (run 1:
     # b8 x 512 left-padded 0.77x on the op's SDPA fallback), then its decode rows at 2048 (b1, b8, padded)
     run timeout 280 python3 -c "from fa4_inductor import bench

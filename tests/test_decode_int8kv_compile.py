@@ -281,12 +281,12 @@ def test_int8_pairs_convert_exactly(half):
 # Compile-only
 # ---------------------------------------------------------------------------------------------
 
-# dtype, head_dim, group, causal, softcap, seqused, split, key_mask: every feature at least once
+# dtype, head_dim, group, q_len, causal, softcap, seqused, split, key_mask: every feature at least once
 VARIANTS = [
-    (torch.bfloat16, 128, 4, True, False, True, True, False),
-    (torch.float16, 64, 8, True, True, False, False, True),
-    (torch.bfloat16, 64, 1, False, False, False, True, True),
-    (torch.float16, 128, 16, False, False, True, False, False),
+    (torch.bfloat16, 128, 4, 1, True, False, True, True, False),
+    (torch.float16, 64, 8, 2, True, True, False, False, True),
+    (torch.bfloat16, 64, 1, 1, False, False, False, True, True),
+    (torch.float16, 128, 16, 1, False, False, True, False, False),
 ]
 
 
@@ -299,8 +299,29 @@ def test_main_kernel_compiles(cute_dsl, variant):
 
 
 @pytest.mark.slow
+def test_half_rows_variant_compiles_where_a_call_packs_at_most_8_rows(cute_dsl, monkeypatch):
+    """FA4_INDUCTOR_DECODE_HALF_ROWS=1: calls of at most 8 packed query rows (Sq x group) get the variant that skips
+    the softmax of the tile's rows 8-15; larger ones, or the switch off, the full one."""
+    monkeypatch.setenv(switches.DECODE_HALF_ROWS, "1")
+    switches.reset()
+    try:
+        picks = {(group, q_len): decode_int8kv._key(torch.bfloat16, 128, group, q_len, False, False, True, True, False,
+                                                    ARCH).half_rows for group, q_len in ((4, 1), (4, 2), (4, 3), (8, 1),
+                                                                                         (1, 8), (16, 1))}
+        assert picks == {(4, 1): True, (4, 2): True, (4, 3): False, (8, 1): True, (1, 8): True, (16, 1): False}
+        key = decode_int8kv._key(torch.bfloat16, 64, 4, 1, True, False, True, True, True, ARCH)
+        assert key.half_rows and callable(decode_int8kv.compiled(key))
+        monkeypatch.setenv(switches.DECODE_HALF_ROWS, "0")
+        switches.reset()
+        assert not decode_int8kv._key(torch.bfloat16, 64, 4, 1, True, False, True, True, True, ARCH).half_rows
+    finally:
+        monkeypatch.undo()
+        switches.reset()
+
+
+@pytest.mark.slow
 def test_head_dim_256_compiles(cute_dsl):
-    key = decode_int8kv._key(torch.bfloat16, 256, 2, True, False, True, True, False, ARCH)
+    key = decode_int8kv._key(torch.bfloat16, 256, 2, 1, True, False, True, True, False, ARCH)
     assert callable(decode_int8kv.compiled(key))
 
 
@@ -315,7 +336,7 @@ def test_warmup_compiles_every_variant_of_a_shape(cute_dsl):
 MIN_CTAS_PROBE = """
 import torch
 from fa4_inductor.kernels import decode_int8kv
-key = decode_int8kv._key(torch.bfloat16, 128, 4, False, False, False, True, False, "sm_90a")
+key = decode_int8kv._key(torch.bfloat16, 128, 4, 1, False, False, False, True, False, "sm_90a")
 ptx = decode_int8kv.compiled(key).__ptx__
 print(key.min_ctas, decode_int8kv.ctas_per_sm(), decode_int8kv.num_splits(1, 8, 1, 4, 32768, 128, 132),
       [l.split()[1] for l in ptx.splitlines() if l.strip().startswith(".minnctapersm")])

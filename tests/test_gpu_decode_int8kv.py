@@ -248,3 +248,27 @@ def test_splits_env_overrides_the_heuristic(monkeypatch):
     switches.reset()
     assert decode.prepare(q, k, None, None, None, decode.Flags(**flags(128))).splits == 5
     check("splits env 5", q, k, v, ks, vs, **flags(128))
+
+
+@pytest.mark.parametrize("dtype, d, group, sq, causal, masked, splits", [
+    (torch.bfloat16, 128, 4, 1, False, False, None), (torch.bfloat16, 128, 4, 2, True, True, 7),
+    (torch.bfloat16, 64, 8, 1, True, False, 1), (torch.float16, 128, 2, 3, True, True, None),
+    (torch.bfloat16, 64, 1, 8, True, False, None), (torch.float16, 64, 4, 1, False, True, 16)], ids=str)
+def test_half_rows_give_the_same_bits(dtype, d, group, sq, causal, masked, splits, monkeypatch):
+    """FA4_INDUCTOR_DECODE_HALF_ROWS=1: a call packing at most 8 query rows (Sq x group) skips the softmax of the
+    tile's rows 8-15, which hold no query; the rows it keeps compute exactly what they did, so out and lse are the
+    same bits as without the switch, and within the FA rule of the float64 reference."""
+    q, k, v, ks, vs = make_inputs(dtype, b=3, group=group, sq=sq, sk=3001, d=d)
+    used = torch.tensor([3001, 1200, 17], dtype=torch.int32, device="cuda")
+    mask = padding_key_mask(3, 3001) if masked else None
+    results = []
+    for half in ("0", "1"):
+        monkeypatch.setenv(switches.DECODE_HALF_ROWS, half)
+        switches.reset()
+        key = decode_int8kv._key(dtype, d, group, sq, causal, False, True, True, masked, "sm_90a")
+        assert key.half_rows == (half == "1")
+        results.append(check(f"half rows {half} {dtype} d{d} g{group} sq{sq} causal {causal} mask {masked}",
+                             q, k, v, ks, vs, used, mask, splits=splits, **flags(d, causal)))
+    switches.reset()
+    (out, lse), (half_out, half_lse) = results
+    assert torch.equal(out, half_out) and torch.equal(lse, half_lse)

@@ -62,7 +62,7 @@ def compile_variant(argv):
     elif argv[0] == "int8kv":
         from fa4_inductor.kernels import decode_int8kv
 
-        decode_int8kv.compiled(decode_int8kv._key(torch.bfloat16, int(argv[1]), 4, False, False, False, True, False,
+        decode_int8kv.compiled(decode_int8kv._key(torch.bfloat16, int(argv[1]), 4, 1, False, False, False, True, False,
                                                   "sm_90a"))
     else:
         raise SystemExit(__doc__)

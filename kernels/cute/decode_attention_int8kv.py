@@ -169,7 +169,8 @@ def _int8_pair(t, fp16: bool):
 class DecodeAttentionInt8KVSm90(SplitKVMerge):
     """One compiled variant per (dtype, head_dim, group, causal, softcap on/off, seqused_k given,
     key mask given, split or not, ring depth `stages` >= 2: the merge reuses the KV ring; `min_ctas`, the CTAs
-    a SM its registers must allow).
+    a SM its registers must allow; `half_rows`, every packed query row one of the tile's first 8: a lane's MMA
+    fragment rows g + 8 then hold zero queries, whose scores are 0 and whose P stays 0 without a softmax).
 
     Call: (mQ, mK, mV, mKscale, mVscale, mSeqused, mKeyMask, mO, mLSE, mOpart, mLSEpart, scale_log2,
     softcap_in, softcap_out, stream). mK / mV int8 [B, Hkv, Sk, D] (unit stride on D, 16-byte
@@ -178,7 +179,8 @@ class DecodeAttentionInt8KVSm90(SplitKVMerge):
     """
 
     def __init__(self, dtype, head_dim: int, group: int, causal: bool, has_softcap: bool,
-                 has_seqused: bool, split: bool, stages: int, has_key_mask: bool = False, min_ctas: int = 0):
+                 has_seqused: bool, split: bool, stages: int, has_key_mask: bool = False, min_ctas: int = 0,
+                 half_rows: bool = False):
         assert head_dim in HEAD_DIMS, head_dim
         assert stages >= 2, stages
         self.dtype = dtype
@@ -192,6 +194,7 @@ class DecodeAttentionInt8KVSm90(SplitKVMerge):
         self.split = split
         self.stages = stages
         self.min_ctas = min_ctas  # > 1: registers capped so that this many CTAs fit a SM (nvvm.minctasm)
+        self.half_rows = half_rows
         self.num_threads = 32 * NUM_WARPS
         self.o_scale = FP16_P_SCALE if self.fp16 else 1.0
 
@@ -411,8 +414,11 @@ class DecodeAttentionInt8KVSm90(SplitKVMerge):
         tScS = _mn_view(thr_mma.partition_C(cute.make_identity_tensor((TILE_M, TILE_N))))
         n_rows = cute.size(tScS, mode=[0])
         n_cols = cute.size(tScS, mode=[1])
+        # The fragment rows (g, g + 8) this lane works on: with `half_rows` the second holds no query (its scores are
+        # exactly 0, from the zeroed Q rows, and its P is left 0: row_max -inf and row_sum 0 keep it out of the merge).
+        live_rows = 1 if const_expr(self.half_rows) else n_rows
         limit = cute.make_rmem_tensor((n_rows,), Int32)
-        for r in cutlass.range_constexpr(n_rows):
+        for r in cutlass.range_constexpr(live_rows):
             limit[r] = seqlen_k
             if const_expr(self.causal):
                 token = (row_tile * TILE_M + tScS[r, 0][0]) // group
@@ -422,7 +428,7 @@ class DecodeAttentionInt8KVSm90(SplitKVMerge):
         row_max.fill(-Float32.inf)
         row_sum.fill(0.0)
         q_mul = cute.make_rmem_tensor((n_rows,), Float32)
-        for r in cutlass.range_constexpr(n_rows):
+        for r in cutlass.range_constexpr(live_rows):
             q_mul[r] = sQmul[tScS[r, 0][0]]
         k_words = cute.make_rmem_tensor((4, C // 4, 2), Uint32)  # (word, chunk t + 4i, n-block)
         v_words = cute.make_rmem_tensor((4, D // 32), Uint32)  # (key 2t, 2t + 1, 2t + 8, 2t + 9; word)
@@ -453,7 +459,10 @@ class DecodeAttentionInt8KVSm90(SplitKVMerge):
                     for p in cutlass.range_constexpr(2):
                         digits[p] = _imma([tSrQ[x, kb, p] for x in range(4)], bk, digits[p])
                 for x in cutlass.range_constexpr(4):  # c0, c1: row g, keys 2t, 2t + 1; c2, c3: row g + 8
-                    acc_S[(x % 2, x // 2), 0, j] = (digits[0][x] * Q_BASE + digits[1][x]).to(Float32)
+                    if const_expr(x // 2 < live_rows):
+                        acc_S[(x % 2, x // 2), 0, j] = (digits[0][x] * Q_BASE + digits[1][x]).to(Float32)
+                    else:
+                        acc_S[(x % 2, x // 2), 0, j] = Float32(0.0)
 
             # ---- V fragments: D / 8 bytes of keys 2t, 2t + 1, 2t + 8, 2t + 9 (loads in flight during softmax) ----
             for kk in cutlass.range_constexpr(4):
@@ -475,7 +484,7 @@ class DecodeAttentionInt8KVSm90(SplitKVMerge):
                     v_mul[c] = v_mul[c] * FP16_P_SCALE
             corr_rows = cute.make_rmem_tensor((n_rows,), Float32)
             moved = Int32(0)
-            for r in cutlass.range_constexpr(n_rows):
+            for r in cutlass.range_constexpr(live_rows):
                 for c in cutlass.range_constexpr(n_cols):
                     x = s_mn[r, c] * q_mul[r] * k_mul[c]
                     if const_expr(self.has_softcap):
@@ -501,7 +510,7 @@ class DecodeAttentionInt8KVSm90(SplitKVMerge):
             # Rescale O only when some row max of the warp moved (late in a long split it rarely does; a
             # warp-uniform branch saves the D / 2 multiplies, a predicated one would still issue them).
             if cute.arch.vote_any_sync(moved != 0):
-                for r in cutlass.range_constexpr(n_rows):
+                for r in cutlass.range_constexpr(live_rows):
                     o_mn[r, None] = o_mn[r, None].load() * corr_rows[r]
 
             for h in cutlass.range_constexpr(2):
