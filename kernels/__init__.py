@@ -30,7 +30,7 @@ else:
 
     from . import (attention, attention_int8kv, crossover, int8_int8_linear, int8_linear, key_mask, nvfp4_linear,
                    quack_w4a16)
-    from .attention import blind_rows_as_mean
+    from .attention import blind_rows_as_eagers, blind_rows_as_mean
     from .attention import unsupported_reason as attention_unsupported_reason
     from .attention_int8kv import unsupported_reason as attention_int8kv_unsupported_reason
     from .int8_int8_linear import unsupported_reason as int8_int8_linear_unsupported_reason

@@ -471,10 +471,28 @@ def blind_rows_as_mean(out: Tensor, lse: Tensor, v: Tensor, in_place: bool = Fal
     `in_place` (the op's own output, whose layout it keeps); lowering puts the out-of-place call in the graph, after
     the op, for masks the graph itself builds."""
     blind = (lse == float("-inf"))[..., None]
-    mean = v.mean(2, keepdim=True, dtype=torch.float32)
+    mean = v.mean(2, keepdim=True, dtype=torch.promote_types(v.dtype, torch.float32))
     if out.shape[1] != v.shape[1]:
         mean = mean.repeat_interleave(out.shape[1] // v.shape[1], 1)
     return torch.where(blind, mean.to(out.dtype), out, **({"out": out} if in_place else {}))
+
+
+def blind_rows_as_eagers(out: Tensor, lse: Tensor, q: Tensor, k: Tensor, v: Tensor, scale: float) -> Tensor:
+    """`blind_rows_as_mean` with eager's gradient, for training. Such a row's scores are all finfo.min, absorbing
+    q . k, so its softmax is uniform, yet autograd still passes its derivative to q and k: d out_i / d s_ij =
+    (v_j - mean V) / Sk. That is the derivative of scale (V - mean V)^T K q_i / Sk with V held constant, which is
+    added as term - term.detach() (0 in value): out_i stays the mean of V, d/dV comes through the mean only, as
+    eager's P^T dO, and d/dq, d/dk are eager's. The [Dv, D] product per KV head costs O(Sk D^2), far below the
+    attention's O(Sq Sk D)."""
+    blind = (lse == float("-inf"))[..., None]
+    group = q.shape[1] // k.shape[1]
+    mean = v.mean(2, keepdim=True, dtype=torch.promote_types(v.dtype, torch.float32))
+    centered = (v.detach() - mean.detach().to(v.dtype)).to(k.dtype)
+    slope = centered.transpose(-1, -2) @ k / k.shape[2]  # [B, Hkv, Dv, D]
+    if group > 1:
+        mean, slope = mean.repeat_interleave(group, 1), slope.repeat_interleave(group, 1)
+    term = scale * (q @ slope.to(q.dtype).transpose(-1, -2))
+    return torch.where(blind, mean.to(out.dtype) + (term - term.detach()).to(out.dtype), out)
 
 
 def _attention_fake(q, k, v, seqused_k=None, key_mask=None, **flags):

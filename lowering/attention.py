@@ -29,7 +29,7 @@ from torch.fx import GraphModule, Node
 from torch.fx.experimental.symbolic_shapes import guard_or_false
 
 from ..kernels import (ATTENTION, ATTENTION_INT8KV, attention_int8kv_unsupported_reason, attention_unsupported_reason,
-                       blind_rows_as_mean)
+                       blind_rows_as_eagers, blind_rows_as_mean)
 from ..kernels.decode import MAX_Q_LEN as DECODE_MAX_Q_LEN
 from . import crossover, gqa, int8_kv, kv_cache, padding
 from .family import Context
@@ -382,7 +382,11 @@ def emit(gm: GraphModule, call: AttentionCall, fake_mode, shared: dict, mutation
             op = make(ATTENTION, *inputs, name="fa4_attention", **kwargs)
         out = make(operator.getitem, op, 0, name="attention_out")
         if call.key_mask is not None and call.blind_rows == "mean":
-            out = make(blind_rows_as_mean, out, make(operator.getitem, op, 1), v, name="attention_out_blind_rows")
+            lse = make(operator.getitem, op, 1)
+            if any(value(t).requires_grad for t in (call.q, call.k, call.v)):
+                out = make(blind_rows_as_eagers, out, lse, q, k, v, call.scale, name="attention_out_blind_rows")
+            else:
+                out = make(blind_rows_as_mean, out, lse, v, name="attention_out_blind_rows")
         if three_d:
             out = make("squeeze", out, 0)
     _replace_output(graph, call, out, make, mutations, copy=three_d)
@@ -469,11 +473,13 @@ def _encode_padding(call: AttentionCall, options) -> None:
     if call.blind_rows == "nan":
         raise Decline("a run-time padding mask where a query row that sees no key is NaN or weighted over part "
                       "of the keys in eager (-inf fill in a hand-written softmax, or several masking steps)")
-    if call.blind_rows == "mean" and any(value(t).requires_grad for t in (call.q, call.k, call.v)):
-        # Eager's value there is the mean of V, but its gradient still reaches q and k through the
-        # softmax of the (absorbed) scores, which the mean in the graph cannot give.
-        raise Decline("a run-time finfo.min padding mask in training: a query row that sees no key passes "
-                      "eager's softmax gradient to q and k, which the rewrite does not reproduce")
+    if call.blind_rows == "mean" and "softcap" in call.flags and \
+            any(value(t).requires_grad for t in (call.q, call.k, call.v)):
+        # Eager's value there is the mean of V, and its gradient still reaches q and k through the softmax of the
+        # (absorbed) scores: `blind_rows_as_eagers` gives it, but not through a softcap's tanh.
+        raise Decline("a run-time finfo.min padding mask in training under a softcap: a query row that sees no key "
+                      "passes eager's softmax gradient to q and k through the softcap, which the rewrite does not "
+                      "reproduce")
     call.key_mask = call.padding
 
 

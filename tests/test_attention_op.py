@@ -728,3 +728,33 @@ def test_small_key_mask_calls_skip_the_host_read_of_the_mask():
         long_k = torch.empty(4, 8, 16384, 128, dtype=dtype, device="meta")
         assert attention_op._reads_mask_form(large_q.to(dtype), long_k, additive, full) == reads
         assert not attention_op._reads_mask_form(large_q.to(dtype), long_k, additive[:, 0], full)
+
+
+def test_blind_rows_as_eagers_gives_eagers_values_and_gradients():
+    """Eager code's finfo.min mask, left padding under a causal band, GQA: rows that see no key are the mean of V, and
+    eager's softmax passes them a gradient to q and k (and V through P^T dO); the op with the key mask plus
+    `blind_rows_as_eagers` gives the same output and gradients, float64, on fresh random inputs."""
+    from fa4_inductor.kernels.attention import blind_rows_as_eagers
+
+    b, hq, hkv, s, d, scale = 2, 4, 2, 6, 8, 0.3
+    q = torch.randn(b, hq, s, d, dtype=torch.float64, requires_grad=True)
+    k, v = (torch.randn(b, hkv, s, d, dtype=torch.float64, requires_grad=True) for _ in range(2))
+    keys = torch.arange(s)[None, :] >= torch.tensor([0, 3])[:, None]
+    allowed = torch.ones(s, s, dtype=torch.bool).tril()[None] & keys[:, None, :]
+
+    def eager(q, k, v):
+        scores = q @ k.repeat_interleave(2, 1).transpose(-1, -2) * scale
+        mask = torch.zeros(b, 1, s, s, dtype=q.dtype).masked_fill(~allowed[:, None], torch.finfo(q.dtype).min)
+        return torch.softmax(scores + mask, -1) @ v.repeat_interleave(2, 1)
+
+    def ours(q, k, v):
+        out, lse = ATTENTION(q, k, v, None, keys, scale=scale, causal=True)
+        assert (lse[1, :, :3] == float("-inf")).all()  # the blind rows the fix-up replaces
+        return blind_rows_as_eagers(out, lse, q, k, v, scale)
+
+    grad = torch.randn(b, hq, s, d, dtype=torch.float64)
+    expected, got = eager(q, k, v), ours(q, k, v)
+    torch.testing.assert_close(got, expected)
+    for name, g, e in zip("qkv", torch.autograd.grad(got, (q, k, v), grad),
+                          torch.autograd.grad(expected, (q, k, v), grad)):
+        torch.testing.assert_close(g, e, msg=lambda m: f"d{name}: {m}")

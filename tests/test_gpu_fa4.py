@@ -518,3 +518,38 @@ def test_key_masks_built_in_graph_under_cuda_graph_trees(sq, sk, monkeypatch):
             got = compiled(q, k, v, lengths).float()
             expected = attend(*(t.float() for t in (q, k, v)), lengths)
             assert got.isfinite().all() and (got - expected).abs().max().item() < 2e-2
+
+
+def test_eager_codes_rows_that_see_no_key_in_training(monkeypatch):
+    """Eager code's left-padded finfo.min mask in training (lowering: the op with the key mask, then
+    `blind_rows_as_eagers`): rows that see no key are the mean of V and get eager's softmax gradient to q and k; the
+    op's own backward (FA4 varlen or the SDPA fallback) gives them none. Output and gradients by the FA rule against
+    HF's eager attention in float64, PyTorch's in bfloat16."""
+    from fa4_inductor.kernels.attention import blind_rows_as_eagers
+
+    monkeypatch.setattr(crossover, "GFLOP_BELOW", ())
+    q, k, v = qkv(b=3, sq=500, group=4, requires_grad=True)
+    flags = attention_flags(128, causal=True)
+    mask = torch.ones(3, 500, dtype=torch.bool, device="cuda")
+    mask[0, :123] = False
+    mask[2, :499] = False  # one real token
+
+    def eager_code(q, k, v):  # HF's: the model dtype's finfo.min, a float32 softmax (float64 for the reference)
+        group = q.shape[1] // k.shape[1]
+        scores = q @ k.repeat_interleave(group, 1).transpose(-1, -2) * flags["scale"]
+        allowed = torch.ones(500, 500, dtype=torch.bool, device="cuda").tril()[None, None] & mask[:, None, None, :]
+        scores = scores + torch.zeros_like(scores[:, :1]).masked_fill(~allowed, torch.finfo(torch.bfloat16).min)
+        softmax_dtype = torch.promote_types(q.dtype, torch.float32)
+        return torch.softmax(scores, -1, dtype=softmax_dtype).to(q.dtype) @ v.repeat_interleave(group, 1)
+
+    out = blind_rows_as_eagers(*ATTENTION(q, k, v, None, mask, **flags), q, k, v, flags["scale"])
+    dout = torch.randn_like(out)
+    grads = torch.autograd.grad(out, (q, k, v), dout)
+    leaves64 = [t.requires_grad_() for t in float64(q, k, v)]
+    out64 = eager_code(*leaves64)
+    refs = torch.autograd.grad(out64, leaves64, dout.double())
+    leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+    pt_out = eager_code(*leaves)
+    assert_fa_rule("out", out, out64.detach(), pt_out)
+    for name, g, r, p in zip(("dq", "dk", "dv"), grads, refs, torch.autograd.grad(pt_out, leaves, dout)):
+        assert_fa_rule(name, g, r, p, grad=True)
