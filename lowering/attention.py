@@ -205,7 +205,7 @@ def mask_flags(kind: str, mask, constants, scores_shape, fill=None, run_time_mas
         band, hidden = keep_band(kind, mask, constants, fill)
     except MaskNotUnderstood as e:
         if kind == "additive" and isinstance(mask, Node) and (
-                isinstance(e, ValuesUnknown) or run_time_masks and mask_rows(shape(mask), scores_shape) == "per query"):
+                isinstance(e, ValuesUnknown) or run_time_masks and _self_attention_rows(mask, scores_shape)):
             _check_broadcast(shape(mask), scores_shape)
             raise AdditiveInput(f"mask not recognized: {e}", mask) from None
         if run_time_masks and (keys := run_time_mask(kind, mask, scores_shape)) is not None:
@@ -224,12 +224,19 @@ def mask_flags(kind: str, mask, constants, scores_shape, fill=None, run_time_mas
 
 
 def run_time_mask(kind: str, mask, scores_shape) -> KeyMask | None:
-    """A boolean SDPA mask [B or 1, 1, Sq, Sk] on the scores' last two dims, as the op's key mask per query row
-    (exact for any contents: the op reads it on the host, FA4 where it has a form FA4 takes, such as HF's packed
-    sequences from position_ids or Llama 4's chunks, else the SDPA fallback with it); None for any other mask."""
-    if kind != "bool" or not isinstance(mask, Node) or mask_rows(shape(mask), scores_shape) != "per query":
+    """A boolean SDPA mask [B or 1, 1, S, S] on a self-attention's scores, as the op's key mask per query row (exact
+    for any contents: the op reads it on the host, FA4 where it has a form FA4 takes, such as HF's packed sequences
+    from position_ids or Llama 4's chunks, else the SDPA fallback with it); None for any other mask. Not over a KV
+    cache: a few queries there would run on the SDPA fallback, which repeats the cache's K/V for GQA."""
+    if kind != "bool" or not isinstance(mask, Node) or not _self_attention_rows(mask, scores_shape):
         return None
     return KeyMask(mask, plane=True, per_query=True)
+
+
+def _self_attention_rows(mask: Node, scores_shape) -> bool:
+    """Whether `mask` is [B or 1, 1, S, S] on a self-attention's scores [B, H, S, S] (`run_time_mask`)."""
+    return len(scores_shape) == 4 and same_size(scores_shape[2], scores_shape[3]) \
+        and mask_rows(shape(mask), scores_shape) == "per query"
 
 
 def mask_rows(mshape, scores_shape) -> str | None:

@@ -435,6 +435,27 @@ def test_chunked_attention_longer_than_a_chunk_with_run_time_masks(monkeypatch):
         assert attention_op._per_query_mask_kind(None, masks[-1], flags) == read
 
 
+@pytest.mark.parametrize("sk, rewritten", [(8, True), (11, False)], ids=["self-attention", "over-a-cache"])
+def test_run_time_masks_are_self_attentions(sk, rewritten):
+    """A boolean mask the graph cannot prove (here built from a float input) reaches the op as its key mask per query
+    row on a self-attention; over a KV cache (fewer queries than keys) it stays as written, where the op's SDPA
+    fallback would repeat the cache's K/V for GQA."""
+    def attend(q, k, v, weights):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=(weights > 0)[:, None], enable_gqa=True)
+
+    q = torch.randn(2, 4, 8, 16)
+    k, v = (torch.randn(2, 2, sk, 16) for _ in range(2))
+    weights = torch.randn(2, 8, sk)
+    weights[..., 0] = 1.0  # every query sees a key
+    torch._dynamo.reset()
+    recorder = Recorder()
+    torch.testing.assert_close(torch.compile(attend, backend=recorder)(q, k, v, weights), attend(q, k, v, weights))
+    if rewritten:
+        assert recorder.count() == 1 and "key_mask=mask per query row" in recorder.records[0].detail, recorder.records
+    else:
+        assert recorder.count() == 0 and "mask not recognized" in recorder.reasons[0], recorder.reasons
+
+
 def cache_position_attention(q, k_new, v_new, k_past, v_past):
     """transformers 4.x with a DynamicCache: `cache_position = arange(past, past + Sq)` (past: the cache length,
     a SymInt under dynamic shapes), keys the past ones and the new ones, `kv_arange <= cache_position`."""
