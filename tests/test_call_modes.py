@@ -164,13 +164,16 @@ def test_position_ids_without_cache_or_mask_stay_as_written_without_run_time_mas
     assert all("the graph input l_kwargs_position_ids_" in r for r in recorder.reasons), recorder.reasons
 
 
-@pytest.mark.parametrize("name, window_left", [case("llama", -1), case("mistral", 3, slow=True)])
-def test_packed_sequences_reach_the_op_with_run_time_masks(name, window_left, monkeypatch):
+@pytest.mark.parametrize("name, impl, window_left", [case("llama", "sdpa", -1), case("mistral", "sdpa", 3, slow=True),
+                                                     case("llama", "eager", -1)])
+def test_packed_sequences_reach_the_op_with_run_time_masks(name, impl, window_left, monkeypatch):
     """`run_time_masks` (on by default): packed sequences from explicit position_ids (HF's mask, values known at run
-    time only) reach every layer of the op as its key mask per query row, in inference and in a training step
-    (outputs and gradients equal to eager); the op reads that mask on the host as sequences packed back to back
-    (`MaskKind.segments`: FA4 varlen on CUDA), Mistral's within its sliding window of 4 keys."""
-    model = tiny(name, "sdpa")
+    time only) reach every layer of the op as its key mask per query row, output equal to eager; the op reads that
+    mask on the host as sequences packed back to back (`MaskKind.segments`: FA4 varlen on CUDA), Mistral's within
+    its sliding window of 4 keys. A training step: sdpa code's boolean mask too, gradients eager's; eager code's
+    float mask (0 and finfo.min, added to the scores) is kept as written in training, with the reason (eager's
+    softmax passes gradients through rows that see no key)."""
+    model = tiny(name, impl)
     kwargs = {**model.inputs(), "use_cache": False}
     seq = kwargs["input_ids"].shape[1]
     kwargs["position_ids"] = torch.cat([torch.arange(5), torch.arange(seq - 5)]).expand(2, -1)
@@ -179,41 +182,22 @@ def test_packed_sequences_reach_the_op_with_run_time_masks(name, window_left, mo
     monkeypatch.setattr(reference, "forward", lambda *a, **kw: masks.append(a[4]) or real(*a, **kw))
     recorder, got = compile_and_run(model.forward, kwargs)
     assert_every_layer_rewritten(recorder, model)
-    assert all("key_mask=mask per query row" in r.detail for r in recorder.records), recorder.records
+    described = "key_mask=" + ("mask per query row" if impl == "sdpa" else "additive mask input")
+    assert all(described in r.detail for r in recorder.records), recorder.records
     with torch.no_grad():
         torch.testing.assert_close(got, model.forward(**kwargs), atol=1e-5, rtol=1e-5)
+    assert masks[0].dtype == (torch.bool if impl == "sdpa" else torch.float32) and masks[0].shape == (2, seq, seq)
     flags = dict(scale=0.25, causal=False, window_left=-1, window_right=-1, softcap=0.0)
     read = attention_op._per_query_mask_kind(None, masks[0], flags)
     assert read == attention_op.MaskKind("packed", window_left, ((0, 5, seq, seq + 5, 2 * seq), seq - 5)), read
     net = model.model.train()
-    recorder = assert_training_step_matches_eager(net, {**kwargs, "labels": kwargs["input_ids"]})
-    assert_every_layer_rewritten(recorder, model, graphs=None)
-
-
-def test_eager_codes_packed_sequences_reach_the_op_in_inference(monkeypatch):
-    """`run_time_masks`: eager code adds its packed-sequence mask (built from position_ids, float, 0 and finfo.min) to
-    the scores; in inference every layer hands it to the op as its additive key mask per query row (read on the host
-    on CUDA as sequences packed back to back), output equal to eager; in a training step it is kept as written, with
-    the reason (eager's softmax passes gradients through rows that see no key)."""
-    model = tiny("llama", "eager")
-    kwargs = {**model.inputs(), "use_cache": False}
-    seq = kwargs["input_ids"].shape[1]
-    kwargs["position_ids"] = torch.cat([torch.arange(5), torch.arange(seq - 5)]).expand(2, -1)
-    masks = []
-    real = reference.forward
-    monkeypatch.setattr(reference, "forward", lambda *a, **kw: masks.append(a[4]) or real(*a, **kw))
-    recorder, got = compile_and_run(model.forward, kwargs)
-    assert_every_layer_rewritten(recorder, model)
-    with torch.no_grad():
-        torch.testing.assert_close(got, model.forward(**kwargs), atol=1e-5, rtol=1e-5)
-    assert masks[0].dtype == torch.float32 and masks[0].shape == (2, seq, seq)
-    flags = dict(scale=0.25, causal=False, window_left=-1, window_right=-1, softcap=0.0)
-    read = attention_op._per_query_mask_kind(None, masks[0], flags)
-    assert read == attention_op.MaskKind("packed", -1, ((0, 5, seq, seq + 5, 2 * seq), seq - 5)), read
+    training = {**kwargs, "labels": kwargs["input_ids"]}
+    if impl == "sdpa":
+        assert_every_layer_rewritten(assert_training_step_matches_eager(net, training), model, graphs=None)
+        return
     torch._dynamo.reset()
     recorder = Recorder()
-    net = model.model.train()
-    torch.compile(net, backend=recorder)(**{**kwargs, "labels": kwargs["input_ids"]}).loss.backward()
+    torch.compile(net, backend=recorder)(**training).loss.backward()
     assert recorder.count() == 0 and len(recorder.reasons) == model.attention_layers
     assert all("in training it is kept as written" in r for r in recorder.reasons), recorder.reasons
 
