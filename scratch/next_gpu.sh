@@ -1,4 +1,4 @@
-# Unrun GPU work (sessions 19-24), in priority order (session 25: `a`, `b`, then the GPU tiers of `h200_check.sh tests`;
+# Unrun GPU work (sessions 19-24), in priority order (session 25: `c`, `a`, `b`, then the GPU tiers of `h200_check.sh tests`;
 # each with a timeout of 540-590 s; rows stream to the log as they are measured), split into calls of
 # <= ~9 minutes (the first after .gpu/b's install).
 # Output goes to $OUT/log.txt. Have the next call ready: the machine goes back 30 s after a call, and a fresh one needs
@@ -92,6 +92,11 @@ y)  # session 23: a sliding-window layer's prefill mask per query row read as FA
 z)  # session 23: packed sequences (position_ids) with run_time_masks on FA4 varlen (CPU-tested only): forward and a
     # training step, Llama-1B shape, 16 x 512 packed in 8192 (scratch/packed.py); if it wins, turn run_time_masks on
     run timeout 500 python3 scratch/packed.py ;;
+c)  # session 24 (issue 12): eager code's padded training on the op (rows that see no key get eager's gradient from
+    # `blind_rows_as_eagers`; was kept as written) and packed sequences within a sliding window as FA4 varlen: their GPU
+    # tests, then a Llama-1B-shaped eager-code training step, 4 x 1024 left / right padded (scratch/eager_train.py)
+    run timeout 200 $P -n 8 tests/test_gpu_fa4.py -k "per_query or additive or eager_codes"
+    run timeout 380 python3 scratch/eager_train.py ;;
 b)  # session 24 (issue 16): FA4_INDUCTOR_DECODE_HALF_ROWS=1, the int8-KV kernel skipping the softmax of the tile's
     # rows 8-15 for calls of at most 8 packed rows (sm_90a SASS: loop 459 -> 398 instructions, 218 -> 168 registers at
     # d128; d64 308 -> 246, 125 -> 117). Its GPU tests (bit-equal to the switch off), then b1 / b8 x 32k at d128 and d64,
