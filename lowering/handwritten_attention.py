@@ -22,8 +22,8 @@ from . import attention
 from .family import TORCH_IR, Context, Family
 from .masks import Band
 from .records import Decline
-from .spellings import (ADD, CAST, DIV, DROPOUT, MASKED_FILL, MATMUL, MUL, SOFTMAX, TANH, WHERE, arg,
-                        normalize_dim, scalar, shape, single_user, transposed_last_two, value)
+from .spellings import (ADD, CAST, DIV, DROPOUT, MASKED_FILL, MATMUL, MUL, SOFTMAX, TANH, WHERE, arg, is_zero,
+                        normalize_dim, shape, single_user, transposed_last_two, value)
 
 
 def _constant_factor(node: Node) -> tuple[Node, float] | None:
@@ -73,7 +73,7 @@ def _peel_scales(node: Node, consumer: Node, matched: list) -> tuple[Node, float
 def _dropout_is_noop(node: Node) -> bool:
     p = arg(node, 1, "p", 0.5)
     training = arg(node, 2, "training", True)
-    return scalar(p) == 0.0 or training is False
+    return training is False or is_zero(p)
 
 
 def match_handwritten(softmax: Node, constants: dict, run_time_masks: bool = False) -> attention.AttentionCall | None:

@@ -17,7 +17,7 @@ from torch.fx import Node
 from . import attention
 from .family import TORCH_IR, Context, Family
 from .records import Decline
-from .spellings import SDPA, arg, scalar, shape, value
+from .spellings import SDPA, arg, is_zero, shape, value
 
 
 def match_sdpa(node: Node, constants: dict, run_time_masks: bool = False) -> attention.AttentionCall:
@@ -26,7 +26,7 @@ def match_sdpa(node: Node, constants: dict, run_time_masks: bool = False) -> att
     dropout_p = arg(node, 4, "dropout_p", 0.0)
     is_causal = arg(node, 5, "is_causal", False)
     scale = arg(node, 6, "scale", None)
-    if scalar(dropout_p) != 0.0:
+    if not is_zero(dropout_p):
         raise Decline(f"dropout_p={dropout_p} (dropout is not supported)")
     if not isinstance(is_causal, bool):
         raise Decline(f"is_causal is not a constant ({is_causal})")

@@ -124,7 +124,7 @@ def guardable(*sizes) -> bool:
     """Static sizes, or symbolic ones whose comparisons can still add a guard: backed by an input's size (a
     data-dependent one cannot be compared at compile time), and Dynamo has not built its guards yet (a backward
     compiled lazily, after them, would have the guard dropped with a warning: unsound)."""
-    return all(not isinstance(size, torch.SymInt)
+    return all(not isinstance(size, (torch.SymInt, torch.SymFloat))
                or (not free_unbacked_symbols(size) and not size.node.shape_env.frozen) for size in sizes)
 
 
@@ -164,6 +164,16 @@ def scalar(x) -> float | None:
     if isinstance(x, bool) or not isinstance(x, (int, float)):
         return None
     return float(x)
+
+
+def is_zero(x) -> bool:
+    """A number argument that is 0: a Python number, or a node of a symbolic one (a float `dynamic=True` leaves
+    unspecialized, such as HF's attention dropout) that is 0 for this graph, under a guard (a later call where it is
+    not recompiles)."""
+    if isinstance(x, Node):
+        v = value(x)
+        return isinstance(v, (torch.SymFloat, torch.SymInt)) and guardable(v) and guard_or_false(v == 0)
+    return scalar(x) == 0.0
 
 
 def is_large_negative(fill) -> bool:

@@ -316,6 +316,26 @@ def test_dynamic_true(name, impl, cache):
     assert_every_layer_rewritten(recorder, model)
 
 
+@pytest.mark.parametrize("impl", [case("eager"), case("sdpa", slow=True)])
+def test_training_steps_under_dynamic_true(impl):
+    """`dynamic=True` in training: HF passes the attention dropout (0.0) as a float, which Dynamo leaves symbolic;
+    it is read as 0 under a guard, so every layer is rewritten, in one graph for padded batches of two lengths, with
+    eager's loss and gradients."""
+    model = tiny("llama", impl)
+    net = without_dropout(model.model).train()
+    torch._dynamo.reset()
+    recorder = Recorder()
+    compiled = torch.compile(net, backend=recorder, dynamic=True)
+    for seq in (12, 17):
+        ids = torch.randint(3, model.model.config.vocab_size, (2, seq))
+        kwargs = dict(input_ids=ids, attention_mask=padding_mask("left", 2, seq), use_cache=False, labels=ids)
+        got, expected = training_step(compiled, net, kwargs), training_step(net, net, kwargs)
+        torch.testing.assert_close(got[0], expected[0], atol=1e-5, rtol=1e-5)
+        for g, e in zip(got[1], expected[1]):
+            torch.testing.assert_close(g, e, atol=1e-5, rtol=1e-4)
+    assert len(recorder.graphs) == 1 and recorder.count() == model.attention_layers, recorder.reasons
+
+
 @pytest.mark.parametrize("impl", [case("sdpa"), case("eager", slow=True)])
 def test_padded_batch_after_unpadded_ones_under_dynamic_true(impl):
     """A server's order under `dynamic=True`: one request alone, then a batch, then a padded batch. The batch size
