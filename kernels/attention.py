@@ -471,10 +471,8 @@ def blind_rows_as_mean(out: Tensor, lse: Tensor, v: Tensor, in_place: bool = Fal
     `in_place` (the op's own output, whose layout it keeps); lowering puts the out-of-place call in the graph, after
     the op, for masks the graph itself builds."""
     blind = (lse == float("-inf"))[..., None]
-    mean = v.mean(2, keepdim=True, dtype=torch.promote_types(v.dtype, torch.float32))
-    if out.shape[1] != v.shape[1]:
-        mean = mean.repeat_interleave(out.shape[1] // v.shape[1], 1)
-    return torch.where(blind, mean.to(out.dtype), out, **({"out": out} if in_place else {}))
+    return torch.where(blind, _per_query_head(_mean_of_v(v), out.shape[1]).to(out.dtype), out,
+                       **({"out": out} if in_place else {}))
 
 
 def blind_rows_as_eagers(out: Tensor, lse: Tensor, q: Tensor, k: Tensor, v: Tensor, scale: float) -> Tensor:
@@ -485,14 +483,22 @@ def blind_rows_as_eagers(out: Tensor, lse: Tensor, q: Tensor, k: Tensor, v: Tens
     eager's P^T dO, and d/dq, d/dk are eager's. The [Dv, D] product per KV head costs O(Sk D^2), far below the
     attention's O(Sq Sk D)."""
     blind = (lse == float("-inf"))[..., None]
-    group = q.shape[1] // k.shape[1]
-    mean = v.mean(2, keepdim=True, dtype=torch.promote_types(v.dtype, torch.float32))
+    mean = _mean_of_v(v)
     centered = (v.detach() - mean.detach().to(v.dtype)).to(k.dtype)
-    slope = centered.transpose(-1, -2) @ k / k.shape[2]  # [B, Hkv, Dv, D]
-    if group > 1:
-        mean, slope = mean.repeat_interleave(group, 1), slope.repeat_interleave(group, 1)
+    slope = _per_query_head(centered.transpose(-1, -2) @ k / k.shape[2], q.shape[1])  # [B, Hq, Dv, D]
     term = scale * (q @ slope.to(q.dtype).transpose(-1, -2))
+    mean = _per_query_head(mean, q.shape[1])
     return torch.where(blind, mean.to(out.dtype) + (term - term.detach()).to(out.dtype), out)
+
+
+def _mean_of_v(v: Tensor) -> Tensor:
+    """[B, Hkv, 1, Dv]: V's mean over its keys, in float32 at least."""
+    return v.mean(2, keepdim=True, dtype=torch.promote_types(v.dtype, torch.float32))
+
+
+def _per_query_head(t: Tensor, heads: int) -> Tensor:
+    """A [B, Hkv, ...] tensor per KV head repeated for each of the `heads` query heads (GQA)."""
+    return t if t.shape[1] == heads else t.repeat_interleave(heads // t.shape[1], 1)
 
 
 def _attention_fake(q, k, v, seqused_k=None, key_mask=None, **flags):

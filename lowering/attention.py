@@ -68,6 +68,11 @@ class AttentionCall:
     additive_input: Node | None = None
     additive_reason: str = ""  # why the op cannot take that mask (values unknown when compiling)
 
+    @property
+    def in_training(self) -> bool:
+        """q, k or v requires a gradient: the graph is a training step's."""
+        return any(value(t).requires_grad for t in (self.q, self.k, self.v))
+
 
 class AdditiveInput(Decline):
     """`scores + mask` where the mask's values are known at run time only: a graph input's (`masks.ValuesUnknown`:
@@ -172,7 +177,7 @@ def _fold_int8(call: AttentionCall, options) -> None:
             raise int8_kv.NotInt8("3-D (bmm) attention")
         if call.autocast is not None:
             raise int8_kv.NotInt8("under autocast")
-        if any(value(t).requires_grad for t in (call.q, call.k, call.v)):
+        if call.in_training:
             raise int8_kv.NotInt8("q, k or v requires a gradient, and the int8-KV op is forward only")
         if call.key_mask is not None and call.blind_rows == "mean":
             raise int8_kv.NotInt8("a padding mask whose all-hidden rows eager fills with the mean of V")
@@ -390,7 +395,7 @@ def emit(gm: GraphModule, call: AttentionCall, fake_mode, shared: dict, mutation
         out = make(operator.getitem, op, 0, name="attention_out")
         if call.key_mask is not None and call.blind_rows == "mean":
             lse = make(operator.getitem, op, 1)
-            if any(value(t).requires_grad for t in (call.q, call.k, call.v)):
+            if call.in_training:
                 out = make(blind_rows_as_eagers, out, lse, q, k, v, call.scale, name="attention_out_blind_rows")
             else:
                 out = make(blind_rows_as_mean, out, lse, v, name="attention_out_blind_rows")
@@ -481,7 +486,7 @@ def _encode_padding(call: AttentionCall, options) -> None:
         raise Decline("a run-time padding mask where a query row that sees no key is NaN or weighted over part "
                       "of the keys in eager (-inf fill in a hand-written softmax, or several masking steps)")
     if call.blind_rows == "mean" and "softcap" in call.flags and \
-            any(value(t).requires_grad for t in (call.q, call.k, call.v)):
+            call.in_training:
         # Eager's value there is the mean of V, and its gradient still reaches q and k through the softmax of the
         # (absorbed) scores: `blind_rows_as_eagers` gives it, but not through a softcap's tanh.
         raise Decline("a run-time finfo.min padding mask in training under a softcap: a query row that sees no key "
@@ -570,7 +575,7 @@ def _additive_input_rewrite(call: AttentionCall, context: Context) -> str:
     (`_additive_on_op`); else the SDPA call with that mask (`crossover.sdpa_for`), or, with a softcap (no SDPA
     spelling), it is kept. In training it is kept: eager's softmax passes gradients through rows that see no key
     (every score finfo.min), which SDPA's backward is not known to give."""
-    if any(value(t).requires_grad for t in (call.q, call.k, call.v)):
+    if call.in_training:
         raise Decline(f"{call.additive_reason}; in training it is kept as written")
     if call.autocast is not None or value(call.additive_input).dtype != value(call.q).dtype:
         raise Decline(f"{call.additive_reason}, in {value(call.additive_input).dtype} for {value(call.q).dtype} "

@@ -133,7 +133,7 @@ def small_decode(call, graph, shared: dict) -> str | None:
     would become reads its mask, which the op turns into seqused_k)."""
     if value(call.q).device.type not in DEVICES or len(shape(call.q)) != 4 or not is_sdpa_call(call):
         return None
-    if any(value(t).requires_grad for t in (call.q, call.k, call.v)):
+    if call.in_training:
         return None  # training (a few queries over many keys there is cross-attention to a short target): by FLOP
     sq, sk = shape(call.q)[-2], shape(call.k)[-2]
     if not (isinstance(sq, int) and sq <= DECODE_MAX_QUERIES):
@@ -177,13 +177,13 @@ def mask_to_pass(call) -> Node | None:
     the last step before the softmax (casts aside), in q's dtype and with a finite fill (HF's eager code: a row
     that sees no key averages V, in eager and in SDPA alike once `sdpa_for` floors the mask at `ADDITIVE_FLOOR`:
     CUDA's kernels read bfloat16's finfo.min as -inf and zero such a row); no softcap; not in training, where such
-    a row's gradient in eager still reaches q and k through its softmax and SDPA's backward does not give it (the
-    same case `attention._encode_padding` declines for the op)."""
+    a row's gradient in eager still reaches q and k through its softmax and SDPA's backward does not give it (the op
+    does, with `kernels.blind_rows_as_eagers` after it)."""
     if call.additive_input is not None:
         return call.additive_input
     if is_sdpa_call(call) or len(call.masks) != 1 or "softcap" in call.flags or call.blind_rows != "mean":
         return None
-    if any(value(t).requires_grad for t in (call.q, call.k, call.v)):
+    if call.in_training:
         return None
     mask, step = call.masks[0]
     if not ADD(step) or value(mask).dtype != value(call.q).dtype:

@@ -12,8 +12,9 @@ By default (`attention._encode_padding`) the op takes the mask itself, `key_mask
 KV cache's length): exact for every mask. A query row whose keys are all hidden (a left-padded
 position under a causal band, an all-padding sequence) gets what eager gives it: zeros for SDPA's
 boolean or -inf masks (its safe softmax), the mean of V over all keys for a finfo.min mask applied in
-one step (every score the same: `kernels.blind_rows_as_mean` after the op); -inf in a hand-written softmax (NaN in eager)
-or several masking steps keep their mask, with the reason. On CUDA, decode-shaped calls with a key
+one step (every score the same: `kernels.blind_rows_as_mean` after the op, `blind_rows_as_eagers` in
+training); -inf in a hand-written softmax (NaN in eager) or several masking steps keep their mask, with
+the reason. On CUDA, decode-shaped calls with a key
 mask run on our decode kernel, the others on the SDPA fallback (FA4 takes no key mask).
 
 `backend(checked_padding=True)` sends padding masks down FA4's fast paths, under one small in-graph
