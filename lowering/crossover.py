@@ -42,8 +42,10 @@ from .spellings import ADD, CAST, LINEAR, MATMUL, SDPA, SOFTMAX, arg, guardable,
 
 DEVICES = ("cuda",)  # where the op's host path is the cost (tests add "cpu")
 # Below this much GPU work per attention a graph's host time is not hidden: HF models carry ~1 ms of host
-# time per forward at two layers (the size sweep's hidden-256 Llama was host-bound at 84 GFLOP per attention).
-LAYER_GFLOP_HOST_BOUND = 100.0
+# time per forward at two layers (the size sweep's hidden-256 Llama was host-bound at 84 GFLOP per attention; the
+# hidden-2048 Llama's batch 8 x 128 prefill, ~125 GFLOP per attention, ran 0.96x on the op and 1.06x on SDPA at 4
+# layers, 1.01x and 1.07x at 16: session 25, H200).
+LAYER_GFLOP_HOST_BOUND = 150.0
 # A decode step is a read of weights and K/V, not FLOP. Below this many bytes per attention (matmul weights and the
 # SDPA call's K/V, each the whole buffer) its layers take microseconds of GPU time, and SDPA as written beat the op
 # in the size sweep's hidden-256 Llama (2 layers, ~35 MiB of weights an attention, its 128k-vocab lm_head included;
@@ -51,6 +53,10 @@ LAYER_GFLOP_HOST_BOUND = 100.0
 # decodes faster on the op (our decode kernel reads K/V un-repeated).
 DECODE_MIB_HOST_BOUND = 64.0
 DECODE_MAX_QUERIES = 16
+# Hand-written attention's padded training (HF's eager code) on the op, with `blind_rows_as_eagers` after it, ran a
+# Llama-1B-shaped step at 4 x 1024 in 78 ms against default compile's 70 (session 25, H200); eager's attention costs
+# little at that length, and the kept graph is what default compile runs. Below this many keys it stays as written.
+PADDED_TRAINING_MIN_KEYS = 2048
 
 
 attention_gflop, gflop_limit = kernel_crossover.attention_gflop, kernel_crossover.gflop_limit
@@ -150,6 +156,19 @@ def small_decode(call, graph, shared: dict) -> str | None:
     return (f"a decode step in a host-bound graph ({per_attention:.2g} MiB of weights and K/V per attention, under "
             f"{DECODE_MIB_HOST_BOUND:g}): SDPA's C++ path has less host overhead than the fa4 op"
             f"{_guarded(work.bytes)}")
+
+
+def short_padded_training(call) -> str | None:
+    """Why a hand-written attention's padded training step (`blind_rows_as_eagers` after the op) stays as written,
+    or None: on CUDA, under `PADDED_TRAINING_MIN_KEYS` keys (a guard if symbolic)."""
+    if value(call.q).device.type not in DEVICES or is_sdpa_call(call) or not call.in_training:
+        return None
+    sk = shape(call.k)[-2]
+    if not guardable(sk) or not sk < PADDED_TRAINING_MIN_KEYS:  # a guard if symbolic
+        return None
+    return (f"a short attention in padded training ({size_hint(sk)} keys, under {PADDED_TRAINING_MIN_KEYS}): eager's "
+            f"is cheap there, and the op with eager's gradient for rows that see no key ran slower than default "
+            f"compile{_guarded(sk)}")
 
 
 def _guarded(*sizes) -> str:

@@ -55,18 +55,19 @@ def padding_mask(kind: str, batch: int, seq: int) -> torch.Tensor:
     return mask
 
 
-# lowering/crossover.py's records
-SMALL_ON_SDPA = ("F.scaled_dot_product_attention(", "a small attention ", "a decode step ")
+# lowering/crossover.py's routes to what default compile runs (CUDA): SDPA, or the attention as written
+CROSSOVER_ROUTES = ("F.scaled_dot_product_attention(", "a small attention ", "a decode step ",
+                    "a short attention in padded training ")
 
 
 def layers_served(recorder: Recorder) -> int:
-    """Attention layers on the op, or where lowering's small-attention crossover applies (CUDA;
-    test_call_modes_crossover.py) made into an SDPA call or kept as the SDPA call the model makes."""
-    return recorder.count() + sum(r.detail.startswith(SMALL_ON_SDPA) for r in recorder.records)
+    """Attention layers on the op, or where lowering's crossover applies (CUDA; test_call_modes_crossover.py) made
+    into an SDPA call or kept as the model makes it."""
+    return recorder.count() + sum(r.detail.startswith(CROSSOVER_ROUTES) for r in recorder.records)
 
 
 def other_reasons(recorder: Recorder) -> list[str]:
-    return [r for r in recorder.reasons if not r.startswith(SMALL_ON_SDPA)]
+    return [r for r in recorder.reasons if not r.startswith(CROSSOVER_ROUTES)]
 
 
 def assert_every_layer_rewritten(recorder: Recorder, model, graphs: int | None = 1):
@@ -352,7 +353,7 @@ def test_padded_batch_after_unpadded_ones_under_dynamic_true(impl):
             kwargs["attention_mask"] = padding_mask(padding, batch, 9)
         assert_matches_eager(compiled, model, kwargs)
     assert_every_layer_rewritten(recorder, model, graphs=3)
-    assert all("key_mask=padding mask" in r.detail or r.detail.startswith(SMALL_ON_SDPA)
+    assert all("key_mask=padding mask" in r.detail or r.detail.startswith(CROSSOVER_ROUTES)
                for r in recorder.records[-model.attention_layers:]), recorder.records
 
 
