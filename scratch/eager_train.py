@@ -1,7 +1,8 @@
 """Session 24 (for the next device run): eager code's padded training step, now on the op (rows that see no key get
 eager's gradient from `blind_rows_as_eagers`; was: kept as written). Llama-1B shape, eager code, 4 x 1024, left- and
 right-padded (0/100/300/700 pad tokens), labels on every position: loss and the gradient of the embedding against
-uncompiled eager, ms and peak memory, default compile against ours. Argv `tiny` runs a small model on the CPU."""
+uncompiled eager, ms and peak memory, default compile against ours. Argv `tiny` runs a small model on the CPU; else
+argv: the length (default 1024) and the sides (default left,right)."""
 import sys, torch
 from fa4_inductor.bench import models, timing
 
@@ -9,8 +10,8 @@ tiny = sys.argv[1:] == ["tiny"]
 device = "cpu" if tiny else "cuda"
 overrides = dict(models.llama_shape(256, 2), vocab_size=1000) if tiny else {}
 model = models.llama("eager", device, torch.float32 if tiny else torch.bfloat16, **overrides).train()
-seq = 64 if tiny else 1024
-for side in ("left", "right"):
+seq = 64 if tiny else int((sys.argv[1:] or ["1024"])[0])
+for side in ("left", "right") if tiny or len(sys.argv) < 3 else sys.argv[2].split(","):
     tokens, mask = models.padded_batch(model.config.vocab_size, 4, seq, tuple(p * seq // 1024 for p in (0, 100, 300, 700)),
                                        device, side)
 

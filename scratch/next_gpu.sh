@@ -97,6 +97,12 @@ c)  # session 24 (issue 12): eager code's padded training on the op (rows that s
     # tests, then a Llama-1B-shaped eager-code training step, 4 x 1024 left / right padded (scratch/eager_train.py)
     run timeout 200 $P -n 8 tests/test_gpu_fa4.py -k "per_query or additive or eager_codes"
     run timeout 380 python3 scratch/eager_train.py ;;
+d)  # session 25: hand-written padded training under 2048 keys now kept as written (`c`: 4 x 1024 ran 78 ms on the op
+    # against default compile's 70); the step at 1024 (now default's graph) and 2048 (on the op), left-padded, then the
+    # int8-KV GPU tests with half rows on by default
+    run timeout 200 python3 scratch/eager_train.py 2048 left
+    run timeout 100 python3 scratch/eager_train.py 1024 left
+    run timeout 100 $P -n 8 tests/test_gpu_decode_int8kv.py ;;
 b)  # session 24 (issue 16): FA4_INDUCTOR_DECODE_HALF_ROWS=1, the int8-KV kernel skipping the softmax of the tile's
     # rows 8-15 for calls of at most 8 packed rows (sm_90a SASS: loop 459 -> 398 instructions, 218 -> 168 registers at
     # d128; d64 308 -> 246, 125 -> 117). Its GPU tests (bit-equal to the switch off), then b1 / b8 x 32k at d128 and d64,
