@@ -439,22 +439,44 @@ class VarlenFA4OnTheCPU:
                 dst[rows] = g[0].transpose(0, 1).to(dst.dtype)
 
 
+@pytest.fixture
+def fa4_dispatch_on_the_cpu(monkeypatch):
+    """`_attention_cuda` / `_attention_backward_cuda` as on a GPU where FA4 takes every call without a key mask (and
+    no attention is small): FA4's varlen interface on the CPU (`VarlenFA4OnTheCPU`). Yields the list of
+    `fa4.forward_padded` / `backward_padded` calls made, by name."""
+    from contextlib import nullcontext
+
+    from fa4_inductor.kernels import fa4, routes
+
+    calls = []
+    for name in ("forward_padded", "backward_padded"):
+        def counted(*args, _run=getattr(fa4, name), _name=name, **kwargs):
+            calls.append(_name)
+            return _run(*args, **kwargs)
+        monkeypatch.setattr(fa4, name, counted)
+    monkeypatch.setattr(fa4, "_require", VarlenFA4OnTheCPU)
+    monkeypatch.setattr(fa4, "_device_guard", lambda t: nullcontext())
+    def route(q, k, v, seqused_k, key_mask, flags):
+        return routes.REFERENCE if key_mask is not None else routes.FA4
+
+    monkeypatch.setattr(attention_op, "_route", route)
+    monkeypatch.setattr(attention_op, "_backward_route", route)
+    monkeypatch.setattr(attention_op.crossover, "small", lambda *args: False)
+    yield calls
+
+
 @pytest.mark.parametrize("side, flags", [
     ("left", dict(causal=True)), ("left", dict()), ("left", dict(window_left=2, window_right=0)),
     ("right", dict(causal=True)), ("right", dict(causal=True, softcap=5.0)),
 ], ids=str)
-def test_padded_batches_as_fa4_varlen_segments(side, flags, monkeypatch):
+def test_padded_batches_as_fa4_varlen_segments(side, flags, monkeypatch, fa4_dispatch_on_the_cpu):
     """`fa4.forward_padded` / `backward_padded` over FA4's varlen semantics run on the CPU (`VarlenFA4OnTheCPU`),
     for each padding `key_mask_form` gives FA4: the op's answer with the padding mask (blind rows zeros, lse -inf),
     and its gradients (q, k, v; with a gradient into lse), float64 on fresh random inputs. Right padding runs as
     two calls whose key gradients add up."""
-    from contextlib import nullcontext
-
     from fa4_inductor.kernels import fa4
 
     monkeypatch.setattr(attention_op, "RIGHT_PADDING_ON_FA4", True)
-    monkeypatch.setattr(fa4, "_require", VarlenFA4OnTheCPU)
-    monkeypatch.setattr(fa4, "_device_guard", lambda t: nullcontext())
     full = {**dict(scale=0.3, causal=False, window_left=-1, window_right=-1, softcap=0.0), **flags}
     b, s = 3, 7
     # unpadded, padded, all padding (a blind row under a band; without one such a mask stays masked), one token
@@ -593,16 +615,12 @@ def window_band(sq, window, sk=None):
 
 
 @pytest.mark.parametrize("name", PER_QUERY_MASKS)
-def test_per_query_masks_that_fa4_can_take(name, monkeypatch):
+def test_per_query_masks_that_fa4_can_take(name, fa4_dispatch_on_the_cpu):
     """`key_mask_form` reads a [B, Sq, Sk] mask: the static-cache prefill's becomes a left-padded causal attention
     over the first Sq keys (a sliding-window layer's with its window), and one of sequences packed back to back a
     causal attention within each, which FA4 runs as varlen segments (here FA4's varlen interface on the CPU): the
     same output and lse as the op with the mask, and the same gradients where the keys are all in the prefix.
     Anything else keeps its mask."""
-    from contextlib import nullcontext
-
-    from fa4_inductor.kernels import fa4
-
     make, flags, expected = PER_QUERY_MASKS[name]
     mask = make()
     full = {**dict(scale=0.3, causal=False, window_left=-1, window_right=-1, softcap=0.0), **flags}
@@ -618,20 +636,19 @@ def test_per_query_masks_that_fa4_can_take(name, monkeypatch):
     else:
         assert form.padded[0] == "left"
     assert form.window_left == (int(expected.split()[-1]) if "window" in expected else -1)
-    monkeypatch.setattr(fa4, "_require", VarlenFA4OnTheCPU)
-    monkeypatch.setattr(fa4, "_device_guard", lambda t: nullcontext())
-    causal = {**full, "causal": True, "window_left": form.window_left}
-    out, lse = fa4.forward_padded(q, k[:, :, :5], v[:, :, :5], *form.padded, **causal)
+    out, lse = attention_op._attention_cuda(q, k, v, None, mask, **full)
+    assert fa4_dispatch_on_the_cpu == ["forward_padded"]
     expected_out, expected_lse = ATTENTION(q, k, v, None, mask, **full)
     torch.testing.assert_close(out, expected_out)
     torch.testing.assert_close(lse, expected_lse.float())
-    if k.shape[2] == 5:  # every key in the prefix: the backward runs FA4's too
-        grad_out, grad_lse = torch.randn_like(out), torch.randn_like(lse).masked_fill(lse.isinf(), 0)
-        got = fa4.backward_padded(grad_out, q, k, v, out, lse, grad_lse, *form.padded, **causal)
-        want = reference.attention_backward(grad_out, q, k, v, expected_out, lse.double(), grad_lse, seqused_k=None,
-                                            key_mask=mask, **full)
-        for name, g, w in zip("qkv", got, want):
-            torch.testing.assert_close(g, w, msg=lambda m: f"d{name}: {m}")
+    grad_out, grad_lse = torch.randn_like(out), torch.randn_like(lse).masked_fill(lse.isinf(), 0)
+    got = attention_op._attention_backward_cuda(grad_out, q, k, v, out, lse, grad_lse, None, mask, **full)
+    # every key in the prefix: FA4's backward; else the mask stays (the keys past the prefix need their gradients)
+    assert fa4_dispatch_on_the_cpu[1:] == (["backward_padded"] if k.shape[2] == 5 else [])
+    want = reference.attention_backward(grad_out, q, k, v, expected_out, lse.double(), grad_lse, seqused_k=None,
+                                        key_mask=mask, **full)
+    for name, g, w in zip("qkv", got, want):
+        torch.testing.assert_close(g, w, msg=lambda m: f"d{name}: {m}")
 
 
 ADDITIVE_PREFILL_MASKS = {
@@ -646,32 +663,26 @@ ADDITIVE_PREFILL_MASKS = {
 
 
 @pytest.mark.parametrize("name", ADDITIVE_PREFILL_MASKS)
-def test_an_additive_prefill_mask_of_zeros_and_finfo_min_runs_as_fa4_varlen(name, monkeypatch):
+def test_an_additive_prefill_mask_of_zeros_and_finfo_min_runs_as_fa4_varlen(name, fa4_dispatch_on_the_cpu):
     """Eager code's static-cache prefill mask (`additive_masks_on_op`): read on the host like the boolean one when
     its values are 0 and finfo.min, run as FA4 varlen segments (FA4's varlen interface on the CPU), and the rows
     that see no key made eager's: the mean of V over all keys, lse finfo.min (`_blind_rows_as_mean`). The same
     output and lse as the op with the additive mask. Other values keep the mask."""
-    from contextlib import nullcontext
-
-    from fa4_inductor.kernels import fa4
-
     make, read = ADDITIVE_PREFILL_MASKS[name]
     mask = make(~static_prefill_mask(torch.tensor([5, 2]), 5, 8))
     full = dict(scale=0.3, causal=False, window_left=-1, window_right=-1, softcap=0.0)
     q, k, v = qkv(b=2, hq=4, hkv=2, sq=5, sk=8, dtype=torch.float32)
     form = attention_op.key_mask_form(q, k, None, mask, full)
-    if not read:
-        assert form.key_mask is mask and form.padded is None and form.causal_keys is None
-        return
-    assert form.key_mask is None and form.causal_keys == 5 and form.padded[0] == "left"
-    monkeypatch.setattr(fa4, "_require", VarlenFA4OnTheCPU)
-    monkeypatch.setattr(fa4, "_device_guard", lambda t: nullcontext())
-    out, lse = fa4.forward_padded(q, k[:, :, :5], v[:, :, :5], *form.padded,
-                                  **{**full, "causal": True, "window_left": form.window_left})
-    attention_op._blind_rows_as_mean(out, lse, v, mask.dtype)
+    out, lse = attention_op._attention_cuda(q, k, v, None, mask, **full)
     expected_out, expected_lse = ATTENTION(q, k, v, None, mask, **full)
     torch.testing.assert_close(out, expected_out)
     torch.testing.assert_close(lse, expected_lse)
+    if not read:
+        assert form.key_mask is mask and form.padded is None and form.causal_keys is None
+        assert fa4_dispatch_on_the_cpu == []
+        return
+    assert form.key_mask is None and form.causal_keys == 5 and form.padded[0] == "left"
+    assert fa4_dispatch_on_the_cpu == ["forward_padded"]
     assert lse.isfinite().all() and torch.equal(out[1, :, 0], v[1].mean(1).repeat_interleave(2, 0))
 
 
