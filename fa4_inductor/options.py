@@ -52,7 +52,9 @@ class Options:
     small_calls_to_sdpa: bool = True
     """On CUDA, leave small attentions in host-bound graphs (lowering/crossover.py: self-attention by FLOP, and
     decode steps by the bytes a graph moves per attention) on PyTorch's SDPA, whose C++ host path beats the op's
-    where the kernels take microseconds."""
+    where the kernels take microseconds; and keep a hand-written attention's padded training under 2048 keys as
+    written (`crossover.PADDED_TRAINING_MIN_KEYS`), where eager's attention is cheaper than the op with eager's
+    gradient for rows that see no key."""
 
     int8_linear: bool = True
     """Rewrite int8 weight-only linears (gpt-fast's `WeightOnlyInt8Linear`, torchao's `Int8WeightOnlyConfig`,

@@ -492,7 +492,8 @@ def _encode_padding(call: AttentionCall, options) -> None:
         raise Decline("a run-time finfo.min padding mask in training under a softcap: a query row that sees no key "
                       "passes eager's softmax gradient to q and k through the softcap, which the rewrite does not "
                       "reproduce")
-    if call.blind_rows == "mean" and (short := crossover.short_padded_training(call)) is not None:
+    if call.blind_rows == "mean" and getattr(options, "small_calls_to_sdpa", True) and \
+            (short := crossover.short_padded_training(call)) is not None:
         raise Decline(short)
     call.key_mask = call.padding
 

@@ -24,6 +24,9 @@ square band or a softcap, becomes the SDPA call that computes it without the mas
 scale, K/V as the model gives them), which default compile would not find on its own. A hand-written one with a
 padding mask becomes SDPA with its mask as it is where SDPA computes the same (`mask_to_pass`: HF's eager code,
 an additive mask with a finite fill added last, not in training), the op's otherwise.
+
+A hand-written attention's padded training (HF's eager code: the op, then `blind_rows_as_eagers` for eager's gradient
+through the rows that see no key) stays as written under `PADDED_TRAINING_MIN_KEYS` keys (`short_padded_training`).
 """
 
 from __future__ import annotations

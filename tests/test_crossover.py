@@ -332,22 +332,23 @@ def test_a_small_padded_handwritten_attention_passes_its_additive_mask_to_sdpa(s
                                             "scale=0.25): a small attention") == (outcome == "sdpa")
 
 
-@pytest.mark.parametrize("min_keys", [16, None])
-def test_in_training_a_padded_handwritten_attention_goes_to_the_op_from_a_key_count(monkeypatch, min_keys):
+@pytest.mark.parametrize("min_keys, option", [(16, True), (None, True), (None, False)])
+def test_in_training_a_padded_handwritten_attention_goes_to_the_op_from_a_key_count(monkeypatch, min_keys, option):
     """A query row that sees no key still passes eager's softmax gradient to q and k, which SDPA's backward over
     the same mask does not give: in training the call is not SDPA's but the op's, whose rows that see no key get
-    eager's gradient (`blind_rows_as_eagers`), from `PADDED_TRAINING_MIN_KEYS` keys; under it, as written."""
+    eager's gradient (`blind_rows_as_eagers`), from `PADDED_TRAINING_MIN_KEYS` keys; under it, as written, unless
+    `small_calls_to_sdpa` is off."""
     if min_keys is not None:
         monkeypatch.setattr(crossover, "PADDED_TRAINING_MIN_KEYS", min_keys)
     q, k, v = (t.requires_grad_() for t in qkv())
     attention_mask = torch.ones(2, 32, dtype=torch.long)
     attention_mask[1, :7] = 0
     fn = handwritten_padded(False, torch.finfo(torch.float32).min)
-    rec, out = compile_and_record(fn, q, k, v, attention_mask)
+    rec, out = compile_and_record(fn, q, k, v, attention_mask, small_calls_to_sdpa=option)
     expected = fn(q, k, v, attention_mask)
     grads = torch.autograd.grad(out.sum(), (q, k, v))
     torch.testing.assert_close(grads, torch.autograd.grad(expected.sum(), (q, k, v)))
-    if min_keys is not None:
+    if min_keys is not None or not option:
         assert rec.count() == 1 and "rows that see no key: mean of V" in rec.records[0].detail, rec.records
     else:
         assert rec.count() == 0
