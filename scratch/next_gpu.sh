@@ -1,4 +1,4 @@
-# Unrun GPU work (sessions 19-25). Session 25 ran `c`, `a`, `b`, `d`; next: the GPU tiers of `h200_check.sh tests`, then issue 16's b1 latency and issue 15 (each with a timeout of 540-590 s;
+# Unrun GPU work (sessions 19-25). Session 25 ran `c`, `a`, `b`, `d`; next: the GPU tiers of `h200_check.sh tests`, then issue 16's b1 latency and issue 15:
 # each with a timeout of 540-590 s; rows stream to the log as they are measured), split into calls of
 # <= ~9 minutes (the first after .gpu/b's install).
 # Output goes to $OUT/log.txt. Have the next call ready: the machine goes back 30 s after a call, and a fresh one needs
