@@ -456,6 +456,7 @@ def fa4_dispatch_on_the_cpu(monkeypatch):
         monkeypatch.setattr(fa4, name, counted)
     monkeypatch.setattr(fa4, "_require", VarlenFA4OnTheCPU)
     monkeypatch.setattr(fa4, "_device_guard", lambda t: nullcontext())
+
     def route(q, k, v, seqused_k, key_mask, flags):
         return routes.REFERENCE if key_mask is not None else routes.FA4
 
