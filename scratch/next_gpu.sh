@@ -1,4 +1,4 @@
-# Unrun GPU work (sessions 19-25). Session 25 ran `c`, `a`, `b`, `d`; next: the GPU tiers of `h200_check.sh tests`, then issue 16's b1 latency and issue 15:
+# Unrun GPU work (sessions 19-26). Session 26: `e`, `f` (diagnostics of issues 15 and 16); then the GPU tiers of `h200_check.sh tests`:
 # each with a timeout of 540-590 s; rows stream to the log as they are measured), split into calls of
 # <= ~9 minutes (the first after .gpu/b's install).
 # Output goes to $OUT/log.txt. Have the next call ready: the machine goes back 30 s after a call, and a fresh one needs
@@ -9,6 +9,18 @@ P="python3 -m pytest -m gpu -q -p no:cacheprovider -p no:logging -W ignore -rf"
 L=$OUT/log.txt
 run() { echo "+ $*" >>$L; PYTHONUNBUFFERED=1 "$@" >>$L 2>&1; echo "rc=$?" >>$L; }
 case "$1" in
+e)  # session 26 diagnostics: each decode kernel's GPU time at b1 (issue 16: b1 x 4k takes 13 us for 8 MB), hardware
+    # counters of the integer NVFP4 GEMV at its 4x1 default (issue 15: 15-16 us against 11), the NVFP4 decode step's kernels
+    run timeout 150 python3 docs/scripts/decode_kernel_times.py
+    run timeout 90 python3 docs/scripts/decode_kernel_times.py 1 32768 128 16,24,48,66
+    run timeout 120 ncu --clock-control none --profile-from-start off -c 1 --section SpeedOfLight --section Occupancy \
+        --section LaunchStats --section WarpStateStats --section SchedulerStats --section MemoryWorkloadAnalysis \
+        --section InstructionStats python3 docs/scripts/ncu_w4a16.py 8192 8192
+    run timeout 200 python3 docs/scripts/decode_profile.py nvfp4 plain ;;
+f)  # session 26: the int8 cache's decode step against the bf16 cache's (issue 16's end to end, last run session 9), the
+    # bf16-weight step (issue 15's comparison)
+    run timeout 300 python3 docs/scripts/decode_profile.py int8kv
+    run timeout 200 python3 docs/scripts/decode_profile.py nvfp4 bf16 ;;
 a)  # session 24: h2048 x 4's unpadded b8 x 128 prefill ran 0.94x and 0.97x (h2048 x 16's same row: 1.10x). Its graph
     # has ~125 GFLOP an attention, just over LAYER_GFLOP_HOST_BOUND (100), so the op runs its 0.27-GFLOP attentions.
     # The row for both depths with the line at 100 (the op) and at 150 (SDPA as written), then each backend's kernels

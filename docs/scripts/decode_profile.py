@@ -3,6 +3,7 @@ against the summed kernel time per step (a gap means host-bound steps, e.g. skip
 skips Inductor counted, and the kernels that take the most time.
 
     python docs/scripts/decode_profile.py nvfp4    # batch 1, 4k prompt: torchao NVFP4, plain-tensor NVFP4, bf16 weights
+    python docs/scripts/decode_profile.py nvfp4 plain,bf16   # only those (`torchao`, `plain`, `bf16`)
     python docs/scripts/decode_profile.py int8kv   # batch 8 x 32k cache: Int8StaticCache against StaticCache
 """
 import sys
@@ -59,7 +60,7 @@ def report(label, model, cache, batch, filled):
         print(f"  {e.device_time_total / STEPS:8.1f} us/step {e.count / STEPS:6.1f}/step  {e.key[:110]}")
 
 
-def nvfp4(prompt=4096):
+def nvfp4(kinds="torchao,plain,bf16", prompt=4096):
     """torchao `NVFP4WeightOnlyConfig` weights (tensor subclasses), the same codes as plain tensors in
     `fa4_inductor.nvfp4.NVFP4Linear` modules (`nvfp4.from_torchao`: no subclass to unwrap per call), and bf16."""
     from torchao.quantization import quantize_
@@ -68,6 +69,8 @@ def nvfp4(prompt=4096):
     from fa4_inductor import nvfp4 as plain_nvfp4
 
     for weights in ("torchao nvfp4", "plain nvfp4", "bf16"):
+        if weights.split()[0] not in kinds.split(","):
+            continue
         torch.manual_seed(0)
         model = models.llama("sdpa", "cuda", torch.bfloat16)
         if weights != "bf16":
@@ -81,7 +84,8 @@ def nvfp4(prompt=4096):
         torch.cuda.empty_cache()
 
 
-def int8kv(batch=8, capacity=32768):
+def int8kv(batch="8", capacity=32768):
+    batch = int(batch)
     torch.manual_seed(0)
     model = models.llama("sdpa", "cuda", torch.bfloat16)
     for kind in int8_kv.CACHES:
@@ -93,4 +97,4 @@ def int8kv(batch=8, capacity=32768):
 
 
 if __name__ == "__main__":
-    {"nvfp4": nvfp4, "int8kv": int8kv}[sys.argv[1]]()
+    {"nvfp4": nvfp4, "int8kv": int8kv}[sys.argv[1]](*sys.argv[2:])
