@@ -17,6 +17,20 @@ e)  # session 26 diagnostics: each decode kernel's GPU time at b1 (issue 16: b1 
         --section LaunchStats --section WarpStateStats --section SchedulerStats --section MemoryWorkloadAnalysis \
         --section InstructionStats python3 docs/scripts/ncu_w4a16.py 8192 8192
     run timeout 200 python3 docs/scripts/decode_profile.py nvfp4 plain ;;
+h)  # session 26: one GEMV over sibling weights against today's PDL-chained calls (issue 15's decode step); the int8-KV
+    # kernel at b1 x 32k d128 with 3 CTAs a SM and a split count that fits one wave (session 25's 64 KB run had 50
+    # splits: 400 CTAs on 396 slots)
+    run timeout 150 python3 scratch/sibling_gemv.py
+    for cfg in "100 0 33" "64 3 44" "64 3 49" "48 4 64" "48 4 66"; do set -- $cfg
+      echo "+ SMEM_KB=$1 MIN_CTAS=$2 splits $3" >>$L
+      FA4_INDUCTOR_DECODE_SMEM_KB=$1 FA4_INDUCTOR_DECODE_MIN_CTAS=$2 timeout 100 \
+        python3 tests/bench_decode_int8kv.py --b 1 --sk 32768 --d 128 --splits $3 2>&1 | grep "^b" >>$L
+    done ;;
+g)  # session 26: split counts at short caches (`e`: b1 x 4k int8 32 splits, 2 tiles a warp, main 11.0 + combine 5.4 us;
+    # the NVFP4 decode step's attention 3.9 + combine 2.9 us a layer at 4k), both kernels, then that step with a fixed count
+    for sk in 1024 4096 8192; do for d in 64 128; do
+      run timeout 100 python3 docs/scripts/decode_kernel_times.py 1 $sk $d 2,4,8,16,32; done; done
+    for n in 4 8 16; do run timeout 100 env FA4_INDUCTOR_DECODE_SPLITS=$n python3 docs/scripts/decode_profile.py nvfp4 plain; done ;;
 f)  # session 26: the int8 cache's decode step against the bf16 cache's (issue 16's end to end, last run session 9), the
     # bf16-weight step (issue 15's comparison)
     run timeout 300 python3 docs/scripts/decode_profile.py int8kv

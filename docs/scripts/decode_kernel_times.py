@@ -1,8 +1,9 @@
 """Each kernel's GPU time in one split-KV decode call (issue 16: what the b1 calls' ~10 us beyond their bytes is):
-the main kernel and the combine, int8-KV and bf16, by torch.profiler over 50 calls (no CUDA graph).
+the main kernel and the combine, int8-KV and bf16, by torch.profiler over 50 calls (no CUDA graph), and the
+call's CUDA-graph median (`bench.gpu_ms`, where the combine's programmatic launch overlaps the main kernel's tail).
 
     python docs/scripts/decode_kernel_times.py                  # b1 x 4k / 32k, d128 and d64
-    python docs/scripts/decode_kernel_times.py 1 32768 128 16,33,66   # one shape, these split counts too
+    python docs/scripts/decode_kernel_times.py 1 32768 128 16,33,66   # one shape, these split counts too (both kernels)
 """
 
 import sys
@@ -10,6 +11,7 @@ import sys
 import torch
 from torch.profiler import ProfilerActivity, profile
 
+from fa4_inductor.bench import gpu_ms
 from fa4_inductor.kernels import decode, decode_int8kv
 
 sys.path.insert(0, "tests")
@@ -36,17 +38,17 @@ def shape(b: int, sk: int, d: int, splits=()):
     decode_int8kv.warmup(torch.bfloat16, d, 4, 1, "cuda", causal=False, seqused_k=False)
     decode.warmup(torch.bfloat16, d, 4, 1, "cuda", causal=False, seqused_k=False)
     sms = decode._num_sms(torch.cuda.current_device())
-    rule = decode_int8kv.num_splits(b, 8, 1, 4, sk, d, sms)
-    cases = [(f"int8kv splits {n}{' (rule)' if n == rule else ''}",
-              lambda n=n: decode_int8kv.forward(q, k8, v8, ks, vs, None, splits=n, **flags))
-             for n in sorted({rule, 1, *splits})]
-    cases.append(("bf16 (rule)", lambda: decode.forward(q, kb, vb, None, **flags)))
-    for label, fn in cases:
-        rows = kernel_times(fn)
-        total = sum(t for _, t in rows)
-        parts = "  ".join(f"{t:6.1f} us {name[:60]}" for name, t in rows[:3])
-        print(f"b{b} sk{sk} d{d} {label:24} sum {total:6.1f} us | {parts}", flush=True)
-    torch.cuda.empty_cache()
+    rules = {"int8kv": decode_int8kv.num_splits(b, 8, 1, 4, sk, d, sms), "bf16": decode.num_splits(b, 8, 1, 4, sk, d, sms)}
+    calls = {"int8kv": lambda n: decode_int8kv.forward(q, k8, v8, ks, vs, None, splits=n, **flags),
+             "bf16": lambda n: decode.forward(q, kb, vb, None, splits=n, **flags)}
+    for kernel, call in calls.items():
+        for n in sorted({rules[kernel], *splits}):
+            label = f"{kernel} splits {n}{' (rule)' if n == rules[kernel] else ''}"
+            rows = kernel_times(lambda: call(n))
+            graph_us = gpu_ms(lambda: call(n), cuda_graph=True) * 1e3
+            parts = "  ".join(f"{t:6.1f} us {name[:60]}" for name, t in rows[:3])
+            print(f"b{b} sk{sk} d{d} {label:24} graph {graph_us:6.1f} us, kernels {sum(t for _, t in rows):6.1f} us | "
+                  f"{parts}", flush=True)
 
 
 if __name__ == "__main__":
