@@ -29,6 +29,7 @@ SHAPE_ORDER = ((4, 1), (4, 2), (2, 2), (1, 2), (1, 4), (2, 1), (1, 1))  # (rows 
 MAX_ROW_PRODUCT = 8  # weight rows a warp times rows of x: a warp's accumulators and x planes stay in registers
 MIN_PIECES = 16  # the smallest bucket (K = 512)
 PREFETCH_MIN_CTAS = 4
+SIBLINGS_MIN_CTAS = 4
 
 
 class Key(NamedTuple):
@@ -40,6 +41,7 @@ class Key(NamedTuple):
     max_pieces: int
     pdl: bool = False
     prefetch: int = 0
+    weights: int = 1  # > 1: `NVFP4IntGemvSiblings`, that many weights of one x in one launch
 
 
 def pieces_bucket(pieces: int) -> int:
@@ -80,20 +82,28 @@ def _compile(key: Key):
     cute = compile_utils.cute_for(key.arch)
     from cutlass import Float32, Int32
 
-    from .cute.nvfp4_int_gemv import NVFP4IntGemv
+    from .cute.nvfp4_int_gemv import NVFP4IntGemv, NVFP4IntGemvSiblings
 
     dt = compile_utils.cutlass_dtype(key.dtype)
     sym, sym64 = cute.sym_int, cute.sym_int64
+
+    def operands():  # (w, block, scale, out) of one weight
+        return (cute.runtime.make_fake_tensor(Int32, (sym(), sym()), (sym64(divisibility=4), 1), assumed_align=16),
+                cute.runtime.make_fake_tensor(Int32, (sym(), sym()), (sym64(), 1)),
+                cute.runtime.make_fake_compact_tensor(Float32, (sym(),)),
+                cute.runtime.make_fake_tensor(dt, (key.m, sym()), (sym64(), 1)))
+
+    x = cute.runtime.make_fake_tensor(Int32, (key.m, sym()), (sym64(divisibility=4), 1), assumed_align=16)
+    if key.weights > 1:
+        # one row of x: held to the one-weight kernel's 128 registers (4 CTAs a SM at 4 rows a warp; 146 uncapped)
+        kernel = NVFP4IntGemvSiblings(dt, key.weights, key.m, key.rows, key.warps_k, key.max_pieces, pdl=key.pdl,
+                                      min_ctas=SIBLINGS_MIN_CTAS if key.m == 1 else 0)
+        return compile_utils.compile_for_tvm_ffi(cute, kernel, x, *operands(), *operands(), *operands())
     # one row of x: the prefetch window would cost a CTA a SM at 4 rows a warp (156 registers); capped at 128, no spills
     # (more rows of x would spill)
     kernel = NVFP4IntGemv(dt, key.m, key.rows, key.warps_k, key.max_pieces, pdl=key.pdl, prefetch=key.prefetch,
                           min_ctas=PREFETCH_MIN_CTAS if key.prefetch and key.m == 1 else 0)
-    x = cute.runtime.make_fake_tensor(Int32, (key.m, sym()), (sym64(divisibility=4), 1), assumed_align=16)
-    w = cute.runtime.make_fake_tensor(Int32, (sym(), sym()), (sym64(divisibility=4), 1), assumed_align=16)
-    block = cute.runtime.make_fake_tensor(Int32, (sym(), sym()), (sym64(), 1))
-    scale = cute.runtime.make_fake_compact_tensor(Float32, (sym(),))
-    out = cute.runtime.make_fake_tensor(dt, (key.m, sym()), (sym64(), 1))
-    return compile_utils.compile_for_tvm_ffi(cute, kernel, x, w, block, scale, out)
+    return compile_utils.compile_for_tvm_ffi(cute, kernel, x, *operands())
 
 
 compiled = compile_utils.CompiledVariants(_compile)
@@ -115,20 +125,39 @@ def matmul(x2d: Tensor, w_fp4: Tensor, w_block_scale: Tensor, w_global_scale: Te
 def run(x2d: Tensor, w_fp4: Tensor, w_block_scale: Tensor, w_global_scale: Tensor, n: int,
         forced: Optional[tuple[int, int]] = None) -> Tensor:
     """`matmul` without its checks, for a caller that has made them (`w4a16_decode.nvfp4_matmul`, every call)."""
+    return _launch(x2d, [(w_fp4, w_block_scale, w_global_scale, n)], forced, switches.current().int_gemv_prefetch)[0]
+
+
+def run_siblings(x2d: Tensor, weights: list[tuple[Tensor, Tensor, Tensor]],
+                 forced: Optional[tuple[int, int]] = None) -> list[Tensor]:
+    """x2d @ dequant(w)^T for each of 2 or 3 (w_fp4, w_block_scale, w_global_scale) of one K, in one launch
+    (`NVFP4IntGemvSiblings`), each output as `run`'s; the CTA shape is `shape`'s for their rows together. The caller
+    has made `matmul`'s checks for each."""
+    if len(weights) not in (2, 3):
+        raise ValueError(f"the sibling GEMV takes 2 or 3 weights, got {len(weights)}")
+    return _launch(x2d, [(*w, w[0].shape[0]) for w in weights], forced, 0)
+
+
+def _launch(x2d: Tensor, weights: list, forced: Optional[tuple[int, int]], prefetch: int) -> list[Tensor]:
     from . import w4a16_decode as w4
 
-    words, blocks = w4.prepare_nvfp4(w_fp4, w_block_scale)
-    pieces = words.shape[1] // 4
-    x = w4.prepare_x(x2d, 8 * words.shape[1])
+    operands, outs = [], []
+    for w_fp4, w_block_scale, w_global_scale, n in weights:
+        words, blocks = w4.prepare_nvfp4(w_fp4, w_block_scale)
+        outs.append(torch.empty(x2d.shape[0], n, dtype=x2d.dtype, device=x2d.device))
+        operands += [words, blocks, w_global_scale.reshape(1).float(), outs[-1]]
+    pieces = operands[0].shape[1] // 4
+    x = w4.prepare_x(x2d, 32 * pieces)
     m = x.shape[0]
-    out = torch.empty(m, n, dtype=x.dtype, device=x.device)
     device = x.device.index if x.device.index is not None else torch.cuda.current_device()
-    rows, warps_k = forced or shape(n, m, w4._num_sms(device), pieces)
+    rows, warps_k = forced or shape(sum(w[3] for w in weights), m, w4._num_sms(device), pieces)
     key = Key(x.dtype, m, compile_utils.target_arch(x.device), rows, warps_k, pieces_bucket(pieces),
-              switches.current().w4a16_pdl, switches.current().int_gemv_prefetch)
+              switches.current().w4a16_pdl, prefetch, len(weights))
+    if len(weights) == 2:
+        operands += operands[4:]  # the third weight's slot, not read
     with torch.cuda.device(x.device):
-        compiled(key)(x.view(torch.int32), words, blocks, w_global_scale.reshape(1).float(), out)
-    return out
+        compiled(key)(x.view(torch.int32), *operands)
+    return outs
 
 
 # ---- the kernel's arithmetic on the CPU ----

@@ -790,6 +790,16 @@ def configured_int_gemv(m: int, n: int, k: int) -> bool:
     return setting
 
 
+def int_gemv_takes(x2d: Tensor, n: int, k: int, pack=False) -> bool:
+    """Whether the integer GEMV can run this NVFP4 call (the plain layout, its rows and K)."""
+    return not pack and nvfp4_int_gemv.unsupported_reason(x2d, n, k) is None
+
+
+def int_gemv_route(x2d: Tensor, n: int, k: int) -> bool:
+    """Whether a call without `gemv` or `pack` arguments over an [n, k] NVFP4 weight runs the integer GEMV."""
+    return configured_int_gemv(x2d.shape[0], n, k) and int_gemv_takes(x2d, n, k, configured_pack())
+
+
 def configured_gemv_rows() -> int:
     """The most rows of x a call without a `gemv` argument may have to take the GEMV: FA4_INDUCTOR_W4A16_GEMV (auto:
     GEMV_AUTO_ROWS; on: GEMV_MAX_M; off: 0)."""
@@ -936,7 +946,7 @@ def nvfp4_matmul(x2d: Tensor, w_fp4: Tensor, w_block_scale: Tensor, w_global_sca
     _check(x2d, "nvfp4", n, k, w_fp4, w_block_scale, w_global_scale)
     pack = configured_pack() if pack is None else pack
     if _is_int_gemv(gemv) or gemv is None and configured_int_gemv(x2d.shape[0], n, k):
-        if not pack and nvfp4_int_gemv.unsupported_reason(x2d, n, k) is None:
+        if int_gemv_takes(x2d, n, k, pack):
             forced = tuple(gemv[1:]) if isinstance(gemv, tuple) else None
             return nvfp4_int_gemv.run(x2d, w_fp4, w_block_scale, w_global_scale, n, forced)
         gemv = None if gemv is None else True

@@ -52,8 +52,8 @@ def without_autograd(graph) -> int:
 
 
 class PostGradPasses(CustomGraphPass):
-    """`fa4::attention` calls made `fa4::attention_forward`, the POST_GRAD families, then the pass the user
-    had set on the same hook (if any)."""
+    """`fa4::attention` calls made `fa4::attention_forward`, the POST_GRAD families, the groupings of their calls
+    (`passes.GROUPINGS`), then the pass the user had set on the same hook (if any)."""
 
     def __init__(self, options, user_pass=None):
         self.options, self.user_pass = options, user_pass
@@ -61,13 +61,15 @@ class PostGradPasses(CustomGraphPass):
         self.graphs = 0  # graphs this pass saw; none when Inductor served the code from its caches
 
     def __call__(self, graph) -> None:
-        from .passes import FAMILIES, run_families
+        from .passes import FAMILIES, GROUPINGS, run_families
 
         self.graphs += 1
         gm = graph.owning_module
         without_autograd(graph)
         fake_mode = detect_fake_mode([n.meta.get("val") for n in graph.nodes if "val" in n.meta])
-        records = run_families(Context(gm, self.options, fake_mode), POST_GRAD, FAMILIES)
+        context = Context(gm, self.options, fake_mode)
+        records = run_families(context, POST_GRAD, FAMILIES)
+        records += run_families(context, POST_GRAD, GROUPINGS)
         for record in records:
             log.debug("%s", record)
         self.records += records

@@ -163,7 +163,8 @@ def compile_and_run(fn, kwargs, **options):
 
 class PostGradCompiled:
     """A function compiled by the backend with Inductor: its output, its forward's generated code, the
-    aten graphs after our post-grad passes (`fa4_inductor.graph_summary`) and the published records."""
+    aten graphs after our post-grad passes (`fa4_inductor.graph_summary`; each checked by `Graph.lint`) and the
+    published records."""
 
     def __init__(self, fn, *args, backend):
         torch._dynamo.reset()
@@ -172,6 +173,7 @@ class PostGradCompiled:
 
         def capturing(pass_self, graph):
             passes(pass_self, graph)
+            graph.lint()  # every node after its inputs, as Inductor's later passes expect
             self.graphs.append(fa4_inductor.graph_summary(graph.owning_module))
 
         with mock.patch.object(post_grad.PostGradPasses, "__call__", capturing), report.collecting() as records:

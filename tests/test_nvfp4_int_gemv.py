@@ -107,7 +107,9 @@ def test_pieces_bucket_and_limits():
 def test_variants_compile(cute_dsl, dtype):
     for key in (g.Key(dtype, 1, ARCH, 4, 1, 256), g.Key(dtype, 1, ARCH, 1, 4, 16, pdl=True),
                 g.Key(dtype, 3, ARCH, 2, 1, 64), g.Key(dtype, 1, ARCH, 4, 1, 256, pdl=True, prefetch=4),
-                g.Key(dtype, 2, ARCH, 2, 2, 64, prefetch=3), g.Key(dtype, 1, ARCH, 8, 1, 16)):  # 8 rows: no window
+                g.Key(dtype, 2, ARCH, 2, 2, 64, prefetch=3), g.Key(dtype, 1, ARCH, 8, 1, 16),  # 8 rows: no window
+                g.Key(dtype, 1, ARCH, 4, 1, 64, pdl=True, weights=3), g.Key(dtype, 1, ARCH, 4, 1, 64, weights=2),
+                g.Key(dtype, 2, ARCH, 2, 2, 64, weights=2)):
         assert callable(g.compiled(key)) and g.compiled(key) is g.compiled(key)
 
 

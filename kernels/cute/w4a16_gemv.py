@@ -185,10 +185,12 @@ class W4A16Gemv:
         self.add_up_and_store(acc, storage.sRed, lane, wn, wk, row0, n_rows, mScale, mBias, mOut)
 
     @cute.jit
-    def start(self, mW: cute.Tensor, mBlock: Optional[cute.Tensor], rW: cute.Tensor, rS: cute.Tensor):
+    def start(self, mW: cute.Tensor, mBlock: Optional[cute.Tensor], rW: cute.Tensor, rS: cute.Tensor, bx=None):
         """The warp's place (lane, wn, wk, first row, N, pieces a row, its first piece, its piece stride), with its
-        first piece loaded and, with PDL, the wait for the kernel before done."""
-        bx, _, _ = cute.arch.block_idx()
+        first piece loaded and, with PDL, the wait for the kernel before done. `bx`: the CTA's index among mW's
+        CTAs (default: its block index)."""
+        if const_expr(bx is None):
+            bx, _, _ = cute.arch.block_idx()
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         lane = cute.arch.lane_idx()
         wn = warp_idx % self.warps_n

@@ -1,0 +1,81 @@
+"""`fa4::nvfp4_sibling_linears`: two or three NVFP4 weight-only linears of the same x (a decoder layer's q / k / v
+projections, its gate / up projections) as one op, so that a decode step reads their weights in one launch.
+
+    outs = torch.ops.fa4.nvfp4_sibling_linears(x, [w_fp4, ...], [w_block_scale, ...], [w_global_scale, ...],
+                                               [bias or None, ...], scale_layout="rowmajor")
+
+Each (w_fp4, w_block_scale, w_global_scale, bias) is one `fa4::nvfp4_linear`'s operands (its module docstring),
+all of x's K and one `scale_layout`; outs[i] is that op's output for weight i, bit for bit.
+
+Kernels: a CUDA call runs the integer GEMV over all the weights in one launch (`nvfp4_int_gemv.run_siblings`) where
+`fa4::nvfp4_linear` would run each on the integer GEMV, with their rows together deciding as one weight's would
+(`w4a16_decode.int_gemv_route`): one row of x, and H200-measured (docs/benchmarks.md, session 26) 2.7 against 5.3 us
+for Llama-1B's q / k / v chained as three launches, 6.5 against 11.3 for Llama-8B's, 7.9 against 8.7 and 24.3
+against 27.7 for their gate / up. Other calls, and the CPU, run each weight through `fa4::nvfp4_linear`.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from torch import Tensor
+
+from . import library, nvfp4_int_gemv, nvfp4_linear, w4a16_decode
+
+MAX_WEIGHTS = 3
+
+
+def _check(x: Tensor, w_fp4: list, w_block_scale: list, w_global_scale: list, bias: list, scale_layout: str) -> None:
+    if not 2 <= len(w_fp4) <= MAX_WEIGHTS:
+        raise ValueError(f"fa4::nvfp4_sibling_linears takes 2..{MAX_WEIGHTS} weights, got {len(w_fp4)}")
+    if not len(w_fp4) == len(w_block_scale) == len(w_global_scale) == len(bias):
+        raise ValueError(f"fa4::nvfp4_sibling_linears takes one block scale, global scale and bias (or None) per "
+                         f"weight; got {len(w_fp4)} weights, {len(w_block_scale)} block scales, {len(w_global_scale)} "
+                         f"global scales, {len(bias)} biases")
+    for operands in zip(w_fp4, w_block_scale, w_global_scale, bias):
+        nvfp4_linear._check_inputs(x, *operands, scale_layout)
+
+
+def nvfp4_sibling_linears(x: Tensor, w_fp4: list[Tensor], w_block_scale: list[Tensor], w_global_scale: list[Tensor],
+                          bias: list[Optional[Tensor]], scale_layout: str = "rowmajor") -> list[Tensor]:
+    """The reference, on any device: `fa4::nvfp4_linear`'s for each weight."""
+    _check(x, w_fp4, w_block_scale, w_global_scale, bias, scale_layout)
+    return [nvfp4_linear.nvfp4_linear(x, *operands, scale_layout=scale_layout)
+            for operands in zip(w_fp4, w_block_scale, w_global_scale, bias)]
+
+
+def one_launch(x2d: Tensor, w_fp4: list[Tensor]) -> bool:
+    """Whether a CUDA call runs its weights in one launch of the integer GEMV (module docstring)."""
+    k = 2 * w_fp4[0].shape[1]
+    return all(nvfp4_linear.kernel_for(x2d, w)[0] == "w4a16" for w in w_fp4) and \
+        w4a16_decode.int_gemv_route(x2d, sum(w.shape[0] for w in w_fp4), k)
+
+
+def _nvfp4_sibling_linears_cuda(x: Tensor, w_fp4: list[Tensor], w_block_scale: list[Tensor],
+                                w_global_scale: list[Tensor], bias: list[Optional[Tensor]],
+                                scale_layout: str = "rowmajor") -> list[Tensor]:
+    _check(x, w_fp4, w_block_scale, w_global_scale, bias, scale_layout)
+    x2d = x.reshape(-1, x.shape[-1])
+    if not one_launch(x2d, w_fp4):
+        return [nvfp4_linear._nvfp4_linear_cuda(x, *operands, scale_layout=scale_layout)
+                for operands in zip(w_fp4, w_block_scale, w_global_scale, bias)]
+    if scale_layout == "blocked":
+        w_block_scale = [nvfp4_linear.unblocked_once(s, w.shape[0], w.shape[1] * 2 // nvfp4_linear.BLOCK)
+                         for s, w in zip(w_block_scale, w_fp4)]
+    outs = nvfp4_int_gemv.run_siblings(x2d, list(zip(w_fp4, w_block_scale, w_global_scale)))
+    for out, b in zip(outs, bias):
+        if b is not None:
+            out.add_(b)
+    return [out.view(*x.shape[:-1], out.shape[-1]) for out in outs]
+
+
+def _nvfp4_sibling_linears_fake(x, w_fp4, w_block_scale, w_global_scale, bias, scale_layout="rowmajor"):
+    _check(x, w_fp4, w_block_scale, w_global_scale, bias, scale_layout)
+    return [x.new_empty((*x.shape[:-1], w.shape[0])) for w in w_fp4]
+
+
+library.define("nvfp4_sibling_linears(Tensor x, Tensor[] w_fp4, Tensor[] w_block_scale, Tensor[] w_global_scale, "
+               "Tensor?[] bias, str scale_layout=\"rowmajor\") -> Tensor[]")
+library.impl("nvfp4_sibling_linears", nvfp4_sibling_linears, "CompositeExplicitAutograd")
+library.impl("nvfp4_sibling_linears", _nvfp4_sibling_linears_cuda, "CUDA")
+library.register_fake("nvfp4_sibling_linears", _nvfp4_sibling_linears_fake)
