@@ -17,6 +17,13 @@ e)  # session 26 diagnostics: each decode kernel's GPU time at b1 (issue 16: b1 
         --section LaunchStats --section WarpStateStats --section SchedulerStats --section MemoryWorkloadAnalysis \
         --section InstructionStats python3 docs/scripts/ncu_w4a16.py 8192 8192
     run timeout 200 python3 docs/scripts/decode_profile.py nvfp4 plain ;;
+i)  # session 26: fa4::nvfp4_sibling_linears (q/k/v and gate/up NVFP4 linears in one launch of the integer GEMV): its
+    # GPU tests and the single-weight GEMV's after the refactor, the probe with the op, the NVFP4 decode step with the
+    # grouping on and off
+    run timeout 200 $P -n 8 tests/test_gpu_w4a16.py -k "siblings or sibling_linears or int_gemv"
+    run timeout 120 python3 scratch/sibling_gemv.py
+    run timeout 120 python3 docs/scripts/decode_profile.py nvfp4 plain
+    run timeout 120 python3 docs/scripts/decode_profile.py nvfp4 plain nvfp4_sibling_linears=0 ;;
 h)  # session 26: one GEMV over sibling weights against today's PDL-chained calls (issue 15's decode step); the int8-KV
     # kernel at b1 x 32k d128 with 3 CTAs a SM and a split count that fits one wave (session 25's 64 KB run had 50
     # splits: 400 CTAs on 396 slots)

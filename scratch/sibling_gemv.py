@@ -1,5 +1,5 @@
-"""Issue 15 probe: would one GEMV over sibling weights (q/k/v, gate/up: the same x) beat the separate calls that
-decode runs today (PDL chained, one CUDA graph)? One weight of the summed rows stands in for the grouped kernel.
+"""Issue 15: one GEMV launch over sibling weights (q/k/v, gate/up: the same x) against the separate calls that decode
+ran before (PDL chained, one CUDA graph); one weight of the summed rows for scale.
 
     python3 scratch/sibling_gemv.py
 """
@@ -8,6 +8,7 @@ import sys
 import torch
 
 from fa4_inductor.bench import gpu_ms
+from fa4_inductor.kernels import NVFP4_SIBLING_LINEARS
 from fa4_inductor.kernels import w4a16_decode as w4
 
 sys.path.insert(0, "tests")
@@ -20,8 +21,11 @@ for name, (k, rows) in GROUPS.items():
     x = torch.randn(1, k, dtype=torch.bfloat16, device="cuda")
     weights = [random_nvfp4(n, k, seed=i, device="cuda") for i, n in enumerate(rows)]
     whole = random_nvfp4(sum(rows), k, seed=9, device="cuda")
+    args = ([w[0] for w in weights], [w[1] for w in weights], [w[2] for w in weights], [None] * len(weights))
     separate = gpu_ms(lambda: [w4.nvfp4_matmul(x, *w) for w in weights], cuda_graph=True) * 1e3
     alone = [gpu_ms(lambda w=w: w4.nvfp4_matmul(x, *w), cuda_graph=True) * 1e3 for w in weights]
     one = gpu_ms(lambda: w4.nvfp4_matmul(x, *whole), cuda_graph=True) * 1e3
+    siblings = gpu_ms(lambda: NVFP4_SIBLING_LINEARS(x, *args), cuda_graph=True) * 1e3
     print(f"{name:18} K {k}: separate calls {separate:6.1f} us (each alone {' + '.join(f'{a:.1f}' for a in alone)}), "
-          f"one {sum(rows)}-row weight {one:6.1f} us: {separate / one:.2f}x", flush=True)
+          f"fa4::nvfp4_sibling_linears {siblings:6.1f} us ({separate / siblings:.2f}x), one {sum(rows)}-row weight "
+          f"{one:6.1f} us", flush=True)

@@ -573,3 +573,60 @@ def test_int_gemv_through_the_matmul_and_cuda_graph_replay(monkeypatch):
         graph.replay()
         torch.cuda.synchronize()
         assert torch.equal(out, g.matmul(x, w_fp4, block, global_scale)), f"replay {i}"
+
+
+# ------------------------------------------------------------------ the integer GEMV over sibling weights (one launch)
+
+
+SIBLINGS = [((2048, 512, 512), 2048), ((333, 40, 17), 4160), ((8192, 8192), 2048), ((257, 1000), 1040),
+            ((100, 3), 48)]
+
+
+@pytest.mark.parametrize("shape", [(4, 1), (2, 2), (1, 4)], ids=lambda s: f"{s[0]}x{s[1]}")
+@pytest.mark.parametrize("rows, k", SIBLINGS)
+def test_int_gemv_siblings_equal_each_weights_own_launch(rows, k, shape):
+    """`run_siblings` gives each weight's output of `matmul` at the same CTA shape, bit for bit (the same arithmetic,
+    one launch): CTAs past a weight's last row, a weight of fewer rows than a CTA, K not a multiple of 32."""
+    from fa4_inductor.kernels import nvfp4_int_gemv as g
+
+    ws = [random_nvfp4(n, k, seed=n + k + i, device="cuda") for i, n in enumerate(rows)]
+    for dtype in (torch.bfloat16, torch.float16):
+        x = torch.randn(1, k, dtype=dtype, device="cuda")
+        outs = g.run_siblings(x, ws, forced=shape)
+        for out, w in zip(outs, ws):
+            assert out.shape == (1, w[0].shape[0]) and torch.equal(out, g.matmul(x, *w, forced=shape))
+        wd = float64_dequantized(*ws[-1])
+        report(f"int gemv siblings {rows} k{k} {shape}", outs[-1], x.double() @ wd.T, F.linear(x, wd.to(dtype)))
+
+
+@pytest.mark.parametrize("blocked_scales", [False, True], ids=["rowmajor", "blocked"])
+@pytest.mark.parametrize("m", [1, 2])
+def test_sibling_linears_op_under_cuda_graph_replay(m, blocked_scales):
+    """The op on CUDA, biases on two of three weights, captured once and replayed on new x: each output as
+    `fa4::nvfp4_linear`'s within the float64 bound (one row: the one-launch GEMV; two rows: the calls one by one,
+    the same kernels as the separate op, bit for bit)."""
+    from fa4_inductor.kernels import NVFP4_LINEAR, NVFP4_SIBLING_LINEARS
+    from fa4_inductor.kernels import nvfp4_sibling_linears as op
+    from test_nvfp4_linear import blocked
+
+    k, rows = 2048, (2048, 512, 512)
+    ws = [random_nvfp4(n, k, seed=i, device="cuda") for i, n in enumerate(rows)]
+    stored = [(w, blocked(b), s) if blocked_scales else (w, b, s) for w, b, s in ws]
+    biases = [torch.randn(rows[0], dtype=torch.bfloat16, device="cuda"), None,
+              torch.randn(rows[2], dtype=torch.bfloat16, device="cuda")]
+    layout = "blocked" if blocked_scales else "rowmajor"
+    x = torch.randn(m, 1, k, dtype=torch.bfloat16, device="cuda")
+    args = ([w[0] for w in stored], [w[1] for w in stored], [w[2] for w in stored], biases)
+    assert op.one_launch(x.reshape(-1, k), args[0]) == (m == 1)
+    graph, static = capture(lambda: NVFP4_SIBLING_LINEARS(x, *args, scale_layout=layout))
+    for _ in range(2):
+        x.copy_(torch.randn_like(x))
+        graph.replay()
+        for out, w, bias in zip(static, ws, biases):
+            alone = NVFP4_LINEAR(x, *w, bias)
+            if m > 1:
+                assert torch.equal(out, alone)
+            wd = float64_dequantized(*w)
+            ref = x.reshape(m, k).double() @ wd.T + (0 if bias is None else bias.double())
+            pytorch = F.linear(x.reshape(m, k), wd.to(x.dtype), bias)
+            report(f"sibling op m{m} {layout} n{w[0].shape[0]}", out.reshape(m, -1), ref, pytorch)

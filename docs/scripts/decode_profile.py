@@ -4,6 +4,7 @@ skips Inductor counted, and the kernels that take the most time.
 
     python docs/scripts/decode_profile.py nvfp4    # batch 1, 4k prompt: torchao NVFP4, plain-tensor NVFP4, bf16 weights
     python docs/scripts/decode_profile.py nvfp4 plain,bf16   # only those (`torchao`, `plain`, `bf16`)
+    python docs/scripts/decode_profile.py nvfp4 plain nvfp4_sibling_linears=0   # a backend option changed
     python docs/scripts/decode_profile.py int8kv   # batch 8 x 32k cache: Int8StaticCache against StaticCache
 """
 import sys
@@ -18,6 +19,7 @@ from fa4_inductor.bench import int8_kv, models, quant
 from fa4_inductor.hf import cache_keyword
 
 STEPS = 8
+OPTIONS = {}  # backend options from the command line (name=0 / name=1)
 
 
 def step_fn(model, cache, batch, filled):
@@ -37,7 +39,7 @@ def report(label, model, cache, batch, filled):
     step, token, position = step_fn(model, cache, batch, filled)
     with torch.no_grad():
         step(token, position)  # an eager step first: a StaticCache allocates its tensors on first use
-    compiled = torch.compile(step, backend=quant.ours_backend(), mode="reduce-overhead", fullgraph=True)
+    compiled = torch.compile(step, backend=quant.ours_backend(**OPTIONS), mode="reduce-overhead", fullgraph=True)
     with torch.no_grad():
         for _ in range(4):
             compiled(token.clone(), position.clone())
@@ -97,4 +99,5 @@ def int8kv(batch="8", capacity=32768):
 
 
 if __name__ == "__main__":
-    {"nvfp4": nvfp4, "int8kv": int8kv}[sys.argv[1]](*sys.argv[2:])
+    OPTIONS.update((a.split("=")[0], a.split("=")[1] == "1") for a in sys.argv[2:] if "=" in a)
+    {"nvfp4": nvfp4, "int8kv": int8kv}[sys.argv[1]](*(a for a in sys.argv[2:] if "=" not in a))
