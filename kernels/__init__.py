@@ -21,11 +21,24 @@ import sys
 
 if __name__ != "fa4_inductor.kernels":
     # Found as a top-level `kernels` because the repo root is on sys.path (e.g. `python -m pytest` run
-    # there; transformers probes for a `kernels` package by importing it). Loading this folder a
-    # second time under that name would register the ops again; hand out the installed package.
+    # there). Whoever imports `kernels` means another package of that name: Hugging Face's hub kernels,
+    # which transformers (>= 5.25 depends on it) imports when it is installed. Hand out that package if
+    # it is installed, else this one as installed (loading this folder a second time under another name
+    # would register the ops again).
     import importlib
+    import importlib.machinery
+    import importlib.util
+    import os
 
-    sys.modules[__name__] = importlib.import_module("fa4_inductor.kernels")
+    _root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    _spec = importlib.machinery.PathFinder.find_spec(
+        __name__, [p for p in sys.path if os.path.abspath(p or os.curdir) != _root])
+    if _spec is None:
+        sys.modules[__name__] = importlib.import_module("fa4_inductor.kernels")
+    else:
+        _other = importlib.util.module_from_spec(_spec)
+        sys.modules[__name__] = _other
+        _spec.loader.exec_module(_other)
 else:
     import torch
 
