@@ -39,10 +39,12 @@ def _groupable(node: Node) -> bool:
 
 
 def _source(x: Node) -> tuple:
-    """What x reads: (node, shape) through one view, so that views of one tensor to one shape count as one x."""
+    """What x reads: (node, shape) through one view, so that views of one tensor to one shape count as one x. The
+    shape as text: symbolic sizes compare by their expressions, with no guard."""
+    dims = tuple(str(d) for d in shape(x))
     if x.op == "call_function" and x.target in VIEWS and isinstance(x.args[0], Node):
-        return x.args[0], tuple(shape(x))
-    return x, tuple(shape(x))
+        return x.args[0], dims
+    return x, dims
 
 
 def siblings(node: Node) -> list[Node]:

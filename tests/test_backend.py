@@ -104,14 +104,34 @@ def test_dynamic_sequence_length_compiles_once():
 
 @pytest.mark.parametrize("name", ["kernels", "lowering"])
 def test_repo_folders_imported_top_level_are_the_installed_packages(monkeypatch, name):
-    """transformers probes for a `kernels` package by importing it; from the repo root that finds our
-    folder, which must not register the ops a second time."""
+    """From the repo root a top-level import finds our folder, which must not register the ops a second time:
+    `lowering` is the installed package; `kernels` is another installed package of that name where there is one
+    (Hugging Face's hub kernels, which transformers >= 5.25 installs and imports), else ours as installed."""
     import importlib
     import pathlib
     import sys
 
     op = torch.ops.fa4.attention.default
-    monkeypatch.syspath_prepend(str(pathlib.Path(fa4_inductor.__file__).parents[1]))
+    root = str(pathlib.Path(fa4_inductor.__file__).parents[1])
+    monkeypatch.syspath_prepend(root)
     monkeypatch.delitem(sys.modules, name, raising=False)
-    assert importlib.import_module(name) is importlib.import_module(f"fa4_inductor.{name}")
+    module = importlib.import_module(name)
+    ours = importlib.import_module(f"fa4_inductor.{name}")
+    assert module is ours or name == "kernels" and not module.__file__.startswith(root), module
+    assert torch.ops.fa4.attention.default is op
+
+
+def test_a_top_level_kernels_import_hands_out_another_kernels_package(monkeypatch, tmp_path):
+    import importlib
+    import pathlib
+    import sys
+
+    op = torch.ops.fa4.attention.default
+    (tmp_path / "kernels").mkdir()
+    (tmp_path / "kernels" / "__init__.py").write_text("WHOSE = 'the hub kernels stand-in'\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.syspath_prepend(str(pathlib.Path(fa4_inductor.__file__).parents[1]))  # found first, as from the root
+    monkeypatch.setitem(sys.modules, "kernels", None)  # what was there comes back after the test (or nothing)
+    del sys.modules["kernels"]
+    assert importlib.import_module("kernels").WHOSE == "the hub kernels stand-in"
     assert torch.ops.fa4.attention.default is op

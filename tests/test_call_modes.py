@@ -577,13 +577,21 @@ def test_training_step_under_autocast(model_kind):
 @pytest.mark.parametrize("impl, padded", [("sdpa", False), ("sdpa", True),
                                           *(pytest.param(*case, marks=pytest.mark.slow)
                                             for case in (("eager", False), ("eager", True)))])
-def test_training_step_with_gradient_checkpointing(impl, padded):
+def test_training_step_with_gradient_checkpointing(monkeypatch, impl, padded):
     """`gradient_checkpointing_enable()` (HF Trainer's `gradient_checkpointing=True`) puts each decoder layer in a
     `torch.utils.checkpoint` region, which Dynamo writes as a subgraph: its attention is rewritten there too. HF's
     mask, built before the layers, enters the region as an input, proven from the enclosing graph when it is pure
     structure (the causal band of an unpadded batch); a padded batch's depends on `attention_mask`: sdpa code's
     boolean mask becomes the op's key mask per query row, eager code's float one stays as written (values unknown
-    when compiling). Loss and gradients are eager's."""
+    when compiling). Loss and gradients are eager's.
+
+    transformers >= 5.25 with Hugging Face's `kernels` installed (a dependency from 5.25) routes the attention's
+    rotary function through a context variable that its forward sets, a side effect inside the checkpoint that Dynamo
+    refuses (a graph break per layer, which then runs uncompiled under any backend) unless told it need not replay it
+    in the backward: the setting a user follows Dynamo's hint to, set here as they would."""
+    flag = "skip_fwd_side_effects_in_bwd_under_checkpoint"
+    if hasattr(torch._dynamo.config, flag):
+        monkeypatch.setattr(torch._dynamo.config, flag, True)
     model = tiny("llama", impl)
     net = without_dropout(model.model).train()
     net.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
