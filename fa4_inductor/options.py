@@ -81,11 +81,12 @@ class Options:
     default compile's dequantize-then-matmul (`kernels/nvfp4_linear.rows_reason`; a symbolic count is decided for
     the compiled call's, under a guard)."""
 
-    nvfp4_sibling_linears: bool = True
-    """With `nvfp4_linear`: group the `fa4::nvfp4_linear` calls that read the same x (a layer's q / k / v, its gate /
-    up) into one `fa4::nvfp4_sibling_linears` (lowering/nvfp4_siblings.py), which runs them in one launch of the integer
-    GEMV where each would run on it (one row of x): H200, docs/benchmarks.md session 26, Llama-1B's q / k / v 2.7
-    against 5.3 us, gate / up 7.9 against 8.7. Elsewhere it runs the calls one by one, as without it."""
+    sibling_linears: bool = True
+    """With `nvfp4_linear` / `int8_linear`: group the calls of that op that read the same x (a layer's q / k / v, its
+    gate / up) into one `fa4::nvfp4_sibling_linears` / `fa4::int8_sibling_linears` (lowering/sibling_linears.py),
+    which runs them in one launch of the GEMV where each would run on it (one row of x): H200, docs/benchmarks.md
+    session 26, NVFP4 Llama-1B's q / k / v 2.9 against 5.3 us, gate / up 8.1 against 8.7. Elsewhere it runs the calls
+    one by one, as without it."""
 
     inductor_gemvs: bool = True
     """With `coordinate_descent_tuning` on (torchao's `quantize_` and gpt-fast turn it on), Inductor decomposes one-row

@@ -31,3 +31,18 @@ def register_fake(op: str, fn: Callable) -> None:
 
 def register_autograd(op: str, backward: Callable, setup_context: Callable) -> None:
     torch.library.register_autograd(f"{NAMESPACE}::{op}", backward, setup_context=setup_context, lib=LIB)
+
+
+MAX_SIBLINGS = 3
+
+
+def check_siblings(op: str, per_weight: dict) -> None:
+    """A sibling-linears op's per-weight lists (name -> list, the weights first): 2..MAX_SIBLINGS weights, one entry
+    of each list per weight."""
+    names = list(per_weight)
+    count = len(per_weight[names[0]])
+    if not 2 <= count <= MAX_SIBLINGS:
+        raise ValueError(f"fa4::{op} takes 2..{MAX_SIBLINGS} weights, got {count}")
+    if any(len(v) != count for v in per_weight.values()):
+        raise ValueError(f"fa4::{op} takes one of each of {', '.join(names[1:])} per weight; got "
+                         + ", ".join(f"{len(v)} {name}" for name, v in per_weight.items()))

@@ -22,16 +22,9 @@ from torch import Tensor
 
 from . import library, nvfp4_int_gemv, nvfp4_linear, w4a16_decode
 
-MAX_WEIGHTS = 3
-
-
 def _check(x: Tensor, w_fp4: list, w_block_scale: list, w_global_scale: list, bias: list, scale_layout: str) -> None:
-    if not 2 <= len(w_fp4) <= MAX_WEIGHTS:
-        raise ValueError(f"fa4::nvfp4_sibling_linears takes 2..{MAX_WEIGHTS} weights, got {len(w_fp4)}")
-    if not len(w_fp4) == len(w_block_scale) == len(w_global_scale) == len(bias):
-        raise ValueError(f"fa4::nvfp4_sibling_linears takes one block scale, global scale and bias (or None) per "
-                         f"weight; got {len(w_fp4)} weights, {len(w_block_scale)} block scales, {len(w_global_scale)} "
-                         f"global scales, {len(bias)} biases")
+    library.check_siblings("nvfp4_sibling_linears", {"weights": w_fp4, "block scales": w_block_scale,
+                                                     "global scales": w_global_scale, "biases (or None)": bias})
     for operands in zip(w_fp4, w_block_scale, w_global_scale, bias):
         nvfp4_linear._check_inputs(x, *operands, scale_layout)
 

@@ -701,6 +701,7 @@ class _GemvKey(NamedTuple):
     pdl: bool = False
     scale_dtype: torch.dtype = torch.float32
     min_ctas: int = 0
+    weights: int = 1  # > 1: `W4A16GemvSiblings` (int8, no bias), that many weights of one x in one launch
 
 
 def gemv_warps_k(n: int, pieces: int) -> int:
@@ -737,18 +738,25 @@ def _compile_gemv(key: _GemvKey):
     cute = compile_utils.cute_for(key.arch)
     from cutlass import Float32, Int32
 
-    from .cute.w4a16_gemv import W4A16Gemv
+    from .cute.w4a16_gemv import W4A16Gemv, W4A16GemvSiblings
 
     dt = compile_utils.cutlass_dtype(key.dtype)
     sym, sym64 = cute.sym_int, cute.sym_int64
-    kernel = W4A16Gemv(dt, key.fmt, key.m, key.bias, key.rows, key.warps_k, pdl=key.pdl, min_ctas=key.min_ctas)
+
+    def operands():  # (w, scale, out) of one weight
+        return (cute.runtime.make_fake_tensor(Int32, (sym(), sym()), (sym64(divisibility=4), 1), assumed_align=16),
+                cute.runtime.make_fake_compact_tensor(
+                    Float32 if key.fmt == "nvfp4" else compile_utils.cutlass_dtype(key.scale_dtype), (sym(),)),
+                cute.runtime.make_fake_tensor(dt, (key.m, sym()), (sym64(), 1)))
+
     x = cute.runtime.make_fake_tensor(Int32, (key.m, sym()), (sym64(divisibility=4), 1), assumed_align=16)
-    w = cute.runtime.make_fake_tensor(Int32, (sym(), sym()), (sym64(divisibility=4), 1), assumed_align=16)
+    if key.weights > 1:
+        kernel = W4A16GemvSiblings(dt, key.weights, key.m, key.rows, key.warps_k, pdl=key.pdl, min_ctas=key.min_ctas)
+        return compile_utils.compile_for_tvm_ffi(cute, kernel, x, *operands(), *operands(), *operands())
+    kernel = W4A16Gemv(dt, key.fmt, key.m, key.bias, key.rows, key.warps_k, pdl=key.pdl, min_ctas=key.min_ctas)
+    w, scale, out = operands()
     block = cute.runtime.make_fake_tensor(Int32, (sym(), sym()), (sym64(), 1)) if key.fmt == "nvfp4" else None
-    scale = cute.runtime.make_fake_compact_tensor(
-        Float32 if key.fmt == "nvfp4" else compile_utils.cutlass_dtype(key.scale_dtype), (sym(),))
     bias = cute.runtime.make_fake_compact_tensor(dt, (sym(),)) if key.bias else None
-    out = cute.runtime.make_fake_tensor(dt, (key.m, sym()), (sym64(), 1))
     return compile_utils.compile_for_tvm_ffi(cute, kernel, x, w, block, scale, bias, out)
 
 
@@ -958,6 +966,33 @@ def nvfp4_matmul(x2d: Tensor, w_fp4: Tensor, w_block_scale: Tensor, w_global_sca
     else:
         words, pairs = prepare_nvfp4(w_fp4, w_block_scale)
     return _run("nvfp4", x2d, words, pairs, w_global_scale.reshape(1), None, n, k, splits, cta, load, pack)
+
+
+def int8_gemv_siblings(x2d: Tensor, weights: list[tuple[Tensor, Tensor]],
+                       shape: Optional[tuple[int, int]] = None) -> list[Tensor]:
+    """x2d @ (w_int8 * w_scale)^T for each of 2 or 3 (w_int8 [N, K], w_scale [N]) of one K and one scale dtype, in one
+    launch of the GEMV (`W4A16GemvSiblings`), each output `int8_matmul`'s on the GEMV at the same shape (`shape`, else
+    `gemv_shape` of their rows together), bit for bit."""
+    if len(weights) not in (2, 3) or len({s.dtype for _, s in weights}) != 1:
+        raise ValueError("the int8 sibling GEMV takes 2 or 3 weights whose scales share a dtype")
+    operands = []
+    for w_int8, w_scale in weights:
+        n, k = w_int8.shape
+        _check(x2d, "int8", n, k, w_int8, w_scale, None)
+        scale = w_scale.reshape(n)
+        operands += [prepare_int8(w_int8), (scale if scale.dtype in SCALE_DTYPES else scale.float()).contiguous(),
+                     torch.empty(x2d.shape[0], n, dtype=x2d.dtype, device=x2d.device)]
+    pieces = operands[0].shape[1] // 4
+    x = prepare_x(x2d, 4 * operands[0].shape[1])
+    device = x.device.index if x.device.index is not None else torch.cuda.current_device()
+    rows, warps_k = shape or gemv_shape(sum(w.shape[0] for w, _ in weights), pieces, _num_sms(device))
+    key = gemv_key(x.dtype, "int8", x.shape[0], False, compile_utils.target_arch(x.device), warps_k,
+                   switches.current().w4a16_pdl, operands[1].dtype, rows)._replace(weights=len(weights))
+    if len(weights) == 2:
+        operands += operands[3:]  # the third weight's slot, not read
+    with torch.cuda.device(x.device):
+        compiled_gemv(key)(x.view(torch.int32), *operands)
+    return operands[2::3][:len(weights)]
 
 
 def int8_matmul(x2d: Tensor, w_int8: Tensor, w_scale: Tensor, bias: Optional[Tensor] = None, *,

@@ -17,6 +17,12 @@ e)  # session 26 diagnostics: each decode kernel's GPU time at b1 (issue 16: b1 
         --section LaunchStats --section WarpStateStats --section SchedulerStats --section MemoryWorkloadAnalysis \
         --section InstructionStats python3 docs/scripts/ncu_w4a16.py 8192 8192
     run timeout 200 python3 docs/scripts/decode_profile.py nvfp4 plain ;;
+j)  # session 26: fa4::int8_sibling_linears (W4A16GemvSiblings) and the fp32 GEMV after its refactor: GPU tests, the probe
+    # (NVFP4 and int8 groups), the quant suite's int8 and NVFP4 decode (session 13: int8 1.125 ms/token)
+    run timeout 200 $P -n 8 tests/test_gpu_w4a16.py -k "siblings or sibling_linears or gemv"
+    run timeout 120 python3 scratch/sibling_gemv.py
+    run timeout 240 python3 -m fa4_inductor bench --suite quant --quant-formats none --quant-no-prefill \
+        --quant-e2e-runs int8:plain,nvfp4:plain --quant-prompt 4096 ;;
 i)  # session 26: fa4::nvfp4_sibling_linears (q/k/v and gate/up NVFP4 linears in one launch of the integer GEMV): its
     # GPU tests and the single-weight GEMV's after the refactor, the probe with the op, the NVFP4 decode step with the
     # grouping on and off

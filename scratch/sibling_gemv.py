@@ -8,7 +8,7 @@ import sys
 import torch
 
 from fa4_inductor.bench import gpu_ms
-from fa4_inductor.kernels import NVFP4_SIBLING_LINEARS
+from fa4_inductor.kernels import INT8_SIBLING_LINEARS, NVFP4_SIBLING_LINEARS
 from fa4_inductor.kernels import w4a16_decode as w4
 
 sys.path.insert(0, "tests")
@@ -29,3 +29,13 @@ for name, (k, rows) in GROUPS.items():
     print(f"{name:18} K {k}: separate calls {separate:6.1f} us (each alone {' + '.join(f'{a:.1f}' for a in alone)}), "
           f"fa4::nvfp4_sibling_linears {siblings:6.1f} us ({separate / siblings:.2f}x), one {sum(rows)}-row weight "
           f"{one:6.1f} us", flush=True)
+
+for name, (k, rows) in GROUPS.items():
+    x = torch.randn(1, k, dtype=torch.bfloat16, device="cuda")
+    weights = [(torch.randint(-128, 128, (n, k), dtype=torch.int8, device="cuda"),
+                torch.rand(n, device="cuda").to(torch.bfloat16) / 64) for n in rows]
+    args = ([w for w, _ in weights], [s for _, s in weights], [None] * len(weights))
+    separate = gpu_ms(lambda: [w4.int8_matmul(x, *w) for w in weights], cuda_graph=True) * 1e3
+    siblings = gpu_ms(lambda: INT8_SIBLING_LINEARS(x, *args), cuda_graph=True) * 1e3
+    print(f"int8 {name:18} K {k}: separate calls {separate:6.1f} us, fa4::int8_sibling_linears {siblings:6.1f} us "
+          f"({separate / siblings:.2f}x)", flush=True)

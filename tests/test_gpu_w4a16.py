@@ -630,3 +630,48 @@ def test_sibling_linears_op_under_cuda_graph_replay(m, blocked_scales):
             ref = x.reshape(m, k).double() @ wd.T + (0 if bias is None else bias.double())
             pytorch = F.linear(x.reshape(m, k), wd.to(x.dtype), bias)
             report(f"sibling op m{m} {layout} n{w[0].shape[0]}", out.reshape(m, -1), ref, pytorch)
+
+
+@pytest.mark.parametrize("scale_dtype", [torch.bfloat16, torch.float32], ids=str)
+@pytest.mark.parametrize("shape", [(4, 1), (1, 4)], ids=lambda s: f"{s[0]}x{s[1]}")
+@pytest.mark.parametrize("rows, k", SIBLINGS)
+def test_int8_gemv_siblings_equal_each_weights_own_launch(rows, k, shape, scale_dtype):
+    """`int8_gemv_siblings` gives each weight's output of the GEMV at the same CTA shape, bit for bit."""
+    g = torch.Generator(device="cuda").manual_seed(sum(rows) + k)
+    ws = [(torch.randint(-128, 128, (n, k), dtype=torch.int8, device="cuda", generator=g),
+           (torch.rand(n, device="cuda", generator=g) / 64 + 1e-3).to(scale_dtype)) for n in rows]
+    for dtype in (torch.bfloat16, torch.float16):
+        x = torch.randn(1, k, dtype=dtype, device="cuda")
+        outs = w4.int8_gemv_siblings(x, ws, shape)
+        for out, (w, s) in zip(outs, ws):
+            assert out.shape == (1, w.shape[0]) and torch.equal(out, w4.int8_matmul(x, w, s, gemv=shape))
+        w, s = ws[-1]
+        wd = w.double() * s.double()[:, None]
+        report(f"int8 gemv siblings {rows} k{k} {shape}", outs[-1], x.double() @ wd.T, F.linear(x, wd.to(dtype)))
+
+
+@pytest.mark.parametrize("m", [1, 2])
+def test_int8_sibling_linears_op_under_cuda_graph_replay(m):
+    """The op on CUDA, captured once and replayed on new x: each output within the float64 bound (one row: the
+    one-launch GEMV; two rows: the calls one by one, `fa4::int8_linear`'s bit for bit)."""
+    from fa4_inductor.kernels import INT8_LINEAR, INT8_SIBLING_LINEARS
+    from fa4_inductor.kernels import int8_sibling_linears as op
+
+    k, rows = 2048, (2048, 512, 512)
+    g = torch.Generator(device="cuda").manual_seed(m)
+    ws = [(torch.randint(-128, 128, (n, k), dtype=torch.int8, device="cuda", generator=g),
+           (torch.rand(n, device="cuda", generator=g) / 64 + 1e-3).to(torch.bfloat16)) for n in rows]
+    x = torch.randn(m, 1, k, dtype=torch.bfloat16, device="cuda")
+    args = ([w for w, _ in ws], [s for _, s in ws], [None] * 3)
+    assert op.one_launch(x.reshape(-1, k), *args) == (m == 1)
+    graph, static = capture(lambda: INT8_SIBLING_LINEARS(x, *args, scale_after_matmul=True))
+    for _ in range(2):
+        x.copy_(torch.randn_like(x))
+        graph.replay()
+        for out, (w, s) in zip(static, ws):
+            alone = INT8_LINEAR(x, w, s, scale_after_matmul=True)
+            if m > 1:
+                assert torch.equal(out, alone)
+            wd = w.double() * s.double()[:, None]
+            report(f"int8 sibling op m{m} n{w.shape[0]}", out.reshape(m, -1), x.reshape(m, k).double() @ wd.T,
+                   F.linear(x.reshape(m, k), wd.to(x.dtype)))

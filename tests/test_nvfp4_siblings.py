@@ -1,5 +1,5 @@
 """`fa4::nvfp4_sibling_linears` (kernels/nvfp4_sibling_linears.py) and the grouping that emits it
-(lowering/nvfp4_siblings.py): NVFP4 linears of one x as one op, outputs bit for bit those of the separate calls."""
+(lowering/sibling_linears.py): NVFP4 linears of one x as one op, outputs bit for bit those of the separate calls."""
 
 import expecttest
 import pytest
@@ -58,7 +58,7 @@ def test_each_output_is_its_linears_bit_for_bit_and_near_float64(dtype):
 @pytest.mark.parametrize("change, message", [
     (lambda ws, b: (ws[:1], b[:1]), "takes 2..3 weights, got 1"),
     (lambda ws, b: (ws * 2, b * 2), "takes 2..3 weights, got 6"),
-    (lambda ws, b: (ws, b[:2]), "one block scale, global scale and bias (or None) per weight"),
+    (lambda ws, b: (ws, b[:2]), "one of each of block scales, global scales, biases (or None) per weight"),
     (lambda ws, b: (ws[:2] + [random_nvfp4(16, 32)], b), "x has 64 features, the weight 32"),
 ])
 def test_calls_it_cannot_take_are_errors(change, message):
@@ -141,7 +141,7 @@ def compiled_block(dtype, x, backend=BACKEND, bias=False):
         return block, PostGradCompiled(block, x, backend=backend)
 
 
-APART = fa4_inductor.backend(nvfp4_linear=True, nvfp4_sibling_linears=False)
+APART = fa4_inductor.backend(nvfp4_linear=True, sibling_linears=False)
 
 
 def check_outputs(block, compiled, x, dtype):

@@ -166,7 +166,9 @@ def test_the_matmuls_take_a_gemv_argument():
 
 def test_gemv_variants_compile(cute_dsl):
     for key in (w4.gemv_key(torch.bfloat16, "nvfp4", 1, False, ARCH, 2),
-                w4.gemv_key(torch.float16, "int8", 4, True, ARCH, 1, scale_dtype=torch.bfloat16)):
+                w4.gemv_key(torch.float16, "int8", 4, True, ARCH, 1, scale_dtype=torch.bfloat16),
+                w4.gemv_key(torch.bfloat16, "int8", 1, False, ARCH, 1, True)._replace(weights=3),
+                w4.gemv_key(torch.float16, "int8", 2, False, ARCH, 2, scale_dtype=torch.float16)._replace(weights=2)):
         assert callable(w4.compiled_gemv(key)) and w4.compiled_gemv(key) is w4.compiled_gemv(key)
 
 

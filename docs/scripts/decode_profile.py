@@ -4,7 +4,7 @@ skips Inductor counted, and the kernels that take the most time.
 
     python docs/scripts/decode_profile.py nvfp4    # batch 1, 4k prompt: torchao NVFP4, plain-tensor NVFP4, bf16 weights
     python docs/scripts/decode_profile.py nvfp4 plain,bf16   # only those (`torchao`, `plain`, `bf16`)
-    python docs/scripts/decode_profile.py nvfp4 plain nvfp4_sibling_linears=0   # a backend option changed
+    python docs/scripts/decode_profile.py nvfp4 plain sibling_linears=0   # a backend option changed
     python docs/scripts/decode_profile.py int8kv   # batch 8 x 32k cache: Int8StaticCache against StaticCache
 """
 import sys

@@ -35,7 +35,7 @@ from cutlass.cutlass_dsl import T, dsl_user_op
 from .cp_async import prefetch_line_l2
 from .decode_attention_int8kv import _max_abs
 from .w4a16_decode_gemm import _asm, _i32, prmt
-from .w4a16_gemv import NUM_WARPS, PIECE_WORDS, W4A16Gemv, as_f32, as_i32, e4m3_pair_f32, halves_f32
+from .w4a16_gemv import NUM_WARPS, PIECE_WORDS, W4A16Gemv, as_f32, as_i32, e4m3_pair_f32, halves_f32, shared_struct
 
 MAX_M = 4
 BLOCK = 16  # x values (and weight codes) a scale block
@@ -117,16 +117,10 @@ class NVFP4IntGemv(W4A16Gemv):
                     SharedStorage.size_in_bytes(), stream)
 
     def shared_storage(self):
-        """The CTA's shared memory: x's planes and block metadata, the K warps' sums, the decode tables (a struct made
-        here, outside traced code, where this module's annotations would stay strings)."""
-        def words(dtype, n):
-            return cute.struct.Align[cute.struct.MemRange[dtype, n], 16]
-
-        fields = {"sPlanes": words(Int32, 2 * 2 * self.max_pieces * PLANE_HALF_WORDS * self.m),
-                  "sMeta": words(Int32, self.max_pieces * META_WORDS * self.m),
-                  "sRed": words(Float32, NUM_WARPS * self.rows * self.m),
-                  "sTables": words(Int32, 4)}
-        return cute.struct(type("SharedStorage", (), {"__annotations__": fields}))
+        """The CTA's shared memory: x's planes and block metadata, the K warps' sums, the decode tables."""
+        return shared_struct(sPlanes=(Int32, 2 * 2 * self.max_pieces * PLANE_HALF_WORDS * self.m),
+                             sMeta=(Int32, self.max_pieces * META_WORDS * self.m),
+                             sRed=(Float32, NUM_WARPS * self.rows * self.m), sTables=(Int32, 4))
 
     @cute.kernel
     def kernel(self, mX: cute.Tensor, mW: cute.Tensor, mBlock: cute.Tensor, mScale: cute.Tensor, mOut: cute.Tensor,
@@ -313,16 +307,12 @@ class NVFP4IntGemvSiblings(NVFP4IntGemv):
                  mOut0: cute.Tensor, mW1: cute.Tensor, mBlock1: cute.Tensor, mScale1: cute.Tensor, mOut1: cute.Tensor,
                  mW2: cute.Tensor, mBlock2: cute.Tensor, mScale2: cute.Tensor, mOut2: cute.Tensor, stream):
         SharedStorage = self.shared_storage()
-        rows_per_cta = self.rows * self.warps_n
         ctas = self.ctas(mW0) + self.ctas(mW1)
         if const_expr(self.weights == 3):
             ctas = ctas + self.ctas(mW2)
         self.launch(self.kernel(mX, mW0, mBlock0, mScale0, mOut0, mW1, mBlock1, mScale1, mOut1, mW2, mBlock2, mScale2,
-                                mOut2, SharedStorage), ctas * rows_per_cta, SharedStorage.size_in_bytes(), stream)
-
-    def ctas(self, mW: cute.Tensor):
-        rows_per_cta = self.rows * self.warps_n
-        return (mW.shape[0] + rows_per_cta - 1) // rows_per_cta
+                                mOut2, SharedStorage), ctas * self.rows * self.warps_n, SharedStorage.size_in_bytes(),
+                    stream)
 
     @cute.kernel
     def kernel(self, mX: cute.Tensor, mW0: cute.Tensor, mBlock0: cute.Tensor, mScale0: cute.Tensor,
@@ -331,15 +321,5 @@ class NVFP4IntGemvSiblings(NVFP4IntGemv):
                SharedStorage: cutlass.Constexpr):
         storage = cutlass.memory.SmemAllocator().allocate(SharedStorage)
         bx, _, _ = cute.arch.block_idx()
-        first1 = self.ctas(mW0)
-        if bx < first1:
-            self.rows_of(storage, mX, mW0, mBlock0, mScale0, mOut0, bx)
-        else:
-            if const_expr(self.weights == 2):
-                self.rows_of(storage, mX, mW1, mBlock1, mScale1, mOut1, bx - first1)
-            else:
-                first2 = first1 + self.ctas(mW1)
-                if bx < first2:
-                    self.rows_of(storage, mX, mW1, mBlock1, mScale1, mOut1, bx - first1)
-                else:
-                    self.rows_of(storage, mX, mW2, mBlock2, mScale2, mOut2, bx - first2)
+        weights = [(mW0, mBlock0, mScale0, mOut0), (mW1, mBlock1, mScale1, mOut1), (mW2, mBlock2, mScale2, mOut2)]
+        self.each_weight(storage, mX, weights[:self.weights], bx)

@@ -115,6 +115,12 @@ def sub_f32(a: Float32, b: float, *, loc=None, ip=None) -> Float32:
     return Float32(_asm(T.f32(), args, "sub.rn.f32 $0, $1, $2;", "=f,f,f"))
 
 
+def shared_struct(**fields):
+    """A `cute.struct` of 16-byte-aligned arrays, each field (element type, count)."""
+    return cute.struct(type("SharedStorage", (), {"__annotations__": {
+        name: cute.struct.Align[cute.struct.MemRange[dtype, count], 16] for name, (dtype, count) in fields.items()}}))
+
+
 class W4A16Gemv:
     """One compiled variant per (x dtype, format, M, bias or not, ROWS rows a warp, WARPS_K warps along K, PDL or
     not, `min_ctas`: > 1 caps the registers so that this many CTAs fit a SM); N, K and strides are runtime values.
@@ -142,14 +148,36 @@ class W4A16Gemv:
     @cute.jit
     def __call__(self, mX: cute.Tensor, mW: cute.Tensor, mBlock: Optional[cute.Tensor], mScale: cute.Tensor,
                  mBias: Optional[cute.Tensor], mOut: cute.Tensor, stream):
-        red_words = NUM_WARPS * self.rows * self.m
-
-        @cute.struct
-        class SharedStorage:
-            sRed: cute.struct.Align[cute.struct.MemRange[Float32, red_words], 16]
-
+        SharedStorage = self.shared_storage()
         self.launch(self.kernel(mX, mW, mBlock, mScale, mBias, mOut, SharedStorage), mW.shape[0],
                     SharedStorage.size_in_bytes(), stream)
+
+    def shared_storage(self):
+        """The CTA's shared memory (a struct made here, outside traced code, where this module's annotations would
+        stay strings): the K warps' sums."""
+        return shared_struct(sRed=(Float32, NUM_WARPS * self.rows * self.m))
+
+    def ctas(self, mW: cute.Tensor):
+        """The CTAs that cover mW's rows."""
+        rows_per_cta = self.rows * self.warps_n
+        return (mW.shape[0] + rows_per_cta - 1) // rows_per_cta
+
+    @cute.jit
+    def each_weight(self, storage, mX: cute.Tensor, weights, bx):
+        """`rows_of` for CTA bx of a grid that covers 2 or 3 weights' CTAs in turn: `weights` their operand tuples
+        (each `rows_of`'s after mX, its weight first)."""
+        first1 = self.ctas(weights[0][0])
+        if bx < first1:
+            self.rows_of(storage, mX, *weights[0], bx)
+        else:
+            if const_expr(len(weights) == 2):
+                self.rows_of(storage, mX, *weights[1], bx - first1)
+            else:
+                first2 = first1 + self.ctas(weights[1][0])
+                if bx < first2:
+                    self.rows_of(storage, mX, *weights[1], bx - first1)
+                else:
+                    self.rows_of(storage, mX, *weights[2], bx - first2)
 
     def launch(self, kernel, n_rows, smem_bytes: int, stream):
         """Launch `kernel` (a traced kernel call) on the CTAs that cover n_rows weight rows."""
@@ -167,13 +195,20 @@ class W4A16Gemv:
     @cute.kernel
     def kernel(self, mX: cute.Tensor, mW: cute.Tensor, mBlock: Optional[cute.Tensor], mScale: cute.Tensor,
                mBias: Optional[cute.Tensor], mOut: cute.Tensor, SharedStorage: cutlass.Constexpr):
+        storage = cutlass.memory.SmemAllocator().allocate(SharedStorage)
+        self.rows_of(storage, mX, mW, mBlock, mScale, mBias, mOut)
+
+    @cute.jit
+    def rows_of(self, storage, mX: cute.Tensor, mW: cute.Tensor, mBlock: Optional[cute.Tensor], mScale: cute.Tensor,
+                mBias: Optional[cute.Tensor], mOut: cute.Tensor, bx=None):
+        """The CTA's rows of mW (its bx-th CTA; default: its block index) into mOut."""
         R, M = self.rows, self.m
         acc = cute.make_rmem_tensor((R * M,), Float32)
         acc.fill(0.0)
         rW = cute.make_rmem_tensor((PIECE_WORDS, R), Int32)
         rS = cute.make_rmem_tensor((R,), Int32)
         rX = cute.make_rmem_tensor((PIECE_WORDS, M), Int32)
-        lane, wn, wk, row0, n_rows, pieces, first, stride = self.start(mW, mBlock, rW, rS)
+        lane, wn, wk, row0, n_rows, pieces, first, stride = self.start(mW, mBlock, rW, rS, bx)
         for p in cutlass.range(first, pieces, stride, unroll=1):
             if const_expr(self.fmt == "nvfp4"):
                 self.nvfp4_piece(mX, rW, rS, rX, acc, p)
@@ -181,7 +216,6 @@ class W4A16Gemv:
                 self.int8_piece(mX, rW, rX, acc, p)
             if p + stride < pieces:
                 self.load_piece(mW, mBlock, rW, rS, row0, n_rows, p + stride)
-        storage = cutlass.memory.SmemAllocator().allocate(SharedStorage)
         self.add_up_and_store(acc, storage.sRed, lane, wn, wk, row0, n_rows, mScale, mBias, mOut)
 
     @cute.jit
@@ -301,3 +335,37 @@ class W4A16Gemv:
         if const_expr(self.has_bias):
             y = y + Float32(mBias[n])
         mOut[m, n] = y.to(self.dtype)
+
+
+class W4A16GemvSiblings(W4A16Gemv):
+    """`W4A16Gemv` over 2 or 3 int8 weights (per-channel scales, no bias) that multiply the same x, in one launch:
+    the grid is each weight's CTAs in turn (`each_weight`), as `nvfp4_int_gemv.NVFP4IntGemvSiblings` does for NVFP4.
+
+    Call: (mX, then (mW, mScale, mOut) of weights 0, 1 and 2, stream), each as `W4A16Gemv` takes it, all of one K and
+    one scale dtype; with `weights` = 2 the third is not read (pass the second again)."""
+
+    def __init__(self, dtype, weights: int, m: int, rows: int, warps_k: int, pdl: bool = False, min_ctas: int = 0):
+        assert weights in (2, 3), weights
+        super().__init__(dtype, "int8", m, False, rows, warps_k, pdl, min_ctas)
+        self.weights = weights
+
+    @cute.jit
+    def __call__(self, mX: cute.Tensor, mW0: cute.Tensor, mScale0: cute.Tensor, mOut0: cute.Tensor, mW1: cute.Tensor,
+                 mScale1: cute.Tensor, mOut1: cute.Tensor, mW2: cute.Tensor, mScale2: cute.Tensor, mOut2: cute.Tensor,
+                 stream):
+        SharedStorage = self.shared_storage()
+        ctas = self.ctas(mW0) + self.ctas(mW1)
+        if const_expr(self.weights == 3):
+            ctas = ctas + self.ctas(mW2)
+        self.launch(self.kernel(mX, mW0, mScale0, mOut0, mW1, mScale1, mOut1, mW2, mScale2, mOut2, SharedStorage),
+                    ctas * self.rows * self.warps_n, SharedStorage.size_in_bytes(), stream)
+
+    @cute.kernel
+    def kernel(self, mX: cute.Tensor, mW0: cute.Tensor, mScale0: cute.Tensor, mOut0: cute.Tensor, mW1: cute.Tensor,
+               mScale1: cute.Tensor, mOut1: cute.Tensor, mW2: cute.Tensor, mScale2: cute.Tensor, mOut2: cute.Tensor,
+               SharedStorage: cutlass.Constexpr):
+        storage = cutlass.memory.SmemAllocator().allocate(SharedStorage)
+        bx, _, _ = cute.arch.block_idx()
+        weights = [(mW0, None, mScale0, None, mOut0), (mW1, None, mScale1, None, mOut1),
+                   (mW2, None, mScale2, None, mOut2)]
+        self.each_weight(storage, mX, weights[:self.weights], bx)
