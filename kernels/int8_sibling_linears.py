@@ -8,9 +8,10 @@ Each (w_int8, w_scale, bias) is one `fa4::int8_linear`'s operands (its module do
 `group_size` and `scale_after_matmul`; outs[i] is that op's output for weight i.
 
 Kernels: a CUDA call runs the fp32 GEMV over all the weights in one launch (`w4a16_decode.int8_gemv_siblings`) where
-`fa4::int8_linear` would run each on it (its rows of x within the GEMV's, per-channel scales of one dtype) and none
-has a bias: the same arithmetic as each weight's launch (within its rounding: the CTA shape follows the rows
-together). Other calls, and the CPU, run each weight through `fa4::int8_linear`.
+`fa4::int8_linear` would run each on it (its rows of x within the GEMV's, per-channel scales of one dtype), none
+has a bias and their rows number at most ONE_LAUNCH_MAX_ROWS: the same arithmetic as each weight's launch (within its
+rounding: the CTA shape follows the rows together). Other calls, and the CPU, run each weight through
+`fa4::int8_linear`.
 """
 
 from __future__ import annotations
@@ -20,6 +21,13 @@ from typing import Optional
 from torch import Tensor
 
 from . import int8_linear, library, w4a16_decode
+
+
+ONE_LAUNCH_MAX_ROWS = 8192
+"""The most rows (summed over the weights) that take one launch. H200, docs/benchmarks.md session 26 run 7, one row
+of x, us, the calls chained / one launch: q / k / v of Llama-1B (3072 rows) 5.4 / 3.0 and of Llama-8B (6144) 11.8 /
+6.7; gate / up of Llama-1B (16384 rows) 9.3 / 13.7 and of Llama-8B (28672) 34.6 / 35.8, where the GEMV's CTA shape for
+the rows together loses to each weight's own."""
 
 
 def _check(x: Tensor, w_int8: list, w_scale: list, bias: list, group_size: int, scale_after_matmul: bool) -> None:
@@ -40,10 +48,12 @@ def one_launch(x2d: Tensor, w_int8: list[Tensor], w_scale: list[Tensor], bias: l
                group_size: int = -1, scale_after_matmul: bool = False) -> bool:
     """Whether a CUDA call runs its weights in one launch of the GEMV (module docstring)."""
     flags = dict(group_size=group_size, scale_after_matmul=scale_after_matmul)
-    return all(b is None for b in bias) and len({s.dtype for s in w_scale}) == 1 and \
-        x2d.shape[0] <= w4a16_decode.configured_gemv_rows() and \
-        all(int8_linear.kernel_for(x2d, w, s, None, **flags)[0] == int8_linear.W4A16.name
-            for w, s in zip(w_int8, w_scale))
+    if any(b is not None for b in bias) or len({s.dtype for s in w_scale}) != 1:
+        return False
+    if x2d.shape[0] > w4a16_decode.configured_gemv_rows() or sum(w.shape[0] for w in w_int8) > ONE_LAUNCH_MAX_ROWS:
+        return False
+    return all(int8_linear.kernel_for(x2d, w, s, None, **flags)[0] == int8_linear.W4A16.name
+               for w, s in zip(w_int8, w_scale))
 
 
 def _int8_sibling_linears_cuda(x: Tensor, w_int8: list[Tensor], w_scale: list[Tensor], bias: list[Optional[Tensor]],

@@ -113,6 +113,8 @@ def test_one_launch_asks_each_call_its_route_and_takes_no_bias(monkeypatch):
     assert not siblings_op.one_launch(torch.randn(2, K, dtype=torch.bfloat16), w, s, b)  # more rows than the GEMV's
     assert not siblings_op.one_launch(x, w, s, [None, torch.zeros(16, dtype=torch.bfloat16), None])
     assert not siblings_op.one_launch(x, w, [s[0].float(), *s[1:]], b)  # scales of two dtypes
+    monkeypatch.setattr(siblings_op, "ONE_LAUNCH_MAX_ROWS", sum(ROWS) - 1)  # gate / up's sizes: measured slower
+    assert not siblings_op.one_launch(x, w, s, b)
     monkeypatch.setattr(siblings_op.int8_linear, "kernel_for", lambda *a, **k: ("quack_int8", ""))
     assert not siblings_op.one_launch(x, w, s, b)
 
