@@ -65,16 +65,14 @@ def _int8_sibling_linears_cuda(x: Tensor, w_int8: list[Tensor], w_scale: list[Te
                                              scale_after_matmul=scale_after_matmul)
                 for operands in zip(w_int8, w_scale, bias)]
     outs = w4a16_decode.int8_gemv_siblings(x2d, list(zip(w_int8, w_scale)))
-    return [out.view(*x.shape[:-1], out.shape[-1]) for out in outs]
+    return library.sibling_outputs(x, w_int8, outs)
 
 
 def _int8_sibling_linears_fake(x, w_int8, w_scale, bias, *, group_size=-1, scale_after_matmul=False):
     _check(x, w_int8, w_scale, bias, group_size, scale_after_matmul)
-    return [x.new_empty((*x.shape[:-1], w.shape[0])) for w in w_int8]
+    return library.sibling_outputs(x, w_int8)
 
 
-library.define("int8_sibling_linears(Tensor x, Tensor[] w_int8, Tensor[] w_scale, Tensor?[] bias, *, "
-               "int group_size=-1, bool scale_after_matmul=False) -> Tensor[]")
-library.impl("int8_sibling_linears", int8_sibling_linears, "CompositeExplicitAutograd")
-library.impl("int8_sibling_linears", _int8_sibling_linears_cuda, "CUDA")
-library.register_fake("int8_sibling_linears", _int8_sibling_linears_fake)
+library.define_op("int8_sibling_linears(Tensor x, Tensor[] w_int8, Tensor[] w_scale, Tensor?[] bias, *, "
+                  "int group_size=-1, bool scale_after_matmul=False) -> Tensor[]",
+                  int8_sibling_linears, _int8_sibling_linears_cuda, _int8_sibling_linears_fake)

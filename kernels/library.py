@@ -1,7 +1,7 @@
 """The `fa4` torch.library namespace: the one `Library` object every op file defines its ops in.
 
 An op file (`attention.py`) calls `define` for each schema, then `impl` per dispatch key,
-`register_fake` and `register_autograd`; `kernels/__init__.py` imports the op files, which registers
+`register_fake` and `register_autograd` (`define_op`: the first three for an op without autograd); `kernels/__init__.py` imports the op files, which registers
 them. The ops use torch.library.Library rather than custom_op: custom_op wraps every device kernel
 in Python layers (aliasing checks, a Dynamo-disable frame) that cost more host time than the launch.
 """
@@ -29,6 +29,15 @@ def register_fake(op: str, fn: Callable) -> None:
     torch.library.register_fake(f"{NAMESPACE}::{op}", fn, lib=LIB)
 
 
+def define_op(schema: str, reference: Callable, cuda: Callable, fake: Callable) -> None:
+    """`define` an op, its reference for every device (CompositeExplicitAutograd), its CUDA kernel path and its fake."""
+    op = schema.split("(")[0]
+    define(schema)
+    impl(op, reference, "CompositeExplicitAutograd")
+    impl(op, cuda, "CUDA")
+    register_fake(op, fake)
+
+
 def register_autograd(op: str, backward: Callable, setup_context: Callable) -> None:
     torch.library.register_autograd(f"{NAMESPACE}::{op}", backward, setup_context=setup_context, lib=LIB)
 
@@ -46,3 +55,11 @@ def check_siblings(op: str, per_weight: dict) -> None:
     if any(len(v) != count for v in per_weight.values()):
         raise ValueError(f"fa4::{op} takes one of each of {', '.join(names[1:])} per weight; got "
                          + ", ".join(f"{len(v)} {name}" for name, v in per_weight.items()))
+
+
+def sibling_outputs(x: torch.Tensor, weights: list, outs=None) -> list:
+    """A sibling-linears op's outputs, [..., N] for x [..., K] and each [N, ...] weight: `outs` ([M, N] each) viewed
+    so, or new empty tensors (the fake)."""
+    if outs is None:
+        return [x.new_empty((*x.shape[:-1], w.shape[0])) for w in weights]
+    return [out.view(*x.shape[:-1], out.shape[-1]) for out in outs]

@@ -59,16 +59,14 @@ def _nvfp4_sibling_linears_cuda(x: Tensor, w_fp4: list[Tensor], w_block_scale: l
     for out, b in zip(outs, bias):
         if b is not None:
             out.add_(b)
-    return [out.view(*x.shape[:-1], out.shape[-1]) for out in outs]
+    return library.sibling_outputs(x, w_fp4, outs)
 
 
 def _nvfp4_sibling_linears_fake(x, w_fp4, w_block_scale, w_global_scale, bias, scale_layout="rowmajor"):
     _check(x, w_fp4, w_block_scale, w_global_scale, bias, scale_layout)
-    return [x.new_empty((*x.shape[:-1], w.shape[0])) for w in w_fp4]
+    return library.sibling_outputs(x, w_fp4)
 
 
-library.define("nvfp4_sibling_linears(Tensor x, Tensor[] w_fp4, Tensor[] w_block_scale, Tensor[] w_global_scale, "
-               "Tensor?[] bias, str scale_layout=\"rowmajor\") -> Tensor[]")
-library.impl("nvfp4_sibling_linears", nvfp4_sibling_linears, "CompositeExplicitAutograd")
-library.impl("nvfp4_sibling_linears", _nvfp4_sibling_linears_cuda, "CUDA")
-library.register_fake("nvfp4_sibling_linears", _nvfp4_sibling_linears_fake)
+library.define_op("nvfp4_sibling_linears(Tensor x, Tensor[] w_fp4, Tensor[] w_block_scale, Tensor[] w_global_scale, "
+                  "Tensor?[] bias, str scale_layout=\"rowmajor\") -> Tensor[]",
+                  nvfp4_sibling_linears, _nvfp4_sibling_linears_cuda, _nvfp4_sibling_linears_fake)

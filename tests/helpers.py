@@ -223,3 +223,25 @@ def assert_within_int8_int8_bound(out, x_int8, x_scale, w_int8, w_scale, bias):
     exact = product if bias is None else product + bias.double()
     bound = 2 ** -8 * (product.abs() * 1.01 + exact.abs()) + 1e-6
     assert ((out.double() - exact).abs() <= bound).all(), (out.double() - exact).abs().max()
+
+
+class SiblingLinearsBlock(torch.nn.Module):
+    """A decoder layer's projections for the sibling-linears tests: q / k / v (rows `qkv`) of one normed x, q
+    reshaped before k and v are computed (so a grouped call must move what reads q after it), then gate / up (128
+    rows) of another, and a lone down projection; `linear(n, k)` makes each (a quantized linear module)."""
+
+    def __init__(self, linear, k=64, qkv=(48, 16, 16)):
+        super().__init__()
+        torch.manual_seed(0)
+        self.k_features = k
+        self.q, self.k, self.v = (linear(n, k) for n in qkv)
+        self.gate, self.up, self.down = linear(128, k), linear(128, k), linear(k, 128)
+
+    def forward(self, x):
+        k_features = self.k_features
+        h = torch.nn.functional.rms_norm(x, (k_features,))
+        q = self.q(h).view(*x.shape[:-1], 3, 16).transpose(-2, -3)
+        k, v = self.k(h), self.v(h)
+        a = x + (q.sum(-3) + k * v).repeat(1, 1, k_features // 16)
+        h2 = torch.nn.functional.rms_norm(a, (k_features,))
+        return a + self.down(torch.nn.functional.silu(self.gate(h2)) * self.up(h2))

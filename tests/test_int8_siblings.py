@@ -5,13 +5,12 @@ import expecttest
 import pytest
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 import fa4_inductor
 import upstream
 from fa4_inductor.kernels import INT8_LINEAR, INT8_SIBLING_LINEARS
 from fa4_inductor.kernels import int8_sibling_linears as siblings_op
-from helpers import PostGradCompiled
+from helpers import PostGradCompiled, SiblingLinearsBlock
 from test_int8_linear import TOLERANCES, float64_reference
 
 K = 64
@@ -119,27 +118,8 @@ def test_one_launch_asks_each_call_its_route_and_takes_no_bias(monkeypatch):
     assert not siblings_op.one_launch(x, w, s, b)
 
 
-class Block(nn.Module):
-    """gpt-fast's int8 weight-only projections of a decoder layer: q / k / v of one normed x (q reshaped before k
-    and v are computed), gate / up of another, a lone down projection."""
-
-    def __init__(self, dtype):
-        super().__init__()
-        torch.manual_seed(0)
-
-        def linear(n, k):
-            return upstream.WeightOnlyInt8Linear.from_linear(nn.Linear(k, n), dtype)
-
-        self.q, self.k, self.v = (linear(n, K) for n in ROWS)
-        self.gate, self.up, self.down = linear(128, K), linear(128, K), linear(K, 128)
-
-    def forward(self, x):
-        h = F.rms_norm(x, (K,))
-        q = self.q(h).view(*x.shape[:-1], 3, 16).transpose(-2, -3)
-        k, v = self.k(h), self.v(h)
-        a = x + (q.sum(-3) + k * v).repeat(1, 1, 4)
-        h2 = F.rms_norm(a, (K,))
-        return a + self.down(F.silu(self.gate(h2)) * self.up(h2))
+def Block(dtype):
+    return SiblingLinearsBlock(lambda n, k: upstream.WeightOnlyInt8Linear.from_linear(nn.Linear(k, n), dtype), K, ROWS)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)

@@ -5,13 +5,12 @@ import expecttest
 import pytest
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 import fa4_inductor
 from fa4_inductor import nvfp4
 from fa4_inductor.kernels import NVFP4_LINEAR, NVFP4_SIBLING_LINEARS
 from fa4_inductor.kernels import nvfp4_sibling_linears as siblings_op
-from helpers import PostGradCompiled
+from helpers import PostGradCompiled, SiblingLinearsBlock
 from test_nvfp4_linear import OPCHECK_TESTS, TOLERANCES, blocked, float64_dequantized, random_nvfp4
 
 K = 64
@@ -112,27 +111,8 @@ def test_one_launch_asks_the_integer_gemv_for_the_rows_together(monkeypatch):
     assert not siblings_op.one_launch(torch.randn(1, K), w_fp4)
 
 
-class Block(nn.Module):
-    """A decoder layer's projections: q / k / v of one normed x, q reshaped before k and v are computed (so the
-    grouped call must move what reads q after it), then gate / up of another x, and a lone down projection."""
-
-    def __init__(self, dtype, bias=False):
-        super().__init__()
-        torch.manual_seed(0)
-
-        def linear(n, k):
-            return nvfp4.NVFP4Linear.from_linear(nn.Linear(k, n, bias=bias).to(dtype))
-
-        self.q, self.k, self.v = (linear(n, K) for n in ROWS)
-        self.gate, self.up, self.down = linear(128, K), linear(128, K), linear(K, 128)
-
-    def forward(self, x):
-        h = F.rms_norm(x, (K,))
-        q = self.q(h).view(*x.shape[:-1], 3, 16).transpose(-2, -3)
-        k, v = self.k(h), self.v(h)
-        a = x + (q.sum(-3) + k * v).repeat(1, 1, 4)
-        h2 = F.rms_norm(a, (K,))
-        return a + self.down(F.silu(self.gate(h2)) * self.up(h2))
+def Block(dtype, bias=False):
+    return SiblingLinearsBlock(lambda n, k: nvfp4.NVFP4Linear.from_linear(nn.Linear(k, n, bias=bias).to(dtype)), K, ROWS)
 
 
 def compiled_block(dtype, x, backend=BACKEND, bias=False):
