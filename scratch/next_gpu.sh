@@ -1,4 +1,6 @@
-# Unrun GPU work (sessions 19-26). Session 26: `e`, `f` (diagnostics of issues 15 and 16); then the GPU tiers of `h200_check.sh tests`:
+# Unrun GPU work (sessions 19-26). Session 26 ran `e`-`j`; next: `j` again (its tree then still ran int8 gate / up in one
+# launch; since, int8 groups over 8192 rows run apart and the sibling ops register through `library.define_op`), then the
+# GPU tiers of `h200_check.sh tests`:
 # each with a timeout of 540-590 s; rows stream to the log as they are measured), split into calls of
 # <= ~9 minutes (the first after .gpu/b's install).
 # Output goes to $OUT/log.txt. Have the next call ready: the machine goes back 30 s after a call, and a fresh one needs
