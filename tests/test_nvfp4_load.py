@@ -94,7 +94,7 @@ def test_load_compile_and_every_quantized_linear_runs_the_op(checkpoint):
     assert sorted(r.module for r in nvfp4_records) == sorted(quantized)
     assert all(r.rewritten for r in nvfp4_records)
     # a layer's q / k / v and gate / up each run as one fa4::nvfp4_sibling_linears, o and down alone
-    groups = [r.detail for r in compiled.records if r.family == "nvfp4_sibling_linears"]
+    groups = [r.detail for r in compiled.records if r.family == "sibling_linears"]
     assert len(groups) == 4 and compiled.code.count("torch.ops.fa4.nvfp4_sibling_linears.default(") == 4, groups
     assert compiled.code.count(OP_CALL) == len(quantized) - 10
     # Bound: the op's float32 weight is within 2 float32 ulps of the exact one (kernels/nvfp4_linear.py, plus the
