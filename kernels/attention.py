@@ -255,8 +255,8 @@ class MaskKind(NamedTuple):
     name: str  # "hides nothing", "right padding", "left padding", "right padding, causal", "causal prefix, left
     # padding", "packed" or "kept"
     window_left: int = -1  # "causal prefix, left padding", "packed": the most keys a row sees before its own (-1: any)
-    segments: Optional[tuple[tuple[int, ...], int]] = None  # "packed": the sequences' offsets in the [B * S]
-    # flattened tokens (and B * S), the longest one's length
+    segments: Optional[tuple] = None  # "packed": the sequences' offsets in the [B * S] flattened tokens (and B * S),
+    # the longest one's length, their used lengths (None: up to the next offset; `_packed_segments`)
 
 
 _LAST_FORM: list = []  # [(weak key mask, its version, weak seqused_k, flags), its MaskKind]
@@ -303,9 +303,10 @@ def key_mask_form(q: Tensor, k: Tensor, seqused_k: Optional[Tensor], key_mask: O
         return KeyMaskForm(None, None, ("left", sq - _lengths(_diagonal(key_mask))), causal_keys=sq,
                            window_left=read.window_left)
     if kind == "packed":
-        offsets, longest = read.segments
-        offsets = torch.tensor(offsets, dtype=torch.int32).to(key_mask.device, non_blocking=True)
-        return KeyMaskForm(None, None, ("packed", (offsets, longest)), causal_keys=key_mask.shape[1],
+        offsets, longest, used = read.segments
+        offsets, used = (None if t is None else torch.tensor(t, dtype=torch.int32).to(key_mask.device, non_blocking=True)
+                         for t in (offsets, used))
+        return KeyMaskForm(None, None, ("packed", (offsets, longest, used)), causal_keys=key_mask.shape[1],
                            window_left=read.window_left)
     return KeyMaskForm(seqused_k, key_mask)
 
@@ -372,9 +373,11 @@ def _per_query_mask_kind(seqused_k, key_mask, flags) -> MaskKind:
       (window_left + 1 is the most keys a row sees: a sliding-window layer's window where that is shorter than Sq;
       else -1), which FA4 runs as varlen segments;
     - "packed" when Sq == Sk and each row holds sequences back to back, each causal within itself (a sliding-window
-      layer's: within its window, `window_left` as above), every query seeing a key (HF's mask for packed sequences
-      from position_ids; Llama 4's chunked layers): FA4 varlen, one segment a sequence (`MaskKind.segments`), a
-      sequence starting at each row that sees only its own key;
+      layer's: within its window, `window_left` as above), every query seeing a key but runs of rows that see none
+      right before a sequence or a row's end (HF's mask for packed sequences from position_ids; Llama 4's chunked
+      layers, left-padded or not): FA4 varlen, one segment a sequence (`MaskKind.segments`), a sequence starting at
+      each row that sees only its own key; the rows that see no key lie in the gaps after the segments' used
+      lengths, never computed (zeros, lse -inf, as the op's contract says);
     - else "kept". An additive mask is read so only when its every value is 0 (shows the key) or finfo.min (hides
       it)."""
     sq, sk = key_mask.shape[1:]
@@ -392,17 +395,42 @@ def _per_query_mask_kind(seqused_k, key_mask, flags) -> MaskKind:
         shared.append((visible | (key_mask == torch.finfo(key_mask.dtype).min)).all())
     checks = [(head == (windowed & (rows[None, None, :] >= starts[:, None, None]))).all()]
     if sq == sk:
-        sequence_starts = head.to(torch.uint8).argmax(-1) == rows  # rows whose first visible key is their own
+        blind = ~head.any(-1)
+        # rows whose first visible key is their own
+        sequence_starts = (head.to(torch.uint8).argmax(-1) == rows) & ~blind
         first = torch.where(sequence_starts, rows, 0).cummax(-1).values  # each row's sequence's first token
-        checks += [head.any(-1).all() & (head == (windowed & (rows[None, None, :] >= first[..., None]))).all()]
+        # a run of blind rows ends where a sequence starts, or at the row's end: it is a gap between segments
+        runs_end = (~blind[:, :-1] | blind[:, 1:] | sequence_starts[:, 1:]).all()
+        rows_ok = (head == (windowed & (rows[None, None, :] >= first[..., None]) & ~blind[..., None])).all()
+        checks += [runs_end & rows_ok & sequence_starts.any()]
     shared_ok, prefix, *packed, window = torch.stack([torch.stack(shared).all(), *checks, window]).tolist()
     if shared_ok and prefix:
         return MaskKind("causal prefix, left padding", window - 1 if window < sq else -1)
     if shared_ok and packed and packed[0]:
-        flat = sequence_starts.flatten().nonzero().flatten().tolist() + [sequence_starts.numel()]
-        longest = max(b - a for a, b in zip(flat, flat[1:]))
-        return MaskKind("packed", window - 1 if window < longest else -1, (tuple(flat), longest))
+        segments = _packed_segments(sequence_starts, blind)
+        return MaskKind("packed", window - 1 if window < segments[1] else -1, segments)
     return MaskKind("kept")
+
+
+def _packed_segments(sequence_starts: Tensor, blind: Tensor) -> tuple:
+    """`MaskKind.segments` of a packed mask ([B, S] its rows' sequence starts, and its rows that see no key): the
+    offsets of the segments in the [B * S] flattened tokens, then B * S; the longest segment's length; the used
+    lengths (None when no row is blind: each segment uses all up to the next offset). Each segment runs from its
+    start to the next start or blind row."""
+    total = sequence_starts.numel()
+    starts = sequence_starts.flatten().nonzero().flatten()
+    following = torch.cat([starts[1:], starts.new_tensor([total])])
+    blind_rows = blind.flatten().nonzero().flatten()
+    if blind_rows.numel():
+        after = torch.searchsorted(blind_rows, starts)
+        next_blind = torch.where(after < blind_rows.numel(), blind_rows[after.clamp(max=blind_rows.numel() - 1)],
+                                 total)
+        following = torch.minimum(following, next_blind)
+    used = (following - starts).tolist()
+    offsets = starts.tolist()
+    if offsets[0] > 0:  # blind rows first: a segment of none of them
+        offsets, used = [0, *offsets], [0, *used]
+    return tuple(offsets + [total]), max(used), tuple(used) if blind_rows.numel() else None
 
 
 def _version(t: Tensor) -> Optional[int]:

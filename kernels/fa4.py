@@ -227,13 +227,14 @@ def _padded_calls(side: str, positions, b: int, s: int, flags: Flags) -> list[tu
     """(varlen arguments, kernel flags) of the FA4 calls that run a padded batch: `positions` are the first
     visible keys (side "left"), the lengths (side "right", causal only), or (side "packed": sequences packed
     back to back in each row, causal) the [segments + 1] int32 offsets of every sequence in the [B * S] flattened
-    tokens and the longest one's length."""
+    tokens, the longest one's length and the used lengths of the segments (None: each up to the next offset; a
+    segment's unused tail is rows that see no key, not computed)."""
     if side == "left":
         return [(left_padding_as_varlen(positions, b, s, flags.banded), _kernel_flags(flags))]
     if side == "packed":
-        offsets, longest = positions
-        return [(dict(cu_seqlens_q=offsets, cu_seqlens_k=offsets, max_seqlen_q=longest, max_seqlen_k=longest),
-                 _kernel_flags(flags))]
+        offsets, longest, used = positions
+        return [(dict(cu_seqlens_q=offsets, cu_seqlens_k=offsets, seqused_q=used, seqused_k=used,
+                      max_seqlen_q=longest, max_seqlen_k=longest), _kernel_flags(flags))]
     valid, padding = right_padding_as_varlen(positions, b, s)
     return [(valid, _kernel_flags(flags)), (padding, _kernel_flags(flags._replace(causal=False)))]
 
@@ -246,13 +247,13 @@ def _flat(t: Tensor) -> Tensor:
 
 def forward_padded(q: Tensor, k: Tensor, v: Tensor, side: str, positions, **flags) -> tuple[Tensor, Tensor]:
     """FA4 forward of a self-attention (Sq == Sk) whose key mask is padding, run as varlen segments over the
-    padded buffer (`_padded_calls`): no copy of Q/K/V, no mask. Left padding: query rows that see no key get
-    zeros and an lse of -inf, as the op's contract says; right padding (causal) and packed sequences: every row sees
-    a key."""
+    padded buffer (`_padded_calls`): no copy of Q/K/V, no mask. Left padding and packed sequences with used
+    lengths: query rows that see no key get zeros and an lse of -inf, as the op's contract says; right padding
+    (causal): every row sees a key."""
     flags = Flags(**flags)
     fa = _require()
     b, hq, s, _ = q.shape
-    blind_rows = side == "left" and flags.banded
+    blind_rows = side == "left" and flags.banded or side == "packed" and positions[2] is not None
     out = layout.empty_bhsd(b, hq, s, v.shape[-1], dtype=q.dtype, device=q.device, zero=blind_rows)
     lse = torch.full((hq, b * s), float("-inf"), dtype=torch.float32, device=q.device)
     flat = [_flat(t) for t in (q, k, v, out)]  # once: an unaligned input is copied once for both calls

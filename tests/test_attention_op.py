@@ -594,6 +594,17 @@ PER_QUERY_MASKS = {
                                                       torch.tensor(True)), {}, "kept"),
     "packed, a row seeing no key": (lambda: torch.stack([packed_mask([2, 3]), packed_mask([5])])
                                     .index_put_((torch.tensor(1), torch.tensor(3)), torch.tensor(False)), {}, "kept"),
+    # left padding (Llama 4's chunks left-padded; packed sequences after padding): the rows that see no key are gaps
+    # after the segments' used lengths, never computed (zeros, lse -inf)
+    "chunks of 2, left-padded": (lambda: torch.stack([packed_mask([2, 2, 1]) & left_padded(0),
+                                                      packed_mask([2, 2, 1]) & left_padded(3)]), {},
+                                 "packed 0 2 4 8 9 10 2, used 2 2 1 1 1"),
+    "packed, left-padded": (lambda: torch.stack([packed_mask([1, 2, 2]) & left_padded(1), packed_mask([5])]), {},
+                            "packed 0 1 3 5 10 5, used 0 2 2 5"),
+    "packed, padding at a row's end": (lambda: torch.stack([packed_mask([2, 3]), packed_mask([3, 2]) & ~left_padded(3)]),
+                                       {}, "packed 0 2 5 10 3, used 2 3 3"),
+    "packed, all padding": (lambda: torch.stack([packed_mask([2, 3]), packed_mask([5]) & left_padded(5)]), {},
+                            "packed 0 2 10 3, used 2 3"),
     "packed, a sequence seeing the one before": (lambda: torch.stack([packed_mask([2, 3]), packed_mask([5])])
                                                  .index_put_((torch.tensor(0), torch.tensor(3), torch.tensor(1)),
                                                              torch.tensor(True)), {}, "kept"),
@@ -601,6 +612,11 @@ PER_QUERY_MASKS = {
                                   .index_put_((torch.tensor(0), torch.tensor(4), torch.tensor(1)), torch.tensor(True)),
                                   {}, "kept"),
 }
+
+
+def left_padded(pad, s=5):
+    """[S, S]: keys from `pad` on (rows before it see none of them under a causal mask)."""
+    return (torch.arange(s) >= pad)[None, :].expand(s, s)
 
 
 def packed_mask(lengths):
@@ -634,6 +650,9 @@ def test_per_query_masks_that_fa4_can_take(name, fa4_dispatch_on_the_cpu):
     if expected.startswith("packed"):
         *offsets, longest = (int(n) for n in expected.split(",")[0].split()[1:])
         assert form.padded[0] == "packed" and form.padded[1][0].tolist() == offsets and form.padded[1][1] == longest
+        used = form.padded[1][2]
+        assert (None if used is None else used.tolist()) == (
+            [int(n) for n in expected.split("used ")[1].split()] if "used" in expected else None)
     else:
         assert form.padded[0] == "left"
     assert form.window_left == (int(expected.split()[-1]) if "window" in expected else -1)

@@ -190,7 +190,7 @@ def test_packed_sequences_reach_the_op_with_run_time_masks(name, impl, window_le
     assert masks[0].dtype == (torch.bool if impl == "sdpa" else torch.float32) and masks[0].shape == (2, seq, seq)
     flags = dict(scale=0.25, causal=False, window_left=-1, window_right=-1, softcap=0.0)
     read = attention_op._per_query_mask_kind(None, masks[0], flags)
-    assert read == attention_op.MaskKind("packed", window_left, ((0, 5, seq, seq + 5, 2 * seq), seq - 5)), read
+    assert read == attention_op.MaskKind("packed", window_left, ((0, 5, seq, seq + 5, 2 * seq), seq - 5, None)), read
     net = model.model.train()
     training = {**kwargs, "labels": kwargs["input_ids"]}
     if impl == "sdpa":
@@ -413,10 +413,16 @@ def test_chunked_attention(chunk, padded, reason):
         assert recorder.count() == 0 and len(recorder.reasons) == 1 and reason in recorder.reasons[0], recorder.reasons
 
 
+LEFT_PADDED_CHUNKS = ((0, 3, 6, 11, 14, 16), 3, (3, 3, 2, 3, 2))
+"""Chunks of 3 over 8 tokens, the second of 2 rows left-padded by `padding_mask("left", 2, 8)`'s 3 tokens: its first
+chunk is all padding, its rows 0-2 see no key (tokens 8-10 of the flattened 16, a gap after the first row's last
+chunk), its chunks [3, 6) and [6, 8) are segments at 11 and 14."""
+
+
 def test_chunked_attention_longer_than_a_chunk_with_run_time_masks(monkeypatch):
     """`run_time_masks` (on by default): Llama 4's chunked mask over 8 tokens in chunks of 3 reaches the op as its key
     mask per query row, which the op reads on the host as sequences packed back to back (FA4 varlen on CUDA), with
-    and without left padding (a padded chunked mask hides a pad row's every key: it stays masked)."""
+    and without left padding (the pad rows, which see no key, left out of the segments: `LEFT_PADDED_CHUNKS`)."""
     masking_utils = pytest.importorskip("transformers.masking_utils")
     config = hf.tiny_config("llama", "sdpa")  # a boolean mask (eager code's is float, added to the scores)
     config.attention_chunk_size = 3
@@ -430,8 +436,8 @@ def test_chunked_attention_longer_than_a_chunk_with_run_time_masks(monkeypatch):
     real = reference.forward
     monkeypatch.setattr(reference, "forward", lambda *a, **kw: masks.append(a[4]) or real(*a, **kw))
     flags = dict(scale=0.25, causal=False, window_left=-1, window_right=-1, softcap=0.0)
-    for mask_2d, read in ((None, attention_op.MaskKind("packed", segments=((0, 3, 6, 8, 11, 14, 16), 3))),
-                          (padding_mask("left", 2, 8), attention_op.MaskKind("kept"))):
+    for mask_2d, read in ((None, attention_op.MaskKind("packed", segments=((0, 3, 6, 8, 11, 14, 16), 3, None))),
+                          (padding_mask("left", 2, 8), attention_op.MaskKind("packed", segments=LEFT_PADDED_CHUNKS))):
         torch._dynamo.reset()
         recorder = Recorder()
         torch.testing.assert_close(torch.compile(chunked, backend=recorder)(q, k, v, mask_2d),

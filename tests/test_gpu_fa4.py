@@ -450,7 +450,8 @@ def test_additive_static_prefill_mask_runs_fa4_with_eagers_blind_rows(monkeypatc
     torch.testing.assert_close(lse, lse64.float(), atol=1e-3, rtol=1e-3)
 
 
-@pytest.mark.parametrize("kind", ["static-prefill", "custom", "training", "sliding-window", "packed", "packed-window"])
+@pytest.mark.parametrize("kind", ["static-prefill", "custom", "training", "sliding-window", "packed", "packed-window",
+                                  "packed-left-padded"])
 def test_per_query_mask_over_a_static_cache(kind, monkeypatch):
     """HF's prefill mask over an empty static cache ([B, Sq, Sk] key mask, left padding, slots from Sq on empty):
     read on the host, it runs FA4 as left-padded varlen segments over the cache's first Sq slots, causal, and the
@@ -458,11 +459,13 @@ def test_per_query_mask_over_a_static_cache(kind, monkeypatch):
     FA4's backward too; "sliding-window": a sliding layer's prefill mask (Sq == Sk, each row its last 100 keys), FA4
     with the window, forward and backward; "packed": sequences back to back in each row, causal within each (HF's
     packed position_ids, Llama 4's chunks; `run_time_masks`), FA4 varlen forward and backward, a segment a sequence;
-    "packed-window": the same within a window of 100 keys (a sliding layer's packed mask); any other mask per query row runs on the SDPA fallback with its mask.
+    "packed-window": the same within a window of 100 keys (a sliding layer's packed mask); "packed-left-padded": Llama 4's
+    chunks of 128 left-padded (the pad rows see no key: gaps after the segments' used lengths); any other mask per
+    query row runs on the SDPA fallback with its mask.
     Forward and backward by the FA rule; blind rows zeros with lse -inf."""
     monkeypatch.setattr(crossover, "GFLOP_BELOW", ())  # these shapes count as large here
     b, sq, d = 4, 500, 128
-    capacity = sq if kind in ("training", "sliding-window", "packed", "packed-window") else 1024
+    capacity = sq if kind in ("training", "sliding-window") or kind.startswith("packed") else 1024
     q = qkv(b=b, sq=sq, group=4, requires_grad=True)[0]
     # K/V are the cache buffers, [B, Hkv, capacity, D] contiguous, prompt written in the first sq slots
     k, v = (torch.randn(b, HQ // 4, capacity, d, dtype=torch.bfloat16, device="cuda").requires_grad_()
@@ -479,9 +482,13 @@ def test_per_query_mask_over_a_static_cache(kind, monkeypatch):
     if kind.startswith("packed"):
         ids = torch.stack([torch.bucketize(j, torch.tensor(bounds, device="cuda", dtype=torch.long), right=True)
                            for bounds in ([123, 499], [250], [1, 2, 3, 300], [])])
+        if kind == "packed-left-padded":
+            ids = (j // 128).expand(b, -1)
         mask = (ids[:, :, None] == ids[:, None, :]) & (j[None, :] <= j[:, None])[None]
         if kind == "packed-window":
             mask = mask & (j[:, None] - j[None, :] < 100)[None]
+        if kind == "packed-left-padded":
+            mask = mask & (j >= starts[:, None])[:, None, :]
     calls = []
     for name in ("forward_padded", "backward_padded"):
         real = getattr(fa4, name)
@@ -492,7 +499,8 @@ def test_per_query_mask_over_a_static_cache(kind, monkeypatch):
                 "training": [("forward_padded", True), ("backward_padded", True)],
                 "sliding-window": [("forward_padded", True), ("backward_padded", True)],
                 "packed": [("forward_padded", True), ("backward_padded", True)],
-                "packed-window": [("forward_padded", True), ("backward_padded", True)]}[kind]
+                "packed-window": [("forward_padded", True), ("backward_padded", True)],
+                "packed-left-padded": [("forward_padded", True), ("backward_padded", True)]}[kind]
     assert calls == expected, calls
     blind = torch.isinf(lse64)
     assert torch.equal(torch.isinf(lse), blind) and (kind in ("custom", "packed", "packed-window") or blind.any())
