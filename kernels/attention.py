@@ -249,6 +249,12 @@ RIGHT_PADDING_ON_FA4 = True
 against FA4's varlen semantics and on the H200 (tests/test_gpu_fa4.py, `test_padding_runs_fa4_varlen`,
 docs/benchmarks.md session 10). False sends such masks to the SDPA fallback with the mask."""
 
+PACKED_BLIND_ROWS_ON_FA4 = False
+"""Packed-sequence masks with rows that see no key (Llama 4's chunks left-padded) as FA4 varlen segments with used
+lengths (`_packed_segments`): tested on the CPU against FA4's varlen semantics, not yet on a GPU
+(tests/test_gpu_fa4.py, `test_per_query_mask_over_a_static_cache[packed-left-padded]`). False keeps such masks on the
+SDPA fallback with the mask."""
+
 class MaskKind(NamedTuple):
     """What `_mask_kind` read off a mask (host values only: it is remembered past the call)."""
 
@@ -406,7 +412,7 @@ def _per_query_mask_kind(seqused_k, key_mask, flags) -> MaskKind:
     shared_ok, prefix, *packed, window = torch.stack([torch.stack(shared).all(), *checks, window]).tolist()
     if shared_ok and prefix:
         return MaskKind("causal prefix, left padding", window - 1 if window < sq else -1)
-    if shared_ok and packed and packed[0]:
+    if shared_ok and packed and packed[0] and (PACKED_BLIND_ROWS_ON_FA4 or not blind.any()):
         segments = _packed_segments(sequence_starts, blind)
         return MaskKind("packed", window - 1 if window < segments[1] else -1, segments)
     return MaskKind("kept")

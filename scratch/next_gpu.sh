@@ -1,6 +1,6 @@
-# Unrun GPU work (sessions 19-26). Session 26 ran `e`-`j`; next: `j` again (its tree then still ran int8 gate / up in one
-# launch; since, int8 groups over 8192 rows run apart and the sibling ops register through `library.define_op`), then the
-# GPU tiers of `h200_check.sh tests`:
+# Unrun GPU work (sessions 19-26). Session 26 ran `e`-`j`; next: `k` (left-padded packed masks on FA4, then turn
+# `attention.PACKED_BLIND_ROWS_ON_FA4` on if it passes), `j` again (its tree then still ran int8 gate / up in one launch;
+# since, int8 groups over 8192 rows run apart), then the GPU tiers of `h200_check.sh tests`:
 # each with a timeout of 540-590 s; rows stream to the log as they are measured), split into calls of
 # <= ~9 minutes (the first after .gpu/b's install).
 # Output goes to $OUT/log.txt. Have the next call ready: the machine goes back 30 s after a call, and a fresh one needs
@@ -19,6 +19,9 @@ e)  # session 26 diagnostics: each decode kernel's GPU time at b1 (issue 16: b1 
         --section LaunchStats --section WarpStateStats --section SchedulerStats --section MemoryWorkloadAnalysis \
         --section InstructionStats python3 docs/scripts/ncu_w4a16.py 8192 8192
     run timeout 200 python3 docs/scripts/decode_profile.py nvfp4 plain ;;
+k)  # session 26: packed-sequence masks with rows that see no key (Llama 4's chunks left-padded) as FA4 varlen with used
+    # lengths, CPU-tested only; its GPU test (the flag set in the test), then the other per-query kinds as a check
+    run timeout 200 $P -n 8 tests/test_gpu_fa4.py -k "per_query_mask_over_a_static_cache or padding_runs_fa4" ;;
 j)  # session 26: fa4::int8_sibling_linears (W4A16GemvSiblings) and the fp32 GEMV after its refactor: GPU tests, the probe
     # (NVFP4 and int8 groups), the quant suite's int8 and NVFP4 decode (session 13: int8 1.125 ms/token)
     run timeout 200 $P -n 8 tests/test_gpu_w4a16.py -k "siblings or sibling_linears or gemv"
