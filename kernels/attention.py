@@ -255,6 +255,7 @@ lengths (`_packed_segments`): tested on the CPU against FA4's varlen semantics, 
 (tests/test_gpu_fa4.py, `test_per_query_mask_over_a_static_cache[packed-left-padded]`). False keeps such masks on the
 SDPA fallback with the mask."""
 
+
 class MaskKind(NamedTuple):
     """What `_mask_kind` read off a mask (host values only: it is remembered past the call)."""
 
@@ -310,7 +311,8 @@ def key_mask_form(q: Tensor, k: Tensor, seqused_k: Optional[Tensor], key_mask: O
                            window_left=read.window_left)
     if kind == "packed":
         offsets, longest, used = read.segments
-        offsets, used = (None if t is None else torch.tensor(t, dtype=torch.int32).to(key_mask.device, non_blocking=True)
+        offsets, used = (None if t is None else
+                         torch.tensor(t, dtype=torch.int32).to(key_mask.device, non_blocking=True)
                          for t in (offsets, used))
         return KeyMaskForm(None, None, ("packed", (offsets, longest, used)), causal_keys=key_mask.shape[1],
                            window_left=read.window_left)
@@ -408,11 +410,11 @@ def _per_query_mask_kind(seqused_k, key_mask, flags) -> MaskKind:
         # a run of blind rows ends where a sequence starts, or at the row's end: it is a gap between segments
         runs_end = (~blind[:, :-1] | blind[:, 1:] | sequence_starts[:, 1:]).all()
         rows_ok = (head == (windowed & (rows[None, None, :] >= first[..., None]) & ~blind[..., None])).all()
-        checks += [runs_end & rows_ok & sequence_starts.any()]
+        checks += [runs_end & rows_ok & sequence_starts.any(), blind.any()]
     shared_ok, prefix, *packed, window = torch.stack([torch.stack(shared).all(), *checks, window]).tolist()
     if shared_ok and prefix:
         return MaskKind("causal prefix, left padding", window - 1 if window < sq else -1)
-    if shared_ok and packed and packed[0] and (PACKED_BLIND_ROWS_ON_FA4 or not blind.any()):
+    if shared_ok and packed and packed[0] and (PACKED_BLIND_ROWS_ON_FA4 or not packed[1]):
         segments = _packed_segments(sequence_starts, blind)
         return MaskKind("packed", window - 1 if window < segments[1] else -1, segments)
     return MaskKind("kept")

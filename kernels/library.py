@@ -1,9 +1,10 @@
 """The `fa4` torch.library namespace: the one `Library` object every op file defines its ops in.
 
 An op file (`attention.py`) calls `define` for each schema, then `impl` per dispatch key,
-`register_fake` and `register_autograd` (`define_op`: the first three for an op without autograd); `kernels/__init__.py` imports the op files, which registers
-them. The ops use torch.library.Library rather than custom_op: custom_op wraps every device kernel
-in Python layers (aliasing checks, a Dynamo-disable frame) that cost more host time than the launch.
+`register_fake` and `register_autograd` (`define_op`: the first three at once, for an op without autograd);
+`kernels/__init__.py` imports the op files, which registers them. The ops use torch.library.Library rather
+than custom_op: custom_op wraps every device kernel in Python layers (aliasing checks, a Dynamo-disable frame)
+that cost more host time than the launch.
 """
 
 from __future__ import annotations

@@ -112,7 +112,10 @@ def test_one_launch_asks_the_integer_gemv_for_the_rows_together(monkeypatch):
 
 
 def Block(dtype, bias=False):
-    return SiblingLinearsBlock(lambda n, k: nvfp4.NVFP4Linear.from_linear(nn.Linear(k, n, bias=bias).to(dtype)), K, ROWS)
+    def linear(n, k):
+        return nvfp4.NVFP4Linear.from_linear(nn.Linear(k, n, bias=bias).to(dtype))
+
+    return SiblingLinearsBlock(linear, K, ROWS)
 
 
 def compiled_block(dtype, x, backend=BACKEND, bias=False):
