@@ -178,3 +178,22 @@ nvfp4_sibling_linears_default_1: (bf16[1, 128], bf16[1, 128]) = fa4.nvfp4_siblin
 nvfp4_linear_default_3_sibling: bf16[1, 128] = getitem(nvfp4_sibling_linears_default_1, 0)
 nvfp4_linear_default_4_sibling: bf16[1, 128] = getitem(nvfp4_sibling_linears_default_1, 1)
 nvfp4_linear_default_5: bf16[1, 64] = fa4.nvfp4_linear(view_29, arg18_1, arg17_1, arg16_1, None)""")
+
+
+def test_torchao_weights_group_with_their_stored_scales():
+    """torchao's `NVFP4WeightOnlyConfig` on every projection: each call reads its weight's stored (blocked) scales,
+    and the q / k / v and gate / up calls group with `scale_layout="blocked"`; outputs bit for bit the grouping off."""
+    pytest.importorskip("torchao")
+    from torchao.prototype.mx_formats import NVFP4WeightOnlyConfig
+    from torchao.quantization import quantize_
+
+    block = SiblingLinearsBlock(lambda n, k: nn.Linear(k, n, bias=False), K, ROWS).to(torch.bfloat16)
+    quantize_(block.requires_grad_(False), NVFP4WeightOnlyConfig(use_dynamic_per_tensor_scale=True))
+    x = torch.randn(1, 1, K, dtype=torch.bfloat16)
+    with torch.no_grad():
+        compiled = PostGradCompiled(block, x, backend=BACKEND)
+        apart = PostGradCompiled(block, x, backend=APART)
+    torch.testing.assert_close(compiled.out, apart.out, atol=0, rtol=0)
+    calls = [line for line in compiled.graphs[0].splitlines() if OP_LINE in line]
+    assert len(calls) == 2 and all(line.endswith("scale_layout='blocked')") for line in calls), calls
+    assert compiled.code.count("torch.ops.fa4.nvfp4_linear.default(") == 1
