@@ -9,8 +9,8 @@ all of x's K and one `scale_layout`; outs[i] is that op's output for weight i, b
 
 Kernels: a CUDA call runs the integer GEMV over all the weights in one launch (`nvfp4_int_gemv.run_siblings`) where
 `fa4::nvfp4_linear` would run each on the integer GEMV, with their rows together deciding as one weight's would
-(`w4a16_decode.int_gemv_route`): one row of x, and H200-measured (docs/benchmarks.md, session 26) 2.7 against 5.3 us
-for Llama-1B's q / k / v chained as three launches, 6.5 against 11.3 for Llama-8B's, 7.9 against 8.7 and 24.3
+(`w4a16_decode.int_gemv_route`): one row of x, and H200-measured (docs/benchmarks.md, session 26) 2.9 against 5.3 us
+for Llama-1B's q / k / v chained as three launches, 6.5 against 11.3 for Llama-8B's, 8.1 against 8.7 and 25.0
 against 27.7 for their gate / up. Other calls, and the CPU, run each weight through `fa4::nvfp4_linear`.
 """
 
@@ -21,6 +21,7 @@ from typing import Optional
 from torch import Tensor
 
 from . import library, nvfp4_int_gemv, nvfp4_linear, w4a16_decode
+
 
 def _check(x: Tensor, w_fp4: list, w_block_scale: list, w_global_scale: list, bias: list, scale_layout: str) -> None:
     library.check_siblings("nvfp4_sibling_linears", {"weights": w_fp4, "block scales": w_block_scale,

@@ -825,17 +825,23 @@ def gemv_rows(gemv) -> int:
 
 def _run_gemv(fmt: str, x2d: Tensor, words: Tensor, block: Optional[Tensor], scale: Tensor, bias: Optional[Tensor],
               n: int, shape: Optional[tuple[int, int]] = None) -> Tensor:
-    m = x2d.shape[0]
-    kp = words.shape[1] * (8 if fmt == "nvfp4" else 4)
-    x = prepare_x(x2d, kp)
-    out = torch.empty(m, n, dtype=x.dtype, device=x.device)
-    device = x.device.index if x.device.index is not None else torch.cuda.current_device()
-    rows, warps_k = shape or gemv_shape(n, words.shape[1] // 4, _num_sms(device))
-    key = gemv_key(x.dtype, fmt, m, bias is not None, compile_utils.target_arch(x.device), warps_k,
-                   switches.current().w4a16_pdl, scale.dtype, rows)
+    x, key = _gemv_plan(fmt, x2d, words, n, bias is not None, scale.dtype, shape)
+    out = torch.empty(x.shape[0], n, dtype=x.dtype, device=x.device)
     with torch.cuda.device(x.device):
         compiled_gemv(key)(x.view(torch.int32), words, block, scale, bias, out)
     return out
+
+
+def _gemv_plan(fmt: str, x2d: Tensor, words: Tensor, n: int, bias: bool, scale_dtype: torch.dtype,
+               shape: Optional[tuple[int, int]], weights: int = 1) -> tuple[Tensor, _GemvKey]:
+    """(x padded to the K of `words`, the GEMV variant) for n weight rows (all the weights' of a sibling launch):
+    `shape` (rows a warp, K warps), else `gemv_shape`'s."""
+    x = prepare_x(x2d, words.shape[1] * (8 if fmt == "nvfp4" else 4))
+    device = x.device.index if x.device.index is not None else torch.cuda.current_device()
+    rows, warps_k = shape or gemv_shape(n, words.shape[1] // 4, _num_sms(device))
+    key = gemv_key(x.dtype, fmt, x.shape[0], bias, compile_utils.target_arch(x.device), warps_k,
+                   switches.current().w4a16_pdl, scale_dtype, rows)
+    return x, key._replace(weights=weights)
 
 
 def keys(dtype: torch.dtype, fmt: str, m: int, split: bool, bias: bool, arch: str, cta: CtaShape,
@@ -968,6 +974,22 @@ def nvfp4_matmul(x2d: Tensor, w_fp4: Tensor, w_block_scale: Tensor, w_global_sca
     return _run("nvfp4", x2d, words, pairs, w_global_scale.reshape(1), None, n, k, splits, cta, load, pack)
 
 
+def _int8_operands(x2d: Tensor, w_int8: Tensor, w_scale: Tensor, bias: Optional[Tensor] = None):
+    """(N, K, the scale [N] in a dtype the kernels take, contiguous, the bias [N] in x's dtype or None), checked."""
+    if w_int8.dim() != 2 or w_int8.dtype != torch.int8:
+        raise ValueError(f"int8 weights are int8 [N, K], got {w_int8.dim()}-D {w_int8.dtype}")
+    n, k = w_int8.shape
+    if w_scale.numel() != n:
+        raise ValueError(f"the int8 W4A16 decode GEMM takes per-channel scales ({n}), got {list(w_scale.shape)}")
+    _check(x2d, "int8", n, k, w_int8, w_scale, bias)
+    scale = w_scale.reshape(n)
+    if scale.dtype not in SCALE_DTYPES:
+        scale = scale.to(torch.float32)
+    if bias is not None:
+        bias = bias.reshape(n).to(x2d.dtype).contiguous()
+    return n, k, scale.contiguous(), bias
+
+
 def int8_gemv_siblings(x2d: Tensor, weights: list[tuple[Tensor, Tensor]],
                        shape: Optional[tuple[int, int]] = None) -> list[Tensor]:
     """x2d @ (w_int8 * w_scale)^T for each of 2 or 3 (w_int8 [N, K], w_scale [N]) of one K and one scale dtype, in one
@@ -977,17 +999,10 @@ def int8_gemv_siblings(x2d: Tensor, weights: list[tuple[Tensor, Tensor]],
         raise ValueError("the int8 sibling GEMV takes 2 or 3 weights whose scales share a dtype")
     operands = []
     for w_int8, w_scale in weights:
-        n, k = w_int8.shape
-        _check(x2d, "int8", n, k, w_int8, w_scale, None)
-        scale = w_scale.reshape(n)
-        operands += [prepare_int8(w_int8), (scale if scale.dtype in SCALE_DTYPES else scale.float()).contiguous(),
-                     torch.empty(x2d.shape[0], n, dtype=x2d.dtype, device=x2d.device)]
-    pieces = operands[0].shape[1] // 4
-    x = prepare_x(x2d, 4 * operands[0].shape[1])
-    device = x.device.index if x.device.index is not None else torch.cuda.current_device()
-    rows, warps_k = shape or gemv_shape(sum(w.shape[0] for w, _ in weights), pieces, _num_sms(device))
-    key = gemv_key(x.dtype, "int8", x.shape[0], False, compile_utils.target_arch(x.device), warps_k,
-                   switches.current().w4a16_pdl, operands[1].dtype, rows)._replace(weights=len(weights))
+        n, _, scale, _ = _int8_operands(x2d, w_int8, w_scale)
+        operands += [prepare_int8(w_int8), scale, torch.empty(x2d.shape[0], n, dtype=x2d.dtype, device=x2d.device)]
+    x, key = _gemv_plan("int8", x2d, operands[0], sum(w.shape[0] for w, _ in weights), False, operands[1].dtype,
+                        shape, len(weights))
     if len(weights) == 2:
         operands += operands[3:]  # the third weight's slot, not read
     with torch.cuda.device(x.device):
@@ -999,19 +1014,8 @@ def int8_matmul(x2d: Tensor, w_int8: Tensor, w_scale: Tensor, bias: Optional[Ten
                 splits: Optional[int] = None, cta: Optional[tuple[int, int, int]] = None,
                 load: Optional[str] = None, gemv: Optional[bool] = None) -> Tensor:
     """x2d [M, K] @ (w_int8 [N, K] * w_scale [N])^T (+ bias [N]) -> [M, N] in x's dtype (`gemv` as `nvfp4_matmul`'s)."""
-    if w_int8.dim() != 2 or w_int8.dtype != torch.int8:
-        raise ValueError(f"int8 weights are int8 [N, K], got {w_int8.dim()}-D {w_int8.dtype}")
-    n, k = w_int8.shape
-    if w_scale.numel() != n:
-        raise ValueError(f"the int8 W4A16 decode GEMM takes per-channel scales ({n}), got {list(w_scale.shape)}")
-    _check(x2d, "int8", n, k, w_int8, w_scale, bias)
+    n, k, scale, bias = _int8_operands(x2d, w_int8, w_scale, bias)
     gemv = True if _is_int_gemv(gemv) else gemv  # no integer GEMV for int8 weights: the fp32 one
-    scale = w_scale.reshape(n)
-    if scale.dtype not in SCALE_DTYPES:
-        scale = scale.to(torch.float32)
-    scale = scale.contiguous()
-    if bias is not None:
-        bias = bias.reshape(n).to(x2d.dtype).contiguous()
     if x2d.shape[0] <= gemv_rows(gemv):
         return _run_gemv("int8", x2d, prepare_int8(w_int8), None, scale, bias, n, _gemv_shape(gemv))
     return _run("int8", x2d, prepare_int8(w_int8), None, scale, bias, n, k, splits, cta, load)

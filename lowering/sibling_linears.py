@@ -69,30 +69,28 @@ def _flags(node: Node) -> dict:
     return {k: node.kwargs[k] for k in SIBLINGS[node.target].kwargs if k in node.kwargs}
 
 
-def siblings(node: Node) -> list[Node]:
-    """The groupable calls of node's op that read node's x with node's keyword arguments, in graph order (node among
-    them)."""
+def _siblings(node: Node) -> set[Node]:
+    """The groupable calls of node's op that read node's x with node's keyword arguments (node among them)."""
     x = node.args[0]
-    base, _ = _source(x)
-    readers = [x] if base is x else [v for v in base.users if _source(v) == _source(x)] + [x]
-    order = {n: i for i, n in enumerate(node.graph.nodes)}
-    calls = {u for r in readers for u in r.users
-             if u.target is node.target and _groupable(u) and u.args[0] is r and _flags(u) == _flags(node)}
-    return sorted(calls, key=order.__getitem__)
+    source = _source(x)
+    readers = [x] if source[0] is x else [v for v in source[0].users if _source(v) == source]
+    return {u for r in readers for u in r.users
+            if u.target is node.target and _groupable(u) and u.args[0] is r and _flags(u) == _flags(node)}
 
 
 def is_candidate(node: Node) -> bool:
-    return _groupable(node) and len(siblings(node)) > 1
+    return _groupable(node) and len(_siblings(node)) > 1
 
 
 def rewrite(node: Node, context: Context) -> str | None:
-    group = siblings(node)[:MAX_SIBLINGS]
+    order = {n: i for i, n in enumerate(node.graph.nodes)}
+    group = sorted(_siblings(node), key=order.__getitem__)[:MAX_SIBLINGS]
     if node is not group[0]:
         return None  # an earlier call's group takes it
     spec = SIBLINGS[node.target]
     graph = context.gm.graph
     sizes = ", ".join("x".join(str(s) for s in shape(call.args[1])) for call in group)
-    record = (f"fa4.{spec.op._schema.name.split('::')[1]}(x[{'x'.join(str(s) for s in shape(node.args[0]))}], "
+    record = (f"fa4.{spec.op._opname}(x[{'x'.join(str(s) for s in shape(node.args[0]))}], "
               f"{len(group)} weights: {sizes})")
     operands = [list(call.args[1:]) + [None] * (spec.operands - len(call.args) + 1) for call in group]
     last = group[-1]

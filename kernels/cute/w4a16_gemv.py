@@ -162,6 +162,13 @@ class W4A16Gemv:
         rows_per_cta = self.rows * self.warps_n
         return (mW.shape[0] + rows_per_cta - 1) // rows_per_cta
 
+    def launch_over(self, kernel, weights, smem_bytes: int, stream):
+        """Launch `kernel` on each of `weights`' CTAs in turn (the grid `each_weight` reads)."""
+        ctas = self.ctas(weights[0])
+        for mW in weights[1:]:
+            ctas = ctas + self.ctas(mW)
+        self.launch(kernel, ctas * self.rows * self.warps_n, smem_bytes, stream)
+
     @cute.jit
     def each_weight(self, storage, mX: cute.Tensor, weights, bx):
         """`rows_of` for CTA bx of a grid that covers 2 or 3 weights' CTAs in turn: `weights` their operand tuples
@@ -354,11 +361,8 @@ class W4A16GemvSiblings(W4A16Gemv):
                  mScale1: cute.Tensor, mOut1: cute.Tensor, mW2: cute.Tensor, mScale2: cute.Tensor, mOut2: cute.Tensor,
                  stream):
         SharedStorage = self.shared_storage()
-        ctas = self.ctas(mW0) + self.ctas(mW1)
-        if const_expr(self.weights == 3):
-            ctas = ctas + self.ctas(mW2)
-        self.launch(self.kernel(mX, mW0, mScale0, mOut0, mW1, mScale1, mOut1, mW2, mScale2, mOut2, SharedStorage),
-                    ctas * self.rows * self.warps_n, SharedStorage.size_in_bytes(), stream)
+        self.launch_over(self.kernel(mX, mW0, mScale0, mOut0, mW1, mScale1, mOut1, mW2, mScale2, mOut2, SharedStorage),
+                         [mW0, mW1, mW2][:self.weights], SharedStorage.size_in_bytes(), stream)
 
     @cute.kernel
     def kernel(self, mX: cute.Tensor, mW0: cute.Tensor, mScale0: cute.Tensor, mOut0: cute.Tensor, mW1: cute.Tensor,
