@@ -19,9 +19,17 @@ e)  # session 26 diagnostics: each decode kernel's GPU time at b1 (issue 16: b1 
         --section LaunchStats --section WarpStateStats --section SchedulerStats --section MemoryWorkloadAnalysis \
         --section InstructionStats python3 docs/scripts/ncu_w4a16.py 8192 8192
     run timeout 200 python3 docs/scripts/decode_profile.py nvfp4 plain ;;
+l)  # session 27: hardware counters of the decode kernels at b1 (issue 16's ~10 us floor): full set, SASS source view;
+    # the floor at the same grid with almost no keys (256), and the main kernel alone at 4k / 32k split counts
+    run timeout 200 ncu --clock-control none --profile-from-start off --set full -o $OUT/decode python3 docs/scripts/ncu_decode.py
+    run timeout 60 ncu --import $OUT/decode.ncu-rep --page details
+    ncu --import $OUT/decode.ncu-rep --page source --print-source sass --csv > $OUT/decode_sass.csv 2>>$L
+    run timeout 100 python3 docs/scripts/decode_kernel_times.py 1 256 128 1,8,32 ;;
 k)  # session 26: packed-sequence masks with rows that see no key (Llama 4's chunks left-padded) as FA4 varlen with used
     # lengths, CPU-tested only; its GPU test (the flag set in the test), then the other per-query kinds as a check
     run timeout 200 $P -n 8 tests/test_gpu_fa4.py -k "per_query_mask_over_a_static_cache or padding_runs_fa4" ;;
+jt)  # session 27: part j's tests only
+    run timeout 200 $P -n 8 tests/test_gpu_w4a16.py -k "siblings or sibling_linears or gemv" ;;
 j)  # session 26: fa4::int8_sibling_linears (W4A16GemvSiblings) and the fp32 GEMV after its refactor: GPU tests, the probe
     # (NVFP4 and int8 groups), the quant suite's int8 and NVFP4 decode (session 13: int8 1.125 ms/token)
     run timeout 200 $P -n 8 tests/test_gpu_w4a16.py -k "siblings or sibling_linears or gemv"
