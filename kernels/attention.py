@@ -249,11 +249,11 @@ RIGHT_PADDING_ON_FA4 = True
 against FA4's varlen semantics and on the H200 (tests/test_gpu_fa4.py, `test_padding_runs_fa4_varlen`,
 docs/benchmarks.md session 10). False sends such masks to the SDPA fallback with the mask."""
 
-PACKED_BLIND_ROWS_ON_FA4 = False
+PACKED_BLIND_ROWS_ON_FA4 = True
 """Packed-sequence masks with rows that see no key (Llama 4's chunks left-padded) as FA4 varlen segments with used
-lengths (`_packed_segments`): tested on the CPU against FA4's varlen semantics, not yet on a GPU
-(tests/test_gpu_fa4.py, `test_per_query_mask_over_a_static_cache[packed-left-padded]`). False keeps such masks on the
-SDPA fallback with the mask."""
+lengths (`_packed_segments`): tested on the CPU against FA4's varlen semantics and on the H200 (tests/test_gpu_fa4.py,
+`test_per_query_mask_over_a_static_cache[packed-left-padded]`, docs/benchmarks.md session 27). False keeps such masks
+on the SDPA fallback with the mask."""
 
 
 class MaskKind(NamedTuple):

@@ -639,7 +639,6 @@ def test_per_query_masks_that_fa4_can_take(name, monkeypatch, fa4_dispatch_on_th
     same output and lse as the op with the mask, and the same gradients where the keys are all in the prefix.
     Anything else keeps its mask."""
     make, flags, expected = PER_QUERY_MASKS[name]
-    monkeypatch.setattr(attention_op, "PACKED_BLIND_ROWS_ON_FA4", True)
     mask = make()
     full = {**dict(scale=0.3, causal=False, window_left=-1, window_right=-1, softcap=0.0), **flags}
     q, k, v = qkv(b=2, hq=4, hkv=2, sq=5, sk=mask.shape[-1], dtype=torch.float64)
@@ -672,12 +671,14 @@ def test_per_query_masks_that_fa4_can_take(name, monkeypatch, fa4_dispatch_on_th
         torch.testing.assert_close(g, w, msg=lambda m: f"d{name}: {m}")
 
 
-def test_packed_masks_with_blind_rows_stay_masked_until_run_on_a_gpu():
-    """`PACKED_BLIND_ROWS_ON_FA4` is off until its GPU test has run: such a mask keeps the SDPA fallback; a packed
-    mask without blind rows does not depend on it."""
+def test_packed_masks_with_blind_rows_follow_their_switch(monkeypatch):
+    """`PACKED_BLIND_ROWS_ON_FA4` (on since its GPU run) decides whether a packed mask with blind rows runs as FA4
+    varlen segments or keeps the SDPA fallback; a packed mask without blind rows does not depend on it."""
     flags = dict(scale=0.3, causal=False, window_left=-1, window_right=-1, softcap=0.0)
-    assert not attention_op.PACKED_BLIND_ROWS_ON_FA4
+    assert attention_op.PACKED_BLIND_ROWS_ON_FA4
     blind = PER_QUERY_MASKS["chunks of 2, left-padded"][0]()
+    assert attention_op._per_query_mask_kind(None, blind, flags).name == "packed"
+    monkeypatch.setattr(attention_op, "PACKED_BLIND_ROWS_ON_FA4", False)
     assert attention_op._per_query_mask_kind(None, blind, flags) == attention_op.MaskKind("kept")
     assert attention_op._per_query_mask_kind(None, PER_QUERY_MASKS["chunks of 2"][0](), flags).name == "packed"
 

@@ -435,7 +435,6 @@ def test_chunked_attention_longer_than_a_chunk_with_run_time_masks(monkeypatch):
     masks = []
     real = reference.forward
     monkeypatch.setattr(reference, "forward", lambda *a, **kw: masks.append(a[4]) or real(*a, **kw))
-    monkeypatch.setattr(attention_op, "PACKED_BLIND_ROWS_ON_FA4", True)
     flags = dict(scale=0.25, causal=False, window_left=-1, window_right=-1, softcap=0.0)
     for mask_2d, read in ((None, attention_op.MaskKind("packed", segments=((0, 3, 6, 8, 11, 14, 16), 3, None))),
                           (padding_mask("left", 2, 8), attention_op.MaskKind("packed", segments=LEFT_PADDED_CHUNKS))):

@@ -464,7 +464,6 @@ def test_per_query_mask_over_a_static_cache(kind, monkeypatch):
     query row runs on the SDPA fallback with its mask.
     Forward and backward by the FA rule; blind rows zeros with lse -inf."""
     monkeypatch.setattr(crossover, "GFLOP_BELOW", ())  # these shapes count as large here
-    monkeypatch.setattr(attention_op, "PACKED_BLIND_ROWS_ON_FA4", True)  # under test before it is on by default
     b, sq, d = 4, 500, 128
     capacity = sq if kind in ("training", "sliding-window") or kind.startswith("packed") else 1024
     q = qkv(b=b, sq=sq, group=4, requires_grad=True)[0]
