@@ -19,6 +19,13 @@ e)  # session 26 diagnostics: each decode kernel's GPU time at b1 (issue 16: b1 
         --section LaunchStats --section WarpStateStats --section SchedulerStats --section MemoryWorkloadAnalysis \
         --section InstructionStats python3 docs/scripts/ncu_w4a16.py 8192 8192
     run timeout 200 python3 docs/scripts/decode_profile.py nvfp4 plain ;;
+m)  # session 27: the decode kernels with Q's loads ahead of the KV prologue (part `l`: behind it they waited 13-25% of
+    # the CTA's life) and the merge a row a thread: GPU tests, each kernel's time (session 26 run 1), the int8 table
+    run timeout 300 $P -n 8 tests/test_gpu_decode.py tests/test_gpu_decode_int8kv.py tests/test_gpu_int8kv.py
+    run timeout 150 python3 docs/scripts/decode_kernel_times.py ;;
+n)  # session 27: after `m`, the int8-KV table and the NVFP4 decode step (session 26: 0.943 ms/step)
+    run timeout 300 python3 tests/bench_decode_int8kv.py
+    run timeout 150 python3 docs/scripts/decode_profile.py nvfp4 plain ;;
 l)  # session 27: hardware counters of the decode kernels at b1 (issue 16's ~10 us floor): full set, SASS source view;
     # the floor at the same grid with almost no keys (256), and the main kernel alone at 4k / 32k split counts
     run timeout 200 ncu --clock-control none --profile-from-start off --set full -o $OUT/decode python3 docs/scripts/ncu_decode.py

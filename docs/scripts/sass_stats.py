@@ -2,13 +2,14 @@
 for sm_90a with the DSL keeping its cubin, reads the register count from the cubin's `.nv.info` (EIATTR_REGCOUNT),
 and, when `nvdisasm` is found (NVDISASM or PATH; the `nvidia-cuda-nvdisasm` wheel has one), counts the
 instructions of every loop (a backward branch) by opcode, with the number of MMAs, so the instructions per MMA
-can be compared between versions of a kernel.
+can be compared between versions of a kernel. SASS_OUT=path appends the whole listing to that file.
 
     python docs/scripts/sass_stats.py w4a16 nvfp4 8          # main W4A16 GEMM, M bucket 8, bf16 x, unsplit, wide CTA
     python docs/scripts/sass_stats.py w4a16 nvfp4 8 bulk     # the same with a load path (`w4a16_decode.parse_load`)
     python docs/scripts/sass_stats.py w4a16 nvfp4 8 registers --pack --f16 --narrow   # packed NVFP4, f16 x, 1x1x8
     python docs/scripts/sass_stats.py w4a16 nvfp4 8 registers --tiles    # packed NVFP4 in 16-row tiles
     python docs/scripts/sass_stats.py int8kv 64              # int8-KV decode attention, head dim 64, group 4, split
+    python docs/scripts/sass_stats.py decode 128             # bf16 decode attention, head dim 128, group 4, split
     python docs/scripts/sass_stats.py gemv nvfp4 1 2         # CUDA-core GEMV, M = 1, 2 K warps, bf16 x (--f16, --bias)
     python docs/scripts/sass_stats.py intgemv 4 1 256        # integer NVFP4 GEMV: 4 rows a warp, 1 K warp, 256 pieces
     python docs/scripts/sass_stats.py intgemv 2 1 256 --m 4  # the same for 4 rows of x
@@ -68,6 +69,11 @@ def compile_variant(argv):
 
         decode_int8kv.compiled(decode_int8kv._key(torch.bfloat16, int(argv[1]), 4, 1, False, False, False, True, False,
                                                   "sm_90a"))
+    elif argv[0] == "decode":
+        from fa4_inductor.kernels import decode
+
+        decode.compiled(decode._Key("main", torch.bfloat16, int(argv[1]), 4, False, False, False, True, "sm_90a",
+                                    stages=decode.stages_for(int(argv[1]))))
     else:
         raise SystemExit(__doc__)
 
@@ -125,6 +131,9 @@ def main():
         print(f"{os.path.basename(path)[:90]}: registers {register_counts(data)}")
         if nvdisasm:
             sass = subprocess.run([nvdisasm, "-c", path], capture_output=True, text=True).stdout
+            if os.environ.get("SASS_OUT"):  # the whole listing, to read an order the counts do not show
+                with open(os.environ["SASS_OUT"], "a") as f:
+                    f.write(sass)
             for length, ops in loops(sass):
                 mma = sum(n for op, n in ops.items() if op.endswith("MMA"))
                 ffma = ops.get("FFMA", 0)

@@ -42,6 +42,7 @@ FLT_MAX = 3.4028234663852886e38
 TILE_M = 16  # packed query rows per CTA (one m16n8k16 row block)
 TILE_N = 16  # keys per warp tile
 NUM_WARPS = 4
+assert TILE_M * 8 == 32 * NUM_WARPS  # Q's load and the merge give each thread an eighth of one packed row
 
 
 def _mn_view(t: cute.Tensor) -> cute.Tensor:
@@ -88,6 +89,7 @@ class SplitKVMerge:
     column) and `o_scale` (a constant factor P carried into O) if its own are not the identity."""
 
     o_scale = 1.0
+    half_rows = False  # every packed row one of the tile's first 8 (a lane's second fragment row holds no query)
 
     @staticmethod
     def o_column(col, d: int):
@@ -109,7 +111,8 @@ class SplitKVMerge:
         cute.arch.barrier()  # every warp is done with the ring, which now holds the fp32 O's
         tOcO = _mn_view(thr_mma.partition_C(cute.make_identity_tensor((TILE_M, D))))
         o_mn = _mn_view(acc_O)
-        for r in cutlass.range_constexpr(cute.size(tOcO, mode=[0])):
+        live_rows = 1 if const_expr(self.half_rows) else cute.size(tOcO, mode=[0])
+        for r in cutlass.range_constexpr(live_rows):
             l_r = _quad_sum(row_sum[r])
             rr = tOcO[r, 0][0]
             if lane % 4 == 0:
@@ -119,36 +122,40 @@ class SplitKVMerge:
                 sRed[rr, _spread(rr, self.o_column(tOcO[0, c][1], D)), warp_idx] = o_mn[r, c]
         cute.arch.barrier()
 
-        for it in cutlass.range_constexpr(TILE_M * D // self.num_threads):
-            e = tidx + it * self.num_threads
-            rr = e // D
-            d = e - rr * D
-            r = row_tile * TILE_M + rr
-            if r < num_rows:
-                m = sM[rr, 0]
-                for w in cutlass.range_constexpr(1, NUM_WARPS):
-                    m = cute.arch.fmax(m, sM[rr, w])
-                m_use = 0.0 if m == -Float32.inf else m
-                total = Float32(0.0)
+        # Thread (row rr = tidx // 8, columns tidx % 8 + 8 j): the row's weights once, then its D / 8 columns (eight
+        # consecutive columns a row per load: with `_spread`'s XOR the warp's 32 reads hit 32 banks).
+        rr = tidx // 8
+        r = row_tile * TILE_M + rr
+        if r < num_rows:
+            m = sM[rr, 0]
+            for w in cutlass.range_constexpr(1, NUM_WARPS):
+                m = cute.arch.fmax(m, sM[rr, w])
+            m_use = 0.0 if m == -Float32.inf else m
+            weights = cute.make_rmem_tensor((NUM_WARPS,), Float32)
+            total = Float32(0.0)
+            for w in cutlass.range_constexpr(NUM_WARPS):
+                weights[w] = cute.math.exp2(sM[rr, w] - m_use, fastmath=True)
+                total = total + sL[rr, w] * weights[w]
+            inv = 0.0 if total == 0.0 else 1.0 / total
+            if const_expr(self.o_scale != 1.0):
+                inv = inv * (1.0 / self.o_scale)
+            lse2 = -Float32.inf if total == 0.0 else m_use + cute.math.log2(total, fastmath=True)
+            i = r // group
+            h = kvh * group + (r - i * group)
+            for j in cutlass.range_constexpr(D // 8):
+                d = tidx % 8 + 8 * j
                 o = Float32(0.0)
                 for w in cutlass.range_constexpr(NUM_WARPS):
-                    weight = cute.math.exp2(sM[rr, w] - m_use, fastmath=True)
-                    total = total + sL[rr, w] * weight
-                    o = o + sRed[rr, _spread(rr, d), w] * weight
-                inv = 0.0 if total == 0.0 else 1.0 / total
-                if const_expr(self.o_scale != 1.0):
-                    inv = inv * (1.0 / self.o_scale)
-                lse2 = -Float32.inf if total == 0.0 else m_use + cute.math.log2(total, fastmath=True)
-                i = r // group
-                h = kvh * group + (r - i * group)
+                    o = o + sRed[rr, _spread(rr, d), w] * weights[w]
                 if const_expr(self.split):
                     mOpart[b, hm, split_idx, rr, d] = o * inv
-                    if d == 0:
-                        mLSEpart[b, hm, split_idx, rr] = lse2
                 else:
                     mO[b, h, i, d] = (o * inv).to(self.dtype)
-                    if d == 0:
-                        mLSE[b, h, i] = lse2 * LN_2
+            if tidx % 8 == 0:
+                if const_expr(self.split):
+                    mLSEpart[b, hm, split_idx, rr] = lse2
+                else:
+                    mLSE[b, h, i] = lse2 * LN_2
 
 
 class DecodeAttentionSm90(SplitKVMerge):
@@ -305,27 +312,29 @@ class DecodeAttentionSm90(SplitKVMerge):
         tVsV = thr_copy.partition_D(sV)
         tKcK = thr_copy.partition_S(cute.make_identity_tensor((TILE_N, D)))
 
-        # ---- prologue: start streaming this warp's first tiles before anything else ----
+        # ---- Q first: its loads go out ahead of the KV stream (behind it, on a short cache, they wait for the whole
+        # prologue's megabytes), all before the first store. Thread (packed row tidx // 8, columns (tidx % 8) * D / 8
+        # ..): one row address a thread; rows past the last stay 0 ----
+        per = D // 8
+        q_row = tidx // 8
+        q_col = (tidx % 8) * per
+        q_vals = cute.make_rmem_tensor((per,), self.dtype)
+        q_vals.fill(0.0)
+        r = row_tile * TILE_M + q_row
+        if r < num_rows:
+            i = r // group
+            for e in cutlass.range_constexpr(per):
+                q_vals[e] = mQ[b, kvh * group + (r - i * group), i, q_col + e]
+
+        # ---- prologue: start streaming this warp's first tiles ----
         first = tile_begin + warp_idx
         for s in cutlass.range_constexpr(stages - 1):
             if s < n_warp:
                 self.load_tile(gmem_copy, tKgK, tKsK, tVgV, tVsV, tKcK, seqlen_k, first + s * NUM_WARPS, s)
             cute.arch.cp_async_commit_group()
 
-        # ---- Q, while the KV tiles are in flight: this tile's packed rows (zeros past the last) ----
-        # All loads go out before the first store (one round trip, not one per element).
-        q_per_thread = TILE_M * D // self.num_threads
-        q_vals = cute.make_rmem_tensor((q_per_thread,), self.dtype)
-        q_vals.fill(0.0)
-        for it in cutlass.range_constexpr(q_per_thread):
-            e = tidx + it * self.num_threads
-            r = row_tile * TILE_M + e // D
-            if r < num_rows:
-                i = r // group
-                q_vals[it] = mQ[b, kvh * group + (r - i * group), i, e % D]
-        for it in cutlass.range_constexpr(q_per_thread):
-            e = tidx + it * self.num_threads
-            sQ[e // D, e % D] = q_vals[it]
+        for e in cutlass.range_constexpr(per):
+            sQ[q_row, q_col + e] = q_vals[e]
         cute.arch.barrier()
 
         thr_mma = tiled_mma.get_slice(lane)

@@ -227,7 +227,6 @@ class DecodeAttentionInt8KVSm90(SplitKVMerge):
 
         @cute.struct
         class SharedStorage:
-            sQ: cute.struct.Align[cute.struct.MemRange[self.dtype, TILE_M * D], 16]  # q, gathered
             sQ8: cute.struct.Align[cute.struct.MemRange[Int8, 2 * TILE_M * D], 16]  # its digits hi, lo
             sQmul: cute.struct.Align[cute.struct.MemRange[Float32, TILE_M], 16]  # amax / (Q_MAX Q_BASE) x scale
             sKV: cute.struct.Align[cute.struct.MemRange[Int8, ring_bytes], 1024]
@@ -302,7 +301,6 @@ class DecodeAttentionInt8KVSm90(SplitKVMerge):
 
         smem = cutlass.memory.SmemAllocator()
         storage = smem.allocate(SharedStorage)
-        sQ = storage.sQ.get_tensor(cute.make_layout((TILE_M, D), stride=(D, 1)))
         n_chunks = slots * 2 * TILE_N * C
         # The ring as 16-byte chunks: chunk ((slot * 2 + part) * TILE_N + row) * C + position, part 0 K, 1 V.
         sChunk = storage.sKV.get_tensor(cute.make_layout((16, n_chunks), stride=(1, 16)))
@@ -345,7 +343,22 @@ class DecodeAttentionInt8KVSm90(SplitKVMerge):
                 else:
                     v_read[kk, i] = (TILE_N + row) * C + v_chunk(row, g + 8 * i, D)
 
-        # ---- prologue: start streaming this warp's first tiles before anything else ----
+        # ---- Q first: its loads go out ahead of the KV stream (behind it, on a short cache, they wait for the
+        # whole prologue's megabytes). Thread (packed row tidx // 8, logical columns (tidx % 8) * D / 8 ..) loads the
+        # columns it quantizes, in K's order: k_column(q_col + e) = k_column(q_col) + k_column(e) for e < D / 8 ----
+        per = D // 8
+        q_row = tidx // 8
+        q_col = (tidx % 8) * per
+        q_vals = cute.make_rmem_tensor((per,), self.dtype)
+        q_vals.fill(0.0)
+        r = row_tile * TILE_M + q_row
+        if r < num_rows:  # rows past the last stay 0
+            i = r // group
+            q_base = k_column(q_col, D)
+            for e in cutlass.range_constexpr(per):
+                q_vals[e] = mQ[b, kvh * group + (r - i * group), i, q_base + k_column(e, D)]
+
+        # ---- prologue: start streaming this warp's first tiles ----
         first = tile_begin + warp_idx
         for s in cutlass.range_constexpr(stages - 1):
             if s < n_warp:
@@ -353,32 +366,14 @@ class DecodeAttentionInt8KVSm90(SplitKVMerge):
                                first + s * NUM_WARPS, warp_idx * stages + s)
             cute.arch.cp_async_commit_group()
 
-        # ---- Q in K's column order (`k_column`), while the KV tiles are in flight ----
-        q_per_thread = TILE_M * D // self.num_threads
-        q_vals = cute.make_rmem_tensor((q_per_thread,), self.dtype)
-        q_vals.fill(0.0)
-        for it in cutlass.range_constexpr(q_per_thread):
-            e = tidx + it * self.num_threads
-            r = row_tile * TILE_M + e // D
-            if r < num_rows:
-                i = r // group
-                q_vals[it] = mQ[b, kvh * group + (r - i * group), i, k_column(e % D, D)]
-        for it in cutlass.range_constexpr(q_per_thread):
-            e = tidx + it * self.num_threads
-            sQ[e // D, e % D] = q_vals[it]
-        cute.arch.barrier()
-
-        # ---- its integer digits, per packed row (8 threads a row, D / 8 columns each; rows past the last are 0) ----
+        # ---- Q's integer digits, per packed row (8 threads a row), while the KV tiles are in flight ----
         sQ8 = storage.sQ8.get_tensor(cute.make_layout((D // 4, TILE_M, 2), stride=(1, D // 4, TILE_M * D // 4)),
                                      dtype=Uint32)  # (word of 4 columns, row, digit)
         sQmul = storage.sQmul.get_tensor(cute.make_layout((TILE_M,)))
-        per = D // 8
-        q_row = tidx // 8
-        q_col = (tidx % 8) * per
         xs = cute.make_rmem_tensor((per,), Float32)
         amax = Float32(0.0)
         for e in cutlass.range_constexpr(per):
-            xs[e] = sQ[q_row, q_col + e].to(Float32)
+            xs[e] = q_vals[e].to(Float32)
             amax = _max_abs(amax, xs[e])
         for o in cutlass.range_constexpr(3):
             amax = _max_abs(amax, cute.arch.shuffle_sync_bfly(amax, offset=4 >> o, mask=-1, mask_and_clamp=31))
