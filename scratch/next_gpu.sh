@@ -19,6 +19,16 @@ e)  # session 26 diagnostics: each decode kernel's GPU time at b1 (issue 16: b1 
         --section LaunchStats --section WarpStateStats --section SchedulerStats --section MemoryWorkloadAnalysis \
         --section InstructionStats python3 docs/scripts/ncu_w4a16.py 8192 8192
     run timeout 200 python3 docs/scripts/decode_profile.py nvfp4 plain ;;
+o)  # session 27: the combine resident under PDL (registers <= 85, launched as the main kernel starts) and its passes:
+    # GPU decode tiers, each kernel's time (part `m`), the int8 table, the old kernels (3bc9a4c) against these on five
+    # rows (b64 d64 ran 716 us at 32k against session 8's 625), the NVFP4 decode step and the int8-cache step
+    run timeout 300 $P -n 8 tests/test_gpu_decode.py tests/test_gpu_decode_int8kv.py tests/test_gpu_int8kv.py
+    run timeout 150 python3 docs/scripts/decode_kernel_times.py ;;
+p)  # session 27: after `o`
+    run timeout 200 python3 tests/bench_decode_int8kv.py
+    bash scratch/old_vs_new_decode.sh
+    run timeout 120 python3 docs/scripts/decode_profile.py nvfp4 plain
+    run timeout 200 python3 docs/scripts/decode_profile.py int8kv ;;
 m)  # session 27: the decode kernels with Q's loads ahead of the KV prologue (part `l`: behind it they waited 13-25% of
     # the CTA's life) and the merge a row a thread: GPU tests, each kernel's time (session 26 run 1), the int8 table
     run timeout 300 $P -n 8 tests/test_gpu_decode.py tests/test_gpu_decode_int8kv.py tests/test_gpu_int8kv.py

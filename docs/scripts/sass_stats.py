@@ -10,6 +10,7 @@ can be compared between versions of a kernel. SASS_OUT=path appends the whole li
     python docs/scripts/sass_stats.py w4a16 nvfp4 8 registers --tiles    # packed NVFP4 in 16-row tiles
     python docs/scripts/sass_stats.py int8kv 64              # int8-KV decode attention, head dim 64, group 4, split
     python docs/scripts/sass_stats.py decode 128             # bf16 decode attention, head dim 128, group 4, split
+    python docs/scripts/sass_stats.py combine 128            # their combine kernel
     python docs/scripts/sass_stats.py gemv nvfp4 1 2         # CUDA-core GEMV, M = 1, 2 K warps, bf16 x (--f16, --bias)
     python docs/scripts/sass_stats.py intgemv 4 1 256        # integer NVFP4 GEMV: 4 rows a warp, 1 K warp, 256 pieces
     python docs/scripts/sass_stats.py intgemv 2 1 256 --m 4  # the same for 4 rows of x
@@ -74,6 +75,10 @@ def compile_variant(argv):
 
         decode.compiled(decode._Key("main", torch.bfloat16, int(argv[1]), 4, False, False, False, True, "sm_90a",
                                     stages=decode.stages_for(int(argv[1]))))
+    elif argv[0] == "combine":
+        from fa4_inductor.kernels import decode
+
+        decode.compiled(decode.combine_key(torch.bfloat16, int(argv[1]), 4, "sm_90a"))
     else:
         raise SystemExit(__doc__)
 

@@ -105,8 +105,6 @@ class SplitKVMerge:
         with it); sM / sL: [TILE_M, NUM_WARPS] fp32 for the warps' row maxima and sums."""
         D = self.head_dim
         group = self.group
-        if const_expr(self.split):
-            cute.arch.griddepcontrol_launch_dependents()  # let the combine kernel get scheduled
         cute.arch.cp_async_wait_group(0)
         cute.arch.barrier()  # every warp is done with the ring, which now holds the fp32 O's
         tOcO = _mn_view(thr_mma.partition_C(cute.make_identity_tensor((TILE_M, D))))
@@ -326,6 +324,9 @@ class DecodeAttentionSm90(SplitKVMerge):
             for e in cutlass.range_constexpr(per):
                 q_vals[e] = mQ[b, kvh * group + (r - i * group), i, q_col + e]
 
+        if const_expr(self.split):
+            # the combine kernel (PDL) may take its place now: it waits in griddepcontrol.wait, resident and ready
+            cute.arch.griddepcontrol_launch_dependents()
         # ---- prologue: start streaming this warp's first tiles ----
         first = tile_begin + warp_idx
         for s in cutlass.range_constexpr(stages - 1):

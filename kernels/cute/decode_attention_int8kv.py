@@ -358,6 +358,9 @@ class DecodeAttentionInt8KVSm90(SplitKVMerge):
             for e in cutlass.range_constexpr(per):
                 q_vals[e] = mQ[b, kvh * group + (r - i * group), i, q_base + k_column(e, D)]
 
+        if const_expr(self.split):
+            # the combine kernel (PDL) may take its place now: it waits in griddepcontrol.wait, resident and ready
+            cute.arch.griddepcontrol_launch_dependents()
         # ---- prologue: start streaming this warp's first tiles ----
         first = tile_begin + warp_idx
         for s in cutlass.range_constexpr(stages - 1):

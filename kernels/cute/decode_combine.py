@@ -7,11 +7,13 @@ log-sum-exp L_s (-inf for a split that saw no key). The exact result is
     O = sum_s 2^(L_s - L) * O_s,
 
 with O = 0 and lse = -inf for a row that saw no key at all. Grid (rows, Hkv * row_tiles, B); a
-CTA of 256 threads takes one packed row. The kernel is latency-bound, so every thread issues all
-its loads at once (one round trip to L2 for up to MAX_SPLITS splits): each warp reads all L_s
-(lane l: splits l, l + 32, ...) and finds the row's max and sum with shuffles, and each thread
-reads the L_s and O_s of the splits it sums (4 columns, every (1024 / D)-th split); the split
-groups add up in shared memory.
+CTA of 256 threads takes one packed row. The kernel is latency-bound, so every thread issues its
+loads at once (one round trip to L2 for up to SLOTS * 1024 / D splits, a further one each as many more): each
+warp reads all L_s (lane l: splits l, l + 32, ...) and finds the row's max and sum with shuffles, and each
+thread reads the L_s and O_s of the splits it sums (4 columns, every (1024 / D)-th split); the split
+groups add up in shared memory. Its registers are capped (`MIN_CTAS_PER_SM`) so that, launched under PDL while
+the main kernel runs (which lets its dependents launch as it starts), its CTAs are resident and waiting when the
+main kernel ends, not scheduled only as its CTAs leave.
 """
 
 from __future__ import annotations
@@ -27,6 +29,10 @@ TILE_M = 16
 NUM_THREADS = 256
 MAX_SPLITS = 128  # the host caps the split count here (decode.MAX_SPLITS)
 VEC = 4  # output columns per thread in the weighted sum
+SLOTS = 8  # splits a thread loads in one round trip (registers: the kernel must fit beside two main CTAs a SM)
+# 3 CTAs' worth of registers a SM (<= 85 a thread): a combine CTA then fits beside the two main-kernel CTAs of a SM
+# (<= 168 registers each), so under PDL it is resident and waiting before the main kernel ends
+MIN_CTAS_PER_SM = 3
 
 
 def _warp_reduce(x: Float32, op) -> Float32:
@@ -71,6 +77,8 @@ class DecodeCombine:
             smem=SharedStorage.size_in_bytes(),
             stream=stream,
             use_pdl=self.pdl,
+            min_blocks_per_mp=MIN_CTAS_PER_SM,
+            preferred_smem_carveout=100,  # the main kernel's (shared memory over L1); also spares the DSL a device query
         )
 
     @cute.kernel
@@ -98,24 +106,17 @@ class DecodeCombine:
             # and O_s of splits sg, sg + split_groups, ...
             chunks = D // VEC
             split_groups = NUM_THREADS // chunks
-            slots = MAX_SPLITS // split_groups
+            per_pass = SLOTS * split_groups
             sg = tidx // chunks
             d0 = (tidx - sg * chunks) * VEC
             lane_lse = cute.make_rmem_tensor((MAX_SPLITS // 32,), Float32)
             lane_lse.fill(-Float32.inf)
-            own_lse = cute.make_rmem_tensor((slots,), Float32)
-            own_lse.fill(-Float32.inf)
-            vals = cute.make_rmem_tensor((VEC, slots), Float32)
-            vals.fill(0.0)
             for i in cutlass.range_constexpr(MAX_SPLITS // 32):
                 if lane + i * 32 < num_splits:
                     lane_lse[i] = mLSEpart[b, hm, lane + i * 32, rr]
-            for j in cutlass.range_constexpr(slots):
-                s = sg + j * split_groups
-                if s < num_splits:
-                    own_lse[j] = mLSEpart[b, hm, s, rr]
-                    for v in cutlass.range_constexpr(VEC):
-                        vals[v, j] = mOpart[b, hm, s, rr, d0 + v]
+            own_lse = cute.make_rmem_tensor((SLOTS,), Float32)
+            vals = cute.make_rmem_tensor((VEC, SLOTS), Float32)
+            self.load_pass(mLSEpart, mOpart, own_lse, vals, b, hm, rr, sg, d0, 0, split_groups, num_splits)
 
             m = lane_lse[0]
             for i in cutlass.range_constexpr(1, MAX_SPLITS // 32):
@@ -128,13 +129,21 @@ class DecodeCombine:
             total = _warp_reduce(total, _add)
             inv = 0.0 if total == 0.0 else 1.0 / total
 
-            # ---- O = sum_s w_s O_s, w_s = 2^(L_s - L); the split groups add up in shared memory ----
+            # ---- O = sum_s w_s O_s, w_s = 2^(L_s - L): a pass of SLOTS splits a thread (more than per_pass splits
+            # take further passes, one round trip each); the split groups add up in shared memory ----
             acc = cute.make_rmem_tensor((VEC,), Float32)
             acc.fill(0.0)
-            for j in cutlass.range_constexpr(slots):
+            for j in cutlass.range_constexpr(SLOTS):
                 weight = cute.math.exp2(own_lse[j] - m_use, fastmath=True) * inv
                 for v in cutlass.range_constexpr(VEC):
                     acc[v] = acc[v] + weight * vals[v, j]
+            for p in range(1, (num_splits + per_pass - 1) // per_pass):
+                self.load_pass(mLSEpart, mOpart, own_lse, vals, b, hm, rr, sg, d0, p * per_pass, split_groups,
+                               num_splits)
+                for j in cutlass.range_constexpr(SLOTS):
+                    weight = cute.math.exp2(own_lse[j] - m_use, fastmath=True) * inv
+                    for v in cutlass.range_constexpr(VEC):
+                        acc[v] = acc[v] + weight * vals[v, j]
             sPartial = storage.partial.get_tensor(cute.make_layout((D, split_groups), stride=(1, D)))
             for v in cutlass.range_constexpr(VEC):
                 sPartial[d0 + v, sg] = acc[v]
@@ -154,3 +163,18 @@ class DecodeCombine:
                 if total > 0.0:
                     lse = (m_use + cute.math.log2(total, fastmath=True)) * LN_2
                 mLSE[b, h, i] = lse
+
+    @cute.jit
+    def load_pass(self, mLSEpart: cute.Tensor, mOpart: cute.Tensor, own_lse: cute.Tensor, vals: cute.Tensor, b: Int32,
+                  hm: Int32, rr: Int32, sg: Int32, d0: Int32, first: Int32, split_groups: cutlass.Constexpr,
+                  num_splits: Int32):
+        """L_s and this thread's VEC columns of O_s for splits first + sg + j * split_groups, j < SLOTS (a split past
+        the last: L_s = -inf, O_s = 0), all loads out before any use."""
+        own_lse.fill(-Float32.inf)
+        vals.fill(0.0)
+        for j in cutlass.range_constexpr(SLOTS):
+            s = first + sg + j * split_groups
+            if s < num_splits:
+                own_lse[j] = mLSEpart[b, hm, s, rr]
+                for v in cutlass.range_constexpr(VEC):
+                    vals[v, j] = mOpart[b, hm, s, rr, d0 + v]

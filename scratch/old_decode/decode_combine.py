@@ -1,0 +1,156 @@
+"""Combine kernel of the split-KV decode attention (`decode_attention.py`), CuTe DSL, any sm80+.
+
+Each split s wrote, per packed row, a normalised fp32 partial output O_s and its log2-domain
+log-sum-exp L_s (-inf for a split that saw no key). The exact result is
+
+    L = log2(sum_s 2^(L_s - m)) + m,   m = max_s L_s (0 when every L_s is -inf),
+    O = sum_s 2^(L_s - L) * O_s,
+
+with O = 0 and lse = -inf for a row that saw no key at all. Grid (rows, Hkv * row_tiles, B); a
+CTA of 256 threads takes one packed row. The kernel is latency-bound, so every thread issues all
+its loads at once (one round trip to L2 for up to MAX_SPLITS splits): each warp reads all L_s
+(lane l: splits l, l + 32, ...) and finds the row's max and sum with shuffles, and each thread
+reads the L_s and O_s of the splits it sums (4 columns, every (1024 / D)-th split); the split
+groups add up in shared memory.
+"""
+
+from __future__ import annotations
+
+import math
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float32, Int32, const_expr
+
+LN_2 = math.log(2.0)
+TILE_M = 16
+NUM_THREADS = 256
+MAX_SPLITS = 128  # the host caps the split count here (decode.MAX_SPLITS)
+VEC = 4  # output columns per thread in the weighted sum
+
+
+def _warp_reduce(x: Float32, op) -> Float32:
+    for offset in (16, 8, 4, 2, 1):
+        x = op(x, cute.arch.shuffle_sync_bfly(x, offset=offset, mask=-1, mask_and_clamp=31))
+    return x
+
+
+def _add(a, b):
+    return a + b
+
+
+class DecodeCombine:
+    """One compiled variant per (dtype, head_dim, group, pdl).
+
+    pdl: launched as a programmatic dependent of the main kernel (Hopper PDL): its CTAs may be
+    scheduled while the main kernel drains, and wait in `griddepcontrol.wait` (which returns once
+    the main grid has finished and its writes are visible) before reading any partial.
+
+    Call: (mOpart [B, Hkv * row_tiles, splits, 16, D] fp32, mLSEpart [B, Hkv * row_tiles, splits,
+    16] fp32 (log2), mO [B, Hq, Sq, D] (any strides, unit on D), mLSE [B, Hq, Sq] fp32, stream).
+    """
+
+    def __init__(self, dtype, head_dim: int, group: int, pdl: bool = False):
+        self.pdl = pdl
+        self.dtype = dtype
+        self.head_dim = head_dim
+        self.group = group
+
+    @cute.jit
+    def __call__(self, mOpart: cute.Tensor, mLSEpart: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor, stream):
+        num_rows = mO.shape[2] * self.group
+        row_tiles = (num_rows + TILE_M - 1) // TILE_M
+
+        @cute.struct
+        class SharedStorage:
+            partial: cute.struct.Align[cute.struct.MemRange[Float32, NUM_THREADS * VEC], 16]
+
+        self.kernel(mOpart, mLSEpart, mO, mLSE, row_tiles, SharedStorage).launch(
+            grid=(cutlass.min(num_rows, TILE_M), mOpart.shape[1], mOpart.shape[0]),
+            block=(NUM_THREADS, 1, 1),
+            smem=SharedStorage.size_in_bytes(),
+            stream=stream,
+            use_pdl=self.pdl,
+        )
+
+    @cute.kernel
+    def kernel(self, mOpart: cute.Tensor, mLSEpart: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor,
+               row_tiles: Int32, SharedStorage: cutlass.Constexpr):
+        D = self.head_dim
+        group = self.group
+        tidx, _, _ = cute.arch.thread_idx()
+        rr, hm, b = cute.arch.block_idx()
+        lane = cute.arch.lane_idx()
+        num_splits = mOpart.shape[2]
+        kvh = hm // row_tiles
+        r = (hm - kvh * row_tiles) * TILE_M + rr
+        num_rows = mO.shape[2] * group
+
+        smem = cutlass.memory.SmemAllocator()
+        storage = smem.allocate(SharedStorage)
+
+        if const_expr(self.pdl):
+            cute.arch.griddepcontrol_wait()  # the main kernel's partials are complete past this
+        if r < num_rows:  # uniform over the CTA
+            # Every load goes out before the first use, so the merge costs one round trip to L2:
+            # lane l's share of all splits' L_s (l, l + 32, ...: each warp finds the row's max and
+            # sum itself, no barrier), and for thread (split group sg, 4 columns from d0) the L_s
+            # and O_s of splits sg, sg + split_groups, ...
+            chunks = D // VEC
+            split_groups = NUM_THREADS // chunks
+            slots = MAX_SPLITS // split_groups
+            sg = tidx // chunks
+            d0 = (tidx - sg * chunks) * VEC
+            lane_lse = cute.make_rmem_tensor((MAX_SPLITS // 32,), Float32)
+            lane_lse.fill(-Float32.inf)
+            own_lse = cute.make_rmem_tensor((slots,), Float32)
+            own_lse.fill(-Float32.inf)
+            vals = cute.make_rmem_tensor((VEC, slots), Float32)
+            vals.fill(0.0)
+            for i in cutlass.range_constexpr(MAX_SPLITS // 32):
+                if lane + i * 32 < num_splits:
+                    lane_lse[i] = mLSEpart[b, hm, lane + i * 32, rr]
+            for j in cutlass.range_constexpr(slots):
+                s = sg + j * split_groups
+                if s < num_splits:
+                    own_lse[j] = mLSEpart[b, hm, s, rr]
+                    for v in cutlass.range_constexpr(VEC):
+                        vals[v, j] = mOpart[b, hm, s, rr, d0 + v]
+
+            m = lane_lse[0]
+            for i in cutlass.range_constexpr(1, MAX_SPLITS // 32):
+                m = cute.arch.fmax(m, lane_lse[i])
+            m = _warp_reduce(m, cute.arch.fmax)
+            m_use = 0.0 if m == -Float32.inf else m
+            total = Float32(0.0)
+            for i in cutlass.range_constexpr(MAX_SPLITS // 32):
+                total = total + cute.math.exp2(lane_lse[i] - m_use, fastmath=True)
+            total = _warp_reduce(total, _add)
+            inv = 0.0 if total == 0.0 else 1.0 / total
+
+            # ---- O = sum_s w_s O_s, w_s = 2^(L_s - L); the split groups add up in shared memory ----
+            acc = cute.make_rmem_tensor((VEC,), Float32)
+            acc.fill(0.0)
+            for j in cutlass.range_constexpr(slots):
+                weight = cute.math.exp2(own_lse[j] - m_use, fastmath=True) * inv
+                for v in cutlass.range_constexpr(VEC):
+                    acc[v] = acc[v] + weight * vals[v, j]
+            sPartial = storage.partial.get_tensor(cute.make_layout((D, split_groups), stride=(1, D)))
+            for v in cutlass.range_constexpr(VEC):
+                sPartial[d0 + v, sg] = acc[v]
+            cute.arch.barrier()
+
+            i = r // group
+            h = kvh * group + (r - i * group)
+            for c in cutlass.range_constexpr(max(1, D // NUM_THREADS)):
+                d = tidx + c * NUM_THREADS
+                if d < D:
+                    o = sPartial[d, 0]
+                    for g in cutlass.range_constexpr(1, split_groups):
+                        o = o + sPartial[d, g]
+                    mO[b, h, i, d] = o.to(self.dtype)
+            if tidx == 0:
+                lse = -Float32.inf
+                if total > 0.0:
+                    lse = (m_use + cute.math.log2(total, fastmath=True)) * LN_2
+                mLSE[b, h, i] = lse
