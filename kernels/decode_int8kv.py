@@ -93,7 +93,7 @@ def _key(dtype: torch.dtype, head_dim: int, group: int, q_len: int, causal: bool
          split: bool, key_mask: bool, arch: str) -> decode._Key:
     current = switches.current()
     return decode._Key("int8kv", dtype, head_dim, group, causal, softcap, seqused, split, arch,
-                       stages=stages_for(head_dim), key_mask=key_mask, min_ctas=current.decode_min_ctas,
+                       stages=stages_for(head_dim), key_mask=key_mask, min_ctas=current.decode_min_ctas or CTAS_PER_SM,
                        half_rows=current.decode_half_rows and q_len * group <= HALF_TILE_ROWS)
 
 

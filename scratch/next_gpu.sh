@@ -19,6 +19,10 @@ e)  # session 26 diagnostics: each decode kernel's GPU time at b1 (issue 16: b1 
         --section LaunchStats --section WarpStateStats --section SchedulerStats --section MemoryWorkloadAnalysis \
         --section InstructionStats python3 docs/scripts/ncu_w4a16.py 8192 8192
     run timeout 200 python3 docs/scripts/decode_profile.py nvfp4 plain ;;
+q)  # session 27: the int8-KV kernel compiled for 2 CTAs a SM (launch bounds; part `p`: ptxas had squeezed the d64 loop
+    # to 101 registers, 307 instructions, b64 x 32k 727.5 us against 620.6 before this session's changes)
+    for r in "64 32768 64" "1 32768 128"; do set -- $r
+      timeout 40 python3 tests/bench_decode_int8kv.py --b $1 --sk $2 --d $3 2>&1 | grep "^b" >>$L; done ;;
 o)  # session 27: the combine resident under PDL (registers <= 85, launched as the main kernel starts) and its passes:
     # GPU decode tiers, each kernel's time (part `m`), the int8 table, the old kernels (3bc9a4c) against these on five
     # rows (b64 d64 ran 716 us at 32k against session 8's 625), the NVFP4 decode step and the int8-cache step
