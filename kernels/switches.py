@@ -10,7 +10,7 @@ FA4_INDUCTOR_NO_REPLAY (FA4 launch replay off). Decode-kernel tuning: FA4_INDUCT
 (0 / false / no / off: the combine kernel without programmatic dependent launch),
 FA4_INDUCTOR_DECODE_SPLITS (a fixed split count), FA4_INDUCTOR_DECODE_SMEM_KB (a CTA's shared-memory
 budget, default 100), FA4_INDUCTOR_DECODE_MIN_CTAS (int8-KV kernel: CTAs a SM its registers must allow, so
-ptxas caps them; default 0, uncapped), FA4_INDUCTOR_DECODE_HALF_ROWS (0 / false / no / off: the int8-KV
+ptxas caps them; default 2, the CTAs a SM its shared memory allows, which also lets ptxas use up to 255 registers), FA4_INDUCTOR_DECODE_HALF_ROWS (0 / false / no / off: the int8-KV
 kernel computes the softmax of the tile's rows 8-15 even when a call packs at most 8 query rows; default on,
 measured faster or equal). W4A16 decode GEMM tuning: FA4_INDUCTOR_W4A16_CTA (a fixed CTA shape,
 "RTxWNxWK": row tiles a warp, warps along N, warps along K; default: `w4a16_decode.cta_shape`'s rule),
