@@ -165,14 +165,20 @@ def rows_reason(m: int, n: int) -> str | None:
 W4A16_MAX_ROWS = 16
 W4A16_MAX_ROWS_WIDE = 8
 W4A16_WIDE_ROWS = 4096
+W4A16_GEMV_WIDEST = 16384
 W4A16_LONG_K = 8192
 """Our W4A16 GEMM takes int8 calls of at most `W4A16_MAX_ROWS` rows over weights of at most 2048 rows (N), of at
 most `W4A16_MAX_ROWS_WIDE` rows over weights of at most `W4A16_WIDE_ROWS` rows, and single rows over wider weights
-whose K is at least `W4A16_LONG_K` (`w4a16_int8_shape_reason`); quack takes the rest. H200, CUDA-graph medians,
-PDL, bf16 scales read as they are (docs/benchmarks.md, session 11 run 1), ours against quack in us: 2048 x 2048
-3.5 / 7.1 (M = 1), 4.2 / 7.2 (16); 2048 x 8192 7.8 / 14.1 (1), 11.1 / 14.4 (16); 4096 x 14336 18.3 / 22.2 (1),
-19.4 / 22.2 (8), 26.1 / 22.2 (16); 8192 x 8192 21.0 / 23.8 (1), 23.6 / 22.4 (8); 8192 x 2048 8.4 / 8.4 (1),
-9.5 / 8.5 (8); 14336 x 4096 21.7 / 19.5 (1)."""
+of at most `W4A16_GEMV_WIDEST` rows or whose K is at least `W4A16_LONG_K` (`w4a16_int8_shape_reason`); quack takes
+the rest. H200, CUDA-graph medians, PDL, bf16 scales read as they are (docs/benchmarks.md, session 11 run 1), ours
+against quack in us: 2048 x 2048 3.5 / 7.1 (M = 1), 4.2 / 7.2 (16); 2048 x 8192 7.8 / 14.1 (1), 11.1 / 14.4 (16);
+4096 x 14336 18.3 / 22.2 (1), 19.4 / 22.2 (8), 26.1 / 22.2 (16); 8192 x 8192 21.0 / 23.8 (1), 23.6 / 22.4 (8); 8192 x
+2048 8.4 / 8.4 (1), 9.5 / 8.5 (8); 14336 x 4096 21.7 / 19.5 (1). One row runs our CUDA-core GEMV since session 13
+(`w4a16_decode.GEMV_AUTO_ROWS`), faster than quack's on every wide shape timed: 8192 x 8192 19.6, 14336 x 4096 18.9
+(session 13 run 2), 8192 x 2048 6.3 us (`INDUCTOR_GEMV_FASTER`'s note); in one process (session 27, weights
+L2-warm) two one-row calls of 8192 x 2048 took 9.3 us on the GEMV against 13.9 through quack, two of 14336 x 4096
+34.6 against 36.1. The Llama-8B lm_head (128256 x 4096: quack 145.3 us, our tensor-core kernel 179.9, session 14
+run 5) is wider than any shape the GEMV was timed on and stays with quack."""
 
 
 INDUCTOR_GEMV_FASTER: frozenset = frozenset({(8192, 2048), (4096, 4096), (1024, 4096)})
@@ -195,9 +201,10 @@ def w4a16_int8_shape_reason(m: int, n: int, k: int) -> str | None:
     """Why a call of m rows over an [n, k] int8 weight does not go to our W4A16 GEMM on account of its size."""
     if m > W4A16_MAX_ROWS:
         return f"{m} rows > {W4A16_MAX_ROWS}, outside our W4A16 GEMM (W4A16_MAX_ROWS)"
-    if n > W4A16_WIDE_ROWS and (m > 1 or k < W4A16_LONG_K):
+    if n > W4A16_WIDE_ROWS and (m > 1 or (n > W4A16_GEMV_WIDEST and k < W4A16_LONG_K)):
         return (f"{m} rows over a weight of {n} > {W4A16_WIDE_ROWS} rows and K {k}: quack's GEMM is measured as "
-                f"fast or faster (ours leads there only for one row and K >= {W4A16_LONG_K})")
+                f"fast or faster (ours leads there only for one row, over at most {W4A16_GEMV_WIDEST} rows or a K >= "
+                f"{W4A16_LONG_K})")
     if n > 2048 and m > W4A16_MAX_ROWS_WIDE:
         return f"{m} rows over a weight of {n} > 2048 rows: quack's GEMM is measured faster (W4A16_MAX_ROWS_WIDE)"
     return None
