@@ -30,8 +30,9 @@ NUM_THREADS = 256
 MAX_SPLITS = 128  # the host caps the split count here (decode.MAX_SPLITS)
 VEC = 4  # output columns per thread in the weighted sum
 SLOTS = 8  # splits a thread loads in one round trip (registers: the kernel must fit beside two main CTAs a SM)
-# 3 CTAs' worth of registers a SM (<= 85 a thread): a combine CTA then fits beside the two main-kernel CTAs of a SM
-# (<= 168 registers each), so under PDL it is resident and waiting before the main kernel ends
+# 3 CTAs' worth of registers a SM (<= 85 a thread): a combine CTA then fits beside two main-kernel CTAs of a SM of
+# <= 168 registers each (the bf16 kernel's; the int8 kernel's at head dim 64), so under PDL it is resident and waiting
+# before the main kernel ends (measured: -0.5 us at b1 x 4k keys, nothing at 32k; session 27)
 MIN_CTAS_PER_SM = 3
 
 
@@ -133,17 +134,11 @@ class DecodeCombine:
             # take further passes, one round trip each); the split groups add up in shared memory ----
             acc = cute.make_rmem_tensor((VEC,), Float32)
             acc.fill(0.0)
-            for j in cutlass.range_constexpr(SLOTS):
-                weight = cute.math.exp2(own_lse[j] - m_use, fastmath=True) * inv
-                for v in cutlass.range_constexpr(VEC):
-                    acc[v] = acc[v] + weight * vals[v, j]
+            self.add_pass(acc, own_lse, vals, m_use, inv)
             for p in range(1, (num_splits + per_pass - 1) // per_pass):
                 self.load_pass(mLSEpart, mOpart, own_lse, vals, b, hm, rr, sg, d0, p * per_pass, split_groups,
                                num_splits)
-                for j in cutlass.range_constexpr(SLOTS):
-                    weight = cute.math.exp2(own_lse[j] - m_use, fastmath=True) * inv
-                    for v in cutlass.range_constexpr(VEC):
-                        acc[v] = acc[v] + weight * vals[v, j]
+                self.add_pass(acc, own_lse, vals, m_use, inv)
             sPartial = storage.partial.get_tensor(cute.make_layout((D, split_groups), stride=(1, D)))
             for v in cutlass.range_constexpr(VEC):
                 sPartial[d0 + v, sg] = acc[v]
@@ -178,3 +173,11 @@ class DecodeCombine:
                 own_lse[j] = mLSEpart[b, hm, s, rr]
                 for v in cutlass.range_constexpr(VEC):
                     vals[v, j] = mOpart[b, hm, s, rr, d0 + v]
+
+    @cute.jit
+    def add_pass(self, acc: cute.Tensor, own_lse: cute.Tensor, vals: cute.Tensor, m_use: Float32, inv: Float32):
+        """acc += sum over a pass's splits of 2^(L_s - m) / total * O_s."""
+        for j in cutlass.range_constexpr(SLOTS):
+            weight = cute.math.exp2(own_lse[j] - m_use, fastmath=True) * inv
+            for v in cutlass.range_constexpr(VEC):
+                acc[v] = acc[v] + weight * vals[v, j]
