@@ -9,7 +9,7 @@ rule's split count (main kernel and combine), run once outside the profiled rang
 
 import sys
 
-import torch
+from ncu_range import profile_calls
 
 from fa4_inductor.kernels import decode, decode_int8kv
 
@@ -24,14 +24,4 @@ for sk in (4096, 32768):
     if sk == 32768:
         calls.append((f"bf16 b1 x {sk}", lambda q=q, kb=kb, vb=vb: decode.forward(
             q, kb, vb, None, scale=128 ** -0.5, causal=False)))
-for _, call in calls:
-    call()
-torch.cuda.synchronize()
-torch.cuda.profiler.start()
-for name, call in calls:
-    torch.cuda.nvtx.range_push(name)
-    call()
-    torch.cuda.nvtx.range_pop()
-torch.cuda.synchronize()
-torch.cuda.profiler.stop()
-print("profiled, in order (main kernel, combine each):", ", ".join(name for name, _ in calls))
+profile_calls(calls, "profiled (main kernel, combine each)")

@@ -13,6 +13,7 @@ its combine.
 import sys
 
 import torch
+from ncu_range import profile_calls
 
 from fa4_inductor.kernels import decode, decode_int8kv
 
@@ -27,12 +28,4 @@ decode_int8kv.warmup(torch.bfloat16, d, hq // hkv, 1, "cuda", causal=False, sequ
 decode.warmup(torch.bfloat16, d, hq // hkv, 1, "cuda", causal=False, seqused_k=False)
 calls = [("int8kv", lambda: decode_int8kv.forward(q, k8, v8, ks, vs, None, **flags)),
          ("bf16", lambda: decode.forward(q, kb, vb, None, **flags))]
-for _, call in calls:
-    call()
-torch.cuda.synchronize()
-torch.cuda.profiler.start()
-for _, call in calls:
-    call()
-torch.cuda.synchronize()
-torch.cuda.profiler.stop()
-print(f"profiled b{b} x {sk} d{d}, in order:", ", ".join(name for name, _ in calls))
+profile_calls(calls, f"profiled b{b} x {sk} d{d}")

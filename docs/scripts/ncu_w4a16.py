@@ -13,6 +13,7 @@ kernel's split-K reduce where split).
 import sys
 
 import torch
+from ncu_range import profile_calls
 
 from fa4_inductor.kernels import w4a16_decode as w4
 
@@ -29,14 +30,4 @@ calls = [("nvfp4 int gemv", lambda: w4.nvfp4_matmul(x, w_fp4, block, global_scal
          ("nvfp4 mma", lambda: w4.nvfp4_matmul(x, w_fp4, block, global_scale, gemv=False)),
          ("int8 gemv", lambda: w4.int8_matmul(x, w_int8, scale, gemv=True)),
          ("int8 mma", lambda: w4.int8_matmul(x, w_int8, scale, gemv=False))]
-for _, call in calls:
-    call()
-torch.cuda.synchronize()
-torch.cuda.profiler.start()
-for name, call in calls:
-    torch.cuda.nvtx.range_push(name)
-    call()
-    torch.cuda.nvtx.range_pop()
-torch.cuda.synchronize()
-torch.cuda.profiler.stop()
-print("profiled, in order:", ", ".join(name for name, _ in calls))
+profile_calls(calls)

@@ -95,6 +95,29 @@ class SplitKVMerge:
     def o_column(col, d: int):
         return col
 
+    @staticmethod
+    def q_column(start, e: int, d: int):
+        """Head-dim column of the e-th of a thread's D / 8 consecutive (logical) q columns from `start`."""
+        return start + e
+
+    @cute.jit
+    def load_q_share(self, mQ: cute.Tensor, tidx: Int32, row_tile: Int32, num_rows: Int32, kvh: Int32,
+                     b: Int32) -> cute.Tensor:
+        """This thread's share of the tile's packed q rows, its loads issued (each kernel calls this before its KV
+        prologue: behind the prologue's megabytes, on a short cache, they waited 10-25% of a CTA's life): packed row
+        tidx // 8, logical columns (tidx % 8) * D / 8 .. (`q_column`), zeros past the last row."""
+        D = self.head_dim
+        group = self.group
+        per = D // 8
+        q_vals = cute.make_rmem_tensor((per,), self.dtype)
+        q_vals.fill(0.0)
+        r = row_tile * TILE_M + tidx // 8
+        if r < num_rows:
+            i = r // group
+            for e in cutlass.range_constexpr(per):
+                q_vals[e] = mQ[b, kvh * group + (r - i * group), i, self.q_column((tidx % 8) * per, e, D)]
+        return q_vals
+
     @cute.jit
     def merge_and_store(self, sRed: cute.Tensor, sM: cute.Tensor, sL: cute.Tensor, thr_mma: cute.ThrMma, acc_O: cute.Tensor,
                         row_max: cute.Tensor, row_sum: cute.Tensor, mO: Optional[cute.Tensor],
@@ -310,19 +333,11 @@ class DecodeAttentionSm90(SplitKVMerge):
         tVsV = thr_copy.partition_D(sV)
         tKcK = thr_copy.partition_S(cute.make_identity_tensor((TILE_N, D)))
 
-        # ---- Q first: its loads go out ahead of the KV stream (behind it, on a short cache, they wait for the whole
-        # prologue's megabytes), all before the first store. Thread (packed row tidx // 8, columns (tidx % 8) * D / 8
-        # ..): one row address a thread; rows past the last stay 0 ----
+        # ---- Q first (`load_q_share`), then the KV prologue; stored for ldmatrix once the tiles are in flight ----
         per = D // 8
         q_row = tidx // 8
         q_col = (tidx % 8) * per
-        q_vals = cute.make_rmem_tensor((per,), self.dtype)
-        q_vals.fill(0.0)
-        r = row_tile * TILE_M + q_row
-        if r < num_rows:
-            i = r // group
-            for e in cutlass.range_constexpr(per):
-                q_vals[e] = mQ[b, kvh * group + (r - i * group), i, q_col + e]
+        q_vals = self.load_q_share(mQ, tidx, row_tile, num_rows, kvh, b)
 
         if const_expr(self.split):
             # the combine kernel (PDL) may take its place now: it waits in griddepcontrol.wait, resident and ready

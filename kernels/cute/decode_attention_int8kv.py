@@ -202,6 +202,12 @@ class DecodeAttentionInt8KVSm90(SplitKVMerge):
     def o_column(col, d: int):
         return v_column(col, d)
 
+    @staticmethod
+    def q_column(start, e: int, d: int):
+        """K's column order (`k_column`); start is a multiple of D / 8 <= 32, so k_column(start + e) = k_column(start) +
+        k_column(e)."""
+        return k_column(start, d) + k_column(e, d)
+
     @cute.jit
     def __call__(
         self,
@@ -343,20 +349,11 @@ class DecodeAttentionInt8KVSm90(SplitKVMerge):
                 else:
                     v_read[kk, i] = (TILE_N + row) * C + v_chunk(row, g + 8 * i, D)
 
-        # ---- Q first: its loads go out ahead of the KV stream (behind it, on a short cache, they wait for the
-        # whole prologue's megabytes). Thread (packed row tidx // 8, logical columns (tidx % 8) * D / 8 ..) loads the
-        # columns it quantizes, in K's order: k_column(q_col + e) = k_column(q_col) + k_column(e) for e < D / 8 ----
+        # ---- Q first (`load_q_share`, in K's column order), then the KV prologue ----
         per = D // 8
         q_row = tidx // 8
         q_col = (tidx % 8) * per
-        q_vals = cute.make_rmem_tensor((per,), self.dtype)
-        q_vals.fill(0.0)
-        r = row_tile * TILE_M + q_row
-        if r < num_rows:  # rows past the last stay 0
-            i = r // group
-            q_base = k_column(q_col, D)
-            for e in cutlass.range_constexpr(per):
-                q_vals[e] = mQ[b, kvh * group + (r - i * group), i, q_base + k_column(e, D)]
+        q_vals = self.load_q_share(mQ, tidx, row_tile, num_rows, kvh, b)
 
         if const_expr(self.split):
             # the combine kernel (PDL) may take its place now: it waits in griddepcontrol.wait, resident and ready
