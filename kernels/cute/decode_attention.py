@@ -101,11 +101,12 @@ class SplitKVMerge:
         return start + e
 
     @cute.jit
-    def load_q_share(self, mQ: cute.Tensor, tidx: Int32, row_tile: Int32, num_rows: Int32, kvh: Int32,
-                     b: Int32) -> cute.Tensor:
-        """This thread's share of the tile's packed q rows, its loads issued (each kernel calls this before its KV
-        prologue: behind the prologue's megabytes, on a short cache, they waited 10-25% of a CTA's life): packed row
-        tidx // 8, logical columns (tidx % 8) * D / 8 .. (`q_column`), zeros past the last row."""
+    def start_cta(self, mQ: cute.Tensor, tidx: Int32, row_tile: Int32, num_rows: Int32, kvh: Int32,
+                  b: Int32) -> cute.Tensor:
+        """The start of a CTA, before its KV prologue: issue the loads of this thread's share of the tile's packed q
+        rows (behind the prologue's megabytes, on a short cache, they waited 10-25% of a CTA's life; packed row
+        tidx // 8, logical columns (tidx % 8) * D / 8 .. by `q_column`, zeros past the last row) and return it; split,
+        let the combine kernel (PDL) launch: it waits in griddepcontrol.wait, resident where it fits."""
         D = self.head_dim
         group = self.group
         per = D // 8
@@ -116,6 +117,8 @@ class SplitKVMerge:
             i = r // group
             for e in cutlass.range_constexpr(per):
                 q_vals[e] = mQ[b, kvh * group + (r - i * group), i, self.q_column((tidx % 8) * per, e, D)]
+        if const_expr(self.split):
+            cute.arch.griddepcontrol_launch_dependents()
         return q_vals
 
     @cute.jit
@@ -333,15 +336,8 @@ class DecodeAttentionSm90(SplitKVMerge):
         tVsV = thr_copy.partition_D(sV)
         tKcK = thr_copy.partition_S(cute.make_identity_tensor((TILE_N, D)))
 
-        # ---- Q first (`load_q_share`), then the KV prologue; stored for ldmatrix once the tiles are in flight ----
-        per = D // 8
-        q_row = tidx // 8
-        q_col = (tidx % 8) * per
-        q_vals = self.load_q_share(mQ, tidx, row_tile, num_rows, kvh, b)
+        q_vals = self.start_cta(mQ, tidx, row_tile, num_rows, kvh, b)  # Q's loads first, then the KV prologue
 
-        if const_expr(self.split):
-            # the combine kernel (PDL) may take its place now: it waits in griddepcontrol.wait, resident and ready
-            cute.arch.griddepcontrol_launch_dependents()
         # ---- prologue: start streaming this warp's first tiles ----
         first = tile_begin + warp_idx
         for s in cutlass.range_constexpr(stages - 1):
@@ -349,8 +345,8 @@ class DecodeAttentionSm90(SplitKVMerge):
                 self.load_tile(gmem_copy, tKgK, tKsK, tVgV, tVsV, tKcK, seqlen_k, first + s * NUM_WARPS, s)
             cute.arch.cp_async_commit_group()
 
-        for e in cutlass.range_constexpr(per):
-            sQ[q_row, q_col + e] = q_vals[e]
+        for e in cutlass.range_constexpr(D // 8):
+            sQ[tidx // 8, (tidx % 8) * (D // 8) + e] = q_vals[e]
         cute.arch.barrier()
 
         thr_mma = tiled_mma.get_slice(lane)

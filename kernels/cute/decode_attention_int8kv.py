@@ -349,15 +349,8 @@ class DecodeAttentionInt8KVSm90(SplitKVMerge):
                 else:
                     v_read[kk, i] = (TILE_N + row) * C + v_chunk(row, g + 8 * i, D)
 
-        # ---- Q first (`load_q_share`, in K's column order), then the KV prologue ----
-        per = D // 8
-        q_row = tidx // 8
-        q_col = (tidx % 8) * per
-        q_vals = self.load_q_share(mQ, tidx, row_tile, num_rows, kvh, b)
+        q_vals = self.start_cta(mQ, tidx, row_tile, num_rows, kvh, b)  # Q's loads first (K's column order)
 
-        if const_expr(self.split):
-            # the combine kernel (PDL) may take its place now: it waits in griddepcontrol.wait, resident and ready
-            cute.arch.griddepcontrol_launch_dependents()
         # ---- prologue: start streaming this warp's first tiles ----
         first = tile_begin + warp_idx
         for s in cutlass.range_constexpr(stages - 1):
@@ -367,6 +360,9 @@ class DecodeAttentionInt8KVSm90(SplitKVMerge):
             cute.arch.cp_async_commit_group()
 
         # ---- Q's integer digits, per packed row (8 threads a row), while the KV tiles are in flight ----
+        per = D // 8
+        q_row = tidx // 8
+        q_col = (tidx % 8) * per
         sQ8 = storage.sQ8.get_tensor(cute.make_layout((D // 4, TILE_M, 2), stride=(1, D // 4, TILE_M * D // 4)),
                                      dtype=Uint32)  # (word of 4 columns, row, digit)
         sQmul = storage.sQmul.get_tensor(cute.make_layout((TILE_M,)))
