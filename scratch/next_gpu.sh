@@ -1,8 +1,7 @@
-# Unrun GPU work (sessions 19-26). Session 26 ran `e`-`j`; next: `k` (left-padded packed masks on FA4, then turn
-# `attention.PACKED_BLIND_ROWS_ON_FA4` on if it passes), `j` again (its tree then still ran int8 gate / up in one launch;
-# since, int8 groups over 8192 rows run apart), then the GPU tiers of `h200_check.sh tests`:
-# each with a timeout of 540-590 s; rows stream to the log as they are measured), split into calls of
-# <= ~9 minutes (the first after .gpu/b's install).
+# Unrun GPU work (sessions 19-27). Session 27 ran `k`, `l`, `jt`, `m`-`p`; next: `q` (the int8-KV kernel compiled for
+# 2 CTAs a SM, the decode kernels after their refactor into start_cta, the int8 one-row route to the GEMV), then
+# the GPU tiers of `h200_check.sh tests` (each with a timeout of 540-590 s; rows stream to the log as they are
+# measured), split into calls of <= ~9 minutes (the first after .gpu/b's install).
 # Output goes to $OUT/log.txt. Have the next call ready: the machine goes back 30 s after a call, and a fresh one needs
 # .gpu/a and .gpu/b again. Run one part a call:  bash scratch/next_gpu.sh 1   (then 2, 3, ...)
 # Never `pkill -f pytest` here: it matches this script's own command line. A pytest cut by `timeout` can leave xdist
@@ -19,10 +18,20 @@ e)  # session 26 diagnostics: each decode kernel's GPU time at b1 (issue 16: b1 
         --section LaunchStats --section WarpStateStats --section SchedulerStats --section MemoryWorkloadAnalysis \
         --section InstructionStats python3 docs/scripts/ncu_w4a16.py 8192 8192
     run timeout 200 python3 docs/scripts/decode_profile.py nvfp4 plain ;;
-q)  # session 27: the int8-KV kernel compiled for 2 CTAs a SM (launch bounds; part `p`: ptxas had squeezed the d64 loop
-    # to 101 registers, 307 instructions, b64 x 32k 727.5 us against 620.6 before this session's changes)
-    for r in "64 32768 64" "1 32768 128"; do set -- $r
-      timeout 40 python3 tests/bench_decode_int8kv.py --b $1 --sk $2 --d $3 2>&1 | grep "^b" >>$L; done ;;
+q)  # session 27, after its runs: the int8-KV kernel compiled for 2 CTAs a SM (launch bounds; part `p`: ptxas had
+    # squeezed the d64 loop to 101 registers, 307 instructions, b64 x 32k 727.5 us against 620.6 before the session's
+    # changes), both decode kernels after the start_cta refactor (SASS-checked only), the int8 one-row route to the
+    # GEMV. Before the call, here:  mkdir -p scratch/old_decode && for f in decode_attention decode_attention_int8kv \
+    #   decode_combine; do git show 3bc9a4c:kernels/cute/$f.py > scratch/old_decode/$f.py; done
+    run timeout 300 $P -n 8 tests/test_gpu_decode.py tests/test_gpu_decode_int8kv.py tests/test_gpu_int8kv.py
+    bash scratch/old_vs_new_decode.sh
+    run timeout 200 python3 tests/bench_decode_int8kv.py ;;
+q2) # session 27, after `q`: the int8 route (one-row linears over 4096..16384-row weights now on the GEMV), end to end
+    run timeout 200 $P -n 8 tests/test_gpu_quant.py tests/test_gpu_w4a16.py -k "int8"
+    run timeout 120 python3 scratch/sibling_gemv.py
+    run timeout 240 python3 -m fa4_inductor bench --suite quant --quant-formats none --quant-no-prefill \
+        --quant-e2e-runs int8:plain,nvfp4:plain --quant-prompt 4096
+    run timeout 200 python3 docs/scripts/decode_profile.py int8kv ;;
 o)  # session 27: the combine resident under PDL (registers <= 85, launched as the main kernel starts) and its passes:
     # GPU decode tiers, each kernel's time (part `m`), the int8 table, the old kernels (3bc9a4c) against these on five
     # rows (b64 d64 ran 716 us at 32k against session 8's 625), the NVFP4 decode step and the int8-cache step
