@@ -173,6 +173,7 @@ class _Key(NamedTuple):
     additive_mask: bool = False  # main kernel: that key mask is additive (q's dtype), not boolean
     min_ctas: int = 0  # int8-KV main kernel: CTAs a SM its registers must allow (0: ptxas decides)
     half_rows: bool = False  # int8-KV main kernel: every packed query row is one of the tile's first 8
+    fused_combine: bool = False  # main kernel, split: its last CTA a row tile merges the splits (no combine kernel)
 
 
 def fake_bhsd(cute, dtype, d: int, div: int = 1, align: Optional[int] = None):
@@ -207,8 +208,9 @@ def fake_partials(cute, d: int):
 
 
 def fake_main_tail(cute, key):
-    """The fake arguments the main kernels take after K / V: seqused_k, key mask, out, lse, O / lse partials
-    and the three scalars, each given or None as `key` (seqused, key_mask, split) says."""
+    """The fake arguments the main kernels take after K / V: seqused_k, key mask, out, lse, O / lse partials,
+    the split counters and the three scalars, each given or None as `key` (seqused, key_mask, split,
+    fused_combine) says."""
     from cutlass import Float32, Int32, Uint8
 
     used = cute.runtime.make_fake_compact_tensor(Int32, (cute.sym_int(),)) if key.seqused else None
@@ -216,9 +218,11 @@ def fake_main_tail(cute, key):
     key_mask = cute.runtime.make_fake_tensor(
         mask_dtype, (cute.sym_int(), cute.sym_int()), (cute.sym_int64(), 1)) if key.key_mask else None
     o_part, lse_part = fake_partials(cute, key.head_dim) if key.split else (None, None)
-    out = None if key.split else fake_bhsd(cute, compile_utils.cutlass_dtype(key.dtype), key.head_dim)
-    lse = None if key.split else fake_lse(cute)
-    return used, key_mask, out, lse, o_part, lse_part, Float32(1.0), Float32(1.0), Float32(1.0)
+    writes_out = not key.split or key.fused_combine
+    out = fake_bhsd(cute, compile_utils.cutlass_dtype(key.dtype), key.head_dim) if writes_out else None
+    lse = fake_lse(cute) if writes_out else None
+    counters = cute.runtime.make_fake_compact_tensor(Int32, (cute.sym_int(),)) if key.fused_combine else None
+    return used, key_mask, out, lse, o_part, lse_part, counters, Float32(1.0), Float32(1.0), Float32(1.0)
 
 
 def _compile(key: _Key):
@@ -236,7 +240,7 @@ def _compile(key: _Key):
     from .cute.decode_attention import DecodeAttentionSm90
 
     kernel = DecodeAttentionSm90(dt, d, key.group, key.causal, key.softcap, key.seqused, key.split, key.stages,
-                                 key.key_mask, key.additive_mask)
+                                 key.key_mask, key.additive_mask, key.fused_combine)
     align = ALIGN_BYTES // 2
     return compile_utils.compile_for_tvm_ffi(
         cute, kernel, fake_bhsd(cute, dt, d), fake_bhsd(cute, dt, d, align, ALIGN_BYTES),
@@ -258,13 +262,58 @@ def compile_cache_info() -> int:
 
 
 def _keys(q: Tensor, k: Tensor, seqused_k: Optional[Tensor], key_mask: Optional[Tensor], causal: bool, softcap: float,
-          split: bool):
+          split: bool, fused_combine: bool = False):
     group = q.shape[1] // k.shape[1]
     arch = compile_utils.target_arch(q.device)
     main = _Key("main", q.dtype, q.shape[-1], group, bool(causal), softcap > 0, seqused_k is not None, split, arch,
                 stages=stages_for(q.shape[-1]), key_mask=key_mask is not None,
-                additive_mask=key_mask is not None and key_mask.dtype != torch.uint8)
+                additive_mask=key_mask is not None and key_mask.dtype != torch.uint8, fused_combine=fused_combine)
     return main, combine_key(q.dtype, q.shape[-1], group, arch)
+
+
+_SPLIT_COUNTERS: dict = {}
+"""Per device, every int32 counter buffer the fused combine was given (the last the largest). None is ever freed: a
+CUDA graph keeps the one it captured."""
+
+
+def split_counters(call: Prepared, kv_heads: int) -> Optional[Tensor]:
+    """The zeroed int32 counters (one a batch row and row tile, `SplitKVMerge.combine_if_last`) for a split call
+    under FA4_INDUCTOR_DECODE_FUSED_COMBINE, else None (the combine kernel runs): switch off, one split, or a larger
+    buffer needed while a CUDA graph is being captured (made there, it would be the graph's). The counters are the
+    device's: two split calls on different streams at once must not both use them."""
+    if not fuses_combine(call.splits > 1, call.q.shape[-1]) or call.out.numel() == 0:
+        return None
+    b, hq, sq, _ = call.q.shape
+    need = b * kv_heads * row_tiles(sq, hq // kv_heads)
+    device = call.q.device
+    index = torch.cuda.current_device() if device.type == "cuda" and device.index is None else device.index
+    held = _SPLIT_COUNTERS.setdefault((device.type, index), [])
+    if held and held[-1].numel() >= need:
+        return held[-1]
+    if capturing(device):
+        return None
+    held.append(torch.zeros(max(need, 4096), dtype=torch.int32, device=device))
+    return held[-1]
+
+
+FUSED_COMBINE_HEAD_DIMS = (64, 128)
+"""Head dims whose main kernels take the fused combine: at 256 the int8-KV kernel's registers spill with it (sm_90a
+SASS, `docs/scripts/sass_stats.py int8kv 256 --fused`), and its main loop grows."""
+
+
+def fuses_combine(split: bool, head_dim: int) -> bool:
+    """Whether a call that splits or not runs the fused combine (FA4_INDUCTOR_DECODE_FUSED_COMBINE)."""
+    return split and head_dim in FUSED_COMBINE_HEAD_DIMS and switches.current().decode_fused_combine
+
+
+def capturing(device: torch.device) -> bool:
+    """Whether the current stream of `device` is capturing a CUDA graph."""
+    return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+
+
+def fused_combine_choices(split: bool, head_dim: int) -> tuple:
+    """The fused_combine settings `warmup` compiles for a main kernel that splits or not."""
+    return (False, True) if fuses_combine(split, head_dim) else (False,)
 
 
 def combine_key(dtype: torch.dtype, head_dim: int, group: int, arch: str) -> _Key:
@@ -326,21 +375,26 @@ def prepare(q: Tensor, k: Tensor, seqused_k: Optional[Tensor], key_mask: Optiona
     return Prepared(q, seqused_k, key_mask, out, lse, splits, scalars, bool(f.causal), softcap)
 
 
-def launch(call: Prepared, main, kv: tuple, combine_key: _Key) -> tuple[Tensor, Tensor]:
-    """Run a prepared call: `main(q, *kv, seqused_k, key_mask, out, lse, o_part, lse_part, *scalars)` writes
-    the output itself (one split) or fp32 partials that the combine kernel `combine_key` merges."""
+def launch(call: Prepared, main, kv: tuple, combine_key: _Key, counters: Optional[Tensor] = None
+           ) -> tuple[Tensor, Tensor]:
+    """Run a prepared call: `main(q, *kv, seqused_k, key_mask, out, lse, o_part, lse_part, counters, *scalars)` writes
+    the output itself (one split, or split with `counters`: the fused combine) or fp32 partials that the combine
+    kernel `combine_key` merges."""
     q, out, lse = call.q, call.out, call.lse
     if out.numel() == 0:
         return out, lse
     with torch.cuda.device(q.device):
         if call.splits == 1:
-            main(q, *kv, call.seqused_k, call.key_mask, out, lse, None, None, *call.scalars)
+            main(q, *kv, call.seqused_k, call.key_mask, out, lse, None, None, None, *call.scalars)
             return out, lse
         b, hq, sq, d = q.shape
         rows = kv[0].shape[1] * row_tiles(sq, hq // kv[0].shape[1])
         o_part = torch.empty((b, rows, call.splits, TILE_M, d), dtype=torch.float32, device=q.device)
         lse_part = torch.empty((b, rows, call.splits, TILE_M), dtype=torch.float32, device=q.device)
-        main(q, *kv, call.seqused_k, call.key_mask, None, None, o_part, lse_part, *call.scalars)
+        if counters is not None:
+            main(q, *kv, call.seqused_k, call.key_mask, out, lse, o_part, lse_part, counters, *call.scalars)
+            return out, lse
+        main(q, *kv, call.seqused_k, call.key_mask, None, None, o_part, lse_part, None, *call.scalars)
         compiled(combine_key)(o_part, lse_part, out, lse)
     return out, lse
 
@@ -352,8 +406,10 @@ def forward(q: Tensor, k: Tensor, v: Tensor, seqused_k: Optional[Tensor] = None,
     `key_mask` [B, Sk] bool hides keys where False; in q's dtype it is added to the scores. `splits` overrides
     `num_splits` (tests and benchmarks); it must not depend on seqused_k."""
     call = prepare(q, k, seqused_k, key_mask, splits, Flags(**flags))
-    main_key, combine_key = _keys(call.q, k, call.seqused_k, call.key_mask, call.causal, call.softcap, call.splits > 1)
-    return launch(call, compiled(main_key), (k, v), combine_key)
+    counters = split_counters(call, k.shape[1])
+    main_key, combine_key = _keys(call.q, k, call.seqused_k, call.key_mask, call.causal, call.softcap, call.splits > 1,
+                                  counters is not None)
+    return launch(call, compiled(main_key), (k, v), combine_key, counters)
 
 
 def warmup(
@@ -377,8 +433,9 @@ def warmup(
     arch = check_warmup(dtype, head_dim, group, q_len, device)
     before = len(compiled)
     for c, used, masked, split in warmup_variants(causal, seqused_k, key_mask):
-        compiled(_Key("main", dtype, head_dim, group, c, bool(softcap), used, split, arch, stages=stages_for(head_dim),
-                      key_mask=masked))
+        for fused in fused_combine_choices(split, head_dim):
+            compiled(_Key("main", dtype, head_dim, group, c, bool(softcap), used, split, arch,
+                          stages=stages_for(head_dim), key_mask=masked, fused_combine=fused))
     compiled(combine_key(dtype, head_dim, group, arch))
     return len(compiled) - before
 

@@ -12,7 +12,9 @@ FA4_INDUCTOR_DECODE_SPLITS (a fixed split count), FA4_INDUCTOR_DECODE_SMEM_KB (a
 budget, default 100), FA4_INDUCTOR_DECODE_MIN_CTAS (int8-KV kernel: CTAs a SM its registers must allow, so
 ptxas caps them; default 2, the CTAs a SM its shared memory allows, which also lets ptxas use up to 255 registers), FA4_INDUCTOR_DECODE_HALF_ROWS (0 / false / no / off: the int8-KV
 kernel computes the softmax of the tile's rows 8-15 even when a call packs at most 8 query rows; default on,
-measured faster or equal). W4A16 decode GEMM tuning: FA4_INDUCTOR_W4A16_CTA (a fixed CTA shape,
+measured faster or equal), FA4_INDUCTOR_DECODE_FUSED_COMBINE (1 / true / yes / on: the last split CTA of each (batch,
+row tile) merges the splits, no combine kernel; default off, not yet run on a GPU; one stream of a device at a time:
+the split counters are the device's). W4A16 decode GEMM tuning: FA4_INDUCTOR_W4A16_CTA (a fixed CTA shape,
 "RTxWNxWK": row tiles a warp, warps along N, warps along K; default: `w4a16_decode.cta_shape`'s rule),
 FA4_INDUCTOR_W4A16_PDL (0 / false / no / off: launched without programmatic dependent launch; default on),
 FA4_INDUCTOR_W4A16_LOAD (its load path: registers, the default, or bulk, with options and a ring depth,
@@ -44,6 +46,7 @@ DECODE_SPLITS = "FA4_INDUCTOR_DECODE_SPLITS"
 DECODE_SMEM_KB = "FA4_INDUCTOR_DECODE_SMEM_KB"
 DECODE_MIN_CTAS = "FA4_INDUCTOR_DECODE_MIN_CTAS"
 DECODE_HALF_ROWS = "FA4_INDUCTOR_DECODE_HALF_ROWS"
+DECODE_FUSED_COMBINE = "FA4_INDUCTOR_DECODE_FUSED_COMBINE"
 W4A16_CTA = "FA4_INDUCTOR_W4A16_CTA"
 W4A16_PDL = "FA4_INDUCTOR_W4A16_PDL"
 W4A16_LOAD = "FA4_INDUCTOR_W4A16_LOAD"
@@ -69,6 +72,7 @@ class Switches(NamedTuple):
     decode_smem_kb: int
     decode_min_ctas: int
     decode_half_rows: bool
+    decode_fused_combine: bool
     w4a16_cta: Optional[tuple[int, int, int]]
     w4a16_pdl: bool
     w4a16_load: Optional[str]
@@ -106,6 +110,7 @@ def read(env: Mapping[str, str]) -> Switches:
         decode_smem_kb=int(env.get(DECODE_SMEM_KB) or 100),
         decode_min_ctas=int(env.get(DECODE_MIN_CTAS) or 0),
         decode_half_rows=not _is_off(env.get(DECODE_HALF_ROWS, "1")),
+        decode_fused_combine=_is_on(env.get(DECODE_FUSED_COMBINE)),
         w4a16_cta=parse_cta_shape(env.get(W4A16_CTA)),
         w4a16_pdl=not _is_off(env.get(W4A16_PDL, "1")),
         w4a16_load=(env.get(W4A16_LOAD) or "").strip() or None,

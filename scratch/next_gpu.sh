@@ -1,5 +1,6 @@
 # Unrun GPU work (sessions 19-27). Session 27 ran `k`, `l`, `jt`, `m`-`p`; next: `q` (the int8-KV kernel compiled for
-# 2 CTAs a SM, the decode kernels after their refactor into start_cta, the int8 one-row route to the GEMV), then
+# 2 CTAs a SM, the decode kernels after their refactor into start_cta, the int8 one-row route to the GEMV), `r` (the
+# fused combine), `q2`, then
 # the GPU tiers of `h200_check.sh tests` (each with a timeout of 540-590 s; rows stream to the log as they are
 # measured), split into calls of <= ~9 minutes (the first after .gpu/b's install).
 # Output goes to $OUT/log.txt. Have the next call ready: the machine goes back 30 s after a call, and a fresh one needs
@@ -18,6 +19,17 @@ e)  # session 26 diagnostics: each decode kernel's GPU time at b1 (issue 16: b1 
         --section LaunchStats --section WarpStateStats --section SchedulerStats --section MemoryWorkloadAnalysis \
         --section InstructionStats python3 docs/scripts/ncu_w4a16.py 8192 8192
     run timeout 200 python3 docs/scripts/decode_profile.py nvfp4 plain ;;
+r)  # session 27, after its runs: the fused combine (FA4_INDUCTOR_DECODE_FUSED_COMBINE=1, off by default, CPU-compiled
+    # only): its GPU tests, then the b1 / b8 rows and the NVFP4 decode step without it and with it (turn it on if
+    # faster everywhere; the b1 x 32k combine tail is ~4 us of 25)
+    run timeout 300 $P -n 8 tests/test_gpu_decode.py tests/test_gpu_decode_int8kv.py -k "fused_combine"
+    for f in 0 1; do
+      echo "+ FA4_INDUCTOR_DECODE_FUSED_COMBINE=$f" >>$L
+      for r in "1 32768 128" "8 32768 128" "1 4096 128" "1 32768 64" "8 32768 64"; do set -- $r
+        env FA4_INDUCTOR_DECODE_FUSED_COMBINE=$f timeout 60 python3 tests/bench_decode_int8kv.py --b $1 --sk $2 --d $3 \
+          2>&1 | grep "^b" >>$L; done
+      run env FA4_INDUCTOR_DECODE_FUSED_COMBINE=$f timeout 120 python3 docs/scripts/decode_profile.py nvfp4 plain
+    done ;;
 q)  # session 27, after its runs: the int8-KV kernel compiled for 2 CTAs a SM (launch bounds; part `p`: ptxas had
     # squeezed the d64 loop to 101 registers, 307 instructions, b64 x 32k 727.5 us against 620.6 before the session's
     # changes), both decode kernels after the start_cta refactor (SASS-checked only), the int8 one-row route to the

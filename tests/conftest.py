@@ -32,3 +32,16 @@ def torchao_int_mm_as_on_cuda(monkeypatch):
     intmm = pytest.importorskip("torchao.kernel.intmm")
     if hasattr(intmm, "_cpu_is_vnni_supported"):
         monkeypatch.setattr(intmm, "_cpu_is_vnni_supported", lambda: False)
+
+
+@pytest.fixture
+def fused_combine():
+    """FA4_INDUCTOR_DECODE_FUSED_COMBINE on for one test: split decode calls of head dim 64 / 128 merge their splits
+    in the main kernel's last CTA."""
+    from fa4_inductor.kernels import decode, switches
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(switches.DECODE_FUSED_COMBINE, "1")
+        switches.reset()
+        yield lambda: decode._SPLIT_COUNTERS[("cuda", torch.cuda.current_device())]
+    switches.reset()

@@ -100,3 +100,4 @@ def padding_key_mask(b, sk, seed=0):
     mask[1, sk // 2:] = False
     mask[-1] = False
     return mask.cuda()
+

@@ -178,3 +178,62 @@ def test_prepare_normalises_a_call(monkeypatch):
     assert capped.splits == decode.MAX_SPLITS and capped.scalars == (0.0, 0.5 / 30.0, 30.0 * math.log2(math.e))
     with pytest.raises(ValueError):
         decode.prepare(q, k, torch.tensor([5]), None, 1, Flags(scale=0.5))
+
+
+@pytest.fixture
+def fused_combine_on(monkeypatch):
+    monkeypatch.setenv(switches.DECODE_FUSED_COMBINE, "1")
+    switches.reset()
+    monkeypatch.setattr(decode, "_SPLIT_COUNTERS", {})
+    yield
+    monkeypatch.delenv(switches.DECODE_FUSED_COMBINE, raising=False)
+    switches.reset()
+
+
+def test_split_counters_follow_the_switch_and_outlive_their_graphs(fused_combine_on, monkeypatch):
+    """FA4_INDUCTOR_DECODE_FUSED_COMBINE: a split call of head dim 64 or 128 gets the device's zeroed int32 counters
+    (a batch row and row tile each), reused while large enough and grown, never freed (a CUDA graph keeps the one it
+    captured), not made while a graph is being captured (the combine kernel runs then); one split, head dim 256
+    (its registers spill) or the switch off: none."""
+    from fa4_inductor.kernels.flags import Flags
+
+    def call(b, hq, sq, d, splits, hkv=2):
+        q = torch.randn(b, hq, sq, d)
+        return decode.prepare(q, torch.randn(b, hkv, 64, d), None, None, splits, Flags(scale=0.5))
+
+    first = decode.split_counters(call(2, 8, 1, 128, 4), 2)
+    assert first.dtype == torch.int32 and first.numel() >= 2 * 2 and not first.any()
+    assert decode.split_counters(call(3, 8, 1, 64, 7), 2) is first
+    assert decode.split_counters(call(2, 8, 1, 128, 1), 2) is None
+    assert decode.split_counters(call(2, 8, 1, 256, 4), 2) is None
+    monkeypatch.setattr(decode, "capturing", lambda device: True)
+    assert decode.split_counters(call(2, 8, 1, 128, 4), 2) is first  # large enough: also while capturing
+    big = call(2, 32, 8, 128, 4)
+    monkeypatch.setattr(decode, "row_tiles", lambda sq, group: 2048)  # more than the first buffer holds
+    assert decode.split_counters(big, 2) is None
+    monkeypatch.setattr(decode, "capturing", lambda device: False)
+    grown = decode.split_counters(big, 2)
+    assert grown.numel() >= 2 * 2 * 2048 and decode._SPLIT_COUNTERS[("cpu", None)] == [first, grown]
+    monkeypatch.delenv(switches.DECODE_FUSED_COMBINE)
+    switches.reset()
+    assert decode.split_counters(call(2, 8, 1, 128, 4), 2) is None
+
+
+def test_fused_combine_keys_and_warmup_choices(fused_combine_on, monkeypatch):
+    """Its main-kernel variants: split only, head dims 64 and 128; warmup compiles them beside the others."""
+    monkeypatch.setattr(decode.compile_utils, "target_arch", lambda device: ARCH)
+    q, k = torch.randn(1, 8, 1, 128), torch.randn(1, 2, 64, 128)
+    assert decode._keys(q, k, None, None, False, 0.0, True, True)[0].fused_combine
+    assert not decode._keys(q, k, None, None, False, 0.0, True)[0].fused_combine
+    assert decode.fused_combine_choices(True, 128) == (False, True) and decode.fused_combine_choices(True, 64)[1]
+    assert decode.fused_combine_choices(False, 128) == (False,) and decode.fused_combine_choices(True, 256) == (False,)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("variant", [(torch.bfloat16, 128, 4, True, False, True, True),
+                                     (torch.float16, 64, 8, False, True, False, True)],
+                         ids=lambda v: "-".join(map(str, v)).replace("torch.", ""))
+def test_fused_combine_compiles(cute_dsl, variant):
+    """The main kernel with the fused combine (`combine_if_last`: an atomic count, the last CTA merging the splits)."""
+    key = decode._Key("main", *variant, ARCH, stages=decode.stages_for(variant[1]), fused_combine=True)
+    assert callable(decode.compiled(key))

@@ -279,6 +279,39 @@ def test_cuda_graph_replay_with_changing_cache_lengths(splits):
         torch.testing.assert_close(static_lse.double(), ref_lse, rtol=0, atol=1e-3)
 
 
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("splits", [2, 16, 33, 65, 128])
+def test_fused_combine(fused_combine, d, splits):
+    """FA4_INDUCTOR_DECODE_FUSED_COMBINE: the last split CTA of each (batch, row tile) merges the splits
+    (`SplitKVMerge.combine_if_last`): the float64 reference by the FA rule at split counts up to MAX_SPLITS (passes of
+    COMBINE_SLOTS), another count over the same counters next, every counter back at zero after each call."""
+    q, k, v = make_inputs(b=2, group=4, sq=2, sk=splits * 48 + 5, d=d)
+    for n in (splits, max(2, splits // 3)):
+        check(q, k, v, splits=n, **flags(d, causal=True))
+        torch.cuda.synchronize()
+        assert not any(t.any() for t in fused_combine())
+
+
+def test_fused_combine_under_cuda_graph_replay(fused_combine):
+    """Captured with the fused combine (its counters made in the warm-up run, outside capture): each replay equals a
+    fresh call bit for bit (the last CTA sums the splits in a fixed order, whichever CTA it is) and the reference."""
+    fl = flags(128, causal=True)
+    q, k, v = make_inputs(b=3, hkv=2, group=4, sq=2, sk=4096, layout="bhsd")
+    used = torch.tensor([4096, 4096, 4096], dtype=torch.int32, device="cuda")
+
+    def step():
+        return decode.forward(q, k, v, used, splits=24, **fl)
+
+    def fresh():
+        return make_inputs(b=3, hkv=2, group=4, sq=2, sk=4096, layout="bhsd")
+
+    for _, static_out, static_lse in replays(step, (q, k, v), used, fresh, ([4096, 700, 1], [0, 4095, 2049])):
+        ref_out, ref_lse = reference.attention_forward(q.double(), k.double(), v.double(), seqused_k=used, **fl)
+        assert_fa_rule("out", static_out, ref_out, eager(q, k, v, used, **fl)[0])
+        torch.testing.assert_close(static_lse.double(), ref_lse, rtol=0, atol=1e-3)
+    assert not any(t.any() for t in fused_combine())
+
+
 def test_bench_entry_point_runs():
     from fa4_inductor.bench import decode_kernel_comparison
 

@@ -272,3 +272,15 @@ def test_half_rows_give_the_same_bits(dtype, d, group, sq, causal, masked, split
     switches.reset()
     (out, lse), (half_out, half_lse) = results
     assert torch.equal(out, half_out) and torch.equal(lse, half_lse)
+
+
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("splits", [2, 33, 65, 128])
+def test_fused_combine(fused_combine, d, splits):
+    """FA4_INDUCTOR_DECODE_FUSED_COMBINE (the last split CTA merges the splits): the float64 reference at split counts
+    up to MAX_SPLITS, another count over the same counters next, every counter back at zero after each call."""
+    inputs = make_inputs(b=2, group=4, sq=1, sk=splits * 48 + 5, d=d)
+    for n in (splits, max(2, splits // 3)):
+        check(f"fused d{d} splits {n}", *inputs, splits=n, **flags(d, causal=True))
+        torch.cuda.synchronize()
+        assert not any(t.any() for t in fused_combine())

@@ -42,6 +42,8 @@ FLT_MAX = 3.4028234663852886e38
 TILE_M = 16  # packed query rows per CTA (one m16n8k16 row block)
 TILE_N = 16  # keys per warp tile
 NUM_WARPS = 4
+MAX_SPLITS = 128  # the host caps the split count here (decode.MAX_SPLITS)
+COMBINE_SLOTS = 32  # splits a thread of the fused combine loads in one round trip
 assert TILE_M * 8 == 32 * NUM_WARPS  # Q's load and the merge give each thread an eighth of one packed row
 
 
@@ -90,6 +92,7 @@ class SplitKVMerge:
 
     o_scale = 1.0
     half_rows = False  # every packed row one of the tile's first 8 (a lane's second fragment row holds no query)
+    fused_combine = False  # split: the last CTA of a (batch, row tile) merges the splits itself (`combine_if_last`)
 
     @staticmethod
     def o_column(col, d: int):
@@ -125,8 +128,8 @@ class SplitKVMerge:
     def merge_and_store(self, sRed: cute.Tensor, sM: cute.Tensor, sL: cute.Tensor, thr_mma: cute.ThrMma, acc_O: cute.Tensor,
                         row_max: cute.Tensor, row_sum: cute.Tensor, mO: Optional[cute.Tensor],
                         mLSE: Optional[cute.Tensor], mOpart: Optional[cute.Tensor], mLSEpart: Optional[cute.Tensor],
-                        tidx: Int32, lane: Int32, warp_idx: Int32, row_tile: Int32, num_rows: Int32, kvh: Int32,
-                        hm: Int32, b: Int32, split_idx: Int32):
+                        mCounter: Optional[cute.Tensor], tidx: Int32, lane: Int32, warp_idx: Int32, row_tile: Int32,
+                        num_rows: Int32, kvh: Int32, hm: Int32, b: Int32, split_idx: Int32):
         """sRed: the fp32 [TILE_M, D, NUM_WARPS] merge buffer over the KV ring (free once every warp is done
         with it); sM / sL: [TILE_M, NUM_WARPS] fp32 for the warps' row maxima and sums."""
         D = self.head_dim
@@ -180,6 +183,93 @@ class SplitKVMerge:
                     mLSEpart[b, hm, split_idx, rr] = lse2
                 else:
                     mLSE[b, h, i] = lse2 * LN_2
+        if const_expr(self.split and self.fused_combine):
+            self.combine_if_last(sRed, sM, mO, mLSE, mOpart, mLSEpart, mCounter, tidx, row_tile, num_rows, kvh, hm, b)
+
+    @cute.jit
+    def combine_if_last(self, sRed: cute.Tensor, sM: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor,
+                        mOpart: cute.Tensor, mLSEpart: cute.Tensor, mCounter: cute.Tensor, tidx: Int32,
+                        row_tile: Int32, num_rows: Int32, kvh: Int32, hm: Int32, b: Int32):
+        """The combine kernel's work, done by the last of a (batch, row tile)'s split CTAs to write its partial, which
+        it learns from mCounter[b * grid_y + hm] (int32, zero before the launch; the last CTA sets it back to zero, so
+        a CUDA graph's replays start from zero too). Each CTA makes its partial visible (fence) before counting; the
+        last one fences again before reading the others'. The same arithmetic as `DecodeCombine`: weights
+        2^(L_s - m) / sum_s 2^(L_s - m) into shared memory over sRed (8 threads a packed row, splits l, l + 8, ...),
+        then O = sum_s w_s O_s, a thread taking 4 columns of rows g, g + G, ... (G = 512 / D) in passes of
+        COMBINE_SLOTS splits, all of a pass's loads out before any use."""
+        D = self.head_dim
+        group = self.group
+        num_splits, rows_y, _ = cute.arch.grid_dim()
+        sFlag = cute.recast_tensor(sM, Int32)
+        cute.arch.fence_acq_rel_gpu()  # this thread's partial, visible before the count
+        cute.arch.barrier()  # every partial of this CTA written; sRed and sM free
+        if tidx == 0:
+            counter = mCounter.iterator + (b * rows_y + hm)
+            seen = cute.arch.atomic_add(counter, Int32(1), sem="acq_rel", scope="gpu")
+            last = Int32(0)
+            if seen == num_splits - 1:
+                last = Int32(1)
+                cute.arch.atomic_exch(counter, Int32(0), sem="relaxed", scope="gpu")
+            sFlag[0, 0] = last
+        cute.arch.barrier()
+        if sFlag[0, 0] != 0:
+            cute.arch.fence_acq_rel_gpu()  # the other CTAs' partials, visible to this one
+            sW = cute.make_tensor(sRed.iterator, cute.make_layout((TILE_M, MAX_SPLITS), stride=(MAX_SPLITS, 1)))
+            # ---- weights: packed row tidx // 8, splits tidx % 8 + 8 j ----
+            rr = tidx // 8
+            r = row_tile * TILE_M + rr
+            lse = cute.make_rmem_tensor((MAX_SPLITS // 8,), Float32)
+            lse.fill(-Float32.inf)
+            if r < num_rows:
+                for j in cutlass.range_constexpr(MAX_SPLITS // 8):
+                    if tidx % 8 + 8 * j < num_splits:
+                        lse[j] = mLSEpart[b, hm, tidx % 8 + 8 * j, rr]
+            m = lse[0]
+            for j in cutlass.range_constexpr(1, MAX_SPLITS // 8):
+                m = cute.arch.fmax(m, lse[j])
+            for o in cutlass.range_constexpr(3):
+                m = cute.arch.fmax(m, cute.arch.shuffle_sync_bfly(m, offset=4 >> o, mask=-1, mask_and_clamp=31))
+            m_use = 0.0 if m == -Float32.inf else m
+            total = Float32(0.0)
+            for j in cutlass.range_constexpr(MAX_SPLITS // 8):
+                total = total + cute.math.exp2(lse[j] - m_use, fastmath=True)
+            for o in cutlass.range_constexpr(3):
+                total = total + cute.arch.shuffle_sync_bfly(total, offset=4 >> o, mask=-1, mask_and_clamp=31)
+            inv = 0.0 if total == 0.0 else 1.0 / total
+            for j in cutlass.range_constexpr(MAX_SPLITS // 8):
+                if tidx % 8 + 8 * j < num_splits:
+                    sW[rr, tidx % 8 + 8 * j] = cute.math.exp2(lse[j] - m_use, fastmath=True) * inv
+            if r < num_rows:
+                if tidx % 8 == 0:
+                    i = r // group
+                    mLSE[b, kvh * group + (r - i * group), i] = (
+                        -Float32.inf if total == 0.0 else (m_use + cute.math.log2(total, fastmath=True)) * LN_2)
+            cute.arch.barrier()
+            # ---- O: thread (4 columns from c, rows g + G k) ----
+            chunks = D // 4
+            G = self.num_threads // chunks
+            c = (tidx % chunks) * 4
+            vals = cute.make_rmem_tensor((4, COMBINE_SLOTS), Float32)
+            for k in cutlass.range_constexpr(TILE_M // G):
+                rr = tidx // chunks + G * k
+                r = row_tile * TILE_M + rr
+                if r < num_rows:
+                    acc = cute.make_rmem_tensor((4,), Float32)
+                    acc.fill(0.0)
+                    for p in range((num_splits + COMBINE_SLOTS - 1) // COMBINE_SLOTS):
+                        vals.fill(0.0)
+                        for j in cutlass.range_constexpr(COMBINE_SLOTS):
+                            if p * COMBINE_SLOTS + j < num_splits:
+                                for v in cutlass.range_constexpr(4):
+                                    vals[v, j] = mOpart[b, hm, p * COMBINE_SLOTS + j, rr, c + v]
+                        for j in cutlass.range_constexpr(COMBINE_SLOTS):
+                            if p * COMBINE_SLOTS + j < num_splits:
+                                w = sW[rr, p * COMBINE_SLOTS + j]
+                                for v in cutlass.range_constexpr(4):
+                                    acc[v] = acc[v] + w * vals[v, j]
+                    i = r // group
+                    for v in cutlass.range_constexpr(4):
+                        mO[b, kvh * group + (r - i * group), i, c + v] = acc[v].to(self.dtype)
 
 
 class DecodeAttentionSm90(SplitKVMerge):
@@ -187,7 +277,7 @@ class DecodeAttentionSm90(SplitKVMerge):
     key mask given (and whether it is additive), split or not, ring depth `stages` >= 2: the merge reuses the K
     ring); everything else (batch, heads, Sq, Sk, strides, split count) is a runtime value.
 
-    Call: (mQ, mK, mV, mSeqused, mKeyMask, mO, mLSE, mOpart, mLSEpart, scale_log2, softcap_in,
+    Call: (mQ, mK, mV, mSeqused, mKeyMask, mO, mLSE, mOpart, mLSEpart, mCounter, scale_log2, softcap_in,
     softcap_out, stream). mKeyMask [B, Sk], unit stride on Sk: uint8 (nonzero: visible), or with `additive_mask`
     in q's dtype, added to each (soft-capped) score; it enters the log2 domain times log2(e), floored at
     -FLT_MAX so that HF's finfo.min stays finite and a row of it is uniform, as in eager (split, such a row's
@@ -195,12 +285,16 @@ class DecodeAttentionSm90(SplitKVMerge):
     generate always sees its own key).
     mO [B, Hq, Sq, D] (any strides, unit on D) and mLSE [B, Hq, Sq] fp32 are written when
     not split; mOpart [B, Hkv * row_tiles, splits, 16, D] fp32 and mLSEpart [B, Hkv * row_tiles,
-    splits, 16] fp32 (log2 domain) when split (grid x = splits comes from mOpart's shape).
+    splits, 16] fp32 (log2 domain) when split (grid x = splits comes from mOpart's shape). With `fused_combine`
+    (split) the kernel also takes mO, mLSE and mCounter (int32, >= B * Hkv * row_tiles zeros) and merges the splits
+    itself (`combine_if_last`); else mCounter is None.
     """
 
     def __init__(self, dtype, head_dim: int, group: int, causal: bool, has_softcap: bool,
-                 has_seqused: bool, split: bool, stages: int, has_key_mask: bool = False, additive_mask: bool = False):
+                 has_seqused: bool, split: bool, stages: int, has_key_mask: bool = False, additive_mask: bool = False,
+                 fused_combine: bool = False):
         assert head_dim in (64, 128, 256), head_dim
+        assert split or not fused_combine
         assert stages >= 2, stages
         self.dtype = dtype
         self.head_dim = head_dim
@@ -212,6 +306,7 @@ class DecodeAttentionSm90(SplitKVMerge):
         self.additive_mask = additive_mask
         assert has_key_mask or not additive_mask
         self.split = split
+        self.fused_combine = fused_combine
         self.stages = stages
         self.num_threads = 32 * NUM_WARPS
 
@@ -227,6 +322,7 @@ class DecodeAttentionSm90(SplitKVMerge):
         mLSE: Optional[cute.Tensor],
         mOpart: Optional[cute.Tensor],
         mLSEpart: Optional[cute.Tensor],
+        mCounter: Optional[cute.Tensor],
         scale_log2: Float32,
         softcap_in: Float32,
         softcap_out: Float32,
@@ -260,7 +356,8 @@ class DecodeAttentionSm90(SplitKVMerge):
         if const_expr(self.split):
             num_splits = mOpart.shape[2]
         self.kernel(
-            mQ, mK, mV, mSeqused, mKeyMask, mO, mLSE, mOpart, mLSEpart, scale_log2, softcap_in, softcap_out, row_tiles,
+            mQ, mK, mV, mSeqused, mKeyMask, mO, mLSE, mOpart, mLSEpart, mCounter, scale_log2, softcap_in, softcap_out,
+            row_tiles,
             sQ_layout, sKV_layout, sRed_layout, gmem_copy, tiled_mma, SharedStorage,
         ).launch(
             grid=(num_splits, mK.shape[1] * row_tiles, mK.shape[0]),
@@ -281,6 +378,7 @@ class DecodeAttentionSm90(SplitKVMerge):
         mLSE: Optional[cute.Tensor],
         mOpart: Optional[cute.Tensor],
         mLSEpart: Optional[cute.Tensor],
+        mCounter: Optional[cute.Tensor],
         scale_log2: Float32,
         softcap_in: Float32,
         softcap_out: Float32,
@@ -449,7 +547,7 @@ class DecodeAttentionSm90(SplitKVMerge):
         warp_rows = cute.make_layout((TILE_M, NUM_WARPS), stride=(1, TILE_M))
         self.merge_and_store(storage.sK.get_tensor(sRed_layout, dtype=Float32), storage.sM.get_tensor(warp_rows),
                              storage.sL.get_tensor(warp_rows), thr_mma, acc_O, row_max, row_sum, mO, mLSE, mOpart,
-                             mLSEpart, tidx, lane, warp_idx, row_tile, num_rows, kvh, hm, b, split_idx)
+                             mLSEpart, mCounter, tidx, lane, warp_idx, row_tile, num_rows, kvh, hm, b, split_idx)
 
     @cute.jit
     def load_tile(self, gmem_copy: cute.TiledCopy, tKgK: cute.Tensor, tKsK: cute.Tensor, tVgV: cute.Tensor,

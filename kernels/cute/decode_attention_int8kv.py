@@ -170,9 +170,10 @@ class DecodeAttentionInt8KVSm90(SplitKVMerge):
     """One compiled variant per (dtype, head_dim, group, causal, softcap on/off, seqused_k given,
     key mask given, split or not, ring depth `stages` >= 2: the merge reuses the KV ring; `min_ctas`, the CTAs
     a SM its registers must allow; `half_rows`, every packed query row one of the tile's first 8: a lane's MMA
-    fragment rows g + 8 then hold zero queries, whose scores are 0 and whose P stays 0 without a softmax).
+    fragment rows g + 8 then hold zero queries, whose scores are 0 and whose P stays 0 without a softmax;
+    `fused_combine`, split: the last CTA of a (batch, row tile) merges the splits, `SplitKVMerge.combine_if_last`).
 
-    Call: (mQ, mK, mV, mKscale, mVscale, mSeqused, mKeyMask, mO, mLSE, mOpart, mLSEpart, scale_log2,
+    Call: (mQ, mK, mV, mKscale, mVscale, mSeqused, mKeyMask, mO, mLSE, mOpart, mLSEpart, mCounter, scale_log2,
     softcap_in, softcap_out, stream). mK / mV int8 [B, Hkv, Sk, D] (unit stride on D, 16-byte
     aligned rows); mKscale / mVscale float32 [B, Hkv, Sk] (unit stride on Sk); the rest as in
     `DecodeAttentionSm90`.
@@ -180,7 +181,7 @@ class DecodeAttentionInt8KVSm90(SplitKVMerge):
 
     def __init__(self, dtype, head_dim: int, group: int, causal: bool, has_softcap: bool,
                  has_seqused: bool, split: bool, stages: int, has_key_mask: bool = False, min_ctas: int = 0,
-                 half_rows: bool = False):
+                 half_rows: bool = False, fused_combine: bool = False):
         assert head_dim in HEAD_DIMS, head_dim
         assert stages >= 2, stages
         self.dtype = dtype
@@ -195,6 +196,8 @@ class DecodeAttentionInt8KVSm90(SplitKVMerge):
         self.stages = stages
         self.min_ctas = min_ctas  # > 1: registers capped so that this many CTAs fit a SM (nvvm.minctasm)
         self.half_rows = half_rows
+        assert split or not fused_combine
+        self.fused_combine = fused_combine
         self.num_threads = 32 * NUM_WARPS
         self.o_scale = FP16_P_SCALE if self.fp16 else 1.0
 
@@ -222,6 +225,7 @@ class DecodeAttentionInt8KVSm90(SplitKVMerge):
         mLSE: Optional[cute.Tensor],
         mOpart: Optional[cute.Tensor],
         mLSEpart: Optional[cute.Tensor],
+        mCounter: Optional[cute.Tensor],
         scale_log2: Float32,
         softcap_in: Float32,
         softcap_out: Float32,
@@ -247,8 +251,8 @@ class DecodeAttentionInt8KVSm90(SplitKVMerge):
         if const_expr(self.split):
             num_splits = mOpart.shape[2]
         self.kernel(
-            mQ, mK, mV, mKscale, mVscale, mSeqused, mKeyMask, mO, mLSE, mOpart, mLSEpart, scale_log2, softcap_in,
-            softcap_out, row_tiles, tiled_mma, SharedStorage,
+            mQ, mK, mV, mKscale, mVscale, mSeqused, mKeyMask, mO, mLSE, mOpart, mLSEpart, mCounter, scale_log2,
+            softcap_in, softcap_out, row_tiles, tiled_mma, SharedStorage,
         ).launch(
             grid=(num_splits, mK.shape[1] * row_tiles, mK.shape[0]),
             block=(self.num_threads, 1, 1),
@@ -272,6 +276,7 @@ class DecodeAttentionInt8KVSm90(SplitKVMerge):
         mLSE: Optional[cute.Tensor],
         mOpart: Optional[cute.Tensor],
         mLSEpart: Optional[cute.Tensor],
+        mCounter: Optional[cute.Tensor],
         scale_log2: Float32,
         softcap_in: Float32,
         softcap_out: Float32,
@@ -522,8 +527,8 @@ class DecodeAttentionInt8KVSm90(SplitKVMerge):
                                       dtype=Float32)
         warp_rows = cute.make_layout((TILE_M, NUM_WARPS), stride=(1, TILE_M))
         self.merge_and_store(sRed, storage.sM.get_tensor(warp_rows), storage.sL.get_tensor(warp_rows), thr_mma, acc_O,
-                             row_max, row_sum, mO, mLSE, mOpart, mLSEpart, tidx, lane, warp_idx, row_tile, num_rows,
-                             kvh, hm, b, split_idx)
+                             row_max, row_sum, mO, mLSE, mOpart, mLSEpart, mCounter, tidx, lane, warp_idx, row_tile,
+                             num_rows, kvh, hm, b, split_idx)
 
     @cute.jit
     def load_tile(self, k_src: Int64, v_src: Int64, s_src: Int64, k_row: Int64, v_row: Int64, k_write: cute.Tensor,
