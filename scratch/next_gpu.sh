@@ -1,6 +1,6 @@
 # Unrun GPU work (sessions 19-27). Session 27 ran `k`, `l`, `jt`, `m`-`p`; next: `q` (the int8-KV kernel compiled for
 # 2 CTAs a SM, the decode kernels after their refactor into start_cta, the int8 one-row route to the GEMV), `r` (the
-# fused combine), `q2`, then
+# fused combine), `q2`, `s` (GEMV shapes for the down projection), then
 # the GPU tiers of `h200_check.sh tests` (each with a timeout of 540-590 s; rows stream to the log as they are
 # measured), split into calls of <= ~9 minutes (the first after .gpu/b's install).
 # Output goes to $OUT/log.txt. Have the next call ready: the machine goes back 30 s after a call, and a fresh one needs
@@ -19,6 +19,11 @@ e)  # session 26 diagnostics: each decode kernel's GPU time at b1 (issue 16: b1 
         --section LaunchStats --section WarpStateStats --section SchedulerStats --section MemoryWorkloadAnalysis \
         --section InstructionStats python3 docs/scripts/ncu_w4a16.py 8192 8192
     run timeout 200 python3 docs/scripts/decode_profile.py nvfp4 plain ;;
+s)  # session 27's lead for issue 15: the down projection (2048 x 8192 NVFP4, one row) takes 6.4 us on the fp32 GEMV
+    # (102 us a decode step) against a ~2.4 us byte floor; every integer-GEMV and fp32-GEMV CTA shape on it and its
+    # neighbours (`--gemv int:RxK`: rows a warp x K warps)
+    run timeout 300 python3 tests/bench_w4a16.py --m 1 --shapes 2048x8192,4096x14336,1024x4096 \
+        --gemv int,int:4x1,int:4x2,int:2x2,int:1x2,int:1x4,int:2x1,int:1x1,on,1x1,1x2,1x4,2x1,2x2,2x4 ;;
 r)  # session 27, after its runs: the fused combine (FA4_INDUCTOR_DECODE_FUSED_COMBINE=1, off by default, CPU-compiled
     # only): its GPU tests, then the b1 / b8 rows and the NVFP4 decode step without it and with it (turn it on if
     # faster everywhere; the b1 x 32k combine tail is ~4 us of 25)
