@@ -47,6 +47,7 @@ serves the int8-KV main kernel (`decode_int8kv.py`), which shares this combine k
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 from typing import NamedTuple, Optional
@@ -383,7 +384,7 @@ def launch(call: Prepared, main, kv: tuple, combine_key: _Key, counters: Optiona
     q, out, lse = call.q, call.out, call.lse
     if out.numel() == 0:
         return out, lse
-    with torch.cuda.device(q.device):
+    with torch.cuda.device(q.device) if q.is_cuda else contextlib.nullcontext():
         if call.splits == 1:
             main(q, *kv, call.seqused_k, call.key_mask, out, lse, None, None, None, *call.scalars)
             return out, lse

@@ -237,3 +237,28 @@ def test_fused_combine_compiles(cute_dsl, variant):
     """The main kernel with the fused combine (`combine_if_last`: an atomic count, the last CTA merging the splits)."""
     key = decode._Key("main", *variant, ARCH, stages=decode.stages_for(variant[1]), fused_combine=True)
     assert callable(decode.compiled(key))
+
+
+def test_launch_gives_the_fused_main_kernel_the_outputs_and_counters(monkeypatch):
+    """`launch` with counters: the main kernel gets out, lse, the partials and the counters, and no combine kernel
+    runs; without them it gets the partials only and the combine merges them; one split, out and lse only."""
+    from fa4_inductor.kernels.flags import Flags
+
+    q, k, v = torch.randn(2, 8, 1, 64), torch.randn(2, 2, 96, 64), torch.randn(2, 2, 96, 64)
+    seen, combined = [], []
+    monkeypatch.setattr(decode, "compiled", lambda key: lambda *args: combined.append(key))
+
+    def main(*args):
+        seen.append(args)
+
+    counters = torch.zeros(16, dtype=torch.int32)
+    split = decode.prepare(q, k, None, None, 3, Flags(scale=0.5))
+    decode.launch(split, main, (k, v), "combine", counters)
+    out, lse, o_part, lse_part, given = seen[-1][5:10]
+    assert out is split.out and lse is split.lse and given is counters and not combined
+    assert o_part.shape == (2, 2, 3, decode.TILE_M, 64) and lse_part.shape == (2, 2, 3, decode.TILE_M)
+    decode.launch(split, main, (k, v), "combine")
+    assert seen[-1][5:7] == (None, None) and seen[-1][9] is None and combined == ["combine"]
+    one = decode.prepare(q, k, None, None, 1, Flags(scale=0.5))
+    decode.launch(one, main, (k, v), "combine")
+    assert seen[-1][5] is one.out and seen[-1][7:10] == (None, None, None) and combined == ["combine"]
