@@ -42,7 +42,7 @@ FLT_MAX = 3.4028234663852886e38
 TILE_M = 16  # packed query rows per CTA (one m16n8k16 row block)
 TILE_N = 16  # keys per warp tile
 NUM_WARPS = 4
-MAX_SPLITS = 128  # the host caps the split count here (decode.MAX_SPLITS)
+MAX_SPLITS = 128  # the host caps the split count here (decode.MAX_SPLITS); the combine kernel's too
 COMBINE_SLOTS = 32  # splits a thread of the fused combine loads in one round trip
 assert TILE_M * 8 == 32 * NUM_WARPS  # Q's load and the merge give each thread an eighth of one packed row
 
@@ -74,14 +74,47 @@ def _spread(row, col):
     return col ^ ((row % 8) * 8)
 
 
+def _add(a, b):
+    return a + b
+
+
+def lanes_reduce(x, op, lanes: int):
+    """op over each aligned group of `lanes` (a power of two <= 32) consecutive lanes, every lane of the group
+    getting the result (butterfly shuffles, widest first)."""
+    offset = lanes // 2
+    while offset:
+        x = op(x, cute.arch.shuffle_sync_bfly(x, offset=offset, mask=-1, mask_and_clamp=31))
+        offset //= 2
+    return x
+
+
 def _quad_max(x: Float32) -> Float32:
-    x = cute.arch.fmax(x, cute.arch.shuffle_sync_bfly(x, offset=2, mask=-1, mask_and_clamp=31))
-    return cute.arch.fmax(x, cute.arch.shuffle_sync_bfly(x, offset=1, mask=-1, mask_and_clamp=31))
+    return lanes_reduce(x, cute.arch.fmax, 4)
 
 
 def _quad_sum(x: Float32) -> Float32:
-    x = x + cute.arch.shuffle_sync_bfly(x, offset=2, mask=-1, mask_and_clamp=31)
-    return x + cute.arch.shuffle_sync_bfly(x, offset=1, mask=-1, mask_and_clamp=31)
+    return lanes_reduce(x, _add, 4)
+
+
+@cute.jit
+def lse_max_and_sum(lse: cute.Tensor, lanes: cutlass.Constexpr):
+    """(m, sum_s 2^(L_s - m)) over split lses L_s (log2) that an aligned group of `lanes` lanes holds between them
+    (`lse`: this lane's share, -inf where none), m their max, or 0 when every one is -inf (no -inf - -inf)."""
+    m = lse[0]
+    for j in cutlass.range_constexpr(1, cute.size(lse)):
+        m = cute.arch.fmax(m, lse[j])
+    m = lanes_reduce(m, cute.arch.fmax, lanes)
+    m_use = 0.0 if m == -Float32.inf else m
+    total = Float32(0.0)
+    for j in cutlass.range_constexpr(cute.size(lse)):
+        total = total + cute.math.exp2(lse[j] - m_use, fastmath=True)
+    return m_use, lanes_reduce(total, _add, lanes)
+
+
+def head_and_token(r, kvh, group: int):
+    """(query head, query token) of packed row r of KV head kvh (packed row r = token * group + head in the group)."""
+    i = r // group
+    return kvh * group + (r - i * group), i
 
 
 class SplitKVMerge:
@@ -117,9 +150,9 @@ class SplitKVMerge:
         q_vals.fill(0.0)
         r = row_tile * TILE_M + tidx // 8
         if r < num_rows:
-            i = r // group
+            h, i = head_and_token(r, kvh, group)
             for e in cutlass.range_constexpr(per):
-                q_vals[e] = mQ[b, kvh * group + (r - i * group), i, self.q_column((tidx % 8) * per, e, D)]
+                q_vals[e] = mQ[b, h, i, self.q_column((tidx % 8) * per, e, D)]
         if const_expr(self.split):
             cute.arch.griddepcontrol_launch_dependents()
         return q_vals
@@ -167,8 +200,7 @@ class SplitKVMerge:
             if const_expr(self.o_scale != 1.0):
                 inv = inv * (1.0 / self.o_scale)
             lse2 = -Float32.inf if total == 0.0 else m_use + cute.math.log2(total, fastmath=True)
-            i = r // group
-            h = kvh * group + (r - i * group)
+            h, i = head_and_token(r, kvh, group)
             for j in cutlass.range_constexpr(D // 8):
                 d = tidx % 8 + 8 * j
                 o = Float32(0.0)
@@ -224,25 +256,15 @@ class SplitKVMerge:
                 for j in cutlass.range_constexpr(MAX_SPLITS // 8):
                     if tidx % 8 + 8 * j < num_splits:
                         lse[j] = mLSEpart[b, hm, tidx % 8 + 8 * j, rr]
-            m = lse[0]
-            for j in cutlass.range_constexpr(1, MAX_SPLITS // 8):
-                m = cute.arch.fmax(m, lse[j])
-            for o in cutlass.range_constexpr(3):
-                m = cute.arch.fmax(m, cute.arch.shuffle_sync_bfly(m, offset=4 >> o, mask=-1, mask_and_clamp=31))
-            m_use = 0.0 if m == -Float32.inf else m
-            total = Float32(0.0)
-            for j in cutlass.range_constexpr(MAX_SPLITS // 8):
-                total = total + cute.math.exp2(lse[j] - m_use, fastmath=True)
-            for o in cutlass.range_constexpr(3):
-                total = total + cute.arch.shuffle_sync_bfly(total, offset=4 >> o, mask=-1, mask_and_clamp=31)
+            m_use, total = lse_max_and_sum(lse, 8)
             inv = 0.0 if total == 0.0 else 1.0 / total
             for j in cutlass.range_constexpr(MAX_SPLITS // 8):
                 if tidx % 8 + 8 * j < num_splits:
                     sW[rr, tidx % 8 + 8 * j] = cute.math.exp2(lse[j] - m_use, fastmath=True) * inv
             if r < num_rows:
                 if tidx % 8 == 0:
-                    i = r // group
-                    mLSE[b, kvh * group + (r - i * group), i] = (
+                    h, i = head_and_token(r, kvh, group)
+                    mLSE[b, h, i] = (
                         -Float32.inf if total == 0.0 else (m_use + cute.math.log2(total, fastmath=True)) * LN_2)
             cute.arch.barrier()
             # ---- O: thread (4 columns from c, rows g + G k) ----
@@ -257,7 +279,6 @@ class SplitKVMerge:
                     acc = cute.make_rmem_tensor((4,), Float32)
                     acc.fill(0.0)
                     for p in range((num_splits + COMBINE_SLOTS - 1) // COMBINE_SLOTS):
-                        vals.fill(0.0)
                         for j in cutlass.range_constexpr(COMBINE_SLOTS):
                             if p * COMBINE_SLOTS + j < num_splits:
                                 for v in cutlass.range_constexpr(4):
@@ -267,9 +288,9 @@ class SplitKVMerge:
                                 w = sW[rr, p * COMBINE_SLOTS + j]
                                 for v in cutlass.range_constexpr(4):
                                     acc[v] = acc[v] + w * vals[v, j]
-                    i = r // group
+                    h, i = head_and_token(r, kvh, group)
                     for v in cutlass.range_constexpr(4):
-                        mO[b, kvh * group + (r - i * group), i, c + v] = acc[v].to(self.dtype)
+                        mO[b, h, i, c + v] = acc[v].to(self.dtype)
 
 
 class DecodeAttentionSm90(SplitKVMerge):

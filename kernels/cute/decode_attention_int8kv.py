@@ -50,7 +50,8 @@ from cutlass.cutlass_dsl import T, dsl_user_op
 from cutlass.experimental import primitives as prims
 
 from .cp_async import cp_async as _cp_async
-from .decode_attention import NUM_WARPS, TILE_M, TILE_N, SplitKVMerge, _as_operand_a, _mn_view, _quad_max
+from .decode_attention import (NUM_WARPS, TILE_M, TILE_N, SplitKVMerge, _as_operand_a, _mn_view, _quad_max,
+                               lanes_reduce)
 
 HEAD_DIMS = (64, 128, 256)
 # fp16 only: P * v_scale enters the PV MMA times 2^6 (undone exactly with 1 / l), which keeps small v_scales
@@ -376,8 +377,7 @@ class DecodeAttentionInt8KVSm90(SplitKVMerge):
         for e in cutlass.range_constexpr(per):
             xs[e] = q_vals[e].to(Float32)
             amax = _max_abs(amax, xs[e])
-        for o in cutlass.range_constexpr(3):
-            amax = _max_abs(amax, cute.arch.shuffle_sync_bfly(amax, offset=4 >> o, mask=-1, mask_and_clamp=31))
+        amax = lanes_reduce(amax, _max_abs, 8)
         amax = _max_abs(amax, Float32(Q_AMAX_MIN))  # a zero row scores 0; inv stays finite; NaN stays NaN
         inv = Float32(Q_MAX * Q_BASE) / amax
         for w in cutlass.range_constexpr(per // 4):

@@ -24,26 +24,16 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, const_expr
 
+from .decode_attention import MAX_SPLITS, TILE_M, head_and_token, lse_max_and_sum
+
 LN_2 = math.log(2.0)
-TILE_M = 16
 NUM_THREADS = 256
-MAX_SPLITS = 128  # the host caps the split count here (decode.MAX_SPLITS)
 VEC = 4  # output columns per thread in the weighted sum
 SLOTS = 8  # splits a thread loads in one round trip (registers: the kernel must fit beside two main CTAs a SM)
 # 3 CTAs' worth of registers a SM (<= 85 a thread): a combine CTA then fits beside two main-kernel CTAs of a SM of
 # <= 168 registers each (the bf16 kernel's; the int8 kernel's at head dim 64), so under PDL it is resident and waiting
 # before the main kernel ends (measured: -0.5 us at b1 x 4k keys, nothing at 32k; session 27)
 MIN_CTAS_PER_SM = 3
-
-
-def _warp_reduce(x: Float32, op) -> Float32:
-    for offset in (16, 8, 4, 2, 1):
-        x = op(x, cute.arch.shuffle_sync_bfly(x, offset=offset, mask=-1, mask_and_clamp=31))
-    return x
-
-
-def _add(a, b):
-    return a + b
 
 
 class DecodeCombine:
@@ -119,15 +109,7 @@ class DecodeCombine:
             vals = cute.make_rmem_tensor((VEC, SLOTS), Float32)
             self.load_pass(mLSEpart, mOpart, own_lse, vals, b, hm, rr, sg, d0, 0, split_groups, num_splits)
 
-            m = lane_lse[0]
-            for i in cutlass.range_constexpr(1, MAX_SPLITS // 32):
-                m = cute.arch.fmax(m, lane_lse[i])
-            m = _warp_reduce(m, cute.arch.fmax)
-            m_use = 0.0 if m == -Float32.inf else m
-            total = Float32(0.0)
-            for i in cutlass.range_constexpr(MAX_SPLITS // 32):
-                total = total + cute.math.exp2(lane_lse[i] - m_use, fastmath=True)
-            total = _warp_reduce(total, _add)
+            m_use, total = lse_max_and_sum(lane_lse, 32)
             inv = 0.0 if total == 0.0 else 1.0 / total
 
             # ---- O = sum_s w_s O_s, w_s = 2^(L_s - L): a pass of SLOTS splits a thread (more than per_pass splits
@@ -144,8 +126,7 @@ class DecodeCombine:
                 sPartial[d0 + v, sg] = acc[v]
             cute.arch.barrier()
 
-            i = r // group
-            h = kvh * group + (r - i * group)
+            h, i = head_and_token(r, kvh, group)
             for c in cutlass.range_constexpr(max(1, D // NUM_THREADS)):
                 d = tidx + c * NUM_THREADS
                 if d < D:
