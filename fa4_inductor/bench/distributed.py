@@ -361,6 +361,9 @@ def main(argv=None) -> int:
                 f.write(header + "\n".join(t.markdown() for t in tables))
         if failed is not None:
             print(f"CHECK FAILED: {failed}", file=sys.stderr, flush=True)
+    # a rank that tears gloo down while its peer still writes the tables aborts the peer ("terminate called without
+    # an active exception")
+    dist.barrier()
     dist.destroy_process_group()
     return 1 if failed is not None else 0
 
