@@ -9,9 +9,9 @@ max for bf16 x, 2^-4 for fp16; at most 2^-15 of the block max off below that: `e
 Routed (`w4a16_decode.nvfp4_matmul`): one-row NVFP4 calls where it measured faster than the fp32 GEMV
 (`cute/w4a16_gemv.py`), `w4a16_decode.int_gemv_auto`; FA4_INDUCTOR_W4A16_INT_GEMV=on sends it every call of 1..4 rows,
 off none; `gemv="int"` or `("int", rows, warps_k)` forces it (tests, `tests/bench_w4a16.py --gemv int,int:4x1`).
-Operands and work split are that GEMV's (`w4a16_decode.prepare_nvfp4`), its CTA shape `shape`; x's planes take 80
-bytes of shared memory a 16-byte piece of a weight row and row of x, so a variant is compiled per power-of-two bucket
-of pieces (`max_pieces`), up to K = 16384.
+Operands and work split are that GEMV's (`w4a16_decode.prepare_nvfp4`), its CTA shape and split `shape`; x's planes
+take 80 bytes of shared memory a 16-byte piece of a weight row (of a CTA's share of it, split) and row of x, so a
+variant is compiled per power-of-two bucket of pieces (`max_pieces`), up to K = 16384.
 """
 
 from __future__ import annotations
@@ -25,10 +25,13 @@ from . import layout, switches
 from .cute import compile_utils
 
 MAX_PIECES = 512  # K <= 16384
+SPLIT_BY_DEFAULT = False  # FA4_INDUCTOR_INT_GEMV_SPLIT=auto: not yet run on a GPU
+SPLIT_TARGET_CTAS = 3  # a split raises a weight's CTAs towards this many a SM (4 fit; 8192 x 8192 unsplit has 3.9)
+MIN_SPLIT_STEPS = 2  # 32-piece steps a K warp keeps in each split: the two the registers hold
 SHAPE_ORDER = ((4, 1), (4, 2), (2, 2), (1, 2), (1, 4), (2, 1), (1, 1))  # (rows a warp, K warps) by preference (`shape`)
 MAX_ROW_PRODUCT = 8  # weight rows a warp times rows of x: a warp's accumulators and x planes stay in registers
 MIN_PIECES = 16  # the smallest bucket (K = 512)
-PREFETCH_MIN_CTAS = 4
+CAPPED_MIN_CTAS = 4
 SIBLINGS_MIN_CTAS = 4
 
 
@@ -42,6 +45,7 @@ class Key(NamedTuple):
     pdl: bool = False
     prefetch: int = 0
     weights: int = 1  # > 1: `NVFP4IntGemvSiblings`, that many weights of one x in one launch
+    splits: int = 1  # CTAs of a cluster that split a row group's K
 
 
 def pieces_bucket(pieces: int) -> int:
@@ -54,16 +58,49 @@ def pieces_bucket(pieces: int) -> int:
     return bucket
 
 
-def shape(n: int, m: int, num_sms: int, pieces: int) -> tuple[int, int]:
-    """(rows a warp, K warps) for an n-row weight of `pieces` 16-byte pieces a row and m rows of x: the first CTA shape
-    in SHAPE_ORDER (rows * m <= MAX_ROW_PRODUCT, each K warp at least one 32-piece step) whose CTAs cover the SMs,
-    else the one of the most CTAs. Each CTA writes all of x's planes first, so more CTAs cost more of that; 4 rows a
-    warp keep 4 CTAs a SM resident (128 registers with two pieces in flight; 8 rows take 253)."""
+def shape(n: int, m: int, num_sms: int, pieces: int, split: bool = False) -> tuple[int, int, int]:
+    """(rows a warp, K warps, splits) for an n-row weight of `pieces` 16-byte pieces a row and m rows of x: the first
+    CTA shape in SHAPE_ORDER (rows * m <= MAX_ROW_PRODUCT, each K warp at least one 32-piece step) whose CTAs cover
+    the SMs, else the one of the most CTAs. Each CTA writes all of x's planes first, so more CTAs cost more of that; 4
+    rows a warp keep 4 CTAs a SM resident (128 registers with two pieces in flight; 8 rows take 253).
+
+    `split`: each shape's CTAs first grow by splitting K in two, four or eight (`splits`), and a shape whose split
+    CTAs cover the SMs comes first (2048 x 8192: 4 rows a warp, one K warp, 4 splits; 512 CTAs, not 256 of 2 K
+    warps)."""
     from .cute.nvfp4_int_gemv import NUM_WARPS
 
     fits = [(r, wk) for r, wk in SHAPE_ORDER if r * m <= MAX_ROW_PRODUCT and (wk == 1 or pieces >= 32 * wk)]
     ctas = {s: -(-n // (s[0] * (NUM_WARPS // s[1]))) for s in fits}
-    return next((s for s in fits if ctas[s] >= num_sms), max(fits, key=lambda s: ctas[s]))
+    split_of = {s: splits(ctas[s], pieces, s[1], num_sms) if split else 1 for s in fits}
+    chosen = next((s for s in fits if ctas[s] * split_of[s] >= num_sms), None)
+    if chosen is None:
+        chosen = max(fits, key=lambda s: ctas[s] * split_of[s])
+    return (*chosen, split_of[chosen])
+
+
+def splits(ctas: int, pieces: int, warps_k: int, num_sms: int) -> int:
+    """CTAs of a cluster that split K for a weight of `ctas` row groups: the fewest (a power of two up to 8) that
+    bring the CTAs to SPLIT_TARGET_CTAS a SM, each split keeping MIN_SPLIT_STEPS steps a K warp."""
+    from .cute.w4a16_gemv import SPLITS
+
+    chosen = 1
+    for s in SPLITS[1:]:
+        if ctas * chosen >= SPLIT_TARGET_CTAS * num_sms or pieces < s * MIN_SPLIT_STEPS * 32 * warps_k:
+            break
+        chosen = s
+    return chosen
+
+
+def split_pieces(pieces: int, warps_k: int, splits: int) -> int:
+    """The pieces a row each CTA of a split takes (`W4A16Gemv.start`): whole steps of 32 * warps_k."""
+    step = 32 * warps_k
+    return -(-pieces // (splits * step)) * step if splits > 1 else pieces
+
+
+def configured_split() -> bool:
+    """FA4_INDUCTOR_INT_GEMV_SPLIT (auto: SPLIT_BY_DEFAULT)."""
+    setting = switches.current().int_gemv_split
+    return SPLIT_BY_DEFAULT if setting is None else setting
 
 
 def unsupported_reason(x2d: Tensor, n: int, k: int) -> str | None:
@@ -99,10 +136,11 @@ def _compile(key: Key):
         kernel = NVFP4IntGemvSiblings(dt, key.weights, key.m, key.rows, key.warps_k, key.max_pieces, pdl=key.pdl,
                                       min_ctas=SIBLINGS_MIN_CTAS if key.m == 1 else 0)
         return compile_utils.compile_for_tvm_ffi(cute, kernel, x, *operands(), *operands(), *operands())
-    # one row of x: the prefetch window would cost a CTA a SM at 4 rows a warp (156 registers); capped at 128, no spills
-    # (more rows of x would spill)
+    # one row of x: the prefetch window (156 registers at 4 rows a warp) and the split's cluster sums (146) would cost
+    # a CTA a SM; capped at 128, no spills (more rows of x would spill)
+    capped = key.m == 1 and (key.prefetch or key.splits > 1)
     kernel = NVFP4IntGemv(dt, key.m, key.rows, key.warps_k, key.max_pieces, pdl=key.pdl, prefetch=key.prefetch,
-                          min_ctas=PREFETCH_MIN_CTAS if key.prefetch and key.m == 1 else 0)
+                          min_ctas=CAPPED_MIN_CTAS if capped else 0, splits=key.splits)
     return compile_utils.compile_for_tvm_ffi(cute, kernel, x, *operands())
 
 
@@ -111,8 +149,9 @@ compiled = compile_utils.CompiledVariants(_compile)
 
 
 def matmul(x2d: Tensor, w_fp4: Tensor, w_block_scale: Tensor, w_global_scale: Tensor,
-           forced: Optional[tuple[int, int]] = None) -> Tensor:
-    """x2d [M, K] @ dequant(w)^T -> [M, N] in x's dtype; `forced` (rows a warp, K warps) overrides `shape`."""
+           forced: Optional[tuple[int, ...]] = None) -> Tensor:
+    """x2d [M, K] @ dequant(w)^T -> [M, N] in x's dtype; `forced` (rows a warp, K warps[, splits]) overrides
+    `shape`."""
     from . import w4a16_decode as w4
 
     n, k = layout.nvfp4_operands(w_fp4, w_block_scale, w_global_scale)
@@ -123,7 +162,7 @@ def matmul(x2d: Tensor, w_fp4: Tensor, w_block_scale: Tensor, w_global_scale: Te
 
 
 def run(x2d: Tensor, w_fp4: Tensor, w_block_scale: Tensor, w_global_scale: Tensor, n: int,
-        forced: Optional[tuple[int, int]] = None) -> Tensor:
+        forced: Optional[tuple[int, ...]] = None) -> Tensor:
     """`matmul` without its checks, for a caller that has made them (`w4a16_decode.nvfp4_matmul`, every call)."""
     return _launch(x2d, [(w_fp4, w_block_scale, w_global_scale, n)], forced, switches.current().int_gemv_prefetch)[0]
 
@@ -131,14 +170,14 @@ def run(x2d: Tensor, w_fp4: Tensor, w_block_scale: Tensor, w_global_scale: Tenso
 def run_siblings(x2d: Tensor, weights: list[tuple[Tensor, Tensor, Tensor]],
                  forced: Optional[tuple[int, int]] = None) -> list[Tensor]:
     """x2d @ dequant(w)^T for each of 2 or 3 (w_fp4, w_block_scale, w_global_scale) of one K, in one launch
-    (`NVFP4IntGemvSiblings`), each output as `run`'s; the CTA shape is `shape`'s for their rows together. The caller
-    has made `matmul`'s checks for each."""
+    (`NVFP4IntGemvSiblings`), each output as `run`'s; the CTA shape is `shape`'s for their rows together, unsplit.
+    The caller has made `matmul`'s checks for each."""
     if len(weights) not in (2, 3):
         raise ValueError(f"the sibling GEMV takes 2 or 3 weights, got {len(weights)}")
     return _launch(x2d, [(*w, w[0].shape[0]) for w in weights], forced, 0)
 
 
-def _launch(x2d: Tensor, weights: list, forced: Optional[tuple[int, int]], prefetch: int) -> list[Tensor]:
+def _launch(x2d: Tensor, weights: list, forced: Optional[tuple[int, ...]], prefetch: int) -> list[Tensor]:
     from . import w4a16_decode as w4
 
     operands, outs = [], []
@@ -150,9 +189,14 @@ def _launch(x2d: Tensor, weights: list, forced: Optional[tuple[int, int]], prefe
     x = w4.prepare_x(x2d, 32 * pieces)
     m = x.shape[0]
     device = x.device.index if x.device.index is not None else torch.cuda.current_device()
-    rows, warps_k = forced or shape(sum(w[3] for w in weights), m, w4._num_sms(device), pieces)
-    key = Key(x.dtype, m, compile_utils.target_arch(x.device), rows, warps_k, pieces_bucket(pieces),
-              switches.current().w4a16_pdl, prefetch, len(weights))
+    split = len(weights) == 1 and configured_split()
+    rows, warps_k, n_splits = (*forced, 1)[:3] if forced else shape(sum(w[3] for w in weights), m,
+                                                                     w4._num_sms(device), pieces, split)
+    if n_splits > 1 and len(weights) > 1:
+        raise ValueError("the sibling GEMV does not split K")
+    key = Key(x.dtype, m, compile_utils.target_arch(x.device), rows, warps_k,
+              pieces_bucket(split_pieces(pieces, warps_k, n_splits)), switches.current().w4a16_pdl, prefetch,
+              len(weights), n_splits)
     if len(weights) == 2:
         operands += operands[4:]  # the third weight's slot, not read
     with torch.cuda.device(x.device):

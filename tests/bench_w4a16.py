@@ -194,13 +194,15 @@ def gemv_tag(gv) -> str:
     if gv is None:
         return ""
     if isinstance(gv, tuple):
-        return f" int gemv {gv[1]}x{gv[2]}" if len(gv) == 3 else f" gemv {gv[0]}x{gv[1]}"
+        if gv[0] == w4.INT_GEMV:
+            return " int gemv " + "x".join(map(str, gv[1:]))
+        return f" gemv {gv[0]}x{gv[1]}"
     return " int gemv" if gv == w4.INT_GEMV else " gemv" if gv else " mma"
 
 
 def parse_gemv(value):
-    """--gemv's off / on / int / int:RxK / RxK -> the matmuls' `gemv` argument: False, True, INT_GEMV (NVFP4 calls
-    of 1..4 rows on the integer GEMV), (INT_GEMV, rows a warp, K warps) or (rows a warp, K warps)."""
+    """--gemv's off / on / int / int:RxK / int:RxKxS / RxK -> the matmuls' `gemv` argument: False, True, INT_GEMV (NVFP4 calls
+    of 1..4 rows on the integer GEMV), (INT_GEMV, rows a warp, K warps[, K splits]) or (rows a warp, K warps)."""
     value = value.strip()
     if value in ("off", "on", "int"):
         return {"off": False, "on": True, "int": w4.INT_GEMV}[value]
@@ -221,6 +223,7 @@ def main():
     p.add_argument("--pack", default=None, help="comma list of NVFP4 layouts: off (plain), on (packed), tiles")
     p.add_argument("--gemv", default=None, help="comma list of M <= 4 routes: off (tensor-core kernel), on (GEMV), "
                                                  "int (NVFP4 calls on the integer GEMV), int:RxK (its shape), "
+                                                 "int:RxKxS (and K split among S CTAs of a cluster), "
                                                  "RxK (the GEMV with R rows a warp, K warps along K)")
     p.add_argument("--prefetch", default=None, help="comma list of the integer GEMV's L2 prefetch windows "
                                                      "(FA4_INDUCTOR_INT_GEMV_PREFETCH: 0, or 3 and more steps): each "

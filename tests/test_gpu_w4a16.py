@@ -517,6 +517,50 @@ def test_int_gemv_prefetch_window(monkeypatch, prefetch, m, n, k, shape):
     assert torch.equal(int_gemv_case(n, k, torch.bfloat16, seed=n + k, shape=shape, x=x), plain)
 
 
+@pytest.mark.parametrize("shape", [(4, 1, 2), (4, 1, 4), (4, 1, 8), (2, 2, 2), (1, 4, 4), (2, 1, 8)],
+                         ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("m, n, k", [(1, 2048, 8192), (1, 257, 5152), (1, 333, 1040), (2, 1000, 2064),
+                                     (4, 99, 4160), (1, 4096, 16384)])
+def test_int_gemv_split_k(shape, m, n, k):
+    """K split among the CTAs of a cluster (splits 2, 4, 8; K not a whole number of splits' steps, a split past the
+    last piece, N not a multiple of a CTA's rows): within the bounds of `int_gemv_case`; a CUDA graph's replays on new
+    x give the eager call's output bit for bit (the cluster's sums add up in a fixed order)."""
+    from fa4_inductor.kernels import nvfp4_int_gemv as g
+
+    if shape[0] * m > g.MAX_ROW_PRODUCT:
+        pytest.skip("more accumulators than a warp holds")
+    int_gemv_case(n, k, torch.bfloat16, seed=n + k + shape[2], shape=shape, m=m)
+    w_fp4, block, global_scale = random_nvfp4(n, k, seed=3, device="cuda")
+    x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
+    g.matmul(x, w_fp4, block, global_scale, forced=shape)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = g.matmul(x, w_fp4, block, global_scale, forced=shape)
+    for _ in range(3):
+        x.copy_(torch.randn_like(x))
+        graph.replay()
+        assert torch.equal(out, g.matmul(x, w_fp4, block, global_scale, forced=shape))
+
+
+def test_int_gemv_split_rule_on_the_down_projection(monkeypatch):
+    """FA4_INDUCTOR_INT_GEMV_SPLIT=on: the 2048 x 8192 weight's one-row call runs 4 rows a warp, one K warp, 4 splits
+    (on 132 SMs), within the bounds; off: the unsplit shape."""
+    from fa4_inductor.kernels import nvfp4_int_gemv as g
+
+    keys, real = [], g.compiled
+    monkeypatch.setattr(g, "compiled", lambda key: keys.append(key) or real(key))
+    monkeypatch.setenv("FA4_INDUCTOR_INT_GEMV_SPLIT", "on")
+    switches.reset()
+    try:
+        int_gemv_case(2048, 8192, torch.bfloat16, seed=5)
+        sms = torch.cuda.get_device_properties(0).multi_processor_count
+        assert (keys[-1].rows, keys[-1].warps_k, keys[-1].splits) == g.shape(2048, 1, sms, 256, True)
+        assert sms < 132 or keys[-1].splits > 1
+    finally:
+        monkeypatch.delenv("FA4_INDUCTOR_INT_GEMV_SPLIT")
+        switches.reset()
+
+
 def test_int_gemv_outliers_and_non_finite_x():
     """An outlier (its block's small values round to 2^-15 of it) stays within the bounds; an inf in x makes the
     row NaN (eager gives inf or NaN there)."""

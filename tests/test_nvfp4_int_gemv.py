@@ -86,10 +86,38 @@ def test_a_non_finite_block_of_x_makes_the_outputs_nan():
 
 def test_shape_prefers_four_rows_a_warp_and_covers_the_sms():
     assert [g.shape(n, 1, 132, 256) for n in (14336, 8192, 4096, 2048, 1024, 512, 100)] == \
-        [(4, 1), (4, 1), (4, 1), (4, 2), (2, 2), (1, 2), (1, 4)]
-    assert [g.shape(8192, m, 132, 256) for m in (2, 3, 4)] == [(4, 1), (2, 2), (2, 2)]
+        [(4, 1, 1), (4, 1, 1), (4, 1, 1), (4, 2, 1), (2, 2, 1), (1, 2, 1), (1, 4, 1)]
+    assert [g.shape(8192, m, 132, 256) for m in (2, 3, 4)] == [(4, 1, 1), (2, 2, 1), (2, 2, 1)]
     # a K warp needs a 32-piece step of its own: K = 1024 (32 pieces) keeps one K warp, then the most CTAs
-    assert g.shape(512, 1, 132, 32) == (1, 1)
+    assert g.shape(512, 1, 132, 32) == (1, 1, 1)
+
+
+def test_split_shapes_grow_the_ctas_of_weights_of_few_rows():
+    """Split (FA4_INDUCTOR_INT_GEMV_SPLIT): the fewest splits that bring a shape to 3 CTAs a SM, two 32-piece steps a
+    K warp each; weights with CTAs enough stay unsplit."""
+    assert g.shape(2048, 1, 132, 256, True) == (4, 1, 4)  # the down projection: 128 row groups, 512 CTAs
+    assert g.shape(4096, 1, 132, 448, True) == (4, 1, 2)  # 4096 x 14336
+    assert g.shape(8192, 1, 132, 256, True) == (4, 1, 1)  # 512 CTAs already
+    assert g.shape(8192, 1, 132, 64, True) == (4, 1, 1)
+    assert g.shape(2048, 1, 132, 64, True) == (4, 2, 1)  # 2048 x 2048: two steps a split would leave one
+    assert g.shape(1024, 1, 132, 128, True) == (2, 2, 1)  # 1024 x 4096: (4, 1) split in two has 128 CTAs
+    assert g.shape(512, 1, 132, 512, True) == (4, 1, 8)  # 32 row groups x 8
+    assert g.shape(2048, 2, 132, 256, True) == (4, 1, 4)
+    assert g.shape(2048, 4, 132, 256, True) == (2, 2, 1)  # 512 CTAs unsplit
+    assert g.splits(10, 256, 1, 132) == 4 and g.splits(10, 512, 1, 132) == 8 and g.splits(10, 63, 1, 132) == 1
+
+
+@pytest.mark.parametrize("pieces", [1, 31, 32, 63, 64, 100, 256, 257, 448, 512])
+@pytest.mark.parametrize("warps_k", [1, 2, 4])
+@pytest.mark.parametrize("splits", [1, 2, 4, 8])
+def test_the_splits_partition_each_row(pieces, warps_k, splits):
+    """`W4A16Gemv.start`'s pieces begin..end of the cluster's CTAs, from `split_pieces`: whole steps each, together
+    every piece of the row once, none past the row's end, each at most the run its shared memory is sized for."""
+    run = g.split_pieces(pieces, warps_k, splits)
+    ranges = [(min(c * run, pieces), min(min(c * run, pieces) + run, pieces)) for c in range(splits)]
+    assert [p for b, e in ranges for p in range(b, e)] == list(range(pieces))
+    assert splits == 1 or run % (32 * warps_k) == 0
+    assert g.pieces_bucket(max(run, 1)) >= max(e - b for b, e in ranges)
 
 
 def test_pieces_bucket_and_limits():
@@ -109,7 +137,8 @@ def test_variants_compile(cute_dsl, dtype):
                 g.Key(dtype, 3, ARCH, 2, 1, 64), g.Key(dtype, 1, ARCH, 4, 1, 256, pdl=True, prefetch=4),
                 g.Key(dtype, 2, ARCH, 2, 2, 64, prefetch=3), g.Key(dtype, 1, ARCH, 8, 1, 16),  # 8 rows: no window
                 g.Key(dtype, 1, ARCH, 4, 1, 64, pdl=True, weights=3), g.Key(dtype, 1, ARCH, 4, 1, 64, weights=2),
-                g.Key(dtype, 2, ARCH, 2, 2, 64, weights=2)):
+                g.Key(dtype, 2, ARCH, 2, 2, 64, weights=2), g.Key(dtype, 1, ARCH, 4, 1, 64, pdl=True, splits=4),
+                g.Key(dtype, 4, ARCH, 2, 2, 128, splits=8), g.Key(dtype, 1, ARCH, 4, 1, 64, prefetch=4, splits=2)):
         assert callable(g.compiled(key)) and g.compiled(key) is g.compiled(key)
 
 
@@ -123,6 +152,8 @@ def test_the_switch():
     with pytest.raises(ValueError, match="auto, on or off"):
         switches.read({"FA4_INDUCTOR_W4A16_INT_GEMV": "sometimes"})
     assert switches.read({}).int_gemv_prefetch == 0
+    assert switches.read({}).int_gemv_split is None and not g.configured_split()
+    assert switches.read({"FA4_INDUCTOR_INT_GEMV_SPLIT": "on"}).int_gemv_split is True
     assert switches.read({"FA4_INDUCTOR_INT_GEMV_PREFETCH": "6"}).int_gemv_prefetch == 6
     for value in ("2", "-1", "many"):
         with pytest.raises(ValueError, match="0 or a step count of at least 3"):

@@ -18,6 +18,7 @@ can be compared between versions of a kernel. SASS_OUT=path appends the whole li
     python docs/scripts/sass_stats.py intgemv 2 1 256 --m 4  # the same for 4 rows of x
     python docs/scripts/sass_stats.py intgemv 4 1 256 --prefetch 4   # with the L2 prefetch window (FA4_INDUCTOR_INT_GEMV_PREFETCH)
     python docs/scripts/sass_stats.py intgemv 4 1 64 --weights 3      # the sibling GEMV over three weights (q / k / v)
+    python docs/scripts/sass_stats.py intgemv 4 1 64 --splits 4       # K split among a cluster of 4 CTAs
 
 Loops with no MMA (the GEMV's) report their fp32 FMAs instead: instructions per FFMA.
 """
@@ -63,10 +64,11 @@ def compile_variant(argv):
         m = int(argv[argv.index("--m") + 1]) if "--m" in argv else 1
         prefetch = int(argv[argv.index("--prefetch") + 1]) if "--prefetch" in argv else 0
         weights = int(argv[argv.index("--weights") + 1]) if "--weights" in argv else 1
+        splits = int(argv[argv.index("--splits") + 1]) if "--splits" in argv else 1
         argv = [a for i, a in enumerate(argv)
-                if not a.startswith("--") and argv[i - 1] not in ("--m", "--prefetch", "--weights")]
+                if not a.startswith("--") and argv[i - 1] not in ("--m", "--prefetch", "--weights", "--splits")]
         g.compiled(g.Key(dtype, m, "sm_90a", int(argv[1]), int(argv[2]), int(argv[3]), prefetch=prefetch,
-                         weights=weights))
+                         weights=weights, splits=splits))
     elif argv[0] == "int8kv":
         from fa4_inductor.kernels import decode_int8kv
 

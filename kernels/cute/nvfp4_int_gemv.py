@@ -102,8 +102,8 @@ class NVFP4IntGemv(W4A16Gemv):
     stream), as `W4A16Gemv` takes them for NVFP4; Kp / 32 pieces a row, at most `max_pieces`."""
 
     def __init__(self, dtype, m: int, rows: int, warps_k: int, max_pieces: int, pdl: bool = False,
-                 min_ctas: int = 0, prefetch: int = 0):
-        super().__init__(dtype, "nvfp4", m, False, rows, warps_k, pdl, min_ctas)
+                 min_ctas: int = 0, prefetch: int = 0, splits: int = 1):
+        super().__init__(dtype, "nvfp4", m, False, rows, warps_k, pdl, min_ctas, splits)
         # the window takes a lane a weight line (4 a row) and one a row of block scales
         assert max_pieces >= 1 and (prefetch == 0 or (prefetch >= 3 and 5 * rows <= 32)), (max_pieces, prefetch, rows)
         self.max_pieces = max_pieces
@@ -117,10 +117,10 @@ class NVFP4IntGemv(W4A16Gemv):
                     SharedStorage.size_in_bytes(), stream)
 
     def shared_storage(self):
-        """The CTA's shared memory: x's planes and block metadata, the K warps' sums, the decode tables."""
+        """The CTA's shared memory: the planes and block metadata of x's pieces it reads, the sums, the decode tables."""
         return shared_struct(sPlanes=(Int32, 2 * 2 * self.max_pieces * PLANE_HALF_WORDS * self.m),
-                             sMeta=(Int32, self.max_pieces * META_WORDS * self.m),
-                             sRed=(Float32, NUM_WARPS * self.rows * self.m), sTables=(Int32, 4))
+                             sMeta=(Int32, self.max_pieces * META_WORDS * self.m), **self.sums_fields(),
+                             sTables=(Int32, 4))
 
     @cute.kernel
     def kernel(self, mX: cute.Tensor, mW: cute.Tensor, mBlock: cute.Tensor, mScale: cute.Tensor, mOut: cute.Tensor,
@@ -147,19 +147,21 @@ class NVFP4IntGemv(W4A16Gemv):
         rS = cute.make_rmem_tensor((self.rows,), Int32)
         rW2 = cute.make_rmem_tensor((PIECE_WORDS, self.rows), Int32)
         rS2 = cute.make_rmem_tensor((self.rows,), Int32)
-        lane, wn, wk, row0, n_rows, pieces, first, stride = self.start(mW, mBlock, rW, rS, bx)
-        if first + stride < pieces:
+        lane, wn, wk, row0, n_rows, begin, end, first, stride = self.start(mW, mBlock, rW, rS, bx)
+        if first + stride < end:
             self.load_piece(mW, mBlock, rW2, rS2, row0, n_rows, first + stride)
         if const_expr(self.prefetch > 0):  # the window's steps past the two the registers load
             pf = self.prefetch_lane(mW, mBlock, lane, row0, n_rows)
             for d in cutlass.range_constexpr(2, self.prefetch):
-                self.prefetch_step(*pf, pieces, first - lane + d * stride)
+                self.prefetch_step(*pf, end, first - lane + d * stride)
 
-        # ---- x's planes: thread t takes blocks t, t + 128, ... of each row (8 words of x a block) ----
+        # ---- the planes of x's pieces begin..end: thread t takes their blocks t, t + 128, ... of each row (8 words
+        # of x a block), stored from piece 0 ----
         rX = cute.make_rmem_tensor((2 * PIECE_WORDS,), Int32)
         for m in cutlass.range_constexpr(M):
-            for blk in cutlass.range(tidx, pieces * BLOCKS_PER_PIECE, 32 * NUM_WARPS, unroll=1):
-                cute.autovec_copy(cute.local_tile(mX[m, None], (2 * PIECE_WORDS,), (blk,)), rX)
+            for blk in cutlass.range(tidx, (end - begin) * BLOCKS_PER_PIECE, 32 * NUM_WARPS, unroll=1):
+                cute.autovec_copy(cute.local_tile(mX[m, None], (2 * PIECE_WORDS,), (begin * BLOCKS_PER_PIECE + blk,)),
+                                  rX)
                 self.quantize_block(rX, sPlanes[None, None, None, None, m], sMeta[None, None, m], blk)
         sTables = storage.sTables.get_tensor(cute.make_layout((4,)))
         if tidx < 4:  # read back from shared memory, the tables live in registers: as constants ptxas would move
@@ -175,20 +177,20 @@ class NVFP4IntGemv(W4A16Gemv):
 
         rP = cute.make_rmem_tensor((PLANE_HALF_WORDS, 2, 2, M), Int32)  # (word, half, plane, x row)
         rM = cute.make_rmem_tensor((META_WORDS, M), Int32)
-        for p in cutlass.range(first, pieces, 2 * stride, unroll=1):
+        for p in cutlass.range(first, end, 2 * stride, unroll=1):
             if const_expr(self.prefetch > 0):
-                self.prefetch_step(*pf, pieces, p - lane + self.prefetch * stride)
-                self.prefetch_step(*pf, pieces, p - lane + (self.prefetch + 1) * stride)
-            self.x_piece(sPlanes, sMeta, rP, rM, p)
+                self.prefetch_step(*pf, end, p - lane + self.prefetch * stride)
+                self.prefetch_step(*pf, end, p - lane + (self.prefetch + 1) * stride)
+            self.x_piece(sPlanes, sMeta, rP, rM, p - begin)
             self.piece(rW, rS, rP, rM, acc, tables)
-            if p + 2 * stride < pieces:
+            if p + 2 * stride < end:
                 self.load_piece(mW, mBlock, rW, rS, row0, n_rows, p + 2 * stride)
-            if p + stride < pieces:
-                self.x_piece(sPlanes, sMeta, rP, rM, p + stride)
+            if p + stride < end:
+                self.x_piece(sPlanes, sMeta, rP, rM, p + stride - begin)
                 self.piece(rW2, rS2, rP, rM, acc, tables)
-                if p + 3 * stride < pieces:
+                if p + 3 * stride < end:
                     self.load_piece(mW, mBlock, rW2, rS2, row0, n_rows, p + 3 * stride)
-        self.add_up_and_store(acc, storage.sRed, lane, wn, wk, row0, n_rows, mScale, None, mOut)
+        self.add_up_and_store(acc, storage, lane, wn, wk, row0, n_rows, mScale, None, mOut)
 
     @cute.jit
     def prefetch_lane(self, mW: cute.Tensor, mBlock: cute.Tensor, lane: Int32, row0: Int32, n_rows: Int32):
@@ -210,10 +212,10 @@ class NVFP4IntGemv(W4A16Gemv):
         return base, offset, unit, lane < 5 * self.rows and row0 + r < n_rows
 
     @cute.jit
-    def prefetch_step(self, base, offset: Int32, unit: Int32, active, pieces: Int32, q: Int32):
+    def prefetch_step(self, base, offset: Int32, unit: Int32, active, end: Int32, q: Int32):
         """L2 prefetch of the lane's line (`prefetch_lane`) of the warp's step starting at piece q (an even piece;
-        lines past the row's end: none)."""
-        if active and q + offset < pieces:
+        lines from piece `end` on: none)."""
+        if active and q + offset < end:
             prefetch_line_l2(base + cutlass.Int64(q * unit))
 
     @cute.jit

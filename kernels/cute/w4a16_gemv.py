@@ -42,6 +42,7 @@ from .w4a16_decode_gemm import (MINUS_ZERO, _asm, _i32, _struct, and_bits, decod
 FORMATS = ("nvfp4", "int8")
 MAX_M = 4
 NUM_WARPS = 4
+SPLITS = (1, 2, 4, 8)  # CTAs of a cluster that split a row group's K (8: the portable cluster size)
 PIECE_WORDS = 4  # 16 bytes
 CODES_PER_PIECE = {"nvfp4": 32, "int8": 16}
 INT8_HIGH = 0x4B000000
@@ -104,6 +105,15 @@ def block_splats(word: Int32, *, loc=None, ip=None):
 
 
 @dsl_user_op
+def store_cluster_f32(address: Int32, cta: Int32, value: Float32, *, loc=None, ip=None):
+    """Store `value` at this CTA's shared address `address` in the shared memory of CTA `cta` of the cluster."""
+    llvm.inline_asm(
+        None, [_i32(address, loc, ip), _i32(cta, loc, ip), Float32(value).ir_value(loc=loc, ip=ip)],
+        "{\n.reg .u32 remote;\nmapa.shared::cluster.u32 remote, $0, $1;\nst.shared::cluster.f32 [remote], $2;\n}",
+        "r,r,f", has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip)
+
+
+@dsl_user_op
 def fma_f32(a: Float32, b: Float32, c: Float32, *, loc=None, ip=None) -> Float32:
     args = [Float32(v).ir_value(loc=loc, ip=ip) for v in (a, b, c)]
     return Float32(_asm(T.f32(), args, "fma.rn.f32 $0, $1, $2, $3;", "=f,f,f,f"))
@@ -123,7 +133,13 @@ def shared_struct(**fields):
 
 class W4A16Gemv:
     """One compiled variant per (x dtype, format, M, bias or not, ROWS rows a warp, WARPS_K warps along K, PDL or
-    not, `min_ctas`: > 1 caps the registers so that this many CTAs fit a SM); N, K and strides are runtime values.
+    not, `min_ctas`: > 1 caps the registers so that this many CTAs fit a SM, `splits`); N, K and strides are runtime
+    values.
+
+    splits: > 1 splits each row group's K among that many CTAs, a cluster: CTA c of it takes the c-th run of whole
+    steps (`start`), and its sums go into the shared memory of CTA 0 of the cluster, which adds them up in a fixed
+    order and stores (`add_up_and_store`). No workspace, no second kernel: for weights of few rows, whose row groups
+    alone leave the SMs short of warps.
 
     pdl: launched as a programmatic dependent; each lane loads its first weight piece, then waits for the kernel
     before it (`griddepcontrol.wait`) before any other load, then lets the next one be scheduled.
@@ -131,8 +147,9 @@ class W4A16Gemv:
     Call: (mX, mW, mBlock (nvfp4) or None, mScale, mBias [N] or None, mOut [M, N] (unit stride on N), stream)."""
 
     def __init__(self, dtype, fmt: str, m: int, has_bias: bool, rows: int, warps_k: int, pdl: bool = False,
-                 min_ctas: int = 0):
+                 min_ctas: int = 0, splits: int = 1):
         assert fmt in FORMATS and 1 <= m <= MAX_M and rows >= 1 and NUM_WARPS % warps_k == 0, (fmt, m, rows, warps_k)
+        assert splits in SPLITS, splits
         assert not (has_bias and fmt == "nvfp4"), "NVFP4 weights have no bias here"
         self.dtype = dtype
         self.is_f16 = dtype == cutlass.Float16
@@ -144,6 +161,7 @@ class W4A16Gemv:
         self.warps_n = NUM_WARPS // warps_k
         self.pdl = pdl
         self.min_ctas = min_ctas
+        self.splits = splits
 
     @cute.jit
     def __call__(self, mX: cute.Tensor, mW: cute.Tensor, mBlock: Optional[cute.Tensor], mScale: cute.Tensor,
@@ -155,7 +173,14 @@ class W4A16Gemv:
     def shared_storage(self):
         """The CTA's shared memory (a struct made here, outside traced code, where this module's annotations would
         stay strings): the K warps' sums."""
-        return shared_struct(sRed=(Float32, NUM_WARPS * self.rows * self.m))
+        return shared_struct(**self.sums_fields())
+
+    def sums_fields(self) -> dict:
+        """Shared memory for the sums: the K warps' (sRed); split, the cluster's CTAs' (sSplit, read in CTA 0's)."""
+        fields = {"sRed": (Float32, NUM_WARPS * self.rows * self.m)}
+        if self.splits > 1:
+            fields["sSplit"] = (Float32, self.splits * self.warps_n * self.rows * self.m)
+        return fields
 
     def ctas(self, mW: cute.Tensor):
         """The CTAs that cover mW's rows."""
@@ -190,8 +215,9 @@ class W4A16Gemv:
         """Launch `kernel` (a traced kernel call) on the CTAs that cover n_rows weight rows."""
         rows_per_cta = self.rows * self.warps_n
         kernel.launch(
-            grid=((n_rows + rows_per_cta - 1) // rows_per_cta, 1, 1),
+            grid=((n_rows + rows_per_cta - 1) // rows_per_cta * self.splits, 1, 1),
             block=(32 * NUM_WARPS, 1, 1),
+            cluster=[self.splits, 1, 1] if self.splits > 1 else None,
             smem=smem_bytes,
             stream=stream,
             use_pdl=self.pdl,
@@ -215,23 +241,28 @@ class W4A16Gemv:
         rW = cute.make_rmem_tensor((PIECE_WORDS, R), Int32)
         rS = cute.make_rmem_tensor((R,), Int32)
         rX = cute.make_rmem_tensor((PIECE_WORDS, M), Int32)
-        lane, wn, wk, row0, n_rows, pieces, first, stride = self.start(mW, mBlock, rW, rS, bx)
-        for p in cutlass.range(first, pieces, stride, unroll=1):
+        lane, wn, wk, row0, n_rows, begin, end, first, stride = self.start(mW, mBlock, rW, rS, bx)
+        for p in cutlass.range(first, end, stride, unroll=1):
             if const_expr(self.fmt == "nvfp4"):
                 self.nvfp4_piece(mX, rW, rS, rX, acc, p)
             else:
                 self.int8_piece(mX, rW, rX, acc, p)
-            if p + stride < pieces:
+            if p + stride < end:
                 self.load_piece(mW, mBlock, rW, rS, row0, n_rows, p + stride)
-        self.add_up_and_store(acc, storage.sRed, lane, wn, wk, row0, n_rows, mScale, mBias, mOut)
+        self.add_up_and_store(acc, storage, lane, wn, wk, row0, n_rows, mScale, mBias, mOut)
 
     @cute.jit
     def start(self, mW: cute.Tensor, mBlock: Optional[cute.Tensor], rW: cute.Tensor, rS: cute.Tensor, bx=None):
-        """The warp's place (lane, wn, wk, first row, N, pieces a row, its first piece, its piece stride), with its
-        first piece loaded and, with PDL, the wait for the kernel before done. `bx`: the CTA's index among mW's
-        CTAs (default: its block index)."""
+        """The warp's place (lane, wn, wk, first row, N, the CTA's pieces begin..end of each row, the warp's first
+        piece, its piece stride), with its first piece loaded and, with PDL, the wait for the kernel before done.
+        `bx`: the CTA's index among mW's CTAs (default: its block index; split: its cluster's). Split, the CTA has
+        announced itself to its cluster (`add_up_and_store` waits for all of it before writing into CTA 0)."""
+        split = Int32(0)
         if const_expr(bx is None):
             bx, _, _ = cute.arch.block_idx()
+            if const_expr(self.splits > 1):
+                split = cute.arch.block_idx_in_cluster()
+                bx = bx // self.splits
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         lane = cute.arch.lane_idx()
         wn = warp_idx % self.warps_n
@@ -239,39 +270,67 @@ class W4A16Gemv:
         n_rows = mW.shape[0]
         row0 = (bx * self.warps_n + wn) * self.rows
         pieces = mW.shape[1] // PIECE_WORDS
-        first = wk * 32 + lane
         stride = 32 * self.warps_k
-        if first < pieces:
+        begin = Int32(0)
+        end = pieces
+        if const_expr(self.splits > 1):
+            run = (pieces + self.splits * stride - 1) // (self.splits * stride) * stride  # whole steps a split
+            begin = cutlass.min(split * run, pieces)
+            end = cutlass.min(begin + run, pieces)
+            cute.arch.cluster_arrive_relaxed()
+        first = begin + wk * 32 + lane
+        if first < end:
             self.load_piece(mW, mBlock, rW, rS, row0, n_rows, first)
         if const_expr(self.pdl):
             # Before the wait only the primary may still run, and it writes activations, never quantized weights or
             # their block scales (as in `w4a16_decode_gemm`): the first weight loads go out before it; x after.
             cute.arch.griddepcontrol_wait()
             cute.arch.griddepcontrol_launch_dependents()
-        return lane, wn, wk, row0, n_rows, pieces, first, stride
+        return lane, wn, wk, row0, n_rows, begin, end, first, stride
 
     @cute.jit
-    def add_up_and_store(self, acc: cute.Tensor, red, lane: Int32, wn: Int32, wk: Int32, row0: Int32, n_rows: Int32,
-                         mScale: cute.Tensor, mBias: Optional[cute.Tensor], mOut: cute.Tensor):
-        """The lanes, then the K warps (through `red`, shared memory of NUM_WARPS * ROWS * M floats), add up; warp
-        wk = 0's lanes store (r, m) = divmod(lane, M)."""
+    def add_up_and_store(self, acc: cute.Tensor, storage, lane: Int32, wn: Int32, wk: Int32, row0: Int32,
+                         n_rows: Int32, mScale: cute.Tensor, mBias: Optional[cute.Tensor], mOut: cute.Tensor):
+        """The lanes, then the K warps (through sRed: NUM_WARPS * ROWS * M floats of shared memory), add up; warp
+        wk = 0's lanes store (r, m) = divmod(lane, M). Split, those lanes write their sums into CTA 0's sSplit (slot
+        of their CTA); after the cluster's barrier CTA 0 adds the slots up in order and stores."""
         R, M = self.rows, self.m
         for i in cutlass.range_constexpr(R * M):
             acc[i] = cute.arch.warp_reduction_sum(acc[i])
-        sRed = red.get_tensor(cute.make_layout((R * M, self.warps_n, self.warps_k)))
+        sRed = storage.sRed.get_tensor(cute.make_layout((R * M, self.warps_n, self.warps_k)))
         if lane == 0:
             for i in cutlass.range_constexpr(R * M):
                 sRed[i, wn, wk] = acc[i]
         cute.arch.barrier()
+        total = Float32(0.0)
         if wk == 0:
             if lane < R * M:
                 total = sRed[lane, wn, 0]
                 for s in cutlass.range_constexpr(1, self.warps_k):
                     total = total + sRed[lane, wn, s]
-                n = row0 + lane // M
-                m = lane % M
-                if n < n_rows:
+        n = row0 + lane // M
+        m = lane % M
+        if const_expr(self.splits == 1):
+            if wk == 0:
+                if lane < R * M and n < n_rows:
                     self.store(total, mScale, mBias, mOut, n, m)
+        else:
+            sSplit = storage.sSplit.get_tensor(cute.make_layout((R * M, self.warps_n, self.splits)))
+            split = cute.arch.block_idx_in_cluster()
+            cute.arch.cluster_wait()  # every CTA of the cluster has started: CTA 0's shared memory is there
+            if wk == 0:
+                if lane < R * M:
+                    slot = sSplit.iterator.toint() + (lane + R * M * (wn + self.warps_n * split)) * 4
+                    store_cluster_f32(slot, Int32(0), total)
+            cute.arch.cluster_arrive()  # release: the writes above, before CTA 0 reads them
+            cute.arch.cluster_wait()
+            if split == 0:
+                if wk == 0:
+                    if lane < R * M and n < n_rows:
+                        total = sSplit[lane, wn, 0]
+                        for c in cutlass.range_constexpr(1, self.splits):
+                            total = total + sSplit[lane, wn, c]
+                        self.store(total, mScale, mBias, mOut, n, m)
 
     @cute.jit
     def load_piece(self, mW: cute.Tensor, mBlock: Optional[cute.Tensor], rW: cute.Tensor, rS: cute.Tensor, row0: Int32,
