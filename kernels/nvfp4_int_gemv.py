@@ -25,7 +25,7 @@ from . import layout, switches
 from .cute import compile_utils
 
 MAX_PIECES = 512  # K <= 16384
-SPLIT_BY_DEFAULT = False  # FA4_INDUCTOR_INT_GEMV_SPLIT=auto: not yet run on a GPU
+SPLIT_BY_DEFAULT = False  # FA4_INDUCTOR_GEMV_SPLIT=auto (both GEMVs): not yet run on a GPU
 SPLIT_TARGET_CTAS = 3  # a split raises a weight's CTAs towards this many a SM (4 fit; 8192 x 8192 unsplit has 3.9)
 MIN_SPLIT_STEPS = 2  # 32-piece steps a K warp keeps in each split: the two the registers hold
 SHAPE_ORDER = ((4, 1), (4, 2), (2, 2), (1, 2), (1, 4), (2, 1), (1, 1))  # (rows a warp, K warps) by preference (`shape`)
@@ -98,8 +98,8 @@ def split_pieces(pieces: int, warps_k: int, splits: int) -> int:
 
 
 def configured_split() -> bool:
-    """FA4_INDUCTOR_INT_GEMV_SPLIT (auto: SPLIT_BY_DEFAULT)."""
-    setting = switches.current().int_gemv_split
+    """FA4_INDUCTOR_GEMV_SPLIT (auto: SPLIT_BY_DEFAULT), for both GEMVs."""
+    setting = switches.current().gemv_split
     return SPLIT_BY_DEFAULT if setting is None else setting
 
 

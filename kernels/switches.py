@@ -25,9 +25,9 @@ their rows M: unset or auto, the measured rule `w4a16_decode.GEMV_AUTO_ROWS`; on
 FA4_INDUCTOR_W4A16_INT_GEMV (which NVFP4 calls of the plain layout take the integer GEMV, `cute/nvfp4_int_gemv.py`:
 unset or auto, one-row calls where it measured faster, `w4a16_decode.int_gemv_auto`; on, 1..4 rows; off, none),
 FA4_INDUCTOR_INT_GEMV_PREFETCH (0, the default, or D >= 3: the integer GEMV keeps the weight bytes of the steps up to D
-ahead prefetched into L2; an experiment, not yet measured), FA4_INDUCTOR_INT_GEMV_SPLIT (auto, on or off: the integer
-GEMV splits the K of weights of few rows among the CTAs of a cluster, `nvfp4_int_gemv.shape`; auto is off until
-measured, `nvfp4_int_gemv.SPLIT_BY_DEFAULT`). Others'
+ahead prefetched into L2; an experiment, not yet measured), FA4_INDUCTOR_GEMV_SPLIT (auto, on or off: both GEMVs
+split the K of weights of few rows among the CTAs of a cluster, `nvfp4_int_gemv.shape`, `w4a16_decode.gemv_shape`;
+auto is off until measured, `nvfp4_int_gemv.SPLIT_BY_DEFAULT`). Others'
 variables we read: CUTE_DSL_ARCH (the CuTe DSL compile target), FA4's disk-cache pair and XDG_CACHE_HOME (`fa4.py` turns FA4's disk cache on).
 """
 
@@ -56,7 +56,7 @@ W4A16_PACK = "FA4_INDUCTOR_W4A16_PACK"
 W4A16_GEMV = "FA4_INDUCTOR_W4A16_GEMV"
 W4A16_INT_GEMV = "FA4_INDUCTOR_W4A16_INT_GEMV"
 INT_GEMV_PREFETCH = "FA4_INDUCTOR_INT_GEMV_PREFETCH"
-INT_GEMV_SPLIT = "FA4_INDUCTOR_INT_GEMV_SPLIT"
+GEMV_SPLIT = "FA4_INDUCTOR_GEMV_SPLIT"
 CUTE_DSL_ARCH = "CUTE_DSL_ARCH"
 FA4_CACHE_ENABLED = "FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED"
 FA4_CACHE_DIR = "FLASH_ATTENTION_CUTE_DSL_CACHE_DIR"
@@ -87,7 +87,7 @@ class Switches(NamedTuple):
     w4a16_int_gemv: Optional[bool]
     """None (auto: `w4a16_decode.int_gemv_auto`'s measured rule), True (NVFP4 calls of 1..4 rows) or False (none)."""
     int_gemv_prefetch: int
-    int_gemv_split: Optional[bool]
+    gemv_split: Optional[bool]
     """Steps ahead of its register loads the integer GEMV prefetches its weight rows into L2 (0: none)."""
     cute_dsl_arch: Optional[str]
     fa4_cache_enabled_set: bool
@@ -122,7 +122,7 @@ def read(env: Mapping[str, str]) -> Switches:
         w4a16_gemv=parse_gemv(env.get(W4A16_GEMV)),
         w4a16_int_gemv=parse_auto_on_off(W4A16_INT_GEMV, env.get(W4A16_INT_GEMV)),
         int_gemv_prefetch=parse_prefetch(env.get(INT_GEMV_PREFETCH)),
-        int_gemv_split=parse_auto_on_off(INT_GEMV_SPLIT, env.get(INT_GEMV_SPLIT)),
+        gemv_split=parse_auto_on_off(GEMV_SPLIT, env.get(GEMV_SPLIT)),
         cute_dsl_arch=env.get(CUTE_DSL_ARCH) or None,
         fa4_cache_enabled_set=FA4_CACHE_ENABLED in env,
         fa4_cache_dir=env.get(FA4_CACHE_DIR) or None,

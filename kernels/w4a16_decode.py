@@ -686,6 +686,7 @@ GEMV_ROWS = 4  # weight rows a warp, halved (down to 1) while the CTAs do not co
 GEMV_ROW_CHOICES = (4, 2, 1)
 GEMV_WARPS = 4  # a CTA; `cute/w4a16_gemv.py`'s NUM_WARPS
 GEMV_WARPS_K = (1, 2, 4)
+GEMV_SPLITS = (1, 2, 4, 8)  # `cute/w4a16_gemv.py`'s SPLITS
 GEMV_MIN_CTAS = {1: 0, 2: 0, 3: 0, 4: 0}  # by M: > 1 caps the registers so that this many CTAs fit a SM
 GEMV_TARGET_ROW_WARPS = 16384  # rows x K warps the split along K aims for: N * 512 B * warps_k in flight
 
@@ -702,6 +703,7 @@ class _GemvKey(NamedTuple):
     scale_dtype: torch.dtype = torch.float32
     min_ctas: int = 0
     weights: int = 1  # > 1: `W4A16GemvSiblings` (int8, no bias), that many weights of one x in one launch
+    splits: int = 1  # CTAs of a cluster that split a row group's K (`W4A16Gemv`)
 
 
 def gemv_warps_k(n: int, pieces: int) -> int:
@@ -713,25 +715,29 @@ def gemv_warps_k(n: int, pieces: int) -> int:
     return wk
 
 
-def gemv_shape(n: int, pieces: int, num_sms: int) -> tuple[int, int]:
-    """(rows a warp, K warps) of the GEMV for an n-row weight of `pieces` 16-byte pieces a row: `gemv_warps_k`, then
-    GEMV_ROWS halved while the CTAs number fewer than the SMs (512 x 2048: 1 row a warp, 256 CTAs)."""
+def gemv_shape(n: int, pieces: int, num_sms: int, split: bool = False) -> tuple[int, int, int]:
+    """(rows a warp, K warps, splits) of the GEMV for an n-row weight of `pieces` 16-byte pieces a row:
+    `gemv_warps_k`, then GEMV_ROWS halved while the CTAs number fewer than the SMs (512 x 2048: 1 row a warp, 256
+    CTAs); `split`: K split as `nvfp4_int_gemv.splits` says for those CTAs."""
     warps_k = gemv_warps_k(n, pieces)
     rows = GEMV_ROWS
     while rows > 1 and -(-n // (rows * (GEMV_WARPS // warps_k))) < num_sms:
         rows //= 2
-    return rows, warps_k
+    ctas = -(-n // (rows * (GEMV_WARPS // warps_k)))
+    return rows, warps_k, nvfp4_int_gemv.splits(ctas, pieces, warps_k, num_sms) if split else 1
 
 
 def gemv_key(dtype: torch.dtype, fmt: str, m: int, bias: bool, arch: str, warps_k: int, pdl: bool = False,
-             scale_dtype: torch.dtype = torch.float32, rows: int = GEMV_ROWS) -> _GemvKey:
+             scale_dtype: torch.dtype = torch.float32, rows: int = GEMV_ROWS, splits: int = 1) -> _GemvKey:
     if not 1 <= m <= GEMV_MAX_M:
         raise ValueError(f"the W4A16 GEMV takes 1..{GEMV_MAX_M} rows of x, got {m}")
     if scale_dtype not in SCALE_DTYPES or (fmt == "nvfp4" and scale_dtype != torch.float32):
         raise ValueError(f"the W4A16 GEMV does not take {fmt} scales of dtype {scale_dtype}")
-    if warps_k not in GEMV_WARPS_K or fmt not in FORMATS or (bias and fmt == "nvfp4") or not 1 <= rows * m <= 32:
-        raise ValueError(f"no W4A16 GEMV for {fmt} with {rows} rows a warp, {warps_k} K warps, bias {bias}")
-    return _GemvKey(dtype, fmt, m, bool(bias), arch, rows, warps_k, pdl, scale_dtype, GEMV_MIN_CTAS[m])
+    if warps_k not in GEMV_WARPS_K or fmt not in FORMATS or (bias and fmt == "nvfp4") or not 1 <= rows * m <= 32 \
+            or splits not in GEMV_SPLITS:
+        raise ValueError(f"no W4A16 GEMV for {fmt} with {rows} rows a warp, {warps_k} K warps, bias {bias}, "
+                         f"{splits} splits")
+    return _GemvKey(dtype, fmt, m, bool(bias), arch, rows, warps_k, pdl, scale_dtype, GEMV_MIN_CTAS[m], splits=splits)
 
 
 def _compile_gemv(key: _GemvKey):
@@ -753,7 +759,8 @@ def _compile_gemv(key: _GemvKey):
     if key.weights > 1:
         kernel = W4A16GemvSiblings(dt, key.weights, key.m, key.rows, key.warps_k, pdl=key.pdl, min_ctas=key.min_ctas)
         return compile_utils.compile_for_tvm_ffi(cute, kernel, x, *operands(), *operands(), *operands())
-    kernel = W4A16Gemv(dt, key.fmt, key.m, key.bias, key.rows, key.warps_k, pdl=key.pdl, min_ctas=key.min_ctas)
+    kernel = W4A16Gemv(dt, key.fmt, key.m, key.bias, key.rows, key.warps_k, pdl=key.pdl, min_ctas=key.min_ctas,
+                       splits=key.splits)
     w, scale, out = operands()
     block = cute.runtime.make_fake_tensor(Int32, (sym(), sym()), (sym64(), 1)) if key.fmt == "nvfp4" else None
     bias = cute.runtime.make_fake_compact_tensor(dt, (sym(),)) if key.bias else None
@@ -825,7 +832,7 @@ def gemv_rows(gemv) -> int:
 
 
 def _run_gemv(fmt: str, x2d: Tensor, words: Tensor, block: Optional[Tensor], scale: Tensor, bias: Optional[Tensor],
-              n: int, shape: Optional[tuple[int, int]] = None) -> Tensor:
+              n: int, shape: Optional[tuple[int, ...]] = None) -> Tensor:
     x, key = _gemv_plan(fmt, x2d, words, n, bias is not None, scale.dtype, shape)
     out = torch.empty(x.shape[0], n, dtype=x.dtype, device=x.device)
     with torch.cuda.device(x.device):
@@ -834,14 +841,17 @@ def _run_gemv(fmt: str, x2d: Tensor, words: Tensor, block: Optional[Tensor], sca
 
 
 def _gemv_plan(fmt: str, x2d: Tensor, words: Tensor, n: int, bias: bool, scale_dtype: torch.dtype,
-               shape: Optional[tuple[int, int]], weights: int = 1) -> tuple[Tensor, _GemvKey]:
-    """(x padded to the K of `words`, the GEMV variant) for n weight rows (all the weights' of a sibling launch):
-    `shape` (rows a warp, K warps), else `gemv_shape`'s."""
+               shape: Optional[tuple[int, ...]], weights: int = 1) -> tuple[Tensor, _GemvKey]:
+    """(x padded to the K of `words`, the GEMV variant) for n weight rows (all the weights' of a sibling launch,
+    unsplit): `shape` (rows a warp, K warps[, splits]), else `gemv_shape`'s."""
     x = prepare_x(x2d, words.shape[1] * (8 if fmt == "nvfp4" else 4))
     device = x.device.index if x.device.index is not None else torch.cuda.current_device()
-    rows, warps_k = shape or gemv_shape(n, words.shape[1] // 4, _num_sms(device))
+    split = weights == 1 and nvfp4_int_gemv.configured_split()
+    rows, warps_k, splits = (*shape, 1)[:3] if shape else gemv_shape(n, words.shape[1] // 4, _num_sms(device), split)
+    if splits > 1 and weights > 1:
+        raise ValueError("the sibling GEMV does not split K")
     key = gemv_key(x.dtype, fmt, x.shape[0], bias, compile_utils.target_arch(x.device), warps_k,
-                   switches.current().w4a16_pdl, scale_dtype, rows)
+                   switches.current().w4a16_pdl, scale_dtype, rows, splits)
     return x, key._replace(weights=weights)
 
 

@@ -50,9 +50,9 @@ def plan(n, k, fmt, m, splits, cta, load, pack=False):
 
 
 def gemv_plan(n, k, fmt, gemv=True):
-    rows, warps_k = gemv if isinstance(gemv, tuple) else w4.gemv_shape(
+    rows, warps_k, splits = (*gemv, 1)[:3] if isinstance(gemv, tuple) else w4.gemv_shape(
         n, w4.padded_k(fmt, k) // w4.CHUNK_VALUES[fmt] * 2, w4._num_sms(0))
-    return f"gemv rows {rows} warps_k {warps_k}"
+    return f"gemv rows {rows} warps_k {warps_k}" + (f" splits {splits}" if splits > 1 else "")
 
 
 def nvfp4_case(m, n, k, dtype, splits=None, seed=0, load="registers", cta=None, pack=False, gemv=False):
@@ -330,6 +330,31 @@ def test_gemv_forced_shapes(m, shape):
         fmt_case(m, 333, 4160, torch.bfloat16, seed=m, gemv=shape, **kw)
 
 
+@pytest.mark.parametrize("shape", [(4, 1, 2), (4, 4, 2), (2, 2, 4), (1, 1, 8), (4, 1, 8)],
+                         ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("m, n, k", [(1, 333, 4160), (3, 512, 8192), (1, 2048, 8256), (4, 5, 1040)])
+def test_gemv_split_k(m, n, k, shape):
+    """The CUDA-core GEMV with K split among a cluster's CTAs (`gemv=(rows, K warps, splits)`; a split past the last
+    piece where K is short): NVFP4 and int8 with a bias within the bounds; a CUDA graph's replays on new x equal the
+    eager call bit for bit."""
+    if shape[0] * m > 32:
+        pytest.skip("one lane a (row, x row) to store")
+    nvfp4_case(m, n, k, torch.bfloat16, seed=m + n, gemv=shape)
+    int8_case(m, n, k, torch.float16, bias=True, seed=m + k, gemv=shape)
+    g = torch.Generator().manual_seed(2)
+    w_int8 = torch.randint(-128, 128, (n, k), dtype=torch.int8, generator=g).cuda()
+    scale = (torch.rand(n, generator=g) / 100 + 1e-3).cuda()
+    x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
+    w4.int8_matmul(x, w_int8, scale, gemv=shape)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = w4.int8_matmul(x, w_int8, scale, gemv=shape)
+    for _ in range(3):
+        x.copy_(torch.randn_like(x))
+        graph.replay()
+        assert torch.equal(out, w4.int8_matmul(x, w_int8, scale, gemv=shape))
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
 @pytest.mark.parametrize("m", range(1, 5))
 def test_gemv_every_m(m, dtype):
@@ -543,13 +568,13 @@ def test_int_gemv_split_k(shape, m, n, k):
 
 
 def test_int_gemv_split_rule_on_the_down_projection(monkeypatch):
-    """FA4_INDUCTOR_INT_GEMV_SPLIT=on: the 2048 x 8192 weight's one-row call runs 4 rows a warp, one K warp, 4 splits
+    """FA4_INDUCTOR_GEMV_SPLIT=on: the 2048 x 8192 weight's one-row call runs 4 rows a warp, one K warp, 4 splits
     (on 132 SMs), within the bounds; off: the unsplit shape."""
     from fa4_inductor.kernels import nvfp4_int_gemv as g
 
     keys, real = [], g.compiled
     monkeypatch.setattr(g, "compiled", lambda key: keys.append(key) or real(key))
-    monkeypatch.setenv("FA4_INDUCTOR_INT_GEMV_SPLIT", "on")
+    monkeypatch.setenv("FA4_INDUCTOR_GEMV_SPLIT", "on")
     switches.reset()
     try:
         int_gemv_case(2048, 8192, torch.bfloat16, seed=5)
@@ -557,7 +582,7 @@ def test_int_gemv_split_rule_on_the_down_projection(monkeypatch):
         assert (keys[-1].rows, keys[-1].warps_k, keys[-1].splits) == g.shape(2048, 1, sms, 256, True)
         assert sms < 132 or keys[-1].splits > 1
     finally:
-        monkeypatch.delenv("FA4_INDUCTOR_INT_GEMV_SPLIT")
+        monkeypatch.delenv("FA4_INDUCTOR_GEMV_SPLIT")
         switches.reset()
 
 

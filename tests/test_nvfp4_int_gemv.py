@@ -93,7 +93,7 @@ def test_shape_prefers_four_rows_a_warp_and_covers_the_sms():
 
 
 def test_split_shapes_grow_the_ctas_of_weights_of_few_rows():
-    """Split (FA4_INDUCTOR_INT_GEMV_SPLIT): the fewest splits that bring a shape to 3 CTAs a SM, two 32-piece steps a
+    """Split (FA4_INDUCTOR_GEMV_SPLIT): the fewest splits that bring a shape to 3 CTAs a SM, two 32-piece steps a
     K warp each; weights with CTAs enough stay unsplit."""
     assert g.shape(2048, 1, 132, 256, True) == (4, 1, 4)  # the down projection: 128 row groups, 512 CTAs
     assert g.shape(4096, 1, 132, 448, True) == (4, 1, 2)  # 4096 x 14336
@@ -152,8 +152,8 @@ def test_the_switch():
     with pytest.raises(ValueError, match="auto, on or off"):
         switches.read({"FA4_INDUCTOR_W4A16_INT_GEMV": "sometimes"})
     assert switches.read({}).int_gemv_prefetch == 0
-    assert switches.read({}).int_gemv_split is None and not g.configured_split()
-    assert switches.read({"FA4_INDUCTOR_INT_GEMV_SPLIT": "on"}).int_gemv_split is True
+    assert switches.read({}).gemv_split is None and not g.configured_split()
+    assert switches.read({"FA4_INDUCTOR_GEMV_SPLIT": "on"}).gemv_split is True
     assert switches.read({"FA4_INDUCTOR_INT_GEMV_PREFETCH": "6"}).int_gemv_prefetch == 6
     for value in ("2", "-1", "many"):
         with pytest.raises(ValueError, match="0 or a step count of at least 3"):

@@ -121,18 +121,24 @@ def test_gemv_warps_k():
 
 
 def test_gemv_shape():
-    """Rows a warp halved while the CTAs (4 warps: 4 / warps_k row groups) number fewer than the SMs."""
-    assert w4.gemv_shape(8192, 8192 // 32, 132) == (4, 2)
-    assert w4.gemv_shape(8192, 2048 // 32, 132) == (4, 2)
-    assert w4.gemv_shape(2048, 8192 // 32, 132) == (4, 4)  # 512 CTAs
-    assert w4.gemv_shape(2048, 2048 // 32, 132) == (4, 2)
-    assert w4.gemv_shape(512, 2048 // 32, 132) == (1, 2)  # 256 CTAs of 2 rows
-    assert w4.gemv_shape(512, 2048 // 16, 132) == (2, 4)  # int8: 256 CTAs
-    assert w4.gemv_shape(3, 48 // 32 + 1, 132) == (1, 1)
+    """Rows a warp halved while the CTAs (4 warps: 4 / warps_k row groups) number fewer than the SMs; split
+    (FA4_INDUCTOR_GEMV_SPLIT), K split in 2..8 where the CTAs are fewer than 3 a SM."""
+    assert w4.gemv_shape(8192, 8192 // 32, 132) == (4, 2, 1)
+    assert w4.gemv_shape(8192, 2048 // 32, 132) == (4, 2, 1)
+    assert w4.gemv_shape(2048, 8192 // 32, 132) == (4, 4, 1)  # 512 CTAs
+    assert w4.gemv_shape(2048, 2048 // 32, 132) == (4, 2, 1)
+    assert w4.gemv_shape(512, 2048 // 32, 132) == (1, 2, 1)  # 256 CTAs of 2 rows
+    assert w4.gemv_shape(512, 2048 // 16, 132) == (2, 4, 1)  # int8: 256 CTAs
+    assert w4.gemv_shape(3, 48 // 32 + 1, 132) == (1, 1, 1)
+    assert w4.gemv_shape(2048, 8192 // 32, 132, split=True) == (4, 4, 1)  # 512 CTAs already
+    assert w4.gemv_shape(512, 2048 // 16, 132, split=True) == (2, 4, 1)  # 128 pieces: one step a K warp
+    assert w4.gemv_shape(512, 8192 // 16, 132, split=True) == (2, 4, 2)  # int8 512 x 8192: 256 CTAs -> 512
     for n in (1, 7, 333, 1000, 8192, 128256):
         for pieces in (1, 31, 64, 129, 512):
-            rows, wk = w4.gemv_shape(n, pieces, 132)
-            assert rows in w4.GEMV_ROW_CHOICES and wk in w4.GEMV_WARPS_K
+            for split in (False, True):
+                rows, wk, splits = w4.gemv_shape(n, pieces, 132, split)
+                assert rows in w4.GEMV_ROW_CHOICES and wk in w4.GEMV_WARPS_K and splits in w4.GEMV_SPLITS
+                assert pieces >= splits * 64 * wk or splits == 1
 
 
 def test_gemv_keys_are_checked():
@@ -148,6 +154,9 @@ def test_gemv_keys_are_checked():
         w4.gemv_key(torch.bfloat16, "int8", 1, False, ARCH, 8)
     with pytest.raises(ValueError, match="16 rows a warp"):
         w4.gemv_key(torch.bfloat16, "int8", 4, False, ARCH, 1, rows=16)  # one lane a (row, x row) to store
+    with pytest.raises(ValueError, match="3 splits"):
+        w4.gemv_key(torch.bfloat16, "int8", 1, False, ARCH, 1, splits=3)
+    assert w4.gemv_key(torch.bfloat16, "int8", 1, False, ARCH, 1, splits=4).splits == 4
     assert w4._gemv_shape((2, 4)) == (2, 4) and w4._gemv_shape(True) is None
 
 
@@ -168,7 +177,9 @@ def test_gemv_variants_compile(cute_dsl):
     for key in (w4.gemv_key(torch.bfloat16, "nvfp4", 1, False, ARCH, 2),
                 w4.gemv_key(torch.float16, "int8", 4, True, ARCH, 1, scale_dtype=torch.bfloat16),
                 w4.gemv_key(torch.bfloat16, "int8", 1, False, ARCH, 1, True)._replace(weights=3),
-                w4.gemv_key(torch.float16, "int8", 2, False, ARCH, 2, scale_dtype=torch.float16)._replace(weights=2)):
+                w4.gemv_key(torch.float16, "int8", 2, False, ARCH, 2, scale_dtype=torch.float16)._replace(weights=2),
+                w4.gemv_key(torch.bfloat16, "int8", 1, True, ARCH, 4, True, rows=2, splits=2),
+                w4.gemv_key(torch.bfloat16, "nvfp4", 1, False, ARCH, 1, splits=8)):
         assert callable(w4.compiled_gemv(key)) and w4.compiled_gemv(key) is w4.compiled_gemv(key)
 
 
