@@ -102,7 +102,7 @@ def tiny_config(name: str, attn_implementation: str = "sdpa"):
     for key, v in TINY.items():
         setattr(config, key, v)
     for key, v in TINY_IF_PRESENT.items():
-        if getattr(config, key, None) is not None:
+        if getattr(config, key, None) is not None and _settable(config, key):
             setattr(config, key, v)
     for i, key in enumerate(TOKEN_IDS):
         token = getattr(config, key, None)
@@ -110,6 +110,12 @@ def tiny_config(name: str, attn_implementation: str = "sdpa"):
             setattr(config, key, i)
     config._attn_implementation = attn_implementation
     return config
+
+
+def _settable(config, key: str) -> bool:
+    """Whether config.key is a plain attribute, not a property derived from others (Falcon's head_dim)."""
+    attribute = getattr(type(config), key, None)
+    return not isinstance(attribute, property) or attribute.fset is not None
 
 
 def _auto_class(kind: str):

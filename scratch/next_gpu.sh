@@ -11,6 +11,30 @@ P="python3 -m pytest -m gpu -q -p no:cacheprovider -p no:logging -W ignore -rf"
 L=$OUT/log.txt
 run() { echo "+ $*" >>$L; PYTHONUNBUFFERED=1 "$@" >>$L 2>&1; echo "rc=$?" >>$L; }
 case "$1" in
+c28) # session 28: K split among a cluster's CTAs in both GEMVs (FA4_INDUCTOR_GEMV_SPLIT, off by default, CPU-compiled
+    # only): its GPU tests, the shapes forced and by the rule, then the NVFP4 decode step with the integer GEMV split
+    # for every one-row call (the down projection: 6.4 us on the fp32 GEMV, ~2.4 us of bytes)
+    run timeout 240 $P -n 8 tests/test_gpu_w4a16.py -k "split_k or split_rule or int_gemv_shapes or gemv_shapes"
+    run timeout 200 python3 tests/bench_w4a16.py --m 1 --shapes 2048x8192,4096x14336,1024x4096,4096x4096,8192x8192 \
+        --gemv int,int:4x1x2,int:4x1x4,int:4x1x8,int:4x2x2,int:2x2x2,on,4x4x2,4x1x4
+    run env FA4_INDUCTOR_GEMV_SPLIT=on timeout 120 python3 tests/bench_w4a16.py --m 1 \
+        --shapes 2048x8192,4096x14336,1024x4096,4096x4096,8192x8192,8192x2048 --gemv int,on
+    for s in off on; do run env FA4_INDUCTOR_GEMV_SPLIT=$s FA4_INDUCTOR_W4A16_INT_GEMV=on timeout 120 python3 \
+      docs/scripts/decode_profile.py nvfp4 plain; done ;;
+a28) # session 28: the decode tiers (the int8 kernel at 2 CTAs a SM, start_cta, the fused combine's tests), then the
+    # int8 rows without and with the fused combine (b64 d64 at 32k: 620.6 us before session 27, 727.5 after its run 7)
+    run timeout 270 $P -n 8 tests/test_gpu_decode.py tests/test_gpu_decode_int8kv.py tests/test_gpu_int8kv.py
+    for f in 0 1; do
+      echo "+ FA4_INDUCTOR_DECODE_FUSED_COMBINE=$f" >>$L
+      for r in "1 32768 128" "8 32768 128" "1 4096 128" "64 4096 64" "64 32768 64" "8 32768 64"; do set -- $r
+        env FA4_INDUCTOR_DECODE_FUSED_COMBINE=$f timeout 60 python3 tests/bench_decode_int8kv.py --b $1 --sk $2 --d $3 \
+          2>&1 | grep "^b" >>$L; done
+    done ;;
+b28) # session 28: the NVFP4 decode step without and with the fused combine, the int8 route (part q2)
+    for f in 0 1; do run env FA4_INDUCTOR_DECODE_FUSED_COMBINE=$f timeout 120 python3 docs/scripts/decode_profile.py \
+      nvfp4 plain; done
+    run timeout 200 $P -n 8 tests/test_gpu_quant.py tests/test_gpu_w4a16.py -k "int8"
+    run timeout 100 python3 scratch/sibling_gemv.py ;;
 e)  # session 26 diagnostics: each decode kernel's GPU time at b1 (issue 16: b1 x 4k takes 13 us for 8 MB), hardware
     # counters of the integer NVFP4 GEMV at its 4x1 default (issue 15: 15-16 us against 11), the NVFP4 decode step's kernels
     run timeout 150 python3 docs/scripts/decode_kernel_times.py
