@@ -21,6 +21,14 @@ TINY = dict(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_la
 TINY_IF_PRESENT = dict(num_key_value_heads=2, head_dim=16, sliding_window=4, decoder_layers=2, encoder_layers=2,
                        decoder_attention_heads=4, encoder_attention_heads=4, encoder_ffn_dim=128, decoder_ffn_dim=128,
                        image_size=32, patch_size=8)
+# Models whose attention shapes come from other fields: DeepSeek's MLA (q / k heads of nope + rope dims, v of its own,
+# the rotary embedding over the rope dims), GPT-J's partial rotary.
+TINY_BY_MODEL = {
+    "deepseek_v3": dict(num_key_value_heads=4, qk_rope_head_dim=8, qk_nope_head_dim=16, qk_head_dim=24, head_dim=8,
+                        v_head_dim=16, kv_lora_rank=32, q_lora_rank=None, n_routed_experts=4, num_experts_per_tok=2,
+                        moe_intermediate_size=32, first_k_dense_replace=1, n_group=1, topk_group=1, n_shared_experts=1),
+    "gptj": dict(rotary_dim=8),
+}
 TOKEN_IDS = ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id")
 
 
@@ -104,6 +112,8 @@ def tiny_config(name: str, attn_implementation: str = "sdpa"):
     for key, v in TINY_IF_PRESENT.items():
         if getattr(config, key, None) is not None and _settable(config, key):
             setattr(config, key, v)
+    for key, v in TINY_BY_MODEL.get(config.model_type, {}).items():
+        setattr(config, key, v)
     for i, key in enumerate(TOKEN_IDS):
         token = getattr(config, key, None)
         if isinstance(token, int) and token >= config.vocab_size:

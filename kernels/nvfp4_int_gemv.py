@@ -46,6 +46,7 @@ class Key(NamedTuple):
     prefetch: int = 0
     weights: int = 1  # > 1: `NVFP4IntGemvSiblings`, that many weights of one x in one launch
     splits: int = 1  # CTAs of a cluster that split a row group's K
+    warps: int = 4  # a CTA (`cute/w4a16_gemv.py`'s CTA_WARPS): more warps quantize x once for more rows
 
 
 def pieces_bucket(pieces: int) -> int:
@@ -137,10 +138,11 @@ def _compile(key: Key):
                                       min_ctas=SIBLINGS_MIN_CTAS if key.m == 1 else 0)
         return compile_utils.compile_for_tvm_ffi(cute, kernel, x, *operands(), *operands(), *operands())
     # one row of x: the prefetch window (156 registers at 4 rows a warp) and the split's cluster sums (146) would cost
-    # a CTA a SM; capped at 128, no spills (more rows of x would spill)
-    capped = key.m == 1 and (key.prefetch or key.splits > 1)
+    # a CTA a SM; capped at 128, no spills (more rows of x would spill). CTAs of 8 and 16 warps: 128 too
+    capped = key.m == 1 and (key.prefetch or key.splits > 1) or key.warps > 4
     kernel = NVFP4IntGemv(dt, key.m, key.rows, key.warps_k, key.max_pieces, pdl=key.pdl, prefetch=key.prefetch,
-                          min_ctas=CAPPED_MIN_CTAS if capped else 0, splits=key.splits)
+                          min_ctas=CAPPED_MIN_CTAS * 4 // key.warps if capped else 0, splits=key.splits,
+                          warps=key.warps)
     return compile_utils.compile_for_tvm_ffi(cute, kernel, x, *operands())
 
 
@@ -150,8 +152,8 @@ compiled = compile_utils.CompiledVariants(_compile)
 
 def matmul(x2d: Tensor, w_fp4: Tensor, w_block_scale: Tensor, w_global_scale: Tensor,
            forced: Optional[tuple[int, ...]] = None) -> Tensor:
-    """x2d [M, K] @ dequant(w)^T -> [M, N] in x's dtype; `forced` (rows a warp, K warps[, splits]) overrides
-    `shape`."""
+    """x2d [M, K] @ dequant(w)^T -> [M, N] in x's dtype; `forced` (rows a warp, K warps[, splits[, warps a CTA]])
+    overrides `shape`."""
     from . import w4a16_decode as w4
 
     n, k = layout.nvfp4_operands(w_fp4, w_block_scale, w_global_scale)
@@ -190,13 +192,13 @@ def _launch(x2d: Tensor, weights: list, forced: Optional[tuple[int, ...]], prefe
     m = x.shape[0]
     device = x.device.index if x.device.index is not None else torch.cuda.current_device()
     split = len(weights) == 1 and configured_split()
-    rows, warps_k, n_splits = (*forced, 1)[:3] if forced else shape(sum(w[3] for w in weights), m,
-                                                                     w4._num_sms(device), pieces, split)
-    if n_splits > 1 and len(weights) > 1:
-        raise ValueError("the sibling GEMV does not split K")
+    rows, warps_k, n_splits, warps = (*forced, 1, 4)[:4] if forced else (
+        *shape(sum(w[3] for w in weights), m, w4._num_sms(device), pieces, split), 4)
+    if (n_splits > 1 or warps != 4) and len(weights) > 1:
+        raise ValueError("the sibling GEMV does not split K and has CTAs of 4 warps")
     key = Key(x.dtype, m, compile_utils.target_arch(x.device), rows, warps_k,
               pieces_bucket(split_pieces(pieces, warps_k, n_splits)), switches.current().w4a16_pdl, prefetch,
-              len(weights), n_splits)
+              len(weights), n_splits, warps)
     if len(weights) == 2:
         operands += operands[4:]  # the third weight's slot, not read
     with torch.cuda.device(x.device):

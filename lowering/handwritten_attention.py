@@ -22,8 +22,8 @@ from . import attention
 from .family import TORCH_IR, Context, Family
 from .masks import Band
 from .records import Decline
-from .spellings import (ADD, CAST, DIV, DROPOUT, MASKED_FILL, MATMUL, MUL, SOFTMAX, TANH, WHERE, arg, is_zero,
-                        normalize_dim, shape, single_user, transposed_last_two, value)
+from .spellings import (ADD, CAST, DIV, DROPOUT, MASKED_FILL, MATMUL, MUL, SOFTMAX, TANH, WHERE, arg, describe_node,
+                        is_zero, normalize_dim, shape, single_user, transposed_last_two, value)
 
 
 def _constant_factor(node: Node) -> tuple[Node, float] | None:
@@ -76,6 +76,19 @@ def _dropout_is_noop(node: Node) -> bool:
     return training is False or is_zero(p)
 
 
+def _reaches_pv(node: Node, steps: int = 4) -> bool:
+    """Whether `node` flows, one user at a time (at most `steps`), into the first operand of a matmul: weights that
+    reach an `@ v` through steps this matcher does not take."""
+    for _ in range(steps):
+        nxt = single_user(node)
+        if nxt is None:
+            return False
+        if MATMUL(nxt):
+            return nxt.args[0] is node
+        node = nxt
+    return False
+
+
 def match_handwritten(softmax: Node, constants: dict, run_time_masks: bool = False) -> attention.AttentionCall | None:
     """The attention around a softmax node, None if the softmax is not attention at all. `run_time_masks`: an
     additive mask the graph cannot prove is taken as one whose values are known at run time only (`mask_flags`)."""
@@ -90,6 +103,8 @@ def match_handwritten(softmax: Node, constants: dict, run_time_masks: bool = Fal
             break
         nxt = single_user(probs)
         if nxt is None or not (CAST(nxt) or DROPOUT(nxt)):
+            if nxt is not None and _reaches_pv(nxt):
+                raise Decline(f"{describe_node(nxt)} between the softmax and its @ v is not understood")
             return None
         if DROPOUT(nxt) and not _dropout_is_noop(nxt):
             raise Decline(f"dropout p={arg(nxt, 1, 'p', 0.5)} in training")

@@ -51,7 +51,7 @@ from torch.fx.experimental.symbolic_shapes import guard_or_false
 from .records import Decline
 from .spellings import (ADD, AND, ARANGE, CAST, CONTIGUOUS, EQ, EXPAND, FULL, GE, GETITEM, GT, LE, LOGICAL_NOT, LT,
                         MASKED_FILL, MUL, NE, ONES, RESHAPE, SUB, TENSOR, TRIL, TRIU, UNSQUEEZE, WHERE, ZEROS, Spelling,
-                        arg, equal_size, is_large_negative, normalize_dim, same_size, scalar, shape, value)
+                        arg, describe_node, equal_size, is_large_negative, normalize_dim, same_size, scalar, shape, value)
 
 INF = math.inf
 DIFF = Spelling((torch.diff,), ("diff",))
@@ -217,7 +217,7 @@ class Position:
 def _compare(node: Node, a: Position, b: Position) -> TwoValued:
     """a OP b for positions on different axes, as a band in j - i."""
     if a.axis is None or b.axis is None or a.axis == b.axis:
-        raise MaskNotUnderstood(f"{_describe(node)} compares positions not laid along the query and key axes")
+        raise MaskNotUnderstood(f"{describe_node(node)} compares positions not laid along the query and key axes")
     op = _comparison(node)
     if a.axis == -2:  # make it key OP query
         a, b, op = b, a, _FLIPPED[op]
@@ -239,7 +239,7 @@ def _compare_to_constant(node: Node, p: Position, c: float, position_first: bool
     op = _comparison(node) if position_first else _FLIPPED[_comparison(node)]
     if p.start is None and op in ("ge", "gt") and (p.offset > c if op == "gt" else p.offset >= c):
         return _uniform(True)
-    raise MaskNotUnderstood(f"{_describe(node)} compares positions with the constant {c}")
+    raise MaskNotUnderstood(f"{describe_node(node)} compares positions with the constant {c}")
 
 
 def _position(node, constants) -> Position | None:
@@ -364,19 +364,12 @@ def _coerce(node: Node, tv: TwoValued) -> TwoValued:
     """Values converted to the dtype the node produces (bool, integer or floating)."""
     dtype = value(node).dtype
     if dtype.is_complex:
-        raise MaskNotUnderstood(f"{_describe(node)} is complex")
+        raise MaskNotUnderstood(f"{describe_node(node)} is complex")
     if dtype == torch.bool:
         return tv.map(bool)
     if dtype.is_floating_point:
         return tv.map(float)
     return tv.map(int)
-
-
-def _describe(node) -> str:
-    if not isinstance(node, Node):
-        return repr(node)
-    target = node.target if isinstance(node.target, str) else getattr(node.target, "__name__", str(node.target))
-    return f"{target} ({node.name})"
 
 
 def _keeps_axis(node: Node, source, axis: int) -> bool:
@@ -469,19 +462,19 @@ def evaluate(node, constants: dict) -> TwoValued:
     if TENSOR(node):
         data = node.args[1] if node.op == "call_method" else node.args[0]
         if scalar(data) is None and not isinstance(data, bool):
-            raise MaskNotUnderstood(f"{_describe(node)} of {data!r}, not a number")
+            raise MaskNotUnderstood(f"{describe_node(node)} of {data!r}, not a number")
         return _coerce(node, _uniform(data))
     if TRIL(node) or TRIU(node):
         x = evaluate(node.args[0], constants)
         d = arg(node, 1, "diagonal", 0)
         if not isinstance(d, int):
-            raise MaskNotUnderstood(f"{_describe(node)} with a non-constant diagonal")
+            raise MaskNotUnderstood(f"{describe_node(node)} with a non-constant diagonal")
         kept = Band(-INF, d) if TRIL(node) else Band(d, INF)
         if x.uniform:
             return _coerce(node, TwoValued(kept, x.inside, 0))
         if x.outside == 0:
             return _coerce(node, TwoValued(x.band & kept, x.inside, 0))
-        raise MaskNotUnderstood(f"{_describe(node)} of a band with nonzero outside")
+        raise MaskNotUnderstood(f"{describe_node(node)} of a band with nonzero outside")
     if LE(node) or LT(node) or GE(node) or GT(node) or EQ(node):
         a, b = (_position(x, constants) for x in node.args[:2])
         if a is not None and b is not None:
@@ -491,7 +484,7 @@ def evaluate(node, constants: dict) -> TwoValued:
         if b is not None and scalar(node.args[0]) is not None:
             return _compare_to_constant(node, b, scalar(node.args[0]), False)
         if not EQ(node):
-            raise MaskNotUnderstood(f"{_describe(node)} compares {_not_positions(node.args[:2], constants)}")
+            raise MaskNotUnderstood(f"{describe_node(node)} compares {_not_positions(node.args[:2], constants)}")
     if (EQ(node) or NE(node)) and all(isinstance(x, Node) for x in node.args[:2]):
         a, b = (_compared_constant(node, x, constants) for x in node.args[:2])
         same = a.inside == b.inside
@@ -501,19 +494,19 @@ def evaluate(node, constants: dict) -> TwoValued:
     if CUMSUM(node):
         x = evaluate(node.args[0], constants)
         if not (x.uniform and x.inside == 0):
-            raise MaskNotUnderstood(f"{_describe(node)} of a tensor that is not all zeros")
+            raise MaskNotUnderstood(f"{describe_node(node)} of a tensor that is not all zeros")
         return _coerce(node, _uniform(0))
     if FLOOR_DIVIDE(node):
         return _coerce(node, _uniform(_first_block(node, constants)))
     if AND(node):
         a, b = (evaluate(x, constants) for x in node.args[:2])
         if not (a.boolean and b.boolean):
-            raise MaskNotUnderstood(f"{_describe(node)} of masks that are not both boolean")
+            raise MaskNotUnderstood(f"{describe_node(node)} of masks that are not both boolean")
         return TwoValued(a.where(bool) & b.where(bool), True, False)
     if EQ(node) or NE(node):
         other = scalar(node.args[1])
         if other is None:
-            raise MaskNotUnderstood(f"{_describe(node)} against a non-constant")
+            raise MaskNotUnderstood(f"{describe_node(node)} against a non-constant")
         x = evaluate(node.args[0], constants)
         return x.map(lambda a: a == other) if EQ(node) else x.map(lambda a: a != other)
     if LOGICAL_NOT(node):
@@ -525,19 +518,19 @@ def evaluate(node, constants: dict) -> TwoValued:
         a, b = node.args[0], node.args[1]
         tensor, factor = (a, scalar(b)) if isinstance(a, Node) else (b, scalar(a))
         if factor is None:
-            raise MaskNotUnderstood(f"{_describe(node)} by a non-constant")
+            raise MaskNotUnderstood(f"{describe_node(node)} by a non-constant")
         return _coerce(node, evaluate(tensor, constants).map(lambda x: x * factor))
     if WHERE(node) and len(node.args) == 3:
         cond = evaluate(node.args[0], constants)
         a, b = (evaluate(x, constants) for x in node.args[1:])
         if not a.uniform or not b.uniform:
-            raise MaskNotUnderstood(f"{_describe(node)} between non-uniform tensors")
+            raise MaskNotUnderstood(f"{describe_node(node)} between non-uniform tensors")
         return _coerce(node, cond.map(lambda c: a.inside if c else b.inside))
     if MASKED_FILL(node):
         x = evaluate(node.args[0], constants)
         fill = scalar(arg(node, 2, "value"))
         if not x.uniform or fill is None:
-            raise MaskNotUnderstood(f"{_describe(node)} of a non-uniform tensor or with a non-constant fill")
+            raise MaskNotUnderstood(f"{describe_node(node)} of a non-uniform tensor or with a non-constant fill")
         cond = evaluate(node.args[1], constants)
         return _coerce(node, cond.map(lambda c: fill if c else x.inside))
     if CAST(node) or CONTIGUOUS(node) or RESHAPE(node) or UNSQUEEZE(node) or EXPAND(node):
@@ -547,7 +540,7 @@ def evaluate(node, constants: dict) -> TwoValued:
                 tv = evaluate(source, constants)
                 if not tv.band.bounded:  # the same for every query: broadcasting over rows keeps it
                     return _coerce(node, tv)
-            raise MaskNotUnderstood(f"{_describe(node)} changes the last two mask dims")
+            raise MaskNotUnderstood(f"{describe_node(node)} changes the last two mask dims")
         return _coerce(node, evaluate(source, constants))
     if GETITEM(node) and _tensor_entries(node.args[1]) and (picked := _constant(node.args[0], constants)) is not None:
         return _coerce(node, picked)  # any entries of a constant tensor
@@ -559,8 +552,8 @@ def evaluate(node, constants: dict) -> TwoValued:
         source = node.args[0]
         if _top_left_slice(node.args[1]) and len(shape(node)) >= 2:
             return _coerce(node, evaluate(source, constants))
-        raise MaskNotUnderstood(f"{_describe(node)} indexes the mask by something other than leading slices")
-    raise MaskNotUnderstood(f"the mask is built by {_describe(node)}, which is not understood")
+        raise MaskNotUnderstood(f"{describe_node(node)} indexes the mask by something other than leading slices")
+    raise MaskNotUnderstood(f"the mask is built by {describe_node(node)}, which is not understood")
 
 
 def _proven_outside(outside: Outside) -> TwoValued | None:
@@ -594,17 +587,17 @@ def _first_block(node: Node, constants) -> int:
     if p is not None and p.axis is not None and p.start is None and p.offset >= 0 and isinstance(chunk, int) \
             and chunk > 0 and guard_or_false(shape(node.args[0])[p.axis] + p.offset <= chunk):
         return 0
-    raise MaskNotUnderstood(f"{_describe(node)} divides positions into blocks (chunked attention): blocks along "
+    raise MaskNotUnderstood(f"{describe_node(node)} divides positions into blocks (chunked attention): blocks along "
                             "the diagonal of a sequence longer than a block are not a band")
 
 
 def _compared_constant(node: Node, operand: Node, constants) -> TwoValued:
     """An operand of the comparison node that is neither a position nor a number, proven to be one value."""
     if any(n not in constants for n in _graph_inputs(operand)):
-        raise MaskNotUnderstood(f"{_describe(node)} compares {_not_positions([operand], constants)}")
+        raise MaskNotUnderstood(f"{describe_node(node)} compares {_not_positions([operand], constants)}")
     tv = evaluate(operand, constants)
     if not tv.uniform:
-        raise MaskNotUnderstood(f"{_describe(node)} compares a mask that is not one value everywhere")
+        raise MaskNotUnderstood(f"{describe_node(node)} compares a mask that is not one value everywhere")
     return tv
 
 
@@ -619,9 +612,9 @@ def _position_steps(node: Node, constants) -> int:
     prepend, append = arg(node, 3, "prepend", None), arg(node, 4, "append", None)
     ndim = len(shape(node.args[0]))
     if p is None or p.axis is None or n != 1 or append is not None or normalize_dim(dim, ndim) != ndim + p.axis:
-        raise MaskNotUnderstood(f"{_describe(node)} of {_not_positions(node.args[:1], constants)}")
+        raise MaskNotUnderstood(f"{describe_node(node)} of {_not_positions(node.args[:1], constants)}")
     if prepend is not None and not _one_before_first(prepend, p, constants):
-        raise MaskNotUnderstood(f"{_describe(node)} prepends something other than the position before the first")
+        raise MaskNotUnderstood(f"{describe_node(node)} prepends something other than the position before the first")
     return 1
 
 
@@ -709,7 +702,7 @@ def _row_gather(node: Node, constants) -> TwoValued | None:
         return None
     tv = evaluate(source, constants)
     if tv.band.shift is not None or tv.band.keys is not None:
-        raise MaskNotUnderstood(f"{_describe(node)} picks rows of a mask that already moves at run time")
+        raise MaskNotUnderstood(f"{describe_node(node)} picks rows of a mask that already moves at run time")
     band = tv.band
     moved = Band(band.lo, band.hi, Shift(pos, vector=True) if band.bounded else None)
     return _coerce(node, TwoValued(moved, tv.inside, tv.outside))

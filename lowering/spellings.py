@@ -231,6 +231,14 @@ def is_transpose_2d(node) -> bool:
     return is_call(node, torch.ops.aten.permute.default) and [d % 2 for d in node.args[1]] == [1, 0]
 
 
+def describe_node(node) -> str:
+    """"le (le_1)": a node's target and name, for decline reasons."""
+    if not isinstance(node, Node):
+        return repr(node)
+    target = node.target if isinstance(node.target, str) else getattr(node.target, "__name__", str(node.target))
+    return f"{target} ({node.name})"
+
+
 def describe_operand(operand) -> str:
     """"a bfloat16 tensor of shape [4, 8]" or "the number 2.0", for decline reasons."""
     if isinstance(operand, Node):

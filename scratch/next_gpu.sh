@@ -16,7 +16,7 @@ c28) # session 28: K split among a cluster's CTAs in both GEMVs (FA4_INDUCTOR_GE
     # for every one-row call (the down projection: 6.4 us on the fp32 GEMV, ~2.4 us of bytes)
     run timeout 240 $P -n 8 tests/test_gpu_w4a16.py -k "split_k or split_rule or int_gemv_shapes or gemv_shapes"
     run timeout 200 python3 tests/bench_w4a16.py --m 1 --shapes 2048x8192,4096x14336,1024x4096,4096x4096,8192x8192 \
-        --gemv int,int:4x1x2,int:4x1x4,int:4x1x8,int:4x2x2,int:2x2x2,on,4x4x2,4x1x4
+        --gemv int,int:4x1x2,int:4x1x4,int:4x1x8,int:4x2x2,int:2x2x2,int:4x1x1x8,int:4x1x1x16,int:4x1x4x16,int:4x1x2x8,on,4x4x2,4x1x4
     run env FA4_INDUCTOR_GEMV_SPLIT=on timeout 120 python3 tests/bench_w4a16.py --m 1 \
         --shapes 2048x8192,4096x14336,1024x4096,4096x4096,8192x8192,8192x2048 --gemv int,on
     for s in off on; do run env FA4_INDUCTOR_GEMV_SPLIT=$s FA4_INDUCTOR_W4A16_INT_GEMV=on timeout 120 python3 \

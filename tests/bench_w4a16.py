@@ -223,7 +223,8 @@ def main():
     p.add_argument("--pack", default=None, help="comma list of NVFP4 layouts: off (plain), on (packed), tiles")
     p.add_argument("--gemv", default=None, help="comma list of M <= 4 routes: off (tensor-core kernel), on (GEMV), "
                                                  "int (NVFP4 calls on the integer GEMV), int:RxK (its shape), "
-                                                 "int:RxKxS (and K split among S CTAs of a cluster), "
+                                                 "int:RxKxS (and K split among S CTAs of a cluster), int:RxKxSxW "
+                                                 "(and W warps a CTA), "
                                                  "RxK (the GEMV with R rows a warp, K warps along K)")
     p.add_argument("--prefetch", default=None, help="comma list of the integer GEMV's L2 prefetch windows "
                                                      "(FA4_INDUCTOR_INT_GEMV_PREFETCH: 0, or 3 and more steps): each "

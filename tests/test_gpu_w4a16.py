@@ -542,14 +542,16 @@ def test_int_gemv_prefetch_window(monkeypatch, prefetch, m, n, k, shape):
     assert torch.equal(int_gemv_case(n, k, torch.bfloat16, seed=n + k, shape=shape, x=x), plain)
 
 
-@pytest.mark.parametrize("shape", [(4, 1, 2), (4, 1, 4), (4, 1, 8), (2, 2, 2), (1, 4, 4), (2, 1, 8)],
+@pytest.mark.parametrize("shape", [(4, 1, 2), (4, 1, 4), (4, 1, 8), (2, 2, 2), (1, 4, 4), (2, 1, 8), (4, 1, 1, 16),
+                                   (4, 1, 4, 16), (4, 1, 1, 8), (2, 2, 2, 8), (1, 4, 1, 16)],
                          ids=lambda s: "x".join(map(str, s)))
 @pytest.mark.parametrize("m, n, k", [(1, 2048, 8192), (1, 257, 5152), (1, 333, 1040), (2, 1000, 2064),
                                      (4, 99, 4160), (1, 4096, 16384)])
 def test_int_gemv_split_k(shape, m, n, k):
     """K split among the CTAs of a cluster (splits 2, 4, 8; K not a whole number of splits' steps, a split past the
-    last piece, N not a multiple of a CTA's rows): within the bounds of `int_gemv_case`; a CUDA graph's replays on new
-    x give the eager call's output bit for bit (the cluster's sums add up in a fixed order)."""
+    last piece, N not a multiple of a CTA's rows) and CTAs of 8 and 16 warps: within the bounds of `int_gemv_case`; a
+    CUDA graph's replays on new x give the eager call's output bit for bit (the cluster's sums add up in a fixed
+    order)."""
     from fa4_inductor.kernels import nvfp4_int_gemv as g
 
     if shape[0] * m > g.MAX_ROW_PRODUCT:

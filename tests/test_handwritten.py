@@ -246,6 +246,28 @@ attention_out_contiguous: f32[2, 4, 5, 16] = .contiguous(attention_out)""")
         self.assertEqual(rec.count(), 0)
         self.assertExpectedInline("\n".join(rec.reasons), """mask not recognized: the mask is the graph input l_m_; its values are unknown when compiling (only a boolean [B, 1, Sq or 1, Sk] input is read, as a key mask); in training it is kept as written""")
 
+    def test_attention_sinks_are_kept_with_the_reason(self):
+        """GPT-OSS's sinks: a learned logit a head joins the scores in the softmax, its column dropped before @ v;
+        the op has no such term: kept, the reason names the step; a softmax that never reaches an @ v (a router)
+        is not attention and leaves no record."""
+        sinks = torch.randn(4)
+
+        def with_sinks(q, k, v):
+            s = q @ k.mT * 0.25
+            s = torch.cat([s, sinks.reshape(1, -1, 1, 1).expand(s.shape[0], -1, s.shape[2], 1)], dim=-1)
+            return torch.softmax(s, -1)[..., :-1] @ v
+
+        def router(q, k, v):
+            return torch.softmax(q.sum(-1), -1).topk(2).values
+
+        q, k, v = inputs()
+        rec, out = compile_and_record(with_sinks, q, k, v)
+        self.assertEqual(rec.count(), 0)
+        self.assertExpectedInline("\n".join(rec.reasons), """getitem (getitem) between the softmax and its @ v is not understood""")
+        torch.testing.assert_close(out, with_sinks(q, k, v))
+        rec, _ = compile_and_record(router, q, k, v)
+        self.assertEqual((rec.count(), rec.reasons), (0, []))
+
     def test_fallback_dropout_in_training(self):
         m = upstream.CausalSelfAttention().train()
         rec, _ = compile_and_record(m, torch.randn(2, 10, 32))

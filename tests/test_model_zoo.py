@@ -47,6 +47,37 @@ def test_prefill_every_attention_layer_is_rewritten(name, impl, padding):
         torch.testing.assert_close(got, model.forward(**kwargs), atol=1e-5, rtol=1e-5)
 
 
+MORE_DECODERS = ["gemma3_text", "cohere2", "llama4_text", "deepseek_v3", "falcon", "gptj", "gpt_bigcode", "starcoder2",
+                 "olmo2", "smollm3"]
+KEPT_DECODERS = ["mpt", "bloom", "gpt_oss"]  # ALiBi's position bias, attention sinks; eager code only
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("impl", IMPLEMENTATIONS)
+@pytest.mark.parametrize("name", MORE_DECODERS + KEPT_DECODERS)
+def test_more_decoders_left_padded(name, impl):
+    """More decoders, left-padded (generate's mask), with and without a cache: sliding and global layers mixed
+    (Gemma 3, Cohere 2), chunked layers (Llama 4), MLA's head dims (DeepSeek V3: q / k 24, v 16), partial rotary
+    (GPT-J), multi-query (GPT-BigCode), parallel blocks (Falcon). Every layer rewritten, logits eager's; ALiBi's
+    position bias (MPT, BLOOM) and attention sinks (GPT-OSS: the softmax over the scores and a learned logit, the
+    sink's column dropped before @ v) are kept as written, each layer with its reason, logits eager's."""
+    if impl == "sdpa" and hf.unsupported(name, impl):
+        pytest.skip(hf.unsupported(name, impl))
+    model = tiny(name, impl)
+    kwargs = model.inputs()
+    kwargs["attention_mask"] = torch.ones_like(kwargs["input_ids"])
+    kwargs["attention_mask"][1, :3] = 0
+    for use_cache in (True, False):
+        recorder, got = compile_and_run(model.forward, {**kwargs, "use_cache": use_cache})
+        if name in KEPT_DECODERS:
+            assert recorder.count() == 0 and len(recorder.reasons) == model.attention_layers, recorder.reasons
+        else:
+            assert recorder.count() == model.attention_layers, [str(r) for r in recorder.records]
+            assert all(r.rewritten for r in recorder.records), [str(r) for r in recorder.records]
+        with torch.no_grad():
+            torch.testing.assert_close(got, model.forward(**kwargs, use_cache=use_cache), atol=1e-5, rtol=1e-5)
+
+
 def generate_with_static_cache(forward, model, prompt, steps, capacity=16, attention_mask=False):
     """Logits of a prefill and of `steps` one-token decode steps through a StaticCache, and the cache.
     `attention_mask`: pass the all-ones mask over the tokens so far, as `generate` does."""

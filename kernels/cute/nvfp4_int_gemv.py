@@ -102,8 +102,8 @@ class NVFP4IntGemv(W4A16Gemv):
     stream), as `W4A16Gemv` takes them for NVFP4; Kp / 32 pieces a row, at most `max_pieces`."""
 
     def __init__(self, dtype, m: int, rows: int, warps_k: int, max_pieces: int, pdl: bool = False,
-                 min_ctas: int = 0, prefetch: int = 0, splits: int = 1):
-        super().__init__(dtype, "nvfp4", m, False, rows, warps_k, pdl, min_ctas, splits)
+                 min_ctas: int = 0, prefetch: int = 0, splits: int = 1, warps: int = NUM_WARPS):
+        super().__init__(dtype, "nvfp4", m, False, rows, warps_k, pdl, min_ctas, splits, warps)
         # the window takes a lane a weight line (4 a row) and one a row of block scales
         assert max_pieces >= 1 and (prefetch == 0 or (prefetch >= 3 and 5 * rows <= 32)), (max_pieces, prefetch, rows)
         self.max_pieces = max_pieces
@@ -155,11 +155,11 @@ class NVFP4IntGemv(W4A16Gemv):
             for d in cutlass.range_constexpr(2, self.prefetch):
                 self.prefetch_step(*pf, end, first - lane + d * stride)
 
-        # ---- the planes of x's pieces begin..end: thread t takes their blocks t, t + 128, ... of each row (8 words
-        # of x a block), stored from piece 0 ----
+        # ---- the planes of x's pieces begin..end: thread t takes their blocks t, t + 32 warps, ... of each row (8
+        # words of x a block), stored from piece 0 ----
         rX = cute.make_rmem_tensor((2 * PIECE_WORDS,), Int32)
         for m in cutlass.range_constexpr(M):
-            for blk in cutlass.range(tidx, (end - begin) * BLOCKS_PER_PIECE, 32 * NUM_WARPS, unroll=1):
+            for blk in cutlass.range(tidx, (end - begin) * BLOCKS_PER_PIECE, 32 * self.num_warps, unroll=1):
                 cute.autovec_copy(cute.local_tile(mX[m, None], (2 * PIECE_WORDS,), (begin * BLOCKS_PER_PIECE + blk,)),
                                   rX)
                 self.quantize_block(rX, sPlanes[None, None, None, None, m], sMeta[None, None, m], blk)

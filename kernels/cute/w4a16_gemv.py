@@ -11,7 +11,7 @@ chunks, so a row is a whole number of 16-byte pieces):
 - int8: mW Int32 [N, Kp / 4], mScale [N] Float32 / BFloat16 / Float16, mBias [N] in x's dtype or None.
 
 Work split. A piece is 16 bytes of a row: 32 NVFP4 codes (two blocks) or 16 int8 codes. A CTA is WARPS_N x WARPS_K
-warps (NUM_WARPS); a warp owns ROWS consecutive rows and takes every WARPS_K-th 32-piece step of them: lane L of K warp
+warps (NUM_WARPS unless `warps` says); a warp owns ROWS consecutive rows and takes every WARPS_K-th 32-piece step of them: lane L of K warp
 wk reads piece (WARPS_K s + wk) * 32 + L of each of its rows, so a warp's loads of one row are 512 contiguous bytes,
 and x's matching 16-byte pieces, converted to fp32 once for the warp's ROWS rows. Each lane adds its products in
 fp32; the lanes' sums meet by butterfly shuffles, the K warps' through shared memory, in a fixed order.
@@ -42,6 +42,7 @@ from .w4a16_decode_gemm import (MINUS_ZERO, _asm, _i32, _struct, and_bits, decod
 FORMATS = ("nvfp4", "int8")
 MAX_M = 4
 NUM_WARPS = 4
+CTA_WARPS = (4, 8, 16)  # `warps` a CTA can have (more warps share the integer GEMV's x planes)
 SPLITS = (1, 2, 4, 8)  # CTAs of a cluster that split a row group's K (8: the portable cluster size)
 PIECE_WORDS = 4  # 16 bytes
 CODES_PER_PIECE = {"nvfp4": 32, "int8": 16}
@@ -133,8 +134,8 @@ def shared_struct(**fields):
 
 class W4A16Gemv:
     """One compiled variant per (x dtype, format, M, bias or not, ROWS rows a warp, WARPS_K warps along K, PDL or
-    not, `min_ctas`: > 1 caps the registers so that this many CTAs fit a SM, `splits`); N, K and strides are runtime
-    values.
+    not, `min_ctas`: > 1 caps the registers so that this many CTAs fit a SM, `splits`, `warps` a CTA); N, K and
+    strides are runtime values.
 
     splits: > 1 splits each row group's K among that many CTAs, a cluster: CTA c of it takes the c-th run of whole
     steps (`start`), and its sums go into the shared memory of CTA 0 of the cluster, which adds them up in a fixed
@@ -147,9 +148,9 @@ class W4A16Gemv:
     Call: (mX, mW, mBlock (nvfp4) or None, mScale, mBias [N] or None, mOut [M, N] (unit stride on N), stream)."""
 
     def __init__(self, dtype, fmt: str, m: int, has_bias: bool, rows: int, warps_k: int, pdl: bool = False,
-                 min_ctas: int = 0, splits: int = 1):
-        assert fmt in FORMATS and 1 <= m <= MAX_M and rows >= 1 and NUM_WARPS % warps_k == 0, (fmt, m, rows, warps_k)
-        assert splits in SPLITS, splits
+                 min_ctas: int = 0, splits: int = 1, warps: int = NUM_WARPS):
+        assert fmt in FORMATS and 1 <= m <= MAX_M and rows >= 1 and warps % warps_k == 0, (fmt, m, rows, warps_k)
+        assert splits in SPLITS and warps in CTA_WARPS, (splits, warps)
         assert not (has_bias and fmt == "nvfp4"), "NVFP4 weights have no bias here"
         self.dtype = dtype
         self.is_f16 = dtype == cutlass.Float16
@@ -158,7 +159,8 @@ class W4A16Gemv:
         self.has_bias = has_bias
         self.rows = rows
         self.warps_k = warps_k
-        self.warps_n = NUM_WARPS // warps_k
+        self.num_warps = warps
+        self.warps_n = warps // warps_k
         self.pdl = pdl
         self.min_ctas = min_ctas
         self.splits = splits
@@ -177,7 +179,7 @@ class W4A16Gemv:
 
     def sums_fields(self) -> dict:
         """Shared memory for the sums: the K warps' (sRed); split, the cluster's CTAs' (sSplit, read in CTA 0's)."""
-        fields = {"sRed": (Float32, NUM_WARPS * self.rows * self.m)}
+        fields = {"sRed": (Float32, self.num_warps * self.rows * self.m)}
         if self.splits > 1:
             fields["sSplit"] = (Float32, self.splits * self.warps_n * self.rows * self.m)
         return fields
@@ -216,7 +218,7 @@ class W4A16Gemv:
         rows_per_cta = self.rows * self.warps_n
         kernel.launch(
             grid=((n_rows + rows_per_cta - 1) // rows_per_cta * self.splits, 1, 1),
-            block=(32 * NUM_WARPS, 1, 1),
+            block=(32 * self.num_warps, 1, 1),
             cluster=[self.splits, 1, 1] if self.splits > 1 else None,
             smem=smem_bytes,
             stream=stream,
@@ -291,7 +293,7 @@ class W4A16Gemv:
     @cute.jit
     def add_up_and_store(self, acc: cute.Tensor, storage, lane: Int32, wn: Int32, wk: Int32, row0: Int32,
                          n_rows: Int32, mScale: cute.Tensor, mBias: Optional[cute.Tensor], mOut: cute.Tensor):
-        """The lanes, then the K warps (through sRed: NUM_WARPS * ROWS * M floats of shared memory), add up; warp
+        """The lanes, then the K warps (through sRed: a float a warp, row and row of x, in shared memory), add up; warp
         wk = 0's lanes store (r, m) = divmod(lane, M). Split, those lanes write their sums into CTA 0's sSplit (slot
         of their CTA); after the cluster's barrier CTA 0 adds the slots up in order and stores."""
         R, M = self.rows, self.m
