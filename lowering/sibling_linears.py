@@ -31,7 +31,7 @@ from ..kernels import INT8_LINEAR, INT8_SIBLING_LINEARS, NVFP4_LINEAR, NVFP4_SIB
 from ..kernels.library import MAX_SIBLINGS
 from .family import POST_GRAD, Context, Family
 from .graph_edit import NodeMaker, erase_dead
-from .spellings import shape
+from .spellings import shape, value
 
 aten = torch.ops.aten
 VIEWS = (aten.view.default, aten.reshape.default, aten._unsafe_view.default)
@@ -73,7 +73,8 @@ def _siblings(node: Node) -> set[Node]:
     """The groupable calls of node's op that read node's x with node's keyword arguments (node among them)."""
     x = node.args[0]
     source = _source(x)
-    readers = [x] if source[0] is x else [v for v in source[0].users if _source(v) == source]
+    readers = [x] if source[0] is x else [v for v in source[0].users
+                                          if isinstance(value(v), torch.Tensor) and _source(v) == source]
     return {u for r in readers for u in r.users
             if u.target is node.target and _groupable(u) and u.args[0] is r and _flags(u) == _flags(node)}
 

@@ -139,6 +139,30 @@ def test_a_layers_siblings_become_two_calls(dtype):
     assert apart.code.count("torch.ops.fa4.int8_linear.default(") == 6 and "sibling" not in apart.code
 
 
+class SplitReader(nn.Module):
+    """Two linears of one x whose tensor is also split (a node whose value is a tuple), as DeepSeek V3's MLA splits
+    its latent."""
+
+    def __init__(self, dtype):
+        super().__init__()
+        self.a, self.b = (upstream.WeightOnlyInt8Linear.from_linear(nn.Linear(K, 32), dtype) for _ in range(2))
+
+    def forward(self, x):
+        h = x * 2
+        lo, hi = h.split(K // 2, dim=-1)
+        return self.a(h) + self.b(h) + (hi - lo)
+
+
+def test_siblings_of_an_x_that_is_also_split():
+    block, x = SplitReader(torch.bfloat16), torch.randn(2, 3, K, dtype=torch.bfloat16)
+    with torch.no_grad():
+        compiled = PostGradCompiled(block, x, backend=BACKEND)
+        eager = block(x)
+    assert [d for _, d in compiled.details if d.startswith(OP_LINE)] == [f"{OP_LINE}x[6x64], 2 weights: 32x64, 32x64)"]
+    tol = TOLERANCES[torch.bfloat16]
+    torch.testing.assert_close(compiled.out, eager, atol=tol * eager.abs().max().item(), rtol=tol)
+
+
 class TestRewrittenGraphs(expecttest.TestCase):
     def test_decode_step_of_a_layer(self):
         with torch.no_grad():
