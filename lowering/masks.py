@@ -51,7 +51,8 @@ from torch.fx.experimental.symbolic_shapes import guard_or_false
 from .records import Decline
 from .spellings import (ADD, AND, ARANGE, CAST, CONTIGUOUS, EQ, EXPAND, FULL, GE, GETITEM, GT, LE, LOGICAL_NOT, LT,
                         MASKED_FILL, MUL, NE, ONES, RESHAPE, SUB, TENSOR, TRIL, TRIU, UNSQUEEZE, WHERE, ZEROS, Spelling,
-                        arg, describe_node, equal_size, is_large_negative, normalize_dim, same_size, scalar, shape, value)
+                        arg, describe_node, equal_size, is_large_negative, normalize_dim, same_size, scalar, shape,
+                        value)
 
 INF = math.inf
 DIFF = Spelling((torch.diff,), ("diff",))

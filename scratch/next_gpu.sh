@@ -1,8 +1,9 @@
-# Unrun GPU work (sessions 19-27). Session 27 ran `k`, `l`, `jt`, `m`-`p`; next: `q` (the int8-KV kernel compiled for
-# 2 CTAs a SM, the decode kernels after their refactor into start_cta, the int8 one-row route to the GEMV), `r` (the
-# fused combine), `q2`, `s` (GEMV shapes for the down projection), then
-# the GPU tiers of `h200_check.sh tests` (each with a timeout of 540-590 s; rows stream to the log as they are
-# measured), split into calls of <= ~9 minutes (the first after .gpu/b's install).
+# Unrun GPU work (sessions 19-28). Session 28 had no device time. Next, in this order (each part <= ~9 minutes; the
+# first call after .gpu/b's install): `a28` (decode tiers: the int8 kernel at 2 CTAs a SM, start_cta, the fused
+# combine's tests; int8 rows with and without the fused combine), `c28` (the split / wide-CTA GEMVs: tests, forced
+# shapes, the rule, the NVFP4 decode step), `b28` (the NVFP4 decode step with and without the fused combine, the int8
+# route), then `s` and the GPU tiers of `h200_check.sh tests` (each with a timeout of 540-590 s; rows stream to the log
+# as they are measured).
 # Output goes to $OUT/log.txt. Have the next call ready: the machine goes back 30 s after a call, and a fresh one needs
 # .gpu/a and .gpu/b again. Run one part a call:  bash scratch/next_gpu.sh 1   (then 2, 3, ...)
 # Never `pkill -f pytest` here: it matches this script's own command line. A pytest cut by `timeout` can leave xdist

@@ -201,8 +201,9 @@ def gemv_tag(gv) -> str:
 
 
 def parse_gemv(value):
-    """--gemv's off / on / int / int:RxK / int:RxKxS / RxK -> the matmuls' `gemv` argument: False, True, INT_GEMV (NVFP4 calls
-    of 1..4 rows on the integer GEMV), (INT_GEMV, rows a warp, K warps[, K splits]) or (rows a warp, K warps)."""
+    """--gemv's off / on / int / int:RxK[xS[xW]] / RxK -> the matmuls' `gemv` argument: False, True, INT_GEMV (NVFP4
+    calls of 1..4 rows on the integer GEMV), (INT_GEMV, rows a warp, K warps[, K splits[, warps a CTA]]) or (rows a
+    warp, K warps)."""
     value = value.strip()
     if value in ("off", "on", "int"):
         return {"off": False, "on": True, "int": w4.INT_GEMV}[value]

@@ -139,7 +139,8 @@ def test_variants_compile(cute_dsl, dtype):
                 g.Key(dtype, 1, ARCH, 4, 1, 64, pdl=True, weights=3), g.Key(dtype, 1, ARCH, 4, 1, 64, weights=2),
                 g.Key(dtype, 2, ARCH, 2, 2, 64, weights=2), g.Key(dtype, 1, ARCH, 4, 1, 64, pdl=True, splits=4),
                 g.Key(dtype, 4, ARCH, 2, 2, 128, splits=8), g.Key(dtype, 1, ARCH, 4, 1, 64, prefetch=4, splits=2),
-                g.Key(dtype, 1, ARCH, 4, 1, 256, pdl=True, warps=16), g.Key(dtype, 2, ARCH, 4, 2, 64, warps=8, splits=2)):
+                g.Key(dtype, 1, ARCH, 4, 1, 256, pdl=True, warps=16),
+                g.Key(dtype, 2, ARCH, 4, 2, 64, warps=8, splits=2)):
         assert callable(g.compiled(key)) and g.compiled(key) is g.compiled(key)
 
 

@@ -117,7 +117,7 @@ class NVFP4IntGemv(W4A16Gemv):
                     SharedStorage.size_in_bytes(), stream)
 
     def shared_storage(self):
-        """The CTA's shared memory: the planes and block metadata of x's pieces it reads, the sums, the decode tables."""
+        """The CTA's shared memory: the planes and block metadata of the pieces of x it reads, the sums, the tables."""
         return shared_struct(sPlanes=(Int32, 2 * 2 * self.max_pieces * PLANE_HALF_WORDS * self.m),
                              sMeta=(Int32, self.max_pieces * META_WORDS * self.m), **self.sums_fields(),
                              sTables=(Int32, 4))

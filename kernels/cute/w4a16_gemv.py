@@ -11,8 +11,9 @@ chunks, so a row is a whole number of 16-byte pieces):
 - int8: mW Int32 [N, Kp / 4], mScale [N] Float32 / BFloat16 / Float16, mBias [N] in x's dtype or None.
 
 Work split. A piece is 16 bytes of a row: 32 NVFP4 codes (two blocks) or 16 int8 codes. A CTA is WARPS_N x WARPS_K
-warps (NUM_WARPS unless `warps` says); a warp owns ROWS consecutive rows and takes every WARPS_K-th 32-piece step of them: lane L of K warp
-wk reads piece (WARPS_K s + wk) * 32 + L of each of its rows, so a warp's loads of one row are 512 contiguous bytes,
+warps (NUM_WARPS unless `warps` says); a warp owns ROWS consecutive rows and takes every WARPS_K-th 32-piece step of
+them: lane L of K warp wk reads piece (WARPS_K s + wk) * 32 + L of each of its rows (split: of its CTA's run of steps),
+so a warp's loads of one row are 512 contiguous bytes,
 and x's matching 16-byte pieces, converted to fp32 once for the warp's ROWS rows. Each lane adds its products in
 fp32; the lanes' sums meet by butterfly shuffles, the K warps' through shared memory, in a fixed order.
 
