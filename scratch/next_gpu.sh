@@ -22,6 +22,12 @@ c28) # session 28: K split among a cluster's CTAs in both GEMVs (FA4_INDUCTOR_GE
         --shapes 2048x8192,4096x14336,1024x4096,4096x4096,8192x8192,8192x2048 --gemv int,on
     for s in off on; do run env FA4_INDUCTOR_GEMV_SPLIT=$s FA4_INDUCTOR_W4A16_INT_GEMV=on timeout 120 python3 \
       docs/scripts/decode_profile.py nvfp4 plain; done ;;
+d28) # session 28: where the 16-warp CTAs and the splits change the integer GEMV's counters (8192 x 8192 and the down
+    # projection): issue rate, warps a scheduler, the prologue's share
+    for shape in "8192 8192 4,1,1,16 4,1,1,8" "2048 8192 4,1,4,4 4,1,4,16"; do
+      run timeout 150 ncu --clock-control none --profile-from-start off --section SpeedOfLight --section Occupancy \
+        --section WarpStateStats --section SchedulerStats --section InstructionStats python3 docs/scripts/ncu_w4a16.py \
+        $shape; done ;;
 a28) # session 28: the decode tiers (the int8 kernel at 2 CTAs a SM, start_cta, the fused combine's tests), then the
     # int8 rows without and with the fused combine (b64 d64 at 32k: 620.6 us before session 27, 727.5 after its run 7)
     run timeout 270 $P -n 8 tests/test_gpu_decode.py tests/test_gpu_decode_int8kv.py tests/test_gpu_int8kv.py

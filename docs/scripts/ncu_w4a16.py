@@ -2,12 +2,13 @@
 
     ncu --clock-control none --profile-from-start off --section SpeedOfLight --section Occupancy \
         --section LaunchStats --section WarpStateStats --section SchedulerStats --section ComputeWorkloadAnalysis \
-        --section MemoryWorkloadAnalysis python3 docs/scripts/ncu_w4a16.py [N K]
+        --section MemoryWorkloadAnalysis python3 docs/scripts/ncu_w4a16.py [N K [R,K,S,W ...]]
 
 One row of x (bf16) times an N x K weight (default 8192 x 8192), NVFP4 and int8, on the CUDA-core GEMV and on the
 tensor-core kernel, and NVFP4 on the integer GEMV (`nvfp4_int_gemv`): each compiled and run once outside the profiled
 range, then once inside it (between cudaProfilerStart / Stop), so ncu reports five kernels (plus the tensor-core
-kernel's split-K reduce where split).
+kernel's split-K reduce where split). Each further argument adds the integer GEMV forced to that shape (rows a warp,
+K warps, splits, warps a CTA: `4,1,4,4` splits K in four, `4,1,1,16` runs CTAs of 16 warps).
 """
 
 import sys
@@ -30,4 +31,8 @@ calls = [("nvfp4 int gemv", lambda: w4.nvfp4_matmul(x, w_fp4, block, global_scal
          ("nvfp4 mma", lambda: w4.nvfp4_matmul(x, w_fp4, block, global_scale, gemv=False)),
          ("int8 gemv", lambda: w4.int8_matmul(x, w_int8, scale, gemv=True)),
          ("int8 mma", lambda: w4.int8_matmul(x, w_int8, scale, gemv=False))]
+for spec in sys.argv[3:]:
+    shape = (w4.INT_GEMV, *map(int, spec.split(",")))
+    calls.append((f"nvfp4 int gemv {spec}", lambda shape=shape: w4.nvfp4_matmul(x, w_fp4, block, global_scale,
+                                                                                gemv=shape)))
 profile_calls(calls)
