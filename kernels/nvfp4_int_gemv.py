@@ -98,6 +98,13 @@ def split_pieces(pieces: int, warps_k: int, splits: int) -> int:
     return -(-pieces // (splits * step)) * step if splits > 1 else pieces
 
 
+def forced_shape(forced: tuple[int, ...]) -> tuple[int, int, int, int]:
+    """A forced (rows a warp, K warps[, splits[, warps a CTA]]) with the defaults filled in: unsplit, 4 warps."""
+    if not 2 <= len(forced) <= 4:
+        raise ValueError(f"a forced integer-GEMV shape is (rows, K warps[, splits[, warps]]), not {forced}")
+    return (*forced, *(1, 4)[len(forced) - 2:])
+
+
 def configured_split() -> bool:
     """FA4_INDUCTOR_GEMV_SPLIT (auto: SPLIT_BY_DEFAULT), for both GEMVs."""
     setting = switches.current().gemv_split
@@ -192,7 +199,7 @@ def _launch(x2d: Tensor, weights: list, forced: Optional[tuple[int, ...]], prefe
     m = x.shape[0]
     device = x.device.index if x.device.index is not None else torch.cuda.current_device()
     split = len(weights) == 1 and configured_split()
-    rows, warps_k, n_splits, warps = (*forced, 1, 4)[:4] if forced else (
+    rows, warps_k, n_splits, warps = forced_shape(forced) if forced else (
         *shape(sum(w[3] for w in weights), m, w4._num_sms(device), pieces, split), 4)
     if (n_splits > 1 or warps != 4) and len(weights) > 1:
         raise ValueError("the sibling GEMV does not split K and has CTAs of 4 warps")

@@ -772,9 +772,9 @@ compiled_gemv = compile_utils.CompiledVariants(_compile_gemv)
 
 
 def _is_int_gemv(gemv) -> bool:
-    """A matmul's `gemv` naming the integer GEMV: INT_GEMV, or (INT_GEMV, rows a warp, K warps[, splits]) forcing its
-    shape."""
-    return gemv == INT_GEMV or isinstance(gemv, tuple) and len(gemv) in (3, 4) and gemv[0] == INT_GEMV
+    """A matmul's `gemv` naming the integer GEMV: INT_GEMV, or (INT_GEMV, rows a warp, K warps[, splits[, warps a
+    CTA]]) forcing its shape."""
+    return gemv == INT_GEMV or isinstance(gemv, tuple) and 3 <= len(gemv) <= 5 and gemv[0] == INT_GEMV
 
 
 def _gemv_shape(gemv) -> Optional[tuple[int, int]]:
@@ -966,7 +966,7 @@ def nvfp4_matmul(x2d: Tensor, w_fp4: Tensor, w_block_scale: Tensor, w_global_sca
     (rows a warp, K warps) as
     `gemv` forces the GEMV's shape (tuning: `tests/bench_w4a16.py --gemv 4x1,2x2`); INT_GEMV ("int") sends the calls
     of 1..4 rows it takes to the integer GEMV (`nvfp4_int_gemv`; None: `configured_int_gemv`), the others as True;
-    (INT_GEMV, rows, K warps[, splits]) forces its shape."""
+    (INT_GEMV, rows, K warps[, splits[, warps a CTA]]) forces its shape."""
     n, k = layout.nvfp4_operands(w_fp4, w_block_scale, w_global_scale)
     _check(x2d, "nvfp4", n, k, w_fp4, w_block_scale, w_global_scale)
     pack = configured_pack() if pack is None else pack

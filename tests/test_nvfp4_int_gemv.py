@@ -107,6 +107,60 @@ def test_split_shapes_grow_the_ctas_of_weights_of_few_rows():
     assert g.splits(10, 256, 1, 132) == 4 and g.splits(10, 512, 1, 132) == 8 and g.splits(10, 63, 1, 132) == 1
 
 
+def test_forced_shapes_fill_in_the_defaults():
+    """`gemv=("int", R, K[, S[, W]])` (tests, `tests/bench_w4a16.py --gemv int:RxK[xS[xW]]`): unsplit CTAs of 4 warps
+    unless given; the matmul takes every length as the integer GEMV's."""
+    assert [g.forced_shape(f) for f in ((4, 1), (4, 1, 2), (4, 1, 2, 16))] == \
+        [(4, 1, 1, 4), (4, 1, 2, 4), (4, 1, 2, 16)]
+    with pytest.raises(ValueError, match="forced integer-GEMV shape"):
+        g.forced_shape((4, 1, 2, 16, 1))
+    assert all(w4._is_int_gemv((w4.INT_GEMV, *f)) for f in ((4, 1), (4, 1, 2), (4, 1, 2, 16)))
+    assert not w4._is_int_gemv((4, 1)) and not w4._is_int_gemv(True)
+
+
+@pytest.fixture
+def launches(monkeypatch):
+    """The GEMVs' host paths off CUDA: a 132-SM device 0, and each compiled variant's key and operands recorded
+    instead of launched."""
+    import contextlib
+
+    from fa4_inductor.kernels import switches
+    from fa4_inductor.kernels.cute import compile_utils
+
+    calls = []
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "device", lambda device: contextlib.nullcontext())
+    monkeypatch.setattr(w4, "_num_sms", lambda device: 132)
+    monkeypatch.setattr(compile_utils, "target_arch", lambda device: ARCH)
+    monkeypatch.setattr(g, "compiled", lambda key: lambda *operands: calls.append((key, operands)))
+    monkeypatch.setattr(w4, "compiled_gemv", lambda key: lambda *operands: calls.append((key, operands)))
+    yield calls
+    switches.reset()
+
+
+def test_the_host_path_keys_a_forced_or_ruled_split(launches, monkeypatch):
+    """The integer GEMV's launch: a forced (rows, K warps, splits[, warps]) and, with FA4_INDUCTOR_GEMV_SPLIT=on, the
+    rule's split; the shared memory sized for a split's run of pieces. The fp32 GEMV keys its split the same way."""
+    from fa4_inductor.kernels import switches
+
+    w_fp4, block, global_scale = random_nvfp4(2048, 8192, seed=1)
+    x = torch.randn(1, 8192, dtype=torch.bfloat16)
+    g.run(x, w_fp4, block, global_scale, 2048, forced=(4, 1, 2))  # `matmul` without its CUDA check
+    g.run(x, w_fp4, block, global_scale, 2048, forced=(4, 1, 1, 16))
+    g.run(x, w_fp4, block, global_scale, 2048)
+    monkeypatch.setenv(switches.GEMV_SPLIT, "on")
+    switches.reset()
+    g.run(x, w_fp4, block, global_scale, 2048)
+    words, blocks = w4.prepare_nvfp4(w_fp4, block)
+    w4._run_gemv("nvfp4", x, words, blocks, global_scale.reshape(1), None, 2048)
+    keys = [key for key, _ in launches]
+    assert [(k.rows, k.warps_k, k.splits, k.warps, k.max_pieces) for k in keys[:4]] == \
+        [(4, 1, 2, 4, 128), (4, 1, 1, 16, 256), (4, 2, 1, 4, 256), (4, 1, 4, 4, 64)]
+    assert (keys[4].rows, keys[4].warps_k, keys[4].splits) == w4.gemv_shape(2048, 256, 132, True) == (4, 4, 1)
+    out = launches[3][1][-1]
+    assert out.shape == (1, 2048) and out.dtype == torch.bfloat16
+
+
 @pytest.mark.parametrize("pieces", [1, 31, 32, 63, 64, 100, 256, 257, 448, 512])
 @pytest.mark.parametrize("warps_k", [1, 2, 4])
 @pytest.mark.parametrize("splits", [1, 2, 4, 8])
