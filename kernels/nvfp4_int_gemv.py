@@ -47,6 +47,7 @@ class Key(NamedTuple):
     weights: int = 1  # > 1: `NVFP4IntGemvSiblings`, that many weights of one x in one launch
     splits: int = 1  # CTAs of a cluster that split a row group's K
     warps: int = 4  # a CTA (`cute/w4a16_gemv.py`'s CTA_WARPS): more warps quantize x once for more rows
+    gated: bool = False  # `NVFP4IntGemvGated`: silu(x @ gate^T) * (x @ up^T) (weights = 2)
 
 
 def pieces_bucket(pieces: int) -> int:
@@ -127,7 +128,7 @@ def _compile(key: Key):
     cute = compile_utils.cute_for(key.arch)
     from cutlass import Float32, Int32
 
-    from .cute.nvfp4_int_gemv import NVFP4IntGemv, NVFP4IntGemvSiblings
+    from .cute.nvfp4_int_gemv import NVFP4IntGemv, NVFP4IntGemvGated, NVFP4IntGemvSiblings
 
     dt = compile_utils.cutlass_dtype(key.dtype)
     sym, sym64 = cute.sym_int, cute.sym_int64
@@ -139,6 +140,11 @@ def _compile(key: Key):
                 cute.runtime.make_fake_tensor(dt, (key.m, sym()), (sym64(), 1)))
 
     x = cute.runtime.make_fake_tensor(Int32, (key.m, sym()), (sym64(divisibility=4), 1), assumed_align=16)
+    if key.gated:
+        kernel = NVFP4IntGemvGated(dt, key.m, key.rows, key.warps_k, key.max_pieces, pdl=key.pdl,
+                                   min_ctas=SIBLINGS_MIN_CTAS if key.m == 1 else 0)
+        (w0, block0, scale0, out), (w1, block1, scale1, _) = operands(), operands()
+        return compile_utils.compile_for_tvm_ffi(cute, kernel, x, w0, block0, scale0, w1, block1, scale1, out)
     if key.weights > 1:
         # one row of x: held to the one-weight kernel's 128 registers (4 CTAs a SM at 4 rows a warp; 146 uncapped)
         kernel = NVFP4IntGemvSiblings(dt, key.weights, key.m, key.rows, key.warps_k, key.max_pieces, pdl=key.pdl,
@@ -184,6 +190,38 @@ def run_siblings(x2d: Tensor, weights: list[tuple[Tensor, Tensor, Tensor]],
     if len(weights) not in (2, 3):
         raise ValueError(f"the sibling GEMV takes 2 or 3 weights, got {len(weights)}")
     return _launch(x2d, [(*w, w[0].shape[0]) for w in weights], forced, 0)
+
+
+def run_gated(x2d: Tensor, gate: tuple[Tensor, Tensor, Tensor], up: tuple[Tensor, Tensor, Tensor],
+              forced: Optional[tuple[int, int]] = None) -> Tensor:
+    """silu(x2d @ dequant(gate)^T) * (x2d @ dequant(up)^T) -> [M, N] in x's dtype, in one launch
+    (`NVFP4IntGemvGated`); gate and up (w_fp4, w_block_scale, w_global_scale) of one shape. The CTA shape is `shape`'s
+    for their rows together (rows a warp at least 2: one of each). The caller has made `matmul`'s checks for each."""
+    from . import w4a16_decode as w4
+
+    if gate[0].shape != up[0].shape or gate[1].shape != up[1].shape:
+        raise ValueError(f"the gated GEMV takes gate and up weights of one shape, got {tuple(gate[0].shape)} and "
+                         f"{tuple(up[0].shape)}")
+    n = gate[0].shape[0]
+    operands = []
+    for w_fp4, w_block_scale, w_global_scale in (gate, up):
+        words, blocks = w4.prepare_nvfp4(w_fp4, w_block_scale)
+        operands += [words, blocks, w_global_scale.reshape(1).float()]
+    pieces = operands[0].shape[1] // 4
+    x = w4.prepare_x(x2d, 32 * pieces)
+    m = x.shape[0]
+    device = x.device.index if x.device.index is not None else torch.cuda.current_device()
+    rows, warps_k = forced or shape(2 * n, m, w4._num_sms(device), pieces)[:2]
+    rows = max(rows, 2)
+    if rows % 2 or rows * m > MAX_ROW_PRODUCT:
+        raise ValueError(f"the gated GEMV takes an even number of rows a warp, at most {MAX_ROW_PRODUCT} // {m}; got "
+                         f"{rows}")
+    key = Key(x.dtype, m, compile_utils.target_arch(x.device), rows, warps_k, pieces_bucket(pieces),
+              switches.current().w4a16_pdl, weights=2, gated=True)
+    out = torch.empty(m, n, dtype=x.dtype, device=x.device)
+    with torch.cuda.device(x.device):
+        compiled(key)(x.view(torch.int32), *operands, out)
+    return out
 
 
 def _launch(x2d: Tensor, weights: list, forced: Optional[tuple[int, ...]], prefetch: int) -> list[Tensor]:

@@ -161,6 +161,25 @@ def test_the_host_path_keys_a_forced_or_ruled_split(launches, monkeypatch):
     assert out.shape == (1, 2048) and out.dtype == torch.bfloat16
 
 
+def test_the_gated_host_path(launches):
+    """`run_gated`: gate's and up's operands in the kernel's order, the CTA shape of their rows together with an even
+    number of rows a warp (one of each), one output of gate's rows; mismatched weights or an odd forced shape are
+    errors."""
+    gate, up = random_nvfp4(2048, 2048, seed=1), random_nvfp4(2048, 2048, seed=2)
+    x = torch.randn(1, 2048, dtype=torch.bfloat16)
+    out = g.run_gated(x, gate, up)
+    key, operands = launches[-1]
+    assert (key.gated, key.weights, key.rows, key.warps_k) == (True, 2, *g.shape(4096, 1, 132, 64)[:2])
+    assert len(operands) == 8 and operands[-1] is out and out.shape == (1, 2048) and out.dtype == torch.bfloat16
+    assert torch.equal(operands[6], up[2].reshape(1).float()) and torch.equal(operands[3], gate[2].reshape(1).float())
+    g.run_gated(torch.randn(1, 2048, dtype=torch.bfloat16), gate, up, forced=(1, 4))
+    assert launches[-1][0].rows == 2  # one row a warp would hold no pair
+    with pytest.raises(ValueError, match="an even number of rows a warp"):
+        g.run_gated(x, gate, up, forced=(3, 1))
+    with pytest.raises(ValueError, match="weights of one shape"):
+        g.run_gated(x, gate, random_nvfp4(1024, 2048, seed=3))
+
+
 @pytest.mark.parametrize("pieces", [1, 31, 32, 63, 64, 100, 256, 257, 448, 512])
 @pytest.mark.parametrize("warps_k", [1, 2, 4])
 @pytest.mark.parametrize("splits", [1, 2, 4, 8])
@@ -194,7 +213,9 @@ def test_variants_compile(cute_dsl, dtype):
                 g.Key(dtype, 2, ARCH, 2, 2, 64, weights=2), g.Key(dtype, 1, ARCH, 4, 1, 64, pdl=True, splits=4),
                 g.Key(dtype, 4, ARCH, 2, 2, 128, splits=8), g.Key(dtype, 1, ARCH, 4, 1, 64, prefetch=4, splits=2),
                 g.Key(dtype, 1, ARCH, 4, 1, 256, pdl=True, warps=16),
-                g.Key(dtype, 2, ARCH, 4, 2, 64, warps=8, splits=2)):
+                g.Key(dtype, 2, ARCH, 4, 2, 64, warps=8, splits=2),
+                g.Key(dtype, 1, ARCH, 4, 1, 64, pdl=True, weights=2, gated=True),
+                g.Key(dtype, 4, ARCH, 2, 2, 128, weights=2, gated=True)):
         assert callable(g.compiled(key)) and g.compiled(key) is g.compiled(key)
 
 

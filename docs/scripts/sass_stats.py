@@ -20,6 +20,7 @@ can be compared between versions of a kernel. SASS_OUT=path appends the whole li
     python docs/scripts/sass_stats.py intgemv 4 1 64 --weights 3      # the sibling GEMV over three weights (q / k / v)
     python docs/scripts/sass_stats.py intgemv 4 1 64 --splits 4       # K split among a cluster of 4 CTAs
     python docs/scripts/sass_stats.py intgemv 4 1 256 --warps 16      # CTAs of 16 warps (x quantized once for 64 rows)
+    python docs/scripts/sass_stats.py intgemv 4 1 64 --gated          # silu(x @ gate^T) * (x @ up^T) in one launch
 
 Loops with no MMA (the GEMV's) report their fp32 FMAs instead: instructions per FFMA.
 """
@@ -68,10 +69,12 @@ def compile_variant(argv):
         weights = int(argv[argv.index("--weights") + 1]) if "--weights" in argv else 1
         splits = int(argv[argv.index("--splits") + 1]) if "--splits" in argv else 1
         warps = int(argv[argv.index("--warps") + 1]) if "--warps" in argv else 4
+        flags_of_intgemv = {a for a in argv if a.startswith("--")}
         argv = [a for i, a in enumerate(argv) if not a.startswith("--")
                 and argv[i - 1] not in ("--m", "--prefetch", "--weights", "--splits", "--warps")]
+        gated = "--gated" in flags_of_intgemv
         g.compiled(g.Key(dtype, m, "sm_90a", int(argv[1]), int(argv[2]), int(argv[3]), prefetch=prefetch,
-                         weights=weights, splits=splits, warps=warps))
+                         weights=2 if gated else weights, splits=splits, warps=warps, gated=gated))
     elif argv[0] == "int8kv":
         from fa4_inductor.kernels import decode_int8kv
 

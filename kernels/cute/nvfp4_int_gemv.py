@@ -322,3 +322,52 @@ class NVFP4IntGemvSiblings(NVFP4IntGemv):
         bx, _, _ = cute.arch.block_idx()
         weights = [(mW0, mBlock0, mScale0, mOut0), (mW1, mBlock1, mScale1, mOut1), (mW2, mBlock2, mScale2, mOut2)]
         self.each_weight(storage, mX, weights[:self.weights], bx)
+
+
+class NVFP4IntGemvGated(NVFP4IntGemv):
+    """`NVFP4IntGemv` for a gated MLP's first half: h = silu(x @ gate^T) * (x @ up^T), [M, N], from two NVFP4 weights
+    of one shape [N, K] in one launch. A warp's ROWS rows are ROWS / 2 rows of gate and the same rows of up
+    (`load_piece`), so each output's two sums meet in one warp: after the lanes' and K warps' sums, the lane of up's
+    row hands its sum to the lane of gate's (one shuffle), which stores (`store_gated`). Each of g and u is rounded to
+    x's dtype, silu(g) too, as the separate linears and a graph's silu and product round them.
+
+    Call: (mX, mW0, mBlock0, mScale0 (gate), mW1, mBlock1, mScale1 (up), mOut [M, N], stream), each weight as
+    `NVFP4IntGemv` takes it."""
+
+    def __init__(self, dtype, m: int, rows: int, warps_k: int, max_pieces: int, pdl: bool = False,
+                 min_ctas: int = 0):
+        assert rows % 2 == 0, rows
+        super().__init__(dtype, m, rows, warps_k, max_pieces, pdl, min_ctas)
+        self.out_rows = rows // 2
+        self.gated = True
+
+    @cute.jit
+    def __call__(self, mX: cute.Tensor, mW0: cute.Tensor, mBlock0: cute.Tensor, mScale0: cute.Tensor,
+                 mW1: cute.Tensor, mBlock1: cute.Tensor, mScale1: cute.Tensor, mOut: cute.Tensor, stream):
+        SharedStorage = self.shared_storage()
+        self.launch(self.kernel(mX, mW0, mBlock0, mScale0, mW1, mBlock1, mScale1, mOut, SharedStorage), mW0.shape[0],
+                    SharedStorage.size_in_bytes(), stream)
+
+    @cute.kernel
+    def kernel(self, mX: cute.Tensor, mW0: cute.Tensor, mBlock0: cute.Tensor, mScale0: cute.Tensor,
+               mW1: cute.Tensor, mBlock1: cute.Tensor, mScale1: cute.Tensor, mOut: cute.Tensor,
+               SharedStorage: cutlass.Constexpr):
+        storage = cutlass.memory.SmemAllocator().allocate(SharedStorage)
+        self.rows_of(storage, mX, (mW0, mW1), (mBlock0, mBlock1), (mScale0, mScale1), mOut)
+
+    @cute.jit
+    def load_piece(self, mW, mBlock, rW: cute.Tensor, rS: cute.Tensor, row0: Int32, n_rows: Int32, p: Int32):
+        """Piece p of the warp's rows: rows r < ROWS / 2 of gate (output rows row0 + r), the others of up."""
+        half = self.out_rows
+        for r in cutlass.range_constexpr(self.rows):
+            w, blocks = (mW[0], mBlock[0]) if r < half else (mW[1], mBlock[1])
+            n = cutlass.min(row0 + r % half, n_rows - 1)
+            cute.autovec_copy(cute.local_tile(w[n, None], (PIECE_WORDS,), (p,)), rW[None, r])
+            rS[r] = blocks[n, p >> 1] >> ((p & 1) * 16)
+
+    @cute.jit
+    def store_gated(self, gate: Float32, up: Float32, mScale, mOut: cute.Tensor, n: Int32, m: Int32):
+        g = (gate * (mScale[0][0] * Float32(0.5))).to(self.dtype).to(Float32)
+        u = (up * (mScale[1][0] * Float32(0.5))).to(self.dtype).to(Float32)
+        silu = (g / (Float32(1.0) + cute.math.exp(-g))).to(self.dtype).to(Float32)
+        mOut[m, n] = (silu * u).to(self.dtype)

@@ -165,6 +165,8 @@ class W4A16Gemv:
         self.pdl = pdl
         self.min_ctas = min_ctas
         self.splits = splits
+        self.out_rows = rows  # output rows a warp (a gated GEMV's warp reads two weights' rows for each)
+        self.gated = False
 
     @cute.jit
     def __call__(self, mX: cute.Tensor, mW: cute.Tensor, mBlock: Optional[cute.Tensor], mScale: cute.Tensor,
@@ -187,7 +189,7 @@ class W4A16Gemv:
 
     def ctas(self, mW: cute.Tensor):
         """The CTAs that cover mW's rows."""
-        rows_per_cta = self.rows * self.warps_n
+        rows_per_cta = self.out_rows * self.warps_n
         return (mW.shape[0] + rows_per_cta - 1) // rows_per_cta
 
     def launch_over(self, kernel, weights, smem_bytes: int, stream):
@@ -215,8 +217,8 @@ class W4A16Gemv:
                     self.rows_of(storage, mX, *weights[2], bx - first2)
 
     def launch(self, kernel, n_rows, smem_bytes: int, stream):
-        """Launch `kernel` (a traced kernel call) on the CTAs that cover n_rows weight rows."""
-        rows_per_cta = self.rows * self.warps_n
+        """Launch `kernel` (a traced kernel call) on the CTAs that cover n_rows output rows."""
+        rows_per_cta = self.out_rows * self.warps_n
         kernel.launch(
             grid=((n_rows + rows_per_cta - 1) // rows_per_cta * self.splits, 1, 1),
             block=(32 * self.num_warps, 1, 1),
@@ -259,7 +261,8 @@ class W4A16Gemv:
         """The warp's place (lane, wn, wk, first row, N, the CTA's pieces begin..end of each row, the warp's first
         piece, its piece stride), with its first piece loaded and, with PDL, the wait for the kernel before done.
         `bx`: the CTA's index among mW's CTAs (default: its block index; split: its cluster's). Split, the CTA has
-        announced itself to its cluster (`add_up_and_store` waits for all of it before writing into CTA 0)."""
+        announced itself to its cluster (`add_up_and_store` waits for all of it before writing into CTA 0). Gated,
+        mW and mBlock are pairs of one shape (the first row is an output row)."""
         split = Int32(0)
         if const_expr(bx is None):
             bx, _, _ = cute.arch.block_idx()
@@ -270,9 +273,10 @@ class W4A16Gemv:
         lane = cute.arch.lane_idx()
         wn = warp_idx % self.warps_n
         wk = warp_idx // self.warps_n
-        n_rows = mW.shape[0]
-        row0 = (bx * self.warps_n + wn) * self.rows
-        pieces = mW.shape[1] // PIECE_WORDS
+        w = mW[0] if const_expr(self.gated) else mW
+        n_rows = w.shape[0]
+        row0 = (bx * self.warps_n + wn) * self.out_rows
+        pieces = w.shape[1] // PIECE_WORDS
         stride = 32 * self.warps_k
         begin = Int32(0)
         end = pieces
@@ -315,8 +319,13 @@ class W4A16Gemv:
         m = lane % M
         if const_expr(self.splits == 1):
             if wk == 0:
-                if lane < R * M and n < n_rows:
-                    self.store(total, mScale, mBias, mOut, n, m)
+                if const_expr(self.gated):
+                    up = cute.arch.shuffle_sync(total, lane + self.out_rows * M)  # row r + ROWS / 2: up's row r
+                    if lane < self.out_rows * M and n < n_rows:
+                        self.store_gated(total, up, mScale, mOut, n, m)
+                else:
+                    if lane < R * M and n < n_rows:
+                        self.store(total, mScale, mBias, mOut, n, m)
         else:
             sSplit = storage.sSplit.get_tensor(cute.make_layout((R * M, self.warps_n, self.splits)))
             split = cute.arch.block_idx_in_cluster()
