@@ -12,6 +12,7 @@
 | `nvfp4_linear.py` | `fa4::nvfp4_linear`: NVFP4 weight-only linears | `nvfp4_linear_unsupported_reason(device_type, dtype, in_features)`; `nvfp4_linear_rows_reason`, `nvfp4_linear_gemv_reason` |
 | `nvfp4_sibling_linears.py` | `fa4::nvfp4_sibling_linears`: 2-3 `fa4::nvfp4_linear` calls of one x in one launch | none (takes what `fa4::nvfp4_linear` takes) |
 | `int8_sibling_linears.py` | `fa4::int8_sibling_linears`: 2-3 `fa4::int8_linear` calls of one x in one launch | none (takes what `fa4::int8_linear` takes) |
+| `nvfp4_gated_linear.py` | `fa4::nvfp4_gated_linear`: silu(x @ gate^T) * (x @ up^T) over two NVFP4 weights, one launch | none (takes what `fa4::nvfp4_linear` takes, no bias) |
 
 `quack_w4a16.py` is the adapter to quack's mixed-input GEMM that the quantized ops call;
 `prepared_weights.py` keeps what a kernel prepares once per weight; `sharding.py` says how each op runs on
@@ -44,7 +45,7 @@ else:
     import torch
 
     from . import (attention, attention_int8kv, crossover, int8_int8_linear, int8_linear, int8_sibling_linears,
-                   key_mask, nvfp4_linear, nvfp4_sibling_linears, quack_w4a16)
+                   key_mask, nvfp4_gated_linear, nvfp4_linear, nvfp4_sibling_linears, quack_w4a16)
     from .attention import blind_rows_as_eagers, blind_rows_as_mean
     from .attention import unsupported_reason as attention_unsupported_reason
     from .attention_int8kv import unsupported_reason as attention_int8kv_unsupported_reason
@@ -67,10 +68,12 @@ else:
     KEY_MASK = torch.ops.fa4.key_mask.default  # the attention ops' key mask, once a graph
     NVFP4_LINEAR = torch.ops.fa4.nvfp4_linear.default
     NVFP4_SIBLING_LINEARS = torch.ops.fa4.nvfp4_sibling_linears.default
+    NVFP4_GATED_LINEAR = torch.ops.fa4.nvfp4_gated_linear.default
 
     __all__ = ["ATTENTION", "ATTENTION_FORWARD", "ATTENTION_INT8KV", "INT8_INT8_LINEAR", "INT8_LINEAR",
-               "INT8_SIBLING_LINEARS", "KEY_MASK", "NVFP4_LINEAR", "NVFP4_SIBLING_LINEARS", "attention",
-               "attention_int8kv", "attention_int8kv_unsupported_reason", "attention_unsupported_reason", "crossover",
-               "int8_int8_linear", "int8_int8_linear_unsupported_reason", "int8_linear", "int8_linear_gemv_reason",
-               "int8_linear_unsupported_reason", "int8_sibling_linears", "nvfp4_linear", "nvfp4_linear_gemv_reason",
-               "nvfp4_linear_rows_reason", "nvfp4_linear_unsupported_reason", "nvfp4_sibling_linears", "quack_w4a16"]
+               "INT8_SIBLING_LINEARS", "KEY_MASK", "NVFP4_GATED_LINEAR", "NVFP4_LINEAR", "NVFP4_SIBLING_LINEARS",
+               "attention", "attention_int8kv", "attention_int8kv_unsupported_reason", "attention_unsupported_reason",
+               "crossover", "int8_int8_linear", "int8_int8_linear_unsupported_reason", "int8_linear",
+               "int8_linear_gemv_reason", "int8_linear_unsupported_reason", "int8_sibling_linears",
+               "nvfp4_gated_linear", "nvfp4_linear", "nvfp4_linear_gemv_reason", "nvfp4_linear_rows_reason",
+               "nvfp4_linear_unsupported_reason", "nvfp4_sibling_linears", "quack_w4a16"]

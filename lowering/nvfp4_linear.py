@@ -29,7 +29,7 @@ un-swizzled in the graph). `fa4_inductor.nvfp4.NVFP4Linear` spells the decode wi
 tests/test_gpu_nvfp4.py runs it).
 User code may also look the values up in a constant table made in its forward. The unpack's nibble functions
 and the decode are not matched op by op: they are checked by running them, on CPU, over every byte value and
-every code (`_evaluated`), so any pointwise spelling is taken and a wrong one (high nibble first, another
+every code (`evaluated`), so any pointwise spelling is taken and a wrong one (high nibble first, another
 table) is not.
 
 The op computes `(e2m1 * (global * float(block))).to(x.dtype)`, the order above; so the weight must be
@@ -218,7 +218,7 @@ def _blocked_source(block: Node, n: int, groups: int) -> Node | None:
         numel *= s
     if numel != blocked_numel(n, groups):
         return None
-    index = _evaluated(block, node, torch.arange(numel).view(source_shape))
+    index = evaluated(block, node, torch.arange(numel).view(source_shape))
     return node if torch.equal(index, blocked_index(n, groups)) else None
 
 
@@ -269,7 +269,7 @@ def _region(root: Node, leaf_shape: tuple, is_leaf) -> tuple[set[Node], list[Nod
     return leaves, nodes
 
 
-def _evaluated(root: Node, leaf: Node, probe: torch.Tensor) -> torch.Tensor:
+def evaluated(root: Node, leaf: Node, probe: torch.Tensor) -> torch.Tensor:
     """`root` computed from `probe` in place of `leaf`, on CPU, by running its (pointwise) nodes."""
     from torch._subclasses.fake_tensor import unset_fake_temporarily
 
@@ -300,7 +300,7 @@ def _match_decode(decoded: Node) -> Node:
     codes = leaves.pop()
     if _dtype(codes).is_floating_point or _dtype(codes) == torch.bool:
         raise Decline(f"the unpacked codes are {_name(_dtype(codes))}, not integers")
-    got = _evaluated(decoded, codes, torch.arange(16, dtype=_dtype(codes)))
+    got = evaluated(decoded, codes, torch.arange(16, dtype=_dtype(codes)))
     if not torch.equal(got, torch.tensor(E2M1_VALUES)):
         raise Decline(f"the decode maps codes 0..15 to {got.tolist()}, not the e2m1 values")
     return _match_unpack(codes, n, k)
@@ -330,7 +330,7 @@ def _match_unpack(codes: Node, n: int, k: int) -> Node:
         packed = next(iter(leaves))
         if _dtype(packed) != torch.uint8:
             raise Decline(f"the codes are unpacked from a {_name(_dtype(packed))} tensor, not uint8")
-        got.append(_evaluated(half, packed, torch.arange(256, dtype=torch.uint8)).long())
+        got.append(evaluated(half, packed, torch.arange(256, dtype=torch.uint8)).long())
     byte = torch.arange(256)
     if torch.equal(got[0], byte >> 4) and torch.equal(got[1], byte & 15):
         raise Decline("the high nibble holds the even input; the op takes input 2i from the low nibble")

@@ -10,6 +10,9 @@
     GROUPINGS     sibling_linears.FAMILY         fa4::nvfp4_linear / fa4::int8_linear calls of one x -> one
                                                  fa4::nvfp4_sibling_linears / fa4::int8_sibling_linears (post-grad,
                                                  over what FAMILIES wrote)
+                  gated_linears.FAMILY           silu(gate) * up of two NVFP4 siblings over one row of x -> one
+                                                 fa4::nvfp4_gated_linear (post-grad, over what sibling_linears wrote;
+                                                 option `gated_linears`, off)
 
 A family's stage says which graph it sees: TORCH_IR families run on the Dynamo graph in the backend,
 before AOTAutograd (`run_torch_ir_passes`: their ops' autograd formulas then serve training); POST_GRAD
@@ -27,7 +30,8 @@ import torch
 from torch._guards import detect_fake_mode
 from torch.fx import GraphModule, Node
 
-from . import handwritten_attention, int8_int8_linear, int8_linear, nvfp4_linear, sdpa_calls, sibling_linears
+from . import (gated_linears, handwritten_attention, int8_int8_linear, int8_linear, nvfp4_linear, sdpa_calls,
+               sibling_linears)
 from .family import TORCH_IR, Context, Family
 from .graph_edit import erased
 from .masks import BodyConstants, Outside
@@ -38,7 +42,7 @@ log = logging.getLogger("fa4_inductor.lowering")
 
 FAMILIES: tuple[Family, ...] = (sdpa_calls.FAMILY, handwritten_attention.FAMILY, int8_linear.FAMILY,
                                 int8_int8_linear.FAMILY, nvfp4_linear.FAMILY)
-GROUPINGS: tuple[Family, ...] = (sibling_linears.FAMILY,)
+GROUPINGS: tuple[Family, ...] = (sibling_linears.FAMILY, gated_linears.FAMILY)  # each a pass of its own, in order
 
 
 def module_buffers(gm: GraphModule, example_inputs) -> dict:

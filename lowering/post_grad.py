@@ -69,7 +69,8 @@ class PostGradPasses(CustomGraphPass):
         fake_mode = detect_fake_mode([n.meta.get("val") for n in graph.nodes if "val" in n.meta])
         context = Context(gm, self.options, fake_mode)
         records = run_families(context, POST_GRAD, FAMILIES)
-        records += run_families(context, POST_GRAD, GROUPINGS)
+        for grouping in GROUPINGS:  # each over what the ones before wrote
+            records += run_families(context, POST_GRAD, (grouping,))
         for record in records:
             log.debug("%s", record)
         self.records += records

@@ -614,6 +614,23 @@ def test_int_gemv_gated(m, n, k, shape):
         assert torch.equal(captured, g.run_gated(x, gate, up, forced=shape))
 
 
+@pytest.mark.parametrize("m", [1, 3])
+def test_the_gated_linear_op(m):
+    """`fa4::nvfp4_gated_linear` on CUDA: one row of x runs the gated GEMV (within a few bf16 steps of the separate
+    ops' silu product), three rows the sibling op, then silu and the product (bit for bit the separate ops')."""
+    from fa4_inductor.kernels import NVFP4_GATED_LINEAR, NVFP4_LINEAR
+
+    gate, up = random_nvfp4(8192, 2048, seed=1, device="cuda"), random_nvfp4(8192, 2048, seed=2, device="cuda")
+    x = torch.randn(m, 1, 2048, dtype=torch.bfloat16, device="cuda")
+    out = NVFP4_GATED_LINEAR(x, [gate[0], up[0]], [gate[1], up[1]], [gate[2], up[2]])
+    expected = F.silu(NVFP4_LINEAR(x, *gate)) * NVFP4_LINEAR(x, *up)
+    assert out.shape == (m, 1, 8192)
+    if m == 1:
+        torch.testing.assert_close(out.float(), expected.float(), rtol=2 ** -6, atol=1e-3 * expected.abs().max().item())
+    else:
+        assert torch.equal(out, expected)
+
+
 def test_int_gemv_outliers_and_non_finite_x():
     """An outlier (its block's small values round to 2^-15 of it) stays within the bounds; an inf in x makes the
     row NaN (eager gives inf or NaN there)."""

@@ -1,0 +1,113 @@
+"""A gated MLP's gate / up siblings and their silu product -> `fa4::nvfp4_gated_linear`, on Inductor's aten graphs
+(POST_GRAD, over what `sibling_linears` grouped; option `gated_linears`, off until measured on a GPU):
+
+    s = nvfp4_sibling_linears(x [1, K], [w_gate, w_up], [block, block], [global, global], [None, None])
+    g = getitem(s, 0) [-> reshape]          u = getitem(s, 1) [-> reshape]
+    a = silu(g)                             any pointwise spelling of g alone (Inductor's decomposition, torch 2.13:
+                                            convert(div(g32, add(exp(neg(g32)), 1)), x.dtype), g32 = convert(g,
+                                            float32)), told to be silu by running it on every finite value of g's
+                                            dtype
+    h = mul(a, u)
+    becomes  nvfp4_gated_linear(x, [w_gate, w_up], [block, block], [global, global]) [-> reshape(., shape(h))]
+
+Only for one row of x (a static 1: a decode step of batch 1), where the op runs one launch; with more rows it would
+run the siblings, then silu and the product unfused, which Inductor fuses into one kernel. Nothing else may read g,
+u or the steps between; any other function of g (GELU's MLPs) leaves the graph as it is.
+"""
+
+from __future__ import annotations
+
+import operator
+
+import torch
+import torch.nn.functional as F
+from torch.fx import Node
+
+from ..kernels import NVFP4_GATED_LINEAR, NVFP4_SIBLING_LINEARS
+from .family import POST_GRAD, Context, Family
+from .graph_edit import NodeMaker, erase_dead
+from .nvfp4_linear import evaluated
+from .sibling_linears import VIEWS
+from .spellings import dtype_of, shape
+
+aten, prims = torch.ops.aten, torch.ops.prims
+SILU_ULPS = 1  # steps of g's dtype a spelling of silu may differ from F.silu by
+
+
+def is_candidate(node: Node) -> bool:
+    """Two sibling NVFP4 linears without biases over one row of x (a static 1, read without a guard)."""
+    return node.op == "call_function" and node.target is NVFP4_SIBLING_LINEARS and len(node.args[1]) == 2 and \
+        all(b is None for b in node.args[4]) and type(shape(node.args[0])[0]) is int and shape(node.args[0])[0] == 1
+
+
+def _past_views(node: Node) -> Node:
+    """The last of the single-user views that follow `node` (node itself if none)."""
+    while len(node.users) == 1 and next(iter(node.users)).target in VIEWS:
+        node = next(iter(node.users))
+    return node
+
+
+def _is_elementwise(node: Node) -> bool:
+    return node.op == "call_function" and (node.target is prims.convert_element_type.default or (
+        isinstance(node.target, torch._ops.OpOverload) and torch.Tag.pointwise in node.target.tags))
+
+
+def _function_of(a: Node, g: Node, product: Node) -> list[Node] | None:
+    """The nodes that compute `a` from `g` alone, elementwise at g's shape, read by nothing but each other and
+    `product`; None where `a` is not such a function (it reads another tensor, reduces, reshapes)."""
+    chain, work = [], [a]
+    while work:
+        node = work.pop()
+        if node is g or node in chain:
+            continue
+        if not _is_elementwise(node) or shape(node) != shape(g):
+            return None
+        chain.append(node)
+        work.extend(node.all_input_nodes)
+    inside = set(chain) | {product}
+    if any(user not in inside for node in [g, *chain] for user in node.users):
+        return None
+    return chain
+
+
+def _is_silu(a: Node, g: Node) -> bool:
+    """Whether `a`, run on every finite value of g's dtype, is F.silu within SILU_ULPS steps."""
+    dtype = dtype_of(g)
+    if dtype not in (torch.bfloat16, torch.float16):
+        return False
+    probe = torch.arange(-32768, 32768, dtype=torch.int32).to(torch.int16).view(dtype)
+    probe = probe[probe.isfinite()]
+    got, want = evaluated(a, g, probe).float(), F.silu(probe).float()
+    step = torch.finfo(dtype).eps * SILU_ULPS
+    return got.shape == want.shape and bool(((got - want).abs() <= step * want.abs() + torch.finfo(dtype).tiny).all())
+
+
+def rewrite(node: Node, context: Context) -> str | None:
+    items = {u.args[1]: u for u in node.users if u.target is operator.getitem}
+    if sorted(items) != [0, 1] or len(node.users) != 2:
+        return None
+    g, u = _past_views(items[0]), _past_views(items[1])
+    if len(u.users) != 1:
+        return None
+    product = next(iter(u.users))
+    if product.target is not aten.mul.Tensor or len(product.args) != 2 or u not in product.args:
+        return None
+    a = product.args[0] if product.args[1] is u else product.args[1]
+    if not isinstance(a, Node) or shape(u) != shape(g) or shape(product) != shape(g) or \
+            dtype_of(product) != dtype_of(g) or _function_of(a, g, product) is None or not _is_silu(a, g):
+        return None
+    x, w_fp4, w_block_scale, w_global_scale = node.args[:4]
+    graph = context.gm.graph
+    with graph.inserting_before(product):
+        make = NodeMaker(graph, product, context.fake_mode)
+        out = make(NVFP4_GATED_LINEAR, x, list(w_fp4), list(w_block_scale), list(w_global_scale),
+                   **{k: v for k, v in node.kwargs.items() if k == "scale_layout"})
+        if shape(out) != shape(product):
+            out = make(aten.reshape.default, out, list(shape(product)))
+    product.replace_all_uses_with(out)
+    erase_dead(graph, [product])
+    n, k = shape(w_fp4[0])
+    return f"fa4.nvfp4_gated_linear(x[{'x'.join(map(str, shape(x)))}], silu(gate[{n}x{2 * k}]) * up[{n}x{2 * k}])"
+
+
+FAMILY = Family("gated_linears", POST_GRAD, is_candidate, rewrite)
