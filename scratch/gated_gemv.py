@@ -10,29 +10,10 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, "tests")
+from bench_w4a16 import graph_us  # noqa: E402
 from test_nvfp4_linear import random_nvfp4  # noqa: E402
 
 from fa4_inductor.kernels import nvfp4_int_gemv as g  # noqa: E402
-
-
-def graph_us(fn, reps=200):
-    fn()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(reps):
-            fn()
-    graph.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(5):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / reps)
-    return sorted(times)[2]
 
 
 silu_mul = torch.compile(lambda a, b: F.silu(a) * b)
@@ -48,7 +29,7 @@ for n, k in ((8192, 2048), (14336, 4096), (5632, 2048)):
     def siblings_only():
         return g.run_siblings(x, [gate, up])
 
-    t_apart, t_sib, t_gated = graph_us(apart), graph_us(siblings_only), graph_us(lambda: g.run_gated(x, gate, up))
+    t_apart, t_sib, t_gated = (graph_us([fn]) for fn in (apart, siblings_only, lambda: g.run_gated(x, gate, up)))
     err = (g.run_gated(x, gate, up).float() - apart().float()).abs().max().item()
     print(f"{n} x {k}: siblings + silu * up {t_apart:.1f} us (siblings alone {t_sib:.1f}), gated {t_gated:.1f} us; "
           f"max difference {err:.3g}", flush=True)

@@ -330,6 +330,17 @@ def test_gemv_forced_shapes(m, shape):
         fmt_case(m, 333, 4160, torch.bfloat16, seed=m, gemv=shape, **kw)
 
 
+def assert_replays_equal(step, x):
+    """`step` captured in a CUDA graph (`capture`), replayed three times on new values of its input x: each output
+    bit for bit a fresh call's."""
+    graph, captured = capture(step)
+    for _ in range(3):
+        x.copy_(torch.randn_like(x))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(captured, step())
+
+
 @pytest.mark.parametrize("shape", [(4, 1, 2), (4, 4, 2), (2, 2, 4), (1, 1, 8), (4, 1, 8)],
                          ids=lambda s: "x".join(map(str, s)))
 @pytest.mark.parametrize("m, n, k", [(1, 333, 4160), (3, 512, 8192), (1, 2048, 8256), (4, 5, 1040)])
@@ -345,14 +356,7 @@ def test_gemv_split_k(m, n, k, shape):
     w_int8 = torch.randint(-128, 128, (n, k), dtype=torch.int8, generator=g).cuda()
     scale = (torch.rand(n, generator=g) / 100 + 1e-3).cuda()
     x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
-    w4.int8_matmul(x, w_int8, scale, gemv=shape)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = w4.int8_matmul(x, w_int8, scale, gemv=shape)
-    for _ in range(3):
-        x.copy_(torch.randn_like(x))
-        graph.replay()
-        assert torch.equal(out, w4.int8_matmul(x, w_int8, scale, gemv=shape))
+    assert_replays_equal(lambda: w4.int8_matmul(x, w_int8, scale, gemv=shape), x)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
@@ -559,14 +563,7 @@ def test_int_gemv_split_k(shape, m, n, k):
     int_gemv_case(n, k, torch.bfloat16, seed=n + k + shape[2], shape=shape, m=m)
     w_fp4, block, global_scale = random_nvfp4(n, k, seed=3, device="cuda")
     x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
-    g.matmul(x, w_fp4, block, global_scale, forced=shape)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = g.matmul(x, w_fp4, block, global_scale, forced=shape)
-    for _ in range(3):
-        x.copy_(torch.randn_like(x))
-        graph.replay()
-        assert torch.equal(out, g.matmul(x, w_fp4, block, global_scale, forced=shape))
+    assert_replays_equal(lambda: g.matmul(x, w_fp4, block, global_scale, forced=shape), x)
 
 
 def test_int_gemv_split_rule_on_the_down_projection(monkeypatch):
@@ -605,13 +602,7 @@ def test_int_gemv_gated(m, n, k, shape):
     expected = F.silu(g.matmul(x, *gate)) * g.matmul(x, *up)
     assert out.shape == (m, n) and out.dtype == torch.bfloat16
     torch.testing.assert_close(out.float(), expected.float(), rtol=2 ** -6, atol=1e-3 * expected.abs().max().item())
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        captured = g.run_gated(x, gate, up, forced=shape)
-    for _ in range(3):
-        x.copy_(torch.randn_like(x))
-        graph.replay()
-        assert torch.equal(captured, g.run_gated(x, gate, up, forced=shape))
+    assert_replays_equal(lambda: g.run_gated(x, gate, up, forced=shape), x)
 
 
 @pytest.mark.parametrize("m", [1, 3])
