@@ -22,11 +22,12 @@ c28) # session 28: K split among a cluster's CTAs in both GEMVs (FA4_INDUCTOR_GE
         --shapes 2048x8192,4096x14336,1024x4096,4096x4096,8192x8192,8192x2048 --gemv int,on
     for s in off on; do run env FA4_INDUCTOR_GEMV_SPLIT=$s FA4_INDUCTOR_W4A16_INT_GEMV=on timeout 120 python3 \
       docs/scripts/decode_profile.py nvfp4 plain; done ;;
-e28) # session 28: the gated integer GEMV (silu(x @ gate^T) * (x @ up^T) in one launch, CPU-compiled only): its GPU
-    # test, then its time against the sibling GEMV and silu * up chained (if faster, the next step is the lowering
-    # that sends a decode step's gate / up siblings and their silu product to it)
+e28) # session 28: the gated integer GEMV (silu(x @ gate^T) * (x @ up^T) in one launch, CPU-compiled only) and
+    # fa4::nvfp4_gated_linear: GPU tests, its time against the sibling GEMV and Inductor's silu product chained, the
+    # NVFP4 decode step without and with `backend(gated_linears=True)` (on by default if faster)
     run timeout 200 $P -n 8 tests/test_gpu_w4a16.py -k "gated"
-    run timeout 120 python3 scratch/gated_gemv.py ;;
+    run timeout 120 python3 scratch/gated_gemv.py
+    for o in 0 1; do run timeout 120 python3 docs/scripts/decode_profile.py nvfp4 plain gated_linears=$o; done ;;
 d28) # session 28: where the 16-warp CTAs and the splits change the integer GEMV's counters (8192 x 8192 and the down
     # projection): issue rate, warps a scheduler, the prologue's share
     for shape in "8192 8192 4,1,1,16 4,1,1,8" "2048 8192 4,1,4,4 4,1,4,16"; do
