@@ -89,10 +89,10 @@ class Options:
     one by one, as without it."""
 
     gated_linears: bool = False
-    """With `sibling_linears` and `nvfp4_linear`: a gated MLP's gate / up siblings over one row of x and their silu
-    product become one `fa4::nvfp4_gated_linear` (lowering/gated_linears.py), which on CUDA runs both weights and the
-    product in one launch of the integer GEMV (a decode step of batch 1 saves the kernel Inductor fuses silu and the
-    product into). Off: not yet measured on a GPU."""
+    """With `sibling_linears` and `nvfp4_linear`: a gated MLP's gate / up siblings over one row of x and their SiLU
+    (or tanh-GELU) product become one `fa4::nvfp4_gated_linear` (lowering/gated_linears.py), which on CUDA runs both
+    weights and the product in one launch of the integer GEMV (a decode step of batch 1 saves the kernel Inductor
+    fuses the activation and the product into). Off: not yet measured on a GPU."""
 
     inductor_gemvs: bool = True
     """With `coordinate_descent_tuning` on (torchao's `quantize_` and gpt-fast turn it on), Inductor decomposes one-row

@@ -47,7 +47,7 @@ class Key(NamedTuple):
     weights: int = 1  # > 1: `NVFP4IntGemvSiblings`, that many weights of one x in one launch
     splits: int = 1  # CTAs of a cluster that split a row group's K
     warps: int = 4  # a CTA (`cute/w4a16_gemv.py`'s CTA_WARPS): more warps quantize x once for more rows
-    gated: bool = False  # `NVFP4IntGemvGated`: silu(x @ gate^T) * (x @ up^T) (weights = 2)
+    gated: str = ""  # `NVFP4IntGemvGated`'s activation (weights = 2): act(x @ gate^T) * (x @ up^T)
 
 
 def pieces_bucket(pieces: int) -> int:
@@ -142,7 +142,7 @@ def _compile(key: Key):
     x = cute.runtime.make_fake_tensor(Int32, (key.m, sym()), (sym64(divisibility=4), 1), assumed_align=16)
     if key.gated:
         kernel = NVFP4IntGemvGated(dt, key.m, key.rows, key.warps_k, key.max_pieces, pdl=key.pdl,
-                                   min_ctas=SIBLINGS_MIN_CTAS if key.m == 1 else 0)
+                                   min_ctas=SIBLINGS_MIN_CTAS if key.m == 1 else 0, activation=key.gated)
         (w0, block0, scale0, out), (w1, block1, scale1, _) = operands(), operands()
         return compile_utils.compile_for_tvm_ffi(cute, kernel, x, w0, block0, scale0, w1, block1, scale1, out)
     if key.weights > 1:
@@ -193,10 +193,11 @@ def run_siblings(x2d: Tensor, weights: list[tuple[Tensor, Tensor, Tensor]],
 
 
 def run_gated(x2d: Tensor, gate: tuple[Tensor, Tensor, Tensor], up: tuple[Tensor, Tensor, Tensor],
-              forced: Optional[tuple[int, int]] = None) -> Tensor:
-    """silu(x2d @ dequant(gate)^T) * (x2d @ dequant(up)^T) -> [M, N] in x's dtype, in one launch
-    (`NVFP4IntGemvGated`); gate and up (w_fp4, w_block_scale, w_global_scale) of one shape. The CTA shape is `shape`'s
-    for their rows together (rows a warp at least 2: one of each). The caller has made `matmul`'s checks for each."""
+              forced: Optional[tuple[int, int]] = None, activation: str = "silu") -> Tensor:
+    """act(x2d @ dequant(gate)^T) * (x2d @ dequant(up)^T) -> [M, N] in x's dtype, in one launch
+    (`NVFP4IntGemvGated`; act silu or gelu_tanh); gate and up (w_fp4, w_block_scale, w_global_scale) of one shape.
+    The CTA shape is `shape`'s for their rows together (rows a warp at least 2: one of each). The caller has made
+    `matmul`'s checks for each."""
     from . import w4a16_decode as w4
 
     if gate[0].shape != up[0].shape or gate[1].shape != up[1].shape:
@@ -213,11 +214,15 @@ def run_gated(x2d: Tensor, gate: tuple[Tensor, Tensor, Tensor], up: tuple[Tensor
     device = x.device.index if x.device.index is not None else torch.cuda.current_device()
     rows, warps_k = forced or shape(2 * n, m, w4._num_sms(device), pieces)[:2]
     rows = max(rows, 2)
+    from .cute.nvfp4_int_gemv import ACTIVATIONS
+
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"the gated GEMV takes the activations {ACTIVATIONS}, not {activation!r}")
     if rows % 2 or rows * m > MAX_ROW_PRODUCT:
         raise ValueError(f"the gated GEMV takes an even number of rows a warp, at most {MAX_ROW_PRODUCT} // {m}; got "
                          f"{rows}")
     key = Key(x.dtype, m, compile_utils.target_arch(x.device), rows, warps_k, pieces_bucket(pieces),
-              switches.current().w4a16_pdl, weights=2, gated=True)
+              switches.current().w4a16_pdl, weights=2, gated=activation)
     out = torch.empty(m, n, dtype=x.dtype, device=x.device)
     with torch.cuda.device(x.device):
         compiled(key)(x.view(torch.int32), *operands, out)

@@ -1,18 +1,19 @@
-"""A gated MLP's gate / up siblings and their silu product -> `fa4::nvfp4_gated_linear`, on Inductor's aten graphs
-(POST_GRAD, over what `sibling_linears` grouped; option `gated_linears`, off until measured on a GPU):
+"""A gated MLP's gate / up siblings and their activation product -> `fa4::nvfp4_gated_linear`, on Inductor's aten
+graphs (POST_GRAD, over what `sibling_linears` grouped; option `gated_linears`, off until measured on a GPU):
 
     s = nvfp4_sibling_linears(x [1, K], [w_gate, w_up], [block, block], [global, global], [None, None])
     g = getitem(s, 0) [-> reshape]          u = getitem(s, 1) [-> reshape]
-    a = silu(g)                             any pointwise spelling of g alone (Inductor's decomposition, torch 2.13:
-                                            convert(div(g32, add(exp(neg(g32)), 1)), x.dtype), g32 = convert(g,
-                                            float32)), told to be silu by running it on every finite value of g's
-                                            dtype
+    a = act(g)                              any pointwise spelling of g alone of silu (Inductor's decomposition, torch
+                                            2.13: convert(div(g32, add(exp(neg(g32)), 1)), x.dtype), g32 = convert(g,
+                                            float32)) or of GELU's tanh approximation, told apart by running it on
+                                            every finite value of g's dtype
     h = mul(a, u)
-    becomes  nvfp4_gated_linear(x, [w_gate, w_up], [block, block], [global, global]) [-> reshape(., shape(h))]
+    becomes  nvfp4_gated_linear(x, [w_gate, w_up], [block, block], [global, global], activation=act)
+             [-> reshape(., shape(h))]
 
 Only for one row of x (a static 1: a decode step of batch 1), where the op runs one launch; with more rows it would
 run the siblings, then silu and the product unfused, which Inductor fuses into one kernel. Nothing else may read g,
-u or the steps between; any other function of g (GELU's MLPs) leaves the graph as it is.
+u or the steps between; any other function of g (exact GELU) leaves the graph as it is.
 """
 
 from __future__ import annotations
@@ -20,10 +21,10 @@ from __future__ import annotations
 import operator
 
 import torch
-import torch.nn.functional as F
 from torch.fx import Node
 
 from ..kernels import NVFP4_GATED_LINEAR, NVFP4_SIBLING_LINEARS
+from ..kernels.nvfp4_gated_linear import ACTIVATIONS
 from .family import POST_GRAD, Context, Family
 from .graph_edit import NodeMaker, erase_dead
 from .nvfp4_linear import evaluated
@@ -31,7 +32,8 @@ from .sibling_linears import VIEWS
 from .spellings import dtype_of, shape
 
 aten, prims = torch.ops.aten, torch.ops.prims
-SILU_ULPS = 1  # steps of g's dtype a spelling of silu may differ from F.silu by
+ACTIVATION_ULPS = 1  # steps of g's dtype a spelling of an activation may differ from the op's by
+CANCELLATION = 2.0 ** -21  # and, times |g|: where x (1 + tanh(.)) cancels, float32 spellings differ by ~2^-23 |x|
 
 
 def is_candidate(node: Node) -> bool:
@@ -70,16 +72,22 @@ def _function_of(a: Node, g: Node, product: Node) -> list[Node] | None:
     return chain
 
 
-def _is_silu(a: Node, g: Node) -> bool:
-    """Whether `a`, run on every finite value of g's dtype, is F.silu within SILU_ULPS steps."""
+def _activation(a: Node, g: Node) -> str | None:
+    """The op's activation `a` computes of g (run on every finite value of g's dtype, within ACTIVATION_ULPS steps
+    and CANCELLATION), or None."""
     dtype = dtype_of(g)
     if dtype not in (torch.bfloat16, torch.float16):
-        return False
+        return None
     probe = torch.arange(-32768, 32768, dtype=torch.int32).to(torch.int16).view(dtype)
     probe = probe[probe.isfinite()]
-    got, want = evaluated(a, g, probe).float(), F.silu(probe).float()
-    step = torch.finfo(dtype).eps * SILU_ULPS
-    return got.shape == want.shape and bool(((got - want).abs() <= step * want.abs() + torch.finfo(dtype).tiny).all())
+    got = evaluated(a, g, probe).float()
+    bound = torch.finfo(dtype).eps * ACTIVATION_ULPS
+    for name, function in ACTIVATIONS.items():
+        want = function(probe).float()
+        if got.shape == want.shape and bool(((got - want).abs() <= bound * want.abs() + CANCELLATION *
+                                             probe.float().abs() + torch.finfo(dtype).tiny).all()):
+            return name
+    return None
 
 
 def rewrite(node: Node, context: Context) -> str | None:
@@ -94,20 +102,24 @@ def rewrite(node: Node, context: Context) -> str | None:
         return None
     a = product.args[0] if product.args[1] is u else product.args[1]
     if not isinstance(a, Node) or shape(u) != shape(g) or shape(product) != shape(g) or \
-            dtype_of(product) != dtype_of(g) or _function_of(a, g, product) is None or not _is_silu(a, g):
+            dtype_of(product) != dtype_of(g) or _function_of(a, g, product) is None:
+        return None
+    activation = _activation(a, g)
+    if activation is None:
         return None
     x, w_fp4, w_block_scale, w_global_scale = node.args[:4]
     graph = context.gm.graph
     with graph.inserting_before(product):
         make = NodeMaker(graph, product, context.fake_mode)
         out = make(NVFP4_GATED_LINEAR, x, list(w_fp4), list(w_block_scale), list(w_global_scale),
-                   **{k: v for k, v in node.kwargs.items() if k == "scale_layout"})
+                   **{k: v for k, v in node.kwargs.items() if k == "scale_layout"}, activation=activation)
         if shape(out) != shape(product):
             out = make(aten.reshape.default, out, list(shape(product)))
     product.replace_all_uses_with(out)
     erase_dead(graph, [product])
     n, k = shape(w_fp4[0])
-    return f"fa4.nvfp4_gated_linear(x[{'x'.join(map(str, shape(x)))}], silu(gate[{n}x{2 * k}]) * up[{n}x{2 * k}])"
+    return (f"fa4.nvfp4_gated_linear(x[{'x'.join(map(str, shape(x)))}], {activation}(gate[{n}x{2 * k}]) * "
+            f"up[{n}x{2 * k}])")
 
 
 FAMILY = Family("gated_linears", POST_GRAD, is_candidate, rewrite)

@@ -585,12 +585,15 @@ def test_int_gemv_split_rule_on_the_down_projection(monkeypatch):
         switches.reset()
 
 
+@pytest.mark.parametrize("activation", ["silu", "gelu_tanh"])
 @pytest.mark.parametrize("shape", [None, (4, 1), (2, 2), (2, 4), (8, 1)], ids=str)
 @pytest.mark.parametrize("m, n, k", [(1, 8192, 2048), (1, 14336, 4096), (2, 1000, 2064), (4, 99, 4160), (1, 3, 48)])
-def test_int_gemv_gated(m, n, k, shape):
-    """`run_gated`: silu(x @ gate^T) * (x @ up^T) in one launch against the separate integer-GEMV calls put through
-    torch's silu and product in x's dtype (the same roundings): within a few bf16 steps (the fp32 sums of another CTA
-    shape can round g or u to the neighbouring bf16 value); CUDA-graph replays on new x bit-equal."""
+def test_int_gemv_gated(m, n, k, shape, activation):
+    """`run_gated`: act(x @ gate^T) * (x @ up^T) in one launch against the separate integer-GEMV calls put through
+    torch's activation and product in x's dtype (the same roundings): within a few bf16 steps (the fp32 sums of
+    another CTA shape can round g or u to the neighbouring bf16 value); CUDA-graph replays on new x bit-equal."""
+    from fa4_inductor.kernels.nvfp4_gated_linear import ACTIVATIONS
+
     from fa4_inductor.kernels import nvfp4_int_gemv as g
 
     if shape is not None and shape[0] * m > g.MAX_ROW_PRODUCT:
@@ -598,11 +601,11 @@ def test_int_gemv_gated(m, n, k, shape):
     gate = random_nvfp4(n, k, seed=n + k, device="cuda")
     up = random_nvfp4(n, k, seed=n + k + 1, device="cuda")
     x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
-    out = g.run_gated(x, gate, up, forced=shape)
-    expected = F.silu(g.matmul(x, *gate)) * g.matmul(x, *up)
+    out = g.run_gated(x, gate, up, forced=shape, activation=activation)
+    expected = ACTIVATIONS[activation](g.matmul(x, *gate)) * g.matmul(x, *up)
     assert out.shape == (m, n) and out.dtype == torch.bfloat16
     torch.testing.assert_close(out.float(), expected.float(), rtol=2 ** -6, atol=1e-3 * expected.abs().max().item())
-    assert_replays_equal(lambda: g.run_gated(x, gate, up, forced=shape), x)
+    assert_replays_equal(lambda: g.run_gated(x, gate, up, forced=shape, activation=activation), x)
 
 
 @pytest.mark.parametrize("m", [1, 3])

@@ -1,6 +1,7 @@
 """`fa4::nvfp4_gated_linear` (kernels/nvfp4_gated_linear.py) and the rewrite that emits it
-(lowering/gated_linears.py): silu(x @ gate^T) * (x @ up^T) of two NVFP4 linears as one op, bit for bit the separate
-ops' output put through silu and the product in x's dtype. The kernel's numerics: `test_gpu_w4a16.py -k gated`."""
+(lowering/gated_linears.py): act(x @ gate^T) * (x @ up^T) of two NVFP4 linears as one op (act SiLU or tanh-GELU),
+bit for bit the separate ops' outputs put through the activation and the product in x's dtype. The kernel's
+numerics: `test_gpu_w4a16.py -k gated`."""
 
 import expecttest
 import pytest
@@ -29,24 +30,30 @@ def op_args(gate, up):
     return [gate[0], up[0]], [gate[1], up[1]], [gate[2], up[2]]
 
 
+ACTIVATIONS = {"silu": F.silu, "gelu_tanh": lambda t: F.gelu(t, approximate="tanh")}
+
+
+@pytest.mark.parametrize("activation", list(ACTIVATIONS))
 @pytest.mark.parametrize("layout", ["rowmajor", "blocked"])
-def test_opcheck(layout):
+def test_opcheck(layout, activation):
     gate, up = weights()
     if layout == "blocked":
         gate, up = ((w, blocked(b), g) for w, b, g in (gate, up))
     for x in (torch.randn(2, 3, K), torch.randn(K, 5).t(), torch.randn(1, K, dtype=torch.bfloat16)):
-        torch.library.opcheck(NVFP4_GATED_LINEAR, (x, *op_args(gate, up)), {"scale_layout": layout},
-                              test_utils=OPCHECK_TESTS)
+        torch.library.opcheck(NVFP4_GATED_LINEAR, (x, *op_args(gate, up)),
+                              {"scale_layout": layout, "activation": activation}, test_utils=OPCHECK_TESTS)
 
 
+@pytest.mark.parametrize("activation", list(ACTIVATIONS))
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
-def test_the_separate_ops_silu_and_product_bit_for_bit_and_near_float64(dtype):
+def test_the_separate_ops_activation_and_product_bit_for_bit_and_near_float64(dtype, activation):
     gate, up = weights(seed=3)
     x = torch.randn(2, 3, K, dtype=dtype)
-    out = NVFP4_GATED_LINEAR(x, *op_args(gate, up))
-    assert torch.equal(out, F.silu(NVFP4_LINEAR(x, *gate)) * NVFP4_LINEAR(x, *up))
+    act = ACTIVATIONS[activation]
+    out = NVFP4_GATED_LINEAR(x, *op_args(gate, up), activation=activation)
+    assert torch.equal(out, act(NVFP4_LINEAR(x, *gate)) * NVFP4_LINEAR(x, *up))
     g64, u64 = (x.double() @ float64_dequantized(*w).T for w in (gate, up))
-    expected = F.silu(g64) * u64
+    expected = act(g64) * u64
     tol = {torch.float32: 1e-5, torch.bfloat16: 3 * 2 ** -8, torch.float16: 3 * 2 ** -11}[dtype]
     torch.testing.assert_close(out.double(), expected, atol=tol * expected.abs().max().item(), rtol=tol)
 
@@ -59,6 +66,8 @@ def test_the_separate_ops_silu_and_product_bit_for_bit_and_near_float64(dtype):
 def test_calls_it_cannot_take_are_errors(change, message):
     with pytest.raises((ValueError, RuntimeError), match=message):
         NVFP4_GATED_LINEAR(torch.randn(1, K), *change(*weights()))
+    with pytest.raises((ValueError, RuntimeError), match="takes the activations"):
+        NVFP4_GATED_LINEAR(torch.randn(1, K), *op_args(*weights()), activation="relu")
 
 
 def test_the_cuda_path_runs_one_launch_where_the_siblings_would(monkeypatch):
@@ -67,9 +76,9 @@ def test_the_cuda_path_runs_one_launch_where_the_siblings_would(monkeypatch):
     then silu and the product."""
     calls = []
 
-    def run_gated(x2d, gate, up):
-        calls.append(("gated", tuple(x2d.shape)))
-        return F.silu(NVFP4_LINEAR(x2d, *gate)) * NVFP4_LINEAR(x2d, *up)
+    def run_gated(x2d, gate, up, activation):
+        calls.append(("gated", tuple(x2d.shape), activation))
+        return ACTIVATIONS[activation](NVFP4_LINEAR(x2d, *gate)) * NVFP4_LINEAR(x2d, *up)
 
     def siblings(x, w_fp4, block, scale, bias, layout):
         calls.append(("siblings", tuple(x.shape)))
@@ -79,13 +88,13 @@ def test_the_cuda_path_runs_one_launch_where_the_siblings_would(monkeypatch):
     monkeypatch.setattr(gated_op.nvfp4_sibling_linears, "_nvfp4_sibling_linears_cuda", siblings)
     gate, up = weights(seed=7)
     x = torch.randn(1, 1, K, dtype=torch.bfloat16)
-    expected = NVFP4_GATED_LINEAR(x, *op_args(gate, up))
+    expected = NVFP4_GATED_LINEAR(x, *op_args(gate, up), activation="gelu_tanh")
     for one_launch in (True, False):
         monkeypatch.setattr(gated_op.nvfp4_sibling_linears, "one_launch", lambda x2d, w_fp4: one_launch)
         out = gated_op._nvfp4_gated_linear_cuda(x, *op_args(*((w, blocked(b), g) for w, b, g in (gate, up))),
-                                                scale_layout="blocked")
+                                                scale_layout="blocked", activation="gelu_tanh")
         assert torch.equal(out, expected) and out.shape == (1, 1, N)
-    assert calls == [("gated", (1, K)), ("siblings", (1, 1, K))]
+    assert calls == [("gated", (1, K), "gelu_tanh"), ("siblings", (1, 1, K))]
 
 
 class MLP(nn.Module):
@@ -115,20 +124,31 @@ class TestRewrittenGraphs(expecttest.TestCase):
         compiled, eager = compiled_mlp(torch.randn(1, 1, K, dtype=torch.bfloat16))
         ops = [line for line in "\n".join(compiled.graphs).splitlines() if "fa4." in line or "mul" in line]
         self.assertExpectedInline("\n".join(ops), """\
-nvfp4_gated_linear_default: bf16[1, 128] = fa4.nvfp4_gated_linear(view_3, (arg2_1, arg6_1), (arg1_1, arg5_1), (arg0_1, arg4_1))
+nvfp4_gated_linear_default: bf16[1, 128] = fa4.nvfp4_gated_linear(view_3, (arg2_1, arg6_1), (arg1_1, arg5_1), (arg0_1, arg4_1), activation='silu')
 nvfp4_linear_default_2: bf16[1, 64] = fa4.nvfp4_linear(view_13, arg9_1, arg8_1, arg7_1, None)""")
         assert [d for ok, d in compiled.details if ok and "gated" in d] == [
             f"fa4.nvfp4_gated_linear(x[1x{K}], silu(gate[{N}x{K}]) * up[{N}x{K}])"]
         assert torch.equal(compiled.out, eager)
 
+    def test_gemmas_gelu(self):
+        """Gemma's MLP (GELU, tanh approximation) takes the op with that activation."""
+        compiled, eager = compiled_mlp(torch.randn(1, 1, K, dtype=torch.bfloat16),
+                                       act=lambda t: F.gelu(t, approximate="tanh"))
+        ops = [line for line in "\n".join(compiled.graphs).splitlines() if "gated" in line]
+        self.assertExpectedInline("\n".join(ops), """\
+nvfp4_gated_linear_default: bf16[1, 128] = fa4.nvfp4_gated_linear(view_3, (arg2_1, arg6_1), (arg1_1, arg5_1), (arg0_1, arg4_1), activation='gelu_tanh')
+reshape_default: bf16[1, 1, 128] = aten.reshape(nvfp4_gated_linear_default, (1, 1, 128))""")
+        torch.testing.assert_close(compiled.out, eager, atol=2e-2 * eager.abs().max().item(), rtol=2e-2)
 
-@pytest.mark.parametrize("case", ["two rows", "option off", "gelu", "float32"])
+
+@pytest.mark.parametrize("case", ["two rows", "option off", "exact gelu", "float32"])
 def test_what_keeps_the_siblings_and_the_product(case):
-    """More rows of x (the op would run the product unfused there), the option off (its default), another
-    activation, a dtype without a finite-value probe: the sibling op and Inductor's product stay."""
+    """More rows of x (the op would run the product unfused there), the option off (its default), an activation
+    the op has not (GELU without the tanh approximation), a dtype without a finite-value probe: the sibling op and
+    Inductor's product stay."""
     x = torch.randn(2 if case == "two rows" else 1, 1, K, dtype=torch.float32 if case == "float32" else torch.bfloat16)
     backend = fa4_inductor.backend(nvfp4_linear=True) if case == "option off" else GATED
-    act = (lambda t: F.gelu(t, approximate="tanh")) if case == "gelu" else F.silu
+    act = F.gelu if case == "exact gelu" else F.silu
     compiled, eager = compiled_mlp(x, backend=backend, act=act)
     summary = "\n".join(compiled.graphs)
     assert "fa4.nvfp4_gated_linear" not in summary and "fa4.nvfp4_sibling_linears" in summary

@@ -169,7 +169,9 @@ def test_the_gated_host_path(launches):
     x = torch.randn(1, 2048, dtype=torch.bfloat16)
     out = g.run_gated(x, gate, up)
     key, operands = launches[-1]
-    assert (key.gated, key.weights, key.rows, key.warps_k) == (True, 2, *g.shape(4096, 1, 132, 64)[:2])
+    assert (key.gated, key.weights, key.rows, key.warps_k) == ("silu", 2, *g.shape(4096, 1, 132, 64)[:2])
+    g.run_gated(x, gate, up, activation="gelu_tanh")
+    assert launches[-1][0].gated == "gelu_tanh"
     assert len(operands) == 8 and operands[-1] is out and out.shape == (1, 2048) and out.dtype == torch.bfloat16
     assert torch.equal(operands[6], up[2].reshape(1).float()) and torch.equal(operands[3], gate[2].reshape(1).float())
     g.run_gated(torch.randn(1, 2048, dtype=torch.bfloat16), gate, up, forced=(1, 4))
@@ -214,8 +216,8 @@ def test_variants_compile(cute_dsl, dtype):
                 g.Key(dtype, 4, ARCH, 2, 2, 128, splits=8), g.Key(dtype, 1, ARCH, 4, 1, 64, prefetch=4, splits=2),
                 g.Key(dtype, 1, ARCH, 4, 1, 256, pdl=True, warps=16),
                 g.Key(dtype, 2, ARCH, 4, 2, 64, warps=8, splits=2),
-                g.Key(dtype, 1, ARCH, 4, 1, 64, pdl=True, weights=2, gated=True),
-                g.Key(dtype, 4, ARCH, 2, 2, 128, weights=2, gated=True)):
+                g.Key(dtype, 1, ARCH, 4, 1, 64, pdl=True, weights=2, gated="silu"),
+                g.Key(dtype, 4, ARCH, 2, 2, 128, weights=2, gated="gelu_tanh")):
         assert callable(g.compiled(key)) and g.compiled(key) is g.compiled(key)
 
 

@@ -20,7 +20,7 @@ can be compared between versions of a kernel. SASS_OUT=path appends the whole li
     python docs/scripts/sass_stats.py intgemv 4 1 64 --weights 3      # the sibling GEMV over three weights (q / k / v)
     python docs/scripts/sass_stats.py intgemv 4 1 64 --splits 4       # K split among a cluster of 4 CTAs
     python docs/scripts/sass_stats.py intgemv 4 1 256 --warps 16      # CTAs of 16 warps (x quantized once for 64 rows)
-    python docs/scripts/sass_stats.py intgemv 4 1 64 --gated          # silu(x @ gate^T) * (x @ up^T) in one launch
+    python docs/scripts/sass_stats.py intgemv 4 1 64 --gated [--gelu] # silu (gelu) (x @ gate^T) * (x @ up^T), one launch
 
 Loops with no MMA (the GEMV's) report their fp32 FMAs instead: instructions per FFMA.
 """
@@ -72,7 +72,7 @@ def compile_variant(argv):
         flags_of_intgemv = {a for a in argv if a.startswith("--")}
         argv = [a for i, a in enumerate(argv) if not a.startswith("--")
                 and argv[i - 1] not in ("--m", "--prefetch", "--weights", "--splits", "--warps")]
-        gated = "--gated" in flags_of_intgemv
+        gated = "gelu_tanh" if "--gelu" in flags_of_intgemv else "silu" if "--gated" in flags_of_intgemv else ""
         g.compiled(g.Key(dtype, m, "sm_90a", int(argv[1]), int(argv[2]), int(argv[3]), prefetch=prefetch,
                          weights=2 if gated else weights, splits=splits, warps=warps, gated=gated))
     elif argv[0] == "int8kv":

@@ -324,22 +324,28 @@ class NVFP4IntGemvSiblings(NVFP4IntGemv):
         self.each_weight(storage, mX, weights[:self.weights], bx)
 
 
+ACTIVATIONS = ("silu", "gelu_tanh")  # a gated MLP's: Llama's SiLU, Gemma's GELU (tanh approximation)
+GELU_TANH_CUBIC = 0.044715
+GELU_TANH_SCALE = 0.7978845608028654  # sqrt(2 / pi)
+
+
 class NVFP4IntGemvGated(NVFP4IntGemv):
-    """`NVFP4IntGemv` for a gated MLP's first half: h = silu(x @ gate^T) * (x @ up^T), [M, N], from two NVFP4 weights
-    of one shape [N, K] in one launch. A warp's ROWS rows are ROWS / 2 rows of gate and the same rows of up
-    (`load_piece`), so each output's two sums meet in one warp: after the lanes' and K warps' sums, the lane of up's
-    row hands its sum to the lane of gate's (one shuffle), which stores (`store_gated`). Each of g and u is rounded to
-    x's dtype, silu(g) too, as the separate linears and a graph's silu and product round them.
+    """`NVFP4IntGemv` for a gated MLP's first half: h = act(x @ gate^T) * (x @ up^T), [M, N], from two NVFP4 weights
+    of one shape [N, K] in one launch, act one of ACTIVATIONS. A warp's ROWS rows are ROWS / 2 rows of gate and the
+    same rows of up (`load_piece`), so each output's two sums meet in one warp: after the lanes' and K warps' sums, the
+    lane of up's row hands its sum to the lane of gate's (one shuffle), which stores (`store_gated`). Each of g and u
+    is rounded to x's dtype, act(g) too, as the separate linears and a graph's activation and product round them.
 
     Call: (mX, mW0, mBlock0, mScale0 (gate), mW1, mBlock1, mScale1 (up), mOut [M, N], stream), each weight as
     `NVFP4IntGemv` takes it."""
 
     def __init__(self, dtype, m: int, rows: int, warps_k: int, max_pieces: int, pdl: bool = False,
-                 min_ctas: int = 0):
-        assert rows % 2 == 0, rows
+                 min_ctas: int = 0, activation: str = "silu"):
+        assert rows % 2 == 0 and activation in ACTIVATIONS, (rows, activation)
         super().__init__(dtype, m, rows, warps_k, max_pieces, pdl, min_ctas)
         self.out_rows = rows // 2
         self.gated = True
+        self.activation = activation
 
     @cute.jit
     def __call__(self, mX: cute.Tensor, mW0: cute.Tensor, mBlock0: cute.Tensor, mScale0: cute.Tensor,
@@ -369,5 +375,9 @@ class NVFP4IntGemvGated(NVFP4IntGemv):
     def store_gated(self, gate: Float32, up: Float32, mScale, mOut: cute.Tensor, n: Int32, m: Int32):
         g = (gate * (mScale[0][0] * Float32(0.5))).to(self.dtype).to(Float32)
         u = (up * (mScale[1][0] * Float32(0.5))).to(self.dtype).to(Float32)
-        silu = (g / (Float32(1.0) + cute.math.exp(-g))).to(self.dtype).to(Float32)
-        mOut[m, n] = (silu * u).to(self.dtype)
+        if const_expr(self.activation == "silu"):
+            a = g / (Float32(1.0) + cute.math.exp(-g))
+        else:
+            inner = Float32(GELU_TANH_SCALE) * (g + Float32(GELU_TANH_CUBIC) * g * g * g)
+            a = Float32(0.5) * g * (Float32(1.0) + cute.math.tanh(inner))
+        mOut[m, n] = (a.to(self.dtype).to(Float32) * u).to(self.dtype)
