@@ -13,7 +13,8 @@ import fa4_inductor
 from fa4_inductor import nvfp4
 from fa4_inductor.kernels import NVFP4_GATED_LINEAR, NVFP4_LINEAR
 from fa4_inductor.kernels import nvfp4_gated_linear as gated_op
-from helpers import PostGradCompiled
+from fa4_inductor.report import collecting
+from helpers import PostGradCompiled, tiny
 from test_nvfp4_linear import OPCHECK_TESTS, blocked, float64_dequantized, random_nvfp4
 
 K, N = 64, 128
@@ -166,3 +167,27 @@ def test_silu_is_told_by_running_it():
     torch.testing.assert_close(compiled.out, eager, atol=2e-2 * eager.abs().max().item(), rtol=2e-2)
     compiled, _ = compiled_mlp(torch.randn(1, 1, K, dtype=torch.bfloat16), act=lambda t: t * torch.sigmoid(2 * t))
     assert "fa4.nvfp4_gated_linear" not in "\n".join(compiled.graphs)
+
+
+@pytest.mark.parametrize("name, activation", [("llama", "silu"), pytest.param("gemma3_text", "gelu_tanh",
+                                                                              marks=pytest.mark.slow)])
+def test_hf_decoders_one_row_forward(name, activation):
+    """HF decoders quantized to NVFP4 (`nvfp4.quantize`), one token: every layer's MLP takes the op with its
+    activation, logits as close to eager's as the option off gives them."""
+    model = tiny(name, "sdpa").model.to(torch.bfloat16)
+    nvfp4.quantize(model)
+    ids = torch.randint(0, model.config.vocab_size, (1, 1))
+    logits = {}
+    for on in (True, False):
+        torch._dynamo.reset()
+        with torch.no_grad(), collecting() as records:
+            logits[on] = torch.compile(model, backend=fa4_inductor.backend(gated_linears=on))(
+                input_ids=ids, use_cache=False).logits.float()
+        gated = [r.detail for r in records if r.family == "gated_linears"]
+        assert len(gated) == (model.config.num_hidden_layers if on else 0), gated
+        assert all(f"{activation}(gate[" in d for d in gated), gated
+    with torch.no_grad():
+        eager = model(input_ids=ids, use_cache=False).logits.float()
+    scale = eager.abs().max().item()
+    assert (logits[True] - eager).abs().max().item() <= max(2 * (logits[False] - eager).abs().max().item(),
+                                                             2 ** -7 * scale)
