@@ -12,12 +12,13 @@ graphs (POST_GRAD, over what `sibling_linears` grouped; option `gated_linears`, 
              [-> reshape(., shape(h))]
 
 Only for one row of x (a static 1: a decode step of batch 1), where the op runs one launch; with more rows it would
-run the siblings, then silu and the product unfused, which Inductor fuses into one kernel. Nothing else may read g,
+run the siblings, then the activation and the product unfused, which Inductor fuses into one kernel. Nothing else may read g,
 u or the steps between; any other function of g (exact GELU) leaves the graph as it is.
 """
 
 from __future__ import annotations
 
+import math
 import operator
 
 import torch
@@ -37,9 +38,12 @@ CANCELLATION = 2.0 ** -21  # and, times |g|: where x (1 + tanh(.)) cancels, floa
 
 
 def is_candidate(node: Node) -> bool:
-    """Two sibling NVFP4 linears without biases over one row of x (a static 1, read without a guard)."""
-    return node.op == "call_function" and node.target is NVFP4_SIBLING_LINEARS and len(node.args[1]) == 2 and \
-        all(b is None for b in node.args[4]) and type(shape(node.args[0])[0]) is int and shape(node.args[0])[0] == 1
+    """Two sibling NVFP4 linears without biases over one row of x (static sizes, read without a guard)."""
+    if node.op != "call_function" or node.target is not NVFP4_SIBLING_LINEARS or len(node.args[1]) != 2 or \
+            any(b is not None for b in node.args[4]):
+        return False
+    rows = shape(node.args[0])[:-1]
+    return all(type(d) is int for d in rows) and math.prod(rows) == 1
 
 
 def _past_views(node: Node) -> Node:
