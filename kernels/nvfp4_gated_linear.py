@@ -58,9 +58,7 @@ def _nvfp4_gated_linear_cuda(x: Tensor, w_fp4: list[Tensor], w_block_scale: list
         gate, up = nvfp4_sibling_linears._nvfp4_sibling_linears_cuda(x, w_fp4, w_block_scale, w_global_scale,
                                                                      [None, None], scale_layout)
         return ACTIVATIONS[activation](gate) * up
-    if scale_layout == "blocked":
-        w_block_scale = [nvfp4_linear.unblocked_once(s, w.shape[0], w.shape[1] * 2 // nvfp4_linear.BLOCK)
-                         for s, w in zip(w_block_scale, w_fp4)]
+    w_block_scale = [nvfp4_linear.rowmajor_block_scale(w, s, scale_layout) for w, s in zip(w_fp4, w_block_scale)]
     gate, up = zip(w_fp4, w_block_scale, w_global_scale)
     return nvfp4_int_gemv.run_gated(x2d, gate, up, activation=activation).view(*x.shape[:-1], w_fp4[0].shape[0])
 

@@ -198,52 +198,56 @@ def run_gated(x2d: Tensor, gate: tuple[Tensor, Tensor, Tensor], up: tuple[Tensor
     (`NVFP4IntGemvGated`; act silu or gelu_tanh); gate and up (w_fp4, w_block_scale, w_global_scale) of one shape.
     The CTA shape is `shape`'s for their rows together (rows a warp at least 2: one of each). The caller has made
     `matmul`'s checks for each."""
-    from . import w4a16_decode as w4
-
-    if gate[0].shape != up[0].shape or gate[1].shape != up[1].shape:
-        raise ValueError(f"the gated GEMV takes gate and up weights of one shape, got {tuple(gate[0].shape)} and "
-                         f"{tuple(up[0].shape)}")
-    n = gate[0].shape[0]
-    operands = []
-    for w_fp4, w_block_scale, w_global_scale in (gate, up):
-        words, blocks = w4.prepare_nvfp4(w_fp4, w_block_scale)
-        operands += [words, blocks, w_global_scale.reshape(1).float()]
-    pieces = operands[0].shape[1] // 4
-    x = w4.prepare_x(x2d, 32 * pieces)
-    m = x.shape[0]
-    device = x.device.index if x.device.index is not None else torch.cuda.current_device()
-    rows, warps_k = forced or shape(2 * n, m, w4._num_sms(device), pieces)[:2]
-    rows = max(rows, 2)
     from .cute.nvfp4_int_gemv import ACTIVATIONS
 
     if activation not in ACTIVATIONS:
         raise ValueError(f"the gated GEMV takes the activations {ACTIVATIONS}, not {activation!r}")
+    if gate[0].shape != up[0].shape or gate[1].shape != up[1].shape:
+        raise ValueError(f"the gated GEMV takes gate and up weights of one shape, got {tuple(gate[0].shape)} and "
+                         f"{tuple(up[0].shape)}")
+    n = gate[0].shape[0]
+    x, (gate_operands, up_operands), pieces, num_sms = _prepared(x2d, [gate, up])
+    m = x.shape[0]
+    rows, warps_k = forced or shape(2 * n, m, num_sms, pieces)[:2]
+    rows = max(rows, 2)
     if rows % 2 or rows * m > MAX_ROW_PRODUCT:
         raise ValueError(f"the gated GEMV takes an even number of rows a warp, at most {MAX_ROW_PRODUCT} // {m}; got "
                          f"{rows}")
     key = Key(x.dtype, m, compile_utils.target_arch(x.device), rows, warps_k, pieces_bucket(pieces),
               switches.current().w4a16_pdl, weights=2, gated=activation)
     out = torch.empty(m, n, dtype=x.dtype, device=x.device)
-    with torch.cuda.device(x.device):
-        compiled(key)(x.view(torch.int32), *operands, out)
+    _call(key, x, *gate_operands, *up_operands, out)
     return out
 
 
-def _launch(x2d: Tensor, weights: list, forced: Optional[tuple[int, ...]], prefetch: int) -> list[Tensor]:
+def _prepared(x2d: Tensor, weights: list) -> tuple[Tensor, list[list[Tensor]], int, int]:
+    """(x padded to the weights' K, each (w_fp4, w_block_scale, w_global_scale) as the kernels take it: [words,
+    blocks, global scale], the 16-byte pieces of a row, the SMs of x's device)."""
     from . import w4a16_decode as w4
 
-    operands, outs = [], []
-    for w_fp4, w_block_scale, w_global_scale, n in weights:
+    operands = []
+    for w_fp4, w_block_scale, w_global_scale in weights:
         words, blocks = w4.prepare_nvfp4(w_fp4, w_block_scale)
-        outs.append(torch.empty(x2d.shape[0], n, dtype=x2d.dtype, device=x2d.device))
-        operands += [words, blocks, w_global_scale.reshape(1).float(), outs[-1]]
-    pieces = operands[0].shape[1] // 4
+        operands.append([words, blocks, w_global_scale.reshape(1).float()])
+    pieces = operands[0][0].shape[1] // 4
     x = w4.prepare_x(x2d, 32 * pieces)
-    m = x.shape[0]
     device = x.device.index if x.device.index is not None else torch.cuda.current_device()
+    return x, operands, pieces, w4._num_sms(device)
+
+
+def _call(key: Key, x: Tensor, *operands) -> None:
+    with torch.cuda.device(x.device):
+        compiled(key)(x.view(torch.int32), *operands)
+
+
+def _launch(x2d: Tensor, weights: list, forced: Optional[tuple[int, ...]], prefetch: int) -> list[Tensor]:
+    x, prepared, pieces, num_sms = _prepared(x2d, [w[:3] for w in weights])
+    m = x.shape[0]
+    outs = [torch.empty(m, w[3], dtype=x.dtype, device=x.device) for w in weights]
+    operands = [t for ops, out in zip(prepared, outs) for t in (*ops, out)]
     split = len(weights) == 1 and configured_split()
     rows, warps_k, n_splits, warps = forced_shape(forced) if forced else (
-        *shape(sum(w[3] for w in weights), m, w4._num_sms(device), pieces, split), 4)
+        *shape(sum(w[3] for w in weights), m, num_sms, pieces, split), 4)
     if (n_splits > 1 or warps != 4) and len(weights) > 1:
         raise ValueError("the sibling GEMV does not split K and has CTAs of 4 warps")
     key = Key(x.dtype, m, compile_utils.target_arch(x.device), rows, warps_k,
@@ -251,8 +255,7 @@ def _launch(x2d: Tensor, weights: list, forced: Optional[tuple[int, ...]], prefe
               len(weights), n_splits, warps)
     if len(weights) == 2:
         operands += operands[4:]  # the third weight's slot, not read
-    with torch.cuda.device(x.device):
-        compiled(key)(x.view(torch.int32), *operands)
+    _call(key, x, *operands)
     return outs
 
 

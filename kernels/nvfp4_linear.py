@@ -222,6 +222,14 @@ def unblocked_once(w_block_scale: Tensor, n: int, groups: int) -> Tensor:
                                           lambda: unblocked(w_block_scale, n, groups).contiguous())
 
 
+def rowmajor_block_scale(w_fp4: Tensor, w_block_scale: Tensor, scale_layout: str) -> Tensor:
+    """The block scales in the row-major layout the CUDA kernels read: as they are, or blocked ones un-blocked once
+    (`unblocked_once`)."""
+    if scale_layout != "blocked":
+        return w_block_scale
+    return unblocked_once(w_block_scale, w_fp4.shape[0], w_fp4.shape[1] * 2 // BLOCK)
+
+
 def nvfp4_linear(x: Tensor, w_fp4: Tensor, w_block_scale: Tensor, w_global_scale: Tensor,
                  bias: Optional[Tensor] = None, quantize_activations: bool = False,
                  scale_layout: str = "rowmajor") -> Tensor:
@@ -263,8 +271,7 @@ def _nvfp4_linear_cuda(x: Tensor, w_fp4: Tensor, w_block_scale: Tensor, w_global
                        bias: Optional[Tensor] = None, quantize_activations: bool = False,
                        scale_layout: str = "rowmajor") -> Tensor:
     _check_inputs(x, w_fp4, w_block_scale, w_global_scale, bias, scale_layout)
-    if scale_layout == "blocked":
-        w_block_scale = unblocked_once(w_block_scale, w_fp4.shape[0], w_fp4.shape[1] * 2 // BLOCK)
+    w_block_scale = rowmajor_block_scale(w_fp4, w_block_scale, scale_layout)
     x2d = x.reshape(-1, x.shape[-1])
     route = kernel_for(x2d, w_fp4, quantize_activations)[0]
     if route == "dequantize":

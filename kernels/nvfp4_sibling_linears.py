@@ -53,9 +53,7 @@ def _nvfp4_sibling_linears_cuda(x: Tensor, w_fp4: list[Tensor], w_block_scale: l
     if not one_launch(x2d, w_fp4):
         return [nvfp4_linear._nvfp4_linear_cuda(x, *operands, scale_layout=scale_layout)
                 for operands in zip(w_fp4, w_block_scale, w_global_scale, bias)]
-    if scale_layout == "blocked":
-        w_block_scale = [nvfp4_linear.unblocked_once(s, w.shape[0], w.shape[1] * 2 // nvfp4_linear.BLOCK)
-                         for s, w in zip(w_block_scale, w_fp4)]
+    w_block_scale = [nvfp4_linear.rowmajor_block_scale(w, s, scale_layout) for w, s in zip(w_fp4, w_block_scale)]
     outs = nvfp4_int_gemv.run_siblings(x2d, list(zip(w_fp4, w_block_scale, w_global_scale)))
     for out, b in zip(outs, bias):
         if b is not None:

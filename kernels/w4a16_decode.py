@@ -720,11 +720,14 @@ def gemv_shape(n: int, pieces: int, num_sms: int, split: bool = False) -> tuple[
     `gemv_warps_k`, then GEMV_ROWS halved while the CTAs number fewer than the SMs (512 x 2048: 1 row a warp, 256
     CTAs); `split`: K split as `nvfp4_int_gemv.splits` says for those CTAs."""
     warps_k = gemv_warps_k(n, pieces)
+
+    def ctas(rows):
+        return -(-n // (rows * (GEMV_WARPS // warps_k)))
+
     rows = GEMV_ROWS
-    while rows > 1 and -(-n // (rows * (GEMV_WARPS // warps_k))) < num_sms:
+    while rows > 1 and ctas(rows) < num_sms:
         rows //= 2
-    ctas = -(-n // (rows * (GEMV_WARPS // warps_k)))
-    return rows, warps_k, nvfp4_int_gemv.splits(ctas, pieces, warps_k, num_sms) if split else 1
+    return rows, warps_k, nvfp4_int_gemv.splits(ctas(rows), pieces, warps_k, num_sms) if split else 1
 
 
 def gemv_key(dtype: torch.dtype, fmt: str, m: int, bias: bool, arch: str, warps_k: int, pdl: bool = False,

@@ -28,11 +28,10 @@ from ..kernels import NVFP4_GATED_LINEAR, NVFP4_SIBLING_LINEARS
 from ..kernels.nvfp4_gated_linear import ACTIVATIONS
 from .family import POST_GRAD, Context, Family
 from .graph_edit import NodeMaker, erase_dead
-from .nvfp4_linear import evaluated
 from .sibling_linears import VIEWS
-from .spellings import dtype_of, shape
+from .spellings import dtype_of, evaluated, is_pointwise, shape
 
-aten, prims = torch.ops.aten, torch.ops.prims
+aten = torch.ops.aten
 ACTIVATION_ULPS = 1  # steps of g's dtype a spelling of an activation may differ from the op's by
 CANCELLATION = 2.0 ** -21  # and, times |g|: where x (1 + tanh(.)) cancels, float32 spellings differ by ~2^-23 |x|
 
@@ -53,11 +52,6 @@ def _past_views(node: Node) -> Node:
     return node
 
 
-def _is_elementwise(node: Node) -> bool:
-    return node.op == "call_function" and (node.target is prims.convert_element_type.default or (
-        isinstance(node.target, torch._ops.OpOverload) and torch.Tag.pointwise in node.target.tags))
-
-
 def _function_of(a: Node, g: Node, product: Node) -> list[Node] | None:
     """The nodes that compute `a` from `g` alone, elementwise at g's shape, read by nothing but each other and
     `product`; None where `a` is not such a function (it reads another tensor, reduces, reshapes)."""
@@ -66,7 +60,7 @@ def _function_of(a: Node, g: Node, product: Node) -> list[Node] | None:
         node = work.pop()
         if node is g or node in chain:
             continue
-        if not _is_elementwise(node) or shape(node) != shape(g):
+        if not is_pointwise(node) or shape(node) != shape(g):
             return None
         chain.append(node)
         work.extend(node.all_input_nodes)

@@ -46,7 +46,6 @@ import math
 
 import torch
 from torch.fx import Node
-from torch.fx.node import map_arg
 from torch.utils import _pytree as pytree
 
 from ..kernels import NVFP4_LINEAR, nvfp4_linear_gemv_reason, nvfp4_linear_rows_reason
@@ -58,7 +57,7 @@ from .family import POST_GRAD, Context, Family
 from .graph_edit import NodeMaker, decline_other_readers, erase_dead
 from .records import Decline
 from .spellings import describe_operand as _describe, dtype_of as _dtype, is_call as _is
-from .spellings import guardable, is_transpose_2d as _is_transpose, shape, value
+from .spellings import evaluated, guardable, is_pointwise, is_transpose_2d as _is_transpose, shape, value
 
 aten, prims = torch.ops.aten, torch.ops.prims
 CONVERT = prims.convert_element_type.default
@@ -245,7 +244,7 @@ def _region(root: Node, leaf_shape: tuple, is_leaf) -> tuple[set[Node], list[Nod
             continue
         if node.op != "call_function":
             raise Decline(f"the decode reads {node.name}, a graph input besides the packed codes")
-        if not (_is_pointwise(node) or _is(node, MASKED_WRITE, BITCAST, TABLE_LOOKUP)):
+        if not (is_pointwise(node) or _is(node, MASKED_WRITE, BITCAST, TABLE_LOOKUP)):
             raise Decline(f"the decode computes {node.name} with {node.target}, not a pointwise function of the codes")
         if shape(node) != leaf_shape:
             raise Decline(f"the decode computes {node.name} of shape {list(shape(node))} from codes of shape "
@@ -267,28 +266,6 @@ def _region(root: Node, leaf_shape: tuple, is_leaf) -> tuple[set[Node], list[Nod
         nodes.append(node)
         work.extend(inputs)
     return leaves, nodes
-
-
-def evaluated(root: Node, leaf: Node, probe: torch.Tensor) -> torch.Tensor:
-    """`root` computed from `probe` in place of `leaf`, on CPU, by running its (pointwise) nodes."""
-    from torch._subclasses.fake_tensor import unset_fake_temporarily
-
-    gm = root.graph.owning_module
-    env = {leaf: probe}
-
-    def run(node):
-        if node not in env:
-            if node.op == "get_attr":
-                env[node] = getattr(gm, node.target).detach().cpu()
-            else:
-                args, kwargs = map_arg((node.args, node.kwargs), run)
-                if "device" in kwargs:
-                    kwargs = {**kwargs, "device": torch.device("cpu")}
-                env[node] = node.target(*args, **kwargs)
-        return env[node]
-
-    with unset_fake_temporarily(), torch.no_grad():
-        return run(root)
 
 
 def _match_decode(decoded: Node) -> Node:
@@ -341,14 +318,9 @@ def _match_unpack(codes: Node, n: int, k: int) -> Node:
     return packed
 
 
-def _is_pointwise(node: Node) -> bool:
-    return node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload) and \
-        torch.Tag.pointwise in node.target.tags
-
-
 def _is_packed_source(node: Node) -> bool:
     """Where the walk back from a nibble stops: a graph input or a tensor computed otherwise than pointwise."""
-    return node.op == "placeholder" or node.op == "call_function" and not _is_pointwise(node) \
+    return node.op == "placeholder" or node.op == "call_function" and not is_pointwise(node) \
         and not _is(node, *CONSTANTS)
 
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch.fx import Node
+from torch.fx.node import map_arg
 from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols, guard_or_false, statically_known_true
 
 from ..kernels.layout import dtype_name
@@ -229,6 +230,34 @@ def dtype_of(node) -> torch.dtype:
 def is_transpose_2d(node) -> bool:
     """permute(x, [1, 0]) (or [-1, -2])."""
     return is_call(node, torch.ops.aten.permute.default) and [d % 2 for d in node.args[1]] == [1, 0]
+
+
+def is_pointwise(node: Node) -> bool:
+    """An aten / prims op tagged pointwise (convert_element_type is)."""
+    return node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload) and \
+        torch.Tag.pointwise in node.target.tags
+
+
+def evaluated(root: Node, leaf: Node, probe: torch.Tensor) -> torch.Tensor:
+    """`root` computed from `probe` in place of `leaf`, on CPU, by running its (pointwise) nodes."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    gm = root.graph.owning_module
+    env = {leaf: probe}
+
+    def run(node):
+        if node not in env:
+            if node.op == "get_attr":
+                env[node] = getattr(gm, node.target).detach().cpu()
+            else:
+                args, kwargs = map_arg((node.args, node.kwargs), run)
+                if "device" in kwargs:
+                    kwargs = {**kwargs, "device": torch.device("cpu")}
+                env[node] = node.target(*args, **kwargs)
+        return env[node]
+
+    with unset_fake_temporarily(), torch.no_grad():
+        return run(root)
 
 
 def describe_node(node) -> str:

@@ -59,6 +59,12 @@ def test_the_separate_ops_activation_and_product_bit_for_bit_and_near_float64(dt
     torch.testing.assert_close(out.double(), expected, atol=tol * expected.abs().max().item(), rtol=tol)
 
 
+def test_the_op_and_the_kernel_name_the_same_activations():
+    from fa4_inductor.kernels.cute import nvfp4_int_gemv as kern
+
+    assert sorted(gated_op.ACTIVATIONS) == sorted(kern.ACTIVATIONS) == sorted(ACTIVATIONS)
+
+
 @pytest.mark.parametrize("change, message", [
     (lambda g, u: ([g[0]], [g[1]], [g[2]]), "takes two weights"),
     (lambda g, u: op_args(g, random_nvfp4(N // 2, K)), "of one shape"),

@@ -332,7 +332,7 @@ class W4A16Gemv:
             cute.arch.cluster_wait()  # every CTA of the cluster has started: CTA 0's shared memory is there
             if wk == 0:
                 if lane < R * M:
-                    slot = sSplit.iterator.toint() + (lane + R * M * (wn + self.warps_n * split)) * 4
+                    slot = sSplit.iterator.toint() + cute.crd2idx((lane, wn, split), sSplit.layout) * 4
                     store_cluster_f32(slot, Int32(0), total)
             cute.arch.cluster_arrive()  # release: the writes above, before CTA 0 reads them
             cute.arch.cluster_wait()
