@@ -67,6 +67,7 @@ class AttentionCall:
     # The one mask, added to the scores, is a floating-point graph input (`AdditiveInput`): SDPA takes it as it is.
     additive_input: Node | None = None
     additive_reason: str = ""  # why the op cannot take that mask (values unknown when compiling)
+    sink: Node | None = None  # an attention sink's logit column [..., Sq, 1] (GPT-OSS): `_with_sink`
 
     @property
     def in_training(self) -> bool:
@@ -399,10 +400,24 @@ def emit(gm: GraphModule, call: AttentionCall, fake_mode, shared: dict, mutation
                 out = make(blind_rows_as_eagers, out, lse, q, k, v, call.scale, name="attention_out_blind_rows")
             else:
                 out = make(blind_rows_as_mean, out, lse, v, name="attention_out_blind_rows")
+        if call.sink is not None:
+            out = _with_sink(make, op, out, call.sink)
         if three_d:
             out = make("squeeze", out, 0)
     _replace_output(graph, call, out, make, mutations, copy=three_d)
     return _describe_call(call, kwargs)
+
+
+def _with_sink(make: NodeMaker, op: Node, out: Node, column: Node) -> Node:
+    """The op's out under an attention sink: a softmax over a row's scores and one more logit c, whose column is
+    dropped, weighs V by exp(s_j) / (sum_i exp(s_i) + exp(c)) = softmax(s)_j * sigmoid(lse - c). Rows that see no key
+    (lse -inf, or finfo.min for an additive mask) get 0, as the sink takes all of eager's weight there; the gradient
+    reaches the sink, q and k through lse."""
+    lse = make(operator.getitem, op, 1, name="attention_lse")
+    sink = make("squeeze", make("float", column, name="sink_logits"), -1)
+    weight = make(torch.sigmoid, make(operator.sub, lse, sink), name="sink_weight")
+    scaled = make(operator.mul, out, make("unsqueeze", weight, -1))
+    return make("to", scaled, value(out).dtype, name="attention_out_sink")
 
 
 def _replace_output(graph, call: AttentionCall, out: Node, make: NodeMaker, mutations: Mutations, copy: bool) -> None:
@@ -451,6 +466,8 @@ def _describe_call(call: AttentionCall, kwargs: dict) -> str:
     else:
         text = f"fa4.attention(q[{fmt(call.q)}], k[{fmt(call.k)}], v[{fmt(call.v)}]{used}, {flags})"
     notes = [call.gqa]
+    if call.sink is not None:
+        notes.append("attention sink: out * sigmoid(lse - sink)")
     if call.autocast is not None:
         notes.append(f"q, k, v cast to {str(call.autocast).removeprefix('torch.')} as autocast does")
     if call.int8 is not None:
@@ -506,6 +523,7 @@ def _check_in_place_updates(call: AttentionCall, mutations: Mutations, constants
     for mask, use in call.masks:
         buffers.update(n for n in mutations.check_mask(mask, use) if n in constants)
     tensors = {call.q, call.k, call.v} | ({source.scale for source in call.int8} if call.int8 else set())
+    tensors |= {call.sink} if call.sink is not None else set()
     reads = mutations.first_reads(tensors, call.output, call.matched)
     if call.key_mask is not None:  # read by the op itself (padding.key_mask)
         reads[call.key_mask.node] = call.key_mask.node
@@ -546,7 +564,7 @@ def rewrite(call: AttentionCall | None, context: Context) -> str | None:
     if call.additive_input is not None:
         return _additive_input_rewrite(call, context)
     small = None
-    if getattr(context.options, "small_calls_to_sdpa", True):
+    if getattr(context.options, "small_calls_to_sdpa", True) and call.sink is None:  # SDPA has no sink
         small = crossover.small_attention(call, context.gm.graph, context.shared)
         decode = crossover.small_decode(call, context.gm.graph, context.shared) if small is None else None
         if decode is not None:
@@ -586,8 +604,9 @@ def _additive_input_rewrite(call: AttentionCall, context: Context) -> str:
     keys = _additive_on_op(call) if getattr(context.options, "additive_masks_on_op", False) else None
     if keys is not None:
         call.key_mask = keys
-    elif "softcap" in call.flags:
-        raise Decline(f"{call.additive_reason}; with a softcap, which SDPA has not")
+    elif "softcap" in call.flags or call.sink is not None:
+        raise Decline(f"{call.additive_reason}; with {'a softcap' if call.sink is None else 'an attention sink'}, "
+                      "which SDPA has not")
     buffers = _check_in_place_updates(call, context.mutations, context.constants)
     if keys is not None:
         _fold_gqa(call, context.options.gqa)

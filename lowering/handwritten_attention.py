@@ -4,6 +4,9 @@
     s = s * c   or   s / c         on the scores, on q, or on k (any number of constant factors)
     s = c * tanh(s / c)            softcap (Gemma-2), after the scale
     s = mask(s)                    masked_fill / torch.where / + additive band (masks.py)
+    s = cat([s, sink], -1)         attention sinks (GPT-OSS): one more logit a row, optionally
+    s = s - s.max(-1, True)[0]       shifted by the row max, its column dropped after the softmax:
+    p = softmax(s, dim=-1)[..., :-1] the op's out * sigmoid(lse - sink)
     p = softmax(s, dim=-1)         F / torch / Tensor softmax, optionally float32 and cast back
     p = dropout(p)                 p == 0 or not training
     out = p @ v
@@ -15,6 +18,7 @@ is used elsewhere, or a step between q @ k^T and the softmax is not one of the a
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 from torch.fx import Node
 
@@ -22,8 +26,9 @@ from . import attention
 from .family import TORCH_IR, Context, Family
 from .masks import Band
 from .records import Decline
-from .spellings import (ADD, CAST, DIV, DROPOUT, MASKED_FILL, MATMUL, MUL, SOFTMAX, TANH, WHERE, arg, describe_node,
-                        is_zero, normalize_dim, shape, single_user, transposed_last_two, value)
+from .spellings import (ADD, AMAX, CAST, CAT, DIV, DROPOUT, GETITEM, MASKED_FILL, MATMUL, MAX, MUL, SOFTMAX, SUB, TANH,
+                        WHERE, arg, describe_node, is_zero, normalize_dim, same_size, shape, single_user,
+                        transposed_last_two, value)
 
 
 def _constant_factor(node: Node) -> tuple[Node, float] | None:
@@ -89,11 +94,76 @@ def _reaches_pv(node: Node, steps: int = 4) -> bool:
     return False
 
 
+def _without_row_max(node: Node) -> tuple[Node, list] | None:
+    """(x, the shift's nodes) when node is x - max(x, -1, keepdim=True) (`.max(...).values`, `[0]` or `amax`): the
+    shift a softmax makes itself, which changes none of its values."""
+    if not SUB(node) or not isinstance(node.args[0], Node) or not isinstance(node.args[1], Node):
+        return None
+    x, row_max = node.args
+    shift = [row_max]
+    if GETITEM(row_max) and row_max.args[1] == 0 and MAX(row_max.args[0]):
+        shift.append(row_max.args[0])
+    elif not AMAX(row_max):
+        return None
+    reduce = shift[-1]
+    dim = arg(reduce, 1, "dim", None)
+    if reduce.args[0] is not x or not arg(reduce, 2, "keepdim", False) or not isinstance(dim, int) \
+            or normalize_dim(dim, len(shape(x))) != len(shape(x)) - 1:
+        return None
+    if set(x.users) != {node, reduce} or any(len(n.users) != 1 for n in shift):
+        raise Decline(f"an intermediate ({x.name}) is also used outside the attention")
+    return x, shift
+
+
+def _drops_last_key(node: Node, ndim: int, keys) -> bool:
+    """Whether node is x[..., :-1] (or :Sk, with the leading dims written out) of an ndim-dim x with keys + 1 columns."""
+    if not GETITEM(node) or not isinstance(node.args[1], tuple) or not node.args[1]:
+        return False
+    *lead, last = node.args[1]
+    whole = slice(None, None, None)
+    if lead != [Ellipsis] and lead != [whole] * (ndim - 1):
+        return False
+    return isinstance(last, slice) and last.start in (None, 0) and last.step in (None, 1) and (
+        last.stop == -1 or (isinstance(last.stop, int) and same_size(last.stop, keys)))
+
+
+@dataclass
+class Sink:
+    """cat([scores, column], -1) before the softmax (optionally minus its row max), the column dropped after it."""
+
+    scores: Node
+    column: Node  # [..., Sq, 1]: a logit a query row (GPT-OSS: a learned one a head, expanded)
+    cat: Node
+    nodes: list  # the cat, the shift, the drop
+
+
+def _sink(softmax: Node) -> Sink | None:
+    """The attention sink around a softmax (`Sink`), None where there is none."""
+    drop = single_user(softmax)
+    node, nodes = softmax.args[0], []
+    if (shifted := _without_row_max(node)) is not None:
+        nodes += [node, *shifted[1]]
+        node = shifted[0]
+    if not CAT(node) or len(arg(node, 0, "tensors")) != 2 or drop is None:
+        return None
+    scores, column = arg(node, 0, "tensors")
+    ndim = len(shape(node))
+    dim = arg(node, 1, "dim", 0)
+    if not isinstance(dim, int) or normalize_dim(dim, ndim) != ndim - 1 or not isinstance(column, Node) \
+            or shape(column)[-1] != 1 or not _drops_last_key(drop, ndim, shape(scores)[-1]):
+        return None
+    return Sink(scores, column, node, nodes + [node, drop])
+
+
 def match_handwritten(softmax: Node, constants: dict, run_time_masks: bool = False) -> attention.AttentionCall | None:
     """The attention around a softmax node, None if the softmax is not attention at all. `run_time_masks`: an
     additive mask the graph cannot prove is taken as one whose values are known at run time only (`mask_flags`)."""
     matched = [softmax]
     probs = softmax
+    sink = _sink(softmax)
+    if sink is not None:
+        matched += sink.nodes
+        probs = sink.nodes[-1]
     while True:
         users = list(probs.users)
         pv = [u for u in users if MATMUL(u) and u.args[0] is probs]
@@ -120,9 +190,8 @@ def match_handwritten(softmax: Node, constants: dict, run_time_masks: bool = Fal
 
     # Walking up from the softmax meets the steps in reverse: masks, then the softcap, then scales.
     scale, softcap, band, hidden_scores, masks, additive = 1.0, 0.0, Band(), [], [], None
-    scores_shape = shape(softmax)
-    node = softmax.args[0]
-    consumer = softmax
+    node, consumer = (sink.scores, sink.cat) if sink else (softmax.args[0], softmax)
+    scores_shape = shape(node)
     while not MATMUL(node):
         _only_feeds(node, consumer)
         matched.append(node)
@@ -173,7 +242,9 @@ def match_handwritten(softmax: Node, constants: dict, run_time_masks: bool = Fal
         flags["softcap"] = softcap
     return attention.AttentionCall(q, k, v, output=output, scale=scale, flags=flags, matched=matched + [output],
                          seqused_k=seqused_k, padding=keys, autocast=autocast,
-                         blind_rows=attention.blind_rows_of(hidden_scores, sdpa=False, softmax_dtype=value(softmax).dtype),
+                         blind_rows="zeros" if sink else attention.blind_rows_of(
+                             hidden_scores, sdpa=False, softmax_dtype=value(softmax).dtype),
+                         sink=sink.column if sink else None,
                          masks=[(m, use) for m, use in masks if isinstance(m, Node)],
                          additive_input=additive.mask if additive else None, additive_reason=str(additive or ""))
 

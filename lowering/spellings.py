@@ -86,6 +86,9 @@ SUB = Spelling((operator.sub, torch.sub), ("sub", "__sub__"), neutral=(("alpha",
 NE = Spelling((operator.ne, torch.ne), ("ne", "__ne__"))
 LOGICAL_NOT = Spelling((torch.logical_not, operator.invert, torch.bitwise_not), ("logical_not", "bitwise_not", "__invert__"))
 CONTIGUOUS = Spelling((), ("contiguous",))
+CAT = Spelling((torch.cat, torch.concat, torch.concatenate), ("cat",))
+MAX = Spelling((torch.max,), ("max",))
+AMAX = Spelling((torch.amax,), ("amax",))
 
 
 def arg(node: Node, index: int, name: str, default=_MISSING):

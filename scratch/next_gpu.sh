@@ -12,6 +12,16 @@ P="python3 -m pytest -m gpu -q -p no:cacheprovider -p no:logging -W ignore -rf"
 L=$OUT/log.txt
 run() { echo "+ $*" >>$L; PYTHONUNBUFFERED=1 "$@" >>$L 2>&1; echo "rc=$?" >>$L; }
 case "$1" in
+f29) # session 29: the CUDA-core GEMV with two weight pieces in flight (each_piece; 96 -> 132 registers at M = 1):
+    # its tests (and the integer GEMV's, which now shares the loop), then one piece (HEAD's files) against two,
+    # uncapped and capped at 4 CTAs a SM, then the NVFP4 decode step (its down projection runs this GEMV)
+    run timeout 200 $P -n 8 tests/test_gpu_w4a16.py
+    run timeout 100 python3 scratch/gemv_depth.py two 0,4
+    mkdir -p /tmp/new && cp kernels/cute/w4a16_gemv.py kernels/cute/nvfp4_int_gemv.py /tmp/new/
+    cp scratch/old_gemv/*.py kernels/cute/
+    run timeout 70 python3 scratch/gemv_depth.py one 0
+    cp /tmp/new/*.py kernels/cute/
+    run timeout 120 python3 docs/scripts/decode_profile.py nvfp4 plain ;;
 c28) # session 28: K split among a cluster's CTAs in both GEMVs (FA4_INDUCTOR_GEMV_SPLIT, off by default, CPU-compiled
     # only): its GPU tests, the shapes forced and by the rule, then the NVFP4 decode step with the integer GEMV split
     # for every one-row call (the down projection: 6.4 us on the fp32 GEMV, ~2.4 us of bytes)

@@ -561,3 +561,44 @@ def test_eager_codes_rows_that_see_no_key_in_training(monkeypatch):
     assert_fa_rule("out", out, out64.detach(), pt_out)
     for name, g, r, p in zip(("dq", "dk", "dv"), grads, refs, torch.autograd.grad(pt_out, leaves, dout)):
         assert_fa_rule(name, g, r, p, grad=True)
+
+
+@pytest.mark.parametrize("sq", [1, 777])
+def test_attention_sinks_compiled(sq):
+    """GPT-OSS's sinks compiled by the backend (lowering: the op's out * sigmoid(lse - sink)): a left-padded causal
+    prefill as HF's eager code masks it (FA4 varlen, rows that see no key 0 as the sink takes their weight; FA4's
+    backward through lse gives the sinks' gradient), and one query over all the keys (decode shape). Output and
+    gradients by the FA rule against the same code in float64, PyTorch's in bfloat16."""
+    import fa4_inductor
+
+    q, k, v = qkv(b=2, sq=sq, sk=777, group=2, d=64, requires_grad=True)
+    sinks = torch.randn(HQ, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    attention_mask = torch.ones(2, 777, dtype=torch.long, device="cuda")
+    attention_mask[1, :300] = 0
+
+    def gpt_oss(q, k, v, sinks, attention_mask):
+        group = q.shape[1] // k.shape[1]
+        scores = q @ k.repeat_interleave(group, 1).transpose(-1, -2) * 0.125
+        if scores.shape[-2] > 1:
+            n = scores.shape[-1]
+            visible = torch.ones(n, n, dtype=torch.bool, device="cuda").tril()[None, None] \
+                & attention_mask.bool()[:, None, None, :]
+            scores = scores + torch.zeros(visible.shape, dtype=scores.dtype, device="cuda").masked_fill(
+                ~visible, torch.finfo(scores.dtype).min)
+        c = torch.cat([scores, sinks.to(scores.dtype).reshape(1, -1, 1, 1).expand(*scores.shape[:3], 1)], dim=-1)
+        c = c - c.max(dim=-1, keepdim=True).values
+        p = torch.softmax(c, dim=-1, dtype=torch.promote_types(c.dtype, torch.float32))[..., :-1].to(v.dtype)
+        return p @ v.repeat_interleave(group, 1)
+
+    torch._dynamo.reset()
+    out = torch.compile(gpt_oss, backend=fa4_inductor.backend(), fullgraph=True)(q, k, v, sinks, attention_mask)
+    dout = torch.randn_like(out)
+    grads = torch.autograd.grad(out, (q, k, v, sinks), dout)
+    leaves64 = [t.detach().double().requires_grad_() for t in (q, k, v, sinks)]
+    out64 = gpt_oss(*leaves64, attention_mask)
+    refs = torch.autograd.grad(out64, leaves64, dout.double())
+    leaves = [t.detach().requires_grad_() for t in (q, k, v, sinks)]
+    pt_out = gpt_oss(*leaves, attention_mask)
+    assert_fa_rule("out", out, out64.detach(), pt_out)
+    for name, g, r, p in zip(("dq", "dk", "dv", "dsinks"), grads, refs, torch.autograd.grad(pt_out, leaves, dout)):
+        assert_fa_rule(name, g, r, p, grad=True)

@@ -246,28 +246,82 @@ attention_out_contiguous: f32[2, 4, 5, 16] = .contiguous(attention_out)""")
         self.assertEqual(rec.count(), 0)
         self.assertExpectedInline("\n".join(rec.reasons), """mask not recognized: the mask is the graph input l_m_; its values are unknown when compiling (only a boolean [B, 1, Sq or 1, Sk] input is read, as a key mask); in training it is kept as written""")
 
-    def test_attention_sinks_are_kept_with_the_reason(self):
-        """GPT-OSS's sinks: a learned logit a head joins the scores in the softmax, its column dropped before @ v;
-        the op has no such term: kept, the reason names the step; a softmax that never reaches an @ v (a router)
-        is not attention and leaves no record."""
-        sinks = torch.randn(4)
+    def test_attention_sinks(self):
+        """GPT-OSS's sinks: a learned logit a head joins the scores in the softmax (shifted by its row max), its column
+        dropped before @ v: the op's out * sigmoid(lse - sink), against float64 eager; a softmax that never reaches an
+        @ v (a router) is not attention and leaves no record."""
+        sinks = torch.randn(4, dtype=torch.float64)
 
         def with_sinks(q, k, v):
             s = q @ k.mT * 0.25
-            s = torch.cat([s, sinks.reshape(1, -1, 1, 1).expand(s.shape[0], -1, s.shape[2], 1)], dim=-1)
-            return torch.softmax(s, -1)[..., :-1] @ v
+            c = torch.cat([s, sinks.to(s.dtype).reshape(1, -1, 1, 1).expand(s.shape[0], -1, s.shape[2], -1)], dim=-1)
+            c = c - c.max(dim=-1, keepdim=True).values
+            return F.dropout(F.softmax(c, dim=-1, dtype=c.dtype)[..., :-1], p=0.0, training=False).to(v.dtype) @ v
 
         def router(q, k, v):
             return torch.softmax(q.sum(-1), -1).topk(2).values
 
         q, k, v = inputs()
         rec, out = compile_and_record(with_sinks, q, k, v)
+        self.assertExpectedInline(rec.summary, """\
+fa4_attention: (f32[2, 4, 6, 16], f32[2, 4, 6]) = fa4.attention(q, k, v, scale=0.25)
+attention_out: f32[2, 4, 6, 16] = getitem(fa4_attention, 0)
+attention_lse: f32[2, 4, 6] = getitem(fa4_attention, 1)
+sink_logits: f32[2, 4, 6, 1] = .float(.expand(.reshape(.to(sinks, float32), 1, -1, 1, 1), 2, -1, 6, -1))
+squeeze: f32[2, 4, 6] = .squeeze(sink_logits, -1)
+sub: f32[2, 4, 6] = sub(attention_lse, squeeze)
+sink_weight: f32[2, 4, 6] = sigmoid(sub)
+unsqueeze: f32[2, 4, 6, 1] = .unsqueeze(sink_weight, -1)
+mul: f32[2, 4, 6, 16] = mul(attention_out, unsqueeze)
+attention_out_sink: f32[2, 4, 6, 16] = .to(mul, float32)
+attention_out_contiguous: f32[2, 4, 6, 16] = .contiguous(attention_out_sink)""")
+        self.assertIn("attention sink: out * sigmoid(lse - sink)", rec.records[0].detail)
+        torch.testing.assert_close(out.double(), with_sinks(q.double(), k.double(), v.double()), atol=1e-5, rtol=1e-5)
+        rec, _ = compile_and_record(router, q, k, v)
+        self.assertEqual((rec.count(), rec.reasons), (0, []))
+
+    def test_attention_sinks_in_training_and_over_padding(self):
+        """The sink's gradient, q's, k's and v's against float64 eager, through a finfo.min padding mask that hides
+        every key from some rows (eager gives them 0: the sink takes the whole softmax) and a causal band."""
+        def gpt_oss(q, k, v, sinks, attention_mask):
+            n = q.shape[-2]
+            visible = torch.ones(n, n, dtype=torch.bool).tril()[None, None] & attention_mask.bool()[:, None, None, :]
+            mask = torch.zeros(visible.shape, dtype=q.dtype).masked_fill(~visible, torch.finfo(q.dtype).min)
+            s = torch.matmul(q, k.transpose(2, 3)) * 0.25 + mask
+            c = torch.cat([s, sinks.reshape(1, -1, 1, 1).expand(q.shape[0], -1, q.shape[-2], -1)], dim=-1)
+            c = c - c.max(dim=-1, keepdim=True).values
+            return torch.matmul(F.softmax(c, dim=-1, dtype=c.dtype)[..., :-1], v)
+
+        attention_mask = torch.tensor([[1] * 6, [0] * 3 + [1] * 3])  # left padding: rows 0-2 of batch 1 see no key
+        q, k, v = inputs()
+        sinks = torch.randn(4)
+        leaves = [t.clone().requires_grad_() for t in (q, k, v, sinks)]
+        rec, out = compile_and_record(gpt_oss, *leaves, attention_mask)
+        self.assertEqual(rec.count(), 1, rec.reasons)
+        self.assertIn("key_mask=padding mask", rec.records[0].detail)
+        out.square().sum().backward()
+        exact = [t.double().requires_grad_() for t in (q, k, v, sinks)]
+        expected = gpt_oss(*exact, attention_mask)
+        expected.square().sum().backward()
+        torch.testing.assert_close(out.double(), expected, atol=1e-5, rtol=1e-5)
+        self.assertEqual(out[1, :, :3].abs().max().item(), 0.0)  # rows that see no key
+        for got, want in zip(leaves, exact):
+            torch.testing.assert_close(got.grad.double(), want.grad, atol=1e-5, rtol=1e-5)
+
+    def test_attention_sink_kept_where_its_column_is_not_the_last(self):
+        sinks = torch.randn(4)
+
+        def first(q, k, v):
+            s = q @ k.mT * 0.25
+            c = torch.cat([sinks.reshape(1, -1, 1, 1).expand(s.shape[0], -1, s.shape[2], -1), s], dim=-1)
+            return torch.softmax(c, -1)[..., 1:] @ v
+
+        q, k, v = inputs()
+        rec, out = compile_and_record(first, q, k, v)
         self.assertEqual(rec.count(), 0)
         self.assertExpectedInline(
             "\n".join(rec.reasons), """getitem (getitem) between the softmax and its @ v is not understood""")
-        torch.testing.assert_close(out, with_sinks(q, k, v))
-        rec, _ = compile_and_record(router, q, k, v)
-        self.assertEqual((rec.count(), rec.reasons), (0, []))
+        torch.testing.assert_close(out, first(q, k, v))
 
     def test_fallback_dropout_in_training(self):
         m = upstream.CausalSelfAttention().train()

@@ -18,6 +18,7 @@ DECODERS = ["llama", "mistral", "qwen2", "qwen3", "gemma2", "phi3", "gpt_neox", 
 ENCODERS = ["bert", "roberta", "vit", "bart"]  # bart: encoder, causal decoder, cross-attention
 IMPLEMENTATIONS = ["eager", "sdpa"]
 SLOW_TIER_DECODERS = ("mistral", "qwen2", "qwen3", "phi3", "gpt_neox")  # decode cases whose mask path llama, gemma2 (sliding window), gpt2 cover
+SINK_DECODERS = ["gpt_oss"]  # attention sinks (and sliding layers): static-cache decode in the slow tier
 
 
 def prefill_cases():
@@ -48,8 +49,8 @@ def test_prefill_every_attention_layer_is_rewritten(name, impl, padding):
 
 
 MORE_DECODERS = ["gemma3_text", "cohere2", "llama4_text", "deepseek_v3", "falcon", "gptj", "gpt_bigcode", "starcoder2",
-                 "olmo2", "smollm3"]
-KEPT_DECODERS = ["mpt", "bloom", "gpt_oss"]  # ALiBi's position bias, attention sinks; eager code only
+                 "olmo2", "smollm3", "gpt_oss"]
+KEPT_DECODERS = ["mpt", "bloom"]  # ALiBi's position bias; eager code only
 
 
 @pytest.mark.slow
@@ -58,9 +59,9 @@ KEPT_DECODERS = ["mpt", "bloom", "gpt_oss"]  # ALiBi's position bias, attention 
 def test_more_decoders_left_padded(name, impl):
     """More decoders, left-padded (generate's mask), with and without a cache: sliding and global layers mixed
     (Gemma 3, Cohere 2), chunked layers (Llama 4), MLA's head dims (DeepSeek V3: q / k 24, v 16), partial rotary
-    (GPT-J), multi-query (GPT-BigCode), parallel blocks (Falcon). Every layer rewritten, logits eager's; ALiBi's
-    position bias (MPT, BLOOM) and attention sinks (GPT-OSS: the softmax over the scores and a learned logit, the
-    sink's column dropped before @ v) are kept as written, each layer with its reason, logits eager's."""
+    (GPT-J), multi-query (GPT-BigCode), parallel blocks (Falcon), attention sinks and sliding layers (GPT-OSS: the
+    softmax over the scores and a learned logit, the sink's column dropped before @ v). Every layer rewritten, logits
+    eager's; ALiBi's position bias (MPT, BLOOM) is kept as written, each layer with its reason, logits eager's."""
     if impl == "sdpa" and hf.unsupported(name, impl):
         pytest.skip(hf.unsupported(name, impl))
     model = tiny(name, impl)
@@ -99,8 +100,9 @@ def generate_with_static_cache(forward, model, prompt, steps, capacity=16, atten
 @pytest.mark.parametrize("checked_padding", [False, pytest.param(True, marks=pytest.mark.slow)],
                          ids=["key-mask", "checked-padding"])  # the opt-in checked fast paths: the slow tier
 @pytest.mark.parametrize("impl", IMPLEMENTATIONS)
-@pytest.mark.parametrize("name", [pytest.param(name, marks=pytest.mark.slow) if name in SLOW_TIER_DECODERS else name
-                                  for name in DECODERS])
+@pytest.mark.parametrize("name", [pytest.param(name, marks=pytest.mark.slow)
+                                  if name in SLOW_TIER_DECODERS + tuple(SINK_DECODERS) else name
+                                  for name in DECODERS + SINK_DECODERS])
 def test_static_cache_decode_every_layer_is_rewritten(name, impl, checked_padding):
     """Prefill, then decode past the sliding window (4) where there is one, with generate's all-ones
     attention mask (the op's key_mask by default; checked to hide nothing under checked_padding=True):
