@@ -507,7 +507,7 @@ def blind_rows_as_mean(out: Tensor, lse: Tensor, v: Tensor, in_place: bool = Fal
     `in_place` (the op's own output, whose layout it keeps); lowering puts the out-of-place call in the graph, after
     the op, for masks the graph itself builds."""
     blind = (lse == float("-inf"))[..., None]
-    return torch.where(blind, _per_query_head(_mean_of_v(v), out.shape[1]).to(out.dtype), out,
+    return torch.where(blind, _per_query_head(_mean_over_keys(v), out.shape[1]).to(out.dtype), out,
                        **({"out": out} if in_place else {}))
 
 
@@ -519,7 +519,7 @@ def blind_rows_as_eagers(out: Tensor, lse: Tensor, q: Tensor, k: Tensor, v: Tens
     eager's P^T dO, and d/dq, d/dk are eager's. The [Dv, D] product per KV head costs O(Sk D^2), far below the
     attention's O(Sq Sk D)."""
     blind = (lse == float("-inf"))[..., None]
-    mean = _mean_of_v(v)
+    mean = _mean_over_keys(v)
     centered = (v.detach() - mean.detach().to(v.dtype)).to(k.dtype)
     slope = _per_query_head(centered.transpose(-1, -2) @ k / k.shape[2], q.shape[1])  # [B, Hq, Dv, D]
     term = scale * (q @ slope.to(q.dtype).transpose(-1, -2))
@@ -527,9 +527,28 @@ def blind_rows_as_eagers(out: Tensor, lse: Tensor, q: Tensor, k: Tensor, v: Tens
     return torch.where(blind, mean.to(out.dtype) + (term - term.detach()).to(out.dtype), out)
 
 
-def _mean_of_v(v: Tensor) -> Tensor:
-    """[B, Hkv, 1, Dv]: V's mean over its keys, in float32 at least."""
-    return v.mean(2, keepdim=True, dtype=torch.promote_types(v.dtype, torch.float32))
+def blind_rows_gradients(grad_out: Tensor, grad_lse: Optional[Tensor], q: Tensor, k: Tensor, v: Tensor, blind: Tensor,
+                         scale: float) -> tuple[Tensor, Tensor, Tensor]:
+    """(dq, dk, dv) that eager's softmax passes through the query rows `blind` [B, Sq] of an additive finfo.min mask
+    (rows that see no key: every score absorbed, a uniform softmax, out the mean of V, lse finfo.min + log Sk), which
+    FA4's backward leaves out: d out_i / d v_j = 1 / Sk, d out_i / d s_ij = (v_j - mean V) / Sk
+    (`blind_rows_as_eagers`) and d lse_i / d s_ij = 1 / Sk, with s_ij = scale q_i . k_j."""
+    with torch.enable_grad():
+        leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+        rows = blind[:, None, :].expand(q.shape[:3])
+        marker = torch.zeros(rows.shape, device=q.device).masked_fill(rows, float("-inf"))
+        out = blind_rows_as_eagers(torch.zeros_like(grad_out), marker, *leaves, scale)
+        total = (out.float() * grad_out.float()).sum()
+        if grad_lse is not None:
+            mean_k = _per_query_head(_mean_over_keys(leaves[1]), q.shape[1])  # [B, Hq, 1, D]
+            lse = scale * (leaves[0].float() * mean_k).sum(-1)
+            total = total + (lse * grad_lse.float()).masked_fill(~rows, 0).sum()
+        return torch.autograd.grad(total, leaves, allow_unused=True, materialize_grads=True)
+
+
+def _mean_over_keys(t: Tensor) -> Tensor:
+    """[B, Hkv, 1, D]: K's or V's mean over its keys, in float32 at least."""
+    return t.mean(2, keepdim=True, dtype=torch.promote_types(t.dtype, torch.float32))
 
 
 def _per_query_head(t: Tensor, heads: int) -> Tensor:
@@ -568,8 +587,7 @@ def attention_backward(
 def _attention_backward_cuda(grad_out, q, k, v, out, lse, grad_lse=None, seqused_k=None, key_mask=None, **flags):
     _check_inputs(q, k, v, seqused_k, key_mask)
     flags = _complete(flags)
-    # An additive mask keeps its mask here: FA4's backward has no gradient through rows that see no key, eager's has.
-    reads = key_mask is not None and not reference.is_additive(key_mask) and _reads_mask_form(q, k, key_mask, flags)
+    reads = key_mask is not None and _reads_mask_form(q, k, key_mask, flags)
     form = key_mask_form(q, k, seqused_k, key_mask, flags) if reads else KeyMaskForm(seqused_k, key_mask)
     padded_flags = flags
     if form.causal_keys is not None:
@@ -578,7 +596,12 @@ def _attention_backward_cuda(grad_out, q, k, v, out, lse, grad_lse=None, seqused
         padded_flags = {**flags, "causal": True, "window_left": form.window_left}
         form = form if form.causal_keys == k.shape[2] else KeyMaskForm(seqused_k, key_mask)
     if form.padded is not None and _backward_route(q, k, v, None, None, padded_flags) is routes.FA4:
-        return fa4.backward_padded(grad_out, q, k, v, out, lse, grad_lse, *form.padded, **padded_flags)
+        grads = fa4.backward_padded(grad_out, q, k, v, out, lse, grad_lse, *form.padded, **padded_flags)
+        if reference.is_additive(key_mask):  # FA4 passes nothing through rows that see no key; eager's softmax does
+            blind = ~_visible(key_mask).any(-1)
+            grads = [g + b for g, b in zip(grads, blind_rows_gradients(grad_out, grad_lse, q, k, v, blind,
+                                                                        flags["scale"]))]
+        return tuple(grads)
     if form.padded is None:
         seqused_k, key_mask = form.seqused_k, form.key_mask
     route = _backward_route(q, k, v, seqused_k, key_mask, flags)

@@ -718,6 +718,34 @@ def test_an_additive_prefill_mask_of_zeros_and_finfo_min_runs_as_fa4_varlen(name
     assert lse.isfinite().all() and torch.equal(out[1, :, 0], v[1].mean(1).repeat_interleave(2, 0))
 
 
+@pytest.mark.parametrize("name", ["packed sequences", "chunks of 2, left-padded", "packed, left-padded",
+                                  "packed, all padding"])
+def test_an_additive_packed_mask_trains_on_fa4_varlen_with_eagers_gradients(name, fa4_dispatch_on_the_cpu):
+    """Eager code's packed training mask (0 and finfo.min, per query row): forward and backward as FA4 varlen
+    segments (FA4's varlen interface on the CPU), and the rows that see no key get what eager's softmax gives them,
+    forward (the mean of V) and backward (`blind_rows_gradients`: through the absorbed scores to q and k, through
+    the mean to V, and lse's gradient, softmax's weights): output, lse and gradients against float64 autograd."""
+    hide = ~PER_QUERY_MASKS[name][0]()
+    mask = torch.zeros(hide.shape).masked_fill(hide, torch.finfo(torch.float32).min)
+    full = dict(scale=0.3, causal=False, window_left=-1, window_right=-1, softcap=0.0)
+    q, k, v = qkv(b=2, hq=4, hkv=2, sq=5, sk=5, dtype=torch.float32)
+    out, lse = attention_op._attention_cuda(q, k, v, None, mask, **full)
+    grad_out, grad_lse = torch.randn_like(out), torch.randn_like(lse)
+    got = attention_op._attention_backward_cuda(grad_out, q, k, v, out, lse, grad_lse, None, mask, **full)
+    assert fa4_dispatch_on_the_cpu == ["forward_padded", "backward_padded"]
+
+    leaves = [t.double().requires_grad_() for t in (q, k, v)]
+    scores = leaves[0] @ leaves[1].repeat_interleave(2, 1).mT * 0.3 + mask.double()[:, None]
+    top = scores.amax(-1, keepdim=True).detach()  # `logsumexp`'s own backward reads exp(s - lse), 1 on an absorbed row
+    want_lse = (scores - top).exp().sum(-1).log() + top[..., 0]
+    want_out = scores.softmax(-1) @ leaves[2].repeat_interleave(2, 1)
+    want = torch.autograd.grad((want_out * grad_out.double()).sum() + (want_lse * grad_lse.double()).sum(), leaves)
+    torch.testing.assert_close(out.double(), want_out.detach(), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(lse.double(), want_lse.detach(), atol=1e-5, rtol=1e-5)
+    for n, g, w in zip("qkv", got, want):
+        torch.testing.assert_close(g.double(), w, atol=1e-5, rtol=1e-5, msg=lambda m: f"d{n}: {m}")
+
+
 def test_signature_caches_forget_their_oldest_entries():
     from fa4_inductor.kernels.layout import SignatureCache
 

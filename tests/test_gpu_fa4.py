@@ -602,3 +602,42 @@ def test_attention_sinks_compiled(sq):
     assert_fa_rule("out", out, out64.detach(), pt_out)
     for name, g, r, p in zip(("dq", "dk", "dv", "dsinks"), grads, refs, torch.autograd.grad(pt_out, leaves, dout)):
         assert_fa_rule(name, g, r, p, grad=True)
+
+
+def test_eager_codes_packed_training_mask_on_fa4(monkeypatch):
+    """Eager code's packed training mask (0 and finfo.min per query row, HF's from `position_ids` restarts), with
+    left padding in one sequence: FA4 varlen forward and backward (the op reads the mask on the host), rows that see
+    no key given eager's value (the mean of V) and gradient (`blind_rows_gradients`). Output and gradients by the FA
+    rule against the same code in float64, PyTorch's in bfloat16."""
+    monkeypatch.setattr(crossover, "GFLOP_BELOW", ())
+    calls = []
+    for name in ("forward_padded", "backward_padded"):
+        monkeypatch.setattr(fa4, name, lambda *a, _run=getattr(fa4, name), _name=name, **kw:
+                            calls.append(_name) or _run(*a, **kw))
+    s = 600
+    segment = torch.cat([torch.full((n,), i) for i, n in enumerate((200, 250, 150))]).cuda()
+    padded = torch.cat([torch.full((100,), -1), torch.full((300,), 0), torch.full((200,), 1)]).cuda()
+    causal = torch.ones(s, s, dtype=torch.bool, device="cuda").tril()
+    visible = torch.stack([(ids[:, None] == ids[None, :]) & (ids[None, :] >= 0) & causal for ids in (segment, padded)])
+    mask = torch.zeros(2, s, s, dtype=torch.bfloat16, device="cuda").masked_fill(~visible, torch.finfo(torch.bfloat16).min)
+    q, k, v = qkv(b=2, sq=s, group=2, d=64, requires_grad=True)
+    flags = attention_flags(64)
+
+    def eager_code(q, k, v):
+        group = q.shape[1] // k.shape[1]
+        scores = q @ k.repeat_interleave(group, 1).transpose(-1, -2) * flags["scale"] + mask[:, None].to(q.dtype)
+        softmax_dtype = torch.promote_types(q.dtype, torch.float32)
+        return torch.softmax(scores, -1, dtype=softmax_dtype).to(q.dtype) @ v.repeat_interleave(group, 1)
+
+    out, _ = ATTENTION(q, k, v, None, mask, **flags)
+    dout = torch.randn_like(out)
+    grads = torch.autograd.grad(out, (q, k, v), dout)
+    assert calls == ["forward_padded", "backward_padded"], calls
+    leaves64 = [t.detach().double().requires_grad_() for t in (q, k, v)]
+    out64 = eager_code(*leaves64)
+    refs = torch.autograd.grad(out64, leaves64, dout.double())
+    leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+    pt_out = eager_code(*leaves)
+    assert_fa_rule("out", out, out64.detach(), pt_out)
+    for name, g, r, p in zip(("dq", "dk", "dv"), grads, refs, torch.autograd.grad(pt_out, leaves, dout)):
+        assert_fa_rule(name, g, r, p, grad=True)
