@@ -597,7 +597,8 @@ def _attention_backward_cuda(grad_out, q, k, v, out, lse, grad_lse=None, seqused
         form = form if form.causal_keys == k.shape[2] else KeyMaskForm(seqused_k, key_mask)
     if form.padded is not None and _backward_route(q, k, v, None, None, padded_flags) is routes.FA4:
         grads = fa4.backward_padded(grad_out, q, k, v, out, lse, grad_lse, *form.padded, **padded_flags)
-        if reference.is_additive(key_mask):  # FA4 passes nothing through rows that see no key; eager's softmax does
+        if reference.is_additive(key_mask) and fa4.padded_blind_rows(*form.padded, **padded_flags):
+            # FA4 passes nothing through rows that see no key; eager's softmax does
             blind = ~_visible(key_mask).any(-1)
             grads = [g + b for g, b in zip(grads, blind_rows_gradients(grad_out, grad_lse, q, k, v, blind,
                                                                         flags["scale"]))]

@@ -245,6 +245,12 @@ def _flat(t: Tensor) -> Tensor:
     return t.reshape(t.shape[0] * t.shape[1], *t.shape[2:])
 
 
+def padded_blind_rows(side: str, positions, **flags) -> bool:
+    """Whether `forward_padded`'s segments may leave query rows that see no key (zeros, lse -inf): left padding
+    under a band, packed sequences with used lengths."""
+    return side == "left" and Flags(**flags).banded or side == "packed" and positions[2] is not None
+
+
 def forward_padded(q: Tensor, k: Tensor, v: Tensor, side: str, positions, **flags) -> tuple[Tensor, Tensor]:
     """FA4 forward of a self-attention (Sq == Sk) whose key mask is padding, run as varlen segments over the
     padded buffer (`_padded_calls`): no copy of Q/K/V, no mask. Left padding and packed sequences with used
@@ -253,8 +259,8 @@ def forward_padded(q: Tensor, k: Tensor, v: Tensor, side: str, positions, **flag
     flags = Flags(**flags)
     fa = _require()
     b, hq, s, _ = q.shape
-    blind_rows = side == "left" and flags.banded or side == "packed" and positions[2] is not None
-    out = layout.empty_bhsd(b, hq, s, v.shape[-1], dtype=q.dtype, device=q.device, zero=blind_rows)
+    out = layout.empty_bhsd(b, hq, s, v.shape[-1], dtype=q.dtype, device=q.device,
+                            zero=padded_blind_rows(side, positions, **flags._asdict()))
     lse = torch.full((hq, b * s), float("-inf"), dtype=torch.float32, device=q.device)
     flat = [_flat(t) for t in (q, k, v, out)]  # once: an unaligned input is copied once for both calls
     with _device_guard(q):

@@ -80,6 +80,22 @@ def shape(n: int, m: int, num_sms: int, pieces: int, split: bool = False) -> tup
     return (*chosen, split_of[chosen])
 
 
+WIDE_MIN_ROWS = 4096
+WIDE_MIN_PIECES = 256  # K >= 8192
+"""One-row calls over weights of at least WIDE_MIN_ROWS rows and WIDE_MIN_PIECES pieces a row take CTAs of 8 warps
+(`wide_shape`), which quantize x once for 32 rows; past WIDE_MIN_PIECES, with K split in 2. H200, docs/benchmarks.md
+session 29 run 2, us against `shape`'s: 8192 x 8192 15.4 / 16.1, 4096 x 14336 13.8 / 16.8 (2.55x bf16); 4096 x 4096
+5.8 / 5.8 and the small weights lose or tie, hence the lines."""
+
+
+def wide_shape(n: int, m: int, pieces: int) -> tuple[int, int, int, int] | None:
+    """(rows a warp, K warps, splits, warps a CTA) for the long weights CTAs of 8 warps serve better (WIDE_MIN_ROWS,
+    WIDE_MIN_PIECES), else None."""
+    if m != 1 or n < WIDE_MIN_ROWS or pieces < WIDE_MIN_PIECES:
+        return None
+    return 4, 1, 2 if pieces > WIDE_MIN_PIECES else 1, 8
+
+
 def splits(ctas: int, pieces: int, warps_k: int, num_sms: int) -> int:
     """CTAs of a cluster that split K for a weight of `ctas` row groups: the fewest (a power of two up to 8) that
     bring the CTAs to SPLIT_TARGET_CTAS a SM, each split keeping MIN_SPLIT_STEPS steps a K warp."""
@@ -246,8 +262,10 @@ def _launch(x2d: Tensor, weights: list, forced: Optional[tuple[int, ...]], prefe
     outs = [torch.empty(m, w[3], dtype=x.dtype, device=x.device) for w in weights]
     operands = [t for ops, out in zip(prepared, outs) for t in (*ops, out)]
     split = len(weights) == 1 and configured_split()
-    rows, warps_k, n_splits, warps = forced_shape(forced) if forced else (
-        *shape(sum(w[3] for w in weights), m, num_sms, pieces, split), 4)
+    n = sum(w[3] for w in weights)
+    wide = wide_shape(n, m, pieces) if len(weights) == 1 and not split else None
+    rows, warps_k, n_splits, warps = forced_shape(forced) if forced else wide or (
+        *shape(n, m, num_sms, pieces, split), 4)
     if (n_splits > 1 or warps != 4) and len(weights) > 1:
         raise ValueError("the sibling GEMV does not split K and has CTAs of 4 warps")
     key = Key(x.dtype, m, compile_utils.target_arch(x.device), rows, warps_k,

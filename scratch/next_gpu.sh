@@ -1,17 +1,27 @@
-# Unrun GPU work (sessions 19-28). Session 28 had no device time. Next, in this order (each part <= ~9 minutes; the
-# first call after .gpu/b's install): `a28` (decode tiers: the int8 kernel at 2 CTAs a SM, start_cta, the fused
-# combine's tests; int8 rows with and without the fused combine), `c28` (the split / wide-CTA GEMVs: tests, forced
-# shapes, the rule, the NVFP4 decode step), `b28` (the NVFP4 decode step with and without the fused combine, the int8
-# route), then `s` and the GPU tiers of `h200_check.sh tests` (each with a timeout of 540-590 s; rows stream to the log
-# as they are measured).
+# Unrun GPU work. Session 29 ran a28, c28, e28, the GPU tiers and f29 (docs/benchmarks.md, session 29); next, in this
+# order (each part <= ~9 minutes; the first call after .gpu/b's install): `g29` (session 29's new GPU tests: attention
+# sinks compiled, eager code's packed training mask on FA4; then eager packed training timed), `h29` (the wider
+# integer-GEMV CTAs on the shapes session 29 did not measure, for a rule; where memcpy32_post comes from), then `d28`
+# and `b28` if time is left.
 # Output goes to $OUT/log.txt. Have the next call ready: the machine goes back 30 s after a call, and a fresh one needs
-# .gpu/a and .gpu/b again. Run one part a call:  bash scratch/next_gpu.sh 1   (then 2, 3, ...)
+# .gpu/a and .gpu/b again. Run one part a call:  bash scratch/next_gpu.sh g29
 # Never `pkill -f pytest` here: it matches this script's own command line. A pytest cut by `timeout` can leave xdist
 # workers on the GPU: kill the PIDs `nvidia-smi --query-compute-apps=pid --format=csv,noheader` lists.
 P="python3 -m pytest -m gpu -q -p no:cacheprovider -p no:logging -W ignore -rf"
 L=$OUT/log.txt
 run() { echo "+ $*" >>$L; PYTHONUNBUFFERED=1 "$@" >>$L 2>&1; echo "rc=$?" >>$L; }
 case "$1" in
+g29) # session 29: attention sinks (GPT-OSS; the op's out * sigmoid(lse - sink), training through FA4's dlse) and eager
+    # code's packed training mask on FA4 varlen with blind rows' eager gradient (`blind_rows_gradients`), CPU-tested;
+    # then the Llama-1B shape's packed training step, eager code (session 24: sdpa code 111.0 ms against 223.9)
+    run timeout 200 $P -n 4 tests/test_gpu_fa4.py -k "sinks or packed_training or rows_that_see_no_key or per_query"
+    run timeout 300 python3 scratch/packed.py eager ;;
+h29) # session 29's lead for issue 15: 8 / 16-warp integer-GEMV CTAs (4x1x1x8 never lost on weights of >= 4096 rows;
+    # 4x1x2x8 took 4096 x 14336 to 13.8 us from 16.8) on the shapes not yet measured, then the decode step's kernels
+    # by the op that launched them (memcpy32_post, 16.4 us a step, is not attributed)
+    run timeout 200 python3 tests/bench_w4a16.py --m 1 --shapes 14336x4096,128256x4096,8192x8192,4096x14336,4096x4096 \
+        --gemv int,int:4x1x1x8,int:4x1x2x8,int:4x1x1x16
+    run timeout 200 python3 docs/scripts/decode_profile.py nvfp4 plain attribute=1 ;;
 f29) # session 29: the CUDA-core GEMV with two weight pieces in flight (each_piece; 96 -> 132 registers at M = 1):
     # its tests (and the integer GEMV's, which now shares the loop), then one piece (HEAD's files) against two,
     # uncapped and capped at 4 CTAs a SM, then the NVFP4 decode step (its down projection runs this GEMV)

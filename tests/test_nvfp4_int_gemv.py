@@ -161,6 +161,24 @@ def test_the_host_path_keys_a_forced_or_ruled_split(launches, monkeypatch):
     assert out.shape == (1, 2048) and out.dtype == torch.bfloat16
 
 
+def test_the_host_path_takes_wide_ctas_for_long_weights(launches, monkeypatch):
+    """One-row calls over weights of 4096 rows or more and K of 8192 or more take CTAs of 8 warps (`wide_shape`), K
+    split in 2 past 8192; shorter or narrower weights, more rows of x, sibling launches and the split rule keep
+    `shape`'s CTAs of 4 warps."""
+    from fa4_inductor.kernels import switches
+
+    for n, k, m in ((4096, 14336, 1), (8192, 8192, 1), (4096, 4096, 1), (2048, 8192, 1), (4096, 8192, 2)):
+        w_fp4, block, global_scale = random_nvfp4(n, k, seed=n + k)
+        g.run(torch.randn(m, k, dtype=torch.bfloat16), w_fp4, block, global_scale, n)
+    w = random_nvfp4(4096, 8192, seed=3)
+    g.run_siblings(torch.randn(1, 8192, dtype=torch.bfloat16), [w, w])
+    monkeypatch.setenv(switches.GEMV_SPLIT, "on")
+    switches.reset()
+    g.run(torch.randn(1, 8192, dtype=torch.bfloat16), *w, 4096)
+    assert [(key.rows, key.warps_k, key.splits, key.warps) for key, _ in launches] == [
+        (4, 1, 2, 8), (4, 1, 1, 8), (4, 1, 1, 4), (4, 2, 1, 4), (4, 1, 1, 4), (4, 1, 1, 4), (4, 1, 2, 4)]
+
+
 def test_the_gated_host_path(launches):
     """`run_gated`: gate's and up's operands in the kernel's order, the CTA shape of their rows together with an even
     number of rows a warp (one of each), one output of gate's rows; mismatched weights or an odd forced shape are

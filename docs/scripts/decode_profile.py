@@ -5,6 +5,7 @@ skips Inductor counted, and the kernels that take the most time.
     python docs/scripts/decode_profile.py nvfp4    # batch 1, 4k prompt: torchao NVFP4, plain-tensor NVFP4, bf16 weights
     python docs/scripts/decode_profile.py nvfp4 plain,bf16   # only those (`torchao`, `plain`, `bf16`)
     python docs/scripts/decode_profile.py nvfp4 plain sibling_linears=0   # a backend option changed
+    python docs/scripts/decode_profile.py nvfp4 plain attribute=1   # also each kernel's launching op (no CUDA graphs)
     python docs/scripts/decode_profile.py int8kv   # batch 8 x 32k cache: Int8StaticCache against StaticCache
 """
 import sys
@@ -20,6 +21,7 @@ from fa4_inductor.hf import cache_keyword
 
 STEPS = 8
 OPTIONS = {}  # backend options from the command line (name=0 / name=1)
+ATTRIBUTE = []  # attribute=1: a step compiled without CUDA graphs, each kernel under the CPU op that launched it
 
 
 def step_fn(model, cache, batch, filled):
@@ -60,6 +62,32 @@ def report(label, model, cache, batch, filled):
           f"cudagraph skips {counters['inductor']['cudagraph_skips']}")
     for e in rows[:18]:
         print(f"  {e.device_time_total / STEPS:8.1f} us/step {e.count / STEPS:6.1f}/step  {e.key[:110]}")
+    if ATTRIBUTE:
+        attribute(step, token, position)
+
+
+def attribute(step, token, position):
+    """Each kernel of a decode step under the innermost CPU op that launched it (CUDA graphs hide that: this
+    compile has none), by GPU time a step."""
+    torch._dynamo.reset()
+    compiled = torch.compile(step, backend=quant.ours_backend(**OPTIONS), fullgraph=True)
+    with torch.no_grad():
+        for _ in range(3):
+            compiled(token.clone(), position.clone())
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            for _ in range(STEPS):
+                compiled(token.clone(), position.clone())
+            torch.cuda.synchronize()
+    totals = {}
+    for e in prof.events():
+        for kernel in getattr(e, "kernels", ()):
+            key = (kernel.name[:70], e.name[:50])
+            time_, count = totals.get(key, (0.0, 0))
+            totals[key] = (time_ + kernel.duration, count + 1)
+    print("  kernels by launching op (no CUDA graphs):")
+    for (kernel, op), (time_, count) in sorted(totals.items(), key=lambda kv: -kv[1][0])[:30]:
+        print(f"  {time_ / STEPS:8.1f} us/step {count / STEPS:6.1f}/step  {kernel}  <-  {op}")
 
 
 def nvfp4(kinds="torchao,plain,bf16", prompt=4096):
@@ -100,4 +128,6 @@ def int8kv(batch="8", capacity=32768):
 
 if __name__ == "__main__":
     OPTIONS.update((a.split("=")[0], a.split("=")[1] == "1") for a in sys.argv[2:] if "=" in a)
+    if OPTIONS.pop("attribute", False):
+        ATTRIBUTE.append(True)
     {"nvfp4": nvfp4, "int8kv": int8kv}[sys.argv[1]](*(a for a in sys.argv[2:] if "=" not in a))
