@@ -595,14 +595,18 @@ def _additive_input_rewrite(call: AttentionCall, context: Context) -> str:
     `additive_masks_on_op`, it goes to the op with the mask as its additive key_mask where the op takes it
     (`_additive_on_op`), in training too (the op's backward gives rows that see no key eager's gradient); else, in
     inference, the SDPA call with that mask (`crossover.sdpa_for`), or, with a softcap or a sink (no SDPA spelling),
-    it is kept. In training it is kept off the op: eager's softmax passes gradients through rows that see no key
-    (every score finfo.min), which SDPA's backward is not known to give."""
+    it is kept. In training, where the op does not take it, or the attention is small (`small_masked_training`), it
+    is kept: eager's softmax passes gradients through rows that see no key (every score finfo.min), which SDPA's
+    backward is not known to give."""
     if call.autocast is not None or value(call.additive_input).dtype != value(call.q).dtype:
         raise Decline(f"{call.additive_reason}, in {value(call.additive_input).dtype} for {value(call.q).dtype} "
                       "scores (SDPA and the op take a mask in q's dtype)")
     keys = _additive_on_op(call) if getattr(context.options, "additive_masks_on_op", False) else None
     if keys is None and call.in_training:
         raise Decline(f"{call.additive_reason}; in training it is kept as written")
+    if call.in_training and getattr(context.options, "small_calls_to_sdpa", True) and \
+            (small := crossover.small_masked_training(call)) is not None:
+        raise Decline(f"{call.additive_reason}; {small}")
     if keys is not None:
         call.key_mask = keys
     elif "softcap" in call.flags or call.sink is not None:

@@ -98,6 +98,20 @@ def graph_work(graph, shared: dict) -> GraphWork | None:
     return shared["graph_work"]
 
 
+def small_masked_training(call) -> str | None:
+    """Why a training call whose mask is known at run time only stays as written, or None: on CUDA the op reads no
+    form of a small attention's mask (`kernels/attention.py`, `_reads_mask_form`, sized as the causal attention over
+    Sq keys), so it would run the masked SDPA forward and its float32 reference backward, slower than eager code."""
+    q = value(call.q)
+    if q.device.type not in DEVICES or len(shape(call.q)) != 4:
+        return None
+    b, h, sq, d = shape(call.q)
+    if not guardable(b, h, sq, d) or not kernel_crossover.small(b, h, sq, sq, d, True):  # a guard if symbolic
+        return None
+    return (f"a small attention ({size_hint(attention_gflop(b, h, sq, sq, d, True)):.2g} GFLOP) in training with a "
+            "mask known at run time only: the op would not read its form and would run its reference backward")
+
+
 def small_attention(call, graph, shared: dict) -> str | None:
     """Why `call` (an attention.AttentionCall) runs faster on SDPA, or None. The graph's GPU work per
     attention (`graph_work`) is computed only when asked.

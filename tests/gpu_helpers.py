@@ -32,6 +32,20 @@ def assert_fa_rule(name, ours, ref, pt, softcap=0.0, grad=False):
     assert err <= rtol * pt_err + atol, f"{name}: error {err:.3g} > {rtol} x PyTorch's {pt_err:.3g} + {atol:.0e}"
 
 
+def assert_fa_rule_with_gradients(out, dout, leaves, fn, names):
+    """`out`, computed by ours from `leaves`, and its gradients for `dout` (named `names`), by the FA rule against
+    `fn` on the leaves in float64, PyTorch's own error being `fn`'s in the leaves' dtype."""
+    grads = torch.autograd.grad(out, leaves, dout)
+    exact = [t.detach().double().requires_grad_() for t in leaves]
+    out64 = fn(*exact)
+    refs = torch.autograd.grad(out64, exact, dout.double())
+    plain = [t.detach().requires_grad_() for t in leaves]
+    pt_out = fn(*plain)
+    assert_fa_rule("out", out, out64.detach(), pt_out)
+    for name, g, r, p in zip(names, grads, refs, torch.autograd.grad(pt_out, plain, dout)):
+        assert_fa_rule(name, g, r, p, grad=True)
+
+
 def capture(step):
     """(graph, static outputs) of `step` captured in a CUDA graph on a side stream, after one warm-up
     run on that stream (as torch.compile's CUDA graphs do)."""

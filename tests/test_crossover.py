@@ -428,3 +428,23 @@ def test_few_queries_over_many_keys_in_training_go_to_the_op():
     torch.testing.assert_close(out, expected)
     torch.testing.assert_close(torch.autograd.grad(out.sum(), (q, k, v)), torch.autograd.grad(expected.sum(), (q, k, v)))
     assert rec.count() == 1
+
+
+@pytest.mark.parametrize("option", [True, False])
+def test_a_small_attention_with_a_run_time_mask_in_training_is_kept(monkeypatch, option):
+    """A float mask input (eager code's run-time mask: packed sequences) in training: the op would read no form of a
+    small attention's mask on CUDA and run its reference backward, so it is kept as written, with the reason, unless
+    `small_calls_to_sdpa` is off; gradients eager's either way."""
+    def fn(q, k, v, mask):
+        return torch.softmax(q @ k.mT * 0.25 + mask, -1) @ v
+
+    q, k, v = (t.requires_grad_() for t in qkv(heads_kv=4))
+    packed = torch.block_diag(torch.ones(12, 12), torch.ones(20, 20)).bool() & torch.ones(32, 32).tril().bool()
+    mask = torch.zeros(2, 1, 32, 32).masked_fill(~packed, torch.finfo(torch.float32).min)
+    rec, out = compile_and_record(fn, q, k, v, mask, small_calls_to_sdpa=option)
+    grads = torch.autograd.grad(out.sum(), (q, k, v))
+    torch.testing.assert_close(grads, torch.autograd.grad(fn(q, k, v, mask).sum(), (q, k, v)))
+    if option:
+        assert rec.count() == 0 and "in training with a mask known at run time only" in rec.reasons[0], rec.reasons
+    else:
+        assert rec.count() == 1, rec.reasons

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 import fa4_inductor  # noqa: F401  (registers the ops)
 from fa4_inductor.kernels import attention as attention_op
 from fa4_inductor.kernels import crossover, decode, fa4, fa4_replay, reference, switches
-from gpu_helpers import assert_fa_rule, capture, eager
+from gpu_helpers import assert_fa_rule, assert_fa_rule_with_gradients, capture, eager
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
@@ -551,16 +551,7 @@ def test_eager_codes_rows_that_see_no_key_in_training(monkeypatch):
         return torch.softmax(scores, -1, dtype=softmax_dtype).to(q.dtype) @ v.repeat_interleave(group, 1)
 
     out = blind_rows_as_eagers(*ATTENTION(q, k, v, None, mask, **flags), q, k, v, flags["scale"])
-    dout = torch.randn_like(out)
-    grads = torch.autograd.grad(out, (q, k, v), dout)
-    leaves64 = [t.requires_grad_() for t in float64(q, k, v)]
-    out64 = eager_code(*leaves64)
-    refs = torch.autograd.grad(out64, leaves64, dout.double())
-    leaves = [t.detach().requires_grad_() for t in (q, k, v)]
-    pt_out = eager_code(*leaves)
-    assert_fa_rule("out", out, out64.detach(), pt_out)
-    for name, g, r, p in zip(("dq", "dk", "dv"), grads, refs, torch.autograd.grad(pt_out, leaves, dout)):
-        assert_fa_rule(name, g, r, p, grad=True)
+    assert_fa_rule_with_gradients(out, torch.randn_like(out), (q, k, v), eager_code, ("dq", "dk", "dv"))
 
 
 @pytest.mark.parametrize("sq", [1, 777])
@@ -592,16 +583,8 @@ def test_attention_sinks_compiled(sq):
 
     torch._dynamo.reset()
     out = torch.compile(gpt_oss, backend=fa4_inductor.backend(), fullgraph=True)(q, k, v, sinks, attention_mask)
-    dout = torch.randn_like(out)
-    grads = torch.autograd.grad(out, (q, k, v, sinks), dout)
-    leaves64 = [t.detach().double().requires_grad_() for t in (q, k, v, sinks)]
-    out64 = gpt_oss(*leaves64, attention_mask)
-    refs = torch.autograd.grad(out64, leaves64, dout.double())
-    leaves = [t.detach().requires_grad_() for t in (q, k, v, sinks)]
-    pt_out = gpt_oss(*leaves, attention_mask)
-    assert_fa_rule("out", out, out64.detach(), pt_out)
-    for name, g, r, p in zip(("dq", "dk", "dv", "dsinks"), grads, refs, torch.autograd.grad(pt_out, leaves, dout)):
-        assert_fa_rule(name, g, r, p, grad=True)
+    assert_fa_rule_with_gradients(out, torch.randn_like(out), (q, k, v, sinks),
+                                  lambda *leaves: gpt_oss(*leaves, attention_mask), ("dq", "dk", "dv", "dsinks"))
 
 
 def test_eager_codes_packed_training_mask_on_fa4(monkeypatch):
@@ -630,14 +613,5 @@ def test_eager_codes_packed_training_mask_on_fa4(monkeypatch):
         return torch.softmax(scores, -1, dtype=softmax_dtype).to(q.dtype) @ v.repeat_interleave(group, 1)
 
     out, _ = ATTENTION(q, k, v, None, mask, **flags)
-    dout = torch.randn_like(out)
-    grads = torch.autograd.grad(out, (q, k, v), dout)
+    assert_fa_rule_with_gradients(out, torch.randn_like(out), (q, k, v), eager_code, ("dq", "dk", "dv"))
     assert calls == ["forward_padded", "backward_padded"], calls
-    leaves64 = [t.detach().double().requires_grad_() for t in (q, k, v)]
-    out64 = eager_code(*leaves64)
-    refs = torch.autograd.grad(out64, leaves64, dout.double())
-    leaves = [t.detach().requires_grad_() for t in (q, k, v)]
-    pt_out = eager_code(*leaves)
-    assert_fa_rule("out", out, out64.detach(), pt_out)
-    for name, g, r, p in zip(("dq", "dk", "dv"), grads, refs, torch.autograd.grad(pt_out, leaves, dout)):
-        assert_fa_rule(name, g, r, p, grad=True)
