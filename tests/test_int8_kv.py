@@ -187,6 +187,21 @@ def decode(model, cache, ids, steps=3, forward=None):
     return logits
 
 
+def int8_decode_compiled_and_eager(name, impl):
+    """The Recorder of a tiny HF model compiled to prefill 12 tokens and decode 2 through an `Int8StaticCache`, its
+    logits checked against the uncompiled model's with the same cache."""
+    from fa4_inductor import Int8StaticCache
+
+    model = tiny(name, impl).model
+    rec, compiled = recording_compile(model.forward, fullgraph=True)
+    ids = torch.randint(0, 128, (2, 12), generator=torch.Generator().manual_seed(3))
+    got = decode(model, Int8StaticCache(config=model.config, max_cache_len=32), ids, steps=2, forward=compiled)
+    expected = decode(model, Int8StaticCache(config=model.config, max_cache_len=32), ids, steps=2)
+    for g, e in zip(got, expected):
+        torch.testing.assert_close(g, e, atol=1e-5, rtol=1e-5)
+    return rec
+
+
 def test_tiny_llama_logits_against_a_float32_static_cache():
     from transformers import StaticCache
 
@@ -199,6 +214,17 @@ def test_tiny_llama_logits_against_a_float32_static_cache():
     for g, e in zip(got, expected):
         err = (g - e).abs().max()
         assert 0 < err <= 0.02 * e.abs().max(), (err, e.abs().max())
+
+
+@pytest.mark.slow
+def test_gpt_oss_decodes_through_the_int8_cache_with_its_sinks():
+    """GPT-OSS (attention sinks, sliding and full layers) prefilling and decoding through an `Int8StaticCache`: every
+    layer on the op, the full layer's on `fa4::attention_int8kv` (the sink's correction reads its lse), logits
+    those of the uncompiled model with the same cache."""
+    rec = int8_decode_compiled_and_eager("gpt_oss", "eager")
+    calls = [len(rec.calls(g, op)) for g in rec.graphs for op in ("fa4::attention", "fa4::attention_int8kv")]
+    assert calls == [1, 1, 1, 1] and not rec.reasons, (calls, rec.reasons)
+    assert all("attention sink" in r.detail for r in rec.records), rec.records
 
 
 def test_generate_takes_the_cache():
@@ -261,16 +287,8 @@ attention_out: f32[2, 4, 5, 16] = getitem(fa4_attention_int8kv, 0)
 attention_out_contiguous: f32[2, 4, 5, 16] = .contiguous(attention_out)""")
 
     def test_hf_llama_int8_static_cache_prefill_and_decode(self):
-        from fa4_inductor import Int8StaticCache
-
-        model = tiny("llama", "sdpa").model
-        keyword = hf.cache_keyword(model)
-        rec, compiled = recording_compile(model.forward, fullgraph=True)
-        ids = torch.randint(0, 128, (2, 12), generator=torch.Generator().manual_seed(3))
-        got = decode(model, Int8StaticCache(config=model.config, max_cache_len=32), ids, steps=2, forward=compiled)
-        expected = decode(model, Int8StaticCache(config=model.config, max_cache_len=32), ids, steps=2)
-        for g, e in zip(got, expected):
-            torch.testing.assert_close(g, e, atol=1e-5, rtol=1e-5)
+        rec = int8_decode_compiled_and_eager("llama", "sdpa")
+        keyword = hf.cache_keyword(tiny("llama", "sdpa").model)
         self.assertEqual(len(rec.graphs), 2)  # the prefill, and one decode graph for both steps
         calls = [len(rec.calls(g, op)) for g in rec.graphs for op in ("fa4::attention", "fa4::attention_int8kv")]
         self.assertEqual(calls, [0, 2, 0, 2])

@@ -6,6 +6,7 @@ skips Inductor counted, and the kernels that take the most time.
     python docs/scripts/decode_profile.py nvfp4 plain,bf16   # only those (`torchao`, `plain`, `bf16`)
     python docs/scripts/decode_profile.py nvfp4 plain sibling_linears=0   # a backend option changed
     python docs/scripts/decode_profile.py nvfp4 plain attribute=1   # also each kernel's launching op (no CUDA graphs)
+    python docs/scripts/decode_profile.py nvfp4 plain lm_head=1     # lm_head quantized too (torchao's default filter)
     python docs/scripts/decode_profile.py int8kv   # batch 8 x 32k cache: Int8StaticCache against StaticCache
 """
 import sys
@@ -22,6 +23,7 @@ from fa4_inductor.hf import cache_keyword
 STEPS = 8
 OPTIONS = {}  # backend options from the command line (name=0 / name=1)
 ATTRIBUTE = []  # attribute=1: a step compiled without CUDA graphs, each kernel under the CPU op that launched it
+LM_HEAD = []  # lm_head=1: quantize lm_head too (untying it from the embedding), as torchao's default filter does
 
 
 def step_fn(model, cache, batch, filled):
@@ -105,11 +107,12 @@ def nvfp4(kinds="torchao,plain,bf16", prompt=4096):
         model = models.llama("sdpa", "cuda", torch.bfloat16)
         if weights != "bf16":
             quantize_(model, quant._nvfp4_weight_only_config(),
-                      filter_fn=lambda m, fqn: isinstance(m, nn.Linear) and "lm_head" not in fqn)
+                      filter_fn=lambda m, fqn: isinstance(m, nn.Linear) and (LM_HEAD or "lm_head" not in fqn))
         if weights == "plain nvfp4":
             plain_nvfp4.from_torchao(model)
         cache = StaticCache(config=model.config, max_cache_len=prompt + 64)
-        report(f"{weights} weights, batch 1, position {prompt}", model, cache, 1, prompt)
+        report(f"{weights} weights{' (lm_head too)' if LM_HEAD and weights != 'bf16' else ''}, batch 1, position "
+               f"{prompt}", model, cache, 1, prompt)
         del model, cache
         torch.cuda.empty_cache()
 
@@ -130,4 +133,6 @@ if __name__ == "__main__":
     OPTIONS.update((a.split("=")[0], a.split("=")[1] == "1") for a in sys.argv[2:] if "=" in a)
     if OPTIONS.pop("attribute", False):
         ATTRIBUTE.append(True)
+    if OPTIONS.pop("lm_head", False):
+        LM_HEAD.append(True)
     {"nvfp4": nvfp4, "int8kv": int8kv}[sys.argv[1]](*(a for a in sys.argv[2:] if "=" not in a))
