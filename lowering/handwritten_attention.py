@@ -1,7 +1,8 @@
 """Hand-written attention -> `fa4::attention` (every spelling of each step is accepted, see `spellings.py`):
 
-    s = q @ k^T                    matmul / @ / bmm; k^T by .transpose(-2, -1), .mT or permute
-    s = s * c   or   s / c         on the scores, on q, or on k (any number of constant factors)
+    s = q @ k^T                    matmul / @ / bmm / a matmul-shaped einsum (einsum.py); k^T by .transpose(-2, -1),
+                                   .mT or permute
+    s = s * c   or   s / c         on the scores (in place too), on q, or on k (any number of constant factors)
     s = c * tanh(s / c)            softcap (Gemma-2), after the scale
     s = mask(s)                    masked_fill / torch.where / + additive band (masks.py)
     s = cat([s, sink], -1)         attention sinks (GPT-OSS): one more logit a row, optionally
@@ -22,24 +23,24 @@ from dataclasses import dataclass
 
 from torch.fx import Node
 
-from . import attention
+from . import attention, einsum
 from .family import TORCH_IR, Context, Family
 from .masks import Band
 from .records import Decline
-from .spellings import (ADD, AMAX, CAST, CAT, DIV, DROPOUT, GETITEM, MASKED_FILL, MATMUL, MAX, MUL, SOFTMAX, SUB, TANH,
-                        WHERE, arg, describe_node, is_zero, normalize_dim, same_size, shape, single_user,
-                        transposed_last_two, value)
+from .spellings import (ADD, AMAX, CAST, CAT, DIV, DROPOUT, GETITEM, IN_PLACE_ADD, IN_PLACE_DIV, IN_PLACE_MUL,
+                        MASKED_FILL, MATMUL, MAX, MUL, SOFTMAX, SUB, TANH, WHERE, arg, describe_node, is_zero,
+                        normalize_dim, same_size, shape, single_user, transposed_last_two, value)
 
 
 def _constant_factor(node: Node) -> tuple[Node, float] | None:
-    """(x, c) when node is x * c or x / c (c = 1/divisor) for a constant c; None otherwise."""
-    if MUL(node):
+    """(x, c) when node is x * c or x / c (c = 1/divisor) for a constant c, in place too; None otherwise."""
+    if MUL(node) or IN_PLACE_MUL(node):
         a, b = node.args[0], node.args[1]
         if isinstance(a, Node) and attention.constant(b) is not None:
             return a, attention.constant(b)
         if isinstance(b, Node) and attention.constant(a) is not None:
             return b, attention.constant(a)
-    if DIV(node) and isinstance(node.args[0], Node) and attention.constant(node.args[1]):
+    if (DIV(node) or IN_PLACE_DIV(node)) and isinstance(node.args[0], Node) and attention.constant(node.args[1]):
         return node.args[0], 1.0 / attention.constant(node.args[1])
     return None
 
@@ -207,7 +208,7 @@ def match_handwritten(softmax: Node, constants: dict, run_time_masks: bool = Fal
         elif (found := _constant_factor(node)) is not None:
             node, c = found
             scale *= attention.positive_scale(c)
-        elif MASKED_FILL(node) or WHERE(node) or ADD(node):
+        elif MASKED_FILL(node) or WHERE(node) or ADD(node) or IN_PLACE_ADD(node):
             if softcap:
                 raise Decline("a mask applied before the softcap")
             step = node
@@ -279,6 +280,7 @@ def _strip_mask(node: Node, constants, scores_shape, run_time_masks: bool = Fals
 
 
 def _rewrite(node: Node, context: Context) -> str | None:
+    einsum.around(node, context.fake_mode)
     return attention.rewrite(
         match_handwritten(node, context.constants, getattr(context.options, "run_time_masks", False)), context)
 

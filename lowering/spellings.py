@@ -86,6 +86,11 @@ SUB = Spelling((operator.sub, torch.sub), ("sub", "__sub__"), neutral=(("alpha",
 NE = Spelling((operator.ne, torch.ne), ("ne", "__ne__"))
 LOGICAL_NOT = Spelling((torch.logical_not, operator.invert, torch.bitwise_not), ("logical_not", "bitwise_not", "__invert__"))
 CONTIGUOUS = Spelling((), ("contiguous",))
+IN_PLACE_MUL = Spelling((operator.imul,))
+IN_PLACE_DIV = Spelling((operator.itruediv,))
+IN_PLACE_ADD = Spelling((operator.iadd,))
+"""`s *= c`, `s /= c`, `s += mask` (the gpt-oss reference's scores): the same values as MUL, DIV, ADD, for the matchers
+that check the written tensor has no other reader."""
 CAT = Spelling((torch.cat, torch.concat, torch.concatenate), ("cat",))
 MAX = Spelling((torch.max,), ("max",))
 AMAX = Spelling((torch.amax,), ("amax",))

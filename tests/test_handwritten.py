@@ -17,6 +17,9 @@ SCORES = {
     "matmul_transpose": lambda q, k: torch.matmul(q, k.transpose(-2, -1)),
     "method_transpose23": lambda q, k: q.matmul(k.transpose(2, 3)),
     "permute": lambda q, k: q @ k.permute(0, 1, 3, 2),
+    "einsum": lambda q, k: torch.einsum("bhid,bhjd->bhij", q, k),
+    "einsum_spaced_heads_last": lambda q, k: torch.einsum("b i h d, b j h d -> b h i j", q.transpose(1, 2),
+                                                          k.transpose(1, 2)),
 }
 SCALE = {
     "mul_scores": lambda s, q, c: (s(q * 1.0) * c),
@@ -323,6 +326,29 @@ attention_out_contiguous: f32[2, 4, 6, 16] = .contiguous(attention_out_sink)""")
             "\n".join(rec.reasons), """getitem (getitem) between the softmax and its @ v is not understood""")
         torch.testing.assert_close(out, first(q, k, v))
 
+    def test_gpt_oss_reference_einsums_in_place_steps_and_sinks(self):
+        """The gpt-oss repository's torch reference attention: einsums over [tokens, heads, q_mult, d] (K/V expanded
+        over q_mult), the scale and the causal mask applied in place (`*=`, `+=`), a sink a head: one op call over
+        [heads, q_mult, tokens, d] (einsum.py), against float64."""
+        def sdpa(Q, K, V, S, sm_scale=0.25):
+            n_tokens, n_heads, q_mult, d_head = Q.shape
+            K = K[:, :, None, :].expand(-1, -1, q_mult, -1)
+            V = V[:, :, None, :].expand(-1, -1, q_mult, -1)
+            S = S.reshape(n_heads, q_mult, 1, 1).expand(-1, -1, n_tokens, -1)
+            mask = torch.triu(Q.new_full((n_tokens, n_tokens), -float("inf")), diagonal=1)
+            QK = torch.einsum("qhmd,khmd->hmqk", Q, K)
+            QK *= sm_scale
+            QK += mask[None, None, :, :]
+            QK = torch.cat([QK, S], dim=-1)
+            W = torch.softmax(QK, dim=-1)[..., :-1]
+            attn = torch.einsum("hmqk,khmd->qhmd", W, V)
+            return attn.reshape(n_tokens, -1)
+
+        args = (torch.randn(7, 2, 4, 16), torch.randn(7, 2, 16), torch.randn(7, 2, 16), torch.randn(8))
+        rec, out = compile_and_record(sdpa, *args)
+        self.assertExpectedInline("\n".join(r.detail for r in rec.records), """fa4.attention(q[2x4x7x16], k[2x4x7x16], v[2x4x7x16], scale=0.25, causal=True); attention sink: out * sigmoid(lse - sink)""")
+        torch.testing.assert_close(out.double(), sdpa(*(t.double() for t in args)), atol=1e-5, rtol=1e-5)
+
     def test_fallback_dropout_in_training(self):
         m = upstream.CausalSelfAttention().train()
         rec, _ = compile_and_record(m, torch.randn(2, 10, 32))
@@ -363,3 +389,23 @@ attention_out_contiguous: f32[2, 4, 6, 16] = .contiguous(attention_out_sink)""")
     def test_softmax_elsewhere_is_no_candidate(self):
         rec, _ = compile_and_record(lambda x, w: torch.softmax(x @ w, -1).sum(), torch.randn(3, 8), torch.randn(8, 8))
         self.assertEqual(rec.records, [])
+
+
+@pytest.mark.parametrize("equation, a, b, expected", [
+    ("bhid,bhjd->bhij", 4, 4, ([0, 1, 2, 3], [0, 1, 2, 3], [0, 1, 2, 3])),
+    ("b h i d, b h j d -> b h i j", 4, 4, ([0, 1, 2, 3], [0, 1, 2, 3], [0, 1, 2, 3])),
+    ("qhmd,khmd->hmqk", 4, 4, ([1, 2, 0, 3], [1, 2, 0, 3], [0, 1, 2, 3])),
+    ("hmqk,khmd->qhmd", 4, 4, ([0, 1, 2, 3], [1, 2, 3, 0], [2, 0, 1, 3])),
+    ("bij,bjk->bik", 3, 3, ([0, 1, 2], [0, 2, 1], [0, 1, 2])),
+    ("...id,...jd->...ij", 4, 4, None),  # an ellipsis
+    ("i,j->ij", 1, 1, None),  # an outer product: nothing contracted
+    ("bhid,bhjd->bij", 4, 4, None),  # a summed-out batch index
+    ("bhii,bhjd->bhij", 4, 4, None),  # a repeated index
+    ("bid,bjd,bkd->bijk", 3, 3, None),  # three operands
+    ("bhid,bhjd->bhij", 3, 4, None),  # the operand's rank differs from the equation's
+])
+def test_einsum_plans(equation, a, b, expected):
+    """`einsum.plan`: the permutations that make a matmul-shaped einsum a matmul, None for any other einsum."""
+    from fa4_inductor.lowering import einsum
+
+    assert einsum.plan(equation, a, b) == expected
