@@ -57,7 +57,8 @@ class AttentionCall:
     masks: list = field(default_factory=list)  # (mask, the node applying it): their in-place updates are checked
     seqused_k: Node | Shift | None = None  # a run-time key mask (padding.py) or query start (kv_cache.py)
     padding: KeyMask | None = None  # a run-time key mask (an attention_mask) on top of the band
-    blind_rows: str = "zeros"  # what eager gives a query row that sees no key: "zeros", "mean" (of V) or "nan"
+    blind_rows: str = "zeros"  # what eager gives a query row that sees no key: "zeros", "mean" (of V), "filled mean"
+    # (the mean of V from scores a masked_fill / where overwrote: no gradient reaches q and k) or "nan"
     # How `padding` reaches the op (`_encode_padding`): its key_mask, or checked fast paths (padding.py).
     key_mask: KeyMask | None = None
     covering_mask: KeyMask | None = None  # must hide none of the band's keys (checked at run time)
@@ -180,7 +181,7 @@ def _fold_int8(call: AttentionCall, options) -> None:
             raise int8_kv.NotInt8("under autocast")
         if call.in_training:
             raise int8_kv.NotInt8("q, k or v requires a gradient, and the int8-KV op is forward only")
-        if call.key_mask is not None and call.blind_rows == "mean":
+        if call.key_mask is not None and call.blind_rows in MEAN_ROWS:
             raise int8_kv.NotInt8("a padding mask whose all-hidden rows eager fills with the mean of V")
         reason = attention_int8kv_unsupported_reason(q.device.type, q.dtype, int(q.shape[-1]),
                                                      int(value(call.v).shape[-1]))
@@ -262,6 +263,9 @@ def _check_broadcast(mshape, scores_shape) -> None:
     if len(mshape) > len(scores_shape) or not all(
             same_size(m, 1) or equal_size(m, s) for m, s in zip(mshape[::-1], scores_shape[::-1])):
         raise Decline(f"the mask's shape {list(mshape)} broadcasts the scores' {list(scores_shape)} larger")
+
+
+MEAN_ROWS = ("mean", "filled mean")  # `AttentionCall.blind_rows` whose rows that see no key are the mean of V
 
 
 def blind_rows_of(hidden_scores: list, sdpa: bool, softmax_dtype: torch.dtype | None = None) -> str:
@@ -394,9 +398,9 @@ def emit(gm: GraphModule, call: AttentionCall, fake_mode, shared: dict, mutation
         else:
             op = make(ATTENTION, *inputs, name="fa4_attention", **kwargs)
         out = make(operator.getitem, op, 0, name="attention_out")
-        if call.key_mask is not None and call.blind_rows == "mean":
+        if call.key_mask is not None and call.blind_rows in MEAN_ROWS:
             lse = make(operator.getitem, op, 1)
-            if call.in_training:
+            if call.in_training and call.blind_rows == "mean":
                 out = make(blind_rows_as_eagers, out, lse, q, k, v, call.scale, name="attention_out_blind_rows")
             else:
                 out = make(blind_rows_as_mean, out, lse, v, name="attention_out_blind_rows")
@@ -457,7 +461,7 @@ def _describe_call(call: AttentionCall, kwargs: dict) -> str:
     if call.key_mask is not None:
         used += ", key_mask=" + ("additive mask input" if call.key_mask.additive else
                                  "mask per query row" if call.key_mask.per_query else "padding mask")
-        used += ", rows that see no key: mean of V" if call.blind_rows == "mean" else ""
+        used += ", rows that see no key: mean of V" if call.blind_rows in MEAN_ROWS else ""
     if call.int8 is not None:
         keys = call.int8[0].keys
         sliced = "" if keys is None else f"[:, :, {'' if keys.start is None else keys.start}:{keys.stop}]"
@@ -509,7 +513,7 @@ def _encode_padding(call: AttentionCall, options) -> None:
         raise Decline("a run-time finfo.min padding mask in training under a softcap: a query row that sees no key "
                       "passes eager's softmax gradient to q and k through the softcap, which the rewrite does not "
                       "reproduce")
-    if call.blind_rows == "mean" and getattr(options, "small_calls_to_sdpa", True) and \
+    if call.blind_rows in MEAN_ROWS and getattr(options, "small_calls_to_sdpa", True) and \
             (short := crossover.short_padded_training(call)) is not None:
         raise Decline(short)
     call.key_mask = call.padding

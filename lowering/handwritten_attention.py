@@ -219,7 +219,7 @@ def match_handwritten(softmax: Node, constants: dict, run_time_masks: bool = Fal
                 node, mask, visible, hidden = e.scores, e.mask, Band(), None
             masks.append((mask, step))
             band &= visible
-            hidden_scores.append(hidden)
+            hidden_scores.append((hidden, MASKED_FILL(step) or WHERE(step)))
         else:
             raise Decline(f"{node.format_node()} between q @ k^T and softmax is not understood")
     qk = node
@@ -243,11 +243,22 @@ def match_handwritten(softmax: Node, constants: dict, run_time_masks: bool = Fal
         flags["softcap"] = softcap
     return attention.AttentionCall(q, k, v, output=output, scale=scale, flags=flags, matched=matched + [output],
                          seqused_k=seqused_k, padding=keys, autocast=autocast,
-                         blind_rows="zeros" if sink else attention.blind_rows_of(
-                             hidden_scores, sdpa=False, softmax_dtype=value(softmax).dtype),
+                         blind_rows="zeros" if sink else _blind_rows(hidden_scores, value(softmax).dtype),
                          sink=sink.column if sink else None,
                          masks=[(m, use) for m, use in masks if isinstance(m, Node)],
                          additive_input=additive.mask if additive else None, additive_reason=str(additive or ""))
+
+
+def _blind_rows(hidden_scores: list, softmax_dtype) -> str:
+    """What eager gives a query row that sees no key (`attention.blind_rows_of`), from each masking step's (hidden
+    score, whether the step overwrites the scores it hides). Steps that all overwrite with one value (masked_fill,
+    where: lucidrains-style padding then causal fills) leave every hidden score that value, as one step would; such
+    a row's mean of V is "filled mean": the fill passes no gradient to q and k, where an added finfo.min does."""
+    values = {h for h, _ in hidden_scores}
+    overwritten = bool(hidden_scores) and all(overwrites for _, overwrites in hidden_scores)
+    steps = [hidden_scores[0][0]] if overwritten and len(values) == 1 else [h for h, _ in hidden_scores]
+    rows = attention.blind_rows_of(steps, sdpa=False, softmax_dtype=softmax_dtype)
+    return "filled mean" if rows == "mean" and overwritten else rows
 
 
 def _strip_mask(node: Node, constants, scores_shape, run_time_masks: bool = False

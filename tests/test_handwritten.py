@@ -103,6 +103,35 @@ def test_bmm_on_merged_heads():
     torch.testing.assert_close(out, fn(q, k, v), atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("fill", ["masked_fill", "where", "added"])
+def test_rows_that_see_no_key_get_eagers_gradient_for_each_fill(fill):
+    """A finfo.min padding and causal mask in training, applied by masked_fill, where or + (HF's eager code): a row
+    that sees no key is the mean of V in eager either way, but its gradient reaches q and k only through the added
+    mask (the absorbed scores stay in the softmax's graph), a fill passes none: the rewrite gives each, against
+    eager."""
+    def attend(q, k, v, mask):
+        sim = (q * 0.25) @ k.mT
+        allowed = mask[:, None, None, :] & torch.ones(sim.shape[-2:], dtype=torch.bool).tril()
+        low = torch.finfo(sim.dtype).min
+        if fill == "masked_fill":
+            sim = sim.masked_fill(~allowed, low)
+        elif fill == "where":
+            sim = torch.where(allowed, sim, low)
+        else:
+            sim = sim + torch.zeros(allowed.shape).masked_fill(~allowed, low)
+        return sim.softmax(dim=-1) @ v
+
+    q, k, v = (t.requires_grad_() for t in inputs())
+    mask = torch.ones(2, 6, dtype=torch.bool)
+    mask[1, :3] = False
+    rec, out = compile_and_record(attend, q, k, v, mask)
+    assert rec.count() == 1 and "rows that see no key: mean of V" in rec.records[0].detail, rec.records
+    expected = attend(q, k, v, mask)
+    torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(torch.autograd.grad(out.square().sum(), (q, k, v)),
+                               torch.autograd.grad(expected.square().sum(), (q, k, v)), atol=1e-5, rtol=1e-5)
+
+
 class TestHandwrittenGraphs(expecttest.TestCase):
     def test_nanogpt_buffer_mask(self):
         m = upstream.CausalSelfAttention().eval()
@@ -348,6 +377,29 @@ attention_out_contiguous: f32[2, 4, 6, 16] = .contiguous(attention_out_sink)""")
         rec, out = compile_and_record(sdpa, *args)
         self.assertExpectedInline("\n".join(r.detail for r in rec.records), """fa4.attention(q[2x4x7x16], k[2x4x7x16], v[2x4x7x16], scale=0.25, causal=True); attention sink: out * sigmoid(lse - sink)""")
         torch.testing.assert_close(out.double(), sdpa(*(t.double() for t in args)), atol=1e-5, rtol=1e-5)
+
+    def test_einsum_attention_with_a_reshaped_padding_mask(self):
+        """lucidrains-style code: einsums, a [B, Sk] padding mask reshaped to [B, 1, 1, Sk] (what einops'
+        `rearrange(mask, "b j -> b 1 1 j")` traces to), -finfo.max fills, a causal triu: the op with the padding mask
+        as its key_mask, output and gradients against eager; a row that sees no key gets eager's mean of V (both
+        fills write the one value, so such a row's scores are all equal, as after one step)."""
+        def attend(q, k, v, mask):
+            sim = torch.einsum("b h i d, b h j d -> b h i j", q * 0.25, k)
+            sim = sim.masked_fill(~mask.reshape(mask.shape[0], 1, 1, mask.shape[1]), -torch.finfo(sim.dtype).max)
+            i, j = sim.shape[-2:]
+            sim = sim.masked_fill(torch.ones((i, j), dtype=torch.bool).triu(j - i + 1), -torch.finfo(sim.dtype).max)
+            return torch.einsum("b h i j, b h j d -> b h i d", sim.softmax(dim=-1), v)
+
+        q, k, v = (t.requires_grad_() for t in inputs())
+        mask = torch.ones(2, 6, dtype=torch.bool)
+        mask[1, :3] = False
+        rec, out = compile_and_record(attend, q, k, v, mask)
+        self.assertEqual(rec.count(), 1, rec.reasons)
+        self.assertIn("key_mask=padding mask, rows that see no key: mean of V", rec.records[0].detail)
+        expected = attend(q, k, v, mask)
+        torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(torch.autograd.grad(out.square().sum(), (q, k, v)),
+                                   torch.autograd.grad(expected.square().sum(), (q, k, v)), atol=1e-5, rtol=1e-5)
 
     def test_fallback_dropout_in_training(self):
         m = upstream.CausalSelfAttention().train()
