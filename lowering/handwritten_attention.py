@@ -219,7 +219,7 @@ def match_handwritten(softmax: Node, constants: dict, run_time_masks: bool = Fal
                 node, mask, visible, hidden = e.scores, e.mask, Band(), None
             masks.append((mask, step))
             band &= visible
-            hidden_scores.append((hidden, MASKED_FILL(step) or WHERE(step)))
+            hidden_scores.append((hidden, MASKED_FILL(step) or WHERE(step), scale))
         else:
             raise Decline(f"{node.format_node()} between q @ k^T and softmax is not understood")
     qk = node
@@ -251,12 +251,13 @@ def match_handwritten(softmax: Node, constants: dict, run_time_masks: bool = Fal
 
 def _blind_rows(hidden_scores: list, softmax_dtype) -> str:
     """What eager gives a query row that sees no key (`attention.blind_rows_of`), from each masking step's (hidden
-    score, whether the step overwrites the scores it hides). Steps that all overwrite with one value (masked_fill,
-    where: lucidrains-style padding then causal fills) leave every hidden score that value, as one step would; such
-    a row's mean of V is "filled mean": the fill passes no gradient to q and k, where an added finfo.min does."""
-    values = {h for h, _ in hidden_scores}
-    overwritten = bool(hidden_scores) and all(overwrites for _, overwrites in hidden_scores)
-    steps = [hidden_scores[0][0]] if overwritten and len(values) == 1 else [h for h, _ in hidden_scores]
+    score, whether the step overwrites the scores it hides, the scale applied after it). Steps that all overwrite
+    with one value under one scale (masked_fill, where: lucidrains-style padding then causal fills) leave every
+    hidden score that value, as one step would; such a row's mean of V is "filled mean": the fill passes no
+    gradient to q and k, where an added finfo.min does."""
+    values = {(h, scale) for h, _, scale in hidden_scores}
+    overwritten = bool(hidden_scores) and all(overwrites for _, overwrites, _ in hidden_scores)
+    steps = [hidden_scores[0][0]] if overwritten and len(values) == 1 else [h for h, _, _ in hidden_scores]
     rows = attention.blind_rows_of(steps, sdpa=False, softmax_dtype=softmax_dtype)
     return "filled mean" if rows == "mean" and overwritten else rows
 

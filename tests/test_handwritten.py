@@ -132,6 +132,23 @@ def test_rows_that_see_no_key_get_eagers_gradient_for_each_fill(fill):
                                torch.autograd.grad(expected.square().sum(), (q, k, v)), atol=1e-5, rtol=1e-5)
 
 
+def test_fills_apart_by_a_scale_are_not_one_step():
+    """Two finfo.min fills with a scale between them leave a row that sees no key two different scores (the scaled
+    fill and the fill), so eager weighs part of its keys: kept as written with the reason, output eager's."""
+    def attend(q, k, v, mask):
+        low = torch.finfo(q.dtype).min
+        sim = (q @ k.mT).masked_fill(~mask[:, None, None, :], low) * 0.5
+        sim = sim.masked_fill(torch.ones(sim.shape[-2:], dtype=torch.bool).triu(1), low)
+        return sim.softmax(dim=-1) @ v
+
+    q, k, v = inputs()
+    mask = torch.ones(2, 6, dtype=torch.bool)
+    mask[1, :3] = False
+    rec, out = compile_and_record(attend, q, k, v, mask)
+    assert rec.count() == 0 and "weighted over part of the keys" in rec.reasons[0], rec.reasons
+    torch.testing.assert_close(out, attend(q, k, v, mask))
+
+
 class TestHandwrittenGraphs(expecttest.TestCase):
     def test_nanogpt_buffer_mask(self):
         m = upstream.CausalSelfAttention().eval()
