@@ -543,7 +543,7 @@ def blind_rows_gradients(grad_out: Tensor, grad_lse: Optional[Tensor], q: Tensor
             mean_k = _per_query_head(_mean_over_keys(leaves[1]), q.shape[1])  # [B, Hq, 1, D]
             lse = scale * (leaves[0].float() * mean_k).sum(-1)
             total = total + (lse * grad_lse.float()).masked_fill(~rows, 0).sum()
-        return torch.autograd.grad(total, leaves, allow_unused=True, materialize_grads=True)
+        return torch.autograd.grad(total, leaves)
 
 
 def _mean_over_keys(t: Tensor) -> Tensor:

@@ -23,6 +23,7 @@ from .spellings import Spelling, shape, single_user
 
 EINSUM = Spelling((torch.einsum, torch.functional.einsum))
 SEARCH_DEPTH = 8  # nodes from the softmax to the scores' einsum (scale, mask, softcap, sink, casts)
+PV_DEPTH = 4  # single users from the softmax to the weights' einsum with V (the sink's drop, dropout, casts)
 
 
 def plan(equation: str, a_ndim: int, b_ndim: int) -> tuple[list, list, list] | None:
@@ -77,7 +78,7 @@ def as_matmul(node: Node, fake_mode) -> Node | None:
 
 def around(softmax: Node, fake_mode) -> None:
     """Rewrite the matmul-shaped einsums within SEARCH_DEPTH nodes above `softmax`, and the one its weights feed
-    (through single users), as matmuls (`as_matmul`)."""
+    within PV_DEPTH single users, as matmuls (`as_matmul`)."""
     found, seen, queue = [], {softmax}, deque([(softmax, 0)])
     while queue:
         node, depth = queue.popleft()
@@ -87,7 +88,7 @@ def around(softmax: Node, fake_mode) -> None:
                 found += [source] if EINSUM(source) else []
                 queue.append((source, depth + 1))
     node = softmax
-    for _ in range(4):
+    for _ in range(PV_DEPTH):
         node = single_user(node)
         if node is None:
             break

@@ -534,7 +534,7 @@ def evaluate(node, constants: dict) -> TwoValued:
             raise MaskNotUnderstood(f"{describe_node(node)} of a non-uniform tensor or with a non-constant fill")
         cond = evaluate(node.args[1], constants)
         return _coerce(node, cond.map(lambda c: fill if c else x.inside))
-    if RESHAPE(node) and (keys := _key_reshape(node)) is not None:
+    if RESHAPE(node) and (keys := _key_lookup(node, constants)) is not None:
         return _coerce(node, TwoValued(Band(keys=keys), 1, 0))
     if CAST(node) or CONTIGUOUS(node) or RESHAPE(node) or UNSQUEEZE(node) or EXPAND(node):
         source = node.args[0]
@@ -659,12 +659,17 @@ def _tensor_entries(index) -> list:
 
 def _key_lookup(node: Node, constants) -> KeyMask | None:
     """The key mask when node reads a run-time [B, Sk] mask m broadcast over queries: m[:, None, None, :]
-    (BERT-style) or m[arange(B)[:, None, None, None], kv_positions] (HF masking_utils, m boolean; key positions
-    from 0, or from an offset in a sliding-window cache: an int, or a SymInt under dynamic shapes)."""
+    (BERT-style), m reshaped to [B, 1, 1, Sk] (einops' `rearrange(m, "b j -> b 1 1 j")`) or
+    m[arange(B)[:, None, None, None], kv_positions] (HF masking_utils, m boolean; key positions from 0, or from an
+    offset in a sliding-window cache: an int, or a SymInt under dynamic shapes)."""
     m = node.args[0]
-    index = node.args[1] if isinstance(node.args[1], tuple) else (node.args[1],)
     if not isinstance(m, Node) or len(shape(m)) != 2 or len(shape(node)) != 4:
         return None
+    if RESHAPE(node):
+        (b, sk), out = shape(m), shape(node)
+        return KeyMask(m) if same_size(out[0], b) and same_size(out[1], 1) and same_size(out[2], 1) and \
+            same_size(out[3], sk) else None
+    index = node.args[1] if isinstance(node.args[1], tuple) else (node.args[1],)
     if index == (slice(None), None, None, slice(None)):
         return KeyMask(m)
     if len(index) != 2 or not all(isinstance(i, Node) for i in index) or value(m).dtype != torch.bool:
@@ -684,18 +689,6 @@ def _key_lookup(node: Node, constants) -> KeyMask | None:
             and (start is not None or equal_size(shape(keys)[-1], shape(m)[1]))):
         return None
     return KeyMask(m, start)
-
-
-def _key_reshape(node: Node) -> KeyMask | None:
-    """The key mask when node reshapes a run-time [B, Sk] mask m to [B, 1, 1, Sk] (einops'
-    `rearrange(m, "b j -> b 1 1 j")`): `m[:, None, None, :]` (`_key_lookup`)."""
-    m = node.args[0]
-    if not isinstance(m, Node) or len(shape(m)) != 2 or len(shape(node)) != 4:
-        return None
-    (b, sk), out = shape(m), shape(node)
-    if not (same_size(out[0], b) and same_size(out[1], 1) and same_size(out[2], 1) and same_size(out[3], sk)):
-        return None
-    return KeyMask(m)
 
 
 def _row_gather(node: Node, constants) -> TwoValued | None:

@@ -103,6 +103,21 @@ def test_bmm_on_merged_heads():
     torch.testing.assert_close(out, fn(q, k, v), atol=1e-5, rtol=1e-5)
 
 
+def left_padded_keys():
+    """A [2, 6] key mask whose second sequence's first 3 keys are padding (its first 3 query rows see no key under a
+    causal band)."""
+    mask = torch.ones(2, 6, dtype=torch.bool)
+    mask[1, :3] = False
+    return mask
+
+
+def assert_output_and_gradients_match(out, expected, leaves):
+    """out and the gradients of out.square().sum() with respect to `leaves` as `expected`'s (eager's)."""
+    torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(torch.autograd.grad(out.square().sum(), leaves),
+                               torch.autograd.grad(expected.square().sum(), leaves), atol=1e-5, rtol=1e-5)
+
+
 @pytest.mark.parametrize("fill", ["masked_fill", "where", "added"])
 def test_rows_that_see_no_key_get_eagers_gradient_for_each_fill(fill):
     """A finfo.min padding and causal mask in training, applied by masked_fill, where or + (HF's eager code): a row
@@ -122,14 +137,10 @@ def test_rows_that_see_no_key_get_eagers_gradient_for_each_fill(fill):
         return sim.softmax(dim=-1) @ v
 
     q, k, v = (t.requires_grad_() for t in inputs())
-    mask = torch.ones(2, 6, dtype=torch.bool)
-    mask[1, :3] = False
+    mask = left_padded_keys()
     rec, out = compile_and_record(attend, q, k, v, mask)
     assert rec.count() == 1 and "rows that see no key: mean of V" in rec.records[0].detail, rec.records
-    expected = attend(q, k, v, mask)
-    torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(torch.autograd.grad(out.square().sum(), (q, k, v)),
-                               torch.autograd.grad(expected.square().sum(), (q, k, v)), atol=1e-5, rtol=1e-5)
+    assert_output_and_gradients_match(out, attend(q, k, v, mask), (q, k, v))
 
 
 def test_fills_apart_by_a_scale_are_not_one_step():
@@ -142,8 +153,7 @@ def test_fills_apart_by_a_scale_are_not_one_step():
         return sim.softmax(dim=-1) @ v
 
     q, k, v = inputs()
-    mask = torch.ones(2, 6, dtype=torch.bool)
-    mask[1, :3] = False
+    mask = left_padded_keys()
     rec, out = compile_and_record(attend, q, k, v, mask)
     assert rec.count() == 0 and "weighted over part of the keys" in rec.reasons[0], rec.reasons
     torch.testing.assert_close(out, attend(q, k, v, mask))
@@ -408,15 +418,11 @@ attention_out_contiguous: f32[2, 4, 6, 16] = .contiguous(attention_out_sink)""")
             return torch.einsum("b h i j, b h j d -> b h i d", sim.softmax(dim=-1), v)
 
         q, k, v = (t.requires_grad_() for t in inputs())
-        mask = torch.ones(2, 6, dtype=torch.bool)
-        mask[1, :3] = False
+        mask = left_padded_keys()
         rec, out = compile_and_record(attend, q, k, v, mask)
         self.assertEqual(rec.count(), 1, rec.reasons)
         self.assertIn("key_mask=padding mask, rows that see no key: mean of V", rec.records[0].detail)
-        expected = attend(q, k, v, mask)
-        torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
-        torch.testing.assert_close(torch.autograd.grad(out.square().sum(), (q, k, v)),
-                                   torch.autograd.grad(expected.square().sum(), (q, k, v)), atol=1e-5, rtol=1e-5)
+        assert_output_and_gradients_match(out, attend(q, k, v, mask), (q, k, v))
 
     def test_fallback_dropout_in_training(self):
         m = upstream.CausalSelfAttention().train()
