@@ -36,6 +36,14 @@ def nvfp4_operands(w_fp4: Tensor, w_block_scale: Tensor, w_global_scale: Tensor)
     return n, k
 
 
+def packed_rows(t: Tensor) -> Tensor:
+    """t [R, C] restrided to (C, 1) where that is free: a single row whose last stride is 1 (Inductor hands
+    one-row activations with a row stride of 0, which no kernel reads); otherwise t itself."""
+    if t.dim() == 2 and t.shape[0] == 1 and t.stride(1) == 1 and t.stride(0) != t.shape[1]:
+        return t.as_strided(t.shape, (t.shape[1], 1))
+    return t
+
+
 def empty_bhsd(b, h, s, d, *, dtype: torch.dtype, device, zero: bool = False) -> Tensor:
     """An uninitialized (or zero) [b, h, s, d] tensor with [b, s, h, d] storage, strides (s*h*d, d, h*d, 1).
 

@@ -11,6 +11,18 @@ P="python3 -m pytest -m gpu -q -p no:cacheprovider -p no:logging -W ignore -rf"
 L=$OUT/log.txt
 run() { echo "+ $*" >>$L; PYTHONUNBUFFERED=1 "$@" >>$L 2>&1; echo "rc=$?" >>$L; }
 case "$1" in
+i30) # session 30: one-row activations with a row stride of 0 are restrided, not copied (`layout.packed_rows`: the 16
+    # memcpy32_post a step were the down projection's x copied by `_pad_cols`); the step again, with gated linears
+    # (session 29: slower by 34 us in the down projection, with that copy between), with lm_head quantized; then the
+    # batch-8 int8-cache step by launching op (issue 16: cuBLAS's 8-row linears ~1.0 ms of a step)
+    run timeout 130 python3 docs/scripts/decode_profile.py nvfp4 plain
+    run timeout 130 python3 docs/scripts/decode_profile.py nvfp4 plain gated_linears=1
+    run timeout 130 python3 docs/scripts/decode_profile.py nvfp4 plain lm_head=1
+    run timeout 170 python3 docs/scripts/decode_profile.py int8kv attribute=1 ;;
+j30) # session 30: the W4A16 GPU tier in full (session 29's runs were cut or partial), then eager code's packed
+    # training (part g29 ran out of memory in default compile's step: it now reports that and goes on)
+    run timeout 240 $P -n 8 tests/test_gpu_w4a16.py
+    run timeout 280 python3 scratch/packed.py eager ;;
 g29) # session 29: attention sinks (GPT-OSS; the op's out * sigmoid(lse - sink), training through FA4's dlse) and eager
     # code's packed training mask on FA4 varlen with blind rows' eager gradient (`blind_rows_gradients`), CPU-tested;
     # then the Llama-1B shape's packed training step, eager code (session 24: sdpa code 111.0 ms against 223.9)

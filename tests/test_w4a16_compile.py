@@ -440,6 +440,11 @@ def test_x_is_zero_padded_to_the_chunk():
     assert w4.prepare_x(x[:, :32].contiguous(), 32).shape == (3, 32)
     one_row = torch.randn(1, 80, dtype=torch.bfloat16)[:, :64]  # "contiguous", but its row stride is 80
     assert w4.prepare_x(one_row, 64).stride() == (64, 1)
+    # Inductor's one-row activations (row stride 0) are restrided, not copied: a copy is a launch per call
+    inductor_row = torch.randn(64, dtype=torch.bfloat16).as_strided((1, 64), (0, 1))
+    viewed = w4.prepare_x(inductor_row, 64)
+    assert viewed.stride() == (64, 1) and viewed.data_ptr() == inductor_row.data_ptr()
+    assert torch.equal(viewed, inductor_row)
 
 
 # ------------------------------------------------------------------------------------------- host rules
