@@ -34,7 +34,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from . import decode, switches
+from . import decode, layout, switches
 from .cute import compile_utils
 from .flags import Flags
 
@@ -139,11 +139,7 @@ def forward(q: Tensor, k: Tensor, v: Tensor, k_scale: Tensor, v_scale: Tensor, s
     `key_mask` [B, Sk] bool hides keys where False. `splits` overrides `num_splits` (tests and
     benchmarks); it must not depend on seqused_k."""
     call = decode.prepare(q, k, seqused_k, key_mask, splits, Flags(**flags), ctas_per_sm=ctas_per_sm())
-    # unit stride along the keys, also for a single key (where .contiguous() keeps any stride)
-    if k_scale.stride(-1) != 1:
-        k_scale = k_scale.clone(memory_format=torch.contiguous_format)
-    if v_scale.stride(-1) != 1:
-        v_scale = v_scale.clone(memory_format=torch.contiguous_format)
+    k_scale, v_scale = layout.unit_last_stride(k_scale), layout.unit_last_stride(v_scale)
     group = q.shape[1] // k.shape[1]
     arch = compile_utils.target_arch(q.device)
     counters = decode.split_counters(call, k.shape[1])

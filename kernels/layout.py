@@ -36,12 +36,25 @@ def nvfp4_operands(w_fp4: Tensor, w_block_scale: Tensor, w_global_scale: Tensor)
     return n, k
 
 
-def packed_rows(t: Tensor) -> Tensor:
-    """t [R, C] restrided to (C, 1) where that is free: a single row whose last stride is 1 (Inductor hands
-    one-row activations with a row stride of 0, which no kernel reads); otherwise t itself."""
-    if t.dim() == 2 and t.shape[0] == 1 and t.stride(1) == 1 and t.stride(0) != t.shape[1]:
-        return t.as_strided(t.shape, (t.shape[1], 1))
-    return t
+def contiguous_strides(t: Tensor) -> Tensor:
+    """t viewed with a contiguous tensor's strides when it is contiguous, else t. `is_contiguous` ignores the stride
+    of a size-1 dim, which Inductor often makes 0 (a one-row activation, one cache position): kernels that read
+    strides see it, and a copy to mend it is a launch per call."""
+    if not t.is_contiguous():
+        return t
+    want, step = [], 1
+    for size in reversed(t.shape):
+        want.append(step)
+        step *= max(size, 1)
+    want = tuple(reversed(want))
+    return t if t.stride() == want else t.as_strided(t.shape, want)
+
+
+def unit_last_stride(t: Tensor) -> Tensor:
+    """t with stride 1 on its last dim: itself, a view (`contiguous_strides`) or a contiguous copy (an expanded
+    tensor: one length for the whole batch)."""
+    t = contiguous_strides(t)
+    return t if t.stride(-1) == 1 else t.clone(memory_format=torch.contiguous_format)
 
 
 def empty_bhsd(b, h, s, d, *, dtype: torch.dtype, device, zero: bool = False) -> Tensor:
@@ -63,13 +76,12 @@ def bhsd_copy(t: Tensor, dtype: torch.dtype | None = None) -> Tensor:
 def lengths_int32(lengths: Tensor | None, device) -> Tensor | None:
     """Per-sequence lengths (`seqused_k`) as a unit-stride int32 [B] tensor on `device`.
 
-    A graph often hands an expanded one (stride 0: one cache position for the whole batch), and a
-    size-1 tensor counts as contiguous whatever its stride, so `.contiguous()` alone keeps stride 0,
-    which kernels that index lengths[b] with a unit stride (FA4 asserts it) cannot take."""
+    A graph often hands an expanded one (stride 0: one cache position for the whole batch), or one length with
+    stride 0, which `.contiguous()` keeps and kernels that index lengths[b] with a unit stride (FA4 asserts it)
+    cannot take."""
     if lengths is None:
         return None
-    lengths = lengths.to(device=device, dtype=torch.int32)
-    return lengths if lengths.stride(-1) == 1 else lengths.clone(memory_format=torch.contiguous_format)
+    return unit_last_stride(lengths.to(device=device, dtype=torch.int32))
 
 
 def alignment_reason(name: str, t: Tensor, address: Optional[int] = None) -> str | None:

@@ -255,7 +255,7 @@ def warmup(dtype: torch.dtype, device: torch.device | str = "cuda") -> None:
 
 def _rows(x2d: Tensor) -> Tensor:
     """x as the kernel reads it: row-major, rows back to back, 16-byte aligned."""
-    x2d = layout.packed_rows(x2d)
+    x2d = layout.contiguous_strides(x2d)
     if x2d.stride() != (x2d.shape[1], 1) or x2d.data_ptr() % 16:
         x2d = x2d.new_empty(x2d.shape).copy_(x2d)
     return x2d

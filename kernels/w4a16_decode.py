@@ -278,7 +278,7 @@ def _aligned(t: Tensor, align: int = ALIGN_BYTES) -> bool:
 
 def _pad_cols(t: Tensor, cols: int, align: int = ALIGN_BYTES) -> Tensor:
     """t [R, C] as a row-major aligned [R, cols] tensor, zeros past C: t itself (or a view) when it already is one."""
-    t = layout.packed_rows(t)
+    t = layout.contiguous_strides(t)
     if t.shape[1] == cols and _aligned(t, align):
         return t
     if t.shape[1] == cols:

@@ -227,6 +227,18 @@ def test_lengths_reach_kernels_with_unit_stride(lengths):
     assert got.dtype == torch.int32 and got.stride() == (1,) and torch.equal(got, lengths.int())
 
 
+def test_one_length_with_stride_0_is_restrided_not_copied():
+    """Inductor allocates a one-sequence seqused_k as empty_strided((1,), (0,)): a copy would be a launch a call."""
+    from fa4_inductor.kernels import layout
+
+    one = torch.empty_strided((1,), (0,), dtype=torch.int32).fill_(9)
+    got = layout.lengths_int32(one, "cpu")
+    assert got.stride() == (1,) and got.data_ptr() == one.data_ptr() and got.item() == 9
+    scales = torch.randn(2, 3, 1).as_strided((2, 3, 1), (3, 1, 0))  # one key's scales, stride 0 along the keys
+    viewed = layout.unit_last_stride(scales)
+    assert viewed.stride() == (3, 1, 1) and viewed.data_ptr() == scales.data_ptr() and torch.equal(viewed, scales)
+
+
 def random_per_query_mask(b, sq, sk):
     mask = torch.rand(b, sq, sk) > 0.4
     mask[0, 1] = False  # a row that sees no key
