@@ -11,6 +11,12 @@ P="python3 -m pytest -m gpu -q -p no:cacheprovider -p no:logging -W ignore -rf"
 L=$OUT/log.txt
 run() { echo "+ $*" >>$L; PYTHONUNBUFFERED=1 "$@" >>$L 2>&1; echo "rc=$?" >>$L; }
 case "$1" in
+k30) # session 30: after i30 found the 16 memcpy32_post a step are one-sequence seqused_k clones (stride 0, now
+    # restrided): the decode tiers (lengths and int8 scales restrided), then the NVFP4 decode step without and with
+    # gated linears, twice each, alternating (i30 on one machine: 0.921 against 0.904; session 29: 0.925 against
+    # 1.016), 64 timed steps a run
+    run timeout 150 $P -n 8 tests/test_gpu_decode.py tests/test_gpu_decode_int8kv.py tests/test_gpu_int8kv.py
+    for o in 0 1 0 1; do run timeout 100 python3 docs/scripts/decode_profile.py nvfp4 plain gated_linears=$o; done ;;
 i30) # session 30: one-row activations with a row stride of 0 are restrided, not copied (`layout.packed_rows`: the 16
     # memcpy32_post a step were the down projection's x copied by `_pad_cols`); the step again, with gated linears
     # (session 29: slower by 34 us in the down projection, with that copy between), with lm_head quantized; then the
