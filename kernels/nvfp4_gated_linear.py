@@ -11,7 +11,7 @@ outputs, the activation's and the product each rounded to x's dtype, as the sepa
 
 Kernels: a CUDA call whose two weights `fa4::nvfp4_sibling_linears` would run in one launch of the integer GEMV (one
 row of x) runs the gated integer GEMV (`nvfp4_int_gemv.run_gated`: each output's gate and up sums meet in one warp,
-which stores the product); not yet measured on a GPU, so no lowering emits the op unless `backend(gated_linears=True)`.
+which stores the product; `lowering/gated_linears.py` emits the op, `backend(gated_linears=False)` turns it off).
 Other calls run `fa4::nvfp4_sibling_linears`, then the activation and the product.
 """
 

@@ -1,5 +1,5 @@
 """A gated MLP's gate / up siblings and their activation product -> `fa4::nvfp4_gated_linear`, on Inductor's aten
-graphs (POST_GRAD, over what `sibling_linears` grouped; option `gated_linears`, off until measured on a GPU):
+graphs (POST_GRAD, over what `sibling_linears` grouped; option `gated_linears`):
 
     s = nvfp4_sibling_linears(x [1, K], [w_gate, w_up], [block, block], [global, global], [None, None])
     g = getitem(s, 0) [-> reshape]          u = getitem(s, 1) [-> reshape]

@@ -12,7 +12,7 @@
                                                  over what FAMILIES wrote)
                   gated_linears.FAMILY           silu(gate) * up of two NVFP4 siblings over one row of x -> one
                                                  fa4::nvfp4_gated_linear (post-grad, over what sibling_linears wrote;
-                                                 option `gated_linears`, off)
+                                                 option `gated_linears`)
 
 A family's stage says which graph it sees: TORCH_IR families run on the Dynamo graph in the backend,
 before AOTAutograd (`run_torch_ir_passes`: their ops' autograd formulas then serve training); POST_GRAD

@@ -18,7 +18,7 @@ from helpers import PostGradCompiled, tiny
 from test_nvfp4_linear import OPCHECK_TESTS, blocked, float64_dequantized, random_nvfp4
 
 K, N = 64, 128
-GATED = fa4_inductor.backend(nvfp4_linear=True, gated_linears=True)
+GATED = fa4_inductor.backend(nvfp4_linear=True)  # gated_linears is on by default
 pytestmark = pytest.mark.usefixtures("without_fx_graph_cache")  # the graphs are captured in our pass
 
 
@@ -150,11 +150,11 @@ reshape_default: bf16[1, 1, 128] = aten.reshape(nvfp4_gated_linear_default, (1, 
 
 @pytest.mark.parametrize("case", ["two rows", "option off", "exact gelu", "float32"])
 def test_what_keeps_the_siblings_and_the_product(case):
-    """More rows of x (the op would run the product unfused there), the option off (its default), an activation
+    """More rows of x (the op would run the product unfused there), the option off, an activation
     the op has not (GELU without the tanh approximation), a dtype without a finite-value probe: the sibling op and
     Inductor's product stay."""
     x = torch.randn(2 if case == "two rows" else 1, 1, K, dtype=torch.float32 if case == "float32" else torch.bfloat16)
-    backend = fa4_inductor.backend(nvfp4_linear=True) if case == "option off" else GATED
+    backend = fa4_inductor.backend(nvfp4_linear=True, gated_linears=False) if case == "option off" else GATED
     act = F.gelu if case == "exact gelu" else F.silu
     compiled, eager = compiled_mlp(x, backend=backend, act=act)
     summary = "\n".join(compiled.graphs)

@@ -15,7 +15,7 @@ from test_nvfp4_linear import OPCHECK_TESTS, TOLERANCES, blocked, float64_dequan
 
 K = 64
 ROWS = (48, 16, 16)  # q / k / v of a GQA layer
-BACKEND = fa4_inductor.backend(nvfp4_linear=True)
+BACKEND = fa4_inductor.backend(nvfp4_linear=True, gated_linears=False)  # the siblings as they are (gated: its own file)
 OP_LINE = "fa4.nvfp4_sibling_linears("
 pytestmark = pytest.mark.usefixtures("without_fx_graph_cache")  # the graphs are captured in our pass
 
