@@ -1,8 +1,5 @@
-# Unrun GPU work. Session 29 ran a28, c28, e28, the GPU tiers and f29 (docs/benchmarks.md, session 29); next, in this
-# order (each part <= ~9 minutes; the first call after .gpu/b's install): `g29` (session 29's new GPU tests: attention
-# sinks compiled, eager code's packed training mask on FA4; then eager packed training timed), `h29` (the wider
-# integer-GEMV CTAs on the shapes session 29 did not measure, for a rule; where memcpy32_post comes from), then `d28`
-# and `b28` if time is left.
+# Unrun GPU work. Session 30 ran g29, h29, i30, j30 and k30 (docs/benchmarks.md, session 30); next: `l30` (issue 12's
+# training step: FA4 against cuDNN forward + backward, the step's idle gaps), then `d28` if time is left.
 # Output goes to $OUT/log.txt. Have the next call ready: the machine goes back 30 s after a call, and a fresh one needs
 # .gpu/a and .gpu/b again. Run one part a call:  bash scratch/next_gpu.sh g29
 # Never `pkill -f pytest` here: it matches this script's own command line. A pytest cut by `timeout` can leave xdist
@@ -11,6 +8,12 @@ P="python3 -m pytest -m gpu -q -p no:cacheprovider -p no:logging -W ignore -rf"
 L=$OUT/log.txt
 run() { echo "+ $*" >>$L; PYTHONUNBUFFERED=1 "$@" >>$L 2>&1; echo "rc=$?" >>$L; }
 case "$1" in
+l30) # session 30, for issue 12's training target (62 ms against 55; GEMMs + FA4 are 50.2): FA4's forward + backward
+    # against cuDNN's at Llama-1B's and Llama-8B's GQA shapes (route training attention to the faster one), then the
+    # training step's kernels and the GPU's idle gaps between them (3.5 ms of wall beyond the kernels)
+    run timeout 200 python3 -m fa4_inductor bench --suite backward
+    run timeout 150 python3 docs/scripts/train_profile.py sdpa 4096 fa4_inductor
+    run timeout 150 python3 docs/scripts/train_profile.py eager 4096 fa4_inductor ;;
 k30) # session 30: after i30 found the 16 memcpy32_post a step are one-sequence seqused_k clones (stride 0, now
     # restrided): the decode tiers (lengths and int8 scales restrided), then the NVFP4 decode step without and with
     # gated linears, twice each, alternating (i30 on one machine: 0.921 against 0.904; session 29: 0.925 against

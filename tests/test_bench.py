@@ -17,6 +17,13 @@ def test_op_suite_rows_cover_every_variant():
     assert "| head dim | causal |" in table.markdown()
 
 
+def test_backward_suite_times_forward_and_backward_of_each_implementation():
+    table = bench.backward_suite("cpu", torch.float32, shapes=((4, 2, 16),), seqlens=(32, 64), tokens=64)
+    assert [row[:3] for row in table.rows] == [["4/2x16", 32, 2], ["4/2x16", 64, 1]]
+    assert table.columns[3:] == ["fa4::attention fwd", "SDPA math fwd", "fa4::attention fwd+bwd", "SDPA math fwd+bwd"]
+    assert all(ms > 0 for row in table.rows for ms in row[3:]), table.rows
+
+
 def test_decode_suite_skips_caches_over_the_memory_cap():
     table = bench.decode_suite("cpu", torch.float32, batches=(1,), cache_lens=(256, 4096), heads=((4, 2),),
                                head_dims=(64,), max_kv_gib=2 * 2 * 256 * 64 * 4 / 2**30)

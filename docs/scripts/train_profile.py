@@ -1,6 +1,7 @@
 """Where a compiled training step of the Llama-1B-shaped model goes on the GPU (issue 12's <= 55 ms target): wall ms
 per step against the summed kernel time, and the kernel time by kind (FA4 attention forward / backward, cuBLAS and
-CUTLASS GEMMs, Triton kernels of Inductor, the rest), then the kernels that take the most time.
+CUTLASS GEMMs, Triton kernels of Inductor, the rest), the kernels that take the most time, then the GPU's idle
+time between kernels and its longest gaps (the step's 3.5 ms of wall beyond its kernels, session 12).
 
     python docs/scripts/train_profile.py [eager|sdpa] [tokens] [backends] [use_cache values]
                                           # default: sdpa 4096 fa4_inductor,inductor False
@@ -13,6 +14,7 @@ import sys
 import time
 
 import torch
+from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 
 from fa4_inductor.bench import models
@@ -24,6 +26,22 @@ KINDS = (("attention", ("flash", "fmha", "attention")), ("gemm", ("gemm", "nvjet
 def kind(name: str) -> str:
     lowered = name.lower()
     return next((k for k, keys in KINDS if any(key in lowered for key in keys)), "other")
+
+
+def idle_gaps(prof, steps: int, shown: int = 12, floor_us: float = 5.0) -> None:
+    """The GPU's idle time between kernels (gaps of at least `floor_us`) a step, and the longest gaps with the
+    kernels either side: where the step waits on the host."""
+    kernels = sorted((e for e in prof.events() if e.device_type == DeviceType.CUDA), key=lambda e: e.time_range.start)
+    gaps, end, last = [], None, None
+    for e in kernels:
+        if end is not None and e.time_range.start - end >= floor_us:
+            gaps.append((e.time_range.start - end, last, e.name, e.time_range.start - kernels[0].time_range.start))
+        if end is None or e.time_range.end > end:
+            end, last = e.time_range.end, e.name
+    print(f"   idle {sum(g[0] for g in gaps) / steps / 1e3:.2f} ms/step in {len(gaps) / steps:.0f} gaps of >= "
+          f"{floor_us:g} us; the longest:")
+    for gap, before, after, at in sorted(gaps, key=lambda g: -g[0])[:shown]:
+        print(f"   {gap:9.1f} us at {at / 1e3:7.2f} ms  after {before[:50]}  before {after[:50]}")
 
 
 def main():
@@ -63,6 +81,7 @@ def main():
         print("   " + ", ".join(f"{k} {v:.1f} ms" for k, v in by_kind.most_common()))
         for e in sorted(events, key=lambda e: -e.self_device_time_total)[:14]:
             print(f"   {e.self_device_time_total / 2 / 1e3:7.2f} ms  {e.count // 2:5d}x  {e.key[:110]}")
+        idle_gaps(prof, 2)
         del model, compiled
 
 

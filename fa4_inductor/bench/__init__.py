@@ -65,7 +65,7 @@ from dataclasses import asdict
 import torch
 
 from . import attention_op, int8_kv, llama_e2e, models, padded, quant, sweep, tables, timing, training
-from .attention_op import attention_impls, crossover_suite, decode_kernel_comparison, decode_suite, op_suite, overhead_suite
+from .attention_op import attention_impls, backward_suite, crossover_suite, decode_kernel_comparison, decode_suite, op_suite, overhead_suite
 from .int8_kv import int8_kv_suite
 from .llama_e2e import decode_tokens_per_s, e2e_suite, generate_suite, generate_times, prefill_ms
 from .models import LLAMA_1B, compile_model, padded_batch, llama
@@ -77,13 +77,13 @@ from .timing import gpu_ms, host_us_per_call, median_wall_ms
 from .training import train_suite
 
 # `--suite` name -> function returning a Table or yielding Tables.
-SUITE_FUNCTIONS = {"op": op_suite, "overhead": overhead_suite, "crossover": crossover_suite, "decode": decode_suite, "e2e": e2e_suite,
+SUITE_FUNCTIONS = {"op": op_suite, "backward": backward_suite, "overhead": overhead_suite, "crossover": crossover_suite, "decode": decode_suite, "e2e": e2e_suite,
                    "generate": generate_suite, "padded": padded_suite, "train": train_suite, "sweep": sweep_suite,
                    "quant": quant_suite, "int8kv": int8_kv_suite}
 SUITES = tuple(SUITE_FUNCTIONS)
 DEFAULT_SUITES = ("op", "overhead", "decode", "e2e", "generate", "padded", "train")  # the others when named
 
-__all__ = ["DEFAULT_SUITES", "LLAMA_1B", "SUITES", "SUITE_FUNCTIONS", "Table", "attention_impls", "attention_op",
+__all__ = ["DEFAULT_SUITES", "LLAMA_1B", "SUITES", "SUITE_FUNCTIONS", "Table", "attention_impls", "attention_op", "backward_suite",
            "compile_model", "crossover_suite", "sweep_selection", "decode_kernel_comparison", "decode_suite", "decode_tokens_per_s", "e2e_suite",
            "environment", "generate_suite", "generate_times", "gpu_ms", "host_us_per_call", "int8_kv", "int8_kv_suite",
            "padded_batch",

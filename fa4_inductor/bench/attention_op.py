@@ -1,4 +1,5 @@
-"""Suites over one attention call: `op` (prefill TFLOP/s), `overhead` (host cost per call), `crossover`
+"""Suites over one attention call: `op` (prefill TFLOP/s), `backward` (a training step's forward + backward),
+`overhead` (host cost per call), `crossover`
 (fa4::attention against SDPA, host included and GPU only: the data behind `lowering/crossover.py`) and
 `decode` (one query token against a KV cache), plus `decode_kernel_comparison` for `tests/bench_decode.py`."""
 
@@ -91,6 +92,50 @@ def op_suite(device="cuda", dtype=torch.bfloat16, seqlens=(1024, 2048, 4096, 819
                 ratio = results["fa4::attention"] / results.get("FA4 direct", float("nan"))
                 table.rows.append([d, causal, s, f"{b}x{h}", *results.values(), ratio])
                 del q, k, v
+    return table
+
+
+def _kv_repeated(impl):
+    def call(q, k, v, causal, scale):
+        group = q.shape[1] // k.shape[1]
+        return impl(q, k.repeat_interleave(group, 1), v.repeat_interleave(group, 1), causal, scale)
+    return call
+
+
+def backward_suite(device="cuda", dtype=torch.bfloat16, shapes=((32, 8, 64), (32, 8, 128)),
+                   seqlens=(1024, 2048, 4096, 8192, 16384), tokens=16384) -> Table:
+    """Causal GQA attention of a training step, forward + backward: ms per call of each implementation (the data
+    behind routing training attention; issue 12's step spends 9.6 ms of 62 in FA4's forward and backward).
+    `shapes`: (q heads, KV heads, head dim), Llama-1B's and Llama-8B's; batch = tokens // seqlen."""
+    impls = attention_impls(device)
+    if "SDPA cuDNN" in impls:  # HF's sdpa code repeats K / V per q head where SDPA's GQA path does not apply
+        impls["SDPA cuDNN, K/V repeated"] = _kv_repeated(impls["SDPA cuDNN"])
+    table = Table("Causal attention, forward + backward, ms (lower is better)",
+                  ["heads q/kv x dim", "seqlen", "batch", *(f"{n} fwd" for n in impls), *(f"{n} fwd+bwd" for n in impls)],
+                  note=f"{dtype}, {tokens} tokens, q/k/v as HF's [B, H, S, D] views of [B, S, H, D], gradient of "
+                       "a fresh random output; GPU time, median, L2 flushed.")
+    for hq, hkv, d in shapes:
+        for s in seqlens:
+            b = max(1, tokens // s)
+            q, k, v = (t.requires_grad_() for t in _hf_qkv(b, s, s, hq, hkv, d, dtype, device))
+            grad = torch.randn(b, hq, s, d, dtype=dtype, device=device)
+            forward, both = {}, {}
+            for name, impl in impls.items():
+                def fwd(impl=impl):
+                    with torch.no_grad():
+                        return impl(q, k, v, True, d ** -0.5)
+
+                def fwd_bwd(impl=impl):
+                    out = impl(q, k, v, True, d ** -0.5)
+                    out = out[0] if isinstance(out, tuple) else out
+                    return torch.autograd.grad(out, (q, k, v), grad)
+                try:
+                    forward[name], both[name] = gpu_ms(fwd), gpu_ms(fwd_bwd)
+                except Exception as e:  # a backend that does not take the shape
+                    print(f"  {name} {hq}/{hkv}x{d} s{s}: {type(e).__name__}: {e}", file=sys.stderr)
+                    forward[name] = both[name] = float("nan")
+            table.rows.append([f"{hq}/{hkv}x{d}", s, b, *forward.values(), *both.values()])
+            del q, k, v, grad
     return table
 
 
