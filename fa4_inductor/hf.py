@@ -18,7 +18,7 @@ import torch
 TINY = dict(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
             max_position_embeddings=64)
 # Set only where the default config has the attribute (None counts as absent: the feature is off).
-TINY_IF_PRESENT = dict(num_key_value_heads=2, head_dim=16, sliding_window=4, decoder_layers=2, encoder_layers=2,
+TINY_IF_PRESENT = dict(num_key_value_heads=2, head_dim=16, sliding_window=4, decoder_layers=2, encoder_layers=2, num_decoder_layers=2,
                        decoder_attention_heads=4, encoder_attention_heads=4, encoder_ffn_dim=128, decoder_ffn_dim=128,
                        image_size=32, patch_size=8)
 # Models whose attention shapes come from other fields: DeepSeek's MLA (q / k heads of nope + rope dims, v of its own,
@@ -28,6 +28,8 @@ TINY_BY_MODEL = {
                         v_head_dim=16, kv_lora_rank=32, q_lora_rank=None, n_routed_experts=4, num_experts_per_tok=2,
                         moe_intermediate_size=32, first_k_dense_replace=1, n_group=1, topk_group=1, n_shared_experts=1),
     "gptj": dict(rotary_dim=8),
+    "codegen": dict(rotary_dim=8),
+    "nemotron": dict(num_key_value_heads=2),  # its default config leaves it None, which the model cannot build
 }
 TOKEN_IDS = ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id")
 
@@ -93,10 +95,17 @@ def _kind(config) -> str:
     if hasattr(config, "image_size"):
         return "vision"
     architectures = " ".join(getattr(config, "architectures", None) or [])
-    if getattr(config, "is_decoder", False) or "CausalLM" in architectures or hasattr(config, "rope_parameters") \
-            or config.model_type in {"gpt2", "gpt_neox", "gptj", "opt", "bloom", "falcon"}:
+    rope_decoder = hasattr(config, "rope_parameters") and _causal_lm(config)  # ModernBERT: rotary, an encoder
+    if getattr(config, "is_decoder", False) or "CausalLM" in architectures or rope_decoder \
+            or config.model_type in {"gpt2", "gpt_neox", "gptj", "opt", "bloom", "falcon", "xglm", "codegen", "biogpt"}:
         return "causal-lm"
     return "encoder"
+
+
+def _causal_lm(config) -> bool:
+    import transformers
+
+    return type(config) in transformers.AutoModelForCausalLM._model_mapping
 
 
 def tiny_config(name: str, attn_implementation: str = "sdpa"):
@@ -156,5 +165,7 @@ def build(name: str, attn_implementation: str = "sdpa", seed: int = 0) -> Tiny:
     model = auto.from_config(config, attn_implementation=attn_implementation).eval()
     layers = config.num_hidden_layers
     if kind == "seq2seq":
-        layers = config.encoder_layers + 2 * config.decoder_layers  # decoder: self- and cross-attention
+        encoder = getattr(config, "encoder_layers", None) or config.num_layers  # T5 names them num_layers
+        decoder = getattr(config, "decoder_layers", None) or getattr(config, "num_decoder_layers", None) or encoder
+        layers = encoder + 2 * decoder  # decoder: self- and cross-attention
     return Tiny(model, kind, layers)

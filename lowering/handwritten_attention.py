@@ -28,7 +28,7 @@ from .family import TORCH_IR, Context, Family
 from .masks import Band
 from .records import Decline
 from .spellings import (ADD, AMAX, CAST, CAT, DIV, DROPOUT, GETITEM, IN_PLACE_ADD, IN_PLACE_DIV, IN_PLACE_MUL,
-                        MASKED_FILL, MATMUL, MAX, MUL, SOFTMAX, SUB, TANH, WHERE, arg, describe_node, is_zero,
+                        MASKED_FILL, MATMUL, MAX, MUL, RESHAPE, SOFTMAX, SUB, TANH, WHERE, arg, describe_node, is_zero,
                         normalize_dim, same_size, shape, single_user, transposed_last_two, value)
 
 
@@ -80,6 +80,22 @@ def _dropout_is_noop(node: Node) -> bool:
     p = arg(node, 1, "p", 0.5)
     training = arg(node, 2, "training", True)
     return training is False or is_zero(p)
+
+
+def _reshape_round_trip(node: Node, steps: int = 3) -> list[Node]:
+    """The views after `node`, one user at a time, that bring back its shape (XGLM's `w.view(B, H, S, S).view(B * H,
+    S, S)` between the softmax and @ v, for `output_attentions`): nothing at all in effect. [] where there are none."""
+    chain, start = [], shape(node)
+    for _ in range(steps):
+        nxt = single_user(node)
+        if nxt is None or not RESHAPE(nxt) or nxt.args[0] is not node:
+            return []
+        chain.append(nxt)
+        node = nxt
+        end = shape(nxt)
+        if len(end) == len(start) and all(same_size(a, b) for a, b in zip(end, start)):
+            return chain
+    return []
 
 
 def _reaches_pv(node: Node, steps: int = 4) -> bool:
@@ -172,6 +188,11 @@ def match_handwritten(softmax: Node, constants: dict, run_time_masks: bool = Fal
             if len(users) != 1:
                 raise Decline("the attention weights are also used outside the attention (output_attentions?)")
             break
+        round_trip = _reshape_round_trip(probs)
+        if round_trip:
+            matched += round_trip
+            probs = round_trip[-1]
+            continue
         nxt = single_user(probs)
         if nxt is None or not (CAST(nxt) or DROPOUT(nxt)):
             if nxt is not None and _reaches_pv(nxt):

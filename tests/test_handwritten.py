@@ -52,6 +52,8 @@ DROPOUT = {
     "none": lambda p: p,
     "p0": lambda p: F.dropout(p, p=0.0),
     "eval": lambda p: F.dropout(p, p=0.1, training=False),
+    # XGLM's views for `output_attentions`: the weights' shape and back, a no-op between softmax and @ v
+    "view_round_trip": lambda p: p.view(p.shape[0] * p.shape[1], *p.shape[2:]).view(p.shape),
 }
 STEPS = {"scores": SCORES, "scale": SCALE, "mask": MASK, "softmax": SOFTMAX, "dropout": DROPOUT}
 

@@ -49,7 +49,7 @@ def test_prefill_every_attention_layer_is_rewritten(name, impl, padding):
 
 
 MORE_DECODERS = ["gemma3_text", "cohere2", "llama4_text", "deepseek_v3", "falcon", "gptj", "gpt_bigcode", "starcoder2",
-                 "olmo2", "smollm3", "gpt_oss"]
+                 "olmo2", "smollm3", "gpt_oss", "opt", "codegen", "biogpt", "mixtral", "nemotron"]
 KEPT_DECODERS = ["mpt", "bloom"]  # ALiBi's position bias; eager code only
 
 
@@ -77,6 +77,38 @@ def test_more_decoders_left_padded(name, impl):
             assert all(r.rewritten for r in recorder.records), [str(r) for r in recorder.records]
         with torch.no_grad():
             torch.testing.assert_close(got, model.forward(**kwargs, use_cache=use_cache), atol=1e-5, rtol=1e-5)
+
+
+MORE_ENCODERS = ["modernbert", "distilbert", "electra", "clip_text_model", "dinov2", "m2m_100"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("impl", IMPLEMENTATIONS)
+@pytest.mark.parametrize("name", MORE_ENCODERS)
+def test_more_encoders_right_padded(name, impl):
+    """More encoders, right-padded: ModernBERT's sliding-window and global layers (rotary), DistilBERT, ELECTRA,
+    CLIP's text tower (causal and padding), DINOv2 (no mask), M2M-100 (encoder, causal decoder, cross-attention).
+    Every layer rewritten, outputs eager's."""
+    model = tiny(name, impl)
+    kwargs = model.inputs(padding=True)
+    recorder, got = compile_and_run(model.forward, kwargs)
+    assert recorder.count() == model.attention_layers, [str(r) for r in recorder.records]
+    with torch.no_grad():
+        torch.testing.assert_close(got, model.forward(**kwargs), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("impl", IMPLEMENTATIONS)
+def test_t5_keeps_its_position_bias_layers(impl):
+    """T5's self-attention adds a learned relative position bias per head, which the op does not take: those layers
+    stay as written, each with its reason; the decoder's cross-attention (no bias) takes the op; outputs eager's."""
+    model = tiny("t5", impl)
+    kwargs = model.inputs(padding=True)
+    recorder, got = compile_and_run(model.forward, kwargs)
+    layers = model.model.config.num_layers
+    assert recorder.count() == layers and len(recorder.reasons) == 2 * layers, recorder.reasons
+    with torch.no_grad():
+        torch.testing.assert_close(got, model.forward(**kwargs), atol=1e-5, rtol=1e-5)
 
 
 def generate_with_static_cache(forward, model, prompt, steps, capacity=16, attention_mask=False):
