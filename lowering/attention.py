@@ -11,7 +11,8 @@ depends on run-time data becomes an op input built once per graph and shared by 
 cache position becomes seqused_k (`kv_cache.py`), a padding mask the op's key_mask (`padding.py`,
 which also has the checked seqused_k forms).
 
-A candidate is kept as written, with the reason recorded, when: dropout is active, a mask is not a
+A hand-written attention with active dropout becomes SDPA with that dropout (`_dropout_rewrite`): the op has none.
+A candidate is kept as written, with the reason recorded, when: dropout is active past what SDPA takes, a mask is not a
 provable band (masks.py), an intermediate is used elsewhere (e.g. `output_attentions`), a scale is not a
 constant, dtypes differ, the device's kernel cannot take the dtype or head dim (`kernels.attention_support`),
 or an input is updated in place where the rewrite would read it after the update (mutations.py).
@@ -69,6 +70,7 @@ class AttentionCall:
     additive_input: Node | None = None
     additive_reason: str = ""  # why the op cannot take that mask (values unknown when compiling)
     sink: Node | None = None  # an attention sink's logit column [..., Sq, 1] (GPT-OSS): `_with_sink`
+    dropout_p: float = 0.0  # the attention weights' dropout in training (a hand-written one): `_dropout_rewrite`
 
     @property
     def in_training(self) -> bool:
@@ -447,7 +449,8 @@ def _emit_sdpa(gm: GraphModule, call: AttentionCall, fake_mode, mutations: Mutat
     _replace_output(gm.graph, call, out, make, mutations, copy=False)
     mask = ", attn_mask=the additive mask" if out.kwargs.get("attn_mask") is not None else ""
     causal = ", is_causal=True" if out.kwargs.get("is_causal") else ""
-    return f"F.scaled_dot_product_attention(q, k, v{mask}{causal}, scale={round(call.scale, 6)}): {why}"
+    dropout = f", dropout_p={call.dropout_p}" if call.dropout_p else ""
+    return f"F.scaled_dot_product_attention(q, k, v{mask}{causal}, scale={round(call.scale, 6)}{dropout}): {why}"
 
 
 def _describe_call(call: AttentionCall, kwargs: dict) -> str:
@@ -565,6 +568,8 @@ def rewrite(call: AttentionCall | None, context: Context) -> str | None:
     if call is None:
         return None
     _check_output_shape(call)
+    if call.dropout_p:
+        return _dropout_rewrite(call, context)
     if call.additive_input is not None:
         return _additive_input_rewrite(call, context)
     small = None
@@ -587,6 +592,27 @@ def rewrite(call: AttentionCall | None, context: Context) -> str | None:
     else:
         text = emit(context.gm, call, context.fake_mode, context.shared, context.mutations)
     context.read_by_value |= buffers  # masks read from module buffers, is_causal's included
+    return text
+
+
+def _dropout_rewrite(call: AttentionCall, context: Context) -> str:
+    """A hand-written attention with dropout on its weights in training, as SDPA with that dropout_p (PyTorch's
+    flash / cuDNN / efficient kernels take it; the op does not): without a mask, or with a causal band over as many
+    keys as queries (SDPA's is_causal aligns the band to the first key). Its random mask is SDPA's, as default
+    compile's is Inductor's: neither is eager's stream. Anything more stays as written."""
+    what = f"dropout p={call.dropout_p} in training"
+    if call.sink is not None or call.seqused_k is not None or crossover.hides_more_than_causal(call):
+        extra = ", ".join(sorted(set(call.flags) - {"causal"})) or ("a sink" if call.sink is not None else
+                                                                   "a mask beyond a causal band")
+        raise Decline(f"{what} with {extra}: SDPA takes the dropout, not that")
+    q_len, k_len = shape(call.q)[-2], shape(call.k)[-2]
+    if call.flags.get("causal") and not same_size(q_len, k_len):
+        raise Decline(f"{what} under a causal band over {k_len} keys for {q_len} queries: SDPA's is_causal aligns "
+                      "its band to the first key")
+    buffers = _check_in_place_updates(call, context.mutations, context.constants)
+    text = _emit_sdpa(context.gm, call, context.fake_mode, context.mutations,
+                      f"{what}, which SDPA's kernels take and the op does not")
+    context.read_by_value |= buffers
     return text
 
 

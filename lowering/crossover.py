@@ -204,8 +204,9 @@ def sdpa_for(make, call) -> Node:
         return make(torch.nn.functional.scaled_dot_product_attention, call.q, call.k, call.v,
                     attn_mask=mask, scale=call.scale,
                     name="sdpa_small" if call.additive_input is None else "sdpa_mask_input")
+    dropout = {"dropout_p": call.dropout_p} if call.dropout_p else {}
     return make(torch.nn.functional.scaled_dot_product_attention, call.q, call.k, call.v,
-                is_causal=bool(call.flags.get("causal")), scale=call.scale, **gqa, name="sdpa_small")
+                is_causal=bool(call.flags.get("causal")), scale=call.scale, **gqa, **dropout, name="sdpa_small")
 
 
 def mask_to_pass(call) -> Node | None:

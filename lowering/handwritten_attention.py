@@ -177,6 +177,7 @@ def match_handwritten(softmax: Node, constants: dict, run_time_masks: bool = Fal
     additive mask the graph cannot prove is taken as one whose values are known at run time only (`mask_flags`)."""
     matched = [softmax]
     probs = softmax
+    dropout_p, dropout_p_taken = 0.0, False
     sink = _sink(softmax)
     if sink is not None:
         matched += sink.nodes
@@ -199,7 +200,10 @@ def match_handwritten(softmax: Node, constants: dict, run_time_masks: bool = Fal
                 raise Decline(f"{describe_node(nxt)} between the softmax and its @ v is not understood")
             return None
         if DROPOUT(nxt) and not _dropout_is_noop(nxt):
-            raise Decline(f"dropout p={arg(nxt, 1, 'p', 0.5)} in training")
+            dropout_p = arg(nxt, 1, "p", 0.5)
+            if not isinstance(dropout_p, float) or dropout_p_taken:
+                raise Decline(f"dropout p={dropout_p} in training")
+            dropout_p_taken = True
         matched.append(nxt)
         probs = nxt
     output = pv[0]
@@ -267,7 +271,8 @@ def match_handwritten(softmax: Node, constants: dict, run_time_masks: bool = Fal
                          blind_rows="zeros" if sink else _blind_rows(hidden_scores, value(softmax).dtype),
                          sink=sink.column if sink else None,
                          masks=[(m, use) for m, use in masks if isinstance(m, Node)],
-                         additive_input=additive.mask if additive else None, additive_reason=str(additive or ""))
+                         additive_input=additive.mask if additive else None, additive_reason=str(additive or ""),
+                         dropout_p=dropout_p)
 
 
 def _blind_rows(hidden_scores: list, softmax_dtype) -> str:

@@ -426,11 +426,32 @@ attention_out_contiguous: f32[2, 4, 6, 16] = .contiguous(attention_out_sink)""")
         self.assertIn("key_mask=padding mask, rows that see no key: mean of V", rec.records[0].detail)
         assert_output_and_gradients_match(out, attend(q, k, v, mask), (q, k, v))
 
-    def test_fallback_dropout_in_training(self):
+    def test_dropout_in_training_becomes_sdpa_with_it(self):
+        """nanoGPT's attention without flash, training: SDPA with its dropout_p and is_causal (the op has no dropout).
+        The graph runs SDPA eagerly here, so a seed gives eager SDPA's random mask: output and gradients equal."""
         m = upstream.CausalSelfAttention().train()
-        rec, _ = compile_and_record(m, torch.randn(2, 10, 32))
+        x = torch.randn(2, 10, 32, requires_grad=True)
+        torch.manual_seed(3)
+        rec, out = compile_and_record(m, x)
         self.assertEqual(rec.count(), 0)
-        self.assertExpectedInline("\n".join(rec.reasons), """dropout p=0.1 in training""")
+        self.assertExpectedInline("\n".join(r.detail for r in rec.records), """\
+F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=0.25, dropout_p=0.1): dropout p=0.1 in training, which SDPA's kernels take and the op does not""")
+
+        flash = upstream.CausalSelfAttention(flash=True).train()  # nanoGPT's SDPA path, the same weights
+        flash.load_state_dict(m.state_dict(), strict=False)
+        torch.manual_seed(3)
+        assert_output_and_gradients_match(out, flash(x), (x,))
+
+    def test_dropout_in_training_with_a_padding_mask_stays_as_written(self):
+        def attend(q, k, v, keys):
+            s = (q @ k.mT * 0.25).masked_fill(~keys[:, None, None, :], float("-inf"))
+            return F.dropout(s.softmax(-1), p=0.1, training=True) @ v
+
+        q, k, v = (t.requires_grad_() for t in inputs())
+        rec, _ = compile_and_record(attend, q, k, v, left_padded_keys())
+        self.assertEqual(len(rec.records), 1)
+        self.assertExpectedInline("\n".join(rec.reasons), """\
+dropout p=0.1 in training with a mask beyond a causal band: SDPA takes the dropout, not that""")
 
     def test_fallback_weights_returned(self):
         def fn(q, k, v):
