@@ -11,6 +11,7 @@ case "$1" in
 l30) # session 30, for issue 12's training target (62 ms against 55; GEMMs + FA4 are 50.2): FA4's forward + backward
     # against cuDNN's at Llama-1B's and Llama-8B's GQA shapes (route training attention to the faster one), then the
     # training step's kernels and the GPU's idle gaps between them (3.5 ms of wall beyond the kernels)
+    run timeout 100 $P tests/test_gpu_fa4.py -k "dropout"   # session 30: hand-written dropout -> SDPA's, unrun
     run timeout 200 python3 -m fa4_inductor bench --suite backward
     run timeout 150 python3 docs/scripts/train_profile.py sdpa 4096 fa4_inductor
     run timeout 150 python3 docs/scripts/train_profile.py eager 4096 fa4_inductor ;;
