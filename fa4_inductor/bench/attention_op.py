@@ -135,7 +135,6 @@ def backward_suite(device="cuda", dtype=torch.bfloat16, shapes=((32, 8, 64), (32
                     print(f"  {name} {hq}/{hkv}x{d} s{s}: {type(e).__name__}: {e}", file=sys.stderr)
                     forward[name] = both[name] = float("nan")
             table.rows.append([f"{hq}/{hkv}x{d}", s, b, *forward.values(), *both.values()])
-            del q, k, v, grad
     return table
 
 
