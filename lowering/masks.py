@@ -58,6 +58,7 @@ INF = math.inf
 DIFF = Spelling((torch.diff,), ("diff",))
 CUMSUM = Spelling((torch.cumsum,), ("cumsum",))
 FLOOR_DIVIDE = Spelling((operator.floordiv, torch.floor_divide), ("floor_divide", "__floordiv__"))
+ABS = Spelling((torch.abs, operator.abs), ("abs", "__abs__"))
 
 
 class MaskNotUnderstood(Exception):
@@ -229,6 +230,52 @@ def _compare(node: Node, a: Position, b: Position) -> TwoValued:
 
 
 _FLIPPED = {"le": "ge", "lt": "gt", "ge": "le", "gt": "lt", "eq": "eq"}
+
+
+@dataclass(frozen=True)
+class Distance:
+    """A query position minus a key position or the reverse, [..., R, C]: sign * (j - i) + offset, or its absolute
+    value (`absolute`): HF's bidirectional sliding window `abs(q_idx - kv_idx) <= w` (ModernBERT)."""
+
+    sign: int
+    offset: int
+    absolute: bool = False
+
+
+def _distance(node, constants) -> Distance | None:
+    """The distance a node computes, None if it is not one (run-time starts are not followed)."""
+    if not isinstance(node, Node):
+        return None
+    if ABS(node):
+        inner = _distance(node.args[0], constants)
+        return None if inner is None or inner.absolute else Distance(inner.sign, inner.offset, True)
+    if not SUB(node) or not all(isinstance(x, Node) for x in node.args[:2]):
+        return None
+    a, b = (_position(x, constants) for x in node.args[:2])
+    if a is None or b is None or a.start is not None or b.start is not None or None in (a.axis, b.axis) or \
+            a.axis == b.axis:
+        return None
+    return Distance(1 if a.axis == -1 else -1, a.offset - b.offset)  # (j or i) + a.offset - ((i or j) + b.offset)
+
+
+def _compare_distance(node: Node, dist: Distance, c: float, distance_first: bool) -> TwoValued:
+    """`distance OP c` (c an integer) as a band in d = j - i: sign * d + offset OP c, or |sign * d + offset| <= c
+    (or < c), the band [-c, c] around -offset * sign."""
+    op = _comparison(node) if distance_first else _FLIPPED[_comparison(node)]
+    if c != int(c):
+        raise MaskNotUnderstood(f"{describe_node(node)} compares a position distance with {c}, not an integer")
+    c = int(c)
+    if dist.absolute:
+        if op not in ("le", "lt"):
+            raise MaskNotUnderstood(f"{describe_node(node)} keeps positions outside a band ({op} on a distance)")
+        reach = c if op == "le" else c - 1
+        centre = -dist.offset * dist.sign
+        return TwoValued(Band(centre - reach, centre + reach), True, False)
+    bound = (c - dist.offset) * dist.sign  # sign * d + offset OP c  <=>  d OP' bound
+    op = op if dist.sign == 1 else _FLIPPED[op]
+    lo, hi = {"le": (-INF, bound), "lt": (-INF, bound - 1), "ge": (bound, INF), "gt": (bound + 1, INF),
+              "eq": (bound, bound)}[op]
+    return TwoValued(Band(lo, hi), True, False)
 
 
 def _comparison(node: Node) -> str:
@@ -484,6 +531,9 @@ def evaluate(node, constants: dict) -> TwoValued:
             return _compare_to_constant(node, a, scalar(node.args[1]), True)
         if b is not None and scalar(node.args[0]) is not None:
             return _compare_to_constant(node, b, scalar(node.args[0]), False)
+        for x, c, first in ((node.args[0], node.args[1], True), (node.args[1], node.args[0], False)):
+            if scalar(c) is not None and (dist := _distance(x, constants)) is not None:
+                return _compare_distance(node, dist, scalar(c), first)
         if not EQ(node):
             raise MaskNotUnderstood(f"{describe_node(node)} compares {_not_positions(node.args[:2], constants)}")
     if (EQ(node) or NE(node)) and all(isinstance(x, Node) for x in node.args[:2]):

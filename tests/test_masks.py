@@ -271,6 +271,28 @@ def test_position_comparisons_are_read_as_the_band_eager_computes(sq, sk, terms,
     assert torch.equal(band_mask(tv.where(bool), sq, sk), fn(Q))
 
 
+@PROFILE
+@given(sq=sizes, sk=sizes, op=st.sampled_from(sorted(OPS)), c=st.integers(-3, 4), a=st.integers(-3, 3),
+       b=st.integers(-3, 3), keys_minus_queries=st.booleans(), absolute=st.booleans(), constant_first=st.booleans())
+def test_position_distances_are_read_as_the_band_eager_computes(sq, sk, op, c, a, b, keys_minus_queries, absolute,
+                                                                 constant_first):
+    """`(kv + a) - (q + b) OP c` or its reverse, and `abs(...) <= c` / `< c` (HF's bidirectional sliding window,
+    ModernBERT: `abs(q_idx - kv_idx) <= w`), the constant on either side: read as exactly the boolean mask eager
+    computes; an absolute distance kept outside a band declines."""
+    def fn(x):
+        kv, q = (torch.arange(sk) + a)[None, :], (torch.arange(sq) + b)[:, None]
+        d = kv - q if keys_minus_queries else q - kv
+        d = d.abs() if absolute else d
+        return OPS[op](c, d) if constant_first else OPS[op](d, c)
+
+    flipped = {"le": "ge", "lt": "gt", "ge": "le", "gt": "lt", "eq": "eq"}[op] if constant_first else op
+    if absolute and flipped not in ("le", "lt"):
+        with pytest.raises(MaskNotUnderstood, match="outside a band"):
+            read(fn, Q)
+        return
+    assert torch.equal(band_mask(read(fn, Q).where(bool), sq, sk), fn(Q))
+
+
 bands = st.builds(lambda lo, hi: Band(-INF if lo is None else lo, INF if hi is None else hi), BOUNDS, BOUNDS)
 
 
