@@ -88,11 +88,15 @@ MORE_ENCODERS = ["modernbert", "distilbert", "electra", "clip_text_model", "dino
 def test_more_encoders_right_padded(name, impl):
     """More encoders, right-padded: ModernBERT's sliding-window and global layers (rotary), DistilBERT, ELECTRA,
     CLIP's text tower (causal and padding), DINOv2 (no mask), M2M-100 (encoder, causal decoder, cross-attention).
-    Every layer rewritten, outputs eager's."""
+    Every layer rewritten, outputs eager's; ModernBERT's local layers as FA4's two-sided window (`abs(q_idx - kv_idx)
+    <= w` read as a band), not a mask per query row."""
     model = tiny(name, impl)
     kwargs = model.inputs(padding=True)
     recorder, got = compile_and_run(model.forward, kwargs)
     assert recorder.count() == model.attention_layers, [str(r) for r in recorder.records]
+    if name == "modernbert":
+        w = model.model.config.local_attention // 2
+        assert sum(f"window_right={w}, window_left={w}" in r.detail for r in recorder.records) == 1, recorder.records
     with torch.no_grad():
         torch.testing.assert_close(got, model.forward(**kwargs), atol=1e-5, rtol=1e-5)
 
