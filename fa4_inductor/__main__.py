@@ -27,8 +27,9 @@ def main(argv=None) -> int:
     explain = sub.add_parser("explain", help="report the rewrites for a model, layer by layer")
     explain.add_argument("model", help="MODULE:FUNCTION returning (model_or_fn, example_args), hf:MODEL_TYPE, "
                                        "hf:PATH or a local checkpoint PATH")
-    explain.add_argument("--attn", default="sdpa", choices=["eager", "sdpa"],
-                         help="transformers attn_implementation for hf: models (default: sdpa)")
+    explain.add_argument("--attn", default=None, choices=["eager", "sdpa"],
+                         help="transformers attn_implementation for hf: models (default: sdpa, eager where the "
+                              "model has no sdpa code)")
     args = parser.parse_args(argv)
 
     if args.command == "demo":
@@ -53,6 +54,11 @@ def explain_transformers(name: str, attn_implementation: str) -> int:
     from .backend import fa4_inductor
     from .report import Report, collecting
 
+    unsupported = hf.unsupported(name, attn_implementation or "sdpa")
+    if unsupported and attn_implementation:
+        print(f"{name}: {unsupported}")
+        return 2
+    attn_implementation = attn_implementation or ("eager" if unsupported else "sdpa")
     tiny = hf.build(name, attn_implementation)
     print(f"{name} ({attn_implementation}): {type(tiny.model).__name__}, "
           f"{tiny.attention_layers} attention layers per forward")

@@ -219,6 +219,9 @@ def mask_flags(kind: str, mask, constants, scores_shape, fill=None, run_time_mas
             raise AdditiveInput(f"mask not recognized: {e}", mask) from None
         if run_time_masks and (keys := run_time_mask(kind, mask, scores_shape)) is not None:
             return Band(keys=keys), None
+        if kind == "additive" and (table := _embedding_lookup(mask)) is not None:
+            raise Decline(f"a learned position bias ({table.name}, an embedding lookup) is added to the scores: the op "
+                          "takes no bias") from None
         raise Decline(f"mask not recognized: {e}") from None
     if not isinstance(mask, Node):
         return band, hidden
@@ -230,6 +233,19 @@ def mask_flags(kind: str, mask, constants, scores_shape, fill=None, run_time_mas
         if not same and (band.bounded or not broadcasts_last_two_dims(mshape, scores_shape)):
             raise Decline(f"mask not recognized: its last dims {mshape[-2:]} are not the scores' {scores_shape[-2:]}")
     return band, hidden
+
+
+def _embedding_lookup(mask, depth: int = 8) -> Node | None:
+    """The embedding lookup an additive mask is computed from within `depth` steps (T5's and MPNet's relative
+    position bias, a learned table indexed by position buckets), None where there is none."""
+    frontier, seen = [mask] if isinstance(mask, Node) else [], set()
+    for _ in range(depth):
+        found = next((n for n in frontier if n.target is torch.nn.functional.embedding), None)
+        if found is not None:
+            return found
+        seen.update(frontier)
+        frontier = [a for n in frontier for a in n.all_input_nodes if a not in seen]
+    return None
 
 
 def run_time_mask(kind: str, mask, scores_shape) -> KeyMask | None:

@@ -111,6 +111,7 @@ def test_t5_keeps_its_position_bias_layers(impl):
     recorder, got = compile_and_run(model.forward, kwargs)
     layers = model.model.config.num_layers
     assert recorder.count() == layers and len(recorder.reasons) == 2 * layers, recorder.reasons
+    assert all("a learned position bias" in reason for reason in recorder.reasons), recorder.reasons
     with torch.no_grad():
         torch.testing.assert_close(got, model.forward(**kwargs), atol=1e-5, rtol=1e-5)
 
@@ -423,6 +424,21 @@ def test_explain_by_model_type(capsys, impl):
     family = "sdpa       " if impl == "sdpa" else "handwritten"
     assert sum(f"[rewritten] {family} model.model.layers.1.self_attn" in line for line in lines) == 4
     assert sum("key_mask=padding mask" in line for line in lines) == 2
+
+
+@pytest.mark.slow
+def test_explain_takes_eager_code_where_a_model_has_no_sdpa_code(capsys):
+    """MPNet has eager code only: `explain` uses it unless sdpa is asked for, which it refuses with the reason. Its
+    relative position bias (a learned table) is named as the reason its layers stay as written."""
+    from fa4_inductor.__main__ import main
+
+    torch._dynamo.reset()
+    assert main(["explain", "hf:mpnet"]) == 2  # not every layer rewritten
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "mpnet (eager): MPNetModel, 2 attention layers per forward"
+    assert sum("a learned position bias" in line for line in lines) == 4, lines
+    assert main(["explain", "hf:mpnet", "--attn", "sdpa"]) == 2
+    assert "has no sdpa attention" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("padded", [pytest.param(False, marks=pytest.mark.slow), True], ids=["unpadded", "left-padded"])
