@@ -225,11 +225,15 @@ def _compare(node: Node, a: Position, b: Position) -> TwoValued:
         a, b, op = b, a, _FLIPPED[op]
     d = b.offset - a.offset  # j + a.offset (+ a.start) OP i + b.offset (+ b.start)  <=>  j - i OP d (+ shift)
     shift = Shift(b.start, minus=a.start) if b.start is not None or a.start is not None else None
-    lo, hi = {"le": (-INF, d), "lt": (-INF, d - 1), "ge": (d, INF), "gt": (d + 1, INF), "eq": (d, d)}[op]
-    return TwoValued(Band(lo, hi, shift), True, False)
+    return TwoValued(Band(*_bounds(op, d), shift), True, False)
 
 
 _FLIPPED = {"le": "ge", "lt": "gt", "ge": "le", "gt": "lt", "eq": "eq"}
+
+
+def _bounds(op: str, d: int) -> tuple[float, float]:
+    """(lo, hi) of the integers x with x OP d."""
+    return {"le": (-INF, d), "lt": (-INF, d - 1), "ge": (d, INF), "gt": (d + 1, INF), "eq": (d, d)}[op]
 
 
 @dataclass(frozen=True)
@@ -272,10 +276,7 @@ def _compare_distance(node: Node, dist: Distance, c: float, distance_first: bool
         centre = -dist.offset * dist.sign
         return TwoValued(Band(centre - reach, centre + reach), True, False)
     bound = (c - dist.offset) * dist.sign  # sign * d + offset OP c  <=>  d OP' bound
-    op = op if dist.sign == 1 else _FLIPPED[op]
-    lo, hi = {"le": (-INF, bound), "lt": (-INF, bound - 1), "ge": (bound, INF), "gt": (bound + 1, INF),
-              "eq": (bound, bound)}[op]
-    return TwoValued(Band(lo, hi), True, False)
+    return TwoValued(Band(*_bounds(op if dist.sign == 1 else _FLIPPED[op], bound)), True, False)
 
 
 def _comparison(node: Node) -> str:
