@@ -47,7 +47,8 @@ class Tiny:
         config = self.model.config
         if self.kind == "vision":
             size = config.image_size
-            return {"pixel_values": torch.randn(batch, config.num_channels, size, size, generator=generator)}
+            height, width = (size, size) if isinstance(size, int) else size
+            return {"pixel_values": torch.randn(batch, config.num_channels, height, width, generator=generator)}
         kwargs = {"input_ids": torch.randint(0, config.vocab_size, (batch, seq), generator=generator)}
         if padding:
             lengths = torch.randint(1, seq + 1, (batch,), generator=generator)
@@ -119,8 +120,9 @@ def tiny_config(name: str, attn_implementation: str = "sdpa"):
     for key, v in TINY.items():
         setattr(config, key, v)
     for key, v in TINY_IF_PRESENT.items():
-        if getattr(config, key, None) is not None and _settable(config, key):
-            setattr(config, key, v)
+        current = getattr(config, key, None)
+        if current is not None and _settable(config, key):  # a size per dim (YOLOS' image_size) stays one per dim
+            setattr(config, key, type(current)([v] * len(current)) if isinstance(current, (list, tuple)) else v)
     for key, v in TINY_BY_MODEL.get(config.model_type, {}).items():
         setattr(config, key, v)
     for i, key in enumerate(TOKEN_IDS):

@@ -79,7 +79,7 @@ def test_more_decoders_left_padded(name, impl):
             torch.testing.assert_close(got, model.forward(**kwargs, use_cache=use_cache), atol=1e-5, rtol=1e-5)
 
 
-MORE_ENCODERS = ["modernbert", "distilbert", "electra", "clip_text_model", "dinov2", "m2m_100"]
+MORE_ENCODERS = ["modernbert", "distilbert", "electra", "clip_text_model", "dinov2", "m2m_100", "yolos"]
 
 
 @pytest.mark.slow
@@ -87,7 +87,8 @@ MORE_ENCODERS = ["modernbert", "distilbert", "electra", "clip_text_model", "dino
 @pytest.mark.parametrize("name", MORE_ENCODERS)
 def test_more_encoders_right_padded(name, impl):
     """More encoders, right-padded: ModernBERT's sliding-window and global layers (rotary), DistilBERT, ELECTRA,
-    CLIP's text tower (causal and padding), DINOv2 (no mask), M2M-100 (encoder, causal decoder, cross-attention).
+    CLIP's text tower (causal and padding), DINOv2 and YOLOS (no mask; YOLOS' config sizes images per dim), M2M-100
+    (encoder, causal decoder, cross-attention).
     Every layer rewritten, outputs eager's; ModernBERT's local layers as FA4's two-sided window (`abs(q_idx - kv_idx)
     <= w` read as a band), not a mask per query row."""
     model = tiny(name, impl)
