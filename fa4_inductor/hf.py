@@ -19,8 +19,8 @@ TINY = dict(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_la
             max_position_embeddings=64)
 # Set only where the default config has the attribute (None counts as absent: the feature is off).
 TINY_IF_PRESENT = dict(num_key_value_heads=2, head_dim=16, sliding_window=4, decoder_layers=2, encoder_layers=2,
-                       num_decoder_layers=2, decoder_attention_heads=4, encoder_attention_heads=4, encoder_ffn_dim=128, decoder_ffn_dim=128,
-                       image_size=32, patch_size=8)
+                       num_decoder_layers=2, decoder_attention_heads=4, encoder_attention_heads=4, encoder_ffn_dim=128,
+                       decoder_ffn_dim=128, image_size=32, patch_size=8)
 # Models whose attention shapes come from other fields: DeepSeek's MLA (q / k heads of nope + rope dims, v of its own,
 # the rotary embedding over the rope dims), GPT-J's partial rotary.
 TINY_BY_MODEL = {

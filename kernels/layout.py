@@ -53,6 +53,8 @@ def contiguous_strides(t: Tensor) -> Tensor:
 def unit_last_stride(t: Tensor) -> Tensor:
     """t with stride 1 on its last dim: itself, a view (`contiguous_strides`) or a contiguous copy (an expanded
     tensor: one length for the whole batch)."""
+    if t.stride(-1) == 1:
+        return t
     t = contiguous_strides(t)
     return t if t.stride(-1) == 1 else t.clone(memory_format=torch.contiguous_format)
 

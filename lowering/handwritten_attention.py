@@ -177,7 +177,7 @@ def match_handwritten(softmax: Node, constants: dict, run_time_masks: bool = Fal
     additive mask the graph cannot prove is taken as one whose values are known at run time only (`mask_flags`)."""
     matched = [softmax]
     probs = softmax
-    dropout_p, dropout_p_taken = 0.0, False
+    dropout_p = 0.0
     sink = _sink(softmax)
     if sink is not None:
         matched += sink.nodes
@@ -200,10 +200,10 @@ def match_handwritten(softmax: Node, constants: dict, run_time_masks: bool = Fal
                 raise Decline(f"{describe_node(nxt)} between the softmax and its @ v is not understood")
             return None
         if DROPOUT(nxt) and not _dropout_is_noop(nxt):
-            dropout_p = arg(nxt, 1, "p", 0.5)
-            if not isinstance(dropout_p, float) or dropout_p_taken:
-                raise Decline(f"dropout p={dropout_p} in training")
-            dropout_p_taken = True
+            p = arg(nxt, 1, "p", 0.5)
+            if not isinstance(p, float) or dropout_p:  # a symbolic p, or a second dropout
+                raise Decline(f"dropout p={p} in training")
+            dropout_p = p
         matched.append(nxt)
         probs = nxt
     output = pv[0]

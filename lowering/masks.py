@@ -216,11 +216,11 @@ class Position:
     start: Node | None = None
 
 
-def _compare(node: Node, a: Position, b: Position) -> TwoValued:
-    """a OP b for positions on different axes, as a band in j - i."""
+def _compare(node: Node, a: Position, b: Position, op: str | None = None) -> TwoValued:
+    """a OP b for positions on different axes, as a band in j - i (OP: the node's comparison unless given)."""
     if a.axis is None or b.axis is None or a.axis == b.axis:
         raise MaskNotUnderstood(f"{describe_node(node)} compares positions not laid along the query and key axes")
-    op = _comparison(node)
+    op = op or _comparison(node)
     if a.axis == -2:  # make it key OP query
         a, b, op = b, a, _FLIPPED[op]
     d = b.offset - a.offset  # j + a.offset (+ a.start) OP i + b.offset (+ b.start)  <=>  j - i OP d (+ shift)
@@ -238,11 +238,11 @@ def _bounds(op: str, d: int) -> tuple[float, float]:
 
 @dataclass(frozen=True)
 class Distance:
-    """A query position minus a key position or the reverse, [..., R, C]: sign * (j - i) + offset, or its absolute
-    value (`absolute`): HF's bidirectional sliding window `abs(q_idx - kv_idx) <= w` (ModernBERT)."""
+    """`a - b` of positions on the query and key axes (either way round), or its absolute value (`absolute`): HF's
+    bidirectional sliding window `abs(q_idx - kv_idx) <= w` (ModernBERT)."""
 
-    sign: int
-    offset: int
+    a: Position
+    b: Position
     absolute: bool = False
 
 
@@ -252,31 +252,34 @@ def _distance(node, constants) -> Distance | None:
         return None
     if ABS(node):
         inner = _distance(node.args[0], constants)
-        return None if inner is None or inner.absolute else Distance(inner.sign, inner.offset, True)
+        return None if inner is None or inner.absolute else Distance(inner.a, inner.b, True)
     if not SUB(node) or not all(isinstance(x, Node) for x in node.args[:2]):
         return None
     a, b = (_position(x, constants) for x in node.args[:2])
     if a is None or b is None or a.start is not None or b.start is not None or None in (a.axis, b.axis) or \
             a.axis == b.axis:
         return None
-    return Distance(1 if a.axis == -1 else -1, a.offset - b.offset)  # (j or i) + a.offset - ((i or j) + b.offset)
+    return Distance(a, b)
 
 
 def _compare_distance(node: Node, dist: Distance, c: float, distance_first: bool) -> TwoValued:
-    """`distance OP c` (c an integer) as a band in d = j - i: sign * d + offset OP c, or |sign * d + offset| <= c
-    (or < c), the band [-c, c] around -offset * sign."""
+    """`a - b OP c` (c an integer) as `a OP b + c` (`_compare`); `|a - b| <= c` (or < c) as the band where both
+    `a <= b + c` and `a >= b - c` hold."""
     op = _comparison(node) if distance_first else _FLIPPED[_comparison(node)]
     if c != int(c):
         raise MaskNotUnderstood(f"{describe_node(node)} compares a position distance with {c}, not an integer")
     c = int(c)
-    if dist.absolute:
-        if op not in ("le", "lt"):
-            raise MaskNotUnderstood(f"{describe_node(node)} keeps positions outside a band ({op} on a distance)")
-        reach = c if op == "le" else c - 1
-        centre = -dist.offset * dist.sign
-        return TwoValued(Band(centre - reach, centre + reach), True, False)
-    bound = (c - dist.offset) * dist.sign  # sign * d + offset OP c  <=>  d OP' bound
-    return TwoValued(Band(*_bounds(op if dist.sign == 1 else _FLIPPED[op], bound)), True, False)
+
+    def b_plus(k: int) -> Position:
+        return Position(dist.b.offset + k, dist.b.axis)
+
+    if not dist.absolute:
+        return _compare(node, dist.a, b_plus(c), op)
+    if op not in ("le", "lt"):
+        raise MaskNotUnderstood(f"{describe_node(node)} keeps positions outside a band ({op} on a distance)")
+    reach = c if op == "le" else c - 1
+    within = _compare(node, dist.a, b_plus(reach), "le").band & _compare(node, dist.a, b_plus(-reach), "ge").band
+    return TwoValued(within, True, False)
 
 
 def _comparison(node: Node) -> str:
