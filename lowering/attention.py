@@ -207,14 +207,15 @@ def mask_flags(kind: str, mask, constants, scores_shape, fill=None, run_time_mas
                ) -> tuple[Band, float | None]:
     """The visible keys of one masking step and the score its hidden keys get (see `keep_band`). With
     `run_time_masks`, a boolean SDPA mask it cannot prove is the op's key mask per query row (`run_time_mask`), and
-    an additive one [B or 1, 1, Sq, Sk] added to hand-written scores (eager code's mask for packed sequences or
-    Llama 4's chunks) is taken as one whose values are known at run time only (`AdditiveInput`), as a float mask
-    input is."""
+    an additive one [B or 1, 1, S, S] or [B or 1, 1, 1, Sk] added to hand-written scores (eager code's mask for
+    packed sequences or Llama 4's chunks, and for a decode step over a cache) is taken as one whose values are known
+    at run time only (`AdditiveInput`), as a float mask input is."""
     try:
         band, hidden = keep_band(kind, mask, constants, fill)
     except MaskNotUnderstood as e:
         if kind == "additive" and isinstance(mask, Node) and (
-                isinstance(e, ValuesUnknown) or run_time_masks and _self_attention_rows(mask, scores_shape)):
+                isinstance(e, ValuesUnknown) or run_time_masks and (
+                    _self_attention_rows(mask, scores_shape) or mask_rows(shape(mask), scores_shape) == "one row")):
             _check_broadcast(shape(mask), scores_shape)
             raise AdditiveInput(f"mask not recognized: {e}", mask) from None
         if run_time_masks and (keys := run_time_mask(kind, mask, scores_shape)) is not None:
@@ -249,11 +250,17 @@ def _embedding_lookup(mask, depth: int = 8) -> Node | None:
 
 
 def run_time_mask(kind: str, mask, scores_shape) -> KeyMask | None:
-    """A boolean SDPA mask [B or 1, 1, S, S] on a self-attention's scores, as the op's key mask per query row (exact
-    for any contents: the op reads it on the host, FA4 where it has a form FA4 takes, such as HF's packed sequences
-    from position_ids or Llama 4's chunks, else the SDPA fallback with it); None for any other mask. Not over a KV
-    cache: a few queries there would run on the SDPA fallback, which repeats the cache's K/V for GQA."""
-    if kind != "bool" or not isinstance(mask, Node) or not _self_attention_rows(mask, scores_shape):
+    """A boolean SDPA mask the graph computes but the proofs do not read, as the op's key mask (exact for any
+    contents): [B or 1, 1, 1, Sk], one row for every query (a decode step's: the decode kernel reads it), or
+    [B or 1, 1, S, S] on a self-attention's scores, a key mask per query row (the op reads it on the host, FA4 where
+    it has a form FA4 takes, such as HF's packed sequences from position_ids or Llama 4's chunks, else the SDPA
+    fallback with it); None for any other mask. A mask per query row over a KV cache is not taken: a few queries
+    there would run on the SDPA fallback, which repeats the cache's K/V for GQA."""
+    if kind != "bool" or not isinstance(mask, Node):
+        return None
+    if mask_rows(shape(mask), scores_shape) == "one row":
+        return KeyMask(mask, plane=True)
+    if not _self_attention_rows(mask, scores_shape):
         return None
     return KeyMask(mask, plane=True, per_query=True)
 

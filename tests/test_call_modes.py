@@ -351,13 +351,19 @@ def test_padded_batch_after_unpadded_ones_under_dynamic_true(impl):
                for r in recorder.records[-model.attention_layers:]), recorder.records
 
 
-@pytest.mark.parametrize("name, impl", [case("mistral", "sdpa"), case("llama", "eager", slow=True)])
-def test_dynamic_cache_decode_with_an_attention_mask(name, impl):
+@pytest.mark.parametrize("name, impl, padding", [case("mistral", "sdpa", None), case("llama", "eager", None, slow=True),
+                                                 case("llama4_text", "sdpa", "left"),
+                                                 case("llama4_text", "eager", "left", slow=True)])
+def test_dynamic_cache_decode_with_an_attention_mask(name, impl, padding):
     """Prefill and two one-token steps through the DynamicCache the model makes, with generate's growing
-    all-ones attention_mask: from the first step the mask's length is symbolic, and a sliding-window
-    layer reads it from a constant key offset."""
+    attention_mask: from the first step the mask's length is symbolic, and a sliding-window layer reads it from a
+    constant key offset. Llama 4's chunked layers over a left-padded batch place their chunks by each row's padding,
+    which the graph reads from the mask's values: the prefill's mask reaches the op as a key mask per query row, and
+    each step's one row (boolean, or eager code's float) as the decode's key mask."""
     model = tiny(name, impl).model
-    ids, mask = torch.randint(0, 128, (2, 8)), torch.ones(2, 8, dtype=torch.long)
+    if name == "llama4_text":
+        model.config.attention_chunk_size = 4  # the second row's last chunk starts at its token 4, the cache's 7
+    ids, mask = torch.randint(0, 128, (2, 8)), padding_mask(padding or "none", 2, 8)
     keyword = hf.cache_keyword(model)
 
     def generate(fn):
@@ -594,7 +600,10 @@ def test_training_step_with_gradient_checkpointing(monkeypatch, impl, padded):
         monkeypatch.setattr(torch._dynamo.config, flag, True)
     model = tiny("llama", impl)
     net = without_dropout(model.model).train()
-    net.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if hasattr(net, "activation_checkpointing_enable"):  # transformers >= 5.25; the old name warns there
+        net.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        net.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     kwargs = {**model.inputs(padding=padded), "use_cache": False}
     if padded:
         kwargs["attention_mask"] = kwargs["attention_mask"].flip(-1)  # left padding
