@@ -96,7 +96,8 @@ def _kind(config) -> str:
     if hasattr(config, "image_size"):
         return "vision"
     architectures = " ".join(getattr(config, "architectures", None) or [])
-    rope_decoder = hasattr(config, "rope_parameters") and _causal_lm(config)  # ModernBERT: rotary, an encoder
+    rotary = hasattr(config, "rope_parameters") or hasattr(config, "rope_theta")  # transformers 5 / 4
+    rope_decoder = rotary and _causal_lm(config)  # ModernBERT: rotary, an encoder
     if getattr(config, "is_decoder", False) or "CausalLM" in architectures or rope_decoder \
             or config.model_type in {"gpt2", "gpt_neox", "gptj", "opt", "bloom", "falcon", "xglm", "codegen", "biogpt"}:
         return "causal-lm"

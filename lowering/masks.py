@@ -49,10 +49,10 @@ from torch.fx import Node
 from torch.fx.experimental.symbolic_shapes import guard_or_false
 
 from .records import Decline
-from .spellings import (ADD, AND, ARANGE, CAST, CONTIGUOUS, EQ, EXPAND, FULL, GE, GETITEM, GT, LE, LOGICAL_NOT, LT,
-                        MASKED_FILL, MUL, NE, ONES, RESHAPE, SUB, TENSOR, TRIL, TRIU, UNSQUEEZE, WHERE, ZEROS, Spelling,
+from .spellings import (ADD, AND, ARANGE, CAST, CONTIGUOUS, EQ, EXPAND, FULL, GE, GETITEM, GT, IN_PLACE_ADD,
+                        IN_PLACE_SUB, LE, LOGICAL_NOT, LT, MASKED_FILL, MUL, NE, ONES, RESHAPE, SUB, TENSOR, TRIL, TRIU, UNSQUEEZE, WHERE, ZEROS, Spelling,
                         arg, describe_node, equal_size, is_large_negative, normalize_dim, same_size, scalar, shape,
-                        value)
+                        sole_update, value)
 
 INF = math.inf
 DIFF = Spelling((torch.diff,), ("diff",))
@@ -294,24 +294,35 @@ def _compare_to_constant(node: Node, p: Position, c: float, position_first: bool
     raise MaskNotUnderstood(f"{describe_node(node)} compares positions with the constant {c}")
 
 
+def _adds(node: Node) -> bool:
+    """`a + b`, or `a += b` where nothing else reads a (transformers 4's `kv_arange += kv_offset`)."""
+    return ADD(node) or IN_PLACE_ADD(node) and sole_update(node)
+
+
+def _subtracts(node: Node) -> bool:
+    return SUB(node) or IN_PLACE_SUB(node) and sole_update(node)
+
+
 def _position(node, constants) -> Position | None:
     """The position vector a node computes, None if it is not one."""
     if not isinstance(node, Node):
         return None
     if ARANGE(node):
         return _arange(node)
-    if (ADD(node) or SUB(node)) and scalar(node.args[1]) is not None:
+    if (_adds(node) or _subtracts(node)) and scalar(node.args[1]) is not None:
         inner = _position(node.args[0], constants)
         c = scalar(node.args[1])
         if inner is None or c != int(c):
             return None
-        return Position(inner.offset + int(c) * (1 if ADD(node) else -1), inner.axis, inner.start)
-    if ADD(node) and all(isinstance(a, Node) for a in node.args[:2]):
+        return Position(inner.offset + int(c) * (1 if _adds(node) else -1), inner.axis, inner.start)
+    if _adds(node) and all(isinstance(a, Node) for a in node.args[:2]):
         for a, b in (node.args[:2], node.args[1::-1]):
+            if IN_PLACE_ADD(node) and a is not node.args[0]:
+                continue  # `b += positions` keeps b's dtype and shape: not read as positions
             inner = _position(a, constants)
             if inner is not None and inner.axis is None and inner.start is None and _integer_scalar(b):
                 return Position(inner.offset, None, b)
-    if (ADD(node) or SUB(node)) and all(isinstance(a, Node) for a in node.args[:2]):
+    if (_adds(node) or _subtracts(node)) and all(isinstance(a, Node) for a in node.args[:2]):
         return _shifted_by_constant(node, constants)
     if GETITEM(node) and (gathered := _gathered_position(node, constants)) is not None:
         return gathered
@@ -332,7 +343,7 @@ def _shifted_by_constant(node: Node, constants) -> Position | None:
     """Positions plus or minus a tensor proven to hold one integer everywhere (HF's chunked masks subtract
     `torch.zeros(B)[batch_indices]` left-padding counts when there is no attention_mask)."""
     a, b = node.args[:2]
-    candidates = [(a, b, 1), (b, a, 1)] if ADD(node) else [(a, b, -1)]
+    candidates = [(a, b, 1), (b, a, 1)] if ADD(node) else [(a, b, 1)] if IN_PLACE_ADD(node) else [(a, b, -1)]
     for positions, shift, sign in candidates:
         inner = _position(positions, constants)
         if inner is None or inner.axis is None or not _keeps_axis(node, positions, inner.axis):

@@ -23,7 +23,7 @@ import torch
 from torch.fx import Graph, Node
 
 from .records import Decline
-from .spellings import value
+from .spellings import sole_update, value
 
 _AUGMENTED = {operator.iadd, operator.isub, operator.imul, operator.itruediv, operator.ifloordiv, operator.imod,
               operator.ipow, operator.iand, operator.ior, operator.ixor, operator.ilshift, operator.irshift,
@@ -127,7 +127,7 @@ class Mutations:
             readers = [u for u in tensor.users if u in computation and not written(u)]
             last = max(readers, key=self._at, default=use)
             writer = self.writer_between(tensor, tensor, last)
-            if writer is not None:
+            if writer is not None and not (writer in computation and tensor in writer.args[:1] and sole_update(writer)):
                 raise Decline(f"mask not recognized: {tensor.name}, which it is built from, is updated in place "
                               f"({writer.format_node()})")
         return sources

@@ -31,7 +31,7 @@ from torch._guards import detect_fake_mode
 from torch.fx import GraphModule, Node
 
 from . import (gated_linears, handwritten_attention, int8_int8_linear, int8_linear, nvfp4_linear, sdpa_calls,
-               sibling_linears)
+               sibling_linears, vmapped_masks)
 from .family import TORCH_IR, Context, Family
 from .graph_edit import erased
 from .masks import BodyConstants, Outside
@@ -111,6 +111,7 @@ def run_torch_ir_passes(gm: GraphModule, example_inputs, options) -> list[Record
 def _run_graph(gm: GraphModule, options, fake_mode, constants: dict) -> tuple[list[Record], set]:
     """The records of one graph and its checkpointed bodies, and the placeholders of `gm` whose module buffers a
     rewrite read by value."""
+    vmapped_masks.unvmap(gm, fake_mode)
     context = Context(gm, options, fake_mode, constants=constants)
     records = run_families(context, TORCH_IR)
     read_by_value = set(context.read_by_value)
