@@ -39,7 +39,7 @@ from .mutations import Mutations, layout_free, storage
 from .masks import (INF, MaskNotUnderstood, Band, KeyMask, Shift, ValuesUnknown, band_args, broadcasts_last_two_dims,
                     keep_band)
 from .records import Decline
-from .spellings import equal_size, same_size, scalar, shape, value
+from .spellings import equal_size, number, same_size, shape, value
 
 
 
@@ -344,11 +344,11 @@ def _band_flags(band: Band, scores_shape) -> tuple[dict, Shift | None]:
 
 
 def constant(x) -> float | None:
-    """A number argument as a float; a symbolic one (a float module attribute under `dynamic=True`) is
-    specialized to its value, which guards on it."""
+    """A number argument as a float, or a 0-d tensor made from one (`number`); a symbolic one (a float module
+    attribute under `dynamic=True`) is specialized to its value, which guards on it."""
     if isinstance(x, Node) and isinstance(v := value(x), (torch.SymFloat, torch.SymInt)):
         return float(v)
-    return scalar(x)
+    return number(x)
 
 
 def positive_scale(c: float) -> float:

@@ -50,9 +50,9 @@ from torch.fx.experimental.symbolic_shapes import guard_or_false
 
 from .records import Decline
 from .spellings import (ADD, AND, ARANGE, CAST, CONTIGUOUS, EQ, EXPAND, FULL, GE, GETITEM, GT, IN_PLACE_ADD,
-                        IN_PLACE_SUB, LE, LOGICAL_NOT, LT, MASKED_FILL, MUL, NE, ONES, RESHAPE, SUB, TENSOR, TRIL, TRIU, UNSQUEEZE, WHERE, ZEROS, Spelling,
-                        arg, describe_node, equal_size, is_large_negative, normalize_dim, same_size, scalar, shape,
-                        sole_update, value)
+                        IN_PLACE_MUL, IN_PLACE_SUB, LE, LOGICAL_NOT, LT, MASKED_FILL, MUL, NE, ONES, RESHAPE, SUB, TENSOR, TRIL, TRIU, UNSQUEEZE, WHERE, ZEROS, Spelling,
+                        arg, describe_node, equal_size, is_large_negative, normalize_dim, number, same_size, scalar,
+                        shape, sole_update, value)
 
 INF = math.inf
 DIFF = Spelling((torch.diff,), ("diff",))
@@ -217,7 +217,12 @@ class Position:
 
 
 def _compare(node: Node, a: Position, b: Position, op: str | None = None) -> TwoValued:
-    """a OP b for positions on different axes, as a band in j - i (OP: the node's comparison unless given)."""
+    """a OP b for positions on different axes, as a band in j - i (OP: the node's comparison unless given). A 1-D
+    position against one on the query axis broadcasts along the key axis (`arange(Sk) > cache_position[:, None]`)."""
+    if a.axis is None and b.axis == -2:
+        a = Position(a.offset, -1, a.start)
+    if b.axis is None and a.axis == -2:
+        b = Position(b.offset, -1, b.start)
     if a.axis is None or b.axis is None or a.axis == b.axis:
         raise MaskNotUnderstood(f"{describe_node(node)} compares positions not laid along the query and key axes")
     op = op or _comparison(node)
@@ -326,6 +331,13 @@ def _position(node, constants) -> Position | None:
         return _shifted_by_constant(node, constants)
     if GETITEM(node) and (gathered := _gathered_position(node, constants)) is not None:
         return gathered
+    if RESHAPE(node) and isinstance(node.args[0], Node):  # `cache_position.reshape(-1, 1)` (transformers 4)
+        inner = _position(node.args[0], constants)
+        out = shape(node)
+        sized = [d for d, n in enumerate(out) if not same_size(n, 1)]
+        if inner is None or inner.axis is not None or len(sized) != 1 or sized[0] - len(out) not in (-1, -2):
+            return None
+        return Position(inner.offset, sized[0] - len(out), inner.start)
     if GETITEM(node) or UNSQUEEZE(node) or EXPAND(node):
         inner = _position(node.args[0], constants)
         if inner is None:
@@ -577,11 +589,13 @@ def evaluate(node, constants: dict) -> TwoValued:
         return x.map(lambda a: a == other) if EQ(node) else x.map(lambda a: a != other)
     if LOGICAL_NOT(node):
         return evaluate(node.args[0], constants).map(lambda a: not a)
-    if SUB(node) and scalar(node.args[0]) is not None and isinstance(node.args[1], Node):
-        c = scalar(node.args[0])
+    if SUB(node) and number(node.args[0]) is not None and isinstance(node.args[1], Node):
+        c = number(node.args[0])
         return _coerce(node, evaluate(node.args[1], constants).map(lambda x: c - x))
-    if MUL(node):
+    if MUL(node) or IN_PLACE_MUL(node) and sole_update(node):
         a, b = node.args[0], node.args[1]
+        if isinstance(a, Node) and isinstance(b, Node):
+            return _coerce(node, _selected(node, evaluate(a, constants), evaluate(b, constants)))
         tensor, factor = (a, scalar(b)) if isinstance(a, Node) else (b, scalar(a))
         if factor is None:
             raise MaskNotUnderstood(f"{describe_node(node)} by a non-constant")
@@ -594,11 +608,16 @@ def evaluate(node, constants: dict) -> TwoValued:
         return _coerce(node, cond.map(lambda c: a.inside if c else b.inside))
     if MASKED_FILL(node):
         x = evaluate(node.args[0], constants)
-        fill = scalar(arg(node, 2, "value"))
-        if not x.uniform or fill is None:
+        fill = number(arg(node, 2, "value"))
+        cond = evaluate(node.args[1], constants) if fill is not None else None
+        if fill is None or not (x.uniform or cond.uniform or cond.band == x.band):
             raise MaskNotUnderstood(f"{describe_node(node)} of a non-uniform tensor or with a non-constant fill")
-        cond = evaluate(node.args[1], constants)
-        return _coerce(node, cond.map(lambda c: fill if c else x.inside))
+        if x.uniform:
+            return _coerce(node, cond.map(lambda c: fill if c else x.inside))
+        # x filled where a mask of its own band holds (transformers 4's `m.masked_fill(m.to(torch.bool), min)`)
+        filled = cond.map(bool) if not cond.uniform else TwoValued(x.band, bool(cond.inside), bool(cond.inside))
+        return _coerce(node, TwoValued(x.band, fill if filled.inside else x.inside,
+                                       fill if filled.outside else x.outside))
     if RESHAPE(node) and (keys := _key_lookup(node, constants)) is not None:
         return _coerce(node, TwoValued(Band(keys=keys), 1, 0))
     if CAST(node) or CONTIGUOUS(node) or RESHAPE(node) or UNSQUEEZE(node) or EXPAND(node):
@@ -620,6 +639,8 @@ def evaluate(node, constants: dict) -> TwoValued:
         source = node.args[0]
         if _top_left_slice(node.args[1]) and len(shape(node)) >= 2:
             return _coerce(node, evaluate(source, constants))
+        if (sliced := _sliced_buffer(node, constants)) is not None:
+            return sliced
         raise MaskNotUnderstood(f"{describe_node(node)} indexes the mask by something other than leading slices")
     raise MaskNotUnderstood(f"the mask is built by {describe_node(node)}, which is not understood")
 
@@ -636,6 +657,31 @@ def _proven_outside(outside: Outside) -> TwoValued | None:
     except (MaskNotUnderstood, Decline):
         return None
     return tv if tv.band.shift is None and tv.band.keys is None else None
+
+
+def _selected(node: Node, a: TwoValued, b: TwoValued) -> TwoValued:
+    """a * b where one of them is boolean: the other's values where it holds, 0 elsewhere (transformers 4's
+    `causal_mask *= arange(Sk) > cache_position.reshape(-1, 1)` over a finfo.min triangle)."""
+    for x, keep in ((a, b), (b, a)):
+        if not keep.boolean:
+            continue
+        if x.uniform:
+            return keep.map(lambda k: x.inside if k else 0.0)
+        if x.outside == 0:
+            return TwoValued(x.band & keep.where(bool), x.inside, 0.0)
+    raise MaskNotUnderstood(f"{describe_node(node)} of two masks, neither a boolean selecting the other's values")
+
+
+def _sliced_buffer(node: Node, constants) -> TwoValued | None:
+    """A module buffer read by value through constant slices (transformers 4's GPT-2: `bias[:, :, Sk - Sq:Sk, :Sk]`,
+    the rows of a cache's last queries): the band of the slice's values; None for any other index."""
+    source, index = node.args[0], node.args[1]
+    index = index if isinstance(index, tuple) else (index,)
+    constant = isinstance(source, Node) and source.op == "placeholder" and source in constants
+    if not constant or not all(isinstance(i, slice) and all(b is None or type(b) is int
+                                                             for b in (i.start, i.stop, i.step)) for i in index):
+        return None
+    return _coerce(node, _band_of_values(constants[source][1][index]))
 
 
 def _constant(node, constants) -> TwoValued | None:
@@ -784,6 +830,7 @@ def _row_gather(node: Node, constants) -> TwoValued | None:
 def keep_band(kind: str, mask, constants: dict, fill=None) -> tuple[Band, float | None]:
     """Visible keys of a mask used as `kind` ("masked_fill", "where", "additive" or "bool"), and the score
     that hidden keys get (-inf or finfo.min; None for a boolean SDPA mask or when nothing is hidden)."""
+    fill = number(fill) if isinstance(fill, Node) and number(fill) is not None else fill
     if kind in ("masked_fill", "where") and not is_large_negative(fill):
         raise MaskNotUnderstood(f"the mask fill value {fill!r} is not -inf or finfo.min")
     tv = evaluate(mask, constants)

@@ -183,6 +183,22 @@ def scalar(x) -> float | None:
     return float(x)
 
 
+def number(x) -> float | None:
+    """A Python number argument as a float, or the number a node holds as a 0-d tensor made from one
+    (`torch.tensor(c)`, `torch.full([], c)`: transformers 4's mask values); None otherwise."""
+    if not isinstance(x, Node):
+        return scalar(x)
+    c = None
+    if is_call(x, torch.tensor, torch.scalar_tensor, torch.as_tensor) and x.args:
+        c = scalar(x.args[0])
+    elif is_call(x, torch.full) and len(x.args) >= 2 and isinstance(x.args[0], (list, tuple)) and not x.args[0]:
+        c = scalar(x.args[1])
+    v = value(x)
+    if c is None or not isinstance(v, torch.Tensor) or v.dim() != 0:
+        return None
+    return float(torch.tensor(c, dtype=v.dtype)) if v.dtype.is_floating_point else c  # as rounded to its dtype
+
+
 def is_zero(x) -> bool:
     """A number argument that is 0: a Python number, or a node of a symbolic one (a float `dynamic=True` leaves
     unspecialized, such as HF's attention dropout) that is 0 for this graph, under a guard (a later call where it is

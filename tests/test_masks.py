@@ -196,13 +196,62 @@ def test_reads_hf_padding_lookup_and_boolean_plane_input_as_key_masks():
 @pytest.mark.parametrize("fn, reason", [
     (lambda m: m == 1, "the mask is the graph input"),
     (lambda x: (torch.ones(4, 4).tril() == 0) | (x > 0), "not understood"),
-    (lambda x: torch.ones(4, 4).tril(int(x.shape[0]) - 3) * torch.rand(4, 4), "by a non-constant"),
+    (lambda x: torch.ones(4, 4).tril(int(x.shape[0]) - 3) * torch.rand(4, 4), "built by rand"),
+    (lambda x: torch.ones(4, 4).tril() * x, "the mask is the graph input"),
+    (lambda x: torch.ones(4, 4).tril() * (torch.ones(4, 4).triu() * 2), "neither a boolean selecting"),
     (lambda x: torch.arange(4)[:, None] + torch.arange(4)[None, :] > x, "compares"),
 ])
 def test_declines_with_the_reason(fn, reason):
     node, constants = captured(fn, torch.zeros(4, 4))
     with pytest.raises(MaskNotUnderstood, match=reason):
         masks.evaluate(node, constants)
+
+
+# ------------------------------------------------------------------------------------- transformers 4 spellings
+
+
+class _SlicedRows(torch.nn.Module):
+    """GPT-2's causal buffer in transformers 4, sliced to the rows of its last queries (`bias[:, :, Sk - Sq:Sk, :Sk]`)."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("bias", torch.tril(torch.ones(8, 8, dtype=torch.bool)).view(1, 1, 8, 8))
+
+    def forward(self, x):
+        return self.bias[:, :, 5:8, :8]
+
+
+def _in_place_offset(x):  # sdpa_mask: kv_arange += kv_offset
+    kv = torch.arange(7)
+    kv += 2
+    return kv[None, :] <= (torch.arange(3) + 4)[:, None]
+
+
+def _finfo_triangle_times_positions(x):  # _prepare_4d_causal_attention_mask_with_cache_position
+    m = torch.full((3, 7), torch.finfo(torch.float32).min).triu(1)
+    m *= torch.arange(7) > (torch.arange(3) + 4).reshape(-1, 1)
+    return m
+
+
+@pytest.mark.parametrize("fn", [_in_place_offset, _finfo_triangle_times_positions, _SlicedRows()],
+                         ids=["in-place-offset", "finfo-triangle-times-positions", "sliced-buffer-rows"])
+def test_reads_transformers_4_spellings_as_eager_computes_them(fn):
+    expected = fn(Q)
+    tv = read(fn, Q)
+    torch.testing.assert_close(values_of(tv, *expected.shape[-2:]), expected.reshape(expected.shape[-2:]).float())
+
+
+def test_reads_transformers_4_inverted_padding_mask_as_a_key_mask():
+    """BERT's mask in transformers 4 (`AttentionMaskConverter._expand_mask`): `1 - mask` filled with finfo.min where
+    it is nonzero."""
+    def expand_mask(mask):
+        expanded = mask[:, None, None, :].expand(2, 1, 3, 5).to(torch.float32)
+        inverted = torch.tensor(1.0) - expanded
+        return inverted.masked_fill(inverted.to(torch.bool), torch.finfo(torch.float32).min)
+
+    node, constants = captured(expand_mask, torch.ones(2, 5, dtype=torch.long))
+    band, hidden = masks.keep_band("additive", node, constants)
+    assert not band.bounded and band.keys is not None and hidden == torch.finfo(torch.float32).min
 
 
 # ------------------------------------------------------------------------------------------------- keep_band
