@@ -25,7 +25,7 @@ from torch.fx import Node
 
 from . import attention, einsum
 from .family import TORCH_IR, Context, Family
-from .masks import Band
+from .masks import Band, MaskNotUnderstood
 from .records import Decline
 from .spellings import (ADD, AMAX, CAST, CAT, DIV, DROPOUT, GETITEM, IN_PLACE_ADD, IN_PLACE_DIV, IN_PLACE_MUL,
                         MASKED_FILL, MATMUL, MAX, MUL, RESHAPE, SOFTMAX, SUB, TANH, WHERE, arg, describe_node, is_zero,
@@ -243,7 +243,10 @@ def match_handwritten(softmax: Node, constants: dict, run_time_masks: bool = Fal
                 additive = e
                 node, mask, visible, hidden = e.scores, e.mask, Band(), None
             masks.append((mask, step))
-            band &= visible
+            try:
+                band &= visible
+            except MaskNotUnderstood as e:
+                raise Decline(f"mask not recognized: {e}") from None
             hidden_scores.append((hidden, MASKED_FILL(step) or WHERE(step), scale))
         else:
             raise Decline(f"{node.format_node()} between q @ k^T and softmax is not understood")

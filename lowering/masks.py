@@ -228,8 +228,11 @@ def _compare(node: Node, a: Position, b: Position, op: str | None = None) -> Two
     op = op or _comparison(node)
     if a.axis == -2:  # make it key OP query
         a, b, op = b, a, _FLIPPED[op]
+    if _position_vector(a.start):
+        raise MaskNotUnderstood(f"{describe_node(node)} compares key positions read from {a.start.name}")
     d = b.offset - a.offset  # j + a.offset (+ a.start) OP i + b.offset (+ b.start)  <=>  j - i OP d (+ shift)
-    shift = Shift(b.start, minus=a.start) if b.start is not None or a.start is not None else None
+    shift = Shift(b.start, vector=_position_vector(b.start), minus=a.start) \
+        if b.start is not None or a.start is not None else None
     return TwoValued(Band(*_bounds(op, d), shift), True, False)
 
 
@@ -314,6 +317,8 @@ def _position(node, constants) -> Position | None:
         return None
     if ARANGE(node):
         return _arange(node)
+    if _position_vector(node):
+        return Position(0, None, node)
     if (_adds(node) or _subtracts(node)) and scalar(node.args[1]) is not None:
         inner = _position(node.args[0], constants)
         c = scalar(node.args[1])
@@ -402,6 +407,16 @@ def _gathered_position(node: Node, constants) -> Position | None:
     if len(shape(node)) < -picked.axis or not same_size(shape(node)[picked.axis], shape(idx)[picked.axis]):
         return None
     return Position(table.offset + picked.offset, picked.axis, table.start)
+
+
+def _position_vector(node) -> bool:
+    """A graph input of query positions: transformers 4's `cache_position` [Sq] (integers), which generate passes
+    as `arange(past, past + Sq)`. Read as `cache_position[0] + arange(Sq)` under a run-time check that it counts
+    up by one (`Shift.vector`; kv_cache.snapshot)."""
+    if not (isinstance(node, Node) and node.op == "placeholder" and node.name.endswith("cache_position_")):
+        return False
+    v = value(node)
+    return isinstance(v, torch.Tensor) and v.dim() == 1 and not v.dtype.is_floating_point and v.dtype != torch.bool
 
 
 def _placed(node: Node, inner: Position) -> Position | None:

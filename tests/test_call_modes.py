@@ -20,6 +20,8 @@ seconds per case, so each mode covers a few: the cases marked `slow` add more (`
 slow"` skips them while iterating).
 """
 
+import inspect
+
 import pytest
 import torch
 import torch.nn as nn
@@ -384,6 +386,13 @@ def test_dynamic_cache_decode_with_an_attention_mask(name, impl, padding):
     assert not other_reasons(recorder), recorder.reasons
 
 
+def chunked_causal_mask(masking_utils, config, embeds, mask_2d):
+    """`create_chunked_causal_mask` over a prompt without a cache; transformers 4 takes its cache_position."""
+    if "cache_position" in inspect.signature(masking_utils.create_chunked_causal_mask).parameters:
+        return masking_utils.create_chunked_causal_mask(config, embeds, mask_2d, torch.arange(embeds.shape[1]), None)
+    return masking_utils.create_chunked_causal_mask(config, embeds, mask_2d, None)
+
+
 CHUNKED = [pytest.param(4, False, "chunked attention", id="longer-than-a-chunk"),
            pytest.param(16, False, None, id="within-a-chunk"),
            pytest.param(16, True, "the graph input l_mask_2d_", id="within-a-chunk-padded")]
@@ -399,7 +408,7 @@ def test_chunked_attention(chunk, padded, reason):
     config.attention_chunk_size = chunk
 
     def chunked(q, k, v, mask_2d):
-        mask = masking_utils.create_chunked_causal_mask(config, q.transpose(1, 2).flatten(2), mask_2d, None)
+        mask = chunked_causal_mask(masking_utils, config, q.transpose(1, 2).flatten(2), mask_2d)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
 
     q, k, v = (torch.randn(2, 4, 8, 16) for _ in range(3))
@@ -428,7 +437,7 @@ def test_chunked_attention_longer_than_a_chunk_with_run_time_masks(monkeypatch):
     config.attention_chunk_size = 3
 
     def chunked(q, k, v, mask_2d):
-        mask = masking_utils.create_chunked_causal_mask(config, q.transpose(1, 2).flatten(2), mask_2d, None)
+        mask = chunked_causal_mask(masking_utils, config, q.transpose(1, 2).flatten(2), mask_2d)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
 
     q, k, v = (torch.randn(2, 4, 8, 16) for _ in range(3))
@@ -491,6 +500,35 @@ def test_cache_position_of_older_transformers(dynamic):
                                    cache_position_attention(q, k_new, v_new, k_past, v_past), atol=1e-5, rtol=1e-5)
     assert recorder.count() == len(recorder.graphs) and not recorder.reasons, recorder.reasons
     assert all("seqused_k" in r.detail and "causal=True" in r.detail for r in recorder.records), recorder.records
+
+
+def static_cache_attention(q, k_new, v_new, k_cache, v_cache, cache_position):
+    """transformers 4's StaticCache under generate: `cache_position` [Sq] (a graph input, generate's
+    `arange(past, past + Sq)`) places the new K/V in the cache, and the mask compares every slot with it."""
+    k_cache.index_copy_(2, cache_position, k_new)
+    v_cache.index_copy_(2, cache_position, v_new)
+    mask = upstream.causal_mask(cache_position, torch.arange(k_cache.shape[2]), q.shape[0])
+    return F.scaled_dot_product_attention(q, k_cache, v_cache, attn_mask=mask)
+
+
+def test_cache_position_input_of_older_transformers():
+    """A `cache_position` graph input is read as `cache_position[0] + arange(Sq)` (the op's seqused_k over the cache,
+    causal) under a run-time check that it counts up by one: positions that do not raise, never a wrong answer."""
+    torch._dynamo.reset()
+    recorder = Recorder()
+    compiled = torch.compile(static_cache_attention, backend=recorder)
+    k_cache, v_cache = torch.randn(2, 4, 12, 16), torch.randn(2, 4, 12, 16)
+    for past, sq in ((0, 5), (5, 1), (6, 1)):
+        q, k_new, v_new = (torch.randn(2, 4, sq, 16) for _ in range(3))
+        positions = torch.arange(past, past + sq)
+        expected = static_cache_attention(q, k_new, v_new, k_cache.clone(), v_cache.clone(), positions)
+        torch.testing.assert_close(compiled(q, k_new, v_new, k_cache, v_cache, positions), expected,
+                                   atol=1e-5, rtol=1e-5)
+    assert recorder.count() == len(recorder.graphs) == 2 and not recorder.reasons, recorder.reasons
+    assert all("seqused_k=cache position + Sq" in r.detail and "causal=True" in r.detail for r in recorder.records)
+    q, k_new, v_new = (torch.randn(2, 4, 5, 16) for _ in range(3))
+    with pytest.raises(RuntimeError, match="do not count up by one"):
+        compiled(q, k_new, v_new, k_cache, v_cache, torch.tensor([0, 1, 2, 4, 5]))
 
 
 GENERATE_STRATEGIES = {
