@@ -23,8 +23,9 @@ Per-token scales keep the error of each key and value within half a step of its 
 What differs from `StaticCache`: the layers of full attention become `Int8StaticLayer`; sliding-window layers
 (their caches are window-sized) and other layer kinds stay as transformers makes them. transformers has no
 registry of `cache_implementation` names (generate builds `StaticCache` for "static" from a fixed list), so the
-cache is passed as an object. Checked against transformers 5.17 and 5.24 (`StaticLayer.lazy_initialization`
-and `get_layer_types_and_kwargs` differ between them; this module calls neither).
+cache is passed as an object. Checked against transformers 4.57, 5.17, 5.24 and 5.25 (`StaticLayer.lazy_initialization`
+and `get_layer_types_and_kwargs` differ between them; this module calls neither; 4.57's layers take the caller's
+`cache_position` where 5's count their own length).
 """
 
 from __future__ import annotations
@@ -65,20 +66,29 @@ class Int8StaticLayer(StaticLayer):
         self.values = torch.zeros(rows + (self.v_head_dim,), dtype=torch.int8, device=self.device)
         self.key_scales = torch.zeros(rows, dtype=SCALE_DTYPE, device=self.device)
         self.value_scales = torch.zeros(rows, dtype=SCALE_DTYPE, device=self.device)
-        self.cumulative_length = self.cumulative_length.to(self.device)
+        counted = hasattr(self, "cumulative_length")  # transformers 5: the layer counts its length
+        if counted:
+            self.cumulative_length = self.cumulative_length.to(self.device)
         if not torch.compiler.is_compiling():  # fixed addresses: CUDA graphs and compiled steps update them in place
-            for t in (self.keys, self.values, self.key_scales, self.value_scales, self.cumulative_length):
+            for t in (self.keys, self.values, self.key_scales, self.value_scales) + \
+                    ((self.cumulative_length,) if counted else ()):
                 torch._dynamo.mark_static_address(t)
         self.is_initialized = True
 
-    def update(self, key_states: Tensor, value_states: Tensor, *args, **kwargs) -> tuple[Tensor, Tensor]:
+    def update(self, key_states: Tensor, value_states: Tensor, cache_kwargs: dict | None = None, *args,
+               **kwargs) -> tuple[Tensor, Tensor]:
         """Quantize the new states into the cache at the next positions, in place; return the whole cache
-        dequantized to the states' dtype (capacity keys, the unwritten ones zero)."""
+        dequantized to the states' dtype (capacity keys, the unwritten ones zero). The positions: the layer's own
+        count (transformers 5), or the caller's `cache_position` (transformers 4)."""
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         kv_length = key_states.shape[-2]
-        cache_position = torch.arange(kv_length, device=self.device) + self.cumulative_length
-        self.cumulative_length.add_(kv_length)
+        if hasattr(self, "cumulative_length"):
+            cache_position = torch.arange(kv_length, device=self.device) + self.cumulative_length
+            self.cumulative_length.add_(kv_length)
+        else:
+            given = cache_kwargs.get("cache_position") if isinstance(cache_kwargs, dict) else None
+            cache_position = given if given is not None else torch.arange(kv_length, device=self.device)
         k, k_scale = quantize(key_states)
         v, v_scale = quantize(value_states)
         self.keys.index_copy_(2, cache_position, k)

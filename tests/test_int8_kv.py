@@ -148,14 +148,14 @@ def test_cache_writes_int8_at_the_positions_and_resets():
     cache = Int8StaticCache(config=model.config, max_cache_len=16)
     assert all(type(layer) is Int8StaticLayer for layer in cache.layers) and cache.is_compileable
     k, v = torch.randn(2, 2, 3, 16), torch.randn(2, 2, 3, 16)
-    keys, values = cache.update(k, v, 0)
+    keys, values = cache.update(k, v, 0, {"cache_position": torch.arange(3)})  # transformers 4 reads the positions
     layer = cache.layers[0]
     assert layer.keys.dtype == torch.int8 and layer.key_scales.shape == (2, 2, 16) and keys.dtype == torch.float32
     assert keys.shape == (2, 2, 16, 16) and (keys[:, :, 3:] == 0).all()
     k8, ks = quantize(k)
     assert torch.equal(layer.keys[:, :, :3], k8) and torch.equal(layer.key_scales[:, :, :3], ks)
     torch.testing.assert_close(keys[:, :, :3], k, atol=float(ks.max()) / 2 + 1e-7, rtol=0)
-    cache.update(k[:, :, :1], v[:, :, :1], 0)
+    cache.update(k[:, :, :1], v[:, :, :1], 0, {"cache_position": torch.tensor([3])})
     assert int(layer.get_seq_length()) == 4 and torch.equal(layer.keys[:, :, 3], k8[:, :, 0])
     cache.reset()
     assert int(layer.get_seq_length()) == 0 and not layer.keys.any() and not layer.key_scales.any()
