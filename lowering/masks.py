@@ -49,10 +49,10 @@ from torch.fx import Node
 from torch.fx.experimental.symbolic_shapes import guard_or_false
 
 from .records import Decline
-from .spellings import (ADD, AND, ARANGE, CAST, CONTIGUOUS, EQ, EXPAND, FULL, GE, GETITEM, GT, IN_PLACE_ADD,
-                        IN_PLACE_MUL, IN_PLACE_SUB, LE, LOGICAL_NOT, LT, MASKED_FILL, MUL, NE, ONES, RESHAPE, SUB, TENSOR, TRIL, TRIU, UNSQUEEZE, WHERE, ZEROS, Spelling,
-                        arg, describe_node, equal_size, is_large_negative, normalize_dim, number, same_size, scalar,
-                        shape, sole_update, value)
+from .spellings import (ADD, AND, ARANGE, CAST, EQ, EXPAND, FULL, GE, GETITEM, GT, IN_PLACE_ADD, IN_PLACE_MUL,
+                        IN_PLACE_SUB, LE, LOGICAL_NOT, LT, MASKED_FILL, MUL, NE, ONES, RESHAPE, SAME_VALUES, SUB,
+                        TENSOR, TRIL, TRIU, UNSQUEEZE, WHERE, ZEROS, Spelling, arg, describe_node, equal_size,
+                        is_large_negative, normalize_dim, number, same_size, scalar, shape, sole_update, value)
 
 INF = math.inf
 DIFF = Spelling((torch.diff,), ("diff",))
@@ -624,6 +624,8 @@ def evaluate(node, constants: dict) -> TwoValued:
     if MASKED_FILL(node):
         x = evaluate(node.args[0], constants)
         fill = number(arg(node, 2, "value"))
+        if fill is not None and (padded := _filled_where_padded(node, x, fill, constants)) is not None:
+            return _coerce(node, padded)
         cond = evaluate(node.args[1], constants) if fill is not None else None
         if fill is None or not (x.uniform or cond.uniform or cond.band == x.band):
             raise MaskNotUnderstood(f"{describe_node(node)} of a non-uniform tensor or with a non-constant fill")
@@ -635,7 +637,7 @@ def evaluate(node, constants: dict) -> TwoValued:
                                        fill if filled.outside else x.outside))
     if RESHAPE(node) and (keys := _key_lookup(node, constants)) is not None:
         return _coerce(node, TwoValued(Band(keys=keys), 1, 0))
-    if CAST(node) or CONTIGUOUS(node) or RESHAPE(node) or UNSQUEEZE(node) or EXPAND(node):
+    if CAST(node) or SAME_VALUES(node) or RESHAPE(node) or UNSQUEEZE(node) or EXPAND(node):
         source = node.args[0]
         if not _keeps_last_two_dims(node, source):
             if EXPAND(node) and broadcasts_last_two_dims(shape(source), shape(node)):
@@ -672,6 +674,27 @@ def _proven_outside(outside: Outside) -> TwoValued | None:
     except (MaskNotUnderstood, Decline):
         return None
     return tv if tv.band.shift is None and tv.band.keys is None else None
+
+
+def _filled_where_padded(node: Node, x: TwoValued, fill: float, constants) -> TwoValued | None:
+    """`x.masked_fill((x + keep) == 0, fill)` for x 0 where visible and `fill` elsewhere, keep an attention_mask of
+    1 and 0 (transformers 4's `_update_causal_mask`): x + keep is 0 only where x is visible and the key is padding,
+    so the result is visible where x is and the key is kept. None for any other masked_fill."""
+    cond = node.args[1]
+    if not (isinstance(cond, Node) and EQ(cond) and scalar(cond.args[1]) == 0 and isinstance(cond.args[0], Node)
+            and ADD(cond.args[0]) and fill not in (0, -1) and not x.uniform and {x.inside, x.outside} == {0, fill}):
+        return None
+    a, b = cond.args[0].args[:2]
+    if not (isinstance(a, Node) and isinstance(b, Node)):
+        return None
+    for scores, keep in ((a, b), (b, a)):
+        try:
+            same, keys = evaluate(scores, constants), evaluate(keep, constants)
+        except MaskNotUnderstood:
+            continue
+        if same == x and keys.band.keys is not None and not keys.band.bounded and (keys.inside, keys.outside) == (1, 0):
+            return TwoValued(x.where(lambda v: v == 0) & keys.band, 0, fill)
+    return None
 
 
 def _selected(node: Node, a: TwoValued, b: TwoValued) -> TwoValued:

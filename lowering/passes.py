@@ -30,8 +30,8 @@ import torch
 from torch._guards import detect_fake_mode
 from torch.fx import GraphModule, Node
 
-from . import (gated_linears, handwritten_attention, int8_int8_linear, int8_linear, nvfp4_linear, sdpa_calls,
-               sibling_linears, vmapped_masks)
+from . import (gated_linears, handwritten_attention, int8_int8_linear, int8_linear, nvfp4_linear,
+               overwritten_masks, sdpa_calls, sibling_linears, vmapped_masks)
 from .family import TORCH_IR, Context, Family
 from .graph_edit import erased
 from .masks import BodyConstants, Outside
@@ -112,6 +112,7 @@ def _run_graph(gm: GraphModule, options, fake_mode, constants: dict) -> tuple[li
     """The records of one graph and its checkpointed bodies, and the placeholders of `gm` whose module buffers a
     rewrite read by value."""
     vmapped_masks.unvmap(gm, fake_mode)
+    overwritten_masks.overwrite(gm, fake_mode)
     context = Context(gm, options, fake_mode, constants=constants)
     records = run_families(context, TORCH_IR)
     read_by_value = set(context.read_by_value)

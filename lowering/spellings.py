@@ -85,7 +85,7 @@ ARANGE = Spelling((torch.arange,))
 SUB = Spelling((operator.sub, torch.sub), ("sub", "__sub__"), neutral=(("alpha", 1),))
 NE = Spelling((operator.ne, torch.ne), ("ne", "__ne__"))
 LOGICAL_NOT = Spelling((torch.logical_not, operator.invert, torch.bitwise_not), ("logical_not", "bitwise_not", "__invert__"))
-CONTIGUOUS = Spelling((), ("contiguous",))
+SAME_VALUES = Spelling((torch.clone,), ("contiguous", "clone"))  # a copy, or x itself
 IN_PLACE_MUL = Spelling((operator.imul,))
 IN_PLACE_DIV = Spelling((operator.itruediv,))
 IN_PLACE_ADD = Spelling((operator.iadd,))

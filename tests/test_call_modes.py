@@ -531,6 +531,27 @@ def test_cache_position_input_of_older_transformers():
         compiled(q, k_new, v_new, k_cache, v_cache, torch.tensor([0, 1, 2, 4, 5]))
 
 
+@pytest.mark.parametrize("code", ["sdpa", "eager"])
+def test_older_update_causal_mask_of_transformers_4(code):
+    """transformers 4's older `_update_causal_mask` (OPT, BioGPT, Falcon, Nemotron in 4.57: a clone of the causal
+    triangle with the padded mask written over it whole, `lowering/overwritten_masks.py`) reaches the op as the
+    causal band and the attention_mask as its key mask, left padding included, in SDPA and in eager code."""
+    def attend(q, k, v, attention_mask):
+        mask = upstream.update_causal_mask_4x(attention_mask, torch.arange(q.shape[2]), k.shape[2], q.dtype)
+        if code == "sdpa":
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        return torch.softmax(q @ k.transpose(-1, -2) * 0.25 + mask, -1) @ v
+
+    q, k, v = (torch.randn(2, 4, 8, 16) for _ in range(3))
+    torch._dynamo.reset()
+    recorder = Recorder(run_time_masks=False)
+    compiled = torch.compile(attend, backend=recorder)
+    keep = padding_mask("left", 2, 8)
+    torch.testing.assert_close(compiled(q, k, v, keep), attend(q, k, v, keep), atol=1e-5, rtol=1e-5)
+    assert recorder.count() == 1 and not recorder.reasons, recorder.reasons
+    assert "key_mask=padding mask" in recorder.records[0].detail and "causal=True" in recorder.records[0].detail
+
+
 GENERATE_STRATEGIES = {
     "beam search": dict(num_beams=3, max_new_tokens=4, do_sample=False),
     "sampling": dict(do_sample=True, top_k=5, max_new_tokens=4),

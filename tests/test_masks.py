@@ -211,7 +211,7 @@ def test_declines_with_the_reason(fn, reason):
 
 
 class _SlicedRows(torch.nn.Module):
-    """GPT-2's causal buffer in transformers 4, sliced to the rows of its last queries (`bias[:, :, Sk - Sq:Sk, :Sk]`)."""
+    """GPT-2's causal buffer in transformers 4, sliced to its last queries' rows (`bias[:, :, Sk - Sq:Sk, :Sk]`)."""
 
     def __init__(self):
         super().__init__()

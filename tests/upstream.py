@@ -256,6 +256,26 @@ def padding_mask(attention_mask: torch.Tensor, sq: int, sk: int) -> torch.Tensor
     return keep[batch_idx, kv_idx].expand(-1, -1, sq, -1)
 
 
+def update_causal_mask_4x(attention_mask: torch.Tensor, cache_position: torch.Tensor, target_length: int,
+                          dtype: torch.dtype) -> torch.Tensor:
+    """transformers 4's older `_update_causal_mask` (its `_prepare_4d_causal_attention_mask_with_cache_position`;
+    checked against 4.57's OPT and BioGPT): a finfo.min triangle kept where a key lies past the query's cache
+    position, cloned, and the [B, L] 0/1 attention_mask written over it in place, finfo.min where the triangle is
+    0 and the key is padding: [B, 1, Sq, target_length], 0 where visible."""
+    lowest = torch.finfo(dtype).min
+    sq = cache_position.shape[0]
+    mask = torch.full((sq, target_length), lowest, dtype=dtype)
+    if sq != 1:
+        mask = torch.triu(mask, diagonal=1)
+    mask *= torch.arange(target_length) > cache_position.reshape(-1, 1)
+    mask = mask[None, None, :, :].expand(attention_mask.shape[0], 1, -1, -1)
+    mask = mask.clone()
+    length = attention_mask.shape[-1]
+    padding = (mask[:, :, :, :length] + attention_mask[:, None, None, :]) == 0
+    mask[:, :, :, :length] = mask[:, :, :, :length].masked_fill(padding, lowest)
+    return mask
+
+
 def static_cache_update(k_cache, v_cache, k, v, cache_position):
     """transformers' `StaticCache` layer update (cache_utils; checked against 5.24): the new keys and
     values written in place with `index_copy_` along the sequence dim at `cache_position`; the whole buffers
