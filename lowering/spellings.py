@@ -93,15 +93,15 @@ IN_PLACE_SUB = Spelling((operator.isub,))
 """`s *= c`, `s /= c`, `s += mask` (the gpt-oss reference's scores), `kv_arange += kv_offset` (transformers 4's mask
 builders): the same values as MUL, DIV, ADD, SUB, for the matchers that check the written tensor has no other reader
 (`sole_update`)."""
+CAT = Spelling((torch.cat, torch.concat, torch.concatenate), ("cat",))
+MAX = Spelling((torch.max,), ("max",))
+AMAX = Spelling((torch.amax,), ("amax",))
 
 
 def sole_update(node: Node) -> bool:
     """Whether `node` updates in place a tensor that nothing else reads: every later read goes through its result,
     so it computes what the out-of-place op would."""
     return bool(node.args) and isinstance(node.args[0], Node) and len(node.args[0].users) == 1
-CAT = Spelling((torch.cat, torch.concat, torch.concatenate), ("cat",))
-MAX = Spelling((torch.max,), ("max",))
-AMAX = Spelling((torch.amax,), ("amax",))
 
 
 def arg(node: Node, index: int, name: str, default=_MISSING):
