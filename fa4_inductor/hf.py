@@ -71,8 +71,9 @@ class Tiny:
             padded = self.inputs(seq=12, padding=True)
             padded["attention_mask"] = padded["attention_mask"].flip(-1)
             keyword = cache_keyword(self.model)
-            return [("prefill", {"input_ids": prompt, keyword: cache, "use_cache": True}),
-                    ("decode", {"input_ids": token, keyword: cache, "use_cache": True}),
+            prefill, decode = positions(0, 12), positions(12, 1)
+            return [("prefill", {"input_ids": prompt, keyword: cache, "use_cache": True, **prefill}),
+                    ("decode", {"input_ids": token, keyword: cache, "use_cache": True, **decode}),
                     ("prefill, left-padded", padded),
                     ("forward, use_cache=False", {"input_ids": prompt, "use_cache": False})]
         if self.kind == "vision":
@@ -82,6 +83,19 @@ class Tiny:
     def forward(self, **kwargs) -> torch.Tensor:
         out = self.model(**kwargs)
         return out.logits if hasattr(out, "logits") else out.last_hidden_state
+
+
+def transformers_major() -> int:
+    """The installed transformers' major version."""
+    import transformers
+
+    return int(transformers.__version__.split(".")[0])
+
+
+def positions(start: int, length: int) -> dict:
+    """The `cache_position` keyword generate passes with a StaticCache on transformers 4 (whose cache otherwise reads
+    its length from its values, a graph break); nothing on transformers 5, which counts it in the cache."""
+    return {} if transformers_major() >= 5 else {"cache_position": torch.arange(start, start + length)}
 
 
 def cache_keyword(model) -> str:

@@ -139,15 +139,6 @@ def assert_close_to_reference(actual, expected_fn, *args, atol=None, rtol=None):
     torch.testing.assert_close(actual.double(), ref, atol=atol, rtol=rtol)
 
 
-def transformers_major() -> int:
-    """The installed transformers' major version (0 without transformers)."""
-    try:
-        import transformers
-    except ImportError:
-        return 0
-    return int(transformers.__version__.split(".")[0])
-
-
 def tiny(name, attn_implementation):
     """A tiny transformers model (`fa4_inductor.hf`). Skips the test where transformers is missing, or where its
     model class declares no such attention code (`hf.unsupported`, decided before building: a model that fails

@@ -12,7 +12,7 @@ import torch
 import upstream
 from fa4_inductor import hf
 from fa4_inductor.lowering.attention import ADDITIVE_INPUT_ON_SDPA
-from helpers import Recorder, compile_and_run, tiny, transformers_major
+from helpers import Recorder, compile_and_run, tiny
 
 DECODERS = ["llama", "mistral", "qwen2", "qwen3", "gemma2", "phi3", "gpt_neox", "gpt2"]
 ENCODERS = ["bert", "roberta", "vit", "bart"]  # bart: encoder, causal decoder, cross-attention
@@ -37,7 +37,7 @@ def prefill_cases():
 @pytest.mark.parametrize("name, impl, padding", prefill_cases())
 def test_prefill_every_attention_layer_is_rewritten(name, impl, padding):
     """Decoders' `causal & padding` masks reach the op as its key_mask (encoders': seqused_k)."""
-    if (name, impl) == ("bart", "eager") and transformers_major() < 5:
+    if (name, impl) == ("bart", "eager") and hf.transformers_major() < 5:
         pytest.skip("transformers 4's BART eager code adds a mask one key longer than its keys under torch.compile "
                     "(any backend)")
     model = tiny(name, impl)
@@ -45,7 +45,7 @@ def test_prefill_every_attention_layer_is_rewritten(name, impl, padding):
     if padding == "left":
         kwargs["attention_mask"] = kwargs["attention_mask"].flip(-1)
     recorder, got = compile_and_run(model.forward, kwargs)
-    if (name, impl, padding) == ("gpt2", "eager", "left") and transformers_major() < 5:
+    if (name, impl, padding) == ("gpt2", "eager", "left") and hf.transformers_major() < 5:
         # transformers 4's GPT-2 masks twice (its causal buffer, then the padding mask): a row that sees no key is
         # weighted over part of the keys in eager, which the op does not reproduce
         assert recorder.count() == 0 and all("several masking steps" in r for r in recorder.reasons), recorder.reasons
@@ -136,14 +136,11 @@ def generate_with_static_cache(forward, model, prompt, steps, capacity=16, atten
     def mask(length):
         return {"attention_mask": torch.ones(prompt.shape[0], length, dtype=torch.long)} if attention_mask else {}
 
-    def positions(start, length):  # transformers 4 reads a StaticCache's length from its values without them
-        return {"cache_position": torch.arange(start, start + length)} if transformers_major() < 5 else {}
-
     logits = [forward(input_ids=prompt, **{keyword: cache}, use_cache=True, **mask(prompt.shape[1]),
-                      **positions(0, prompt.shape[1]))]
+                      **hf.positions(0, prompt.shape[1]))]
     for t, token in enumerate(steps.unbind(1)):
         logits.append(forward(input_ids=token[:, None], **{keyword: cache}, use_cache=True,
-                              **mask(prompt.shape[1] + t + 1), **positions(prompt.shape[1] + t, 1)))
+                              **mask(prompt.shape[1] + t + 1), **hf.positions(prompt.shape[1] + t, 1)))
     return logits, cache
 
 
@@ -177,7 +174,8 @@ def test_static_cache_decode_every_layer_is_rewritten(name, impl, checked_paddin
     assert len(recorder.graphs) == 2, recorder.records  # prefill and decode, each compiled once
     for g, e in zip(got, expected):
         torch.testing.assert_close(g, e, atol=1e-5, rtol=1e-5)
-    if transformers_major() < 5 and (kept := KEPT_ON_TRANSFORMERS_4.get(name if name != "gpt2" else (name, impl))):
+    kept = KEPT_ON_TRANSFORMERS_4.get(name if name != "gpt2" else (name, impl))
+    if hf.transformers_major() < 5 and kept:
         assert recorder.reasons and all(any(k in r for k in kept) for r in recorder.reasons), recorder.reasons
         return
     decode_calls = recorder.calls(recorder.graphs[1])
@@ -208,7 +206,7 @@ def test_generate_with_a_static_cache_decodes_through_the_op(name):
         model.generation_config.compile_config = config
         got = model.generate(ids, **kwargs)
         model.generation_config.compile_config = None
-        if transformers_major() < 5:
+        if hf.transformers_major() < 5:
             del model._cache  # transformers 4.57 fails to reuse a static cache of an earlier generate call
         expected = model.generate(ids, disable_compile=True, **kwargs)
     assert recorder.graphs and recorder.count() == len(recorder.graphs) * model.config.num_hidden_layers
