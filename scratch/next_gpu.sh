@@ -1,4 +1,5 @@
-# Unrun GPU work. Session 30 ran g29, h29, i30, j30 and k30 (docs/benchmarks.md, session 30); next: `l30` (issue 12's
+# Unrun GPU work. Session 30 ran g29, h29, i30, j30 and k30 (docs/benchmarks.md, session 30); session 31 had no GPU;
+# next: `l30` (issue 12's
 # training step: FA4 against cuDNN forward + backward, the step's idle gaps), then `d28` if time is left.
 # Output goes to $OUT/log.txt. Have the next call ready: the machine goes back 30 s after a call, and a fresh one needs
 # .gpu/a and .gpu/b again. Run one part a call:  bash scratch/next_gpu.sh g29
@@ -12,6 +13,7 @@ l30) # session 30, for issue 12's training target (62 ms against 55; GEMMs + FA4
     # against cuDNN's at Llama-1B's and Llama-8B's GQA shapes (route training attention to the faster one), then the
     # training step's kernels and the GPU's idle gaps between them (3.5 ms of wall beyond the kernels)
     run timeout 100 $P tests/test_gpu_fa4.py -k "dropout"   # session 30: hand-written dropout -> SDPA's, unrun
+    run timeout 150 $P tests/test_gpu_decode.py -k "llama4_chunked"   # session 31: a computed one-row mask as key mask
     run timeout 200 python3 -m fa4_inductor bench --suite backward
     run timeout 150 python3 docs/scripts/train_profile.py sdpa 4096 fa4_inductor
     run timeout 150 python3 docs/scripts/train_profile.py eager 4096 fa4_inductor ;;
