@@ -5,9 +5,10 @@ releases do, and must reach the op as the band and key mask it computes, with ea
 from __future__ import annotations
 
 import expecttest
-import pytest
 import torch
 import torch.nn.functional as F
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from fa4_inductor.lowering import vmapped_masks
 from fa4_inductor.lowering.passes import _fake_mode_of_graph
@@ -120,14 +121,19 @@ attention_out_contiguous: f32[2, 4, 8, 16] = .contiguous(attention_out)""")
         assert any(n.target is torch._functorch.predispatch._add_batch_dim for n in graph.nodes)
 
 
-@pytest.mark.parametrize("batch, sq, sk, offset, window", [(2, 8, 8, 0, 3), (1, 5, 9, 4, 2), (3, 1, 7, 6, 4)])
-def test_unvmapped_masks_equal_the_vmapped_ones(batch, sq, sk, offset, window):
+COMBINE = {"or": lambda a, b: a | b, "and": lambda a, b: a & b, "xor": lambda a, b: a ^ b, "and not": lambda a, b: a & ~b}
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(batch=st.integers(1, 3), sq=st.integers(1, 6), sk=st.integers(1, 9), offset=st.integers(0, 5),
+       window=st.integers(1, 5), combine=st.sampled_from(sorted(COMBINE)), seed=st.integers(0, 2 ** 16))
+def test_unvmapped_masks_equal_the_vmapped_ones(batch, sq, sk, offset, window, combine, seed):
     """The rewritten region computes the vmap's mask, element for element, with its shape and strides."""
-    keep = torch.randint(0, 2, (batch, sk))
+    keep = torch.randint(0, 2, (batch, sk), generator=torch.Generator().manual_seed(seed))
 
     def fn(keep):
         idx = indices(batch, sq, sk, offset)
-        return over_indices(sliding(window))(*idx) | over_indices(padded(keep.bool()))(*idx)
+        return COMBINE[combine](over_indices(sliding(window))(*idx), over_indices(padded(keep.bool()))(*idx))
 
     graphs = []
 
