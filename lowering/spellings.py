@@ -159,8 +159,9 @@ def normalize_dim(dim: int, ndim: int) -> int:
 
 
 def transposed_last_two(node) -> Node | None:
-    """The tensor x when node is x with its last two dims swapped (`x.mT`, `x.transpose(-2, -1)`, a permute)."""
-    if is_getattr(node, "mT"):
+    """The tensor x when node is x with its last two dims swapped (`x.mT`, `x.transpose(-2, -1)`, a permute). Dynamo
+    records `x.mT` as a getattr before torch 2.14, as `aten.mT` from 2.14."""
+    if is_getattr(node, "mT") or is_call(node, torch.ops.aten.mT, torch.ops.aten.mT.default):
         return node.args[0]
     if TRANSPOSE(node):
         ndim = len(shape(node))

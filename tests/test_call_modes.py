@@ -642,7 +642,7 @@ def test_training_step_under_autocast(model_kind):
 @pytest.mark.parametrize("impl, padded", [("sdpa", False), ("sdpa", True),
                                           *(pytest.param(*case, marks=pytest.mark.slow)
                                             for case in (("eager", False), ("eager", True)))])
-def test_training_step_with_gradient_checkpointing(monkeypatch, impl, padded):
+def test_training_step_with_gradient_checkpointing(request, impl, padded):
     """`gradient_checkpointing_enable()` (HF Trainer's `gradient_checkpointing=True`) puts each decoder layer in a
     `torch.utils.checkpoint` region, which Dynamo writes as a subgraph: its attention is rewritten there too. HF's
     mask, built before the layers, enters the region as an input, proven from the enclosing graph when it is pure
@@ -655,8 +655,10 @@ def test_training_step_with_gradient_checkpointing(monkeypatch, impl, padded):
     refuses (a graph break per layer, which then runs uncompiled under any backend) unless told it need not replay it
     in the backward: the setting a user follows Dynamo's hint to, set here as they would."""
     flag = "skip_fwd_side_effects_in_bwd_under_checkpoint"
-    if hasattr(torch._dynamo.config, flag):
-        monkeypatch.setattr(torch._dynamo.config, flag, True)
+    if hasattr(torch._dynamo.config, flag):  # config.patch: torch 2.14's config loses a monkeypatched name on undo
+        patch = torch._dynamo.config.patch(**{flag: True})
+        patch.__enter__()
+        request.addfinalizer(lambda: patch.__exit__(None, None, None))
     model = tiny("llama", impl)
     net = without_dropout(model.model).train()
     if hasattr(net, "activation_checkpointing_enable"):  # transformers >= 5.25; the old name warns there
