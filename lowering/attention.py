@@ -251,14 +251,16 @@ def _embedding_lookup(mask, depth: int = 8) -> Node | None:
 
 def run_time_mask(kind: str, mask, scores_shape) -> KeyMask | None:
     """A boolean SDPA mask the graph computes but the proofs do not read, as the op's key mask (exact for any
-    contents): [B or 1, 1, 1, Sk], one row for every query (a decode step's: the decode kernel reads it), or
-    [B or 1, 1, S, S] on a self-attention's scores, a key mask per query row (the op reads it on the host, FA4 where
-    it has a form FA4 takes, such as HF's packed sequences from position_ids or Llama 4's chunks, else the SDPA
-    fallback with it); None for any other mask. A mask per query row over a KV cache is not taken: a few queries
-    there would run on the SDPA fallback, which repeats the cache's K/V for GQA."""
+    contents): [B or 1, 1, 1, Sk], one row for every query, over a decode step's few queries (the decode kernel reads
+    it) or a self-attention, or [B or 1, 1, S, S] on a self-attention's scores, a key mask per query row (the op reads
+    it on the host, FA4 where it has a form FA4 takes, such as HF's packed sequences from position_ids or Llama 4's
+    chunks, else the SDPA fallback with it); None for any other mask. Other queries over a KV cache are not taken:
+    there the op would run the SDPA fallback, which repeats the cache's K/V for GQA."""
     if kind != "bool" or not isinstance(mask, Node):
         return None
-    if mask_rows(shape(mask), scores_shape) == "one row":
+    sq = scores_shape[2] if len(scores_shape) == 4 else None
+    few = isinstance(sq, int) and sq <= DECODE_MAX_Q_LEN
+    if mask_rows(shape(mask), scores_shape) == "one row" and (few or same_size(sq, scores_shape[3])):
         return KeyMask(mask, plane=True)
     if not _self_attention_rows(mask, scores_shape):
         return None

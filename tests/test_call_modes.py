@@ -476,6 +476,28 @@ def test_run_time_masks_are_self_attentions(sk, rewritten):
         assert recorder.count() == 0 and "mask not recognized" in recorder.reasons[0], recorder.reasons
 
 
+@pytest.mark.parametrize("sq, rewritten", [(1, True), (24, False)], ids=["decode-step", "many-queries-over-a-cache"])
+def test_a_computed_row_of_key_masks(sq, rewritten):
+    """A boolean [B, 1, 1, Sk] mask the graph computes but cannot prove (chunks placed by a tensor) reaches the op as
+    its key mask over a decode step's few queries; over more queries than the decode kernel takes, over a KV cache, it
+    stays as written (the op's SDPA fallback would repeat the cache's K/V for GQA)."""
+    def attend(q, k, v, shift):  # the last query's chunk of 4 keys, the chunks moved by each sequence's shift
+        sk, b = k.shape[2], torch.arange(q.shape[0])[:, None, None, None]
+        keys = (torch.arange(sk)[None, None, None, :] - shift[b]) // 4 == (sk - 1 - shift[b]) // 4
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=keys, enable_gqa=True)
+
+    q = torch.randn(2, 4, sq, 16)
+    k, v = (torch.randn(2, 2, 40, 16) for _ in range(2))
+    shift = torch.tensor([1, 2])
+    torch._dynamo.reset()
+    recorder = Recorder()
+    torch.testing.assert_close(torch.compile(attend, backend=recorder)(q, k, v, shift), attend(q, k, v, shift))
+    if rewritten:
+        assert recorder.count() == 1 and "key_mask=" in recorder.records[0].detail, recorder.records
+    else:
+        assert recorder.count() == 0 and "mask not recognized" in recorder.reasons[0], recorder.reasons
+
+
 def cache_position_attention(q, k_new, v_new, k_past, v_past):
     """transformers 4.x with a DynamicCache: `cache_position = arange(past, past + Sq)` (past: the cache length,
     a SymInt under dynamic shapes), keys the past ones and the new ones, `kv_arange <= cache_position`."""
