@@ -455,45 +455,37 @@ def test_chunked_attention_longer_than_a_chunk_with_run_time_masks(monkeypatch):
         assert attention_op._per_query_mask_kind(None, masks[-1], flags) == read
 
 
-@pytest.mark.parametrize("sk, rewritten", [(8, True), (11, False)], ids=["self-attention", "over-a-cache"])
-def test_run_time_masks_are_self_attentions(sk, rewritten):
-    """A boolean mask the graph cannot prove (here built from a float input) reaches the op as its key mask per query
-    row on a self-attention; over a KV cache (fewer queries than keys) it stays as written, where the op's SDPA
-    fallback would repeat the cache's K/V for GQA."""
-    def attend(q, k, v, weights):
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=(weights > 0)[:, None], enable_gqa=True)
-
-    q = torch.randn(2, 4, 8, 16)
-    k, v = (torch.randn(2, 2, sk, 16) for _ in range(2))
-    weights = torch.randn(2, 8, sk)
-    weights[..., 0] = 1.0  # every query sees a key
-    torch._dynamo.reset()
-    recorder = Recorder()
-    torch.testing.assert_close(torch.compile(attend, backend=recorder)(q, k, v, weights), attend(q, k, v, weights))
-    if rewritten:
-        assert recorder.count() == 1 and "key_mask=mask per query row" in recorder.records[0].detail, recorder.records
-    else:
-        assert recorder.count() == 0 and "mask not recognized" in recorder.reasons[0], recorder.reasons
+def per_query_rows(q, k, v, weights):
+    """A boolean mask built from a float input, one row per query."""
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=(weights[..., :q.shape[2], :] > 0)[:, None],
+                                          enable_gqa=True)
 
 
-@pytest.mark.parametrize("sq, rewritten", [(1, True), (24, False)], ids=["decode-step", "many-queries-over-a-cache"])
-def test_a_computed_row_of_key_masks(sq, rewritten):
-    """A boolean [B, 1, 1, Sk] mask the graph computes but cannot prove (chunks placed by a tensor) reaches the op as
-    its key mask over a decode step's few queries; over more queries than the decode kernel takes, over a KV cache, it
-    stays as written (the op's SDPA fallback would repeat the cache's K/V for GQA)."""
-    def attend(q, k, v, shift):  # the last query's chunk of 4 keys, the chunks moved by each sequence's shift
-        sk, b = k.shape[2], torch.arange(q.shape[0])[:, None, None, None]
-        keys = (torch.arange(sk)[None, None, None, :] - shift[b]) // 4 == (sk - 1 - shift[b]) // 4
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=keys, enable_gqa=True)
+def one_row_of_chunks(q, k, v, shift):
+    """The last query's chunk of 4 keys, the chunks moved by each sequence's shift: one row, [B, 1, 1, Sk]."""
+    sk, b = k.shape[2], torch.arange(q.shape[0])[:, None, None, None]
+    keys = (torch.arange(sk)[None, None, None, :] - shift[b]) // 4 == (sk - 1 - shift[b]) // 4
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=keys, enable_gqa=True)
 
+
+@pytest.mark.parametrize("attend, sq, sk, read_as", [
+    (per_query_rows, 8, 8, "key_mask=mask per query row"), (per_query_rows, 8, 11, None),
+    (one_row_of_chunks, 1, 40, "key_mask="), (one_row_of_chunks, 24, 40, None)],
+    ids=["per-query-self-attention", "per-query-over-a-cache", "one-row-decode-step", "one-row-many-queries"])
+def test_run_time_masks_over_a_cache_only_for_a_decode_step(attend, sq, sk, read_as):
+    """A boolean mask the graph cannot prove reaches the op as its key mask: one row per query on a self-attention, one
+    row for every query over a decode step's few queries. Over a KV cache with more queries it stays as written, where
+    the op's SDPA fallback would repeat the cache's K/V for GQA."""
     q = torch.randn(2, 4, sq, 16)
-    k, v = (torch.randn(2, 2, 40, 16) for _ in range(2))
-    shift = torch.tensor([1, 2])
+    k, v = (torch.randn(2, 2, sk, 16) for _ in range(2))
+    data = torch.randn(2, sq, sk) if attend is per_query_rows else torch.tensor([1, 2])
+    if attend is per_query_rows:
+        data[..., 0] = 1.0  # every query sees a key
     torch._dynamo.reset()
     recorder = Recorder()
-    torch.testing.assert_close(torch.compile(attend, backend=recorder)(q, k, v, shift), attend(q, k, v, shift))
-    if rewritten:
-        assert recorder.count() == 1 and "key_mask=" in recorder.records[0].detail, recorder.records
+    torch.testing.assert_close(torch.compile(attend, backend=recorder)(q, k, v, data), attend(q, k, v, data))
+    if read_as:
+        assert recorder.count() == 1 and read_as in recorder.records[0].detail, recorder.records
     else:
         assert recorder.count() == 0 and "mask not recognized" in recorder.reasons[0], recorder.reasons
 
