@@ -176,11 +176,14 @@ def test_dense_route_is_the_reference():
 def test_the_kernels_the_adapter_launches_compile_for_sm90():
     """tests/quack_compile_check.py, in a fresh process: the int8 epilogue GEMMs (bf16 / float32 scales, with and
     without bias, split-k) and the nvfp4 GEMM (N padded and not) traced and compiled for sm_90a on the CPU."""
+    import importlib.util
     import subprocess
     import sys
     from pathlib import Path
 
     pytest.importorskip("cutlass")
+    if importlib.util.find_spec("quack") is None:  # installed, not imported: it needs triton, which the script stubs
+        pytest.skip("quack-kernels (the quant extra) is not installed")
     script = Path(__file__).with_name("quack_compile_check.py")
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
