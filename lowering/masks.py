@@ -340,6 +340,9 @@ def _position(node, constants) -> Position | None:
         inner = _position(node.args[0], constants)
         out = shape(node)
         sized = [d for d, n in enumerate(out) if not same_size(n, 1)]
+        if not sized:  # one position (a decode step): the dim the reshape sizes by -1
+            sized = [d for d, n in enumerate(node.args[1] if isinstance(node.args[1], (tuple, list))
+                                             else node.args[1:]) if n == -1]
         if inner is None or inner.axis is not None or len(sized) != 1 or sized[0] - len(out) not in (-1, -2):
             return None
         return Position(inner.offset, sized[0] - len(out), inner.start)
