@@ -871,7 +871,8 @@ def _row_gather(node: Node, constants) -> TwoValued | None:
 def keep_band(kind: str, mask, constants: dict, fill=None) -> tuple[Band, float | None]:
     """Visible keys of a mask used as `kind` ("masked_fill", "where", "additive" or "bool"), and the score
     that hidden keys get (-inf or finfo.min; None for a boolean SDPA mask or when nothing is hidden)."""
-    fill = number(fill) if isinstance(fill, Node) and number(fill) is not None else fill
+    if isinstance(fill, Node) and (held := number(fill)) is not None:
+        fill = held
     if kind in ("masked_fill", "where") and not is_large_negative(fill):
         raise MaskNotUnderstood(f"the mask fill value {fill!r} is not -inf or finfo.min")
     tv = evaluate(mask, constants)

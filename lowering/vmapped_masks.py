@@ -99,14 +99,16 @@ def _rewrite(gm: GraphModule, region: list[Node], fake_mode) -> bool:
         return False
     if any(n.args[1] != 0 or n.args[2] not in dim or not _vector(n.args[0]) for n in adds):
         return False
-    body = [n for n in region if n.target not in _MACHINERY and n not in adds and n not in removes]
+    members = set(region)
+    body = [n for n in region if n.target not in _MACHINERY and n.target is not predispatch._add_batch_dim
+            and n.target is not predispatch._remove_batch_dim]
     batched = set(adds)
     for node in body:
         if not _per_index(node, batched):
             return False
         if any(a in batched for a in node.all_input_nodes):
             batched.add(node)
-    if any(u not in set(region) for n in body for u in n.users) or chain[0].args[0] not in batched:
+    if any(u not in members for n in body for u in n.users) or chain[0].args[0] not in batched:
         return False
 
     out = chain[-1]

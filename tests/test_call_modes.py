@@ -519,10 +519,9 @@ def test_cache_position_of_older_transformers(dynamic):
 def static_cache_attention(q, k_new, v_new, k_cache, v_cache, cache_position):
     """transformers 4's StaticCache under generate: `cache_position` [Sq] (a graph input, generate's
     `arange(past, past + Sq)`) places the new K/V in the cache, and the mask compares every slot with it."""
-    k_cache.index_copy_(2, cache_position, k_new)
-    v_cache.index_copy_(2, cache_position, v_new)
-    mask = upstream.causal_mask(cache_position, torch.arange(k_cache.shape[2]), q.shape[0])
-    return F.scaled_dot_product_attention(q, k_cache, v_cache, attn_mask=mask)
+    keys, values = upstream.static_cache_update(k_cache, v_cache, k_new, v_new, cache_position)
+    mask = upstream.causal_mask(cache_position, torch.arange(keys.shape[2]), q.shape[0])
+    return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
 
 
 def test_cache_position_input_of_older_transformers():

@@ -672,7 +672,7 @@ def test_the_two_gpu_script_runs_on_cpus():
     for _ in range(2):  # once more after a rank killed at exit (session 30: "terminate called without an active
         # exception" in one slow-tier run of four, under load, after the results and the check had passed)
         done = subprocess.run(command, capture_output=True, text=True, timeout=CASE_TIMEOUT_S)
-        if done.returncode == 0:
+        if done.returncode == 0 or "terminate called without an active exception" not in done.stderr:
             break
     assert done.returncode == 0, f"{done.stdout[-4000:]}\n{done.stderr[-4000:]}"
     assert "| eager | 64 |" in done.stdout and "| 2/2 |" in done.stdout, done.stdout

@@ -145,8 +145,9 @@ def generate_with_static_cache(forward, model, prompt, steps, capacity=16, atten
 
 
 KEPT_ON_TRANSFORMERS_4 = {
-    # its sliding layers' StaticCache rolls the window instead of writing at the cache positions
-    "gemma2": ("not a KV cache written in this graph at indexed positions",),
+    # their sliding layers' StaticCache rolls the window instead of writing at the cache positions
+    **{(name, impl): ("not a KV cache written in this graph at indexed positions",)
+       for name in ("gemma2", "mistral") for impl in IMPLEMENTATIONS},
     # GPT-2's eager code masks twice: its causal buffer at fixed rows, then generate's mask at the cache positions
     ("gpt2", "eager"): ("combined with one at fixed positions", "several masking steps"),
 }
@@ -174,7 +175,7 @@ def test_static_cache_decode_every_layer_is_rewritten(name, impl, checked_paddin
     assert len(recorder.graphs) == 2, recorder.records  # prefill and decode, each compiled once
     for g, e in zip(got, expected):
         torch.testing.assert_close(g, e, atol=1e-5, rtol=1e-5)
-    kept = KEPT_ON_TRANSFORMERS_4.get(name if name != "gpt2" else (name, impl))
+    kept = KEPT_ON_TRANSFORMERS_4.get((name, impl))
     if hf.transformers_major() < 5 and kept:
         assert recorder.reasons and all(any(k in r for k in kept) for r in recorder.reasons), recorder.reasons
         return
