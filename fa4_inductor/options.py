@@ -56,6 +56,11 @@ class Options:
     written (`crossover.PADDED_TRAINING_MIN_KEYS`), where eager's attention is cheaper than the op with eager's
     gradient for rows that see no key."""
 
+    rotary_tables: bool = True
+    """Have Inductor compute a rotary embedding's cos / sin tables once and every layer read them
+    (lowering/rotary_tables.py), where it would evaluate both functions again for every element of every layer's q
+    and k, forward and backward. Off: as default compile does."""
+
     int8_linear: bool = True
     """Rewrite int8 weight-only linears (gpt-fast's `WeightOnlyInt8Linear`, torchao's `Int8WeightOnlyConfig`,
     a weight dequantized per channel or per group, then `F.linear`) into `fa4::int8_linear`, on Inductor's

@@ -7,6 +7,7 @@
 | `attention.py` | `fa4::attention`, `fa4::attention_forward` (its twin without autograd), `fa4::attention_backward` | `attention_unsupported_reason(device_type, dtype, head_dim, head_dim_v)`; `crossover` says where SDPA is faster |
 | `attention_int8kv.py` | `fa4::attention_int8kv`: attention over an int8 KV cache (forward only) | `attention_int8kv_unsupported_reason` (the same arguments) |
 | `key_mask.py` | `fa4::key_mask`: the boolean key mask the attention ops take, a tensor of its own (why: its docstring) | none |
+| `computed_once.py` | `fa4::computed_once`: a value Inductor computes once for all its consumers (rotary tables) | none |
 | `int8_linear.py` | `fa4::int8_linear`: int8 weight-only linears | `int8_linear_unsupported_reason(device_type, dtype, scale_dtype, in_features, group_size, scale_after_matmul)`; `int8_linear_gemv_reason` says where Inductor's one-row GEMV is faster |
 | `int8_int8_linear.py` | `fa4::int8_int8_linear`: int8 activations x int8 weights | `int8_int8_linear_unsupported_reason(device_type, out_dtype, n, k)` |
 | `nvfp4_linear.py` | `fa4::nvfp4_linear`: NVFP4 weight-only linears | `nvfp4_linear_unsupported_reason(device_type, dtype, in_features)`; `nvfp4_linear_rows_reason`, `nvfp4_linear_gemv_reason` |
@@ -44,8 +45,8 @@ if __name__ != "fa4_inductor.kernels":
 else:
     import torch
 
-    from . import (attention, attention_int8kv, crossover, int8_int8_linear, int8_linear, int8_sibling_linears,
-                   key_mask, nvfp4_gated_linear, nvfp4_linear, nvfp4_sibling_linears, quack_w4a16)
+    from . import (attention, attention_int8kv, computed_once, crossover, int8_int8_linear, int8_linear,
+                   int8_sibling_linears, key_mask, nvfp4_gated_linear, nvfp4_linear, nvfp4_sibling_linears, quack_w4a16)
     from .attention import blind_rows_as_eagers, blind_rows_as_mean
     from .attention import unsupported_reason as attention_unsupported_reason
     from .attention_int8kv import unsupported_reason as attention_int8kv_unsupported_reason
@@ -66,11 +67,12 @@ else:
     INT8_INT8_LINEAR = torch.ops.fa4.int8_int8_linear.default
     INT8_SIBLING_LINEARS = torch.ops.fa4.int8_sibling_linears.default
     KEY_MASK = torch.ops.fa4.key_mask.default  # the attention ops' key mask, once a graph
+    COMPUTED_ONCE = torch.ops.fa4.computed_once.default
     NVFP4_LINEAR = torch.ops.fa4.nvfp4_linear.default
     NVFP4_SIBLING_LINEARS = torch.ops.fa4.nvfp4_sibling_linears.default
     NVFP4_GATED_LINEAR = torch.ops.fa4.nvfp4_gated_linear.default
 
-    __all__ = ["ATTENTION", "ATTENTION_FORWARD", "ATTENTION_INT8KV", "INT8_INT8_LINEAR", "INT8_LINEAR",
+    __all__ = ["ATTENTION", "ATTENTION_FORWARD", "ATTENTION_INT8KV", "COMPUTED_ONCE", "INT8_INT8_LINEAR", "INT8_LINEAR",
                "INT8_SIBLING_LINEARS", "KEY_MASK", "NVFP4_GATED_LINEAR", "NVFP4_LINEAR", "NVFP4_SIBLING_LINEARS",
                "attention", "attention_int8kv", "attention_int8kv_unsupported_reason", "attention_unsupported_reason",
                "crossover", "int8_int8_linear", "int8_int8_linear_unsupported_reason", "int8_linear",

@@ -31,7 +31,7 @@ from torch._guards import detect_fake_mode
 from torch.fx import GraphModule, Node
 
 from . import (gated_linears, handwritten_attention, int8_int8_linear, int8_linear, nvfp4_linear,
-               overwritten_masks, sdpa_calls, sibling_linears, vmapped_masks)
+               overwritten_masks, rotary_tables, sdpa_calls, sibling_linears, vmapped_masks)
 from .family import TORCH_IR, Context, Family
 from .graph_edit import erased
 from .masks import BodyConstants, Outside
@@ -115,6 +115,8 @@ def _run_graph(gm: GraphModule, options, fake_mode, constants: dict) -> tuple[li
     overwritten_masks.overwrite(gm, fake_mode)
     context = Context(gm, options, fake_mode, constants=constants)
     records = run_families(context, TORCH_IR)
+    if options.rotary_tables:
+        rotary_tables.compute_once(gm, fake_mode)
     read_by_value = set(context.read_by_value)
     for node, body in _checkpointed_bodies(gm):
         outer = dict(zip(_placeholders(body), node.args[1:]))  # the body's inputs are the region's operands

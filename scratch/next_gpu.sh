@@ -1,6 +1,5 @@
-# Unrun GPU work. Session 30 ran g29, h29, i30, j30 and k30 (docs/benchmarks.md, session 30); session 31 had no GPU;
-# next: `l30` (issue 12's
-# training step: FA4 against cuDNN forward + backward, the step's idle gaps), then `d28` if time is left.
+# Unrun GPU work. Session 32 ran l30 and d28 (docs/benchmarks.md, session 32); next: `m32` (issue 12's training
+# step with the rotary tables computed once, every kernel listed, under reduce-overhead).
 # Output goes to $OUT/log.txt. Have the next call ready: the machine goes back 30 s after a call, and a fresh one needs
 # .gpu/a and .gpu/b again. Run one part a call:  bash scratch/next_gpu.sh g29
 # Never `pkill -f pytest` here: it matches this script's own command line. A pytest cut by `timeout` can leave xdist
@@ -9,6 +8,15 @@ P="python3 -m pytest -m gpu -q -p no:cacheprovider -p no:logging -W ignore -rf"
 L=$OUT/log.txt
 run() { echo "+ $*" >>$L; PYTHONUNBUFFERED=1 "$@" >>$L 2>&1; echo "rc=$?" >>$L; }
 case "$1" in
+m32) # session 32, issue 12's training step (61.2 ms wall, 57.4 of kernels against 55): the rotary tables computed once
+    # (lowering/rotary_tables.py, on by default) against off, every kernel listed in $OUT; default compile for scale and
+    # ours under reduce-overhead (what of the 3.8 ms of wall beyond the kernels is launch gaps); the GPU variant of the
+    # rotary test; FA4 direct's column of the backward suite (its gradient's layout was wrong in l30)
+    export TRAIN_PROFILE_KERNELS=$OUT
+    run timeout 100 $P tests/test_rotary_tables.py
+    run timeout 170 python3 docs/scripts/train_profile.py sdpa 4096 fa4_inductor,fa4_inductor:rotary_tables=0
+    run timeout 170 python3 docs/scripts/train_profile.py sdpa 4096 fa4_inductor@reduce-overhead,inductor
+    run timeout 120 python3 -m fa4_inductor bench --suite backward ;;
 l30) # session 30, for issue 12's training target (62 ms against 55; GEMMs + FA4 are 50.2): FA4's forward + backward
     # against cuDNN's at Llama-1B's and Llama-8B's GQA shapes (route training attention to the faster one), then the
     # training step's kernels and the GPU's idle gaps between them (3.5 ms of wall beyond the kernels)

@@ -6,10 +6,15 @@ time between kernels and its longest gaps (the step's 3.5 ms of wall beyond its 
     python docs/scripts/train_profile.py [eager|sdpa] [tokens] [backends] [use_cache values]
                                           # default: sdpa 4096 fa4_inductor,inductor False
 
+A backend is "fa4_inductor" or "inductor" (default compile), optionally with our options and a compile mode:
+"fa4_inductor:rotary_tables=0@reduce-overhead". With TRAIN_PROFILE_KERNELS=<folder>, every kernel of the step
+(ms a step, launches a step, name) goes to <folder>/<backend>_<code>.txt.
+
 The step is the train suite's "logits mean" step: `model(ids, use_cache=False).logits.mean().backward()`, and the
 same with `use_cache=True` when asked (issue 12's 53.7 ms was measured that way).
 """
 import collections
+import os
 import sys
 import time
 
@@ -54,7 +59,7 @@ def main():
         torch._dynamo.reset()
         model = models.llama(attention, "cuda", torch.bfloat16).train()
         ids = torch.randint(0, model.config.vocab_size, (1, tokens), device="cuda")
-        compiled = models.compile_model(model, backend)
+        compiled = compile_as(model, backend)
 
         def step():
             model.zero_grad(set_to_none=True)
@@ -77,12 +82,33 @@ def main():
         by_kind = collections.Counter()
         for e in events:
             by_kind[kind(e.key)] += e.self_device_time_total / 2 / 1e3
-        print(f"== {backend}, {attention} code, {tokens} tokens, use_cache={use_cache}: wall {wall:.1f} ms/step, kernels {total:.1f} ms/step")
+        kernels = [e for e in prof.events() if e.device_type == DeviceType.CUDA]
+        span = (max(e.time_range.end for e in kernels) - min(e.time_range.start for e in kernels)) / 2 / 1e3
+        print(f"== {backend}, {attention} code, {tokens} tokens, use_cache={use_cache}: wall {wall:.1f} ms/step, "
+              f"kernels {total:.1f} ms/step, profiled span {span:.1f} ms/step, {len(kernels) / 2:.0f} launches/step")
+        if os.environ.get("TRAIN_PROFILE_KERNELS"):
+            path = os.path.join(os.environ["TRAIN_PROFILE_KERNELS"], f"{backend}_{attention}.txt".replace("/", "_"))
+            with open(path, "w") as f:
+                for e in sorted(events, key=lambda e: -e.self_device_time_total):
+                    f.write(f"{e.self_device_time_total / 2 / 1e3:8.3f} ms {e.count / 2:6.0f}x  {e.key}\n")
         print("   " + ", ".join(f"{k} {v:.1f} ms" for k, v in by_kind.most_common()))
         for e in sorted(events, key=lambda e: -e.self_device_time_total)[:14]:
             print(f"   {e.self_device_time_total / 2 / 1e3:7.2f} ms  {e.count // 2:5d}x  {e.key[:110]}")
         idle_gaps(prof, 2)
         del model, compiled
+
+
+def compile_as(model, spec: str):
+    """`model` compiled as `spec` says (module docstring)."""
+    import fa4_inductor
+
+    spec, _, mode = spec.partition("@")
+    name, _, options = spec.partition(":")
+    kwargs = {"mode": mode} if mode else {}
+    if name != "fa4_inductor":
+        return torch.compile(model, **kwargs)
+    flags = dict(o.split("=") for o in options.split(",") if o)
+    return torch.compile(model, backend=fa4_inductor.backend(**{k: v == "1" for k, v in flags.items()}), **kwargs)
 
 
 if __name__ == "__main__":

@@ -128,7 +128,8 @@ def backward_suite(device="cuda", dtype=torch.bfloat16, shapes=((32, 8, 64), (32
                 def fwd_bwd(impl=impl):
                     out = impl(q, k, v, True, d ** -0.5)
                     out = out[0] if isinstance(out, tuple) else out
-                    return torch.autograd.grad(out, (q, k, v), grad)
+                    layout = grad if out.shape == grad.shape else grad.transpose(1, 2)  # FA4 direct: [B, S, H, D]
+                    return torch.autograd.grad(out, (q, k, v), layout)
                 try:
                     forward[name], both[name] = gpu_ms(fwd), gpu_ms(fwd_bwd)
                 except Exception as e:  # a backend that does not take the shape

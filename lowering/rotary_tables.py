@@ -1,0 +1,88 @@
+"""Rotary tables computed once: the cos / sin a transformer's rotary embedding computes once per forward and every layer
+reads, made `fa4::computed_once` so that Inductor writes each table to a buffer once:
+
+    emb = cat(freqs, freqs)          [B, S, D] float32
+    cos = emb.cos() * scaling        a trigonometric function, then any number of multiplications by numbers,
+    cos = cos.to(bfloat16)           negations and dtype conversions: the table
+    layer i: q * cos.unsqueeze(1) + rotate_half(q) * sin.unsqueeze(1)     read by two or more consumers (via views)
+
+Left to itself Inductor inlines the table into every consumer, which then evaluates cos and sin for each element of
+q and k of every layer (H times per table element and layer), forward and backward; on the H200 that made the
+rotary kernels of Llama-1B's training step ~3x their memory time. The tables are small ([B, S, D]); a table read
+by one consumer only stays as it is.
+"""
+
+from __future__ import annotations
+
+import operator
+
+import torch
+from torch.fx import GraphModule, Node
+
+from ..kernels import COMPUTED_ONCE
+from .graph_edit import NodeMaker
+
+TRIGONOMETRIC = {"cos", "sin", torch.cos, torch.sin}
+BY_A_NUMBER = {operator.mul, operator.truediv, torch.mul, torch.div, "mul", "div"}
+CONVERSIONS = {"to", "type", "float", "half", "bfloat16", operator.neg, torch.neg, "neg"}
+VIEWS = {"unsqueeze", "view", "reshape", "expand", "transpose", "permute", "contiguous", operator.getitem,
+         torch.unsqueeze, torch.reshape, torch.transpose}
+
+
+def compute_once(gm: GraphModule, fake_mode) -> int:
+    """Put `fa4::computed_once` after every rotary table of the graph (above) read by two or more consumers; returns
+    how many."""
+    done = 0
+    for node in list(gm.graph.nodes):
+        if node.op not in ("call_function", "call_method") or node.target not in TRIGONOMETRIC:
+            continue
+        table = node
+        while len(table.users) == 1 and _elementwise_step(next(iter(table.users)), table):
+            table = next(iter(table.users))
+        if _consumers(table, limit=2) < 2:
+            continue
+        with gm.graph.inserting_after(table):
+            once = NodeMaker(gm.graph, table, fake_mode)(COMPUTED_ONCE, table)
+        table.replace_all_uses_with(once, delete_user_cb=lambda user: user is not once)
+        done += 1
+    if done:
+        register_inductor_lowering()
+    return done
+
+
+def _elementwise_step(user: Node, table: Node) -> bool:
+    """`user` computes from `table` alone (numbers and dtypes aside), element by element."""
+    if user.op not in ("call_function", "call_method"):
+        return False
+    others = [a for a in (*user.args, *user.kwargs.values()) if a is not table]
+    if any(isinstance(a, Node) for a in others):
+        return False
+    if user.target in BY_A_NUMBER:
+        return len(others) == 1 and isinstance(others[0], (int, float))
+    if user.target in CONVERSIONS:
+        return all(isinstance(a, torch.dtype) for a in others)
+    return False
+
+
+def _consumers(node: Node, limit: int) -> int:
+    """How many nodes read `node`'s elements, looking through views (counting stops at `limit`)."""
+    count = 0
+    for user in node.users:
+        view = user.op in ("call_function", "call_method") and user.target in VIEWS and user.args[0] is node
+        count += _consumers(user, limit - count) if view else 1
+        if count >= limit:
+            break
+    return count
+
+
+def register_inductor_lowering() -> None:
+    """Inductor lowers `fa4::computed_once(x)` to x's buffer, realized: consumers load from it, no copy is made."""
+    from torch._inductor import lowering
+
+    if COMPUTED_ONCE in lowering.lowerings:
+        return
+
+    @lowering.register_lowering(COMPUTED_ONCE, type_promotion_kind=None)
+    def _computed_once(x):
+        x.realize()
+        return lowering.clone(x)  # a view of the buffer Inductor inlines as a load, so x itself is never aliased
