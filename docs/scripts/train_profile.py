@@ -24,6 +24,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from fa4_inductor.bench import models
 
+TIMED = 10  # steps timed: wall clock over all of them, and each step's GPU time between CUDA events
 KINDS = (("attention", ("flash", "fmha", "attention")), ("gemm", ("gemm", "nvjet", "sm90_xmma", "cutlass", "cublas")),
          ("triton", ("triton",)))
 
@@ -68,11 +69,15 @@ def main():
         for _ in range(3):
             step()
         torch.cuda.synchronize()
+        marks = [torch.cuda.Event(enable_timing=True) for _ in range(TIMED + 1)]
         start = time.perf_counter()
-        for _ in range(3):
+        marks[0].record()
+        for i in range(TIMED):
             step()
+            marks[i + 1].record()
         torch.cuda.synchronize()
-        wall = (time.perf_counter() - start) / 3 * 1e3
+        wall = (time.perf_counter() - start) / TIMED * 1e3
+        gpu = sorted(a.elapsed_time(b) for a, b in zip(marks, marks[1:]))[TIMED // 2]
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             for _ in range(2):
                 step()
@@ -84,8 +89,9 @@ def main():
             by_kind[kind(e.key)] += e.self_device_time_total / 2 / 1e3
         kernels = [e for e in prof.events() if e.device_type == DeviceType.CUDA]
         span = (max(e.time_range.end for e in kernels) - min(e.time_range.start for e in kernels)) / 2 / 1e3
-        print(f"== {backend}, {attention} code, {tokens} tokens, use_cache={use_cache}: wall {wall:.1f} ms/step, "
-              f"kernels {total:.1f} ms/step, profiled span {span:.1f} ms/step, {len(kernels) / 2:.0f} launches/step")
+        print(f"== {backend}, {attention} code, {tokens} tokens, use_cache={use_cache}: wall {wall:.1f} ms/step "
+              f"(mean of {TIMED}), GPU {gpu:.1f} ms/step (median), kernels {total:.1f} ms/step, profiled span "
+              f"{span:.1f} ms/step, {len(kernels) / 2:.0f} launches/step")
         if os.environ.get("TRAIN_PROFILE_KERNELS"):
             path = os.path.join(os.environ["TRAIN_PROFILE_KERNELS"], f"{backend}_{attention}.txt".replace("/", "_"))
             with open(path, "w") as f:
