@@ -8,8 +8,9 @@ reads, made `fa4::computed_once` so that Inductor writes each table to a buffer 
 
 Left to itself Inductor inlines the table into every consumer, which then evaluates cos and sin for each element of
 q and k of every layer (H times per table element and layer), forward and backward; on the H200 that made the
-rotary kernels of Llama-1B's training step ~3x their memory time. The tables are small ([B, S, D]); a table read
-by one consumer only stays as it is.
+rotary kernels of Llama-1B's training step ~3x their memory time (docs/benchmarks.md, session 32: 2.3-2.6 ms of a
+57 ms step). The tables are small ([B, S, D]); a table read by one consumer, or of fewer than MIN_ELEMENTS elements,
+stays as it is.
 """
 
 from __future__ import annotations
@@ -21,10 +22,14 @@ from torch.fx import GraphModule, Node
 
 from ..kernels import COMPUTED_ONCE
 from .graph_edit import NodeMaker
+from .spellings import value
 
 TRIGONOMETRIC = {"cos", "sin", torch.cos, torch.sin}
 BY_A_NUMBER = {operator.mul, operator.truediv, torch.mul, torch.div, "mul", "div"}
 CONVERSIONS = {"to", "type", "float", "half", "bfloat16", operator.neg, torch.neg, "neg"}
+MIN_ELEMENTS = 4096
+"""Smaller tables (a decode step's [B, 1, D]) stay inlined: there the recomputation is a few instructions, and the
+table's own kernel would be one more launch."""
 VIEWS = {"unsqueeze", "view", "reshape", "expand", "transpose", "permute", "contiguous", operator.getitem,
          torch.unsqueeze, torch.reshape, torch.transpose}
 
@@ -39,7 +44,7 @@ def compute_once(gm: GraphModule, fake_mode) -> int:
         table = node
         while len(table.users) == 1 and _elementwise_step(next(iter(table.users)), table):
             table = next(iter(table.users))
-        if _consumers(table, limit=2) < 2:
+        if _consumers(table, limit=2) < 2 or _elements(table) < MIN_ELEMENTS:
             continue
         with gm.graph.inserting_after(table):
             once = NodeMaker(gm.graph, table, fake_mode)(COMPUTED_ONCE, table)
@@ -62,6 +67,12 @@ def _elementwise_step(user: Node, table: Node) -> bool:
     if user.target in CONVERSIONS:
         return all(isinstance(a, torch.dtype) for a in others)
     return False
+
+
+def _elements(node: Node) -> int:
+    """The table's element count (a symbolic one: its value for the inputs being compiled)."""
+    count = value(node).numel()
+    return count if isinstance(count, int) else count.node.hint
 
 
 def _consumers(node: Node, limit: int) -> int:

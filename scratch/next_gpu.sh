@@ -1,5 +1,4 @@
-# Unrun GPU work. Session 32 ran l30 and d28 (docs/benchmarks.md, session 32); next: `m32` (issue 12's training
-# step with the rotary tables computed once, every kernel listed, under reduce-overhead).
+# Unrun GPU work. Session 32 ran l30, d28 and m32 (docs/benchmarks.md, session 32); next: `n32`.
 # Output goes to $OUT/log.txt. Have the next call ready: the machine goes back 30 s after a call, and a fresh one needs
 # .gpu/a and .gpu/b again. Run one part a call:  bash scratch/next_gpu.sh g29
 # Never `pkill -f pytest` here: it matches this script's own command line. A pytest cut by `timeout` can leave xdist
@@ -8,6 +7,13 @@ P="python3 -m pytest -m gpu -q -p no:cacheprovider -p no:logging -W ignore -rf"
 L=$OUT/log.txt
 run() { echo "+ $*" >>$L; PYTHONUNBUFFERED=1 "$@" >>$L 2>&1; echo "rc=$?" >>$L; }
 case "$1" in
+n32) # session 32, after m32: the rotary tables from 4096 elements on (decode steps keep them inlined); the training step
+    # timed over 10 steps (wall, and GPU time between CUDA events), then prefill and decode end to end (prefill reads
+    # the tables too)
+    run timeout 100 $P tests/test_rotary_tables.py
+    run timeout 200 python3 docs/scripts/train_profile.py sdpa 4096 fa4_inductor,fa4_inductor:rotary_tables=0
+    run timeout 120 python3 docs/scripts/train_profile.py eager 4096 fa4_inductor
+    run timeout 150 python3 -m fa4_inductor bench --suite e2e ;;
 m32) # session 32, issue 12's training step (61.2 ms wall, 57.4 of kernels against 55): the rotary tables computed once
     # (lowering/rotary_tables.py, on by default) against off, every kernel listed in $OUT; default compile for scale and
     # ours under reduce-overhead (what of the 3.8 ms of wall beyond the kernels is launch gaps); the GPU variant of the

@@ -12,6 +12,7 @@ from torch._inductor.utils import run_and_get_code
 
 import fa4_inductor
 from fa4_inductor.kernels import COMPUTED_ONCE
+from fa4_inductor.lowering import rotary_tables
 
 from helpers import compile_and_record, tiny
 
@@ -42,9 +43,10 @@ class Rotary(torch.nn.Module):
         return q, k
 
 
-def qk(dtype=torch.float32, seed=0):
+def qk(seq=256, seed=0):
+    """q and k of `seq` positions: the tables are [1, seq, 16] (computed once from rotary_tables.MIN_ELEMENTS on)."""
     g = torch.Generator().manual_seed(seed)
-    return (torch.randn(2, 4, 12, 16, generator=g, dtype=dtype), torch.randn(2, 2, 12, 16, generator=g, dtype=dtype))
+    return torch.randn(2, 4, seq, 16, generator=g), torch.randn(2, 2, seq, 16, generator=g)
 
 
 def test_opcheck():
@@ -59,7 +61,7 @@ def test_each_table_read_by_several_consumers_is_computed_once():
     assert [n.args[0].args[0].args[0].target for n in nodes] == ["cos", "sin"]
 
 
-def test_a_table_with_one_consumer_or_a_tensor_operand_stays_inlined():
+def test_a_small_table_one_consumer_or_a_tensor_operand_stays_inlined():
     def one_consumer(q):
         cos = torch.arange(q.shape[-1], dtype=q.dtype).cos()
         return q * cos
@@ -72,6 +74,8 @@ def test_a_table_with_one_consumer_or_a_tensor_operand_stays_inlined():
     assert recorder.count("fa4::computed_once") == 0
     q = qk()[0]
     recorder, _ = compile_and_record(times_a_tensor, q, q.flip(0))
+    assert recorder.count("fa4::computed_once") == 0
+    recorder, _ = compile_and_record(Rotary(), *qk(seq=rotary_tables.MIN_ELEMENTS // 16 - 1))  # a decode-sized table
     assert recorder.count("fa4::computed_once") == 0
 
 
@@ -94,7 +98,7 @@ def test_inductor_evaluates_the_tables_once_and_the_gradients_are_eagers(option,
     """A training step of a tiny Llama (sdpa code) under the backend: Inductor's backward evaluates no cos / sin when
     the tables are computed once (off, it recomputes them); outputs and gradients match float64 eager code."""
     model = tiny("llama", "sdpa").model.train().to(device)
-    ids = torch.randint(0, model.config.vocab_size, (2, 16), generator=torch.Generator().manual_seed(1)).to(device)
+    ids = torch.randint(0, model.config.vocab_size, (2, 256), generator=torch.Generator().manual_seed(1)).to(device)
     reference = tiny("llama", "sdpa").model.train().double().to(device)
     reference.load_state_dict(model.state_dict())
     expected = reference(ids, use_cache=False).logits
