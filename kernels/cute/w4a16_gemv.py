@@ -257,9 +257,11 @@ class W4A16Gemv:
         self.add_up_and_store(acc, storage, lane, wn, wk, row0, n_rows, mScale, mBias, mOut)
 
     @cute.jit
-    def start(self, mW: cute.Tensor, mBlock: Optional[cute.Tensor], rW: cute.Tensor, rS: cute.Tensor, bx=None):
+    def start(self, mW: cute.Tensor, mBlock: Optional[cute.Tensor], rW: cute.Tensor, rS: cute.Tensor, bx=None,
+              load: cutlass.Constexpr = True):
         """The warp's place (lane, wn, wk, first row, N, the CTA's pieces begin..end of each row, the warp's first
-        piece, its piece stride), with its first piece loaded and, with PDL, the wait for the kernel before done.
+        piece, its piece stride), with its first piece loaded (unless not `load`) and, with PDL, the wait for the
+        kernel before done.
         `bx`: the CTA's index among mW's CTAs (default: its block index; split: its cluster's). Split, the CTA has
         announced itself to its cluster (`add_up_and_store` waits for all of it before writing into CTA 0). Gated,
         mW and mBlock are pairs of one shape (the first row is an output row)."""
@@ -286,8 +288,9 @@ class W4A16Gemv:
             end = cutlass.min(begin + run, pieces)
             cute.arch.cluster_arrive_relaxed()
         first = begin + wk * 32 + lane
-        if first < end:
-            self.load_piece(mW, mBlock, rW, rS, row0, n_rows, first)
+        if const_expr(load):
+            if first < end:
+                self.load_piece(mW, mBlock, rW, rS, row0, n_rows, first)
         if const_expr(self.pdl):
             # Before the wait only the primary may still run, and it writes activations, never quantized weights or
             # their block scales (as in `w4a16_decode_gemm`): the first weight loads go out before it; x after.
