@@ -262,6 +262,7 @@ class NVFP4IntGemv(W4A16Gemv):
         free = Int32(D - 1)
         for p in cutlass.range(first, end, stride, unroll=1):
             cute.arch.cp_async_wait_group(D - 2)
+            cute.arch.sync_warp()  # a fence: slot j - 1's shared loads stay before the copies into it
             self.ring_issue(mW, mBlock, w_dst, s_dst, row0, n_rows, p + (D - 1) * stride, end, free)
             cute.arch.cp_async_commit_group()
             for r in cutlass.range_constexpr(self.rows):
