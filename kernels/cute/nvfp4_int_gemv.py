@@ -255,14 +255,14 @@ class NVFP4IntGemv(W4A16Gemv):
                   rM: cute.Tensor, acc: cute.Tensor, tables, lane: Int32, row0: Int32, n_rows: Int32, begin: Int32,
                   end: Int32, first: Int32, stride: Int32):
         """The warp's steps through the ring: at step j, slot j % D holds step j (its group waited for), and step
-        j + D - 1 goes into slot (j - 1) % D, which step j - 1 read into registers and used."""
+        j + D - 1 goes into slot (j - 1) % D, which step j - 1 read into registers and used (the loads' results
+        consumed before the copies issue: each lane reads only what its own copies wrote, so no barrier)."""
         D = self.ring
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         slot = Int32(0)
         free = Int32(D - 1)
         for p in cutlass.range(first, end, stride, unroll=1):
             cute.arch.cp_async_wait_group(D - 2)
-            cute.arch.sync_warp()  # a fence: slot j - 1's shared loads stay before the copies into it
             self.ring_issue(mW, mBlock, w_dst, s_dst, row0, n_rows, p + (D - 1) * stride, end, free)
             cute.arch.cp_async_commit_group()
             for r in cutlass.range_constexpr(self.rows):
