@@ -528,22 +528,27 @@ def test_int_gemv_forced_shapes(shape):
         int_gemv_case(333, 4160, torch.float16, seed=8, shape=shape, m=4)
 
 
-@pytest.mark.parametrize("prefetch", [3, 4, 8])
-@pytest.mark.parametrize("m, n, k, shape", [(1, 257, 1024, (4, 1)), (1, 257, 5152, (4, 1)), (1, 333, 4160, (1, 4)),
-                                            (1, 8192, 8192, None), (2, 1000, 2064, None), (4, 333, 4160, (2, 2)),
-                                            (1, 4099, 1040, (2, 2))])
-def test_int_gemv_prefetch_window(monkeypatch, prefetch, m, n, k, shape):
-    """FA4_INDUCTOR_INT_GEMV_PREFETCH only adds L2 prefetches: the same output, bit for bit, as without it (and
-    within the bounds of `int_gemv_case`)."""
+def same_output_under(monkeypatch, variable, value, m, n, k, shape):
+    """The integer GEMV's output with the switch `variable` set to `value`: bit for bit the output without it, and
+    within the bounds of `int_gemv_case`."""
     from fa4_inductor.kernels import nvfp4_int_gemv as g
 
     w_fp4, block, global_scale = random_nvfp4(n, k, seed=n + k, device="cuda")
     x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
     plain = g.matmul(x, w_fp4, block, global_scale, forced=shape)
-    monkeypatch.setenv("FA4_INDUCTOR_INT_GEMV_PREFETCH", str(prefetch))
+    monkeypatch.setenv(variable, str(value))
     switches.reset()
-    assert switches.current().int_gemv_prefetch == prefetch
     assert torch.equal(int_gemv_case(n, k, torch.bfloat16, seed=n + k, shape=shape, x=x), plain)
+
+
+@pytest.mark.parametrize("prefetch", [3, 4, 8])
+@pytest.mark.parametrize("m, n, k, shape", [(1, 257, 1024, (4, 1)), (1, 257, 5152, (4, 1)), (1, 333, 4160, (1, 4)),
+                                            (1, 8192, 8192, None), (2, 1000, 2064, None), (4, 333, 4160, (2, 2)),
+                                            (1, 4099, 1040, (2, 2))])
+def test_int_gemv_prefetch_window(monkeypatch, prefetch, m, n, k, shape):
+    """FA4_INDUCTOR_INT_GEMV_PREFETCH only adds L2 prefetches."""
+    same_output_under(monkeypatch, switches.INT_GEMV_PREFETCH, prefetch, m, n, k, shape)
+    assert switches.current().int_gemv_prefetch == prefetch
 
 
 @pytest.mark.parametrize("ring", [2, 3, 4])
@@ -553,17 +558,11 @@ def test_int_gemv_prefetch_window(monkeypatch, prefetch, m, n, k, shape):
                                             (1, 8192, 8192, (4, 1, 1, 16)), (3, 520, 4128, (4, 1, 2, 8))])
 def test_int_gemv_ring(monkeypatch, ring, m, n, k, shape):
     """FA4_INDUCTOR_INT_GEMV_RING only changes where the weight pieces wait (a shared-memory ring filled by cp.async,
-    not registers): the same output, bit for bit, as without it (and within the bounds of `int_gemv_case`), for K
-    and N not multiples of the steps and rows, split K and CTAs of 4, 8 and 16 warps."""
+    not registers), for K and N not multiples of the steps and rows, split K and CTAs of 4, 8 and 16 warps."""
     from fa4_inductor.kernels import nvfp4_int_gemv as g
 
-    w_fp4, block, global_scale = random_nvfp4(n, k, seed=n + k, device="cuda")
-    x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
-    plain = g.matmul(x, w_fp4, block, global_scale, forced=shape)
-    monkeypatch.setenv("FA4_INDUCTOR_INT_GEMV_RING", str(ring))
-    switches.reset()
+    same_output_under(monkeypatch, switches.INT_GEMV_RING, ring, m, n, k, shape)
     assert switches.current().int_gemv_ring == ring
-    assert torch.equal(int_gemv_case(n, k, torch.bfloat16, seed=n + k, shape=shape, x=x), plain)
     assert any(key.ring == ring for key in g.compiled._compiled)  # the ring ran (its shared memory fit)
 
 
