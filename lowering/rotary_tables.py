@@ -60,19 +60,18 @@ def _elementwise_step(user: Node, table: Node) -> bool:
     if user.op not in ("call_function", "call_method"):
         return False
     others = [a for a in (*user.args, *user.kwargs.values()) if a is not table]
-    if any(isinstance(a, Node) for a in others):
-        return False
-    if user.target in BY_A_NUMBER:
-        return len(others) == 1 and isinstance(others[0], (int, float))
+    if user.target in BY_A_NUMBER:  # a number, or one the graph reads at run time (`dynamic=True`: a float attribute)
+        return len(others) == 1 and isinstance(value(others[0]), (int, float, torch.SymInt, torch.SymFloat))
     if user.target in CONVERSIONS:
         return all(isinstance(a, torch.dtype) for a in others)
     return False
 
 
 def _elements(node: Node) -> int:
-    """The table's element count (a symbolic one: its value for the inputs being compiled)."""
-    count = value(node).numel()
-    return count if isinstance(count, int) else count.node.hint
+    """The table's element count (a symbolic one: its value for the inputs being compiled; 0 where unknown)."""
+    example = value(node)
+    count = example.numel() if isinstance(example, torch.Tensor) else 0
+    return count if isinstance(count, int) else count.node.hint or 0
 
 
 def _consumers(node: Node, limit: int) -> int:

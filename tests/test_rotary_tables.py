@@ -14,7 +14,7 @@ import fa4_inductor
 from fa4_inductor.kernels import COMPUTED_ONCE
 from fa4_inductor.lowering import rotary_tables
 
-from helpers import compile_and_record, tiny
+from helpers import compile_and_record, recording_compile, tiny
 
 
 def rotate_half(x):
@@ -77,6 +77,13 @@ def test_a_small_table_one_consumer_or_a_tensor_operand_stays_inlined():
     assert recorder.count("fa4::computed_once") == 0
     recorder, _ = compile_and_record(Rotary(), *qk(seq=rotary_tables.MIN_ELEMENTS // 16 - 1))  # a decode-sized table
     assert recorder.count("fa4::computed_once") == 0
+
+
+def test_symbolic_sizes_are_decided_for_the_sizes_compiled():
+    recorder, compiled = recording_compile(Rotary(), dynamic=True)
+    compiled(*qk())
+    compiled(*qk(seq=300))  # the same graph
+    assert len(recorder.graphs) == 1 and recorder.count("fa4::computed_once") == 2
 
 
 def test_the_option_turns_it_off():
