@@ -1,4 +1,5 @@
-# Unrun GPU work. Session 32 ran l30, d28 and m32 (docs/benchmarks.md, session 32); next: `n32`.
+# Unrun GPU work. Session 32 ran l30, d28 and m32 (docs/benchmarks.md, session 32); next: `o32` (the integer GEMV's
+# shared-memory ring: its bit-for-bit tests and bench, then the training step timed over 10 steps), then `n32`.
 # Output goes to $OUT/log.txt. Have the next call ready: the machine goes back 30 s after a call, and a fresh one needs
 # .gpu/a and .gpu/b again. Run one part a call:  bash scratch/next_gpu.sh g29
 # Never `pkill -f pytest` here: it matches this script's own command line. A pytest cut by `timeout` can leave xdist
