@@ -206,7 +206,7 @@ def run(x2d: Tensor, w_fp4: Tensor, w_block_scale: Tensor, w_global_scale: Tenso
     """`matmul` without its checks, for a caller that has made them (`w4a16_decode.nvfp4_matmul`, every call)."""
     chosen = switches.current()
     return _launch(x2d, [(w_fp4, w_block_scale, w_global_scale, n)], forced, chosen.int_gemv_prefetch,
-                   chosen.int_gemv_ring)[0]
+                   chosen.gemv_ring)[0]
 
 
 def run_siblings(x2d: Tensor, weights: list[tuple[Tensor, Tensor, Tensor]],

@@ -1,5 +1,5 @@
-# Unrun GPU work. Session 32 ran l30, d28 and m32 (docs/benchmarks.md, session 32); next: `o32` (the integer GEMV's
-# shared-memory ring: its bit-for-bit tests and bench, then the training step timed over 10 steps), then `n32`.
+# Unrun GPU work. Session 32 ran l30, d28 and m32 (docs/benchmarks.md, session 32); next: `o32` (the GEMVs'
+# shared-memory weight ring: bit-for-bit tests and bench), then `n32` (the training step timed over 10 steps).
 # Output goes to $OUT/log.txt. Have the next call ready: the machine goes back 30 s after a call, and a fresh one needs
 # .gpu/a and .gpu/b again. Run one part a call:  bash scratch/next_gpu.sh g29
 # Never `pkill -f pytest` here: it matches this script's own command line. A pytest cut by `timeout` can leave xdist
@@ -8,13 +8,14 @@ P="python3 -m pytest -m gpu -q -p no:cacheprovider -p no:logging -W ignore -rf"
 L=$OUT/log.txt
 run() { echo "+ $*" >>$L; PYTHONUNBUFFERED=1 "$@" >>$L 2>&1; echo "rc=$?" >>$L; }
 case "$1" in
-o32) # session 32: the integer GEMV's weight pieces through a shared-memory ring by cp.async (FA4_INDUCTOR_INT_GEMV_RING,
-    # off by default, CPU-compiled only; d28: the kernel holds ~53% of DRAM's peak with one eligible warp a scheduler,
-    # 35% of its stalls on global loads): bit-for-bit tests, then the issue-15 shapes by ring depth; then part n32's
-    # training step timed over 10 steps
-    run timeout 150 $P -n 8 tests/test_gpu_w4a16.py -k "int_gemv_ring"
-    run timeout 150 python3 tests/bench_w4a16.py --m 1 --gemv int --ring 0,4,3 --shapes 8192x8192,2048x8192,8192x2048
-    run timeout 150 python3 docs/scripts/train_profile.py sdpa 4096 fa4_inductor,fa4_inductor:rotary_tables=0 ;;
+o32) # session 32: the GEMVs' weight pieces through a shared-memory ring by cp.async (FA4_INDUCTOR_GEMV_RING, off by
+    # default, CPU-compiled only; d28: the integer GEMV holds ~53% of DRAM's peak with one eligible warp a scheduler,
+    # 35% of its stalls on global loads, at the 16 warps a SM its registers allow): both GEMVs' bit-for-bit tests, then
+    # issue 15's shapes by ring depth (integer GEMV for NVFP4, the CUDA-core GEMV for NVFP4 and int8; int8's target is
+    # 18 us at 8192 x 8192, ~19.6 now). Turn the ring on where it wins (the GEMV rules), else record and drop it
+    run timeout 150 $P -n 8 tests/test_gpu_w4a16.py -k "gemv_ring"
+    run timeout 300 python3 tests/bench_w4a16.py --m 1 --gemv int,on --ring 0,4,3 --shapes 8192x8192,2048x8192,8192x2048
+    ;;
 n32) # session 32, after m32: the rotary tables from 4096 elements on (decode steps keep them inlined); the training step
     # timed over 10 steps (wall, and GPU time between CUDA events), then prefill and decode end to end (prefill reads
     # the tables too)

@@ -232,7 +232,7 @@ def main():
                                                      "(FA4_INDUCTOR_INT_GEMV_PREFETCH: 0, or 3 and more steps): each "
                                                      "a pass over the shapes")
     p.add_argument("--ring", default=None, help="comma list of the integer GEMV's shared-memory ring depths "
-                                                 "(FA4_INDUCTOR_INT_GEMV_RING: 0, or 2 and more steps): each a pass "
+                                                 "(FA4_INDUCTOR_GEMV_RING: 0, or 2 and more steps): each a pass "
                                                  "over the shapes")
     p.add_argument("--int8-scales", default="float32", choices=("float32", "bfloat16", "float16"),
                    help="the int8 weights' per-channel scale dtype")
@@ -249,11 +249,11 @@ def main():
     packs = [{"off": False, "on": True, "tiles": "tiles"}[v.strip()] for v in a.pack.split(",")] if a.pack else [None]
     gemvs = [parse_gemv(v) for v in a.gemv.split(",")] if a.gemv else [None]
     passes = [(switches.INT_GEMV_PREFETCH, v) for v in a.prefetch.split(",")] if a.prefetch else []
-    passes += [(switches.INT_GEMV_RING, v) for v in a.ring.split(",")] if a.ring else []
+    passes += [(switches.GEMV_RING, v) for v in a.ring.split(",")] if a.ring else []
     for variable, value in passes or [(None, None)]:
         if variable is not None:
             os.environ.pop(switches.INT_GEMV_PREFETCH, None)
-            os.environ.pop(switches.INT_GEMV_RING, None)
+            os.environ.pop(switches.GEMV_RING, None)
             os.environ[variable] = value
             switches.reset()
             print(f"## {variable}={value}")

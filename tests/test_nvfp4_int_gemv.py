@@ -257,19 +257,19 @@ def test_the_switch():
     for value in ("2", "-1", "many"):
         with pytest.raises(ValueError, match="0 or a step count of at least 3"):
             switches.read({"FA4_INDUCTOR_INT_GEMV_PREFETCH": value})
-    assert switches.read({}).int_gemv_ring == 0
-    assert switches.read({"FA4_INDUCTOR_INT_GEMV_RING": "3"}).int_gemv_ring == 3
+    assert switches.read({}).gemv_ring == 0
+    assert switches.read({"FA4_INDUCTOR_GEMV_RING": "3"}).gemv_ring == 3
     for value in ("1", "-2", "deep"):
         with pytest.raises(ValueError, match="0 or a step count of at least 2"):
-            switches.read({"FA4_INDUCTOR_INT_GEMV_RING": value})
+            switches.read({"FA4_INDUCTOR_GEMV_RING": value})
 
 
 def test_the_host_path_keys_the_ring_where_it_fits(launches, monkeypatch):
-    """FA4_INDUCTOR_INT_GEMV_RING reaches the one-weight launch's key where the ring and x's planes fit the shared
+    """FA4_INDUCTOR_GEMV_RING reaches the one-weight launch's key where the ring and x's planes fit the shared
     memory (RING_SMEM_LIMIT); elsewhere, and with the prefetch window, the launch keeps no ring."""
     from fa4_inductor.kernels import switches
 
-    monkeypatch.setenv(switches.INT_GEMV_RING, "4")
+    monkeypatch.setenv(switches.GEMV_RING, "4")
     switches.reset()
     w_fp4, block, global_scale = random_nvfp4(2048, 8192, seed=1)
     x = torch.randn(4, 8192, dtype=torch.bfloat16)

@@ -57,10 +57,11 @@ def compile_variant(argv):
 
         flags = {a for a in argv if a.startswith("--")}
         splits = int(argv[argv.index("--splits") + 1]) if "--splits" in argv else 1
-        argv = [a for i, a in enumerate(argv) if not a.startswith("--") and argv[i - 1] != "--splits"]
+        ring = int(argv[argv.index("--ring") + 1]) if "--ring" in argv else 0
+        argv = [a for i, a in enumerate(argv) if not a.startswith("--") and argv[i - 1] not in ("--splits", "--ring")]
         dtype = torch.float16 if "--f16" in flags else torch.bfloat16
         w4.compiled_gemv(w4.gemv_key(dtype, argv[1], int(argv[2]), "--bias" in flags, "sm_90a",
-                                     int(argv[3]) if len(argv) > 3 else 1, splits=splits))
+                                     int(argv[3]) if len(argv) > 3 else 1, splits=splits)._replace(ring=ring))
     elif argv[0] == "intgemv":
         from fa4_inductor.kernels import nvfp4_int_gemv as g
 

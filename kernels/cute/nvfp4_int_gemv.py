@@ -32,7 +32,7 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32, const_expr
 from cutlass.cutlass_dsl import T, dsl_user_op
 
-from .cp_async import cp_async, prefetch_line_l2
+from .cp_async import prefetch_line_l2
 from .decode_attention_int8kv import _max_abs
 from .w4a16_decode_gemm import _asm, _i32, prmt
 from .w4a16_gemv import NUM_WARPS, PIECE_WORDS, W4A16Gemv, as_f32, as_i32, e4m3_pair_f32, halves_f32, shared_struct
@@ -103,13 +103,12 @@ class NVFP4IntGemv(W4A16Gemv):
 
     def __init__(self, dtype, m: int, rows: int, warps_k: int, max_pieces: int, pdl: bool = False,
                  min_ctas: int = 0, prefetch: int = 0, splits: int = 1, warps: int = NUM_WARPS, ring: int = 0):
-        super().__init__(dtype, "nvfp4", m, False, rows, warps_k, pdl, min_ctas, splits, warps)
+        super().__init__(dtype, "nvfp4", m, False, rows, warps_k, pdl, min_ctas, splits, warps, ring)
         # the window takes a lane a weight line (4 a row) and one a row of block scales
         assert max_pieces >= 1 and (prefetch == 0 or (prefetch >= 3 and 5 * rows <= 32)), (max_pieces, prefetch, rows)
-        assert ring == 0 or (ring >= 2 and prefetch == 0), (ring, prefetch)
+        assert ring == 0 or prefetch == 0, (ring, prefetch)
         self.max_pieces = max_pieces
         self.prefetch = prefetch
-        self.ring = ring
 
     @cute.jit
     def __call__(self, mX: cute.Tensor, mW: cute.Tensor, mBlock: cute.Tensor, mScale: cute.Tensor, mOut: cute.Tensor,
@@ -120,13 +119,9 @@ class NVFP4IntGemv(W4A16Gemv):
 
     def shared_storage(self):
         """The CTA's shared memory: the planes and block metadata of the pieces of x it reads, the sums, the tables."""
-        ring = {}
-        if self.ring:  # a lane's piece of each of its rows, and the rows' block-scale words, per slot and warp
-            ring = dict(sRing=(Int32, PIECE_WORDS * 32 * self.rows * self.ring * self.num_warps),
-                        sRingScales=(Int32, 32 * self.rows * self.ring * self.num_warps))
         return shared_struct(sPlanes=(Int32, 2 * 2 * self.max_pieces * PLANE_HALF_WORDS * self.m),
                              sMeta=(Int32, self.max_pieces * META_WORDS * self.m), **self.sums_fields(),
-                             sTables=(Int32, 4), **ring)
+                             sTables=(Int32, 4), **self.ring_fields())
 
     @cute.kernel
     def kernel(self, mX: cute.Tensor, mW: cute.Tensor, mBlock: cute.Tensor, mScale: cute.Tensor, mOut: cute.Tensor,
@@ -155,11 +150,8 @@ class NVFP4IntGemv(W4A16Gemv):
         rS2 = cute.make_rmem_tensor((self.rows,), Int32)
         lane, wn, wk, row0, n_rows, begin, end, first, stride = self.start(mW, mBlock, rW, rS, bx,
                                                                              load=self.ring == 0)
-        if const_expr(self.ring > 0):
-            sRing, sRingScales, w_dst, s_dst = self.ring_of(storage, lane)
-            for s in cutlass.range_constexpr(self.ring - 1):
-                self.ring_issue(mW, mBlock, w_dst, s_dst, row0, n_rows, first + s * stride, end, Int32(s))
-                cute.arch.cp_async_commit_group()
+        if const_expr(self.ring > 0):  # the ring's first steps go out before x is quantized
+            ring = self.ring_start(storage, mW, mBlock, lane, row0, n_rows, end, first, stride)
         elif first + stride < end:
             self.load_piece(mW, mBlock, rW2, rS2, row0, n_rows, first + stride)
         if const_expr(self.prefetch > 0):  # the window's steps past the two the registers load
@@ -190,8 +182,8 @@ class NVFP4IntGemv(W4A16Gemv):
         rP = cute.make_rmem_tensor((PLANE_HALF_WORDS, 2, 2, M), Int32)  # (word, half, plane, x row)
         rM = cute.make_rmem_tensor((META_WORDS, M), Int32)
         if const_expr(self.ring > 0):
-            self.ring_loop(mW, mBlock, sRing, sRingScales, w_dst, s_dst, sPlanes, sMeta, rW, rS, rP, rM, acc, tables,
-                           lane, row0, n_rows, begin, end, first, stride)
+            self.ring_steps(mW, mBlock, ring, rW, rS, acc, (sPlanes, sMeta, rP, rM, tables), lane, row0, n_rows,
+                            begin, end, first, stride)
         else:
             self.register_loop(mW, mBlock, sPlanes, sMeta, rW, rS, rW2, rS2, rP, rM, acc, tables, lane, row0, n_rows,
                                begin, end, first, stride, pf if const_expr(self.prefetch > 0) else None)
@@ -218,63 +210,11 @@ class NVFP4IntGemv(W4A16Gemv):
                     self.load_piece(mW, mBlock, rW2, rS2, row0, n_rows, p + 3 * stride)
 
     @cute.jit
-    def ring_of(self, storage, lane: Int32):
-        """The ring (word, lane, row, slot, warp) and its block-scale words (lane, row, slot, warp), and the lane's
-        shared byte addresses in slot 0 of its warp's ring (row r: + r * ROW_BYTES)."""
-        R, D, W = self.rows, self.ring, self.num_warps
-        sRing = storage.sRing.get_tensor(cute.make_layout(
-            (PIECE_WORDS, 32, R, D, W), stride=(1, PIECE_WORDS, 32 * PIECE_WORDS, 32 * PIECE_WORDS * R,
-                                                32 * PIECE_WORDS * R * D)))
-        sRingScales = storage.sRingScales.get_tensor(cute.make_layout((32, R, D, W), stride=(1, 32, 32 * R, 32 * R * D)))
-        warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
-        w_dst = sRing.iterator.toint() + (cute.crd2idx((0, lane, 0, 0, warp), sRing.layout)) * 4
-        s_dst = sRingScales.iterator.toint() + (cute.crd2idx((lane, 0, 0, warp), sRingScales.layout)) * 4
-        return sRing, sRingScales, w_dst, s_dst
-
-    @cute.jit
-    def ring_issue(self, mW: cute.Tensor, mBlock: cute.Tensor, w_dst, s_dst, row0: Int32, n_rows: Int32, p: Int32,
-                   end: Int32, slot: Int32):
-        """cp.async of piece p of the lane's rows and their block-scale words into ring slot `slot` (p >= end: nothing
-        read, the slot zero-filled)."""
-        R = self.rows
-        q = cutlass.min(p, end - 1)  # an address in the row even where nothing is read
-        size = Int32(16) if p < end else Int32(0)
-        scale_size = Int32(4) if p < end else Int32(0)
-        w_row = cutlass.Int64(mW.layout.stride[0]) * 4
-        s_row = cutlass.Int64(mBlock.layout.stride[0]) * 4
-        w_at = mW.iterator.toint() + cutlass.Int64(q) * (PIECE_WORDS * 4)
-        s_at = mBlock.iterator.toint() + cutlass.Int64(q >> 1) * 4
-        for r in cutlass.range_constexpr(R):
-            n = cutlass.Int64(cutlass.min(row0 + r, n_rows - 1))
-            cp_async(w_dst + (slot * R + r) * (32 * PIECE_WORDS * 4), w_at + n * w_row, 16, size)
-            cp_async(s_dst + (slot * R + r) * (32 * 4), s_at + n * s_row, 4, scale_size)
-
-    @cute.jit
-    def ring_loop(self, mW: cute.Tensor, mBlock: cute.Tensor, sRing: cute.Tensor, sRingScales: cute.Tensor, w_dst,
-                  s_dst, sPlanes: cute.Tensor, sMeta: cute.Tensor, rW: cute.Tensor, rS: cute.Tensor, rP: cute.Tensor,
-                  rM: cute.Tensor, acc: cute.Tensor, tables, lane: Int32, row0: Int32, n_rows: Int32, begin: Int32,
-                  end: Int32, first: Int32, stride: Int32):
-        """The warp's steps through the ring: at step j, slot j % D holds step j (its group waited for), and step
-        j + D - 1 goes into slot (j - 1) % D, which step j - 1 read into registers and used (the loads' results
-        consumed before the copies issue: each lane reads only what its own copies wrote, so no barrier)."""
-        D = self.ring
-        warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
-        slot = Int32(0)
-        free = Int32(D - 1)
-        for p in cutlass.range(first, end, stride, unroll=1):
-            cute.arch.cp_async_wait_group(D - 2)
-            self.ring_issue(mW, mBlock, w_dst, s_dst, row0, n_rows, p + (D - 1) * stride, end, free)
-            cute.arch.cp_async_commit_group()
-            for r in cutlass.range_constexpr(self.rows):
-                cute.autovec_copy(sRing[None, lane, r, slot, warp], rW[None, r])
-                rS[r] = sRingScales[lane, r, slot, warp] >> ((p & 1) * 16)
-            self.x_piece(sPlanes, sMeta, rP, rM, p - begin)
-            self.piece(rW, rS, rP, rM, acc, tables)
-            free = slot
-            slot = slot + 1
-            if slot == D:
-                slot = Int32(0)
-        cute.arch.cp_async_wait_group(0)  # nothing left in flight when the CTA's shared memory is reused
+    def ring_piece(self, inputs, rW: cute.Tensor, rS: cute.Tensor, acc: cute.Tensor, p: Int32, begin: Int32):
+        """Piece p of the warp's rows, in rW / rS, into the sums; `inputs`: (sPlanes, sMeta, rP, rM, tables)."""
+        sPlanes, sMeta, rP, rM, tables = inputs
+        self.x_piece(sPlanes, sMeta, rP, rM, p - begin)
+        self.piece(rW, rS, rP, rM, acc, tables)
 
     @cute.jit
     def prefetch_lane(self, mW: cute.Tensor, mBlock: cute.Tensor, lane: Int32, row0: Int32, n_rows: Int32):
