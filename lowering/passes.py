@@ -14,6 +14,10 @@
                                                  fa4::nvfp4_gated_linear (post-grad, over what sibling_linears wrote;
                                                  option `gated_linears`)
 
+Around the TORCH_IR families, three passes that rewrite no op of a family: vmapped_masks.unvmap and
+overwritten_masks.overwrite (before: masks written as the broadcasting or the value they compute) and
+rotary_tables.compute_once (after; option `rotary_tables`: a rotary embedding's cos / sin computed once).
+
 A family's stage says which graph it sees: TORCH_IR families run on the Dynamo graph in the backend,
 before AOTAutograd (`run_torch_ir_passes`: their ops' autograd formulas then serve training); POST_GRAD
 families run on Inductor's aten graphs through its `post_grad_custom_pre_pass` hook (post_grad.py), where
