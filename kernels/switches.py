@@ -163,13 +163,16 @@ def parse_auto_on_off(name: str, value: Optional[str]) -> Optional[bool]:
     raise ValueError(f"{name} is auto, on or off, not {value!r}")
 
 
+MAX_GEMV_RING = 8  # the CUDA-core GEMV's ring at 8 rows a warp: 160 KB of shared memory
+
+
 def parse_ring(value: Optional[str]) -> int:
-    """FA4_INDUCTOR_GEMV_RING: 0 (unset) or a ring of 2 or more steps."""
+    """FA4_INDUCTOR_GEMV_RING: 0 (unset) or a ring of 2..MAX_GEMV_RING steps."""
     v = (value or "").strip()
     if not v:
         return 0
-    if not v.isdigit() or int(v) == 1:
-        raise ValueError(f"{GEMV_RING} is 0 or a step count of at least 2, not {value!r}")
+    if not v.isdigit() or int(v) == 1 or int(v) > MAX_GEMV_RING:
+        raise ValueError(f"{GEMV_RING} is 0 or a step count of 2 to {MAX_GEMV_RING}, not {value!r}")
     return int(v)
 
 
