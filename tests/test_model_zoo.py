@@ -12,6 +12,7 @@ import torch
 import upstream
 from fa4_inductor import hf
 from fa4_inductor.lowering.attention import ADDITIVE_INPUT_ON_SDPA
+from fa4_inductor.lowering.spellings import value
 from helpers import Recorder, compile_and_run, tiny
 
 DECODERS = ["llama", "mistral", "qwen2", "qwen3", "gemma2", "phi3", "gpt_neox", "gpt2"]
@@ -153,6 +154,8 @@ KEPT_ON_TRANSFORMERS_4 = {
 }
 """Decode layers transformers 4.57 writes in ways the op does not take, with their reasons."""
 
+GRAPH_BREAKS_ON_TRANSFORMERS_4 = {"gpt_oss"}  # 4.57's MoE routing breaks the graph under any backend: many graphs
+
 
 @pytest.mark.parametrize("checked_padding", [False, pytest.param(True, marks=pytest.mark.slow)],
                          ids=["key-mask", "checked-padding"])  # the opt-in checked fast paths: the slow tier
@@ -172,15 +175,21 @@ def test_static_cache_decode_every_layer_is_rewritten(name, impl, checked_paddin
         compiled = torch.compile(model.forward, backend=recorder)
         got, _ = generate_with_static_cache(compiled, model.model, prompt, steps, attention_mask=True)
         expected, _ = generate_with_static_cache(model.forward, model.model, prompt, steps, attention_mask=True)
-    assert len(recorder.graphs) == 2, recorder.records  # prefill and decode, each compiled once
+    breaks = hf.transformers_major() < 5 and name in GRAPH_BREAKS_ON_TRANSFORMERS_4
+    assert breaks or len(recorder.graphs) == 2, recorder.records  # prefill and decode, each compiled once
     for g, e in zip(got, expected):
         torch.testing.assert_close(g, e, atol=1e-5, rtol=1e-5)
     kept = KEPT_ON_TRANSFORMERS_4.get((name, impl))
     if hf.transformers_major() < 5 and kept:
         assert recorder.reasons and all(any(k in r for k in kept) for r in recorder.reasons), recorder.reasons
         return
-    decode_calls = recorder.calls(recorder.graphs[1])
+    calls = [n for g in recorder.graphs for n in recorder.calls(g)]
+    decode_calls = [n for n in calls if value(n.args[0]).shape[-2] == 1]  # one query a row
     assert len(decode_calls) == model.attention_layers
+    if breaks:  # the cache is written in an earlier graph: its length reaches the op as generate's mask, no seqused_k
+        assert all(n.args[3] is None and n.args[4] is not None for n in decode_calls)
+        assert len(calls) == 2 * model.attention_layers and not recorder.reasons, recorder.reasons
+        return
     assert all(n.args[3] is not None for n in decode_calls)  # seqused_k: the cache length
     assert all((len(n.args) > 4) != checked_padding for n in decode_calls)  # key_mask: generate's mask
     assert recorder.count() == 2 * model.attention_layers and not recorder.reasons, recorder.reasons
