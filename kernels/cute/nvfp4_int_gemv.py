@@ -94,6 +94,9 @@ class NVFP4IntGemv(W4A16Gemv):
     not, `min_ctas`, `prefetch`). `W4A16Gemv`'s work split, first loads and sums (`start`, `load_piece`,
     `add_up_and_store`); each weight word is decoded once for the M rows of x.
 
+    ring: `W4A16Gemv`'s weight ring (its first steps issued before x is quantized), instead of two pieces in
+    registers; not with `prefetch`.
+
     prefetch: 0, or D >= 3: a warp keeps its rows' weight and block-scale bytes of the steps up to D ahead of the one it
     decodes prefetched into L2 (`prefetch_step`, a line a lane; no registers held): more reads in flight than the two
     steps the registers hold.
@@ -199,18 +202,16 @@ class NVFP4IntGemv(W4A16Gemv):
             if const_expr(self.prefetch > 0):
                 self.prefetch_step(*pf, end, p - lane + self.prefetch * stride)
                 self.prefetch_step(*pf, end, p - lane + (self.prefetch + 1) * stride)
-            self.x_piece(sPlanes, sMeta, rP, rM, p - begin)
-            self.piece(rW, rS, rP, rM, acc, tables)
+            self.add_piece((sPlanes, sMeta, rP, rM, tables), rW, rS, acc, p, begin)
             if p + 2 * stride < end:
                 self.load_piece(mW, mBlock, rW, rS, row0, n_rows, p + 2 * stride)
             if p + stride < end:
-                self.x_piece(sPlanes, sMeta, rP, rM, p + stride - begin)
-                self.piece(rW2, rS2, rP, rM, acc, tables)
+                self.add_piece((sPlanes, sMeta, rP, rM, tables), rW2, rS2, acc, p + stride, begin)
                 if p + 3 * stride < end:
                     self.load_piece(mW, mBlock, rW2, rS2, row0, n_rows, p + 3 * stride)
 
     @cute.jit
-    def ring_piece(self, inputs, rW: cute.Tensor, rS: cute.Tensor, acc: cute.Tensor, p: Int32, begin: Int32):
+    def add_piece(self, inputs, rW: cute.Tensor, rS: cute.Tensor, acc: cute.Tensor, p: Int32, begin: Int32):
         """Piece p of the warp's rows, in rW / rS, into the sums; `inputs`: (sPlanes, sMeta, rP, rM, tables)."""
         sPlanes, sMeta, rP, rM, tables = inputs
         self.x_piece(sPlanes, sMeta, rP, rM, p - begin)

@@ -147,6 +147,9 @@ class W4A16Gemv:
     pdl: launched as a programmatic dependent; each lane loads its first weight piece, then waits for the kernel
     before it (`griddepcontrol.wait`) before any other load, then lets the next one be scheduled.
 
+    ring: 0, or D >= 2: the weight pieces go through a D-step ring in shared memory by cp.async (`ring_steps`), D - 1
+    steps in flight a lane where the registers hold one (an experiment, FA4_INDUCTOR_GEMV_RING).
+
     Call: (mX, mW, mBlock (nvfp4) or None, mScale, mBias [N] or None, mOut [M, N] (unit stride on N), stream)."""
 
     def __init__(self, dtype, fmt: str, m: int, has_bias: bool, rows: int, warps_k: int, pdl: bool = False,
@@ -265,13 +268,13 @@ class W4A16Gemv:
             self.ring_steps(mW, mBlock, ring, rW, rS, acc, (mX, rX), lane, row0, n_rows, begin, end, first, stride)
         else:
             for p in cutlass.range(first, end, stride, unroll=1):
-                self.ring_piece((mX, rX), rW, rS, acc, p, begin)
+                self.add_piece((mX, rX), rW, rS, acc, p, begin)
                 if p + stride < end:
                     self.load_piece(mW, mBlock, rW, rS, row0, n_rows, p + stride)
         self.add_up_and_store(acc, storage, lane, wn, wk, row0, n_rows, mScale, mBias, mOut)
 
     @cute.jit
-    def ring_piece(self, inputs, rW: cute.Tensor, rS: cute.Tensor, acc: cute.Tensor, p: Int32, begin: Int32):
+    def add_piece(self, inputs, rW: cute.Tensor, rS: cute.Tensor, acc: cute.Tensor, p: Int32, begin: Int32):
         """Piece p of the warp's rows, in rW / rS, into the sums; `inputs`: (mX, rX)."""
         mX, rX = inputs
         if const_expr(self.fmt == "nvfp4"):
@@ -327,7 +330,7 @@ class W4A16Gemv:
         """The warp's steps through the ring (`ring_start`'s): at step j, slot j % RING holds step j (its group
         waited for), and step j + RING - 1 goes into slot (j - 1) % RING, which step j - 1 read into registers and
         used (the loads' results consumed before the copies issue; each lane reads only what its own copies wrote,
-        so no barrier). `ring_piece` adds each step's piece up."""
+        so no barrier). `add_piece` adds each step's piece up."""
         D = self.ring
         sRing, sScales, w_dst, s_dst = ring
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
@@ -341,7 +344,7 @@ class W4A16Gemv:
                 cute.autovec_copy(sRing[None, lane, r, slot, warp], rW[None, r])
                 if const_expr(self.fmt == "nvfp4"):
                     rS[r] = sScales[lane, r, slot, warp] >> ((p & 1) * 16)
-            self.ring_piece(inputs, rW, rS, acc, p, begin)
+            self.add_piece(inputs, rW, rS, acc, p, begin)
             free = slot
             slot = slot + 1
             if slot == D:
