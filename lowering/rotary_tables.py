@@ -15,23 +15,18 @@ stays as it is.
 
 from __future__ import annotations
 
-import operator
-
 import torch
 from torch.fx import GraphModule, Node
 
 from ..kernels import COMPUTED_ONCE
 from .graph_edit import NodeMaker
-from .spellings import value
+from .spellings import (CAST, COS, DIV, EXPAND, GETITEM, MUL, NEG, PERMUTE, RESHAPE, SAME_VALUES, SIN, TRANSPOSE,
+                        UNSQUEEZE, value)
 
-TRIGONOMETRIC = {"cos", "sin", torch.cos, torch.sin}
-BY_A_NUMBER = {operator.mul, operator.truediv, torch.mul, torch.div, "mul", "div"}
-CONVERSIONS = {"to", "type", "float", "half", "bfloat16", operator.neg, torch.neg, "neg"}
+VIEWS = (UNSQUEEZE, RESHAPE, EXPAND, TRANSPOSE, PERMUTE, SAME_VALUES, GETITEM)
 MIN_ELEMENTS = 4096
 """Smaller tables (a decode step's [B, 1, D]) stay inlined: there the recomputation is a few instructions, and the
 table's own kernel would be one more launch."""
-VIEWS = {"unsqueeze", "view", "reshape", "expand", "transpose", "permute", "contiguous", operator.getitem,
-         torch.unsqueeze, torch.reshape, torch.transpose}
 
 
 def compute_once(gm: GraphModule, fake_mode) -> int:
@@ -39,7 +34,7 @@ def compute_once(gm: GraphModule, fake_mode) -> int:
     how many."""
     done = 0
     for node in list(gm.graph.nodes):
-        if node.op not in ("call_function", "call_method") or node.target not in TRIGONOMETRIC:
+        if not (COS(node) or SIN(node)):
             continue
         table = node
         while len(table.users) == 1 and _elementwise_step(next(iter(table.users)), table):
@@ -57,12 +52,10 @@ def compute_once(gm: GraphModule, fake_mode) -> int:
 
 def _elementwise_step(user: Node, table: Node) -> bool:
     """`user` computes from `table` alone (numbers and dtypes aside), element by element."""
-    if user.op not in ("call_function", "call_method"):
-        return False
     others = [a for a in (*user.args, *user.kwargs.values()) if a is not table]
-    if user.target in BY_A_NUMBER:  # a number, or one the graph reads at run time (`dynamic=True`: a float attribute)
+    if MUL(user) or DIV(user):  # by a number, or one the graph reads at run time (`dynamic=True`: a float attribute)
         return len(others) == 1 and isinstance(value(others[0]), (int, float, torch.SymInt, torch.SymFloat))
-    if user.target in CONVERSIONS:
+    if CAST(user) or NEG(user):
         return all(isinstance(a, torch.dtype) for a in others)
     return False
 
@@ -78,7 +71,7 @@ def _consumers(node: Node, limit: int) -> int:
     """How many nodes read `node`'s elements, looking through views (counting stops at `limit`)."""
     count = 0
     for user in node.users:
-        view = user.op in ("call_function", "call_method") and user.target in VIEWS and user.args[0] is node
+        view = any(spelled(user) for spelled in VIEWS) and user.args[0] is node
         count += _consumers(user, limit - count) if view else 1
         if count >= limit:
             break

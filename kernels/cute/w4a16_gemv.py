@@ -286,8 +286,8 @@ class W4A16Gemv:
     def ring_start(self, storage, mW: cute.Tensor, mBlock: Optional[cute.Tensor], lane: Int32, row0: Int32,
                    n_rows: Int32, end: Int32, first: Int32, stride: Int32):
         """The weight ring: (its pieces (word, lane, row, slot, warp), its block-scale words (lane, row, slot, warp;
-        NVFP4), the lane's shared byte addresses of both in slot 0 of its warp's ring), with the warp's first RING - 1
-        steps issued into slots 0 .. RING - 2, a cp.async group each."""
+        NVFP4), the lane's shared byte addresses of both in slot 0 of its warp's ring, the warp), with the warp's first
+        RING - 1 steps issued into slots 0 .. RING - 2, a cp.async group each."""
         R, D, W = self.rows, self.ring, self.num_warps
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         sRing = storage.sRing.get_tensor(cute.make_layout(
@@ -302,7 +302,7 @@ class W4A16Gemv:
         for s in cutlass.range_constexpr(D - 1):
             self.ring_issue(mW, mBlock, w_dst, s_dst, row0, n_rows, first + s * stride, end, Int32(s))
             cute.arch.cp_async_commit_group()
-        return sRing, sScales, w_dst, s_dst
+        return sRing, sScales, w_dst, s_dst, warp
 
     @cute.jit
     def ring_issue(self, mW: cute.Tensor, mBlock: Optional[cute.Tensor], w_dst, s_dst, row0: Int32, n_rows: Int32,
@@ -332,8 +332,7 @@ class W4A16Gemv:
         used (the loads' results consumed before the copies issue; each lane reads only what its own copies wrote,
         so no barrier). `add_piece` adds each step's piece up."""
         D = self.ring
-        sRing, sScales, w_dst, s_dst = ring
-        warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        sRing, sScales, w_dst, s_dst, warp = ring
         slot = Int32(0)
         free = Int32(D - 1)
         for p in cutlass.range(first, end, stride, unroll=1):
