@@ -48,15 +48,6 @@ class Key(NamedTuple):
     splits: int = 1  # CTAs of a cluster that split a row group's K
     warps: int = 4  # a CTA (`cute/w4a16_gemv.py`'s CTA_WARPS): more warps quantize x once for more rows
     gated: str = ""  # `NVFP4IntGemvGated`'s activation (weights = 2): act(x @ gate^T) * (x @ up^T)
-    ring: int = 0  # steps of the weight pieces' shared-memory ring (one weight, no prefetch window)
-
-
-RING_SMEM_LIMIT = 200 * 1024  # a CTA's ring and x planes (80 bytes a piece and row of x); above it no ring
-
-
-def ring_bytes(ring: int, rows: int, warps: int) -> int:
-    """Shared memory of the integer GEMV's weight ring: a 16-byte piece and a block-scale word a lane, row, slot, warp."""
-    return ring * rows * warps * 32 * 20
 
 
 def pieces_bucket(pieces: int) -> int:
@@ -180,7 +171,7 @@ def _compile(key: Key):
     capped = key.m == 1 and (key.prefetch or key.splits > 1) or key.warps > 4
     kernel = NVFP4IntGemv(dt, key.m, key.rows, key.warps_k, key.max_pieces, pdl=key.pdl, prefetch=key.prefetch,
                           min_ctas=CAPPED_MIN_CTAS * 4 // key.warps if capped else 0, splits=key.splits,
-                          warps=key.warps, ring=key.ring)
+                          warps=key.warps)
     return compile_utils.compile_for_tvm_ffi(cute, kernel, x, *operands())
 
 
@@ -204,9 +195,7 @@ def matmul(x2d: Tensor, w_fp4: Tensor, w_block_scale: Tensor, w_global_scale: Te
 def run(x2d: Tensor, w_fp4: Tensor, w_block_scale: Tensor, w_global_scale: Tensor, n: int,
         forced: Optional[tuple[int, ...]] = None) -> Tensor:
     """`matmul` without its checks, for a caller that has made them (`w4a16_decode.nvfp4_matmul`, every call)."""
-    chosen = switches.current()
-    return _launch(x2d, [(w_fp4, w_block_scale, w_global_scale, n)], forced, chosen.int_gemv_prefetch,
-                   chosen.gemv_ring)[0]
+    return _launch(x2d, [(w_fp4, w_block_scale, w_global_scale, n)], forced, switches.current().int_gemv_prefetch)[0]
 
 
 def run_siblings(x2d: Tensor, weights: list[tuple[Tensor, Tensor, Tensor]],
@@ -267,8 +256,7 @@ def _call(key: Key, x: Tensor, *operands) -> None:
         compiled(key)(x.view(torch.int32), *operands)
 
 
-def _launch(x2d: Tensor, weights: list, forced: Optional[tuple[int, ...]], prefetch: int, ring: int = 0
-            ) -> list[Tensor]:
+def _launch(x2d: Tensor, weights: list, forced: Optional[tuple[int, ...]], prefetch: int) -> list[Tensor]:
     x, prepared, pieces, num_sms = _prepared(x2d, [w[:3] for w in weights])
     m = x.shape[0]
     outs = [torch.empty(m, w[3], dtype=x.dtype, device=x.device) for w in weights]
@@ -280,11 +268,9 @@ def _launch(x2d: Tensor, weights: list, forced: Optional[tuple[int, ...]], prefe
         *shape(n, m, num_sms, pieces, split), 4)
     if (n_splits > 1 or warps != 4) and len(weights) > 1:
         raise ValueError("the sibling GEMV does not split K and has CTAs of 4 warps")
-    bucket = pieces_bucket(split_pieces(pieces, warps_k, n_splits))
-    if ring and (prefetch or len(weights) > 1 or ring_bytes(ring, rows, warps) + bucket * 80 * m > RING_SMEM_LIMIT):
-        ring = 0
-    key = Key(x.dtype, m, compile_utils.target_arch(x.device), rows, warps_k, bucket, switches.current().w4a16_pdl,
-              prefetch, len(weights), n_splits, warps, ring=ring)
+    key = Key(x.dtype, m, compile_utils.target_arch(x.device), rows, warps_k,
+              pieces_bucket(split_pieces(pieces, warps_k, n_splits)), switches.current().w4a16_pdl, prefetch,
+              len(weights), n_splits, warps)
     if len(weights) == 2:
         operands += operands[4:]  # the third weight's slot, not read
     _call(key, x, *operands)

@@ -25,10 +25,9 @@ their rows M: unset or auto, the measured rule `w4a16_decode.GEMV_AUTO_ROWS`; on
 FA4_INDUCTOR_W4A16_INT_GEMV (which NVFP4 calls of the plain layout take the integer GEMV, `cute/nvfp4_int_gemv.py`:
 unset or auto, one-row calls where it measured faster, `w4a16_decode.int_gemv_auto`; on, 1..4 rows; off, none),
 FA4_INDUCTOR_INT_GEMV_PREFETCH (0, the default, or D >= 3: the integer GEMV keeps the weight bytes of the steps up to D
-ahead prefetched into L2; measured slower, session 19), FA4_INDUCTOR_GEMV_RING (0, the default, or D >= 2: both
-GEMVs' one-weight calls stream their weight pieces through a ring of D steps in shared memory by cp.async, D - 1 steps
-in flight a lane; an experiment), FA4_INDUCTOR_GEMV_SPLIT (auto, on or off: both GEMVs split the K of weights of few
-rows among the CTAs of a cluster, `nvfp4_int_gemv.shape`, `w4a16_decode.gemv_shape`; auto is off until measured, `nvfp4_int_gemv.SPLIT_BY_DEFAULT`). Others'
+ahead prefetched into L2; measured slower, session 19), FA4_INDUCTOR_GEMV_SPLIT (auto, on or off: both GEMVs
+split the K of weights of few rows among the CTAs of a cluster, `nvfp4_int_gemv.shape`, `w4a16_decode.gemv_shape`;
+auto is off until measured, `nvfp4_int_gemv.SPLIT_BY_DEFAULT`). Others'
 variables we read: CUTE_DSL_ARCH (the CuTe DSL compile target), FA4's disk-cache pair and XDG_CACHE_HOME (`fa4.py` turns FA4's disk cache on).
 """
 
@@ -57,7 +56,6 @@ W4A16_PACK = "FA4_INDUCTOR_W4A16_PACK"
 W4A16_GEMV = "FA4_INDUCTOR_W4A16_GEMV"
 W4A16_INT_GEMV = "FA4_INDUCTOR_W4A16_INT_GEMV"
 INT_GEMV_PREFETCH = "FA4_INDUCTOR_INT_GEMV_PREFETCH"
-GEMV_RING = "FA4_INDUCTOR_GEMV_RING"
 GEMV_SPLIT = "FA4_INDUCTOR_GEMV_SPLIT"
 CUTE_DSL_ARCH = "CUTE_DSL_ARCH"
 FA4_CACHE_ENABLED = "FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED"
@@ -89,10 +87,8 @@ class Switches(NamedTuple):
     w4a16_int_gemv: Optional[bool]
     """None (auto: `w4a16_decode.int_gemv_auto`'s measured rule), True (NVFP4 calls of 1..4 rows) or False (none)."""
     int_gemv_prefetch: int
-    """Steps ahead of its register loads the integer GEMV prefetches its weight rows into L2 (0: none)."""
-    gemv_ring: int
-    """Steps of the GEMVs' shared-memory ring of weight pieces (0: none, pieces go to registers)."""
     gemv_split: Optional[bool]
+    """Steps ahead of its register loads the integer GEMV prefetches its weight rows into L2 (0: none)."""
     cute_dsl_arch: Optional[str]
     fa4_cache_enabled_set: bool
     """FA4's disk-cache switch is set (by the user, or by `fa4.py` before importing FA4)."""
@@ -126,7 +122,6 @@ def read(env: Mapping[str, str]) -> Switches:
         w4a16_gemv=parse_gemv(env.get(W4A16_GEMV)),
         w4a16_int_gemv=parse_auto_on_off(W4A16_INT_GEMV, env.get(W4A16_INT_GEMV)),
         int_gemv_prefetch=parse_prefetch(env.get(INT_GEMV_PREFETCH)),
-        gemv_ring=parse_ring(env.get(GEMV_RING)),
         gemv_split=parse_auto_on_off(GEMV_SPLIT, env.get(GEMV_SPLIT)),
         cute_dsl_arch=env.get(CUTE_DSL_ARCH) or None,
         fa4_cache_enabled_set=FA4_CACHE_ENABLED in env,
@@ -161,19 +156,6 @@ def parse_auto_on_off(name: str, value: Optional[str]) -> Optional[bool]:
     if _is_on(v) or _is_off(v):
         return _is_on(v)
     raise ValueError(f"{name} is auto, on or off, not {value!r}")
-
-
-MAX_GEMV_RING = 8  # the CUDA-core GEMV's ring at 8 rows a warp: 160 KB of shared memory
-
-
-def parse_ring(value: Optional[str]) -> int:
-    """FA4_INDUCTOR_GEMV_RING: 0 (unset) or a ring of 2..MAX_GEMV_RING steps."""
-    v = (value or "").strip()
-    if not v:
-        return 0
-    if not v.isdigit() or int(v) == 1 or int(v) > MAX_GEMV_RING:
-        raise ValueError(f"{GEMV_RING} is 0 or a step count of 2 to {MAX_GEMV_RING}, not {value!r}")
-    return int(v)
 
 
 def parse_prefetch(value: Optional[str]) -> int:

@@ -705,7 +705,6 @@ class _GemvKey(NamedTuple):
     min_ctas: int = 0
     weights: int = 1  # > 1: `W4A16GemvSiblings` (int8, no bias), that many weights of one x in one launch
     splits: int = 1  # CTAs of a cluster that split a row group's K (`W4A16Gemv`)
-    ring: int = 0  # steps of the weight pieces' shared-memory ring (`W4A16Gemv`, one weight)
 
 
 def gemv_warps_k(n: int, pieces: int) -> int:
@@ -765,7 +764,7 @@ def _compile_gemv(key: _GemvKey):
         kernel = W4A16GemvSiblings(dt, key.weights, key.m, key.rows, key.warps_k, pdl=key.pdl, min_ctas=key.min_ctas)
         return compile_utils.compile_for_tvm_ffi(cute, kernel, x, *operands(), *operands(), *operands())
     kernel = W4A16Gemv(dt, key.fmt, key.m, key.bias, key.rows, key.warps_k, pdl=key.pdl, min_ctas=key.min_ctas,
-                       splits=key.splits, ring=key.ring)
+                       splits=key.splits)
     w, scale, out = operands()
     block = cute.runtime.make_fake_tensor(Int32, (sym(), sym()), (sym64(), 1)) if key.fmt == "nvfp4" else None
     bias = cute.runtime.make_fake_compact_tensor(dt, (sym(),)) if key.bias else None
@@ -857,7 +856,7 @@ def _gemv_plan(fmt: str, x2d: Tensor, words: Tensor, n: int, bias: bool, scale_d
         raise ValueError("the sibling GEMV does not split K")
     key = gemv_key(x.dtype, fmt, x.shape[0], bias, compile_utils.target_arch(x.device), warps_k,
                    switches.current().w4a16_pdl, scale_dtype, rows, splits)
-    return x, key._replace(weights=weights, ring=switches.current().gemv_ring if weights == 1 else 0)
+    return x, key._replace(weights=weights)
 
 
 def keys(dtype: torch.dtype, fmt: str, m: int, split: bool, bias: bool, arch: str, cta: CtaShape,

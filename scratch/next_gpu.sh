@@ -1,5 +1,4 @@
-# Unrun GPU work. Session 32 ran l30, d28 and m32 (docs/benchmarks.md, session 32); next: `o32` (the GEMVs'
-# shared-memory weight ring: bit-for-bit tests and bench), then `n32` (the training step timed over 10 steps).
+# Unrun GPU work. Session 33 ran o32 and n32 (docs/benchmarks.md, session 33); next: `p33`.
 # Output goes to $OUT/log.txt. Have the next call ready: the machine goes back 30 s after a call, and a fresh one needs
 # .gpu/a and .gpu/b again. Run one part a call:  bash scratch/next_gpu.sh g29
 # Never `pkill -f pytest` here: it matches this script's own command line. A pytest cut by `timeout` can leave xdist
@@ -8,6 +7,10 @@ P="python3 -m pytest -m gpu -q -p no:cacheprovider -p no:logging -W ignore -rf"
 L=$OUT/log.txt
 run() { echo "+ $*" >>$L; PYTHONUNBUFFERED=1 "$@" >>$L 2>&1; echo "rc=$?" >>$L; }
 case "$1" in
+p33) # session 33, after o32 (the ring measured slower and removed, register path restored) and n32 (the e2e suite cut
+    # at 150 s): the GEMV tiers on the restored files, then prefill and decode end to end with the rotary tables
+    run timeout 120 $P -n 8 tests/test_gpu_w4a16.py -k "gemv"
+    run timeout 400 python3 -m fa4_inductor bench --suite e2e ;;
 o32) # session 32: the GEMVs' weight pieces through a shared-memory ring by cp.async (FA4_INDUCTOR_GEMV_RING, off by
     # default, CPU-compiled only; d28: the integer GEMV holds ~53% of DRAM's peak with one eligible warp a scheduler,
     # 35% of its stalls on global loads, at the 16 warps a SM its registers allow): both GEMVs' bit-for-bit tests, then

@@ -9,7 +9,6 @@ W4A16 GEMM (kernels/quack_w4a16.py), NVFP4 and int8 weights, x bf16.
     python tests/bench_w4a16.py --m 1,8 --pack off,on --shapes 8192x8192,2048x8192   # NVFP4 plain vs packed layout
     python tests/bench_w4a16.py --m 1,4 --gemv off,on --shapes 8192x8192,512x2048    # tensor-core kernel vs GEMV
     python tests/bench_w4a16.py --m 1 --gemv int --prefetch 0,4,8 --shapes 8192x8192   # the integer GEMV's L2 prefetch
-    python tests/bench_w4a16.py --m 1 --gemv int --ring 0,3,4 --shapes 8192x8192   # its shared-memory weight ring
 
 `--load` (comma list of `w4a16_decode.parse_load` specs; default FA4_INDUCTOR_W4A16_LOAD, else registers)
 times ours once per load path; `--stages` gives each bulk path those ring depths ("bulk:3"; a depth that does
@@ -231,9 +230,6 @@ def main():
     p.add_argument("--prefetch", default=None, help="comma list of the integer GEMV's L2 prefetch windows "
                                                      "(FA4_INDUCTOR_INT_GEMV_PREFETCH: 0, or 3 and more steps): each "
                                                      "a pass over the shapes")
-    p.add_argument("--ring", default=None, help="comma list of the integer GEMV's shared-memory ring depths "
-                                                 "(FA4_INDUCTOR_GEMV_RING: 0, or 2 and more steps): each a pass "
-                                                 "over the shapes")
     p.add_argument("--int8-scales", default="float32", choices=("float32", "bfloat16", "float16"),
                    help="the int8 weights' per-channel scale dtype")
     a = p.parse_args()
@@ -248,15 +244,11 @@ def main():
           f"{w4.bulk_stages(16, w4.NARROW)})")
     packs = [{"off": False, "on": True, "tiles": "tiles"}[v.strip()] for v in a.pack.split(",")] if a.pack else [None]
     gemvs = [parse_gemv(v) for v in a.gemv.split(",")] if a.gemv else [None]
-    passes = [(switches.INT_GEMV_PREFETCH, v) for v in a.prefetch.split(",")] if a.prefetch else []
-    passes += [(switches.GEMV_RING, v) for v in a.ring.split(",")] if a.ring else []
-    for variable, value in passes or [(None, None)]:
-        if variable is not None:
-            os.environ.pop(switches.INT_GEMV_PREFETCH, None)
-            os.environ.pop(switches.GEMV_RING, None)
-            os.environ[variable] = value
+    for prefetch in a.prefetch.split(",") if a.prefetch else [None]:
+        if prefetch is not None:
+            os.environ[switches.INT_GEMV_PREFETCH] = prefetch
             switches.reset()
-            print(f"## {variable}={value}")
+            print(f"## {switches.INT_GEMV_PREFETCH}={prefetch}")
         for shape in a.shapes.split(","):
             n, k = map(int, shape.split("x"))
             bench_shape(n, k, ms, splits, loads, ctas, getattr(torch, a.int8_scales), packs, gemvs)

@@ -330,31 +330,6 @@ def test_gemv_forced_shapes(m, shape):
         fmt_case(m, 333, 4160, torch.bfloat16, seed=m, gemv=shape, **kw)
 
 
-@pytest.mark.parametrize("ring", [2, 4])
-@pytest.mark.parametrize("m, n, k, shape", [(1, 1000, 2064, (4, 1)), (3, 333, 4160, (2, 2)), (1, 2048, 8192, None),
-                                            (1, 8192, 8192, None), (2, 5, 8256, (1, 4)), (1, 2048, 8256, (4, 1, 2))])
-def test_gemv_ring(monkeypatch, ring, m, n, k, shape):
-    """FA4_INDUCTOR_GEMV_RING in the CUDA-core GEMV (weight pieces through a shared-memory ring by cp.async): NVFP4
-    and int8 with a bias, bit for bit the outputs without it; N and K off the rows and steps, split K."""
-    gemv = shape or True
-    w_fp4, block, global_scale = random_nvfp4(n, k, seed=n + k, device="cuda")
-    g = torch.Generator().manual_seed(n)
-    w_int8 = torch.randint(-128, 128, (n, k), dtype=torch.int8, generator=g).cuda()
-    scale = (torch.rand(n, generator=g) / 100 + 1e-3).cuda()
-    bias = torch.randn(n, dtype=torch.bfloat16, device="cuda")
-    x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
-
-    def both():
-        return (w4.nvfp4_matmul(x, w_fp4, block, global_scale, gemv=gemv),
-                w4.int8_matmul(x, w_int8, scale, bias, gemv=gemv))
-
-    plain = both()
-    monkeypatch.setenv(switches.GEMV_RING, str(ring))
-    switches.reset()
-    assert all(torch.equal(a, b) for a, b in zip(both(), plain))
-    assert any(key.ring == ring for key in w4.compiled_gemv._compiled)
-
-
 def assert_replays_equal(step, x):
     """`step` captured in a CUDA graph (`capture`), replayed three times on new values of its input x: each output
     bit for bit a fresh call's."""
@@ -553,42 +528,22 @@ def test_int_gemv_forced_shapes(shape):
         int_gemv_case(333, 4160, torch.float16, seed=8, shape=shape, m=4)
 
 
-def same_output_under(monkeypatch, variable, value, m, n, k, shape):
-    """The integer GEMV's output with the switch `variable` set to `value`: bit for bit the output without it, and
-    within the bounds of `int_gemv_case`."""
-    from fa4_inductor.kernels import nvfp4_int_gemv as g
-
-    w_fp4, block, global_scale = random_nvfp4(n, k, seed=n + k, device="cuda")
-    x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
-    plain = g.matmul(x, w_fp4, block, global_scale, forced=shape)
-    monkeypatch.setenv(variable, str(value))
-    switches.reset()
-    assert torch.equal(int_gemv_case(n, k, torch.bfloat16, seed=n + k, shape=shape, x=x), plain)
-
-
 @pytest.mark.parametrize("prefetch", [3, 4, 8])
 @pytest.mark.parametrize("m, n, k, shape", [(1, 257, 1024, (4, 1)), (1, 257, 5152, (4, 1)), (1, 333, 4160, (1, 4)),
                                             (1, 8192, 8192, None), (2, 1000, 2064, None), (4, 333, 4160, (2, 2)),
                                             (1, 4099, 1040, (2, 2))])
 def test_int_gemv_prefetch_window(monkeypatch, prefetch, m, n, k, shape):
-    """FA4_INDUCTOR_INT_GEMV_PREFETCH only adds L2 prefetches."""
-    same_output_under(monkeypatch, switches.INT_GEMV_PREFETCH, prefetch, m, n, k, shape)
-    assert switches.current().int_gemv_prefetch == prefetch
-
-
-@pytest.mark.parametrize("ring", [2, 3, 4])
-@pytest.mark.parametrize("m, n, k, shape", [(1, 257, 1024, (4, 1)), (1, 257, 5152, (4, 1)), (1, 333, 4160, (1, 4)),
-                                            (1, 8192, 8192, None), (2, 1000, 2064, None), (4, 333, 4160, (2, 2)),
-                                            (1, 4099, 1040, (2, 2)), (1, 2048, 8192, (4, 1, 4, 4)),
-                                            (1, 8192, 8192, (4, 1, 1, 16)), (3, 520, 4128, (4, 1, 2, 8))])
-def test_int_gemv_ring(monkeypatch, ring, m, n, k, shape):
-    """FA4_INDUCTOR_GEMV_RING only changes where the weight pieces wait (a shared-memory ring filled by cp.async,
-    not registers), for K and N not multiples of the steps and rows, split K and CTAs of 4, 8 and 16 warps."""
+    """FA4_INDUCTOR_INT_GEMV_PREFETCH only adds L2 prefetches: the same output, bit for bit, as without it (and
+    within the bounds of `int_gemv_case`)."""
     from fa4_inductor.kernels import nvfp4_int_gemv as g
 
-    same_output_under(monkeypatch, switches.GEMV_RING, ring, m, n, k, shape)
-    assert switches.current().gemv_ring == ring
-    assert any(key.ring == ring for key in g.compiled._compiled)  # the ring ran (its shared memory fit)
+    w_fp4, block, global_scale = random_nvfp4(n, k, seed=n + k, device="cuda")
+    x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
+    plain = g.matmul(x, w_fp4, block, global_scale, forced=shape)
+    monkeypatch.setenv("FA4_INDUCTOR_INT_GEMV_PREFETCH", str(prefetch))
+    switches.reset()
+    assert switches.current().int_gemv_prefetch == prefetch
+    assert torch.equal(int_gemv_case(n, k, torch.bfloat16, seed=n + k, shape=shape, x=x), plain)
 
 
 @pytest.mark.parametrize("shape", [(4, 1, 2), (4, 1, 4), (4, 1, 8), (2, 2, 2), (1, 4, 4), (2, 1, 8), (4, 1, 1, 16),

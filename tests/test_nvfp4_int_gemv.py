@@ -235,9 +235,7 @@ def test_variants_compile(cute_dsl, dtype):
                 g.Key(dtype, 1, ARCH, 4, 1, 256, pdl=True, warps=16),
                 g.Key(dtype, 2, ARCH, 4, 2, 64, warps=8, splits=2),
                 g.Key(dtype, 1, ARCH, 4, 1, 64, pdl=True, weights=2, gated="silu"),
-                g.Key(dtype, 4, ARCH, 2, 2, 128, weights=2, gated="gelu_tanh"),
-                g.Key(dtype, 1, ARCH, 4, 1, 256, warps=8, ring=4), g.Key(dtype, 3, ARCH, 4, 1, 64, pdl=True, ring=2),
-                g.Key(dtype, 1, ARCH, 4, 1, 64, warps=8, splits=2, ring=3)):
+                g.Key(dtype, 4, ARCH, 2, 2, 128, weights=2, gated="gelu_tanh")):
         assert callable(g.compiled(key)) and g.compiled(key) is g.compiled(key)
 
 
@@ -257,29 +255,6 @@ def test_the_switch():
     for value in ("2", "-1", "many"):
         with pytest.raises(ValueError, match="0 or a step count of at least 3"):
             switches.read({"FA4_INDUCTOR_INT_GEMV_PREFETCH": value})
-    assert switches.read({}).gemv_ring == 0
-    assert switches.read({"FA4_INDUCTOR_GEMV_RING": "3"}).gemv_ring == 3
-    for value in ("1", "-2", "9", "deep"):
-        with pytest.raises(ValueError, match="0 or a step count of 2 to 8"):
-            switches.read({"FA4_INDUCTOR_GEMV_RING": value})
-
-
-def test_the_host_path_keys_the_ring_where_it_fits(launches, monkeypatch):
-    """FA4_INDUCTOR_GEMV_RING reaches the one-weight launch's key where the ring and x's planes fit the shared
-    memory (RING_SMEM_LIMIT); elsewhere, and with the prefetch window, the launch keeps no ring."""
-    from fa4_inductor.kernels import switches
-
-    monkeypatch.setenv(switches.GEMV_RING, "4")
-    switches.reset()
-    w_fp4, block, global_scale = random_nvfp4(2048, 8192, seed=1)
-    x = torch.randn(4, 8192, dtype=torch.bfloat16)
-    g.run(x[:1], w_fp4, block, global_scale, 2048, forced=(4, 1, 1, 8))  # 80 KB of ring, 20 of planes
-    g.run(x[:1], w_fp4, block, global_scale, 2048, forced=(4, 1, 1, 16))  # 160 + 20 KB
-    g.run(x, w_fp4, block, global_scale, 2048, forced=(4, 1, 1, 16))  # 160 + 80 KB: over
-    monkeypatch.setenv(switches.INT_GEMV_PREFETCH, "4")
-    switches.reset()
-    g.run(x[:1], w_fp4, block, global_scale, 2048, forced=(4, 1, 1, 8))
-    assert [key.ring for key, _ in launches] == [4, 4, 0, 0]
 
 
 def test_one_row_calls_take_it_where_it_measured_faster():

@@ -105,22 +105,6 @@ def test_gemv_takes_one_row_by_default(monkeypatch):
     switches.reset()
 
 
-def test_the_ring_reaches_one_weight_gemv_keys(monkeypatch):
-    """FA4_INDUCTOR_GEMV_RING gives the CUDA-core GEMV's one-weight calls their ring; a sibling launch keeps none."""
-    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
-    monkeypatch.setattr(w4, "_num_sms", lambda device: 132)
-    monkeypatch.setenv(switches.GEMV_RING, "3")
-    switches.reset()
-    try:
-        words = torch.zeros(2048, 2048, dtype=torch.int32)  # int8 [2048, 8192]
-        x = torch.randn(1, 8192, dtype=torch.bfloat16)
-        assert w4._gemv_plan("int8", x, words, 2048, False, torch.float32, None)[1].ring == 3
-        assert w4._gemv_plan("int8", x, words, 4096, False, torch.float32, None, weights=2)[1].ring == 0
-    finally:
-        monkeypatch.delenv(switches.GEMV_RING)
-        switches.reset()
-
-
 def test_gemv_warps_k():
     """K warps doubled while N * warps_k < 16384 and each K warp keeps a 32-piece step (pieces: Kp / 32 NVFP4,
     Kp / 16 int8)."""
@@ -195,9 +179,7 @@ def test_gemv_variants_compile(cute_dsl):
                 w4.gemv_key(torch.bfloat16, "int8", 1, False, ARCH, 1, True)._replace(weights=3),
                 w4.gemv_key(torch.float16, "int8", 2, False, ARCH, 2, scale_dtype=torch.float16)._replace(weights=2),
                 w4.gemv_key(torch.bfloat16, "int8", 1, True, ARCH, 4, True, rows=2, splits=2),
-                w4.gemv_key(torch.bfloat16, "nvfp4", 1, False, ARCH, 1, splits=8),
-                w4.gemv_key(torch.bfloat16, "nvfp4", 2, False, ARCH, 2)._replace(ring=3),
-                w4.gemv_key(torch.float16, "int8", 1, True, ARCH, 1, scale_dtype=torch.bfloat16, splits=2)._replace(ring=4)):
+                w4.gemv_key(torch.bfloat16, "nvfp4", 1, False, ARCH, 1, splits=8)):
         assert callable(w4.compiled_gemv(key)) and w4.compiled_gemv(key) is w4.compiled_gemv(key)
 
 

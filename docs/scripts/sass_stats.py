@@ -17,7 +17,6 @@ can be compared between versions of a kernel. SASS_OUT=path appends the whole li
     python docs/scripts/sass_stats.py intgemv 4 1 256        # integer NVFP4 GEMV: 4 rows a warp, 1 K warp, 256 pieces
     python docs/scripts/sass_stats.py intgemv 2 1 256 --m 4  # the same for 4 rows of x
     python docs/scripts/sass_stats.py intgemv 4 1 256 --prefetch 4   # with the L2 prefetch window (FA4_INDUCTOR_INT_GEMV_PREFETCH)
-    python docs/scripts/sass_stats.py intgemv 4 1 256 --ring 4 --warps 8   # weights through a shared ring (..._RING)
     python docs/scripts/sass_stats.py intgemv 4 1 64 --weights 3      # the sibling GEMV over three weights (q / k / v)
     python docs/scripts/sass_stats.py intgemv 4 1 64 --splits 4       # K split among a cluster of 4 CTAs
     python docs/scripts/sass_stats.py intgemv 4 1 256 --warps 16      # CTAs of 16 warps (x quantized once for 64 rows)
@@ -57,27 +56,25 @@ def compile_variant(argv):
 
         flags = {a for a in argv if a.startswith("--")}
         splits = int(argv[argv.index("--splits") + 1]) if "--splits" in argv else 1
-        ring = int(argv[argv.index("--ring") + 1]) if "--ring" in argv else 0
-        argv = [a for i, a in enumerate(argv) if not a.startswith("--") and argv[i - 1] not in ("--splits", "--ring")]
+        argv = [a for i, a in enumerate(argv) if not a.startswith("--") and argv[i - 1] != "--splits"]
         dtype = torch.float16 if "--f16" in flags else torch.bfloat16
         w4.compiled_gemv(w4.gemv_key(dtype, argv[1], int(argv[2]), "--bias" in flags, "sm_90a",
-                                     int(argv[3]) if len(argv) > 3 else 1, splits=splits)._replace(ring=ring))
+                                     int(argv[3]) if len(argv) > 3 else 1, splits=splits))
     elif argv[0] == "intgemv":
         from fa4_inductor.kernels import nvfp4_int_gemv as g
 
         dtype = torch.float16 if "--f16" in argv else torch.bfloat16
         m = int(argv[argv.index("--m") + 1]) if "--m" in argv else 1
         prefetch = int(argv[argv.index("--prefetch") + 1]) if "--prefetch" in argv else 0
-        ring = int(argv[argv.index("--ring") + 1]) if "--ring" in argv else 0
         weights = int(argv[argv.index("--weights") + 1]) if "--weights" in argv else 1
         splits = int(argv[argv.index("--splits") + 1]) if "--splits" in argv else 1
         warps = int(argv[argv.index("--warps") + 1]) if "--warps" in argv else 4
         flags_of_intgemv = {a for a in argv if a.startswith("--")}
         argv = [a for i, a in enumerate(argv) if not a.startswith("--")
-                and argv[i - 1] not in ("--m", "--prefetch", "--ring", "--weights", "--splits", "--warps")]
+                and argv[i - 1] not in ("--m", "--prefetch", "--weights", "--splits", "--warps")]
         gated = "gelu_tanh" if "--gelu" in flags_of_intgemv else "silu" if "--gated" in flags_of_intgemv else ""
         g.compiled(g.Key(dtype, m, "sm_90a", int(argv[1]), int(argv[2]), int(argv[3]), prefetch=prefetch,
-                         weights=2 if gated else weights, splits=splits, warps=warps, gated=gated, ring=ring))
+                         weights=2 if gated else weights, splits=splits, warps=warps, gated=gated))
     elif argv[0] == "int8kv":
         from fa4_inductor.kernels import decode_int8kv
 

@@ -94,9 +94,6 @@ class NVFP4IntGemv(W4A16Gemv):
     not, `min_ctas`, `prefetch`). `W4A16Gemv`'s work split, first loads and sums (`start`, `load_piece`,
     `add_up_and_store`); each weight word is decoded once for the M rows of x.
 
-    ring: `W4A16Gemv`'s weight ring (its first steps issued before x is quantized), instead of two pieces in
-    registers; not with `prefetch`.
-
     prefetch: 0, or D >= 3: a warp keeps its rows' weight and block-scale bytes of the steps up to D ahead of the one it
     decodes prefetched into L2 (`prefetch_step`, a line a lane; no registers held): more reads in flight than the two
     steps the registers hold.
@@ -105,11 +102,10 @@ class NVFP4IntGemv(W4A16Gemv):
     stream), as `W4A16Gemv` takes them for NVFP4; Kp / 32 pieces a row, at most `max_pieces`."""
 
     def __init__(self, dtype, m: int, rows: int, warps_k: int, max_pieces: int, pdl: bool = False,
-                 min_ctas: int = 0, prefetch: int = 0, splits: int = 1, warps: int = NUM_WARPS, ring: int = 0):
-        super().__init__(dtype, "nvfp4", m, False, rows, warps_k, pdl, min_ctas, splits, warps, ring)
+                 min_ctas: int = 0, prefetch: int = 0, splits: int = 1, warps: int = NUM_WARPS):
+        super().__init__(dtype, "nvfp4", m, False, rows, warps_k, pdl, min_ctas, splits, warps)
         # the window takes a lane a weight line (4 a row) and one a row of block scales
         assert max_pieces >= 1 and (prefetch == 0 or (prefetch >= 3 and 5 * rows <= 32)), (max_pieces, prefetch, rows)
-        assert ring == 0 or prefetch == 0, (ring, prefetch)
         self.max_pieces = max_pieces
         self.prefetch = prefetch
 
@@ -124,7 +120,7 @@ class NVFP4IntGemv(W4A16Gemv):
         """The CTA's shared memory: the planes and block metadata of the pieces of x it reads, the sums, the tables."""
         return shared_struct(sPlanes=(Int32, 2 * 2 * self.max_pieces * PLANE_HALF_WORDS * self.m),
                              sMeta=(Int32, self.max_pieces * META_WORDS * self.m), **self.sums_fields(),
-                             sTables=(Int32, 4), **self.ring_fields())
+                             sTables=(Int32, 4))
 
     @cute.kernel
     def kernel(self, mX: cute.Tensor, mW: cute.Tensor, mBlock: cute.Tensor, mScale: cute.Tensor, mOut: cute.Tensor,
@@ -151,11 +147,8 @@ class NVFP4IntGemv(W4A16Gemv):
         rS = cute.make_rmem_tensor((self.rows,), Int32)
         rW2 = cute.make_rmem_tensor((PIECE_WORDS, self.rows), Int32)
         rS2 = cute.make_rmem_tensor((self.rows,), Int32)
-        lane, wn, wk, row0, n_rows, begin, end, first, stride = self.start(mW, mBlock, rW, rS, bx,
-                                                                             load=self.ring == 0)
-        if const_expr(self.ring > 0):  # the ring's first steps go out before x is quantized
-            ring = self.ring_start(storage, mW, mBlock, lane, row0, n_rows, end, first, stride)
-        elif first + stride < end:
+        lane, wn, wk, row0, n_rows, begin, end, first, stride = self.start(mW, mBlock, rW, rS, bx)
+        if first + stride < end:
             self.load_piece(mW, mBlock, rW2, rS2, row0, n_rows, first + stride)
         if const_expr(self.prefetch > 0):  # the window's steps past the two the registers load
             pf = self.prefetch_lane(mW, mBlock, lane, row0, n_rows)
@@ -184,38 +177,20 @@ class NVFP4IntGemv(W4A16Gemv):
 
         rP = cute.make_rmem_tensor((PLANE_HALF_WORDS, 2, 2, M), Int32)  # (word, half, plane, x row)
         rM = cute.make_rmem_tensor((META_WORDS, M), Int32)
-        if const_expr(self.ring > 0):
-            self.ring_steps(mW, mBlock, ring, rW, rS, acc, (sPlanes, sMeta, rP, rM, tables), lane, row0, n_rows,
-                            begin, end, first, stride)
-        else:
-            self.register_loop(mW, mBlock, sPlanes, sMeta, rW, rS, rW2, rS2, rP, rM, acc, tables, lane, row0, n_rows,
-                               begin, end, first, stride, pf if const_expr(self.prefetch > 0) else None)
-        self.add_up_and_store(acc, storage, lane, wn, wk, row0, n_rows, mScale, None, mOut)
-
-    @cute.jit
-    def register_loop(self, mW: cute.Tensor, mBlock: cute.Tensor, sPlanes: cute.Tensor, sMeta: cute.Tensor,
-                      rW: cute.Tensor, rS: cute.Tensor, rW2: cute.Tensor, rS2: cute.Tensor, rP: cute.Tensor,
-                      rM: cute.Tensor, acc: cute.Tensor, tables, lane: Int32, row0: Int32, n_rows: Int32, begin: Int32,
-                      end: Int32, first: Int32, stride: Int32, pf):
-        """The warp's steps with two pieces in registers: step p's in rW / rS while step p + stride's loads."""
         for p in cutlass.range(first, end, 2 * stride, unroll=1):
             if const_expr(self.prefetch > 0):
                 self.prefetch_step(*pf, end, p - lane + self.prefetch * stride)
                 self.prefetch_step(*pf, end, p - lane + (self.prefetch + 1) * stride)
-            self.add_piece((sPlanes, sMeta, rP, rM, tables), rW, rS, acc, p, begin)
+            self.x_piece(sPlanes, sMeta, rP, rM, p - begin)
+            self.piece(rW, rS, rP, rM, acc, tables)
             if p + 2 * stride < end:
                 self.load_piece(mW, mBlock, rW, rS, row0, n_rows, p + 2 * stride)
             if p + stride < end:
-                self.add_piece((sPlanes, sMeta, rP, rM, tables), rW2, rS2, acc, p + stride, begin)
+                self.x_piece(sPlanes, sMeta, rP, rM, p + stride - begin)
+                self.piece(rW2, rS2, rP, rM, acc, tables)
                 if p + 3 * stride < end:
                     self.load_piece(mW, mBlock, rW2, rS2, row0, n_rows, p + 3 * stride)
-
-    @cute.jit
-    def add_piece(self, inputs, rW: cute.Tensor, rS: cute.Tensor, acc: cute.Tensor, p: Int32, begin: Int32):
-        """Piece p of the warp's rows, in rW / rS, into the sums; `inputs`: (sPlanes, sMeta, rP, rM, tables)."""
-        sPlanes, sMeta, rP, rM, tables = inputs
-        self.x_piece(sPlanes, sMeta, rP, rM, p - begin)
-        self.piece(rW, rS, rP, rM, acc, tables)
+        self.add_up_and_store(acc, storage, lane, wn, wk, row0, n_rows, mScale, None, mOut)
 
     @cute.jit
     def prefetch_lane(self, mW: cute.Tensor, mBlock: cute.Tensor, lane: Int32, row0: Int32, n_rows: Int32):

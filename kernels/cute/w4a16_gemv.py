@@ -37,7 +37,6 @@ from cutlass import Float32, Int32, const_expr
 from cutlass.cutlass_dsl import T, dsl_user_op
 from cutlass._mlir.dialects import llvm
 
-from .cp_async import cp_async
 from .w4a16_decode_gemm import (MINUS_ZERO, _asm, _i32, _struct, and_bits, decode_exponent, fma_x2,
                                 nvfp4_magnitude_field, nvfp4_shifts, nvfp4_sign_mask, prmt, select_bits, shift)
 
@@ -147,15 +146,12 @@ class W4A16Gemv:
     pdl: launched as a programmatic dependent; each lane loads its first weight piece, then waits for the kernel
     before it (`griddepcontrol.wait`) before any other load, then lets the next one be scheduled.
 
-    ring: 0, or D >= 2: the weight pieces go through a D-step ring in shared memory by cp.async (`ring_steps`), D - 1
-    steps in flight a lane where the registers hold one (an experiment, FA4_INDUCTOR_GEMV_RING).
-
     Call: (mX, mW, mBlock (nvfp4) or None, mScale, mBias [N] or None, mOut [M, N] (unit stride on N), stream)."""
 
     def __init__(self, dtype, fmt: str, m: int, has_bias: bool, rows: int, warps_k: int, pdl: bool = False,
-                 min_ctas: int = 0, splits: int = 1, warps: int = NUM_WARPS, ring: int = 0):
+                 min_ctas: int = 0, splits: int = 1, warps: int = NUM_WARPS):
         assert fmt in FORMATS and 1 <= m <= MAX_M and rows >= 1 and warps % warps_k == 0, (fmt, m, rows, warps_k)
-        assert splits in SPLITS and warps in CTA_WARPS and ring != 1, (splits, warps, ring)
+        assert splits in SPLITS and warps in CTA_WARPS, (splits, warps)
         assert not (has_bias and fmt == "nvfp4"), "NVFP4 weights have no bias here"
         self.dtype = dtype
         self.is_f16 = dtype == cutlass.Float16
@@ -171,7 +167,6 @@ class W4A16Gemv:
         self.splits = splits
         self.out_rows = rows  # output rows a warp (a gated GEMV's warp reads two weights' rows for each)
         self.gated = False
-        self.ring = ring
 
     @cute.jit
     def __call__(self, mX: cute.Tensor, mW: cute.Tensor, mBlock: Optional[cute.Tensor], mScale: cute.Tensor,
@@ -183,17 +178,7 @@ class W4A16Gemv:
     def shared_storage(self):
         """The CTA's shared memory (a struct made here, outside traced code, where this module's annotations would
         stay strings): the K warps' sums."""
-        return shared_struct(**self.sums_fields(), **self.ring_fields())
-
-    def ring_fields(self) -> dict:
-        """Shared memory for the weight ring (`ring_steps`): a lane's 16-byte piece of each of its rows, and NVFP4's
-        block-scale words, per slot and warp."""
-        if not self.ring:
-            return {}
-        fields = {"sRing": (Int32, PIECE_WORDS * 32 * self.rows * self.ring * self.num_warps)}
-        if self.fmt == "nvfp4":
-            fields["sRingScales"] = (Int32, 32 * self.rows * self.ring * self.num_warps)
-        return fields
+        return shared_struct(**self.sums_fields())
 
     def sums_fields(self) -> dict:
         """Shared memory for the sums: the K warps' (sRed); split, the cluster's CTAs' (sSplit, read in CTA 0's)."""
@@ -261,101 +246,20 @@ class W4A16Gemv:
         rW = cute.make_rmem_tensor((PIECE_WORDS, R), Int32)
         rS = cute.make_rmem_tensor((R,), Int32)
         rX = cute.make_rmem_tensor((PIECE_WORDS, M), Int32)
-        lane, wn, wk, row0, n_rows, begin, end, first, stride = self.start(mW, mBlock, rW, rS, bx,
-                                                                             load=self.ring == 0)
-        if const_expr(self.ring > 0):
-            ring = self.ring_start(storage, mW, mBlock, lane, row0, n_rows, end, first, stride)
-            self.ring_steps(mW, mBlock, ring, rW, rS, acc, (mX, rX), lane, row0, n_rows, begin, end, first, stride)
-        else:
-            for p in cutlass.range(first, end, stride, unroll=1):
-                self.add_piece((mX, rX), rW, rS, acc, p, begin)
-                if p + stride < end:
-                    self.load_piece(mW, mBlock, rW, rS, row0, n_rows, p + stride)
+        lane, wn, wk, row0, n_rows, begin, end, first, stride = self.start(mW, mBlock, rW, rS, bx)
+        for p in cutlass.range(first, end, stride, unroll=1):
+            if const_expr(self.fmt == "nvfp4"):
+                self.nvfp4_piece(mX, rW, rS, rX, acc, p)
+            else:
+                self.int8_piece(mX, rW, rX, acc, p)
+            if p + stride < end:
+                self.load_piece(mW, mBlock, rW, rS, row0, n_rows, p + stride)
         self.add_up_and_store(acc, storage, lane, wn, wk, row0, n_rows, mScale, mBias, mOut)
 
     @cute.jit
-    def add_piece(self, inputs, rW: cute.Tensor, rS: cute.Tensor, acc: cute.Tensor, p: Int32, begin: Int32):
-        """Piece p of the warp's rows, in rW / rS, into the sums; `inputs`: (mX, rX)."""
-        mX, rX = inputs
-        if const_expr(self.fmt == "nvfp4"):
-            self.nvfp4_piece(mX, rW, rS, rX, acc, p)
-        else:
-            self.int8_piece(mX, rW, rX, acc, p)
-
-    @cute.jit
-    def ring_start(self, storage, mW: cute.Tensor, mBlock: Optional[cute.Tensor], lane: Int32, row0: Int32,
-                   n_rows: Int32, end: Int32, first: Int32, stride: Int32):
-        """The weight ring: (its pieces (word, lane, row, slot, warp), its block-scale words (lane, row, slot, warp;
-        NVFP4), the lane's shared byte addresses of both in slot 0 of its warp's ring, the warp), with the warp's first
-        RING - 1 steps issued into slots 0 .. RING - 2, a cp.async group each."""
-        R, D, W = self.rows, self.ring, self.num_warps
-        warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
-        sRing = storage.sRing.get_tensor(cute.make_layout(
-            (PIECE_WORDS, 32, R, D, W), stride=(1, PIECE_WORDS, 32 * PIECE_WORDS, 32 * PIECE_WORDS * R,
-                                                32 * PIECE_WORDS * R * D)))
-        w_dst = sRing.iterator.toint() + cute.crd2idx((0, lane, 0, 0, warp), sRing.layout) * 4
-        sScales = sRing
-        s_dst = w_dst
-        if const_expr(self.fmt == "nvfp4"):
-            sScales = storage.sRingScales.get_tensor(cute.make_layout((32, R, D, W), stride=(1, 32, 32 * R, 32 * R * D)))
-            s_dst = sScales.iterator.toint() + cute.crd2idx((lane, 0, 0, warp), sScales.layout) * 4
-        for s in cutlass.range_constexpr(D - 1):
-            self.ring_issue(mW, mBlock, w_dst, s_dst, row0, n_rows, first + s * stride, end, Int32(s))
-            cute.arch.cp_async_commit_group()
-        return sRing, sScales, w_dst, s_dst, warp
-
-    @cute.jit
-    def ring_issue(self, mW: cute.Tensor, mBlock: Optional[cute.Tensor], w_dst, s_dst, row0: Int32, n_rows: Int32,
-                   p: Int32, end: Int32, slot: Int32):
-        """cp.async of piece p of the lane's rows (and NVFP4's block-scale words) into ring slot `slot` (p >= end:
-        nothing read, the slot zero-filled)."""
-        R = self.rows
-        q = cutlass.min(p, end - 1)  # an address in the row even where nothing is read
-        size = Int32(16) if p < end else Int32(0)
-        w_row = cutlass.Int64(mW.layout.stride[0]) * 4
-        w_at = mW.iterator.toint() + cutlass.Int64(q) * (PIECE_WORDS * 4)
-        for r in cutlass.range_constexpr(R):
-            n = cutlass.Int64(cutlass.min(row0 + r, n_rows - 1))
-            cp_async(w_dst + (slot * R + r) * (32 * PIECE_WORDS * 4), w_at + n * w_row, 16, size)
-            if const_expr(self.fmt == "nvfp4"):
-                s_at = mBlock.iterator.toint() + cutlass.Int64(q >> 1) * 4
-                scale_size = Int32(4) if p < end else Int32(0)
-                cp_async(s_dst + (slot * R + r) * (32 * 4),
-                         s_at + n * (cutlass.Int64(mBlock.layout.stride[0]) * 4), 4, scale_size)
-
-    @cute.jit
-    def ring_steps(self, mW: cute.Tensor, mBlock: Optional[cute.Tensor], ring, rW: cute.Tensor, rS: cute.Tensor,
-                   acc: cute.Tensor, inputs, lane: Int32, row0: Int32, n_rows: Int32, begin: Int32, end: Int32,
-                   first: Int32, stride: Int32):
-        """The warp's steps through the ring (`ring_start`'s): at step j, slot j % RING holds step j (its group
-        waited for), and step j + RING - 1 goes into slot (j - 1) % RING, which step j - 1 read into registers and
-        used (the loads' results consumed before the copies issue; each lane reads only what its own copies wrote,
-        so no barrier). `add_piece` adds each step's piece up."""
-        D = self.ring
-        sRing, sScales, w_dst, s_dst, warp = ring
-        slot = Int32(0)
-        free = Int32(D - 1)
-        for p in cutlass.range(first, end, stride, unroll=1):
-            cute.arch.cp_async_wait_group(D - 2)
-            self.ring_issue(mW, mBlock, w_dst, s_dst, row0, n_rows, p + (D - 1) * stride, end, free)
-            cute.arch.cp_async_commit_group()
-            for r in cutlass.range_constexpr(self.rows):
-                cute.autovec_copy(sRing[None, lane, r, slot, warp], rW[None, r])
-                if const_expr(self.fmt == "nvfp4"):
-                    rS[r] = sScales[lane, r, slot, warp] >> ((p & 1) * 16)
-            self.add_piece(inputs, rW, rS, acc, p, begin)
-            free = slot
-            slot = slot + 1
-            if slot == D:
-                slot = Int32(0)
-        cute.arch.cp_async_wait_group(0)  # nothing left in flight when the CTA's shared memory is reused
-
-    @cute.jit
-    def start(self, mW: cute.Tensor, mBlock: Optional[cute.Tensor], rW: cute.Tensor, rS: cute.Tensor, bx=None,
-              load: cutlass.Constexpr = True):
+    def start(self, mW: cute.Tensor, mBlock: Optional[cute.Tensor], rW: cute.Tensor, rS: cute.Tensor, bx=None):
         """The warp's place (lane, wn, wk, first row, N, the CTA's pieces begin..end of each row, the warp's first
-        piece, its piece stride), with its first piece loaded (unless not `load`) and, with PDL, the wait for the
-        kernel before done.
+        piece, its piece stride), with its first piece loaded and, with PDL, the wait for the kernel before done.
         `bx`: the CTA's index among mW's CTAs (default: its block index; split: its cluster's). Split, the CTA has
         announced itself to its cluster (`add_up_and_store` waits for all of it before writing into CTA 0). Gated,
         mW and mBlock are pairs of one shape (the first row is an output row)."""
@@ -382,9 +286,8 @@ class W4A16Gemv:
             end = cutlass.min(begin + run, pieces)
             cute.arch.cluster_arrive_relaxed()
         first = begin + wk * 32 + lane
-        if const_expr(load):
-            if first < end:
-                self.load_piece(mW, mBlock, rW, rS, row0, n_rows, first)
+        if first < end:
+            self.load_piece(mW, mBlock, rW, rS, row0, n_rows, first)
         if const_expr(self.pdl):
             # Before the wait only the primary may still run, and it writes activations, never quantized weights or
             # their block scales (as in `w4a16_decode_gemm`): the first weight loads go out before it; x after.
