@@ -203,14 +203,17 @@ def require_square(scores_shape, what: str) -> None:
                       "hand-written masks align top-left, FA4 bottom-right")
 
 
-def mask_flags(kind: str, mask, constants, scores_shape, fill=None, run_time_masks: bool = False
-               ) -> tuple[Band, float | None]:
+def mask_flags(kind: str, mask, constants, scores_shape, fill=None, run_time_masks: bool = False,
+               unproven: bool = False) -> tuple[Band, float | None]:
     """The visible keys of one masking step and the score its hidden keys get (see `keep_band`). With
     `run_time_masks`, a boolean SDPA mask it cannot prove is the op's key mask per query row (`run_time_mask`), and
     an additive one [B or 1, 1, S, S] or [B or 1, 1, 1, Sk] added to hand-written scores (eager code's mask for
     packed sequences or Llama 4's chunks, and for a decode step over a cache) is taken as one whose values are known
-    at run time only (`AdditiveInput`), as a float mask input is."""
+    at run time only (`AdditiveInput`), as a float mask input is. `unproven`: the mask is taken that way without a
+    proof being tried (`rewrite_or_retry`)."""
     try:
+        if unproven:
+            raise MaskNotUnderstood("its query positions are a tensor that no KV cache write bounds to the keys")
         band, hidden = keep_band(kind, mask, constants, fill)
     except MaskNotUnderstood as e:
         if kind == "additive" and isinstance(mask, Node) and (
@@ -573,8 +576,29 @@ def _check_positions_bounded(call: AttentionCall, mutations: Mutations) -> None:
             isinstance(value(n), torch.Tensor) for n in (shift.node, shift.minus) if n is not None):
         return
     if not any(_indexed_write(w) for w in mutations.writes_before(call.k, call.output)):
-        raise Decline("query positions held in a tensor over keys that are not a KV cache written in this graph at "
-                      "indexed positions: positions outside the keys cannot be excluded")
+        raise PositionsUnbounded("query positions held in a tensor over keys that are not a KV cache written in this "
+                                 "graph at indexed positions: positions outside the keys cannot be excluded")
+
+
+class PositionsUnbounded(Decline):
+    """A band at query positions held in a tensor, over keys nothing bounds those positions to (`_check_positions_bounded`):
+    transformers 4's `cache_position` input over a DynamicCache's concatenated keys (generate's every step)."""
+
+
+def rewrite_or_retry(match, context: Context) -> str | None:
+    """`rewrite(match(False))`; where that declines with `PositionsUnbounded` and `run_time_masks` is on, the
+    attention matched again with its masks taken as run-time masks, unproven (`match(True)`, `mask_flags`): the
+    op's key mask, exact for any positions. Where the masks have no run-time form the op takes, the first reason
+    stands."""
+    try:
+        return rewrite(match(False), context)
+    except PositionsUnbounded as unbounded:
+        if not getattr(context.options, "run_time_masks", False):
+            raise
+        try:
+            return rewrite(match(True), context)
+        except Decline:
+            raise unbounded from None
 
 
 def _indexed_write(node: Node) -> bool:

@@ -172,9 +172,11 @@ def _sink(softmax: Node) -> Sink | None:
     return Sink(scores, column, node, nodes + [node, drop])
 
 
-def match_handwritten(softmax: Node, constants: dict, run_time_masks: bool = False) -> attention.AttentionCall | None:
+def match_handwritten(softmax: Node, constants: dict, run_time_masks: bool = False, unproven: bool = False
+                      ) -> attention.AttentionCall | None:
     """The attention around a softmax node, None if the softmax is not attention at all. `run_time_masks`: an
-    additive mask the graph cannot prove is taken as one whose values are known at run time only (`mask_flags`)."""
+    additive mask the graph cannot prove is taken as one whose values are known at run time only (`mask_flags`);
+    `unproven`: every mask is, without a proof being tried."""
     matched = [softmax]
     probs = softmax
     dropout_p = 0.0
@@ -238,7 +240,7 @@ def match_handwritten(softmax: Node, constants: dict, run_time_masks: bool = Fal
                 raise Decline("a mask applied before the softcap")
             step = node
             try:
-                node, mask, visible, hidden = _strip_mask(node, constants, scores_shape, run_time_masks)
+                node, mask, visible, hidden = _strip_mask(node, constants, scores_shape, run_time_masks, unproven)
             except attention.AdditiveInput as e:
                 additive = e
                 node, mask, visible, hidden = e.scores, e.mask, Band(), None
@@ -291,25 +293,27 @@ def _blind_rows(hidden_scores: list, softmax_dtype) -> str:
     return "filled mean" if rows == "mean" and overwritten else rows
 
 
-def _strip_mask(node: Node, constants, scores_shape, run_time_masks: bool = False
+def _strip_mask(node: Node, constants, scores_shape, run_time_masks: bool = False, unproven: bool = False
                 ) -> tuple[Node, object, Band, float | None]:
     """(scores, mask, visible band, hidden keys' score) for a masking step: masked_fill, where(cond, scores,
     fill) or scores + mask."""
     if MASKED_FILL(node):
         mask = node.args[1]
-        return node.args[0], mask, *attention.mask_flags("masked_fill", mask, constants, scores_shape, arg(node, 2, "value"))
+        return node.args[0], mask, *attention.mask_flags("masked_fill", mask, constants, scores_shape,
+                                                          arg(node, 2, "value"), unproven=unproven)
     if WHERE(node):
         if len(node.args) != 3 or not isinstance(node.args[1], Node):
             raise Decline(f"{node.format_node()} is not where(mask, scores, fill)")
         mask = node.args[0]
-        return node.args[1], mask, *attention.mask_flags("where", mask, constants, scores_shape, node.args[2])
+        return node.args[1], mask, *attention.mask_flags("where", mask, constants, scores_shape, node.args[2],
+                                                          unproven=unproven)
     errors, additive = [], None
     for scores, mask in ((node.args[0], node.args[1]), (node.args[1], node.args[0])):
         if not isinstance(scores, Node):
             continue
         try:
             return scores, mask, *attention.mask_flags("additive", mask, constants, scores_shape,
-                                                       run_time_masks=run_time_masks)
+                                                       run_time_masks=run_time_masks, unproven=unproven)
         except attention.AdditiveInput as e:
             e.scores = scores
             additive = additive or e
@@ -322,8 +326,9 @@ def _strip_mask(node: Node, constants, scores_shape, run_time_masks: bool = Fals
 
 def _rewrite(node: Node, context: Context) -> str | None:
     einsum.around(node, context.fake_mode)
-    return attention.rewrite(
-        match_handwritten(node, context.constants, getattr(context.options, "run_time_masks", False)), context)
+    run_time_masks = getattr(context.options, "run_time_masks", False)
+    return attention.rewrite_or_retry(
+        lambda unproven: match_handwritten(node, context.constants, run_time_masks, unproven), context)
 
 
 FAMILY = Family("handwritten", TORCH_IR, SOFTMAX, _rewrite)

@@ -20,7 +20,8 @@ from .records import Decline
 from .spellings import SDPA, arg, is_zero, shape, value
 
 
-def match_sdpa(node: Node, constants: dict, run_time_masks: bool = False) -> attention.AttentionCall:
+def match_sdpa(node: Node, constants: dict, run_time_masks: bool = False, unproven: bool = False
+               ) -> attention.AttentionCall:
     q, k, v = arg(node, 0, "query"), arg(node, 1, "key"), arg(node, 2, "value")
     attn_mask = arg(node, 3, "attn_mask", None)
     dropout_p = arg(node, 4, "dropout_p", 0.0)
@@ -35,7 +36,8 @@ def match_sdpa(node: Node, constants: dict, run_time_masks: bool = False) -> att
     flags, seqused_k, keys, blind = {}, None, None, "zeros"
     if attn_mask is not None:
         kind = "bool" if value(attn_mask).dtype == torch.bool else "additive"
-        band, hidden = attention.mask_flags(kind, attn_mask, constants, scores_shape, run_time_masks=run_time_masks)
+        band, hidden = attention.mask_flags(kind, attn_mask, constants, scores_shape, run_time_masks=run_time_masks,
+                                            unproven=unproven)
         flags, seqused_k, keys = attention.flags_for(band, scores_shape)
         blind = attention.blind_rows_of([hidden], sdpa=True)
     if is_causal:
@@ -51,8 +53,9 @@ def match_sdpa(node: Node, constants: dict, run_time_masks: bool = False) -> att
 
 
 def _rewrite(node: Node, context: Context) -> str | None:
-    return attention.rewrite(match_sdpa(node, context.constants, getattr(context.options, "run_time_masks", False)),
-                             context)
+    run_time_masks = getattr(context.options, "run_time_masks", False)
+    return attention.rewrite_or_retry(lambda unproven: match_sdpa(node, context.constants, run_time_masks, unproven),
+                                      context)
 
 
 FAMILY = Family("sdpa", TORCH_IR, SDPA, _rewrite)
