@@ -1,4 +1,4 @@
-# Unrun GPU work. Session 33 ran o32 and n32 (docs/benchmarks.md, session 33); next: `p33`.
+# Unrun GPU work. Session 33 ran o32 and n32 (docs/benchmarks.md, session 33); next: `q33`.
 # Output goes to $OUT/log.txt. Have the next call ready: the machine goes back 30 s after a call, and a fresh one needs
 # .gpu/a and .gpu/b again. Run one part a call:  bash scratch/next_gpu.sh g29
 # Never `pkill -f pytest` here: it matches this script's own command line. A pytest cut by `timeout` can leave xdist
@@ -7,6 +7,11 @@ P="python3 -m pytest -m gpu -q -p no:cacheprovider -p no:logging -W ignore -rf"
 L=$OUT/log.txt
 run() { echo "+ $*" >>$L; PYTHONUNBUFFERED=1 "$@" >>$L 2>&1; echo "rc=$?" >>$L; }
 case "$1" in
+q33) # session 33: the rotary tables (on since session 32) in host-bound small models: the demo and the sweep's Llama
+    # h256 x 2 rows (issue 12's >= 0.98x default compile and demo >= 1.0x), ours with the tables against without
+    run timeout 100 python3 -m fa4_inductor demo
+    run timeout 250 python3 -c "from fa4_inductor import bench
+for t in bench.sweep_suite(llama_sizes=((256, 2),), decode_sizes=(), bert=False, seqlens=(128, 512, 2048), time_budget_s=200): print(t.markdown())" ;;
 p33) # session 33, after o32 (the ring measured slower and removed, register path restored) and n32 (the e2e suite cut
     # at 150 s): the GEMV tiers on the restored files, then prefill and decode end to end with the rotary tables
     run timeout 120 $P -n 8 tests/test_gpu_w4a16.py -k "gemv"

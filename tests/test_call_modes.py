@@ -30,7 +30,7 @@ import torch.nn.functional as F
 import upstream
 from fa4_inductor import hf
 from fa4_inductor.kernels import attention as attention_op, reference
-from helpers import Recorder, compile_and_run, tiny
+from helpers import Recorder, compile_and_run, layers_reaching_graphs, tiny
 
 FAMILIES = ["llama", "qwen3", "mistral", "gemma2"]  # gemma2: softcap, sliding and full layers; eager code only
 IMPLEMENTATIONS = ["eager", "sdpa"]
@@ -72,12 +72,15 @@ def other_reasons(recorder: Recorder) -> list[str]:
     return [r for r in recorder.reasons if not r.startswith(CROSSOVER_ROUTES)]
 
 
-def assert_every_layer_rewritten(recorder: Recorder, model, graphs: int | None = 1):
+def assert_every_layer_rewritten(recorder: Recorder, model, graphs: int | None = 1, name: str = ""):
     """Every attention layer of each of `graphs` compiled graphs (None: any number of graphs, the layers split
-    between them by graph breaks) is served (`layers_served`), and no layer is kept for another reason."""
+    between them by graph breaks; those of `name` reaching them, `layers_reaching_graphs`) is served
+    (`layers_served`), and no layer is kept for another reason."""
     if graphs is not None:
         assert len(recorder.graphs) == graphs, [str(r) for r in recorder.records]
-    assert layers_served(recorder) == (graphs or 1) * model.attention_layers, [str(r) for r in recorder.records]
+        assert layers_served(recorder) == graphs * model.attention_layers, [str(r) for r in recorder.records]
+    else:
+        assert layers_reaching_graphs(name, model.attention_layers, layers_served(recorder)), recorder.records
     assert not other_reasons(recorder), recorder.reasons
 
 
@@ -238,7 +241,7 @@ def test_training_step(name, impl):
     net = without_dropout(model.model).train()
     kwargs = {**model.inputs(), "use_cache": False}
     recorder = assert_training_step_matches_eager(net, {**kwargs, "labels": kwargs["input_ids"]})
-    assert_every_layer_rewritten(recorder, model, graphs=None)
+    assert_every_layer_rewritten(recorder, model, graphs=None, name=name)
 
 
 @pytest.mark.parametrize("name, impl, side", [case("llama", "eager", "left"), case("llama", "sdpa", "left"),
@@ -260,7 +263,7 @@ def test_training_step_with_a_padding_mask(name, impl, side):
     labels = kwargs["input_ids"]
     recorder = assert_training_step_matches_eager(net, {**kwargs, "labels": labels})
     if name != "gemma2":
-        assert_every_layer_rewritten(recorder, model, graphs=None)
+        assert_every_layer_rewritten(recorder, model, graphs=None, name=name)
     else:
         assert recorder.count() == 0 and all("in training under a softcap" in r for r in recorder.reasons), \
             recorder.reasons

@@ -13,7 +13,7 @@ import upstream
 from fa4_inductor import hf
 from fa4_inductor.lowering.attention import ADDITIVE_INPUT_ON_SDPA
 from fa4_inductor.lowering.spellings import value
-from helpers import Recorder, compile_and_run, tiny
+from helpers import Recorder, compile_and_run, layers_reaching_graphs, tiny
 
 DECODERS = ["llama", "mistral", "qwen2", "qwen3", "gemma2", "phi3", "gpt_neox", "gpt2"]
 ENCODERS = ["bert", "roberta", "vit", "bart"]  # bart: encoder, causal decoder, cross-attention
@@ -46,15 +46,39 @@ def test_prefill_every_attention_layer_is_rewritten(name, impl, padding):
     if padding == "left":
         kwargs["attention_mask"] = kwargs["attention_mask"].flip(-1)
     recorder, got = compile_and_run(model.forward, kwargs)
-    if (name, impl, padding) == ("gpt2", "eager", "left") and hf.transformers_major() < 5:
-        # transformers 4's GPT-2 masks twice (its causal buffer, then the padding mask): a row that sees no key is
-        # weighted over part of the keys in eager, which the op does not reproduce
-        assert recorder.count() == 0 and all("several masking steps" in r for r in recorder.reasons), recorder.reasons
+    with torch.no_grad():
+        torch.testing.assert_close(got, model.forward(**kwargs), atol=1e-5, rtol=1e-5)
+    if padding and kept_on_transformers_4(name, impl, recorder):
         return
     assert recorder.count() == model.attention_layers, [str(r) for r in recorder.records]
     assert all(r.rewritten for r in recorder.records), [str(r) for r in recorder.records]
-    with torch.no_grad():
-        torch.testing.assert_close(got, model.forward(**kwargs), atol=1e-5, rtol=1e-5)
+
+
+KEPT_ON_TRANSFORMERS_4_PREFILL = {
+    # GPT-2 masks twice (its causal buffer, then the padding mask): a row that sees no key is weighted over part of
+    # the keys in eager, which the op does not reproduce
+    ("gpt2", "eager"): "several masking steps",
+    # GPT-J and CodeGen divide the scores by a tensor attribute (`scale_attn`), whose value the graph does not hold
+    ("gptj", "eager"): "between q @ k^T and softmax is not understood",
+    ("codegen", "eager"): "between q @ k^T and softmax is not understood",
+    # masks 4.57 builds in ways the proofs do not read and that have no run-time form the op takes
+    ("distilbert", "eager"): "built by expand_as",
+    ("clip_text_model", "eager"): "updated in place",
+    ("clip_text_model", "sdpa"): "built by add",
+    ("modernbert", "sdpa"): "not positions proven from the graph",  # its sliding layers (the global ones: the op)
+}
+"""Padded prefills whose layers transformers 4.57 writes in ways the op does not take, with their reasons: as written
+(as default compile runs them), and the outputs eager's."""
+
+
+def kept_on_transformers_4(name: str, impl: str, recorder: Recorder) -> bool:
+    """On transformers 4.57, for the models and code of `KEPT_ON_TRANSFORMERS_4_PREFILL`: asserts that every layer
+    not on the op is kept with that reason, and says True; False elsewhere."""
+    reason = KEPT_ON_TRANSFORMERS_4_PREFILL.get((name, impl))
+    if hf.transformers_major() >= 5 or reason is None:
+        return False
+    assert recorder.reasons and all(reason in r for r in recorder.reasons), recorder.reasons
+    return True
 
 
 MORE_DECODERS = ["gemma3_text", "cohere2", "llama4_text", "deepseek_v3", "falcon", "gptj", "gpt_bigcode", "starcoder2",
@@ -79,13 +103,13 @@ def test_more_decoders_left_padded(name, impl):
     kwargs["attention_mask"][1, :3] = 0
     for use_cache in (True, False):
         recorder, got = compile_and_run(model.forward, {**kwargs, "use_cache": use_cache})
-        if name in KEPT_DECODERS:
-            assert recorder.count() == 0 and len(recorder.reasons) == model.attention_layers, recorder.reasons
-        else:
-            assert recorder.count() == model.attention_layers, [str(r) for r in recorder.records]
-            assert all(r.rewritten for r in recorder.records), [str(r) for r in recorder.records]
         with torch.no_grad():
             torch.testing.assert_close(got, model.forward(**kwargs, use_cache=use_cache), atol=1e-5, rtol=1e-5)
+        if name in KEPT_DECODERS:
+            assert recorder.count() == 0 and len(recorder.reasons) == model.attention_layers, recorder.reasons
+        elif not kept_on_transformers_4(name, impl, recorder):
+            assert layers_reaching_graphs(name, model.attention_layers, recorder.count()), recorder.records
+            assert all(r.rewritten for r in recorder.records), [str(r) for r in recorder.records]
 
 
 MORE_ENCODERS = ["modernbert", "distilbert", "electra", "clip_text_model", "dinov2", "m2m_100", "yolos"]
@@ -100,15 +124,20 @@ def test_more_encoders_right_padded(name, impl):
     (encoder, causal decoder, cross-attention).
     Every layer rewritten, outputs eager's; ModernBERT's local layers as FA4's two-sided window (`abs(q_idx - kv_idx)
     <= w` read as a band), not a mask per query row."""
+    if (name, impl) == ("m2m_100", "eager") and hf.transformers_major() < 5:
+        pytest.skip("transformers 4.57's M2M-100 eager code adds a mask one key longer than its keys under "
+                    "torch.compile (any backend)")
     model = tiny(name, impl)
     kwargs = model.inputs(padding=True)
     recorder, got = compile_and_run(model.forward, kwargs)
-    assert recorder.count() == model.attention_layers, [str(r) for r in recorder.records]
-    if name == "modernbert":
-        w = model.model.config.local_attention // 2
-        assert sum(f"window_right={w}, window_left={w}" in r.detail for r in recorder.records) == 1, recorder.records
     with torch.no_grad():
         torch.testing.assert_close(got, model.forward(**kwargs), atol=1e-5, rtol=1e-5)
+    if kept_on_transformers_4(name, impl, recorder):
+        return
+    assert recorder.count() == model.attention_layers, [str(r) for r in recorder.records]
+    if name == "modernbert" and hf.transformers_major() >= 5:  # 4.57's eager code: its mask input at run time
+        w = model.model.config.local_attention // 2
+        assert sum(f"window_right={w}, window_left={w}" in r.detail for r in recorder.records) == 1, recorder.records
 
 
 @pytest.mark.slow
@@ -120,6 +149,9 @@ def test_t5_keeps_its_position_bias_layers(impl):
     kwargs = model.inputs(padding=True)
     recorder, got = compile_and_run(model.forward, kwargs)
     layers = model.model.config.num_layers
+    if impl == "eager" and hf.transformers_major() < 5:  # 4.57 adds the bias to its scores in place, returns the bias
+        assert recorder.count() == 0 and all("also used outside the attention" in r for r in recorder.reasons)
+        return
     assert recorder.count() == layers and len(recorder.reasons) == 2 * layers, recorder.reasons
     assert all("a learned position bias" in reason for reason in recorder.reasons), recorder.reasons
     with torch.no_grad():
@@ -247,6 +279,9 @@ def test_generate_with_a_static_cache_in_eager_code_takes_its_mask_input_to_the_
     model = tiny(name, "eager").model
     recorder = eager_code_static_generate(model, Recorder())
     layers = model.config.num_hidden_layers
+    if name == "gpt2" and hf.transformers_major() < 5:  # 4.57's GPT-2 masks twice: its causal buffer, then the input
+        assert recorder.count() == 0 and all("values are unknown when compiling" in r for r in recorder.reasons)
+        return
     on_op = recorder.records[layers:] if name == "gemma2" else recorder.records
     config = model.config
     grouped = getattr(config, "num_key_value_heads", None) not in (None, config.num_attention_heads)
