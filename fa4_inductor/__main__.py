@@ -59,7 +59,12 @@ def explain_transformers(name: str, attn_implementation: str) -> int:
         print(f"{name}: {unsupported}")
         return 2
     attn_implementation = attn_implementation or ("eager" if unsupported else "sdpa")
-    tiny = hf.build(name, attn_implementation)
+    try:
+        tiny = hf.build(name, attn_implementation)
+    except Exception as e:  # a default config transformers itself cannot build at this size
+        print(f"{name}: a tiny model could not be built from its default config ({type(e).__name__}: {e}); "
+              "give the path of a checkpoint's config.json instead (hf:/path/to/checkpoint)")
+        return 2
     print(f"{name} ({attn_implementation}): {type(tiny.model).__name__}, "
           f"{tiny.attention_layers} attention layers per forward")
     compiled = torch.compile(tiny.forward, backend=fa4_inductor.rewrite_only)

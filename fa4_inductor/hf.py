@@ -30,6 +30,8 @@ TINY_BY_MODEL = {
     "gptj": dict(rotary_dim=8),
     "codegen": dict(rotary_dim=8),
     "nemotron": dict(num_key_value_heads=2),  # its default config leaves it None, which the model cannot build
+    "dots1": dict(n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, first_k_dense_replace=1,
+                  n_group=1, topk_group=1, n_shared_experts=1),  # its default leaves the expert count None
 }
 TOKEN_IDS = ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id")
 
@@ -138,6 +140,9 @@ def tiny_config(name: str, attn_implementation: str = "sdpa"):
         current = getattr(config, key, None)
         if current is not None and _settable(config, key):  # a size per dim (YOLOS' image_size) stays one per dim
             setattr(config, key, type(current)([v] * len(current)) if isinstance(current, (list, tuple)) else v)
+    if getattr(config, "head_dim", 0) is None:  # Ministral, Hunyuan: None in the config, read as is by the model
+        config.head_dim = TINY["hidden_size"] // TINY["num_attention_heads"]
+    _keep_an_attention_layer(config)
     for key, v in TINY_BY_MODEL.get(config.model_type, {}).items():
         setattr(config, key, v)
     for i, key in enumerate(TOKEN_IDS):
@@ -146,6 +151,25 @@ def tiny_config(name: str, attn_implementation: str = "sdpa"):
             setattr(config, key, i)
     config._attn_implementation = attn_implementation
     return config
+
+
+def _keep_an_attention_layer(config) -> None:
+    """A hybrid model whose first layers are all linear attention or state-space layers (Qwen3-Next: three linear
+    to one full): its tiny layers become its first layer of another kind and its first attention layer."""
+    types = getattr(config, "layer_types", None)
+    layers = config.num_hidden_layers
+    if not isinstance(types, (list, tuple)) or len(types) <= layers:
+        return
+    attends = [t for t in types if _attends(t)]
+    if attends and not any(_attends(t) for t in types[:layers]):
+        config.layer_types = [types[0]] * (layers - 1) + [attends[0]]
+
+
+NOT_ATTENTION = ("linear", "mamba", "conv", "recurrent", "ssm")  # layer types of hybrids that are not softmax attention
+
+
+def _attends(layer_type) -> bool:
+    return not any(word in str(layer_type) for word in NOT_ATTENTION)
 
 
 def _settable(config, key: str) -> bool:
@@ -181,6 +205,9 @@ def build(name: str, attn_implementation: str = "sdpa", seed: int = 0) -> Tiny:
     torch.manual_seed(seed)
     model = auto.from_config(config, attn_implementation=attn_implementation).eval()
     layers = config.num_hidden_layers
+    types = getattr(config, "layer_types", None)
+    if kind != "seq2seq" and isinstance(types, (list, tuple)) and len(types) >= layers:
+        layers = sum(_attends(t) for t in types[:layers])  # a hybrid's linear attention or state-space layers
     if kind == "seq2seq":
         encoder = getattr(config, "encoder_layers", None) or config.num_layers  # T5 names them num_layers
         decoder = getattr(config, "decoder_layers", None) or getattr(config, "num_decoder_layers", None) or encoder

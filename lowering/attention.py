@@ -581,8 +581,9 @@ def _check_positions_bounded(call: AttentionCall, mutations: Mutations) -> None:
 
 
 class PositionsUnbounded(Decline):
-    """A band at query positions held in a tensor, over keys nothing bounds those positions to (`_check_positions_bounded`):
-    transformers 4's `cache_position` input over a DynamicCache's concatenated keys (generate's every step)."""
+    """A band at query positions held in a tensor, over keys nothing bounds those positions to
+    (`_check_positions_bounded`): transformers 4's `cache_position` input over a DynamicCache's concatenated keys
+    (every step of its generate)."""
 
 
 def rewrite_or_retry(match, context: Context) -> str | None:

@@ -522,6 +522,37 @@ def test_explain_takes_eager_code_where_a_model_has_no_sdpa_code(capsys):
     assert "has no sdpa attention" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize("name, attention_layers", [("ministral", 2), ("hunyuan_v1_dense", 2), ("dots1", 2),
+                                                     ("qwen3_next", 1)])
+def test_tiny_configs_transformers_cannot_build_as_they_come(name, attention_layers):
+    """Default configs that do not build at the tiny size as they come: a head_dim left None (Ministral, Hunyuan), an
+    expert count left None (dots.llm1), a hybrid whose first layers are all linear attention (Qwen3-Next: its tiny
+    layers are one linear and one full attention layer, and only the full one counts as attention)."""
+    transformers = pytest.importorskip("transformers")
+    if name not in transformers.models.auto.configuration_auto.CONFIG_MAPPING_NAMES:
+        pytest.skip(f"transformers {transformers.__version__} has no {name}")
+    tiny = hf.build(name, "sdpa")
+    assert tiny.attention_layers == attention_layers
+    with torch.no_grad():
+        assert torch.isfinite(tiny.forward(**tiny.inputs())).all()
+
+
+def test_explain_says_when_a_tiny_model_cannot_be_built(capsys, monkeypatch):
+    """A default config transformers itself cannot build (DBRX's in 5.25 lacks a field its attention reads): one line
+    that says so and what to give instead, exit status 2, no traceback."""
+    from fa4_inductor.__main__ import main
+
+    def fails(name, attn_implementation):
+        raise AttributeError("'DbrxAttentionConfig' object has no attribute 'rope_theta'")
+
+    monkeypatch.setattr(hf, "build", fails)
+    assert main(["explain", "hf:llama"]) == 2
+    assert capsys.readouterr().out == (
+        "llama: a tiny model could not be built from its default config (AttributeError: 'DbrxAttentionConfig' "
+        "object has no attribute 'rope_theta'); give the path of a checkpoint's config.json instead "
+        "(hf:/path/to/checkpoint)\n")
+
+
 @pytest.mark.parametrize("padded", [pytest.param(False, marks=pytest.mark.slow), True], ids=["unpadded", "left-padded"])
 def test_generate_with_static_cache_and_a_compiled_forward_is_rewritten(padded):
     """`generate(cache_implementation="static")` with the whole forward compiled: the decode steps' masks
