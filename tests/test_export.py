@@ -134,6 +134,9 @@ def test_an_exported_hf_model_hands_the_op_its_mask_per_query_row():
     pytest.importorskip("transformers")
     from fa4_inductor import hf
 
+    if hf.transformers_major() < 5:
+        pytest.skip("transformers 4.57's exported mask keeps its vmap, which torch.compile cannot trace again (any "
+                    "backend)")
     torch.manual_seed(0)
     model = hf.build("llama", "sdpa").model.eval()
     ids = torch.randint(3, model.config.vocab_size, (2, 12))
