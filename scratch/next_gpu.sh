@@ -8,10 +8,15 @@ L=$OUT/log.txt
 run() { echo "+ $*" >>$L; PYTHONUNBUFFERED=1 "$@" >>$L 2>&1; echo "rc=$?" >>$L; }
 case "$1" in
 q33) # session 33: the rotary tables (on since session 32) in host-bound small models: the demo and the sweep's Llama
-    # h256 x 2 rows (issue 12's >= 0.98x default compile and demo >= 1.0x), ours with the tables against without
-    run timeout 100 python3 -m fa4_inductor demo
-    run timeout 250 python3 -c "from fa4_inductor import bench
-for t in bench.sweep_suite(llama_sizes=((256, 2),), decode_sizes=(), bert=False, seqlens=(128, 512, 2048), time_budget_s=200): print(t.markdown())" ;;
+    # h256 x 2 rows (issue 12's >= 0.98x default compile and demo >= 1.0x), with the tables, then without (MIN_ELEMENTS
+    # out of reach): if the small rows lose with them, raise rotary_tables.MIN_ELEMENTS to where they stop losing
+    for m in 4096 1000000000; do
+      run timeout 80 python3 -c "import sys; import fa4_inductor.lowering.rotary_tables as r; r.MIN_ELEMENTS = $m
+from fa4_inductor import demo; sys.exit(demo.run())"
+      run timeout 170 python3 -c "import fa4_inductor.lowering.rotary_tables as r; r.MIN_ELEMENTS = $m
+from fa4_inductor import bench
+for t in bench.sweep_suite(llama_sizes=((256, 2),), decode_sizes=(), bert=False, seqlens=(128, 512, 2048), time_budget_s=150): print(t.markdown())"
+    done ;;
 p33) # session 33, after o32 (the ring measured slower and removed, register path restored) and n32 (the e2e suite cut
     # at 150 s): the GEMV tiers on the restored files, then prefill and decode end to end with the rotary tables
     run timeout 120 $P -n 8 tests/test_gpu_w4a16.py -k "gemv"
