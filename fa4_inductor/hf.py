@@ -207,7 +207,7 @@ def build(name: str, attn_implementation: str = "sdpa", seed: int = 0) -> Tiny:
     layers = config.num_hidden_layers
     types = getattr(config, "layer_types", None)
     if kind != "seq2seq" and isinstance(types, (list, tuple)) and len(types) >= layers:
-        layers = sum(_attends(t) for t in types[:layers])  # a hybrid's linear attention or state-space layers
+        layers = sum(_attends(t) for t in types[:layers])  # not a hybrid's linear attention or state-space layers
     if kind == "seq2seq":
         encoder = getattr(config, "encoder_layers", None) or config.num_layers  # T5 names them num_layers
         decoder = getattr(config, "decoder_layers", None) or getattr(config, "num_decoder_layers", None) or encoder
