@@ -213,7 +213,8 @@ def mask_flags(kind: str, mask, constants, scores_shape, fill=None, run_time_mas
     proof being tried (`rewrite_or_retry`)."""
     try:
         if unproven:
-            raise MaskNotUnderstood("its query positions are a tensor that no KV cache write bounds to the keys")
+            raise MaskNotUnderstood("query positions held in a tensor over keys that are not a KV cache written in "
+                                    "this graph, read at run time")
         band, hidden = keep_band(kind, mask, constants, fill)
     except MaskNotUnderstood as e:
         if kind == "additive" and isinstance(mask, Node) and (
@@ -589,17 +590,18 @@ class PositionsUnbounded(Decline):
 def rewrite_or_retry(match, context: Context) -> str | None:
     """`rewrite(match(False))`; where that declines with `PositionsUnbounded` and `run_time_masks` is on, the
     attention matched again with its masks taken as run-time masks, unproven (`match(True)`, `mask_flags`): the
-    op's key mask, exact for any positions. Where the masks have no run-time form the op takes, the first reason
-    stands."""
+    op's key mask, exact for any positions. Where the masks have no run-time form, the first reason stands; where
+    the attention with them is declined (a crossover, a softcap the SDPA fallback lacks), that reason."""
     try:
         return rewrite(match(False), context)
     except PositionsUnbounded as unbounded:
         if not getattr(context.options, "run_time_masks", False):
             raise
         try:
-            return rewrite(match(True), context)
+            call = match(True)
         except Decline:
             raise unbounded from None
+        return rewrite(call, context)
 
 
 def _indexed_write(node: Node) -> bool:
