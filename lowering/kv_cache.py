@@ -21,7 +21,8 @@ before the layers run, so it is copied at its definition. gpt-fast's `input_pos`
 positions: start = input_pos[0], with a run-time check that it counts up by one (skipped when Sq is 1).
 Not rewritten: a band with no upper bound at run-time positions (keys past the cache position visible), and
 positions held in tensors over keys that no indexed write in the graph fills (not a cache: nothing bounds
-the positions to the keys). Over a written cache an in-graph check still refuses a mask whose positions
+the positions to the keys; their masks reach the op read at run time instead where they have that form,
+`attention.rewrite_or_retry`). Over a written cache an in-graph check still refuses a mask whose positions
 leave the keys (HF advances each layer's offset separately; they agree in every real call).
 """
 
