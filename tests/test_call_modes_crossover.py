@@ -77,10 +77,15 @@ def test_zoo_static_cache_decode(name, impl):
         compiled = torch.compile(model.forward, backend=recorder)
         got, _ = zoo.generate_with_static_cache(compiled, model.model, prompt, steps, attention_mask=True)
         expected, _ = zoo.generate_with_static_cache(model.forward, model.model, prompt, steps, attention_mask=True)
+    for g, e in zip(got, expected):
+        torch.testing.assert_close(g, e, atol=1e-5, rtol=1e-5)
     assert len(recorder.graphs) == 2, recorder.records
+    kept = zoo.KEPT_ON_TRANSFORMERS_4.get((name, impl)) or (
+        ("not a KV cache written",) if name in zoo.ROLLED_ON_TRANSFORMERS_4 else None)
+    if modes.hf.transformers_major() < 5 and kept:  # what the zoo asserts on 4.57, the rest on SDPA or the op
+        assert all(any(k in r for k in kept) for r in modes.other_reasons(recorder)), recorder.reasons
+        return
     assert modes.layers_served(recorder) == 2 * model.attention_layers, [str(r) for r in recorder.records]
     assert not modes.other_reasons(recorder), recorder.reasons
     decode_kept = [r for r in recorder.reasons if r.startswith("a decode step")]
     assert (len(decode_kept) >= model.attention_layers) if impl == "sdpa" else not decode_kept, recorder.reasons
-    for g, e in zip(got, expected):
-        torch.testing.assert_close(g, e, atol=1e-5, rtol=1e-5)
