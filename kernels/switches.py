@@ -87,8 +87,8 @@ class Switches(NamedTuple):
     w4a16_int_gemv: Optional[bool]
     """None (auto: `w4a16_decode.int_gemv_auto`'s measured rule), True (NVFP4 calls of 1..4 rows) or False (none)."""
     int_gemv_prefetch: int
-    gemv_split: Optional[bool]
     """Steps ahead of its register loads the integer GEMV prefetches its weight rows into L2 (0: none)."""
+    gemv_split: Optional[bool]
     cute_dsl_arch: Optional[str]
     fa4_cache_enabled_set: bool
     """FA4's disk-cache switch is set (by the user, or by `fa4.py` before importing FA4)."""

@@ -249,16 +249,16 @@ class SiblingLinearsBlock(torch.nn.Module):
         return a + self.down(torch.nn.functional.silu(self.gate(h2)) * self.up(h2))
 
 
-MOE_EAGER_FRAMES_ON_TRANSFORMERS_4 = {"gpt_oss", "mixtral"}
-"""transformers 4.57's MoE routing breaks the graph under any backend, and Dynamo runs a frame it cannot resume after
-the break eagerly: some attention layers never reach a compiled graph."""
+MOE_GRAPH_BREAKS_ON_TRANSFORMERS_4 = {"gpt_oss", "mixtral"}
+"""transformers 4.57's MoE routing breaks the graph under any backend: a forward is many graphs, and Dynamo runs a frame
+it cannot resume after the break eagerly, so some attention layers never reach a compiled graph."""
 
 
 def layers_reaching_graphs(name: str, layers: int, counted: int) -> bool:
     """Whether `counted` attention layers are all that reach compiled graphs of `layers`: every one, or on 4.57 some
-    (`MOE_EAGER_FRAMES_ON_TRANSFORMERS_4`)."""
+    (`MOE_GRAPH_BREAKS_ON_TRANSFORMERS_4`)."""
     from fa4_inductor import hf
 
-    if hf.transformers_major() < 5 and name in MOE_EAGER_FRAMES_ON_TRANSFORMERS_4:
+    if hf.transformers_major() < 5 and name in MOE_GRAPH_BREAKS_ON_TRANSFORMERS_4:
         return 1 <= counted <= layers
     return counted == layers

@@ -13,7 +13,7 @@ import upstream
 from fa4_inductor import hf
 from fa4_inductor.lowering.attention import ADDITIVE_INPUT_ON_SDPA
 from fa4_inductor.lowering.spellings import value
-from helpers import Recorder, compile_and_run, layers_reaching_graphs, tiny
+from helpers import MOE_GRAPH_BREAKS_ON_TRANSFORMERS_4, Recorder, compile_and_run, layers_reaching_graphs, tiny
 
 DECODERS = ["llama", "mistral", "qwen2", "qwen3", "gemma2", "phi3", "gpt_neox", "gpt2"]
 ENCODERS = ["bert", "roberta", "vit", "bart"]  # bart: encoder, causal decoder, cross-attention
@@ -185,9 +185,9 @@ KEPT_ON_TRANSFORMERS_4 = {
 
 ROLLED_ON_TRANSFORMERS_4 = {"gemma2", "mistral"}
 """Their sliding layers' StaticCache on 4.57 rolls the window instead of writing at the cache positions: nothing bounds
-the positions to its slots, so those layers take the mask HF builds for the rolled slots as the op's key mask."""
-
-GRAPH_BREAKS_ON_TRANSFORMERS_4 = {"gpt_oss"}  # 4.57's MoE routing breaks the graph under any backend: many graphs
+the positions to its slots, so those layers take the mask HF builds for the rolled slots as the op's key mask, and
+a layer the op does not take with it is kept with `ROLLED_REASON`."""
+ROLLED_REASON = "not a KV cache written"
 
 
 @pytest.mark.parametrize("checked_padding", [False, pytest.param(True, marks=pytest.mark.slow)],
@@ -208,7 +208,7 @@ def test_static_cache_decode_every_layer_is_rewritten(name, impl, checked_paddin
         compiled = torch.compile(model.forward, backend=recorder)
         got, _ = generate_with_static_cache(compiled, model.model, prompt, steps, attention_mask=True)
         expected, _ = generate_with_static_cache(model.forward, model.model, prompt, steps, attention_mask=True)
-    breaks = hf.transformers_major() < 5 and name in GRAPH_BREAKS_ON_TRANSFORMERS_4
+    breaks = hf.transformers_major() < 5 and name in MOE_GRAPH_BREAKS_ON_TRANSFORMERS_4
     assert breaks or len(recorder.graphs) == 2, recorder.records  # prefill and decode, each compiled once
     for g, e in zip(got, expected):
         torch.testing.assert_close(g, e, atol=1e-5, rtol=1e-5)
@@ -227,7 +227,7 @@ def test_static_cache_decode_every_layer_is_rewritten(name, impl, checked_paddin
         assert any(n.args[3] is None for n in decode_calls)
         assert all(n.args[3] is not None or n.args[4] is not None for n in decode_calls)
         # but Gemma 2's sliding prefill in eager code: its mask, read at run time, goes to SDPA, which has no softcap
-        assert all("not a KV cache written" in r for r in recorder.reasons), recorder.reasons
+        assert all(ROLLED_REASON in r for r in recorder.reasons), recorder.reasons
         assert recorder.count() + len(recorder.reasons) == 2 * model.attention_layers, recorder.records
         return
     assert all(n.args[3] is not None for n in decode_calls)  # seqused_k: the cache length
