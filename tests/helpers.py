@@ -141,6 +141,12 @@ def assert_close_to_reference(actual, expected_fn, *args, atol=None, rtol=None):
     torch.testing.assert_close(actual.double(), ref, atol=atol, rtol=rtol)
 
 
+def error_to_float64(got: torch.Tensor, reference: torch.Tensor) -> float:
+    """The largest error of `got` against a float64 `reference`, relative to the reference's largest magnitude (at
+    least 1e-6: a gradient that is 0 in exact arithmetic)."""
+    return (got.double() - reference).abs().max().item() / max(reference.abs().max().item(), 1e-6)
+
+
 def tiny(name, attn_implementation):
     """A tiny transformers model (`fa4_inductor.hf`). Skips the test where transformers is missing, or where its
     model class declares no such attention code (`hf.unsupported`, decided before building: a model that fails

@@ -30,7 +30,7 @@ import torch.nn.functional as F
 import upstream
 from fa4_inductor import hf
 from fa4_inductor.kernels import attention as attention_op, reference
-from helpers import Recorder, compile_and_run, layers_reaching_graphs, tiny
+from helpers import Recorder, compile_and_run, error_to_float64, layers_reaching_graphs, tiny
 
 FAMILIES = ["llama", "qwen3", "mistral", "gemma2"]  # gemma2: softcap, sliding and full layers; eager code only
 IMPLEMENTATIONS = ["eager", "sdpa"]
@@ -707,10 +707,6 @@ def test_encoder_decoder_generate_with_a_compiled_forward(name, strategy):
     assert all(kept in r for r in recorder.reasons) and expect_kept == bool(recorder.reasons), recorder.reasons
 
 
-def _error_to_float64(got: torch.Tensor, reference: torch.Tensor) -> float:
-    return (got.double() - reference).abs().max().item() / reference.abs().max().item()
-
-
 @pytest.mark.parametrize("model_kind", ["nanogpt-sdpa", "llama-sdpa",
                                         *(pytest.param(kind, marks=pytest.mark.slow)
                                           for kind in ("nanogpt-handwritten", "llama-eager"))])
@@ -751,7 +747,7 @@ def test_training_step_under_autocast(model_kind):
     got = step(torch.compile(net, backend=recorder), autocast=True)
     assert recorder.count() >= 1 and not recorder.reasons, recorder.records
     for i, (g, e, r) in enumerate(zip(got, eager, reference)):
-        ours, theirs = _error_to_float64(g, r), _error_to_float64(e, r)
+        ours, theirs = error_to_float64(g, r), error_to_float64(e, r)
         assert ours <= 2 * theirs + 2 ** -8, f"tensor {i}: error {ours:.2e} against eager autocast's {theirs:.2e}"
 
 
