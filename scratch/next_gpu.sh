@@ -1,4 +1,5 @@
-# Unrun GPU work. Session 33 ran o32 and n32 (docs/benchmarks.md, session 33); next: `q33`.
+# Unrun GPU work. Session 33 ran o32, n32 and p33 (docs/benchmarks.md, session 33); session 34 had no device. Next, one
+# call each: `q33`, `r34`, `s34`.
 # Output goes to $OUT/log.txt. Have the next call ready: the machine goes back 30 s after a call, and a fresh one needs
 # .gpu/a and .gpu/b again. Run one part a call:  bash scratch/next_gpu.sh g29
 # Never `pkill -f pytest` here: it matches this script's own command line. A pytest cut by `timeout` can leave xdist
@@ -7,6 +8,17 @@ P="python3 -m pytest -m gpu -q -p no:cacheprovider -p no:logging -W ignore -rf"
 L=$OUT/log.txt
 run() { echo "+ $*" >>$L; PYTHONUNBUFFERED=1 "$@" >>$L 2>&1; echo "rc=$?" >>$L; }
 case "$1" in
+r34) # session 34, issue 12's training step (59.1 ms of GPU a step against 55): ATen's CUDA embedding backward in
+    # place of Inductor's decomposition (float32 zeros of [128256, 2048], index_put, a cast: 0.58 ms a step in session
+    # 32), against the default in the same process order. If it wins, drop the decomposition in the backend (training
+    # graphs on CUDA) and test it on the CPU
+    run timeout 200 python3 docs/scripts/train_profile.py sdpa 4096 fa4_inductor
+    TRAIN_PROFILE_ATEN_EMBEDDING_BACKWARD=1 run timeout 200 python3 docs/scripts/train_profile.py sdpa 4096 fa4_inductor
+    ;;
+s34) # session 34: the training step under Inductor's max-autotune GEMM templates (Triton GEMMs with the pointwise
+    # work after them fused in, chosen against cuBLAS by timing; compiles for minutes): does epilogue fusion, which
+    # session 33's floor analysis says 55 ms needs, beat cuBLAS's 40.9 ms of GEMMs plus the separate kernels?
+    run timeout 560 python3 docs/scripts/train_profile.py sdpa 4096 fa4_inductor@max-autotune-no-cudagraphs ;;
 q33) # session 33: the rotary tables (on since session 32) in host-bound small models: the demo and the sweep's Llama
     # h256 x 2 rows (issue 12's >= 0.98x default compile and demo >= 1.0x), with the tables, then without (MIN_ELEMENTS
     # out of reach): if the small rows lose with them, raise rotary_tables.MIN_ELEMENTS to where they stop losing

@@ -12,6 +12,10 @@ A backend is "fa4_inductor" or "inductor" (default compile), optionally with our
 
 The step is the train suite's "logits mean" step: `model(ids, use_cache=False).logits.mean().backward()`, and the
 same with `use_cache=True` when asked (issue 12's 53.7 ms was measured that way).
+
+TRAIN_PROFILE_ATEN_EMBEDDING_BACKWARD=1 drops Inductor's decomposition of the embedding's backward (a float32
+[vocab, hidden] of zeros, index_put with accumulation, a cast: ~1 GB written and read again at Llama's 128256 x 2048,
+0.58 ms a step in session 32), so that ATen's CUDA kernel runs it (zeros in bf16, the rows summed apart).
 """
 import collections
 import os
@@ -55,6 +59,10 @@ def main():
     tokens = int(sys.argv[2]) if len(sys.argv) > 2 else 4096
     backends = sys.argv[3].split(",") if len(sys.argv) > 3 else ("fa4_inductor", "inductor")
     caches = [v == "True" for v in sys.argv[4].split(",")] if len(sys.argv) > 4 else [False]
+    if os.environ.get("TRAIN_PROFILE_ATEN_EMBEDDING_BACKWARD") == "1":
+        from torch._inductor import decomposition
+
+        decomposition.decompositions.pop(torch.ops.aten.embedding_dense_backward.default, None)
     for backend, use_cache in ((b, c) for b in backends for c in caches):
         torch.manual_seed(0)
         torch._dynamo.reset()
