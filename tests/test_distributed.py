@@ -18,8 +18,11 @@ What each case shows:
   `fa4::attention` in the forward graph and `fa4::attention_backward` in the backward graph of every rank,
   loss and the gathered gradients equal to the unsharded model's mean over both batches; with `fully_shard`
   per decoder layer, each layer compiled, sdpa code is rewritten the same way (HF's mask code runs eagerly and
-  skips the mask), while with the whole model compiled the mask crosses FSDP2's graph breaks and attention
-  stays as written, with the reason;
+  skips the mask), while with the whole model compiled the mask crosses FSDP2's graph breaks and reaches the
+  layer graph as an input, the op's key mask read at run time;
+- DDP (`_ddp_case`): the compiled DDP module split by DDPOptimizer at (tiny) gradient buckets, each piece compiled
+  by the backend alone: the mask reaches the attention's piece as an input, every layer still on the op, the
+  step exact;
 - the 2-GPU benchmark script (`fa4_inductor/bench/distributed.py`) passes its own checks on CPUs (slow).
 """
 
@@ -336,6 +339,51 @@ def _tp_case(impl: str, local_output: bool, inductor: bool) -> dict:
             queries.append(str(q.placements) if isinstance(q, DTensor) else f"{q.shape[1]} local heads")
     return dict(calls=calls, layers=tiny.attention_layers, reasons=[r.detail for r in records if not r.rewritten],
                 queries=queries, error=(got - expected).abs().max().item(), scale=expected.abs().max().item())
+
+
+def _ddp_case(impl: str, padded: bool) -> dict:
+    """A training step of a tiny HF Llama wrapped in DDP and compiled with our backend (graphs run eagerly), each
+    rank on its own batch, left-padded or not. DDP's buckets are made small enough (10 KB, the first bucket too) that
+    Dynamo's DDPOptimizer splits the graph at every few parameters and hands each piece to the backend alone, as it
+    splits a real model at its 25 MB buckets; the reference is the uncompiled model's loss on the rank's batch and its
+    gradients averaged over both batches (what DDP's all-reduce gives)."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    from fa4_inductor import hf
+    from helpers import Recorder
+
+    tiny = hf.build("llama", impl)
+    model = tiny.model.train()
+    batches = [tiny.inputs(generator=torch.Generator().manual_seed(10 + r), padding=padded) for r in range(WORLD)]
+    for batch in batches if padded else []:
+        batch["attention_mask"] = batch["attention_mask"].flip(-1)  # left padding
+    expected_grads = None
+    for batch in batches:
+        model.zero_grad()
+        loss = model(**batch, labels=batch["input_ids"], use_cache=False).loss
+        loss.backward()
+        grads = [p.grad / WORLD for p in model.parameters()]
+        expected_grads = grads if expected_grads is None else [a + b for a, b in zip(expected_grads, grads)]
+        if batch is batches[dist.get_rank()]:
+            expected_loss = loss.item()
+    model.zero_grad()
+    bucket_mb = 0.01
+    first_bucket = torch.distributed._DEFAULT_FIRST_BUCKET_BYTES
+    torch.distributed._DEFAULT_FIRST_BUCKET_BYTES = int(bucket_mb * 2 ** 20)  # DDPOptimizer wants it <= the others
+    try:
+        ddp = DistributedDataParallel(model, bucket_cap_mb=bucket_mb)
+        torch._dynamo.reset()
+        recorder = Recorder()
+        batch = batches[dist.get_rank()]
+        loss = torch.compile(ddp, backend=recorder)(**batch, labels=batch["input_ids"], use_cache=False).loss
+        loss.backward()
+    finally:
+        torch.distributed._DEFAULT_FIRST_BUCKET_BYTES = first_bucket
+    return dict(loss=loss.item(), expected_loss=expected_loss, graphs=len(recorder.graphs), calls=recorder.count(),
+                layers=tiny.attention_layers, reasons=recorder.reasons,
+                masks=sorted({r.detail.partition("key_mask=")[2].split(",")[0] for r in recorder.records}),
+                grad_error=max((p.grad - e).abs().max().item() for p, e in zip(model.parameters(), expected_grads)),
+                grad_scale=max(e.abs().max().item() for e in expected_grads))
 
 
 FSDP_LAYOUTS = {
@@ -657,6 +705,20 @@ def test_fsdp2_per_layer_units(ranks, impl, layout, expected):
             assert not r["reasons"], r["reasons"]
             assert r["forward"] == r["backward"] == 1, r["graphs"]  # the one layer graph
         _assert_training_matches(r)
+
+
+@pytest.mark.parametrize("impl, padded, mask", [("sdpa", False, "mask per query row"),
+                                               ("eager", True, "additive mask input")])
+def test_ddp_training_step(ranks, impl, padded, mask):
+    """DDP, compiled whole: DDPOptimizer splits the graph at DDP's buckets and compiles each piece with the backend,
+    so the mask HF builds reaches a layer's piece as an input. Every layer still calls fa4::attention, with that mask
+    as a key mask read at run time (proven from the graph when it is not split), and the step is exact: each rank's
+    loss its batch's, the gradients the mean over both batches."""
+    for r in ranks.run(_ddp_case, impl, padded):
+        assert r["graphs"] > 2 and r["calls"] == r["layers"] and not r["reasons"], r
+        assert r["masks"] == [mask], r
+        assert abs(r["loss"] - r["expected_loss"]) <= 1e-5 * max(1.0, abs(r["expected_loss"])), r
+        assert r["grad_error"] <= 1e-5 * max(1.0, r["grad_scale"]), r
 
 
 @pytest.mark.slow
