@@ -50,9 +50,11 @@ class Key(NamedTuple):
     gated: str = ""  # `NVFP4IntGemvGated`'s activation (weights = 2): act(x @ gate^T) * (x @ up^T)
 
 
-def pieces_bucket(pieces: int) -> int:
-    if not 1 <= pieces <= MAX_PIECES:
-        raise ValueError(f"the integer NVFP4 GEMV takes rows of 1..{MAX_PIECES} pieces (K <= {32 * MAX_PIECES}), "
+def pieces_bucket(pieces: int, max_pieces: int = MAX_PIECES, piece_values: int = 32) -> int:
+    """The power of two of pieces (from MIN_PIECES) a variant is compiled for; `max_pieces` of `piece_values` weights
+    the most a row may have (NVFP4's; the int8 GEMV's: `int8_int_gemv`)."""
+    if not 1 <= pieces <= max_pieces:
+        raise ValueError(f"the integer GEMV takes rows of 1..{max_pieces} pieces (K <= {piece_values * max_pieces}), "
                          f"got {pieces}")
     bucket = MIN_PIECES
     while bucket < pieces:
@@ -372,17 +374,20 @@ def quantize_blocks(x: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
 def block_sums(words: Tensor, low: Tensor, high: Tensor, correction: Tensor) -> Tensor:
     """`cute/nvfp4_int_gemv.piece`'s integer part for weight words int64 [N, Kp / 8] against `quantize_blocks`' planes:
     per row and block, the dp4a sums s0 (u8 x u8), s1 (u8 x s8) and v = s0 + 256 s1 - correction, int64 [N, Kp / 16]."""
-    def dot(a, b, b_signed):
-        total = torch.zeros(torch.broadcast_shapes(a.shape, b.shape), dtype=torch.int64)
-        for i in range(4):
-            bi = b >> 8 * i & 0xFF
-            total += (a >> 8 * i & 0xFF) * ((bi + 128) % 256 - 128 if b_signed else bi)
-        return total
-
     n, nwords = words.shape
     lo_codes, hi_codes = words & 0xFFFF, words >> 16 & 0xFFFF
     w_lo, w_hi = weight_bytes(lo_codes), weight_bytes(hi_codes)  # [N, W]: codes 8j..8j+3, 8j+4..8j+7
-    s0 = dot(w_lo, low[0::2][None, :], False) + dot(w_hi, low[1::2][None, :], False)
-    s1 = dot(w_lo, high[0::2][None, :], True) + dot(w_hi, high[1::2][None, :], True)
+    s0 = dp4a_dot(w_lo, low[0::2][None, :], False, False) + dp4a_dot(w_hi, low[1::2][None, :], False, False)
+    s1 = dp4a_dot(w_lo, high[0::2][None, :], False, True) + dp4a_dot(w_hi, high[1::2][None, :], False, True)
     per_block = lambda t: t.reshape(n, nwords // 2, 2).sum(-1)  # noqa: E731 (two words a block)
     return per_block(s0) + 256 * per_block(s1) - correction[None, :]
+
+
+def dp4a_dot(a: Tensor, b: Tensor, a_signed: bool, b_signed: bool) -> Tensor:
+    """`dp4a` on int64 tensors of 32-bit words (broadcast): the sum of the products of their four bytes, each byte
+    unsigned or, where a_signed / b_signed, signed."""
+    def byte(t, i, signed):
+        v = t >> 8 * i & 0xFF
+        return (v + 128) % 256 - 128 if signed else v
+
+    return sum(byte(a, i, a_signed) * byte(b, i, b_signed) for i in range(4))

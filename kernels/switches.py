@@ -22,8 +22,9 @@ bulk+scales:4; `w4a16_decode.parse_load`), FA4_INDUCTOR_W4A16_PACK (on: NVFP4 we
 kernel's packed layout, `w4a16_decode.pack_nvfp4`; tiles: that layout in 16-row tiles; default off),
 FA4_INDUCTOR_W4A16_GEMV (which calls of the plain layout take the CUDA-core GEMV, `cute/w4a16_gemv.py`, by
 their rows M: unset or auto, the measured rule `w4a16_decode.GEMV_AUTO_ROWS`; on, M = 1..4; off, none),
-FA4_INDUCTOR_W4A16_INT_GEMV (which NVFP4 calls of the plain layout take the integer GEMV, `cute/nvfp4_int_gemv.py`:
-unset or auto, one-row calls where it measured faster, `w4a16_decode.int_gemv_auto`; on, 1..4 rows; off, none),
+FA4_INDUCTOR_W4A16_INT_GEMV (which calls take the integer GEMVs: NVFP4 ones of the plain layout,
+`cute/nvfp4_int_gemv.py`, and int8 ones, `cute/int8_int_gemv.py`: unset or auto, one-row NVFP4 calls where it measured
+faster, `w4a16_decode.int_gemv_auto`, and no int8 call yet, `int8_int_gemv.int8_auto`; on, 1..4 rows; off, none),
 FA4_INDUCTOR_INT_GEMV_PREFETCH (0, the default, or D >= 3: the integer GEMV keeps the weight bytes of the steps up to D
 ahead prefetched into L2; measured slower, session 19), FA4_INDUCTOR_GEMV_SPLIT (auto, on or off: both GEMVs
 split the K of weights of few rows among the CTAs of a cluster, `nvfp4_int_gemv.shape`, `w4a16_decode.gemv_shape`;

@@ -97,7 +97,7 @@ from typing import NamedTuple, Optional
 import torch
 from torch import Tensor
 
-from . import layout, nvfp4_int_gemv, prepared_weights, switches
+from . import int8_int_gemv, layout, nvfp4_int_gemv, prepared_weights, switches
 from .cute import compile_utils
 
 FORMATS = ("nvfp4", "int8")
@@ -801,12 +801,14 @@ def int_gemv_auto(m: int, n: int, k: int) -> bool:
     return m <= INT_GEMV_AUTO_ROWS and (n >= INT_GEMV_WIDE_N or k <= INT_GEMV_SHORT_K)
 
 
-def configured_int_gemv(m: int, n: int, k: int) -> bool:
-    """Whether a call without a `gemv` argument takes the integer GEMV: FA4_INDUCTOR_W4A16_INT_GEMV (auto:
-    `int_gemv_auto`, within the rows the GEMVs are configured for; on: always, where it takes the call; off: never)."""
+def configured_int_gemv(m: int, n: int, k: int, fmt: str = "nvfp4") -> bool:
+    """Whether a call without a `gemv` argument takes the integer GEMV of its format (`nvfp4_int_gemv`,
+    `int8_int_gemv`): FA4_INDUCTOR_W4A16_INT_GEMV (auto: `int_gemv_auto` or `int8_int_gemv.int8_auto`, within the rows
+    the GEMVs are configured for; on: always, where it takes the call; off: never)."""
     setting = switches.current().w4a16_int_gemv
     if setting is None:
-        return m <= configured_gemv_rows() and int_gemv_auto(m, n, k)
+        auto = int_gemv_auto if fmt == "nvfp4" else int8_int_gemv.int8_auto
+        return m <= configured_gemv_rows() and auto(m, n, k)
     return setting
 
 
@@ -1028,9 +1030,13 @@ def int8_gemv_siblings(x2d: Tensor, weights: list[tuple[Tensor, Tensor]],
 def int8_matmul(x2d: Tensor, w_int8: Tensor, w_scale: Tensor, bias: Optional[Tensor] = None, *,
                 splits: Optional[int] = None, cta: Optional[tuple[int, int, int]] = None,
                 load: Optional[str] = None, gemv: Optional[bool] = None) -> Tensor:
-    """x2d [M, K] @ (w_int8 [N, K] * w_scale [N])^T (+ bias [N]) -> [M, N] in x's dtype (`gemv` as `nvfp4_matmul`'s)."""
+    """x2d [M, K] @ (w_int8 [N, K] * w_scale [N])^T (+ bias [N]) -> [M, N] in x's dtype (`gemv` as `nvfp4_matmul`'s;
+    the integer GEMV is `int8_int_gemv`'s, its forced shape (INT_GEMV, rows, K warps[, 1[, warps a CTA]]))."""
     n, k, scale, bias = _int8_operands(x2d, w_int8, w_scale, bias)
-    gemv = True if _is_int_gemv(gemv) else gemv  # no integer GEMV for int8 weights: the fp32 one
+    if _is_int_gemv(gemv) or gemv is None and configured_int_gemv(x2d.shape[0], n, k, "int8"):
+        if int8_int_gemv.unsupported_reason(x2d, n, k) is None:
+            return int8_int_gemv.run(x2d, w_int8, scale, bias, tuple(gemv[1:]) if isinstance(gemv, tuple) else None)
+        gemv = None if gemv is None else True
     if x2d.shape[0] <= gemv_rows(gemv):
         return _run_gemv("int8", x2d, prepare_int8(w_int8), None, scale, bias, n, _gemv_shape(gemv))
     return _run("int8", x2d, prepare_int8(w_int8), None, scale, bias, n, k, splits, cta, load)

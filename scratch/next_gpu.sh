@@ -1,5 +1,5 @@
 # Unrun GPU work. Session 33 ran o32, n32 and p33 (docs/benchmarks.md, session 33); session 34 had no device. Next, one
-# call each: `q33`, `r34`, `s34`.
+# call each: `t34`, `q33`, `r34`, `s34`.
 # Output goes to $OUT/log.txt. Have the next call ready: the machine goes back 30 s after a call, and a fresh one needs
 # .gpu/a and .gpu/b again. Run one part a call:  bash scratch/next_gpu.sh g29
 # Never `pkill -f pytest` here: it matches this script's own command line. A pytest cut by `timeout` can leave xdist
@@ -8,6 +8,14 @@ P="python3 -m pytest -m gpu -q -p no:cacheprovider -p no:logging -W ignore -rf"
 L=$OUT/log.txt
 run() { echo "+ $*" >>$L; PYTHONUNBUFFERED=1 "$@" >>$L 2>&1; echo "rc=$?" >>$L; }
 case "$1" in
+t34) # session 34, issue 15's int8 row (19.6 us at 8192 x 8192 against 18): the integer int8 GEMV (`int8_int_gemv`,
+    # CPU-compiled only: dp4a on the weight bytes as they are, x quantized per 16-value block as the integer NVFP4
+    # GEMV's; 142 loop instructions for 128 weights against the fp32 GEMV's 258 for 64, sm_90a SASS): its GPU tests,
+    # then the fp32 GEMV ("on") against it ("int") at 1 and 2 rows. Where it wins, give `int8_int_gemv.int8_auto` the
+    # rule (auto is off until then) and rerun issue 15's int8 rows
+    run timeout 200 $P -n 8 tests/test_gpu_w4a16.py -k "int8_int_gemv"
+    run timeout 330 python3 tests/bench_w4a16.py --m 1,2 --gemv on,int \
+      --shapes 8192x8192,2048x8192,8192x2048,14336x4096,4096x14336,2048x2048,512x2048 ;;
 r34) # session 34, issue 12's training step (59.1 ms of GPU a step against 55): ATen's CUDA embedding backward in
     # place of Inductor's decomposition (float32 zeros of [128256, 2048], index_put, a cast: 0.58 ms a step in session
     # 32), against the default in the same process order. If it wins, drop the decomposition in the backend (training

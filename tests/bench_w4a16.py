@@ -9,6 +9,7 @@ W4A16 GEMM (kernels/quack_w4a16.py), NVFP4 and int8 weights, x bf16.
     python tests/bench_w4a16.py --m 1,8 --pack off,on --shapes 8192x8192,2048x8192   # NVFP4 plain vs packed layout
     python tests/bench_w4a16.py --m 1,4 --gemv off,on --shapes 8192x8192,512x2048    # tensor-core kernel vs GEMV
     python tests/bench_w4a16.py --m 1 --gemv int --prefetch 0,4,8 --shapes 8192x8192   # the integer GEMV's L2 prefetch
+    python tests/bench_w4a16.py --m 1,2 --gemv on,int --shapes 8192x8192   # fp32 GEMV vs the integer GEMVs (both formats)
 
 `--load` (comma list of `w4a16_decode.parse_load` specs; default FA4_INDUCTOR_W4A16_LOAD, else registers)
 times ours once per load path; `--stages` gives each bulk path those ring depths ("bulk:3"; a depth that does
@@ -201,9 +202,9 @@ def gemv_tag(gv) -> str:
 
 
 def parse_gemv(value):
-    """--gemv's off / on / int / int:RxK[xS[xW]] / RxK -> the matmuls' `gemv` argument: False, True, INT_GEMV (NVFP4
-    calls of 1..4 rows on the integer GEMV), (INT_GEMV, rows a warp, K warps[, K splits[, warps a CTA]]) or (rows a
-    warp, K warps)."""
+    """--gemv's off / on / int / int:RxK[xS[xW]] / RxK -> the matmuls' `gemv` argument: False, True, INT_GEMV (calls of
+    1..4 rows on the integer GEMVs: NVFP4's, int8's), (INT_GEMV, rows a warp, K warps[, K splits[, warps a CTA]];
+    int8's: no split) or (rows a warp, K warps)."""
     value = value.strip()
     if value in ("off", "on", "int"):
         return {"off": False, "on": True, "int": w4.INT_GEMV}[value]
@@ -223,7 +224,7 @@ def main():
     p.add_argument("--stages", default=None, help="comma list: ring depths for each bulk load path")
     p.add_argument("--pack", default=None, help="comma list of NVFP4 layouts: off (plain), on (packed), tiles")
     p.add_argument("--gemv", default=None, help="comma list of M <= 4 routes: off (tensor-core kernel), on (GEMV), "
-                                                 "int (NVFP4 calls on the integer GEMV), int:RxK (its shape), "
+                                                 "int (the integer GEMVs, NVFP4 and int8), int:RxK (its shape), "
                                                  "int:RxKxS (and K split among S CTAs of a cluster), int:RxKxSxW "
                                                  "(and W warps a CTA), "
                                                  "RxK (the GEMV with R rows a warp, K warps along K)")

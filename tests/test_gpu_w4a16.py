@@ -585,6 +585,50 @@ def test_int_gemv_split_rule_on_the_down_projection(monkeypatch):
         switches.reset()
 
 
+def int8_int_gemv_case(n, k, dtype, seed=0, shape=None, m=1, bias=False, scale_dtype=torch.float32):
+    """`w4a16_decode.int8_matmul` on the integer int8 GEMV (`gemv="int"`, or its forced shape) against its own
+    arithmetic emulated on the CPU (`int8_int_gemv.emulate`), up to the fp32 sums and the output's rounding, and
+    against the float64 product (`report`)."""
+    from fa4_inductor.kernels import int8_int_gemv as g8
+
+    gen = torch.Generator().manual_seed(seed)
+    w = torch.randint(-128, 128, (n, k), generator=gen, dtype=torch.int64).to(torch.int8).cuda()
+    scale = (torch.rand(n, generator=gen) * 0.02 + 1e-3).to(scale_dtype).cuda()
+    b = torch.randn(n, generator=gen).to(dtype).cuda() if bias else None
+    x = torch.randn(m, k, dtype=dtype, device="cuda")
+    out = w4.int8_matmul(x, w, scale, b, gemv=(w4.INT_GEMV, *shape) if shape else w4.INT_GEMV)
+    assert out.shape == (m, n) and out.dtype == dtype
+    emu = g8.emulate(x.cpu(), w.cpu(), scale.cpu(), None if b is None else b.cpu()).cuda()
+    rounding = 2.0 ** (-8 if dtype == torch.bfloat16 else -10)
+    gap = (out.double() - emu).abs()
+    assert (gap <= rounding * emu.abs() + 1e-6 * emu.abs().max()).all(), \
+        f"int8 int gemv m{m} n{n} k{k}: off its emulation by {gap.max().item():.3g} (|emu| max {emu.abs().max():.3g})"
+    wd = w.double() * scale.double()[:, None]
+    ref = x.double() @ wd.T + (0 if b is None else b.double())
+    report(f"int8 int gemv {str(dtype)[6:]} m{m} n{n} k{k} shape {shape or 'auto'}", out, ref,
+           F.linear(x, wd.to(dtype), b))
+    return out, (x, w, scale, b)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("n, k", GEMV_SHAPES + [(4096, 14336), (1024, 16384), (8192, 8192)])
+def test_int8_int_gemv_shapes(n, k, dtype):
+    int8_int_gemv_case(n, k, dtype, seed=n + k)
+
+
+@pytest.mark.parametrize("m", [1, 2, 3, 4])
+@pytest.mark.parametrize("shape", [None, (4, 1), (2, 2), (1, 4), (8, 1), (4, 1, 1, 8), (2, 2, 1, 16)], ids=str)
+@pytest.mark.parametrize("n, k", [(1000, 2064), (257, 5152), (3, 48), (4099, 1040)])
+def test_int8_int_gemv_rows_and_shapes(m, shape, n, k):
+    """1..4 rows of x, forced CTA shapes (1..6 32-piece steps a lane, N off the warp's rows), a bias and bf16 or
+    fp16 scales on some; a CUDA graph's replays on new x give the eager call's output bit for bit."""
+    if shape and shape[0] * m > 8:
+        pytest.skip("more accumulators than a warp holds")
+    out, (x, w, scale, b) = int8_int_gemv_case(n, k, torch.bfloat16, seed=m + n, shape=shape, m=m, bias=m % 2 == 1,
+                                               scale_dtype=(torch.float32, torch.bfloat16, torch.float16)[m % 3])
+    assert_replays_equal(lambda: w4.int8_matmul(x, w, scale, b, gemv=w4.INT_GEMV), x)
+
+
 @pytest.mark.parametrize("activation", ["silu", "gelu_tanh"])
 @pytest.mark.parametrize("shape", [None, (4, 1), (2, 2), (2, 4), (8, 1)], ids=str)
 @pytest.mark.parametrize("m, n, k", [(1, 8192, 2048), (1, 14336, 4096), (2, 1000, 2064), (4, 99, 4160), (1, 3, 48)])

@@ -6,7 +6,7 @@ device: `test_gpu_w4a16.py` (the `int_gemv` tests)."""
 import pytest
 import torch
 
-from fa4_inductor.kernels import nvfp4_int_gemv as g, w4a16_decode as w4
+from fa4_inductor.kernels import int8_int_gemv, nvfp4_int_gemv as g, w4a16_decode as w4
 from fa4_inductor.kernels.cute import nvfp4_int_gemv as kern
 from test_nvfp4_linear import E2M1, float64_reference, random_nvfp4
 from test_w4a16_compile import cute_dsl  # noqa: F401 (a fixture)
@@ -133,6 +133,7 @@ def launches(monkeypatch):
     monkeypatch.setattr(w4, "_num_sms", lambda device: 132)
     monkeypatch.setattr(compile_utils, "target_arch", lambda device: ARCH)
     monkeypatch.setattr(g, "compiled", lambda key: lambda *operands: calls.append((key, operands)))
+    monkeypatch.setattr(int8_int_gemv, "compiled", lambda key: lambda *operands: calls.append((key, operands)))
     monkeypatch.setattr(w4, "compiled_gemv", lambda key: lambda *operands: calls.append((key, operands)))
     yield calls
     switches.reset()

@@ -21,6 +21,8 @@ can be compared between versions of a kernel. SASS_OUT=path appends the whole li
     python docs/scripts/sass_stats.py intgemv 4 1 64 --splits 4       # K split among a cluster of 4 CTAs
     python docs/scripts/sass_stats.py intgemv 4 1 256 --warps 16      # CTAs of 16 warps (x quantized once for 64 rows)
     python docs/scripts/sass_stats.py intgemv 4 1 64 --gated [--gelu] # silu (gelu) (x @ gate^T) * (x @ up^T), one launch
+    python docs/scripts/sass_stats.py int8gemv 4 1 512        # integer int8 GEMV: 4 rows a warp, 1 K warp, 512 pieces
+    python docs/scripts/sass_stats.py int8gemv 4 1 512 --m 2 --warps 8   # 2 rows of x, CTAs of 8 warps
 
 Loops with no MMA (the GEMV's) report their fp32 FMAs instead: instructions per FFMA.
 """
@@ -75,6 +77,15 @@ def compile_variant(argv):
         gated = "gelu_tanh" if "--gelu" in flags_of_intgemv else "silu" if "--gated" in flags_of_intgemv else ""
         g.compiled(g.Key(dtype, m, "sm_90a", int(argv[1]), int(argv[2]), int(argv[3]), prefetch=prefetch,
                          weights=2 if gated else weights, splits=splits, warps=warps, gated=gated))
+    elif argv[0] == "int8gemv":
+        from fa4_inductor.kernels import int8_int_gemv as g8
+
+        dtype = torch.float16 if "--f16" in argv else torch.bfloat16
+        m = int(argv[argv.index("--m") + 1]) if "--m" in argv else 1
+        warps = int(argv[argv.index("--warps") + 1]) if "--warps" in argv else 4
+        argv = [a for i, a in enumerate(argv) if not a.startswith("--") and argv[i - 1] not in ("--m", "--warps")]
+        g8.compiled(g8.Key(dtype, m, "--bias" in argv, torch.float32, "sm_90a", int(argv[1]), int(argv[2]),
+                           int(argv[3]), warps=warps))
     elif argv[0] == "int8kv":
         from fa4_inductor.kernels import decode_int8kv
 

@@ -49,7 +49,6 @@ ROUNDER_BITS = 0x4B400000
 TOP_EXPONENT = 14  # the block max times 2^s lies in [2^14, 2^15)
 MAX_SHIFT = 126  # 2^s and 2^-s stay normal fp32
 NAN_BITS = 0x7FC00000
-META_WORDS = 4  # a piece: (2^-s, correction) of its two blocks
 PLANE_HALF_WORDS = 4  # a piece's plane is two halves of 16 bytes (one block each)
 
 
@@ -73,9 +72,9 @@ def weight_bytes(codes: Int32, tables, *, loc=None, ip=None) -> Int32:
 
 
 @dsl_user_op
-def dp4a(a: Int32, b: Int32, c: Int32, b_signed: bool, *, loc=None, ip=None) -> Int32:
-    """c + the dot product of a's four unsigned bytes with b's (signed where b_signed)."""
-    op = "dp4a.u32.s32" if b_signed else "dp4a.u32.u32"
+def dp4a(a: Int32, b: Int32, c: Int32, b_signed: bool, *, a_signed: bool = False, loc=None, ip=None) -> Int32:
+    """c + the dot product of a's four bytes with b's, each unsigned or, where a_signed / b_signed, signed."""
+    op = f"dp4a.{'s32' if a_signed else 'u32'}.{'s32' if b_signed else 'u32'}"
     return Int32(_asm(T.i32(), [_i32(a, loc, ip), _i32(b, loc, ip), _i32(c, loc, ip)],
                       f"{op} $0, $1, $2, $3;", "=r,r,r,r"))
 
@@ -108,6 +107,7 @@ class NVFP4IntGemv(W4A16Gemv):
         assert max_pieces >= 1 and (prefetch == 0 or (prefetch >= 3 and 5 * rows <= 32)), (max_pieces, prefetch, rows)
         self.max_pieces = max_pieces
         self.prefetch = prefetch
+        self.blocks_per_piece = BLOCKS_PER_PIECE  # x blocks (their planes' halves) a 16-byte weight piece
 
     @cute.jit
     def __call__(self, mX: cute.Tensor, mW: cute.Tensor, mBlock: cute.Tensor, mScale: cute.Tensor, mOut: cute.Tensor,
@@ -118,8 +118,9 @@ class NVFP4IntGemv(W4A16Gemv):
 
     def shared_storage(self):
         """The CTA's shared memory: the planes and block metadata of the pieces of x it reads, the sums, the tables."""
-        return shared_struct(sPlanes=(Int32, 2 * 2 * self.max_pieces * PLANE_HALF_WORDS * self.m),
-                             sMeta=(Int32, self.max_pieces * META_WORDS * self.m), **self.sums_fields(),
+        bpp = self.blocks_per_piece
+        return shared_struct(sPlanes=(Int32, bpp * 2 * self.max_pieces * PLANE_HALF_WORDS * self.m),
+                             sMeta=(Int32, self.max_pieces * 2 * bpp * self.m), **self.sums_fields(),
                              sTables=(Int32, 4))
 
     @cute.kernel
@@ -130,15 +131,17 @@ class NVFP4IntGemv(W4A16Gemv):
 
     @cute.jit
     def rows_of(self, storage, mX: cute.Tensor, mW: cute.Tensor, mBlock: cute.Tensor, mScale: cute.Tensor,
-                mOut: cute.Tensor, bx=None):
+                mOut: cute.Tensor, bx=None, mBias: Optional[cute.Tensor] = None):
         """The CTA's rows of mW (its bx-th CTA; default: its block index) into mOut."""
         tidx, _, _ = cute.arch.thread_idx()
-        M, mp = self.m, self.max_pieces
-        # plane word (word, piece, half, plane, x row): bytes of x values 32 piece + 16 half + 4 word + 0..3
+        M, mp, bpp = self.m, self.max_pieces, self.blocks_per_piece
+        meta = 2 * bpp  # (2^-s, correction) of each block of a piece
+        # plane word (word, piece, half, plane, x row): bytes of x values 16 (bpp piece + half) + 4 word + 0..3
         sPlanes = storage.sPlanes.get_tensor(cute.make_layout(
-            (PLANE_HALF_WORDS, mp, 2, 2, M),
-            stride=(1, PLANE_HALF_WORDS, PLANE_HALF_WORDS * mp, 2 * PLANE_HALF_WORDS * mp, 4 * PLANE_HALF_WORDS * mp)))
-        sMeta = storage.sMeta.get_tensor(cute.make_layout((META_WORDS, mp, M), stride=(1, META_WORDS, META_WORDS * mp)))
+            (PLANE_HALF_WORDS, mp, bpp, 2, M),
+            stride=(1, PLANE_HALF_WORDS, PLANE_HALF_WORDS * mp, bpp * PLANE_HALF_WORDS * mp,
+                    2 * bpp * PLANE_HALF_WORDS * mp)))
+        sMeta = storage.sMeta.get_tensor(cute.make_layout((meta, mp, M), stride=(1, meta, meta * mp)))
 
         acc = cute.make_rmem_tensor((self.rows * M,), Float32)
         acc.fill(0.0)
@@ -159,9 +162,8 @@ class NVFP4IntGemv(W4A16Gemv):
         # words of x a block), stored from piece 0 ----
         rX = cute.make_rmem_tensor((2 * PIECE_WORDS,), Int32)
         for m in cutlass.range_constexpr(M):
-            for blk in cutlass.range(tidx, (end - begin) * BLOCKS_PER_PIECE, 32 * self.num_warps, unroll=1):
-                cute.autovec_copy(cute.local_tile(mX[m, None], (2 * PIECE_WORDS,), (begin * BLOCKS_PER_PIECE + blk,)),
-                                  rX)
+            for blk in cutlass.range(tidx, (end - begin) * bpp, 32 * self.num_warps, unroll=1):
+                cute.autovec_copy(cute.local_tile(mX[m, None], (2 * PIECE_WORDS,), (begin * bpp + blk,)), rX)
                 self.quantize_block(rX, sPlanes[None, None, None, None, m], sMeta[None, None, m], blk)
         sTables = storage.sTables.get_tensor(cute.make_layout((4,)))
         if tidx < 4:  # read back from shared memory, the tables live in registers: as constants ptxas would move
@@ -175,8 +177,8 @@ class NVFP4IntGemv(W4A16Gemv):
         cute.arch.barrier()
         tables = [sTables[i] for i in range(4)]
 
-        rP = cute.make_rmem_tensor((PLANE_HALF_WORDS, 2, 2, M), Int32)  # (word, half, plane, x row)
-        rM = cute.make_rmem_tensor((META_WORDS, M), Int32)
+        rP = cute.make_rmem_tensor((PLANE_HALF_WORDS, bpp, 2, M), Int32)  # (word, half, plane, x row)
+        rM = cute.make_rmem_tensor((meta, M), Int32)
         for p in cutlass.range(first, end, 2 * stride, unroll=1):
             if const_expr(self.prefetch > 0):
                 self.prefetch_step(*pf, end, p - lane + self.prefetch * stride)
@@ -190,7 +192,7 @@ class NVFP4IntGemv(W4A16Gemv):
                 self.piece(rW2, rS2, rP, rM, acc, tables)
                 if p + 3 * stride < end:
                     self.load_piece(mW, mBlock, rW2, rS2, row0, n_rows, p + 3 * stride)
-        self.add_up_and_store(acc, storage, lane, wn, wk, row0, n_rows, mScale, None, mOut)
+        self.add_up_and_store(acc, storage, lane, wn, wk, row0, n_rows, mScale, mBias, mOut)
 
     @cute.jit
     def prefetch_lane(self, mW: cute.Tensor, mBlock: cute.Tensor, lane: Int32, row0: Int32, n_rows: Int32):
@@ -223,7 +225,7 @@ class NVFP4IntGemv(W4A16Gemv):
         """Piece p's plane words and block metadata of every row of x, from shared memory."""
         for m in cutlass.range_constexpr(self.m):
             for plane in cutlass.range_constexpr(2):
-                for h in cutlass.range_constexpr(2):
+                for h in cutlass.range_constexpr(self.blocks_per_piece):
                     cute.autovec_copy(sPlanes[None, p, h, plane, m], rP[None, h, plane, m])
             cute.autovec_copy(sMeta[None, p, m], rM[None, m])
 
@@ -256,8 +258,8 @@ class NVFP4IntGemv(W4A16Gemv):
             b = rounded_bits(v, multiplier)
             bits.append(b)
             total = total + (b - Int32(ROUNDER_BITS))  # y
-        p = blk // BLOCKS_PER_PIECE
-        h = blk % BLOCKS_PER_PIECE
+        p = blk // self.blocks_per_piece
+        h = blk % self.blocks_per_piece
         for w in cutlass.range_constexpr(PLANE_HALF_WORDS):
             ab = prmt(bits[4 * w], bits[4 * w + 1], 0x5140)
             cd = prmt(bits[4 * w + 2], bits[4 * w + 3], 0x5140)
