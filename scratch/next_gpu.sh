@@ -1,5 +1,5 @@
 # Unrun GPU work. Session 33 ran o32, n32 and p33 (docs/benchmarks.md, session 33); session 34 had no device. Next, one
-# call each: `t34`, `q33`, `r34`, `s34`.
+# call each: `t34`, `u34`, `q33`, `r34`, `s34`.
 # Output goes to $OUT/log.txt. Have the next call ready: the machine goes back 30 s after a call, and a fresh one needs
 # .gpu/a and .gpu/b again. Run one part a call:  bash scratch/next_gpu.sh g29
 # Never `pkill -f pytest` here: it matches this script's own command line. A pytest cut by `timeout` can leave xdist
@@ -8,6 +8,10 @@ P="python3 -m pytest -m gpu -q -p no:cacheprovider -p no:logging -W ignore -rf"
 L=$OUT/log.txt
 run() { echo "+ $*" >>$L; PYTHONUNBUFFERED=1 "$@" >>$L 2>&1; echo "rc=$?" >>$L; }
 case "$1" in
+u34) # session 34: the model-level GPU tier (tests/test_gpu_models.py, new, not yet run): Llama, Qwen 3, Mistral,
+    # Gemma 2, Phi-3, GPT-2 at head dims 64 / 96 / 128 / 256 in bf16, prefill (left-padded or not), a right-padded
+    # training step, static-cache generate with compiled decode steps, ours against default compile against float32
+    run timeout 560 $P -n 8 tests/test_gpu_models.py ;;
 t34) # session 34, issue 15's int8 row (19.6 us at 8192 x 8192 against 18): the integer int8 GEMV (`int8_int_gemv`,
     # CPU-compiled only: dp4a on the weight bytes as they are, x quantized per 16-value block as the integer NVFP4
     # GEMV's; 142 loop instructions for 128 weights against the fp32 GEMV's 258 for 64, sm_90a SASS): its GPU tests,

@@ -1,0 +1,198 @@
+"""GPU tier: HF models at the head dims FA4 serves, in bfloat16, called as users call them, compiled with our backend
+and with default torch.compile; `pytest -m gpu` on an sm90 / sm100 GPU.
+
+Each model is small (2 layers) but shaped like a real one: Llama and Qwen 3 (head dim 128, 4 query heads a KV head),
+Mistral (a sliding window shorter than the sequence), Gemma 2 (head dim 256, softcap, sliding and full layers; eager
+code only), Phi-3 (head dim 96, no GQA), GPT-2 (head dim 64), with sequences long enough for FA4 (not the small-call
+route). The rule is FlashAttention's, at the model level: against the float32 model run uncompiled, our error is at
+most twice default compile's plus 1e-3 of the largest value (logits; each parameter's gradient; generate's decode
+steps' logits), on every position a real token holds. Every attention layer is rewritten or routed by a crossover,
+never kept for another reason.
+
+    prefill         left-padded (what `generate` hands the model) and not, `use_cache=False`
+    training step   labels, right-padded (what data collators make), loss and every gradient
+    generate        a left-padded batch through a static cache with the decode step compiled (`CompileConfig`),
+                    greedy: each step's logits where the tokens before it agree, and the tokens uncompiled
+                    bfloat16 generate's up to its first near tie
+"""
+
+import copy
+
+import pytest
+import torch
+
+import fa4_inductor
+from fa4_inductor import hf, publishing
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+
+SHAPES = {  # config overrides: hidden size, heads, KV heads, head dim
+    "llama": dict(hidden_size=1024, num_attention_heads=8, num_key_value_heads=2, head_dim=128),
+    "qwen3": dict(hidden_size=1024, num_attention_heads=8, num_key_value_heads=2, head_dim=128),
+    "mistral": dict(hidden_size=1024, num_attention_heads=8, num_key_value_heads=2, head_dim=128, sliding_window=384),
+    "gemma2": dict(hidden_size=512, num_attention_heads=4, num_key_value_heads=2, head_dim=256, sliding_window=384),
+    "phi3": dict(hidden_size=768, num_attention_heads=8, num_key_value_heads=8, head_dim=96),
+    "gpt2": dict(hidden_size=512, num_attention_heads=8),  # head dim 64
+}
+SEQ = 1024
+BATCH = 2
+PAD = 300  # row 1's pad tokens
+CROSSOVER_ROUTES = ("F.scaled_dot_product_attention(", "a small attention ", "a decode step ",
+                    "a short attention in padded training ")
+
+
+@pytest.fixture(autouse=True)
+def gpu(monkeypatch):
+    major, _ = torch.cuda.get_device_capability()
+    if major not in (9, 10):
+        pytest.skip("FA4 is wired for sm90 / sm100")
+    torch.manual_seed(0)
+    yield
+    torch._dynamo.reset()
+
+
+def build(name: str, impl: str, **extra):
+    """(bfloat16 model, float32 copy) on the GPU, in eval mode."""
+    pytest.importorskip("transformers")
+    from transformers import AutoModelForCausalLM
+
+    reason = hf.unsupported(name, impl)
+    if reason:
+        pytest.skip(reason)
+    config = hf.tiny_config(name, impl)
+    for key, value in {**SHAPES[name], "vocab_size": 1000, "intermediate_size": 2048, "num_hidden_layers": 2,
+                       "max_position_embeddings": 4096, **extra}.items():
+        setattr(config, key, value)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config, attn_implementation=impl).cuda().eval()
+    for module in model.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
+    return model.to(torch.bfloat16), copy.deepcopy(model).float()
+
+
+def batch(side: str | None, seq: int = SEQ):
+    ids = torch.randint(0, 1000, (BATCH, seq), device="cuda")
+    if side is None:
+        return {"input_ids": ids}
+    mask = torch.ones_like(ids)
+    mask[1, :PAD] = 0
+    return {"input_ids": ids, "attention_mask": mask if side == "left" else mask.flip(-1)}
+
+
+def real_tokens(inputs) -> torch.Tensor:
+    """[B, S] bool: the positions a real token holds."""
+    mask = inputs.get("attention_mask")
+    return torch.ones_like(inputs["input_ids"], dtype=torch.bool) if mask is None else mask.bool()
+
+
+def error(got: torch.Tensor, reference: torch.Tensor) -> float:
+    return (got.double() - reference.double()).abs().max().item()
+
+
+def assert_fa_rule(name, ours, default, reference):
+    assert ours.isfinite().all(), f"{name}: ours has non-finite values"
+    ours_err, default_err = error(ours, reference), error(default, reference)
+    bound = 2 * default_err + 1e-3 * reference.abs().max().item()
+    assert ours_err <= bound, f"{name}: error {ours_err:.3g} against default compile's {default_err:.3g}"
+
+
+def assert_served(records, layers: int):
+    served = [r for r in records if r.rewritten or r.detail.startswith(CROSSOVER_ROUTES)]
+    kept = [str(r) for r in records if r not in served]
+    assert not kept and len(served) >= layers, kept or [str(r) for r in records]
+
+
+def compiled(model, ours: bool, **kwargs):
+    torch._dynamo.reset()
+    return torch.compile(model, backend=fa4_inductor.backend(), **kwargs) if ours else torch.compile(model, **kwargs)
+
+
+PREFILL = [(name, impl, side) for name in SHAPES for impl in ("eager", "sdpa") for side in ("left", None)
+           if not (name == "gemma2" and impl == "sdpa")]
+
+
+@pytest.mark.parametrize("name, impl, side", PREFILL, ids=lambda v: str(v))
+def test_prefill(name, impl, side):
+    model, reference_model = build(name, impl)
+    inputs = {**batch(side), "use_cache": False}
+    with torch.no_grad():
+        reference = reference_model(**inputs).logits
+        with publishing.collecting() as records:
+            ours = compiled(model, True)(**inputs).logits
+        default = compiled(model, False)(**inputs).logits
+    real = real_tokens(inputs)
+    assert_fa_rule(f"{name} {impl} logits", ours[real], default[real], reference[real])
+    assert_served(records, 2)
+
+
+TRAINED = [("llama", "sdpa"), ("llama", "eager"), ("qwen3", "sdpa"), ("mistral", "eager"), ("gemma2", "eager"),
+           ("phi3", "sdpa"), ("gpt2", "eager")]
+
+
+def step(fn, model, inputs):
+    model.zero_grad(set_to_none=True)
+    loss = fn(**inputs).loss
+    loss.backward()
+    return loss.detach(), {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+@pytest.mark.parametrize("name, impl", TRAINED, ids=str)
+def test_training_step(name, impl):
+    """Right-padded labels (pad positions -100): the loss and every parameter's gradient by the rule."""
+    model, reference_model = build(name, impl)
+    model.train()
+    reference_model.train()
+    inputs = {**batch("right"), "use_cache": False}
+    inputs["labels"] = inputs["input_ids"].masked_fill(inputs["attention_mask"] == 0, -100)
+    reference_loss, reference_grads = step(reference_model, reference_model, inputs)
+    with publishing.collecting() as records:
+        ours_loss, ours_grads = step(compiled(model, True), model, inputs)
+    default_loss, default_grads = step(compiled(model, False), model, inputs)
+    assert_fa_rule(f"{name} {impl} loss", ours_loss, default_loss, reference_loss)
+    for key, reference in reference_grads.items():
+        assert_fa_rule(f"{name} {impl} {key}", ours_grads[key], default_grads[key], reference)
+    assert_served(records, 2)
+
+
+GENERATED = [("llama", "sdpa"), ("mistral", "eager"), ("gemma2", "eager"), ("gpt2", "sdpa")]
+NEW_TOKENS = 8
+
+
+@pytest.mark.parametrize("name, impl", GENERATED, ids=str)
+def test_static_cache_generate(name, impl):
+    """`generate` over a static cache with its decode steps compiled (transformers' `CompileConfig`, CUDA graphs) by
+    our backend or by default: each step's logits by the rule against float32 generate, on the steps whose earlier
+    tokens all three runs agree on, and our tokens uncompiled bfloat16 generate's while its top two logits stay apart
+    by more than 1e-2 of their size (a near tie may flip under either compile)."""
+    from transformers import CompileConfig
+
+    model, reference_model = build(name, impl)
+    inputs = batch("left", seq=512)
+    settings = dict(max_new_tokens=NEW_TOKENS, do_sample=False, cache_implementation="static",
+                    return_dict_in_generate=True, output_logits=True, pad_token_id=0)
+    with torch.no_grad():
+        reference = reference_model.generate(**inputs, **settings)
+        uncompiled = model.generate(**inputs, **settings)
+        runs = {}
+        for ours in (True, False):
+            torch._dynamo.reset()
+            model.generation_config.compile_config = CompileConfig(backend=fa4_inductor.backend() if ours else "inductor")
+            with publishing.collecting() as records:
+                runs[ours] = model.generate(**inputs, **settings)
+            if ours:
+                ours_records = records
+        model.generation_config.compile_config = None
+    new = slice(inputs["input_ids"].shape[1], None)
+    tokens = [r.sequences[:, new] for r in (runs[True], runs[False], reference)]
+    same = (tokens[0] == tokens[1]) & (tokens[1] == tokens[2])
+    # a step's logits compare where every token before it agrees: the decode steps the compiled graphs ran
+    compared = torch.cat([torch.ones_like(same[:, :1]), same[:, :-1].cumprod(dim=1).bool()], dim=1)
+    assert compared[:, 1].all(), tokens  # the first decode step compares in every row
+    logits = [torch.stack(r.logits, dim=1) for r in (runs[True], runs[False], reference)]
+    assert_fa_rule(f"{name} {impl} decode logits", *(t[compared] for t in logits))
+    steps = torch.stack(uncompiled.logits, 1).float()  # [B, steps, vocab]
+    top2 = steps.topk(2, dim=-1).values
+    clear = ((top2[..., 0] - top2[..., 1]) > 1e-2 * top2[..., 0].abs()).cumprod(dim=1).bool()  # steps before a tie
+    assert torch.equal(runs[True].sequences[:, new][clear], uncompiled.sequences[:, new][clear])
+    assert_served(ours_records, 2)
