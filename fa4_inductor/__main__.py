@@ -65,13 +65,20 @@ def explain_transformers(name: str, attn_implementation: str) -> int:
         print(f"{name}: a tiny model could not be built from its default config ({type(e).__name__}: {e}); "
               "give the path of a checkpoint's config.json instead (hf:/path/to/checkpoint)")
         return 2
-    print(f"{name} ({attn_implementation}): {type(tiny.model).__name__}, "
+    language = " (its language model: token ids reach no other tower)" if tiny.language_model_of else ""
+    print(f"{name} ({attn_implementation}): {type(tiny.model).__name__}{language}, "
           f"{tiny.attention_layers} attention layers per forward")
     compiled = torch.compile(tiny.forward, backend=fa4_inductor.rewrite_only)
     all_rewritten = True
     for phase, inputs in tiny.phases():
-        with torch.no_grad(), collecting() as records:
-            compiled(**inputs)
+        try:
+            with torch.no_grad(), collecting() as records:
+                compiled(**inputs)
+        except Exception as e:  # a model that takes more than token ids (Whisper's audio features)
+            print(f"{name}: its {phase} could not run on token ids alone ({type(e).__name__}: "
+                  f"{str(e).splitlines()[0] if str(e) else ''}); explain it with a MODULE:FUNCTION that returns the "
+                  "model and its inputs")
+            return 2
         report = Report(list(records))
         print(f"{phase}: {len(report.rewritten)}/{tiny.attention_layers} attention layers rewritten")
         for record in report.records:

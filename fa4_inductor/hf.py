@@ -43,6 +43,7 @@ class Tiny:
     model: torch.nn.Module
     kind: str  # "causal-lm", "encoder", "vision", "seq2seq"
     attention_layers: int
+    language_model_of: str = ""  # the multimodal model type whose language model this is (`language_config`)
 
     def inputs(self, batch: int = 2, seq: int = 12, padding: bool = False, generator=None) -> dict:
         """Fresh random inputs; `padding` right-pads the encoder tokens to random lengths (at least 1)."""
@@ -134,6 +135,7 @@ def tiny_config(name: str, attn_implementation: str = "sdpa"):
         config = transformers.AutoConfig.from_pretrained(name)
     else:
         config = transformers.AutoConfig.for_model(name)
+    config = language_config(config)
     for key, v in TINY.items():
         setattr(config, key, v)
     for key, v in TINY_IF_PRESENT.items():
@@ -145,11 +147,36 @@ def tiny_config(name: str, attn_implementation: str = "sdpa"):
     _keep_an_attention_layer(config)
     for key, v in TINY_BY_MODEL.get(config.model_type, {}).items():
         setattr(config, key, v)
+    _tiny_mrope(config)
     for i, key in enumerate(TOKEN_IDS):
         token = getattr(config, key, None)
         if isinstance(token, int) and token >= config.vocab_size:
             setattr(config, key, i)
     config._attn_implementation = attn_implementation
+    return config
+
+
+MROPE_SECTIONS = (2, 3, 3)  # (time, height, width) rotary pairs of a tiny head (16 dims: 8 pairs)
+MROPE_TYPES = ("qwen2_vl_text", "qwen2_5_vl_text", "qwen3_vl_text", "glm4v_text")  # rotary over 3-D positions
+
+
+def _tiny_mrope(config) -> None:
+    """A multimodal rotary embedding's sections (Qwen2-VL's M-RoPE, whose model defaults them for a head of 128)
+    sized for the tiny head."""
+    if config.model_type not in MROPE_TYPES:
+        return
+    for key in ("rope_parameters", "rope_scaling"):  # transformers 5 / 4
+        rope = getattr(config, key, None)
+        if isinstance(rope, dict):
+            rope["mrope_section"] = list(MROPE_SECTIONS)
+
+
+def language_config(config):
+    """A multimodal model's language model config (its `text_config`: Gemma 3, PaliGemma, Qwen2-VL, Mllama, LLaVA),
+    else the config itself. Token ids alone reach no other tower, and the composite's other configs keep their full
+    sizes (a tiny text config in a 7B vision tower)."""
+    if "text_config" in (getattr(type(config), "sub_configs", None) or {}) and getattr(config, "text_config", None):
+        return config.text_config
     return config
 
 
@@ -184,11 +211,24 @@ def _auto_class(kind: str):
     return {"causal-lm": transformers.AutoModelForCausalLM}.get(kind, transformers.AutoModel)
 
 
+def _model_class(config):
+    """The model class transformers' auto classes build for `config` (`_kind`'s), or ValueError where they have none
+    (Mllama's text config: only its composite has an auto class)."""
+    mapping = _auto_class(_kind(config))._model_mapping
+    if type(config) not in mapping:
+        raise ValueError(f"transformers has no auto model class for {type(config).__name__}")
+    return mapping[type(config)]
+
+
 def unsupported(name: str, attn_implementation: str = "sdpa") -> str | None:
     """Why this transformers version cannot build model type `name` with that attention code (its model class
-    does not declare it, e.g. Gemma2 has no sdpa attention in transformers 5), or None when it can."""
+    does not declare it, e.g. Gemma2 has no sdpa attention in transformers 5; no auto class builds its config), or
+    None when it can."""
     config = tiny_config(name, attn_implementation)
-    model_class = _auto_class(_kind(config))._model_mapping[type(config)]
+    try:
+        model_class = _model_class(config)
+    except ValueError as e:
+        return str(e)
     if attn_implementation == "sdpa" and not getattr(model_class, "_supports_sdpa", False):
         import transformers
 
@@ -201,9 +241,8 @@ def build(name: str, attn_implementation: str = "sdpa", seed: int = 0) -> Tiny:
     (`unsupported` says so before building)."""
     config = tiny_config(name, attn_implementation)
     kind = _kind(config)
-    auto = _auto_class(kind)
     torch.manual_seed(seed)
-    model = auto.from_config(config, attn_implementation=attn_implementation).eval()
+    model = _model_class(config)._from_config(config, attn_implementation=attn_implementation).eval()
     layers = config.num_hidden_layers
     types = getattr(config, "layer_types", None)
     if kind != "seq2seq" and isinstance(types, (list, tuple)) and len(types) >= layers:
@@ -212,4 +251,5 @@ def build(name: str, attn_implementation: str = "sdpa", seed: int = 0) -> Tiny:
         encoder = getattr(config, "encoder_layers", None) or config.num_layers  # T5 names them num_layers
         decoder = getattr(config, "decoder_layers", None) or getattr(config, "num_decoder_layers", None) or encoder
         layers = encoder + 2 * decoder  # decoder: self- and cross-attention
-    return Tiny(model, kind, layers)
+    composite = "" if os.path.exists(name) or config.model_type == name else name
+    return Tiny(model, kind, layers, composite)

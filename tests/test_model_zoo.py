@@ -553,6 +553,40 @@ def test_explain_says_when_a_tiny_model_cannot_be_built(capsys, monkeypatch):
         "(hf:/path/to/checkpoint)\n")
 
 
+@pytest.mark.parametrize("name, built", [("gemma3", "Gemma3ForCausalLM"), ("paligemma", "GemmaForCausalLM"),
+                                         ("llava", "LlamaForCausalLM"), ("qwen2_vl", "Qwen2VLTextModel")])
+def test_multimodal_model_types_build_their_language_model(name, built):
+    """`hf.build` of a multimodal type builds its language model, tiny (its composite default config keeps the vision
+    tower, and a text config left full size, at their real sizes: `explain hf:qwen2_vl` ran out of memory building a 7B
+    model), with Qwen2-VL's M-RoPE sections sized for the tiny head; `explain` says it is the language model."""
+    transformers = pytest.importorskip("transformers")
+    if name not in transformers.models.auto.configuration_auto.CONFIG_MAPPING_NAMES:
+        pytest.skip(f"transformers {transformers.__version__} has no {name}")
+    tiny = hf.build(name, "sdpa")
+    assert type(tiny.model).__name__ == built and tiny.language_model_of == name
+    assert sum(p.numel() for p in tiny.model.parameters()) < 200_000
+    with torch.no_grad():
+        assert torch.isfinite(tiny.forward(**tiny.inputs())).all()
+
+
+def test_explain_says_what_it_explains_of_a_multimodal_model_and_when_token_ids_are_not_enough(capsys):
+    """`explain hf:gemma3`: the language model, said so on the first line. `explain hf:whisper`: its forward wants audio
+    features, so one line says so and what to give instead, exit status 2, no traceback."""
+    pytest.importorskip("transformers")
+    from fa4_inductor.__main__ import main
+
+    torch._dynamo.reset()
+    assert main(["explain", "hf:gemma3"]) == 0
+    assert capsys.readouterr().out.splitlines()[0] == ("gemma3 (sdpa): Gemma3ForCausalLM (its language model: token "
+                                                       "ids reach no other tower), 2 attention layers per forward")
+    torch._dynamo.reset()
+    assert main(["explain", "hf:whisper"]) == 2
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "whisper (sdpa): WhisperModel, 6 attention layers per forward"
+    assert lines[1].startswith("whisper: its forward could not run on token ids alone (AttributeError: ") and \
+        lines[1].endswith("explain it with a MODULE:FUNCTION that returns the model and its inputs") and len(lines) == 2
+
+
 @pytest.mark.parametrize("padded", [pytest.param(False, marks=pytest.mark.slow), True], ids=["unpadded", "left-padded"])
 def test_generate_with_static_cache_and_a_compiled_forward_is_rewritten(padded):
     """`generate(cache_implementation="static")` with the whole forward compiled: the decode steps' masks
