@@ -32,6 +32,10 @@ TINY_BY_MODEL = {
     "nemotron": dict(num_key_value_heads=2),  # its default config leaves it None, which the model cannot build
     "dots1": dict(n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, first_k_dense_replace=1,
                   n_group=1, topk_group=1, n_shared_experts=1),  # its default leaves the expert count None
+    # Gemma 3n: per-layer lists sized for its 35 layers; its second layer reuses the first one's K/V (KV sharing)
+    "gemma3n_text": dict(intermediate_size=[128, 128], layer_types=["sliding_attention", "sliding_attention"],
+                         num_kv_shared_layers=1, activation_sparsity_pattern=[0.0, 0.0], laurel_rank=8,
+                         hidden_size_per_layer_input=16, vocab_size_per_layer_input=128),
 }
 TOKEN_IDS = ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id")
 

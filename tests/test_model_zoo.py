@@ -82,7 +82,7 @@ def kept_on_transformers_4(name: str, impl: str, recorder: Recorder) -> bool:
 
 
 MORE_DECODERS = ["gemma3_text", "cohere2", "llama4_text", "deepseek_v3", "falcon", "gptj", "gpt_bigcode", "starcoder2",
-                 "olmo2", "smollm3", "gpt_oss", "opt", "codegen", "biogpt", "mixtral", "nemotron"]
+                 "olmo2", "smollm3", "gpt_oss", "opt", "codegen", "biogpt", "mixtral", "nemotron", "gemma3n_text"]
 KEPT_DECODERS = ["mpt", "bloom"]  # ALiBi's position bias; eager code only
 
 
@@ -93,7 +93,8 @@ def test_more_decoders_left_padded(name, impl):
     """More decoders, left-padded (generate's mask), with and without a cache: sliding and global layers mixed
     (Gemma 3, Cohere 2), chunked layers (Llama 4), MLA's head dims (DeepSeek V3: q / k 24, v 16), partial rotary
     (GPT-J), multi-query (GPT-BigCode), parallel blocks (Falcon), attention sinks and sliding layers (GPT-OSS: the
-    softmax over the scores and a learned logit, the sink's column dropped before @ v). Every layer rewritten, logits
+    softmax over the scores and a learned logit, the sink's column dropped before @ v), a layer reusing an earlier
+    layer's K/V (Gemma 3n's KV sharing). Every layer rewritten, logits
     eager's; ALiBi's position bias (MPT, BLOOM) is kept as written, each layer with its reason, logits eager's."""
     if impl == "sdpa" and hf.unsupported(name, impl):
         pytest.skip(hf.unsupported(name, impl))
@@ -523,11 +524,12 @@ def test_explain_takes_eager_code_where_a_model_has_no_sdpa_code(capsys):
 
 
 @pytest.mark.parametrize("name, attention_layers", [("ministral", 2), ("hunyuan_v1_dense", 2), ("dots1", 2),
-                                                     ("qwen3_next", 1)])
+                                                     ("qwen3_next", 1), ("gemma3n_text", 2)])
 def test_tiny_configs_transformers_cannot_build_as_they_come(name, attention_layers):
     """Default configs that do not build at the tiny size as they come: a head_dim left None (Ministral, Hunyuan), an
     expert count left None (dots.llm1), a hybrid whose first layers are all linear attention (Qwen3-Next: its tiny
-    layers are one linear and one full attention layer, and only the full one counts as attention)."""
+    layers are one linear and one full attention layer, and only the full one counts as attention), per-layer lists
+    sized for 35 layers (Gemma 3n)."""
     transformers = pytest.importorskip("transformers")
     if name not in transformers.models.auto.configuration_auto.CONFIG_MAPPING_NAMES:
         pytest.skip(f"transformers {transformers.__version__} has no {name}")
