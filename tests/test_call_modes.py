@@ -230,7 +230,9 @@ def assert_training_step_matches_eager(model: nn.Module, kwargs: dict, **options
 # One attention code per family, both for Llama.
 TRAINED = [*(case(name, impl) for name, impl in SHORT_LIST), *(case(name, impl, slow=True) for name, impl in (
     ("qwen3", "sdpa"), ("mistral", "sdpa"), ("qwen2", "eager"), ("phi3", "sdpa"), ("gpt_neox", "eager"),
-    ("gpt2", "sdpa"), ("gpt_oss", "eager")))]  # GPT-OSS: attention sinks, whose gradient reaches them through lse
+    ("gpt2", "sdpa"), ("gpt_oss", "eager"), ("gemma3n_text", "sdpa")))]
+# GPT-OSS: attention sinks, whose gradient reaches them through lse; Gemma 3n: its second layer reuses the first
+# one's K/V, so K/V's gradient sums both layers' parts.
 
 
 @pytest.mark.parametrize("name, impl", TRAINED)
