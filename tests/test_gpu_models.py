@@ -155,7 +155,7 @@ def test_training_step(name, impl):
     assert_served(records, 2)
 
 
-GENERATED = [("llama", "sdpa"), ("mistral", "eager"), ("gemma2", "eager"), ("gpt2", "sdpa")]
+GENERATED = [("llama", "sdpa"), ("mistral", "eager"), ("gemma2", "eager"), ("qwen3", "sdpa")]
 NEW_TOKENS = 8
 
 
