@@ -26,7 +26,7 @@ from .cute import compile_utils
 
 PIECE_VALUES = 16  # a 16-byte piece of an int8 weight row
 MAX_PIECES = 1024  # K <= 16384
-MIN_CTAS = 4  # one row of x: the registers capped for 4 CTAs of 4 warps a SM, as the NVFP4 GEMV's
+MIN_CTAS = 4  # one row of x: the registers capped for 16 warps a SM (4 CTAs of 4 warps; 82 used at 4 rows a warp)
 
 
 class Key(NamedTuple):
@@ -126,9 +126,7 @@ def emulate(x2d: Tensor, w_int8: Tensor, w_scale: Tensor, bias: Optional[Tensor]
     for x in x2d.reshape(-1, x2d.shape[-1]).cpu():
         y, s = nvfp4_int_gemv.x_integers(torch.nn.functional.pad(x[:k], (0, kp - k)))
         sums = (w * y[None, :]).reshape(n, -1, PIECE_VALUES).sum(-1)  # [N, Kp / 16], exact
-        inverse = torch.where(s > -1000, torch.pow(2.0, -s.double()), torch.full_like(s, float("nan"),
-                                                                                       dtype=torch.float64))
-        rows.append((sums.double() * inverse[None, :]).sum(-1))
+        rows.append((sums.double() * nvfp4_int_gemv.block_multipliers(s)[None, :]).sum(-1))
     out = torch.stack(rows) * w_scale.cpu().double().reshape(1, n)
     return out if bias is None else out + bias.cpu().double().reshape(1, n)
 

@@ -299,6 +299,11 @@ def x_integers(x: Tensor) -> tuple[Tensor, Tensor]:
     return y.reshape(-1), torch.where(finite, s, torch.full_like(s, -1000))
 
 
+def block_multipliers(s: Tensor) -> Tensor:
+    """float64 2^-s of `x_integers`' shifts, NaN for a non-finite block (s = -1000)."""
+    return torch.where(s > -1000, torch.pow(2.0, -s.double()), torch.full_like(s, float("nan"), dtype=torch.float64))
+
+
 def x_error_bound(x: Tensor) -> Tensor:
     """Per value, the most the kernel's integer x is off the value (0 where exact): half a unit of 2^-s."""
     y, s = x_integers(x)
@@ -323,9 +328,7 @@ def emulate(x2d: Tensor, w_fp4: Tensor, w_block_scale: Tensor, w_global_scale: T
     for x in x2d.reshape(-1, x2d.shape[-1]).cpu():
         y, s = x_integers(torch.nn.functional.pad(x[:k], (0, kp - k)))
         sums = (w2 * y[None, :]).reshape(n, -1, kern.BLOCK).sum(-1)  # [N, Kp / 16], exact
-        inverse = torch.where(s > -1000, torch.pow(2.0, -s.double()), torch.full_like(s, float("nan"),
-                                                                                       dtype=torch.float64))
-        rows.append((sums.double() * scales * inverse[None, :]).sum(-1))
+        rows.append((sums.double() * scales * block_multipliers(s)[None, :]).sum(-1))
     return torch.stack(rows) * (w_global_scale.cpu().double().reshape(()) / 2)
 
 

@@ -7,8 +7,8 @@ and a 16-byte piece of a weight row is one block, so each weight word is a `dp4a
 Per block and row: s0 = sum(w * b0) (s8 x u8) and s1 = sum(w * b1) (s8 x s8) by dp4a, v = s0 + 256 s1 = sum(w * y) in
 int32 (|v| <= 16 * 127 * 32752 < 2^26), then acc += fp32(v) * 2^-s in one fma (fp32(v) rounds above 2^24). The
 epilogue multiplies by the channel's scale and adds the bias, as the fp32 GEMV's int8 path does (`w4a16_gemv.py`).
-Its loop issues ~0.8 instructions a weight at M = 1 (the fp32 GEMV's int8 loop: ~3, a byte permute, a subtract and an
-fma per weight). `int8_int_gemv` emulates the arithmetic on the CPU (`block_sums`, `emulate`).
+Its loop issues 1.1 instructions a weight at M = 1, 82 registers (the fp32 GEMV's int8 loop: 4.0, a byte permute, a
+subtract and an fma a weight; sm_90a SASS, `docs/scripts/sass_stats.py int8gemv 4 1 512`). `int8_int_gemv` emulates the arithmetic on the CPU (`block_sums`, `emulate`).
 """
 
 from __future__ import annotations
@@ -23,7 +23,6 @@ from .nvfp4_int_gemv import NVFP4IntGemv, dp4a
 from .w4a16_gemv import W4A16Gemv, as_f32
 
 MAX_M = 4
-PIECE_VALUES = 16  # int8 weights (and x values: one block) a 16-byte piece
 
 
 class Int8IntGemv(NVFP4IntGemv):
@@ -75,4 +74,3 @@ class Int8IntGemv(NVFP4IntGemv):
     def store(self, total: Float32, mScale: cute.Tensor, mBias: Optional[cute.Tensor], mOut: cute.Tensor, n: Int32,
               m: Int32):
         W4A16Gemv.store(self, total, mScale, mBias, mOut, n, m)
-
