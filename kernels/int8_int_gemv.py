@@ -52,11 +52,7 @@ def unsupported_reason(x2d: Tensor, n: int, k: int) -> str | None:
     None."""
     from .cute.int8_int_gemv import MAX_M
 
-    if not 1 <= x2d.shape[0] <= MAX_M:
-        return f"the integer int8 GEMV takes 1..{MAX_M} rows of x, got {x2d.shape[0]}"
-    if -(-k // PIECE_VALUES) > MAX_PIECES:
-        return f"the integer int8 GEMV takes K <= {PIECE_VALUES * MAX_PIECES}, got {k}"
-    return None
+    return nvfp4_int_gemv.limits_reason("int8", x2d.shape[0], k, MAX_M, PIECE_VALUES, MAX_PIECES)
 
 
 def _compile(key: Key):

@@ -135,10 +135,16 @@ def unsupported_reason(x2d: Tensor, n: int, k: int) -> str | None:
     or None."""
     from .cute.nvfp4_int_gemv import MAX_M
 
-    if not 1 <= x2d.shape[0] <= MAX_M:
-        return f"the integer NVFP4 GEMV takes 1..{MAX_M} rows of x, got {x2d.shape[0]}"
-    if -(-k // 32) > MAX_PIECES:
-        return f"the integer NVFP4 GEMV takes K <= {32 * MAX_PIECES}, got {k}"
+    return limits_reason("NVFP4", x2d.shape[0], k, MAX_M, 32, MAX_PIECES)
+
+
+def limits_reason(fmt: str, m: int, k: int, max_m: int, piece_values: int, max_pieces: int) -> str | None:
+    """Why an integer GEMV (of weights `fmt`) cannot take m rows of x over K = k, or None: at most max_m rows, K at
+    most max_pieces pieces of piece_values weights."""
+    if not 1 <= m <= max_m:
+        return f"the integer {fmt} GEMV takes 1..{max_m} rows of x, got {m}"
+    if -(-k // piece_values) > max_pieces:
+        return f"the integer {fmt} GEMV takes K <= {piece_values * max_pieces}, got {k}"
     return None
 
 
