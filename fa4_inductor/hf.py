@@ -169,10 +169,12 @@ def _tiny_mrope(config) -> None:
     sized for the tiny head."""
     if config.model_type not in MROPE_TYPES:
         return
-    for key in ("rope_parameters", "rope_scaling"):  # transformers 5 / 4
-        rope = getattr(config, key, None)
-        if isinstance(rope, dict):
-            rope["mrope_section"] = list(MROPE_SECTIONS)
+    ropes = [r for r in (getattr(config, k, None) for k in ("rope_parameters", "rope_scaling")) if isinstance(r, dict)]
+    if not ropes:  # transformers 4.57's default leaves rope_scaling None, which its attention reads the sections from
+        config.rope_scaling = {"type": "default", "rope_type": "default"}
+        ropes = [config.rope_scaling]
+    for rope in ropes:  # transformers 5 / 4
+        rope["mrope_section"] = list(MROPE_SECTIONS)
 
 
 def language_config(config):

@@ -585,7 +585,7 @@ def test_explain_says_what_it_explains_of_a_multimodal_model_and_when_token_ids_
     assert main(["explain", "hf:whisper"]) == 2
     lines = capsys.readouterr().out.splitlines()
     assert lines[0] == "whisper (sdpa): WhisperModel, 6 attention layers per forward"
-    assert lines[1].startswith("whisper: its forward could not run on token ids alone (AttributeError: ") and \
+    assert lines[1].startswith("whisper: its forward could not run on token ids alone (") and \
         lines[1].endswith("explain it with a MODULE:FUNCTION that returns the model and its inputs") and len(lines) == 2
 
 
