@@ -169,15 +169,16 @@ def test_static_cache_generate(name, impl):
 
     model, reference_model = build(name, impl)
     inputs = batch("left", seq=512)
-    settings = dict(max_new_tokens=NEW_TOKENS, do_sample=False, cache_implementation="static",
-                    return_dict_in_generate=True, output_logits=True, pad_token_id=0)
+    settings = dict(max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, do_sample=False,  # every run as long
+                    cache_implementation="static", return_dict_in_generate=True, output_logits=True, pad_token_id=0)
     with torch.no_grad():
         reference = reference_model.generate(**inputs, **settings)
         uncompiled = model.generate(**inputs, **settings)
         runs = {}
         for ours in (True, False):
             torch._dynamo.reset()
-            model.generation_config.compile_config = CompileConfig(backend=fa4_inductor.backend() if ours else "inductor")
+            backend = fa4_inductor.backend() if ours else "inductor"
+            model.generation_config.compile_config = CompileConfig(backend=backend)
             with publishing.collecting() as records:
                 runs[ours] = model.generate(**inputs, **settings)
             if ours:
