@@ -1,5 +1,5 @@
 # Unrun GPU work. Session 33 ran o32, n32 and p33 (docs/benchmarks.md, session 33); session 34 had no device. Next, one
-# call each: `t34`, `u34`, `q33`, `r34`, `s34`.
+# call each: `t34`, `v34` (if t34's GEMV wins), `u34`, `q33`, `r34`, `s34`.
 # Output goes to $OUT/log.txt. Have the next call ready: the machine goes back 30 s after a call, and a fresh one needs
 # .gpu/a and .gpu/b again. Run one part a call:  bash scratch/next_gpu.sh g29
 # Never `pkill -f pytest` here: it matches this script's own command line. A pytest cut by `timeout` can leave xdist
@@ -8,6 +8,12 @@ P="python3 -m pytest -m gpu -q -p no:cacheprovider -p no:logging -W ignore -rf"
 L=$OUT/log.txt
 run() { echo "+ $*" >>$L; PYTHONUNBUFFERED=1 "$@" >>$L 2>&1; echo "rc=$?" >>$L; }
 case "$1" in
+v34) # session 34, after t34: the int8-weight decode step (Llama-1B shape, 4k cache; session 13: 1.125 ms/token) with
+    # the integer int8 GEMV on every one-row int8 linear (FA4_INDUCTOR_W4A16_INT_GEMV=on) against the default
+    for on in 0 1; do
+      FA4_INDUCTOR_W4A16_INT_GEMV=$([ $on = 1 ] && echo on || echo auto) run timeout 270 python3 -m fa4_inductor bench \
+        --suite quant --quant-formats none --quant-e2e-runs int8:plain --quant-prompt 4096
+    done ;;
 u34) # session 34: the model-level GPU tier (tests/test_gpu_models.py, new, not yet run): Llama, Qwen 3, Mistral,
     # Gemma 2, Phi-3, GPT-2 at head dims 64 / 96 / 128 / 256 in bf16, prefill (left-padded or not), a right-padded
     # training step, static-cache generate with compiled decode steps, ours against default compile against float32
