@@ -22,6 +22,7 @@ import pytest
 import torch
 import torch.nn as nn
 
+from fa4_inductor import hf
 from helpers import Recorder, error_to_float64
 
 IMPLEMENTATIONS = ["eager", "sdpa"]
@@ -152,6 +153,8 @@ SERVED = {
 
 def build(name: str, impl: str, seed: int = 0):
     pytest.importorskip("transformers")
+    if name == "mllama" and hf.transformers_major() < 5:
+        pytest.skip("transformers 4.57's Mllama text config needs its rope fields given (the tiny config here is 5's)")
     torch.manual_seed(seed)
     model, inputs = BUILDERS[name](impl)
     for module in model.modules():  # training steps compare with eager: no dropout anywhere
@@ -175,6 +178,10 @@ def served(recorder: Recorder) -> list[str]:
 
 
 def assert_served(name: str, impl: str, recorder: Recorder):
+    """Each layer as SERVED says, on transformers 5. Transformers 4.57 builds some of these masks otherwise (PaliGemma's
+    multiplied in place: kept, with the reason) and breaks Whisper's graph elsewhere: there the numerics alone."""
+    if hf.transformers_major() < 5:
+        return
     expected = SERVED[name]
     expected = expected[impl] if isinstance(expected, dict) else expected
     got = served(recorder)
