@@ -28,6 +28,7 @@ TINY_BY_MODEL = {
                         v_head_dim=16, kv_lora_rank=32, q_lora_rank=None, n_routed_experts=4, num_experts_per_tok=2,
                         moe_intermediate_size=32, first_k_dense_replace=1, n_group=1, topk_group=1, n_shared_experts=1),
     "gptj": dict(rotary_dim=8),
+    "whisper": dict(max_source_positions=16, num_mel_bins=16),  # 32 frames of 16 mel bins (default 3000 of 80)
     "codegen": dict(rotary_dim=8),
     "nemotron": dict(num_key_value_heads=2),  # its default config leaves it None, which the model cannot build
     "dots1": dict(n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, first_k_dense_replace=1,
@@ -56,7 +57,11 @@ class Tiny:
             size = config.image_size
             height, width = (size, size) if isinstance(size, int) else size
             return {"pixel_values": torch.randn(batch, config.num_channels, height, width, generator=generator)}
-        kwargs = {"input_ids": torch.randint(0, config.vocab_size, (batch, seq), generator=generator)}
+        if self.audio:  # Whisper: log-mel frames, twice the encoder's positions (its second conv halves them)
+            frames = 2 * config.max_source_positions
+            kwargs = {"input_features": torch.randn(batch, config.num_mel_bins, frames, generator=generator)}
+        else:
+            kwargs = {"input_ids": torch.randint(0, config.vocab_size, (batch, seq), generator=generator)}
         if padding:
             lengths = torch.randint(1, seq + 1, (batch,), generator=generator)
             lengths[0] = seq - 1  # at least one row is padded
@@ -64,7 +69,16 @@ class Tiny:
         if self.kind == "seq2seq":
             decoder_shape = (batch, max(seq - 4, 1))
             kwargs["decoder_input_ids"] = torch.randint(0, config.vocab_size, decoder_shape, generator=generator)
+            if self.audio and padding:  # the audio is not masked: the decoder's tokens are padded
+                kwargs["decoder_attention_mask"] = kwargs.pop("attention_mask")[:, :decoder_shape[1]]
         return kwargs
+
+    @property
+    def audio(self) -> bool:
+        """Whether the model takes log-mel features of a fixed length (Whisper) in place of token ids."""
+        config = self.model.config
+        return getattr(self.model, "main_input_name", "") == "input_features" and \
+            hasattr(config, "max_source_positions") and hasattr(config, "num_mel_bins")
 
     def phases(self) -> list[tuple[str, dict]]:
         """(name, inputs) of the forwards `explain` runs in order: prefill and decode through one StaticCache

@@ -572,8 +572,9 @@ def test_multimodal_model_types_build_their_language_model(name, built):
 
 
 def test_explain_says_what_it_explains_of_a_multimodal_model_and_when_token_ids_are_not_enough(capsys):
-    """`explain hf:gemma3`: the language model, said so on the first line. `explain hf:whisper`: its forward wants audio
-    features, so one line says so and what to give instead, exit status 2, no traceback."""
+    """`explain hf:gemma3`: the language model, said so on the first line. `explain hf:whisper`: log-mel features in
+    place of token ids, the decoder's tokens padded, every layer rewritten. `explain hf:speech_to_text`: its forward
+    wants features of another shape, so one line says so and what to give instead, exit status 2, no traceback."""
     pytest.importorskip("transformers")
     from fa4_inductor.__main__ import main
 
@@ -582,10 +583,14 @@ def test_explain_says_what_it_explains_of_a_multimodal_model_and_when_token_ids_
     assert capsys.readouterr().out.splitlines()[0] == ("gemma3 (sdpa): Gemma3ForCausalLM (its language model: token "
                                                        "ids reach no other tower), 2 attention layers per forward")
     torch._dynamo.reset()
-    assert main(["explain", "hf:whisper"]) == 2
+    assert main(["explain", "hf:whisper"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0] == "whisper (sdpa): WhisperModel, 6 attention layers per forward"
-    assert lines[1].startswith("whisper: its forward could not run on token ids alone (") and \
+    assert "forward, right-padded: 6/6 attention layers rewritten" in lines
+    torch._dynamo.reset()
+    assert main(["explain", "hf:speech_to_text"]) == 2
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[1].startswith("speech_to_text: its forward could not run on token ids alone (") and \
         lines[1].endswith("explain it with a MODULE:FUNCTION that returns the model and its inputs") and len(lines) == 2
 
 
