@@ -1,5 +1,6 @@
 # Unrun GPU work. Session 33 ran o32, n32 and p33 (docs/benchmarks.md, session 33); session 34 had no device. Next, one
-# call each: `t34`, `v34` (if t34's GEMV wins), `u34`, `q33`, `r34`, `s34`.
+# call each, in this order (30 minutes hold about four): `u34` (the model-level GPU tier), `t34`, `r34`, `q33`,
+# `v34` (if t34's GEMV wins), `s34`.
 # Output goes to $OUT/log.txt. Have the next call ready: the machine goes back 30 s after a call, and a fresh one needs
 # .gpu/a and .gpu/b again. Run one part a call:  bash scratch/next_gpu.sh g29
 # Never `pkill -f pytest` here: it matches this script's own command line. A pytest cut by `timeout` can leave xdist
