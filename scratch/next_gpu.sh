@@ -17,7 +17,8 @@ v34) # session 34, after t34: the int8-weight decode step (Llama-1B shape, 4k ca
     done ;;
 u34) # session 34: the model-level GPU tier (tests/test_gpu_models.py, new, not yet run): Llama, Qwen 3, Mistral,
     # Gemma 2, Phi-3, GPT-2 at head dims 64 / 96 / 128 / 256 in bf16, prefill (left-padded or not), a right-padded
-    # training step, static-cache generate with compiled decode steps, ours against default compile against float32
+    # training step, static-cache generate with compiled decode steps (bf16, torchao int8 / NVFP4 weights), ours
+    # against default compile against float32
     run timeout 560 $P -n 8 tests/test_gpu_models.py ;;
 t34) # session 34, issue 15's int8 row (19.6 us at 8192 x 8192 against 18): the integer int8 GEMV (`int8_int_gemv`,
     # CPU-compiled only: dp4a on the weight bytes as they are, x quantized per 16-value block as the integer NVFP4

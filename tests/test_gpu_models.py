@@ -13,7 +13,8 @@ never kept for another reason.
     training step   labels, right-padded (what data collators make), loss and every gradient
     generate        a left-padded batch through a static cache with the decode step compiled (`CompileConfig`),
                     greedy: each step's logits where the tokens before it agree, and the tokens uncompiled
-                    bfloat16 generate's up to its first near tie
+                    bfloat16 generate's up to its first near tie; also with torchao int8 / NVFP4 weights, as
+                    torchao's tensor subclasses or as plain buffers
 """
 
 import copy
@@ -162,14 +163,52 @@ NEW_TOKENS = 8
 @pytest.mark.parametrize("name, impl", GENERATED, ids=str)
 def test_static_cache_generate(name, impl):
     """`generate` over a static cache with its decode steps compiled (transformers' `CompileConfig`, CUDA graphs) by
-    our backend or by default. Each step's logits by the rule against the float32 model teacher-forced on default
-    compile's tokens (positions as generate counts them over the left padding), on the steps whose earlier tokens
-    ours and default compile agree on (the first two always: the prefill is not compiled); our tokens uncompiled
-    bfloat16 generate's while its top two logits stay apart by more than 1e-2 of their size (a near tie may flip
-    under either compile)."""
+    our backend or by default: `assert_generate_by_the_rule`."""
+    model, reference_model = build(name, impl)
+    records = assert_generate_by_the_rule(f"{name} {impl}", model, reference_model)
+    assert_served(records, 2)
+
+
+QUANTIZED = [("int8", False), ("int8", True), ("nvfp4", False), ("nvfp4", True)]
+
+
+@pytest.mark.parametrize("fmt, plain", QUANTIZED, ids=lambda v: str(v))
+def test_quantized_weights_generate(fmt, plain):
+    """torchao weight-only int8 and NVFP4 on every linear but lm_head (the quant bench's models), as torchao's tensor
+    subclasses or made plain buffers (`int8.from_torchao`, `nvfp4.from_torchao`): generate by the rule against the
+    float32 model with the dequantized weights (each read back through its linear from an identity matrix), the
+    quantized linears and attention on the op."""
+    pytest.importorskip("torchao")
+    import torch.nn as nn
+    from torchao.quantization import quantize_
+
+    from fa4_inductor.bench import quant
+
+    model, reference_model = build("llama", "sdpa")
+    quantize_(model, quant.E2E_CONFIGS[fmt](),
+              filter_fn=lambda module, fqn: isinstance(module, nn.Linear) and "lm_head" not in fqn)
+    with torch.no_grad():
+        for name, module in model.named_modules():
+            if isinstance(module, nn.Linear) and "lm_head" not in name:
+                eye = torch.eye(module.in_features, dtype=torch.bfloat16, device="cuda")
+                reference_model.get_submodule(name).weight.copy_(module(eye).T.float())
+    if plain:
+        quant.PLAIN[fmt][0](model)
+    records = assert_generate_by_the_rule(f"{fmt} plain={plain}", model, reference_model)
+    assert_served([r for r in records if r.family in ("sdpa", "handwritten")], 2)
+    linears = {"int8_linear", "nvfp4_linear", "sibling_linears", "gated_linears"}
+    assert any(r.rewritten and r.family in linears for r in records), [str(r) for r in records]
+
+
+def assert_generate_by_the_rule(name: str, model, reference_model) -> list:
+    """A left-padded batch through `generate` over a static cache, greedy, its decode steps compiled (transformers'
+    `CompileConfig`, CUDA graphs) by our backend and by default. Each step's logits by the rule against the float32
+    model teacher-forced on default compile's tokens (positions as generate counts them over the left padding), on the
+    steps whose earlier tokens ours and default compile agree on (the first two always: the prefill is not compiled);
+    our tokens uncompiled bfloat16 generate's while its top two logits stay apart by more than 1e-2 of their size (a
+    near tie may flip under either compile). Returns our run's records."""
     from transformers import CompileConfig
 
-    model, reference_model = build(name, impl)
     inputs = batch("left", seq=512)
     settings = dict(max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, do_sample=False,  # every run as long
                     cache_implementation="static", return_dict_in_generate=True, output_logits=True, pad_token_id=0)
@@ -195,9 +234,9 @@ def test_static_cache_generate(name, impl):
     compared = torch.cat([torch.ones_like(same[:, :1]), same[:, :-1].cumprod(dim=1).bool()], dim=1)
     assert compared[:, :2].all()
     ours_logits, default_logits = (torch.stack(runs[o].logits, dim=1) for o in (True, False))
-    assert_fa_rule(f"{name} {impl} decode logits", ours_logits[compared], default_logits[compared], teacher[compared])
+    assert_fa_rule(f"{name} decode logits", ours_logits[compared], default_logits[compared], teacher[compared])
     steps = torch.stack(uncompiled.logits, 1).float()  # [B, steps, vocab]
     top2 = steps.topk(2, dim=-1).values
     clear = ((top2[..., 0] - top2[..., 1]) > 1e-2 * top2[..., 0].abs()).cumprod(dim=1).bool()  # steps before a tie
     assert torch.equal(runs[True].sequences[:, new][clear], uncompiled.sequences[:, new][clear])
-    assert_served(ours_records, 2)
+    return ours_records
