@@ -25,8 +25,8 @@ t34) # session 34, issue 15's int8 row (19.6 us at 8192 x 8192 against 18): the 
     # GEMV's; 142 loop instructions for 128 weights against the fp32 GEMV's 258 for 64, sm_90a SASS): its GPU tests,
     # then the fp32 GEMV ("on") against it ("int") at 1 and 2 rows. Where it wins, give `int8_int_gemv.int8_auto` the
     # rule (auto is off until then) and rerun issue 15's int8 rows
-    run timeout 200 $P -n 8 tests/test_gpu_w4a16.py -k "int8_int_gemv"
-    run timeout 330 python3 tests/bench_w4a16.py --m 1,2 --gemv on,int \
+    run timeout 260 $P -n 8 tests/test_gpu_w4a16.py -k "int8_int_gemv"
+    run timeout 300 python3 tests/bench_w4a16.py --m 1,2 --gemv on,int \
       --shapes 8192x8192,2048x8192,8192x2048,14336x4096,4096x14336,2048x2048,512x2048 ;;
 r34) # session 34, issue 12's training step (59.1 ms of GPU a step against 55): ATen's CUDA embedding backward in
     # place of Inductor's decomposition (float32 zeros of [128256, 2048], index_put, a cast: 0.58 ms a step in session
