@@ -152,6 +152,7 @@ SERVED = {
 
 
 def build(name: str, impl: str, seed: int = 0):
+    """(model, inputs) of BUILDERS[name] in attention code `impl`, dropout off."""
     pytest.importorskip("transformers")
     if name == "mllama" and hf.transformers_major() < 5:
         pytest.skip("transformers 4.57's Mllama text config needs its rope fields given (the tiny config here is 5's)")
@@ -195,7 +196,8 @@ def labels_for(name: str, inputs: dict) -> torch.Tensor:
     return ids.masked_fill(ids == IMAGE_TOKEN, -100)
 
 
-def cases(slow_training=True):
+def cases():
+    """Every model in both codes; three of them in the fast tier."""
     for name in BUILDERS:
         for impl in IMPLEMENTATIONS:
             fast = (name, impl) in (("gemma3", "sdpa"), ("paligemma", "eager"), ("whisper", "sdpa"))
@@ -204,6 +206,7 @@ def cases(slow_training=True):
 
 @pytest.mark.parametrize("name, impl", cases())
 def test_forward(name, impl):
+    """Inference with images (audio for Whisper): the logits eager's, each layer as SERVED says."""
     model, inputs = build(name, impl)
     model.eval()
     torch._dynamo.reset()
