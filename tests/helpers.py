@@ -141,6 +141,21 @@ def assert_close_to_reference(actual, expected_fn, *args, atol=None, rtol=None):
     torch.testing.assert_close(actual.double(), ref, atol=atol, rtol=rtol)
 
 
+# the start of the records of lowering/crossover.py's routes to what default compile runs (CUDA): SDPA, or the
+# attention as written
+CROSSOVER_ROUTES = ("F.scaled_dot_product_attention(", "a small attention ", "a decode step ",
+                    "a short attention in padded training ")
+
+
+def loss_and_gradients(fn, model, inputs: dict) -> list:
+    """One training step of `model` through `fn` (the model or its compiled form): [the loss, then each parameter's
+    gradient, None where none reaches it]."""
+    model.zero_grad(set_to_none=True)
+    loss = fn(**inputs).loss
+    loss.backward()
+    return [loss.detach()] + [None if p.grad is None else p.grad.detach().clone() for p in model.parameters()]
+
+
 def error_to_float64(got: torch.Tensor, reference: torch.Tensor) -> float:
     """The largest error of `got` against a float64 `reference`, relative to the reference's largest magnitude (at
     least 1e-6: a gradient that is 0 in exact arithmetic)."""

@@ -30,7 +30,7 @@ import torch.nn.functional as F
 import upstream
 from fa4_inductor import hf
 from fa4_inductor.kernels import attention as attention_op, reference
-from helpers import Recorder, compile_and_run, error_to_float64, layers_reaching_graphs, tiny
+from helpers import CROSSOVER_ROUTES, Recorder, compile_and_run, error_to_float64, layers_reaching_graphs, tiny
 
 FAMILIES = ["llama", "qwen3", "mistral", "gemma2"]  # gemma2: softcap, sliding and full layers; eager code only
 IMPLEMENTATIONS = ["eager", "sdpa"]
@@ -55,11 +55,6 @@ def padding_mask(kind: str, batch: int, seq: int) -> torch.Tensor:
         mask[0, 2] = 0
         mask[1, 4:6] = 0
     return mask
-
-
-# lowering/crossover.py's routes to what default compile runs (CUDA): SDPA, or the attention as written
-CROSSOVER_ROUTES = ("F.scaled_dot_product_attention(", "a small attention ", "a decode step ",
-                    "a short attention in padded training ")
 
 
 def layers_served(recorder: Recorder) -> int:

@@ -341,6 +341,21 @@ def _tp_case(impl: str, local_output: bool, inductor: bool) -> dict:
                 queries=queries, error=(got - expected).abs().max().item(), scale=expected.abs().max().item())
 
 
+def _unsharded_steps(model, batches) -> tuple[list[float], list]:
+    """A training step of the unsharded model on each rank's batch (labels its input ids, no cache): the losses, and
+    the gradients averaged over the batches (what the ranks' reduction gives); the model's gradients zeroed after."""
+    losses, mean = [], None
+    for batch in batches:
+        model.zero_grad()
+        loss = model(**batch, labels=batch["input_ids"], use_cache=False).loss
+        loss.backward()
+        losses.append(loss.item())
+        grads = [p.grad / WORLD for p in model.parameters()]
+        mean = grads if mean is None else [a + b for a, b in zip(mean, grads)]
+    model.zero_grad()
+    return losses, mean
+
+
 def _ddp_case(impl: str, padded: bool) -> dict:
     """A training step of a tiny HF Llama wrapped in DDP and compiled with our backend (graphs run eagerly), each
     rank on its own batch, left-padded or not. DDP's buckets are made small enough (10 KB, the first bucket too) that
@@ -357,16 +372,7 @@ def _ddp_case(impl: str, padded: bool) -> dict:
     batches = [tiny.inputs(generator=torch.Generator().manual_seed(10 + r), padding=padded) for r in range(WORLD)]
     for batch in batches if padded else []:
         batch["attention_mask"] = batch["attention_mask"].flip(-1)  # left padding
-    expected_grads = None
-    for batch in batches:
-        model.zero_grad()
-        loss = model(**batch, labels=batch["input_ids"], use_cache=False).loss
-        loss.backward()
-        grads = [p.grad / WORLD for p in model.parameters()]
-        expected_grads = grads if expected_grads is None else [a + b for a, b in zip(expected_grads, grads)]
-        if batch is batches[dist.get_rank()]:
-            expected_loss = loss.item()
-    model.zero_grad()
+    expected_losses, expected_grads = _unsharded_steps(model, batches)
     bucket_mb = 0.01
     first_bucket = torch.distributed._DEFAULT_FIRST_BUCKET_BYTES
     torch.distributed._DEFAULT_FIRST_BUCKET_BYTES = int(bucket_mb * 2 ** 20)  # DDPOptimizer wants it <= the others
@@ -379,8 +385,8 @@ def _ddp_case(impl: str, padded: bool) -> dict:
         loss.backward()
     finally:
         torch.distributed._DEFAULT_FIRST_BUCKET_BYTES = first_bucket
-    return dict(loss=loss.item(), expected_loss=expected_loss, graphs=len(recorder.graphs), calls=recorder.count(),
-                layers=tiny.attention_layers, reasons=recorder.reasons,
+    return dict(loss=loss.item(), expected_loss=expected_losses[dist.get_rank()], graphs=len(recorder.graphs),
+                calls=recorder.count(), layers=tiny.attention_layers, reasons=recorder.reasons,
                 masks=sorted({r.detail.partition("key_mask=")[2].split(",")[0] for r in recorder.records}),
                 grad_error=max((p.grad - e).abs().max().item() for p, e in zip(model.parameters(), expected_grads)),
                 grad_scale=max(e.abs().max().item() for e in expected_grads))
@@ -408,15 +414,7 @@ def _fsdp_case(impl: str, layout: str, inductor: bool) -> dict:
     tiny = hf.build("llama", impl)
     model = tiny.model.train()
     batches = [tiny.inputs(generator=torch.Generator().manual_seed(10 + r)) for r in range(WORLD)]
-    expected_losses, expected_grads = [], None
-    for batch in batches:
-        model.zero_grad()
-        loss = model(**batch, labels=batch["input_ids"], use_cache=False).loss
-        loss.backward()
-        expected_losses.append(loss.item())
-        grads = [p.grad / WORLD for p in model.parameters()]
-        expected_grads = grads if expected_grads is None else [a + b for a, b in zip(expected_grads, grads)]
-    model.zero_grad()
+    expected_losses, expected_grads = _unsharded_steps(model, batches)
 
     mesh = _mesh()
     for layer in model.model.layers if layout != "root" else []:

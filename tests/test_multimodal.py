@@ -23,7 +23,7 @@ import torch
 import torch.nn as nn
 
 from fa4_inductor import hf
-from helpers import Recorder, error_to_float64
+from helpers import Recorder, error_to_float64, loss_and_gradients
 
 IMPLEMENTATIONS = ["eager", "sdpa"]
 BATCH = 2
@@ -127,7 +127,8 @@ def mllama(impl):
     mask = torch.ones_like(ids)
     mask[1, :2] = 0
     inputs = dict(input_ids=ids, pixel_values=torch.randn(BATCH, 1, 4, 3, 28, 28),
-                  aspect_ratio_ids=torch.tensor([[1]] * BATCH), aspect_ratio_mask=torch.tensor([[[1, 0, 0, 0]]] * BATCH),
+                  aspect_ratio_ids=torch.tensor([[1]] * BATCH),
+                  aspect_ratio_mask=torch.tensor([[[1, 0, 0, 0]]] * BATCH),
                   cross_attention_mask=torch.ones(BATCH, 16, 1, 4, dtype=torch.long), attention_mask=mask)
     return MllamaForConditionalGeneration(config), inputs
 
@@ -218,14 +219,6 @@ def test_forward(name, impl):
     assert_served(name, impl, recorder)
 
 
-def training_step(fn, model: nn.Module, inputs: dict) -> list[torch.Tensor]:
-    """The loss and every parameter's gradient (None where none reaches it)."""
-    model.zero_grad()
-    loss = fn(**inputs).loss
-    loss.backward()
-    return [loss.detach()] + [None if p.grad is None else p.grad.clone() for p in model.parameters()]
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("name, impl", cases())
 def test_training_step(name, impl):
@@ -240,12 +233,12 @@ def test_training_step(name, impl):
     if "attention_mask" in inputs:  # padded on the right, as transformers' collators pad training batches
         inputs["attention_mask"] = inputs["attention_mask"].flip(-1)
     double = {k: v.double() if v.is_floating_point() else v for k, v in inputs.items()}
-    reference = training_step(model.double(), model, double)
+    reference = loss_and_gradients(model.double(), model, double)
     model.float()
-    eager = training_step(model, model, inputs)
+    eager = loss_and_gradients(model, model, inputs)
     torch._dynamo.reset()
     recorder = Recorder()
-    got = training_step(torch.compile(model, backend=recorder), model, inputs)
+    got = loss_and_gradients(torch.compile(model, backend=recorder), model, inputs)
     names = ["loss"] + [n for n, _ in model.named_parameters()]
     for key, g, e, r in zip(names, got, eager, reference):
         assert (g is None) == (e is None), key
