@@ -86,7 +86,8 @@ class Switches(NamedTuple):
     w4a16_gemv: Optional[int]
     """None (auto: `w4a16_decode.GEMV_AUTO_ROWS`) or the most rows of x a call may have to take the GEMV (0: none)."""
     w4a16_int_gemv: Optional[bool]
-    """None (auto: `w4a16_decode.int_gemv_auto`'s measured rule), True (NVFP4 calls of 1..4 rows) or False (none)."""
+    """None (auto: `w4a16_decode.int_gemv_auto`'s measured rule for NVFP4, `int8_int_gemv.int8_auto` for int8), True
+    (NVFP4 and int8 calls of 1..4 rows) or False (none)."""
     int_gemv_prefetch: int
     """Steps ahead of its register loads the integer GEMV prefetches its weight rows into L2 (0: none)."""
     gemv_split: Optional[bool]

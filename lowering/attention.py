@@ -588,17 +588,19 @@ class PositionsUnbounded(Decline):
 
 
 def rewrite_or_retry(match, context: Context) -> str | None:
-    """`rewrite(match(False))`; where that declines with `PositionsUnbounded` and `run_time_masks` is on, the
-    attention matched again with its masks taken as run-time masks, unproven (`match(True)`, `mask_flags`): the
-    op's key mask, exact for any positions. Where the masks have no run-time form, the first reason stands; where
-    the attention with them is declined (a crossover, a softcap the SDPA fallback lacks), that reason."""
+    """`rewrite(match(run_time_masks, False))`, `run_time_masks` the context's option; where that declines with
+    `PositionsUnbounded` and the option is on, the attention matched again with its masks taken as run-time masks,
+    unproven (`match(True, True)`, `mask_flags`): the op's key mask, exact for any positions. Where the masks have no
+    run-time form, the first reason stands; where the attention with them is declined (a crossover, a softcap the
+    SDPA fallback lacks), that reason."""
+    run_time_masks = getattr(context.options, "run_time_masks", False)
     try:
-        return rewrite(match(False), context)
+        return rewrite(match(run_time_masks, False), context)
     except PositionsUnbounded as unbounded:
-        if not getattr(context.options, "run_time_masks", False):
+        if not run_time_masks:
             raise
         try:
-            call = match(True)
+            call = match(True, True)
         except Decline:
             raise unbounded from None
         return rewrite(call, context)

@@ -326,9 +326,8 @@ def _strip_mask(node: Node, constants, scores_shape, run_time_masks: bool = Fals
 
 def _rewrite(node: Node, context: Context) -> str | None:
     einsum.around(node, context.fake_mode)
-    run_time_masks = getattr(context.options, "run_time_masks", False)
     return attention.rewrite_or_retry(
-        lambda unproven: match_handwritten(node, context.constants, run_time_masks, unproven), context)
+        lambda run_time_masks, unproven: match_handwritten(node, context.constants, run_time_masks, unproven), context)
 
 
 FAMILY = Family("handwritten", TORCH_IR, SOFTMAX, _rewrite)

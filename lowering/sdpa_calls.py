@@ -53,9 +53,8 @@ def match_sdpa(node: Node, constants: dict, run_time_masks: bool = False, unprov
 
 
 def _rewrite(node: Node, context: Context) -> str | None:
-    run_time_masks = getattr(context.options, "run_time_masks", False)
-    return attention.rewrite_or_retry(lambda unproven: match_sdpa(node, context.constants, run_time_masks, unproven),
-                                      context)
+    return attention.rewrite_or_retry(
+        lambda run_time_masks, unproven: match_sdpa(node, context.constants, run_time_masks, unproven), context)
 
 
 FAMILY = Family("sdpa", TORCH_IR, SDPA, _rewrite)
