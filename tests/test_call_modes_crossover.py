@@ -47,9 +47,7 @@ def test_the_tiny_models_attentions_are_all_small(impl):
 @pytest.mark.slow
 @pytest.mark.parametrize("name, impl, padding", zoo.prefill_cases())
 def test_zoo_prefill(name, impl, padding):
-    if (name, impl) == ("bart", "eager") and hf.transformers_major() < 5:
-        pytest.skip("transformers 4's BART eager code adds a mask one key longer than its keys under torch.compile "
-                    "(any backend)")
+    zoo.skip_where_dynamo_fails_on_transformers_4(name, impl)
     model = modes.tiny(name, impl)
     kwargs = model.inputs(padding=padding is not None)
     if padding == "left":

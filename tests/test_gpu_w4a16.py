@@ -481,6 +481,15 @@ def test_gemv_pdl_chain_equals_plain_launches(monkeypatch, m):
 # ------------------------------------------------------------------------------- the integer NVFP4 GEMV (M = 1)
 
 
+def assert_near_emulation(out, emu, what: str):
+    """An integer GEMV's output against its arithmetic emulated on the CPU (float64): within the output dtype's
+    rounding of each value, plus 1e-6 of the largest (the fp32 sums' order)."""
+    rounding = 2.0 ** (-8 if out.dtype == torch.bfloat16 else -10)
+    gap = (out.double() - emu).abs()
+    assert (gap <= rounding * emu.abs() + 1e-6 * emu.abs().max()).all(), \
+        f"{what}: off its emulation by {gap.max().item():.3g} (|emu| max {emu.abs().max().item():.3g})"
+
+
 def int_gemv_case(n, k, dtype, seed=0, shape=None, x=None, m=1):
     """`nvfp4_int_gemv.matmul` against the float64 product (`report`'s bound) and against its own arithmetic emulated
     on the CPU (`nvfp4_int_gemv.emulate`), which it must equal up to the fp32 sums and the output's rounding."""
@@ -492,11 +501,7 @@ def int_gemv_case(n, k, dtype, seed=0, shape=None, x=None, m=1):
     assert out.shape == (x.shape[0], n) and out.dtype == dtype
     wd = float64_dequantized(w_fp4, block, global_scale)
     emu = g.emulate(x.cpu(), w_fp4.cpu(), block.cpu(), global_scale.cpu()).cuda()
-    rounding = 2.0 ** (-8 if dtype == torch.bfloat16 else -10)
-    gap = (out.double() - emu).abs()
-    assert (gap <= rounding * emu.abs() + 1e-6 * emu.abs().max()).all(), \
-        f"int gemv m{x.shape[0]} n{n} k{k}: off its emulation by {gap.max().item():.3g} " \
-        f"(|emu| max {emu.abs().max().item():.3g})"
+    assert_near_emulation(out, emu, f"int gemv m{x.shape[0]} n{n} k{k}")
     report(f"int gemv {str(dtype)[6:]} m{x.shape[0]} n{n} k{k} shape {shape or 'auto'}", out, x.double() @ wd.T,
            F.linear(x, wd.to(dtype)))
     return out
@@ -599,10 +604,7 @@ def int8_int_gemv_case(n, k, dtype, seed=0, shape=None, m=1, bias=False, scale_d
     out = w4.int8_matmul(x, w, scale, b, gemv=(w4.INT_GEMV, *shape) if shape else w4.INT_GEMV)
     assert out.shape == (m, n) and out.dtype == dtype
     emu = g8.emulate(x.cpu(), w.cpu(), scale.cpu(), None if b is None else b.cpu()).cuda()
-    rounding = 2.0 ** (-8 if dtype == torch.bfloat16 else -10)
-    gap = (out.double() - emu).abs()
-    assert (gap <= rounding * emu.abs() + 1e-6 * emu.abs().max()).all(), \
-        f"int8 int gemv m{m} n{n} k{k}: off its emulation by {gap.max().item():.3g} (|emu| max {emu.abs().max():.3g})"
+    assert_near_emulation(out, emu, f"int8 int gemv m{m} n{n} k{k}")
     wd = w.double() * scale.double()[:, None]
     ref = x.double() @ wd.T + (0 if b is None else b.double())
     report(f"int8 int gemv {str(dtype)[6:]} m{m} n{n} k{k} shape {shape or 'auto'}", out, ref,

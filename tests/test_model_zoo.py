@@ -35,12 +35,18 @@ def prefill_cases():
                 yield pytest.param(name, impl, "left", id=f"{name}-{impl}-left-padded")
 
 
+def skip_where_dynamo_fails_on_transformers_4(name: str, impl: str) -> None:
+    """transformers 4.57's BART and M2M-100 eager code adds a mask one key longer than its keys under torch.compile
+    (any backend): skipped there."""
+    if name in ("bart", "m2m_100") and impl == "eager" and hf.transformers_major() < 5:
+        pytest.skip(f"transformers 4's {name} eager code adds a mask one key longer than its keys under torch.compile "
+                    "(any backend)")
+
+
 @pytest.mark.parametrize("name, impl, padding", prefill_cases())
 def test_prefill_every_attention_layer_is_rewritten(name, impl, padding):
     """Decoders' `causal & padding` masks reach the op as its key_mask (encoders': seqused_k)."""
-    if (name, impl) == ("bart", "eager") and hf.transformers_major() < 5:
-        pytest.skip("transformers 4's BART eager code adds a mask one key longer than its keys under torch.compile "
-                    "(any backend)")
+    skip_where_dynamo_fails_on_transformers_4(name, impl)
     model = tiny(name, impl)
     kwargs = model.inputs(padding=padding is not None)
     if padding == "left":
@@ -94,8 +100,8 @@ def test_more_decoders_left_padded(name, impl):
     (Gemma 3, Cohere 2), chunked layers (Llama 4), MLA's head dims (DeepSeek V3: q / k 24, v 16), partial rotary
     (GPT-J), multi-query (GPT-BigCode), parallel blocks (Falcon), attention sinks and sliding layers (GPT-OSS: the
     softmax over the scores and a learned logit, the sink's column dropped before @ v), a layer reusing an earlier
-    layer's K/V (Gemma 3n's KV sharing). Every layer rewritten, logits
-    eager's; ALiBi's position bias (MPT, BLOOM) is kept as written, each layer with its reason, logits eager's."""
+    layer's K/V (Gemma 3n's KV sharing). Every layer rewritten, logits eager's; ALiBi's position bias (MPT, BLOOM) is
+    kept as written, each layer with its reason, logits eager's."""
     if impl == "sdpa" and hf.unsupported(name, impl):
         pytest.skip(hf.unsupported(name, impl))
     model = tiny(name, impl)
@@ -125,9 +131,7 @@ def test_more_encoders_right_padded(name, impl):
     (encoder, causal decoder, cross-attention).
     Every layer rewritten, outputs eager's; ModernBERT's local layers as FA4's two-sided window (`abs(q_idx - kv_idx)
     <= w` read as a band), not a mask per query row."""
-    if (name, impl) == ("m2m_100", "eager") and hf.transformers_major() < 5:
-        pytest.skip("transformers 4.57's M2M-100 eager code adds a mask one key longer than its keys under "
-                    "torch.compile (any backend)")
+    skip_where_dynamo_fails_on_transformers_4(name, impl)
     model = tiny(name, impl)
     kwargs = model.inputs(padding=True)
     recorder, got = compile_and_run(model.forward, kwargs)
@@ -523,6 +527,17 @@ def test_explain_takes_eager_code_where_a_model_has_no_sdpa_code(capsys):
     assert "has no sdpa attention" in capsys.readouterr().out
 
 
+def tiny_that_runs(name: str) -> hf.Tiny:
+    """`hf.build(name, "sdpa")` (skipped where this transformers has no such model type), its forward finite."""
+    transformers = pytest.importorskip("transformers")
+    if name not in transformers.models.auto.configuration_auto.CONFIG_MAPPING_NAMES:
+        pytest.skip(f"transformers {transformers.__version__} has no {name}")
+    tiny = hf.build(name, "sdpa")
+    with torch.no_grad():
+        assert torch.isfinite(tiny.forward(**tiny.inputs())).all()
+    return tiny
+
+
 @pytest.mark.parametrize("name, attention_layers", [("ministral", 2), ("hunyuan_v1_dense", 2), ("dots1", 2),
                                                      ("qwen3_next", 1), ("gemma3n_text", 2)])
 def test_tiny_configs_transformers_cannot_build_as_they_come(name, attention_layers):
@@ -530,13 +545,7 @@ def test_tiny_configs_transformers_cannot_build_as_they_come(name, attention_lay
     expert count left None (dots.llm1), a hybrid whose first layers are all linear attention (Qwen3-Next: its tiny
     layers are one linear and one full attention layer, and only the full one counts as attention), per-layer lists
     sized for 35 layers (Gemma 3n)."""
-    transformers = pytest.importorskip("transformers")
-    if name not in transformers.models.auto.configuration_auto.CONFIG_MAPPING_NAMES:
-        pytest.skip(f"transformers {transformers.__version__} has no {name}")
-    tiny = hf.build(name, "sdpa")
-    assert tiny.attention_layers == attention_layers
-    with torch.no_grad():
-        assert torch.isfinite(tiny.forward(**tiny.inputs())).all()
+    assert tiny_that_runs(name).attention_layers == attention_layers
 
 
 def test_explain_says_when_a_tiny_model_cannot_be_built(capsys, monkeypatch):
@@ -561,14 +570,9 @@ def test_multimodal_model_types_build_their_language_model(name, built):
     """`hf.build` of a multimodal type builds its language model, tiny (its composite default config keeps the vision
     tower, and a text config left full size, at their real sizes: `explain hf:qwen2_vl` ran out of memory building a 7B
     model), with Qwen2-VL's M-RoPE sections sized for the tiny head; `explain` says it is the language model."""
-    transformers = pytest.importorskip("transformers")
-    if name not in transformers.models.auto.configuration_auto.CONFIG_MAPPING_NAMES:
-        pytest.skip(f"transformers {transformers.__version__} has no {name}")
-    tiny = hf.build(name, "sdpa")
+    tiny = tiny_that_runs(name)
     assert type(tiny.model).__name__ == built and tiny.language_model_of == name
     assert sum(p.numel() for p in tiny.model.parameters()) < 200_000
-    with torch.no_grad():
-        assert torch.isfinite(tiny.forward(**tiny.inputs())).all()
 
 
 def test_explain_says_what_it_explains_of_a_multimodal_model_and_when_token_ids_are_not_enough(capsys):
