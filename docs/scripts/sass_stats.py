@@ -22,7 +22,7 @@ can be compared between versions of a kernel. SASS_OUT=path appends the whole li
     python docs/scripts/sass_stats.py intgemv 4 1 256 --warps 16      # CTAs of 16 warps (x quantized once for 64 rows)
     python docs/scripts/sass_stats.py intgemv 4 1 64 --gated [--gelu] # silu (gelu) (x @ gate^T) * (x @ up^T), one launch
     python docs/scripts/sass_stats.py int8gemv 4 1 512        # integer int8 GEMV: 4 rows a warp, 1 K warp, 512 pieces
-    python docs/scripts/sass_stats.py int8gemv 4 1 512 --m 2 --warps 8   # 2 rows of x, CTAs of 8 warps
+    python docs/scripts/sass_stats.py int8gemv 4 1 512 --m 2 --warps 8   # 2 rows of x, CTAs of 8 warps (--bias, --f16)
 
 Loops with no MMA (the GEMV's) report their fp32 FMAs instead: instructions per FFMA.
 """
@@ -41,6 +41,14 @@ import torch
 EIATTR_REGCOUNT = 0x2F
 
 
+def options(argv, valued=()):
+    """(positional arguments, flags, {option: its number}) of a variant's argv; `valued` names the options that take
+    a number (`--m 2`)."""
+    values = {a: int(argv[i + 1]) for i, a in enumerate(argv) if a in valued}
+    positional = [a for i, a in enumerate(argv) if not a.startswith("--") and (i == 0 or argv[i - 1] not in valued)]
+    return positional, {a for a in argv if a.startswith("--")}, values
+
+
 def compile_variant(argv):
     if argv[0] == "w4a16":
         from fa4_inductor.kernels import w4a16_decode as w4
@@ -56,36 +64,26 @@ def compile_variant(argv):
     elif argv[0] == "gemv":
         from fa4_inductor.kernels import w4a16_decode as w4
 
-        flags = {a for a in argv if a.startswith("--")}
-        splits = int(argv[argv.index("--splits") + 1]) if "--splits" in argv else 1
-        argv = [a for i, a in enumerate(argv) if not a.startswith("--") and argv[i - 1] != "--splits"]
+        argv, flags, values = options(argv, ("--splits",))
         dtype = torch.float16 if "--f16" in flags else torch.bfloat16
         w4.compiled_gemv(w4.gemv_key(dtype, argv[1], int(argv[2]), "--bias" in flags, "sm_90a",
-                                     int(argv[3]) if len(argv) > 3 else 1, splits=splits))
+                                     int(argv[3]) if len(argv) > 3 else 1, splits=values.get("--splits", 1)))
     elif argv[0] == "intgemv":
         from fa4_inductor.kernels import nvfp4_int_gemv as g
 
-        dtype = torch.float16 if "--f16" in argv else torch.bfloat16
-        m = int(argv[argv.index("--m") + 1]) if "--m" in argv else 1
-        prefetch = int(argv[argv.index("--prefetch") + 1]) if "--prefetch" in argv else 0
-        weights = int(argv[argv.index("--weights") + 1]) if "--weights" in argv else 1
-        splits = int(argv[argv.index("--splits") + 1]) if "--splits" in argv else 1
-        warps = int(argv[argv.index("--warps") + 1]) if "--warps" in argv else 4
-        flags_of_intgemv = {a for a in argv if a.startswith("--")}
-        argv = [a for i, a in enumerate(argv) if not a.startswith("--")
-                and argv[i - 1] not in ("--m", "--prefetch", "--weights", "--splits", "--warps")]
-        gated = "gelu_tanh" if "--gelu" in flags_of_intgemv else "silu" if "--gated" in flags_of_intgemv else ""
-        g.compiled(g.Key(dtype, m, "sm_90a", int(argv[1]), int(argv[2]), int(argv[3]), prefetch=prefetch,
-                         weights=2 if gated else weights, splits=splits, warps=warps, gated=gated))
+        argv, flags, values = options(argv, ("--m", "--prefetch", "--weights", "--splits", "--warps"))
+        dtype = torch.float16 if "--f16" in flags else torch.bfloat16
+        gated = "gelu_tanh" if "--gelu" in flags else "silu" if "--gated" in flags else ""
+        g.compiled(g.Key(dtype, values.get("--m", 1), "sm_90a", int(argv[1]), int(argv[2]), int(argv[3]),
+                         prefetch=values.get("--prefetch", 0), weights=2 if gated else values.get("--weights", 1),
+                         splits=values.get("--splits", 1), warps=values.get("--warps", 4), gated=gated))
     elif argv[0] == "int8gemv":
         from fa4_inductor.kernels import int8_int_gemv as g8
 
-        dtype = torch.float16 if "--f16" in argv else torch.bfloat16
-        m = int(argv[argv.index("--m") + 1]) if "--m" in argv else 1
-        warps = int(argv[argv.index("--warps") + 1]) if "--warps" in argv else 4
-        argv = [a for i, a in enumerate(argv) if not a.startswith("--") and argv[i - 1] not in ("--m", "--warps")]
-        g8.compiled(g8.Key(dtype, m, "--bias" in argv, torch.float32, "sm_90a", int(argv[1]), int(argv[2]),
-                           int(argv[3]), warps=warps))
+        argv, flags, values = options(argv, ("--m", "--warps"))
+        dtype = torch.float16 if "--f16" in flags else torch.bfloat16
+        g8.compiled(g8.Key(dtype, values.get("--m", 1), "--bias" in flags, torch.float32, "sm_90a", int(argv[1]),
+                           int(argv[2]), int(argv[3]), warps=values.get("--warps", 4)))
     elif argv[0] == "int8kv":
         from fa4_inductor.kernels import decode_int8kv
 
