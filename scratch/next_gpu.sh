@@ -1,6 +1,6 @@
 # Unrun GPU work. Session 33 ran o32, n32 and p33 (docs/benchmarks.md, session 33); session 34 had no device. Next, one
 # call each, in this order (30 minutes hold about four): `u34` (the model-level GPU tier), `t34`, `r34`, `q33`,
-# `v34` (if t34's GEMV wins), `s34`.
+# `v34` (if t34's GEMV wins), `s34`; session 35 added `w35` (after t34).
 # Output goes to $OUT/log.txt. Have the next call ready: the machine goes back 30 s after a call, and a fresh one needs
 # .gpu/a and .gpu/b again. Run one part a call:  bash scratch/next_gpu.sh g29
 # Never `pkill -f pytest` here: it matches this script's own command line. A pytest cut by `timeout` can leave xdist
@@ -9,6 +9,13 @@ P="python3 -m pytest -m gpu -q -p no:cacheprovider -p no:logging -W ignore -rf"
 L=$OUT/log.txt
 run() { echo "+ $*" >>$L; PYTHONUNBUFFERED=1 "$@" >>$L 2>&1; echo "rc=$?" >>$L; }
 case "$1" in
+w35) # session 35, issue 15's "M = 16 within 15% of M = 1" (8192 x 8192 NVFP4 at 16 rows: 50 us on the tensor-core
+    # kernel, 2.2x its 8-row time). Suspect: x's bytes. The wide CTA at M = 16 is 1 x 2 x 4 (32 weight rows), so each
+    # CTA reads 16 x K bf16 of x (32 bytes a K) for 18 bytes a K of NVFP4 weights: L2 -> SM traffic ~2.8x the weight
+    # bytes. CTAs of more rows (1x8x1, 2x4x1: 128 rows, x 0.44x the weights) compile without spills (196 / 240
+    # registers, sass_stats --cta). Sweep them at 16 rows
+    run timeout 420 python3 tests/bench_w4a16.py --m 16 --cta auto,1x8x1,2x4x1,1x4x2 \
+      --shapes 8192x8192,2048x8192,8192x2048,14336x4096,4096x14336 ;;
 v34) # session 34, after t34: the int8-weight decode step (Llama-1B shape, 4k cache; session 13: 1.125 ms/token) with
     # the integer int8 GEMV on every one-row int8 linear (FA4_INDUCTOR_W4A16_INT_GEMV=on) against the default
     for on in 0 1; do
@@ -32,6 +39,7 @@ r34) # session 34, issue 12's training step (59.1 ms of GPU a step against 55): 
     # place of Inductor's decomposition (float32 zeros of [128256, 2048], index_put, a cast: 0.58 ms a step in session
     # 32), against the default in the same process order. If it wins, drop the decomposition in the backend (training
     # graphs on CUDA) and test it on the CPU
+    run timeout 60 python3 docs/scripts/train_gemms.py   # session 35: each projection's three GEMMs, and q/k/v fused
     run timeout 200 python3 docs/scripts/train_profile.py sdpa 4096 fa4_inductor
     TRAIN_PROFILE_ATEN_EMBEDDING_BACKWARD=1 run timeout 200 python3 docs/scripts/train_profile.py sdpa 4096 fa4_inductor
     ;;

@@ -8,6 +8,7 @@ can be compared between versions of a kernel. SASS_OUT=path appends the whole li
     python docs/scripts/sass_stats.py w4a16 nvfp4 8 bulk     # the same with a load path (`w4a16_decode.parse_load`)
     python docs/scripts/sass_stats.py w4a16 nvfp4 8 registers --pack --f16 --narrow   # packed NVFP4, f16 x, 1x1x8
     python docs/scripts/sass_stats.py w4a16 nvfp4 8 registers --tiles    # packed NVFP4 in 16-row tiles
+    python docs/scripts/sass_stats.py w4a16 nvfp4 16 registers --pack --cta 2x4x1   # a CTA shape RTxWNxWK
     python docs/scripts/sass_stats.py int8kv 64              # int8-KV decode attention, head dim 64, group 4, split
     python docs/scripts/sass_stats.py int8kv 64 --unsplit    # the same, one split (the output written directly)
     python docs/scripts/sass_stats.py int8kv 64 --fused      # split, the last CTA merging the splits (no combine kernel)
@@ -53,10 +54,15 @@ def compile_variant(argv):
     if argv[0] == "w4a16":
         from fa4_inductor.kernels import w4a16_decode as w4
 
+        from fa4_inductor.kernels import switches
+
+        cta_value = argv[argv.index("--cta") + 1] if "--cta" in argv else None
+        argv = [a for a in argv if a != cta_value]
         flags = {a for a in argv if a.startswith("--")}
         argv = [a for a in argv if not a.startswith("--")]
         m = int(argv[2])
-        cta = w4.NARROW if "--narrow" in flags else w4.wide(m)
+        cta = (w4.CtaShape(*switches.parse_cta_shape(cta_value)) if cta_value else
+               w4.NARROW if "--narrow" in flags else w4.wide(m))
         load = w4.load_key(argv[3] if len(argv) > 3 else "registers", m, argv[1], cta)
         dtype = torch.float16 if "--f16" in flags else torch.bfloat16
         w4.compiled(w4._Key("main", dtype, argv[1], m, "--split" in flags, False, "sm_90a", cta, False, load,
