@@ -521,8 +521,9 @@ def blind_rows_as_eagers(out: Tensor, lse: Tensor, q: Tensor, k: Tensor, v: Tens
     blind = (lse == float("-inf"))[..., None]
     mean = _mean_over_keys(v)
     centered = (v.detach() - mean.detach().to(v.dtype)).to(k.dtype)
-    slope = _per_query_head(centered.transpose(-1, -2) @ k / k.shape[2], q.shape[1])  # [B, Hq, Dv, D]
-    term = scale * (q @ slope.to(q.dtype).transpose(-1, -2))
+    # einsum, not @: torch 2.11's fake matmul of 4-D tensors specializes their symbolic sizes
+    slope = _per_query_head(torch.einsum("bhkv,bhkd->bhvd", centered, k) / k.shape[2], q.shape[1])  # [B, Hq, Dv, D]
+    term = scale * torch.einsum("bhqd,bhvd->bhqv", q, slope.to(q.dtype))
     mean = _per_query_head(mean, q.shape[1])
     return torch.where(blind, mean.to(out.dtype) + (term - term.detach()).to(out.dtype), out)
 

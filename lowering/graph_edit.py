@@ -3,6 +3,8 @@ placing code after a definition, erasing what a rewrite left dead. Shared by eve
 
 from __future__ import annotations
 
+import operator
+
 import torch
 from torch.fx import Graph, Node
 
@@ -31,10 +33,18 @@ class NodeMaker:
                 if op == "call_method":
                     result = getattr(fake_args[0], target)(*fake_args[1:], **fake_kwargs)
                 else:
-                    result = target(*fake_args, **fake_kwargs)
+                    result = _fake_call(target, fake_args, fake_kwargs)
             aten_graph = "val" in self.original.meta and "example_value" not in self.original.meta
             node.meta["val" if aten_graph else "example_value"] = result
         return node
+
+
+def _fake_call(target, args, kwargs):
+    """target(*args, **kwargs) on fake values. A batched matmul goes through einsum: torch 2.11's fake matmul of
+    operands of 3 or more dims guards their symbolic sizes to the example's, a recompile for every new length."""
+    if target in (operator.matmul, torch.matmul) and not kwargs and all(a.dim() >= 2 for a in args):
+        return torch.einsum("...ij,...jk->...ik", *args).contiguous()
+    return target(*args, **kwargs)
 
 
 def erased(node: Node) -> bool:

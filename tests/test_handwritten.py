@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 import upstream
-from helpers import compile_and_record
+from helpers import Recorder, compile_and_record
 
 # One description of the pattern: each step and the spellings models use for it. A variant picks one
 # spelling per step (the first is the default), so each spelling is tested against the defaults.
@@ -159,6 +159,23 @@ def test_fills_apart_by_a_scale_are_not_one_step():
     rec, out = compile_and_record(attend, q, k, v, mask)
     assert rec.count() == 0 and "weighted over part of the keys" in rec.reasons[0], rec.reasons
     torch.testing.assert_close(out, attend(q, k, v, mask))
+
+
+def test_einsum_attention_under_dynamic_true_compiles_once():
+    """Two lengths under `dynamic=True`, one graph: making the einsums' matmul nodes keeps the lengths symbolic (on
+    torch 2.11 a batched matmul's fake value guarded them to the first call's, a recompile for every length)."""
+    def attend(q, k, v, bias):
+        scores = torch.einsum("b h i d, b h j d -> b h i j", q, k) * 0.25 + bias
+        return torch.einsum("b h i j, b h j d -> b h i d", scores.softmax(dim=-1), v)
+
+    torch._dynamo.reset()
+    recorder = Recorder()
+    compiled = torch.compile(attend, backend=recorder, dynamic=True)
+    for s in (6, 9):
+        q, k, v = inputs(s=s)
+        bias = torch.randn(2, 1, s, s)
+        torch.testing.assert_close(compiled(q, k, v, bias), attend(q, k, v, bias))
+    assert len(recorder.graphs) == 1 and recorder.count() == 1, recorder.reasons
 
 
 class TestHandwrittenGraphs(expecttest.TestCase):
