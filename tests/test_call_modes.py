@@ -30,7 +30,8 @@ import torch.nn.functional as F
 import upstream
 from fa4_inductor import hf
 from fa4_inductor.kernels import attention as attention_op, reference
-from helpers import CROSSOVER_ROUTES, Recorder, compile_and_run, error_to_float64, layers_reaching_graphs, tiny
+from helpers import (CROSSOVER_ROUTES, Recorder, assert_as_close_as_eager, compile_and_run, layers_reaching_graphs,
+                     tiny)
 
 FAMILIES = ["llama", "qwen3", "mistral", "gemma2"]  # gemma2: softcap, sliding and full layers; eager code only
 IMPLEMENTATIONS = ["eager", "sdpa"]
@@ -744,8 +745,7 @@ def test_training_step_under_autocast(model_kind):
     got = step(torch.compile(net, backend=recorder), autocast=True)
     assert recorder.count() >= 1 and not recorder.reasons, recorder.records
     for i, (g, e, r) in enumerate(zip(got, eager, reference)):
-        ours, theirs = error_to_float64(g, r), error_to_float64(e, r)
-        assert ours <= 2 * theirs + 2 ** -8, f"tensor {i}: error {ours:.2e} against eager autocast's {theirs:.2e}"
+        assert_as_close_as_eager(f"tensor {i} (eager under autocast)", g, e, r, 2 ** -8)
 
 
 @pytest.mark.parametrize("impl, padded", [("sdpa", False), ("sdpa", True),

@@ -631,11 +631,16 @@ def test_dtensor_keys_its_nvfp4_sharding_decisions_on_the_scale_layout():
     assert rowmajor == OpSchema(op, args, {}, schema_info=info)
 
 
+# Dynamo of torch 2.11 fails on eager code's head-sharded DTensor matmul under any backend (its fake run of the 4-D
+# matmul flattens the sharded head dim: "Attempted to flatten multiple dimensions, with dimension 1 being sharded")
+DYNAMO_SHARDED_MATMUL = pytest.mark.skipif(torch.torch_version.TorchVersion(torch.__version__) < (2, 13),
+                                           reason="torch 2.11's Dynamo fails on the head-sharded DTensor matmul")
 TP_CASES = [
-    pytest.param("eager", False, False, id="eager-code-dtensor-outputs"),
+    pytest.param("eager", False, False, id="eager-code-dtensor-outputs", marks=DYNAMO_SHARDED_MATMUL),
     pytest.param("sdpa", True, False, id="sdpa-code-local-outputs"),
     pytest.param("eager", True, False, id="eager-code-local-outputs", marks=pytest.mark.slow),
-    pytest.param("eager", False, True, id="eager-code-dtensor-outputs-inductor", marks=pytest.mark.slow),
+    pytest.param("eager", False, True, id="eager-code-dtensor-outputs-inductor",
+                 marks=(pytest.mark.slow, DYNAMO_SHARDED_MATMUL)),
     pytest.param("sdpa", True, True, id="sdpa-code-local-outputs-inductor", marks=pytest.mark.slow),
 ]
 

@@ -23,7 +23,7 @@ import torch
 import torch.nn as nn
 
 from fa4_inductor import hf
-from helpers import Recorder, error_to_float64, loss_and_gradients
+from helpers import Recorder, assert_as_close_as_eager, loss_and_gradients
 
 IMPLEMENTATIONS = ["eager", "sdpa"]
 BATCH = 2
@@ -243,6 +243,5 @@ def test_training_step(name, impl):
     for key, g, e, r in zip(names, got, eager, reference):
         assert (g is None) == (e is None), key
         if g is not None:
-            ours, theirs = error_to_float64(g, r), error_to_float64(e, r)
-            assert ours <= 2 * theirs + 1e-5, f"{key}: error {ours:.2e} against eager's {theirs:.2e}"
+            assert_as_close_as_eager(key, g, e, r, 1e-5)
     assert_served(name, impl, recorder)
