@@ -9,6 +9,12 @@ P="python3 -m pytest -m gpu -q -p no:cacheprovider -p no:logging -W ignore -rf"
 L=$OUT/log.txt
 run() { echo "+ $*" >>$L; PYTHONUNBUFFERED=1 "$@" >>$L 2>&1; echo "rc=$?" >>$L; }
 case "$1" in
+x35) # session 35, one call for what is left of a short budget: t34 (the integer int8 GEMV's GPU tests, then timed
+    # against the fp32 GEMV at one row) and w35 (the decode GEMM's CTA shapes at 16 rows), trimmed
+    run timeout 150 $P -n 8 tests/test_gpu_w4a16.py -k "int8_int_gemv"
+    run timeout 120 python3 tests/bench_w4a16.py --m 1 --gemv on,int --shapes 8192x8192,2048x8192,8192x2048,4096x14336
+    run timeout 120 python3 tests/bench_w4a16.py --m 16 --cta auto,1x8x1,2x4x1 --shapes 8192x8192,4096x14336,2048x8192
+    ;;
 w35) # session 35, issue 15's "M = 16 within 15% of M = 1" (8192 x 8192 NVFP4 at 16 rows: 50 us on the tensor-core
     # kernel, 2.2x its 8-row time). Suspect: x's bytes. The wide CTA at M = 16 is 1 x 2 x 4 (32 weight rows), so each
     # CTA reads 16 x K bf16 of x (32 bytes a K) for 18 bytes a K of NVFP4 weights: L2 -> SM traffic ~2.8x the weight

@@ -179,10 +179,23 @@ def served(recorder: Recorder) -> list[str]:
     return out
 
 
-def assert_served(name: str, impl: str, recorder: Recorder):
+def whisper_draws_layerdrop_in_training() -> bool:
+    """Whether Whisper's encoder draws its LayerDrop coin (`torch.rand([]) < layerdrop`) in every training forward,
+    as transformers before ~5.2x do (later: only when layerdrop > 0): a data-dependent branch Dynamo breaks the graph
+    at under any backend, so each encoder layer runs in its own graph, and the second reuses the first's code."""
+    from transformers.models.whisper import modeling_whisper
+
+    return "self.layerdrop > 0" not in inspect.getsource(modeling_whisper.WhisperEncoder.forward)
+
+
+def assert_served(name: str, impl: str, recorder: Recorder, training: bool = False):
     """Each layer as SERVED says, on transformers 5. Transformers 4.57 builds some of these masks otherwise (PaliGemma's
-    multiplied in place: kept, with the reason) and breaks Whisper's graph elsewhere: there the numerics alone."""
+    multiplied in place: kept, with the reason) and breaks Whisper's graph elsewhere: there the numerics alone. Where
+    Whisper's LayerDrop breaks its training graph at every layer, every layer that reaches a graph is on the op."""
     if hf.transformers_major() < 5:
+        return
+    if name == "whisper" and training and whisper_draws_layerdrop_in_training():
+        assert recorder.records and all(s.startswith("op") for s in served(recorder)), recorder.reasons
         return
     expected = SERVED[name]
     expected = expected[impl] if isinstance(expected, dict) else expected
@@ -244,4 +257,4 @@ def test_training_step(name, impl):
         assert (g is None) == (e is None), key
         if g is not None:
             assert_as_close_as_eager(key, g, e, r, 1e-5)
-    assert_served(name, impl, recorder)
+    assert_served(name, impl, recorder, training=True)
