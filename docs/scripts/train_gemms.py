@@ -1,6 +1,6 @@
 """The GEMMs of a Llama-shaped training step, one by one, on cuBLAS (what Inductor calls for `F.linear` and its
 backward): for each projection the forward (x @ W^T), the input gradient (dy @ W) and the weight gradient
-(dy^T @ x), timed as CUDA-graph replays (median of rounds), with TFLOP/s. Then the same for the projections that
+(dy^T @ x), timed as CUDA-graph replays (`bench.gpu_ms`, median), with TFLOP/s. Then the same for the projections that
 read the same x fused by concatenating their weights (q / k / v -> one [3072, 2048] weight, gate / up -> one
 [16384, 2048]): what a step would save if the sibling linears of a training graph ran as one GEMM.
 
@@ -8,36 +8,15 @@ read the same x fused by concatenating their weights (q / k / v -> one [3072, 20
 
 Defaults: 4096 tokens, Llama-3.2-1B (2048, 8192, 32, 8, 64, 16, 128256).
 """
-import statistics
 import sys
 
 import torch
 
-ROUNDS = 7
-REPLAYS = 20
+from fa4_inductor.bench import gpu_ms
 
 
 def graph_us(fn) -> float:
-    """Median over ROUNDS of the mean time of REPLAYS replays of `fn` captured in one CUDA graph."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(REPLAYS):
-            fn()
-    times = []
-    for _ in range(ROUNDS):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / REPLAYS)
-    return statistics.median(times)
+    return gpu_ms(fn, cuda_graph=True) * 1e3
 
 
 def linear_us(tokens: int, n: int, k: int) -> tuple[float, float, float]:
