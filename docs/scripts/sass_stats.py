@@ -42,26 +42,21 @@ import torch
 EIATTR_REGCOUNT = 0x2F
 
 
-def options(argv, valued=()):
-    """(positional arguments, flags, {option: its number}) of a variant's argv; `valued` names the options that take
-    a number (`--m 2`)."""
-    values = {a: int(argv[i + 1]) for i, a in enumerate(argv) if a in valued}
+def options(argv, valued=(), parse=int):
+    """(positional arguments, flags, {option: its value}) of a variant's argv; `valued` names the options that take
+    a value (`--m 2`), read by `parse`."""
+    values = {a: parse(argv[i + 1]) for i, a in enumerate(argv) if a in valued}
     positional = [a for i, a in enumerate(argv) if not a.startswith("--") and (i == 0 or argv[i - 1] not in valued)]
     return positional, {a for a in argv if a.startswith("--")}, values
 
 
 def compile_variant(argv):
     if argv[0] == "w4a16":
-        from fa4_inductor.kernels import w4a16_decode as w4
+        from fa4_inductor.kernels import switches, w4a16_decode as w4
 
-        from fa4_inductor.kernels import switches
-
-        cta_value = argv[argv.index("--cta") + 1] if "--cta" in argv else None
-        argv = [a for a in argv if a != cta_value]
-        flags = {a for a in argv if a.startswith("--")}
-        argv = [a for a in argv if not a.startswith("--")]
+        argv, flags, values = options(argv, ("--cta",), parse=switches.parse_cta_shape)
         m = int(argv[2])
-        cta = (w4.CtaShape(*switches.parse_cta_shape(cta_value)) if cta_value else
+        cta = (w4.CtaShape(*values["--cta"]) if "--cta" in values else
                w4.NARROW if "--narrow" in flags else w4.wide(m))
         load = w4.load_key(argv[3] if len(argv) > 3 else "registers", m, argv[1], cta)
         dtype = torch.float16 if "--f16" in flags else torch.bfloat16
