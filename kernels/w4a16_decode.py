@@ -42,7 +42,9 @@ Load path (`load`, see `parse_load`): "registers", the default: each warp loads 
 registers (a per-warp cp.async ring in shared memory was measured 1.2-2x slower on the H200 on every shape,
 docs/benchmarks.md session 9, and removed). "bulk": a producer warp streams the weight codes through a ring
 of shared-memory stages with bulk copies (`cute/w4a16_decode_gemm.py`), as deep as BULK_SMEM_BUDGET allows
-(`bulk_stages`) or "bulk:<stages>"; "+ahead" also copies the next stage to registers before computing
+(`bulk_stages`) or "bulk:<stages>"; "rolling": the register path's loads, a step ahead as well, into one
+register set refilled piece by piece as the step uses it (half the operand registers), and "rolling+2ctas"
+with the registers capped for two CTAs a SM; "+ahead" also copies the next stage to registers before computing
 the current one, "+prefetch" (NVFP4) prefetches each stage's block scales into L2 from the producer,
 "+scales" (NVFP4) moves the block scales through the ring too ("bulk+ahead+prefetch:4"; int8 drops the
 NVFP4 options). FA4_INDUCTOR_W4A16_LOAD sets it; the matmuls' and `warmup`'s `load` argument overrides it
@@ -112,6 +114,7 @@ MIN_STEPS = 2  # steps (4 chunks a row) per warp in a split
 MAX_SPLITS = 32
 BULK_OPTIONS = ("ahead", "prefetch", "scales")  # "bulk+ahead", "bulk+prefetch+scales", ...
 NVFP4_ONLY = ("prefetch", "scales")  # options about block scales: dropped for int8
+ROLLING_CTAS = 2  # "rolling+2ctas": registers capped so that two CTAs fit a SM
 BULK_SMEM_BUDGET = 200 * 1024  # the bulk ring's default depth fills this (one CTA a SM: its registers)
 SMEM_LIMIT = 227 * 1024  # sm90's shared memory a CTA can opt into
 MAX_STAGES = 16
@@ -203,16 +206,18 @@ def num_splits(n: int, k_padded: int, fmt: str, shape: CtaShape, num_sms: int) -
 
 @functools.cache
 def parse_load(spec: str) -> tuple[str, Optional[int]]:
-    """A load path's spec -> (path, ring depth or None): "registers", or "bulk" with options "+ahead",
-    "+prefetch" (in this order) and a ring depth ":<stages>" ("bulk+prefetch:4"); the path keeps the options."""
+    """A load path's spec -> (path, ring depth or None): "registers", "rolling" (option "+2ctas": registers
+    capped for ROLLING_CTAS CTAs a SM), or "bulk" with options "+ahead", "+prefetch" (in this order) and a ring
+    depth ":<stages>" ("bulk+prefetch:4"); the path keeps the options."""
     path, colon, depth = spec.strip().partition(":")
     base, *options = path.split("+")
     in_order = set(options) <= set(BULK_OPTIONS) and options == sorted(set(options), key=BULK_OPTIONS.index)
     bulk_only = (not options or in_order) and (not colon or (depth.isdigit() and int(depth) >= 1))
-    if base == "registers" and not options and not colon or base == "bulk" and bulk_only:
+    rolling = base == "rolling" and options in ([], [f"{ROLLING_CTAS}ctas"])
+    if (base == "registers" and not options or rolling) and not colon or base == "bulk" and bulk_only:
         return path, int(depth) if depth else None
-    raise ValueError(f"the W4A16 decode GEMM's load path ({switches.W4A16_LOAD} or `load`) is registers or bulk, "
-                     f"bulk with options {', '.join('+' + o for o in BULK_OPTIONS)} (in this order) and a ring "
+    raise ValueError(f"the W4A16 decode GEMM's load path ({switches.W4A16_LOAD} or `load`) is registers, rolling, "
+                     f"rolling+{ROLLING_CTAS}ctas or bulk, bulk with options {', '.join('+' + o for o in BULK_OPTIONS)} (in this order) and a ring "
                      f"depth (bulk+prefetch:4); got {spec!r}")
 
 
@@ -251,10 +256,10 @@ def bulk_stages(m_max: int, cta: CtaShape, requested: Optional[int] = None, scal
 
 @functools.cache
 def load_key(spec: str, m_max: int, fmt: str, cta: CtaShape) -> str:
-    """The `_Key.load` of a spec for `fmt`: "registers", or the bulk path (without the NVFP4-only options for
-    int8) with its depth resolved ("bulk:5")."""
+    """The `_Key.load` of a spec for `fmt`: "registers", "rolling", or the bulk path (without the NVFP4-only
+    options for int8) with its depth resolved ("bulk:5")."""
     path, depth = parse_load(spec)
-    if path == "registers":
+    if not path.startswith("bulk"):
         return path
     path = "+".join(p for p in path.split("+") if fmt == "nvfp4" or p not in NVFP4_ONLY)
     return f"{path}:{bulk_stages(m_max, cta, depth, 'scales' in path.split('+'))}"
@@ -627,7 +632,7 @@ class _Key(NamedTuple):
     arch: str
     cta: Optional[CtaShape] = None  # main only
     pdl: bool = False  # main only
-    load: str = "registers"  # main only: "registers" or "bulk[+ahead][+prefetch]:<stages>" (`load_key`)
+    load: str = "registers"  # main only: "registers", "rolling" or "bulk[+ahead][+prefetch]:<stages>" (`load_key`)
     scale_dtype: torch.dtype = torch.float32  # int8's per-channel scales as the caller holds them
     pack: bool = False  # main only, NVFP4: the packed layout (`pack_nvfp4`)
     tiled: bool = False  # main only, packed NVFP4 in 16-row tiles (`tile_words`)
@@ -654,12 +659,15 @@ def _compile(key: _Key):
     from .cute.w4a16_decode_gemm import W4A16DecodeGemm
 
     path, stages = parse_load(key.load)
-    if path != "registers" and key.load != load_key(key.load, key.m_max, key.fmt, key.cta):
+    if path.startswith("bulk") and key.load != load_key(key.load, key.m_max, key.fmt, key.cta):
         raise ValueError(f"no W4A16 decode GEMM with load path {key.load!r}: give the ring's depth, which "
                          f"must fit in shared memory (`load_key`)")
     options = path.split("+")[1:]
-    load = {} if path == "registers" else dict(load="bulk", stages=stages, ahead="ahead" in options,
-                                                   prefetch="prefetch" in options, scales="scales" in options)
+    if path.startswith("bulk"):
+        load = dict(load="bulk", stages=stages, ahead="ahead" in options, prefetch="prefetch" in options,
+                    scales="scales" in options)
+    else:
+        load = dict(load=path.split("+")[0], min_ctas=ROLLING_CTAS if options else 0)
     if key.pack:
         load["pack"] = True
         load["tiled"] = key.tiled
@@ -874,8 +882,8 @@ def keys(dtype: torch.dtype, fmt: str, m: int, split: bool, bias: bool, arch: st
         raise ValueError(f"the packed layout is NVFP4's; {fmt} weights have none")
     if pack not in PACKS:
         raise ValueError(f"the NVFP4 layout (`pack`) is one of {PACKS}, not {pack!r}")
-    if pack == "tiles" and parse_load(load)[0] != "registers":
-        raise ValueError("the tiled NVFP4 layout runs on the register load path only")
+    if pack == "tiles" and parse_load(load)[0].startswith("bulk"):
+        raise ValueError("the tiled NVFP4 layout runs on the register load paths only (registers, rolling)")
     main = _Key("main", dtype, fmt, m_max, split, bias and not split, arch, cta, pdl,
                 load_key(load, m_max, fmt, cta), scale_dtype, bool(pack), pack == "tiles")
     return [main, _Key("reduce", dtype, fmt, 0, True, bias, arch, scale_dtype=scale_dtype)] if split else [main]

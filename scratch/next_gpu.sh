@@ -9,6 +9,15 @@ P="python3 -m pytest -m gpu -q -p no:cacheprovider -p no:logging -W ignore -rf"
 L=$OUT/log.txt
 run() { echo "+ $*" >>$L; PYTHONUNBUFFERED=1 "$@" >>$L 2>&1; echo "rc=$?" >>$L; }
 case "$1" in
+y36) # session 36, issue 15's "M = 16 within 15% of M = 1": the rolling load path (one register set refilled 16 bytes
+    # at a time as the step uses it: NVFP4 at 16 rows 142 registers without spills against 255 with, at 8 rows 160
+    # against 194; "+2ctas" caps them at 128 for two CTAs a SM). Its GPU tests (bit for bit the register path, and
+    # the numerics tiers), then timed against the register path; then the GPU models tier's Gemma 2 training case
+    run timeout 200 $P -n 8 tests/test_gpu_w4a16.py -k "rolling or every_m or splits_and_dtypes"
+    run timeout 150 python3 tests/bench_w4a16.py --m 2,8,16 --load registers,rolling,rolling+2ctas \
+      --shapes 8192x8192,2048x8192,8192x2048,4096x14336
+    run timeout 90 $P -n 2 tests/test_gpu_models.py -k "training_step and gemma2"
+    ;;
 x35) # session 35, one call for what is left of a short budget: t34 (the integer int8 GEMV's GPU tests, then timed
     # against the fp32 GEMV at one row) and w35 (the decode GEMM's CTA shapes at 16 rows), trimmed
     run timeout 150 $P -n 8 tests/test_gpu_w4a16.py -k "int8_int_gemv"

@@ -174,7 +174,7 @@ def load_specs(specs, stages):
     out = []
     for spec in specs:
         path, _ = w4.parse_load(spec)
-        out += [spec] if path == "registers" or not stages else [f"{path}:{s}" for s in stages]
+        out += [spec] if not path.startswith("bulk") or not stages else [f"{path}:{s}" for s in stages]
     return out
 
 

@@ -3,8 +3,8 @@
 Numerics against the float64 exact dequantization on fresh random inputs: the max abs error is at most
 2x PyTorch's own error (the weight dequantized to x's dtype, then cuBLAS) plus 1e-5 of the output's
 scale. Every case prints its shape, split count, load path and errors (`-s` shows them), so a failure says
-where it is. The numerics tests run on both load paths (`LOADS`; the bulk ring's wrap-around at depth 2 and
-the bulk options in the split, short-K and large-weight tests), and the NVFP4 ones on both layouts (`PACKS`: plain,
+where it is. The numerics tests run on the load paths (`LOADS`; the rolling path's register cap, the bulk ring's
+wrap-around at depth 2 and the bulk options in the split, short-K and large-weight tests), and the NVFP4 ones on both layouts (`PACKS`: plain,
 and packed once by `w4a16_decode.pack_nvfp4`, for bf16 and f16 x). The `gemv` tests run the CUDA-core GEMV
 (`gemv=True`, FA4_INDUCTOR_W4A16_GEMV=1) on M = 1..4; the `int_gemv` ones the integer one-row NVFP4 GEMV
 (`kernels/nvfp4_int_gemv.py`), also against its arithmetic emulated on the CPU.
@@ -20,15 +20,15 @@ from test_nvfp4_linear import float64_dequantized, random_nvfp4
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
-LOADS = ["registers", "bulk"]
-MORE_LOADS = LOADS + ["bulk:2", "bulk+ahead+prefetch", "bulk+scales:3"]  # rings wrapping often; the options
+LOADS = ["registers", "rolling", "bulk"]
+MORE_LOADS = LOADS + ["rolling+2ctas", "bulk:2", "bulk+ahead+prefetch", "bulk+scales:3"]  # rings wrapping often
 PACKS = [False, True, "tiles"]
 PACK_IDS = ["plain", "packed", "tiles"]
 
 
 def skip_tiles_off_registers(pack, load):
-    if pack == "tiles" and load != "registers":
-        pytest.skip("the tiled layout runs on the register load path only")
+    if pack == "tiles" and load.startswith("bulk"):
+        pytest.skip("the tiled layout runs on the register load paths only")
 
 
 def report(name, out, ref, pytorch):
@@ -206,6 +206,30 @@ def test_a_large_weight(load, pack):
     nvfp4_case(8, 8192, 8192, torch.float16, load=load, pack=pack)
     if not pack:
         int8_case(16, 8192, 8192, torch.bfloat16, bias=True, load=load)
+
+
+@pytest.mark.parametrize("spec", ["rolling", "rolling+2ctas"])
+@pytest.mark.parametrize("pack", PACKS, ids=PACK_IDS)
+def test_rolling_loads_are_the_register_path_bit_for_bit(spec, pack):
+    """The rolling load path changes when operands arrive, not the arithmetic: each accumulator takes the same
+    MMAs in the same order, so its output is the register path's bit for bit, for every M bucket, split or not,
+    both CTAs, NVFP4 in each layout and int8 with a bias, K not a multiple of a warp's steps."""
+    w_fp4, block, global_scale = random_nvfp4(333, 4160, seed=7, device="cuda")
+    w_int8 = torch.randint(-128, 128, (333, 4160), dtype=torch.int8, device="cuda")
+    scale, bias = torch.rand(333, device="cuda") / 64, torch.randn(333, dtype=torch.bfloat16, device="cuda")
+    for m in (1, 5, 8, 9, 16):
+        x = torch.randn(m, 4160, dtype=torch.bfloat16, device="cuda")
+        for splits, cta in ((1, None), (3, None), (1, tuple(w4.NARROW))):
+            def nvfp4(load):
+                return w4.nvfp4_matmul(x, w_fp4, block, global_scale, splits=splits, cta=cta, load=load, pack=pack,
+                                      gemv=False)
+
+            def int8(load):
+                return w4.int8_matmul(x, w_int8, scale, bias, splits=splits, cta=cta, load=load, gemv=False)
+
+            for run in (nvfp4, int8) if not pack else (nvfp4,):
+                registers, rolling = run("registers"), run(spec)
+                assert torch.equal(rolling, registers), (run.__name__, m, splits, cta, spec, pack)
 
 
 def test_load_path_from_the_environment(monkeypatch):

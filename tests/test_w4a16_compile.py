@@ -113,6 +113,65 @@ def test_ptx_streams_16_byte_loads_and_keeps_subnormals(cute_dsl, fmt, tmp_path)
     assert any(op.startswith("mma.sync.aligned.m16n8k16") for op in out), out
 
 
+# ------------------------------------------------------------------------------- the rolling load path
+
+# dtype, format, M bucket, split, bias, load spec, CTA, layout: both formats and M buckets, both CTAs, split and
+# bias, PDL, the packed and tiled NVFP4 layouts, the register cap
+ROLLING = [
+    (torch.bfloat16, "nvfp4", 16, False, False, "rolling", w4.wide(16), False, False),
+    (torch.float16, "int8", 8, True, True, "rolling", w4.NARROW, False, False),
+    (torch.bfloat16, "nvfp4", 8, True, False, "rolling+2ctas", w4.wide(8), True, False),
+    (torch.float16, "nvfp4", 16, False, False, "rolling+2ctas", w4.NARROW, "tiles", True),
+    (torch.bfloat16, "int8", 16, False, True, "rolling", w4.NARROW, False, True),
+]
+
+ROLLING_PROBE = """
+import sys, torch
+from fa4_inductor.kernels import w4a16_decode as w
+dtype, fmt, m, split, bias, spec, cta, pack, pdl = eval(sys.argv[1], {"torch": torch, "w4": w})
+key = w.keys(dtype, fmt, m, split, bias, "sm_90a", cta, pdl, spec, pack=pack)[0]
+assert key.load == spec and key.pack == bool(pack) and key.tiled == (pack == "tiles"), key
+ptx = w.compiled(key).__ptx__
+open("kernel.ptx", "w").write(ptx)
+print(" ".join(l.split()[0].rstrip(";") for l in ptx.splitlines() if l.strip()[:1].isalpha() or l.startswith(".")))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("variant", ROLLING, ids=_ids)
+def test_rolling_variant_streams_16_byte_pieces_a_step_ahead(cute_dsl, variant, tmp_path):
+    """The rolling load path compiles for each format, CTA, layout, split, bias and PDL; its weight and x loads
+    stay 128-bit (16-byte pieces); "+2ctas" caps the registers for two CTAs a SM (.minnctapersm 2); and,
+    where ptxas is found, no variant spills in its K loop (the cap may spill a few words outside it)."""
+    env = dict(os.environ, CUTE_DSL_KEEP_PTX="1", CUTE_DSL_ARCH=ARCH)
+    ops = subprocess.run([sys.executable, "-c", ROLLING_PROBE, repr(variant).replace("CtaShape", "w4.CtaShape")],
+                         env=env, cwd=tmp_path, check=True, capture_output=True, text=True).stdout.split()
+    fmt, m, spec, cta = variant[1], variant[2], variant[5], variant[6]
+    text = " ".join((tmp_path / "kernel.ptx").read_text().split())
+    assert ("minnctapersm 2" in text) == spec.endswith("+2ctas"), spec
+    assert ops.count("ld.global.v4.b32") >= 2 * cta.row_tiles * 2 + m // 8 * w4.CHUNK_VALUES[fmt] * 2 // 16, ops
+    assert not any(op.startswith("cp.async") for op in ops)
+    assert ("griddepcontrol.wait" in ops) == variant[8]
+    ptxas = shutil.which("ptxas")
+    if ptxas and not spec.endswith("+2ctas"):
+        info = subprocess.run([ptxas, f"-arch={ARCH}", "-v", str(tmp_path / "kernel.ptx"), "-o", os.devnull],
+                              check=True, capture_output=True, text=True).stderr
+        assert "0 bytes spill stores" in info, info
+
+
+def test_rolling_keys():
+    """The rolling paths keep their spec as the key's load (no depth), the tiled layout runs on them, and
+    the register cap is compiled as its own variant."""
+    cta = w4.wide(16)
+    key = lambda spec, pack=False: w4.keys(torch.bfloat16, "nvfp4", 16, False, False, ARCH, cta, False, spec,  # noqa
+                                           pack=pack)[0]
+    assert key("rolling").load == "rolling" and key("rolling+2ctas").load == "rolling+2ctas"
+    assert key("rolling", "tiles").tiled and key("rolling+2ctas", "tiles").tiled
+    assert len({key("registers"), key("rolling"), key("rolling+2ctas")}) == 3
+    with pytest.raises(ValueError, match="register load paths only"):
+        key("bulk", "tiles")
+
+
 # ------------------------------------------------------------------------------- the bulk load path
 
 # dtype, format, M bucket, split, bias, load spec: both formats, both M buckets, split and not, int8 bias,
@@ -287,9 +346,12 @@ def test_load_spec_is_checked(monkeypatch):
     assert w4.parse_load(" bulk+ahead:4 ") == ("bulk+ahead", 4)
     assert w4.parse_load("bulk+ahead+prefetch") == ("bulk+ahead+prefetch", None)
     assert w4.parse_load("bulk+prefetch+scales:2") == ("bulk+prefetch+scales", 2)
+    assert w4.parse_load("rolling") == ("rolling", None)
+    assert w4.parse_load("rolling+2ctas") == ("rolling+2ctas", None)
     for bad in ("ring", "Bulk", "bulk:0", "bulk:x", "registers:2", "bulk:", "bulk+ahead:-1", "registers+ahead",
-                "bulk+prefetch+ahead", "bulk+scales+ahead", "bulk+ahead+ahead", "bulk+", "bulk-ahead"):
-        with pytest.raises(ValueError, match="load path .* is registers or bulk, bulk with options"):
+                "bulk+prefetch+ahead", "bulk+scales+ahead", "bulk+ahead+ahead", "bulk+", "bulk-ahead", "rolling:2",
+                "rolling+ahead", "registers+2ctas", "rolling+3ctas", "rolling+2ctas+2ctas", "bulk+2ctas"):
+        with pytest.raises(ValueError, match="load path .* is registers, rolling, rolling.2ctas or bulk, bulk with"):
             w4.parse_load(bad)
     from fa4_inductor.kernels import switches
 
@@ -638,7 +700,7 @@ def test_tiled_keys():
 
     key = w4.keys(torch.bfloat16, "nvfp4", 3, False, False, ARCH, w4.wide(8), pack="tiles")[0]
     assert key.pack and key.tiled
-    with pytest.raises(ValueError, match="register load path only"):
+    with pytest.raises(ValueError, match="register load paths only"):
         w4.keys(torch.bfloat16, "nvfp4", 3, False, False, ARCH, w4.wide(8), load="bulk", pack="tiles")
     with pytest.raises(ValueError, match="NVFP4 layout"):
         w4.keys(torch.bfloat16, "nvfp4", 3, False, False, ARCH, w4.wide(8), pack="rows")

@@ -21,7 +21,9 @@ is free as long as W and x agree: each lane feeds its own chunk's codes into its
 end; grid y splits K further (fp32 partials, `w4a16_splitk_reduce.py`).
 
 Load paths (compile time). "registers": each lane loads its next step (weights, block scales, x) straight
-into registers, two register sets alternating, one step in flight a warp. "bulk": one more warp, the
+into registers, two register sets alternating, one step in flight a warp. "rolling": the same loads, a step
+ahead as well, into one register set that is refilled 16 bytes at a time as the step uses it up (x's words
+after their last row tile, so the words go word-major), which halves the operand registers. "bulk": one more warp, the
 PRODUCER, streams the weight codes through a ring of STAGES stages in shared memory with 1-D bulk copies
 (`cp.async.bulk`, one per row segment), up to STAGES stages in flight a CTA. A stage (`BulkStage`) holds the
 CTA's rows x one step of every K warp: CTA step j covers chunks cta_begin + 16 j .. + 16 (at WARPS_K = 4)
@@ -75,13 +77,14 @@ from cutlass.cutlass_dsl import T, dsl_user_op
 from .cp_async import bulk_copy_g2s, cp_async, prefetch_l2_span
 
 FORMATS = ("nvfp4", "int8")
-LOADS = ("registers", "bulk")
+LOADS = ("registers", "bulk", "rolling")
 CHUNK_WORDS = 8  # 32 bytes of one weight row per lane per step
 CHUNK_BYTES = 4 * CHUNK_WORDS
 CODES_PER_CHUNK = {"nvfp4": 64, "int8": 32}
 LANES_K = 4  # lanes sharing a row (t = lane % 4); each takes its own chunk
 TILE_ROWS = 16
 MAX_GROUPS = 2  # 8 x rows each: M <= 16
+CAPPED_SMEM_CARVEOUT = 10  # percent of the SM's shared memory: two CTAs' K-slice buffers (<= 14 KB) fit
 
 
 class BulkStage:
@@ -297,7 +300,8 @@ def packed_pair_bits(w: Int32, pair: cutlass.Constexpr[int], is_f16: cutlass.Con
 
 class W4A16DecodeGemm:
     """One compiled variant per (x dtype, format, x row groups `groups` (M <= 8 * groups), split or not, bias
-    or not, row tiles per warp, CTA shape WARPS_N x WARPS_K, load path: "registers", or "bulk" with a ring of
+    or not, row tiles per warp, CTA shape WARPS_N x WARPS_K, load path: "registers", "rolling" (`min_ctas` CTAs a SM
+    or no cap), or "bulk" with a ring of
     `stages` stages and the options `ahead`, `prefetch`, `scales`; PDL or not; NVFP4 packed or not); N, K, M, strides
     and the split count are runtime values.
 
@@ -312,7 +316,7 @@ class W4A16DecodeGemm:
     def __init__(self, dtype, fmt: str, groups: int, split: bool, has_bias: bool, row_tiles: int,
                  warps_n: int, warps_k: int, load: str = "registers", stages: int = 0, ahead: bool = False,
                  prefetch: bool = False, scales: bool = False, pdl: bool = False, pack: bool = False,
-                 tiled: bool = False):
+                 tiled: bool = False, min_ctas: int = 0):
         assert fmt in FORMATS and 1 <= groups <= MAX_GROUPS and row_tiles >= 1, (fmt, groups, row_tiles)
         assert load in LOADS and (stages >= 1) == (load == "bulk") and (
             load == "bulk" or not (ahead or prefetch or scales)), (load, stages, ahead, prefetch, scales)
@@ -335,9 +339,11 @@ class W4A16DecodeGemm:
         self.stage = BulkStage(TILE_ROWS * row_tiles * warps_n, warps_k, self.ring_scales)
         self.pdl = pdl
         assert not pack or fmt == "nvfp4", fmt
-        assert not tiled or (pack and load == "registers"), (tiled, pack, load)
+        assert not tiled or (pack and load != "bulk"), (tiled, pack, load)
         self.pack = pack
         self.tiled = tiled
+        assert min_ctas <= 1 or load == "rolling", (min_ctas, load)
+        self.min_ctas = min_ctas  # > 1: registers capped so that this many CTAs fit a SM (nvvm.minctasm)
 
     @cute.jit
     def __call__(self, mX: cute.Tensor, mW: cute.Tensor, mBlock: Optional[cute.Tensor], mScale: cute.Tensor,
@@ -372,6 +378,10 @@ class W4A16DecodeGemm:
             smem=SharedStorage.size_in_bytes(),
             stream=stream,
             use_pdl=self.pdl,
+            min_blocks_per_mp=self.min_ctas,
+            # a preference that leaves L1 most of the SM's memory (x is shared through L1) and spares the DSL a
+            # device query; the driver still gives shared memory for min_ctas CTAs
+            preferred_smem_carveout=CAPPED_SMEM_CARVEOUT if self.min_ctas > 1 else None,
         )
 
     @cute.kernel
@@ -379,9 +389,6 @@ class W4A16DecodeGemm:
                mBias: Optional[cute.Tensor], mOut: Optional[cute.Tensor], mPart: Optional[cute.Tensor],
                SharedStorage: cutlass.Constexpr):
         RT = self.row_tiles
-        G = self.groups
-        XW = self.x_words
-        nvfp4 = self.fmt == "nvfp4"
         bx, split_idx, _ = cute.arch.block_idx()
         _, num_splits, _ = cute.arch.grid_dim()
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
@@ -410,45 +417,86 @@ class W4A16DecodeGemm:
             self.bulk_kernel(mX, mW, mBlock, mScale, mBias, mOut, mPart, SharedStorage, acc, bx, split_idx,
                              warp_idx, row0, n_rows, m_rows, cta_begin, cta_begin + cta_chunks)
         else:
-            # Two register sets of operands (weights [word, row (tile, half)], block scales, x [word, group]),
-            # alternating: a step's loads are issued as soon as its set is free, a step ahead of their use.
-            rW = [cute.make_rmem_tensor((CHUNK_WORDS, 2 * RT), Int32) for _ in range(2)]
-            rS = [cute.make_rmem_tensor((2 * RT,), Int32) for _ in range(2)]
-            rX = [cute.make_rmem_tensor((XW, G), Int32) for _ in range(2)]
-            rA = cute.make_rmem_tensor((4,), Int32)
-
-            if const_expr(self.pdl):
-                # Before the wait only the primary may still run, and every kernel that lets dependents start
-                # early (these GEMMs, past their own wait; FA4, decode attention) writes activations, never
-                # quantized weights or block scales: their first loads go out before the wait. x may be the
-                # primary's output.
-                for b in cutlass.range_constexpr(2):
-                    self.load_step(None, mW, mBlock, rW[b], rS[b], rX[b], row0, n_rows, m_rows,
-                                   c_begin + LANES_K * b + t, c_end)
-                self.dependent_wait()
-                for b in cutlass.range_constexpr(2):
-                    self.load_step(mX, None, None, None, rS[b], rX[b], row0, n_rows, m_rows,
-                                   c_begin + LANES_K * b + t, c_end)
+            if const_expr(self.load == "rolling"):
+                self.rolling_loop(mX, mW, mBlock, acc, row0, n_rows, m_rows, c_begin, c_end)
             else:
-                for b in cutlass.range_constexpr(2):
-                    self.load_step(mX, mW, mBlock, rW[b], rS[b], rX[b], row0, n_rows, m_rows,
-                                   c_begin + LANES_K * b + t, c_end)
-            for c0 in range(c_begin, c_end, 2 * LANES_K):
-                for b in cutlass.range_constexpr(2):
-                    if c0 + LANES_K * b < c_end:
-                        if const_expr(self.pack):
-                            self.nvfp4_packed_step(rW[b], rS[b], rX[b], rA, acc)
-                        elif const_expr(nvfp4):
-                            self.nvfp4_step(rW[b], rS[b], rX[b], rA, acc)
-                        else:
-                            self.int8_step(rW[b], rX[b], rA, acc)
-                        self.load_step(mX, mW, mBlock, rW[b], rS[b], rX[b], row0, n_rows, m_rows,
-                                       c0 + LANES_K * (b + 2) + t, c_end)
+                self.register_loop(mX, mW, mBlock, acc, row0, n_rows, m_rows, c_begin, c_end)
 
             # ---- the CTA's K slices add up through shared memory ----
             storage = cutlass.memory.SmemAllocator().allocate(SharedStorage)
             self.add_k_slices_and_store(storage, acc, mScale, mBias, mOut, mPart, row0, n_rows, m_rows, split_idx,
                                         lane, g, t, wn, wk, False)
+
+    @cute.jit
+    def register_loop(self, mX: cute.Tensor, mW: cute.Tensor, mBlock: Optional[cute.Tensor], acc: cute.Tensor,
+                      row0: Int32, n_rows: Int32, m_rows: Int32, c_begin: Int32, c_end: Int32):
+        """The "registers" load path's K loop over the warp's chunks c_begin..c_end: two register sets of
+        operands (weights [word, row (tile, half)], block scales, x [word, group]), alternating; a step's loads
+        are issued as soon as its set is free, a step ahead of their use."""
+        t = cute.arch.lane_idx() % LANES_K
+        RT = self.row_tiles
+        rW = [cute.make_rmem_tensor((CHUNK_WORDS, 2 * RT), Int32) for _ in range(2)]
+        rS = [cute.make_rmem_tensor((2 * RT,), Int32) for _ in range(2)]
+        rX = [cute.make_rmem_tensor((self.x_words, self.groups), Int32) for _ in range(2)]
+        rA = cute.make_rmem_tensor((4,), Int32)
+
+        if const_expr(self.pdl):
+            # Before the wait only the primary may still run, and every kernel that lets dependents start
+            # early (these GEMMs, past their own wait; FA4, decode attention) writes activations, never
+            # quantized weights or block scales: their first loads go out before the wait. x may be the
+            # primary's output.
+            for b in cutlass.range_constexpr(2):
+                self.load_step(None, mW, mBlock, rW[b], rS[b], rX[b], row0, n_rows, m_rows,
+                               c_begin + LANES_K * b + t, c_end)
+            self.dependent_wait()
+            for b in cutlass.range_constexpr(2):
+                self.load_step(mX, None, None, None, rS[b], rX[b], row0, n_rows, m_rows,
+                               c_begin + LANES_K * b + t, c_end)
+        else:
+            for b in cutlass.range_constexpr(2):
+                self.load_step(mX, mW, mBlock, rW[b], rS[b], rX[b], row0, n_rows, m_rows,
+                               c_begin + LANES_K * b + t, c_end)
+        for c0 in range(c_begin, c_end, 2 * LANES_K):
+            for b in cutlass.range_constexpr(2):
+                if c0 + LANES_K * b < c_end:
+                    self.step(rW[b], rS[b], rX[b], rA, acc)
+                    self.load_step(mX, mW, mBlock, rW[b], rS[b], rX[b], row0, n_rows, m_rows,
+                                   c0 + LANES_K * (b + 2) + t, c_end)
+
+    @cute.jit
+    def rolling_loop(self, mX: cute.Tensor, mW: cute.Tensor, mBlock: Optional[cute.Tensor], acc: cute.Tensor,
+                     row0: Int32, n_rows: Int32, m_rows: Int32, c_begin: Int32, c_end: Int32):
+        """The "rolling" load path's K loop: one register set, refilled piece by piece for the next step as
+        the step uses it up: the block scales once their multipliers are made, each 16-byte piece of the
+        weights and of x right after the words that read it. Every load is still issued a step ahead of its
+        use, as on the register path, with half its operand registers (x's 64 words a step at M = 16).
+        The words go word-major over the row tiles, so that x's words are free after their last tile."""
+        t = cute.arch.lane_idx() % LANES_K
+        RT = self.row_tiles
+        x_per_word = self.x_words // CHUNK_WORDS
+        rW = cute.make_rmem_tensor((CHUNK_WORDS, 2 * RT), Int32)
+        rS = cute.make_rmem_tensor((2 * RT,), Int32)
+        rX = cute.make_rmem_tensor((self.x_words, self.groups), Int32)
+        rA = cute.make_rmem_tensor((4,), Int32)
+
+        if const_expr(self.pdl):  # as `register_loop`: weights and block scales before the wait, x after
+            self.load_step(None, mW, mBlock, rW, rS, rX, row0, n_rows, m_rows, c_begin + t, c_end)
+            self.dependent_wait()
+            self.load_step(mX, None, None, None, rS, rX, row0, n_rows, m_rows, c_begin + t, c_end)
+        else:
+            self.load_step(mX, mW, mBlock, rW, rS, rX, row0, n_rows, m_rows, c_begin + t, c_end)
+        for c0 in range(c_begin, c_end, LANES_K):
+            c_next = c0 + LANES_K + t
+            splats = [self.row_splats(rS, rt) for rt in range(RT)]
+            if const_expr(mBlock is not None):
+                self.load_step(None, None, mBlock, None, rS, rX, row0, n_rows, m_rows, c_next, c_end)
+            for i in cutlass.range_constexpr(CHUNK_WORDS):
+                for rt in cutlass.range_constexpr(RT):
+                    self.word_products(rW, splats[rt], rX, rA, acc, rt, i)
+                if const_expr(i % 4 == 3):
+                    self.load_weight_piece(mW, mBlock, rW, row0, n_rows, c_next, c_end, i // 4)
+                if const_expr((i + 1) * x_per_word % 4 == 0):
+                    self.load_x_piece(mX, rX, m_rows, c_next, c_end, (i + 1) * x_per_word // 4 - 1)
 
     @cute.jit
     def bulk_kernel(self, mX: cute.Tensor, mW: cute.Tensor, mBlock: Optional[cute.Tensor], mScale: cute.Tensor,
@@ -618,12 +666,7 @@ class W4A16DecodeGemm:
                         if j + 1 < n_steps:
                             self.read_stage(sPiece, sWord, full, empty, rW[1 - b], rS[1 - b], lane_piece, lane_word,
                                             j + 1, c_first + step * (j + 1), cta_end)
-                    if const_expr(self.pack):
-                        self.nvfp4_packed_step(w, rS[rs(b)], rX[b], rA, acc)
-                    elif const_expr(self.fmt == "nvfp4"):
-                        self.nvfp4_step(w, rS[rs(b)], rX[b], rA, acc)
-                    else:
-                        self.int8_step(w, rX[b], rA, acc)
+                    self.step(w, rS[rs(b)], rX[b], rA, acc)
 
     def global_scales(self, mBlock):
         """The block-scale tensor the consumers load from global memory a step ahead: none with `scales`."""
@@ -677,14 +720,10 @@ class W4A16DecodeGemm:
         past the range and past M."""
         g = cute.arch.lane_idx() // LANES_K
         for r in cutlass.range_constexpr(2 * self.row_tiles):
-            n = cutlass.min(row0 + (r // 2) * TILE_ROWS + (r % 2) * 8 + g, n_rows - 1)  # past N: row N - 1, dropped
+            n = self.weight_row(row0, r, n_rows)
             if c < c_end:
-                if const_expr(mW is not None and self.tiled):
-                    # row n's chunk c of the tiled layout: 16-row tiles, each chunk's 16 rows back to back
-                    at = ((n >> 4) * mBlock.shape[1] + c) * TILE_ROWS + (n & (TILE_ROWS - 1))
-                    cute.autovec_copy(mW[at, None], rW[None, r])
-                elif const_expr(mW is not None):
-                    cute.autovec_copy(cute.local_tile(mW[n, None], (CHUNK_WORDS,), (c,)), rW[None, r])
+                if const_expr(mW is not None):
+                    cute.autovec_copy(self.weight_chunk(mW, mBlock, n, c), rW[None, r])
                 if const_expr(mBlock is not None):
                     rS[r] = mBlock[n, c]
             else:
@@ -702,72 +741,114 @@ class W4A16DecodeGemm:
                     if m < m_rows:
                         cute.autovec_copy(cute.local_tile(mX[m, None], (self.x_words,), (c,)), rX[None, gi])
 
+    def weight_row(self, row0: Int32, r: int, n_rows: Int32) -> Int32:
+        """Weight row r of the lane's (rows g and g + 8 of each tile); past N, row N - 1 (its products dropped)."""
+        g = cute.arch.lane_idx() // LANES_K
+        return cutlass.min(row0 + (r // 2) * TILE_ROWS + (r % 2) * 8 + g, n_rows - 1)
+
+    def weight_chunk(self, mW: cute.Tensor, mBlock: Optional[cute.Tensor], n: Int32, c: Int32) -> cute.Tensor:
+        """Row n's chunk c (CHUNK_WORDS words) of the weights; in the tiled layout (16-row tiles, each chunk's
+        16 rows back to back) a row of mW."""
+        if self.tiled:
+            return mW[((n >> 4) * mBlock.shape[1] + c) * TILE_ROWS + (n & (TILE_ROWS - 1)), None]
+        return cute.local_tile(mW[n, None], (CHUNK_WORDS,), (c,))
+
     @cute.jit
-    def nvfp4_step(self, rW: cute.Tensor, rS: cute.Tensor, rX: cute.Tensor, rA: cute.Tensor, acc: cute.Tensor):
-        f16 = self.is_f16
-        mag = nvfp4_magnitude_field(f16)
+    def load_weight_piece(self, mW: cute.Tensor, mBlock: Optional[cute.Tensor], rW: cute.Tensor, row0: Int32,
+                          n_rows: Int32, c: Int32, c_end: Int32, piece: cutlass.Constexpr[int]):
+        """16-byte piece `piece` (words 4 piece .. + 4) of chunk c of the lane's rows into rW; zeros past the
+        range (the rolling load path)."""
+        for r in cutlass.range_constexpr(2 * self.row_tiles):
+            n = self.weight_row(row0, r, n_rows)
+            if c < c_end:
+                cute.autovec_copy(cute.local_tile(self.weight_chunk(mW, mBlock, n, c), (4,), (piece,)),
+                                  cute.local_tile(rW[None, r], (4,), (piece,)))
+            else:
+                for i in cutlass.range_constexpr(4):
+                    rW[4 * piece + i, r] = Int32(0)
+
+    @cute.jit
+    def load_x_piece(self, mX: cute.Tensor, rX: cute.Tensor, m_rows: Int32, c: Int32, c_end: Int32,
+                     piece: cutlass.Constexpr[int]):
+        """16-byte piece `piece` (words 4 piece .. + 4) of x over chunk c, each group's row, into rX; zeros past
+        the range and past M (the rolling load path)."""
+        g = cute.arch.lane_idx() // LANES_K
+        for gi in cutlass.range_constexpr(self.groups):
+            m = gi * 8 + g
+            for i in cutlass.range_constexpr(4):
+                rX[4 * piece + i, gi] = Int32(0)
+            if c < c_end:
+                if m < m_rows:
+                    cute.autovec_copy(cute.local_tile(mX[m, None], (4,), (c * (self.x_words // 4) + piece,)),
+                                      cute.local_tile(rX[None, gi], (4,), (piece,)))
+
+    @cute.jit
+    def step(self, rW: cute.Tensor, rS: cute.Tensor, rX: cute.Tensor, rA: cute.Tensor, acc: cute.Tensor):
+        """One step of the lane's chunk from one register set: every word of each row tile in turn."""
         for rt in cutlass.range_constexpr(self.row_tiles):
-            splats = [e4m3_splats(rS[2 * rt + h], f16) for h in range(2)]
+            splats = self.row_splats(rS, rt)
             for i in cutlass.range_constexpr(CHUNK_WORDS):
-                words = [rW[i, 2 * rt + h] for h in range(2)]
-                if const_expr(f16):
-                    signs = [[and_bits(words[h], nvfp4_sign_mask(j, True)) for j in range(4)] for h in range(2)]
+                self.word_products(rW, splats, rX, rA, acc, rt, i)
+
+    def row_splats(self, rS: cute.Tensor, rt: int):
+        """Row tile rt's block-scale multipliers, [half][block of the chunk] (bf16x2 / f16x2 splats of the
+        e4m3 scale; `e4m3_splats`, or the packed layout's one prmt and one mad); None for int8."""
+        if self.fmt == "int8":
+            return None
+        if self.pack:
+            mul, add = PACK_SCALE_SPLAT[self.is_f16]
+            return [[mad_lo(prmt(rS[2 * rt + h], Int32(0), PACK_SCALE_SELECTORS[b]), mul, add) for b in range(4)]
+                    for h in range(2)]
+        return [e4m3_splats(rS[2 * rt + h], self.is_f16) for h in range(2)]
+
+    def word_products(self, rW: cute.Tensor, splats, rX: cute.Tensor, rA: cute.Tensor, acc: cute.Tensor, rt: int,
+                      i: int):
+        """Word i of row tile rt's two rows decoded (`splats`: the tile's `row_splats`) and multiplied with the
+        x words of the same k slots into the tile's accumulators: NVFP4, two MMAs (pairs (0, 1) and (2, 3) of
+        the plain word, x words 4i + q and 4i + q + 2; pairs 2q, 2q + 1 of the packed word, x words 4i + 2q
+        and 4i + 2q + 1); int8, one MMA (x words 2i, 2i + 1)."""
+        f16 = self.is_f16
+        words = [rW[i, 2 * rt + h] for h in range(2)]
+        if self.fmt == "int8":
+            for h in range(2):
+                if f16:
+                    flipped = words[h] ^ Int32(-0x7F7F7F80)  # 0x80808080
+                    for p in range(2):
+                        biased = prmt(flipped, Int32(INT8_F16_HIGH), INT8_SELECTORS[p])
+                        rA[2 * p + h] = fma_x2(biased, F16_ONE, INT8_F16_BIAS, True)
                 else:
-                    parity = [[and_bits(words[h], nvfp4_sign_mask(j, False)) for j in range(2)] for h in range(2)]
-                    signs = [[parity[h][j % 2] for j in range(4)] for h in range(2)]
-                for q in cutlass.range_constexpr(2):  # two MMAs a word: pairs (0, 1) and (2, 3)
-                    for jj in cutlass.range_constexpr(2):
-                        j = 2 * q + jj
-                        mshift, sshift = nvfp4_shifts(j, f16)
-                        for h in cutlass.range_constexpr(2):
-                            bits = select_bits(shift(words[h], mshift), shift(signs[h][j], sshift), mag)
-                            rA[2 * jj + h] = fma_x2(bits, splats[h][i // 2], MINUS_ZERO, f16)
-                    for gi in cutlass.range_constexpr(self.groups):
-                        x0 = rX[4 * i + q, gi]
-                        x2 = rX[4 * i + q + 2, gi]
-                        b0 = prmt(x0, x2, X_PAIR_SELECTORS[0])
-                        b1 = prmt(x0, x2, X_PAIR_SELECTORS[1])
-                        self.mma_into(acc, rt, gi, rA, b0, b1)
-
-    @cute.jit
-    def nvfp4_packed_step(self, rW: cute.Tensor, rS: cute.Tensor, rX: cute.Tensor, rA: cute.Tensor,
-                          acc: cute.Tensor):
-        """`nvfp4_step` on packed weights: MMA q of word i takes pairs 2q, 2q + 1 and x words 4i + 2q, + 1."""
-        f16 = self.is_f16
-        mul, add = PACK_SCALE_SPLAT[f16]
-        for rt in cutlass.range_constexpr(self.row_tiles):
-            splats = [[mad_lo(prmt(rS[2 * rt + h], Int32(0), PACK_SCALE_SELECTORS[b]), mul, add) for b in range(4)]
-                      for h in range(2)]
-            for i in cutlass.range_constexpr(CHUNK_WORDS):
-                words = [rW[i, 2 * rt + h] for h in range(2)]
-                for q in cutlass.range_constexpr(2):
-                    for jj in cutlass.range_constexpr(2):
-                        for h in cutlass.range_constexpr(2):
-                            bits = packed_pair_bits(words[h], 2 * q + jj, f16)
-                            rA[2 * jj + h] = fma_x2(bits, splats[h][i // 2], MINUS_ZERO, f16)
-                    for gi in cutlass.range_constexpr(self.groups):
-                        self.mma_into(acc, rt, gi, rA, rX[4 * i + 2 * q, gi], rX[4 * i + 2 * q + 1, gi])
-
-    @cute.jit
-    def int8_step(self, rW: cute.Tensor, rX: cute.Tensor, rA: cute.Tensor, acc: cute.Tensor):
-        f16 = self.is_f16
-        for rt in cutlass.range_constexpr(self.row_tiles):
-            for i in cutlass.range_constexpr(CHUNK_WORDS):
-                for h in cutlass.range_constexpr(2):
-                    word = rW[i, 2 * rt + h]
-                    if const_expr(f16):
-                        flipped = word ^ Int32(-0x7F7F7F80)  # 0x80808080
-                        for p in cutlass.range_constexpr(2):
-                            biased = prmt(flipped, Int32(INT8_F16_HIGH), INT8_SELECTORS[p])
-                            rA[2 * p + h] = fma_x2(biased, F16_ONE, INT8_F16_BIAS, True)
+                    for p in range(2):
+                        biased = prmt(words[h], Int32(INT8_BF16_HIGH), INT8_SELECTORS[p])
+                        low = and_bits(biased, 0xFF7FFF7F)
+                        high = and_bits(biased, 0xFF80FF80)
+                        rA[2 * p + h] = fma_x2(high, BF16_MINUS_ONE, low, False)  # low - high
+            for gi in range(self.groups):
+                self.mma_into(acc, rt, gi, rA, rX[2 * i, gi], rX[2 * i + 1, gi])
+            return
+        if not self.pack:
+            mag = nvfp4_magnitude_field(f16)
+            if f16:
+                signs = [[and_bits(words[h], nvfp4_sign_mask(j, True)) for j in range(4)] for h in range(2)]
+            else:
+                parity = [[and_bits(words[h], nvfp4_sign_mask(j, False)) for j in range(2)] for h in range(2)]
+                signs = [[parity[h][j % 2] for j in range(4)] for h in range(2)]
+        for q in range(2):
+            for jj in range(2):
+                j = 2 * q + jj
+                for h in range(2):
+                    if self.pack:
+                        bits = packed_pair_bits(words[h], j, f16)
                     else:
-                        for p in cutlass.range_constexpr(2):
-                            biased = prmt(word, Int32(INT8_BF16_HIGH), INT8_SELECTORS[p])
-                            low = and_bits(biased, 0xFF7FFF7F)
-                            high = and_bits(biased, 0xFF80FF80)
-                            rA[2 * p + h] = fma_x2(high, BF16_MINUS_ONE, low, False)  # low - high
-                for gi in cutlass.range_constexpr(self.groups):
-                    self.mma_into(acc, rt, gi, rA, rX[2 * i, gi], rX[2 * i + 1, gi])
+                        mshift, sshift = nvfp4_shifts(j, f16)
+                        bits = select_bits(shift(words[h], mshift), shift(signs[h][j], sshift), mag)
+                    rA[2 * jj + h] = fma_x2(bits, splats[h][i // 2], MINUS_ZERO, f16)
+            for gi in range(self.groups):
+                if self.pack:
+                    self.mma_into(acc, rt, gi, rA, rX[4 * i + 2 * q, gi], rX[4 * i + 2 * q + 1, gi])
+                else:
+                    x0 = rX[4 * i + q, gi]
+                    x2 = rX[4 * i + q + 2, gi]
+                    self.mma_into(acc, rt, gi, rA, prmt(x0, x2, X_PAIR_SELECTORS[0]), prmt(x0, x2, X_PAIR_SELECTORS[1]))
 
     @cute.jit
     def mma_into(self, acc: cute.Tensor, rt: cutlass.Constexpr[int], gi: cutlass.Constexpr[int], rA: cute.Tensor,
