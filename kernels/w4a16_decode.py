@@ -38,7 +38,8 @@ graph stays valid. Partials go to an fp32 workspace [splits, M, N] (a fresh torc
 under capture) reduced by a second kernel in a fixed order (deterministic). `tests/bench_w4a16.py --splits
 1,2,4,8` sweeps the count.
 
-Load path (`load`, see `parse_load`): "registers", the default: each warp loads its next step straight into
+Load path (`load`, see `parse_load`; by default "auto", which picks "rolling", "rolling+2ctas" or "registers" per
+call, `auto_load`): "registers": each warp loads its next step straight into
 registers (a per-warp cp.async ring in shared memory was measured 1.2-2x slower on the H200 on every shape,
 docs/benchmarks.md session 9, and removed). "bulk": a producer warp streams the weight codes through a ring
 of shared-memory stages with bulk copies (`cute/w4a16_decode_gemm.py`), as deep as BULK_SMEM_BUDGET allows
@@ -49,7 +50,7 @@ the current one, "+prefetch" (NVFP4) prefetches each stage's block scales into L
 "+scales" (NVFP4) moves the block scales through the ring too ("bulk+ahead+prefetch:4"; int8 drops the
 NVFP4 options). FA4_INDUCTOR_W4A16_LOAD sets it; the matmuls' and `warmup`'s `load` argument overrides it
 (tests, `tests/bench_w4a16.py --load registers,bulk --stages 4,6`). On the H200 the bulk path is equal or slower
-on most rows (docs/benchmarks.md, session 10 run 3), so registers stay the default.
+on most rows (docs/benchmarks.md, session 10 run 3).
 
 Packed NVFP4 (`pack`, off by default; FA4_INDUCTOR_W4A16_PACK=1 or the matmul's `pack=True`): the weight and its
 block scales are rewritten once per weight and x dtype (`pack_nvfp4`, `prepared_weights` kind ("w4a16_nvfp4_packed",
@@ -115,6 +116,16 @@ MAX_SPLITS = 32
 BULK_OPTIONS = ("ahead", "prefetch", "scales")  # "bulk+ahead", "bulk+prefetch+scales", ...
 NVFP4_ONLY = ("prefetch", "scales")  # options about block scales: dropped for int8
 ROLLING_CTAS = 2  # "rolling+2ctas": registers capped so that two CTAs fit a SM
+AUTO_LOAD = "auto"
+ROLLING_MAX_NARROW_K = 4096
+"""The load path "auto" (the default) picks per call (`auto_load`): at 9..16 rows "rolling+2ctas"; up to 8 rows
+"rolling" on CTAs of more than 16 rows and on 16-row ones over K <= ROLLING_MAX_NARROW_K, else "registers". H100,
+docs/benchmarks.md session 36, two runs, us, registers / rolling / rolling+2ctas: NVFP4 at 16 rows 8192 x 8192
+49.8 / 49.1-62.2 / 46.7, 8192 x 2048 16.6 / 16.0 / 14.1, 14336 x 4096 53.5 / 52.8 / 47.6, int8 8192 x 8192 34.6 /
+42.6 / 33.0, 8192 x 2048 12.9 / 13.3 / 12.0; at 2..8 rows NVFP4 (64-row CTAs) 8192 x 8192 21.7-25.3 against
+21.0-23.4 rolling, 8192 x 2048 8.2-9.6 against 7.1-8.5, int8 (16-row CTAs) 8192 x 2048 10.0-10.7 against 7.9-8.1,
+14336 x 4096 26.2 / 28.1 against 23.9 / 24.9, but 4096 x 14336 24.2-25.6 against 25.6-26.8 and 2048 x 8192 9.7 /
+10.2 against 10.1 / 10.6 (and NVFP4 there, 7.4 / 10.5 against 7.8 / 11.1): the register path."""
 BULK_SMEM_BUDGET = 200 * 1024  # the bulk ring's default depth fills this (one CTA a SM: its registers)
 SMEM_LIMIT = 227 * 1024  # sm90's shared memory a CTA can opt into
 MAX_STAGES = 16
@@ -222,10 +233,23 @@ def parse_load(spec: str) -> tuple[str, Optional[int]]:
 
 
 def configured_load() -> str:
-    """The load path calls get without a `load` argument: FA4_INDUCTOR_W4A16_LOAD, else registers."""
-    spec = switches.current().w4a16_load or "registers"
-    parse_load(spec)
+    """The load path calls get without a `load` argument: FA4_INDUCTOR_W4A16_LOAD, else "auto" (`auto_load`)."""
+    spec = switches.current().w4a16_load or AUTO_LOAD
+    if spec != AUTO_LOAD:
+        parse_load(spec)
     return spec
+
+
+def auto_load(m: int, k: int, cta: CtaShape) -> str:
+    """The load path "auto" gives a call of m rows over K = k on CTAs of shape `cta` (ROLLING_MAX_NARROW_K)."""
+    if m_bucket(m) > 8:
+        return f"rolling+{ROLLING_CTAS}ctas"
+    return "rolling" if cta.rows > NARROW.rows or k <= ROLLING_MAX_NARROW_K else "registers"
+
+
+def resolve_load(spec: str, m: int, k: int, cta: CtaShape) -> str:
+    """A call's load path: `spec`, or `auto_load`'s for "auto"."""
+    return auto_load(m, k, cta) if spec == AUTO_LOAD else spec
 
 
 def _bulk_layout(m_max: int, cta: CtaShape, scales: bool = False):
@@ -901,6 +925,7 @@ def warmup(dtype: torch.dtype, fmt: str, m_values=M_BUCKETS, *, bias: Optional[b
         raise ValueError(f"the W4A16 decode GEMM does not take dtype {dtype} / format {fmt!r}")
     load = configured_load() if load is None else load
     pack = (configured_pack() if pack is None else pack) if fmt == "nvfp4" else False
+    short_and_long_k = (ROLLING_MAX_NARROW_K, ROLLING_MAX_NARROW_K + CHUNK_VALUES[fmt])
     arch = compile_utils.target_arch(torch.device(device), off_gpu="sm_90a")
     before = len(compiled)
     forced, pdl = switches.current().w4a16_cta, switches.current().w4a16_pdl
@@ -910,8 +935,9 @@ def warmup(dtype: torch.dtype, fmt: str, m_values=M_BUCKETS, *, bias: Optional[b
                 for b in ((False, True) if bias is None else (bool(bias),)):
                     if fmt == "nvfp4" and b:
                         continue
-                    for key in keys(dtype, fmt, m, split, b, arch, cta, pdl, load, scale_dtype, pack):
-                        compiled(key)
+                    for spec in {resolve_load(load, m, k, cta) for k in short_and_long_k}:
+                        for key in keys(dtype, fmt, m, split, b, arch, cta, pdl, spec, scale_dtype, pack):
+                            compiled(key)
     gemv_before = len(compiled_gemv)
     most = gemv_rows(gemv)
     if most and not pack:
@@ -947,7 +973,7 @@ def _run(fmt: str, x2d: Tensor, words: Tensor, block: Optional[Tensor], scale: T
         splits = num_splits(n, kp, fmt, shape, num_sms)
     split = splits > 1
     arch = compile_utils.target_arch(device)
-    load = configured_load() if load is None else load
+    load = resolve_load(configured_load() if load is None else load, m, kp, shape)
     variants = [compiled(key) for key in keys(x.dtype, fmt, m, split, bias is not None, arch, shape, env.w4a16_pdl,
                                               load, scale.dtype, pack)]
     xw = x.view(torch.int32)

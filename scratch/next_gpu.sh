@@ -1,6 +1,6 @@
-# Unrun GPU work. Session 33 ran o32, n32 and p33 (docs/benchmarks.md, session 33); session 34 had no device. Next, one
-# call each, in this order (30 minutes hold about four): `u34` (the model-level GPU tier), `t34`, `r34`, `q33`,
-# `v34` (if t34's GEMV wins), `s34`; session 35 added `w35` (after t34).
+# Unrun GPU work. Session 36 (H100 only) ran x35, u34, r34, q33, s34 and y36 (docs/benchmarks.md, session 36): t34's
+# one-row half ran inside x35 (the integer int8 GEMV loses on the large shapes, so v34 is moot), and x35 refuted w35's lead.
+# Next: `z36` (the new default load rule on the H200, then the quantized decode end to end), then the tiers `u34`.
 # Output goes to $OUT/log.txt. Have the next call ready: the machine goes back 30 s after a call, and a fresh one needs
 # .gpu/a and .gpu/b again. Run one part a call:  bash scratch/next_gpu.sh g29
 # Never `pkill -f pytest` here: it matches this script's own command line. A pytest cut by `timeout` can leave xdist
@@ -9,6 +9,14 @@ P="python3 -m pytest -m gpu -q -p no:cacheprovider -p no:logging -W ignore -rf"
 L=$OUT/log.txt
 run() { echo "+ $*" >>$L; PYTHONUNBUFFERED=1 "$@" >>$L 2>&1; echo "rc=$?" >>$L; }
 case "$1" in
+z36) # session 36: FA4_INDUCTOR_W4A16_LOAD=auto (`w4a16_decode.auto_load`, measured on the H100 only) on the H200:
+    # the three load paths at 2..16 rows, then the quantized decode step end to end with auto against registers
+    run timeout 200 python3 tests/bench_w4a16.py --m 2,8,16 --load registers,rolling,rolling+2ctas \
+      --shapes 8192x8192,2048x8192,8192x2048,14336x4096,4096x14336
+    for load in registers auto; do
+      FA4_INDUCTOR_W4A16_LOAD=$load run timeout 170 python3 -m fa4_inductor bench --suite quant --quant-formats none \
+        --quant-no-prefill --quant-e2e-runs int8:plain,nvfp4:plain --quant-prompt 4096
+    done ;;
 y36) # session 36, issue 15's "M = 16 within 15% of M = 1": the rolling load path (one register set refilled 16 bytes
     # at a time as the step uses it: NVFP4 at 16 rows 142 registers without spills against 255 with, at 8 rows 160
     # against 194; "+2ctas" caps them at 128 for two CTAs a SM). Its GPU tests (bit for bit the register path, and

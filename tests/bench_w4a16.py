@@ -173,14 +173,14 @@ def load_specs(specs, stages):
     """The load paths to time: each spec, each bulk one at each of `stages` (checked per M: `fits`)."""
     out = []
     for spec in specs:
-        path, _ = w4.parse_load(spec)
+        path, _ = (spec, None) if spec == w4.AUTO_LOAD else w4.parse_load(spec)
         out += [spec] if not path.startswith("bulk") or not stages else [f"{path}:{s}" for s in stages]
     return out
 
 
 def fits(spec, m):
     """Whether load path `spec` has a variant at m rows (a ring that deep fits shared memory), else say why."""
-    if spec is None or m > w4.MAX_M:
+    if spec in (None, w4.AUTO_LOAD) or m > w4.MAX_M:
         return True
     try:
         w4.load_key(spec, w4.m_bucket(m), "nvfp4", w4.wide(m))  # the largest stages: fits the others too

@@ -159,6 +159,34 @@ def test_rolling_variant_streams_16_byte_pieces_a_step_ahead(cute_dsl, variant, 
         assert "0 bytes spill stores" in info, info
 
 
+def test_auto_load_rule():
+    """"auto": the capped rolling path at 9..16 rows; up to 8 rows rolling on CTAs of more than 16 rows and on
+    16-row CTAs over short K, the register path on 16-row CTAs over long K (docs/benchmarks.md, session 36)."""
+    wide8, wide16, k_short, k_long = w4.wide(8), w4.wide(16), w4.ROLLING_MAX_NARROW_K, w4.ROLLING_MAX_NARROW_K + 32
+    assert [w4.auto_load(m, k_long, cta) for m, cta in ((9, wide16), (16, w4.NARROW), (16, wide16))] == \
+        ["rolling+2ctas"] * 3
+    assert [w4.auto_load(m, k_long, wide8) for m in (1, 4, 8)] == ["rolling"] * 3
+    assert [w4.auto_load(m, k, w4.NARROW) for m, k in ((1, k_short), (8, k_short), (1, k_long), (8, k_long))] == \
+        ["rolling", "rolling", "registers", "registers"]
+    assert w4.resolve_load("bulk:3", 16, k_long, wide16) == "bulk:3"
+    assert w4.resolve_load("auto", 16, k_long, wide16) == "rolling+2ctas"
+
+
+def test_warmup_compiles_what_auto_picks(monkeypatch):
+    """warmup with "auto" asks for the variants `auto_load` can give each M and CTA (both sides of the K rule)."""
+    class Recorder(list):
+        def __call__(self, key):
+            self.append(key)
+
+    asked = Recorder()
+    monkeypatch.setattr(w4, "compiled", asked)
+    monkeypatch.setattr(w4, "compiled_gemv", Recorder())
+    w4.warmup(torch.bfloat16, "int8", (1, 16), bias=False, device="cpu", load="auto", gemv=False)
+    loads = {(k.m_max, k.cta, k.load) for k in asked if k.kernel == "main"}
+    assert loads == {(8, w4.NARROW, "rolling"), (8, w4.NARROW, "registers"), (8, w4.wide(8), "rolling"),
+                     (16, w4.NARROW, "rolling+2ctas"), (16, w4.wide(16), "rolling+2ctas")}, loads
+
+
 def test_rolling_keys():
     """The rolling paths keep their spec as the key's load (no depth), the tiled layout runs on them, and
     the register cap is compiled as its own variant."""
@@ -366,7 +394,7 @@ def test_load_spec_is_checked(monkeypatch):
     assert w4.configured_load() == "bulk:3"
     monkeypatch.delenv(switches.W4A16_LOAD)
     switches.reset()
-    assert w4.configured_load() == "registers"
+    assert w4.configured_load() == "auto"
 
 
 @pytest.mark.slow
