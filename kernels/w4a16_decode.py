@@ -228,8 +228,9 @@ def parse_load(spec: str) -> tuple[str, Optional[int]]:
     if (base == "registers" and not options or rolling) and not colon or base == "bulk" and bulk_only:
         return path, int(depth) if depth else None
     raise ValueError(f"the W4A16 decode GEMM's load path ({switches.W4A16_LOAD} or `load`) is registers, rolling, "
-                     f"rolling+{ROLLING_CTAS}ctas or bulk, bulk with options {', '.join('+' + o for o in BULK_OPTIONS)} (in this order) and a ring "
-                     f"depth (bulk+prefetch:4); got {spec!r}")
+                     f"rolling+{ROLLING_CTAS}ctas or bulk, bulk with options "
+                     f"{', '.join('+' + o for o in BULK_OPTIONS)} (in this order) and a ring depth (bulk+prefetch:4); "
+                     f"got {spec!r}")
 
 
 def configured_load() -> str:
@@ -656,7 +657,7 @@ class _Key(NamedTuple):
     arch: str
     cta: Optional[CtaShape] = None  # main only
     pdl: bool = False  # main only
-    load: str = "registers"  # main only: "registers", "rolling" or "bulk[+ahead][+prefetch]:<stages>" (`load_key`)
+    load: str = "registers"  # main only: "registers", "rolling[+2ctas]" or "bulk[+ahead][+prefetch]:<stages>"
     scale_dtype: torch.dtype = torch.float32  # int8's per-channel scales as the caller holds them
     pack: bool = False  # main only, NVFP4: the packed layout (`pack_nvfp4`)
     tiled: bool = False  # main only, packed NVFP4 in 16-row tiles (`tile_words`)
