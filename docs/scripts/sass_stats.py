@@ -163,8 +163,11 @@ def main():
                 mma = sum(n for op, n in ops.items() if op.endswith("MMA"))
                 ffma = ops.get("FFMA", 0)
                 per = f", {length / mma:.1f} a MMA" if mma else f", {length / ffma:.2f} a FFMA" if ffma else ""
-                print(f"  loop of {length} instructions, {mma or ffma} {'MMA' if mma or not ffma else 'FFMA'}{per}: "
-                      f"{ops.most_common(12)}")
+                local = ops.get("LDL", 0) + ops.get("STL", 0)  # spills (or a local array) inside the loop
+                print(f"  loop of {length} instructions, {mma or ffma} {'MMA' if mma or not ffma else 'FFMA'}{per}"
+                      f"{f', {local} local loads / stores' if local else ''}: {ops.most_common(12)}")
+            outside = sum(line.count("LDL") + line.count("STL") for line in sass.splitlines())
+            print(f"  local loads / stores in the whole kernel: {outside}")
     shutil.rmtree(dump)
 
 
