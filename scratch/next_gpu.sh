@@ -15,7 +15,7 @@ z36) # session 36: FA4_INDUCTOR_W4A16_LOAD=auto (`w4a16_decode.auto_load`, measu
       --shapes 8192x8192,2048x8192,8192x2048,14336x4096,4096x14336
     # two row tiles a warp at 16 rows (64-row CTAs, x read once for twice the rows): the register path spills
     # there (87 stores), the rolling one takes 176 registers without spills (sass_stats --cta 2x2x4)
-    run timeout 120 python3 tests/bench_w4a16.py --m 16 --cta auto,2x2x4 --load rolling,rolling+2ctas \
+    run timeout 180 python3 tests/bench_w4a16.py --m 16 --cta auto,2x2x4,1x4x2,2x1x8 --load rolling,rolling+2ctas \
       --shapes 8192x8192,8192x2048,14336x4096,4096x14336
     for load in registers auto; do
       FA4_INDUCTOR_W4A16_LOAD=$load run timeout 170 python3 -m fa4_inductor bench --suite quant --quant-formats none \
