@@ -1,6 +1,6 @@
 # Unrun GPU work. Session 36 (H100 only) ran x35, u34, r34, q33, s34 and y36 (docs/benchmarks.md, session 36): t34's
 # one-row half ran inside x35 (the integer int8 GEMV loses on the large shapes, so v34 is moot), and x35 refuted w35's lead.
-# Next: `z36` (the new default load rule on the H200, then the quantized decode end to end), then the tiers `u34`.
+# Next: `z36` (the new default load rule on the H200), `n36` (ncu), `e36` (quantized decode end to end), then `u34`.
 # Output goes to $OUT/log.txt. Have the next call ready: the machine goes back 30 s after a call, and a fresh one needs
 # .gpu/a and .gpu/b again. Run one part a call:  bash scratch/next_gpu.sh g29
 # Never `pkill -f pytest` here: it matches this script's own command line. A pytest cut by `timeout` can leave xdist
@@ -17,6 +17,16 @@ z36) # session 36: FA4_INDUCTOR_W4A16_LOAD=auto (`w4a16_decode.auto_load`, measu
     # there (87 stores), the rolling one takes 176 registers without spills (sass_stats --cta 2x2x4)
     run timeout 180 python3 tests/bench_w4a16.py --m 16 --cta auto,2x2x4,1x4x2,2x1x8 --load rolling,rolling+2ctas \
       --shapes 8192x8192,8192x2048,14336x4096,4096x14336
+    ;;
+n36) # session 36, after z36: the counters behind it, L2 -> L1 sectors and L1 hit rate at 16 rows (x's bytes) against
+    # 8 rows, for the load paths and the 2x2x4 CTA
+    for m in 8 16; do
+      run timeout 150 ncu --clock-control none --profile-from-start off --section SpeedOfLight --section Occupancy \
+        --section MemoryWorkloadAnalysis --section WarpStateStats python3 docs/scripts/ncu_w4a16.py 8192 8192 --m $m \
+        --mma registers,rolling,rolling+2ctas,rolling@2x2x4
+    done ;;
+e36) # session 36, after z36: the quantized decode step end to end (Llama-1B shape, 4k cache) with the auto load rule
+    # against the register path
     for load in registers auto; do
       FA4_INDUCTOR_W4A16_LOAD=$load run timeout 170 python3 -m fa4_inductor bench --suite quant --quant-formats none \
         --quant-no-prefill --quant-e2e-runs int8:plain,nvfp4:plain --quant-prompt 4096
