@@ -5,9 +5,9 @@ Numerics against the float64 exact dequantization on fresh random inputs: the ma
 scale. Every case prints its shape, split count, load path and errors (`-s` shows them), so a failure says
 where it is. The numerics tests run on the load paths (`LOADS`; the rolling path's register cap, the bulk ring's
 wrap-around at depth 2 and the bulk options in the split, short-K and large-weight tests), and the NVFP4 ones on
-both layouts (`PACKS`: plain, and packed once by `w4a16_decode.pack_nvfp4`, for bf16 and f16 x). The `gemv` tests run the CUDA-core GEMV
-(`gemv=True`, FA4_INDUCTOR_W4A16_GEMV=1) on M = 1..4; the `int_gemv` ones the integer one-row NVFP4 GEMV
-(`kernels/nvfp4_int_gemv.py`), also against its arithmetic emulated on the CPU.
+both layouts (`PACKS`: plain, and packed once by `w4a16_decode.pack_nvfp4`, for bf16 and f16 x). The `gemv` tests
+run the CUDA-core GEMV (`gemv=True`, FA4_INDUCTOR_W4A16_GEMV=1) on M = 1..4; the `int_gemv` ones the integer one-row
+NVFP4 GEMV (`kernels/nvfp4_int_gemv.py`), also against its arithmetic emulated on the CPU.
 """
 
 import pytest
