@@ -23,8 +23,8 @@ end; grid y splits K further (fp32 partials, `w4a16_splitk_reduce.py`).
 Load paths (compile time). "registers": each lane loads its next step (weights, block scales, x) straight
 into registers, two register sets alternating, one step in flight a warp. "rolling": the same loads, a step
 ahead as well, into one register set that is refilled 16 bytes at a time as the step uses it up (x's words
-after their last row tile, so the words go word-major), which halves the operand registers. "bulk": one more warp, the
-PRODUCER, streams the weight codes through a ring of STAGES stages in shared memory with 1-D bulk copies
+after their last row tile, so the words go word-major), which halves the operand registers. "bulk": one more
+warp, the PRODUCER, streams the weight codes through a ring of STAGES stages in shared memory with 1-D bulk copies
 (`cp.async.bulk`, one per row segment), up to STAGES stages in flight a CTA. A stage (`BulkStage`) holds the
 CTA's rows x one step of every K warp: CTA step j covers chunks cta_begin + 16 j .. + 16 (at WARPS_K = 4)
 and K warp wk takes chunks 4 wk + t of it (so a row segment is contiguous: one copy), the last step of the
@@ -300,10 +300,10 @@ def packed_pair_bits(w: Int32, pair: cutlass.Constexpr[int], is_f16: cutlass.Con
 
 class W4A16DecodeGemm:
     """One compiled variant per (x dtype, format, x row groups `groups` (M <= 8 * groups), split or not, bias
-    or not, row tiles per warp, CTA shape WARPS_N x WARPS_K, load path: "registers", "rolling" (`min_ctas` CTAs a SM
-    or no cap), or "bulk" with a ring of
-    `stages` stages and the options `ahead`, `prefetch`, `scales`; PDL or not; NVFP4 packed or not); N, K, M, strides
-    and the split count are runtime values.
+    or not, row tiles per warp, CTA shape WARPS_N x WARPS_K, load path: "registers", "rolling" (registers capped
+    for `min_ctas` CTAs a SM, or not), or "bulk" with a ring of `stages` stages and the options `ahead`,
+    `prefetch`, `scales`; PDL or not; NVFP4 packed or not); N, K, M, strides and the split count are runtime
+    values.
 
     pdl: launched as a programmatic dependent (Hopper PDL). When the kernel before it in the stream is another
     of these GEMMs (q, k, v or gate, up: one x, one after the other), its CTAs may start while that one drains and
