@@ -119,7 +119,8 @@ ROLLING_CTAS = 2  # "rolling+2ctas": registers capped so that two CTAs fit a SM
 AUTO_LOAD = "auto"
 ROLLING_MAX_NARROW_K = 4096
 """The load path "auto" (the default) picks per call (`auto_load`): at 9..16 rows "rolling+2ctas"; up to 8 rows
-"rolling" on CTAs of more than 16 rows and on 16-row ones over K <= ROLLING_MAX_NARROW_K, else "registers". H100,
+"rolling" on CTAs of more than 16 rows and, for int8, on 16-row ones over K <= ROLLING_MAX_NARROW_K, else "registers"
+(NVFP4 on 16-row CTAs was measured over K = 8192 only, where rolling is slower). H100,
 docs/benchmarks.md session 36, two runs, us, registers / rolling / rolling+2ctas: NVFP4 at 16 rows 8192 x 8192
 49.8 / 49.1-62.2 / 46.7, 8192 x 2048 16.6 / 16.0 / 14.1, 14336 x 4096 53.5 / 52.8 / 47.6, int8 8192 x 8192 34.6 /
 42.6 / 33.0, 8192 x 2048 12.9 / 13.3 / 12.0; at 2..8 rows NVFP4 (64-row CTAs) 8192 x 8192 21.7-25.3 against
@@ -241,16 +242,18 @@ def configured_load() -> str:
     return spec
 
 
-def auto_load(m: int, k: int, cta: CtaShape) -> str:
-    """The load path "auto" gives a call of m rows over K = k on CTAs of shape `cta` (ROLLING_MAX_NARROW_K)."""
+def auto_load(m: int, k: int, cta: CtaShape, fmt: str) -> str:
+    """The load path "auto" gives a call of m rows over K = k of `fmt` weights on CTAs of shape `cta`
+    (ROLLING_MAX_NARROW_K)."""
     if m_bucket(m) > 8:
         return f"rolling+{ROLLING_CTAS}ctas"
-    return "rolling" if cta.rows > NARROW.rows or k <= ROLLING_MAX_NARROW_K else "registers"
+    wide_cta = cta.rows > NARROW.rows
+    return "rolling" if wide_cta or fmt == "int8" and k <= ROLLING_MAX_NARROW_K else "registers"
 
 
-def resolve_load(spec: str, m: int, k: int, cta: CtaShape) -> str:
+def resolve_load(spec: str, m: int, k: int, cta: CtaShape, fmt: str) -> str:
     """A call's load path: `spec`, or `auto_load`'s for "auto"."""
-    return auto_load(m, k, cta) if spec == AUTO_LOAD else spec
+    return auto_load(m, k, cta, fmt) if spec == AUTO_LOAD else spec
 
 
 def _bulk_layout(m_max: int, cta: CtaShape, scales: bool = False):
@@ -936,7 +939,7 @@ def warmup(dtype: torch.dtype, fmt: str, m_values=M_BUCKETS, *, bias: Optional[b
                 for b in ((False, True) if bias is None else (bool(bias),)):
                     if fmt == "nvfp4" and b:
                         continue
-                    for spec in {resolve_load(load, m, k, cta) for k in short_and_long_k}:
+                    for spec in {resolve_load(load, m, k, cta, fmt) for k in short_and_long_k}:
                         for key in keys(dtype, fmt, m, split, b, arch, cta, pdl, spec, scale_dtype, pack):
                             compiled(key)
     gemv_before = len(compiled_gemv)
@@ -974,7 +977,7 @@ def _run(fmt: str, x2d: Tensor, words: Tensor, block: Optional[Tensor], scale: T
         splits = num_splits(n, kp, fmt, shape, num_sms)
     split = splits > 1
     arch = compile_utils.target_arch(device)
-    load = resolve_load(configured_load() if load is None else load, m, kp, shape)
+    load = resolve_load(configured_load() if load is None else load, m, kp, shape, fmt)
     variants = [compiled(key) for key in keys(x.dtype, fmt, m, split, bias is not None, arch, shape, env.w4a16_pdl,
                                               load, scale.dtype, pack)]
     xw = x.view(torch.int32)

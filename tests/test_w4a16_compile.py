@@ -160,16 +160,18 @@ def test_rolling_variant_streams_16_byte_pieces_a_step_ahead(cute_dsl, variant, 
 
 
 def test_auto_load_rule():
-    """"auto": the capped rolling path at 9..16 rows; up to 8 rows rolling on CTAs of more than 16 rows and on
-    16-row CTAs over short K, the register path on 16-row CTAs over long K (docs/benchmarks.md, session 36)."""
+    """"auto": the capped rolling path at 9..16 rows; up to 8 rows rolling on CTAs of more than 16 rows and, for
+    int8, on 16-row CTAs over short K; the register path on 16-row CTAs otherwise (docs/benchmarks.md, session 36)."""
     wide8, wide16, k_short, k_long = w4.wide(8), w4.wide(16), w4.ROLLING_MAX_NARROW_K, w4.ROLLING_MAX_NARROW_K + 32
-    assert [w4.auto_load(m, k_long, cta) for m, cta in ((9, wide16), (16, w4.NARROW), (16, wide16))] == \
-        ["rolling+2ctas"] * 3
-    assert [w4.auto_load(m, k_long, wide8) for m in (1, 4, 8)] == ["rolling"] * 3
-    assert [w4.auto_load(m, k, w4.NARROW) for m, k in ((1, k_short), (8, k_short), (1, k_long), (8, k_long))] == \
-        ["rolling", "rolling", "registers", "registers"]
-    assert w4.resolve_load("bulk:3", 16, k_long, wide16) == "bulk:3"
-    assert w4.resolve_load("auto", 16, k_long, wide16) == "rolling+2ctas"
+    for fmt in ("nvfp4", "int8"):
+        assert [w4.auto_load(m, k_long, cta, fmt) for m, cta in ((9, wide16), (16, w4.NARROW), (16, wide16))] == \
+            ["rolling+2ctas"] * 3
+        assert [w4.auto_load(m, k, wide8, fmt) for m in (1, 4, 8) for k in (k_short, k_long)] == ["rolling"] * 6
+        assert [w4.auto_load(m, k_long, w4.NARROW, fmt) for m in (1, 8)] == ["registers"] * 2
+    assert [w4.auto_load(m, k_short, w4.NARROW, "int8") for m in (1, 8)] == ["rolling"] * 2
+    assert [w4.auto_load(m, k_short, w4.NARROW, "nvfp4") for m in (1, 8)] == ["registers"] * 2
+    assert w4.resolve_load("bulk:3", 16, k_long, wide16, "int8") == "bulk:3"
+    assert w4.resolve_load("auto", 16, k_long, wide16, "nvfp4") == "rolling+2ctas"
 
 
 def test_warmup_compiles_what_auto_picks(monkeypatch):
@@ -185,6 +187,10 @@ def test_warmup_compiles_what_auto_picks(monkeypatch):
     loads = {(k.m_max, k.cta, k.load) for k in asked if k.kernel == "main"}
     assert loads == {(8, w4.NARROW, "rolling"), (8, w4.NARROW, "registers"), (8, w4.wide(8), "rolling"),
                      (16, w4.NARROW, "rolling+2ctas"), (16, w4.wide(16), "rolling+2ctas")}, loads
+    asked.clear()
+    w4.warmup(torch.bfloat16, "nvfp4", (1,), device="cpu", load="auto", gemv=False)
+    assert {(k.cta, k.load) for k in asked if k.kernel == "main"} == {(w4.NARROW, "registers"),
+                                                                       (w4.wide(8), "rolling")}
 
 
 def test_rolling_keys():
