@@ -1,6 +1,7 @@
 # Unrun GPU work. Session 36 (H100 only) ran x35, u34, r34, q33, s34 and y36 (docs/benchmarks.md, session 36): t34's
 # one-row half ran inside x35 (the integer int8 GEMV loses on the large shapes, so v34 is moot), and x35 refuted w35's lead.
-# Next: `z36` (the new default load rule on the H200), `n36` (ncu), `e36` (quantized decode end to end), then `u34`.
+# Next: `z36` (the new default load rule on the H200), `n36` (ncu), `e36` (quantized decode end to end), `m36`
+# (issue 12: quack's gated MLP against default compile's), then `u34`.
 # Output goes to $OUT/log.txt. Have the next call ready: the machine goes back 30 s after a call, and a fresh one needs
 # .gpu/a and .gpu/b again. Run one part a call:  bash scratch/next_gpu.sh g29
 # Never `pkill -f pytest` here: it matches this script's own command line. A pytest cut by `timeout` can leave xdist
@@ -9,6 +10,10 @@ P="python3 -m pytest -m gpu -q -p no:cacheprovider -p no:logging -W ignore -rf"
 L=$OUT/log.txt
 run() { echo "+ $*" >>$L; PYTHONUNBUFFERED=1 "$@" >>$L 2>&1; echo "rc=$?" >>$L; }
 case "$1" in
+m36) # session 36, issue 12 (the training step at ~59 ms, its GEMMs at cuBLAS's rate): one Llama MLP layer forward and
+    # backward at 4096 tokens under default compile, against quack's gated MLP (SiLU x up in the GEMM epilogues): if
+    # quack's rows save ~0.1 ms a layer or more, a training rewrite of the gated MLP onto it is worth building
+    run timeout 300 python3 docs/scripts/mlp_fusion.py ;;
 z36) # session 36: FA4_INDUCTOR_W4A16_LOAD=auto (`w4a16_decode.auto_load`, measured on the H100 only) on the H200:
     # the three load paths at 2..16 rows. Also read the quack int8 column: on the H100 our rolling path beat quack's
     # int8 GEMM at 2..8 rows over weights wider than 4096 rows (8192 x 8192 27.9 against 30.0 us, 8192 x 2048 7.9
