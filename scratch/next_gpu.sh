@@ -26,6 +26,9 @@ z36) # session 36: FA4_INDUCTOR_W4A16_LOAD=auto (`w4a16_decode.auto_load`, measu
     # 1x2x4), packed 212 without spills, int8 172
     run timeout 260 python3 tests/bench_w4a16.py --m 16 --cta auto,2x2x4,4x2x4,4x1x8,1x4x2 --load rolling,rolling+2ctas \
       --shapes 8192x8192,8192x2048,14336x4096,4096x14336
+    # and at 8 rows, four row tiles a warp (x a weight byte halved again; rolling: 178 registers, no spills)
+    run timeout 100 python3 tests/bench_w4a16.py --m 8 --cta auto,4x2x4,4x1x8 --load rolling \
+      --shapes 8192x8192,8192x2048,14336x4096,4096x14336
     ;;
 n36) # session 36, after z36: the counters behind it, L2 -> L1 sectors and L1 hit rate at 16 rows (x's bytes) against
     # 8 rows, for the load paths and the 2x2x4 CTA
