@@ -1,6 +1,6 @@
 # Unrun GPU work. Session 36 (H100 only) ran x35, u34, r34, q33, s34 and y36 (docs/benchmarks.md, session 36): t34's
 # one-row half ran inside x35 (the integer int8 GEMV loses on the large shapes, so v34 is moot), and x35 refuted w35's lead.
-# Next: `z36` (the new default load rule on the H200), `n36` (ncu), `e36` (quantized decode end to end), `m36`
+# Next: `z36` (the new default load rule on the H200), `c36` (CTA shapes at 8 and 16 rows), `n36` (ncu), `e36` (quantized decode end to end), `m36`
 # (issue 12: quack's gated MLP against default compile's), then `u34`.
 # Output goes to $OUT/log.txt. Have the next call ready: the machine goes back 30 s after a call, and a fresh one needs
 # .gpu/a and .gpu/b again. Run one part a call:  bash scratch/next_gpu.sh g29
@@ -14,14 +14,17 @@ m36) # session 36, issue 12 (the training step at ~59 ms, its GEMMs at cuBLAS's 
     # backward at 4096 tokens under default compile, against quack's gated MLP (SiLU x up in the GEMM epilogues): if
     # quack's rows save ~0.1 ms a layer or more, a training rewrite of the gated MLP onto it is worth building
     run timeout 300 python3 docs/scripts/mlp_fusion.py ;;
-z36) # session 36: FA4_INDUCTOR_W4A16_LOAD=auto (`w4a16_decode.auto_load`, measured on the H100 only) on the H200:
-    # the three load paths at 2..16 rows. Also read the quack int8 column: on the H100 our rolling path beat quack's
+z36) # session 36: first the numerics of the CTA shapes c36 sweeps (2 and 4 row tiles a warp at 9..16 rows, bit for
+    # bit the register path). Then FA4_INDUCTOR_W4A16_LOAD=auto (`w4a16_decode.auto_load`, measured on the H100
+    # only) on the H200: the three load paths at 2..16 rows. Also read the quack int8 column: on the H100 our rolling path beat quack's
     # int8 GEMM at 2..8 rows over weights wider than 4096 rows (8192 x 8192 27.9 against 30.0 us, 8192 x 2048 7.9
     # against 9.5), which `int8_linear.w4a16_int8_shape_reason` sends to quack; if the H200 agrees, widen that rule
+    run timeout 150 $P -n 8 tests/test_gpu_w4a16.py -k "forced_cta_shapes or rolling_loads"
     run timeout 200 python3 tests/bench_w4a16.py --m 2,8,16 --load registers,rolling,rolling+2ctas \
       --shapes 8192x8192,2048x8192,8192x2048,14336x4096,4096x14336
-    # two row tiles a warp at 16 rows (64-row CTAs, x read once for twice the rows): the register path spills
-    # there (87 stores), the rolling one takes 176 registers without spills (sass_stats --cta 2x2x4); four (x bytes a
+    ;;
+c36) # session 36, after z36: two row tiles a warp at 16 rows (64-row CTAs, x read once for twice the rows): the
+    # register path spills there (87 stores), the rolling one takes 176 registers without spills (sass_stats --cta 2x2x4); four (x bytes a
     # weight byte as at 8 rows on 2x2x4): NVFP4 255 registers, 2 local accesses a loop, 13.2 instructions a MMA (16.8 on
     # 1x2x4), packed 212 without spills, int8 172
     run timeout 260 python3 tests/bench_w4a16.py --m 16 --cta auto,2x2x4,4x2x4,4x1x8,1x4x2 --load rolling,rolling+2ctas \
