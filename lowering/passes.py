@@ -2,6 +2,7 @@
 
     FAMILIES      sdpa_calls.FAMILY              F.scaled_dot_product_attention -> fa4::attention
                   handwritten_attention.FAMILY   softmax(q @ k^T * c + mask) @ v -> fa4::attention
+                  opaque_attention.FAMILY        F.multi_head_attention_forward, flex_attention: kept, with a record
                   int8_linear.FAMILY             x @ dequantize(w_int8, scale)^T -> fa4::int8_linear (post-grad)
                   int8_int8_linear.FAMILY        _int_mm(x_int8, w_int8^T) * x_scale * w_scale -> fa4::int8_int8_linear
                                                  (post-grad)
@@ -34,7 +35,7 @@ import torch
 from torch._guards import detect_fake_mode
 from torch.fx import GraphModule, Node
 
-from . import (gated_linears, handwritten_attention, int8_int8_linear, int8_linear, nvfp4_linear,
+from . import (gated_linears, handwritten_attention, int8_int8_linear, int8_linear, nvfp4_linear, opaque_attention,
                overwritten_masks, rotary_tables, sdpa_calls, sibling_linears, vmapped_masks)
 from .family import TORCH_IR, Context, Family
 from .graph_edit import erased
@@ -44,8 +45,8 @@ from .spellings import location, module_path
 
 log = logging.getLogger("fa4_inductor.lowering")
 
-FAMILIES: tuple[Family, ...] = (sdpa_calls.FAMILY, handwritten_attention.FAMILY, int8_linear.FAMILY,
-                                int8_int8_linear.FAMILY, nvfp4_linear.FAMILY)
+FAMILIES: tuple[Family, ...] = (sdpa_calls.FAMILY, handwritten_attention.FAMILY, opaque_attention.FAMILY,
+                                int8_linear.FAMILY, int8_int8_linear.FAMILY, nvfp4_linear.FAMILY)
 GROUPINGS: tuple[Family, ...] = (sibling_linears.FAMILY, gated_linears.FAMILY)  # each a pass of its own, in order
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import operator
+import os
 import re
 from dataclasses import dataclass
 
@@ -235,13 +236,18 @@ def module_path(node: Node) -> str:
     return re.sub(r"^L\['[^']*'\]\.?", "", path)
 
 
+TORCH_SOURCES = os.path.dirname(torch.__file__) + os.sep
+
+
 def location(node: Node) -> str:
-    """`file:line in function` of the model code that produced a node, from Dynamo's stack trace."""
+    """`file:line in function` of the model code that produced a node, from Dynamo's stack trace: its innermost
+    frame outside torch's own Python (which Dynamo traces into: flex_attention's wrapper)."""
     trace = node.meta.get("stack_trace") or ""
     lines = [line.strip() for line in trace.strip().splitlines() if line.strip().startswith("File ")]
     if not lines:
         return "<unknown>"
-    last = lines[-1]  # File "path", line N, in fn
+    outside = [line for line in lines if f'"{TORCH_SOURCES}' not in line]
+    last = (outside or lines)[-1]  # File "path", line N, in fn
     try:
         path = last.split('"')[1]
         rest = last.split('"')[2].strip(", ")
