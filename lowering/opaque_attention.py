@@ -5,9 +5,10 @@
     flex_attention(q, k, v, score_mod, block_mask, scale, ...)   torch's flex_attention higher-order op
                                                                  (transformers' attn_implementation="flex_attention")
 
-Neither is opened by this backend yet: the first holds its projections, masks and SDPA call inside one call (it is
-decomposed later, by AOTAutograd, past the stage these families see), the second its score and mask programs. Both
-stay as written; without a record, `explain` would report a model made of them as having no attention at all.
+Neither is opened here: the first holds its projections, masks and SDPA call inside one call (decomposed later, by
+AOTAutograd, past the stage these families see; `multihead_attention.open_multihead` opens its plain self-attention
+first, and the SDPA family takes that), the second its score and mask programs. Both stay as written; without a
+record, `explain` would report a model made of them as having no attention at all.
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ from .records import Decline
 REASONS = {
     F.multi_head_attention_forward:
         "nn.MultiheadAttention's F.multi_head_attention_forward is one call in Dynamo's graph (projections, masks and "
-        "attention inside it), which this backend does not open: kept as written",
+        "attention inside it), which this backend opens only for plain self-attention (one input, no mask, "
+        "need_weights=False, no bias_k / bias_v, no dropout in training): kept as written",
     torch.ops.higher_order.flex_attention:
         "flex_attention's score_mod / block_mask programs are not read by this backend: kept as written, on "
         "Inductor's flex kernel (attn_implementation='sdpa' or 'eager' code reaches fa4::attention)",

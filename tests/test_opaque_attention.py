@@ -36,8 +36,7 @@ class TestOpaqueAttention(expecttest.TestCase):
             rec, out = compile_and_record(model, x, padded())
             reference = model.double()(x.double(), padded())
         torch.testing.assert_close(out.double(), reference, atol=1e-5, rtol=1e-5)
-        self.assertExpectedInline("\n".join(map(str, rec.records)), """\
-[kept] opaque_attention attn (test_opaque_attention.py:21 in forward): nn.MultiheadAttention's F.multi_head_attention_forward is one call in Dynamo's graph (projections, masks and attention inside it), which this backend does not open: kept as written""")
+        self.assertExpectedInline("\n".join(map(str, rec.records)), """[kept] opaque_attention attn (test_opaque_attention.py:21 in forward): nn.MultiheadAttention's F.multi_head_attention_forward is one call in Dynamo's graph (projections, masks and attention inside it), which this backend opens only for plain self-attention (one input, no mask, need_weights=False, no bias_k / bias_v, no dropout in training): kept as written""")
         assert rec.summary == "", rec.summary  # nothing added to the graph
 
     def test_flex_attention_is_kept_with_its_reason(self):

@@ -1,0 +1,93 @@
+"""nn.MultiheadAttention's plain self-attention (torchvision ViT's call: one input, no mask, need_weights=False)
+opened into its SDPA call (`lowering/multihead_attention.py`) and rewritten onto `fa4::attention`; outputs against
+float64, gradients against eager, one compile over sequence lengths."""
+
+import expecttest
+import torch
+import torch.nn as nn
+
+from helpers import Recorder, compile_and_record
+
+
+class EncoderBlockAttention(nn.Module):
+    def __init__(self, dim=32, heads=4, batch_first=True, bias=True):
+        super().__init__()
+        self.attn = nn.MultiheadAttention(dim, heads, batch_first=batch_first, bias=bias)
+
+    def forward(self, x):
+        return self.attn(x, x, x, need_weights=False)[0]
+
+
+class TestMultiheadAttention(expecttest.TestCase):
+    def test_plain_self_attention_reaches_the_op(self):
+        torch.manual_seed(0)
+        model = EncoderBlockAttention().eval()
+        x = torch.randn(2, 12, 32)
+        with torch.no_grad():
+            rec, out = compile_and_record(model, x)
+            reference = model.double()(x.double())
+        torch.testing.assert_close(out.double(), reference, atol=1e-5, rtol=1e-5)
+        self.assertExpectedInline(rec.summary, """\
+linear: f32[12, 2, 96] = linear(.transpose(x, 1, 0), self.attn.in_proj_weight, self.attn.in_proj_bias)
+unflatten: f32[12, 2, 3, 4, 8] = .unflatten(linear, -1, (3, 4, 8))
+permute: f32[3, 2, 4, 12, 8] = .permute(unflatten, 2, 1, 3, 0, 4)
+getitem: f32[2, 4, 12, 8] = getitem(permute, 0)
+getitem_1: f32[2, 4, 12, 8] = getitem(permute, 1)
+getitem_2: f32[2, 4, 12, 8] = getitem(permute, 2)
+fa4_attention: (f32[2, 4, 12, 8], f32[2, 4, 12]) = fa4.attention(getitem, getitem_1, getitem_2, scale=0.353553)
+attention_out: f32[2, 4, 12, 8] = getitem(fa4_attention, 0)
+permute_1: f32[12, 2, 4, 8] = .permute(attention_out, 2, 0, 1, 3)
+flatten: f32[12, 2, 32] = .flatten(permute_1, 2)
+linear_1: f32[12, 2, 32] = linear(flatten, self.attn.out_proj.weight, self.attn.out_proj.bias)""")
+        self.assertExpectedInline(str(rec.records[0]), """[rewritten] sdpa        attn (test_multihead_attention.py:18 in forward): fa4.attention(q[2x4x12x8], k[2x4x12x8], v[2x4x12x8], scale=0.353553)""")
+
+
+def test_sequence_first_without_biases_in_training_matches_eager():
+    """batch_first=False, bias=False, a training step: the output and every gradient eager's."""
+    torch.manual_seed(1)
+    model = EncoderBlockAttention(batch_first=False, bias=False).train()
+    x = torch.randn(12, 2, 32, requires_grad=True)
+
+    def grads(fn):
+        model.zero_grad()
+        x.grad = None
+        out = fn(x)
+        out.square().mean().backward()
+        return [out.detach()] + [x.grad.clone()] + [p.grad.clone() for p in model.parameters()]
+
+    eager = grads(model)
+    torch._dynamo.reset()
+    recorder = Recorder()
+    for got, want in zip(grads(torch.compile(model, backend=recorder)), eager):
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-4)
+    assert [(r.family, r.rewritten) for r in recorder.records] == [("sdpa", True)], recorder.records
+
+
+def test_one_compile_over_sequence_lengths():
+    torch.manual_seed(2)
+    model = EncoderBlockAttention().eval()
+    torch._dynamo.reset()
+    recorder = Recorder()
+    compiled = torch.compile(model, backend=recorder, dynamic=True)
+    with torch.no_grad():
+        for seq in (9, 17, 30):
+            x = torch.randn(3, seq, 32)
+            torch.testing.assert_close(compiled(x), model(x), atol=1e-5, rtol=1e-5)
+    assert len(recorder.graphs) == 1 and [r.rewritten for r in recorder.records] == [True], recorder.records
+
+
+def test_calls_it_does_not_open_keep_their_record():
+    """Cross-attention, a mask, the weights asked for: one node each, kept with the reason (the outputs eager's)."""
+    torch.manual_seed(3)
+    attn = nn.MultiheadAttention(32, 4, batch_first=True).eval()
+    x, memory = torch.randn(2, 12, 32), torch.randn(2, 7, 32)
+    causal = torch.ones(12, 12, dtype=torch.bool).triu(1)
+    calls = {"cross-attention": lambda x: attn(x, memory, memory, need_weights=False)[0],
+             "a mask": lambda x: attn(x, x, x, attn_mask=causal, need_weights=False)[0],
+             "weights asked for": lambda x: attn(x, x, x)[0]}
+    for name, fn in calls.items():
+        with torch.no_grad():
+            rec, out = compile_and_record(fn, x)
+            torch.testing.assert_close(out, fn(x), atol=1e-6, rtol=1e-5)
+        assert [(r.family, r.rewritten) for r in rec.records] == [("opaque_attention", False)], (name, rec.records)
+        assert "opens only for plain self-attention" in rec.records[0].detail, name
