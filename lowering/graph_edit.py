@@ -6,6 +6,7 @@ from __future__ import annotations
 import operator
 
 import torch
+import torch.nn.functional as F
 from torch.fx import Graph, Node
 
 from .mutations import written
@@ -40,10 +41,14 @@ class NodeMaker:
 
 
 def _fake_call(target, args, kwargs):
-    """target(*args, **kwargs) on fake values. A batched matmul goes through einsum: torch 2.11's fake matmul of
-    operands of 3 or more dims guards their symbolic sizes to the example's, a recompile for every new length."""
+    """target(*args, **kwargs) on fake values. A batched matmul goes through einsum, and a linear over 3 or more dims
+    is made from its shape: torch 2.11's fake matmul of operands of 3 or more dims guards their symbolic sizes to the
+    example's, a recompile for every new length."""
     if target in (operator.matmul, torch.matmul) and not kwargs and all(a.dim() >= 2 for a in args):
         return torch.einsum("...ij,...jk->...ik", *args).contiguous()
+    if target is F.linear and args[0].dim() >= 3:
+        x, weight = args[0], args[1]
+        return x.new_empty((*x.shape[:-1], weight.shape[0]))
     return target(*args, **kwargs)
 
 
