@@ -1,7 +1,9 @@
-"""nn.MultiheadAttention's plain self-attention (torchvision ViT's call: one input, no mask, need_weights=False)
-opened into its SDPA call (`lowering/multihead_attention.py`) and rewritten onto `fa4::attention`; outputs against
-float64, gradients against eager, one compile over sequence lengths; on a GPU, ViT-B's attention in bf16 against
-default compile and float32."""
+"""nn.MultiheadAttention: its plain self-attention (torchvision ViT's call: one input, no mask, need_weights=False)
+opened into its SDPA call (`lowering/multihead_attention.py`) and rewritten onto `fa4::attention`; every other call
+one opaque node, kept with its record (`lowering/opaque_attention.py`). Outputs against float64, gradients against
+eager, one compile over sequence lengths; on a GPU, ViT-B's attention in bf16 against default compile and float32."""
+
+import copy
 
 import expecttest
 import pytest
@@ -18,19 +20,29 @@ class EncoderBlockAttention(nn.Module):
         super().__init__()
         self.attn = nn.MultiheadAttention(dim, heads, batch_first=batch_first, bias=bias)
 
-    def forward(self, x):
-        return self.attn(x, x, x, need_weights=False)[0]
+    def forward(self, x, key_padding_mask=None):
+        return self.attn(x, x, x, key_padding_mask=key_padding_mask, need_weights=False)[0]
+
+
+def padded(batch=2, seq=12):
+    mask = torch.zeros(batch, seq, dtype=torch.bool)
+    mask[1, seq - 5:] = True  # True: a key to ignore
+    return mask
+
+
+def against_float64(model, *args):
+    """The recorder of `model` compiled with it, after checking the compiled output against the float64 module's."""
+    with torch.no_grad():
+        rec, out = compile_and_record(model, *args)
+        reference = copy.deepcopy(model).double()(*(a.double() if a.is_floating_point() else a for a in args))
+    torch.testing.assert_close(out.double(), reference, atol=1e-5, rtol=1e-5)
+    return rec
 
 
 class TestMultiheadAttention(expecttest.TestCase):
     def test_plain_self_attention_reaches_the_op(self):
         torch.manual_seed(0)
-        model = EncoderBlockAttention().eval()
-        x = torch.randn(2, 12, 32)
-        with torch.no_grad():
-            rec, out = compile_and_record(model, x)
-            reference = model.double()(x.double())
-        torch.testing.assert_close(out.double(), reference, atol=1e-5, rtol=1e-5)
+        rec = against_float64(EncoderBlockAttention().eval(), torch.randn(2, 12, 32))
         self.assertExpectedInline(rec.summary, """\
 linear: f32[12, 2, 96] = linear(.transpose(x, 1, 0), self.attn.in_proj_weight, self.attn.in_proj_bias)
 unflatten: f32[12, 2, 3, 4, 8] = .unflatten(linear, -1, (3, 4, 8))
@@ -43,19 +55,30 @@ attention_out: f32[2, 4, 12, 8] = getitem(fa4_attention, 0)
 permute_1: f32[12, 2, 4, 8] = .permute(attention_out, 2, 0, 1, 3)
 flatten: f32[12, 2, 32] = .flatten(permute_1, 2)
 linear_1: f32[12, 2, 32] = linear(flatten, self.attn.out_proj.weight, self.attn.out_proj.bias)""")
-        self.assertExpectedInline(str(rec.records[0]), """[rewritten] sdpa        attn (test_multihead_attention.py:22 in forward): fa4.attention(q[2x4x12x8], k[2x4x12x8], v[2x4x12x8], scale=0.353553)""")
+        self.assertExpectedInline(str(rec.records[0]), """[rewritten] sdpa        attn (test_multihead_attention.py:24 in forward): fa4.attention(q[2x4x12x8], k[2x4x12x8], v[2x4x12x8], scale=0.353553)""")
+
+    def test_a_padding_mask_is_kept_with_its_reason(self):
+        torch.manual_seed(0)
+        rec = against_float64(EncoderBlockAttention().eval(), torch.randn(2, 12, 32), padded())
+        self.assertExpectedInline("\n".join(map(str, rec.records)), """[kept] opaque_attention attn (test_multihead_attention.py:24 in forward): nn.MultiheadAttention's F.multi_head_attention_forward is one call in Dynamo's graph (projections, masks and attention inside it), which this backend opens only for plain self-attention (one input, no mask, need_weights=False, no bias_k / bias_v, no dropout in training): kept as written""")
+        assert rec.summary == "", rec.summary  # nothing added to the graph
 
 
-def test_sequence_first_without_biases_in_training_matches_eager():
-    """batch_first=False, bias=False, a training step: the output and every gradient eager's."""
+@pytest.mark.parametrize("batch_first, bias, mask, served", [(True, True, False, ("sdpa", True)),
+                                                              (False, False, False, ("sdpa", True)),
+                                                              (True, True, True, ("opaque_attention", False))])
+def test_training_step_matches_eager(batch_first, bias, mask, served):
+    """A training step, opened or kept: the output and every gradient eager's."""
     torch.manual_seed(1)
-    model = EncoderBlockAttention(batch_first=False, bias=False).train()
-    x = torch.randn(12, 2, 32, requires_grad=True)
+    model = EncoderBlockAttention(batch_first=batch_first, bias=bias).train()
+    x = torch.randn(2, 12, 32) if batch_first else torch.randn(12, 2, 32)
+    x.requires_grad_()
+    args = (padded(),) if mask else ()
 
     def grads(fn):
         model.zero_grad()
         x.grad = None
-        out = fn(x)
+        out = fn(x, *args)
         out.square().mean().backward()
         return [out.detach()] + [x.grad.clone()] + [p.grad.clone() for p in model.parameters()]
 
@@ -64,7 +87,7 @@ def test_sequence_first_without_biases_in_training_matches_eager():
     recorder = Recorder()
     for got, want in zip(grads(torch.compile(model, backend=recorder)), eager):
         torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-4)
-    assert [(r.family, r.rewritten) for r in recorder.records] == [("sdpa", True)], recorder.records
+    assert [(r.family, r.rewritten) for r in recorder.records] == [served], recorder.records
 
 
 def test_one_compile_over_sequence_lengths():
