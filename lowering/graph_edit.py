@@ -16,7 +16,7 @@ from .spellings import is_call, value
 
 class NodeMaker:
     """Creates nodes at the graph's current insertion point with the graph's metadata (example values under
-    the graph's fake mode, the replaced node's stack trace): `make(target, *args, **kwargs)`, a string
+    the graph's fake mode, the replaced node's stack trace and module path): `make(target, *args, **kwargs)`, a string
     target being a Tensor method. The value goes where the replaced node keeps its own: Dynamo's
     `example_value`, or `val` in aten graphs."""
 
@@ -27,6 +27,8 @@ class NodeMaker:
         op = "call_method" if isinstance(target, str) else "call_function"
         node = self.graph.create_node(op, target, args, kwargs, name=name)
         node.meta["stack_trace"] = self.original.meta.get("stack_trace")
+        if "nn_module_stack" in self.original.meta:
+            node.meta["nn_module_stack"] = self.original.meta["nn_module_stack"]
         if self.fake_mode is not None:
             fake_args = torch.fx.node.map_arg(args, value)
             fake_kwargs = torch.fx.node.map_arg(kwargs, value)

@@ -50,8 +50,6 @@ def open_multihead(gm: GraphModule, fake_mode) -> int:
             attention = make(F.scaled_dot_product_attention, q, k, v)
             merged = make("flatten", make("permute", attention, 2, 0, 1, 3), 2)
             out = make(F.linear, merged, call["out_proj_weight"], call["out_proj_bias"])
-        for new in (qkv, q, k, v, attention, merged, out):
-            new.meta["nn_module_stack"] = node.meta.get("nn_module_stack", {})
         out_user.replace_all_uses_with(out)
         gm.graph.erase_node(out_user)
         gm.graph.erase_node(node)

@@ -440,28 +440,35 @@ class W4A16DecodeGemm:
         rX = [cute.make_rmem_tensor((self.x_words, self.groups), Int32) for _ in range(2)]
         rA = cute.make_rmem_tensor((4,), Int32)
 
-        if const_expr(self.pdl):
-            # Before the wait only the primary may still run, and every kernel that lets dependents start
-            # early (these GEMMs, past their own wait; FA4, decode attention) writes activations, never
-            # quantized weights or block scales: their first loads go out before the wait. x may be the
-            # primary's output.
-            for b in cutlass.range_constexpr(2):
-                self.load_step(None, mW, mBlock, rW[b], rS[b], rX[b], row0, n_rows, m_rows,
-                               c_begin + LANES_K * b + t, c_end)
-            self.dependent_wait()
-            for b in cutlass.range_constexpr(2):
-                self.load_step(mX, None, None, None, rS[b], rX[b], row0, n_rows, m_rows,
-                               c_begin + LANES_K * b + t, c_end)
-        else:
-            for b in cutlass.range_constexpr(2):
-                self.load_step(mX, mW, mBlock, rW[b], rS[b], rX[b], row0, n_rows, m_rows,
-                               c_begin + LANES_K * b + t, c_end)
+        self.first_loads(mX, mW, mBlock, rW, rS, rX, row0, n_rows, m_rows, c_begin, c_end)
         for c0 in range(c_begin, c_end, 2 * LANES_K):
             for b in cutlass.range_constexpr(2):
                 if c0 + LANES_K * b < c_end:
                     self.step(rW[b], rS[b], rX[b], rA, acc)
                     self.load_step(mX, mW, mBlock, rW[b], rS[b], rX[b], row0, n_rows, m_rows,
                                    c0 + LANES_K * (b + 2) + t, c_end)
+
+    @cute.jit
+    def first_loads(self, mX: cute.Tensor, mW: cute.Tensor, mBlock: Optional[cute.Tensor], rW: list, rS: list,
+                    rX: list, row0: Int32, n_rows: Int32, m_rows: Int32, c_begin: Int32, c_end: Int32):
+        """The first step into each register set b (chunk c_begin + LANES_K b + t) before the K loop.
+        With PDL: before the wait only the primary may still run, and every kernel that lets dependents start
+        early (these GEMMs, past their own wait; FA4, decode attention) writes activations, never quantized
+        weights or block scales: their first loads go out before the wait. x may be the primary's output."""
+        t = cute.arch.lane_idx() % LANES_K
+        sets = len(rW)
+        if const_expr(self.pdl):
+            for b in cutlass.range_constexpr(sets):
+                self.load_step(None, mW, mBlock, rW[b], rS[b], rX[b], row0, n_rows, m_rows,
+                               c_begin + LANES_K * b + t, c_end)
+            self.dependent_wait()
+            for b in cutlass.range_constexpr(sets):
+                self.load_step(mX, None, None, None, rS[b], rX[b], row0, n_rows, m_rows,
+                               c_begin + LANES_K * b + t, c_end)
+        else:
+            for b in cutlass.range_constexpr(sets):
+                self.load_step(mX, mW, mBlock, rW[b], rS[b], rX[b], row0, n_rows, m_rows,
+                               c_begin + LANES_K * b + t, c_end)
 
     @cute.jit
     def rolling_loop(self, mX: cute.Tensor, mW: cute.Tensor, mBlock: Optional[cute.Tensor], acc: cute.Tensor,
@@ -479,12 +486,7 @@ class W4A16DecodeGemm:
         rX = cute.make_rmem_tensor((self.x_words, self.groups), Int32)
         rA = cute.make_rmem_tensor((4,), Int32)
 
-        if const_expr(self.pdl):  # as `register_loop`: weights and block scales before the wait, x after
-            self.load_step(None, mW, mBlock, rW, rS, rX, row0, n_rows, m_rows, c_begin + t, c_end)
-            self.dependent_wait()
-            self.load_step(mX, None, None, None, rS, rX, row0, n_rows, m_rows, c_begin + t, c_end)
-        else:
-            self.load_step(mX, mW, mBlock, rW, rS, rX, row0, n_rows, m_rows, c_begin + t, c_end)
+        self.first_loads(mX, mW, mBlock, [rW], [rS], [rX], row0, n_rows, m_rows, c_begin, c_end)
         for c0 in range(c_begin, c_end, LANES_K):
             c_next = c0 + LANES_K + t
             splats = [self.row_splats(rS, rt) for rt in range(RT)]
