@@ -599,6 +599,8 @@ def evaluate(node, constants: dict) -> TwoValued:
         if not (a.boolean and b.boolean):
             raise MaskNotUnderstood(f"{describe_node(node)} of masks that are not both boolean")
         return TwoValued(a.where(bool) & b.where(bool), True, False)
+    if ADD(node) and all(isinstance(x, Node) for x in node.args[:2]):
+        return _coerce(node, _summed(node, constants))
     if EQ(node) or NE(node):
         other = scalar(node.args[1])
         if other is None:
@@ -698,6 +700,15 @@ def _filled_where_padded(node: Node, x: TwoValued, fill: float, constants) -> Tw
         if same == x and keys.band.keys is not None and not keys.band.bounded and (keys.inside, keys.outside) == (1, 0):
             return TwoValued(x.where(lambda v: v == 0) & keys.band, 0, fill)
     return None
+
+
+def _summed(node: Node, constants) -> TwoValued:
+    """`a + b` of two additive masks of 0 and -inf (nn.MultiheadAttention's attn_mask + key_padding_mask): 0 where
+    both are, -inf elsewhere."""
+    a, b = (evaluate(x, constants) for x in node.args[:2])
+    if not all({tv.inside, tv.outside} <= {0, -INF} and not tv.boolean for tv in (a, b)):
+        raise MaskNotUnderstood(f"{describe_node(node)} of masks that are not 0 and -inf")
+    return TwoValued(a.where(lambda v: v == 0) & b.where(lambda v: v == 0), 0, -INF)
 
 
 def _selected(node: Node, a: TwoValued, b: TwoValued) -> TwoValued:

@@ -4,11 +4,14 @@
                                                                  whole (torchvision's ViT, CLIP's towers, DETR)
     flex_attention(q, k, v, score_mod, block_mask, scale, ...)   torch's flex_attention higher-order op
                                                                  (transformers' attn_implementation="flex_attention")
+    torch._transformer_encoder_layer_fwd(src, ...)               nn.TransformerEncoderLayer in eval mode without
+                                                                 gradients (PyTorch's fused fast path)
+    torch._native_multi_head_attention(q, k, v, ...)             nn.MultiheadAttention's fast path, where Dynamo takes it
 
-Neither is opened here: the first holds its projections, masks and SDPA call inside one call (decomposed later, by
-AOTAutograd, past the stage these families see; `multihead_attention.open_multihead` opens its plain self-attention
-first, and the SDPA family takes that), the second its score and mask programs. Both stay as written; without a
-record, `explain` would report a model made of them as having no attention at all.
+None is opened here. The functional holds its projections, masks and SDPA call inside one call (decomposed later, by
+AOTAutograd, past the stage these families see; `multihead_attention.open_multihead` opens most of its calls first,
+and the SDPA family takes those), flex_attention its score and mask programs, the fast paths fused kernels. All stay
+as written; without a record, `explain` would report a model made of them as having no attention at all.
 """
 
 from __future__ import annotations
@@ -23,8 +26,15 @@ from .records import Decline
 REASONS = {
     F.multi_head_attention_forward:
         "nn.MultiheadAttention's F.multi_head_attention_forward is one call in Dynamo's graph (projections, masks and "
-        "attention inside it), which this backend opens only for plain self-attention (one input, no mask, "
-        "need_weights=False, no bias_k / bias_v, no dropout in training): kept as written",
+        "attention inside it), which this backend opens only where its attention weights are not read and it has no "
+        "bias_k / bias_v, zero attention, static K / V, dropout in training or unbatched input: kept as written",
+    torch._transformer_encoder_layer_fwd:
+        "nn.TransformerEncoderLayer's fused inference kernel (eval mode without gradients: PyTorch's fast path) is one "
+        "call holding the whole layer, which this backend does not open: kept as written (in training, or with "
+        "gradients enabled, its nn.MultiheadAttention reaches fa4::attention)",
+    torch._native_multi_head_attention:
+        "nn.MultiheadAttention's fused inference kernel (PyTorch's fast path) is one call, which this backend does not "
+        "open: kept as written",
     torch.ops.higher_order.flex_attention:
         "flex_attention's score_mod / block_mask programs are not read by this backend: kept as written, on "
         "Inductor's flex kernel (attn_implementation='sdpa' or 'eager' code reaches fa4::attention)",

@@ -200,6 +200,7 @@ def test_reads_hf_padding_lookup_and_boolean_plane_input_as_key_masks():
     (lambda x: torch.ones(4, 4).tril() * x, "the mask is the graph input"),
     (lambda x: torch.ones(4, 4).tril() * (torch.ones(4, 4).triu() * 2), "neither a boolean selecting"),
     (lambda x: torch.arange(4)[:, None] + torch.arange(4)[None, :] > x, "compares"),
+    (lambda x: torch.ones(4, 4).tril() + torch.full((4, 4), -INF).triu(1), "add .* of masks that are not 0 and -inf"),
 ])
 def test_declines_with_the_reason(fn, reason):
     node, constants = captured(fn, torch.zeros(4, 4))
@@ -293,6 +294,17 @@ def test_tril_triu_band_equals_eager(rows, cols, lower, upper, dtype):
 
     tv = read(fn, Q)
     torch.testing.assert_close(values_of(tv, rows, cols), fn(Q).float())
+
+
+@PROFILE
+@given(rows=sizes, cols=sizes, upper=st.integers(-4, 4), lower=st.integers(-4, 4))
+def test_sum_of_additive_masks_is_the_band_eager_computes(rows, cols, upper, lower):
+    """Two 0 / -inf masks added (nn.MultiheadAttention's attn_mask + key_padding_mask): 0 where both are 0."""
+    def fn(x):
+        return torch.full((rows, cols), -INF).triu(upper + 1) + torch.full((rows, cols), -INF).tril(lower - 1)
+
+    tv = read(fn, Q)
+    torch.testing.assert_close(values_of(tv, rows, cols), fn(Q))
 
 
 OPS = {"le": lambda a, b: a <= b, "lt": lambda a, b: a < b, "ge": lambda a, b: a >= b, "gt": lambda a, b: a > b,

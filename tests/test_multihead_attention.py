@@ -9,6 +9,7 @@ import expecttest
 import pytest
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 import fa4_inductor
 from fa4_inductor import publishing
@@ -16,9 +17,9 @@ from helpers import CROSSOVER_ROUTES, Recorder, compile_and_record
 
 
 class EncoderBlockAttention(nn.Module):
-    def __init__(self, dim=32, heads=4, batch_first=True, bias=True):
+    def __init__(self, dim=32, heads=4, batch_first=True, **options):
         super().__init__()
-        self.attn = nn.MultiheadAttention(dim, heads, batch_first=batch_first, bias=bias)
+        self.attn = nn.MultiheadAttention(dim, heads, batch_first=batch_first, **options)
 
     def forward(self, x, key_padding_mask=None):
         return self.attn(x, x, x, key_padding_mask=key_padding_mask, need_weights=False)[0]
@@ -55,38 +56,141 @@ attention_out: f32[2, 4, 12, 8] = getitem(fa4_attention, 0)
 permute_1: f32[12, 2, 4, 8] = .permute(attention_out, 2, 0, 1, 3)
 flatten: f32[12, 2, 32] = .flatten(permute_1, 2)
 linear_1: f32[12, 2, 32] = linear(flatten, self.attn.out_proj.weight, self.attn.out_proj.bias)""")
-        self.assertExpectedInline(str(rec.records[0]), """[rewritten] sdpa        attn (test_multihead_attention.py:24 in forward): fa4.attention(q[2x4x12x8], k[2x4x12x8], v[2x4x12x8], scale=0.353553)""")
+        self.assertExpectedInline(str(rec.records[0]), """[rewritten] sdpa        attn (test_multihead_attention.py:25 in forward): fa4.attention(q[2x4x12x8], k[2x4x12x8], v[2x4x12x8], scale=0.353553)""")
 
-    def test_a_padding_mask_is_kept_with_its_reason(self):
+    def test_a_padding_mask_reaches_the_op_as_its_key_mask(self):
         torch.manual_seed(0)
         rec = against_float64(EncoderBlockAttention().eval(), torch.randn(2, 12, 32), padded())
-        self.assertExpectedInline("\n".join(map(str, rec.records)), """[kept] opaque_attention attn (test_multihead_attention.py:24 in forward): nn.MultiheadAttention's F.multi_head_attention_forward is one call in Dynamo's graph (projections, masks and attention inside it), which this backend opens only for plain self-attention (one input, no mask, need_weights=False, no bias_k / bias_v, no dropout in training): kept as written""")
-        assert rec.summary == "", rec.summary  # nothing added to the graph
+        self.assertExpectedInline(rec.summary, """\
+linear: f32[12, 2, 96] = linear(.transpose(x, 1, 0), self.attn.in_proj_weight, self.attn.in_proj_bias)
+unflatten: f32[12, 2, 3, 4, 8] = .unflatten(linear, -1, (3, 4, 8))
+permute: f32[3, 2, 4, 12, 8] = .permute(unflatten, 2, 1, 3, 0, 4)
+getitem: f32[2, 4, 12, 8] = getitem(permute, 0)
+getitem_1: f32[2, 4, 12, 8] = getitem(permute, 1)
+getitem_2: f32[2, 4, 12, 8] = getitem(permute, 2)
+logical_not: b8[2, 12] = logical_not(key_padding_mask)
+narrow: b8[2, 12] = narrow(logical_not, 1, 0, 12)
+key_mask: b8[2, 12] = fa4.key_mask(narrow)
+fa4_attention: (f32[2, 4, 12, 8], f32[2, 4, 12]) = fa4.attention(getitem, getitem_1, getitem_2, None, key_mask, scale=0.353553)
+attention_out: f32[2, 4, 12, 8] = getitem(fa4_attention, 0)
+permute_1: f32[12, 2, 4, 8] = .permute(attention_out, 2, 0, 1, 3)
+flatten: f32[12, 2, 32] = .flatten(permute_1, 2)
+linear_1: f32[12, 2, 32] = linear(flatten, self.attn.out_proj.weight, self.attn.out_proj.bias)""")
 
 
-@pytest.mark.parametrize("batch_first, bias, mask, served", [(True, True, False, ("sdpa", True)),
-                                                              (False, False, False, ("sdpa", True)),
-                                                              (True, True, True, ("opaque_attention", False))])
-def test_training_step_matches_eager(batch_first, bias, mask, served):
-    """A training step, opened or kept: the output and every gradient eager's."""
-    torch.manual_seed(1)
-    model = EncoderBlockAttention(batch_first=batch_first, bias=bias).train()
-    x = torch.randn(2, 12, 32) if batch_first else torch.randn(12, 2, 32)
-    x.requires_grad_()
-    args = (padded(),) if mask else ()
+MEMORY_PADDING = torch.tensor([[False] * 5 + [True] * 2, [False] * 7])  # cross-attention: keys of 7
 
-    def grads(fn):
-        model.zero_grad()
+
+def causal():
+    """nn.Transformer's causal mask, built in the graph: float, -inf above the diagonal."""
+    return nn.Transformer.generate_square_subsequent_mask(12)
+
+
+def per_head_band(batch=2, heads=4, seq=12, width=3):
+    """A boolean [N * H, L, S] attn_mask (True: hidden) of a different sliding window for each head."""
+    d = torch.arange(seq)[None, :] - torch.arange(seq)[:, None]
+    windows = torch.arange(heads).repeat(batch)[:, None, None] + width
+    return (d > 0) | (d < -windows)
+
+
+OPENED_CALLS = {
+    # name: (call of the module `attn` on x [2, 12, 32], memory [2, 7, 32] and the boolean masks (graph inputs),
+    #        the op's record flags, None where the mask stays with SDPA)
+    "key padding": (lambda attn, x, m, pad, band: attn(x, x, x, key_padding_mask=pad, need_weights=False),
+                    "key_mask=padding mask, scale=0.353553)"),
+    "bool causal and key padding": (
+        lambda attn, x, m, pad, band: attn(x, x, x, attn_mask=torch.ones(12, 12, dtype=torch.bool).triu(1),
+                                           key_padding_mask=pad),
+        "key_mask=padding mask, scale=0.353553, causal=True)"),
+    "float causal mask": (lambda attn, x, m, pad, band: attn(x, x, x, attn_mask=causal(), need_weights=False),
+                          "scale=0.353553, causal=True)"),
+    "is_causal hint": (
+        lambda attn, x, m, pad, band: attn(x, x, x, attn_mask=causal(), need_weights=False, is_causal=True),
+        "scale=0.353553, causal=True)"),
+    "float causal and bool padding": (
+        lambda attn, x, m, pad, band: F.multi_head_attention_forward(
+            x.transpose(0, 1), x.transpose(0, 1), x.transpose(0, 1), 32, 4, attn.in_proj_weight, attn.in_proj_bias,
+            None, None, False, 0.0, attn.out_proj.weight, attn.out_proj.bias, training=attn.training,
+            key_padding_mask=pad, need_weights=False, attn_mask=causal())[0].transpose(0, 1)[None],
+        "key_mask=padding mask, scale=0.353553, causal=True)"),
+    "per-head boolean mask": (lambda attn, x, m, pad, band: attn(x, x, x, attn_mask=band, need_weights=False), None),
+    "cross-attention, memory padded": (
+        lambda attn, x, m, pad, band: attn(x, m, m, key_padding_mask=pad[:, :7]),
+        "k[2x4x7x8], v[2x4x7x8], key_mask=padding mask, scale=0.353553)"),
+    "cross-attention, separate key and value": (
+        lambda attn, x, m, pad, band: attn(x, m, m.flip(1), need_weights=False),
+        "k[2x4x7x8], v[2x4x7x8], scale=0.353553)"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(OPENED_CALLS))
+@pytest.mark.parametrize("training", [False, True])
+def test_masked_and_cross_attention_calls_are_opened(name, training):
+    """Each call opened into its SDPA call: the output against float64 (inference) or eager's output and gradients
+    (a training step), and the op's flags where the masks reach it (a per-head mask stays with SDPA, its reason
+    recorded)."""
+    torch.manual_seed(5)
+    call, flags = OPENED_CALLS[name]
+    attn = nn.MultiheadAttention(32, 4, batch_first=True).train(training)
+    x, memory = torch.randn(2, 12, 32), torch.randn(2, 7, 32)
+    pad = torch.zeros(2, 12, dtype=torch.bool)
+    pad[0, 4:] = True
+    fn = lambda x, pad, band: call(attn, x, memory, pad, band)[0]
+    if training:
+        rec = gradients_match_eager(attn, fn, x, pad, per_head_band())
+    else:
+        with torch.no_grad():
+            rec, out = compile_and_record(fn, x, pad, per_head_band())
+            reference = call(copy.deepcopy(attn).double(), x.double(), memory.double(), pad, per_head_band())[0]
+        torch.testing.assert_close(out.double(), reference, atol=1e-5, rtol=1e-5)
+    (record,) = rec.records
+    assert record.family == "sdpa" and record.rewritten == (flags is not None), record
+    assert record.detail.endswith(flags) if flags else record.detail.startswith("mask not recognized"), record
+
+
+def test_separate_projection_weights_are_opened():
+    """kdim / vdim other than the embedding width: q / k / v projected by their own weights."""
+    torch.manual_seed(6)
+    attn = nn.MultiheadAttention(32, 4, kdim=24, vdim=20).eval()
+    x, key, val = torch.randn(12, 2, 32), torch.randn(7, 2, 24), torch.randn(7, 2, 20)
+    fn = lambda x: attn(x, key, val, key_padding_mask=MEMORY_PADDING)[0]
+    with torch.no_grad():
+        rec, out = compile_and_record(fn, x)
+        reference = copy.deepcopy(attn).double()(x.double(), key.double(), val.double(),
+                                                 key_padding_mask=MEMORY_PADDING)[0]
+    torch.testing.assert_close(out.double(), reference, atol=1e-5, rtol=1e-5)
+    assert [(r.family, r.rewritten) for r in rec.records] == [("sdpa", True)], rec.records
+
+
+def gradients_match_eager(module, fn, x, *args):
+    """fn(x, *args) compiled with the recorder: its output and the gradients of x and of module's parameters eager's;
+    returns the recorder."""
+    x = x.clone().requires_grad_()
+
+    def grads(f):
+        module.zero_grad()
         x.grad = None
-        out = fn(x, *args)
+        out = f(x, *args)
         out.square().mean().backward()
-        return [out.detach()] + [x.grad.clone()] + [p.grad.clone() for p in model.parameters()]
+        return [out.detach(), x.grad.clone()] + [p.grad.clone() for p in module.parameters() if p.grad is not None]
 
-    eager = grads(model)
+    eager = grads(fn)
     torch._dynamo.reset()
     recorder = Recorder()
-    for got, want in zip(grads(torch.compile(model, backend=recorder)), eager):
+    for got, want in zip(grads(torch.compile(fn, backend=recorder, fullgraph=True)), eager, strict=True):
         torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-4)
+    return recorder
+
+
+@pytest.mark.parametrize("options, served", [({}, ("sdpa", True)),
+                                             ({"batch_first": False, "bias": False}, ("sdpa", True)),
+                                             ({"add_bias_kv": True}, ("opaque_attention", False))])
+def test_training_step_matches_eager(options, served):
+    """A training step, opened or kept (bias_k / bias_v): the output and every gradient eager's."""
+    torch.manual_seed(1)
+    model = EncoderBlockAttention(**options).train()
+    x = torch.randn(2, 12, 32) if options.get("batch_first", True) else torch.randn(12, 2, 32)
+    recorder = gradients_match_eager(model, model, x)
     assert [(r.family, r.rewritten) for r in recorder.records] == [served], recorder.records
 
 
@@ -104,20 +208,26 @@ def test_one_compile_over_sequence_lengths():
 
 
 def test_calls_it_does_not_open_keep_their_record():
-    """Cross-attention, a mask, the weights asked for: one node each, kept with the reason (the outputs eager's)."""
+    """The weights read, bias_k / bias_v, zero attention, unbatched input: one node each, kept with the reason (the
+    outputs eager's); nn.TransformerEncoderLayer's fused fast path (eval without gradients) likewise."""
     torch.manual_seed(3)
     attn = nn.MultiheadAttention(32, 4, batch_first=True).eval()
-    x, memory = torch.randn(2, 12, 32), torch.randn(2, 7, 32)
-    causal = torch.ones(12, 12, dtype=torch.bool).triu(1)
-    calls = {"cross-attention": lambda x: attn(x, memory, memory, need_weights=False)[0],
-             "a mask": lambda x: attn(x, x, x, attn_mask=causal, need_weights=False)[0],
-             "weights asked for": lambda x: attn(x, x, x)[0]}
-    for name, fn in calls.items():
+    biased = nn.MultiheadAttention(32, 4, batch_first=True, add_bias_kv=True, add_zero_attn=True).eval()
+    layer = nn.TransformerEncoderLayer(32, 4, dim_feedforward=64, batch_first=True).eval()
+    x = torch.randn(2, 12, 32)
+    calls = {"weights read": (lambda x: attn(x, x, x)[1], "opens only where its attention weights are not read"),
+             "output and weights read": (lambda x: torch.cat(attn(x, x, x), -1),
+                                         "opens only where its attention weights are not read"),
+             "bias_k / zero attention": (lambda x: biased(x, x, x, need_weights=False)[0], "bias_k / bias_v"),
+             "unbatched": (lambda x: attn(x[0], x[0], x[0], need_weights=False)[0], "unbatched input"),
+             "encoder layer fast path": (lambda x: layer(x), "fused inference kernel")}
+    for name, (fn, reason) in calls.items():
         with torch.no_grad():
             rec, out = compile_and_record(fn, x)
             torch.testing.assert_close(out, fn(x), atol=1e-6, rtol=1e-5)
-        assert [(r.family, r.rewritten) for r in rec.records] == [("opaque_attention", False)], (name, rec.records)
-        assert "opens only for plain self-attention" in rec.records[0].detail, name
+        families = {(r.family, r.rewritten) for r in rec.records}
+        assert families == {("opaque_attention", False)}, (name, rec.records)
+        assert reason in rec.records[0].detail, (name, rec.records[0].detail)
 
 
 @pytest.mark.gpu
