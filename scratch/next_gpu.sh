@@ -20,7 +20,7 @@ z36) # session 36: first the numerics of the CTA shapes c36 sweeps (2 and 4 row 
     # int8 GEMM at 2..8 rows over weights wider than 4096 rows (8192 x 8192 27.9 against 30.0 us, 8192 x 2048 7.9
     # against 9.5), which `int8_linear.w4a16_int8_shape_reason` sends to quack; if the H200 agrees, widen that rule
     run timeout 150 $P -n 8 tests/test_gpu_w4a16.py -k "forced_cta_shapes or rolling_loads"
-    run timeout 90 $P tests/test_multihead_attention.py    # session 36: nn.MultiheadAttention opened onto the op
+    run timeout 150 $P tests/test_multihead_attention.py    # sessions 36-37: nn.MultiheadAttention opened onto the op (ViT, padded, DETR cross-attention)
     run timeout 200 python3 tests/bench_w4a16.py --m 2,8,16 --load registers,rolling,rolling+2ctas \
       --shapes 8192x8192,2048x8192,8192x2048,14336x4096,4096x14336
     ;;

@@ -230,22 +230,47 @@ def test_calls_it_does_not_open_keep_their_record():
         assert reason in rec.records[0].detail, (name, rec.records[0].detail)
 
 
+class DecoderBlockAttention(nn.Module):
+    """DETR's decoder attention: queries over themselves, then over the encoder's memory, its padding masked."""
+
+    def __init__(self, dim, heads):
+        super().__init__()
+        self.self_attn = nn.MultiheadAttention(dim, heads, batch_first=True)
+        self.cross_attn = nn.MultiheadAttention(dim, heads, batch_first=True)
+
+    def forward(self, x, memory, memory_padding):
+        x = x + self.self_attn(x, x, x, need_weights=False)[0]
+        return x + self.cross_attn(x, memory, memory, key_padding_mask=memory_padding)[0]
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-def test_vit_base_block_attention_on_the_gpu():
-    """ViT-B/16's attention (768 wide, 12 heads, 197 tokens) in bf16 under the backend with Inductor: served (on the
-    op or a measured route) and within twice default compile's error against float32 eager, forward and gradients."""
+@pytest.mark.parametrize("block", ["vit", "vit padded", "detr decoder"])
+def test_block_attention_on_the_gpu(block):
+    """ViT-B/16's attention (768 wide, 12 heads, 197 tokens; its batch right-padded or not) and a DETR decoder's
+    self- and cross-attention (256 wide, 8 heads, 100 queries over 850 memory tokens, padded) in bf16 under the
+    backend with Inductor: served (on the op or a measured route) and within twice default compile's error against
+    float32 eager, forward and gradients."""
     torch.manual_seed(4)
-    model = EncoderBlockAttention(dim=768, heads=12).cuda()
-    x = torch.randn(4, 197, 768, device="cuda")
+    if block.startswith("vit"):
+        model = EncoderBlockAttention(dim=768, heads=12).cuda()
+        inputs = [torch.randn(4, 197, 768, device="cuda")]
+        if block == "vit padded":
+            inputs.append(torch.arange(197, device="cuda")[None, :] >= torch.tensor([[197], [150], [90], [197]],
+                                                                                     device="cuda"))
+    else:
+        model = DecoderBlockAttention(256, 8).cuda()
+        padding = torch.arange(850, device="cuda")[None, :] >= torch.tensor([[850], [600]], device="cuda")
+        inputs = [torch.randn(2, 100, 256, device="cuda"), torch.randn(2, 850, 256, device="cuda"), padding]
 
     def run(fn, dtype):
         module = model.to(dtype)
         module.zero_grad()
-        inputs = x.to(dtype).requires_grad_()
-        out = fn(inputs)
+        args = [t.to(dtype).requires_grad_() if t.is_floating_point() else t for t in inputs]
+        out = fn(*args)
         out.float().square().mean().backward()
-        return [out.float()] + [inputs.grad.float()] + [p.grad.float() for p in module.parameters()]
+        return [out.float()] + [t.grad.float() for t in args if t.is_floating_point()] + \
+            [p.grad.float() for p in module.parameters()]
 
     reference = run(model, torch.float32)
     torch._dynamo.reset()
@@ -253,7 +278,7 @@ def test_vit_base_block_attention_on_the_gpu():
         ours = run(torch.compile(model, backend=fa4_inductor.backend()), torch.bfloat16)
     torch._dynamo.reset()
     default = run(torch.compile(model), torch.bfloat16)
-    for o, d, r in zip(ours, default, reference):
+    for o, d, r in zip(ours, default, reference, strict=True):
         bound = 2 * (d - r).abs().max().item() + 1e-3 * r.abs().max().item()
         assert (o - r).abs().max().item() <= bound
     assert records and all(r.rewritten or r.detail.startswith(CROSSOVER_ROUTES) for r in records), records
