@@ -1,7 +1,9 @@
-"""nn.MultiheadAttention: its plain self-attention (torchvision ViT's call: one input, no mask, need_weights=False)
-opened into its SDPA call (`lowering/multihead_attention.py`) and rewritten onto `fa4::attention`; every other call
-one opaque node, kept with its record (`lowering/opaque_attention.py`). Outputs against float64, gradients against
-eager, one compile over sequence lengths; on a GPU, ViT-B's attention in bf16 against default compile and float32."""
+"""nn.MultiheadAttention: its calls opened into their SDPA call (`lowering/multihead_attention.py`: self- and
+cross-attention, key padding and attention masks, weights asked for but unread) and rewritten onto `fa4::attention`;
+the rest (weights read, bias_k / bias_v, zero attention, unbatched input, TransformerEncoderLayer's fused fast path)
+one opaque node each, kept with its record (`lowering/opaque_attention.py`). Outputs against float64, gradients
+against eager, one compile over sequence lengths; on a GPU, ViT-B's attention (padded or not) and a DETR decoder's
+in bf16 against default compile and float32."""
 
 import copy
 
