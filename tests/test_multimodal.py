@@ -137,12 +137,11 @@ BUILDERS = {"gemma3": gemma3, "paligemma": paligemma, "qwen2_vl": qwen2_vl, "whi
 
 # What each model's attention layers become, in the order the graph calls them: "op" (on the op), "op, run-time
 # mask" (on the op with the mask read at run time), or the start of the reason a layer is kept
-MULTIHEAD_KEPT = "nn.MultiheadAttention's F.multi_head_attention_forward is one call"  # SigLIP's pooling head
 SERVED = {
-    "gemma3": ["op", MULTIHEAD_KEPT] + ["op, run-time mask"] * 2,  # vision layer and head, text layers (image block
-    # both ways; eager code hands them its float mask across a graph break)
-    "paligemma": ["op", MULTIHEAD_KEPT] + ["op, run-time mask"] * 2,  # vision layer and head, text layers (prefix
-    # both ways)
+    # vision layer, SigLIP's pooling head (nn.MultiheadAttention's cross-attention of a probe, opened), text layers
+    # (image block both ways; eager code hands them its float mask across a graph break)
+    "gemma3": ["op", "op"] + ["op, run-time mask"] * 2,
+    "paligemma": ["op", "op"] + ["op, run-time mask"] * 2,  # the same, the prefix both ways
     "qwen2_vl": ["op"] * BATCH + ["op"] * 2,  # vision layer (a call per image), text layers (causal, padded)
     "whisper": ["op"] * 2 + ["op"] * 4,  # encoder layers; decoder self- and cross-attention
     # the vision tower's local and global layers (mask from a matmul of tile masks), text self-attention, then
