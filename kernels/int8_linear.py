@@ -164,7 +164,7 @@ def rows_reason(m: int, n: int) -> str | None:
 
 W4A16_MAX_ROWS = 16
 W4A16_MAX_ROWS_WIDE = 8
-W4A16_WIDE_ROWS = 4096
+W4A16_WIDE_ROWS = 8192
 W4A16_GEMV_WIDEST = 16384
 W4A16_LONG_K = 8192
 """Our W4A16 GEMM takes int8 calls of at most `W4A16_MAX_ROWS` rows over weights of at most 2048 rows (N), of at
@@ -178,7 +178,10 @@ against quack in us: 2048 x 2048 3.5 / 7.1 (M = 1), 4.2 / 7.2 (16); 2048 x 8192 
 (session 13 run 2), 8192 x 2048 6.3 us (`INDUCTOR_GEMV_FASTER`'s note); in one process (session 27, weights
 L2-warm) two one-row calls of 8192 x 2048 took 9.3 us on the GEMV against 13.9 through quack, two of 14336 x 4096
 34.6 against 36.1. The Llama-8B lm_head (128256 x 4096: quack 145.3 us, our tensor-core kernel 179.9, session 14
-run 5) is wider than any shape the GEMV was timed on and stays with quack."""
+run 5) is wider than any shape the GEMV was timed on and stays with quack. Since session 37 `W4A16_WIDE_ROWS` is
+8192 (4096 before): with the load paths of session 36 ours beat quack at 2..8 rows over 8192-row weights in two H100
+runs (sessions 36 and 37, us, ours / quack: 8192 x 8192 27.9-28.5 / 29.3-32.4, 8192 x 2048 7.8-8.0 / 9.5-9.7), and
+only tied over 14336 x 4096 (23.8-25.0 / 24.9-25.1), which stays with quack."""
 
 
 INDUCTOR_GEMV_FASTER: frozenset = frozenset({(8192, 2048), (4096, 4096), (1024, 4096)})

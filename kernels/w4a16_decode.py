@@ -118,15 +118,17 @@ NVFP4_ONLY = ("prefetch", "scales")  # options about block scales: dropped for i
 ROLLING_CTAS = 2  # "rolling+2ctas": registers capped so that two CTAs fit a SM
 AUTO_LOAD = "auto"
 ROLLING_MAX_NARROW_K = 4096
-"""The load path "auto" (the default) picks per call (`auto_load`): at 9..16 rows "rolling+2ctas"; up to 8 rows
-"rolling" on CTAs of more than 16 rows and, for int8, on 16-row ones over K <= ROLLING_MAX_NARROW_K, else "registers"
-(NVFP4 on 16-row CTAs was measured over K = 8192 only, where rolling is slower). H100,
-docs/benchmarks.md session 36, two runs, us, registers / rolling / rolling+2ctas: NVFP4 at 16 rows 8192 x 8192
-49.8 / 49.1-62.2 / 46.7, 8192 x 2048 16.6 / 16.0 / 14.1, 14336 x 4096 53.5 / 52.8 / 47.6, int8 8192 x 8192 34.6 /
-42.6 / 33.0, 8192 x 2048 12.9 / 13.3 / 12.0; at 2..8 rows NVFP4 (64-row CTAs) 8192 x 8192 21.7-25.3 against
-21.0-23.4 rolling, 8192 x 2048 8.2-9.6 against 7.1-8.5, int8 (16-row CTAs) 8192 x 2048 10.0-10.7 against 7.9-8.1,
-14336 x 4096 26.2 / 28.1 against 23.9 / 24.9, but 4096 x 14336 24.2-25.6 against 25.6-26.8 and 2048 x 8192 9.7 /
-10.2 against 10.1 / 10.6 (and NVFP4 there, 7.4 / 10.5 against 7.8 / 11.1): the register path."""
+"""The load path "auto" (the default) picks per call (`auto_load`): at 9..16 rows "rolling" on CTAs of two row tiles a
+warp (`wide`), "rolling+2ctas" on the others; up to 8 rows "rolling" on CTAs of more than 16 rows and, for int8, on
+16-row ones over K <= ROLLING_MAX_NARROW_K, else "registers" (NVFP4 on 16-row CTAs was measured over K = 8192 only,
+where rolling is slower). H100, docs/benchmarks.md session 36, two runs, us, registers / rolling / rolling+2ctas:
+NVFP4 at 16 rows (1 x 2 x 4 CTAs) 8192 x 8192 49.8 / 49.1-62.2 / 46.7, 8192 x 2048 16.6 / 16.0 / 14.1, 14336 x 4096
+53.5 / 52.8 / 47.6, int8 8192 x 8192 34.6 / 42.6 / 33.0, 8192 x 2048 12.9 / 13.3 / 12.0; at 2..8 rows NVFP4 (64-row
+CTAs) 8192 x 8192 21.7-25.3 against 21.0-23.4 rolling, 8192 x 2048 8.2-9.6 against 7.1-8.5, int8 (16-row CTAs) 8192 x
+2048 10.0-10.7 against 7.9-8.1, 14336 x 4096 26.2 / 28.1 against 23.9 / 24.9, but 4096 x 14336 24.2-25.6 against
+25.6-26.8 and 2048 x 8192 9.7 / 10.2 against 10.1 / 10.6 (and NVFP4 there, 7.4 / 10.5 against 7.8 / 11.1): the
+register path. Session 37 (H100): NVFP4 at 16 rows on 2 x 2 x 4 CTAs, rolling / rolling+2ctas: 8192 x 8192 32.3 /
+42.8, 8192 x 2048 10.6 / 12.3, 14336 x 4096 32.9 / 35.0, 4096 x 14336 33.9 / 39.3."""
 BULK_SMEM_BUDGET = 200 * 1024  # the bulk ring's default depth fills this (one CTA a SM: its registers)
 SMEM_LIMIT = 227 * 1024  # sm90's shared memory a CTA can opt into
 MAX_STAGES = 16
@@ -182,25 +184,31 @@ class CtaShape(NamedTuple):
 
 
 NARROW = CtaShape(1, 1, 8)
+WIDE = CtaShape(2, 2, 4)  # 2 x 4 warps of 2 row tiles: x read once for 32 rows a warp
+HALF_WIDE = CtaShape(1, 2, 4)
 
 
-def wide(m: int) -> CtaShape:
-    """2 x 4 warps; 2 tiles a warp for M <= 8 (x read once for 32 rows), 1 for M <= 16."""
-    return CtaShape(2 if m_bucket(m) <= 8 else 1, 2, 4)
+def auto_ctas(m: int) -> tuple[CtaShape, ...]:
+    """The CTA shapes `cta_shape` picks from at m rows, widest first."""
+    return (WIDE, HALF_WIDE, NARROW) if m_bucket(m) > 8 else (WIDE, NARROW)
 
 
 def cta_shape(n: int, m: int, num_sms: int, forced: Optional[tuple[int, int, int]] = None, fmt: str = "nvfp4"
               ) -> CtaShape:
-    """The CTA shape for an n-row weight: `forced` (FA4_INDUCTOR_W4A16_CTA, tests, tuning) if given; else for
-    NVFP4 wide when its CTAs cover a quarter of the SMs, narrow below (Llama-1B's 2048- and 512-row projections:
-    128 / 32 CTAs of 16 rows instead of 32 / 8 of 64); int8 always narrow. H200, docs/benchmarks.md session 10
-    run 2: narrow is 1.3-1.8x faster on 2048 x 2048, 512 x 2048 and 2048 x 8192, wide 1.3x faster for NVFP4 on
-    8192 x 2048 and 8192 x 8192 (the narrow NVFP4 CTA decodes x's columns for half the rows) and on 4096 x 14336
-    at M = 8; int8 narrow is as fast or faster on every row."""
+    """The CTA shape for an n-row weight: `forced` (FA4_INDUCTOR_W4A16_CTA, tests, tuning) if given; else for NVFP4
+    the widest of `auto_ctas` whose CTAs cover a quarter of the SMs (Llama-1B's 2048- and 512-row projections: 128 /
+    32 CTAs of 16 rows instead of 32 / 8 of 64); int8 always narrow. H200, docs/benchmarks.md session 10 run 2:
+    narrow is 1.3-1.8x faster on 2048 x 2048, 512 x 2048 and 2048 x 8192, wide 1.3x faster for NVFP4 on 8192 x 2048
+    and 8192 x 8192 (the narrow NVFP4 CTA decodes x's columns for half the rows) and on 4096 x 14336 at M = 8; int8
+    narrow is as fast or faster on every row. At 9..16 rows (H100, session 37, the rolling load path) 2 x 2 x 4 CTAs
+    take 8192 x 8192 in 32.3 us against 46.3 on 1 x 2 x 4 ones (8192 x 2048 10.6 / 14.1, 14336 x 4096 32.9 / 46.7,
+    4096 x 14336 33.9 / 40.4): x's loads serve twice the weight rows. 1 x 2 x 4 is kept where 2 x 2 x 4 CTAs would be
+    too few (2048 x 8192, as measured before)."""
     if forced is not None:
         return CtaShape(*forced)
-    shape = wide(m)
-    return shape if fmt == "nvfp4" and 4 * -(-n // shape.rows) > num_sms else NARROW
+    if fmt != "nvfp4":
+        return NARROW
+    return next(shape for shape in auto_ctas(m) if shape == NARROW or 4 * -(-n // shape.rows) > num_sms)
 
 
 def num_splits(n: int, k_padded: int, fmt: str, shape: CtaShape, num_sms: int) -> int:
@@ -246,7 +254,7 @@ def auto_load(m: int, k: int, cta: CtaShape, fmt: str) -> str:
     """The load path "auto" gives a call of m rows over K = k of `fmt` weights on CTAs of shape `cta`
     (ROLLING_MAX_NARROW_K)."""
     if m_bucket(m) > 8:
-        return f"rolling+{ROLLING_CTAS}ctas"
+        return "rolling" if cta.row_tiles > 1 else f"rolling+{ROLLING_CTAS}ctas"
     wide_cta = cta.rows > NARROW.rows
     return "rolling" if wide_cta or fmt == "int8" and k <= ROLLING_MAX_NARROW_K else "registers"
 
@@ -934,7 +942,7 @@ def warmup(dtype: torch.dtype, fmt: str, m_values=M_BUCKETS, *, bias: Optional[b
     before = len(compiled)
     forced, pdl = switches.current().w4a16_cta, switches.current().w4a16_pdl
     for m in m_values:
-        for cta in ({CtaShape(*forced)} if forced else {wide(m), NARROW}):
+        for cta in ({CtaShape(*forced)} if forced else set(auto_ctas(m))):
             for split in (False, True):
                 for b in ((False, True) if bias is None else (bool(bias),)):
                     if fmt == "nvfp4" and b:

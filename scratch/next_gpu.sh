@@ -10,6 +10,14 @@ P="python3 -m pytest -m gpu -q -p no:cacheprovider -p no:logging -W ignore -rf"
 L=$OUT/log.txt
 run() { echo "+ $*" >>$L; PYTHONUNBUFFERED=1 "$@" >>$L 2>&1; echo "rc=$?" >>$L; }
 case "$1" in
+g37) # session 37: the MHA GPU tests (fixed: session 36's test took the grad of a non-leaf), the decode GEMM's shape
+    # tiers under the new default (NVFP4 at 9..16 rows on 2 x 2 x 4 CTAs, rolling), then its times against the old
+    # default (1 x 2 x 4, rolling+2ctas), and int8 at 2 and 8 rows over 8192-row weights against quack (now ours)
+    run timeout 150 $P tests/test_multihead_attention.py
+    run timeout 150 $P -n 8 tests/test_gpu_w4a16.py -k "test_shapes or a_large_weight or cuda_graph_capture_and_replay"
+    run timeout 150 python3 tests/bench_w4a16.py --m 9,16 --cta auto,1x2x4 --load auto \
+      --shapes 8192x8192,2048x8192,8192x2048,14336x4096,4096x14336
+    run timeout 80 python3 tests/bench_w4a16.py --m 2,8 --load auto --shapes 8192x8192,8192x2048,14336x4096 ;;
 m36) # session 36, issue 12 (the training step at ~59 ms, its GEMMs at cuBLAS's rate): one Llama MLP layer forward and
     # backward at 4096 tokens under default compile, against quack's gated MLP (SiLU x up in the GEMM epilogues): if
     # quack's rows save ~0.1 ms a layer or more, a training rewrite of the gated MLP onto it is worth building

@@ -183,7 +183,7 @@ def fits(spec, m):
     if spec in (None, w4.AUTO_LOAD) or m > w4.MAX_M:
         return True
     try:
-        w4.load_key(spec, w4.m_bucket(m), "nvfp4", w4.wide(m))  # the largest stages: fits the others too
+        w4.load_key(spec, w4.m_bucket(m), "nvfp4", w4.WIDE)  # the largest stages: fits the others too
         return True
     except ValueError as e:
         print(f"m{m}: skipped {spec}: {e}")
@@ -240,8 +240,8 @@ def main():
     loads = load_specs(a.load.split(",") if a.load else [w4.configured_load()],
                        [int(v) for v in a.stages.split(",")] if a.stages else None)
     print(f"device {torch.cuda.get_device_name()}, SMs {w4._num_sms(0)}, load paths {', '.join(loads)} "
-          f"(bulk default depths, wide CTAs: M <= 8 {w4.bulk_stages(8, w4.wide(8))}, M <= 16 "
-          f"{w4.bulk_stages(16, w4.wide(16))}; narrow: {w4.bulk_stages(8, w4.NARROW)}, "
+          f"(bulk default depths, wide CTAs: M <= 8 {w4.bulk_stages(8, w4.WIDE)}, M <= 16 "
+          f"{w4.bulk_stages(16, w4.WIDE)}; narrow: {w4.bulk_stages(8, w4.NARROW)}, "
           f"{w4.bulk_stages(16, w4.NARROW)})")
     packs = [{"off": False, "on": True, "tiles": "tiles"}[v.strip()] for v in a.pack.split(",")] if a.pack else [None]
     gemvs = [parse_gemv(v) for v in a.gemv.split(",")] if a.gemv else [None]

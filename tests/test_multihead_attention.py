@@ -268,7 +268,7 @@ def test_block_attention_on_the_gpu(block):
     def run(fn, dtype):
         module = model.to(dtype)
         module.zero_grad()
-        args = [t.to(dtype).requires_grad_() if t.is_floating_point() else t for t in inputs]
+        args = [t.detach().to(dtype).requires_grad_() if t.is_floating_point() else t for t in inputs]
         out = fn(*args)
         out.float().square().mean().backward()
         return [out.float()] + [t.grad.float() for t in args if t.is_floating_point()] + \

@@ -120,16 +120,18 @@ def test_ours_takes_decode_rows_of_weights_up_to_its_size(ours_takes_everything,
     assert op.w4a16_int8_shape_reason(8, 4096, 14336) is None
     assert "W4A16_MAX_ROWS_WIDE" in op.w4a16_int8_shape_reason(9, 4096, 14336)
     assert op.w4a16_int8_shape_reason(1, 8192, 8192) is None  # one row over a long K: ours measured faster
-    assert "4096 rows" in op.w4a16_int8_shape_reason(2, 8192, 8192)
+    assert op.w4a16_int8_shape_reason(8, 8192, 8192) is None and op.w4a16_int8_shape_reason(2, 8192, 2048) is None
+    assert "8192 rows" in op.w4a16_int8_shape_reason(2, 14336, 4096)
+    assert "W4A16_MAX_ROWS_WIDE" in op.w4a16_int8_shape_reason(9, 8192, 8192)
     # one row over a wide weight: our GEMV, measured faster than quack's, up to 16384 rows (Llama-8B's gate / up)
     assert op.w4a16_int8_shape_reason(1, 8192, 2048) is None
     assert op.w4a16_int8_shape_reason(1, 14336, 4096) is None
     assert "at most 16384 rows" in op.w4a16_int8_shape_reason(1, 128256, 4096)  # Llama-8B's lm_head: quack
     assert op.w4a16_int8_shape_reason(1, 28672, 8192) is None  # a long K: ours
-    x = torch.randn(2, 2048, dtype=BF16)
-    wide = torch.zeros(8192, 2048, dtype=torch.int8)
-    route, why = op.kernel_for(x, wide, torch.ones(8192, dtype=BF16))
-    assert route == "quack_int8" and "4096 rows" in why
+    x = torch.randn(2, 4096, dtype=BF16)
+    wide = torch.zeros(14336, 4096, dtype=torch.int8)
+    route, why = op.kernel_for(x, wide, torch.ones(14336, dtype=BF16))
+    assert route == "quack_int8" and "8192 rows" in why
 
 
 def test_ours_route_flattens_x_and_passes_the_bias(monkeypatch):

@@ -24,10 +24,15 @@ def cute_dsl():
     pytest.importorskip("tvm_ffi", reason="the kernel compiles with --enable-tvm-ffi")
 
 
+def bulk_cta(m):
+    """The 2 x 4-warp CTA the bulk path was tuned on: two row tiles a warp up to 8 rows, one above."""
+    return w4.HALF_WIDE if w4.m_bucket(m) > 8 else w4.WIDE
+
+
 def _key(kernel, dtype, fmt, m, split, bias, cta="wide", load="registers", scale_dtype=torch.float32):
     if kernel == "reduce":
         return w4._Key(kernel, dtype, fmt, m, split, bias, ARCH, scale_dtype=scale_dtype)
-    return w4._Key(kernel, dtype, fmt, m, split, bias, ARCH, w4.wide(m) if cta == "wide" else w4.NARROW, False, load,
+    return w4._Key(kernel, dtype, fmt, m, split, bias, ARCH, w4.WIDE if cta == "wide" else w4.NARROW, False, load,
                    scale_dtype)
 
 
@@ -90,7 +95,7 @@ def test_warmup_compiles_every_variant_of_a_format(cute_dsl):
 PTX_PROBE = """
 import sys, torch
 from fa4_inductor.kernels import w4a16_decode as w
-key = w.keys(torch.bfloat16, sys.argv[1], 8, False, False, "sm_90a", w.wide(8))[0]
+key = w.keys(torch.bfloat16, sys.argv[1], 8, False, False, "sm_90a", w.WIDE)[0]
 ptx = w.compiled(key).__ptx__
 ops = ("ld.global", "cp.async", "mul.", "fma.", "add.", "mma.")
 lines = [l.split()[0].rstrip(";") for l in ptx.splitlines() if l.strip().startswith(ops)]
@@ -118,9 +123,9 @@ def test_ptx_streams_16_byte_loads_and_keeps_subnormals(cute_dsl, fmt, tmp_path)
 # dtype, format, M bucket, split, bias, load spec, CTA, layout: both formats and M buckets, both CTAs, split and
 # bias, PDL, the packed and tiled NVFP4 layouts, the register cap
 ROLLING = [
-    (torch.bfloat16, "nvfp4", 16, False, False, "rolling", w4.wide(16), False, False),
+    (torch.bfloat16, "nvfp4", 16, False, False, "rolling", w4.WIDE, False, False),
     (torch.float16, "int8", 8, True, True, "rolling", w4.NARROW, False, False),
-    (torch.bfloat16, "nvfp4", 8, True, False, "rolling+2ctas", w4.wide(8), True, False),
+    (torch.bfloat16, "nvfp4", 8, True, False, "rolling+2ctas", w4.WIDE, True, False),
     (torch.float16, "nvfp4", 16, False, False, "rolling+2ctas", w4.NARROW, "tiles", True),
     (torch.bfloat16, "int8", 16, False, True, "rolling", w4.NARROW, False, True),
 ]
@@ -160,18 +165,20 @@ def test_rolling_variant_streams_16_byte_pieces_a_step_ahead(cute_dsl, variant, 
 
 
 def test_auto_load_rule():
-    """"auto": the capped rolling path at 9..16 rows; up to 8 rows rolling on CTAs of more than 16 rows and, for
-    int8, on 16-row CTAs over short K; the register path on 16-row CTAs otherwise (docs/benchmarks.md, session 36)."""
-    wide8, wide16, k_short, k_long = w4.wide(8), w4.wide(16), w4.ROLLING_MAX_NARROW_K, w4.ROLLING_MAX_NARROW_K + 32
+    """"auto": at 9..16 rows rolling on CTAs of two row tiles a warp, the capped rolling path on the others; up to 8
+    rows rolling on CTAs of more than 16 rows and, for int8, on 16-row CTAs over short K; the register path on 16-row
+    CTAs otherwise (docs/benchmarks.md, sessions 36 and 37)."""
+    k_short, k_long = w4.ROLLING_MAX_NARROW_K, w4.ROLLING_MAX_NARROW_K + 32
     for fmt in ("nvfp4", "int8"):
-        assert [w4.auto_load(m, k_long, cta, fmt) for m, cta in ((9, wide16), (16, w4.NARROW), (16, wide16))] == \
-            ["rolling+2ctas"] * 3
-        assert [w4.auto_load(m, k, wide8, fmt) for m in (1, 4, 8) for k in (k_short, k_long)] == ["rolling"] * 6
+        assert [w4.auto_load(m, k_long, cta, fmt) for m, cta in ((9, w4.HALF_WIDE), (16, w4.NARROW))] == \
+            ["rolling+2ctas"] * 2
+        assert [w4.auto_load(m, k, w4.WIDE, fmt) for m in (1, 4, 8, 9, 16) for k in (k_short, k_long)] == \
+            ["rolling"] * 10
         assert [w4.auto_load(m, k_long, w4.NARROW, fmt) for m in (1, 8)] == ["registers"] * 2
     assert [w4.auto_load(m, k_short, w4.NARROW, "int8") for m in (1, 8)] == ["rolling"] * 2
     assert [w4.auto_load(m, k_short, w4.NARROW, "nvfp4") for m in (1, 8)] == ["registers"] * 2
-    assert w4.resolve_load("bulk:3", 16, k_long, wide16, "int8") == "bulk:3"
-    assert w4.resolve_load("auto", 16, k_long, wide16, "nvfp4") == "rolling+2ctas"
+    assert w4.resolve_load("bulk:3", 16, k_long, w4.WIDE, "int8") == "bulk:3"
+    assert w4.resolve_load("auto", 16, k_long, w4.HALF_WIDE, "nvfp4") == "rolling+2ctas"
 
 
 def test_warmup_compiles_what_auto_picks(monkeypatch):
@@ -185,18 +192,19 @@ def test_warmup_compiles_what_auto_picks(monkeypatch):
     monkeypatch.setattr(w4, "compiled_gemv", Recorder())
     w4.warmup(torch.bfloat16, "int8", (1, 16), bias=False, device="cpu", load="auto", gemv=False)
     loads = {(k.m_max, k.cta, k.load) for k in asked if k.kernel == "main"}
-    assert loads == {(8, w4.NARROW, "rolling"), (8, w4.NARROW, "registers"), (8, w4.wide(8), "rolling"),
-                     (16, w4.NARROW, "rolling+2ctas"), (16, w4.wide(16), "rolling+2ctas")}, loads
+    assert loads == {(8, w4.NARROW, "rolling"), (8, w4.NARROW, "registers"), (8, w4.WIDE, "rolling"),
+                     (16, w4.NARROW, "rolling+2ctas"), (16, w4.HALF_WIDE, "rolling+2ctas"), (16, w4.WIDE, "rolling")
+                     }, loads
     asked.clear()
     w4.warmup(torch.bfloat16, "nvfp4", (1,), device="cpu", load="auto", gemv=False)
     assert {(k.cta, k.load) for k in asked if k.kernel == "main"} == {(w4.NARROW, "registers"),
-                                                                       (w4.wide(8), "rolling")}
+                                                                       (w4.WIDE, "rolling")}
 
 
 def test_rolling_keys():
     """The rolling paths keep their spec as the key's load (no depth), the tiled layout runs on them, and
     the register cap is compiled as its own variant."""
-    cta = w4.wide(16)
+    cta = w4.WIDE
     key = lambda spec, pack=False: w4.keys(torch.bfloat16, "nvfp4", 16, False, False, ARCH, cta, False, spec,  # noqa
                                            pack=pack)[0]
     assert key("rolling").load == "rolling" and key("rolling+2ctas").load == "rolling+2ctas"
@@ -232,7 +240,7 @@ BULK_SLOW = [
 
 
 def _bulk_key(dtype, fmt, m, split, bias, spec, cta=None):
-    cta = cta or w4.wide(m)
+    cta = cta or bulk_cta(m)
     key = w4.keys(dtype, fmt, m, split, bias, ARCH, cta, False, spec)[0]
     path, depth = w4.parse_load(spec)
     scales = "+scales" in path
@@ -243,10 +251,10 @@ def _bulk_key(dtype, fmt, m, split, bias, spec, cta=None):
 
 def test_int8_keys_drop_the_block_scale_options():
     def load(fmt, m, spec):
-        return w4.keys(torch.bfloat16, fmt, m, False, fmt == "int8", ARCH, w4.wide(m), False, spec)[0].load
+        return w4.keys(torch.bfloat16, fmt, m, False, fmt == "int8", ARCH, bulk_cta(m), False, spec)[0].load
 
     assert load("int8", 3, "bulk+ahead+prefetch+scales:3") == "bulk+ahead:3"
-    assert load("int8", 3, "bulk+scales") == f"bulk:{w4.bulk_stages(8, w4.wide(8))}"
+    assert load("int8", 3, "bulk+scales") == f"bulk:{w4.bulk_stages(8, w4.WIDE)}"
     assert load("nvfp4", 9, "bulk+scales") == "bulk+scales:10"
 
 
@@ -267,7 +275,8 @@ BULK_PTX_PROBE = """
 import sys, torch
 from fa4_inductor.kernels import w4a16_decode as w
 m = int(sys.argv[2])
-key = w.keys(torch.bfloat16, sys.argv[1], m, False, sys.argv[1] == "int8", "sm_90a", w.wide(m), False, sys.argv[3])[0]
+key = w.keys(torch.bfloat16, sys.argv[1], m, False, sys.argv[1] == "int8", "sm_90a",
+           w.HALF_WIDE if m > 8 else w.WIDE, False, sys.argv[3])[0]
 ptx = w.compiled(key).__ptx__
 open("kernel.ptx", "w").write(ptx)
 print(" ".join(l.split()[0].rstrip(";") for l in ptx.splitlines() if l.strip()[:1].isalpha()))
@@ -293,7 +302,7 @@ def test_bulk_ptx_copies_codes_through_the_ring(cute_dsl, fmt, m, spec, tmp_path
     (9 warps a CTA: at most 168 registers)."""
     ops, ptx = _bulk_ptx(fmt, m, spec, tmp_path)
     count = lambda op: sum(o == op for o in ops)  # noqa: E731
-    cta = w4.wide(m)
+    cta = bulk_cta(m)
     prefetches = count("cp.async.bulk.prefetch.L2.global")
     assert prefetches >= cta.rows // 32 if "prefetch" in spec else prefetches == 0
     if "scales" in spec:
@@ -353,11 +362,11 @@ def test_bulk_ring_depths(cute_dsl):
     narrow: 16 rows x 1040 bytes); a given depth must fit sm90's shared memory."""
     from fa4_inductor.kernels.cute.w4a16_decode_gemm import bulk_smem_bytes
 
-    wide8, wide16 = w4.wide(8), w4.wide(16)
+    wide8, wide16 = bulk_cta(8), bulk_cta(16)
     assert (w4.bulk_stages(8, wide8), w4.bulk_stages(16, wide16)) == (5, 11)
     assert (w4.bulk_stages(8, wide8, None, True), w4.bulk_stages(16, wide16, None, True)) == (5, 10)
     for m in w4.M_BUCKETS:
-        for cta in (w4.wide(m), w4.NARROW):
+        for cta in (bulk_cta(m), w4.NARROW):
             for scales in (False, True):
                 stage, red = w4._bulk_layout(m, cta, scales)
                 rows = cta.rows
@@ -561,29 +570,31 @@ def test_num_splits_is_in_range(n, k, fmt, m):
 
 def _plan(n, k, m, fmt="nvfp4"):
     shape = w4.cta_shape(n, m, 132, fmt=fmt)
-    return ("wide" if shape == w4.wide(m) else "narrow" if shape == w4.NARROW else shape,
+    return ("wide" if shape == w4.WIDE else "half wide" if shape == w4.HALF_WIDE else "narrow" if shape == w4.NARROW
+            else shape,
             w4.num_splits(n, w4.padded_k(fmt, k), fmt, shape, 132))
 
 
 def test_cta_shape_and_splits():
-    """NVFP4 weights whose wide CTAs cover a quarter of the SMs keep them (and split K below half); fewer rows take
-    the narrow 16-row CTAs, which cover the SMs without a split for Llama-1B's 2048-row projections; int8 is always
-    narrow (the H200 rows of docs/benchmarks.md, session 10 run 2)."""
+    """NVFP4 weights whose wide CTAs cover a quarter of the SMs keep them (and split K below half); at 9..16 rows
+    the half-wide CTAs where those are too few; fewer rows take the narrow 16-row CTAs, which cover the SMs without a
+    split for Llama-1B's 2048-row projections; int8 is always narrow (the H200 rows of docs/benchmarks.md, session
+    10 run 2, and the H100 rows of session 37)."""
     assert _plan(128256, 4096, 1) == ("wide", 1)
     assert _plan(14336, 4096, 1) == ("wide", 1)
     assert _plan(8192, 8192, 1) == ("wide", 1)
     assert _plan(8192, 2048, 1) == ("wide", 1)
     assert _plan(4096, 14336, 1) == ("wide", 2)  # 64 wide CTAs
-    assert _plan(4096, 14336, 16) == ("wide", 1)  # 32 rows a CTA at M > 8: 128 wide CTAs
+    assert _plan(4096, 14336, 16) == ("wide", 2)
     assert _plan(2048, 8192, 1) == ("narrow", 1)
-    assert _plan(2048, 8192, 16) == ("wide", 2)
+    assert _plan(2048, 8192, 16) == ("half wide", 2)  # 32 wide CTAs are too few at M > 8: 64 of 32 rows
     assert _plan(2048, 2048, 1) == ("narrow", 1)
     assert _plan(512, 2048, 1) == ("narrow", 1)  # 32 CTAs; K too short for 2 steps a warp in a split
     assert _plan(512, 8192, 1) == ("narrow", 2)
     assert _plan(8192, 8192, 1, "int8") == ("narrow", 1)
     assert _plan(8192, 2048, 16, "int8") == ("narrow", 1)
     assert w4.cta_shape(8192, 1, 132, forced=(1, 2, 4)) == w4.CtaShape(1, 2, 4)
-    assert w4.wide(16) == w4.CtaShape(1, 2, 4) and w4.wide(8).rows == 64 and w4.NARROW.rows == 16
+    assert w4.HALF_WIDE == w4.CtaShape(1, 2, 4) and w4.WIDE.rows == 64 and w4.NARROW.rows == 16
 
 
 def test_cta_switch_is_read_and_checked():
@@ -691,7 +702,7 @@ def test_packed_weights_are_prepared_once_per_dtype_and_scales():
 def test_pack_keys_and_switch():
     from fa4_inductor.kernels import switches
 
-    cta = w4.wide(8)
+    cta = w4.WIDE
     assert w4.keys(torch.bfloat16, "nvfp4", 3, True, False, ARCH, cta, pack=True)[0].pack
     assert not w4.keys(torch.bfloat16, "nvfp4", 3, True, False, ARCH, cta)[0].pack
     assert not w4.keys(torch.bfloat16, "nvfp4", 3, True, False, ARCH, cta, pack=True)[1].pack  # the reduce
@@ -702,7 +713,7 @@ def test_pack_keys_and_switch():
 
 
 def _pack_key(dtype, m, split, cta="wide", tiled=False):
-    return w4._Key("main", dtype, "nvfp4", m, split, False, ARCH, w4.wide(m) if cta == "wide" else w4.NARROW, False,
+    return w4._Key("main", dtype, "nvfp4", m, split, False, ARCH, w4.WIDE if cta == "wide" else w4.NARROW, False,
                    "registers", pack=True, tiled=tiled)
 
 
@@ -732,12 +743,12 @@ def test_tiled_words_round_trip(n, k):
 def test_tiled_keys():
     from fa4_inductor.kernels import switches
 
-    key = w4.keys(torch.bfloat16, "nvfp4", 3, False, False, ARCH, w4.wide(8), pack="tiles")[0]
+    key = w4.keys(torch.bfloat16, "nvfp4", 3, False, False, ARCH, w4.WIDE, pack="tiles")[0]
     assert key.pack and key.tiled
     with pytest.raises(ValueError, match="register load paths only"):
-        w4.keys(torch.bfloat16, "nvfp4", 3, False, False, ARCH, w4.wide(8), load="bulk", pack="tiles")
+        w4.keys(torch.bfloat16, "nvfp4", 3, False, False, ARCH, w4.WIDE, load="bulk", pack="tiles")
     with pytest.raises(ValueError, match="NVFP4 layout"):
-        w4.keys(torch.bfloat16, "nvfp4", 3, False, False, ARCH, w4.wide(8), pack="rows")
+        w4.keys(torch.bfloat16, "nvfp4", 3, False, False, ARCH, w4.WIDE, pack="rows")
     assert switches.read({"FA4_INDUCTOR_W4A16_PACK": "tiles"}).w4a16_pack == "tiles"
     with pytest.raises(ValueError, match="off, on or tiles"):
         switches.read({"FA4_INDUCTOR_W4A16_PACK": "tile"})
@@ -749,7 +760,7 @@ from fa4_inductor.kernels import w4a16_decode as w
 for i, spec in enumerate(sys.argv[1:]):
     dtype, m, split, cta, tiled = spec.split(",")
     key = w._Key("main", getattr(torch, dtype), "nvfp4", int(m), split == "1", False, "sm_90a",
-                 w.wide(int(m)) if cta == "wide" else w.NARROW, False, "registers", pack=True, tiled=tiled == "1")
+                 w.WIDE if cta == "wide" else w.NARROW, False, "registers", pack=True, tiled=tiled == "1")
     open(f"kernel{i}.ptx", "w").write(w.compiled(key).__ptx__)
 """
 
