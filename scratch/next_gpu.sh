@@ -10,6 +10,14 @@ P="python3 -m pytest -m gpu -q -p no:cacheprovider -p no:logging -W ignore -rf"
 L=$OUT/log.txt
 run() { echo "+ $*" >>$L; PYTHONUNBUFFERED=1 "$@" >>$L 2>&1; echo "rc=$?" >>$L; }
 case "$1" in
+p37) # session 37, after g37 (2 row tiles a warp at 16 rows: 32.8 against 47.3 us on 8192 x 8192): more row tiles, and
+    # the packed NVFP4 layout, which fits them in fewer registers (sm_90a SASS, rolling at 16 rows: 2x2x4 176 -> 148
+    # registers; 4x1x8 255 with 4 local accesses a loop -> 212 without, 13.2 -> 11.3 instructions a MMA; 3x2x4 255 with
+    # 6 -> 176 without)
+    run timeout 200 python3 tests/bench_w4a16.py --m 16 --cta 2x2x4,4x1x8,3x2x4 --load rolling --pack off,on \
+      --shapes 8192x8192,8192x2048,14336x4096,4096x14336
+    run timeout 100 python3 tests/bench_w4a16.py --m 8 --cta 2x2x4,4x1x8 --load rolling --pack off,on \
+      --shapes 8192x8192,8192x2048,14336x4096,4096x14336 ;;
 g37) # session 37: the MHA GPU tests (fixed: session 36's test took the grad of a non-leaf), the decode GEMM's shape
     # tiers under the new default (NVFP4 at 9..16 rows on 2 x 2 x 4 CTAs, rolling), then its times against the old
     # default (1 x 2 x 4, rolling+2ctas), and int8 at 2 and 8 rows over 8192-row weights against quack (now ours)
