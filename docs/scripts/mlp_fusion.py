@@ -14,12 +14,29 @@ step has `layers` such MLPs: the last column is what each row would take or save
 
     python3 docs/scripts/mlp_fusion.py [tokens hidden intermediate layers]    # default 4096 2048 8192 16
 """
+import contextvars
 import sys
 
 import torch
 import torch.nn.functional as F
 
 from fa4_inductor.bench import gpu_ms
+
+
+def _key_context_vars():
+    """quack 0.6.5 keys each GEMM epilogue by the values its function reaches, and CuTe DSL 4.8.1 puts a ContextVar of
+    source-location transforms among them, which quack has no key for (session 37: importing its epilogue library
+    raised TypeError). The variable holds debug locations, not math: key it by its name."""
+    from quack.gemm_runtime import identity
+
+    keyed = identity.semantic_value_key
+
+    def semantic_value_key(value, seen):
+        if isinstance(value, contextvars.ContextVar):
+            return ("contextvar", value.name)
+        return keyed(value, seen)
+
+    identity.semantic_value_key = semantic_value_key
 
 
 def main():
@@ -43,6 +60,7 @@ def main():
     rows = {"inductor": (torch.compile(separate), (x, w_gate, w_up, w_down)),
             "inductor, gate_up": (torch.compile(concatenated), (x, w_gate_up, w_down))}
     try:
+        _key_context_vars()
         from quack.mlp import mlp_func
 
         rows["quack, gate_up"] = (lambda x, wgu, wd: mlp_func(x, wgu, wd, "swiglu", concat_layout=True),
