@@ -70,7 +70,7 @@ KEPT_ON_TRANSFORMERS_4_PREFILL = {
     # masks 4.57 builds in ways the proofs do not read and that have no run-time form the op takes
     ("distilbert", "eager"): "built by expand_as",
     ("clip_text_model", "eager"): "updated in place",
-    ("clip_text_model", "sdpa"): "built by add",
+    ("clip_text_model", "sdpa"): "of masks that are not 0 and -inf",  # causal + padding, finfo.min where hidden
     ("modernbert", "sdpa"): "not positions proven from the graph",  # its sliding layers (the global ones: the op)
 }
 """Padded prefills whose layers transformers 4.57 writes in ways the op does not take, with their reasons: as written
