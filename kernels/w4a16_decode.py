@@ -118,8 +118,8 @@ NVFP4_ONLY = ("prefetch", "scales")  # options about block scales: dropped for i
 ROLLING_CTAS = 2  # "rolling+2ctas": registers capped so that two CTAs fit a SM
 AUTO_LOAD = "auto"
 ROLLING_MAX_NARROW_K = 4096
-"""The load path "auto" (the default) picks per call (`auto_load`): at 9..16 rows "rolling" on CTAs of two row tiles a
-warp (`wide`), "rolling+2ctas" on the others; up to 8 rows "rolling" on CTAs of more than 16 rows and, for int8, on
+"""The load path "auto" (the default) picks per call (`auto_load`): at 9..16 rows "rolling" on CTAs of several row tiles a
+warp (`WIDE`, `PACKED_WIDE`), "rolling+2ctas" on the others; up to 8 rows "rolling" on CTAs of more than 16 rows and, for int8, on
 16-row ones over K <= ROLLING_MAX_NARROW_K, else "registers" (NVFP4 on 16-row CTAs was measured over K = 8192 only,
 where rolling is slower). H100, docs/benchmarks.md session 36, two runs, us, registers / rolling / rolling+2ctas:
 NVFP4 at 16 rows (1 x 2 x 4 CTAs) 8192 x 8192 49.8 / 49.1-62.2 / 46.7, 8192 x 2048 16.6 / 16.0 / 14.1, 14336 x 4096
@@ -186,15 +186,18 @@ class CtaShape(NamedTuple):
 NARROW = CtaShape(1, 1, 8)
 WIDE = CtaShape(2, 2, 4)  # 2 x 4 warps of 2 row tiles: x read once for 32 rows a warp
 HALF_WIDE = CtaShape(1, 2, 4)
+PACKED_WIDE = CtaShape(4, 1, 8)  # 8 warps along K of 4 row tiles: the packed layout at 9..16 rows
 
 
-def auto_ctas(m: int) -> tuple[CtaShape, ...]:
-    """The CTA shapes `cta_shape` picks from at m rows, widest first."""
-    return (WIDE, HALF_WIDE, NARROW) if m_bucket(m) > 8 else (WIDE, NARROW)
+def auto_ctas(m: int, pack=False) -> tuple[CtaShape, ...]:
+    """The CTA shapes `cta_shape` picks from at m rows (NVFP4 in layout `pack`), widest first."""
+    if m_bucket(m) <= 8:
+        return WIDE, NARROW
+    return (PACKED_WIDE if pack is True else WIDE), HALF_WIDE, NARROW
 
 
-def cta_shape(n: int, m: int, num_sms: int, forced: Optional[tuple[int, int, int]] = None, fmt: str = "nvfp4"
-              ) -> CtaShape:
+def cta_shape(n: int, m: int, num_sms: int, forced: Optional[tuple[int, int, int]] = None, fmt: str = "nvfp4",
+              pack=False) -> CtaShape:
     """The CTA shape for an n-row weight: `forced` (FA4_INDUCTOR_W4A16_CTA, tests, tuning) if given; else for NVFP4
     the widest of `auto_ctas` whose CTAs cover a quarter of the SMs (Llama-1B's 2048- and 512-row projections: 128 /
     32 CTAs of 16 rows instead of 32 / 8 of 64); int8 always narrow. H200, docs/benchmarks.md session 10 run 2:
@@ -203,12 +206,14 @@ def cta_shape(n: int, m: int, num_sms: int, forced: Optional[tuple[int, int, int
     narrow is as fast or faster on every row. At 9..16 rows (H100, session 37, the rolling load path) 2 x 2 x 4 CTAs
     take 8192 x 8192 in 32.3 us against 46.3 on 1 x 2 x 4 ones (8192 x 2048 10.6 / 14.1, 14336 x 4096 32.9 / 46.7,
     4096 x 14336 33.9 / 40.4): x's loads serve twice the weight rows. 1 x 2 x 4 is kept where 2 x 2 x 4 CTAs would be
-    too few (2048 x 8192, as measured before)."""
+    too few (2048 x 8192, as measured before). The packed layout (`pack` True) takes 4 x 1 x 8 there instead (session
+    37 run 5, rolling, packed on 4 x 1 x 8 / on 2 x 2 x 4: 8192 x 8192 28.5 / 34.3, 8192 x 2048 10.6 / 11.3, 14336 x
+    4096 29.8 / 34.4, 4096 x 14336 31.1 / 34.7; 212 registers without spills, 11.3 instructions a MMA)."""
     if forced is not None:
         return CtaShape(*forced)
     if fmt != "nvfp4":
         return NARROW
-    return next(shape for shape in auto_ctas(m) if shape == NARROW or 4 * -(-n // shape.rows) > num_sms)
+    return next(shape for shape in auto_ctas(m, pack) if shape == NARROW or 4 * -(-n // shape.rows) > num_sms)
 
 
 def num_splits(n: int, k_padded: int, fmt: str, shape: CtaShape, num_sms: int) -> int:
@@ -942,7 +947,7 @@ def warmup(dtype: torch.dtype, fmt: str, m_values=M_BUCKETS, *, bias: Optional[b
     before = len(compiled)
     forced, pdl = switches.current().w4a16_cta, switches.current().w4a16_pdl
     for m in m_values:
-        for cta in ({CtaShape(*forced)} if forced else set(auto_ctas(m))):
+        for cta in ({CtaShape(*forced)} if forced else set(auto_ctas(m, pack))):
             for split in (False, True):
                 for b in ((False, True) if bias is None else (bool(bias),)):
                     if fmt == "nvfp4" and b:
@@ -980,7 +985,7 @@ def _run(fmt: str, x2d: Tensor, words: Tensor, block: Optional[Tensor], scale: T
     out = torch.empty(m, n, dtype=x.dtype, device=device)
     num_sms = _num_sms(device.index if device.index is not None else torch.cuda.current_device())
     env = switches.current()
-    shape = cta_shape(n, m, num_sms, cta or env.w4a16_cta, fmt)
+    shape = cta_shape(n, m, num_sms, cta or env.w4a16_cta, fmt, pack)
     if splits is None:
         splits = num_splits(n, kp, fmt, shape, num_sms)
     split = splits > 1

@@ -162,7 +162,7 @@ def test_int8_scales_read_in_their_own_dtype(dtype, scale_dtype, splits):
 
 @pytest.mark.parametrize("pack", PACKS, ids=PACK_IDS)
 @pytest.mark.parametrize("load", LOADS)
-@pytest.mark.parametrize("cta", [(1, 1, 8), (2, 2, 4), (1, 2, 8), (2, 1, 2), (4, 2, 4)],
+@pytest.mark.parametrize("cta", [(1, 1, 8), (2, 2, 4), (1, 2, 8), (2, 1, 2), (4, 2, 4), (4, 1, 8)],
                          ids=lambda c: "x".join(map(str, c)))
 @pytest.mark.parametrize("m", [1, 9])
 def test_forced_cta_shapes(cta, m, load, pack):
@@ -214,14 +214,15 @@ def test_a_large_weight(load, pack):
 def test_rolling_loads_are_the_register_path_bit_for_bit(spec, pack):
     """The rolling load path changes when operands arrive, not the arithmetic: each accumulator takes the same
     MMAs in the same order, so its output is the register path's bit for bit, for every M bucket, split or not,
-    both CTAs and 2 or 4 row tiles a warp, NVFP4 in each layout and int8 with a bias, K not a multiple of a warp's
+    both CTAs and 2 or 4 row tiles a warp (the packed layout's 4 x 1 x 8 at 9..16 rows too), NVFP4 in each layout and int8 with a bias, K not a multiple of a warp's
     steps."""
     w_fp4, block, global_scale = random_nvfp4(333, 4160, seed=7, device="cuda")
     w_int8 = torch.randint(-128, 128, (333, 4160), dtype=torch.int8, device="cuda")
     scale, bias = torch.rand(333, device="cuda") / 64, torch.randn(333, dtype=torch.bfloat16, device="cuda")
     for m in (1, 5, 8, 9, 16):
         x = torch.randn(m, 4160, dtype=torch.bfloat16, device="cuda")
-        for splits, cta in ((1, None), (3, None), (1, tuple(w4.NARROW)), (1, (2, 2, 4)), (2, (4, 2, 4))):
+        for splits, cta in ((1, None), (3, None), (1, tuple(w4.NARROW)), (1, (2, 2, 4)), (2, (4, 2, 4)),
+                            (1, (4, 1, 8))):
             def nvfp4(load):
                 return w4.nvfp4_matmul(x, w_fp4, block, global_scale, splits=splits, cta=cta, load=load, pack=pack,
                                       gemv=False)

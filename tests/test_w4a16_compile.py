@@ -128,6 +128,7 @@ ROLLING = [
     (torch.bfloat16, "nvfp4", 8, True, False, "rolling+2ctas", w4.WIDE, True, False),
     (torch.float16, "nvfp4", 16, False, False, "rolling+2ctas", w4.NARROW, "tiles", True),
     (torch.bfloat16, "int8", 16, False, True, "rolling", w4.NARROW, False, True),
+    (torch.bfloat16, "nvfp4", 16, True, False, "rolling", w4.PACKED_WIDE, True, False),
 ]
 
 ROLLING_PROBE = """
@@ -594,6 +595,10 @@ def test_cta_shape_and_splits():
     assert _plan(8192, 8192, 1, "int8") == ("narrow", 1)
     assert _plan(8192, 2048, 16, "int8") == ("narrow", 1)
     assert w4.cta_shape(8192, 1, 132, forced=(1, 2, 4)) == w4.CtaShape(1, 2, 4)
+    # the packed layout (pairs) at 9..16 rows: four row tiles a warp, 8 warps along K (session 37 run 5)
+    assert [w4.cta_shape(8192, m, 132, pack=True) for m in (8, 16)] == [w4.WIDE, w4.PACKED_WIDE]
+    assert w4.cta_shape(8192, 16, 132, pack="tiles") == w4.WIDE
+    assert w4.cta_shape(2048, 16, 132, pack=True) == w4.HALF_WIDE
     assert w4.HALF_WIDE == w4.CtaShape(1, 2, 4) and w4.WIDE.rows == 64 and w4.NARROW.rows == 16
 
 
