@@ -57,7 +57,8 @@ def compile_variant(argv):
         argv, flags, values = options(argv, ("--cta",), parse=switches.parse_cta_shape)
         m = int(argv[2])
         cta = (w4.CtaShape(*values["--cta"]) if "--cta" in values else
-               w4.NARROW if "--narrow" in flags else w4.cta_shape(8192, m, 132))
+               w4.NARROW if "--narrow" in flags else
+               w4.cta_shape(8192, m, 132, pack="tiles" if "--tiles" in flags else "--pack" in flags))
         load = w4.load_key(argv[3] if len(argv) > 3 else "registers", m, argv[1], cta)
         dtype = torch.float16 if "--f16" in flags else torch.bfloat16
         w4.compiled(w4._Key("main", dtype, argv[1], m, "--split" in flags, False, "sm_90a", cta, False, load,
