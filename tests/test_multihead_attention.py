@@ -6,8 +6,11 @@ against eager, one compile over sequence lengths; on a GPU, ViT-B's attention (p
 in bf16 against default compile and float32."""
 
 import copy
+import math
 
 import expecttest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 import pytest
 import torch
 import torch.nn as nn
@@ -277,3 +280,62 @@ def test_block_attention_on_the_gpu(block):
         bound = 2 * (d - r).abs().max().item() + 1e-3 * r.abs().max().item()
         assert (o - r).abs().max().item() <= bound
     assert records and all(r.rewritten or r.detail.startswith(CROSSOVER_ROUTES) for r in records), records
+
+
+MASKS = ("none", "padding", "bool causal", "bool random", "float causal", "float padding and causal", "per head",
+         "is_causal hint")
+
+
+@st.composite
+def multihead_calls(draw):
+    """A random nn.MultiheadAttention call: width and heads, batch first or not, biases, separate q / k / v weights
+    (kdim / vdim), self- or cross-attention (key is value or not), each kind of mask as a graph input, weights asked
+    for (unread) or not, inference or a training step."""
+    embed, heads = draw(st.sampled_from([(16, 2), (24, 3), (32, 4)]))
+    separate = draw(st.booleans())
+    cross = separate or draw(st.booleans())
+    batch, length = draw(st.integers(1, 3)), draw(st.integers(1, 9))
+    return dict(embed=embed, heads=heads, batch_first=draw(st.booleans()), bias=draw(st.booleans()),
+                kdim=12 if separate else None, vdim=20 if separate else None, cross=cross,
+                key_is_value=not separate and draw(st.booleans()), batch=batch, length=length,
+                source=draw(st.integers(1, 9)) if cross else length, mask=draw(st.sampled_from(MASKS)),
+                need_weights=draw(st.booleans()), training=draw(st.booleans()), seed=draw(st.integers(0, 99)))
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(call=multihead_calls())
+def test_random_calls_match_eager(call):
+    """Whatever the call, opened or kept: the output (and in training the gradients) eager's."""
+    torch.manual_seed(call["seed"])
+    n, length, source, heads = call["batch"], call["length"], call["source"], call["heads"]
+    attn = nn.MultiheadAttention(call["embed"], heads, bias=call["bias"], batch_first=call["batch_first"],
+                                 kdim=call["kdim"], vdim=call["vdim"]).train(call["training"])
+    laid = (lambda t, d: torch.randn(n, t, d)) if call["batch_first"] else (lambda t, d: torch.randn(t, n, d))
+    x = laid(length, call["embed"])
+    key = laid(source, call["kdim"] or call["embed"]) if call["cross"] else x
+    value = key if call["key_is_value"] or not call["cross"] else laid(source, call["vdim"] or call["embed"])
+    causal = torch.ones(length, source, dtype=torch.bool).triu(1)
+    padding = torch.rand(n, source) < 0.3
+    padding[:, 0] = False
+    kind, is_causal = call["mask"], call["mask"] == "is_causal hint" and length == source
+    attn_mask = {"bool causal": causal, "bool random": torch.rand(length, source) < 0.3,
+                 "float causal": torch.zeros(length, source).masked_fill(causal, -math.inf),
+                 "float padding and causal": torch.zeros(length, source).masked_fill(causal, -math.inf),
+                 "per head": torch.rand(n * heads, length, source) < 0.3,
+                 "is_causal hint": torch.zeros(length, source).masked_fill(causal, -math.inf)}.get(kind)
+    if attn_mask is not None and attn_mask.dtype == torch.bool:
+        attn_mask[..., 0] = False
+    key_padding_mask = {"padding": padding,
+                        "float padding and causal": torch.zeros(n, source).masked_fill(padding, -math.inf)}.get(kind)
+
+    def fn(x, key, value, key_padding_mask, attn_mask):
+        return attn(x, key, value, key_padding_mask=key_padding_mask, attn_mask=attn_mask,
+                    need_weights=call["need_weights"], is_causal=is_causal)[0]
+
+    args = (x, key, value, key_padding_mask, attn_mask)
+    if call["training"]:
+        gradients_match_eager(attn, lambda x: fn(x, *args[1:]), x)
+        return
+    torch._dynamo.reset()
+    with torch.no_grad():
+        torch.testing.assert_close(torch.compile(fn, backend=Recorder())(*args), fn(*args), atol=1e-5, rtol=1e-4)
