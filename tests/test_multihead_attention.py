@@ -61,7 +61,7 @@ attention_out: f32[2, 4, 12, 8] = getitem(fa4_attention, 0)
 permute_1: f32[12, 2, 4, 8] = .permute(attention_out, 2, 0, 1, 3)
 flatten: f32[12, 2, 32] = .flatten(permute_1, 2)
 linear_1: f32[12, 2, 32] = linear(flatten, self.attn.out_proj.weight, self.attn.out_proj.bias)""")
-        self.assertExpectedInline(str(rec.records[0]), """[rewritten] sdpa        attn (test_multihead_attention.py:27 in forward): fa4.attention(q[2x4x12x8], k[2x4x12x8], v[2x4x12x8], scale=0.353553)""")
+        self.assertExpectedInline(str(rec.records[0]), """[rewritten] sdpa        attn (test_multihead_attention.py:30 in forward): fa4.attention(q[2x4x12x8], k[2x4x12x8], v[2x4x12x8], scale=0.353553)""")
 
     def test_a_padding_mask_reaches_the_op_as_its_key_mask(self):
         torch.manual_seed(0)
