@@ -160,6 +160,25 @@ def test_separate_projection_weights_are_opened():
     assert [(r.family, r.rewritten) for r in rec.records] == [("sdpa", True)], rec.records
 
 
+class CausalTextBlock(nn.Module):
+    """OpenCLIP's text tower: the causal mask a float buffer, read by value when compiling."""
+
+    def __init__(self):
+        super().__init__()
+        self.attn = nn.MultiheadAttention(32, 4, batch_first=True)
+        self.register_buffer("attn_mask", causal(), persistent=False)
+
+    def forward(self, x):
+        return self.attn(x, x, x, attn_mask=self.attn_mask, need_weights=False)[0]
+
+
+def test_a_causal_mask_buffer_reaches_the_op_as_causal():
+    torch.manual_seed(7)
+    rec = against_float64(CausalTextBlock().eval(), torch.randn(2, 12, 32))
+    assert [(r.family, r.rewritten) for r in rec.records] == [("sdpa", True)], rec.records
+    assert rec.records[0].detail.endswith("scale=0.353553, causal=True)"), rec.records[0]
+
+
 def gradients_match_eager(module, fn, x, *args):
     """fn(x, *args) compiled with the recorder: its output and the gradients of x and of module's parameters eager's;
     returns the recorder."""
