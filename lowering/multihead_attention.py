@@ -106,16 +106,26 @@ def _sdpa_mask(make: NodeMaker, call: dict) -> tuple[Node | None, bool]:
     masks = [(m, padded) for m, padded in ((attn_mask, False), (padding, True)) if m is not None]
     if not masks:
         return None, False
-    hidden = [_hidden_where(m) for m, _ in masks]
-    if all(h is not None for h in hidden):
-        kept = [_placed(make, make(torch.logical_not, h), padded, heads) for h, (_, padded) in zip(hidden, masks)]
-        return (kept[0] if len(kept) == 1 else make(operator.and_, *kept)), False
+    if (kept := keys_kept(make, masks, heads)) is not None:
+        return kept, False
     dtype = value(call["query"]).dtype
-    added = [_placed(make, m, padded, heads) if h is None else
-             make("to", make(torch.where, _placed(make, make(torch.logical_not, h), padded, heads), 0.0, -math.inf),
-                  dtype)
-             for (m, padded), h in zip(masks, hidden)]
+    added = []
+    for m, padded in masks:
+        h = hidden_where(m)
+        added.append(_placed(make, m, padded, heads) if h is None else make(
+            "to", make(torch.where, _placed(make, make(torch.logical_not, h), padded, heads), 0.0, -math.inf), dtype))
     return (added[0] if len(added) == 1 else make(operator.add, *added)), False
+
+
+def keys_kept(make: NodeMaker, masks: list, heads: int) -> Node | None:
+    """The boolean SDPA mask (True: attend) of `masks`, (mask, is a key padding mask) pairs whose masks are boolean
+    (True: hidden) or nn's float masks made from one (`hidden_where`), joined by `&`; None where one is a float mask
+    of other values."""
+    hidden = [hidden_where(m) for m, _ in masks]
+    if any(h is None for h in hidden):
+        return None
+    kept = [_placed(make, make(torch.logical_not, h), padded, heads) for h, (_, padded) in zip(hidden, masks)]
+    return kept[0] if len(kept) == 1 else make(operator.and_, *kept)
 
 
 def _placed(make: NodeMaker, mask: Node, padding: bool, heads: int) -> Node:
@@ -126,7 +136,7 @@ def _placed(make: NodeMaker, mask: Node, padding: bool, heads: int) -> Node:
     return make("unflatten", mask, 0, (-1, heads)) if len(shape(mask)) == 3 else mask
 
 
-def _hidden_where(mask: Node) -> Node | None:
+def hidden_where(mask: Node) -> Node | None:
     """The boolean m (True: hidden) of a boolean mask, or of nn.MultiheadAttention's float mask made from one:
     `torch.zeros_like(m, dtype=...).masked_fill_(m, -inf)`; None for a float mask of other values."""
     if value(mask).dtype == torch.bool:

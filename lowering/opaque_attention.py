@@ -5,7 +5,8 @@
     flex_attention(q, k, v, score_mod, block_mask, scale, ...)   torch's flex_attention higher-order op
                                                                  (transformers' attn_implementation="flex_attention")
     torch._transformer_encoder_layer_fwd(src, ...)               nn.TransformerEncoderLayer in eval mode without
-                                                                 gradients (PyTorch's fused fast path)
+                                                                 gradients (PyTorch's fused fast path), over a
+                                                                 nested tensor (`encoder_layer` opens the others)
     torch._native_multi_head_attention(q, k, v, ...)             nn.MultiheadAttention's fast path, where Dynamo takes it
 
 None is opened here. The functional holds its projections, masks and SDPA call inside one call (decomposed later, by
@@ -30,8 +31,8 @@ REASONS = {
         "bias_k / bias_v, zero attention, static K / V, dropout in training or unbatched input: kept as written",
     torch._transformer_encoder_layer_fwd:
         "nn.TransformerEncoderLayer's fused inference kernel (eval mode without gradients: PyTorch's fast path) is one "
-        "call holding the whole layer, which this backend does not open: kept as written (in training, or with "
-        "gradients enabled, its nn.MultiheadAttention reaches fa4::attention)",
+        "call holding the whole layer, which this backend opens (encoder_layer.py) except over a nested-tensor input: "
+        "kept as written",
     torch._native_multi_head_attention:
         "nn.MultiheadAttention's fused inference kernel (PyTorch's fast path) is one call, which this backend does not "
         "open: kept as written",

@@ -15,9 +15,10 @@
                                                  fa4::nvfp4_gated_linear (post-grad, over what sibling_linears wrote;
                                                  option `gated_linears`)
 
-Around the TORCH_IR families, four passes that rewrite no op of a family: vmapped_masks.unvmap and
+Around the TORCH_IR families, five passes that rewrite no op of a family: vmapped_masks.unvmap and
 overwritten_masks.overwrite (before: masks written as the broadcasting or the value they compute),
-multihead_attention.open_multihead (before: nn.MultiheadAttention's plain self-attention written as its SDPA call) and
+multihead_attention.open_multihead and encoder_layer.open_encoder_layers (before: nn.MultiheadAttention's call and
+nn.TransformerEncoderLayer's fused inference call written as the SDPA call and layer they compute) and
 rotary_tables.compute_once (after; option `rotary_tables`: a rotary embedding's cos / sin computed once).
 
 A family's stage says which graph it sees: TORCH_IR families run on the Dynamo graph in the backend,
@@ -36,8 +37,9 @@ import torch
 from torch._guards import detect_fake_mode
 from torch.fx import GraphModule, Node
 
-from . import (gated_linears, handwritten_attention, int8_int8_linear, int8_linear, multihead_attention, nvfp4_linear,
-               opaque_attention, overwritten_masks, rotary_tables, sdpa_calls, sibling_linears, vmapped_masks)
+from . import (encoder_layer, gated_linears, handwritten_attention, int8_int8_linear, int8_linear, multihead_attention,
+               nvfp4_linear, opaque_attention, overwritten_masks, rotary_tables, sdpa_calls, sibling_linears,
+               vmapped_masks)
 from .family import TORCH_IR, Context, Family
 from .graph_edit import erased
 from .masks import BodyConstants, Outside
@@ -120,6 +122,7 @@ def _run_graph(gm: GraphModule, options, fake_mode, constants: dict) -> tuple[li
     vmapped_masks.unvmap(gm, fake_mode)
     overwritten_masks.overwrite(gm, fake_mode)
     multihead_attention.open_multihead(gm, fake_mode)
+    encoder_layer.open_encoder_layers(gm, fake_mode)
     context = Context(gm, options, fake_mode, constants=constants)
     records = run_families(context, TORCH_IR)
     if options.rotary_tables:
