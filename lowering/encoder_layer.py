@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch.fx import GraphModule, Node
 
-from .graph_edit import NodeMaker, erase_dead
+from .graph_edit import NodeMaker, open_calls
 from .multihead_attention import keys_kept
 from .spellings import ADD, EXPAND, RESHAPE, same_size, shape, value
 
@@ -37,22 +37,7 @@ ARGUMENTS = ("src", "embed", "heads", "qkv_w", "qkv_b", "proj_w", "proj_b", "use
 
 def open_encoder_layers(gm: GraphModule, fake_mode) -> int:
     """Rewrite each `torch._transformer_encoder_layer_fwd` node of the graph (above); returns how many."""
-    done = 0
-    for node in list(gm.graph.nodes):
-        if node.op != "call_function" or node.target is not torch._transformer_encoder_layer_fwd:
-            continue
-        call = _openable(node)
-        if call is None:
-            continue
-        with gm.graph.inserting_before(node):
-            make = NodeMaker(gm.graph, node, fake_mode)
-            out = _layer(make, call)
-        node.replace_all_uses_with(out)
-        gm.graph.erase_node(node)
-        if isinstance(call["mask"], Node):
-            erase_dead(gm.graph, [call["mask"]])
-        done += 1
-    return done
+    return open_calls(gm, fake_mode, torch._transformer_encoder_layer_fwd, _openable, _layer)
 
 
 def _openable(node: Node) -> dict | None:

@@ -42,6 +42,27 @@ class NodeMaker:
         return node
 
 
+def open_calls(gm, fake_mode, target, bound, written) -> int:
+    """Write each call of `target` in gm's graph that `bound(node)` takes (its arguments by name; None: left as it
+    is) as what `written(make, arguments)` builds before it, and erase the call and what only it read. A call that
+    returns a tuple has its first element replaced (its one reader, `call[0]`). Returns how many were written."""
+    done = 0
+    for node in list(gm.graph.nodes):
+        if node.op != "call_function" or node.target is not target or (arguments := bound(node)) is None:
+            continue
+        with gm.graph.inserting_before(node):
+            out = written(NodeMaker(gm.graph, node, fake_mode), arguments)
+        replaced = next(iter(node.users)) if isinstance(value(node), tuple) else node
+        replaced.replace_all_uses_with(out)
+        inputs = list(node.all_input_nodes)
+        if replaced is not node:
+            gm.graph.erase_node(replaced)
+        gm.graph.erase_node(node)
+        erase_dead(gm.graph, inputs)
+        done += 1
+    return done
+
+
 def _fake_call(target, args, kwargs):
     """target(*args, **kwargs) on fake values. A batched matmul goes through einsum, and a linear over 3 or more dims
     is made from its shape: torch 2.11's fake matmul of operands of 3 or more dims guards their symbolic sizes to the

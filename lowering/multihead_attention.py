@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch.fx import GraphModule, Node
 
-from .graph_edit import NodeMaker, erase_dead
+from .graph_edit import NodeMaker, open_calls
 from .spellings import is_zero, same_size, shape, value
 
 SIGNATURE = inspect.signature(F.multi_head_attention_forward)
@@ -40,28 +40,16 @@ ALL_KEYS = (slice(None), None, None, slice(None))
 
 def open_multihead(gm: GraphModule, fake_mode) -> int:
     """Rewrite each `F.multi_head_attention_forward` node of the graph that computes the above; returns how many."""
-    done = 0
-    for node in list(gm.graph.nodes):
-        if node.op != "call_function" or node.target is not F.multi_head_attention_forward:
-            continue
-        call = _openable(node)
-        if call is None:
-            continue
-        (out_user,) = node.users
-        masks = [call["attn_mask"], call["key_padding_mask"]]
-        with gm.graph.inserting_before(node):
-            make = NodeMaker(gm.graph, node, fake_mode)
-            q, k, v = _projected_heads(make, call)
-            mask, causal = _sdpa_mask(make, call)
-            attention = make(F.scaled_dot_product_attention, q, k, v, attn_mask=mask, is_causal=causal)
-            merged = make("flatten", make("permute", attention, 2, 0, 1, 3), 2)
-            out = make(F.linear, merged, call["out_proj_weight"], call["out_proj_bias"])
-        out_user.replace_all_uses_with(out)
-        gm.graph.erase_node(out_user)
-        gm.graph.erase_node(node)
-        erase_dead(gm.graph, [m for m in masks if isinstance(m, Node)])
-        done += 1
-    return done
+    return open_calls(gm, fake_mode, F.multi_head_attention_forward, _openable, _attention)
+
+
+def _attention(make: NodeMaker, call: dict) -> Node:
+    """The call's output [L, N, E], as the SDPA call it computes."""
+    q, k, v = _projected_heads(make, call)
+    mask, causal = _sdpa_mask(make, call)
+    attention = make(F.scaled_dot_product_attention, q, k, v, attn_mask=mask, is_causal=causal)
+    merged = make("flatten", make("permute", attention, 2, 0, 1, 3), 2)
+    return make(F.linear, merged, call["out_proj_weight"], call["out_proj_bias"])
 
 
 def _projected_heads(make: NodeMaker, call: dict) -> tuple[Node, Node, Node]:

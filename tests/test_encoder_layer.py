@@ -29,31 +29,38 @@ def causal():
     return torch.ones(12, 12, dtype=torch.bool).triu(1)
 
 
+class Encoder(nn.Module):
+    """A layer inside a user's module (the graph's inputs then carry the user's names, `x` and `self.layer`)."""
+
+    def __init__(self):
+        super().__init__()
+        self.layer = layer()
+
+    def forward(self, x):
+        return self.layer(x)
+
+
 class TestEncoderLayer(expecttest.TestCase):
     def test_the_fused_call_is_opened(self):
         torch.manual_seed(0)
-        module = layer()
         with torch.no_grad():
-            rec, out = compile_and_record(module, torch.randn(2, 12, 32))
-        self.assertExpectedInline(rec.summary, """\
-linear: f32[2, 12, 96] = linear(args[0], fn.self_attn.in_proj_weight, fn.self_attn.in_proj_bias)
-unflatten: f32[2, 12, 3, 4, 8] = .unflatten(linear, -1, (3, 4, 8))
-permute: f32[3, 2, 4, 12, 8] = .permute(unflatten, 2, 0, 3, 1, 4)
-getitem: f32[2, 4, 12, 8] = getitem(permute, 0)
-getitem_1: f32[2, 4, 12, 8] = getitem(permute, 1)
-getitem_2: f32[2, 4, 12, 8] = getitem(permute, 2)
+            rec, out = compile_and_record(Encoder().eval(), torch.randn(2, 12, 32))
+        lines = rec.summary.splitlines()  # q / k / v projected and split as nn.MultiheadAttention's opened call
+        assert lines[0].startswith("linear: f32[2, 12, 96] = linear(x, self.layer.self_attn.in_proj_weight"), lines[0]
+        start = next(i for i, line in enumerate(lines) if line.startswith("fa4_attention"))
+        self.assertExpectedInline("\n".join(lines[start:]), """\
 fa4_attention: (f32[2, 4, 12, 8], f32[2, 4, 12]) = fa4.attention(getitem, getitem_1, getitem_2, scale=0.353553)
 attention_out: f32[2, 4, 12, 8] = getitem(fa4_attention, 0)
 transpose: f32[2, 12, 4, 8] = .transpose(attention_out, 1, 2)
 flatten: f32[2, 12, 32] = .flatten(transpose, 2)
-linear_1: f32[2, 12, 32] = linear(flatten, fn.self_attn.out_proj.weight, fn.self_attn.out_proj.bias)
-add: f32[2, 12, 32] = add(args[0], linear_1)
-layer_norm: f32[2, 12, 32] = layer_norm(add, (32), fn.norm1.weight, fn.norm1.bias, 1e-05)
-linear_2: f32[2, 12, 64] = linear(layer_norm, fn.linear1.weight, fn.linear1.bias)
+linear_1: f32[2, 12, 32] = linear(flatten, self.layer.self_attn.out_proj.weight, self.layer.self_attn.out_proj.bias)
+add: f32[2, 12, 32] = add(x, linear_1)
+layer_norm: f32[2, 12, 32] = layer_norm(add, (32), self.layer.norm1.weight, self.layer.norm1.bias, 1e-05)
+linear_2: f32[2, 12, 64] = linear(layer_norm, self.layer.linear1.weight, self.layer.linear1.bias)
 relu: f32[2, 12, 64] = relu(linear_2)
-linear_3: f32[2, 12, 32] = linear(relu, fn.linear2.weight, fn.linear2.bias)
+linear_3: f32[2, 12, 32] = linear(relu, self.layer.linear2.weight, self.layer.linear2.bias)
 add_1: f32[2, 12, 32] = add(layer_norm, linear_3)
-layer_norm_1: f32[2, 12, 32] = layer_norm(add_1, (32), fn.norm2.weight, fn.norm2.bias, 1e-05)""")
+layer_norm_1: f32[2, 12, 32] = layer_norm(add_1, (32), self.layer.norm2.weight, self.layer.norm2.bias, 1e-05)""")
 
 
 CALLS = {
