@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from torch.fx import GraphModule, Node
 
 from .graph_edit import NodeMaker, open_calls
-from .multihead_attention import keys_kept
+from .multihead_attention import keys_kept, placed
 from .spellings import ADD, EXPAND, RESHAPE, same_size, shape, value
 
 ARGUMENTS = ("src", "embed", "heads", "qkv_w", "qkv_b", "proj_w", "proj_b", "use_gelu", "norm_first", "eps",
@@ -99,7 +99,7 @@ def _sdpa_mask(make: NodeMaker, mask, mask_type, heads: int):
         return kept
     if value(mask).dtype == torch.bool:  # True: hidden, as nn's masks; SDPA's True attends
         mask = make(torch.logical_not, mask)
-    return make(operator.getitem, mask, (slice(None), None, None, slice(None))) if mask_type == 1 else mask
+    return mask if mask_type == 2 else placed(make, mask, mask_type == 1, heads)
 
 
 def _merged(mask: Node) -> list | None:

@@ -100,8 +100,8 @@ def _sdpa_mask(make: NodeMaker, call: dict) -> tuple[Node | None, bool]:
     added = []
     for m, padded in masks:
         h = hidden_where(m)
-        added.append(_placed(make, m, padded, heads) if h is None else make(
-            "to", make(torch.where, _placed(make, make(torch.logical_not, h), padded, heads), 0.0, -math.inf), dtype))
+        added.append(placed(make, m, padded, heads) if h is None else make(
+            "to", make(torch.where, placed(make, make(torch.logical_not, h), padded, heads), 0.0, -math.inf), dtype))
     return (added[0] if len(added) == 1 else make(operator.add, *added)), False
 
 
@@ -112,11 +112,11 @@ def keys_kept(make: NodeMaker, masks: list, heads: int) -> Node | None:
     hidden = [hidden_where(m) for m, _ in masks]
     if any(h is None for h in hidden):
         return None
-    kept = [_placed(make, make(torch.logical_not, h), padded, heads) for h, (_, padded) in zip(hidden, masks)]
+    kept = [placed(make, make(torch.logical_not, h), padded, heads) for h, (_, padded) in zip(hidden, masks)]
     return kept[0] if len(kept) == 1 else make(operator.and_, *kept)
 
 
-def _placed(make: NodeMaker, mask: Node, padding: bool, heads: int) -> Node:
+def placed(make: NodeMaker, mask: Node, padding: bool, heads: int) -> Node:
     """A mask as SDPA broadcasts it over [N, H, L, S]: a key_padding_mask [N, S] as [N, 1, 1, S]; an attn_mask [L, S]
     as it is, [N * H, L, S] as [N, H, L, S]."""
     if padding:
