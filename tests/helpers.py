@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import re
 from unittest import mock
 
@@ -125,6 +126,16 @@ def compile_and_record(fn, *args, inductor=False, **options):
     recorder = Recorder(inductor=inductor, **options)
     out = torch.compile(fn, backend=recorder, fullgraph=True)(*args)
     return recorder, out
+
+
+def module_call_against_float64(module, call, *args, atol=1e-5, rtol=1e-5):
+    """The recorder of `call(module, *args)` compiled with it (no gradients), after checking the compiled output
+    against the same call on a float64 copy of `module` with the floating inputs in float64."""
+    with torch.no_grad():
+        recorder, out = compile_and_record(lambda *inputs: call(module, *inputs), *args)
+        reference = call(copy.deepcopy(module).double(), *(a.double() if a.is_floating_point() else a for a in args))
+    torch.testing.assert_close(out.double(), reference, atol=atol, rtol=rtol)
+    return recorder
 
 
 def recording_compile(fn, *, inductor=False, **compile_options):

@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.nn as nn
 
-from helpers import Recorder, compile_and_record
+from helpers import Recorder, compile_and_record, module_call_against_float64
 
 
 def layer(norm_first=False, activation="relu"):
@@ -85,10 +85,7 @@ def test_opened_layer_matches_float64(name, norm_first, activation):
     call, flags = CALLS[name]
     module = layer(norm_first, activation)
     x, pad = torch.randn(2, 12, 32), padding()
-    with torch.no_grad():
-        rec, out = compile_and_record(lambda x, pad: call(module, x, pad), x, pad)
-        reference = call(copy.deepcopy(module).double(), x.double(), pad)
-    torch.testing.assert_close(out.double(), reference, atol=1e-5, rtol=1e-5)
+    rec = module_call_against_float64(module, call, x, pad)
     (record,) = rec.records
     assert record.family == "sdpa" and record.rewritten == (flags is not None), record
     assert record.detail.endswith(flags) if flags else record.detail.startswith("mask not recognized"), record

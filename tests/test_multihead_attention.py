@@ -5,7 +5,6 @@ the rest (weights read, bias_k / bias_v, zero attention, unbatched input) one op
 lengths, random calls against eager; on a GPU, ViT-B's attention (padded or not) and a DETR decoder's in bf16 against
 default compile and float32."""
 
-import copy
 import math
 
 import expecttest
@@ -18,7 +17,7 @@ import torch.nn.functional as F
 
 import fa4_inductor
 from fa4_inductor import publishing
-from helpers import CROSSOVER_ROUTES, Recorder, compile_and_record
+from helpers import CROSSOVER_ROUTES, Recorder, compile_and_record, module_call_against_float64
 
 
 class EncoderBlockAttention(nn.Module):
@@ -38,11 +37,7 @@ def padded(batch=2, seq=12):
 
 def against_float64(model, *args):
     """The recorder of `model` compiled with it, after checking the compiled output against the float64 module's."""
-    with torch.no_grad():
-        rec, out = compile_and_record(model, *args)
-        reference = copy.deepcopy(model).double()(*(a.double() if a.is_floating_point() else a for a in args))
-    torch.testing.assert_close(out.double(), reference, atol=1e-5, rtol=1e-5)
-    return rec
+    return module_call_against_float64(model, lambda module, *inputs: module(*inputs), *args)
 
 
 class TestMultiheadAttention(expecttest.TestCase):
@@ -50,7 +45,7 @@ class TestMultiheadAttention(expecttest.TestCase):
         torch.manual_seed(0)
         rec = against_float64(EncoderBlockAttention().eval(), torch.randn(2, 12, 32))
         self.assertExpectedInline(rec.summary, """\
-linear: f32[12, 2, 96] = linear(.transpose(x, 1, 0), self.attn.in_proj_weight, self.attn.in_proj_bias)
+linear: f32[12, 2, 96] = linear(.transpose(inputs[0], 1, 0), module.attn.in_proj_weight, module.attn.in_proj_bias)
 unflatten: f32[12, 2, 3, 4, 8] = .unflatten(linear, -1, (3, 4, 8))
 permute: f32[3, 2, 4, 12, 8] = .permute(unflatten, 2, 1, 3, 0, 4)
 getitem: f32[2, 4, 12, 8] = getitem(permute, 0)
@@ -60,8 +55,8 @@ fa4_attention: (f32[2, 4, 12, 8], f32[2, 4, 12]) = fa4.attention(getitem, getite
 attention_out: f32[2, 4, 12, 8] = getitem(fa4_attention, 0)
 permute_1: f32[12, 2, 4, 8] = .permute(attention_out, 2, 0, 1, 3)
 flatten: f32[12, 2, 32] = .flatten(permute_1, 2)
-linear_1: f32[12, 2, 32] = linear(flatten, self.attn.out_proj.weight, self.attn.out_proj.bias)""")
-        self.assertExpectedInline(str(rec.records[0]), """[rewritten] sdpa        attn (test_multihead_attention.py:30 in forward): fa4.attention(q[2x4x12x8], k[2x4x12x8], v[2x4x12x8], scale=0.353553)""")
+linear_1: f32[12, 2, 32] = linear(flatten, module.attn.out_proj.weight, module.attn.out_proj.bias)""")
+        self.assertExpectedInline(str(rec.records[0]), """[rewritten] sdpa        attn (test_multihead_attention.py:29 in forward): fa4.attention(q[2x4x12x8], k[2x4x12x8], v[2x4x12x8], scale=0.353553)""")
 
     def test_a_padding_mask_reaches_the_op_as_its_key_mask(self):
         torch.manual_seed(0)
@@ -70,7 +65,7 @@ linear_1: f32[12, 2, 32] = linear(flatten, self.attn.out_proj.weight, self.attn.
         start = next(i for i, line in enumerate(lines) if line.startswith("logical_not"))
         end = next(i for i, line in enumerate(lines) if line.startswith("fa4_attention"))
         self.assertExpectedInline("\n".join(lines[start:end + 1]), """\
-logical_not: b8[2, 12] = logical_not(key_padding_mask)
+logical_not: b8[2, 12] = logical_not(inputs[1])
 narrow: b8[2, 12] = narrow(logical_not, 1, 0, 12)
 key_mask: b8[2, 12] = fa4.key_mask(narrow)
 fa4_attention: (f32[2, 4, 12, 8], f32[2, 4, 12]) = fa4.attention(getitem, getitem_1, getitem_2, None, key_mask, scale=0.353553)""")
@@ -133,14 +128,13 @@ def test_masked_and_cross_attention_calls_are_opened(name, training):
     x, memory = torch.randn(2, 12, 32), torch.randn(2, 7, 32)
     pad = torch.zeros(2, 12, dtype=torch.bool)
     pad[0, 4:] = True
-    fn = lambda x, pad, band: call(attn, x, memory, pad, band)[0]
     if training:
-        rec = gradients_match_eager(attn, fn, x, pad, per_head_band())
+        rec = gradients_match_eager(attn, lambda x, pad, band: call(attn, x, memory, pad, band)[0], x, pad,
+                                    per_head_band())
     else:
-        with torch.no_grad():
-            rec, out = compile_and_record(fn, x, pad, per_head_band())
-            reference = call(copy.deepcopy(attn).double(), x.double(), memory.double(), pad, per_head_band())[0]
-        torch.testing.assert_close(out.double(), reference, atol=1e-5, rtol=1e-5)
+        rec = module_call_against_float64(attn, lambda module, x, memory, pad, band: call(module, x, memory, pad,
+                                                                                           band)[0],
+                                          x, memory, pad, per_head_band())
     (record,) = rec.records
     assert record.family == "sdpa" and record.rewritten == (flags is not None), record
     assert record.detail.endswith(flags) if flags else record.detail.startswith("mask not recognized"), record
@@ -151,12 +145,8 @@ def test_separate_projection_weights_are_opened():
     torch.manual_seed(6)
     attn = nn.MultiheadAttention(32, 4, kdim=24, vdim=20).eval()
     x, key, val = torch.randn(12, 2, 32), torch.randn(7, 2, 24), torch.randn(7, 2, 20)
-    fn = lambda x: attn(x, key, val, key_padding_mask=MEMORY_PADDING)[0]
-    with torch.no_grad():
-        rec, out = compile_and_record(fn, x)
-        reference = copy.deepcopy(attn).double()(x.double(), key.double(), val.double(),
-                                                 key_padding_mask=MEMORY_PADDING)[0]
-    torch.testing.assert_close(out.double(), reference, atol=1e-5, rtol=1e-5)
+    rec = module_call_against_float64(attn, lambda module, *qkv: module(*qkv, key_padding_mask=MEMORY_PADDING)[0],
+                                      x, key, val)
     assert [(r.family, r.rewritten) for r in rec.records] == [("sdpa", True)], rec.records
 
 
