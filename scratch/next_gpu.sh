@@ -1,8 +1,8 @@
 # Unrun GPU work. Session 37 (H100 only) ran z36, c36, m36 (quack's MLP failed to import), part of e36, g37 and p37
-# (docs/benchmarks.md, session 37). Next: `a38` (the packed layout's 4 x 1 x 8 CTA, then every new rule on the H200;
-# the opened TransformerEncoderLayer against default compile),
+# (docs/benchmarks.md, session 37). Next: `a38` (the opened TransformerEncoderLayer against default compile; the packed
+# layout's 4 x 1 x 8 CTA), `b38` (every new rule on the H200; the model tier),
 # `m36` (quack's gated MLP, with mlp_fusion.py's ContextVar key), `e36` (quantized decode end to end), `n36` (ncu),
-# then `u34` (the model tier) on the H200.
+# on the H200.
 # Output goes to $OUT/log.txt. Have the next call ready: the machine goes back 30 s after a call, and a fresh one needs
 # .gpu/a and .gpu/b again. Run one part a call:  bash scratch/next_gpu.sh g29
 # Never `pkill -f pytest` here: it matches this script's own command line. A pytest cut by `timeout` can leave xdist
@@ -11,18 +11,21 @@ P="python3 -m pytest -m gpu -q -p no:cacheprovider -p no:logging -W ignore -rf"
 L=$OUT/log.txt
 run() { echo "+ $*" >>$L; PYTHONUNBUFFERED=1 "$@" >>$L 2>&1; echo "rc=$?" >>$L; }
 case "$1" in
-a38) # session 37's rules: the packed layout at 9..16 rows on 4 x 1 x 8 CTAs (numerics, bit for bit), then on the
-    # H200 (sessions 36-37 measured the H100 only) the auto rules at 2..16 rows against quack, plain and packed
-    run timeout 200 $P -n 8 tests/test_gpu_w4a16.py -k "forced_cta_shapes or rolling_loads"
+a38) # session 37's opened nn.TransformerEncoderLayer (lowering/encoder_layer.py, on by default, never timed): its GPU
+    # test, then a BERT-base-shaped stack against default compile (which keeps the fused call); if ours is slower on a
+    # row, route (or stop opening) where it loses. Then the packed layout's 4 x 1 x 8 CTA numerics (bit for bit), and
+    # issue 15's one- and four-row rows on the H200
+    run timeout 120 $P tests/test_encoder_layer.py
+    run timeout 150 python3 docs/scripts/encoder_stack.py 8 512
+    run timeout 100 python3 docs/scripts/encoder_stack.py 32 128
+    run timeout 100 python3 docs/scripts/encoder_stack.py 1 128
+    run timeout 150 $P -n 8 tests/test_gpu_w4a16.py -k "forced_cta_shapes or rolling_loads"
+    run timeout 100 python3 tests/bench_w4a16.py --m 1,4 --shapes 8192x8192,2048x8192,8192x2048 ;;
+b38) # after a38: session 37's 9..16-row rules on the H200 (sessions 36-37 measured the H100 only), plain and packed,
+    # then the model tier (last full run session 35) after sessions 36-37's lowering changes
     run timeout 200 python3 tests/bench_w4a16.py --m 2,8,9,16 --load auto --pack off,on \
       --shapes 8192x8192,2048x8192,8192x2048,14336x4096,4096x14336
-    run timeout 100 python3 tests/bench_w4a16.py --m 1,4 --shapes 8192x8192,2048x8192,8192x2048
-    # session 37: nn.TransformerEncoderLayer's fused inference call opened (lowering/encoder_layer.py): its GPU test,
-    # then a BERT-base-shaped stack against default compile (which keeps the fused call). If ours is slower on a row,
-    # route (or stop opening) where it loses
-    run timeout 120 $P tests/test_encoder_layer.py
-    run timeout 200 python3 docs/scripts/encoder_stack.py 8 512
-    run timeout 120 python3 docs/scripts/encoder_stack.py 32 128 ;;
+    run timeout 300 $P -n 8 tests/test_gpu_models.py ;;
 p37) # session 37, after g37 (2 row tiles a warp at 16 rows: 32.8 against 47.3 us on 8192 x 8192): more row tiles, and
     # the packed NVFP4 layout, which fits them in fewer registers (sm_90a SASS, rolling at 16 rows: 2x2x4 176 -> 148
     # registers; 4x1x8 255 with 4 local accesses a loop -> 212 without, 13.2 -> 11.3 instructions a MMA; 3x2x4 255 with
