@@ -1,6 +1,7 @@
 # Unrun GPU work. Session 37 (H100 only) ran z36, c36, m36 (quack's MLP failed to import), part of e36, g37 and p37
 # (docs/benchmarks.md, session 37). Next: `a38` (the opened TransformerEncoderLayer against default compile; the packed
-# layout's 4 x 1 x 8 CTA), `b38` (every new rule on the H200; the model tier),
+# layout's 4 x 1 x 8 CTA), `b38` (every new rule on the H200; the model tier), `f38` (the read floor of
+# issue 15's one-row targets; the int8-KV kernel's counters at b8 x 32k),
 # `m36` (quack's gated MLP, with mlp_fusion.py's ContextVar key), `e36` (quantized decode end to end), `n36` (ncu),
 # on the H200.
 # Output goes to $OUT/log.txt. Have the next call ready: the machine goes back 30 s after a call, and a fresh one needs
@@ -26,6 +27,16 @@ b38) # after a38: session 37's 9..16-row rules on the H200 (sessions 36-37 measu
     run timeout 200 python3 tests/bench_w4a16.py --m 2,8,9,16 --load auto --pack off,on \
       --shapes 8192x8192,2048x8192,8192x2048,14336x4096,4096x14336
     run timeout 300 $P -n 8 tests/test_gpu_models.py ;;
+f38) # session 38, issue 15's one-row targets (8192 x 8192 <= 11 us; 2048 x 8192, 8192 x 2048 >= 2.5x bf16): the fastest
+    # read of an NVFP4 weight's bytes with no arithmetic (bf16 cuBLAS over the same bytes, ATen row sums, a Triton
+    # stream), timed as bench_w4a16 times ours, next to our kernel in the same process. If the floor is near 11 us, the
+    # target sits at the device's limit; if well below, the gap is ours to close. Then the int8-KV kernel's counters at
+    # b8 x 32k (1.81x the bf16 kernel against 1.85x: 4.09 TB/s against the bf16 kernel's 4.4)
+    run timeout 150 python3 docs/scripts/read_floor.py
+    run timeout 60 python3 tests/bench_w4a16.py --m 1 --shapes 8192x8192,2048x8192,8192x2048
+    run timeout 200 ncu --clock-control none --profile-from-start off --section SpeedOfLight --section Occupancy \
+      --section LaunchStats --section WarpStateStats --section SchedulerStats --section MemoryWorkloadAnalysis \
+      --section InstructionStats python3 docs/scripts/ncu_decode_int8kv.py 8 32768 128 ;;
 p37) # session 37, after g37 (2 row tiles a warp at 16 rows: 32.8 against 47.3 us on 8192 x 8192): more row tiles, and
     # the packed NVFP4 layout, which fits them in fewer registers (sm_90a SASS, rolling at 16 rows: 2x2x4 176 -> 148
     # registers; 4x1x8 255 with 4 local accesses a loop -> 212 without, 13.2 -> 11.3 instructions a MMA; 3x2x4 255 with
