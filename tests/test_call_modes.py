@@ -118,6 +118,32 @@ def test_padding_masks(name, impl, cache):
     assert_every_layer_rewritten(recorder, model)
 
 
+OTHER_CALL_FORMS = {
+    # embeddings passed in place of ids (prompt tuning, multimodal front ends): HF builds the mask from their shape
+    "inputs_embeds": lambda model, ids, mask: model(inputs_embeds=model.get_input_embeddings()(ids),
+                                                   attention_mask=mask).logits,
+    # every layer's hidden states and a tuple output (feature extraction, older training loops)
+    "hidden states, tuple": lambda model, ids, mask: torch.stack(model(ids, attention_mask=mask,
+                                                                       output_hidden_states=True,
+                                                                       return_dict=False)[-1]),
+}
+
+
+@pytest.mark.parametrize("form", sorted(OTHER_CALL_FORMS))
+@pytest.mark.parametrize("impl", IMPLEMENTATIONS)
+def test_other_call_forms_on_a_left_padded_batch(form, impl):
+    """A left-padded batch called with embeddings for ids, or asking for every hidden state as a tuple (Dynamo breaks
+    that graph where transformers collects them, default compile too): every layer on the op, the outputs eager's."""
+    model = tiny("llama", impl)
+    ids = model.inputs()["input_ids"]
+    mask = padding_mask("left", *ids.shape)
+    call = OTHER_CALL_FORMS[form]
+    recorder, got = compile_and_run(lambda ids, mask: call(model.model, ids, mask), {"ids": ids, "mask": mask})
+    assert_every_layer_rewritten(recorder, model, graphs=1 if form == "inputs_embeds" else None, name="llama")
+    with torch.no_grad():
+        torch.testing.assert_close(got, call(model.model, ids, mask), atol=1e-5, rtol=1e-5)
+
+
 POSITION_MODES = {
     "no-cache-with-mask": dict(use_cache=False, attention_mask="ones"),
     "no-cache-left-padded": dict(use_cache=False, attention_mask="left"),
