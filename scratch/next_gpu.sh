@@ -1,9 +1,7 @@
-# Unrun GPU work. Session 37 (H100 only) ran z36, c36, m36 (quack's MLP failed to import), part of e36, g37 and p37
-# (docs/benchmarks.md, session 37). Next: `a38` (the opened TransformerEncoderLayer against default compile; the packed
-# layout's 4 x 1 x 8 CTA), `b38` (every new rule on the H200; the model tier), `f38` (the read floor of
-# issue 15's one-row targets; the int8-KV kernel's counters at b8 x 32k),
-# `m36` (quack's gated MLP, with mlp_fusion.py's ContextVar key), `e36` (quantized decode end to end), `n36` (ncu),
-# on the H200.
+# Unrun GPU work. Session 38 had no GPU. Next, one part a call: `a38` (the opened TransformerEncoderLayer against
+# default compile: on by default, never timed), `b38` (the packed 4 x 1 x 8 numerics; session 37's rules on the H200),
+# `c38` (the model tier; issue 15's read floor), `f38` (ncu of the int8-KV kernel at b8 x 32k), then `m36` (quack's
+# gated MLP, with mlp_fusion.py's ContextVar key), `e36` (quantized decode end to end), `n36` (ncu at 8 / 16 rows).
 # Output goes to $OUT/log.txt. Have the next call ready: the machine goes back 30 s after a call, and a fresh one needs
 # .gpu/a and .gpu/b again. Run one part a call:  bash scratch/next_gpu.sh g29
 # Never `pkill -f pytest` here: it matches this script's own command line. A pytest cut by `timeout` can leave xdist
@@ -13,30 +11,30 @@ L=$OUT/log.txt
 run() { echo "+ $*" >>$L; PYTHONUNBUFFERED=1 "$@" >>$L 2>&1; echo "rc=$?" >>$L; }
 case "$1" in
 a38) # session 37's opened nn.TransformerEncoderLayer (lowering/encoder_layer.py, on by default, never timed): its GPU
-    # test, then a BERT-base-shaped stack against default compile (which keeps the fused call); if ours is slower on a
-    # row, route (or stop opening) where it loses. Then the packed layout's 4 x 1 x 8 CTA numerics (bit for bit), and
-    # issue 15's one- and four-row rows on the H200
+    # test, then BERT-base-shaped stacks against default compile (which keeps the fused call), with how many layers
+    # reached the op. If ours is slower on a row, route (or stop opening) where it loses. Fits after the install
     run timeout 120 $P tests/test_encoder_layer.py
-    run timeout 150 python3 docs/scripts/encoder_stack.py 8 512
-    run timeout 100 python3 docs/scripts/encoder_stack.py 32 128
-    run timeout 100 python3 docs/scripts/encoder_stack.py 1 128
+    run timeout 200 python3 docs/scripts/encoder_stack.py 8 512
+    run timeout 140 python3 docs/scripts/encoder_stack.py 1 128 ;;
+b38) # the packed layout's 4 x 1 x 8 CTA numerics (bit for bit), then session 37's rules on the H200 (sessions 36-37
+    # measured the H100 only): one and four rows, then 2..16 rows plain and packed
     run timeout 150 $P -n 8 tests/test_gpu_w4a16.py -k "forced_cta_shapes or rolling_loads"
-    run timeout 100 python3 tests/bench_w4a16.py --m 1,4 --shapes 8192x8192,2048x8192,8192x2048 ;;
-b38) # after a38: session 37's 9..16-row rules on the H200 (sessions 36-37 measured the H100 only), plain and packed,
-    # then the model tier (last full run session 35) after sessions 36-37's lowering changes
-    run timeout 200 python3 tests/bench_w4a16.py --m 2,8,9,16 --load auto --pack off,on \
-      --shapes 8192x8192,2048x8192,8192x2048,14336x4096,4096x14336
-    run timeout 300 $P -n 8 tests/test_gpu_models.py ;;
-f38) # session 38, issue 15's one-row targets (8192 x 8192 <= 11 us; 2048 x 8192, 8192 x 2048 >= 2.5x bf16): the fastest
-    # read of an NVFP4 weight's bytes with no arithmetic (bf16 cuBLAS over the same bytes, ATen row sums, a Triton
-    # stream), timed as bench_w4a16 times ours, next to our kernel in the same process. If the floor is near 11 us, the
-    # target sits at the device's limit; if well below, the gap is ours to close. Then the int8-KV kernel's counters at
-    # b8 x 32k (1.81x the bf16 kernel against 1.85x: 4.09 TB/s against the bf16 kernel's 4.4)
-    run timeout 150 python3 docs/scripts/read_floor.py
-    run timeout 60 python3 tests/bench_w4a16.py --m 1 --shapes 8192x8192,2048x8192,8192x2048
-    run timeout 200 ncu --clock-control none --profile-from-start off --section SpeedOfLight --section Occupancy \
+    run timeout 100 python3 tests/bench_w4a16.py --m 1,4 --shapes 8192x8192,2048x8192,8192x2048
+    run timeout 250 python3 tests/bench_w4a16.py --m 2,8,9,16 --load auto --pack off,on \
+      --shapes 8192x8192,2048x8192,8192x2048,14336x4096,4096x14336 ;;
+c38) # the model tier (last full run session 35) after sessions 36-38's lowering changes, then issue 15's read floor
+    # (docs/scripts/read_floor.py: the fastest read of an NVFP4 weight's bytes, bf16 cuBLAS over the same bytes, ATen
+    # row sums, a Triton stream, timed as bench_w4a16 times ours): if the floor is near 11 us at 8192 x 8192, the
+    # one-row target is the device's limit
+    run timeout 300 $P -n 8 tests/test_gpu_models.py
+    run timeout 200 python3 docs/scripts/read_floor.py ;;
+f38) # issue 16's b8 x 32k (1.81x the bf16 kernel against 1.85x; 4.09 TB/s against its 4.4): the int8-KV kernel's
+    # counters (warp states, issue slots: sm_90a SASS says it issues 2-3x the bf16 kernel's instructions a byte from 8
+    # warps a SM), then the encoder stack at 32 x 128
+    run timeout 250 ncu --clock-control none --profile-from-start off --section SpeedOfLight --section Occupancy \
       --section LaunchStats --section WarpStateStats --section SchedulerStats --section MemoryWorkloadAnalysis \
-      --section InstructionStats python3 docs/scripts/ncu_decode_int8kv.py 8 32768 128 ;;
+      --section InstructionStats python3 docs/scripts/ncu_decode_int8kv.py 8 32768 128
+    run timeout 150 python3 docs/scripts/encoder_stack.py 32 128 ;;
 p37) # session 37, after g37 (2 row tiles a warp at 16 rows: 32.8 against 47.3 us on 8192 x 8192): more row tiles, and
     # the packed NVFP4 layout, which fits them in fewer registers (sm_90a SASS, rolling at 16 rows: 2x2x4 176 -> 148
     # registers; 4x1x8 255 with 4 local accesses a loop -> 212 without, 13.2 -> 11.3 instructions a MMA; 3x2x4 255 with
