@@ -175,6 +175,7 @@ class _Key(NamedTuple):
     min_ctas: int = 0  # int8-KV main kernel: CTAs a SM its registers must allow (0: ptxas decides)
     half_rows: bool = False  # int8-KV main kernel: every packed query row is one of the tile's first 8
     fused_combine: bool = False  # main kernel, split: its last CTA a row tile merges the splits (no combine kernel)
+    unroll: int = 1  # int8-KV main kernel: KV tiles a loop iteration (2: one tile's P V scheduled with the next's Q K^T)
 
 
 def fake_bhsd(cute, dtype, d: int, div: int = 1, align: Optional[int] = None):

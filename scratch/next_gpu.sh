@@ -1,7 +1,8 @@
-# Unrun GPU work. Session 38 had no GPU. Next, one part a call: `a38` (the opened TransformerEncoderLayer against
-# default compile: on by default, never timed), `b38` (the packed 4 x 1 x 8 numerics; session 37's rules on the H200),
-# `c38` (the model tier; issue 15's read floor), `f38` (ncu of the int8-KV kernel at b8 x 32k), then `m36` (quack's
-# gated MLP, with mlp_fusion.py's ContextVar key), `e36` (quantized decode end to end), `n36` (ncu at 8 / 16 rows).
+# Unrun GPU work. Session 38 had no GPU. Next, one part a call, in this order: `a38` (the opened
+# TransformerEncoderLayer against default compile: on by default, never timed), `f38` (the int8-KV kernel two tiles
+# an iteration, bit for bit and timed; its counters at b8 x 32k), `b38` (the packed 4 x 1 x 8 numerics; session 37's
+# rules on the H200), `c38` (the model tier; issue 15's read floor), then `m36` (quack's gated MLP, with
+# mlp_fusion.py's ContextVar key), `e36` (quantized decode end to end), `n36` (ncu at 8 / 16 rows).
 # Output goes to $OUT/log.txt. Have the next call ready: the machine goes back 30 s after a call, and a fresh one needs
 # .gpu/a and .gpu/b again. Run one part a call:  bash scratch/next_gpu.sh g29
 # Never `pkill -f pytest` here: it matches this script's own command line. A pytest cut by `timeout` can leave xdist
@@ -28,13 +29,20 @@ c38) # the model tier (last full run session 35) after sessions 36-38's lowering
     # one-row target is the device's limit
     run timeout 300 $P -n 8 tests/test_gpu_models.py
     run timeout 200 python3 docs/scripts/read_floor.py ;;
-f38) # issue 16's b8 x 32k (1.81x the bf16 kernel against 1.85x; 4.09 TB/s against its 4.4): the int8-KV kernel's
-    # counters (warp states, issue slots: sm_90a SASS says it issues 2-3x the bf16 kernel's instructions a byte from 8
-    # warps a SM), then the encoder stack at 32 x 128
-    run timeout 250 ncu --clock-control none --profile-from-start off --section SpeedOfLight --section Occupancy \
+f38) # issue 16's b8 x 32k (1.81x the bf16 kernel against 1.85x; 4.09 TB/s against its 4.4) and b1 x 32k (25.5 us
+    # against 21): sm_90a SASS says the int8-KV kernel issues 2-3x the bf16 kernel's instructions a byte from 8 warps a
+    # SM. First FA4_INDUCTOR_DECODE_UNROLL=2 (two KV tiles an iteration, for ptxas to overlap one tile's P V with the
+    # next one's Q K^T: 218 registers, no spill): bit for bit one tile an iteration, then both timed on the issue's
+    # rows; then the kernel's counters at b8 x 32k (warp states, issue slots) with the default
+    run timeout 150 $P tests/test_gpu_decode_int8kv.py -k "two_tiles"
+    for u in 1 2; do
+      for row in "--b 1 --sk 32768 --d 128" "--b 8 --sk 32768 --d 128" "--b 8 --sk 32768 --d 64" "--b 1 --sk 4096 --d 128"; do
+        FA4_INDUCTOR_DECODE_UNROLL=$u run timeout 60 python3 tests/bench_decode_int8kv.py $row
+      done
+    done
+    run timeout 200 ncu --clock-control none --profile-from-start off --section SpeedOfLight --section Occupancy \
       --section LaunchStats --section WarpStateStats --section SchedulerStats --section MemoryWorkloadAnalysis \
-      --section InstructionStats python3 docs/scripts/ncu_decode_int8kv.py 8 32768 128
-    run timeout 150 python3 docs/scripts/encoder_stack.py 32 128 ;;
+      --section InstructionStats python3 docs/scripts/ncu_decode_int8kv.py 8 32768 128 ;;
 p37) # session 37, after g37 (2 row tiles a warp at 16 rows: 32.8 against 47.3 us on 8192 x 8192): more row tiles, and
     # the packed NVFP4 layout, which fits them in fewer registers (sm_90a SASS, rolling at 16 rows: 2x2x4 176 -> 148
     # registers; 4x1x8 255 with 4 local accesses a loop -> 212 without, 13.2 -> 11.3 instructions a MMA; 3x2x4 255 with
