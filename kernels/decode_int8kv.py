@@ -95,7 +95,7 @@ def _key(dtype: torch.dtype, head_dim: int, group: int, q_len: int, causal: bool
     return decode._Key("int8kv", dtype, head_dim, group, causal, softcap, seqused, split, arch,
                        stages=stages_for(head_dim), key_mask=key_mask, min_ctas=current.decode_min_ctas or CTAS_PER_SM,
                        half_rows=current.decode_half_rows and q_len * group <= HALF_TILE_ROWS,
-                       fused_combine=fused_combine, unroll=current.decode_unroll)
+                       fused_combine=fused_combine, unroll=decode.unroll())
 
 
 def _compile(key: decode._Key):

@@ -32,9 +32,10 @@ c38) # the model tier (last full run session 35) after sessions 36-38's lowering
 f38) # issue 16's b8 x 32k (1.81x the bf16 kernel against 1.85x; 4.09 TB/s against its 4.4) and b1 x 32k (25.5 us
     # against 21): sm_90a SASS says the int8-KV kernel issues 2-3x the bf16 kernel's instructions a byte from 8 warps a
     # SM. First FA4_INDUCTOR_DECODE_UNROLL=2 (two KV tiles an iteration, for ptxas to overlap one tile's P V with the
-    # next one's Q K^T: 218 registers, no spill): bit for bit one tile an iteration, then both timed on the issue's
-    # rows; then the kernel's counters at b8 x 32k (warp states, issue slots) with the default
-    run timeout 150 $P tests/test_gpu_decode_int8kv.py -k "two_tiles"
+    # next one's Q K^T: int8-KV 218 registers, bf16 167, no spill), both kernels: bit for bit one tile an iteration,
+    # then timed on the issue's rows (bench_decode_int8kv times both; the bf16 kernel's b1 x 32k runs at ~3.5 TB/s
+    # against 4.4 at b8, latency-bound too); then the int8 kernel's counters at b8 x 32k with the default
+    run timeout 150 $P tests/test_gpu_decode_int8kv.py tests/test_gpu_decode.py -k "two_tiles"
     for u in 1 2; do
       for row in "--b 1 --sk 32768 --d 128" "--b 8 --sk 32768 --d 128" "--b 8 --sk 32768 --d 64" "--b 1 --sk 4096 --d 128"; do
         FA4_INDUCTOR_DECODE_UNROLL=$u run timeout 60 python3 tests/bench_decode_int8kv.py $row

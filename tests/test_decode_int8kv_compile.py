@@ -320,23 +320,6 @@ def test_half_rows_variant_compiles_where_a_call_packs_at_most_8_rows(cute_dsl, 
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("d", [64, 128])
-def test_two_tiles_an_iteration_compile(cute_dsl, d, monkeypatch):
-    """FA4_INDUCTOR_DECODE_UNROLL=2: the main kernel's KV loop unrolled to two tiles an iteration (its own variant;
-    sm_90a SASS at d128: 218 registers, no spill, 697 loop instructions for two tiles against 358 for one);
-    unset, one tile an iteration."""
-    assert decode_int8kv._key(torch.bfloat16, d, 4, 1, True, False, True, True, True, ARCH).unroll == 1
-    monkeypatch.setenv(switches.DECODE_UNROLL, "2")
-    switches.reset()
-    try:
-        key = decode_int8kv._key(torch.bfloat16, d, 4, 1, True, False, True, True, True, ARCH)
-        assert key.unroll == 2 and callable(decode_int8kv.compiled(key))
-    finally:
-        monkeypatch.undo()
-        switches.reset()
-
-
-@pytest.mark.slow
 def test_head_dim_256_compiles(cute_dsl):
     key = decode_int8kv._key(torch.bfloat16, 256, 2, 1, True, False, True, True, False, ARCH)
     assert callable(decode_int8kv.compiled(key))
