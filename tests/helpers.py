@@ -128,12 +128,16 @@ def compile_and_record(fn, *args, inductor=False, **options):
     return recorder, out
 
 
-def module_call_against_float64(module, call, *args, atol=1e-5, rtol=1e-5):
-    """The recorder of `call(module, *args)` compiled with it (no gradients), after checking the compiled output
-    against the same call on a float64 copy of `module` with the floating inputs in float64."""
+def module_call_against_float64(module, *args, call=None, atol=1e-5, rtol=1e-5):
+    """The recorder of `call(module, *args)` (default: `module(*args)`, compiled as the module itself, so the graph
+    keeps its input names) compiled with it (no gradients), after checking the compiled output against the same call
+    on a float64 copy of `module` with the floating inputs in float64."""
+    compiled = module if call is None else lambda *inputs: call(module, *inputs)
+    reference_call = call or (lambda m, *inputs: m(*inputs))
     with torch.no_grad():
-        recorder, out = compile_and_record(lambda *inputs: call(module, *inputs), *args)
-        reference = call(copy.deepcopy(module).double(), *(a.double() if a.is_floating_point() else a for a in args))
+        recorder, out = compile_and_record(compiled, *args)
+        reference = reference_call(copy.deepcopy(module).double(),
+                                   *(a.double() if a.is_floating_point() else a for a in args))
     torch.testing.assert_close(out.double(), reference, atol=atol, rtol=rtol)
     return recorder
 

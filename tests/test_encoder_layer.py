@@ -85,7 +85,7 @@ def test_opened_layer_matches_float64(name, norm_first, activation):
     call, flags = CALLS[name]
     module = layer(norm_first, activation)
     x, pad = torch.randn(2, 12, 32), padding()
-    rec = module_call_against_float64(module, call, x, pad)
+    rec = module_call_against_float64(module, x, pad, call=call)
     (record,) = rec.records
     assert record.family == "sdpa" and record.rewritten == (flags is not None), record
     assert record.detail.endswith(flags) if flags else record.detail.startswith("mask not recognized"), record

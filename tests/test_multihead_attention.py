@@ -37,7 +37,7 @@ def padded(batch=2, seq=12):
 
 def against_float64(model, *args):
     """The recorder of `model` compiled with it, after checking the compiled output against the float64 module's."""
-    return module_call_against_float64(model, lambda module, *inputs: module(*inputs), *args)
+    return module_call_against_float64(model, *args)
 
 
 class TestMultiheadAttention(expecttest.TestCase):
@@ -45,7 +45,7 @@ class TestMultiheadAttention(expecttest.TestCase):
         torch.manual_seed(0)
         rec = against_float64(EncoderBlockAttention().eval(), torch.randn(2, 12, 32))
         self.assertExpectedInline(rec.summary, """\
-linear: f32[12, 2, 96] = linear(.transpose(inputs[0], 1, 0), module.attn.in_proj_weight, module.attn.in_proj_bias)
+linear: f32[12, 2, 96] = linear(.transpose(x, 1, 0), self.attn.in_proj_weight, self.attn.in_proj_bias)
 unflatten: f32[12, 2, 3, 4, 8] = .unflatten(linear, -1, (3, 4, 8))
 permute: f32[3, 2, 4, 12, 8] = .permute(unflatten, 2, 1, 3, 0, 4)
 getitem: f32[2, 4, 12, 8] = getitem(permute, 0)
@@ -55,7 +55,7 @@ fa4_attention: (f32[2, 4, 12, 8], f32[2, 4, 12]) = fa4.attention(getitem, getite
 attention_out: f32[2, 4, 12, 8] = getitem(fa4_attention, 0)
 permute_1: f32[12, 2, 4, 8] = .permute(attention_out, 2, 0, 1, 3)
 flatten: f32[12, 2, 32] = .flatten(permute_1, 2)
-linear_1: f32[12, 2, 32] = linear(flatten, module.attn.out_proj.weight, module.attn.out_proj.bias)""")
+linear_1: f32[12, 2, 32] = linear(flatten, self.attn.out_proj.weight, self.attn.out_proj.bias)""")
         self.assertExpectedInline(str(rec.records[0]), """[rewritten] sdpa        attn (test_multihead_attention.py:29 in forward): fa4.attention(q[2x4x12x8], k[2x4x12x8], v[2x4x12x8], scale=0.353553)""")
 
     def test_a_padding_mask_reaches_the_op_as_its_key_mask(self):
@@ -65,7 +65,7 @@ linear_1: f32[12, 2, 32] = linear(flatten, module.attn.out_proj.weight, module.a
         start = next(i for i, line in enumerate(lines) if line.startswith("logical_not"))
         end = next(i for i, line in enumerate(lines) if line.startswith("fa4_attention"))
         self.assertExpectedInline("\n".join(lines[start:end + 1]), """\
-logical_not: b8[2, 12] = logical_not(inputs[1])
+logical_not: b8[2, 12] = logical_not(key_padding_mask)
 narrow: b8[2, 12] = narrow(logical_not, 1, 0, 12)
 key_mask: b8[2, 12] = fa4.key_mask(narrow)
 fa4_attention: (f32[2, 4, 12, 8], f32[2, 4, 12]) = fa4.attention(getitem, getitem_1, getitem_2, None, key_mask, scale=0.353553)""")
@@ -132,9 +132,8 @@ def test_masked_and_cross_attention_calls_are_opened(name, training):
         rec = gradients_match_eager(attn, lambda x, pad, band: call(attn, x, memory, pad, band)[0], x, pad,
                                     per_head_band())
     else:
-        rec = module_call_against_float64(attn, lambda module, x, memory, pad, band: call(module, x, memory, pad,
-                                                                                           band)[0],
-                                          x, memory, pad, per_head_band())
+        rec = module_call_against_float64(attn, x, memory, pad, per_head_band(),
+                                          call=lambda module, *inputs: call(module, *inputs)[0])
     (record,) = rec.records
     assert record.family == "sdpa" and record.rewritten == (flags is not None), record
     assert record.detail.endswith(flags) if flags else record.detail.startswith("mask not recognized"), record
@@ -145,8 +144,8 @@ def test_separate_projection_weights_are_opened():
     torch.manual_seed(6)
     attn = nn.MultiheadAttention(32, 4, kdim=24, vdim=20).eval()
     x, key, val = torch.randn(12, 2, 32), torch.randn(7, 2, 24), torch.randn(7, 2, 20)
-    rec = module_call_against_float64(attn, lambda module, *qkv: module(*qkv, key_padding_mask=MEMORY_PADDING)[0],
-                                      x, key, val)
+    rec = module_call_against_float64(attn, x, key, val,
+                                      call=lambda module, *qkv: module(*qkv, key_padding_mask=MEMORY_PADDING)[0])
     assert [(r.family, r.rewritten) for r in rec.records] == [("sdpa", True)], rec.records
 
 
