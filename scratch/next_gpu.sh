@@ -1,8 +1,6 @@
-# Unrun GPU work. Session 38 had no GPU. Next, one part a call, in this order: `a38` (the opened
-# TransformerEncoderLayer against default compile: on by default, never timed), `f38` (the int8-KV kernel two tiles
-# an iteration, bit for bit and timed; its counters at b8 x 32k), `b38` (the packed 4 x 1 x 8 numerics; session 37's
-# rules on the H200), `c38` (the model tier; issue 15's read floor), then `m36` (quack's gated MLP, with
-# mlp_fusion.py's ContextVar key), `e36` (quantized decode end to end), `n36` (ncu at 8 / 16 rows).
+# Unrun GPU work. Session 39 ran a38, f38, c38 and m36 on an H100 (docs/benchmarks.md, session 39). Next, one part a
+# call, in this order: `h39` (on the H200: issue 15's read floor beside ours at one row, the int8-KV ratio at b8 x 32k,
+# quack's gated MLP with the script's new keys), then `b38`'s 9..16-row half, `e36`, `n36`.
 # Output goes to $OUT/log.txt. Have the next call ready: the machine goes back 30 s after a call, and a fresh one needs
 # .gpu/a and .gpu/b again. Run one part a call:  bash scratch/next_gpu.sh g29
 # Never `pkill -f pytest` here: it matches this script's own command line. A pytest cut by `timeout` can leave xdist
@@ -11,6 +9,14 @@ P="python3 -m pytest -m gpu -q -p no:cacheprovider -p no:logging -W ignore -rf"
 L=$OUT/log.txt
 run() { echo "+ $*" >>$L; PYTHONUNBUFFERED=1 "$@" >>$L 2>&1; echo "rc=$?" >>$L; }
 case "$1" in
+h39) # session 39 measured on an H100 only: our one-row NVFP4 GEMV is 1.12-1.23x the fastest pure read of its bytes
+    # there, and the int8-KV kernel is at 97% of the bf16 one's DRAM efficiency (1.86x). Issue 15's 11 us and 16's 1.85x
+    # are H200 targets: the same rows on the H200, then quack's gated MLP (mlp_fusion.py now keys CPython methods too)
+    run timeout 120 python3 docs/scripts/read_floor.py
+    run timeout 100 python3 tests/bench_w4a16.py --m 1 --shapes 8192x8192,2048x8192,8192x2048
+    run timeout 60 python3 tests/bench_decode_int8kv.py --b 8 --sk 32768 --d 128
+    run timeout 60 python3 tests/bench_decode_int8kv.py --b 1 --sk 32768 --d 128
+    run timeout 150 python3 docs/scripts/mlp_fusion.py ;;
 a38) # session 37's opened nn.TransformerEncoderLayer (lowering/encoder_layer.py, on by default, never timed): its GPU
     # test, then BERT-base-shaped stacks against default compile (which keeps the fused call), with how many layers
     # reached the op. If ours is slower on a row, route (or stop opening) where it loses. Fits after the install

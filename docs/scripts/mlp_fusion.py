@@ -16,6 +16,7 @@ step has `layers` such MLPs: the last column is what each row would take or save
 """
 import contextvars
 import sys
+import types
 
 import torch
 import torch.nn.functional as F
@@ -25,15 +26,20 @@ from fa4_inductor.bench import gpu_ms
 
 def _key_context_vars():
     """quack 0.6.5 keys each GEMM epilogue by the values its function reaches, and CuTe DSL 4.8.1 puts a ContextVar of
-    source-location transforms among them, which quack has no key for (session 37: importing its epilogue library
-    raised TypeError). The variable holds debug locations, not math: key it by its name."""
+    source-location transforms among them, and the C methods its location code calls (`code.co_positions`), which
+    quack has no key for (sessions 37 and 39: importing its epilogue library raised TypeError). The variable holds
+    debug locations and the methods are CPython's, not math: key them by name."""
     from quack.gemm_runtime import identity
 
     keyed = identity.semantic_value_key
+    c_methods = (types.MethodDescriptorType, types.WrapperDescriptorType, types.ClassMethodDescriptorType,
+                 types.GetSetDescriptorType, types.MemberDescriptorType)
 
     def semantic_value_key(value, seen):
         if isinstance(value, contextvars.ContextVar):
             return ("contextvar", value.name)
+        if isinstance(value, c_methods):
+            return ("c method", value.__objclass__.__qualname__, value.__name__)
         return keyed(value, seen)
 
     identity.semantic_value_key = semantic_value_key
