@@ -14,8 +14,10 @@ h39) # session 39 measured on an H100 only: our one-row NVFP4 GEMV is 1.12-1.23x
     # are H200 targets: the same rows on the H200, then quack's gated MLP (mlp_fusion.py now keys CPython methods too)
     run timeout 120 python3 docs/scripts/read_floor.py
     run timeout 100 python3 tests/bench_w4a16.py --m 1 --shapes 8192x8192,2048x8192,8192x2048
-    run timeout 60 python3 tests/bench_decode_int8kv.py --b 8 --sk 32768 --d 128
-    run timeout 60 python3 tests/bench_decode_int8kv.py --b 1 --sk 32768 --d 128
+    for u in 1 2; do   # two tiles an iteration: no gain on the H100; if none here either, remove the switch
+      FA4_INDUCTOR_DECODE_UNROLL=$u run timeout 60 python3 tests/bench_decode_int8kv.py --b 8 --sk 32768 --d 128
+      FA4_INDUCTOR_DECODE_UNROLL=$u run timeout 60 python3 tests/bench_decode_int8kv.py --b 1 --sk 32768 --d 128
+    done
     run timeout 150 python3 docs/scripts/mlp_fusion.py ;;
 a38) # session 37's opened nn.TransformerEncoderLayer (lowering/encoder_layer.py, on by default, never timed): its GPU
     # test, then BERT-base-shaped stacks against default compile (which keeps the fused call), with how many layers
