@@ -25,7 +25,7 @@ from . import layout, switches
 from .cute import compile_utils
 
 MAX_PIECES = 512  # K <= 16384
-SPLIT_BY_DEFAULT = False  # FA4_INDUCTOR_GEMV_SPLIT=auto (both GEMVs): not yet run on a GPU
+SPLIT_BY_DEFAULT = False  # FA4_INDUCTOR_GEMV_SPLIT=auto (both GEMVs): measured slower where it would split (session 29)
 SPLIT_TARGET_CTAS = 3  # a split raises a weight's CTAs towards this many a SM (4 fit; 8192 x 8192 unsplit has 3.9)
 MIN_SPLIT_STEPS = 2  # 32-piece steps a K warp keeps in each split: the two the registers hold
 SHAPE_ORDER = ((4, 1), (4, 2), (2, 2), (1, 2), (1, 4), (2, 1), (1, 1))  # (rows a warp, K warps) by preference (`shape`)

@@ -12,10 +12,10 @@ FA4_INDUCTOR_DECODE_SPLITS (a fixed split count), FA4_INDUCTOR_DECODE_SMEM_KB (a
 budget, default 100), FA4_INDUCTOR_DECODE_MIN_CTAS (int8-KV kernel: CTAs a SM its registers must allow, so
 ptxas caps them; default 2, the CTAs a SM its shared memory allows, which also lets ptxas use up to 255 registers),
 FA4_INDUCTOR_DECODE_UNROLL (both decode kernels: KV tiles a loop iteration, 1 or 2; 2 lets ptxas overlap one tile's
-P V with the next one's Q K^T, same arithmetic in the same order; default 1, not yet run on a GPU), FA4_INDUCTOR_DECODE_HALF_ROWS (0 / false / no / off: the int8-KV
+P V with the next one's Q K^T, same arithmetic in the same order; default 1: the same bits and no gain on the H100, session 39), FA4_INDUCTOR_DECODE_HALF_ROWS (0 / false / no / off: the int8-KV
 kernel computes the softmax of the tile's rows 8-15 even when a call packs at most 8 query rows; default on,
 measured faster or equal), FA4_INDUCTOR_DECODE_FUSED_COMBINE (1 / true / yes / on: the last split CTA of each (batch,
-row tile) merges the splits, no combine kernel; default off, not yet run on a GPU; one stream of a device at a time:
+row tile) merges the splits, no combine kernel; default off: slower at b1, equal at b8, session 29; one stream of a device at a time:
 the split counters are the device's). W4A16 decode GEMM tuning: FA4_INDUCTOR_W4A16_CTA (a fixed CTA shape,
 "RTxWNxWK": row tiles a warp, warps along N, warps along K; default: `w4a16_decode.cta_shape`'s rule),
 FA4_INDUCTOR_W4A16_PDL (0 / false / no / off: launched without programmatic dependent launch; default on),
