@@ -175,7 +175,6 @@ class _Key(NamedTuple):
     min_ctas: int = 0  # int8-KV main kernel: CTAs a SM its registers must allow (0: ptxas decides)
     half_rows: bool = False  # int8-KV main kernel: every packed query row is one of the tile's first 8
     fused_combine: bool = False  # main kernel, split: its last CTA a row tile merges the splits (no combine kernel)
-    unroll: int = 1  # main kernel: KV tiles a loop iteration (2: one tile's P V scheduled with the next's Q K^T)
 
 
 def fake_bhsd(cute, dtype, d: int, div: int = 1, align: Optional[int] = None):
@@ -242,7 +241,7 @@ def _compile(key: _Key):
     from .cute.decode_attention import DecodeAttentionSm90
 
     kernel = DecodeAttentionSm90(dt, d, key.group, key.causal, key.softcap, key.seqused, key.split, key.stages,
-                                 key.key_mask, key.additive_mask, key.fused_combine, key.unroll)
+                                 key.key_mask, key.additive_mask, key.fused_combine)
     align = ALIGN_BYTES // 2
     return compile_utils.compile_for_tvm_ffi(
         cute, kernel, fake_bhsd(cute, dt, d), fake_bhsd(cute, dt, d, align, ALIGN_BYTES),
@@ -269,8 +268,7 @@ def _keys(q: Tensor, k: Tensor, seqused_k: Optional[Tensor], key_mask: Optional[
     arch = compile_utils.target_arch(q.device)
     main = _Key("main", q.dtype, q.shape[-1], group, bool(causal), softcap > 0, seqused_k is not None, split, arch,
                 stages=stages_for(q.shape[-1]), key_mask=key_mask is not None,
-                additive_mask=key_mask is not None and key_mask.dtype != torch.uint8, fused_combine=fused_combine,
-                unroll=unroll())
+                additive_mask=key_mask is not None and key_mask.dtype != torch.uint8, fused_combine=fused_combine)
     return main, combine_key(q.dtype, q.shape[-1], group, arch)
 
 
@@ -326,11 +324,6 @@ def combine_key(dtype: torch.dtype, head_dim: int, group: int, arch: str) -> _Ke
 
 def _pdl() -> bool:
     return switches.current().decode_pdl
-
-
-def unroll() -> int:
-    """KV tiles a main-kernel loop iteration (FA4_INDUCTOR_DECODE_UNROLL), for both decode kernels."""
-    return switches.current().decode_unroll
 
 
 class Prepared(NamedTuple):
@@ -443,7 +436,7 @@ def warmup(
     for c, used, masked, split in warmup_variants(causal, seqused_k, key_mask):
         for fused in fused_combine_choices(split, head_dim):
             compiled(_Key("main", dtype, head_dim, group, c, bool(softcap), used, split, arch,
-                          stages=stages_for(head_dim), key_mask=masked, fused_combine=fused, unroll=unroll()))
+                          stages=stages_for(head_dim), key_mask=masked, fused_combine=fused))
     compiled(combine_key(dtype, head_dim, group, arch))
     return len(compiled) - before
 

@@ -22,7 +22,7 @@ Ring depth: `stages_for(head_dim)` from the same shared-memory budget as the bf1
 (FA4_INDUCTOR_DECODE_SMEM_KB, default 100 KB: two CTAs per SM).
 
 Compilation: one main-kernel variant per (dtype, head_dim, group, causal, softcap on/off, seqused_k given,
-key mask given, split or not, ring depth, KV tiles a loop iteration, arch), about a second each, kept in `compiled`; the combine
+key mask given, split or not, ring depth, arch), about a second each, kept in `compiled`; the combine
 kernel is `decode.py`'s (its cache). Call `warmup` before capturing CUDA graphs. Launches go to the
 current torch stream: no host sync, no host read of seqused_k or the scales.
 """
@@ -95,7 +95,7 @@ def _key(dtype: torch.dtype, head_dim: int, group: int, q_len: int, causal: bool
     return decode._Key("int8kv", dtype, head_dim, group, causal, softcap, seqused, split, arch,
                        stages=stages_for(head_dim), key_mask=key_mask, min_ctas=current.decode_min_ctas or CTAS_PER_SM,
                        half_rows=current.decode_half_rows and q_len * group <= HALF_TILE_ROWS,
-                       fused_combine=fused_combine, unroll=decode.unroll())
+                       fused_combine=fused_combine)
 
 
 def _compile(key: decode._Key):
@@ -108,7 +108,7 @@ def _compile(key: decode._Key):
     dt = compile_utils.cutlass_dtype(key.dtype)
     d = key.head_dim
     kernel = DecodeAttentionInt8KVSm90(dt, d, key.group, key.causal, key.softcap, key.seqused, key.split, key.stages,
-                                       key.key_mask, key.min_ctas, key.half_rows, key.fused_combine, key.unroll)
+                                       key.key_mask, key.min_ctas, key.half_rows, key.fused_combine)
 
     def kv():
         return decode.fake_bhsd(cute, Int8, d, decode.ALIGN_BYTES, decode.ALIGN_BYTES)

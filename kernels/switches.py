@@ -11,8 +11,7 @@ FA4_INDUCTOR_NO_REPLAY (FA4 launch replay off). Decode-kernel tuning: FA4_INDUCT
 FA4_INDUCTOR_DECODE_SPLITS (a fixed split count), FA4_INDUCTOR_DECODE_SMEM_KB (a CTA's shared-memory
 budget, default 100), FA4_INDUCTOR_DECODE_MIN_CTAS (int8-KV kernel: CTAs a SM its registers must allow, so
 ptxas caps them; default 2, the CTAs a SM its shared memory allows, which also lets ptxas use up to 255 registers),
-FA4_INDUCTOR_DECODE_UNROLL (both decode kernels: KV tiles a loop iteration, 1 or 2; 2 lets ptxas overlap one tile's
-P V with the next one's Q K^T, same arithmetic in the same order; default 1: the same bits and no gain on the H100, session 39), FA4_INDUCTOR_DECODE_HALF_ROWS (0 / false / no / off: the int8-KV
+FA4_INDUCTOR_DECODE_HALF_ROWS (0 / false / no / off: the int8-KV
 kernel computes the softmax of the tile's rows 8-15 even when a call packs at most 8 query rows; default on,
 measured faster or equal), FA4_INDUCTOR_DECODE_FUSED_COMBINE (1 / true / yes / on: the last split CTA of each (batch,
 row tile) merges the splits, no combine kernel; default off: slower at b1, equal at b8, session 29; one stream of a device at a time:
@@ -51,7 +50,6 @@ DECODE_PDL = "FA4_INDUCTOR_DECODE_PDL"
 DECODE_SPLITS = "FA4_INDUCTOR_DECODE_SPLITS"
 DECODE_SMEM_KB = "FA4_INDUCTOR_DECODE_SMEM_KB"
 DECODE_MIN_CTAS = "FA4_INDUCTOR_DECODE_MIN_CTAS"
-DECODE_UNROLL = "FA4_INDUCTOR_DECODE_UNROLL"
 DECODE_HALF_ROWS = "FA4_INDUCTOR_DECODE_HALF_ROWS"
 DECODE_FUSED_COMBINE = "FA4_INDUCTOR_DECODE_FUSED_COMBINE"
 W4A16_CTA = "FA4_INDUCTOR_W4A16_CTA"
@@ -79,7 +77,6 @@ class Switches(NamedTuple):
     decode_splits: Optional[int]
     decode_smem_kb: int
     decode_min_ctas: int
-    decode_unroll: int
     decode_half_rows: bool
     decode_fused_combine: bool
     w4a16_cta: Optional[tuple[int, int, int]]
@@ -120,7 +117,6 @@ def read(env: Mapping[str, str]) -> Switches:
         decode_splits=int(env[DECODE_SPLITS]) if env.get(DECODE_SPLITS) else None,
         decode_smem_kb=int(env.get(DECODE_SMEM_KB) or 100),
         decode_min_ctas=int(env.get(DECODE_MIN_CTAS) or 0),
-        decode_unroll=int(env.get(DECODE_UNROLL) or 1),
         decode_half_rows=not _is_off(env.get(DECODE_HALF_ROWS, "1")),
         decode_fused_combine=_is_on(env.get(DECODE_FUSED_COMBINE)),
         w4a16_cta=parse_cta_shape(env.get(W4A16_CTA)),

@@ -14,10 +14,8 @@ h39) # session 39 measured on an H100 only: our one-row NVFP4 GEMV is 1.12-1.23x
     # are H200 targets: the same rows on the H200, then quack's gated MLP (mlp_fusion.py now keys CPython methods too)
     run timeout 120 python3 docs/scripts/read_floor.py
     run timeout 100 python3 tests/bench_w4a16.py --m 1 --shapes 8192x8192,2048x8192,8192x2048
-    for u in 1 2; do   # two tiles an iteration: no gain on the H100; if none here either, remove the switch
-      FA4_INDUCTOR_DECODE_UNROLL=$u run timeout 60 python3 tests/bench_decode_int8kv.py --b 8 --sk 32768 --d 128
-      FA4_INDUCTOR_DECODE_UNROLL=$u run timeout 60 python3 tests/bench_decode_int8kv.py --b 1 --sk 32768 --d 128
-    done
+    run timeout 60 python3 tests/bench_decode_int8kv.py --b 8 --sk 32768 --d 128
+    run timeout 60 python3 tests/bench_decode_int8kv.py --b 1 --sk 32768 --d 128
     run timeout 150 python3 docs/scripts/mlp_fusion.py ;;
 a38) # session 37's opened nn.TransformerEncoderLayer (lowering/encoder_layer.py, on by default, never timed): its GPU
     # test, then BERT-base-shaped stacks against default compile (which keeps the fused call), with how many layers
@@ -37,7 +35,7 @@ c38) # the model tier (last full run session 35) after sessions 36-38's lowering
     # one-row target is the device's limit
     run timeout 300 $P -n 8 tests/test_gpu_models.py
     run timeout 200 python3 docs/scripts/read_floor.py ;;
-f38) # issue 16's b8 x 32k (1.81x the bf16 kernel against 1.85x; 4.09 TB/s against its 4.4) and b1 x 32k (25.5 us
+f38) # (ran in session 39 on an H100; the unroll switch is removed since) issue 16's b8 x 32k (1.81x the bf16 kernel against 1.85x; 4.09 TB/s against its 4.4) and b1 x 32k (25.5 us
     # against 21): sm_90a SASS says the int8-KV kernel issues 2-3x the bf16 kernel's instructions a byte from 8 warps a
     # SM. First FA4_INDUCTOR_DECODE_UNROLL=2 (two KV tiles an iteration, for ptxas to overlap one tile's P V with the
     # next one's Q K^T: int8-KV 218 registers, bf16 167, no spill), both kernels: bit for bit one tile an iteration,

@@ -54,32 +54,6 @@ def test_main_kernel_with_a_key_mask_compiles(cute_dsl, variant, additive):
     assert callable(decode.compiled(key))
 
 
-UNROLL_PROBE = """
-import torch
-from fa4_inductor.kernels import decode, decode_int8kv
-q, k = torch.empty(1, 32, 1, 128, dtype=torch.bfloat16), torch.empty(1, 8, 4096, 128, dtype=torch.bfloat16)
-keys = {"bf16": decode._keys(q, k, None, None, False, 0.0, True)[0]._replace(arch="sm_90a"),
-        "int8kv": decode_int8kv._key(torch.bfloat16, 128, 4, 1, False, False, False, True, False, "sm_90a")}
-for name, key in keys.items():
-    ptx = (decode_int8kv.compiled if name == "int8kv" else decode.compiled)(key).__ptx__
-    print(name, key.unroll, sum("mma.sync" in line for line in ptx.splitlines()))
-"""
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("unroll", ["", "2"])
-def test_two_tiles_an_iteration_reach_both_kernels(cute_dsl, unroll, tmp_path):
-    """FA4_INDUCTOR_DECODE_UNROLL=2: both decode kernels' keys ask for their KV loop two tiles an iteration, and their
-    PTX holds three tiles' MMAs (the two-tile loop and the one-tile remainder) where one tile an iteration holds one
-    tile's 32 (sm_90a SASS at d128: bf16 167 registers, int8-KV 218, no spill)."""
-    env = dict(os.environ, CUTE_DSL_KEEP_PTX="1", CUTE_DSL_ARCH=ARCH, **{switches.DECODE_UNROLL: unroll})
-    out = subprocess.run([sys.executable, "-c", UNROLL_PROBE], env=env, cwd=tmp_path, check=True,
-                         capture_output=True, text=True).stdout.split()
-    tiles = 3 if unroll else 1
-    assert out == ["bf16", str(2 if unroll else 1), str(32 * tiles),
-                   "int8kv", str(2 if unroll else 1), str(32 * tiles)], out
-
-
 @pytest.mark.parametrize(
     "dtype, head_dim, group, pdl",
     [(torch.bfloat16, 128, 4, True), (torch.float16, 64, 8, False), (torch.bfloat16, 256, 16, True)])

@@ -167,27 +167,6 @@ def test_seqused_k_shorter_than_query():
     assert (lse[0, :, :5] == float("-inf")).all() and (out[0, :, :5] == 0).all()
 
 
-@pytest.mark.parametrize("dtype, d, group, sq, causal, masked, sk, splits", [
-    (torch.bfloat16, 128, 4, 1, False, False, 32768, None), (torch.bfloat16, 128, 4, 2, True, True, 3001, 7),
-    (torch.float16, 64, 8, 1, True, False, 4096, 1), (torch.bfloat16, 256, 2, 3, True, True, 1000, None),
-    (torch.bfloat16, 64, 4, 1, False, True, 130, 2), (torch.float16, 128, 16, 1, False, False, 65, 1)], ids=str)
-def test_two_tiles_an_iteration_give_the_same_bits(dtype, d, group, sq, causal, masked, sk, splits, monkeypatch):
-    """FA4_INDUCTOR_DECODE_UNROLL=2 (two KV tiles a loop iteration): the same instructions per tile in the same order
-    per accumulator, so out and lse are the bits of one tile an iteration, over even, odd and single-tile counts a
-    warp, and within the FA rule of the float64 reference."""
-    q, k, v = make_inputs(dtype, b=3, group=group, sq=sq, sk=sk, d=d)
-    used = torch.tensor([sk, max(sk // 2, sq), min(17, sk)], dtype=torch.int32, device="cuda")
-    mask = padding_key_mask(3, sk) if masked else None
-    results = []
-    for unroll in ("1", "2"):
-        monkeypatch.setenv(switches.DECODE_UNROLL, unroll)
-        switches.reset()
-        results.append(check(q, k, v, used, splits=splits, key_mask=mask, **flags(d, causal)))
-    switches.reset()
-    (out, lse), (unrolled_out, unrolled_lse) = results
-    assert torch.equal(out, unrolled_out) and torch.equal(lse, unrolled_lse)
-
-
 def test_combine_without_pdl(monkeypatch):
     monkeypatch.setenv(decode.PDL_ENV, "0")
     switches.reset()

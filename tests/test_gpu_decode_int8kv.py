@@ -274,31 +274,6 @@ def test_half_rows_give_the_same_bits(dtype, d, group, sq, causal, masked, split
     assert torch.equal(out, half_out) and torch.equal(lse, half_lse)
 
 
-@pytest.mark.parametrize("dtype, d, group, sq, causal, masked, sk, splits", [
-    (torch.bfloat16, 128, 4, 1, False, False, 32768, None), (torch.bfloat16, 128, 4, 2, True, True, 3001, 7),
-    (torch.bfloat16, 64, 8, 1, True, False, 4096, 1), (torch.float16, 128, 2, 3, True, True, 1000, None),
-    (torch.bfloat16, 64, 4, 1, False, True, 130, 2), (torch.float16, 64, 4, 1, False, False, 65, 1)], ids=str)
-def test_two_tiles_an_iteration_give_the_same_bits(dtype, d, group, sq, causal, masked, sk, splits, monkeypatch):
-    """FA4_INDUCTOR_DECODE_UNROLL=2 (two KV tiles a loop iteration, for ptxas to overlap one tile's P V with the
-    next one's Q K^T): the same instructions per tile in the same order per accumulator, so out and lse are the same
-    bits as one tile an iteration, over even, odd and single-tile counts a warp, and within the FA rule."""
-    b = 3
-    q, k, v, ks, vs = make_inputs(dtype, b=b, group=group, sq=sq, sk=sk, d=d)
-    used = torch.tensor([sk, max(sk // 2, sq), min(17, sk)], dtype=torch.int32, device="cuda")
-    mask = padding_key_mask(b, sk) if masked else None
-    results = []
-    for unroll in ("1", "2"):
-        monkeypatch.setenv(switches.DECODE_UNROLL, unroll)
-        switches.reset()
-        key = decode_int8kv._key(dtype, d, group, sq, causal, False, True, True, masked, "sm_90a")
-        assert key.unroll == int(unroll)
-        results.append(check(f"unroll {unroll} {dtype} d{d} g{group} sq{sq} causal {causal} mask {masked} sk{sk}",
-                             q, k, v, ks, vs, used, mask, splits=splits, **flags(d, causal)))
-    switches.reset()
-    (out, lse), (unrolled_out, unrolled_lse) = results
-    assert torch.equal(out, unrolled_out) and torch.equal(lse, unrolled_lse)
-
-
 @pytest.mark.parametrize("d", [64, 128])
 @pytest.mark.parametrize("splits", [2, 33, 65, 128])
 def test_fused_combine(fused_combine, d, splits):

@@ -313,7 +313,7 @@ class DecodeAttentionSm90(SplitKVMerge):
 
     def __init__(self, dtype, head_dim: int, group: int, causal: bool, has_softcap: bool,
                  has_seqused: bool, split: bool, stages: int, has_key_mask: bool = False, additive_mask: bool = False,
-                 fused_combine: bool = False, unroll: int = 1):
+                 fused_combine: bool = False):
         assert head_dim in (64, 128, 256), head_dim
         assert split or not fused_combine
         assert stages >= 2, stages
@@ -329,8 +329,6 @@ class DecodeAttentionSm90(SplitKVMerge):
         self.split = split
         self.fused_combine = fused_combine
         self.stages = stages
-        assert unroll in (1, 2), unroll
-        self.unroll = unroll  # KV tiles a loop iteration: 2 lets ptxas overlap one tile's P V with the next's Q K^T
         self.num_threads = 32 * NUM_WARPS
 
     @cute.jit
@@ -505,7 +503,7 @@ class DecodeAttentionSm90(SplitKVMerge):
         row_sum.fill(0.0)
 
         # ---- main loop: cp.async ring of `stages` slots, one commit group per tile ----
-        for it in cutlass.range(n_warp, unroll=self.unroll):
+        for it in range(n_warp):
             cute.arch.cp_async_wait_group(stages - 2)
             cute.arch.sync_warp()  # tile `it` visible to the warp; slot (it - 1) % stages free
             if it + stages - 1 < n_warp:

@@ -172,9 +172,7 @@ class DecodeAttentionInt8KVSm90(SplitKVMerge):
     key mask given, split or not, ring depth `stages` >= 2: the merge reuses the KV ring; `min_ctas`, the CTAs
     a SM its registers must allow; `half_rows`, every packed query row one of the tile's first 8: a lane's MMA
     fragment rows g + 8 then hold zero queries, whose scores are 0 and whose P stays 0 without a softmax;
-    `fused_combine`, split: the last CTA of a (batch, row tile) merges the splits, `SplitKVMerge.combine_if_last`;
-    `unroll`, KV tiles a loop iteration: 2 lets ptxas schedule one tile's P V with the next tile's Q K^T, the same
-    instructions per tile in the same order per accumulator).
+    `fused_combine`, split: the last CTA of a (batch, row tile) merges the splits, `SplitKVMerge.combine_if_last`).
 
     Call: (mQ, mK, mV, mKscale, mVscale, mSeqused, mKeyMask, mO, mLSE, mOpart, mLSEpart, mCounter, scale_log2,
     softcap_in, softcap_out, stream). mK / mV int8 [B, Hkv, Sk, D] (unit stride on D, 16-byte
@@ -184,7 +182,7 @@ class DecodeAttentionInt8KVSm90(SplitKVMerge):
 
     def __init__(self, dtype, head_dim: int, group: int, causal: bool, has_softcap: bool,
                  has_seqused: bool, split: bool, stages: int, has_key_mask: bool = False, min_ctas: int = 0,
-                 half_rows: bool = False, fused_combine: bool = False, unroll: int = 1):
+                 half_rows: bool = False, fused_combine: bool = False):
         assert head_dim in HEAD_DIMS, head_dim
         assert stages >= 2, stages
         self.dtype = dtype
@@ -200,8 +198,6 @@ class DecodeAttentionInt8KVSm90(SplitKVMerge):
         self.min_ctas = min_ctas  # > 1: registers capped so that this many CTAs fit a SM (nvvm.minctasm)
         self.half_rows = half_rows
         assert split or not fused_combine
-        assert unroll in (1, 2), unroll
-        self.unroll = unroll
         self.fused_combine = fused_combine
         self.num_threads = 32 * NUM_WARPS
         self.o_scale = FP16_P_SCALE if self.fp16 else 1.0
@@ -433,7 +429,7 @@ class DecodeAttentionInt8KVSm90(SplitKVMerge):
         k_words = cute.make_rmem_tensor((4, C // 4, 2), Uint32)  # (word, chunk t + 4i, n-block)
         v_words = cute.make_rmem_tensor((4, D // 32), Uint32)  # (key 2t, 2t + 1, 2t + 8, 2t + 9; word)
 
-        for it in cutlass.range(n_warp, unroll=self.unroll):
+        for it in range(n_warp):
             cute.arch.cp_async_wait_group(stages - 2)
             cute.arch.sync_warp()  # tile `it` visible to the warp; slot (it - 1) % stages free
             if it + stages - 1 < n_warp:
