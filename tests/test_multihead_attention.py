@@ -35,15 +35,10 @@ def padded(batch=2, seq=12):
     return mask
 
 
-def against_float64(model, *args):
-    """The recorder of `model` compiled with it, after checking the compiled output against the float64 module's."""
-    return module_call_against_float64(model, *args)
-
-
 class TestMultiheadAttention(expecttest.TestCase):
     def test_plain_self_attention_reaches_the_op(self):
         torch.manual_seed(0)
-        rec = against_float64(EncoderBlockAttention().eval(), torch.randn(2, 12, 32))
+        rec = module_call_against_float64(EncoderBlockAttention().eval(), torch.randn(2, 12, 32))
         self.assertExpectedInline(rec.summary, """\
 linear: f32[12, 2, 96] = linear(.transpose(x, 1, 0), self.attn.in_proj_weight, self.attn.in_proj_bias)
 unflatten: f32[12, 2, 3, 4, 8] = .unflatten(linear, -1, (3, 4, 8))
@@ -60,7 +55,7 @@ linear_1: f32[12, 2, 32] = linear(flatten, self.attn.out_proj.weight, self.attn.
 
     def test_a_padding_mask_reaches_the_op_as_its_key_mask(self):
         torch.manual_seed(0)
-        rec = against_float64(EncoderBlockAttention().eval(), torch.randn(2, 12, 32), padded())
+        rec = module_call_against_float64(EncoderBlockAttention().eval(), torch.randn(2, 12, 32), padded())
         lines = rec.summary.splitlines()  # the projections as in the test above, then the mask and the op
         start = next(i for i, line in enumerate(lines) if line.startswith("logical_not"))
         end = next(i for i, line in enumerate(lines) if line.startswith("fa4_attention"))
@@ -163,7 +158,7 @@ class CausalTextBlock(nn.Module):
 
 def test_a_causal_mask_buffer_reaches_the_op_as_causal():
     torch.manual_seed(7)
-    rec = against_float64(CausalTextBlock().eval(), torch.randn(2, 12, 32))
+    rec = module_call_against_float64(CausalTextBlock().eval(), torch.randn(2, 12, 32))
     assert [(r.family, r.rewritten) for r in rec.records] == [("sdpa", True)], rec.records
     assert rec.records[0].detail.endswith("scale=0.353553, causal=True)"), rec.records[0]
 
