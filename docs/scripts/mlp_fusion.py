@@ -14,9 +14,8 @@ step has `layers` such MLPs: the last column is what each row would take or save
 
     python3 docs/scripts/mlp_fusion.py [tokens hidden intermediate layers]    # default 4096 2048 8192 16
 """
-import contextvars
+import os
 import sys
-import types
 
 import torch
 import torch.nn.functional as F
@@ -24,25 +23,26 @@ import torch.nn.functional as F
 from fa4_inductor.bench import gpu_ms
 
 
-def _key_context_vars():
-    """quack 0.6.5 keys each GEMM epilogue by the values its function reaches, and CuTe DSL 4.8.1 puts a ContextVar of
-    source-location transforms among them, and the C methods its location code calls (`code.co_positions`), which
-    quack has no key for (sessions 37 and 39: importing its epilogue library raised TypeError). The variable holds
-    debug locations and the methods are CPython's, not math: key them by name."""
+def _installed_code_is_extern():
+    """quack keys each GEMM epilogue by the source of every function it reaches, except installed code, which it keys
+    by name; it takes a file for installed when its path has a site-packages or dist-packages folder. The GPU machine
+    installs the packages with `pip --target /opt/fa4-site`, so quack read CuTe DSL's own functions and stopped at
+    values it has no key for (sessions 37 and 39: a ContextVar, then `code.co_positions`). Count every file beside
+    quack's package (the same install root) as installed, as site-packages would be."""
+    import quack
     from quack.gemm_runtime import identity
 
-    keyed = identity.semantic_value_key
-    c_methods = (types.MethodDescriptorType, types.WrapperDescriptorType, types.ClassMethodDescriptorType,
-                 types.GetSetDescriptorType, types.MemberDescriptorType)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(quack.__file__))) + os.sep
+    is_extern = identity._is_extern_function
 
-    def semantic_value_key(value, seen):
-        if isinstance(value, contextvars.ContextVar):
-            return ("contextvar", value.name)
-        if isinstance(value, c_methods):
-            return ("c method", value.__objclass__.__qualname__, value.__name__)
-        return keyed(value, seen)
+    def extern(fn):
+        module = getattr(fn, "__module__", None) or ""
+        code = getattr(fn, "__code__", None)
+        beside_quack = (code is not None and os.path.abspath(code.co_filename).startswith(root)
+                        and module != "quack" and not module.startswith("quack."))
+        return is_extern(fn) or beside_quack
 
-    identity.semantic_value_key = semantic_value_key
+    identity._is_extern_function = extern
 
 
 def main():
@@ -66,7 +66,7 @@ def main():
     rows = {"inductor": (torch.compile(separate), (x, w_gate, w_up, w_down)),
             "inductor, gate_up": (torch.compile(concatenated), (x, w_gate_up, w_down))}
     try:
-        _key_context_vars()
+        _installed_code_is_extern()
         from quack.mlp import mlp_func
 
         rows["quack, gate_up"] = (lambda x, wgu, wd: mlp_func(x, wgu, wd, "swiglu", concat_layout=True),
