@@ -1,6 +1,7 @@
-# Unrun GPU work. Session 39 ran a38, f38, c38 and m36 on an H100 (docs/benchmarks.md, session 39). Next, one part a
-# call, in this order: `h39` (on the H200: issue 15's read floor beside ours at one row, the int8-KV ratio at b8 x 32k,
-# quack's gated MLP with the script's new keys), then `b38`'s 9..16-row half, `e36`, `n36`.
+# Unrun GPU work. Session 39 ran a38, f38, c38 and m36 on an H100 (docs/benchmarks.md, session 39); session 40 got no
+# machine before its first call. Next, one part a call, in this order: `h40a` (quack's gated MLP, now that its keying
+# of CuTe DSL installed under /opt/fa4-site is fixed; then, on an H200 only, issue 15's read floor beside ours at one
+# row), `h40b` (issue 16's int8-KV rows and DRAM counters on the H200, then `b38`'s 9..16-row half), `e36`, `n36`.
 # Output goes to $OUT/log.txt. Have the next call ready: the machine goes back 30 s after a call, and a fresh one needs
 # .gpu/a and .gpu/b again. Run one part a call:  bash scratch/next_gpu.sh g29
 # Never `pkill -f pytest` here: it matches this script's own command line. A pytest cut by `timeout` can leave xdist
@@ -9,18 +10,26 @@ P="python3 -m pytest -m gpu -q -p no:cacheprovider -p no:logging -W ignore -rf"
 L=$OUT/log.txt
 run() { echo "+ $*" >>$L; PYTHONUNBUFFERED=1 "$@" >>$L 2>&1; echo "rc=$?" >>$L; }
 case "$1" in
-h39) # session 39 measured on an H100 only: our one-row NVFP4 GEMV is 1.12-1.23x the fastest pure read of its bytes
-    # there, and the int8-KV kernel is at 97% of the bf16 one's DRAM efficiency (1.86x). Issue 15's 11 us and 16's 1.85x
-    # are H200 targets: the same rows on the H200, then quack's gated MLP (mlp_fusion.py now keys CPython methods too)
-    run timeout 120 python3 docs/scripts/read_floor.py
-    run timeout 100 python3 tests/bench_w4a16.py --m 1 --shapes 8192x8192,2048x8192,8192x2048
+h40a) # issue 12: quack's gated MLP (SiLU x up in the GEMM epilogues) against default compile's MLP layer, forward and
+    # backward at the training step's size. Sessions 37 and 39 failed in quack's epilogue keying: /opt/fa4-site has no
+    # site-packages folder, so quack fingerprinted CuTe DSL's functions by source (reproduced on CPU; the script now
+    # counts code beside quack's as installed). Then issue 15's read floor and our one-row GEMV on the H200 only (the
+    # H100's rows are session 39's): is 8192 x 8192 in 11 us within the device's reach?
+    nvidia-smi -L >>$L
+    run timeout 200 python3 docs/scripts/mlp_fusion.py
+    if nvidia-smi -L | grep -q H200; then
+      run timeout 120 python3 docs/scripts/read_floor.py
+      run timeout 100 python3 tests/bench_w4a16.py --m 1 --shapes 8192x8192,2048x8192,8192x2048
+    fi ;;
+h40b) # issue 16 on the H200: b8 / b1 x 32k d128 (1.81x against 1.85x; 25.5 us against 21), then both decode kernels'
+    # DRAM counters at b8 x 32k (the H100: int8-KV 87.2% of peak, bf16 89.8%), then b38's 9..16-row half
+    nvidia-smi -L >>$L
     run timeout 60 python3 tests/bench_decode_int8kv.py --b 8 --sk 32768 --d 128
     run timeout 60 python3 tests/bench_decode_int8kv.py --b 1 --sk 32768 --d 128
-    run timeout 150 python3 docs/scripts/mlp_fusion.py
-    # the H100 put the int8-KV kernel at 87% of DRAM peak and the bf16 one at 90% (b8 x 32k d128); the H200's 1.81x
-    # says 93% of the bf16 kernel's efficiency there: the same counters on the H200
     run timeout 150 ncu --clock-control none --profile-from-start off --section SpeedOfLight --section Occupancy \
-      --section MemoryWorkloadAnalysis python3 docs/scripts/ncu_decode_int8kv.py 8 32768 128 ;;
+      --section MemoryWorkloadAnalysis python3 docs/scripts/ncu_decode_int8kv.py 8 32768 128
+    run timeout 200 python3 tests/bench_w4a16.py --m 2,8,9,16 --load auto --pack off,on \
+      --shapes 8192x8192,2048x8192,8192x2048,14336x4096,4096x14336 ;;
 a38) # session 37's opened nn.TransformerEncoderLayer (lowering/encoder_layer.py, on by default, never timed): its GPU
     # test, then BERT-base-shaped stacks against default compile (which keeps the fused call), with how many layers
     # reached the op. If ours is slower on a row, route (or stop opening) where it loses. Fits after the install
