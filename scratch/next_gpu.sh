@@ -1,7 +1,6 @@
-# Unrun GPU work. Session 39 ran a38, f38, c38 and m36 on an H100 (docs/benchmarks.md, session 39); session 40 got no
-# machine before its first call. Next, one part a call, in this order: `h40a` (quack's gated MLP, now that its keying
-# of CuTe DSL installed under /opt/fa4-site is fixed; then, on an H200 only, issue 15's read floor beside ours at one
-# row), `h40b` (issue 16's int8-KV rows and DRAM counters on the H200, then `b38`'s 9..16-row half), `e36`, `n36`.
+# Unrun GPU work. Session 40 ran quack's gated MLP and the decode GPU tests on an H100 (docs/benchmarks.md, session
+# 40). Next, one part a call, in this order, on the H200: `h40a` (issue 15's read floor beside ours at one row), `h40b`
+# (issue 16's int8-KV rows and DRAM counters, then `b38`'s 9..16-row half), `e36`, `n36`.
 # Output goes to $OUT/log.txt. Have the next call ready: the machine goes back 30 s after a call, and a fresh one needs
 # .gpu/a and .gpu/b again. Run one part a call:  bash scratch/next_gpu.sh g29
 # Never `pkill -f pytest` here: it matches this script's own command line. A pytest cut by `timeout` can leave xdist
@@ -10,17 +9,11 @@ P="python3 -m pytest -m gpu -q -p no:cacheprovider -p no:logging -W ignore -rf"
 L=$OUT/log.txt
 run() { echo "+ $*" >>$L; PYTHONUNBUFFERED=1 "$@" >>$L 2>&1; echo "rc=$?" >>$L; }
 case "$1" in
-h40a) # issue 12: quack's gated MLP (SiLU x up in the GEMM epilogues) against default compile's MLP layer, forward and
-    # backward at the training step's size. Sessions 37 and 39 failed in quack's epilogue keying: /opt/fa4-site has no
-    # site-packages folder, so quack fingerprinted CuTe DSL's functions by source (reproduced on CPU; the script now
-    # counts code beside quack's as installed). Then issue 15's read floor and our one-row GEMV on the H200 only (the
-    # H100's rows are session 39's): is 8192 x 8192 in 11 us within the device's reach?
+h40a) # issue 15 on the H200 (the H100's rows are session 39's): the fastest read of the NVFP4 bytes beside our one-row
+    # GEMV. Is 8192 x 8192 in 11 us within the device's reach? (quack's gated MLP ran in session 40 on an H100: no rewrite)
     nvidia-smi -L >>$L
-    run timeout 200 python3 docs/scripts/mlp_fusion.py
-    if nvidia-smi -L | grep -q H200; then
-      run timeout 120 python3 docs/scripts/read_floor.py
-      run timeout 100 python3 tests/bench_w4a16.py --m 1 --shapes 8192x8192,2048x8192,8192x2048
-    fi ;;
+    run timeout 120 python3 docs/scripts/read_floor.py
+    run timeout 100 python3 tests/bench_w4a16.py --m 1 --shapes 8192x8192,2048x8192,8192x2048 ;;
 h40b) # issue 16 on the H200: b8 / b1 x 32k d128 (1.81x against 1.85x; 25.5 us against 21), then both decode kernels'
     # DRAM counters at b8 x 32k (the H100: int8-KV 87.2% of peak, bf16 89.8%), then b38's 9..16-row half
     nvidia-smi -L >>$L
