@@ -115,5 +115,6 @@ def main():
         errors = ", ".join(f"{(g - r).abs().max().item() / r.abs().max().item():.1e}" for g, r in zip(got, first))
         print(f"| {name} | {ms:.3f} | {errors} | {layers * (ms - first_ms):+.2f} |")
 
+
 if __name__ == "__main__":
     main()
