@@ -9,6 +9,21 @@ P="python3 -m pytest -m gpu -q -p no:cacheprovider -p no:logging -W ignore -rf"
 L=$OUT/log.txt
 run() { echo "+ $*" >>$L; PYTHONUNBUFFERED=1 "$@" >>$L 2>&1; echo "rc=$?" >>$L; }
 case "$1" in
+h41a) # session 41, first call after the install (H200 wanted): h40a, then issue 16's b1 x 32k broken down (main kernel
+    # and combine by profiler, graph medians at 16 / 33 / 66 splits; the fused combine against the kernel) and the b8 row
+    nvidia-smi -L >>$L
+    run timeout 120 python3 docs/scripts/read_floor.py
+    run timeout 100 python3 tests/bench_w4a16.py --m 1 --shapes 8192x8192,2048x8192,8192x2048
+    run timeout 60 python3 tests/bench_decode_int8kv.py --b 8 --sk 32768 --d 128
+    run timeout 60 python3 tests/bench_decode_int8kv.py --b 1 --sk 32768 --d 128
+    run timeout 90 python3 docs/scripts/decode_kernel_times.py 1 32768 128 16,66
+    FA4_INDUCTOR_DECODE_FUSED_COMBINE=1 run timeout 60 python3 tests/bench_decode_int8kv.py --b 1 --sk 32768 --d 128 ;;
+h41b) # the rest of h40b: both decode kernels' DRAM counters at b8 x 32k, then the 9..16-row packed half
+    nvidia-smi -L >>$L
+    run timeout 150 ncu --clock-control none --profile-from-start off --section SpeedOfLight --section Occupancy \
+      --section MemoryWorkloadAnalysis python3 docs/scripts/ncu_decode_int8kv.py 8 32768 128
+    run timeout 200 python3 tests/bench_w4a16.py --m 2,8,9,16 --load auto --pack off,on \
+      --shapes 8192x8192,2048x8192,8192x2048,14336x4096,4096x14336 ;;
 h40a) # issue 15 on the H200 (the H100's rows are session 39's): the fastest read of the NVFP4 bytes beside our one-row
     # GEMV. Is 8192 x 8192 in 11 us within the device's reach? (quack's gated MLP ran in session 40 on an H100: no rewrite)
     nvidia-smi -L >>$L

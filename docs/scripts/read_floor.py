@@ -7,7 +7,10 @@
 Timed as `tests/bench_w4a16.py` times our kernels (copies over 2x the L2 in one CUDA graph, median per call), so the
 rows compare with its NVFP4 column: how far our kernel is from the fastest read of its bytes.
 
-    python3 docs/scripts/read_floor.py [NxK ...]     # default 8192x8192 2048x8192 8192x2048
+    python3 docs/scripts/read_floor.py [[int8:]NxK ...]   # default 8192x8192 2048x8192 8192x2048 int8:8192x8192
+
+A shape is an NVFP4 weight's unless prefixed `int8:` (issue 15's int8 row, <= 18 us at 8192 x 8192: int8 codes and a
+float32 scale a row).
 """
 import sys
 
@@ -30,19 +33,27 @@ def stream_sum(w_ptr, out_ptr, words, BLOCK: tl.constexpr):
     tl.store(out_ptr + pid, tl.sum(acc, axis=0))
 
 
-def nvfp4_bytes(n: int, k: int) -> int:
+def weight_bytes(fmt: str, n: int, k: int) -> int:
+    if fmt == "int8":
+        return n * k + 4 * n  # int8 codes + a float32 scale a row
     return n * k // 2 + n * k // 16  # e2m1 codes + an e4m3 scale per 16
 
 
+def parse_shape(spec: str) -> tuple[str, int, int]:
+    fmt, _, dims = spec.rpartition(":")
+    n, k = (int(v) for v in dims.split("x"))
+    return fmt or "nvfp4", n, k
+
+
 def main():
-    shapes = [tuple(int(v) for v in s.split("x")) for s in sys.argv[1:]] or [(8192, 8192), (2048, 8192), (8192, 2048)]
+    shapes = [parse_shape(s) for s in sys.argv[1:] or ["8192x8192", "2048x8192", "8192x2048", "int8:8192x8192"]]
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     print(f"device {torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}")
-    print("| NVFP4 weight N x K | bytes (MB) | bf16 GEMV of those bytes (rows) us | ATen row sums us | Triton stream us "
+    print("| weight N x K | bytes (MB) | bf16 GEMV of those bytes (rows) us | ATen row sums us | Triton stream us "
           "(programs, block) | best TB/s |")
     print("|---|---|---|---|---|---|")
-    for n, k in shapes:
-        nbytes = nvfp4_bytes(n, k)
+    for fmt, n, k in shapes:
+        nbytes = weight_bytes(fmt, n, k)
         c = copies(nbytes)
         bf16_rows = max(64, round(nbytes / (2 * k) / 64) * 64)
         x = torch.randn(1, k, dtype=torch.bfloat16, device="cuda")
@@ -67,7 +78,7 @@ def main():
                         best = (us, programs, block, warps)
         del flat, rows
         floor = min(gemv * nbytes / (bf16_rows * k * 2), aten, best[0])
-        print(f"| {n} x {k} | {nbytes / 1e6:.1f} | {gemv:.1f} ({bf16_rows}) | {aten:.1f} | {best[0]:.1f} "
+        print(f"| {fmt} {n} x {k} | {nbytes / 1e6:.1f} | {gemv:.1f} ({bf16_rows}) | {aten:.1f} | {best[0]:.1f} "
               f"({best[1]}, {best[2]} x {best[3]} warps) | {nbytes / floor / 1e6:.2f} |", flush=True)
 
 
