@@ -1,8 +1,9 @@
 """`python -m fa4_inductor demo | explain MODEL | bench [--suite ...]`.
 
 MODEL is `module:function` (returning (model_or_fn, example_args)), or a transformers model built from
-its default config shrunk to a tiny size (random weights, no download): `hf:llama` (any model type),
-`hf:/path/to/checkpoint` (its config.json), or a local checkpoint path.
+its config shrunk to a tiny size (random weights): `hf:llama` or `llama` (any model type: its default config, no
+download), `hf:/path/to/checkpoint` or the path itself (its config.json), `hf:Qwen/Qwen3-0.6B` or the Hub id itself
+(its config.json alone is downloaded).
 """
 
 from __future__ import annotations
@@ -25,8 +26,7 @@ def main(argv=None) -> int:
     demo.add_argument("--seq-len", type=int, default=None, help="tokens per forward (default: 64 on CPU, 2048 on GPU)")
     sub.add_parser("bench", help="GPU benchmarks (see `python -m fa4_inductor bench --help`)")
     explain = sub.add_parser("explain", help="report the rewrites for a model, layer by layer")
-    explain.add_argument("model", help="MODULE:FUNCTION returning (model_or_fn, example_args), hf:MODEL_TYPE, "
-                                       "hf:PATH or a local checkpoint PATH")
+    explain.add_argument("model", help=MODEL_HELP)
     explain.add_argument("--attn", default=None, choices=["eager", "sdpa"],
                          help="transformers attn_implementation for hf: models (default: sdpa, eager where the "
                               "model has no sdpa code)")
@@ -36,14 +36,40 @@ def main(argv=None) -> int:
         from .demo import run
 
         return run(args.seq_len)
-    if args.model.startswith("hf:") or os.path.isdir(args.model):
-        return explain_transformers(args.model.removeprefix("hf:"), args.attn)
+    module, colon, function = args.model.partition(":")
+    if module == "hf" or not colon:
+        name = function if colon else module
+        reason = transformers_name_reason(name)
+        if reason:
+            print(f"{args.model}: {reason}; MODEL is {MODEL_HELP}")
+            return 2
+        return explain_transformers(name, args.attn)
     import fa4_inductor
 
-    module, _, function = args.model.partition(":")
     fn, example_args = getattr(importlib.import_module(module), function)()
     report = fa4_inductor.explain(fn, *example_args)
     return 0 if not report.kept else 2
+
+
+MODEL_HELP = ("MODULE:FUNCTION returning (model_or_fn, example_args), a transformers model type (llama), a local "
+              "checkpoint path or a Hugging Face Hub id (Qwen/Qwen3-0.6B; hf: in front is optional)")
+
+
+def transformers_name_reason(name: str) -> str | None:
+    """Why `name` names no transformers model `explain` can build (None: a model type, a local path, or what can be
+    a Hub id: owner/name)."""
+    if os.path.exists(name):
+        return None
+    try:
+        import transformers
+    except ImportError:
+        return "transformers is not installed"
+    if name in transformers.CONFIG_MAPPING:
+        return None
+    owner, slash, repo = name.partition("/")
+    if slash and owner and repo and "/" not in repo:
+        return None
+    return "not a transformers model type, an existing path or a Hub id (owner/name)"
 
 
 def explain_transformers(name: str, attn_implementation: str) -> int:
@@ -54,7 +80,11 @@ def explain_transformers(name: str, attn_implementation: str) -> int:
     from .backend import fa4_inductor
     from .report import Report, collecting
 
-    unsupported = hf.unsupported(name, attn_implementation or "sdpa")
+    try:
+        unsupported = hf.unsupported(name, attn_implementation or "sdpa")
+    except (OSError, ValueError) as e:  # a Hub id offline or unknown, a folder without a config.json
+        print(f"{name}: its config could not be loaded ({type(e).__name__}: {str(e).splitlines()[0]})")
+        return 2
     if unsupported and attn_implementation:
         print(f"{name}: {unsupported}")
         return 2

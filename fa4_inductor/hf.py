@@ -146,10 +146,10 @@ def _causal_lm(config) -> bool:
 
 
 def tiny_config(name: str, attn_implementation: str = "sdpa"):
-    """The default config of model type `name` (or the config.json under a local path), shrunk."""
+    """The default config of model type `name` (or the config.json under a local path or of a Hub id), shrunk."""
     import transformers
 
-    if os.path.exists(name):
+    if os.path.exists(name) or name not in transformers.CONFIG_MAPPING:
         config = transformers.AutoConfig.from_pretrained(name)
     else:
         config = transformers.AutoConfig.for_model(name)
@@ -259,6 +259,8 @@ def unsupported(name: str, attn_implementation: str = "sdpa") -> str | None:
 def build(name: str, attn_implementation: str = "sdpa", seed: int = 0) -> Tiny:
     """A tiny model of type `name` in eval mode; raises ValueError when the model has no such attention code
     (`unsupported` says so before building)."""
+    import transformers
+
     config = tiny_config(name, attn_implementation)
     kind = _kind(config)
     torch.manual_seed(seed)
@@ -271,5 +273,5 @@ def build(name: str, attn_implementation: str = "sdpa", seed: int = 0) -> Tiny:
         encoder = getattr(config, "encoder_layers", None) or config.num_layers  # T5 names them num_layers
         decoder = getattr(config, "decoder_layers", None) or getattr(config, "num_decoder_layers", None) or encoder
         layers = encoder + 2 * decoder  # decoder: self- and cross-attention
-    composite = "" if os.path.exists(name) or config.model_type == name else name
+    composite = "" if config.model_type == name or name not in transformers.CONFIG_MAPPING else name
     return Tiny(model, kind, layers, composite)

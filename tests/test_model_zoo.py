@@ -656,6 +656,48 @@ def test_explain_by_local_checkpoint_path(tmp_path, capsys):
     assert "key_mask=padding mask" in out
 
 
+@pytest.mark.parametrize("name, builds", [("llama", True), ("Qwen/Qwen3-0.6B", True), ("qwen9", False),
+                                          ("Qwen/Qwen3/0.6B", False), ("/tmp", True)])
+def test_explain_reads_a_bare_model_type_or_hub_id_as_transformers(name, builds):
+    """`explain llama` as `explain hf:llama`; owner/name is a Hub id; an existing path is a checkpoint (its loading
+    says what is wrong with it); anything else is refused with what MODEL may be."""
+    from fa4_inductor.__main__ import transformers_name_reason
+
+    pytest.importorskip("transformers")
+    reason = transformers_name_reason(name)
+    assert (reason is None) == builds, reason
+
+
+def test_explain_refuses_a_name_it_cannot_read(capsys):
+    from fa4_inductor.__main__ import main
+
+    pytest.importorskip("transformers")
+    assert main(["explain", "qwen9"]) == 2
+    out = capsys.readouterr().out
+    assert out.startswith("qwen9: not a transformers model type") and "Hub id" in out, out
+
+
+@pytest.mark.slow
+def test_explain_by_hub_id(capsys, monkeypatch):
+    """A Hub id: only its config.json is read (here handed over as BERT's default config, no network)."""
+    from fa4_inductor.__main__ import main
+
+    transformers = pytest.importorskip("transformers")
+    asked = []
+
+    def from_pretrained(name, *args, **kwargs):
+        asked.append(name)
+        return transformers.AutoConfig.for_model("bert")
+
+    monkeypatch.setattr(transformers.AutoConfig, "from_pretrained", from_pretrained)
+    torch._dynamo.reset()
+    assert main(["explain", "google-bert/bert-base-uncased", "--attn", "eager"]) == 0
+    assert set(asked) == {"google-bert/bert-base-uncased"}
+    out = capsys.readouterr().out
+    assert out.startswith("google-bert/bert-base-uncased (eager): BertModel, 2 attention layers per forward"), out
+    assert "forward, right-padded: 2/2 attention layers rewritten" in out
+
+
 def test_gpt_fast_no_recompile_across_prompt_lengths():
     """Prefill recompiles once (automatic dynamic shapes), decode never: the position check is symbolic."""
     torch.manual_seed(0)
