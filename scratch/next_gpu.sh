@@ -1,8 +1,8 @@
-# Unrun GPU work. Session 40 ran quack's gated MLP and the decode GPU tests on an H100 (docs/benchmarks.md, session
-# 40). Next, one part a call, in this order, on the H200: `h40a` (issue 15's read floor beside ours at one row), `h40b`
-# (issue 16's int8-KV rows and DRAM counters, then `b38`'s 9..16-row half), `e36`, `n36`.
+# Unrun GPU work. Session 41 ran h41a and a split-count / 2..16-row pass on an H100 (docs/benchmarks.md, session 41).
+# Next, one part a call, on the H200 (an H100 answers none of these): `h41a` (issue 15's read floor for NVFP4 and int8
+# beside ours at one row; issue 16's b8 / b1 rows and b1 by split count), then `h41b`, `e36`, `n36`.
 # Output goes to $OUT/log.txt. Have the next call ready: the machine goes back 30 s after a call, and a fresh one needs
-# .gpu/a and .gpu/b again. Run one part a call:  bash scratch/next_gpu.sh g29
+# .gpu/a and .gpu/b again. Run one part a call:  bash scratch/next_gpu.sh h41a
 # Never `pkill -f pytest` here: it matches this script's own command line. A pytest cut by `timeout` can leave xdist
 # workers on the GPU: kill the PIDs `nvidia-smi --query-compute-apps=pid --format=csv,noheader` lists.
 P="python3 -m pytest -m gpu -q -p no:cacheprovider -p no:logging -W ignore -rf"
@@ -16,7 +16,7 @@ h41a) # session 41, first call after the install (H200 wanted): h40a, then issue
     run timeout 100 python3 tests/bench_w4a16.py --m 1 --shapes 8192x8192,2048x8192,8192x2048
     run timeout 60 python3 tests/bench_decode_int8kv.py --b 8 --sk 32768 --d 128
     run timeout 60 python3 tests/bench_decode_int8kv.py --b 1 --sk 32768 --d 128
-    run timeout 90 python3 docs/scripts/decode_kernel_times.py 1 32768 128 16,66
+    run timeout 120 python3 docs/scripts/decode_kernel_times.py 1 32768 128 8,12,16,24,66
     FA4_INDUCTOR_DECODE_FUSED_COMBINE=1 run timeout 60 python3 tests/bench_decode_int8kv.py --b 1 --sk 32768 --d 128 ;;
 h41b) # the rest of h40b: both decode kernels' DRAM counters at b8 x 32k, then the 9..16-row packed half
     nvidia-smi -L >>$L
