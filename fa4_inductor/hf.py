@@ -273,5 +273,6 @@ def build(name: str, attn_implementation: str = "sdpa", seed: int = 0) -> Tiny:
         encoder = getattr(config, "encoder_layers", None) or config.num_layers  # T5 names them num_layers
         decoder = getattr(config, "decoder_layers", None) or getattr(config, "num_decoder_layers", None) or encoder
         layers = encoder + 2 * decoder  # decoder: self- and cross-attention
-    composite = "" if config.model_type == name or name not in transformers.CONFIG_MAPPING else name
+    by_type = name in transformers.CONFIG_MAPPING and not os.path.exists(name)
+    composite = name if by_type and config.model_type != name else ""
     return Tiny(model, kind, layers, composite)
