@@ -262,3 +262,79 @@ def test_launch_gives_the_fused_main_kernel_the_outputs_and_counters(monkeypatch
     one = decode.prepare(q, k, None, None, 1, Flags(scale=0.5))
     decode.launch(one, main, (k, v), "combine")
     assert seen[-1][5] is one.out and seen[-1][7:10] == (None, None, None) and combined == ["combine"]
+
+
+@pytest.fixture
+def cluster_on(monkeypatch):
+    monkeypatch.setenv(switches.DECODE_CLUSTER, "16")
+    switches.reset()
+    yield
+    monkeypatch.delenv(switches.DECODE_CLUSTER, raising=False)
+    switches.reset()
+
+
+def test_cluster_sizes_follow_the_switch(cluster_on, monkeypatch):
+    """FA4_INDUCTOR_DECODE_CLUSTER=N: a split call of head dim 64 or 128 runs the largest power of two <= min(N, the
+    rule's count) splits in one cluster; a count a caller asks for only if it is itself a cluster size; one split, head
+    dim 256 or the switch off: none. The switch takes 0 or a cluster size."""
+    from fa4_inductor.kernels.flags import Flags
+
+    def call(splits, d=128, sk=40000, b=1):
+        q = torch.randn(b, 32, 1, d)
+        return decode.prepare(q, torch.zeros(1, 1, 1, d).expand(b, 8, sk, d), None, None, splits, Flags(scale=0.5))
+
+    monkeypatch.setattr(decode, "_num_sms", lambda index: 132)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    assert decode.num_splits(1, 8, 1, 4, 40000, 128, 132) == 16
+    rule = call(None)
+    assert (rule.splits, rule.cluster) == (16, 16)
+    assert (call(None, b=2).splits, call(None, b=2).cluster) == (8, 8)
+    assert call(None, b=3).cluster == 4 and call(None, b=3).splits == 4  # the rule's 6 rounded down
+    assert (call(8).splits, call(8).cluster) == (8, 8) and (call(12).splits, call(12).cluster) == (12, 0)
+    assert call(1).cluster == 0 and call(None, d=256).cluster == 0 and call(None, b=64).cluster == 0
+    assert decode.cluster_choices(True, 64) == (2, 4, 8, 16) and decode.cluster_choices(False, 128) == ()
+    monkeypatch.setenv(switches.DECODE_CLUSTER, "4")
+    switches.reset()
+    assert (call(None).splits, call(None).cluster) == (4, 4) and decode.cluster_choices(True, 128) == (2, 4)
+    for bad in ("3", "32", "on"):
+        monkeypatch.setenv(switches.DECODE_CLUSTER, bad)
+        with pytest.raises(ValueError, match="DECODE_CLUSTER"):
+            switches.reset()
+            switches.current()
+    monkeypatch.setenv(switches.DECODE_CLUSTER, "0")
+    switches.reset()
+    assert call(None).cluster == 0 and call(None).splits == 16
+
+
+def test_launch_gives_a_cluster_main_kernel_the_outputs_and_runs_no_combine(cluster_on, monkeypatch):
+    """A cluster call: the main kernel writes out and lse itself (no partials, no counters) and no combine runs, also
+    under FA4_INDUCTOR_DECODE_FUSED_COMBINE; its key names the cluster."""
+    from fa4_inductor.kernels.flags import Flags
+
+    monkeypatch.setenv(switches.DECODE_FUSED_COMBINE, "1")
+    switches.reset()
+    monkeypatch.setattr(decode.compile_utils, "target_arch", lambda device: ARCH)
+    q, k, v = torch.randn(2, 8, 1, 64), torch.randn(2, 2, 96, 64), torch.randn(2, 2, 96, 64)
+    seen, combined = [], []
+    monkeypatch.setattr(decode, "compiled", lambda key: lambda *args: combined.append(key))
+    call = decode.prepare(q, k, None, None, 4, Flags(scale=0.5))
+    assert call.cluster == 4 and decode.split_counters(call, 2) is None
+    decode.launch(call, lambda *args: seen.append(args), (k, v), "combine")
+    assert seen[-1][5] is call.out and seen[-1][6] is call.lse and seen[-1][7:10] == (None, None, None)
+    assert not combined
+    assert decode._keys(q, k, None, None, False, 0.0, True, False, call.cluster)[0].cluster == 4
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("cluster", [2, 16])
+def test_cluster_variants_compile(cute_dsl, d, cluster):
+    """Both main kernels with their splits merging in a cluster (`SplitKVMerge.merge_in_cluster`), with seqused_k and
+    a key mask."""
+    from fa4_inductor.kernels import decode_int8kv
+
+    key = decode._Key("main", torch.bfloat16, d, 4, True, False, True, True, ARCH, stages=decode.stages_for(d),
+                      key_mask=True, cluster=cluster)
+    assert callable(decode.compiled(key))
+    int8 = decode_int8kv._key(torch.float16, d, 8, 1, False, False, True, True, True, ARCH, cluster=cluster)
+    assert callable(decode_int8kv.compiled(int8))
