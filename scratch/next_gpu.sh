@@ -1,6 +1,7 @@
 # Unrun GPU work. Session 41 ran h41a and a split-count / 2..16-row pass on an H100 (docs/benchmarks.md, session 41).
-# Next, one part a call, on the H200 (an H100 answers none of these): `h41a` (issue 15's read floor for NVFP4 and int8
-# beside ours at one row; issue 16's b8 / b1 rows and b1 by split count), then `h41b`, `e36`, `n36`.
+# Next, one part a call: `c41` first (any Hopper: the cluster merge's GPU tests, issue 16's rows with it off and on),
+# then on the H200 (an H100 answers none of these) `h41a` (issue 15's read floor for NVFP4 and int8 beside ours at one
+# row; issue 16's b8 / b1 rows and b1 by split count), `h41b`, `e36`, `n36`.
 # Output goes to $OUT/log.txt. Have the next call ready: the machine goes back 30 s after a call, and a fresh one needs
 # .gpu/a and .gpu/b again. Run one part a call:  bash scratch/next_gpu.sh h41a
 # Never `pkill -f pytest` here: it matches this script's own command line. A pytest cut by `timeout` can leave xdist
