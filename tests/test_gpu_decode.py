@@ -258,10 +258,10 @@ def test_warmup_then_no_compile():
     assert decode.compile_cache_info() == compiled
 
 
-@pytest.mark.parametrize("splits", [None, 1])
-def test_cuda_graph_replay_with_changing_cache_lengths(splits):
-    """Capture once; change q / k / v contents and seqused_k between replays: each replay equals a
-    fresh call bit for bit (the kernels use no atomics) and the float64 reference by the FA rule."""
+def check_replays(splits, lengths=([4096, 700, 1], [0, 4095, 2049])):
+    """Capture a decode step (3 sequences of up to 4096 keys, two query tokens of a group of 4, causal) once; change
+    q / k / v contents and seqused_k between replays: each replay equals a fresh call bit for bit (`replays`) and the
+    float64 reference by the FA rule."""
     fl = flags(128, causal=True)
     decode.warmup(torch.bfloat16, 128, 4, q_len=2, device="cuda", causal=True, seqused_k=True)
     q, k, v = make_inputs(b=3, hkv=2, group=4, sq=2, sk=4096, layout="bhsd")
@@ -273,11 +273,16 @@ def test_cuda_graph_replay_with_changing_cache_lengths(splits):
     def fresh():
         return make_inputs(b=3, hkv=2, group=4, sq=2, sk=4096, layout="bhsd")
 
-    lengths = ([4096, 700, 1], [0, 4095, 2049], [33, 17, 4000])
     for _, static_out, static_lse in replays(step, (q, k, v), used, fresh, lengths):
         ref_out, ref_lse = reference.attention_forward(q.double(), k.double(), v.double(), seqused_k=used, **fl)
         assert_fa_rule("out", static_out, ref_out, eager(q, k, v, used, **fl)[0])
         torch.testing.assert_close(static_lse.double(), ref_lse, rtol=0, atol=1e-3)
+
+
+@pytest.mark.parametrize("splits", [None, 1])
+def test_cuda_graph_replay_with_changing_cache_lengths(splits):
+    """Each replay of a captured call equals a fresh one (the kernels use no atomics) and the reference."""
+    check_replays(splits, ([4096, 700, 1], [0, 4095, 2049], [33, 17, 4000]))
 
 
 @pytest.mark.parametrize("d", [64, 128])
@@ -296,20 +301,7 @@ def test_fused_combine(fused_combine, d, splits):
 def test_fused_combine_under_cuda_graph_replay(fused_combine):
     """Captured with the fused combine (its counters made in the warm-up run, outside capture): each replay equals a
     fresh call bit for bit (the last CTA sums the splits in a fixed order, whichever CTA it is) and the reference."""
-    fl = flags(128, causal=True)
-    q, k, v = make_inputs(b=3, hkv=2, group=4, sq=2, sk=4096, layout="bhsd")
-    used = torch.tensor([4096, 4096, 4096], dtype=torch.int32, device="cuda")
-
-    def step():
-        return decode.forward(q, k, v, used, splits=24, **fl)
-
-    def fresh():
-        return make_inputs(b=3, hkv=2, group=4, sq=2, sk=4096, layout="bhsd")
-
-    for _, static_out, static_lse in replays(step, (q, k, v), used, fresh, ([4096, 700, 1], [0, 4095, 2049])):
-        ref_out, ref_lse = reference.attention_forward(q.double(), k.double(), v.double(), seqused_k=used, **fl)
-        assert_fa_rule("out", static_out, ref_out, eager(q, k, v, used, **fl)[0])
-        torch.testing.assert_close(static_lse.double(), ref_lse, rtol=0, atol=1e-3)
+    check_replays(24)
     assert not any(t.any() for t in fused_combine())
 
 
@@ -333,20 +325,7 @@ def test_cluster_merge_at_the_rule_split_count_and_under_cuda_graph_replay(decod
     q, k, v = make_inputs(b=1, hkv=8, group=4, sq=1, sk=32768, layout="bhsd")
     assert decode.prepare(q, k, None, None, None, Flags(**fl)).cluster == 16
     check(q, k, v, **fl)
-    decode.warmup(torch.bfloat16, 128, 4, q_len=2, device="cuda", causal=True, seqused_k=True)
-    q, k, v = make_inputs(b=3, hkv=2, group=4, sq=2, sk=4096, layout="bhsd")
-    used = torch.tensor([4096, 4096, 4096], dtype=torch.int32, device="cuda")
-
-    def step():
-        return decode.forward(q, k, v, used, splits=8, **fl)
-
-    def fresh():
-        return make_inputs(b=3, hkv=2, group=4, sq=2, sk=4096, layout="bhsd")
-
-    for _, static_out, static_lse in replays(step, (q, k, v), used, fresh, ([4096, 700, 1], [0, 4095, 2049])):
-        ref_out, ref_lse = reference.attention_forward(q.double(), k.double(), v.double(), seqused_k=used, **fl)
-        assert_fa_rule("out", static_out, ref_out, eager(q, k, v, used, **fl)[0])
-        torch.testing.assert_close(static_lse.double(), ref_lse, rtol=0, atol=1e-3)
+    check_replays(8)
 
 
 def test_bench_entry_point_runs():

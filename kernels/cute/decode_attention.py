@@ -189,8 +189,8 @@ class SplitKVMerge:
         # consecutive columns a row per load: with `_spread`'s XOR the warp's 32 reads hit 32 banks).
         rr = tidx // 8
         r = row_tile * TILE_M + rr
-        kept = cute.make_rmem_tensor((D // 8,), Float32)  # cluster: the row's normalised O columns, then its lse
-        kept_lse = -Float32.inf
+        kept = cute.make_rmem_tensor((D // 8,), Float32)  # cluster: this thread's normalised O columns of its row
+        kept_lse = -Float32.inf  # and the row's lse
         if r < num_rows:
             m = sM[rr, 0]
             for w in cutlass.range_constexpr(1, NUM_WARPS):
