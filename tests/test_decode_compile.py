@@ -338,3 +338,28 @@ def test_cluster_variants_compile(cute_dsl, d, cluster):
     assert callable(decode.compiled(key))
     int8 = decode_int8kv._key(torch.float16, d, 8, 1, False, False, True, True, True, ARCH, cluster=cluster)
     assert callable(decode_int8kv.compiled(int8))
+
+
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("cluster", [2, 4, 8, 16])
+def test_cluster_merge_index_maps_deliver_every_column_once(d, cluster):
+    """`merge_in_cluster`'s sends replayed in Python: thread t of every split CTA sends columns t % 8 + 8 j of packed
+    row t // 8 to `cluster_owner`'s buffer at `cluster_o_offset`; every (split, row, column) lands in a slot of its own,
+    where the owner's final merge reads it as (split, row, column - owner * width), and the buffers stay within the
+    TILE_M x D floats before the lse block."""
+    from fa4_inductor.kernels.cute.decode_attention import TILE_M, cluster_o_offset, cluster_owner
+
+    width = d // cluster
+    landed = {}
+    for src in range(cluster):
+        for t in range(32 * decode.NUM_WARPS):
+            for j in range(d // 8):
+                col = t % 8 + 8 * j
+                owner, offset = cluster_owner(col, width), cluster_o_offset(src, t // 8, col, width)
+                assert 0 <= owner < cluster and 0 <= offset < TILE_M * d
+                assert (owner, offset) not in landed
+                landed[owner, offset] = (src, t // 8, col)
+    assert len(landed) == cluster * TILE_M * d
+    for (owner, offset), sent in landed.items():  # read back through the final merge's [C, TILE_M, width] layout
+        s, rest = divmod(offset, TILE_M * width)
+        assert (s, rest // width, owner * width + rest % width) == sent

@@ -113,6 +113,17 @@ def lse_max_and_sum(lse: cute.Tensor, lanes: cutlass.Constexpr):
     return m_use, lanes_reduce(total, _add, lanes)
 
 
+def cluster_owner(d, width: int):
+    """The CTA of a cluster (`SplitKVMerge.merge_in_cluster`) that merges head-dim column d, each taking `width`."""
+    return d // width
+
+
+def cluster_o_offset(src, rr, d, width: int):
+    """Where split `src`'s normalised O of packed row rr, column d lands in its owner's [C, TILE_M, width] buffer (the
+    final merge reads (s, rr, c) at offset (s TILE_M + rr) width + c)."""
+    return (src * TILE_M + rr) * width + d - cluster_owner(d, width) * width
+
+
 def head_and_token(r, kvh, group: int):
     """(query head, query token) of packed row r of KV head kvh (packed row r = token * group + head in the group)."""
     i = r // group
@@ -252,9 +263,8 @@ class SplitKVMerge:
         if r < num_rows:
             for j in cutlass.range_constexpr(D // 8):
                 d = tidx % 8 + 8 * j
-                dest = d // W
-                slot = sX.iterator.toint() + cute.crd2idx((rank, rr, d - dest * W), sX.layout) * 4
-                store_cluster_f32(slot, dest, kept[j])
+                store_cluster_f32(sX.iterator.toint() + cluster_o_offset(rank, rr, d, W) * 4, cluster_owner(d, W),
+                                  kept[j])
             for q in cutlass.range_constexpr((C + 7) // 8):
                 dest = tidx % 8 + 8 * q
                 if dest < C:
