@@ -145,14 +145,21 @@ def _causal_lm(config) -> bool:
     return type(config) in transformers.AutoModelForCausalLM._model_mapping
 
 
+def _is_model_type(name: str) -> bool:
+    """Whether `name` names a transformers model type (its default config), not a local path or a Hub id."""
+    import transformers
+
+    return name in transformers.CONFIG_MAPPING and not os.path.exists(name)
+
+
 def tiny_config(name: str, attn_implementation: str = "sdpa"):
     """The default config of model type `name` (or the config.json under a local path or of a Hub id), shrunk."""
     import transformers
 
-    if os.path.exists(name) or name not in transformers.CONFIG_MAPPING:
-        config = transformers.AutoConfig.from_pretrained(name)
-    else:
+    if _is_model_type(name):
         config = transformers.AutoConfig.for_model(name)
+    else:
+        config = transformers.AutoConfig.from_pretrained(name)
     config = language_config(config)
     for key, v in TINY.items():
         setattr(config, key, v)
@@ -259,8 +266,6 @@ def unsupported(name: str, attn_implementation: str = "sdpa") -> str | None:
 def build(name: str, attn_implementation: str = "sdpa", seed: int = 0) -> Tiny:
     """A tiny model of type `name` in eval mode; raises ValueError when the model has no such attention code
     (`unsupported` says so before building)."""
-    import transformers
-
     config = tiny_config(name, attn_implementation)
     kind = _kind(config)
     torch.manual_seed(seed)
@@ -273,6 +278,5 @@ def build(name: str, attn_implementation: str = "sdpa", seed: int = 0) -> Tiny:
         encoder = getattr(config, "encoder_layers", None) or config.num_layers  # T5 names them num_layers
         decoder = getattr(config, "decoder_layers", None) or getattr(config, "num_decoder_layers", None) or encoder
         layers = encoder + 2 * decoder  # decoder: self- and cross-attention
-    by_type = name in transformers.CONFIG_MAPPING and not os.path.exists(name)
-    composite = name if by_type and config.model_type != name else ""
+    composite = name if _is_model_type(name) and config.model_type != name else ""
     return Tiny(model, kind, layers, composite)

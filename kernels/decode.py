@@ -348,8 +348,8 @@ def cluster_size(splits: int, head_dim: int, explicit: bool) -> int:
     the largest power of two <= min(the switch's size, `splits`) for the rule's count, or `splits` itself where a
     caller asked for that count and it is a cluster size. Head dims 64 and 128 (the merge holds a row's D / 8 values a
     thread)."""
-    largest = switches.current().decode_cluster
-    if not largest or splits < 2 or head_dim not in CLUSTER_HEAD_DIMS:
+    largest = _largest_cluster(head_dim)
+    if not largest or splits < 2:
         return 0
     if explicit:
         return splits if splits in switches.CLUSTER_SIZES and splits <= largest else 0
@@ -359,11 +359,14 @@ def cluster_size(splits: int, head_dim: int, explicit: bool) -> int:
 CLUSTER_HEAD_DIMS = (64, 128)
 
 
+def _largest_cluster(head_dim: int) -> int:
+    """FA4_INDUCTOR_DECODE_CLUSTER's size for calls of this head dim (0: no cluster)."""
+    return switches.current().decode_cluster if head_dim in CLUSTER_HEAD_DIMS else 0
+
+
 def cluster_choices(split: bool, head_dim: int) -> tuple:
     """The cluster sizes `warmup` compiles for a main kernel that splits or not (FA4_INDUCTOR_DECODE_CLUSTER)."""
-    largest = switches.current().decode_cluster
-    if not split or not largest or head_dim not in CLUSTER_HEAD_DIMS:
-        return ()
+    largest = _largest_cluster(head_dim) if split else 0
     return tuple(c for c in switches.CLUSTER_SIZES if c <= largest)
 
 
@@ -420,12 +423,12 @@ def launch(call: Prepared, main, kv: tuple, combine_key: _Key, counters: Optiona
             main(q, *kv, call.seqused_k, call.key_mask, out, lse, None, None, None, *call.scalars)
             return out, lse
         b, hq, sq, d = q.shape
-        rows = kv[0].shape[1] * row_tiles(sq, hq // kv[0].shape[1])
-        o_part = torch.empty((b, rows, call.splits, TILE_M, d), dtype=torch.float32, device=q.device)
-        lse_part = torch.empty((b, rows, call.splits, TILE_M), dtype=torch.float32, device=q.device)
         if call.cluster:
             main(q, *kv, call.seqused_k, call.key_mask, out, lse, None, None, None, *call.scalars)
             return out, lse
+        rows = kv[0].shape[1] * row_tiles(sq, hq // kv[0].shape[1])
+        o_part = torch.empty((b, rows, call.splits, TILE_M, d), dtype=torch.float32, device=q.device)
+        lse_part = torch.empty((b, rows, call.splits, TILE_M), dtype=torch.float32, device=q.device)
         if counters is not None:
             main(q, *kv, call.seqused_k, call.key_mask, out, lse, o_part, lse_part, counters, *call.scalars)
             return out, lse

@@ -111,8 +111,8 @@ CLUSTER_SIZES = (2, 4, 8, 16)
 
 def parse_cluster(value: Optional[str]) -> int:
     """FA4_INDUCTOR_DECODE_CLUSTER: 0 (unset, 0, off) or the largest cluster a split decode call may form."""
-    text = (value or "0").strip().lower()
-    if text in ("0", "off", "false", "no", ""):
+    text = (value or "").strip()
+    if not text or _is_off(text):
         return 0
     if not text.isdigit() or int(text) not in CLUSTER_SIZES:
         raise ValueError(f"{DECODE_CLUSTER} is 0 or one of {CLUSTER_SIZES}, got {value!r}")
