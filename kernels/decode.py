@@ -175,7 +175,6 @@ class _Key(NamedTuple):
     min_ctas: int = 0  # int8-KV main kernel: CTAs a SM its registers must allow (0: ptxas decides)
     half_rows: bool = False  # int8-KV main kernel: every packed query row is one of the tile's first 8
     fused_combine: bool = False  # main kernel, split: its last CTA a row tile merges the splits (no combine kernel)
-    cluster: int = 0  # main kernel, split: this many split CTAs (all of them) merge in a cluster (no combine kernel)
 
 
 def fake_bhsd(cute, dtype, d: int, div: int = 1, align: Optional[int] = None):
@@ -212,15 +211,15 @@ def fake_partials(cute, d: int):
 def fake_main_tail(cute, key):
     """The fake arguments the main kernels take after K / V: seqused_k, key mask, out, lse, O / lse partials,
     the split counters and the three scalars, each given or None as `key` (seqused, key_mask, split,
-    fused_combine, cluster) says."""
+    fused_combine) says."""
     from cutlass import Float32, Int32, Uint8
 
     used = cute.runtime.make_fake_compact_tensor(Int32, (cute.sym_int(),)) if key.seqused else None
     mask_dtype = compile_utils.cutlass_dtype(key.dtype) if key.additive_mask else Uint8
     key_mask = cute.runtime.make_fake_tensor(
         mask_dtype, (cute.sym_int(), cute.sym_int()), (cute.sym_int64(), 1)) if key.key_mask else None
-    o_part, lse_part = fake_partials(cute, key.head_dim) if key.split and not key.cluster else (None, None)
-    writes_out = not key.split or key.fused_combine or key.cluster > 0
+    o_part, lse_part = fake_partials(cute, key.head_dim) if key.split else (None, None)
+    writes_out = not key.split or key.fused_combine
     out = fake_bhsd(cute, compile_utils.cutlass_dtype(key.dtype), key.head_dim) if writes_out else None
     lse = fake_lse(cute) if writes_out else None
     counters = cute.runtime.make_fake_compact_tensor(Int32, (cute.sym_int(),)) if key.fused_combine else None
@@ -242,7 +241,7 @@ def _compile(key: _Key):
     from .cute.decode_attention import DecodeAttentionSm90
 
     kernel = DecodeAttentionSm90(dt, d, key.group, key.causal, key.softcap, key.seqused, key.split, key.stages,
-                                 key.key_mask, key.additive_mask, key.fused_combine, key.cluster)
+                                 key.key_mask, key.additive_mask, key.fused_combine)
     align = ALIGN_BYTES // 2
     return compile_utils.compile_for_tvm_ffi(
         cute, kernel, fake_bhsd(cute, dt, d), fake_bhsd(cute, dt, d, align, ALIGN_BYTES),
@@ -264,13 +263,12 @@ def compile_cache_info() -> int:
 
 
 def _keys(q: Tensor, k: Tensor, seqused_k: Optional[Tensor], key_mask: Optional[Tensor], causal: bool, softcap: float,
-          split: bool, fused_combine: bool = False, cluster: int = 0):
+          split: bool, fused_combine: bool = False):
     group = q.shape[1] // k.shape[1]
     arch = compile_utils.target_arch(q.device)
     main = _Key("main", q.dtype, q.shape[-1], group, bool(causal), softcap > 0, seqused_k is not None, split, arch,
                 stages=stages_for(q.shape[-1]), key_mask=key_mask is not None,
-                additive_mask=key_mask is not None and key_mask.dtype != torch.uint8, fused_combine=fused_combine,
-                cluster=cluster)
+                additive_mask=key_mask is not None and key_mask.dtype != torch.uint8, fused_combine=fused_combine)
     return main, combine_key(q.dtype, q.shape[-1], group, arch)
 
 
@@ -284,7 +282,7 @@ def split_counters(call: Prepared, kv_heads: int) -> Optional[Tensor]:
     under FA4_INDUCTOR_DECODE_FUSED_COMBINE, else None (the combine kernel runs): switch off, one split, or a larger
     buffer needed while a CUDA graph is being captured (made there, it would be the graph's). The counters are the
     device's: two split calls on different streams at once must not both use them."""
-    if call.cluster or not fuses_combine(call.splits > 1, call.q.shape[-1]) or call.out.numel() == 0:
+    if not fuses_combine(call.splits > 1, call.q.shape[-1]) or call.out.numel() == 0:
         return None
     b, hq, sq, _ = call.q.shape
     need = b * kv_heads * row_tiles(sq, hq // kv_heads)
@@ -340,34 +338,6 @@ class Prepared(NamedTuple):
     scalars: tuple  # (scale_log2, softcap_in, softcap_out)
     causal: bool
     softcap: float
-    cluster: int = 0  # split: the splits (all of them) merge in one cluster a (batch, row tile), no combine kernel
-
-
-def cluster_size(splits: int, head_dim: int, explicit: bool) -> int:
-    """The cluster a split call's CTAs form under FA4_INDUCTOR_DECODE_CLUSTER (0: none, the combine kernel merges):
-    the largest power of two <= min(the switch's size, `splits`) for the rule's count, or `splits` itself where a
-    caller asked for that count and it is a cluster size. Head dims 64 and 128 (the merge holds a row's D / 8 values a
-    thread)."""
-    largest = _largest_cluster(head_dim)
-    if not largest or splits < 2:
-        return 0
-    if explicit:
-        return splits if splits in switches.CLUSTER_SIZES and splits <= largest else 0
-    return 1 << (min(largest, splits).bit_length() - 1)
-
-
-CLUSTER_HEAD_DIMS = (64, 128)
-
-
-def _largest_cluster(head_dim: int) -> int:
-    """FA4_INDUCTOR_DECODE_CLUSTER's size for calls of this head dim (0: no cluster)."""
-    return switches.current().decode_cluster if head_dim in CLUSTER_HEAD_DIMS else 0
-
-
-def cluster_choices(split: bool, head_dim: int) -> tuple:
-    """The cluster sizes `warmup` compiles for a main kernel that splits or not (FA4_INDUCTOR_DECODE_CLUSTER)."""
-    largest = _largest_cluster(head_dim) if split else 0
-    return tuple(c for c in switches.CLUSTER_SIZES if c <= largest)
 
 
 def prepare(q: Tensor, k: Tensor, seqused_k: Optional[Tensor], key_mask: Optional[Tensor], splits: Optional[int],
@@ -393,21 +363,17 @@ def prepare(q: Tensor, k: Tensor, seqused_k: Optional[Tensor], key_mask: Optiona
             raise ValueError(f"key_mask must have shape ({b}, {sk}), got {tuple(key_mask.shape)}")
         key_mask = key_mask if key_mask.stride(-1) == 1 else key_mask.contiguous()
         key_mask = key_mask.view(torch.uint8) if key_mask.dtype == torch.bool else key_mask
-    explicit = splits is not None or switches.current().decode_splits is not None
     if splits is None:
         splits = switches.current().decode_splits
     if splits is None and out.numel():
         device_index = q.device.index if q.device.index is not None else torch.cuda.current_device()
         splits = num_splits(b, hkv, sq, group, sk, d, _num_sms(device_index) * ctas_per_sm)
     splits = max(1, min(int(splits or 1), MAX_SPLITS))
-    cluster = cluster_size(splits, d, explicit)
-    if cluster:
-        splits = cluster
     if softcap > 0:
         scalars = (0.0, scale / softcap, softcap * _LOG2_E)
     else:
         scalars = (scale * _LOG2_E, 0.0, 0.0)
-    return Prepared(q, seqused_k, key_mask, out, lse, splits, scalars, bool(f.causal), softcap, cluster)
+    return Prepared(q, seqused_k, key_mask, out, lse, splits, scalars, bool(f.causal), softcap)
 
 
 def launch(call: Prepared, main, kv: tuple, combine_key: _Key, counters: Optional[Tensor] = None
@@ -423,9 +389,6 @@ def launch(call: Prepared, main, kv: tuple, combine_key: _Key, counters: Optiona
             main(q, *kv, call.seqused_k, call.key_mask, out, lse, None, None, None, *call.scalars)
             return out, lse
         b, hq, sq, d = q.shape
-        if call.cluster:
-            main(q, *kv, call.seqused_k, call.key_mask, out, lse, None, None, None, *call.scalars)
-            return out, lse
         rows = kv[0].shape[1] * row_tiles(sq, hq // kv[0].shape[1])
         o_part = torch.empty((b, rows, call.splits, TILE_M, d), dtype=torch.float32, device=q.device)
         lse_part = torch.empty((b, rows, call.splits, TILE_M), dtype=torch.float32, device=q.device)
@@ -446,7 +409,7 @@ def forward(q: Tensor, k: Tensor, v: Tensor, seqused_k: Optional[Tensor] = None,
     call = prepare(q, k, seqused_k, key_mask, splits, Flags(**flags))
     counters = split_counters(call, k.shape[1])
     main_key, combine_key = _keys(call.q, k, call.seqused_k, call.key_mask, call.causal, call.softcap, call.splits > 1,
-                                  counters is not None, call.cluster)
+                                  counters is not None)
     return launch(call, compiled(main_key), (k, v), combine_key, counters)
 
 
@@ -474,9 +437,6 @@ def warmup(
         for fused in fused_combine_choices(split, head_dim):
             compiled(_Key("main", dtype, head_dim, group, c, bool(softcap), used, split, arch,
                           stages=stages_for(head_dim), key_mask=masked, fused_combine=fused))
-        for cluster in cluster_choices(split, head_dim):
-            compiled(_Key("main", dtype, head_dim, group, c, bool(softcap), used, split, arch,
-                          stages=stages_for(head_dim), key_mask=masked, cluster=cluster))
     compiled(combine_key(dtype, head_dim, group, arch))
     return len(compiled) - before
 

@@ -90,12 +90,12 @@ def num_splits(batch: int, kv_heads: int, q_len: int, group: int, seqlen_k: int,
 
 
 def _key(dtype: torch.dtype, head_dim: int, group: int, q_len: int, causal: bool, softcap: bool, seqused: bool,
-         split: bool, key_mask: bool, arch: str, fused_combine: bool = False, cluster: int = 0) -> decode._Key:
+         split: bool, key_mask: bool, arch: str, fused_combine: bool = False) -> decode._Key:
     current = switches.current()
     return decode._Key("int8kv", dtype, head_dim, group, causal, softcap, seqused, split, arch,
                        stages=stages_for(head_dim), key_mask=key_mask, min_ctas=current.decode_min_ctas or CTAS_PER_SM,
                        half_rows=current.decode_half_rows and q_len * group <= HALF_TILE_ROWS,
-                       fused_combine=fused_combine, cluster=cluster)
+                       fused_combine=fused_combine)
 
 
 def _compile(key: decode._Key):
@@ -108,7 +108,7 @@ def _compile(key: decode._Key):
     dt = compile_utils.cutlass_dtype(key.dtype)
     d = key.head_dim
     kernel = DecodeAttentionInt8KVSm90(dt, d, key.group, key.causal, key.softcap, key.seqused, key.split, key.stages,
-                                       key.key_mask, key.min_ctas, key.half_rows, key.fused_combine, key.cluster)
+                                       key.key_mask, key.min_ctas, key.half_rows, key.fused_combine)
 
     def kv():
         return decode.fake_bhsd(cute, Int8, d, decode.ALIGN_BYTES, decode.ALIGN_BYTES)
@@ -144,7 +144,7 @@ def forward(q: Tensor, k: Tensor, v: Tensor, k_scale: Tensor, v_scale: Tensor, s
     arch = compile_utils.target_arch(q.device)
     counters = decode.split_counters(call, k.shape[1])
     main = _key(q.dtype, q.shape[-1], group, q.shape[2], call.causal, call.softcap > 0, call.seqused_k is not None,
-                call.splits > 1, call.key_mask is not None, arch, counters is not None, call.cluster)
+                call.splits > 1, call.key_mask is not None, arch, counters is not None)
     return decode.launch(call, compiled(main), (k, v, k_scale, v_scale),
                          decode.combine_key(q.dtype, q.shape[-1], group, arch), counters)
 
@@ -169,7 +169,5 @@ def warmup(
     for c, used, masked, split in decode.warmup_variants(causal, seqused_k, key_mask):
         for fused in decode.fused_combine_choices(split, head_dim):
             compiled(_key(dtype, head_dim, group, q_len, c, bool(softcap), used, split, masked, arch, fused))
-        for cluster in decode.cluster_choices(split, head_dim):
-            compiled(_key(dtype, head_dim, group, q_len, c, bool(softcap), used, split, masked, arch, cluster=cluster))
     decode.compiled(decode.combine_key(dtype, head_dim, group, arch))
     return len(compiled) + len(decode.compiled) - before

@@ -15,10 +15,7 @@ FA4_INDUCTOR_DECODE_HALF_ROWS (0 / false / no / off: the int8-KV
 kernel computes the softmax of the tile's rows 8-15 even when a call packs at most 8 query rows; default on,
 measured faster or equal), FA4_INDUCTOR_DECODE_FUSED_COMBINE (1 / true / yes / on: the last split CTA of each (batch,
 row tile) merges the splits, no combine kernel; default off: slower at b1, equal at b8, session 29; one stream of a device at a time:
-the split counters are the device's), FA4_INDUCTOR_DECODE_CLUSTER (N, a power of two 2..16: a split call's CTAs of one
-(batch, row tile) form a cluster of the largest power of two <= min(N, the rule's split count) and merge their splits
-through distributed shared memory, no combine kernel; default 0, off: not yet timed). W4A16 decode GEMM tuning:
-FA4_INDUCTOR_W4A16_CTA (a fixed CTA shape,
+the split counters are the device's). W4A16 decode GEMM tuning: FA4_INDUCTOR_W4A16_CTA (a fixed CTA shape,
 "RTxWNxWK": row tiles a warp, warps along N, warps along K; default: `w4a16_decode.cta_shape`'s rule),
 FA4_INDUCTOR_W4A16_PDL (0 / false / no / off: launched without programmatic dependent launch; default on),
 FA4_INDUCTOR_W4A16_LOAD (its load path: auto, the default, `w4a16_decode.auto_load`; registers, rolling,
@@ -55,7 +52,6 @@ DECODE_SMEM_KB = "FA4_INDUCTOR_DECODE_SMEM_KB"
 DECODE_MIN_CTAS = "FA4_INDUCTOR_DECODE_MIN_CTAS"
 DECODE_HALF_ROWS = "FA4_INDUCTOR_DECODE_HALF_ROWS"
 DECODE_FUSED_COMBINE = "FA4_INDUCTOR_DECODE_FUSED_COMBINE"
-DECODE_CLUSTER = "FA4_INDUCTOR_DECODE_CLUSTER"
 W4A16_CTA = "FA4_INDUCTOR_W4A16_CTA"
 W4A16_PDL = "FA4_INDUCTOR_W4A16_PDL"
 W4A16_LOAD = "FA4_INDUCTOR_W4A16_LOAD"
@@ -83,7 +79,6 @@ class Switches(NamedTuple):
     decode_min_ctas: int
     decode_half_rows: bool
     decode_fused_combine: bool
-    decode_cluster: int
     w4a16_cta: Optional[tuple[int, int, int]]
     w4a16_pdl: bool
     w4a16_load: Optional[str]
@@ -106,19 +101,6 @@ class Switches(NamedTuple):
     """XDG_CACHE_HOME, else ~/.cache."""
 
 
-CLUSTER_SIZES = (2, 4, 8, 16)
-
-
-def parse_cluster(value: Optional[str]) -> int:
-    """FA4_INDUCTOR_DECODE_CLUSTER: 0 (unset, 0, off) or the largest cluster a split decode call may form."""
-    text = (value or "").strip()
-    if not text or _is_off(text):
-        return 0
-    if not text.isdigit() or int(text) not in CLUSTER_SIZES:
-        raise ValueError(f"{DECODE_CLUSTER} is 0 or one of {CLUSTER_SIZES}, got {value!r}")
-    return int(text)
-
-
 def _is_on(value: Optional[str]) -> bool:
     return (value or "0").strip().lower() in ("1", "true", "yes", "on")
 
@@ -137,7 +119,6 @@ def read(env: Mapping[str, str]) -> Switches:
         decode_min_ctas=int(env.get(DECODE_MIN_CTAS) or 0),
         decode_half_rows=not _is_off(env.get(DECODE_HALF_ROWS, "1")),
         decode_fused_combine=_is_on(env.get(DECODE_FUSED_COMBINE)),
-        decode_cluster=parse_cluster(env.get(DECODE_CLUSTER)),
         w4a16_cta=parse_cta_shape(env.get(W4A16_CTA)),
         w4a16_pdl=not _is_off(env.get(W4A16_PDL, "1")),
         w4a16_load=(env.get(W4A16_LOAD) or "").strip() or None,

@@ -1,6 +1,5 @@
-# Unrun GPU work. Session 41 ran h41a and a split-count / 2..16-row pass on an H100 (docs/benchmarks.md, session 41).
-# Next, one part a call: `c41` first (any Hopper: the cluster merge's GPU tests, issue 16's rows with it off and on),
-# then on the H200 (an H100 answers none of these) `h41a` (issue 15's read floor for NVFP4 and int8 beside ours at one
+# Unrun GPU work. Session 42 ran the cluster merge on an H100 (it lost and is gone: docs/benchmarks.md, session 42).
+# Next, one part a call, on the H200 (an H100 answers none of these): `h41a` (issue 15's read floor for NVFP4 and int8 beside ours at one
 # row; issue 16's b8 / b1 rows and b1 by split count), `h41b`, `e36`, `n36`.
 # Output goes to $OUT/log.txt. Have the next call ready: the machine goes back 30 s after a call, and a fresh one needs
 # .gpu/a and .gpu/b again. Run one part a call:  bash scratch/next_gpu.sh h41a
@@ -10,17 +9,6 @@ P="python3 -m pytest -m gpu -q -p no:cacheprovider -p no:logging -W ignore -rf"
 L=$OUT/log.txt
 run() { echo "+ $*" >>$L; PYTHONUNBUFFERED=1 "$@" >>$L 2>&1; echo "rc=$?" >>$L; }
 case "$1" in
-c41) # session 41: split CTAs merging in a cluster (FA4_INDUCTOR_DECODE_CLUSTER, no combine kernel): GPU tests of both
-    # kernels, then issue 16's rows with it off / on (b1 x 32k: 16 CTAs a KV head in one cluster, against the rule's
-    # 33 splits and the combine), and what the combine adds to a call (the main kernel alone in a graph)
-    nvidia-smi -L >>$L
-    run timeout 200 $P -n 8 tests/test_gpu_decode.py tests/test_gpu_decode_int8kv.py -k "cluster"
-    for c in 0 16; do
-      for row in "--b 1 --sk 32768 --d 128" "--b 1 --sk 4096 --d 128" "--b 8 --sk 32768 --d 128" "--b 1 --sk 32768 --d 64"; do
-        FA4_INDUCTOR_DECODE_CLUSTER=$c run timeout 60 python3 tests/bench_decode_int8kv.py $row
-      done
-    done
-    run timeout 100 python3 docs/scripts/decode_kernel_times.py 1 32768 128 16 ;;
 h41a) # session 41, first call after the install (H200 wanted): h40a, then issue 16's b1 x 32k broken down (main kernel
     # and combine by profiler, graph medians at 16 / 33 / 66 splits; the fused combine against the kernel) and the b8 row
     nvidia-smi -L >>$L

@@ -45,16 +45,3 @@ def fused_combine():
         switches.reset()
         yield lambda: decode._SPLIT_COUNTERS[("cuda", torch.cuda.current_device())]
     switches.reset()
-
-
-@pytest.fixture
-def decode_cluster():
-    """FA4_INDUCTOR_DECODE_CLUSTER=16 for one test: split decode calls of head dim 64 / 128 merge their splits in a
-    cluster of their CTAs (no combine kernel)."""
-    from fa4_inductor.kernels import switches
-
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv(switches.DECODE_CLUSTER, "16")
-        switches.reset()
-        yield
-    switches.reset()

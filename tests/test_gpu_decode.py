@@ -16,7 +16,6 @@ import fa4_inductor
 from fa4_inductor import hf
 from fa4_inductor.kernels import attention as attention_op
 from fa4_inductor.kernels import decode, reference, switches
-from fa4_inductor.kernels.flags import Flags
 from gpu_helpers import (additive_key_mask, assert_fa_rule, eager, flags, padding_key_mask, replays,
                          sm90_decode_setup)
 
@@ -303,29 +302,6 @@ def test_fused_combine_under_cuda_graph_replay(fused_combine):
     fresh call bit for bit (the last CTA sums the splits in a fixed order, whichever CTA it is) and the reference."""
     check_replays(24)
     assert not any(t.any() for t in fused_combine())
-
-
-@pytest.mark.parametrize("d", [64, 128])
-@pytest.mark.parametrize("splits", [2, 4, 8, 16])
-def test_cluster_merge(decode_cluster, d, splits):
-    """FA4_INDUCTOR_DECODE_CLUSTER: the split CTAs of a (batch, row tile) merge in their cluster
-    (`SplitKVMerge.merge_in_cluster`): the float64 reference by the FA rule, with a sequence that sees no key (zeros,
-    lse -inf) and one shorter than a split, two query tokens of a group of 4 (8 packed rows), causal."""
-    q, k, v = make_inputs(b=3, group=4, sq=2, sk=splits * 96 + 5, d=d)
-    used = torch.tensor([splits * 96 + 5, 0, 40], dtype=torch.int32, device="cuda")
-    assert decode.prepare(q, k, used, None, splits, Flags(**flags(d, causal=True))).cluster == splits
-    check(q, k, v, used, splits=splits, **flags(d, causal=True))
-    check(q, k, v, splits=splits, key_mask=padding_key_mask(3, k.shape[2]), **flags(d, causal=False))
-
-
-def test_cluster_merge_at_the_rule_split_count_and_under_cuda_graph_replay(decode_cluster):
-    """The rule's split count rounded down to a cluster size (b1 x 32k: 16 CTAs a KV head); captured, each replay
-    equals a fresh call bit for bit and the reference."""
-    fl = flags(128, causal=True)
-    q, k, v = make_inputs(b=1, hkv=8, group=4, sq=1, sk=32768, layout="bhsd")
-    assert decode.prepare(q, k, None, None, None, Flags(**fl)).cluster == 16
-    check(q, k, v, **fl)
-    check_replays(8)
 
 
 def test_bench_entry_point_runs():

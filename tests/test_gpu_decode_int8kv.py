@@ -275,21 +275,6 @@ def test_half_rows_give_the_same_bits(dtype, d, group, sq, causal, masked, split
 
 
 @pytest.mark.parametrize("d", [64, 128])
-@pytest.mark.parametrize("splits", [2, 4, 8, 16])
-def test_cluster_merge(decode_cluster, d, splits):
-    """FA4_INDUCTOR_DECODE_CLUSTER (the split CTAs merge in their cluster): the float64 reference, with a sequence
-    that sees no key and one shorter than a split, and with a padding key mask; the rule's count at b1 x 32k."""
-    inputs = make_inputs(b=3, group=4, sq=1, sk=splits * 96 + 5, d=d)
-    used = torch.tensor([splits * 96 + 5, 0, 40], dtype=torch.int32, device="cuda")
-    check(f"cluster d{d} splits {splits}", *inputs, used, splits=splits, **flags(d, causal=True))
-    check(f"cluster d{d} splits {splits} masked", *inputs, None, padding_key_mask(3, inputs[1].shape[2]),
-          splits=splits, **flags(d, causal=False))
-    if splits == 16:
-        big = make_inputs(b=1, hkv=8, group=4, sq=1, sk=32768, d=d)
-        check(f"cluster d{d} b1 x 32k, the rule's count", *big, **flags(d, causal=False))
-
-
-@pytest.mark.parametrize("d", [64, 128])
 @pytest.mark.parametrize("splits", [2, 33, 65, 128])
 def test_fused_combine(fused_combine, d, splits):
     """FA4_INDUCTOR_DECODE_FUSED_COMBINE (the last split CTA merges the splits): the float64 reference at split counts

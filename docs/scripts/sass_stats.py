@@ -12,7 +12,6 @@ can be compared between versions of a kernel. SASS_OUT=path appends the whole li
     python docs/scripts/sass_stats.py int8kv 64              # int8-KV decode attention, head dim 64, group 4, split
     python docs/scripts/sass_stats.py int8kv 64 --unsplit    # the same, one split (the output written directly)
     python docs/scripts/sass_stats.py int8kv 64 --fused      # split, the last CTA merging the splits (no combine kernel)
-    python docs/scripts/sass_stats.py int8kv 128 --cluster 16   # split, 16 CTAs merging in a cluster (no combine kernel)
     python docs/scripts/sass_stats.py decode 128             # bf16 decode attention, head dim 128, group 4, split
     python docs/scripts/sass_stats.py combine 128            # their combine kernel
     python docs/scripts/sass_stats.py gemv nvfp4 1 2         # CUDA-core GEMV, M = 1, 2 K warps, bf16 x (--f16, --bias)
@@ -90,17 +89,13 @@ def compile_variant(argv):
     elif argv[0] == "int8kv":
         from fa4_inductor.kernels import decode_int8kv
 
-        _, _, values = options(argv, ("--cluster",))
         decode_int8kv.compiled(decode_int8kv._key(torch.bfloat16, int(argv[1]), 4, 1, False, False, False,
-                                                  "--unsplit" not in argv, False, "sm_90a", "--fused" in argv,
-                                                  values.get("--cluster", 0)))
+                                                  "--unsplit" not in argv, False, "sm_90a", "--fused" in argv))
     elif argv[0] == "decode":
         from fa4_inductor.kernels import decode
 
-        _, _, values = options(argv, ("--cluster",))
         decode.compiled(decode._Key("main", torch.bfloat16, int(argv[1]), 4, False, False, False, "--unsplit" not in argv,
-                                    "sm_90a", stages=decode.stages_for(int(argv[1])), fused_combine="--fused" in argv,
-                                    cluster=values.get("--cluster", 0)))
+                                    "sm_90a", stages=decode.stages_for(int(argv[1])), fused_combine="--fused" in argv))
     elif argv[0] == "combine":
         from fa4_inductor.kernels import decode
 

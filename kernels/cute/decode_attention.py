@@ -36,8 +36,6 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32, const_expr
 from cutlass.cute.nvgpu import cpasync, warp
 
-from .w4a16_gemv import store_cluster_f32
-
 LOG2_E = math.log2(math.e)
 LN_2 = math.log(2.0)
 FLT_MAX = 3.4028234663852886e38
@@ -113,17 +111,6 @@ def lse_max_and_sum(lse: cute.Tensor, lanes: cutlass.Constexpr):
     return m_use, lanes_reduce(total, _add, lanes)
 
 
-def cluster_owner(d, width: int):
-    """The CTA of a cluster (`SplitKVMerge.merge_in_cluster`) that merges head-dim column d, each taking `width`."""
-    return d // width
-
-
-def cluster_o_offset(src, rr, d, width: int):
-    """Where split `src`'s normalised O of packed row rr, column d lands in its owner's [C, TILE_M, width] buffer (the
-    final merge reads (s, rr, c) at offset (s TILE_M + rr) width + c)."""
-    return (src * TILE_M + rr) * width + d - cluster_owner(d, width) * width
-
-
 def head_and_token(r, kvh, group: int):
     """(query head, query token) of packed row r of KV head kvh (packed row r = token * group + head in the group)."""
     i = r // group
@@ -139,7 +126,6 @@ class SplitKVMerge:
     o_scale = 1.0
     half_rows = False  # every packed row one of the tile's first 8 (a lane's second fragment row holds no query)
     fused_combine = False  # split: the last CTA of a (batch, row tile) merges the splits itself (`combine_if_last`)
-    cluster = 0  # split: the grid's splits (this many) form a cluster a (batch, row tile) and merge in it
 
     @staticmethod
     def o_column(col, d: int):
@@ -200,8 +186,6 @@ class SplitKVMerge:
         # consecutive columns a row per load: with `_spread`'s XOR the warp's 32 reads hit 32 banks).
         rr = tidx // 8
         r = row_tile * TILE_M + rr
-        kept = cute.make_rmem_tensor((D // 8,), Float32)  # cluster: this thread's normalised O columns of its row
-        kept_lse = -Float32.inf  # and the row's lse
         if r < num_rows:
             m = sM[rr, 0]
             for w in cutlass.range_constexpr(1, NUM_WARPS):
@@ -222,80 +206,17 @@ class SplitKVMerge:
                 o = Float32(0.0)
                 for w in cutlass.range_constexpr(NUM_WARPS):
                     o = o + sRed[rr, _spread(rr, d), w] * weights[w]
-                if const_expr(self.cluster > 0):
-                    kept[j] = o * inv
-                elif const_expr(self.split):
+                if const_expr(self.split):
                     mOpart[b, hm, split_idx, rr, d] = o * inv
                 else:
                     mO[b, h, i, d] = (o * inv).to(self.dtype)
-            kept_lse = lse2
-            if const_expr(self.cluster == 0):
-                if tidx % 8 == 0:
-                    if const_expr(self.split):
-                        mLSEpart[b, hm, split_idx, rr] = lse2
-                    else:
-                        mLSE[b, h, i] = lse2 * LN_2
-        if const_expr(self.cluster > 0):
-            self.merge_in_cluster(sRed, kept, kept_lse, mO, mLSE, tidx, row_tile, num_rows, kvh, b)
+            if tidx % 8 == 0:
+                if const_expr(self.split):
+                    mLSEpart[b, hm, split_idx, rr] = lse2
+                else:
+                    mLSE[b, h, i] = lse2 * LN_2
         if const_expr(self.split and self.fused_combine):
             self.combine_if_last(sRed, sM, mO, mLSE, mOpart, mLSEpart, mCounter, tidx, row_tile, num_rows, kvh, hm, b)
-
-    @cute.jit
-    def merge_in_cluster(self, sRed: cute.Tensor, kept: cute.Tensor, kept_lse: Float32, mO: cute.Tensor,
-                         mLSE: cute.Tensor, tidx: Int32, row_tile: Int32, num_rows: Int32, kvh: Int32, b: Int32):
-        """The combine kernel's work inside the cluster of a (batch, row tile)'s C = `cluster` split CTAs, over
-        distributed shared memory: once every CTA of the cluster is past its own merge (its ring free), CTA s sends
-        each packed row's normalised O columns c to CTA c // (D / C) and the row's log2-domain lse to every CTA; after
-        the cluster's second barrier CTA j merges columns j D / C .. (j + 1) D / C of every row (`DecodeCombine`'s
-        arithmetic, splits in order) and writes them, CTA 0 the lse too. The buffers lie over sRed: O [C, TILE_M, D /
-        C], then lse [C, TILE_M], float32."""
-        D = self.head_dim
-        C = self.cluster
-        W = D // C
-        group = self.group
-        rank = cute.arch.block_idx_in_cluster()
-        sX = cute.make_tensor(sRed.iterator, cute.make_layout((C, TILE_M, W), stride=(TILE_M * W, W, 1)))
-        sLx = cute.make_tensor(sRed.iterator + TILE_M * D, cute.make_layout((C, TILE_M), stride=(TILE_M, 1)))
-        rr = tidx // 8
-        r = row_tile * TILE_M + rr
-        cute.arch.cluster_arrive()
-        cute.arch.cluster_wait()  # every CTA of the cluster is done with its ring, over which the buffers lie
-        if r < num_rows:
-            for j in cutlass.range_constexpr(D // 8):
-                d = tidx % 8 + 8 * j
-                store_cluster_f32(sX.iterator.toint() + cluster_o_offset(rank, rr, d, W) * 4, cluster_owner(d, W),
-                                  kept[j])
-            for q in cutlass.range_constexpr((C + 7) // 8):
-                dest = tidx % 8 + 8 * q
-                if dest < C:
-                    store_cluster_f32(sLx.iterator.toint() + cute.crd2idx((rank, rr), sLx.layout) * 4, dest, kept_lse)
-        cute.arch.cluster_arrive()  # release: the stores above, before their CTAs read them
-        cute.arch.cluster_wait()
-        for e in cutlass.range_constexpr((TILE_M * W + self.num_threads - 1) // self.num_threads):
-            idx = tidx + e * self.num_threads
-            rr = idx // W
-            c = idx - rr * W
-            r = row_tile * TILE_M + rr
-            if rr < TILE_M and r < num_rows:
-                m = sLx[0, rr]
-                for s in cutlass.range_constexpr(1, C):
-                    m = cute.arch.fmax(m, sLx[s, rr])
-                m_use = 0.0 if m == -Float32.inf else m
-                total = Float32(0.0)
-                o = Float32(0.0)
-                for s in cutlass.range_constexpr(C):
-                    w = cute.math.exp2(sLx[s, rr] - m_use, fastmath=True)
-                    total = total + w
-                    o = o + w * sX[s, rr, c]
-                inv = 0.0 if total == 0.0 else 1.0 / total
-                h, i = head_and_token(r, kvh, group)
-                mO[b, h, i, rank * W + c] = (o * inv).to(self.dtype)
-                if rank == 0:
-                    if c == 0:
-                        lse = -Float32.inf
-                        if total > 0.0:
-                            lse = (m_use + cute.math.log2(total, fastmath=True)) * LN_2
-                        mLSE[b, h, i] = lse
 
     @cute.jit
     def combine_if_last(self, sRed: cute.Tensor, sM: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor,
@@ -392,7 +313,7 @@ class DecodeAttentionSm90(SplitKVMerge):
 
     def __init__(self, dtype, head_dim: int, group: int, causal: bool, has_softcap: bool,
                  has_seqused: bool, split: bool, stages: int, has_key_mask: bool = False, additive_mask: bool = False,
-                 fused_combine: bool = False, cluster: int = 0):
+                 fused_combine: bool = False):
         assert head_dim in (64, 128, 256), head_dim
         assert split or not fused_combine
         assert stages >= 2, stages
@@ -407,8 +328,6 @@ class DecodeAttentionSm90(SplitKVMerge):
         assert has_key_mask or not additive_mask
         self.split = split
         self.fused_combine = fused_combine
-        assert cluster == 0 or split and not fused_combine and head_dim % cluster == 0, (cluster, split, head_dim)
-        self.cluster = cluster
         self.stages = stages
         self.num_threads = 32 * NUM_WARPS
 
@@ -455,9 +374,7 @@ class DecodeAttentionSm90(SplitKVMerge):
 
         row_tiles = (mQ.shape[2] * self.group + TILE_M - 1) // TILE_M
         num_splits = 1
-        if const_expr(self.cluster > 0):
-            num_splits = self.cluster
-        elif const_expr(self.split):
+        if const_expr(self.split):
             num_splits = mOpart.shape[2]
         self.kernel(
             mQ, mK, mV, mSeqused, mKeyMask, mO, mLSE, mOpart, mLSEpart, mCounter, scale_log2, softcap_in, softcap_out,
@@ -466,7 +383,6 @@ class DecodeAttentionSm90(SplitKVMerge):
         ).launch(
             grid=(num_splits, mK.shape[1] * row_tiles, mK.shape[0]),
             block=(self.num_threads, 1, 1),
-            cluster=[self.cluster, 1, 1] if self.cluster else None,
             smem=SharedStorage.size_in_bytes(),
             stream=stream,
         )

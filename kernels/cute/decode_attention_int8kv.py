@@ -182,7 +182,7 @@ class DecodeAttentionInt8KVSm90(SplitKVMerge):
 
     def __init__(self, dtype, head_dim: int, group: int, causal: bool, has_softcap: bool,
                  has_seqused: bool, split: bool, stages: int, has_key_mask: bool = False, min_ctas: int = 0,
-                 half_rows: bool = False, fused_combine: bool = False, cluster: int = 0):
+                 half_rows: bool = False, fused_combine: bool = False):
         assert head_dim in HEAD_DIMS, head_dim
         assert stages >= 2, stages
         self.dtype = dtype
@@ -199,8 +199,6 @@ class DecodeAttentionInt8KVSm90(SplitKVMerge):
         self.half_rows = half_rows
         assert split or not fused_combine
         self.fused_combine = fused_combine
-        assert cluster == 0 or split and not fused_combine and head_dim % cluster == 0, (cluster, split, head_dim)
-        self.cluster = cluster
         self.num_threads = 32 * NUM_WARPS
         self.o_scale = FP16_P_SCALE if self.fp16 else 1.0
 
@@ -251,9 +249,7 @@ class DecodeAttentionInt8KVSm90(SplitKVMerge):
             warp.MmaF16BF16Op(self.dtype, Float32, (16, 8, 16)), (1, 1, 1), permutation_mnk=(16, 16, 16))
         row_tiles = (mQ.shape[2] * self.group + TILE_M - 1) // TILE_M
         num_splits = 1
-        if const_expr(self.cluster > 0):
-            num_splits = self.cluster
-        elif const_expr(self.split):
+        if const_expr(self.split):
             num_splits = mOpart.shape[2]
         self.kernel(
             mQ, mK, mV, mKscale, mVscale, mSeqused, mKeyMask, mO, mLSE, mOpart, mLSEpart, mCounter, scale_log2,
@@ -261,7 +257,6 @@ class DecodeAttentionInt8KVSm90(SplitKVMerge):
         ).launch(
             grid=(num_splits, mK.shape[1] * row_tiles, mK.shape[0]),
             block=(self.num_threads, 1, 1),
-            cluster=[self.cluster, 1, 1] if self.cluster else None,
             smem=SharedStorage.size_in_bytes(),
             stream=stream,
             min_blocks_per_mp=self.min_ctas,
