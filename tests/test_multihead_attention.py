@@ -69,9 +69,10 @@ fa4_attention: (f32[2, 4, 12, 8], f32[2, 4, 12]) = fa4.attention(getitem, getite
 MEMORY_PADDING = torch.tensor([[False] * 5 + [True] * 2, [False] * 7])  # cross-attention: keys of 7
 
 
-def causal():
-    """nn.Transformer's causal mask, built in the graph: float, -inf above the diagonal."""
-    return nn.Transformer.generate_square_subsequent_mask(12)
+def causal(dtype=torch.float32):
+    """nn.Transformer's causal mask, built in the graph: float, -inf above the diagonal. In the inputs' dtype: a float32
+    mask over float64 inputs is not a float64 reference (torch's CPU SDPA misreads it on some CPUs)."""
+    return nn.Transformer.generate_square_subsequent_mask(12, dtype=dtype)
 
 
 def per_head_band(batch=2, heads=4, seq=12, width=3):
@@ -90,16 +91,16 @@ OPENED_CALLS = {
         lambda attn, x, m, pad, band: attn(x, x, x, attn_mask=torch.ones(12, 12, dtype=torch.bool).triu(1),
                                            key_padding_mask=pad),
         "key_mask=padding mask, scale=0.353553, causal=True)"),
-    "float causal mask": (lambda attn, x, m, pad, band: attn(x, x, x, attn_mask=causal(), need_weights=False),
+    "float causal mask": (lambda attn, x, m, pad, band: attn(x, x, x, attn_mask=causal(x.dtype), need_weights=False),
                           "scale=0.353553, causal=True)"),
     "is_causal hint": (
-        lambda attn, x, m, pad, band: attn(x, x, x, attn_mask=causal(), need_weights=False, is_causal=True),
+        lambda attn, x, m, pad, band: attn(x, x, x, attn_mask=causal(x.dtype), need_weights=False, is_causal=True),
         "scale=0.353553, causal=True)"),
     "float causal and bool padding": (
         lambda attn, x, m, pad, band: F.multi_head_attention_forward(
             x.transpose(0, 1), x.transpose(0, 1), x.transpose(0, 1), 32, 4, attn.in_proj_weight, attn.in_proj_bias,
             None, None, False, 0.0, attn.out_proj.weight, attn.out_proj.bias, training=attn.training,
-            key_padding_mask=pad, need_weights=False, attn_mask=causal())[0].transpose(0, 1)[None],
+            key_padding_mask=pad, need_weights=False, attn_mask=causal(x.dtype))[0].transpose(0, 1)[None],
         "key_mask=padding mask, scale=0.353553, causal=True)"),
     "per-head boolean mask": (lambda attn, x, m, pad, band: attn(x, x, x, attn_mask=band, need_weights=False), None),
     "cross-attention, memory padded": (

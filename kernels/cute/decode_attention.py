@@ -127,6 +127,23 @@ class SplitKVMerge:
     half_rows = False  # every packed row one of the tile's first 8 (a lane's second fragment row holds no query)
     fused_combine = False  # split: the last CTA of a (batch, row tile) merges the splits itself (`combine_if_last`)
 
+    def set_call_shape(self, dtype, head_dim: int, group: int, causal: bool, has_softcap: bool, has_seqused: bool,
+                       split: bool, stages: int, has_key_mask: bool, fused_combine: bool):
+        """The variant fields both decode kernels take (their `__init__`'s common arguments)."""
+        assert split or not fused_combine
+        assert stages >= 2, stages
+        self.dtype = dtype
+        self.head_dim = head_dim
+        self.group = group
+        self.causal = causal
+        self.has_softcap = has_softcap
+        self.has_seqused = has_seqused
+        self.has_key_mask = has_key_mask
+        self.split = split
+        self.fused_combine = fused_combine
+        self.stages = stages
+        self.num_threads = 32 * NUM_WARPS
+
     @staticmethod
     def o_column(col, d: int):
         return col
@@ -315,21 +332,10 @@ class DecodeAttentionSm90(SplitKVMerge):
                  has_seqused: bool, split: bool, stages: int, has_key_mask: bool = False, additive_mask: bool = False,
                  fused_combine: bool = False):
         assert head_dim in (64, 128, 256), head_dim
-        assert split or not fused_combine
-        assert stages >= 2, stages
-        self.dtype = dtype
-        self.head_dim = head_dim
-        self.group = group
-        self.causal = causal
-        self.has_softcap = has_softcap
-        self.has_seqused = has_seqused
-        self.has_key_mask = has_key_mask
-        self.additive_mask = additive_mask
         assert has_key_mask or not additive_mask
-        self.split = split
-        self.fused_combine = fused_combine
-        self.stages = stages
-        self.num_threads = 32 * NUM_WARPS
+        self.set_call_shape(dtype, head_dim, group, causal, has_softcap, has_seqused, split, stages, has_key_mask,
+                            fused_combine)
+        self.additive_mask = additive_mask
 
     @cute.jit
     def __call__(

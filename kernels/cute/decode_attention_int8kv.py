@@ -184,22 +184,11 @@ class DecodeAttentionInt8KVSm90(SplitKVMerge):
                  has_seqused: bool, split: bool, stages: int, has_key_mask: bool = False, min_ctas: int = 0,
                  half_rows: bool = False, fused_combine: bool = False):
         assert head_dim in HEAD_DIMS, head_dim
-        assert stages >= 2, stages
-        self.dtype = dtype
+        self.set_call_shape(dtype, head_dim, group, causal, has_softcap, has_seqused, split, stages, has_key_mask,
+                            fused_combine)
         self.fp16 = dtype is cutlass.Float16
-        self.head_dim = head_dim
-        self.group = group
-        self.causal = causal
-        self.has_softcap = has_softcap
-        self.has_seqused = has_seqused
-        self.has_key_mask = has_key_mask
-        self.split = split
-        self.stages = stages
         self.min_ctas = min_ctas  # > 1: registers capped so that this many CTAs fit a SM (nvvm.minctasm)
         self.half_rows = half_rows
-        assert split or not fused_combine
-        self.fused_combine = fused_combine
-        self.num_threads = 32 * NUM_WARPS
         self.o_scale = FP16_P_SCALE if self.fp16 else 1.0
 
     @staticmethod
