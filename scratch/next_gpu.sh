@@ -9,6 +9,11 @@ P="python3 -m pytest -m gpu -q -p no:cacheprovider -p no:logging -W ignore -rf"
 L=$OUT/log.txt
 run() { echo "+ $*" >>$L; PYTHONUNBUFFERED=1 "$@" >>$L 2>&1; echo "rc=$?" >>$L; }
 case "$1" in
+s42a) # session 42, any Hopper: the demo (issue 12: >= 1.0x default compile; H200 rows only so far)
+    nvidia-smi -L >>$L
+    run timeout 300 python3 -m fa4_inductor demo ;;
+s42b) # the size sweep's smallest Llama (host-bound rows, where routing to the faster kernel matters) on this GPU
+    MODELS=256x2 LIMIT=520 bash scratch/sweep_all.sh >>$L 2>&1 ;;
 h41a) # session 41, first call after the install (H200 wanted): h40a, then issue 16's b1 x 32k broken down (main kernel
     # and combine by profiler, graph medians at 16 / 33 / 66 splits; the fused combine against the kernel) and the b8 row
     nvidia-smi -L >>$L
