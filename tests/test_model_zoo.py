@@ -88,7 +88,8 @@ def kept_on_transformers_4(name: str, impl: str, recorder: Recorder) -> bool:
 
 
 MORE_DECODERS = ["gemma3_text", "cohere2", "llama4_text", "deepseek_v3", "falcon", "gptj", "gpt_bigcode", "starcoder2",
-                 "olmo2", "smollm3", "gpt_oss", "opt", "codegen", "biogpt", "mixtral", "nemotron", "gemma3n_text"]
+                 "olmo2", "smollm3", "gpt_oss", "opt", "codegen", "biogpt", "mixtral", "nemotron", "gemma3n_text",
+                 "granite", "phi", "stablelm", "exaone4"]
 KEPT_DECODERS = ["mpt", "bloom"]  # ALiBi's position bias; eager code only
 
 
@@ -98,9 +99,10 @@ KEPT_DECODERS = ["mpt", "bloom"]  # ALiBi's position bias; eager code only
 def test_more_decoders_left_padded(name, impl):
     """More decoders, left-padded (generate's mask), with and without a cache: sliding and global layers mixed
     (Gemma 3, Cohere 2), chunked layers (Llama 4), MLA's head dims (DeepSeek V3: q / k 24, v 16), partial rotary
-    (GPT-J), multi-query (GPT-BigCode), parallel blocks (Falcon), attention sinks and sliding layers (GPT-OSS: the
-    softmax over the scores and a learned logit, the sink's column dropped before @ v), a layer reusing an earlier
-    layer's K/V (Gemma 3n's KV sharing). Every layer rewritten, logits eager's; ALiBi's position bias (MPT, BLOOM) is
+    (GPT-J, Phi, StableLM), multi-query (GPT-BigCode), parallel blocks (Falcon), attention sinks and sliding layers
+    (GPT-OSS: the softmax over the scores and a learned logit, the sink's column dropped before @ v), a layer reusing
+    an earlier layer's K/V (Gemma 3n's KV sharing), a configured score scale (Granite's attention_multiplier), sliding
+    layers with q / k norms (EXAONE 4). Every layer rewritten, logits eager's; ALiBi's position bias (MPT, BLOOM) is
     kept as written, each layer with its reason, logits eager's."""
     if impl == "sdpa" and hf.unsupported(name, impl):
         pytest.skip(hf.unsupported(name, impl))
