@@ -577,6 +577,7 @@ def test_multimodal_model_types_build_their_language_model(name, built):
     assert sum(p.numel() for p in tiny.model.parameters()) < 200_000
 
 
+@pytest.mark.slow  # 15 s: three multimodal models explained (the fast tier's explain tests cover the command)
 def test_explain_says_what_it_explains_of_a_multimodal_model_and_when_token_ids_are_not_enough(capsys):
     """`explain hf:gemma3`: the language model, said so on the first line. `explain hf:whisper`: log-mel features in
     place of token ids, the decoder's tokens padded, every layer rewritten. `explain hf:speech_to_text`: its forward
