@@ -122,7 +122,7 @@ def Block(dtype):
     return SiblingLinearsBlock(lambda n, k: upstream.WeightOnlyInt8Linear.from_linear(nn.Linear(k, n), dtype), K, ROWS)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("dtype", [pytest.param(torch.float32, marks=pytest.mark.slow), torch.bfloat16], ids=str)
 def test_a_layers_siblings_become_two_calls(dtype):
     block, x = Block(dtype), torch.randn(2, 3, K, dtype=dtype)
     with torch.no_grad():

@@ -137,8 +137,11 @@ def check_outputs(block, compiled, x, dtype):
     torch.testing.assert_close(compiled.out, eager, atol=tol * eager.abs().max().item(), rtol=tol)
 
 
-@pytest.mark.parametrize("bias", [False, True], ids=["no-bias", "bias"])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("dtype, bias", [pytest.param(torch.float32, False, marks=pytest.mark.slow),
+                                         pytest.param(torch.float32, True, marks=pytest.mark.slow),
+                                         pytest.param(torch.bfloat16, False, marks=pytest.mark.slow),
+                                         (torch.bfloat16, True)],
+                         ids=["torch.float32-no-bias", "torch.float32-bias", "torch.bfloat16-no-bias", "torch.bfloat16-bias"])
 def test_a_layers_siblings_become_two_calls(dtype, bias):
     x = torch.randn(2, 3, K, dtype=dtype)
     block, compiled = compiled_block(dtype, x, bias=bias)
