@@ -14,10 +14,11 @@ q itself is read as a 15-bit integer per packed row (two int8 digits, error <= m
 below q's own rounding) for the integer tensor cores' S = Q K^T; a NaN in q makes its row NaN.
 FA4_INDUCTOR_DISABLE_DECODE=1 turns this kernel off too.
 
-Split count: `decode.num_splits` aiming at CTAS_PER_SM CTAs per SM (the int8 tiles carry half the bytes
-of a bf16 tile for the same conversion and MMA work per key, so a second CTA per SM hides more latency;
-the bf16 kernel measured best at one). A function of shapes only, never of seqused_k's contents, so a
-CUDA graph stays valid when cache lengths change. `splits=` (or FA4_INDUCTOR_DECODE_SPLITS) overrides it.
+Split count: `decode.num_splits` aiming at `SPLIT_CTAS_PER_SM[head_dim]` CTAs per SM (`ctas_per_sm`). The
+registers allow two (CTAS_PER_SM); head dim 64 fills both (its CTAs carry half the bytes of head dim 128's for the
+same per-key work), head dim 128 measured faster at one, as the bf16 kernel does. A function of shapes only, never
+of seqused_k's contents, so a CUDA graph stays valid when cache lengths change. `splits=` (or
+FA4_INDUCTOR_DECODE_SPLITS) overrides it.
 Ring depth: `stages_for(head_dim)` from the same shared-memory budget as the bf16 kernel
 (FA4_INDUCTOR_DECODE_SMEM_KB, default 100 KB: two CTAs per SM).
 
@@ -41,6 +42,14 @@ from .flags import Flags
 KV_DTYPE = torch.int8
 SCALE_DTYPE = torch.float32
 CTAS_PER_SM = 2
+"""CTAs a SM each variant's registers must allow (its PTX's `.minnctapersm`; FA4_INDUCTOR_DECODE_MIN_CTAS raises it)."""
+
+SPLIT_CTAS_PER_SM = {64: 2, 128: 1, 256: 2}
+"""CTAs a SM the split rule aims at, by head dim. Head dim 128 at one: the same call with one CTA a SM's split count
+against two's, in alternating rounds (docs/benchmarks.md session 43, H100, CUDA-graph medians, us): b1 x 4k 8.3 /
+9.9, b1 x 32k 29.8 / 31.2, b1 x 128k 95.2 / 96.4, b2 x 32k 51.8 / 52.6, b4 x 32k 95.3 / 96.4, b8 x 32k 184.1 / 184.5,
+b8 x 4k 29.8 / 30.3 (the H200 the same session, b1 x 32k: 25.1 / 27.2). Head dim 64 at two: b1 x 32k 13.5 against
+15.8 at one (b8 x 32k 99.4 against 97.4). Head dim 256 (not measured) keeps two."""
 SCALE_BYTES = 4
 HALF_TILE_ROWS = 8  # packed query rows (q_len x group) that fill only the first half of the kernel's 16-row tile
 
@@ -78,15 +87,15 @@ def stages_for(head_dim: int) -> int:
     return max(2, min(8, (budget - q_bytes) // per_stage))
 
 
-def ctas_per_sm() -> int:
-    """The CTAs a SM the split rule aims at: CTAS_PER_SM, or more when FA4_INDUCTOR_DECODE_MIN_CTAS asks for
+def ctas_per_sm(head_dim: int) -> int:
+    """The CTAs a SM the split rule aims at: SPLIT_CTAS_PER_SM's, or more when FA4_INDUCTOR_DECODE_MIN_CTAS asks for
     registers that allow more."""
-    return max(CTAS_PER_SM, switches.current().decode_min_ctas)
+    return max(SPLIT_CTAS_PER_SM.get(head_dim, CTAS_PER_SM), switches.current().decode_min_ctas)
 
 
 def num_splits(batch: int, kv_heads: int, q_len: int, group: int, seqlen_k: int, head_dim: int, num_sms: int) -> int:
-    """`decode.num_splits` for `ctas_per_sm()` CTAs per SM."""
-    return decode.num_splits(batch, kv_heads, q_len, group, seqlen_k, head_dim, num_sms * ctas_per_sm())
+    """`decode.num_splits` for `ctas_per_sm(head_dim)` CTAs per SM."""
+    return decode.num_splits(batch, kv_heads, q_len, group, seqlen_k, head_dim, num_sms * ctas_per_sm(head_dim))
 
 
 def _key(dtype: torch.dtype, head_dim: int, group: int, q_len: int, causal: bool, softcap: bool, seqused: bool,
@@ -138,7 +147,7 @@ def forward(q: Tensor, k: Tensor, v: Tensor, k_scale: Tensor, v_scale: Tensor, s
 
     `key_mask` [B, Sk] bool hides keys where False. `splits` overrides `num_splits` (tests and
     benchmarks); it must not depend on seqused_k."""
-    call = decode.prepare(q, k, seqused_k, key_mask, splits, Flags(**flags), ctas_per_sm=ctas_per_sm())
+    call = decode.prepare(q, k, seqused_k, key_mask, splits, Flags(**flags), ctas_per_sm=ctas_per_sm(q.shape[-1]))
     k_scale, v_scale = layout.unit_last_stride(k_scale), layout.unit_last_stride(v_scale)
     group = q.shape[1] // k.shape[1]
     arch = compile_utils.target_arch(q.device)

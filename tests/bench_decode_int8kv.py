@@ -85,7 +85,7 @@ def line(r) -> str:
 def sweep(head_dim=None, min_ctas=(0,)):
     """The int8 kernel alone: split counts around the heuristic's x shared-memory budgets (ring depth; 220 KB
     leaves one CTA per SM) x register caps (`min_ctas`: CTAs a SM the registers must allow, 0 uncapped): the data
-    to re-derive `decode_int8kv.CTAS_PER_SM` and the default budget. `head_dim` keeps the shapes of that head dim
+    to re-derive `decode_int8kv.SPLIT_CTAS_PER_SM` and the default budget. `head_dim` keeps the shapes of that head dim
     only."""
     sms = decode._num_sms(torch.cuda.current_device())
     for b, sk, d in SWEEP_SHAPES:
@@ -103,7 +103,7 @@ def sweep(head_dim=None, min_ctas=(0,)):
                 os.environ[decode.SMEM_KB_ENV] = str(smem_kb)
                 os.environ[switches.DECODE_MIN_CTAS] = str(cap)
                 switches.reset()
-                more_ctas = {max(1, n2 * cap // decode_int8kv.CTAS_PER_SM)} if cap else set()  # the rule's count then
+                more_ctas = {max(1, n2 * cap // decode_int8kv.ctas_per_sm(d))} if cap else set()  # the rule's count then
                 for n in sorted(set(candidates) | more_ctas):
                     ms = gpu_ms(lambda: decode_int8kv.forward(q, k8, v8, ks, vs, scale=d ** -0.5, splits=n),
                                 cuda_graph=True)

@@ -338,7 +338,7 @@ import torch
 from fa4_inductor.kernels import decode_int8kv
 key = decode_int8kv._key(torch.bfloat16, 128, 4, 1, False, False, False, True, False, "sm_90a")
 ptx = decode_int8kv.compiled(key).__ptx__
-print(key.min_ctas, decode_int8kv.ctas_per_sm(), decode_int8kv.num_splits(1, 8, 1, 4, 32768, 128, 132),
+print(key.min_ctas, decode_int8kv.ctas_per_sm(128), decode_int8kv.num_splits(1, 8, 1, 4, 32768, 128, 132),
       [l.split()[1] for l in ptx.splitlines() if l.strip().startswith(".minnctapersm")])
 """
 
@@ -353,7 +353,7 @@ def test_a_register_cap_asks_ptxas_for_more_ctas(cute_dsl, cap, tmp_path):
     env = dict(os.environ, CUTE_DSL_KEEP_PTX="1", CUTE_DSL_ARCH=ARCH, **{switches.DECODE_MIN_CTAS: cap})
     out = subprocess.run([sys.executable, "-c", MIN_CTAS_PROBE], env=env, cwd=tmp_path, check=True,
                          capture_output=True, text=True).stdout.strip().splitlines()[-1]
-    assert out == ("3 3 50 ['3']" if cap else "2 2 33 ['2']"), out
+    assert out == ("3 3 50 ['3']" if cap else "2 1 16 ['2']"), out
 
 
 # ---------------------------------------------------------------------------------------------
@@ -361,12 +361,16 @@ def test_a_register_cap_asks_ptxas_for_more_ctas(cute_dsl, cap, tmp_path):
 # ---------------------------------------------------------------------------------------------
 
 
-def test_num_splits_targets_two_ctas_per_sm():
-    """hq32 hkv8 d128 on 132 SMs: one wave of two CTAs per SM, splits of at least 8 tiles."""
-    assert decode_int8kv.num_splits(1, 8, 1, 4, 32768, 128, 132) == 33
-    assert decode_int8kv.num_splits(8, 8, 1, 4, 32768, 128, 132) == 4
+def test_num_splits_targets_one_wave_by_head_dim():
+    """hq32 hkv8 on 132 SMs, splits of at least 8 tiles: one wave of one CTA per SM at head dim 128, of two at head
+    dims 64 and 256."""
+    assert decode_int8kv.num_splits(1, 8, 1, 4, 32768, 128, 132) == 16
+    assert decode_int8kv.num_splits(8, 8, 1, 4, 32768, 128, 132) == 2
     assert decode_int8kv.num_splits(64, 8, 1, 4, 32768, 128, 132) == 1
     assert decode_int8kv.num_splits(1, 8, 1, 4, 1000, 128, 132) == 1000 // 16 // decode.MIN_TILES_PER_SPLIT
+    assert decode_int8kv.num_splits(1, 8, 1, 4, 32768, 64, 132) == 33
+    assert decode_int8kv.num_splits(8, 8, 1, 4, 32768, 64, 132) == 4
+    assert decode_int8kv.num_splits(1, 8, 1, 4, 32768, 256, 132) == 33
 
 
 def test_stages_fit_shared_memory(monkeypatch):
