@@ -1,14 +1,22 @@
-# Unrun GPU work. Session 42 ran the cluster merge on an H100 (it lost and is gone: docs/benchmarks.md, session 42).
-# Next, one part a call, on the H200 (an H100 answers none of these): `h41a` (issue 15's read floor for NVFP4 and int8 beside ours at one
-# row; issue 16's b8 / b1 rows and b1 by split count), `h41b`, `e36`, `n36`.
+# Unrun GPU work. Session 43 ran h41a, h41b, e36 on the H200 and the int8-KV split counts on an H100 (docs/benchmarks.md,
+# session 43): the split rule now aims at one CTA a SM at head dim 128. Next, on the H200: `h43` (issue 16's rows with
+# that rule, then its end-to-end int8-KV decode), then `n36`. An H100 answers `h43`'s rows only as a cross-check.
 # Output goes to $OUT/log.txt. Have the next call ready: the machine goes back 30 s after a call, and a fresh one needs
-# .gpu/a and .gpu/b again. Run one part a call:  bash scratch/next_gpu.sh h41a
+# .gpu/a and .gpu/b again. Run one part a call:  bash scratch/next_gpu.sh h43
 # Never `pkill -f pytest` here: it matches this script's own command line. A pytest cut by `timeout` can leave xdist
 # workers on the GPU: kill the PIDs `nvidia-smi --query-compute-apps=pid --format=csv,noheader` lists.
 P="python3 -m pytest -m gpu -q -p no:cacheprovider -p no:logging -W ignore -rf"
 L=$OUT/log.txt
 run() { echo "+ $*" >>$L; PYTHONUNBUFFERED=1 "$@" >>$L 2>&1; echo "rc=$?" >>$L; }
 case "$1" in
+h43) # session 43's split rule on the H200: issue 16's kernel rows (b1 x 32k <= 21 us, b8 x 32k >= 1.85x), b1 x 4k / 128k,
+    # then the end-to-end int8-KV decode (Llama-1B shape, batch 8 x 32k: >= 1.45x the bf16 cache's tokens/s)
+    nvidia-smi -L >>$L
+    for row in "--b 1 --sk 32768 --d 128" "--b 8 --sk 32768 --d 128" "--b 1 --sk 4096 --d 128" "--b 1 --sk 131072 --d 128" \
+               "--b 8 --sk 32768 --d 64" "--b 64 --sk 4096 --d 128"; do
+      run timeout 60 python3 tests/bench_decode_int8kv.py $row
+    done
+    run timeout 300 python3 -m fa4_inductor bench --suite int8kv ;;
 s42a) # session 42, any Hopper: the demo (issue 12: >= 1.0x default compile; H200 rows only so far)
     nvidia-smi -L >>$L
     run timeout 300 python3 -m fa4_inductor demo ;;
