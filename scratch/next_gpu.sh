@@ -1,7 +1,7 @@
 # Unrun GPU work. Session 43 ran h41a, h41b, e36 on the H200 and the int8-KV split counts on an H100 (docs/benchmarks.md,
 # session 43): the split rule now aims at one CTA a SM at head dim 128. Next, on the H200: `h43` (issue 16's rows with
 # that rule, then its end-to-end int8-KV decode), `s43` (a deeper ring at one CTA a SM),
-# `p43` (the bf16 kernel's split rule at head dim 64), then `n36`. `s43` and `p43` compare counts and depths on one machine: an H100 answers them too; `h43`'s rows only as a cross-check.
+# `p43` (the bf16 kernel's split rule at head dim 64), `s42a` (issue 12's demo, H100 only so far), then `n36`. `s43` and `p43` compare counts and depths on one machine: an H100 answers them too; `h43`'s rows only as a cross-check.
 # Output goes to $OUT/log.txt. Have the next call ready: the machine goes back 30 s after a call, and a fresh one needs
 # .gpu/a and .gpu/b again. Run one part a call:  bash scratch/next_gpu.sh h43
 # Never `pkill -f pytest` here: it matches this script's own command line. A pytest cut by `timeout` can leave xdist
@@ -17,6 +17,8 @@ h43) # session 43's split rule on the H200: issue 16's kernel rows (b1 x 32k <= 
                "--b 8 --sk 32768 --d 64" "--b 64 --sk 4096 --d 128"; do
       run timeout 60 python3 tests/bench_decode_int8kv.py $row
     done
+    # the fused combine (the last CTA merges; lost at 33 splits: 28.1 against 25.2 us) at the new rule's 16 splits
+    FA4_INDUCTOR_DECODE_FUSED_COMBINE=1 run timeout 60 python3 tests/bench_decode_int8kv.py --b 1 --sk 32768 --d 128
     run timeout 300 python3 -m fa4_inductor bench --suite int8kv ;;
 p43) # the bf16 decode kernel's split rule (one CTA a SM at every head dim) against two CTAs a SM, in alternating rounds:
     # the int8-KV kernel measured two a SM faster at head dim 64 (b1 x 32k 13.5 against 15.8 us, H100), and the bf16
