@@ -27,7 +27,9 @@ def prefill_ms(model, backend_name, seqlens, device) -> dict[int, float]:
 
 def decode_tokens_per_s(model, backend_name, prompt: int, steps: int, device, mode="reduce-overhead") -> tuple[float, torch.Tensor]:
     """Greedy decode with a static cache: the one-token forward compiled with `mode`; tokens/s and the
-    logits of every step (a random model's logits are near ties, so tokens alone compare badly)."""
+    logits of the prefill and the first decode step, [2, batch, vocab] float32 (a random model's logits are near ties,
+    so tokens alone compare badly; later steps are not kept, so that the timed steps copy nothing the loop does not
+    need)."""
     from transformers import StaticCache
 
     from ..hf import cache_keyword
@@ -48,7 +50,8 @@ def decode_tokens_per_s(model, backend_name, prompt: int, steps: int, device, mo
         def step(i):
             logits = compiled(state["token"][:, None].clone(), state["position"].clone())
             state["token"] = logits.argmax(-1)
-            seen.append(logits.float())
+            if i == 0:  # an untimed warm-up step (`timing.per_step_ms`)
+                seen.append(logits.float())
             state["position"] += 1
 
         ms = timing.per_step_ms(step, steps)
