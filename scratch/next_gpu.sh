@@ -1,7 +1,8 @@
 # Unrun GPU work. Session 43 ran h41a, h41b, e36 on the H200 and the int8-KV split counts on an H100 (docs/benchmarks.md,
 # session 43): the split rule now aims at one CTA a SM at head dim 128. Next, on the H200: `h43` (issue 16's rows with
 # that rule, then its end-to-end int8-KV decode), `s43` (a deeper ring at one CTA a SM),
-# `p43` (the bf16 kernel's split rule at head dim 64), `s42a` (issue 12's demo, H100 only so far), then `n36`. `s43` and `p43` compare counts and depths on one machine: an H100 answers them too; `h43`'s rows only as a cross-check.
+# `p43` (the bf16 kernel's split rule at head dim 64), `w43` (16-row CTAs for NVFP4 at 9..16 rows over 2048-row
+# weights), `s42a` (issue 12's demo, H100 only so far), then `n36`. `s43` and `p43` compare counts and depths on one machine: an H100 answers them too; `h43`'s rows only as a cross-check.
 # Output goes to $OUT/log.txt. Have the next call ready: the machine goes back 30 s after a call, and a fresh one needs
 # .gpu/a and .gpu/b again. Run one part a call:  bash scratch/next_gpu.sh h43
 # Never `pkill -f pytest` here: it matches this script's own command line. A pytest cut by `timeout` can leave xdist
@@ -25,6 +26,12 @@ p43) # the bf16 decode kernel's split rule (one CTA a SM at every head dim) agai
     # kernel's b1 x 32k d64 reads at only 2.4 TB/s on the H100 (27.6 us)
     nvidia-smi -L >>$L
     run timeout 300 python3 scratch/split_pairs.py bf16 ;;
+w43) # issue 15, "never slower than bf16 cuBLAS where dispatched": NVFP4 over 2048 x 8192 at 9..16 rows (H200, session
+    # 43: 15.2-17.0 us against bf16's 14.6-15.1) runs 32-row 1 x 2 x 4 CTAs split in 2 (64 CTAs); 16-row CTAs (1 x 1 x 8,
+    # 128 CTAs unsplit, what 2..8 rows and int8 use: int8 at 16 rows 11.2 us) were never timed there at 9..16 rows
+    nvidia-smi -L >>$L
+    run timeout 200 python3 tests/bench_w4a16.py --m 9,12,16 --cta auto,1x1x8,1x2x4 --load auto --pack off,on \
+      --shapes 2048x8192,2048x2048,8192x2048 ;;
 s43) # with one CTA a SM at head dim 128 (session 43's rule) the ring could be twice as deep: the int8-KV sweep of
     # split counts x shared-memory budgets (56..220 KB; FA4_INDUCTOR_DECODE_SMEM_KB, default 100: 5 stages) at the
     # default register bound, head dim 128. If a deeper ring wins at the rule's counts, make the budget follow the rule
