@@ -94,7 +94,7 @@ def sweep(head_dim=None, min_ctas=(0,)):
         q, k8, v8, ks, vs, kb, vb = make_cache(b, sk, 32, 8, d)
         del kb, vb
         n1 = decode.num_splits(b, 8, 1, 4, sk, d, sms)
-        n2 = decode_int8kv.num_splits(b, 8, 1, 4, sk, d, sms)
+        n2, target = decode_int8kv.num_splits(b, 8, 1, 4, sk, d, sms), decode_int8kv.ctas_per_sm(d)
         candidates = sorted({max(1, min(decode.MAX_SPLITS, int(n * f))) for n in (n1, n2) for f in (0.5, 0.75, 1, 1.5, 2)})
         kv_bytes = 2 * k8.numel() + 2 * ks.numel() * 4
         results = []
@@ -103,7 +103,7 @@ def sweep(head_dim=None, min_ctas=(0,)):
                 os.environ[decode.SMEM_KB_ENV] = str(smem_kb)
                 os.environ[switches.DECODE_MIN_CTAS] = str(cap)
                 switches.reset()
-                more_ctas = {max(1, n2 * cap // decode_int8kv.ctas_per_sm(d))} if cap else set()  # the rule's count then
+                more_ctas = {max(1, n2 * cap // target)} if cap else set()  # the rule's count then
                 for n in sorted(set(candidates) | more_ctas):
                     ms = gpu_ms(lambda: decode_int8kv.forward(q, k8, v8, ks, vs, scale=d ** -0.5, splits=n),
                                 cuda_graph=True)
