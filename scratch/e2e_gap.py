@@ -1,5 +1,5 @@
 """Why `bench --suite quant` e2e reads ~1.25 ms/token where decode_profile reads ~0.82 (same model, same step)."""
-import sys, time
+import time
 import torch, torch.nn as nn
 from torch.profiler import ProfilerActivity, profile
 from torch._dynamo.utils import counters
