@@ -42,5 +42,5 @@ for b, sk, d in [(1, 4096, 128), (1, 32768, 128), (1, 131072, 128), (1, 32768, 6
     cells = "  ".join(f"{n:3d}{'*' if n == rule else ' '}: {statistics.median(t):6.1f} us ({min(t):5.1f}-{max(t):5.1f})"
                       for n, t in times.items())
     print(f"b{b} sk{sk} d{d}  {cells}", flush=True)
-    del call
+    torch.cuda.synchronize()
     torch.cuda.empty_cache()
