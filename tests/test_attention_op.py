@@ -813,6 +813,44 @@ def test_small_key_mask_calls_skip_the_host_read_of_the_mask():
         assert not attention_op._reads_mask_form(large_q.to(dtype), long_k, additive[:, 0], full)
 
 
+def test_an_sdpa_calls_rows_that_see_no_key_get_the_derivative_of_what_sdpa_computes():
+    """SDPA with a finfo.min mask per query row in training, rows that see no key (causal under left padding, GQA):
+    compiled with the backend, output and gradients are those of SDPA's math backend in float64, the derivative of
+    the function SDPA computes. (torch's fused CPU backward recomputes such a row's weights from a log-sum-exp that
+    absorbed log Sk, so eager's default gradients there are Sk times these: docs/benchmarks.md session 43.)"""
+    from helpers import Recorder
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    b, hq, hkv, s, d = 2, 4, 2, 6, 8
+    keys = torch.arange(s)[None, :] >= torch.tensor([0, 3])[:, None]
+    allowed = (torch.ones(s, s, dtype=torch.bool).tril()[None] & keys[:, None, :])[:, None]  # [B, 1, Sq, Sk]: batch
+    # 1's first 3 rows see no key
+
+    def fn(q, k, v, allowed):
+        bias = torch.zeros(allowed.shape, dtype=q.dtype).masked_fill(~allowed, torch.finfo(q.dtype).min)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, enable_gqa=True)
+
+    q = torch.randn(b, hq, s, d)
+    k, v = torch.randn(b, hkv, s, d), torch.randn(b, hkv, s, d)
+    grad = torch.randn(b, hq, s, d)
+
+    def outputs(f, dtype):
+        leaves = [t.to(dtype).requires_grad_() for t in (q, k, v)]
+        out = f(*leaves, allowed)
+        return (out, *torch.autograd.grad(out, leaves, grad.to(dtype)))
+
+    torch._dynamo.reset()
+    recorder = Recorder()
+    got = outputs(torch.compile(fn, backend=recorder, fullgraph=True), torch.float32)
+    assert recorder.count() == 1, recorder.reasons
+    assert "rows that see no key: mean of V" in recorder.records[0].detail, recorder.records
+    with sdpa_kernel(SDPBackend.MATH):
+        expected = outputs(fn, torch.float64)
+    assert expected[1][1, :, :3].abs().max() > 0.1  # the blind rows' gradient is not zero
+    for name, g, e in zip(("out", "dq", "dk", "dv"), got, expected):
+        torch.testing.assert_close(g.double(), e, atol=1e-5, rtol=1e-5, msg=lambda m: f"{name}: {m}")
+
+
 def test_blind_rows_as_eagers_gives_eagers_values_and_gradients():
     """Eager code's finfo.min mask, left padding under a causal band, GQA: rows that see no key are the mean of V, and
     eager's softmax passes them a gradient to q and k (and V through P^T dO); the op with the key mask plus
