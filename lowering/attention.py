@@ -594,11 +594,16 @@ def rewrite_or_retry(match, context: Context) -> str | None:
     run-time form, the first reason stands; where the attention with them is declined (a crossover, a softcap the
     SDPA fallback lacks), that reason."""
     run_time_masks = getattr(context.options, "run_time_masks", False)
+    first = None
     try:
-        return rewrite(match(run_time_masks, False), context)
+        first = match(run_time_masks, False)
+        return rewrite(first, context)
     except PositionsUnbounded as unbounded:
         if not run_time_masks:
             raise
+        if first is not None and first.blind_rows == "nan":
+            raise Decline(f"{unbounded}; taken as a run-time mask instead, a query row that sees no key would be NaN "
+                          "in eager (a -inf fill in a hand-written softmax), which the op does not give") from None
         try:
             call = match(True, True)
         except Decline:

@@ -870,6 +870,9 @@ REGRESSIONS = {
     "sdpa_finfo_min_rows_row_sees_no_key_in_training": Case(
         family="sdpa", b=1, kv_b=1, hq=1, hkv=1, sq=4, sk=2, transpose_in=True, grad=True,
         mask=Mask(kind="rows", apply="additive", fill="finfo_min", pad_rows=((1, 1),))),
+    "runtime_offset_window_hides_every_key_minus_inf": Case(
+        b=1, kv_b=1, hq=1, hkv=1, sq=1, sk=1, transpose_in=True, scales=(("scores", "mul", 0.25),), grad=True,
+        mask=Mask(kind="window", build="arange", offset=1, offset_input=True, window=1, shape="11SS", apply="add")),
 }
 
 
