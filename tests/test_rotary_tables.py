@@ -100,7 +100,8 @@ CUDA = pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(not torch
 
 
 @pytest.mark.parametrize("device", ["cpu", CUDA])
-@pytest.mark.parametrize("option", [True, False], ids=["on", "off"])
+@pytest.mark.parametrize("option", [True, pytest.param(False, marks=pytest.mark.slow)], ids=["on", "off"])  # off: the
+# control that the trigonometric count can tell the two apart (8 s on the CPU: the slow tier)
 def test_inductor_evaluates_the_tables_once_and_the_gradients_are_eagers(option, device):
     """A training step of a tiny Llama (sdpa code) under the backend: Inductor's backward evaluates no cos / sin when
     the tables are computed once (off, it recomputes them); outputs and gradients match float64 eager code."""
