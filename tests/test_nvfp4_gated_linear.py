@@ -175,8 +175,9 @@ def test_silu_is_told_by_running_it():
     assert "fa4.nvfp4_gated_linear" not in "\n".join(compiled.graphs)
 
 
-@pytest.mark.parametrize("name, activation", [("llama", "silu"), pytest.param("gemma3_text", "gelu_tanh",
-                                                                              marks=pytest.mark.slow)])
+@pytest.mark.slow  # two compiles of a quantized model a case (18 s for Llama on the CPU); the fast tier keeps the op's
+# tests and `TestRewrittenGraphs`' decode step of a layer
+@pytest.mark.parametrize("name, activation", [("llama", "silu"), ("gemma3_text", "gelu_tanh")])
 def test_hf_decoders_one_row_forward(name, activation):
     """HF decoders quantized to NVFP4 (`nvfp4.quantize`), one token: every layer's MLP takes the op with its
     activation, logits as close to eager's as the option off gives them."""
