@@ -47,7 +47,7 @@ else:
 
     from . import (attention, attention_int8kv, computed_once, crossover, int8_int8_linear, int8_linear,
                    int8_sibling_linears, key_mask, nvfp4_gated_linear, nvfp4_linear, nvfp4_sibling_linears, quack_w4a16)
-    from .attention import blind_rows_as_eagers, blind_rows_as_mean
+    from .attention import blind_rows_as_eagers, blind_rows_as_mean, nan_where_no_key
     from .attention import unsupported_reason as attention_unsupported_reason
     from .attention_int8kv import unsupported_reason as attention_int8kv_unsupported_reason
     from .int8_int8_linear import unsupported_reason as int8_int8_linear_unsupported_reason

@@ -511,6 +511,14 @@ def blind_rows_as_mean(out: Tensor, lse: Tensor, v: Tensor, in_place: bool = Fal
                        **({"out": out} if in_place else {}))
 
 
+def nan_where_no_key(mask: Tensor) -> Tensor:
+    """A [..., Sq or 1, 1] factor in an additive mask's dtype ([..., Sq or 1, Sk]): NaN for each query row the mask
+    hides every key of (-inf throughout), 1 elsewhere. An attention output times it is what eager's softmax gives,
+    0 / 0 on such a row, where the op and SDPA give zeros; a product, so such a row's gradient is NaN as in eager."""
+    hidden = (mask == float("-inf")).all(-1, keepdim=True)
+    return torch.where(hidden, float("nan"), 1.0).to(mask.dtype)
+
+
 def blind_rows_as_eagers(out: Tensor, lse: Tensor, q: Tensor, k: Tensor, v: Tensor, scale: float) -> Tensor:
     """`blind_rows_as_mean` with eager's gradient, for training. Such a row's scores are all finfo.min, absorbing
     q . k, so its softmax is uniform, yet autograd still passes its derivative to q and k: d out_i / d s_ij =

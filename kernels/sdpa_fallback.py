@@ -36,6 +36,12 @@ came back as zeros (the H200, session 23), where eager's softmax is uniform over
 row is still uniform (any score is below the value's float32 ulp) and such keys still get no weight next to others."""
 
 
+def floor_additive(mask: Tensor) -> Tensor:
+    """An additive mask with its finite values floored at `ADDITIVE_FLOOR`. -inf stays -inf: eager's softmax gives
+    such a key no weight, even in a row whose other keys are finfo.min, where a floored -inf would weigh as much."""
+    return torch.where(mask == float("-inf"), mask, mask.clamp_min(ADDITIVE_FLOOR))
+
+
 def unsupported_reason(q: Tensor, k: Tensor, v: Tensor, *, seqused_k: Optional[Tensor] = None,
                        key_mask: Optional[Tensor] = None, **flags) -> str | None:
     """Why the SDPA fallback cannot take this call, or None if it can (see the module docstring)."""
@@ -60,7 +66,7 @@ def _bias(keep: Optional[Tensor], b: int, h: int, sq: int, sk: int, dtype: torch
     device = additive.device if additive is not None else keep.device
     bias = torch.zeros((rows, 1, sq, padded), dtype=dtype, device=device)[..., :sk]
     if additive is not None:
-        bias.copy_(reference.key_mask_rows(additive)[:, 0].clamp_min(ADDITIVE_FLOOR))
+        bias.copy_(floor_additive(reference.key_mask_rows(additive)[:, 0]))
     if keep is not None:
         bias.masked_fill_(~keep[:, 0], float("-inf"))
     return bias.expand(b, h, sq, sk)

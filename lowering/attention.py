@@ -30,7 +30,7 @@ from torch.fx import GraphModule, Node
 from torch.fx.experimental.symbolic_shapes import guard_or_false
 
 from ..kernels import (ATTENTION, ATTENTION_INT8KV, attention_int8kv_unsupported_reason, attention_unsupported_reason,
-                       blind_rows_as_eagers, blind_rows_as_mean)
+                       blind_rows_as_eagers, blind_rows_as_mean, nan_where_no_key)
 from ..kernels.decode import MAX_Q_LEN as DECODE_MAX_Q_LEN
 from . import crossover, gqa, int8_kv, kv_cache, padding
 from .family import Context
@@ -439,6 +439,7 @@ def emit(gm: GraphModule, call: AttentionCall, fake_mode, shared: dict, mutation
             out = _with_sink(make, op, out, call.sink)
         if three_d:
             out = make("squeeze", out, 0)
+        out = _rows_eager_makes_nan(make, call, out, shared)
     _replace_output(graph, call, out, make, mutations, copy=three_d)
     return _describe_call(call, kwargs)
 
@@ -469,12 +470,22 @@ def _replace_output(graph, call: AttentionCall, out: Node, make: NodeMaker, muta
         out.replace_all_uses_with(standard, delete_user_cb=lambda user: user is not standard)
 
 
-def _emit_sdpa(gm: GraphModule, call: AttentionCall, fake_mode, mutations: Mutations, why: str) -> str:
+def _rows_eager_makes_nan(make: NodeMaker, call: AttentionCall, out: Node, shared: dict) -> Node:
+    """out times `nan_where_no_key` of the additive mask input, whose -inf rows (every key hidden) eager's softmax
+    makes NaN (`blind_rows` "nan": no sink), where the op and SDPA give zeros. One factor per mask."""
+    if call.additive_input is None or call.blind_rows != "nan":
+        return out
+    if (key := ("rows without keys", call.additive_input)) not in shared:
+        shared[key] = make(nan_where_no_key, call.additive_input, name="rows_without_keys")
+    return make(operator.mul, out, shared[key], name="attention_out_nan_rows")
+
+
+def _emit_sdpa(gm: GraphModule, call: AttentionCall, fake_mode, mutations: Mutations, shared: dict, why: str) -> str:
     """A small attention (hand-written, or an SDPA call with a mask that is at most causal) as the SDPA call that
     computes it (`crossover.sdpa_for`)."""
     make = NodeMaker(gm.graph, call.output, fake_mode)
     with gm.graph.inserting_before(call.output):
-        out = crossover.sdpa_for(make, call)
+        out = _rows_eager_makes_nan(make, call, crossover.sdpa_for(make, call), shared)
     _replace_output(gm.graph, call, out, make, mutations, copy=False)
     mask = ", attn_mask=the additive mask" if out.kwargs.get("attn_mask") is not None else ""
     causal = ", is_causal=True" if out.kwargs.get("is_causal") else ""
@@ -647,7 +658,7 @@ def rewrite(call: AttentionCall | None, context: Context) -> str | None:
     buffers = _check_in_place_updates(call, context.mutations, context.constants)
     _check_positions_bounded(call, context.mutations)
     if small is not None:
-        text = _emit_sdpa(context.gm, call, context.fake_mode, context.mutations, small)
+        text = _emit_sdpa(context.gm, call, context.fake_mode, context.mutations, context.shared, small)
     else:
         text = emit(context.gm, call, context.fake_mode, context.shared, context.mutations)
     context.read_by_value |= buffers  # masks read from module buffers, is_causal's included
@@ -669,14 +680,15 @@ def _dropout_rewrite(call: AttentionCall, context: Context) -> str:
         raise Decline(f"{what} under a causal band over {k_len} keys for {q_len} queries: SDPA's is_causal aligns "
                       "its band to the first key")
     buffers = _check_in_place_updates(call, context.mutations, context.constants)
-    text = _emit_sdpa(context.gm, call, context.fake_mode, context.mutations,
+    text = _emit_sdpa(context.gm, call, context.fake_mode, context.mutations, context.shared,
                       f"{what}, which SDPA's kernels take and the op does not")
     context.read_by_value |= buffers
     return text
 
 
 ADDITIVE_INPUT_ON_SDPA = ("an additive mask input, its values unknown when compiling (the op takes boolean key masks): "
-                          "SDPA with the mask as given, which computes what eager does")
+                          "SDPA with the mask as given, which computes what eager does (rows it hides every key of NaN, "
+                          "as eager's)")
 
 
 def _additive_input_rewrite(call: AttentionCall, context: Context) -> str:
@@ -706,7 +718,8 @@ def _additive_input_rewrite(call: AttentionCall, context: Context) -> str:
         _fold_gqa(call, context.options.gqa)
         text = emit(context.gm, call, context.fake_mode, context.shared, context.mutations)
     else:
-        text = _emit_sdpa(context.gm, call, context.fake_mode, context.mutations, ADDITIVE_INPUT_ON_SDPA)
+        text = _emit_sdpa(context.gm, call, context.fake_mode, context.mutations, context.shared,
+                          ADDITIVE_INPUT_ON_SDPA)
     context.read_by_value |= buffers
     return text
 

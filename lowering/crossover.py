@@ -39,7 +39,7 @@ from torch.fx import Node
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from ..kernels import crossover as kernel_crossover
-from ..kernels.sdpa_fallback import ADDITIVE_FLOOR
+from ..kernels.sdpa_fallback import floor_additive
 from . import gqa, int8_kv
 from .spellings import ADD, CAST, LINEAR, MATMUL, SDPA, SOFTMAX, arg, guardable, shape, size_hint, value
 
@@ -200,7 +200,7 @@ def sdpa_for(make, call) -> Node:
     (`mask_to_pass`) where it hides more than a causal band."""
     gqa = {"enable_gqa": True} if is_sdpa_call(call) and arg(call.output, 7, "enable_gqa", False) is True else {}
     if not is_sdpa_call(call) and hides_more_than_causal(call):
-        mask = make("clamp_min", mask_to_pass(call), ADDITIVE_FLOOR, name="mask_floored")
+        mask = make(floor_additive, mask_to_pass(call), name="mask_floored")
         return make(torch.nn.functional.scaled_dot_product_attention, call.q, call.k, call.v,
                     attn_mask=mask, scale=call.scale,
                     name="sdpa_small" if call.additive_input is None else "sdpa_mask_input")
@@ -212,7 +212,7 @@ def sdpa_for(make, call) -> Node:
 def mask_to_pass(call) -> Node | None:
     """A hand-written attention's mask that SDPA can take as it is, or None: the one mask, added to the scores as
     the last step before the softmax (casts aside), in q's dtype and with a finite fill (HF's eager code: a row
-    that sees no key averages V, in eager and in SDPA alike once `sdpa_for` floors the mask at `ADDITIVE_FLOOR`:
+    that sees no key averages V, in eager and in SDPA alike once `sdpa_for` floors the mask (`floor_additive`):
     CUDA's kernels read bfloat16's finfo.min as -inf and zero such a row); no softcap; not in training, where such
     a row's gradient in eager still reaches q and k through its softmax and SDPA's backward does not give it (the op
     does, with `kernels.blind_rows_as_eagers` after it)."""

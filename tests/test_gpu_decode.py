@@ -18,6 +18,7 @@ from fa4_inductor.kernels import attention as attention_op
 from fa4_inductor.kernels import decode, reference, switches
 from gpu_helpers import (additive_key_mask, assert_fa_rule, eager, flags, padding_key_mask, replays,
                          sm90_decode_setup)
+from helpers import Recorder
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
@@ -142,6 +143,62 @@ def test_additive_key_mask_on_the_sdpa_fallback_for_prefill():
     out, _ = ATTENTION(q, k, v, None, mask, **fl)
     ref_out, _ = reference.attention_forward(q.double(), k.double(), v.double(), seqused_k=None, key_mask=mask, **fl)
     assert_fa_rule("out", out, ref_out, eager(q, k, v, None, mask, **fl)[0])
+
+
+def minus_inf_key_mask(b, sk, dtype=torch.bfloat16):
+    """A [b, sk] additive mask with -inf: on a third of sequence 0's keys (the rest random), on every key of
+    sequence 1, on sequence 2's even keys with finfo.min on its odd ones, and on a hole of sequence 3's."""
+    g = torch.Generator().manual_seed(1)
+    mask = torch.randn(b, sk, generator=g) * 2
+    mask[0, : sk // 3] = float("-inf")
+    mask[1] = float("-inf")
+    mask[2, 0::2], mask[2, 1::2] = float("-inf"), torch.finfo(dtype).min
+    mask[3, sk // 2: sk // 2 + 40] = float("-inf")
+    return mask.to(dtype).cuda()
+
+
+@pytest.mark.parametrize("splits", [None, 1, 7])
+def test_minus_inf_in_an_additive_key_mask(splits):
+    """-inf in an additive key mask hides its key, as eager's softmax weighs it 0: next to finite keys, next to
+    finfo.min keys only (that row is the mean of V over its finfo.min keys) and on every key (zeros, lse -inf). The
+    decode kernel, then the SDPA fallback for a prefill."""
+    mask = minus_inf_key_mask(4, 2003)
+    q, k, v = make_inputs(b=4, group=4, sq=1, sk=2003, layout="bhsd")
+    fl = flags(128)
+    out, lse = decode.forward(q, k, v, None, mask, splits=splits, **fl)
+    ref_out, _ = reference.attention_forward(q.double(), k.double(), v.double(), seqused_k=None, key_mask=mask, **fl)
+    assert_fa_rule("out", out, ref_out, eager(q, k, v, None, mask, **fl)[0])
+    assert (out[1] == 0).all() and (lse[1] == float("-inf")).all()
+    if splits is not None:
+        return
+    mask = minus_inf_key_mask(4, 300)
+    q, k, v = make_inputs(b=4, group=4, sq=300, sk=300)
+    fl = flags(128, causal=True)
+    name, why = attention_op.kernel_for(q, k, v, mask, **fl)
+    assert name == "sdpa", why
+    out, _ = ATTENTION(q, k, v, None, mask, **fl)
+    ref_out, _ = reference.attention_forward(q.double(), k.double(), v.double(), seqused_k=None, key_mask=mask, **fl)
+    assert_fa_rule("out", out, ref_out, eager(q, k, v, None, mask, **fl)[0])
+
+
+def test_a_float_mask_input_hiding_every_key_of_a_row_compiles_to_eagers_nan():
+    """A hand-written softmax whose float mask input is -inf on every key of some rows: compiled, those rows are NaN
+    as in eager, the others eager's (float64), on each path the rewrite takes: the op for a decode step's [B, 1, 1,
+    Sk] mask and a prefill's [1, 1, Sq, Sk] one, SDPA with the floored mask for a [Sq, Sk] one."""
+    def attend(q, k, v, m):
+        return torch.softmax(q @ k.mT * 128 ** -0.5 + m, -1) @ v
+
+    one_row = minus_inf_key_mask(4, 2003)[:, None, None]
+    per_query = minus_inf_key_mask(300, 300)[None, None]
+    for m, sq, sk in ((one_row, 1, 2003), (per_query, 300, 300), (per_query[0, 0], 300, 300)):
+        torch._dynamo.reset()
+        q, k, v = (torch.randn(4, 8, s, 128, dtype=torch.bfloat16, device="cuda") for s in (sq, sk, sk))
+        recorder = Recorder(inductor=True)
+        out = torch.compile(attend, backend=recorder)(q, k, v, m)
+        assert [r.rewritten for r in recorder.records] == [True], recorder.records
+        want = attend(q.double(), k.double(), v.double(), m.double())
+        assert want.isnan().any()
+        torch.testing.assert_close(out.double(), want, atol=2e-2, rtol=2e-2, equal_nan=True)
 
 
 def test_key_mask_through_the_op_and_the_sdpa_fallback_for_prefill():

@@ -237,9 +237,10 @@ attention_out_contiguous: f32[2, 4, 9, 16] = .contiguous(attention_out)""")
         self.assertEqual(rec.reasons, ["q, k, v dtypes differ (torch.float32, torch.float32, torch.bfloat16)"])
 
     def test_a_float_mask_input_becomes_sdpa_with_the_mask(self):
-        """A float [Sq, Sk] mask input added to the scores, any values: the SDPA call with that mask (floored at
-        `ADDITIVE_FLOOR`, where CUDA's kernels still average V over a row of finfo.min), which computes what eager
-        does; the op takes an additive mask of generate's 4-D shapes only."""
+        """A float [Sq, Sk] mask input added to the scores, any values: the SDPA call with that mask (its finite values
+        floored by `floor_additive`, where CUDA's kernels still average V over a row of finfo.min), which computes what
+        eager does, a row the mask hides every key of made NaN after it as eager's softmax makes it; the op takes an
+        additive mask of generate's 4-D shapes only."""
         def fn(q, k, v, m):
             return torch.softmax(q @ k.mT * 0.25 + m, -1) @ v
 
@@ -250,9 +251,11 @@ attention_out_contiguous: f32[2, 4, 9, 16] = .contiguous(attention_out)""")
         torch.testing.assert_close(out.double(), fn(q.double(), k.double(), v.double(), m.double()), atol=1e-5,
                                    rtol=1e-5)
         self.assertExpectedInline(rec.summary, """\
-mask_floored: f32[6, 6] = .clamp_min(m, -1.70141e+38)
+mask_floored: f32[6, 6] = floor_additive(m)
 sdpa_mask_input: f32[2, 4, 6, 16] = scaled_dot_product_attention(q, k, v, attn_mask=mask_floored, scale=0.25)
-attention_out_contiguous: f32[2, 4, 6, 16] = .contiguous(sdpa_mask_input)""")
+rows_without_keys: f32[6, 1] = nan_where_no_key(m)
+attention_out_nan_rows: f32[2, 4, 6, 16] = mul(sdpa_mask_input, rows_without_keys)
+attention_out_contiguous: f32[2, 4, 6, 16] = .contiguous(attention_out_nan_rows)""")
 
     def test_a_decode_steps_float_mask_input_goes_to_the_op(self):
         """`additive_masks_on_op`: one query over a cache of 9 keys, repeated K/V, a softcap and a float mask input
@@ -272,7 +275,9 @@ attention_out_contiguous: f32[2, 4, 6, 16] = .contiguous(sdpa_mask_input)""")
 getitem: f32[2, 9] = getitem(getitem(m, (:, :, :, :9)), (:, 0, 0))
 fa4_attention: (f32[2, 4, 1, 16], f32[2, 4, 1]) = fa4.attention(q, k, v, None, getitem, scale=0.25, softcap=30)
 attention_out: f32[2, 4, 1, 16] = getitem(fa4_attention, 0)
-attention_out_contiguous: f32[2, 4, 1, 16] = .contiguous(attention_out)""")
+rows_without_keys: f32[2, 1, 1, 1] = nan_where_no_key(getitem(m, (:, :, :, :9)))
+attention_out_nan_rows: f32[2, 4, 1, 16] = mul(attention_out, rows_without_keys)
+attention_out_contiguous: f32[2, 4, 1, 16] = .contiguous(attention_out_nan_rows)""")
         rec, _ = compile_and_record(step, q, k, v, m, additive_masks_on_op=False)  # kept (SDPA has no softcap)
         self.assertEqual(rec.count(), 0)
 
@@ -298,7 +303,9 @@ expand: f32[2, 5, 8] = .expand(getitem, 2, 5, 8)
 key_mask: f32[2, 5, 8] = fa4.key_mask(expand, additive=True)
 fa4_attention: (f32[2, 4, 5, 16], f32[2, 4, 5]) = fa4.attention(q, k, v, None, key_mask, scale=0.25)
 attention_out: f32[2, 4, 5, 16] = getitem(fa4_attention, 0)
-attention_out_contiguous: f32[2, 4, 5, 16] = .contiguous(attention_out)""")
+rows_without_keys: f32[1, 1, 5, 1] = nan_where_no_key(m)
+attention_out_nan_rows: f32[2, 4, 5, 16] = mul(attention_out, rows_without_keys)
+attention_out_contiguous: f32[2, 4, 5, 16] = .contiguous(attention_out_nan_rows)""")
 
         def capped(q, k, v, m):
             k, v = k.repeat_interleave(2, dim=1), v.repeat_interleave(2, dim=1)
@@ -307,6 +314,44 @@ attention_out_contiguous: f32[2, 4, 5, 16] = .contiguous(attention_out)""")
         rec, _ = compile_and_record(capped, q, k, v, m)
         self.assertEqual(rec.count(), 0)
         self.assertIn("with a softcap, which SDPA has not", rec.reasons[0])
+
+    def test_a_float_mask_inputs_rows_without_keys_are_nan_as_in_eager(self):
+        """A float mask input that is -inf on every key of a row: eager's softmax gives that row NaN (0 / 0), the op
+        and SDPA zeros, so the rewrite multiplies their output by `nan_where_no_key` of the mask. A row mixing -inf and
+        finfo.min averages V over its finfo.min keys only, in eager and on each path. Prefill (the op, per query row,
+        forward and gradients), decode step (the op, one row) and a [Sq, Sk] mask (SDPA); against float64 eager."""
+        def attend(q, k, v, m):
+            return torch.softmax(q @ k.mT * 0.25 + m, -1) @ v
+
+        low, inf = torch.finfo(torch.float32).min, float("-inf")
+        per_query = torch.randn(1, 1, 5, 7) * 3
+        per_query[..., 0, :] = inf  # sees no key
+        per_query[..., 1, :] = torch.tensor([inf, low, inf, low, low, inf, inf])  # the mean of V over keys 1, 3, 4
+        per_query[..., 2, 4:] = inf
+        one_row = torch.randn(3, 1, 1, 7) * 3
+        one_row[1] = inf
+        one_row[2, ..., :3] = inf
+        one_row[2, ..., 3:] = low
+        cases = [("prefill", (3, 4, 5, 16), per_query), ("decode", (3, 4, 1, 16), one_row),
+                 ("sdpa", (3, 4, 5, 16), per_query[0, 0])]
+        for name, q_shape, m in cases:
+            for training in (False, True):
+                if training and name != "prefill":
+                    continue
+                with self.subTest(name, training=training):
+                    q = torch.randn(q_shape, requires_grad=training)
+                    k, v = (torch.randn(3, 4, 7, 16, requires_grad=training) for _ in range(2))
+                    rec, out = compile_and_record(attend, q, k, v, m)
+                    self.assertEqual([r.rewritten for r in rec.records], [True])
+                    inputs64 = [t.detach().double().requires_grad_(training) for t in (q, k, v)]
+                    want = attend(*inputs64, m.double())
+                    self.assertTrue(want.isnan().any())
+                    torch.testing.assert_close(out.double(), want, atol=1e-5, rtol=1e-5, equal_nan=True)
+                    if training:
+                        got_grads = torch.autograd.grad(out.sum(), (q, k, v))
+                        want_grads = torch.autograd.grad(want.sum(), inputs64)
+                        for got, expected in zip(got_grads, want_grads):
+                            torch.testing.assert_close(got.double(), expected, atol=1e-5, rtol=1e-5, equal_nan=True)
 
     def test_a_float_mask_input_is_kept_with_a_softcap_or_in_training(self):
         def capped(q, k, v, m):

@@ -318,7 +318,8 @@ class DecodeAttentionSm90(SplitKVMerge):
     Call: (mQ, mK, mV, mSeqused, mKeyMask, mO, mLSE, mOpart, mLSEpart, mCounter, scale_log2, softcap_in,
     softcap_out, stream). mKeyMask [B, Sk], unit stride on Sk: uint8 (nonzero: visible), or with `additive_mask`
     in q's dtype, added to each (soft-capped) score; it enters the log2 domain times log2(e), floored at
-    -FLT_MAX so that HF's finfo.min stays finite and a row of it is uniform, as in eager (split, such a row's
+    -FLT_MAX so that HF's finfo.min stays finite and a row of it is uniform, as in eager, while -inf stays -inf and
+    hides its key, as eager's softmax weighs it 0 (split, such a row's
     lse cannot hold log(sum): the combine weighs the splits alike, where eager weighs keys alike; a decode query of
     generate always sees its own key).
     mO [B, Hq, Sq, D] (any strides, unit on D) and mLSE [B, Hq, Sq] fp32 are written when
@@ -525,7 +526,8 @@ class DecodeAttentionSm90(SplitKVMerge):
                     bias = cute.make_rmem_tensor((n_cols,), Float32)
                     for c in cutlass.range_constexpr(n_cols):
                         value = mKeyMask[b, cutlass.min(tile * TILE_N + tScS[0, c][1], mK.shape[2] - 1)]
-                        bias[c] = cute.arch.fmax(Float32(value) * LOG2_E, -FLT_MAX)
+                        x = Float32(value)
+                        bias[c] = x if x == -Float32.inf else cute.arch.fmax(x * LOG2_E, -FLT_MAX)
                 else:
                     visible = cute.make_rmem_tensor((n_cols,), Int32)
                     for c in cutlass.range_constexpr(n_cols):
