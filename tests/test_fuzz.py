@@ -24,9 +24,11 @@ What is drawn (`cases()`):
                 place), run-time key padding from an `attention_mask` [B, Sk] input (right, left, holes, an
                 all-padding row, all ones; read as m[:, None, None, :], HF index, != 0, BERT additive),
                 causal & padding in one or two masking steps, a boolean [B, 1, 1, Sk] mask input, a random
-                boolean [B or 1, 1, Sq, Sk] one (rows that see no key included), a float mask input; built with tril / tril_ / triu / == 1 / arange comparisons (offset a literal or
-                a run-time 0-d tensor, `arange.add_` in place); applied by masked_fill (-inf / finfo.min),
-                torch.where, + a bias (made by masked_fill or masked_fill_), masked_fill_ on the scores,
+                boolean [B or 1, 1, Sq, Sk] one (rows that see no key included), a float mask input ([Sq, Sk],
+                [1 or B, 1, Sq, Sk], [B, 1, 1, Sk]; random, or -inf / finfo.min on random keys, on every key of a
+                row, and alternating in a row); built with tril / tril_ / triu / == 1 / arange comparisons
+                (offset a literal or a run-time 0-d tensor, `arange.add_` in place); applied by masked_fill
+                (-inf / finfo.min), torch.where, + a bias (made by masked_fill or masked_fill_), masked_fill_ on the scores,
                 a -inf triu bias; shapes [S, S], [1, 1, S, S], [B, 1, S, S], [2, 1, S, S] against batch 1,
                 [B, 1, 1, Sk], [1, 1, 1, Sk], [B, 1, 1, 1]; the mask or attention_mask mutated after use
     mutations   q or k mutated in place after q @ k^T, the un-repeated K/V source mutated after its
@@ -99,6 +101,9 @@ class Mask:
     pad_shape: str = "B11K"  # B11K 111K B111
     combine: str = "and"  # and: one masking step (causal & padding), separate: two steps
     late: str = "none"  # none mask_fill attention_mask_zero: mutate the mask after its use
+    input_shape: str = "SK"  # input: SK 11SK B1SK B11K (B: the scores' batch)
+    input_values: str = "random"  # input: random, or hidden (`fill` on random keys, on every key of a row, and a row
+    # of -inf and finfo.min alternating)
 
     def __repr__(self):
         return _short_repr(self)
@@ -186,7 +191,7 @@ class Case:
             elif name == "offset":
                 lines.append(f"    offset = torch.tensor({m.offset})")
             elif name == "mask_input":
-                lines.append(f"    mask_input = torch.randn({self.sq}, {self.sk}, generator=g, dtype=torch.float64).to({dt})")
+                lines += self._mask_input_lines(dt)
             elif name == "key_plane":
                 lines.append(f"    key_plane = torch.tensor({[list(r) for r in m.pad_rows]}, dtype=torch.bool)[:, None, None, :]")
             elif name == "key_rows":
@@ -194,6 +199,20 @@ class Case:
                 lines.append(f"    key_rows = torch.rand({rows}, 1, {self.sq}, {self.sk}, generator=g) < 0.7")
         lines.append(f"    return {', '.join(['q', 'k', 'v'] + self.extra_inputs())}")
         return lines
+
+    def _mask_input_lines(self, dt: str) -> list[str]:
+        m, b = self.mask, max(self.b, self.kv_b)
+        shape = {"SK": (self.sq, self.sk), "11SK": (1, 1, self.sq, self.sk), "B1SK": (b, 1, self.sq, self.sk),
+                 "B11K": (b, 1, 1, self.sk)}[m.input_shape]
+        lines = [f"    mask_input = torch.randn({shape}, generator=g, dtype=torch.float64)"]
+        if m.input_values == "hidden":
+            fill = 'float("-inf")' if m.fill == "-inf" else f"torch.finfo({dt}).min"
+            whole = "mask_input[0]" if m.input_shape == "B11K" else "mask_input[..., 0, :]"
+            lines += [f"    mask_input = mask_input.masked_fill(torch.rand({shape}, generator=g) < 0.3, {fill})",
+                      "    mask_input[..., -1, ::2] = float('-inf')",
+                      f"    mask_input[..., -1, 1::2] = torch.finfo({dt}).min",
+                      f"    {whole} = {fill}"]
+        return lines + [f"    mask_input = mask_input.to({dt})"]
 
     def _fn_lines(self) -> list[str]:
         body: list[str] = []
@@ -553,6 +572,11 @@ def cases(draw, inductor: bool = False) -> Case:
                                negate=draw(st.sampled_from(["invert", "logical_not", "eq0"])),
                                fill=draw(st.sampled_from(["-inf", "finfo_min"])),
                                late=draw(st.sampled_from(["none"] * 6 + ["mask_fill", "attention_mask_zero"])))
+    if kind == "input":
+        floating = dtype in ("float32", "float64", "bfloat16")
+        mask = dataclasses.replace(
+            mask, input_shape=draw(st.sampled_from(["SK", "SK", "11SK", "B1SK", "B11K"] if four_d else ["SK"])),
+            input_values=draw(st.sampled_from(["random", "hidden", "hidden"] if floating else ["random"])))
 
     # batches and heads
     if mask.shape == "big":
@@ -873,6 +897,10 @@ REGRESSIONS = {
     "runtime_offset_window_hides_every_key_minus_inf": Case(
         b=1, kv_b=1, hq=1, hkv=1, sq=1, sk=1, transpose_in=True, scales=(("scores", "mul", 0.25),), grad=True,
         mask=Mask(kind="window", build="arange", offset=1, offset_input=True, window=1, shape="11SS", apply="add")),
+    "float_mask_input_hides_every_key_of_a_row": Case(sq=4, sk=6, grad=True, mask=Mask(
+        kind="input", input_shape="11SK", input_values="hidden")),
+    "float_mask_input_hides_every_key_of_a_decode_row": Case(sq=1, sk=6, mask=Mask(
+        kind="input", input_shape="B11K", input_values="hidden")),
 }
 
 
