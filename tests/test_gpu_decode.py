@@ -134,17 +134,6 @@ def test_additive_key_mask(dtype, softcap, splits):
         check(q, k, v, key_mask=mask, via_op=True, **fl)
 
 
-def test_additive_key_mask_on_the_sdpa_fallback_for_prefill():
-    q, k, v = make_inputs(b=4, group=4, sq=300, sk=300)
-    mask = additive_key_mask(4, 300, torch.bfloat16)
-    fl = flags(128, causal=True)
-    name, why = attention_op.kernel_for(q, k, v, mask, **fl)
-    assert name == "sdpa", why
-    out, _ = ATTENTION(q, k, v, None, mask, **fl)
-    ref_out, _ = reference.attention_forward(q.double(), k.double(), v.double(), seqused_k=None, key_mask=mask, **fl)
-    assert_fa_rule("out", out, ref_out, eager(q, k, v, None, mask, **fl)[0])
-
-
 def minus_inf_key_mask(b, sk, dtype=torch.bfloat16):
     """A [b, sk] additive mask with -inf: on a third of sequence 0's keys (the rest random), on every key of
     sequence 1, on sequence 2's even keys with finfo.min on its odd ones, and on a hole of sequence 3's."""
@@ -157,11 +146,23 @@ def minus_inf_key_mask(b, sk, dtype=torch.bfloat16):
     return mask.to(dtype).cuda()
 
 
+@pytest.mark.parametrize("make_mask", [additive_key_mask, minus_inf_key_mask], ids=["finfo_min", "minus_inf"])
+def test_additive_key_mask_on_the_sdpa_fallback_for_prefill(make_mask):
+    q, k, v = make_inputs(b=4, group=4, sq=300, sk=300)
+    mask = make_mask(4, 300, torch.bfloat16)
+    fl = flags(128, causal=True)
+    name, why = attention_op.kernel_for(q, k, v, mask, **fl)
+    assert name == "sdpa", why
+    out, _ = ATTENTION(q, k, v, None, mask, **fl)
+    ref_out, _ = reference.attention_forward(q.double(), k.double(), v.double(), seqused_k=None, key_mask=mask, **fl)
+    assert_fa_rule("out", out, ref_out, eager(q, k, v, None, mask, **fl)[0])
+
+
 @pytest.mark.parametrize("splits", [None, 1, 7])
 def test_minus_inf_in_an_additive_key_mask(splits):
-    """-inf in an additive key mask hides its key, as eager's softmax weighs it 0: next to finite keys, next to
-    finfo.min keys only (that row is the mean of V over its finfo.min keys) and on every key (zeros, lse -inf). The
-    decode kernel, then the SDPA fallback for a prefill."""
+    """-inf in an additive key mask hides its key on the decode kernel, as eager's softmax weighs it 0: next to finite
+    keys, next to finfo.min keys only (that row is the mean of V over its finfo.min keys) and on every key (zeros, lse
+    -inf). The SDPA fallback's prefill: `test_additive_key_mask_on_the_sdpa_fallback_for_prefill`."""
     mask = minus_inf_key_mask(4, 2003)
     q, k, v = make_inputs(b=4, group=4, sq=1, sk=2003, layout="bhsd")
     fl = flags(128)
@@ -169,16 +170,6 @@ def test_minus_inf_in_an_additive_key_mask(splits):
     ref_out, _ = reference.attention_forward(q.double(), k.double(), v.double(), seqused_k=None, key_mask=mask, **fl)
     assert_fa_rule("out", out, ref_out, eager(q, k, v, None, mask, **fl)[0])
     assert (out[1] == 0).all() and (lse[1] == float("-inf")).all()
-    if splits is not None:
-        return
-    mask = minus_inf_key_mask(4, 300)
-    q, k, v = make_inputs(b=4, group=4, sq=300, sk=300)
-    fl = flags(128, causal=True)
-    name, why = attention_op.kernel_for(q, k, v, mask, **fl)
-    assert name == "sdpa", why
-    out, _ = ATTENTION(q, k, v, None, mask, **fl)
-    ref_out, _ = reference.attention_forward(q.double(), k.double(), v.double(), seqused_k=None, key_mask=mask, **fl)
-    assert_fa_rule("out", out, ref_out, eager(q, k, v, None, mask, **fl)[0])
 
 
 def test_a_float_mask_input_hiding_every_key_of_a_row_compiles_to_eagers_nan():
