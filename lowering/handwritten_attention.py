@@ -21,15 +21,17 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import torch
 from torch.fx import Node
 
 from . import attention, einsum
 from .family import TORCH_IR, Context, Family
 from .masks import Band, MaskNotUnderstood
 from .records import Decline
-from .spellings import (ADD, AMAX, CAST, CAT, DIV, DROPOUT, GETITEM, IN_PLACE_ADD, IN_PLACE_DIV, IN_PLACE_MUL,
-                        MASKED_FILL, MATMUL, MAX, MUL, RESHAPE, SOFTMAX, SUB, TANH, WHERE, arg, describe_node, is_zero,
-                        normalize_dim, same_size, shape, single_user, transposed_last_two, value)
+from .spellings import (ADD, AMAX, CAST, CAT, DIV, DROPOUT, GETITEM, HIDING_FILL, IN_PLACE_ADD, IN_PLACE_DIV,
+                        IN_PLACE_MUL, MASKED_FILL, MATMUL, MAX, MUL, RESHAPE, SOFTMAX, SUB, TANH, WHERE, arg,
+                        describe_node, is_zero, normalize_dim, same_size, shape, single_user, transposed_last_two,
+                        value)
 
 
 def _constant_factor(node: Node) -> tuple[Node, float] | None:
@@ -242,14 +244,20 @@ def match_handwritten(softmax: Node, constants: dict, run_time_masks: bool = Fal
             try:
                 node, mask, visible, hidden = _strip_mask(node, constants, scores_shape, run_time_masks, unproven)
             except attention.AdditiveInput as e:
+                if scale != 1.0:
+                    raise Decline(f"{e}, scaled by {scale:g} after it is added: the op and SDPA add a mask unscaled")
                 additive = e
                 node, mask, visible, hidden = e.scores, e.mask, Band(), None
+            hidden = _scaled_fill(hidden, scale, value(step).dtype)
+            if hidden is not None and hidden > HIDING_FILL:
+                raise Decline(f"mask not recognized: its fill, scaled by {scale:g} after it, is {hidden:g}, above "
+                              f"{HIDING_FILL:g}: it does not hide keys")
             masks.append((mask, step))
             try:
                 band &= visible
             except MaskNotUnderstood as e:
                 raise Decline(f"mask not recognized: {e}") from None
-            hidden_scores.append((hidden, MASKED_FILL(step) or WHERE(step), scale))
+            hidden_scores.append((hidden, MASKED_FILL(step) or WHERE(step)))
         else:
             raise Decline(f"{node.format_node()} between q @ k^T and softmax is not understood")
     qk = node
@@ -267,6 +275,9 @@ def match_handwritten(softmax: Node, constants: dict, run_time_masks: bool = Fal
     scale *= q_scale * k_scale * k_scale2
     if additive is not None and len(masks) > 1:
         raise Decline(str(additive))  # one mask, added as it is
+    if additive is not None and value(q).dtype == torch.float64 and value(softmax).dtype != torch.float64:
+        raise Decline(f"{additive}; the softmax of its float64 scores runs in {value(softmax).dtype}, whose cast "
+                      "absorbs large negative scores that the op, in float64, would not")
     autocast = attention.check_kernel_support(q, k, v, output)
     flags, seqused_k, keys = attention.flags_for(band, scores_shape)
     if softcap:
@@ -280,15 +291,24 @@ def match_handwritten(softmax: Node, constants: dict, run_time_masks: bool = Fal
                          dropout_p=dropout_p)
 
 
+def _scaled_fill(hidden: float | None, scale: float, dtype) -> float | None:
+    """A masking step's hidden score times the scale applied after it, as the scores' dtype holds it: -inf past its
+    range (finfo.min times 2 is -inf in eager)."""
+    if hidden is None:
+        return None
+    scaled = hidden * scale
+    return -math.inf if dtype.is_floating_point and abs(scaled) > torch.finfo(dtype).max else scaled
+
+
 def _blind_rows(hidden_scores: list, softmax_dtype) -> str:
     """What eager gives a query row that sees no key (`attention.blind_rows_of`), from each masking step's (hidden
-    score, whether the step overwrites the scores it hides, the scale applied after it). Steps that all overwrite
-    with one value under one scale (masked_fill, where: lucidrains-style padding then causal fills) leave every
-    hidden score that value, as one step would; such a row's mean of V is "filled mean": the fill passes no
-    gradient to q and k, where an added finfo.min does."""
-    values = {(h, scale) for h, _, scale in hidden_scores}
-    overwritten = bool(hidden_scores) and all(overwrites for _, overwrites, _ in hidden_scores)
-    steps = [hidden_scores[0][0]] if overwritten and len(values) == 1 else [h for h, _, _ in hidden_scores]
+    score as the softmax meets it, `_scaled_fill`; whether the step overwrites the scores it hides). Steps that all
+    overwrite with one value (masked_fill, where: lucidrains-style padding then causal fills) leave every hidden
+    score that value, as one step would; such a row's mean of V is "filled mean": the fill passes no gradient to q
+    and k, where an added finfo.min does."""
+    values = {h for h, _ in hidden_scores}
+    overwritten = bool(hidden_scores) and all(overwrites for _, overwrites in hidden_scores)
+    steps = [hidden_scores[0][0]] if overwritten and len(values) == 1 else [h for h, _ in hidden_scores]
     rows = attention.blind_rows_of(steps, sdpa=False, softmax_dtype=softmax_dtype)
     return "filled mean" if rows == "mean" and overwritten else rows
 

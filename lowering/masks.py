@@ -49,10 +49,11 @@ from torch.fx import Node
 from torch.fx.experimental.symbolic_shapes import guard_or_false
 
 from .records import Decline
-from .spellings import (ADD, AND, ARANGE, CAST, EQ, EXPAND, FULL, GE, GETITEM, GT, IN_PLACE_ADD, IN_PLACE_MUL,
-                        IN_PLACE_SUB, LE, LOGICAL_NOT, LT, MASKED_FILL, MUL, NE, ONES, RESHAPE, SAME_VALUES, SUB,
-                        TENSOR, TRIL, TRIU, UNSQUEEZE, WHERE, ZEROS, Spelling, arg, describe_node, equal_size,
-                        is_large_negative, normalize_dim, number, same_size, scalar, shape, sole_update, value)
+from .spellings import (ADD, AND, ARANGE, CAST, EQ, EXPAND, FULL, GE, GETITEM, GT, HIDING_FILL, IN_PLACE_ADD,
+                        IN_PLACE_MUL, IN_PLACE_SUB, LE, LOGICAL_NOT, LT, MASKED_FILL, MUL, NE, ONES, RESHAPE,
+                        SAME_VALUES, SUB, TENSOR, TRIL, TRIU, UNSQUEEZE, WHERE, ZEROS, Spelling, arg, describe_node,
+                        equal_size, hides_keys, is_large_negative, normalize_dim, number, same_size, scalar, shape,
+                        sole_update, value)
 
 INF = math.inf
 DIFF = Spelling((torch.diff,), ("diff",))
@@ -881,11 +882,12 @@ def _row_gather(node: Node, constants) -> TwoValued | None:
 
 def keep_band(kind: str, mask, constants: dict, fill=None) -> tuple[Band, float | None]:
     """Visible keys of a mask used as `kind` ("masked_fill", "where", "additive" or "bool"), and the score
-    that hidden keys get (-inf or finfo.min; None for a boolean SDPA mask or when nothing is hidden)."""
+    that hidden keys get (-inf or finfo.min, or a fill of at most `HIDING_FILL` that overwrites them; None for a
+    boolean SDPA mask or when nothing is hidden)."""
     if isinstance(fill, Node) and (held := number(fill)) is not None:
         fill = held
-    if kind in ("masked_fill", "where") and not is_large_negative(fill):
-        raise MaskNotUnderstood(f"the mask fill value {fill!r} is not -inf or finfo.min")
+    if kind in ("masked_fill", "where") and not hides_keys(fill):
+        raise MaskNotUnderstood(f"the mask fill value {fill!r} is above {HIDING_FILL:g}: it does not hide keys")
     tv = evaluate(mask, constants)
     if kind == "masked_fill":
         return tv.where(lambda m: not m), scalar(fill)

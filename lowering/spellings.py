@@ -214,6 +214,18 @@ def is_zero(x) -> bool:
     return scalar(x) == 0.0
 
 
+HIDING_FILL = -1e4
+"""The largest value a masking step may overwrite scores with to hide their keys (-inf, finfo.min, the Annotated
+Transformer's -1e9, old GPT-2 code's -1e4): next to a visible score s such a key weighs exp(fill - s) of it, below
+float32's resolution for any s above fill + 17, and a row of nothing but the fill is uniform, as one of finfo.min is."""
+
+
+def hides_keys(fill) -> bool:
+    """A fill that hides the keys whose scores a masking step overwrites with it (`HIDING_FILL`)."""
+    f = scalar(fill)
+    return f is not None and f <= HIDING_FILL
+
+
 def is_large_negative(fill) -> bool:
     """-inf, or the most negative finite value of a floating dtype (`torch.finfo(dtype).min`)."""
     f = scalar(fill)

@@ -28,9 +28,10 @@ What is drawn (`cases()`):
                 [1 or B, 1, Sq, Sk], [B, 1, 1, Sk]; random, or -inf / finfo.min on random keys, on every key of a
                 row, and alternating in a row); built with tril / tril_ / triu / == 1 / arange comparisons
                 (offset a literal or a run-time 0-d tensor, `arange.add_` in place); applied by masked_fill
-                (-inf / finfo.min), torch.where, + a bias (made by masked_fill or masked_fill_), masked_fill_ on the scores,
-                a -inf triu bias; shapes [S, S], [1, 1, S, S], [B, 1, S, S], [2, 1, S, S] against batch 1,
-                [B, 1, 1, Sk], [1, 1, 1, Sk], [B, 1, 1, 1]; the mask or attention_mask mutated after use
+                (-inf / finfo.min / -1e9), torch.where, + a bias (made by masked_fill or masked_fill_),
+                masked_fill_ on the scores, a -inf triu bias; shapes [S, S], [1, 1, S, S], [B, 1, S, S],
+                [2, 1, S, S] against batch 1, [B, 1, 1, Sk], [1, 1, 1, Sk], [B, 1, 1, 1]; the mask or
+                attention_mask mutated after use
     mutations   q or k mutated in place after q @ k^T, the un-repeated K/V source mutated after its
                 repetition, v mutated before p @ v, k mutated before use
     afterwards  out.view(B * H * S, D), .view(-1), transpose + reshape, (out * 2).view, contiguous().view,
@@ -95,7 +96,7 @@ class Mask:
     shape: str = "SS"  # SS 11SS B1SS big(2,1,S,S) 1SS(3-D)
     apply: str = "masked_fill"  # hand: masked_fill where add add_inplace scores_inplace; sdpa: bool additive additive_inplace is_causal
     negate: str = "invert"  # invert logical_not eq0
-    fill: str = "-inf"  # -inf finfo_min
+    fill: str = "-inf"  # -inf finfo_min minus_1e9
     pad_rows: tuple = ()  # the attention_mask input, one tuple of 0/1 per sequence
     pad_read: str = "index"  # index bool_index hf ne0 bert
     pad_shape: str = "B11K"  # B11K 111K B111
@@ -107,6 +108,11 @@ class Mask:
 
     def __repr__(self):
         return _short_repr(self)
+
+
+def fill_code(fill: str, dtype: str) -> str:
+    """The source of a `Mask.fill`: -inf, finfo.min of `dtype` (the source of a dtype), or -1e9."""
+    return {"-inf": 'float("-inf")', "minus_1e9": "-1e9"}.get(fill, f"torch.finfo({dtype}).min")
 
 
 @dataclass(frozen=True)
@@ -206,7 +212,7 @@ class Case:
                  "B11K": (b, 1, 1, self.sk)}[m.input_shape]
         lines = [f"    mask_input = torch.randn({shape}, generator=g, dtype=torch.float64)"]
         if m.input_values == "hidden":
-            fill = 'float("-inf")' if m.fill == "-inf" else f"torch.finfo({dt}).min"
+            fill = fill_code(m.fill, dt)
             whole = "mask_input[0]" if m.input_shape == "B11K" else "mask_input[..., 0, :]"
             lines += [f"    mask_input = mask_input.masked_fill(torch.rand({shape}, generator=g) < 0.3, {fill})",
                       "    mask_input[..., -1, ::2] = float('-inf')",
@@ -261,7 +267,7 @@ class Case:
         return {"invert": f"~{var}", "logical_not": f"{var}.logical_not()", "eq0": f"{var} == 0"}[self.mask.negate]
 
     def _fill(self, dtype_of: str) -> str:
-        return 'float("-inf")' if self.mask.fill == "-inf" else f"torch.finfo({dtype_of}.dtype).min"
+        return fill_code(self.mask.fill, f"{dtype_of}.dtype")
 
     def _reshape_mask(self, emit, var: str) -> None:
         m = self.mask
@@ -292,7 +298,7 @@ class Case:
             if m.apply == "is_causal":
                 steps.append(("is_causal", ""))
             elif m.build == "full_triu":
-                fill = 'float("-inf")' if m.fill == "-inf" else f"torch.finfo(torch.{self.dtype}).min"
+                fill = fill_code(m.fill, f"torch.{self.dtype}")
                 emit(f"bias = torch.full(({sq}, {sk}), {fill}, dtype=torch.{self.dtype}).triu({o + 1})")
                 self._reshape_mask(emit, "bias")
                 steps.append(("bias", "bias"))
@@ -570,7 +576,7 @@ def cases(draw, inductor: bool = False) -> Case:
         applies = ["masked_fill", "where", "add"] * 3 + ["add_inplace", "scores_inplace"]
     mask = dataclasses.replace(mask, apply=draw(st.sampled_from(applies)),
                                negate=draw(st.sampled_from(["invert", "logical_not", "eq0"])),
-                               fill=draw(st.sampled_from(["-inf", "finfo_min"])),
+                               fill=draw(st.sampled_from(["-inf", "finfo_min"] * 2 + ["minus_1e9"])),
                                late=draw(st.sampled_from(["none"] * 6 + ["mask_fill", "attention_mask_zero"])))
     if kind == "input":
         floating = dtype in ("float32", "float64", "bfloat16")
@@ -901,6 +907,16 @@ REGRESSIONS = {
         kind="input", input_shape="11SK", input_values="hidden")),
     "float_mask_input_hides_every_key_of_a_decode_row": Case(sq=1, sk=6, mask=Mask(
         kind="input", input_shape="B11K", input_values="hidden")),
+    "float64_scores_minus_1e9_run_time_mask_float32_softmax": Case(
+        dtype="float64", b=1, kv_b=1, hq=1, hkv=1, sq=2, sk=2, transpose_in=True, scales=(("scores", "mul", 0.25),),
+        softcap=("tanh_mul", 30.0), softmax="f32_to", grad=True,
+        mask=Mask(kind="padding", apply="add", fill="minus_1e9", pad_rows=((0, 0),))),
+    "mask_input_scaled_after_it_is_added": Case(b=1, kv_b=1, hq=1, hkv=1, sq=1, sk=2, transpose_in=True,
+                                                gqa_k="repeat_kv", gqa_v="repeat_kv", scales=(("post", "mul", 0.25),),
+                                                mask=Mask(kind="input")),
+    "finfo_min_padding_scaled_by_2_is_minus_inf": Case(
+        scales=(("post", "mul", 2.0),), mask=Mask(kind="padding", fill="finfo_min", pad_rows=((1, 1, 0, 0, 0, 0, 0, 0),
+                                                                                          (0,) * 8))),
 }
 
 

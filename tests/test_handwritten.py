@@ -536,11 +536,39 @@ dropout p=0.1 in training with a mask beyond a causal band: SDPA takes the dropo
     def test_fallback_small_fill_value(self):
         def fn(q, k, v):
             n = q.shape[-2]
-            return torch.softmax((q @ k.mT).masked_fill(torch.ones(n, n).tril() == 0, -1e4), -1) @ v
+            return torch.softmax((q @ k.mT).masked_fill(torch.ones(n, n).tril() == 0, -100.0), -1) @ v
 
         rec, _ = compile_and_record(fn, *inputs())
         self.assertEqual(rec.count(), 0)
-        self.assertExpectedInline("\n".join(rec.reasons), """mask not recognized: the mask fill value -10000.0 is not -inf or finfo.min""")
+        self.assertExpectedInline("\n".join(rec.reasons), """mask not recognized: the mask fill value -100.0 is above -10000: it does not hide keys""")
+
+    def test_finite_fills_that_hide_keys(self):
+        """Masking steps that overwrite hidden scores with a finite fill of at most `HIDING_FILL`: the Annotated
+        Transformer's masked_fill(mask == 0, -1e9) over a padding mask, whose all-padding sequence's rows are the mean
+        of V (eager's softmax of a row of nothing but the fill is uniform), and old GPT-2 code's where(causal, s,
+        -1e4). The op, output and gradients against eager in float64."""
+        def annotated(q, k, v, attention_mask):
+            s = q @ k.mT / math.sqrt(q.shape[-1])
+            return torch.softmax(s.masked_fill(attention_mask[:, None, None, :] == 0, -1e9), -1) @ v
+
+        def gpt2(q, k, v, attention_mask):
+            n = q.shape[-2]
+            s = q @ k.mT / math.sqrt(q.shape[-1])
+            return torch.softmax(torch.where(torch.ones(n, n).tril().bool(), s, torch.tensor(-1e4)), -1) @ v
+
+        attention_mask = torch.tensor([[1, 1, 1, 1, 0, 0], [0, 0, 0, 0, 0, 0]])
+        for fn in (annotated, gpt2):
+            q, k, v = (t.requires_grad_() for t in inputs())
+            rec, out = compile_and_record(fn, q, k, v, attention_mask)
+            self.assertEqual(rec.count(), 1)
+            leaves = [t.detach().double().requires_grad_() for t in (q, k, v)]
+            want = fn(*leaves, attention_mask)
+            torch.testing.assert_close(out.double(), want, atol=1e-5, rtol=1e-5)
+            weights = torch.randn(out.shape, dtype=torch.float64)
+            got_grads = torch.autograd.grad((out.double() * weights).sum(), (q, k, v))
+            for got, expected in zip(got_grads, torch.autograd.grad((want * weights).sum(), leaves)):
+                torch.testing.assert_close(got.double(), expected, atol=1e-5, rtol=1e-5)
+        self.assertIn("causal=True", rec.records[0].detail)
 
     def test_fallback_head_dim(self):
         rec, _ = compile_and_record(lambda q, k, v: torch.softmax(q @ k.mT, -1) @ v, *inputs(d=20))

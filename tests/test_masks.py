@@ -266,8 +266,10 @@ def test_keep_band_of_each_use():
     assert masks.keep_band("bool", node, constants) == (Band(-INF, 0), None)
     node, constants = captured(lambda x: torch.zeros(4, 4).masked_fill(torch.ones(4, 4).tril() == 0, float("-inf")), Q)
     assert masks.keep_band("additive", node, constants) == (Band(-INF, 0), -math.inf)
-    with pytest.raises(MaskNotUnderstood, match="fill value -10000.0 is not -inf or finfo.min"):
-        masks.keep_band("masked_fill", node, constants, -1e4)
+    with pytest.raises(MaskNotUnderstood, match="fill value -100.0 is above -10000: it does not hide keys"):
+        masks.keep_band("masked_fill", node, constants, -100.0)
+    node, constants = captured(lambda x: torch.ones(4, 4).tril() == 0, Q)
+    assert masks.keep_band("masked_fill", node, constants, -1e9) == (Band(-INF, 0), -1e9)
     node, constants = captured(lambda x: torch.ones(4, 4).tril() * 0.5, Q)
     with pytest.raises(MaskNotUnderstood, match="the additive mask has the value 0.5"):
         masks.keep_band("additive", node, constants)
