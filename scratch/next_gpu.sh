@@ -1,8 +1,8 @@
-# Unrun GPU work. Session 43 ran h41a, h41b, e36 on the H200 and the int8-KV split counts on an H100 (docs/benchmarks.md,
-# session 43): the split rule now aims at one CTA a SM at head dim 128. Next, on the H200: `h43` (issue 16's rows with
-# that rule, then its end-to-end int8-KV decode), `s43` (a deeper ring at one CTA a SM),
-# `p43` (the bf16 kernel's split rule at head dim 64), `w43` (16-row CTAs for NVFP4 at 9..16 rows over 2048-row
-# weights), `s42a` (issue 12's demo, H100 only so far), then `n36`. `s43` and `p43` compare counts and depths on one machine: an H100 answers them too; `h43`'s rows only as a cross-check.
+# Unrun GPU work. Session 44 ran t44 and s42a on an H100 (docs/benchmarks.md, session 44); session 43 set the int8-KV
+# split rule to one CTA a SM at head dim 128. Next, on the H200: `h43` (issue 16's rows with that rule, then its
+# end-to-end int8-KV decode), `s43` (a deeper ring at one CTA a SM), `p43` (the bf16 kernel's split rule at head dim
+# 64), `w43` (16-row CTAs for NVFP4 at 9..16 rows over 2048-row weights), then `n36`. `s43` and `p43` compare counts
+# and depths on one machine: an H100 answers them too; `h43`'s rows only as a cross-check.
 # Output goes to $OUT/log.txt. Have the next call ready: the machine goes back 30 s after a call, and a fresh one needs
 # .gpu/a and .gpu/b again. Run one part a call:  bash scratch/next_gpu.sh h43
 # Never `pkill -f pytest` here: it matches this script's own command line. A pytest cut by `timeout` can leave xdist
