@@ -914,6 +914,10 @@ REGRESSIONS = {
     "mask_input_scaled_after_it_is_added": Case(b=1, kv_b=1, hq=1, hkv=1, sq=1, sk=2, transpose_in=True,
                                                 gqa_k="repeat_kv", gqa_v="repeat_kv", scales=(("post", "mul", 0.25),),
                                                 mask=Mask(kind="input")),
+    "run_time_additive_mask_v_source_mutated_after_repeat": Case(
+        hq=4, sq=1, sk=1, transpose_in=True, gqa_k="repeat_kv", gqa_v="repeat_kv", mutation="v_before_pv",
+        scales=(("scores", "mul", 0.25),), grad=True,
+        mask=Mask(kind="causal_padding", apply="add", fill="minus_1e9", pad_rows=((1,), (1,)))),
     "finfo_min_padding_scaled_by_2_is_minus_inf": Case(
         scales=(("post", "mul", 2.0),), mask=Mask(kind="padding", fill="finfo_min", pad_rows=((1, 1, 0, 0, 0, 0, 0, 0),
                                                                                           (0,) * 8))),
