@@ -710,11 +710,10 @@ def _additive_input_rewrite(call: AttentionCall, context: Context) -> str:
         raise Decline(f"{call.additive_reason}; {small}")
     if keys is not None:
         call.key_mask = keys
+        _fold_gqa(call, context.options.gqa)  # before the in-place check: the op reads the un-repeated K/V
     elif "softcap" in call.flags or call.sink is not None:
         raise Decline(f"{call.additive_reason}; with {'a softcap' if call.sink is None else 'an attention sink'}, "
                       "which SDPA has not")
-    if keys is not None:
-        _fold_gqa(call, context.options.gqa)  # before the in-place check: the op reads the un-repeated K/V
     buffers = _check_in_place_updates(call, context.mutations, context.constants)
     if keys is not None:
         text = emit(context.gm, call, context.fake_mode, context.shared, context.mutations)
