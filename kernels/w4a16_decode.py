@@ -1,10 +1,11 @@
 """Host side of our weight-only decode GEMM (`cute/w4a16_decode_gemm.py` + `cute/w4a16_splitk_reduce.py`):
-out[M, N] = x[M, K] @ dequant(W)[N, K]^T for decode-sized M (1..16), x float16 / bfloat16, W NVFP4 or int8.
+out[M, N] = x[M, K] @ dequant(W)[N, K]^T for decode-sized M (1..16), x float16 / bfloat16, W NVFP4, int8 or fp8.
 
-    unsupported_reason(x2d, fmt, n, k) -> str | None          fmt "nvfp4" or "int8"
+    unsupported_reason(x2d, fmt, n, k) -> str | None          fmt "nvfp4", "int8" or "fp8"
     nvfp4_matmul(x2d, w_fp4, w_block_scale, w_global_scale) -> Tensor [M, N] in x's dtype
     int8_matmul(x2d, w_int8, w_scale, bias=None) -> Tensor [M, N] in x's dtype
     (both: gemv=None / True / False, the CUDA-core GEMV for the fewest rows, "CUDA-core GEMV" below)
+    fp8_matmul(x2d, w_fp8, w_scale, x_scale=None, bias=None) -> Tensor [M, N] in x's dtype (tensor cores only)
     warmup(dtype, fmt, ...)                                   compile before CUDA-graph capture
 
 
@@ -17,6 +18,9 @@ Formats (the ops' own, see nvfp4_linear.py / int8_linear.py):
 - int8: w_int8 int8 [N, K], w_scale [N] (float32, bfloat16 and float16 read as they are, with a kernel variant
   each; other float dtypes made fp32 per call), bias [N] in x's dtype or None:
   out = dtype(sum_k x * w * scale[n] + bias[n]) (the sum in fp32). Per-channel scales only.
+- fp8: w_fp8 float8_e4m3fn [N, K], w_scale float32 [N] or [1], x_scale float32 [M] or [1] or None, bias [N] in x's
+  dtype or None: out = dtype(sum_k x * w * w_scale[n] * x_scale[m] + bias[n]) (the sum in fp32), what
+  `torch._scaled_mm` computes for x holding fp8 values (the products are exact either way).
 
 Layout: the checkpoint's row-major bytes as they are, read as 32-bit words, when a row is a whole number of
 32-byte chunks (K a multiple of 64 for NVFP4, 32 for int8) and the tensors are 16-byte aligned (no copy at
@@ -103,13 +107,14 @@ from torch import Tensor
 from . import int8_int_gemv, layout, nvfp4_int_gemv, prepared_weights, switches
 from .cute import compile_utils
 
-FORMATS = ("nvfp4", "int8")
+FORMATS = ("nvfp4", "int8", "fp8")
+GEMV_FORMATS = ("nvfp4", "int8")  # the CUDA-core and integer GEMVs; fp8 runs on the tensor cores at every M
 DTYPES = layout.HALF_DTYPES
 SCALE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 M_BUCKETS = (8, 16)
 MAX_M = M_BUCKETS[-1]
 ALIGN_BYTES = layout.ALIGN_BYTES
-CHUNK_VALUES = {"nvfp4": 64, "int8": 32}  # weights per 32-byte chunk of a row
+CHUNK_VALUES = {"nvfp4": 64, "int8": 32, "fp8": 32}  # weights per 32-byte chunk of a row
 K_MULTIPLE = 16
 MIN_STEPS = 2  # steps (4 chunks a row) per warp in a split
 MAX_SPLITS = 32
@@ -349,9 +354,9 @@ def nvfp4_block_words(w_block_scale: Tensor, k: int) -> Tensor:
 
 
 def int8_words(w_int8: Tensor) -> Tensor:
-    """w_int8 [N, K] as int32 [N, Kp/4] (4 codes a word, code j in byte j), K padded to 32."""
+    """w_int8 [N, K] (or any one-byte codes) as int32 [N, Kp/4] (4 codes a word, code j in byte j), K padded to 32."""
     kp = padded_k("int8", w_int8.shape[1])
-    return _pad_cols(w_int8, kp).view(torch.int32)
+    return _pad_cols(w_int8.view(torch.int8), kp).view(torch.int32)
 
 
 # ---- the kernel's decode, emulated bit for bit (the CPU tests hold it to the exact weights) ----
@@ -648,10 +653,12 @@ def prepare_nvfp4(w_fp4: Tensor, w_block_scale: Tensor) -> tuple[Tensor, Tensor]
 
 
 def prepare_int8(w_int8: Tensor) -> Tensor:
+    """int8 or fp8 codes [N, K] as the kernel's words: a view where K is a multiple of 32 and the rows are aligned,
+    else a padded copy made once per weight."""
     k = w_int8.shape[1]
     if k % CHUNK_VALUES["int8"] == 0 and _aligned(w_int8):
         return int8_words(w_int8)
-    return prepared_weights.get(w_int8, "w4a16_int8", lambda: int8_words(w_int8))
+    return prepared_weights.get(w_int8, f"w4a16_{layout.dtype_name(w_int8.dtype)}", lambda: int8_words(w_int8))
 
 
 def prepare_x(x2d: Tensor, k_padded: int) -> Tensor:
@@ -677,6 +684,7 @@ class _Key(NamedTuple):
     scale_dtype: torch.dtype = torch.float32  # int8's per-channel scales as the caller holds them
     pack: bool = False  # main only, NVFP4: the packed layout (`pack_nvfp4`)
     tiled: bool = False  # main only, packed NVFP4 in 16-row tiles (`tile_words`)
+    row_scale: bool = False  # fp8: x's scales (per row or per tensor), read where the output is scaled
 
 
 def _compile(key: _Key):
@@ -691,11 +699,12 @@ def _compile(key: _Key):
     bias = cute.runtime.make_fake_compact_tensor(dt, (sym(),)) if key.bias else None
     out = cute.runtime.make_fake_tensor(dt, (sym(), sym()), (sym64(), 1))
     part = cute.runtime.make_fake_compact_tensor(Float32, (sym(), sym(), sym()), stride_order=(2, 1, 0))
+    row_scale = cute.runtime.make_fake_compact_tensor(Float32, (sym(),)) if key.row_scale else None
     if key.kernel == "reduce":
         from .cute.w4a16_splitk_reduce import W4A16SplitKReduce
 
         kernel = W4A16SplitKReduce(dt, key.fmt, key.bias)
-        return compile_utils.compile_for_tvm_ffi(cute, kernel, part, scale, bias, out)
+        return compile_utils.compile_for_tvm_ffi(cute, kernel, part, scale, bias, out, row_scale)
 
     from .cute.w4a16_decode_gemm import W4A16DecodeGemm
 
@@ -720,7 +729,7 @@ def _compile(key: _Key):
                                           assumed_align=16)
     block = cute.runtime.make_fake_tensor(Int32, (sym(), sym()), (sym64(), 1)) if nvfp4 else None
     return compile_utils.compile_for_tvm_ffi(
-        cute, kernel, x, w, block, scale, bias, None if key.split else out, part if key.split else None)
+        cute, kernel, x, w, block, scale, bias, None if key.split else out, part if key.split else None, row_scale)
 
 
 compiled = compile_utils.CompiledVariants(_compile)
@@ -912,13 +921,16 @@ def _gemv_plan(fmt: str, x2d: Tensor, words: Tensor, n: int, bias: bool, scale_d
 
 def keys(dtype: torch.dtype, fmt: str, m: int, split: bool, bias: bool, arch: str, cta: CtaShape,
          pdl: bool = False, load: str = "registers", scale_dtype: torch.dtype = torch.float32,
-         pack=False) -> list[_Key]:
+         pack=False, row_scale: bool = False) -> list[_Key]:
     """The variants a call runs: the main kernel (load path `load`, a `parse_load` spec), and the reduce
-    kernel when split. `scale_dtype`: the dtype of int8's per-channel scales (NVFP4's global scale is fp32);
-    `pack`: NVFP4 weights in the packed layout (True) or packed in tiles ("tiles", register path only)."""
+    kernel when split. `scale_dtype`: the dtype of int8's per-channel scales (NVFP4's global scale and fp8's
+    scales are fp32); `pack`: NVFP4 weights in the packed layout (True) or packed in tiles ("tiles", register path
+    only); `row_scale`: fp8 with x's scales, applied by the kernel that writes the output."""
     m_max = m_bucket(m)
-    if scale_dtype not in SCALE_DTYPES or (fmt == "nvfp4" and scale_dtype != torch.float32):
+    if scale_dtype not in SCALE_DTYPES or (fmt != "int8" and scale_dtype != torch.float32):
         raise ValueError(f"the W4A16 decode GEMM does not take {fmt} scales of dtype {scale_dtype}")
+    if row_scale and fmt != "fp8":
+        raise ValueError(f"x's scales are fp8's; {fmt} takes none")
     if pack and fmt != "nvfp4":
         raise ValueError(f"the packed layout is NVFP4's; {fmt} weights have none")
     if pack not in PACKS:
@@ -926,17 +938,20 @@ def keys(dtype: torch.dtype, fmt: str, m: int, split: bool, bias: bool, arch: st
     if pack == "tiles" and parse_load(load)[0].startswith("bulk"):
         raise ValueError("the tiled NVFP4 layout runs on the register load paths only (registers, rolling)")
     main = _Key("main", dtype, fmt, m_max, split, bias and not split, arch, cta, pdl,
-                load_key(load, m_max, fmt, cta), scale_dtype, bool(pack), pack == "tiles")
-    return [main, _Key("reduce", dtype, fmt, 0, True, bias, arch, scale_dtype=scale_dtype)] if split else [main]
+                load_key(load, m_max, fmt, cta), scale_dtype, bool(pack), pack == "tiles", row_scale and not split)
+    if not split:
+        return [main]
+    return [main, _Key("reduce", dtype, fmt, 0, True, bias, arch, scale_dtype=scale_dtype, row_scale=row_scale)]
 
 
 def warmup(dtype: torch.dtype, fmt: str, m_values=M_BUCKETS, *, bias: Optional[bool] = None,
            device: torch.device | str = "cuda", load: Optional[str] = None,
-           scale_dtype: torch.dtype = torch.float32, pack=None, gemv: Optional[bool] = None) -> int:
+           scale_dtype: torch.dtype = torch.float32, pack=None, gemv: Optional[bool] = None,
+           row_scale: Optional[bool] = None) -> int:
     """Compile every variant calls with these rows can hit (both CTA shapes, split and not; `bias` None: both;
     `load` None: the configured load path; int8 scales of `scale_dtype`; `pack` None: NVFP4 as configured; `gemv`
     None: as configured (`gemv_rows`: the GEMV's variants for the rows up to that many these M values cover, every
-    shape `gemv_shape` picks)),
+    shape `gemv_shape` picks); `row_scale` None: fp8 with and without x's scales),
     outside CUDA-graph capture. Returns how many were compiled now."""
     if dtype not in DTYPES or fmt not in FORMATS:
         raise ValueError(f"the W4A16 decode GEMM does not take dtype {dtype} / format {fmt!r}")
@@ -953,11 +968,12 @@ def warmup(dtype: torch.dtype, fmt: str, m_values=M_BUCKETS, *, bias: Optional[b
                     if fmt == "nvfp4" and b:
                         continue
                     for spec in {resolve_load(load, m, k, cta, fmt) for k in short_and_long_k}:
-                        for key in keys(dtype, fmt, m, split, b, arch, cta, pdl, spec, scale_dtype, pack):
-                            compiled(key)
+                        for r in ((False, True) if fmt == "fp8" and row_scale is None else (bool(row_scale),)):
+                            for key in keys(dtype, fmt, m, split, b, arch, cta, pdl, spec, scale_dtype, pack, r):
+                                compiled(key)
     gemv_before = len(compiled_gemv)
     most = gemv_rows(gemv)
-    if most and not pack:
+    if most and not pack and fmt in GEMV_FORMATS:
         rows = {r for m in m_values for r in (range(1, most + 1) if m > GEMV_MAX_M else (m,)) if r <= most}
         for m in sorted(rows):
             for r in GEMV_ROW_CHOICES:
@@ -975,7 +991,7 @@ def warmup(dtype: torch.dtype, fmt: str, m_values=M_BUCKETS, *, bias: Optional[b
 
 def _run(fmt: str, x2d: Tensor, words: Tensor, block: Optional[Tensor], scale: Tensor, bias: Optional[Tensor],
          n: int, k: int, splits: Optional[int], cta: Optional[tuple[int, int, int]], load: Optional[str],
-         pack=False) -> Tensor:
+         pack=False, row_scale: Optional[Tensor] = None) -> Tensor:
     m = x2d.shape[0]
     kp = words.shape[1] * (8 if fmt == "nvfp4" else 4)  # codes per int32 word
     if pack == "tiles":
@@ -992,15 +1008,15 @@ def _run(fmt: str, x2d: Tensor, words: Tensor, block: Optional[Tensor], scale: T
     arch = compile_utils.target_arch(device)
     load = resolve_load(configured_load() if load is None else load, m, kp, shape, fmt)
     variants = [compiled(key) for key in keys(x.dtype, fmt, m, split, bias is not None, arch, shape, env.w4a16_pdl,
-                                              load, scale.dtype, pack)]
+                                              load, scale.dtype, pack, row_scale is not None)]
     xw = x.view(torch.int32)
     with torch.cuda.device(device):
         if not split:
-            variants[0](xw, words, block, scale, bias, out, None)
+            variants[0](xw, words, block, scale, bias, out, None, row_scale)
         else:
             part = torch.empty(splits, m, n, dtype=torch.float32, device=device)
-            variants[0](xw, words, block, scale, None, None, part)
-            variants[1](part, scale, bias, out)
+            variants[0](xw, words, block, scale, None, None, part, None)
+            variants[1](part, scale, bias, out, row_scale)
     return out
 
 
@@ -1091,3 +1107,24 @@ def int8_matmul(x2d: Tensor, w_int8: Tensor, w_scale: Tensor, bias: Optional[Ten
     if x2d.shape[0] <= gemv_rows(gemv):
         return _run_gemv("int8", x2d, prepare_int8(w_int8), None, scale, bias, n, _gemv_shape(gemv))
     return _run("int8", x2d, prepare_int8(w_int8), None, scale, bias, n, k, splits, cta, load)
+
+
+def fp8_matmul(x2d: Tensor, w_fp8: Tensor, w_scale: Tensor, x_scale: Optional[Tensor] = None,
+               bias: Optional[Tensor] = None, *, splits: Optional[int] = None,
+               cta: Optional[tuple[int, int, int]] = None, load: Optional[str] = None) -> Tensor:
+    """x2d [M, K] @ (w_fp8 [N, K] * w_scale [N] or [1])^T * x_scale [M] or [1] (+ bias [N]) -> [M, N] in x's dtype,
+    on the tensor cores at every M (`splits`, `cta`, `load` as `nvfp4_matmul`'s)."""
+    if w_fp8.dim() != 2 or w_fp8.dtype != torch.float8_e4m3fn:
+        raise ValueError(f"fp8 weights are float8_e4m3fn [N, K], got {w_fp8.dim()}-D {w_fp8.dtype}")
+    n, k = w_fp8.shape
+    m = x2d.shape[0] if x2d.dim() == 2 else 0
+    for name, scale, size in (("w_scale", w_scale, n), ("x_scale", x_scale, m)):
+        if scale is not None and (scale.dtype != torch.float32 or scale.numel() not in (1, size)):
+            raise ValueError(f"the fp8 W4A16 decode GEMM takes a float32 {name} of 1 or {size} elements, got "
+                             f"{layout.dtype_name(scale.dtype)} {list(scale.shape)}")
+    _check(x2d, "fp8", n, k, w_fp8, w_scale, x_scale, bias)
+    if bias is not None:
+        bias = bias.reshape(n).to(x2d.dtype).contiguous()
+    row_scale = None if x_scale is None else x_scale.reshape(-1).contiguous()
+    return _run("fp8", x2d, prepare_int8(w_fp8), None, w_scale.reshape(-1).contiguous(), bias, n, k, splits, cta,
+                load, row_scale=row_scale)

@@ -18,6 +18,28 @@ t44) # session 44: -inf in an additive mask hides its key on every CUDA path (de
     nvidia-smi -L >>$L
     run timeout 200 $P -n 8 tests/test_gpu_decode.py -k "additive or minus_inf or float_mask"
     run timeout 150 $P -n 4 tests/test_gpu_fa4.py -k "additive or rows_that_see_no_key or per_query" ;;
+f45) # session 45: fp8 (e4m3) weights on the decode GEMM (`w4a16_decode.fp8_matmul`, new; CPU-compiled only): its
+    # numerics against float64 and against `torch._scaled_mm`, then timed against `_scaled_mm` and bf16 cuBLAS
+    nvidia-smi -L >>$L
+    run timeout 200 $P -n 8 tests/test_gpu_w4a16.py -k fp8
+    run timeout 120 $P -n 4 tests/test_gpu_fp8.py
+    run timeout 150 python3 tests/bench_fp8.py ;;
+n45) # session 45, issue 15's 16 rows (8192 x 8192 NVFP4: 27.2 us packed against 14.5 at one row, H200): where the
+    # tensor-core kernel's warps wait, never measured above one row (session 14 at one row: 0.68 eligible warps a
+    # scheduler, 62% of issue slots idle). Stall reasons a kernel and SASS hot spots, 2 and 16 rows, auto and 4x1x8
+    nvidia-smi -L >>$L
+    S="regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio"
+    for m in 2 16; do
+      run timeout 150 ncu --clock-control none --profile-from-start off --set full \
+        -o $OUT/w$m python3 docs/scripts/ncu_w4a16.py 8192 8192 --m $m --mma auto,rolling@4x1x8
+      run timeout 60 ncu --import $OUT/w$m.ncu-rep --page details --print-units base --csv \
+        --section SpeedOfLight --section Occupancy --section WarpStateStats --section LaunchStats
+      ncu --import $OUT/w$m.ncu-rep --page source --print-source sass --csv > $OUT/w${m}_sass.csv 2>>$L
+      run python3 docs/scripts/sass_hotspots.py $OUT/w${m}_sass.csv 30
+      rm -f $OUT/w${m}_sass.csv
+    done
+    run timeout 90 ncu --clock-control none --profile-from-start off --metrics "$S" \
+      python3 docs/scripts/ncu_w4a16.py 8192 8192 --m 16 --mma auto,rolling@4x1x8 ;;
 h43) # session 43's split rule on the H200: issue 16's kernel rows (b1 x 32k <= 21 us, b8 x 32k >= 1.85x), b1 x 4k / 128k,
     # then the end-to-end int8-KV decode (Llama-1B shape, batch 8 x 32k: >= 1.45x the bf16 cache's tokens/s)
     nvidia-smi -L >>$L

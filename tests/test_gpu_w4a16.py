@@ -856,3 +856,110 @@ def test_int8_sibling_linears_op_under_cuda_graph_replay(m):
             wd = w.double() * s.double()[:, None]
             report(f"int8 sibling op m{m} n{w.shape[0]}", out.reshape(m, -1), x.reshape(m, k).double() @ wd.T,
                    F.linear(x.reshape(m, k), wd.to(x.dtype)))
+
+
+# ------------------------------------------------------------------------------- fp8 (e4m3) weights, tensor cores
+
+
+def random_fp8(n, k, seed=0, nan_rows=()):
+    """Every e4m3 code equally likely (subnormals and +-448 included), NaN codes only in `nan_rows`."""
+    g = torch.Generator().manual_seed(seed)
+    codes = torch.randint(0, 256, (n, k), dtype=torch.uint8, generator=g)
+    codes[(codes & 0x7F) == 0x7F] = 0x38  # NaN -> 1.0
+    for r in nan_rows:
+        codes[r, torch.randint(0, k, (1,), generator=g)] = 0x7F
+    return codes.view(torch.float8_e4m3fn).cuda()
+
+
+def fp8_case(m, n, k, dtype, *, bias=False, x_scale="row", w_scale="channel", splits=None, seed=0,
+             load="registers", cta=None):
+    g = torch.Generator().manual_seed(seed)
+    w = random_fp8(n, k, seed)
+    ws = (torch.rand(n if w_scale == "channel" else 1, generator=g) / 100 + 1e-3).cuda()
+    xs = None if x_scale is None else (torch.rand(m if x_scale == "row" else 1, generator=g) + 0.5).cuda()
+    b = torch.randn(n, dtype=dtype, device="cuda") if bias else None
+    x = torch.randn(m, k, dtype=dtype, device="cuda")
+    out = w4.fp8_matmul(x, w, ws, xs, b, splits=splits, load=load, cta=cta)
+    assert out.shape == (m, n) and out.dtype == dtype
+    wd = w.double() * ws.double().reshape(-1, 1)
+    rows = 1 if xs is None else xs.double().reshape(-1, 1)
+    ref = x.double() @ wd.T * rows + (b.double() if bias else 0)
+    pytorch = F.linear(x, wd.to(dtype)) * (1 if xs is None else xs.reshape(-1, 1).to(dtype)) + (b if bias else 0)
+    report(f"fp8 {str(dtype)[6:]} m{m} n{n} k{k} bias {bias} x_scale {x_scale} w_scale {w_scale} "
+           f"{plan(n, k, 'fp8', m, splits, cta, load)}", out, ref, pytorch)
+
+
+@pytest.mark.parametrize("load", LOADS)
+@pytest.mark.parametrize("m", range(1, 17))
+def test_fp8_every_m(m, load):
+    fp8_case(m, 1000, 2064, torch.bfloat16, bias=m % 2 == 1, x_scale=("row", "tensor", None)[m % 3],
+             w_scale=("channel", "tensor")[m % 2], seed=m, load=load)  # N, K not multiples of 64
+
+
+@pytest.mark.parametrize("load", MORE_LOADS)
+@pytest.mark.parametrize("splits", [1, 2, 7])
+@pytest.mark.parametrize("x_scale, w_scale", [("row", "channel"), ("tensor", "tensor"), (None, "channel")])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+def test_fp8_splits_scales_and_dtypes(dtype, x_scale, w_scale, splits, load):
+    """The split path applies the scales (and bias) in the reduce kernel, the unsplit one in the main kernel."""
+    fp8_case(5, 4096, 4096, dtype, bias=True, x_scale=x_scale, w_scale=w_scale, splits=splits, load=load)
+    fp8_case(16, 2048, 8192, dtype, x_scale=x_scale, w_scale=w_scale, splits=splits, load=load)
+
+
+@pytest.mark.parametrize("cta", [(1, 1, 8), (2, 2, 4), (4, 1, 8), (2, 1, 2)], ids=lambda c: "x".join(map(str, c)))
+@pytest.mark.parametrize("m", [1, 9])
+def test_fp8_forced_cta_shapes(cta, m):
+    fp8_case(m, 3000, 4160, torch.bfloat16, bias=True, cta=cta, load="rolling")
+
+
+@pytest.mark.parametrize("m", [1, 16])
+@pytest.mark.parametrize("rowwise", [True, False], ids=["rowwise", "tensorwise"])
+def test_fp8_matches_scaled_mm(m, rowwise):
+    """torchao's dynamic fp8 linear: x quantized to e4m3 with its scale, then `torch._scaled_mm`. Ours on the same
+    codes (x cast exactly to bf16) against float64, with `_scaled_mm`'s own error as the bound."""
+    n, k = 4096, 2048
+    w = random_fp8(n, k, seed=m)
+    w_scale = torch.rand(n if rowwise else 1, 1, device="cuda") / 100 + 1e-3
+    x = torch.randn(m, k, device="cuda")
+    x_scale = x.abs().amax(dim=-1 if rowwise else (0, 1), keepdim=True).float() / 448
+    x_fp8 = (x / x_scale).clamp(-448, 448).to(torch.float8_e4m3fn)
+    theirs = torch._scaled_mm(x_fp8, w.t(), x_scale.reshape(-1, 1) if rowwise else x_scale.reshape(()),
+                              w_scale.reshape(1, -1) if rowwise else w_scale.reshape(()), out_dtype=torch.bfloat16,
+                              use_fast_accum=True)
+    ours = w4.fp8_matmul(x_fp8.to(torch.bfloat16), w, w_scale.reshape(-1), x_scale.reshape(-1))
+    ref = (x_fp8.double() @ w.double().T) * x_scale.double().reshape(-1, 1) * w_scale.double().reshape(1, -1)
+    report(f"fp8 vs _scaled_mm m{m} {'rowwise' if rowwise else 'tensorwise'}", ours, ref, theirs)
+
+
+def test_fp8_nan_weight_codes_give_nan_columns():
+    """e4m3's NaN code decodes to NaN (the cvt is exact), so its output column is NaN as in eager; the others hold."""
+    n, k = 256, 512
+    w = random_fp8(n, k, seed=3, nan_rows=(5, 77))
+    x = torch.randn(4, k, dtype=torch.bfloat16, device="cuda")
+    for split in (1, 3):
+        out = w4.fp8_matmul(x, w, torch.ones(n, device="cuda"), splits=split)
+        nan_cols = out.isnan().any(0).nonzero().flatten().tolist()
+        assert nan_cols == [5, 77], (split, nan_cols)
+        keep = torch.ones(n, dtype=torch.bool, device="cuda")
+        keep[[5, 77]] = False
+        assert out[:, keep].isfinite().all()
+
+
+@pytest.mark.parametrize("m", [1, 16])
+def test_fp8_cuda_graph_capture_and_replay(m):
+    n, k = 4096, 4096
+    w = random_fp8(n, k)
+    w_scale = torch.rand(n, device="cuda") / 100 + 1e-3
+    x_scale = torch.rand(m, device="cuda") + 0.5
+    x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
+    w4.warmup(torch.bfloat16, "fp8", (m,), bias=False, row_scale=True)
+    graph, out = capture(lambda: w4.fp8_matmul(x, w, w_scale, x_scale))
+    for i in range(2):
+        x.copy_(torch.randn_like(x))
+        x_scale.copy_(torch.rand_like(x_scale) + 0.5)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, w4.fp8_matmul(x, w, w_scale, x_scale)), f"fp8 replay {i}"
+        wd = w.double() * w_scale.double()[:, None]
+        report(f"graph fp8 m{m} replay {i}", out, x.double() @ wd.T * x_scale.double()[:, None],
+               F.linear(x, wd.to(x.dtype)) * x_scale[:, None].to(x.dtype))

@@ -42,6 +42,7 @@ FAST_VARIANTS = [
     ("main", torch.float16, "int8", 16, True, False),
     ("reduce", torch.bfloat16, "int8", 0, True, True),
     ("main", torch.bfloat16, "int8", 8, False, True, "narrow", "registers", torch.bfloat16),
+    ("main", torch.bfloat16, "fp8", 16, False, True, "narrow", "rolling"),
 ]
 SLOW_VARIANTS = [
     ("main", torch.float16, "nvfp4", 16, True, False),
@@ -789,3 +790,65 @@ def test_packed_variants_compile_without_spills(cute_dsl, dtype, tmp_path):
             info = subprocess.run([ptxas, f"-arch={ARCH}", "-v", str(ptx), "-o", os.devnull], check=True,
                                   capture_output=True, text=True).stderr
             assert "0 bytes spill stores" in info and "0 bytes spill loads" in info, (spec, info)
+
+
+# ------------------------------------------------------------------------------- fp8 (e4m3) weights
+
+FP8_PROBE = """
+import sys, torch
+from fa4_inductor.kernels import w4a16_decode as w
+dtype = getattr(torch, sys.argv[1])
+main, reduce = w.keys(dtype, "fp8", 9, True, True, "sm_90a", w.WIDE, row_scale=True)
+unsplit = w.keys(dtype, "fp8", 3, False, True, "sm_90a", w.NARROW, load="rolling", row_scale=True)[0]
+for key in (main, reduce, unsplit):
+    ptx = w.compiled(key).__ptx__
+    ops = sorted({l.split()[0].rstrip(";") for l in ptx.splitlines() if l.strip().startswith(("cvt.", "mma.", "ld."))})
+    print(key.kernel, key.row_scale, int("local" in ptx), " ".join(ops))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_fp8_variants_compile_and_decode_with_the_e4m3_cvt(cute_dsl, dtype, tmp_path):
+    """fp8 weights compile on both load paths and split or not; each code pair becomes a 16-bit pair through
+    `cvt.rn.f16x2.e4m3x2` (exact, NaN kept), bf16 x through fp32 (`cvt.rn.bf16x2.f32`); x's scales reach the kernel
+    that writes the output (the reduce when split, the main kernel when not); no local memory."""
+    env = dict(os.environ, CUTE_DSL_KEEP_PTX="1", CUTE_DSL_ARCH=ARCH)
+    lines = subprocess.run([sys.executable, "-c", FP8_PROBE, dtype], env=env, cwd=tmp_path, check=True,
+                           capture_output=True, text=True).stdout.splitlines()
+    (main, main_row, main_local, *main_ops), (red, red_row, red_local, *red_ops), (_, one_row, one_local, *one_ops) = (
+        line.split() for line in lines)
+    assert (main, main_row, red, red_row, one_row) == ("main", "False", "reduce", "True", "True")
+    assert main_local == red_local == one_local == "0"
+    for ops in (main_ops, one_ops):
+        assert "cvt.rn.f16x2.e4m3x2" in ops and any(op.startswith("mma.sync.aligned.m16n8k16") for op in ops), ops
+        assert ("cvt.rn.bf16x2.f32" in ops) == (dtype == "bfloat16"), ops
+
+
+def test_fp8_keys_and_argument_checks():
+    cta = w4.NARROW
+    main, reduce = w4.keys(torch.bfloat16, "fp8", 3, True, True, ARCH, cta, row_scale=True)
+    assert (main.row_scale, main.bias, reduce.row_scale, reduce.bias) == (False, False, True, True)
+    assert w4.keys(torch.bfloat16, "fp8", 3, False, False, ARCH, cta, row_scale=True)[0].row_scale
+    with pytest.raises(ValueError, match="x's scales are fp8's"):
+        w4.keys(torch.bfloat16, "int8", 3, False, False, ARCH, cta, row_scale=True)
+    with pytest.raises(ValueError, match="fp8 scales of dtype torch.bfloat16"):
+        w4.keys(torch.bfloat16, "fp8", 3, False, False, ARCH, cta, scale_dtype=torch.bfloat16)
+    w = torch.randn(64, 32).to(torch.float8_e4m3fn)
+    x = torch.randn(2, 32, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="float8_e4m3fn"):
+        w4.fp8_matmul(x, w.view(torch.int8), torch.ones(64))
+    with pytest.raises(ValueError, match="x_scale of 1 or 2 elements"):
+        w4.fp8_matmul(x, w, torch.ones(64), torch.ones(3))
+    with pytest.raises(ValueError, match="runs on CUDA"):
+        w4.fp8_matmul(x, w, torch.ones(1), torch.ones(2))
+    assert w4.unsupported_reason(x, "fp8", 64, 32) == "the W4A16 decode GEMM runs on CUDA, not cpu"
+
+
+def test_fp8_words_are_the_codes():
+    """The kernel's words are the e4m3 bytes as they are (code j of a word in byte j), K padded with +0."""
+    w = torch.randn(5, 40).to(torch.float8_e4m3fn)
+    words = w4.int8_words(w)
+    assert words.shape == (5, 16) and words.dtype == torch.int32
+    codes = words.view(torch.uint8)
+    assert torch.equal(codes[:, :40], w.view(torch.uint8)) and not codes[:, 40:].any()

@@ -1,5 +1,5 @@
 """Weight-only decode GEMM for Hopper (sm_90a) in CuTe DSL: out[M, N] = x[M, K] @ dequant(W)[N, K]^T for
-M <= 16 (decode steps), x float16 / bfloat16, W NVFP4 or int8. At these M a linear is a weight read: the
+M <= 16 (decode steps), x float16 / bfloat16, W NVFP4, int8 or fp8 (e4m3). At these M a linear is a weight read: the
 kernel streams W once and keeps the per-weight work to a few integer instructions, with the products on
 the tensor cores (`mma.sync` m16n8k16; the M rows of x are its n8 columns, so M = 1..8 costs one MMA and
 M = 9..16 two per 16 x 16 weight tile).
@@ -11,6 +11,8 @@ padded to whole chunks):
   the four e4m3 block scales of a 64-code chunk (block 4c + b in byte b); mScale Float32 [1], the global scale.
 - int8: mW Int32 [N, Kp / 4], four int8 codes a word; mScale [N] Float32, BFloat16 or Float16, the per-channel
   scale, widened to fp32 where it is read.
+- fp8: mW Int32 [N, Kp / 4], four e4m3 codes a word; mScale [N] or [1] Float32, the weight's scale per channel
+  or per tensor; mRowScale [M] or [1] Float32 (x's scale per row or per tensor: `torch._scaled_mm`'s) or None.
 
 Work split. A chunk is 32 bytes of one weight row (64 NVFP4 or 32 int8 codes). A warp owns ROW_TILES tiles
 of 16 rows; lane 4g + t loads rows g and g + 8 of each tile, chunk c0 + t of every step (4 chunks of a
@@ -61,6 +63,9 @@ Decode, exact (checked bit for bit by the CPU tests' emulation, `w4a16_decode.de
 - int8 pair (codes 2p, 2p + 1): bf16: one prmt puts the bytes under a 0x43 high byte; (0x43 | b & 0x7F)
   - (0x43 | b & 0x80), in bf16, is 128 + (b & 0x7F) - (128 or 256) = int8(b), exact. f16: 1024 + (b ^ 0x80)
   - 1152. The per-channel scale and the bias are applied in the epilogue, in fp32.
+- fp8 pair (codes 2p, 2p + 1): one cvt e4m3x2 -> f16x2, exact for every code, NaN included; bf16 x takes the
+  two halves through fp32 into one bf16x2 (exact: e4m3 has 4 significant bits and bf16's range). The scales
+  and the bias are applied in the epilogue, in fp32.
 """
 
 from __future__ import annotations
@@ -76,11 +81,12 @@ from cutlass.cutlass_dsl import T, dsl_user_op
 
 from .cp_async import bulk_copy_g2s, cp_async, prefetch_l2_span
 
-FORMATS = ("nvfp4", "int8")
+FORMATS = ("nvfp4", "int8", "fp8")
 LOADS = ("registers", "bulk", "rolling")
 CHUNK_WORDS = 8  # 32 bytes of one weight row per lane per step
 CHUNK_BYTES = 4 * CHUNK_WORDS
-CODES_PER_CHUNK = {"nvfp4": 64, "int8": 32}
+CODES_PER_CHUNK = {"nvfp4": 64, "int8": 32, "fp8": 32}
+BYTE_FORMATS = ("int8", "fp8")  # a code a byte, scales in the epilogue
 LANES_K = 4  # lanes sharing a row (t = lane % 4); each takes its own chunk
 TILE_ROWS = 16
 MAX_GROUPS = 2  # 8 x rows each: M <= 16
@@ -210,6 +216,23 @@ def e4m3_splats(word: Int32, is_f16: bool, *, loc=None, ip=None):
 
 
 @dsl_user_op
+def e4m3_pairs(word: Int32, is_f16: bool, *, loc=None, ip=None):
+    """The e4m3 codes (0, 1) and (2, 3) of `word` as two 16-bit float pairs, code 2p in the low half: exact."""
+    if is_f16:
+        text = ("{\n.reg .b16 lo, hi;\nmov.b32 {lo, hi}, $2;\n"
+                "cvt.rn.f16x2.e4m3x2 $0, lo;\ncvt.rn.f16x2.e4m3x2 $1, hi;\n}")
+    else:
+        text = ("{\n.reg .b16 lo, hi, f0, f1, f2, f3;\n.reg .b32 h01, h23;\n.reg .f32 s0, s1, s2, s3;\n"
+                "mov.b32 {lo, hi}, $2;\n"
+                "cvt.rn.f16x2.e4m3x2 h01, lo;\ncvt.rn.f16x2.e4m3x2 h23, hi;\n"
+                "mov.b32 {f0, f1}, h01;\nmov.b32 {f2, f3}, h23;\n"
+                "cvt.f32.f16 s0, f0;\ncvt.f32.f16 s1, f1;\ncvt.f32.f16 s2, f2;\ncvt.f32.f16 s3, f3;\n"
+                "cvt.rn.bf16x2.f32 $0, s1, s0;\ncvt.rn.bf16x2.f32 $1, s3, s2;\n}")
+    res = _asm(_struct(2, "i32"), [_i32(word, loc, ip)], text, "=r,=r,r")
+    return [Int32(llvm.extractvalue(T.i32(), res, [i], loc=loc, ip=ip)) for i in range(2)]
+
+
+@dsl_user_op
 def mma_16816(a0: Int32, a1: Int32, a2: Int32, a3: Int32, b0: Int32, b1: Int32,
               c0: Float32, c1: Float32, c2: Float32, c3: Float32, is_f16: bool, *, loc=None, ip=None):
     """D = A @ B + C for one m16n8k16 tile, fp32 accumulate (PTX fragment layouts)."""
@@ -311,7 +334,7 @@ class W4A16DecodeGemm:
     producer copies); it lets the next kernel be scheduled once past its own wait.
 
     Call: (mX, mW, mBlock (nvfp4) or None, mScale, mBias [N] or None, mOut [M, N] (unit stride on N) or None
-    when split, mPart [splits, M, N] fp32 or None when not split, stream)."""
+    when split, mPart [splits, M, N] fp32 or None when not split, mRowScale (fp8) or None, stream)."""
 
     def __init__(self, dtype, fmt: str, groups: int, split: bool, has_bias: bool, row_tiles: int,
                  warps_n: int, warps_k: int, load: str = "registers", stages: int = 0, ahead: bool = False,
@@ -347,7 +370,8 @@ class W4A16DecodeGemm:
 
     @cute.jit
     def __call__(self, mX: cute.Tensor, mW: cute.Tensor, mBlock: Optional[cute.Tensor], mScale: cute.Tensor,
-                 mBias: Optional[cute.Tensor], mOut: Optional[cute.Tensor], mPart: Optional[cute.Tensor], stream):
+                 mBias: Optional[cute.Tensor], mOut: Optional[cute.Tensor], mPart: Optional[cute.Tensor],
+                 mRowScale: Optional[cute.Tensor], stream):
         rows_per_cta = TILE_ROWS * self.row_tiles * self.warps_n
         num_splits = 1
         if const_expr(self.split):
@@ -372,7 +396,7 @@ class W4A16DecodeGemm:
                 sRed: cute.struct.Align[cute.struct.MemRange[Float32, red_words], 16]
 
         n_rows = mBlock.shape[0] if const_expr(self.tiled) else mW.shape[0]
-        self.kernel(mX, mW, mBlock, mScale, mBias, mOut, mPart, SharedStorage).launch(
+        self.kernel(mX, mW, mBlock, mScale, mBias, mOut, mPart, mRowScale, SharedStorage).launch(
             grid=((n_rows + rows_per_cta - 1) // rows_per_cta, num_splits, 1),
             block=(threads, 1, 1),
             smem=SharedStorage.size_in_bytes(),
@@ -387,7 +411,7 @@ class W4A16DecodeGemm:
     @cute.kernel
     def kernel(self, mX: cute.Tensor, mW: cute.Tensor, mBlock: Optional[cute.Tensor], mScale: cute.Tensor,
                mBias: Optional[cute.Tensor], mOut: Optional[cute.Tensor], mPart: Optional[cute.Tensor],
-               SharedStorage: cutlass.Constexpr):
+               mRowScale: Optional[cute.Tensor], SharedStorage: cutlass.Constexpr):
         RT = self.row_tiles
         bx, split_idx, _ = cute.arch.block_idx()
         _, num_splits, _ = cute.arch.grid_dim()
@@ -414,8 +438,8 @@ class W4A16DecodeGemm:
         acc = cute.make_rmem_tensor((self.acc_size,), Float32)
         acc.fill(0.0)
         if const_expr(self.load == "bulk"):
-            self.bulk_kernel(mX, mW, mBlock, mScale, mBias, mOut, mPart, SharedStorage, acc, bx, split_idx,
-                             warp_idx, row0, n_rows, m_rows, cta_begin, cta_begin + cta_chunks)
+            self.bulk_kernel(mX, mW, mBlock, mScale, mBias, mOut, mPart, mRowScale, SharedStorage, acc, bx,
+                             split_idx, warp_idx, row0, n_rows, m_rows, cta_begin, cta_begin + cta_chunks)
         else:
             if const_expr(self.load == "rolling"):
                 self.rolling_loop(mX, mW, mBlock, acc, row0, n_rows, m_rows, c_begin, c_end)
@@ -424,8 +448,8 @@ class W4A16DecodeGemm:
 
             # ---- the CTA's K slices add up through shared memory ----
             storage = cutlass.memory.SmemAllocator().allocate(SharedStorage)
-            self.add_k_slices_and_store(storage, acc, mScale, mBias, mOut, mPart, row0, n_rows, m_rows, split_idx,
-                                        lane, g, t, wn, wk, False)
+            self.add_k_slices_and_store(storage, acc, mScale, mRowScale, mBias, mOut, mPart, row0, n_rows, m_rows,
+                                        split_idx, lane, g, t, wn, wk, False)
 
     @cute.jit
     def register_loop(self, mX: cute.Tensor, mW: cute.Tensor, mBlock: Optional[cute.Tensor], acc: cute.Tensor,
@@ -503,7 +527,8 @@ class W4A16DecodeGemm:
     @cute.jit
     def bulk_kernel(self, mX: cute.Tensor, mW: cute.Tensor, mBlock: Optional[cute.Tensor], mScale: cute.Tensor,
                     mBias: Optional[cute.Tensor], mOut: Optional[cute.Tensor], mPart: Optional[cute.Tensor],
-                    SharedStorage: cutlass.Constexpr, acc: cute.Tensor, bx: Int32, split_idx: Int32, warp_idx: Int32,
+                    mRowScale: Optional[cute.Tensor], SharedStorage: cutlass.Constexpr, acc: cute.Tensor, bx: Int32,
+                    split_idx: Int32, warp_idx: Int32,
                     row0: Int32, n_rows: Int32, m_rows: Int32, cta_begin: Int32, cta_end: Int32):
         """The bulk load path: the ring's barriers, the producer warp, the consumer warps' K loop, the K slices'
         reduction and the epilogue."""
@@ -539,11 +564,12 @@ class W4A16DecodeGemm:
             self.consume(mX, mBlock, sPiece, sWord, full, empty, acc, lane_piece, lane_word, row0, n_rows, m_rows,
                          cta_begin + LANES_K * wk + t, cta_end, n_steps)
 
-            self.add_k_slices_and_store(storage, acc, mScale, mBias, mOut, mPart, row0, n_rows, m_rows, split_idx,
-                                        lane, g, t, wn, wk, True)
+            self.add_k_slices_and_store(storage, acc, mScale, mRowScale, mBias, mOut, mPart, row0, n_rows, m_rows,
+                                        split_idx, lane, g, t, wn, wk, True)
 
     @cute.jit
-    def add_k_slices_and_store(self, storage, acc: cute.Tensor, mScale: cute.Tensor, mBias: Optional[cute.Tensor],
+    def add_k_slices_and_store(self, storage, acc: cute.Tensor, mScale: cute.Tensor,
+                               mRowScale: Optional[cute.Tensor], mBias: Optional[cute.Tensor],
                                mOut: Optional[cute.Tensor], mPart: Optional[cute.Tensor], row0: Int32, n_rows: Int32,
                                m_rows: Int32, split_idx: Int32, lane: Int32, g: Int32, t: Int32, wn: Int32,
                                wk: Int32, consumers_only: cutlass.Constexpr[bool]):
@@ -563,7 +589,7 @@ class W4A16DecodeGemm:
                     for i in cutlass.range_constexpr(self.acc_size):
                         acc[i] = acc[i] + sRed[lane, i, wn, s]
         if wk == 0:
-            self.store(acc, mScale, mBias, mOut, mPart, row0, n_rows, m_rows, g, t, split_idx)
+            self.store(acc, mScale, mRowScale, mBias, mOut, mPart, row0, n_rows, m_rows, g, t, split_idx)
 
     @cute.jit
     def produce(self, mW: cute.Tensor, mBlock: Optional[cute.Tensor], ring: Int32, full: cute.Pointer,
@@ -794,8 +820,8 @@ class W4A16DecodeGemm:
 
     def row_splats(self, rS: cute.Tensor, rt: int):
         """Row tile rt's block-scale multipliers, [half][block of the chunk] (bf16x2 / f16x2 splats of the
-        e4m3 scale; `e4m3_splats`, or the packed layout's one prmt and one mad); None for int8."""
-        if self.fmt == "int8":
+        e4m3 scale; `e4m3_splats`, or the packed layout's one prmt and one mad); None for int8 and fp8."""
+        if self.fmt in BYTE_FORMATS:
             return None
         if self.pack:
             mul, add = PACK_SCALE_SPLAT[self.is_f16]
@@ -808,9 +834,17 @@ class W4A16DecodeGemm:
         """Word i of row tile rt's two rows decoded (`splats`: the tile's `row_splats`) and multiplied with the
         x words of the same k slots into the tile's accumulators: NVFP4, two MMAs (pairs (0, 1) and (2, 3) of
         the plain word, x words 4i + q and 4i + q + 2; pairs 2q, 2q + 1 of the packed word, x words 4i + 2q
-        and 4i + 2q + 1); int8, one MMA (x words 2i, 2i + 1)."""
+        and 4i + 2q + 1); int8 and fp8, one MMA (x words 2i, 2i + 1)."""
         f16 = self.is_f16
         words = [rW[i, 2 * rt + h] for h in range(2)]
+        if self.fmt == "fp8":
+            for h in range(2):
+                pairs = e4m3_pairs(words[h], f16)
+                for p in range(2):
+                    rA[2 * p + h] = pairs[p]
+            for gi in range(self.groups):
+                self.mma_into(acc, rt, gi, rA, rX[2 * i, gi], rX[2 * i + 1, gi])
+            return
         if self.fmt == "int8":
             for h in range(2):
                 if f16:
@@ -862,9 +896,9 @@ class W4A16DecodeGemm:
             acc[base + e] = d[e]
 
     @cute.jit
-    def store(self, acc: cute.Tensor, mScale: cute.Tensor, mBias: Optional[cute.Tensor], mOut: Optional[cute.Tensor],
-              mPart: Optional[cute.Tensor], row0: Int32, n_rows: Int32, m_rows: Int32, g: Int32, t: Int32,
-              split_idx: Int32):
+    def store(self, acc: cute.Tensor, mScale: cute.Tensor, mRowScale: Optional[cute.Tensor],
+              mBias: Optional[cute.Tensor], mOut: Optional[cute.Tensor], mPart: Optional[cute.Tensor], row0: Int32,
+              n_rows: Int32, m_rows: Int32, g: Int32, t: Int32, split_idx: Int32):
         """Accumulator e of tile (rt, group gi) is out[m = 8 gi + 2t + e % 2, n = row0 + 16 rt + g + 8 (e // 2)]."""
         scale = Float32(1.0)
         if const_expr(self.fmt == "nvfp4" and not self.split):
@@ -875,6 +909,8 @@ class W4A16DecodeGemm:
                 if n < n_rows:
                     if const_expr(self.fmt == "int8" and not self.split):
                         scale = mScale[n].to(Float32)
+                    if const_expr(self.fmt == "fp8" and not self.split):
+                        scale = mScale[n % mScale.shape[0]]
                     for gi in cutlass.range_constexpr(self.groups):
                         for col in cutlass.range_constexpr(2):
                             m = gi * 8 + 2 * t + col
@@ -884,6 +920,8 @@ class W4A16DecodeGemm:
                                     mPart[split_idx, m, n] = total
                                 else:
                                     y = total * scale
+                                    if const_expr(mRowScale is not None):
+                                        y = y * mRowScale[m % mRowScale.shape[0]]
                                     if const_expr(self.has_bias):
                                         y = y + Float32(mBias[n])
                                     mOut[m, n] = y.to(self.dtype)

@@ -2,7 +2,7 @@
 
 mPart [splits, M, N] fp32 holds each split's sums; out[m, n] = dtype(sum_s mPart[s, m, n] * scale (+ bias[n]))
 with the splits added in order (deterministic), scale = 2^E * mScale[0] for NVFP4 (the main kernel's decode
-carries 2^-E, `decode_exponent`) or mScale[n] for int8. One thread per output element, splits unrolled by 4 so
+carries 2^-E, `decode_exponent`), mScale[n] for int8, mScale[n or 0] * mRowScale[m or 0] (if given) for fp8. One thread per output element, splits unrolled by 4 so
 their loads are in flight together.
 """
 
@@ -22,7 +22,7 @@ UNROLL = 4
 
 class W4A16SplitKReduce:
     """One compiled variant per (x dtype, format, bias or not). Call: (mPart [splits, M, N] fp32 compact,
-    mScale, mBias [N] or None, mOut [M, N] (unit stride on N), stream)."""
+    mScale, mBias [N] or None, mOut [M, N] (unit stride on N), mRowScale [M] or [1] or None (fp8), stream)."""
 
     def __init__(self, dtype, fmt: str, has_bias: bool):
         self.dtype = dtype
@@ -31,13 +31,14 @@ class W4A16SplitKReduce:
 
     @cute.jit
     def __call__(self, mPart: cute.Tensor, mScale: cute.Tensor, mBias: Optional[cute.Tensor], mOut: cute.Tensor,
-                 stream):
+                 mRowScale: Optional[cute.Tensor], stream):
         total = mOut.shape[0] * mOut.shape[1]
-        self.kernel(mPart, mScale, mBias, mOut).launch(
+        self.kernel(mPart, mScale, mBias, mOut, mRowScale).launch(
             grid=((total + NUM_THREADS - 1) // NUM_THREADS, 1, 1), block=(NUM_THREADS, 1, 1), stream=stream)
 
     @cute.kernel
-    def kernel(self, mPart: cute.Tensor, mScale: cute.Tensor, mBias: Optional[cute.Tensor], mOut: cute.Tensor):
+    def kernel(self, mPart: cute.Tensor, mScale: cute.Tensor, mBias: Optional[cute.Tensor], mOut: cute.Tensor,
+               mRowScale: Optional[cute.Tensor]):
         tidx, _, _ = cute.arch.thread_idx()
         bx, _, _ = cute.arch.block_idx()
         n_cols = mOut.shape[1]
@@ -57,6 +58,10 @@ class W4A16SplitKReduce:
             y = (acc[0] + acc[1]) + (acc[2] + acc[3])
             if const_expr(self.fmt == "nvfp4"):
                 y = y * (mScale[0] * Float32(float(2 ** decode_exponent(self.dtype == cutlass.Float16))))
+            elif const_expr(self.fmt == "fp8"):
+                y = y * mScale[n % mScale.shape[0]]
+                if const_expr(mRowScale is not None):
+                    y = y * mRowScale[m % mRowScale.shape[0]]
             else:
                 y = y * mScale[n].to(Float32)
             if const_expr(self.has_bias):
