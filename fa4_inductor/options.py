@@ -86,6 +86,14 @@ class Options:
     default compile's dequantize-then-matmul (`kernels/nvfp4_linear.rows_reason`; a symbolic count is decided for
     the compiled call's, under a guard)."""
 
+    fp8_linear: bool = True
+    """Rewrite float8_e4m3fn weight linears into `fa4::fp8_linear`, on Inductor's aten graphs (lowering/fp8_linear.py):
+    torchao's `Float8DynamicActivationFloat8WeightConfig` (`torch._scaled_mm` of the fp8 activation and weight with
+    their scales; on CUDA only where the op does not call `_scaled_mm` again: at most 16 rows, a symbolic count decided
+    per call) and `Float8WeightOnlyConfig` (a weight dequantized in float32, then the matmul). On CUDA the op runs our
+    decode GEMM for at most 16 rows (kernels/fp8_linear.py; its H200 timings are pending), else `torch._scaled_mm` or
+    the dequantize-then-matmul the graph had."""
+
     sibling_linears: bool = True
     """With `nvfp4_linear` / `int8_linear`: group the calls of that op that read the same x (a layer's q / k / v, its
     gate / up) into one `fa4::nvfp4_sibling_linears` / `fa4::int8_sibling_linears` (lowering/sibling_linears.py),

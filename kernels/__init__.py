@@ -10,6 +10,7 @@
 | `computed_once.py` | `fa4::computed_once`: a value Inductor computes once for all its consumers (rotary tables) | none |
 | `int8_linear.py` | `fa4::int8_linear`: int8 weight-only linears | `int8_linear_unsupported_reason(device_type, dtype, scale_dtype, in_features, group_size, scale_after_matmul)`; `int8_linear_gemv_reason` says where Inductor's one-row GEMV is faster |
 | `int8_int8_linear.py` | `fa4::int8_int8_linear`: int8 activations x int8 weights | `int8_int8_linear_unsupported_reason(device_type, out_dtype, n, k)` |
+| `fp8_linear.py` | `fa4::fp8_linear`: float8_e4m3fn weights, weight-only or with an fp8 activation's scale | `fp8_linear_unsupported_reason(device_type, dtype, weight_dtype)`; `fp8_linear_scaled_mm_kept_reason` says where `torch._scaled_mm` stays |
 | `nvfp4_linear.py` | `fa4::nvfp4_linear`: NVFP4 weight-only linears | `nvfp4_linear_unsupported_reason(device_type, dtype, in_features)`; `nvfp4_linear_rows_reason`, `nvfp4_linear_gemv_reason` |
 | `nvfp4_sibling_linears.py` | `fa4::nvfp4_sibling_linears`: 2-3 `fa4::nvfp4_linear` calls of one x in one launch | none (takes what `fa4::nvfp4_linear` takes) |
 | `int8_sibling_linears.py` | `fa4::int8_sibling_linears`: 2-3 `fa4::int8_linear` calls of one x in one launch | none (takes what `fa4::int8_linear` takes) |
@@ -45,11 +46,13 @@ if __name__ != "fa4_inductor.kernels":
 else:
     import torch
 
-    from . import (attention, attention_int8kv, computed_once, crossover, int8_int8_linear, int8_linear,
+    from . import (attention, attention_int8kv, computed_once, crossover, fp8_linear, int8_int8_linear, int8_linear,
                    int8_sibling_linears, key_mask, nvfp4_gated_linear, nvfp4_linear, nvfp4_sibling_linears, quack_w4a16)
     from .attention import blind_rows_as_eagers, blind_rows_as_mean, nan_where_no_key
     from .attention import unsupported_reason as attention_unsupported_reason
     from .attention_int8kv import unsupported_reason as attention_int8kv_unsupported_reason
+    from .fp8_linear import scaled_mm_kept_reason as fp8_linear_scaled_mm_kept_reason
+    from .fp8_linear import unsupported_reason as fp8_linear_unsupported_reason
     from .int8_int8_linear import unsupported_reason as int8_int8_linear_unsupported_reason
     from .int8_linear import gemv_reason as int8_linear_gemv_reason
     from .int8_linear import unsupported_reason as int8_linear_unsupported_reason
@@ -63,6 +66,7 @@ else:
     ATTENTION = torch.ops.fa4.attention.default  # differentiable: what lowering emits
     ATTENTION_FORWARD = torch.ops.fa4.attention_forward.default  # no autograd: inside compiled graphs
     ATTENTION_INT8KV = torch.ops.fa4.attention_int8kv.default  # forward only: int8 K/V with float32 scales
+    FP8_LINEAR = torch.ops.fa4.fp8_linear.default
     INT8_LINEAR = torch.ops.fa4.int8_linear.default
     INT8_INT8_LINEAR = torch.ops.fa4.int8_int8_linear.default
     INT8_SIBLING_LINEARS = torch.ops.fa4.int8_sibling_linears.default
@@ -72,10 +76,11 @@ else:
     NVFP4_SIBLING_LINEARS = torch.ops.fa4.nvfp4_sibling_linears.default
     NVFP4_GATED_LINEAR = torch.ops.fa4.nvfp4_gated_linear.default
 
-    __all__ = ["ATTENTION", "ATTENTION_FORWARD", "ATTENTION_INT8KV", "COMPUTED_ONCE", "INT8_INT8_LINEAR", "INT8_LINEAR",
-               "INT8_SIBLING_LINEARS", "KEY_MASK", "NVFP4_GATED_LINEAR", "NVFP4_LINEAR", "NVFP4_SIBLING_LINEARS",
-               "attention", "attention_int8kv", "attention_int8kv_unsupported_reason", "attention_unsupported_reason",
-               "crossover", "int8_int8_linear", "int8_int8_linear_unsupported_reason", "int8_linear",
-               "int8_linear_gemv_reason", "int8_linear_unsupported_reason", "int8_sibling_linears",
+    __all__ = ["ATTENTION", "ATTENTION_FORWARD", "ATTENTION_INT8KV", "COMPUTED_ONCE", "FP8_LINEAR", "INT8_INT8_LINEAR",
+               "INT8_LINEAR", "INT8_SIBLING_LINEARS", "KEY_MASK", "NVFP4_GATED_LINEAR", "NVFP4_LINEAR",
+               "NVFP4_SIBLING_LINEARS", "attention", "attention_int8kv", "attention_int8kv_unsupported_reason",
+               "attention_unsupported_reason", "crossover", "fp8_linear", "fp8_linear_scaled_mm_kept_reason",
+               "fp8_linear_unsupported_reason", "int8_int8_linear", "int8_int8_linear_unsupported_reason",
+               "int8_linear", "int8_linear_gemv_reason", "int8_linear_unsupported_reason", "int8_sibling_linears",
                "nvfp4_gated_linear", "nvfp4_linear", "nvfp4_linear_gemv_reason", "nvfp4_linear_rows_reason",
                "nvfp4_linear_unsupported_reason", "nvfp4_sibling_linears", "quack_w4a16"]

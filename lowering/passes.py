@@ -7,6 +7,8 @@
                   int8_int8_linear.FAMILY        _int_mm(x_int8, w_int8^T) * x_scale * w_scale -> fa4::int8_int8_linear
                                                  (post-grad)
                   nvfp4_linear.FAMILY            x @ dequantize(w_fp4, block, global)^T -> fa4::nvfp4_linear (post-grad)
+                  fp8_linear.FAMILY              _scaled_mm(x_fp8, w_fp8^T, x_scale, w_scale), x @ dequantize(w_fp8,
+                                                 scale)^T -> fa4::fp8_linear (post-grad)
 
     GROUPINGS     sibling_linears.FAMILY         fa4::nvfp4_linear / fa4::int8_linear calls of one x -> one
                                                  fa4::nvfp4_sibling_linears / fa4::int8_sibling_linears (post-grad,
@@ -37,9 +39,9 @@ import torch
 from torch._guards import detect_fake_mode
 from torch.fx import GraphModule, Node
 
-from . import (encoder_layer, gated_linears, handwritten_attention, int8_int8_linear, int8_linear, multihead_attention,
-               nvfp4_linear, opaque_attention, overwritten_masks, rotary_tables, sdpa_calls, sibling_linears,
-               vmapped_masks)
+from . import (encoder_layer, fp8_linear, gated_linears, handwritten_attention, int8_int8_linear, int8_linear,
+               multihead_attention, nvfp4_linear, opaque_attention, overwritten_masks, rotary_tables, sdpa_calls,
+               sibling_linears, vmapped_masks)
 from .family import TORCH_IR, Context, Family
 from .graph_edit import erased
 from .masks import BodyConstants, Outside
@@ -49,7 +51,7 @@ from .spellings import location, module_path
 log = logging.getLogger("fa4_inductor.lowering")
 
 FAMILIES: tuple[Family, ...] = (sdpa_calls.FAMILY, handwritten_attention.FAMILY, opaque_attention.FAMILY,
-                                int8_linear.FAMILY, int8_int8_linear.FAMILY, nvfp4_linear.FAMILY)
+                                int8_linear.FAMILY, int8_int8_linear.FAMILY, nvfp4_linear.FAMILY, fp8_linear.FAMILY)
 GROUPINGS: tuple[Family, ...] = (sibling_linears.FAMILY, gated_linears.FAMILY)  # each a pass of its own, in order
 
 

@@ -216,9 +216,9 @@ def compile_and_run(fn, kwargs, **options):
 class PostGradCompiled:
     """A function compiled by the backend with Inductor: its output, its forward's generated code, the
     aten graphs after our post-grad passes (`fa4_inductor.graph_summary`; each checked by `Graph.lint`) and the
-    published records."""
+    published records. `compile_options` go to `torch.compile` (`dynamic=True`)."""
 
-    def __init__(self, fn, *args, backend):
+    def __init__(self, fn, *args, backend, **compile_options):
         torch._dynamo.reset()
         self.graphs = []
         passes = post_grad.PostGradPasses.__call__
@@ -229,7 +229,7 @@ class PostGradCompiled:
             self.graphs.append(fa4_inductor.graph_summary(graph.owning_module))
 
         with mock.patch.object(post_grad.PostGradPasses, "__call__", capturing), report.collecting() as records:
-            self.out, codes = run_and_get_code(torch.compile(fn, backend=backend), *args)
+            self.out, codes = run_and_get_code(torch.compile(fn, backend=backend, **compile_options), *args)
         self.code, self.records = codes[0], records
 
     @property

@@ -165,15 +165,15 @@ def test_static_cache_generate(name, impl):
     assert_served(records, 2)
 
 
-QUANTIZED = [("int8", False), ("int8", True), ("nvfp4", False), ("nvfp4", True)]
+QUANTIZED = [("int8", False), ("int8", True), ("nvfp4", False), ("nvfp4", True), ("fp8", False)]
 
 
 @pytest.mark.parametrize("fmt, plain", QUANTIZED, ids=lambda v: str(v))
 def test_quantized_weights_generate(fmt, plain):
-    """torchao weight-only int8 and NVFP4 on every linear but lm_head (the quant bench's models), as torchao's tensor
-    subclasses or made plain buffers (`int8.from_torchao`, `nvfp4.from_torchao`): generate by the rule against the
-    float32 model with the dequantized weights (each read back through its linear from an identity matrix), the
-    quantized linears and attention on the op."""
+    """torchao weight-only int8 and NVFP4, and fp8 weights with per-token fp8 activations, on every linear but lm_head
+    (the quant bench's models), as torchao's tensor subclasses or made plain buffers (`int8.from_torchao`,
+    `nvfp4.from_torchao`): generate by the rule against the float32 model with the dequantized weights (each read
+    back through its linear from an identity matrix), the quantized linears and attention on the op."""
     pytest.importorskip("torchao")
     import torch.nn as nn
     from torchao.quantization import quantize_
@@ -192,7 +192,7 @@ def test_quantized_weights_generate(fmt, plain):
         quant.PLAIN[fmt][0](model)
     records = assert_generate_by_the_rule(f"{fmt} plain={plain}", model, reference_model)
     assert_served([r for r in records if r.family in ("sdpa", "handwritten")], 2)
-    linears = {"int8_linear", "nvfp4_linear", "sibling_linears", "gated_linears"}
+    linears = {"int8_linear", "nvfp4_linear", "fp8_linear", "sibling_linears", "gated_linears"}
     assert any(r.rewritten and r.family in linears for r in records), [str(r) for r in records]
 
 

@@ -8,6 +8,7 @@ skips Inductor counted, and the kernels that take the most time.
     python docs/scripts/decode_profile.py nvfp4 plain attribute=1   # also each kernel's launching op (no CUDA graphs)
     python docs/scripts/decode_profile.py nvfp4 plain lm_head=1     # lm_head quantized too (torchao's default filter)
     python docs/scripts/decode_profile.py int8kv   # batch 8 x 32k cache: Int8StaticCache against StaticCache
+    python docs/scripts/decode_profile.py fp8      # torchao fp8 x fp8 (per row) under ours and under default compile
 """
 import sys
 import time
@@ -38,13 +39,14 @@ def step_fn(model, cache, batch, filled):
     return step, token, position
 
 
-def report(label, model, cache, batch, filled):
+def report(label, model, cache, batch, filled, backend=None):
     torch._dynamo.reset()
     counters.clear()
     step, token, position = step_fn(model, cache, batch, filled)
     with torch.no_grad():
         step(token, position)  # an eager step first: a StaticCache allocates its tensors on first use
-    compiled = torch.compile(step, backend=quant.ours_backend(**OPTIONS), mode="reduce-overhead", fullgraph=True)
+    compiled = torch.compile(step, backend=backend or quant.ours_backend(**OPTIONS), mode="reduce-overhead",
+                             fullgraph=True)
     with torch.no_grad():
         for _ in range(4):
             compiled(token.clone(), position.clone())
@@ -118,6 +120,23 @@ def nvfp4(kinds="torchao,plain,bf16", prompt=4096):
         torch.cuda.empty_cache()
 
 
+def fp8(kinds="ours,default", prompt=4096):
+    """torchao `Float8DynamicActivationFloat8WeightConfig` (per row) weights under our backend and default compile."""
+    from torchao.quantization import quantize_
+    from transformers import StaticCache
+
+    for kind in kinds.split(","):
+        torch.manual_seed(0)
+        model = models.llama("sdpa", "cuda", torch.bfloat16)
+        quantize_(model, quant.E2E_CONFIGS["fp8"](),
+                  filter_fn=lambda m, fqn: isinstance(m, nn.Linear) and "lm_head" not in fqn)
+        cache = StaticCache(config=model.config, max_cache_len=prompt + 64)
+        report(f"fp8 weights, {kind}, batch 1, position {prompt}", model, cache, 1, prompt,
+               None if kind == "ours" else "inductor")
+        del model, cache
+        torch.cuda.empty_cache()
+
+
 def int8kv(batch="8", capacity=32768):
     batch = int(batch)
     torch.manual_seed(0)
@@ -136,4 +155,4 @@ if __name__ == "__main__":
         ATTRIBUTE.append(True)
     if OPTIONS.pop("lm_head", False):
         LM_HEAD.append(True)
-    {"nvfp4": nvfp4, "int8kv": int8kv}[sys.argv[1]](*(a for a in sys.argv[2:] if "=" not in a))
+    {"nvfp4": nvfp4, "int8kv": int8kv, "fp8": fp8}[sys.argv[1]](*(a for a in sys.argv[2:] if "=" not in a))

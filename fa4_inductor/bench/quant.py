@@ -285,7 +285,15 @@ def _nvfp4_weight_only_config():
     return NVFP4WeightOnlyConfig()
 
 
-E2E_CONFIGS = {"int8": _int8_weight_only_config, "nvfp4": _nvfp4_weight_only_config}
+def _fp8_dynamic_config():
+    from torchao.quantization import Float8DynamicActivationFloat8WeightConfig, PerRow
+
+    return Float8DynamicActivationFloat8WeightConfig(granularity=PerRow())
+
+
+E2E_CONFIGS = {"int8": _int8_weight_only_config, "nvfp4": _nvfp4_weight_only_config, "fp8": _fp8_dynamic_config}
+"""The end-to-end tables' torchao configs by weight format: int8 and NVFP4 weight-only, fp8 weights with per-token fp8
+activations (`torch._scaled_mm`; the only fp8 config with a Hopper kernel of its own)."""
 
 
 PLAIN = {"nvfp4": (nvfp4.from_torchao, "fa4_inductor, nvfp4.from_torchao"),
@@ -346,8 +354,8 @@ def e2e_table(device="cuda", dtype=torch.bfloat16, prompt=512, steps=64, model_o
                    "logits differ from the same weights under default compile by"],
                   note=f"{dtype} activations, batch 1, prompt {prompt}, greedy, the one-token step compiled with "
                        f"mode={mode!r}; {steps} steps, first 3 excluded. torchao Int8WeightOnlyConfig / "
-                       "NVFP4WeightOnlyConfig on every linear but lm_head (tied to the embedding); our backend with "
-                       "int8_linear and nvfp4_linear on.")
+                       "NVFP4WeightOnlyConfig / Float8DynamicActivationFloat8WeightConfig (per row) on every linear "
+                       "but lm_head (tied to the embedding); our backend with its defaults.")
     results = {}
     for run in _selected(e2e_runs(formats), runs, "end-to-end"):
         weights, name, backend, model = _llama_for(run, device, dtype, model_overrides)
