@@ -26,8 +26,12 @@ f45) # session 45: fp8 (e4m3) weights on the decode GEMM (`w4a16_decode.fp8_matm
     run timeout 150 python3 tests/bench_fp8.py ;;
 p45) # after e45 (fp8 decode step: ours 2.513 against default compile's 2.475 ms/token on the H100, though the kernel rows
     # favour ours): where each step's GPU time goes under both backends, and the fp8 kernel rows on the Llama-1B shapes
-    run timeout 300 python3 docs/scripts/decode_profile.py fp8
-    run timeout 120 python3 tests/bench_fp8.py --m 1 --shapes 2048x2048,512x2048,8192x2048,2048x8192 ;;
+    nvidia-smi -L >>$L
+    run timeout 120 $P -n 4 tests/test_gpu_fp8.py      # the K >= 2N rule (SCALED_MM_SLOW_K), after e45
+    run timeout 100 python3 tests/bench_fp8.py --m 1 --shapes 2048x2048,512x2048,8192x2048,2048x8192
+    run timeout 240 python3 docs/scripts/decode_profile.py fp8
+    run timeout 200 python3 -m fa4_inductor bench --suite quant --quant-formats none --quant-no-prefill \
+      --quant-e2e-runs fp8:default,fp8:ours --quant-prompt 4096 ;;
 e45) # after f45: the fp8 model tier case, then the decode step end to end (Llama-1B shape, 4k cache) with torchao's
     # fp8 x fp8 config (per row) under default compile and ours, beside bf16 under ours
     run timeout 200 $P tests/test_gpu_models.py -k "quantized_weights_generate and fp8"
