@@ -7,6 +7,7 @@
     fa4_inductor.Int8StaticCache(config, max_cache_len)    # an int8 KV cache for HF models (int8_cache.py)
     fa4_inductor.nvfp4.load_checkpoint(model, path)        # NVFP4 checkpoints kept in 4 bits (fa4_inductor/nvfp4.py)
     fa4_inductor.int8.from_torchao(model)                  # torchao int8 weight-only weights as plain buffers (int8.py)
+    fa4_inductor.fp8.from_torchao(model)                   # torchao fp8 weights (fp8 x fp8, weight-only) likewise (fp8.py)
     print(fa4_inductor.prepared_memory())                  # weights the ops keep in their kernels' layouts
 """
 
@@ -16,14 +17,14 @@ import sys
 import types
 
 from . import kernels  # noqa: F401  (registers the fa4:: ops)
-from . import int8, nvfp4
+from . import fp8, int8, nvfp4
 from .backend import Backend, backend, fa4_inductor
 from .nvfp4 import NVFP4Linear
 from .options import Options
 from .report import Report, explain, graph_summary, prepared_memory
 
 __all__ = ["Backend", "Int8StaticCache", "NVFP4Linear", "Options", "Report", "backend", "explain", "fa4_inductor",
-           "graph_summary", "int8", "nvfp4", "prepared_memory"]
+           "fp8", "graph_summary", "int8", "nvfp4", "prepared_memory"]
 __version__ = "0.1.0"
 
 

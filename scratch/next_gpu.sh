@@ -1,4 +1,5 @@
-# Unrun GPU work. Session 44 ran t44 and s42a on an H100 (docs/benchmarks.md, session 44); session 43 set the int8-KV
+# Unrun GPU work. Session 45 ran f45, n45, e45 and p45 on H100s (fp8 weights, the 16-row kernel's stalls); next e46 (fp8
+# plain buffers end to end), then as below. Session 44 ran t44 and s42a on an H100 (docs/benchmarks.md, session 44); session 43 set the int8-KV
 # split rule to one CTA a SM at head dim 128. Next, on the H200: `h43` (issue 16's rows with that rule, then its
 # end-to-end int8-KV decode), `s43` (a deeper ring at one CTA a SM), `p43` (the bf16 kernel's split rule at head dim
 # 64), `w43` (16-row CTAs for NVFP4 at 9..16 rows over 2048-row weights), then `n36`. `s43` and `p43` compare counts
@@ -24,6 +25,12 @@ f45) # session 45: fp8 (e4m3) weights on the decode GEMM (`w4a16_decode.fp8_matm
     run timeout 200 $P -n 8 tests/test_gpu_w4a16.py -k fp8
     run timeout 120 $P -n 4 tests/test_gpu_fp8.py
     run timeout 150 python3 tests/bench_fp8.py ;;
+e46) # session 45's fp8.from_torchao (plain buffers): the fp8 decode step end to end without torchao's subclasses; the
+    # step's GPU time was 1.43 ms under ours against 2.32 under default compile, host-bound at ~4 ms with the subclasses
+    nvidia-smi -L >>$L
+    run timeout 150 $P -n 4 tests/test_gpu_fp8.py
+    run timeout 400 python3 -m fa4_inductor bench --suite quant --quant-formats none --quant-no-prefill \
+      --quant-e2e-runs bf16:default,bf16:ours,fp8:default,fp8:ours,fp8:plain --quant-prompt 4096 ;;
 p45) # after e45 (fp8 decode step: ours 2.513 against default compile's 2.475 ms/token on the H100, though the kernel rows
     # favour ours): where each step's GPU time goes under both backends, and the fp8 kernel rows on the Llama-1B shapes
     nvidia-smi -L >>$L

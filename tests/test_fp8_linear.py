@@ -12,6 +12,8 @@ import torch.nn.functional as F
 
 import fa4_inductor
 from fa4_inductor import report
+from fa4_inductor import fp8
+from fa4_inductor.fp8 import Fp8Linear
 from fa4_inductor.kernels import FP8_LINEAR, fp8_linear_scaled_mm_kept_reason, fp8_linear_unsupported_reason
 from fa4_inductor.kernels import fp8_linear as op
 from helpers import PostGradCompiled, compiled_one_row_decomposed
@@ -240,26 +242,19 @@ def test_kernel_for_says_why(routes_as_on_an_h100):
 # -------------------------------------------------------------------------------------- the family, compiled
 
 
-class DynamicFp8Linear(nn.Module):
-    """torchao's `Float8DynamicActivationFloat8WeightConfig` forward written out (torchao 0.18's `Float8Tensor`):
-    x quantized per row (or per tensor) with the scale amax / 448, the weight per row (per tensor), then
-    `torch._scaled_mm` with fast accumulation."""
-
-    def __init__(self, per_row=True, bias=True, seed=0):
-        super().__init__()
-        w, w_scale = fp8_weight(per_row, seed)
-        self.register_buffer("weight", w)
-        self.register_buffer("weight_scale", w_scale.reshape(-1, 1))
-        self.bias = nn.Parameter(torch.randn(N, dtype=torch.bfloat16), requires_grad=False) if bias else None
-        self.per_row = per_row
-
-    def forward(self, x):
-        amax = x.abs().amax(dim=-1 if self.per_row else tuple(range(x.dim())), keepdim=True)
-        x_scale = (amax / 448).float()
-        x_fp8 = (x.float() / x_scale).clamp(-448, 448).to(E4M3)
-        out = torch._scaled_mm(x_fp8.reshape(-1, K), self.weight.t(), x_scale.reshape(-1, 1), self.weight_scale.t(),
-                               bias=self.bias, out_dtype=x.dtype, use_fast_accum=True)
-        return out.reshape(*x.shape[:-1], N)
+def dynamic_fp8_linear(per_row=True, bias=True, seed=0):
+    """torchao's `Float8DynamicActivationFloat8WeightConfig` linear as plain buffers (`fa4_inductor.fp8.Fp8Linear`,
+    torchao 0.18's `Float8Tensor` forward bit for bit): x quantized per row (or per tensor) with the scale amax / 448,
+    the weight per row (per tensor), then `torch._scaled_mm` with fast accumulation."""
+    w, w_scale = fp8_weight(per_row, seed)
+    layer = Fp8Linear(K, N, bias=bias, activation="row" if per_row else "tensor", per_channel=per_row,
+                      dtype=torch.bfloat16)
+    with torch.no_grad():
+        layer.weight.copy_(w)
+        layer.weight_scale.copy_(w_scale.reshape(-1, 1))
+        if bias:
+            layer.bias.copy_(torch.randn(N, dtype=torch.bfloat16))
+    return layer
 
 
 class WeightOnlyFp8Linear(nn.Module):
@@ -306,13 +301,13 @@ def describe_scaled(m, per_row, bias=True):
             + (f", bias[{N}] bfloat16" if bias else "") + ", use_fast_accum=True)")
 
 
-@pytest.mark.parametrize("bias", [True, False], ids=["bias", "no-bias"])
+@pytest.mark.parametrize("bias", [True, pytest.param(False, marks=pytest.mark.slow)], ids=["bias", "no-bias"])
 @pytest.mark.parametrize("per_row", [True, False], ids=["per-row", "per-tensor"])
-@pytest.mark.parametrize("x_shape", [(1, K), (2, 3, K)], ids=["x-1-row", "x-3d"])
+@pytest.mark.parametrize("x_shape", [(1, K), pytest.param((2, 3, K), marks=pytest.mark.slow)], ids=["x-1-row", "x-3d"])
 def test_dynamic_activation_module(x_shape, per_row, bias):
     """The op in `_scaled_mm`'s place: within a rounding of default compile's `_scaled_mm` (Inductor quantizes x alike
     in both), close to eager's."""
-    model = DynamicFp8Linear(per_row, bias)
+    model = dynamic_fp8_linear(per_row, bias)
     x = torch.randn(x_shape, dtype=torch.bfloat16)
     compiled, plain, expected = compiled_with_and_without(model, x)
     assert compiled.code.count(OP_CALL) == 1 and "aten._scaled_mm" not in compiled.graphs[0]
@@ -323,10 +318,11 @@ def test_dynamic_activation_module(x_shape, per_row, bias):
     as_close_to_eager_as_default_compile(compiled.out, plain.out, expected)
 
 
+@pytest.mark.slow
 def test_dynamic_activation_under_dynamic_shapes():
     """`dynamic=True`: a symbolic row count becomes the op (on CUDA its routes decide per call); other batch sizes run
     the same graph."""
-    model = DynamicFp8Linear(per_row=True)
+    model = dynamic_fp8_linear(per_row=True)
     x = torch.randn(2, 3, K, dtype=torch.bfloat16)
     compiled, plain, expected = compiled_with_and_without(model, x, dynamic=True)
     assert compiled.code.count(OP_CALL) == 1
@@ -354,7 +350,8 @@ class TwoLayers(nn.Module):
         return self.second(F.pad(self.first(x), (0, K - N)))
 
 
-@pytest.mark.parametrize("make", [DynamicFp8Linear, WeightOnlyFp8Linear], ids=["dynamic-activation", "weight-only"])
+@pytest.mark.slow
+@pytest.mark.parametrize("make", [dynamic_fp8_linear, WeightOnlyFp8Linear], ids=["dynamic-activation", "weight-only"])
 def test_every_linear_of_a_model_becomes_the_op(make):
     model = TwoLayers(make)
     x = torch.randn(2, 3, K, dtype=torch.bfloat16)
@@ -421,6 +418,61 @@ def test_torchao_float8_dynamic_activation_config(monkeypatch, granularity):
     as_close_to_eager_as_default_compile(compiled.out, plain.out, expected)
 
 
+def torchao_fp8_configs(monkeypatch):
+    """torchao's three fp8 configs that `fp8.from_torchao` takes, the dynamic-activation ones past their hardware
+    check (`test_torchao_float8_dynamic_activation_config`)."""
+    import torchao.quantization as quantization
+    from torchao.quantization import quant_api
+
+    monkeypatch.setattr(quant_api, "_check_hardware_support", lambda granularity: None)
+    dynamic = quantization.Float8DynamicActivationFloat8WeightConfig
+    return {"per-row": dynamic(granularity=quantization.PerRow(), set_inductor_config=False),
+            "per-tensor": dynamic(granularity=quantization.PerTensor(), set_inductor_config=False),
+            "weight-only": quantization.Float8WeightOnlyConfig(set_inductor_config=False)}
+
+
+@pytest.mark.parametrize("bias", [True, pytest.param(False, marks=pytest.mark.slow)], ids=["bias", "no-bias"])
+@pytest.mark.parametrize("config", ["per-row", pytest.param("per-tensor", marks=pytest.mark.slow), "weight-only"])
+def test_from_torchao_keeps_torchaos_outputs_bit_for_bit(monkeypatch, config, bias):
+    """`fp8.from_torchao` turns each torchao fp8 weight into an `Fp8Linear` over the same codes and scales: the same
+    outputs bit for bit (torchao's PyTorch kernels), 2-D and 3-D x; compiled, each becomes the op as torchao's did."""
+    pytest.importorskip("torchao")
+    import copy
+
+    model = nn.Sequential(nn.Linear(K, N, bias=bias), nn.GELU(), nn.Linear(N, K, bias=bias)).to(torch.bfloat16)
+    from torchao.quantization import quantize_
+
+    quantize_(model.requires_grad_(False), torchao_fp8_configs(monkeypatch)[config])
+    plain = copy.deepcopy(model)
+    assert fp8.from_torchao(plain) == ["0", "2"]
+    assert all(isinstance(plain[i], Fp8Linear) and not fp8.is_torchao_fp8(plain[i].weight) for i in (0, 2))
+    with torch.no_grad():
+        for shape in ((M, K), (2, 3, K), (1, K)):
+            x = torch.randn(shape, dtype=torch.bfloat16)
+            assert torch.equal(plain(x), model(x)), shape
+        compiled, family_off, expected = compiled_with_and_without(plain, torch.randn(2, 3, K, dtype=torch.bfloat16))
+    assert compiled.code.count(OP_CALL) == 2 and [r for r, _ in compiled.details] == [True, True]
+    as_close_to_eager_as_default_compile(compiled.out, family_off.out, expected)  # Inductor's GELU rounds once
+
+
+def test_from_torchao_leaves_what_fp8linear_does_not_compute(monkeypatch):
+    """Weights whose arithmetic `Fp8Linear` does not reproduce stay torchao's: a bound on the activation's scale,
+    and a weight that is not fp8."""
+    pytest.importorskip("torchao")
+    import torchao.quantization as quantization
+    from torchao.quantization import Int8WeightOnlyConfig, quantize_
+
+    configs = torchao_fp8_configs(monkeypatch)
+    bounded = quantization.Float8DynamicActivationFloat8WeightConfig(
+        granularity=quantization.PerRow(), activation_value_ub=100.0, set_inductor_config=False)
+    model = nn.Sequential(nn.Linear(K, N), nn.Linear(N, K), nn.Linear(K, N)).to(torch.bfloat16).requires_grad_(False)
+    quantize_(model, bounded, filter_fn=lambda m, fqn: fqn == "0")
+    quantize_(model, Int8WeightOnlyConfig(), filter_fn=lambda m, fqn: fqn == "1")
+    quantize_(model, configs["per-row"], filter_fn=lambda m, fqn: fqn == "2")
+    assert fp8.from_torchao(model) == ["2"]
+    assert fp8.torchao_fp8_layout(model[2].weight) is None and fp8.torchao_fp8_layout(model[0].weight) is None
+
+
 def test_one_row_matmul_inductor_decomposed_is_rewritten():
     """With `coordinate_descent_tuning` Inductor has made a one-row weight-only matmul a multiply and a sum in float32
     before our stage; the family sees the matmul again (lowering/gemv.py)."""
@@ -435,7 +487,7 @@ def test_one_row_matmul_inductor_decomposed_is_rewritten():
 
 class TestRewrittenGraphs(expecttest.TestCase):
     def test_dynamic_activation_per_row_x_3d(self):
-        compiled, _, _ = compiled_with_and_without(DynamicFp8Linear(per_row=True),
+        compiled, _, _ = compiled_with_and_without(dynamic_fp8_linear(per_row=True),
                                                    torch.randn(2, 3, K, dtype=torch.bfloat16))
         self.assertExpectedInline(from_the_fp8_cast(compiled.graphs[0]), """\
 convert_element_type_2: torch.float8_e4m3fn[2, 3, 64] = prims.convert_element_type(clamp_max, float8_e4m3fn)
@@ -448,7 +500,7 @@ fp8_linear_default: bf16[6, 48] = fa4.fp8_linear(convert_element_type_default, a
 view_2: bf16[2, 3, 48] = aten.reshape(fp8_linear_default, (2, 3, 48))""")
 
     def test_dynamic_activation_per_tensor_x_3d(self):
-        compiled, _, _ = compiled_with_and_without(DynamicFp8Linear(per_row=False),
+        compiled, _, _ = compiled_with_and_without(dynamic_fp8_linear(per_row=False),
                                                    torch.randn(2, 3, K, dtype=torch.bfloat16))
         self.assertExpectedInline(from_the_fp8_cast(compiled.graphs[0]), """\
 convert_element_type_2: torch.float8_e4m3fn[2, 3, 64] = prims.convert_element_type(clamp_max, float8_e4m3fn)
@@ -544,6 +596,7 @@ def test_a_dequantized_weight_read_twice_stays_as_written():
     assert compiled.details[0][1].startswith("the dequantized weight (convert_element_type_1) is also read by ")
 
 
+@pytest.mark.slow
 def test_static_rows_above_16_stay_on_cuda(monkeypatch):
     """On CUDA a `_scaled_mm` of more than 16 rows (known when compiling) stays as written: the op would call
     `torch._scaled_mm` again. The rule, applied to the CPU graph: 17 rows stay, 16 become the op."""
@@ -553,13 +606,13 @@ def test_static_rows_above_16_stay_on_cuda(monkeypatch):
                         lambda device, dtype, m, n, k: fp8_linear_scaled_mm_kept_reason("cuda", dtype, m, n, k))
     monkeypatch.setattr(op, "SCALED_MM_SLOW_K", 1)  # N = 48, K = 64: as a long-K weight
     for rows, rewritten in ((17, False), (16, True)):
-        compiled, plain, _ = compiled_with_and_without(DynamicFp8Linear(), torch.randn(rows, K, dtype=torch.bfloat16))
+        compiled, plain, _ = compiled_with_and_without(dynamic_fp8_linear(), torch.randn(rows, K, dtype=torch.bfloat16))
         assert (OP_CALL in compiled.code) is rewritten
         assert compiled.details == [(rewritten, describe_scaled(16, True) if rewritten else
                                      fp8_linear_scaled_mm_kept_reason("cuda", torch.bfloat16, 17, N, K))]
         within_a_rounding(compiled.out, plain.out)
     monkeypatch.setattr(op, "SCALED_MM_SLOW_K", 2)  # and a weight short in K stays at any row count
-    compiled, plain, _ = compiled_with_and_without(DynamicFp8Linear(), torch.randn(16, K, dtype=torch.bfloat16))
+    compiled, plain, _ = compiled_with_and_without(dynamic_fp8_linear(), torch.randn(16, K, dtype=torch.bfloat16))
     assert OP_CALL not in compiled.code
     assert compiled.details == [(False, fp8_linear_scaled_mm_kept_reason("cuda", torch.bfloat16, 16, N, K))]
     assert "K 64 < 2 x N 48" in compiled.details[0][1]
@@ -579,5 +632,5 @@ def test_the_family_is_on_by_default_and_has_an_off_switch(backend, rewritten):
 
 
 def test_explain_reports_the_family():
-    report = fa4_inductor.explain(DynamicFp8Linear(), torch.randn(M, K, dtype=torch.bfloat16))
+    report = fa4_inductor.explain(dynamic_fp8_linear(), torch.randn(M, K, dtype=torch.bfloat16))
     assert [(r.family, r.rewritten) for r in report.records] == [("fp8_linear", True)], report.records

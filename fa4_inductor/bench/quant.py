@@ -32,7 +32,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .. import int8, nvfp4
+from .. import fp8, int8, nvfp4
 from . import llama_e2e, models, timing
 from .tables import Table, attempt, or_failed, report_failure, speedup
 from .timing import gpu_ms
@@ -297,7 +297,8 @@ activations (`torch._scaled_mm`; the only fp8 config with a Hopper kernel of its
 
 
 PLAIN = {"nvfp4": (nvfp4.from_torchao, "fa4_inductor, nvfp4.from_torchao"),
-         "int8": (int8.from_torchao, "fa4_inductor, int8.from_torchao")}
+         "int8": (int8.from_torchao, "fa4_inductor, int8.from_torchao"),
+         "fp8": (fp8.from_torchao, "fa4_inductor, fp8.from_torchao")}
 """weights -> the function that turns torchao's weights into plain buffers, and the backend column's name."""
 PLAIN_NVFP4, PLAIN_INT8 = PLAIN["nvfp4"][1], PLAIN["int8"][1]
 
