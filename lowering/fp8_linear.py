@@ -176,13 +176,9 @@ class WeightOnly:
 
     def __init__(self, matmul: Node):
         self.matmul = matmul
-        is_addmm = matmul.target is aten.addmm.default
-        self.x = matmul.args[1] if is_addmm else matmul.args[0]
-        self.bias = matmul.args[0] if is_addmm else None
+        self.x, self.bias = gemv.left_operand_and_bias(matmul)
         self.w = self.scale = None
         self.chain: list[Node] = []  # from the matmul's W (included) back to the fp8 weight (excluded)
-        if is_addmm and (matmul.kwargs.get("beta", 1) != 1 or matmul.kwargs.get("alpha", 1) != 1):
-            raise Decline(f"addmm with beta={matmul.kwargs.get('beta', 1)}, alpha={matmul.kwargs.get('alpha', 1)}")
 
 
 def match_weight_only(matmul: Node) -> WeightOnly:

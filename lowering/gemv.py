@@ -102,6 +102,17 @@ def right_operand(node: Node) -> Node | None:
     return gemv.w if gemv is not None else None
 
 
+def left_operand_and_bias(matmul: Node) -> tuple[Node, Node | None]:
+    """(x, bias) of `x @ W (+ bias)` ending at `matmul`: addmm's left operand and its bias, else the left operand and
+    None. An addmm that scales either term (beta or alpha other than 1) is declined."""
+    if not is_call(matmul, aten.addmm.default):
+        return matmul.args[0], None
+    beta, alpha = matmul.kwargs.get("beta", 1), matmul.kwargs.get("alpha", 1)
+    if beta != 1 or alpha != 1:
+        raise Decline(f"addmm with beta={beta}, alpha={alpha}")
+    return matmul.args[1], matmul.args[0]
+
+
 def keep_inductors_if_faster(node: Node, matmul: Node, context, gemv_reason, *args) -> None:
     """Inside `as_matmul(node, ...)`: when `matmul` stands for a decomposition and the `inductor_gemvs` option is on,
     decline with `gemv_reason(*args)` (the op's measured crossover) if it gives one, which puts the decomposition

@@ -113,15 +113,11 @@ class Match:
 
     def __init__(self, matmul: Node):
         self.matmul, self.end = matmul, matmul  # `end`: the node whose value the op's output replaces
-        is_addmm = matmul.target is aten.addmm.default
-        self.x = matmul.args[1] if is_addmm else matmul.args[0]
-        self.bias = matmul.args[0] if is_addmm else None
+        self.x, self.bias = gemv.left_operand_and_bias(matmul)
         self.w_int8 = self.scale = self.output_reshape = None
         self.scale_shape: tuple = ()  # the op's: [N], or [N, K // g]
         self.group_size, self.scale_after_matmul = -1, False
         self.chain: list[Node] = []  # from the int8 weight (excluded) to the matmul (excluded): W and its transpose
-        if is_addmm and (matmul.kwargs.get("beta", 1) != 1 or matmul.kwargs.get("alpha", 1) != 1):
-            raise Decline(f"addmm with beta={matmul.kwargs.get('beta', 1)}, alpha={matmul.kwargs.get('alpha', 1)}")
 
     @property
     def n_k(self) -> tuple[int, int]:

@@ -118,14 +118,10 @@ class Match:
 
     def __init__(self, matmul: Node):
         self.matmul = matmul
-        is_addmm = matmul.target is aten.addmm.default
-        self.x = matmul.args[1] if is_addmm else matmul.args[0]
-        self.bias = matmul.args[0] if is_addmm else None
+        self.x, self.bias = gemv.left_operand_and_bias(matmul)
         self.w_fp4 = self.block_scale = self.global_scale = None
         self.blocked_scale: Node | None = None  # the graph input block_scale un-blocks, where it is that
         self.chain: list[Node] = []  # the dequantized weight, from the scales' product to its transpose
-        if is_addmm and (matmul.kwargs.get("beta", 1) != 1 or matmul.kwargs.get("alpha", 1) != 1):
-            raise Decline(f"addmm with beta={matmul.kwargs.get('beta', 1)}, alpha={matmul.kwargs.get('alpha', 1)}")
 
 
 def match(matmul: Node) -> Match:

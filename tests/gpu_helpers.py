@@ -115,3 +115,11 @@ def padding_key_mask(b, sk, seed=0):
     mask[-1] = False
     return mask.cuda()
 
+
+def assert_within_pytorch_error(name, ours, reference, pytorch):
+    """ours's max error against the float64 reference is at most 2x PyTorch's own + 1e-5 of the scale."""
+    assert ours.isfinite().all(), f"{name} has non-finite values"
+    err = (ours.double() - reference).abs().max().item()
+    pt_err = (pytorch.double() - reference).abs().max().item()
+    atol = 1e-5 * reference.abs().max().item()
+    assert err <= 2 * pt_err + atol, f"{name}: error {err:.3g} > 2 x PyTorch's {pt_err:.3g} + {atol:.1e}"

@@ -10,7 +10,7 @@ import fa4_inductor
 from fa4_inductor import report
 from fa4_inductor.kernels import FP8_LINEAR
 from fa4_inductor.kernels import fp8_linear as op
-from gpu_helpers import capture
+from gpu_helpers import assert_within_pytorch_error, capture
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
               pytest.mark.usefixtures("without_fx_graph_cache")]
@@ -22,15 +22,6 @@ def sm90():
     if major != 9:
         pytest.skip(f"our fp8 decode GEMM is built for sm90, not sm{major}{minor}")
     torch.manual_seed(0)
-
-
-def within_bound(name, ours, reference, pytorch):
-    """ours's max error against float64 is at most 2x that of PyTorch's own computation + 1e-5 of the scale."""
-    assert ours.isfinite().all(), f"{name} has non-finite values"
-    err = (ours.double() - reference).abs().max().item()
-    pt_err = (pytorch.double() - reference).abs().max().item()
-    atol = 1e-5 * reference.abs().max().item()
-    assert err <= 2 * pt_err + atol, f"{name}: error {err:.3g} > 2 x PyTorch's {pt_err:.3g} + {atol:.1e}"
 
 
 def fp8_weight(n, k, rowwise=True):
@@ -63,7 +54,7 @@ def test_scaled_mm_order_routes(m, rowwise, n, k):
                               out_dtype=torch.bfloat16, use_fast_accum=True)
     reference = (x_fp8.double() @ w.double().T) * x_scale.double().reshape(-1, 1) * w_scale.double().reshape(1, -1) \
         + bias.double()
-    within_bound(f"scaled_mm order m{m}", out, reference, theirs)
+    assert_within_pytorch_error(f"scaled_mm order m{m}", out, reference, theirs)
 
 
 @pytest.mark.parametrize("m", [1, 16, 40])
@@ -75,7 +66,7 @@ def test_weight_only_order_routes(m, dtype):
     assert op.kernel_for(x, w, w_scale)[0] == ("w4a16_fp8" if 2 * m <= op.W4A16_MAX_ROWS else "dense")
     out = FP8_LINEAR(x, w, w_scale)
     wd = w.double() * w_scale.double()[:, None]
-    within_bound(f"weight-only m{m}", out, x.double() @ wd.T, x @ op.dequantize(w, w_scale, dtype).T)
+    assert_within_pytorch_error(f"weight-only m{m}", out, x.double() @ wd.T, x @ op.dequantize(w, w_scale, dtype).T)
 
 
 def test_op_under_cuda_graph_replay():
@@ -140,4 +131,4 @@ def test_torchao_float8_weight_only_compiled(m):
     w = model[0].weight
     wd = w.qdata.double() * w.scale.double().reshape(-1, 1)
     reference = x.double() @ wd.T + model[0].bias.double()
-    within_bound(f"torchao fp8 weight-only m{m}", outs["ours"], reference, outs["default"])
+    assert_within_pytorch_error(f"torchao fp8 weight-only m{m}", outs["ours"], reference, outs["default"])

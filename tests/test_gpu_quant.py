@@ -21,7 +21,7 @@ from fa4_inductor import nvfp4, report
 from fa4_inductor.kernels import int8_int8_linear as int8_int8_op
 from fa4_inductor.kernels import int8_linear as int8_linear_op
 from fa4_inductor.kernels import prepared_weights, quack_w4a16
-from gpu_helpers import capture
+from gpu_helpers import assert_within_pytorch_error, capture
 from helpers import assert_within_int8_int8_bound
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
@@ -41,15 +41,6 @@ def sm90():
         pytest.skip(reason)
     torch.manual_seed(0)
     prepared_weights.clear()
-
-
-def assert_within_pytorch_error(name, ours, reference, pytorch):
-    """ours's max error against the float64 reference is at most 2x PyTorch's own + 1e-5 of the scale."""
-    assert ours.isfinite().all(), f"{name} has non-finite values"
-    err = (ours.double() - reference).abs().max().item()
-    pt_err = (pytorch.double() - reference).abs().max().item()
-    atol = 1e-5 * reference.abs().max().item()
-    assert err <= 2 * pt_err + atol, f"{name}: error {err:.3g} > 2 x PyTorch's {pt_err:.3g} + {atol:.1e}"
 
 
 def int8_weight(n, k, scale_dtype=torch.bfloat16, group_size=-1):

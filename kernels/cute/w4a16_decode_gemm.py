@@ -189,6 +189,16 @@ def _struct(n: int, elem: str):
     return ir.Type.parse(f"!llvm.struct<({', '.join([elem] * n)})>")
 
 
+def e4m3_word_to_f32(word: str) -> str:
+    """PTX opening a scope in which f32 registers s0..s3 hold the four e4m3 bytes of operand `word` (exact: e4m3
+    -> f16 -> f32); the caller's instructions and its closing brace follow."""
+    return ("{\n.reg .b16 lo, hi, f0, f1, f2, f3;\n.reg .b32 h01, h23;\n.reg .f32 s0, s1, s2, s3;\n"
+            f"mov.b32 {{lo, hi}}, {word};\n"
+            "cvt.rn.f16x2.e4m3x2 h01, lo;\ncvt.rn.f16x2.e4m3x2 h23, hi;\n"
+            "mov.b32 {f0, f1}, h01;\nmov.b32 {f2, f3}, h23;\n"
+            "cvt.f32.f16 s0, f0;\ncvt.f32.f16 s1, f1;\ncvt.f32.f16 s2, f2;\ncvt.f32.f16 s3, f3;\n")
+
+
 @dsl_user_op
 def e4m3_splats(word: Int32, is_f16: bool, *, loc=None, ip=None):
     """The four e4m3 bytes of `word` as four splat 16-bit float pairs (S, S): e4m3 * 2^5 (f16) or
@@ -202,11 +212,7 @@ def e4m3_splats(word: Int32, is_f16: bool, *, loc=None, ip=None):
                 "prmt.b32 $0, h01, h01, 0x1010;\nprmt.b32 $1, h01, h01, 0x3232;\n"
                 "prmt.b32 $2, h23, h23, 0x1010;\nprmt.b32 $3, h23, h23, 0x3232;\n}")
     else:
-        text = ("{\n.reg .b16 lo, hi, f0, f1, f2, f3;\n.reg .b32 h01, h23;\n.reg .f32 s0, s1, s2, s3;\n"
-                "mov.b32 {lo, hi}, $4;\n"
-                "cvt.rn.f16x2.e4m3x2 h01, lo;\ncvt.rn.f16x2.e4m3x2 h23, hi;\n"
-                "mov.b32 {f0, f1}, h01;\nmov.b32 {f2, f3}, h23;\n"
-                "cvt.f32.f16 s0, f0;\ncvt.f32.f16 s1, f1;\ncvt.f32.f16 s2, f2;\ncvt.f32.f16 s3, f3;\n"
+        text = (e4m3_word_to_f32("$4") +
                 "mul.rn.f32 s0, s0, 0f7B000000;\nmul.rn.f32 s1, s1, 0f7B000000;\n"
                 "mul.rn.f32 s2, s2, 0f7B000000;\nmul.rn.f32 s3, s3, 0f7B000000;\n"
                 "cvt.rn.bf16x2.f32 $0, s0, s0;\ncvt.rn.bf16x2.f32 $1, s1, s1;\n"
@@ -222,11 +228,7 @@ def e4m3_pairs(word: Int32, is_f16: bool, *, loc=None, ip=None):
         text = ("{\n.reg .b16 lo, hi;\nmov.b32 {lo, hi}, $2;\n"
                 "cvt.rn.f16x2.e4m3x2 $0, lo;\ncvt.rn.f16x2.e4m3x2 $1, hi;\n}")
     else:
-        text = ("{\n.reg .b16 lo, hi, f0, f1, f2, f3;\n.reg .b32 h01, h23;\n.reg .f32 s0, s1, s2, s3;\n"
-                "mov.b32 {lo, hi}, $2;\n"
-                "cvt.rn.f16x2.e4m3x2 h01, lo;\ncvt.rn.f16x2.e4m3x2 h23, hi;\n"
-                "mov.b32 {f0, f1}, h01;\nmov.b32 {f2, f3}, h23;\n"
-                "cvt.f32.f16 s0, f0;\ncvt.f32.f16 s1, f1;\ncvt.f32.f16 s2, f2;\ncvt.f32.f16 s3, f3;\n"
+        text = (e4m3_word_to_f32("$2") +
                 "cvt.rn.bf16x2.f32 $0, s1, s0;\ncvt.rn.bf16x2.f32 $1, s3, s2;\n}")
     res = _asm(_struct(2, "i32"), [_i32(word, loc, ip)], text, "=r,=r,r")
     return [Int32(llvm.extractvalue(T.i32(), res, [i], loc=loc, ip=ip)) for i in range(2)]
