@@ -604,7 +604,7 @@ def test_cache_position_input_over_concatenated_keys(past, sq, form):
     assert recorder.count() == 0 and "not a KV cache written in this graph" in recorder.reasons[0], recorder.reasons
 
 
-@pytest.mark.parametrize("impl", IMPLEMENTATIONS)
+@pytest.mark.parametrize("impl", [pytest.param("eager", marks=pytest.mark.slow), "sdpa"])
 def test_greedy_generate_over_a_compiled_forward(impl):
     """`generate` with the DynamicCache it makes, over a compiled forward, a left-padded batch: the prefill and every
     step of every layer on the op (transformers 4: the masks, at `cache_position`'s positions, as run-time key masks),

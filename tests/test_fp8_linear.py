@@ -302,7 +302,7 @@ def describe_scaled(m, per_row, bias=True):
 
 
 @pytest.mark.parametrize("bias", [True, pytest.param(False, marks=pytest.mark.slow)], ids=["bias", "no-bias"])
-@pytest.mark.parametrize("per_row", [True, False], ids=["per-row", "per-tensor"])
+@pytest.mark.parametrize("per_row", [True, pytest.param(False, marks=pytest.mark.slow)], ids=["per-row", "per-tensor"])
 @pytest.mark.parametrize("x_shape", [(1, K), pytest.param((2, 3, K), marks=pytest.mark.slow)], ids=["x-1-row", "x-3d"])
 def test_dynamic_activation_module(x_shape, per_row, bias):
     """The op in `_scaled_mm`'s place: within a rounding of default compile's `_scaled_mm` (Inductor quantizes x alike
@@ -397,7 +397,7 @@ def test_torchao_float8_weight_only_config(x_shape, bias):
     torch.testing.assert_close(compiled.out, expected, atol=0, rtol=0)
 
 
-@pytest.mark.parametrize("granularity", ["PerRow", "PerTensor"])
+@pytest.mark.parametrize("granularity", ["PerRow", pytest.param("PerTensor", marks=pytest.mark.slow)])
 def test_torchao_float8_dynamic_activation_config(monkeypatch, granularity):
     """torchao's `Float8DynamicActivationFloat8WeightConfig` itself, built on the CPU: its hardware check (CUDA sm89+,
     `torchao.float8.inference._check_hardware_support`, imported into quant_api) is the only thing that refuses it
@@ -432,7 +432,8 @@ def torchao_fp8_configs(monkeypatch):
 
 
 @pytest.mark.parametrize("bias", [True, pytest.param(False, marks=pytest.mark.slow)], ids=["bias", "no-bias"])
-@pytest.mark.parametrize("config", ["per-row", pytest.param("per-tensor", marks=pytest.mark.slow), "weight-only"])
+@pytest.mark.parametrize("config", ["per-row", pytest.param("per-tensor", marks=pytest.mark.slow),
+                                    pytest.param("weight-only", marks=pytest.mark.slow)])
 def test_from_torchao_keeps_torchaos_outputs_bit_for_bit(monkeypatch, config, bias):
     """`fp8.from_torchao` turns each torchao fp8 weight into an `Fp8Linear` over the same codes and scales: the same
     outputs bit for bit (torchao's PyTorch kernels), 2-D and 3-D x; compiled, each becomes the op as torchao's did."""

@@ -159,6 +159,7 @@ def test_the_option_off_keeps_the_calls_apart():
     assert compiled.code.count("torch.ops.fa4.nvfp4_linear.default(") == 6
 
 
+@pytest.mark.slow
 def test_a_dynamic_batch_keeps_the_grouping():
     x = torch.randn(4, 3, K, dtype=torch.bfloat16)
     torch._dynamo.mark_dynamic(x, 0)

@@ -28,6 +28,7 @@ class TestOpaqueAttention(expecttest.TestCase):
         assert rec.records[0].location.startswith("test_opaque_attention.py:"), rec.records[0].location
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("impl", ["flex_attention"])
 def test_hf_decoder_with_flex_attention_code_says_why(impl):
     """transformers' flex_attention code: every layer's call kept with the reason, logits eager's (no_grad: torch's

@@ -42,9 +42,9 @@ FAST_VARIANTS = [
     ("main", torch.float16, "int8", 16, True, False),
     ("reduce", torch.bfloat16, "int8", 0, True, True),
     ("main", torch.bfloat16, "int8", 8, False, True, "narrow", "registers", torch.bfloat16),
-    ("main", torch.bfloat16, "fp8", 16, False, True, "narrow", "rolling"),
 ]
 SLOW_VARIANTS = [
+    ("main", torch.bfloat16, "fp8", 16, False, True, "narrow", "rolling"),
     ("main", torch.float16, "nvfp4", 16, True, False),
     ("main", torch.bfloat16, "nvfp4", 16, True, False, "narrow"),
     ("main", torch.bfloat16, "int8", 8, False, True),
