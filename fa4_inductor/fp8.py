@@ -8,8 +8,8 @@ plain-PyTorch forward our backend rewrites into `fa4::fp8_linear` where that is 
     model = torch.compile(model, backend=fa4_inductor)
 
 Why: torch.compile guards on every tensor subclass and AOTAutograd unwraps each one around every call of the compiled
-graph. A Llama-1B-shaped fp8 decode step under `reduce-overhead` spends 3.9 ms of wall time on 1.4 ms of kernels with
-the subclass weights (H100, docs/benchmarks.md session 45): the host, not the GPU, sets its speed.
+graph. A Llama-1B-shaped fp8 decode step under `reduce-overhead` with the subclass weights runs 1.4 ms of kernels under
+our backend and takes ~2.6 ms a token (H100, docs/benchmarks.md session 45): the host, not the GPU, sets its speed.
 """
 
 from __future__ import annotations
