@@ -20,8 +20,8 @@ Two arithmetic orders, each exactly what the model code it replaces computes (lo
 Kernels: the CPU runs this reference. CUDA calls go to the first route of `CUDA_ROUTES` that takes them
 (`choose`; `kernel_for` says which and why):
 - `w4a16_fp8`: our weight-only decode GEMM (kernels/w4a16_decode.py, `fp8_matmul`) for at most `W4A16_MAX_ROWS`
-  rows of a bf16 / fp16 x: the 1-byte weight read in place (cuBLAS's fp8 GEMM is slower than bf16 at decode
-  sizes: 40 against 33.6 us for 8192 x 8192 at M = 1 on Hopper, ../shared/notes/quant.md). Both orders become
+  rows of a bf16 / fp16 x, with an x_scale only over weights long in K (`SCALED_MM_SLOW_K`): the 1-byte weight read
+  in place, faster than bf16 cuBLAS on every shape measured and than cuBLAS's fp8 GEMM there. Both orders become
   one: exact products summed in float32, times w_scale (and x_scale), plus the bias, rounded once. For x_scale
   given that is the reference's arithmetic up to the order of the sums; for the weight-only order it skips the
   rounding of the dequantized weight to x's dtype, so it is within a rounding of x's dtype of the reference,
