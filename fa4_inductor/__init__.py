@@ -7,7 +7,7 @@
     fa4_inductor.Int8StaticCache(config, max_cache_len)    # an int8 KV cache for HF models (int8_cache.py)
     fa4_inductor.nvfp4.load_checkpoint(model, path)        # NVFP4 checkpoints kept in 4 bits (fa4_inductor/nvfp4.py)
     fa4_inductor.int8.from_torchao(model)                  # torchao int8 weight-only weights as plain buffers (int8.py)
-    fa4_inductor.fp8.from_torchao(model)                   # torchao fp8 weights (fp8 x fp8, weight-only) likewise (fp8.py)
+    fa4_inductor.fp8.from_torchao(model)                   # torchao fp8 weights likewise (fp8.py)
     print(fa4_inductor.prepared_memory())                  # weights the ops keep in their kernels' layouts
 """
 

@@ -53,10 +53,12 @@ W4A16_MAX_ROWS = 16
 SCALED_MM_SLOW_K = 2
 """`torch._scaled_mm` calls go to our decode GEMM only over weights whose K is at least SCALED_MM_SLOW_K times N.
 H100, CUDA-graph medians, x quantized per row, us, ours / `_scaled_mm` at 1, 4 and 16 rows (docs/benchmarks.md,
-session 45 run 1): 2048 x 8192 10.2 / 22.7, 10.6 / 22.7, 12.7 / 22.8 and 4096 x 14336 25.6 / 41.7, 26.4 / 41.1, 28.8 /
-39.8 (cuBLAS reads long-K fp8 weights at 0.7-1.5 TB/s); but 8192 x 8192 30.9 / 30.0, 32.1 / 30.4, 34.4 / 30.5, 8192 x 2048
-10.9 / 10.5, 11.5 / 10.4, 13.6 / 10.4 and 14336 x 4096 26.0 / 27.6, 27.4 / 27.3, 39.2 / 27.7. Weight-only calls have no
-fp8 GEMM to lose to: ours is faster than bf16 cuBLAS on a bf16 weight on every row above (1.10-1.77x)."""
+session 45 runs 1 and 4): 2048 x 8192 10.2 / 22.7, 10.6 / 22.7, 12.7 / 22.8 and 4096 x 14336 25.6 / 41.7, 26.4 / 41.1,
+28.8 / 39.8 (cuBLAS reads long-K fp8 weights at 0.7-1.5 TB/s), 512 x 2048 3.0 / 8.5 at one row; but 8192 x 8192
+30.9 / 30.0, 32.1 / 30.4, 34.4 / 30.5, 8192 x 2048 10.9 / 10.5, 11.5 / 10.4, 13.6 / 10.4 and 14336 x 4096 26.0 / 27.6,
+27.4 / 27.3, 39.2 / 27.7. 2048 x 2048 (4.2 / 8.9 at one row) stays with cuBLAS under this rule: square weights were
+faster on ours at 2048, slower at 8192. Weight-only calls have no fp8 GEMM to lose to: ours is faster than bf16 cuBLAS
+on a bf16 weight on every row above (1.10-1.91x)."""
 SCALED_MM_MULTIPLE = 16  # torch._scaled_mm on CUDA: both dims of each operand
 SCALED_MM_MIN_CAPABILITY = (8, 9)
 

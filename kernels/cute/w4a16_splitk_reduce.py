@@ -2,8 +2,8 @@
 
 mPart [splits, M, N] fp32 holds each split's sums; out[m, n] = dtype(sum_s mPart[s, m, n] * scale (+ bias[n]))
 with the splits added in order (deterministic), scale = 2^E * mScale[0] for NVFP4 (the main kernel's decode
-carries 2^-E, `decode_exponent`), mScale[n] for int8, mScale[n or 0] * mRowScale[m or 0] (if given) for fp8. One thread per output element, splits unrolled by 4 so
-their loads are in flight together.
+carries 2^-E, `decode_exponent`), mScale[n] for int8, mScale[n or 0] * mRowScale[m or 0] (if given) for fp8.
+One thread per output element, splits unrolled by 4 so their loads are in flight together.
 """
 
 from __future__ import annotations
