@@ -20,7 +20,8 @@ Two arithmetic orders, each exactly what the model code it replaces computes (lo
 Kernels: the CPU runs this reference. CUDA calls go to the first route of `CUDA_ROUTES` that takes them
 (`choose`; `kernel_for` says which and why):
 - `w4a16_fp8`: our weight-only decode GEMM (kernels/w4a16_decode.py, `fp8_matmul`) for at most `W4A16_MAX_ROWS`
-  rows of a bf16 / fp16 x, with an x_scale only over weights long in K (`SCALED_MM_SLOW_K`): the 1-byte weight read
+  rows of a bf16 / fp16 x, with an x_scale only over the weights where cuBLAS's fp8 GEMM is slow (`cublas_fp8_reason`:
+  at most SCALED_MM_NARROW_N rows, or K at least SCALED_MM_SLOW_K x N): the 1-byte weight read
   in place, faster than bf16 cuBLAS on every shape measured and than cuBLAS's fp8 GEMM there. Both orders become
   one: exact products summed in float32, times w_scale (and x_scale), plus the bias, rounded once. For x_scale
   given that is the reference's arithmetic up to the order of the sums; for the weight-only order it skips the
@@ -51,14 +52,16 @@ WEIGHT_DTYPE = torch.float8_e4m3fn
 DEVICES = ("cpu", "cuda")
 W4A16_MAX_ROWS = 16
 SCALED_MM_SLOW_K = 2
-"""`torch._scaled_mm` calls go to our decode GEMM only over weights whose K is at least SCALED_MM_SLOW_K times N.
+SCALED_MM_NARROW_N = 2048
+"""`torch._scaled_mm` calls go to our decode GEMM only over weights of at most SCALED_MM_NARROW_N rows (N) or whose K
+is at least SCALED_MM_SLOW_K times N.
 H100, CUDA-graph medians, x quantized per row, us, ours / `_scaled_mm` at 1, 4 and 16 rows (docs/benchmarks.md,
 session 45 runs 1 and 4): 2048 x 8192 10.2 / 22.7, 10.6 / 22.7, 12.7 / 22.8 and 4096 x 14336 25.6 / 41.7, 26.4 / 41.1,
 28.8 / 39.8 (cuBLAS reads long-K fp8 weights at 0.7-1.5 TB/s), 512 x 2048 3.0 / 8.5 at one row; but 8192 x 8192
 30.9 / 30.0, 32.1 / 30.4, 34.4 / 30.5, 8192 x 2048 10.9 / 10.5, 11.5 / 10.4, 13.6 / 10.4 and 14336 x 4096 26.0 / 27.6,
-27.4 / 27.3, 39.2 / 27.7. 2048 x 2048 (4.2 / 8.9 at one row) stays with cuBLAS under this rule: square weights were
-faster on ours at 2048, slower at 8192. Weight-only calls have no fp8 GEMM to lose to: ours is faster than bf16 cuBLAS
-on a bf16 weight on every row above (1.10-1.91x)."""
+27.4 / 27.3, 39.2 / 27.7; 2048 x 2048 4.2 / 8.9 at one row (cuBLAS's 128-row tiles leave most SMs idle over 2048-row
+weights). Weight-only calls have no fp8 GEMM to lose to: ours is faster than bf16 cuBLAS on a bf16 weight on every row
+above (1.10-1.91x)."""
 SCALED_MM_MULTIPLE = 16  # torch._scaled_mm on CUDA: both dims of each operand
 SCALED_MM_MIN_CAPABILITY = (8, 9)
 
@@ -81,10 +84,10 @@ def scaled_mm_kept_reason(device_type: str, dtype: torch.dtype, m: Optional[int]
     """Why lowering keeps a `torch._scaled_mm` call of m rows (None: decided per call, by the op's routes) over an
     [n, k] weight with a `dtype` output as written: on CUDA the op takes it from `torch._scaled_mm` only for our decode
     GEMM, which runs at most `W4A16_MAX_ROWS` rows of a bf16 / fp16 x over weights where it is measured faster
-    (`long_k_reason`); any other call would run `torch._scaled_mm` again."""
+    (`cublas_fp8_reason`); any other call would run `torch._scaled_mm` again."""
     if device_type != "cuda":
         return None
-    reason = long_k_reason(n, k)
+    reason = cublas_fp8_reason(n, k)
     if reason is not None:
         return f"{reason}: the op would only call it again"
     if dtype not in layout.HALF_DTYPES:
@@ -96,11 +99,12 @@ def scaled_mm_kept_reason(device_type: str, dtype: torch.dtype, m: Optional[int]
     return None
 
 
-def long_k_reason(n: int, k: int) -> str | None:
-    """Why `torch._scaled_mm` over an [n, k] fp8 weight stays with cuBLAS (SCALED_MM_SLOW_K), or None."""
-    if k < SCALED_MM_SLOW_K * n:
-        return (f"K {k} < {SCALED_MM_SLOW_K} x N {n}: torch._scaled_mm is measured as fast as our fp8 decode GEMM or "
-                f"faster over such weights (SCALED_MM_SLOW_K)")
+def cublas_fp8_reason(n: int, k: int) -> str | None:
+    """Why `torch._scaled_mm` over an [n, k] fp8 weight stays with cuBLAS (SCALED_MM_NARROW_N, SCALED_MM_SLOW_K), or
+    None."""
+    if n > SCALED_MM_NARROW_N and k < SCALED_MM_SLOW_K * n:
+        return (f"N {n} > {SCALED_MM_NARROW_N} and K {k} < {SCALED_MM_SLOW_K} x N: torch._scaled_mm is measured as "
+                "fast as our fp8 decode GEMM or faster over such weights (SCALED_MM_NARROW_N, SCALED_MM_SLOW_K)")
     return None
 
 
@@ -166,8 +170,8 @@ def _w4a16_reason(x, w, w_scale, x_scale=None, bias=None, *, use_fast_accum=Fals
     if x.dtype not in layout.HALF_DTYPES:
         return f"our fp8 decode GEMM takes bf16 / fp16 x, not {_name(x.dtype)}"
     n, k = w.shape
-    if x_scale is not None and long_k_reason(n, k) is not None:
-        return long_k_reason(n, k)
+    if x_scale is not None and cublas_fp8_reason(n, k) is not None:
+        return cublas_fp8_reason(n, k)
     return w4a16_decode.unsupported_reason(x.reshape(m, k), "fp8", n, k)
 
 

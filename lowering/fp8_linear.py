@@ -28,8 +28,8 @@ multiplied by its scale in float32 and rounded only to x's dtype. Kept as writte
 computed in the graph or frozen, float8_e5m2 or other dtypes, scales of other shapes (per input channel, blocks),
 a result scale (`scale_result`), a dequantized weight something else also reads (a training forward saves it for
 the backward), and, on CUDA, a `_scaled_mm` the op would only call again (`fp8_linear_scaled_mm_kept_reason`: more
-than 16 rows, known when compiling, a float32 output, or a weight whose K is under twice its N, where cuBLAS's fp8 GEMM
-is measured as fast as ours; a symbolic row count becomes the op, which decides per call).
+than 16 rows, known when compiling, a float32 output, or a weight of more than 2048 rows whose K is under twice its N,
+where cuBLAS's fp8 GEMM is measured as fast as ours; a symbolic row count becomes the op, which decides per call).
 """
 
 from __future__ import annotations

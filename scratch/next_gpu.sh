@@ -28,7 +28,8 @@ f45) # session 45: fp8 (e4m3) weights on the decode GEMM (`w4a16_decode.fp8_matm
 e46) # session 45's fp8.from_torchao (plain buffers): the fp8 decode step end to end without torchao's subclasses; the
     # step's GPU time was 1.43 ms under ours against 2.32 under default compile, host-bound at ~4 ms with the subclasses
     nvidia-smi -L >>$L
-    run timeout 150 $P -n 4 tests/test_gpu_fp8.py
+    run timeout 150 $P -n 4 tests/test_gpu_fp8.py      # the rule now sends narrow weights (N <= 2048) to ours too
+    run timeout 100 python3 tests/bench_fp8.py --m 1,16 --shapes 2048x2048,512x2048
     run timeout 400 python3 -m fa4_inductor bench --suite quant --quant-formats none --quant-no-prefill \
       --quant-e2e-runs bf16:default,bf16:ours,fp8:default,fp8:ours,fp8:plain --quant-prompt 4096 ;;
 p45) # after e45 (fp8 decode step: ours 2.513 against default compile's 2.475 ms/token on the H100, though the kernel rows

@@ -165,10 +165,10 @@ def test_unsupported_and_rows_reasons():
     assert fp8_linear_scaled_mm_kept_reason("cuda", torch.float32, 1, *long_k) == \
         "a float32 output: our fp8 decode GEMM takes bf16 / fp16 x, so the op would only call torch._scaled_mm again"
     assert fp8_linear_scaled_mm_kept_reason("cuda", torch.bfloat16, 1, 8192, 8192) == \
-        "K 8192 < 2 x N 8192: torch._scaled_mm is measured as fast as our fp8 decode GEMM or faster over such " \
-        "weights (SCALED_MM_SLOW_K): the op would only call it again"
+        "N 8192 > 2048 and K 8192 < 2 x N: torch._scaled_mm is measured as fast as our fp8 decode GEMM or faster " \
+        "over such weights (SCALED_MM_NARROW_N, SCALED_MM_SLOW_K): the op would only call it again"
     for args in (("cuda", torch.float16, 16, *long_k), ("cuda", torch.bfloat16, None, 4096, 14336),
-                 ("cpu", torch.bfloat16, 4096, 8192, 8192)):
+                 ("cuda", torch.bfloat16, 1, 2048, 2048), ("cpu", torch.bfloat16, 4096, 8192, 8192)):
         assert fp8_linear_scaled_mm_kept_reason(*args) is None
 
 
@@ -176,9 +176,8 @@ def test_unsupported_and_rows_reasons():
 def routes_as_on_an_h100(monkeypatch):
     """The CUDA route table run on CPU tensors: an sm90 device, and a stand-in for our decode GEMM's `fp8_matmul`
     that computes as it does (exact products summed in float32, the scales and bias, one rounding) and records its
-    calls. The [N, K] = [48, 64] weights count as long in K (`SCALED_MM_SLOW_K` 1)."""
+    calls. Its [48, 64] weights are narrow (N <= SCALED_MM_NARROW_N): cuBLAS's fp8 GEMM is slow there."""
     calls = []
-    monkeypatch.setattr(op, "SCALED_MM_SLOW_K", 1)
 
     def fp8_matmul(x2d, w, w_scale, x_scale, bias):
         calls.append((tuple(x2d.shape), x_scale is not None))
@@ -217,15 +216,16 @@ def test_cuda_routes(routes_as_on_an_h100, w_per_row, x_per_row):
 
 
 def test_scaled_mm_stays_over_weights_short_in_k(routes_as_on_an_h100, monkeypatch):
-    """With an x_scale, a weight whose K is under SCALED_MM_SLOW_K x N stays on torch._scaled_mm at any row count
-    (measured as fast there); weight-only calls still take our decode GEMM, whose alternative is a bf16 GEMM."""
-    monkeypatch.setattr(op, "SCALED_MM_SLOW_K", 2)
+    """With an x_scale, a weight of more than SCALED_MM_NARROW_N rows whose K is under SCALED_MM_SLOW_K x N stays on
+    torch._scaled_mm at any row count (measured as fast there); weight-only calls still take our decode GEMM, whose
+    alternative is a bf16 GEMM."""
+    monkeypatch.setattr(op, "SCALED_MM_NARROW_N", 32)  # N = 48, K = 64: as a wide weight short in K
     w, w_scale = fp8_weight()
     x, x_scale = fp8_activation((4, K), torch.bfloat16)
     assert op.kernel_for(x, w, w_scale, x_scale) == (
-        "scaled_mm", "an fp8 activation with its scale: torch._scaled_mm, the call the model made (K 64 < 2 x N 48: "
-                     "torch._scaled_mm is measured as fast as our fp8 decode GEMM or faster over such weights "
-                     "(SCALED_MM_SLOW_K))")
+        "scaled_mm", "an fp8 activation with its scale: torch._scaled_mm, the call the model made (N 48 > 32 and K 64 "
+                     "< 2 x N: torch._scaled_mm is measured as fast as our fp8 decode GEMM or faster over such weights "
+                     "(SCALED_MM_NARROW_N, SCALED_MM_SLOW_K))")
     assert op.kernel_for(x, w, w_scale)[0] == "w4a16_fp8"
 
 
@@ -605,18 +605,17 @@ def test_static_rows_above_16_stay_on_cuda(monkeypatch):
 
     monkeypatch.setattr(family, "fp8_linear_scaled_mm_kept_reason",
                         lambda device, dtype, m, n, k: fp8_linear_scaled_mm_kept_reason("cuda", dtype, m, n, k))
-    monkeypatch.setattr(op, "SCALED_MM_SLOW_K", 1)  # N = 48, K = 64: as a long-K weight
     for rows, rewritten in ((17, False), (16, True)):
         compiled, plain, _ = compiled_with_and_without(dynamic_fp8_linear(), torch.randn(rows, K, dtype=torch.bfloat16))
         assert (OP_CALL in compiled.code) is rewritten
         assert compiled.details == [(rewritten, describe_scaled(16, True) if rewritten else
                                      fp8_linear_scaled_mm_kept_reason("cuda", torch.bfloat16, 17, N, K))]
         within_a_rounding(compiled.out, plain.out)
-    monkeypatch.setattr(op, "SCALED_MM_SLOW_K", 2)  # and a weight short in K stays at any row count
+    monkeypatch.setattr(op, "SCALED_MM_NARROW_N", 32)  # and a wide weight short in K stays at any row count
     compiled, plain, _ = compiled_with_and_without(dynamic_fp8_linear(), torch.randn(16, K, dtype=torch.bfloat16))
     assert OP_CALL not in compiled.code
     assert compiled.details == [(False, fp8_linear_scaled_mm_kept_reason("cuda", torch.bfloat16, 16, N, K))]
-    assert "K 64 < 2 x N 48" in compiled.details[0][1]
+    assert "N 48 > 32 and K 64 < 2 x N" in compiled.details[0][1]
 
 
 @pytest.mark.parametrize("backend, rewritten", [(fa4_inductor.backend(fp8_linear=False), False),

@@ -35,18 +35,18 @@ def quantized_x(shape, rowwise=True):
     return (x / scale).clamp(-448, 448).to(torch.float8_e4m3fn), scale
 
 
-@pytest.mark.parametrize("n, k", [(1024, 4096), (1536, 2048)], ids=["long_k", "short_k"])
+@pytest.mark.parametrize("n, k", [(1024, 4096), (1536, 2048), (4096, 2048)], ids=["long_k", "narrow", "short_k"])
 @pytest.mark.parametrize("m", [1, 7, 16, 17, 64])
 @pytest.mark.parametrize("rowwise", [True, False], ids=["rowwise", "tensorwise"])
 def test_scaled_mm_order_routes(m, rowwise, n, k):
-    """Up to 16 rows over a weight long in K our decode GEMM, else `torch._scaled_mm`: both within the bound of
-    `_scaled_mm` itself."""
+    """Up to 16 rows over a weight narrow or long in K our decode GEMM, else `torch._scaled_mm`: both within the bound
+    of `_scaled_mm` itself."""
     w, w_scale = fp8_weight(n, k, rowwise)
     x_fp8, x_scale = quantized_x((m, k), rowwise)
     bias = torch.randn(n, dtype=torch.bfloat16, device="cuda")
     x = x_fp8.to(torch.bfloat16)
     args = (x, w, w_scale, x_scale.reshape(-1), bias)
-    ours = m <= op.W4A16_MAX_ROWS and k >= op.SCALED_MM_SLOW_K * n
+    ours = m <= op.W4A16_MAX_ROWS and op.cublas_fp8_reason(n, k) is None
     assert op.kernel_for(*args)[0] == ("w4a16_fp8" if ours else "scaled_mm")
     out = FP8_LINEAR(*args, use_fast_accum=True)
     theirs = torch._scaled_mm(x_fp8, w.t(), x_scale.reshape(-1, 1) if rowwise else x_scale.reshape(()),
