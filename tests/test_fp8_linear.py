@@ -487,10 +487,15 @@ def test_one_row_matmul_inductor_decomposed_is_rewritten():
 
 
 class TestRewrittenGraphs(expecttest.TestCase):
-    def test_dynamic_activation_per_row_x_3d(self):
-        compiled, _, _ = compiled_with_and_without(dynamic_fp8_linear(per_row=True),
-                                                   torch.randn(2, 3, K, dtype=torch.bfloat16))
-        self.assertExpectedInline(from_the_fp8_cast(compiled.graphs[0]), """\
+    def test_dynamic_activation_x_3d(self):
+        """Per row, then what per tensor changes: the scales' shapes."""
+        graphs = []
+        for per_row in (True, False):
+            compiled, _, _ = compiled_with_and_without(dynamic_fp8_linear(per_row=per_row),
+                                                       torch.randn(2, 3, K, dtype=torch.bfloat16))
+            graphs.append(from_the_fp8_cast(compiled.graphs[0]).splitlines())
+        per_tensor = [line for line in graphs[1] if line not in graphs[0]]
+        self.assertExpectedInline("\n".join([*graphs[0], "--- per tensor, the lines that differ:", *per_tensor]), """\
 convert_element_type_2: torch.float8_e4m3fn[2, 3, 64] = prims.convert_element_type(clamp_max, float8_e4m3fn)
 view: torch.float8_e4m3fn[6, 64] = aten.reshape(convert_element_type_2, (-1, 64))
 view_1: f32[6, 1] = aten.reshape(convert_element_type, (-1, 1))
@@ -498,20 +503,11 @@ reshape_default: f32[48] = aten.reshape(arg2_1, (-1))
 reshape_default_1: f32[6] = aten.reshape(view_1, (-1))
 convert_element_type_default: bf16[6, 64] = prims.convert_element_type(view, bfloat16)
 fp8_linear_default: bf16[6, 48] = fa4.fp8_linear(convert_element_type_default, arg1_1, reshape_default, reshape_default_1, arg3_1, use_fast_accum=True)
-view_2: bf16[2, 3, 48] = aten.reshape(fp8_linear_default, (2, 3, 48))""")
-
-    def test_dynamic_activation_per_tensor_x_3d(self):
-        compiled, _, _ = compiled_with_and_without(dynamic_fp8_linear(per_row=False),
-                                                   torch.randn(2, 3, K, dtype=torch.bfloat16))
-        self.assertExpectedInline(from_the_fp8_cast(compiled.graphs[0]), """\
-convert_element_type_2: torch.float8_e4m3fn[2, 3, 64] = prims.convert_element_type(clamp_max, float8_e4m3fn)
-view: torch.float8_e4m3fn[6, 64] = aten.reshape(convert_element_type_2, (-1, 64))
+view_2: bf16[2, 3, 48] = aten.reshape(fp8_linear_default, (2, 3, 48))
+--- per tensor, the lines that differ:
 view_1: f32[1, 1] = aten.reshape(convert_element_type, (-1, 1))
 reshape_default: f32[1] = aten.reshape(arg2_1, (-1))
-reshape_default_1: f32[1] = aten.reshape(view_1, (-1))
-convert_element_type_default: bf16[6, 64] = prims.convert_element_type(view, bfloat16)
-fp8_linear_default: bf16[6, 48] = fa4.fp8_linear(convert_element_type_default, arg1_1, reshape_default, reshape_default_1, arg3_1, use_fast_accum=True)
-view_2: bf16[2, 3, 48] = aten.reshape(fp8_linear_default, (2, 3, 48))""")
+reshape_default_1: f32[1] = aten.reshape(view_1, (-1))""")
 
     def test_torchao_weight_only_x_3d_with_bias(self):
         pytest.importorskip("torchao")
