@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import copy
+import importlib
+import logging
 import re
 from unittest import mock
 
@@ -312,3 +314,21 @@ def layers_reaching_graphs(name: str, layers: int, counted: int) -> bool:
     if hf.transformers_major() < 5 and name in MOE_GRAPH_BREAKS_ON_TRANSFORMERS_4:
         return 1 <= counted <= layers
     return counted == layers
+
+
+def from_torchao_hints(monkeypatch, model, x) -> list[str]:
+    """The backend's warnings that name a `from_torchao` when `model(x)` is compiled with it (its once-a-process hint
+    re-armed first)."""
+    monkeypatch.setattr(importlib.import_module("fa4_inductor.backend"), "_HINTED", [])
+    messages = []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = lambda record: messages.append(record.getMessage())
+    logger = logging.getLogger("fa4_inductor")
+    logger.addHandler(handler)
+    try:
+        torch._dynamo.reset()
+        with torch.no_grad():
+            torch.compile(model, backend=fa4_inductor.backend())(x)
+    finally:
+        logger.removeHandler(handler)
+    return [m for m in messages if "from_torchao" in m]

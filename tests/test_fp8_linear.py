@@ -16,7 +16,7 @@ from fa4_inductor import fp8
 from fa4_inductor.fp8 import Fp8Linear
 from fa4_inductor.kernels import FP8_LINEAR, fp8_linear_scaled_mm_kept_reason, fp8_linear_unsupported_reason
 from fa4_inductor.kernels import fp8_linear as op
-from helpers import PostGradCompiled, compiled_one_row_decomposed
+from helpers import PostGradCompiled, compiled_one_row_decomposed, from_torchao_hints
 
 pytestmark = pytest.mark.usefixtures("without_fx_graph_cache")  # conftest.py: a cache hit skips the passes
 
@@ -454,6 +454,18 @@ def test_from_torchao_keeps_torchaos_outputs_bit_for_bit(monkeypatch, config, bi
         compiled, family_off, expected = compiled_with_and_without(plain, torch.randn(2, 3, K, dtype=torch.bfloat16))
     assert compiled.code.count(OP_CALL) == 2 and [r for r, _ in compiled.details] == [True, True]
     as_close_to_eager_as_default_compile(compiled.out, family_off.out, expected)  # Inductor's GELU rounds once
+
+
+def test_compiling_torchao_fp8_weights_hints_at_from_torchao(monkeypatch):
+    """torchao fp8 weights reach the graph as tensor subclasses: the backend names `fp8.from_torchao`; after it, the
+    plain layers leave it nothing to say."""
+    pytest.importorskip("torchao")
+    model = torchao_model(torchao_fp8_configs(monkeypatch)["per-row"])
+    x = torch.randn(2, K, dtype=torch.bfloat16)
+    hints = from_torchao_hints(monkeypatch, model, x)
+    assert len(hints) == 1 and hints[0].startswith("1 torchao fp8 weights reach this graph") and \
+        "`fa4_inductor.fp8.from_torchao(model)`" in hints[0], hints
+    assert fp8.from_torchao(model) == ["0"] and from_torchao_hints(monkeypatch, model, x) == []
 
 
 def test_from_torchao_leaves_what_fp8linear_does_not_compute(monkeypatch):

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 import fa4_inductor
 import upstream
-from helpers import PostGradCompiled, compiled_one_row_decomposed, one_row_matmuls_decomposed
+from helpers import PostGradCompiled, compiled_one_row_decomposed, from_torchao_hints, one_row_matmuls_decomposed
 from fa4_inductor.kernels import INT8_LINEAR, int8_linear_unsupported_reason
 
 pytestmark = pytest.mark.usefixtures("without_fx_graph_cache")  # conftest.py: a cache hit skips the passes
@@ -401,22 +401,7 @@ def test_from_torchao_keeps_the_weights_bit_for_bit_as_plain_buffers(bias):
 def test_compiling_torchao_int8_weights_hints_at_from_torchao(monkeypatch):
     """torchao int8 weight-only weights reach the graph as tensor subclasses: the backend names `int8.from_torchao`."""
     pytest.importorskip("torchao")
-    import importlib
-    import logging
-
-    from test_nvfp4_load import Messages
-
-    backend_module = importlib.import_module("fa4_inductor.backend")
-    monkeypatch.setattr(backend_module, "_HINTED", [])
-    handler, logger = Messages(), logging.getLogger("fa4_inductor")
-    logger.addHandler(handler)
-    try:
-        torch._dynamo.reset()
-        with torch.no_grad():
-            torch.compile(torchao_int8_model(bias=False), backend=fa4_inductor.backend())(torch.randn(2, K, dtype=torch.bfloat16))
-    finally:
-        logger.removeHandler(handler)
-    hints = [m for m in handler.messages if "from_torchao" in m]
+    hints = from_torchao_hints(monkeypatch, torchao_int8_model(bias=False), torch.randn(2, K, dtype=torch.bfloat16))
     assert len(hints) == 1 and hints[0].startswith("1 torchao int8 weights reach this graph") and \
         "`fa4_inductor.int8.from_torchao(model)`" in hints[0], hints
 
