@@ -23,11 +23,11 @@ Formats (the ops' own, see nvfp4_linear.py / int8_linear.py):
   `torch._scaled_mm` computes for x holding fp8 values (the products are exact either way).
 
 Layout: the checkpoint's row-major bytes as they are, read as 32-bit words, when a row is a whole number of
-32-byte chunks (K a multiple of 64 for NVFP4, 32 for int8) and the tensors are 16-byte aligned (no copy at
+32-byte chunks (K a multiple of 64 for NVFP4, 32 for int8 and fp8) and the tensors are 16-byte aligned (no copy at
 all); otherwise a copy with K padded to the chunk (zero codes, zero scales), made once per weight
-(`prepared_weights`, kind "w4a16_nvfp4" / "w4a16_int8"). NVFP4 block scales are padded per call in that case
-(they are whatever the op holds; torchao's blocked ones are un-blocked once, by `nvfp4_linear`). x is made
-contiguous, 16-byte aligned and zero-padded to the chunk when needed (a small copy).
+(`prepared_weights`, kind "w4a16_nvfp4" / "w4a16_int8" / "w4a16_float8_e4m3fn"). NVFP4 block scales are padded per
+call in that case (they are whatever the op holds; torchao's blocked ones are un-blocked once, by `nvfp4_linear`). x
+is made contiguous, 16-byte aligned and zero-padded to the chunk when needed (a small copy).
 
 Limits (`unsupported_reason`): CUDA sm90, x float16 / bfloat16 with 1..16 rows, K a multiple of 16, N >= 1.
 
