@@ -83,20 +83,23 @@ def unsupported_reason(device_type: str, dtype: torch.dtype, weight_dtype: torch
 def scaled_mm_kept_reason(device_type: str, dtype: torch.dtype, m: Optional[int], n: int, k: int) -> str | None:
     """Why lowering keeps a `torch._scaled_mm` call of m rows (None: decided per call, by the op's routes) over an
     [n, k] weight with a `dtype` output as written: on CUDA the op takes it from `torch._scaled_mm` only for our decode
-    GEMM, which runs at most `W4A16_MAX_ROWS` rows of a bf16 / fp16 x over weights where it is measured faster
-    (`cublas_fp8_reason`); any other call would run `torch._scaled_mm` again."""
+    GEMM (`gemm_reason`); any other call would run `torch._scaled_mm` again."""
     if device_type != "cuda":
         return None
-    reason = cublas_fp8_reason(n, k)
-    if reason is not None:
-        return f"{reason}: the op would only call it again"
-    if dtype not in layout.HALF_DTYPES:
-        return (f"a {_name(dtype)} output: our fp8 decode GEMM takes bf16 / fp16 x, so the op would only call "
-                "torch._scaled_mm again")
+    reason = gemm_reason(m, dtype, n, k, scaled=True)
+    return None if reason is None else f"{reason}: the op would only call torch._scaled_mm again"
+
+
+def gemm_reason(m: Optional[int], dtype: torch.dtype, n: int, k: int, scaled: bool) -> str | None:
+    """Why our fp8 decode GEMM does not take a call of m rows (None: not known yet) of a `dtype` x over an [n, k]
+    weight, with x's scale (`scaled`) or weight-only: at most `W4A16_MAX_ROWS` rows of a bf16 / fp16 x, and with x's
+    scale only over weights where it is measured faster than cuBLAS's fp8 GEMM (`cublas_fp8_reason`). None if it
+    does (the device aside: `w4a16_decode.unsupported_reason`)."""
     if m is not None and m > W4A16_MAX_ROWS:
-        return (f"{m} rows > {W4A16_MAX_ROWS}: the op would only call torch._scaled_mm again (our fp8 decode GEMM "
-                f"takes at most {W4A16_MAX_ROWS} rows, W4A16_MAX_ROWS)")
-    return None
+        return f"{m} rows > {W4A16_MAX_ROWS}, outside our fp8 decode GEMM (W4A16_MAX_ROWS)"
+    if dtype not in layout.HALF_DTYPES:
+        return f"our fp8 decode GEMM takes bf16 / fp16 x, not {_name(dtype)}"
+    return cublas_fp8_reason(n, k) if scaled else None
 
 
 def cublas_fp8_reason(n: int, k: int) -> str | None:
@@ -164,15 +167,9 @@ def _fp8_linear_fake(x, w, w_scale, x_scale=None, bias=None, *, use_fast_accum=F
 
 
 def _w4a16_reason(x, w, w_scale, x_scale=None, bias=None, *, use_fast_accum=False) -> str | None:
-    m = rows(x)
-    if m > W4A16_MAX_ROWS:
-        return f"{m} rows > {W4A16_MAX_ROWS}, outside our fp8 decode GEMM (W4A16_MAX_ROWS)"
-    if x.dtype not in layout.HALF_DTYPES:
-        return f"our fp8 decode GEMM takes bf16 / fp16 x, not {_name(x.dtype)}"
-    n, k = w.shape
-    if x_scale is not None and cublas_fp8_reason(n, k) is not None:
-        return cublas_fp8_reason(n, k)
-    return w4a16_decode.unsupported_reason(x.reshape(m, k), "fp8", n, k)
+    m, (n, k) = rows(x), w.shape
+    return (gemm_reason(m, x.dtype, n, k, scaled=x_scale is not None)
+            or w4a16_decode.unsupported_reason(x.reshape(m, k), "fp8", n, k))
 
 
 def _w4a16_run(x, w, w_scale, x_scale=None, bias=None, *, use_fast_accum=False) -> Tensor:

@@ -160,13 +160,12 @@ def test_unsupported_and_rows_reasons():
     assert fp8_linear_unsupported_reason("mps", torch.bfloat16) == "device mps has no fa4 fp8_linear kernel"
     long_k = (2048, 8192)
     assert fp8_linear_scaled_mm_kept_reason("cuda", torch.bfloat16, 17, *long_k) == \
-        "17 rows > 16: the op would only call torch._scaled_mm again (our fp8 decode GEMM takes at most 16 rows, " \
-        "W4A16_MAX_ROWS)"
+        "17 rows > 16, outside our fp8 decode GEMM (W4A16_MAX_ROWS): the op would only call torch._scaled_mm again"
     assert fp8_linear_scaled_mm_kept_reason("cuda", torch.float32, 1, *long_k) == \
-        "a float32 output: our fp8 decode GEMM takes bf16 / fp16 x, so the op would only call torch._scaled_mm again"
+        "our fp8 decode GEMM takes bf16 / fp16 x, not float32: the op would only call torch._scaled_mm again"
     assert fp8_linear_scaled_mm_kept_reason("cuda", torch.bfloat16, 1, 8192, 8192) == \
         "N 8192 > 2048 and K 8192 < 2 x N: torch._scaled_mm is measured as fast as our fp8 decode GEMM or faster " \
-        "over such weights (SCALED_MM_NARROW_N, SCALED_MM_SLOW_K): the op would only call it again"
+        "over such weights (SCALED_MM_NARROW_N, SCALED_MM_SLOW_K): the op would only call torch._scaled_mm again"
     for args in (("cuda", torch.float16, 16, *long_k), ("cuda", torch.bfloat16, None, 4096, 14336),
                  ("cuda", torch.bfloat16, 1, 2048, 2048), ("cpu", torch.bfloat16, 4096, 8192, 8192)):
         assert fp8_linear_scaled_mm_kept_reason(*args) is None
