@@ -97,7 +97,7 @@ def run(x2d: Tensor, w_int8: Tensor, scale: Tensor, bias: Optional[Tensor], forc
     from . import w4a16_decode as w4
 
     n = w_int8.shape[0]
-    words = w4.prepare_int8(w_int8)
+    words = w4.prepare_bytes(w_int8)
     pieces = words.shape[1] // 4
     x = w4.prepare_x(x2d, PIECE_VALUES * pieces)
     device = x.device.index if x.device.index is not None else torch.cuda.current_device()

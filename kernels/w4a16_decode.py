@@ -353,10 +353,10 @@ def nvfp4_block_words(w_block_scale: Tensor, k: int) -> Tensor:
     return _pad_cols(w_block_scale.view(torch.uint8), kp // layout.NVFP4_BLOCK, align=4).view(torch.int32)
 
 
-def int8_words(w_int8: Tensor) -> Tensor:
-    """w_int8 [N, K] (or any one-byte codes) as int32 [N, Kp/4] (4 codes a word, code j in byte j), K padded to 32."""
-    kp = padded_k("int8", w_int8.shape[1])
-    return _pad_cols(w_int8.view(torch.int8), kp).view(torch.int32)
+def byte_words(codes: Tensor) -> Tensor:
+    """One-byte codes [N, K] (int8 or fp8) as int32 [N, Kp/4] (4 codes a word, code j in byte j), K padded to 32."""
+    kp = padded_k("int8", codes.shape[1])
+    return _pad_cols(codes.view(torch.int8), kp).view(torch.int32)
 
 
 # ---- the kernel's decode, emulated bit for bit (the CPU tests hold it to the exact weights) ----
@@ -652,13 +652,13 @@ def prepare_nvfp4(w_fp4: Tensor, w_block_scale: Tensor) -> tuple[Tensor, Tensor]
     return words, nvfp4_block_words(w_block_scale, k)
 
 
-def prepare_int8(w_int8: Tensor) -> Tensor:
+def prepare_bytes(codes: Tensor) -> Tensor:
     """int8 or fp8 codes [N, K] as the kernel's words: a view where K is a multiple of 32 and the rows are aligned,
     else a padded copy made once per weight."""
-    k = w_int8.shape[1]
-    if k % CHUNK_VALUES["int8"] == 0 and _aligned(w_int8):
-        return int8_words(w_int8)
-    return prepared_weights.get(w_int8, f"w4a16_{layout.dtype_name(w_int8.dtype)}", lambda: int8_words(w_int8))
+    k = codes.shape[1]
+    if k % CHUNK_VALUES["int8"] == 0 and _aligned(codes):
+        return byte_words(codes)
+    return prepared_weights.get(codes, f"w4a16_{layout.dtype_name(codes.dtype)}", lambda: byte_words(codes))
 
 
 def prepare_x(x2d: Tensor, k_padded: int) -> Tensor:
@@ -1084,7 +1084,7 @@ def int8_gemv_siblings(x2d: Tensor, weights: list[tuple[Tensor, Tensor]],
     operands = []
     for w_int8, w_scale in weights:
         n, _, scale, _ = _int8_operands(x2d, w_int8, w_scale)
-        operands += [prepare_int8(w_int8), scale, torch.empty(x2d.shape[0], n, dtype=x2d.dtype, device=x2d.device)]
+        operands += [prepare_bytes(w_int8), scale, torch.empty(x2d.shape[0], n, dtype=x2d.dtype, device=x2d.device)]
     x, key = _gemv_plan("int8", x2d, operands[0], sum(w.shape[0] for w, _ in weights), False, operands[1].dtype,
                         shape, len(weights))
     if len(weights) == 2:
@@ -1105,8 +1105,8 @@ def int8_matmul(x2d: Tensor, w_int8: Tensor, w_scale: Tensor, bias: Optional[Ten
             return int8_int_gemv.run(x2d, w_int8, scale, bias, tuple(gemv[1:]) if isinstance(gemv, tuple) else None)
         gemv = None if gemv is None else True
     if x2d.shape[0] <= gemv_rows(gemv):
-        return _run_gemv("int8", x2d, prepare_int8(w_int8), None, scale, bias, n, _gemv_shape(gemv))
-    return _run("int8", x2d, prepare_int8(w_int8), None, scale, bias, n, k, splits, cta, load)
+        return _run_gemv("int8", x2d, prepare_bytes(w_int8), None, scale, bias, n, _gemv_shape(gemv))
+    return _run("int8", x2d, prepare_bytes(w_int8), None, scale, bias, n, k, splits, cta, load)
 
 
 def fp8_matmul(x2d: Tensor, w_fp8: Tensor, w_scale: Tensor, x_scale: Optional[Tensor] = None,
@@ -1126,5 +1126,5 @@ def fp8_matmul(x2d: Tensor, w_fp8: Tensor, w_scale: Tensor, x_scale: Optional[Te
     if bias is not None:
         bias = bias.reshape(n).to(x2d.dtype).contiguous()
     row_scale = None if x_scale is None else x_scale.reshape(-1).contiguous()
-    return _run("fp8", x2d, prepare_int8(w_fp8), None, w_scale.reshape(-1).contiguous(), bias, n, k, splits, cta,
+    return _run("fp8", x2d, prepare_bytes(w_fp8), None, w_scale.reshape(-1).contiguous(), bias, n, k, splits, cta,
                 load, row_scale=row_scale)

@@ -28,7 +28,7 @@ def test_the_kernels_dp4a_sums_are_the_exact_block_products():
     x = (torch.randn(k) * 3).to(torch.bfloat16)
     x[:16] = torch.tensor([1.0, -1.0] * 8, dtype=torch.bfloat16) * 7.96875  # |y| 32640 on every value
     low, high, _, _ = g.quantize_blocks(x)
-    words = w4.int8_words(w).long() & 0xFFFFFFFF
+    words = w4.byte_words(w).long() & 0xFFFFFFFF
     y, _ = g.x_integers(x)
     assert y[:16].abs().eq(32640).all()
     assert torch.equal(g8.block_sums(words, low, high), (w.long() * y).reshape(n, -1, 16).sum(-1))

@@ -511,7 +511,7 @@ def test_int8_layout_decodes_to_the_weight_exactly(n, k, dtype):
     g = torch.Generator().manual_seed(k)
     w_int8 = torch.randint(-128, 128, (n, k), dtype=torch.int8, generator=g)
     w_int8[0, :2] = torch.tensor([-128, 127], dtype=torch.int8)
-    words = w4.int8_words(w_int8)
+    words = w4.byte_words(w_int8)
     assert words.dtype == torch.int32 and words.shape[1] * 4 == w4.padded_k("int8", k)
     assert torch.equal(w4.decode_int8_words(words, k, dtype), w_int8.double())
 
@@ -519,7 +519,7 @@ def test_int8_layout_decodes_to_the_weight_exactly(n, k, dtype):
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_int8_decode_covers_every_byte(dtype):
     w_int8 = torch.arange(-128, 128, dtype=torch.int8).reshape(8, 32)
-    assert torch.equal(w4.decode_int8_words(w4.int8_words(w_int8), 32, dtype), w_int8.double())
+    assert torch.equal(w4.decode_int8_words(w4.byte_words(w_int8), 32, dtype), w_int8.double())
 
 
 def test_layout_is_a_view_when_nothing_needs_padding():
@@ -527,7 +527,7 @@ def test_layout_is_a_view_when_nothing_needs_padding():
     words, blocks = w4.prepare_nvfp4(w_fp4, scales)
     assert words.data_ptr() == w_fp4.data_ptr() and blocks.data_ptr() == scales.data_ptr()
     w_int8 = torch.zeros(4, 32, dtype=torch.int8)
-    assert w4.prepare_int8(w_int8).data_ptr() == w_int8.data_ptr()
+    assert w4.prepare_bytes(w_int8).data_ptr() == w_int8.data_ptr()
 
 
 def test_padded_weights_are_prepared_once():
@@ -848,7 +848,7 @@ def test_fp8_keys_and_argument_checks():
 def test_fp8_words_are_the_codes():
     """The kernel's words are the e4m3 bytes as they are (code j of a word in byte j), K padded with +0."""
     w = torch.randn(5, 40).to(torch.float8_e4m3fn)
-    words = w4.int8_words(w)
+    words = w4.byte_words(w)
     assert words.shape == (5, 16) and words.dtype == torch.int32
     codes = words.view(torch.uint8)
     assert torch.equal(codes[:, :40], w.view(torch.uint8)) and not codes[:, 40:].any()

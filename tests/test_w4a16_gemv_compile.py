@@ -54,10 +54,10 @@ def test_nvfp4_gemv_layout_decodes_exactly(n, k):
 
 def test_int8_gemv_decode_covers_every_byte():
     w_int8 = torch.arange(-128, 128, dtype=torch.int8).reshape(8, 32)
-    assert torch.equal(w4.decode_int8_gemv(w4.int8_words(w_int8), 32), w_int8.double())
+    assert torch.equal(w4.decode_int8_gemv(w4.byte_words(w_int8), 32), w_int8.double())
     g = torch.Generator().manual_seed(1)
     w_int8 = torch.randint(-128, 128, (7, 40), dtype=torch.int8, generator=g)
-    assert torch.equal(w4.decode_int8_gemv(w4.int8_words(w_int8), 40), w_int8.double())
+    assert torch.equal(w4.decode_int8_gemv(w4.byte_words(w_int8), 40), w_int8.double())
 
 
 def test_prmt_emulation():
