@@ -316,13 +316,22 @@ def layers_reaching_graphs(name: str, layers: int, counted: int) -> bool:
     return counted == layers
 
 
+class Messages(logging.Handler):
+    """The messages of a logger (pytest's log capture is off in this suite: pyproject.toml)."""
+
+    def __init__(self):
+        super().__init__(logging.WARNING)
+        self.messages = []
+
+    def emit(self, record):
+        self.messages.append(record.getMessage())
+
+
 def from_torchao_hints(monkeypatch, model, x) -> list[str]:
     """The backend's warnings that name a `from_torchao` when `model(x)` is compiled with it (its once-a-process hint
     re-armed first)."""
     monkeypatch.setattr(importlib.import_module("fa4_inductor.backend"), "_HINTED", [])
-    messages = []
-    handler = logging.Handler(logging.WARNING)
-    handler.emit = lambda record: messages.append(record.getMessage())
+    handler = Messages()
     logger = logging.getLogger("fa4_inductor")
     logger.addHandler(handler)
     try:
@@ -331,4 +340,4 @@ def from_torchao_hints(monkeypatch, model, x) -> list[str]:
             torch.compile(model, backend=fa4_inductor.backend())(x)
     finally:
         logger.removeHandler(handler)
-    return [m for m in messages if "from_torchao" in m]
+    return [m for m in handler.messages if "from_torchao" in m]

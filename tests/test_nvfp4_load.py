@@ -11,7 +11,7 @@ from safetensors.torch import save_file
 
 import fa4_inductor
 from fa4_inductor import hf, nvfp4
-from helpers import PostGradCompiled
+from helpers import Messages, PostGradCompiled
 from test_nvfp4_linear import OP_CALL, float64_dequantized
 
 pytestmark = pytest.mark.usefixtures("without_fx_graph_cache")
@@ -214,17 +214,6 @@ def test_from_torchao_keeps_the_weights_bit_for_bit_as_plain_buffers(per_tensor_
         compiled = PostGradCompiled(model, x, backend=fa4_inductor.backend(nvfp4_linear=True))
     assert compiled.code.count(OP_CALL) == 1 and "scale_layout" not in compiled.code  # scales stored un-blocked
     torch.testing.assert_close(compiled.out, before, atol=0, rtol=0)
-
-
-class Messages(logging.Handler):
-    """The messages of a logger (pytest's log capture is off in this suite: pyproject.toml)."""
-
-    def __init__(self):
-        super().__init__(logging.WARNING)
-        self.messages = []
-
-    def emit(self, record):
-        self.messages.append(record.getMessage())
 
 
 def test_compiling_torchao_nvfp4_weights_hints_at_from_torchao_once(monkeypatch):
