@@ -9,6 +9,7 @@ skips Inductor counted, and the kernels that take the most time.
     python docs/scripts/decode_profile.py nvfp4 plain lm_head=1     # lm_head quantized too (torchao's default filter)
     python docs/scripts/decode_profile.py int8kv   # batch 8 x 32k cache: Int8StaticCache against StaticCache
     python docs/scripts/decode_profile.py fp8      # torchao fp8 x fp8 (per row) under ours and under default compile
+    python docs/scripts/decode_profile.py fp8 plain    # the same codes as plain buffers (`fp8.from_torchao`), ours
 """
 import sys
 import time
@@ -121,18 +122,16 @@ def nvfp4(kinds="torchao,plain,bf16", prompt=4096):
 
 
 def fp8(kinds="ours,default", prompt=4096):
-    """torchao `Float8DynamicActivationFloat8WeightConfig` (per row) weights under our backend and default compile."""
-    from torchao.quantization import quantize_
+    """torchao `Float8DynamicActivationFloat8WeightConfig` (per row) weights, built as the quant bench's end-to-end
+    runs build them ("ours", "default", "plain": `quant.e2e_runs`), under their backend (ours with this command's
+    options)."""
     from transformers import StaticCache
 
     for kind in kinds.split(","):
-        torch.manual_seed(0)
-        model = models.llama("sdpa", "cuda", torch.bfloat16)
-        quantize_(model, quant.E2E_CONFIGS["fp8"](),
-                  filter_fn=lambda m, fqn: isinstance(m, nn.Linear) and "lm_head" not in fqn)
+        _, name, backend, model = quant._llama_for(f"fp8:{kind}", "cuda", torch.bfloat16)
         cache = StaticCache(config=model.config, max_cache_len=prompt + 64)
-        report(f"fp8 weights, {kind}, batch 1, position {prompt}", model, cache, 1, prompt,
-               None if kind == "ours" else "inductor")
+        report(f"fp8 weights, {name}, batch 1, position {prompt}", model, cache, 1, prompt,
+               backend if kind == "default" else None)
         del model, cache
         torch.cuda.empty_cache()
 
