@@ -117,6 +117,7 @@ ALIGN_BYTES = layout.ALIGN_BYTES
 CHUNK_VALUES = {"nvfp4": 64, "int8": 32, "fp8": 32}  # weights per 32-byte chunk of a row
 K_MULTIPLE = 16
 MIN_STEPS = 2  # steps (4 chunks a row) per warp in a split
+STEP_CHUNKS = 4  # chunks of a row a warp's step covers (the kernel's LANES_K)
 MAX_SPLITS = 32
 BULK_OPTIONS = ("ahead", "prefetch", "scales")  # "bulk+ahead", "bulk+prefetch+scales", ...
 NVFP4_ONLY = ("prefetch", "scales")  # options about block scales: dropped for int8
@@ -134,6 +135,9 @@ CTAs) 8192 x 8192 21.7-25.3 against 21.0-23.4 rolling, 8192 x 2048 8.2-9.6 again
 25.6-26.8 and 2048 x 8192 9.7 / 10.2 against 10.1 / 10.6 (and NVFP4 there, 7.4 / 10.5 against 7.8 / 11.1): the
 register path. Session 37 (H100): NVFP4 at 16 rows on 2 x 2 x 4 CTAs, rolling / rolling+2ctas: 8192 x 8192 32.3 /
 42.8, 8192 x 2048 10.6 / 12.3, 14336 x 4096 32.9 / 35.0, 4096 x 14336 33.9 / 39.3."""
+XSMEM = "xsmem"
+XSMEM_SETS = 2  # "xsmem" without a depth: two register sets of weights (loaded a step ahead, as "registers")
+XSMEM_BUDGET = 200 * 1024  # x's shared copy, the CTA's K range of it (`xsmem_steps`): split K further past this
 BULK_SMEM_BUDGET = 200 * 1024  # the bulk ring's default depth fills this (one CTA a SM: its registers)
 SMEM_LIMIT = 227 * 1024  # sm90's shared memory a CTA can opt into
 MAX_STAGES = 16
@@ -244,11 +248,13 @@ def parse_load(spec: str) -> tuple[str, Optional[int]]:
     in_order = set(options) <= set(BULK_OPTIONS) and options == sorted(set(options), key=BULK_OPTIONS.index)
     bulk_only = (not options or in_order) and (not colon or (depth.isdigit() and int(depth) >= 1))
     rolling = base == "rolling" and options in ([], [f"{ROLLING_CTAS}ctas"])
-    if (base == "registers" and not options or rolling) and not colon or base == "bulk" and bulk_only:
+    xsmem = base == XSMEM and not options and (not colon or depth.isdigit() and int(depth) >= 2)
+    if (base == "registers" and not options or rolling) and not colon or base == "bulk" and bulk_only or xsmem:
         return path, int(depth) if depth else None
     raise ValueError(f"the W4A16 decode GEMM's load path ({switches.W4A16_LOAD} or `load`) is registers, rolling, "
-                     f"rolling+{ROLLING_CTAS}ctas or bulk, bulk with options "
-                     f"{', '.join('+' + o for o in BULK_OPTIONS)} (in this order) and a ring depth (bulk+prefetch:4); "
+                     f"rolling+{ROLLING_CTAS}ctas, bulk, bulk with options "
+                     f"{', '.join('+' + o for o in BULK_OPTIONS)} (in this order) and a ring depth (bulk+prefetch:4), "
+                     f"or {XSMEM} with its weights' register sets (>= 2: {XSMEM}:3); "
                      f"got {spec!r}")
 
 
@@ -305,10 +311,58 @@ def load_key(spec: str, m_max: int, fmt: str, cta: CtaShape) -> str:
     """The `_Key.load` of a spec for `fmt`: "registers", "rolling", or the bulk path (without the NVFP4-only
     options for int8) with its depth resolved ("bulk:5")."""
     path, depth = parse_load(spec)
+    if path == XSMEM:
+        return f"{XSMEM}:{depth or XSMEM_SETS}"
     if not path.startswith("bulk"):
         return path
     path = "+".join(p for p in path.split("+") if fmt == "nvfp4" or p not in NVFP4_ONLY)
     return f"{path}:{bulk_stages(m_max, cta, depth, 'scales' in path.split('+'))}"
+
+
+def is_xsmem(spec: str) -> bool:
+    return spec != AUTO_LOAD and parse_load(spec)[0] == XSMEM
+
+
+def xsmem_max_steps(m_max: int, fmt: str) -> int:
+    """The most steps (4 chunks) of x's rows a CTA on the "xsmem" path copies to shared memory (a power of two)."""
+    from .cute.w4a16_decode_gemm import XSmemLayout
+
+    x_words = CHUNK_VALUES[fmt] // 2
+    steps = 2
+    while XSmemLayout.bytes(2 * steps, x_words, m_max // 8) <= XSMEM_BUDGET:
+        steps *= 2
+    return steps
+
+
+def xsmem_buckets(spec: str, m: int, fmt: str, cta: CtaShape) -> tuple[int, ...]:
+    """The x_steps a call on load path `spec` can take (`xsmem_plan`): (0,) off the "xsmem" path, every power of two
+    up to `xsmem_max_steps` on it (CTAs of one K warp only)."""
+    if not is_xsmem(spec):
+        return (0,)
+    if cta.warps_k != 1:
+        raise ValueError(f"the {XSMEM} load path takes CTAs of one warp along K: set {switches.W4A16_CTA}=RTxWNx1")
+    return tuple(2 ** i for i in range(1, xsmem_max_steps(m_bucket(m), fmt).bit_length()))
+
+
+def xsmem_plan(m: int, n: int, k_padded: int, fmt: str, shape: CtaShape, num_sms: int,
+               splits: Optional[int]) -> tuple[int, int]:
+    """(splits, x_steps) of an "xsmem" call: `splits` or `num_splits`', raised until each CTA's K range of x fits
+    `xsmem_max_steps`; x_steps the power of two (>= 2) of steps its shared copy holds."""
+    if shape.warps_k != 1:
+        raise ValueError(f"the {XSMEM} load path takes CTAs of one warp along K (RTxWNx1), not {shape}")
+    chunks = k_padded // CHUNK_VALUES[fmt]
+    most = xsmem_max_steps(m_bucket(m), fmt)
+    steps = lambda s: -(-(-(-chunks // s)) // STEP_CHUNKS)  # noqa: E731  (the longest CTA range, in steps)
+    if splits is None:
+        splits = num_splits(n, k_padded, fmt, shape, num_sms)
+        while steps(splits) > most:
+            splits += 1
+    elif steps(splits) > most:
+        raise ValueError(f"{splits} splits leave {steps(splits)} steps of x a CTA; the {XSMEM} path holds {most}")
+    x_steps = 2
+    while x_steps < steps(splits):
+        x_steps *= 2
+    return splits, x_steps
 
 
 @functools.cache
@@ -685,6 +739,7 @@ class _Key(NamedTuple):
     pack: bool = False  # main only, NVFP4: the packed layout (`pack_nvfp4`)
     tiled: bool = False  # main only, packed NVFP4 in 16-row tiles (`tile_words`)
     row_scale: bool = False  # fp8: x's scales (per row or per tensor), read where the output is scaled
+    x_steps: int = 0  # main only, the "xsmem" path: the steps of x a CTA's shared copy holds (`xsmem_plan`)
 
 
 def _compile(key: _Key):
@@ -713,7 +768,9 @@ def _compile(key: _Key):
         raise ValueError(f"no W4A16 decode GEMM with load path {key.load!r}: give the ring's depth, which "
                          f"must fit in shared memory (`load_key`)")
     options = path.split("+")[1:]
-    if path.startswith("bulk"):
+    if path == XSMEM:
+        load = dict(load=XSMEM, sets=stages, x_steps=key.x_steps)
+    elif path.startswith("bulk"):
         load = dict(load="bulk", stages=stages, ahead="ahead" in options, prefetch="prefetch" in options,
                     scales="scales" in options)
     else:
@@ -921,11 +978,12 @@ def _gemv_plan(fmt: str, x2d: Tensor, words: Tensor, n: int, bias: bool, scale_d
 
 def keys(dtype: torch.dtype, fmt: str, m: int, split: bool, bias: bool, arch: str, cta: CtaShape,
          pdl: bool = False, load: str = "registers", scale_dtype: torch.dtype = torch.float32,
-         pack=False, row_scale: bool = False) -> list[_Key]:
+         pack=False, row_scale: bool = False, x_steps: int = 0) -> list[_Key]:
     """The variants a call runs: the main kernel (load path `load`, a `parse_load` spec), and the reduce
     kernel when split. `scale_dtype`: the dtype of int8's per-channel scales (NVFP4's global scale and fp8's
     scales are fp32); `pack`: NVFP4 weights in the packed layout (True) or packed in tiles ("tiles", register path
-    only); `row_scale`: fp8 with x's scales, applied by the kernel that writes the output."""
+    only); `row_scale`: fp8 with x's scales, applied by the kernel that writes the output; `x_steps`: the "xsmem" path's
+    shared copy of x (`xsmem_plan`)."""
     m_max = m_bucket(m)
     if scale_dtype not in SCALE_DTYPES or (fmt != "int8" and scale_dtype != torch.float32):
         raise ValueError(f"the W4A16 decode GEMM does not take {fmt} scales of dtype {scale_dtype}")
@@ -935,10 +993,14 @@ def keys(dtype: torch.dtype, fmt: str, m: int, split: bool, bias: bool, arch: st
         raise ValueError(f"the packed layout is NVFP4's; {fmt} weights have none")
     if pack not in PACKS:
         raise ValueError(f"the NVFP4 layout (`pack`) is one of {PACKS}, not {pack!r}")
-    if pack == "tiles" and parse_load(load)[0].startswith("bulk"):
+    if pack == "tiles" and (parse_load(load)[0].startswith("bulk") or is_xsmem(load)):
         raise ValueError("the tiled NVFP4 layout runs on the register load paths only (registers, rolling)")
+    if is_xsmem(load) != (x_steps > 0) or is_xsmem(load) and cta.warps_k != 1:
+        raise ValueError(f"the {XSMEM} load path takes CTAs of one warp along K and its x steps ({load}, {cta}, "
+                         f"x_steps {x_steps})")
     main = _Key("main", dtype, fmt, m_max, split, bias and not split, arch, cta, pdl,
-                load_key(load, m_max, fmt, cta), scale_dtype, bool(pack), pack == "tiles", row_scale and not split)
+                load_key(load, m_max, fmt, cta), scale_dtype, bool(pack), pack == "tiles", row_scale and not split,
+                x_steps)
     if not split:
         return [main]
     return [main, _Key("reduce", dtype, fmt, 0, True, bias, arch, scale_dtype=scale_dtype, row_scale=row_scale)]
@@ -969,8 +1031,10 @@ def warmup(dtype: torch.dtype, fmt: str, m_values=M_BUCKETS, *, bias: Optional[b
                         continue
                     for spec in {resolve_load(load, m, k, cta, fmt) for k in short_and_long_k}:
                         for r in ((False, True) if fmt == "fp8" and row_scale is None else (bool(row_scale),)):
-                            for key in keys(dtype, fmt, m, split, b, arch, cta, pdl, spec, scale_dtype, pack, r):
-                                compiled(key)
+                            for x_steps in xsmem_buckets(spec, m, fmt, cta):
+                                for key in keys(dtype, fmt, m, split, b, arch, cta, pdl, spec, scale_dtype, pack, r,
+                                                x_steps):
+                                    compiled(key)
     gemv_before = len(compiled_gemv)
     most = gemv_rows(gemv)
     if most and not pack and fmt in GEMV_FORMATS:
@@ -1002,13 +1066,16 @@ def _run(fmt: str, x2d: Tensor, words: Tensor, block: Optional[Tensor], scale: T
     num_sms = _num_sms(device.index if device.index is not None else torch.cuda.current_device())
     env = switches.current()
     shape = cta_shape(n, m, num_sms, cta or env.w4a16_cta, fmt, pack)
-    if splits is None:
+    load = resolve_load(configured_load() if load is None else load, m, kp, shape, fmt)
+    x_steps = 0
+    if is_xsmem(load):
+        splits, x_steps = xsmem_plan(m, n, kp, fmt, shape, num_sms, splits)
+    elif splits is None:
         splits = num_splits(n, kp, fmt, shape, num_sms)
     split = splits > 1
     arch = compile_utils.target_arch(device)
-    load = resolve_load(configured_load() if load is None else load, m, kp, shape, fmt)
     variants = [compiled(key) for key in keys(x.dtype, fmt, m, split, bias is not None, arch, shape, env.w4a16_pdl,
-                                              load, scale.dtype, pack, row_scale is not None)]
+                                              load, scale.dtype, pack, row_scale is not None, x_steps)]
     xw = x.view(torch.int32)
     with torch.cuda.device(device):
         if not split:

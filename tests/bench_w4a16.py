@@ -109,6 +109,8 @@ def bench_shape(n, k, ms, splits_list=None, loads=(None,), ctas=None, int8_scale
             for cta in ctas or [None]:
                 for s in splits_list or [None]:
                     for ld in loads_m:
+                        if ld not in (None, w4.AUTO_LOAD) and w4.is_xsmem(ld) != (cta is not None and cta[2] == 1):
+                            continue  # the xsmem path takes CTAs of one K warp, and only it
                         name = f"{_cta_label(cta)} s{s or 'auto'}{tag(ld)}"
                         for pk in packs:
                             row[f"ours nvfp4 {name}{ptag(pk)}"] = (graph_us([

@@ -45,6 +45,8 @@ def report(name, out, ref, pytorch):
 
 def plan(n, k, fmt, m, splits, cta, load, pack=False):
     shape = w4.cta_shape(n, m, w4._num_sms(0), cta, fmt)
+    if w4.is_xsmem(load):
+        splits, _ = w4.xsmem_plan(m, n, w4.padded_k(fmt, k), fmt, shape, w4._num_sms(0), splits)
     splits = splits or w4.num_splits(n, w4.padded_k(fmt, k), fmt, shape, w4._num_sms(0))
     return f"cta {'x'.join(map(str, shape))} splits {splits} {load}{' packed' if pack else ''}"
 
@@ -173,6 +175,63 @@ def test_forced_cta_shapes(cta, m, load, pack):
         nvfp4_case(m, 333, 4160, torch.float16, splits=splits, seed=m + 1, cta=cta, load=load, pack=pack)
         if not pack:
             int8_case(m, 333, 4128, torch.float16, bias=True, splits=splits, seed=m, cta=cta, load=load)
+
+
+XSMEM_CTAS = [(2, 4, 1), (1, 8, 1), (4, 2, 1)]
+
+
+@pytest.mark.parametrize("load", ["xsmem", "xsmem:3"])
+@pytest.mark.parametrize("cta", XSMEM_CTAS, ids=lambda c: "x".join(map(str, c)))
+@pytest.mark.parametrize("m", [1, 3, 8, 9, 16])
+def test_x_from_shared_memory(m, cta, load):
+    """The "xsmem" load path (the CTA's range of x copied to shared memory once, read 16 bytes a lane as the MMAs
+    need it; two or three register sets of weights): every format, both NVFP4 layouts, N and K off the tiles."""
+    nvfp4_case(m, 1000, 2064, torch.bfloat16, seed=m, load=load, cta=cta)
+    nvfp4_case(m, 333, 4160, torch.float16, seed=m + 1, load=load, cta=cta, pack=True)
+    int8_case(m, 1000, 2064, torch.bfloat16, bias=m % 2 == 1, seed=m, load=load, cta=cta)
+    fp8_case(m, 700, 2080, torch.float16, bias=True, seed=m, load=load, cta=cta)
+
+
+def xsmem_fits(fmt, m, k, splits):
+    steps = -(-(-(-(w4.padded_k(fmt, k) // w4.CHUNK_VALUES[fmt]) // splits)) // w4.STEP_CHUNKS)
+    return steps <= w4.xsmem_max_steps(w4.m_bucket(m), fmt)
+
+
+@pytest.mark.parametrize("k", [16, 200, 4096, 14336])
+@pytest.mark.parametrize("splits", [None, 1, 3])
+def test_x_from_shared_memory_k_ranges_and_splits(k, splits):
+    """CTA ranges shorter than a step, a partial last step, the split count raised until x's range fits shared memory
+    (None), and forced counts whose ranges do not fit refused."""
+    for fmt, m, load, cta in (("nvfp4", 16, "xsmem", (2, 4, 1)), ("int8", 9, "xsmem:3", (1, 8, 1))):
+        case = (lambda: nvfp4_case(m, 500, k, torch.bfloat16, splits=splits, seed=k, load=load, cta=cta)) \
+            if fmt == "nvfp4" else \
+            (lambda: int8_case(m, 500, k, torch.float16, bias=True, splits=splits, seed=k, load=load, cta=cta))
+        if splits is not None and not xsmem_fits(fmt, m, k, splits):
+            with pytest.raises(ValueError, match="the xsmem path holds"):
+                case()
+        else:
+            case()
+
+
+def test_x_from_shared_memory_in_a_cuda_graph(monkeypatch):
+    monkeypatch.setenv(switches.W4A16_CTA, "2x4x1")
+    switches.reset()
+    try:
+        n, k, m = 4096, 8192, 16
+        w_fp4, block, global_scale = random_nvfp4(n, k, device="cuda")
+        x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
+        w4.warmup(torch.bfloat16, "nvfp4", (m,), bias=False, load="xsmem")
+        graph, out = capture(lambda: w4.nvfp4_matmul(x, w_fp4, block, global_scale, load="xsmem"))
+        wd = float64_dequantized(w_fp4, block, global_scale)
+        for i in range(2):
+            x.copy_(torch.randn_like(x))
+            graph.replay()
+            torch.cuda.synchronize()
+            assert torch.equal(out, w4.nvfp4_matmul(x, w_fp4, block, global_scale, load="xsmem")), f"replay {i}"
+            report(f"graph xsmem m{m} replay {i}", out, x.double() @ wd.T, F.linear(x, wd.to(x.dtype)))
+    finally:
+        monkeypatch.undo()
+        switches.reset()
 
 
 @pytest.mark.parametrize("pack", PACKS, ids=PACK_IDS)

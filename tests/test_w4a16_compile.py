@@ -393,10 +393,14 @@ def test_load_spec_is_checked(monkeypatch):
     assert w4.parse_load("bulk+prefetch+scales:2") == ("bulk+prefetch+scales", 2)
     assert w4.parse_load("rolling") == ("rolling", None)
     assert w4.parse_load("rolling+2ctas") == ("rolling+2ctas", None)
+    assert w4.parse_load("xsmem") == ("xsmem", None)
+    assert w4.parse_load("xsmem:3") == ("xsmem", 3)
     for bad in ("ring", "Bulk", "bulk:0", "bulk:x", "registers:2", "bulk:", "bulk+ahead:-1", "registers+ahead",
                 "bulk+prefetch+ahead", "bulk+scales+ahead", "bulk+ahead+ahead", "bulk+", "bulk-ahead", "rolling:2",
-                "rolling+ahead", "registers+2ctas", "rolling+3ctas", "rolling+2ctas+2ctas", "bulk+2ctas"):
-        with pytest.raises(ValueError, match="load path .* is registers, rolling, rolling.2ctas or bulk, bulk with"):
+                "rolling+ahead", "registers+2ctas", "rolling+3ctas", "rolling+2ctas+2ctas", "bulk+2ctas", "xsmem:1",
+                "xsmem+ahead", "xsmem:", "xsmem+2ctas"):
+        with pytest.raises(ValueError, match="load path .* is registers, rolling, rolling.2ctas, bulk, bulk with .* or "
+                                             "xsmem with its weights' register sets"):
             w4.parse_load(bad)
     from fa4_inductor.kernels import switches
 
@@ -852,3 +856,86 @@ def test_fp8_words_are_the_codes():
     assert words.shape == (5, 16) and words.dtype == torch.int32
     codes = words.view(torch.uint8)
     assert torch.equal(codes[:, :40], w.view(torch.uint8)) and not codes[:, 40:].any()
+
+
+XSMEM_PROBE = """
+import sys, torch
+from fa4_inductor.kernels import w4a16_decode as w
+print(w.compiled(eval(sys.argv[1], {"torch": torch, "w4": w})).__ptx__)
+"""
+
+
+def _ptx_of(key, tmp_path):
+    env = dict(os.environ, CUTE_DSL_KEEP_PTX="1", CUTE_DSL_ARCH=ARCH)
+    text = repr(key).replace("_Key(", "w4._Key(").replace("CtaShape(", "w4.CtaShape(")
+    return subprocess.run([sys.executable, "-c", XSMEM_PROBE, text], env=env, cwd=tmp_path, check=True,
+                          capture_output=True, text=True).stdout
+
+
+XSMEM_VARIANTS = [  # (format, M bucket, pack, CTA, load, x steps)
+    ("nvfp4", 16, True, (2, 4, 1), "xsmem:2", 16),
+    ("nvfp4", 8, False, (4, 2, 1), "xsmem:3", 2),
+    ("int8", 16, False, (1, 8, 1), "xsmem:2", 32),
+    ("fp8", 16, False, (2, 4, 1), "xsmem:3", 4),
+]
+
+
+@pytest.mark.parametrize("variant", [pytest.param(v, marks=[pytest.mark.slow] if i else []) for i, v in
+                                     enumerate(XSMEM_VARIANTS)], ids=_ids)
+def test_xsmem_variant_compiles_without_spills_or_x_registers(cute_dsl, variant, tmp_path):
+    """The xsmem path (x's CTA range in shared memory): its MMAs take x from 16-byte shared loads (none from global
+    memory in the K loop) and it copies x with 16-byte cp.async; no local memory."""
+    fmt, m, pack, cta, load, x_steps = variant
+    key = w4._Key("main", torch.bfloat16, fmt, m, False, fmt != "nvfp4", ARCH, w4.CtaShape(*cta), False, load,
+                  pack=pack, row_scale=fmt == "fp8", x_steps=x_steps)
+    ptx = _ptx_of(key, tmp_path)
+    assert "ld.shared.v4.b32" in ptx and "cp.async.cg.shared.global" in ptx and ", 16, " in ptx
+    assert "ld.local" not in ptx and "st.local" not in ptx
+    x_loads = ptx.count("ld.shared.v4.b32")
+    mmas = ptx.count("mma.sync.aligned.m16n8k16")
+    groups, words_a_block = m // 8, 1 if fmt == "nvfp4" else 2
+    # one 16-byte shared load a group for each 4-word block of x, for every MMA of the block's words and row tiles
+    per_block_mmas = groups * cta[0] * words_a_block * (2 if fmt == "nvfp4" else 1)
+    assert mmas == x_loads * per_block_mmas // groups, (mmas, x_loads)
+
+
+def test_xsmem_plan_raises_splits_until_x_fits_shared_memory():
+    from fa4_inductor.kernels.cute import w4a16_decode_gemm as g  # noqa: F401  (XSmemLayout's sizes)
+
+    assert w4.xsmem_max_steps(16, "nvfp4") == 16 and w4.xsmem_max_steps(8, "nvfp4") == 32
+    assert w4.xsmem_max_steps(16, "int8") == 32 and w4.xsmem_max_steps(8, "fp8") == 64
+    shape = w4.CtaShape(2, 4, 1)  # 128 rows a CTA
+    # 8192 x 8192 NVFP4 at 16 rows: 64 CTAs, the rule's 2 splits (66 chunks of 64 -> 16 steps: fits)
+    assert w4.xsmem_plan(16, 8192, 8192, "nvfp4", shape, 132, None) == (2, 16)
+    # 4096 x 14336: the rule's 4 splits hold 56 chunks = 14 steps -> a 16-step copy
+    assert w4.xsmem_plan(16, 4096, 14336, "nvfp4", shape, 132, None) == (4, 16)
+    # 16384 rows cover the SMs unsplit, but 14336 columns (224 chunks, 56 steps) do not fit: raised to 4 splits
+    assert w4.xsmem_plan(16, 16384, 14336, "nvfp4", shape, 132, None) == (4, 16)
+    assert w4.xsmem_plan(3, 512, 2048, "int8", shape, 132, 1) == (1, 16)
+    with pytest.raises(ValueError, match="2 splits leave 28 steps of x a CTA; the xsmem path holds 16"):
+        w4.xsmem_plan(16, 8192, 14336, "nvfp4", shape, 132, 2)
+    with pytest.raises(ValueError, match="takes CTAs of one warp along K"):
+        w4.xsmem_plan(16, 8192, 8192, "nvfp4", w4.WIDE, 132, None)
+    with pytest.raises(ValueError, match="one warp along K and its x steps"):
+        w4.keys(torch.bfloat16, "nvfp4", 16, False, False, ARCH, w4.WIDE, load="xsmem", x_steps=4)
+    with pytest.raises(ValueError, match="one warp along K and its x steps"):
+        w4.keys(torch.bfloat16, "nvfp4", 16, False, False, ARCH, shape, load="xsmem")
+    assert w4.xsmem_buckets("xsmem:3", 16, "nvfp4", shape) == (2, 4, 8, 16)
+    assert w4.xsmem_buckets("rolling", 16, "nvfp4", w4.WIDE) == (0,)
+    with pytest.raises(ValueError, match="FA4_INDUCTOR_W4A16_CTA=RTxWNx1"):
+        w4.xsmem_buckets("xsmem", 16, "nvfp4", w4.WIDE)
+
+
+def test_xsmem_layout_reads_are_bank_conflict_free():
+    """Each 8-lane phase of the K loop's 16-byte shared loads (lanes 4 g + t: row g, the step's chunk t) covers the 32
+    banks once, for every format and x copy size; the copy's 16-byte stores (consecutive pieces of a chunk) too."""
+    from fa4_inductor.kernels.cute.w4a16_decode_gemm import LANES_K, XSmemLayout
+
+    for x_words in (32, 16):
+        for steps in (1, 2, 4, 16, 64):
+            pitch, chunk = XSmemLayout.pitch(steps, x_words), XSmemLayout.chunk_words(x_words)
+            assert pitch % 4 == 0 and chunk % 4 == 0 and pitch >= steps * LANES_K * chunk
+            for phase in range(4):
+                lanes = range(8 * phase, 8 * phase + 8)
+                banks = {(lane // 4 * pitch + lane % 4 * chunk) % 32 // 4 for lane in lanes}
+                assert len(banks) == 8, (x_words, steps, phase, banks)

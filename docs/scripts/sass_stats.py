@@ -8,7 +8,8 @@ can be compared between versions of a kernel. SASS_OUT=path appends the whole li
     python docs/scripts/sass_stats.py w4a16 nvfp4 8 bulk     # the same with a load path (`w4a16_decode.parse_load`)
     python docs/scripts/sass_stats.py w4a16 nvfp4 8 registers --pack --f16 --narrow   # packed NVFP4, f16 x, 1x1x8
     python docs/scripts/sass_stats.py w4a16 nvfp4 8 registers --tiles    # packed NVFP4 in 16-row tiles
-    python docs/scripts/sass_stats.py w4a16 nvfp4 16 registers --pack --cta 2x4x1   # a CTA shape RTxWNxWK
+    python docs/scripts/sass_stats.py w4a16 nvfp4 16 registers --pack --cta 2x4x2   # a CTA shape RTxWNxWK
+    python docs/scripts/sass_stats.py w4a16 nvfp4 16 xsmem:3 --pack --cta 2x4x1      # x from shared memory (its largest copy)
     python docs/scripts/sass_stats.py int8kv 64              # int8-KV decode attention, head dim 64, group 4, split
     python docs/scripts/sass_stats.py int8kv 64 --unsplit    # the same, one split (the output written directly)
     python docs/scripts/sass_stats.py int8kv 64 --fused      # split, the last CTA merging the splits (no combine kernel)
@@ -61,8 +62,9 @@ def compile_variant(argv):
                w4.cta_shape(8192, m, 132, pack="tiles" if "--tiles" in flags else "--pack" in flags))
         load = w4.load_key(argv[3] if len(argv) > 3 else "registers", m, argv[1], cta)
         dtype = torch.float16 if "--f16" in flags else torch.bfloat16
+        x_steps = w4.xsmem_max_steps(m, argv[1]) if w4.is_xsmem(load) else 0
         w4.compiled(w4._Key("main", dtype, argv[1], m, "--split" in flags, False, "sm_90a", cta, False, load,
-                            pack="--pack" in flags or "--tiles" in flags, tiled="--tiles" in flags))
+                            pack="--pack" in flags or "--tiles" in flags, tiled="--tiles" in flags, x_steps=x_steps))
     elif argv[0] == "gemv":
         from fa4_inductor.kernels import w4a16_decode as w4
 

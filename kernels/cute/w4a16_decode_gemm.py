@@ -82,7 +82,7 @@ from cutlass.cutlass_dsl import T, dsl_user_op
 from .cp_async import bulk_copy_g2s, cp_async, prefetch_l2_span
 
 FORMATS = ("nvfp4", "int8", "fp8")
-LOADS = ("registers", "bulk", "rolling")
+LOADS = ("registers", "bulk", "rolling", "xsmem")
 CHUNK_WORDS = 8  # 32 bytes of one weight row per lane per step
 CHUNK_BYTES = 4 * CHUNK_WORDS
 CODES_PER_CHUNK = {"nvfp4": 64, "int8": 32, "fp8": 32}
@@ -121,6 +121,32 @@ class BulkStage:
     def scale_offset(self, row: int, chunk: int) -> int:
         """Bytes from the stage's start of the block-scale word of chunk `chunk` of row `row` (`scales`)."""
         return self.scales_at + (row * self.scale_pitch + chunk) * 4
+
+
+class XSmemLayout:
+    """x's copy in shared memory on the "xsmem" load path: the CTA's K range of x's rows (8 a group), row m at
+    m * pitch words, chunk c of the range at c * chunk_words in it (x's words of the chunk, then 4 words of padding).
+    A lane 4 g + t reads 16 bytes of row g at its chunk t (of a step); the padding puts the four chunks of a step 16
+    bytes apart in the banks, and a pitch of 16 words more than a multiple of 32 puts rows g and g + 1 on the other
+    16 banks, so each 8-lane phase of a 16-byte read covers the 32 banks once."""
+
+    @staticmethod
+    def chunk_words(x_words: int) -> int:
+        return x_words + 4
+
+    @staticmethod
+    def pitch(steps: int, x_words: int) -> int:
+        words = steps * LANES_K * XSmemLayout.chunk_words(x_words)
+        return words + (16 - words) % 32
+
+    @staticmethod
+    def bytes(steps: int, x_words: int, groups: int) -> int:
+        return 4 * 8 * groups * XSmemLayout.pitch(steps, x_words)
+
+
+def register_x(rX):
+    """`word_products`' x words from a register set [word, group]."""
+    return lambda w, gi: rX[w, gi]
 
 
 def reduction_words(row_tiles: int, groups: int, warps_n: int, warps_k: int) -> int:
@@ -247,6 +273,15 @@ def mma_16816(a0: Int32, a1: Int32, a2: Int32, a3: Int32, b0: Int32, b1: Int32,
     return [Float32(llvm.extractvalue(T.f32(), res, [i], loc=loc, ip=ip)) for i in range(4)]
 
 
+@dsl_user_op
+def ld_shared_x4(addr: Int32, *, loc=None, ip=None):
+    """The four words at shared address `addr` (16-byte aligned)."""
+    res = llvm.inline_asm(_struct(4, "i32"), [_i32(addr, loc, ip)], "ld.shared.v4.b32 {$0, $1, $2, $3}, [$4];",
+                          "=r,=r,=r,=r,r", has_side_effects=True, is_align_stack=False,
+                          asm_dialect=llvm.AsmDialect.AD_ATT)
+    return [Int32(llvm.extractvalue(T.i32(), res, [i], loc=loc, ip=ip)) for i in range(4)]
+
+
 # ---- the decode, as constants the CPU emulation shares ----
 
 def nvfp4_shifts(j: int, is_f16: bool) -> tuple[int, int]:
@@ -341,8 +376,10 @@ class W4A16DecodeGemm:
     def __init__(self, dtype, fmt: str, groups: int, split: bool, has_bias: bool, row_tiles: int,
                  warps_n: int, warps_k: int, load: str = "registers", stages: int = 0, ahead: bool = False,
                  prefetch: bool = False, scales: bool = False, pdl: bool = False, pack: bool = False,
-                 tiled: bool = False, min_ctas: int = 0):
+                 tiled: bool = False, min_ctas: int = 0, x_steps: int = 0, sets: int = 2):
         assert fmt in FORMATS and 1 <= groups <= MAX_GROUPS and row_tiles >= 1, (fmt, groups, row_tiles)
+        assert (x_steps >= 1) == (load == "xsmem") and (load != "xsmem" or warps_k == 1 and sets >= 2 and not tiled), (
+            load, x_steps, warps_k, sets, tiled)
         assert load in LOADS and (stages >= 1) == (load == "bulk") and (
             load == "bulk" or not (ahead or prefetch or scales)), (load, stages, ahead, prefetch, scales)
         self.dtype = dtype
@@ -369,6 +406,9 @@ class W4A16DecodeGemm:
         self.tiled = tiled
         assert min_ctas <= 1 or load == "rolling", (min_ctas, load)
         self.min_ctas = min_ctas  # > 1: registers capped so that this many CTAs fit a SM (nvvm.minctasm)
+        self.x_steps = x_steps  # xsmem: the CTA's K range, in steps, that x's shared copy holds
+        self.sets = sets  # xsmem: register sets of weight operands, each loaded sets - 1 steps ahead of its use
+        self.x_pitch = XSmemLayout.pitch(x_steps, self.x_words)
 
     @cute.jit
     def __call__(self, mX: cute.Tensor, mW: cute.Tensor, mBlock: Optional[cute.Tensor], mScale: cute.Tensor,
@@ -391,6 +431,13 @@ class W4A16DecodeGemm:
                 sRed: cute.struct.Align[cute.struct.MemRange[Float32, red_words], 16]
                 full: cute.struct.Align[cute.struct.MemRange[cutlass.Int64, self.stages], 8]
                 empty: cute.struct.Align[cute.struct.MemRange[cutlass.Int64, self.stages], 8]
+        elif const_expr(self.load == "xsmem"):
+            x_words = XSmemLayout.bytes(self.x_steps, self.x_words, self.groups) // 4
+
+            @cute.struct
+            class SharedStorage:
+                sX: cute.struct.Align[cute.struct.MemRange[Int32, x_words], 128]
+                sRed: cute.struct.Align[cute.struct.MemRange[Float32, red_words], 16]
         else:
 
             @cute.struct
@@ -443,13 +490,15 @@ class W4A16DecodeGemm:
             self.bulk_kernel(mX, mW, mBlock, mScale, mBias, mOut, mPart, mRowScale, SharedStorage, acc, bx,
                              split_idx, warp_idx, row0, n_rows, m_rows, cta_begin, cta_begin + cta_chunks)
         else:
-            if const_expr(self.load == "rolling"):
+            storage = cutlass.memory.SmemAllocator().allocate(SharedStorage)
+            if const_expr(self.load == "xsmem"):
+                self.xsmem_loop(mX, mW, mBlock, storage, acc, row0, n_rows, m_rows, c_begin, c_end)
+            elif const_expr(self.load == "rolling"):
                 self.rolling_loop(mX, mW, mBlock, acc, row0, n_rows, m_rows, c_begin, c_end)
             else:
                 self.register_loop(mX, mW, mBlock, acc, row0, n_rows, m_rows, c_begin, c_end)
 
             # ---- the CTA's K slices add up through shared memory ----
-            storage = cutlass.memory.SmemAllocator().allocate(SharedStorage)
             self.add_k_slices_and_store(storage, acc, mScale, mRowScale, mBias, mOut, mPart, row0, n_rows, m_rows,
                                         split_idx, lane, g, t, wn, wk, False)
 
@@ -497,6 +546,81 @@ class W4A16DecodeGemm:
                                c_begin + LANES_K * b + t, c_end)
 
     @cute.jit
+    def xsmem_loop(self, mX: cute.Tensor, mW: cute.Tensor, mBlock: Optional[cute.Tensor], storage, acc: cute.Tensor,
+                   row0: Int32, n_rows: Int32, m_rows: Int32, c_begin: Int32, c_end: Int32):
+        """The "xsmem" load path (one K warp a CTA: every warp takes the CTA's whole K range): the CTA copies its
+        range of x into shared memory once (`stage_x`), then each warp streams its weights through `sets` register
+        sets, each step's loads issued sets - 1 steps ahead of its use, and takes x's MMA operands from shared
+        memory as it needs them (no register set of x)."""
+        lane = cute.arch.lane_idx()
+        t = lane % LANES_K
+        RT = self.row_tiles
+        rW = [cute.make_rmem_tensor((CHUNK_WORDS, 2 * RT), Int32) for _ in range(self.sets)]
+        rS = [cute.make_rmem_tensor((2 * RT,), Int32) for _ in range(self.sets)]
+        rA = cute.make_rmem_tensor((4,), Int32)
+        for b in cutlass.range_constexpr(self.sets):
+            self.load_step(None, mW, mBlock, rW[b], rS[b], None, row0, n_rows, m_rows, c_begin + LANES_K * b + t,
+                           c_end)
+        if const_expr(self.pdl):
+            self.dependent_wait()  # the weights' first loads may precede it (`first_loads`); x may not
+        base = storage.sX.data_ptr().toint()
+        self.stage_x(mX, base, m_rows, c_begin, c_end)
+        cute.arch.cp_async_commit_group()
+        cute.arch.cp_async_wait_group(0)
+        cute.arch.barrier()
+        chunk_words = XSmemLayout.chunk_words(self.x_words)
+        lane_addr = base + 4 * ((lane // LANES_K) * self.x_pitch + t * chunk_words)
+        step_words = LANES_K * chunk_words
+        for c0 in range(c_begin, c_end, self.sets * LANES_K):
+            for b in cutlass.range_constexpr(self.sets):
+                if c0 + LANES_K * b < c_end:
+                    s = (c0 - c_begin) // LANES_K + b
+                    self.shared_x_step(rW[b], rS[b], rA, acc, lane_addr + 4 * step_words * s)
+                    self.load_step(None, mW, mBlock, rW[b], rS[b], None, row0, n_rows, m_rows,
+                                   c0 + LANES_K * (b + self.sets) + t, c_end)
+
+    @cute.jit
+    def stage_x(self, mX: cute.Tensor, base: Int32, m_rows: Int32, c_begin: Int32, c_end: Int32):
+        """16-byte cp.async of x's rows (8 a group) over chunks c_begin .. c_end into `XSmemLayout` at shared address
+        `base`: thread i copies piece i % pieces of chunks i // pieces, + threads / pieces, ... of every row (a warp's
+        lanes: consecutive pieces of consecutive chunks); zeros past M and past the range, up to the step's end.
+        Not waited for."""
+        pieces = self.x_words // 4  # a chunk's 16-byte pieces
+        threads = 32 * self.warps_n
+        tid = cute.arch.make_warp_uniform(cute.arch.warp_idx()) * 32 + cute.arch.lane_idx()
+        e = tid % pieces
+        chunk_words = XSmemLayout.chunk_words(self.x_words)
+        cta_chunks = c_end - c_begin
+        row_bytes = cutlass.Int64(mX.layout.stride[0]) * 4
+        x_at = mX.iterator.toint() + cutlass.Int64(c_begin * pieces + e) * 16
+        for cc in range(tid // pieces, (cta_chunks + LANES_K - 1) // LANES_K * LANES_K, threads // pieces):
+            src = x_at + cutlass.Int64(cutlass.min(cc, cta_chunks - 1) * pieces) * 16
+            dst = base + 4 * (cc * chunk_words + 4 * e)
+            size = Int32(0)
+            if cc < cta_chunks:
+                size = Int32(16)
+            for m in cutlass.range_constexpr(8 * self.groups):
+                row_size = size
+                if m >= m_rows:
+                    row_size = Int32(0)
+                cp_async(dst + 4 * m * self.x_pitch, src + cutlass.Int64(cutlass.min(m, m_rows - 1)) * row_bytes, 16,
+                         row_size)
+
+    @cute.jit
+    def shared_x_step(self, rW: cute.Tensor, rS: cute.Tensor, rA: cute.Tensor, acc: cute.Tensor, step_addr: Int32):
+        """One step of the lane's chunk with x from shared memory (`step_addr`: the lane's chunk of x's row g in the
+        step): for each 4-word block of x (an NVFP4 word's, two int8 / fp8 words'), one 16-byte shared load a group,
+        then the words that read it over every row tile."""
+        splats = [self.row_splats(rS, rt) for rt in range(self.row_tiles)]
+        words_per_block = 1 if self.fmt == "nvfp4" else 2
+        for blk in cutlass.range_constexpr(CHUNK_WORDS // words_per_block):
+            frags = [ld_shared_x4(step_addr + 4 * (8 * gi * self.x_pitch + 4 * blk)) for gi in range(self.groups)]
+            x_word = lambda w, gi, blk=blk, frags=frags: frags[gi][w - 4 * blk]  # noqa: E731
+            for i in cutlass.range_constexpr(words_per_block * blk, words_per_block * (blk + 1)):
+                for rt in cutlass.range_constexpr(self.row_tiles):
+                    self.word_products(rW, splats[rt], x_word, rA, acc, rt, i)
+
+    @cute.jit
     def rolling_loop(self, mX: cute.Tensor, mW: cute.Tensor, mBlock: Optional[cute.Tensor], acc: cute.Tensor,
                      row0: Int32, n_rows: Int32, m_rows: Int32, c_begin: Int32, c_end: Int32):
         """The "rolling" load path's K loop: one register set, refilled piece by piece for the next step as
@@ -520,7 +644,7 @@ class W4A16DecodeGemm:
                 self.load_step(None, None, mBlock, None, rS, rX, row0, n_rows, m_rows, c_next, c_end)
             for i in cutlass.range_constexpr(CHUNK_WORDS):
                 for rt in cutlass.range_constexpr(RT):
-                    self.word_products(rW, splats[rt], rX, rA, acc, rt, i)
+                    self.word_products(rW, splats[rt], register_x(rX), rA, acc, rt, i)
                 if const_expr(i % 4 == 3):
                     self.load_weight_piece(mW, mBlock, rW, row0, n_rows, c_next, c_end, i // 4)
                 if const_expr((i + 1) * x_per_word % 4 == 0):
@@ -818,7 +942,7 @@ class W4A16DecodeGemm:
         for rt in cutlass.range_constexpr(self.row_tiles):
             splats = self.row_splats(rS, rt)
             for i in cutlass.range_constexpr(CHUNK_WORDS):
-                self.word_products(rW, splats, rX, rA, acc, rt, i)
+                self.word_products(rW, splats, register_x(rX), rA, acc, rt, i)
 
     def row_splats(self, rS: cute.Tensor, rt: int):
         """Row tile rt's block-scale multipliers, [half][block of the chunk] (bf16x2 / f16x2 splats of the
@@ -831,10 +955,9 @@ class W4A16DecodeGemm:
                     for h in range(2)]
         return [e4m3_splats(rS[2 * rt + h], self.is_f16) for h in range(2)]
 
-    def word_products(self, rW: cute.Tensor, splats, rX: cute.Tensor, rA: cute.Tensor, acc: cute.Tensor, rt: int,
-                      i: int):
+    def word_products(self, rW: cute.Tensor, splats, x_word, rA: cute.Tensor, acc: cute.Tensor, rt: int, i: int):
         """Word i of row tile rt's two rows decoded (`splats`: the tile's `row_splats`) and multiplied with the
-        x words of the same k slots into the tile's accumulators: NVFP4, two MMAs (pairs (0, 1) and (2, 3) of
+        x words of the same k slots (`x_word(word, group)`: a register) into the tile's accumulators: NVFP4, two MMAs (pairs (0, 1) and (2, 3) of
         the plain word, x words 4i + q and 4i + q + 2; pairs 2q, 2q + 1 of the packed word, x words 4i + 2q
         and 4i + 2q + 1); int8 and fp8, one MMA (x words 2i, 2i + 1)."""
         f16 = self.is_f16
@@ -845,7 +968,7 @@ class W4A16DecodeGemm:
                 for p in range(2):
                     rA[2 * p + h] = pairs[p]
             for gi in range(self.groups):
-                self.mma_into(acc, rt, gi, rA, rX[2 * i, gi], rX[2 * i + 1, gi])
+                self.mma_into(acc, rt, gi, rA, x_word(2 * i, gi), x_word(2 * i + 1, gi))
             return
         if self.fmt == "int8":
             for h in range(2):
@@ -861,7 +984,7 @@ class W4A16DecodeGemm:
                         high = and_bits(biased, 0xFF80FF80)
                         rA[2 * p + h] = fma_x2(high, BF16_MINUS_ONE, low, False)  # low - high
             for gi in range(self.groups):
-                self.mma_into(acc, rt, gi, rA, rX[2 * i, gi], rX[2 * i + 1, gi])
+                self.mma_into(acc, rt, gi, rA, x_word(2 * i, gi), x_word(2 * i + 1, gi))
             return
         if not self.pack:
             mag = nvfp4_magnitude_field(f16)
@@ -882,10 +1005,10 @@ class W4A16DecodeGemm:
                     rA[2 * jj + h] = fma_x2(bits, splats[h][i // 2], MINUS_ZERO, f16)
             for gi in range(self.groups):
                 if self.pack:
-                    self.mma_into(acc, rt, gi, rA, rX[4 * i + 2 * q, gi], rX[4 * i + 2 * q + 1, gi])
+                    self.mma_into(acc, rt, gi, rA, x_word(4 * i + 2 * q, gi), x_word(4 * i + 2 * q + 1, gi))
                 else:
-                    x0 = rX[4 * i + q, gi]
-                    x2 = rX[4 * i + q + 2, gi]
+                    x0 = x_word(4 * i + q, gi)
+                    x2 = x_word(4 * i + q + 2, gi)
                     self.mma_into(acc, rt, gi, rA, prmt(x0, x2, X_PAIR_SELECTORS[0]), prmt(x0, x2, X_PAIR_SELECTORS[1]))
 
     @cute.jit
