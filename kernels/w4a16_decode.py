@@ -54,7 +54,10 @@ the current one, "+prefetch" (NVFP4) prefetches each stage's block scales into L
 "+scales" (NVFP4) moves the block scales through the ring too ("bulk+ahead+prefetch:4"; int8 drops the
 NVFP4 options). FA4_INDUCTOR_W4A16_LOAD sets it; the matmuls' and `warmup`'s `load` argument overrides it
 (tests, `tests/bench_w4a16.py --load registers,bulk --stages 4,6`). On the H200 the bulk path is equal or slower
-on most rows (docs/benchmarks.md, session 10 run 3).
+on most rows (docs/benchmarks.md, session 10 run 3). "xsmem" (or "xsmem:<sets>", 2 or more weight register sets,
+default XSMEM_SETS): x's CTA range copied to shared memory once and read from there by the MMAs, on CTAs of one
+warp along K (a forced CTA shape RTxWNx1: FA4_INDUCTOR_W4A16_CTA or `cta`); the split count is raised until a CTA's
+range of x fits XSMEM_BUDGET (`xsmem_plan`), and variants are compiled per power of two of x's steps.
 
 Packed NVFP4 (`pack`, off by default; FA4_INDUCTOR_W4A16_PACK=1 or the matmul's `pack=True`): the weight and its
 block scales are rewritten once per weight and x dtype (`pack_nvfp4`, `prepared_weights` kind ("w4a16_nvfp4_packed",

@@ -41,7 +41,11 @@ row segment widened to whole 16-byte blocks) before waiting for the stage, so th
 issued a step ahead, find them in L2 rather than in HBM. `scales` (nvfp4): the block scales go through the
 ring too: the producer's lanes copy the stage's scale words with 4-byte cp.async and make the stage's "full"
 mbarrier wait for them (`cp.async.mbarrier.arrive.noinc`), and the consumers read them from the stage with
-its codes (no global scale loads left in the consumers).
+its codes (no global scale loads left in the consumers). "xsmem" (CTAs of one K warp: every warp takes the CTA's
+whole K range): the CTA first copies its range of x's rows into shared memory (`XSmemLayout`, 16-byte cp.async, once),
+then each warp streams its weights through `sets` register sets (loads issued sets - 1 steps ahead) and takes x's MMA
+operands from shared memory, 16 bytes a lane and group as the words need them: no register set of x (64 words a step
+at 16 rows on the register path), and x read from L2 once a CTA instead of once a warp.
 
 Decode, exact (checked bit for bit by the CPU tests' emulation, `w4a16_decode.decode_nvfp4_words` and
 `decode_int8_words`):
