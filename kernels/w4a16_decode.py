@@ -55,7 +55,8 @@ the current one, "+prefetch" (NVFP4) prefetches each stage's block scales into L
 NVFP4 options). FA4_INDUCTOR_W4A16_LOAD sets it; the matmuls' and `warmup`'s `load` argument overrides it
 (tests, `tests/bench_w4a16.py --load registers,bulk --stages 4,6`). On the H200 the bulk path is equal or slower
 on most rows (docs/benchmarks.md, session 10 run 3). "xsmem" (or "xsmem:<sets>", 2 or more weight register sets,
-default XSMEM_SETS): x's CTA range copied to shared memory once and read from there by the MMAs, on CTAs of one
+default XSMEM_SETS; "xsmem+2ctas" caps the registers for two CTAs a SM): x's CTA range copied to shared memory
+once and read from there by the MMAs, on CTAs of one
 warp along K (a forced CTA shape RTxWNx1: FA4_INDUCTOR_W4A16_CTA or `cta`); the split count is raised until a CTA's
 range of x fits XSMEM_BUDGET (`xsmem_plan`), and variants are compiled per power of two of x's steps.
 
@@ -78,7 +79,9 @@ weight reads is not what holds the kernel either.
 PDL (on; FA4_INDUCTOR_W4A16_PDL=0 turns it off): the main kernel is launched as a programmatic dependent, so in
 a run of these GEMMs (q, k, v; gate, up; chains) each one's first weight loads overlap the previous one's tail
 (`W4A16DecodeGemm`'s docstring says why that is safe). H200: 2048 x 2048 at M = 1 2.9 against 4.0 us in a
-graph of back-to-back calls; Llama-1B NVFP4 decode 1.136 against 1.160 ms/token (docs/benchmarks.md).
+graph of back-to-back calls; Llama-1B NVFP4 decode 1.136 against 1.160 ms/token (docs/benchmarks.md). A split call's reduce kernel is
+launched as the main kernel's programmatic dependent too (`cute/w4a16_splitk_reduce.py`): its launch overlaps the main
+kernel.
 
 CUDA-core GEMV (`cute/w4a16_gemv.py`): calls with M <= GEMV_AUTO_ROWS (NVFP4 in the plain layout, int8) go to a
 GEMV on CUDA cores instead (FA4_INDUCTOR_W4A16_GEMV: auto, the default; on: M <= 4; off: never; the matmuls' `gemv`
@@ -199,17 +202,33 @@ NARROW = CtaShape(1, 1, 8)
 WIDE = CtaShape(2, 2, 4)  # 2 x 4 warps of 2 row tiles: x read once for 32 rows a warp
 HALF_WIDE = CtaShape(1, 2, 4)
 PACKED_WIDE = CtaShape(4, 1, 8)  # 8 warps along K of 4 row tiles: the packed layout at 9..16 rows
+XSMEM_WIDE = CtaShape(2, 8, 1)  # the xsmem path (one K warp: x from shared memory) at 9..16 rows, N >= 2 XSMEM_MIN_N
+XSMEM_HALF_WIDE = CtaShape(2, 4, 1)
+XSMEM_MIN_N = XSMEM_MIN_K = 4096
 
 
 def auto_ctas(m: int, pack=False) -> tuple[CtaShape, ...]:
-    """The CTA shapes `cta_shape` picks from at m rows (NVFP4 in layout `pack`), widest first."""
+    """The CTA shapes `cta_shape` picks from at m rows (NVFP4 in layout `pack`), widest first, then the xsmem path's
+    (`xsmem_cta`)."""
     if m_bucket(m) <= 8:
         return WIDE, NARROW
-    return (PACKED_WIDE if pack is True else WIDE), HALF_WIDE, NARROW
+    return (PACKED_WIDE if pack is True else WIDE), HALF_WIDE, NARROW, *(
+        (XSMEM_WIDE, XSMEM_HALF_WIDE) if pack != "tiles" else ())
+
+
+def xsmem_cta(n: int, m: int, k: int, pack=False) -> Optional[CtaShape]:
+    """The CTA of one K warp that NVFP4 calls of 9..16 rows take on the "auto" load path over weights of at least
+    XSMEM_MIN_N x XSMEM_MIN_K (x from shared memory, `xsmem_plan`), else None. H100, docs/benchmarks.md session 46,
+    packed, us, the former rule (rolling on 4 x 1 x 8 CTAs) / xsmem: 8192 x 8192 29.3 / 26.7-27.2 (2 x 8 x 1, 4
+    splits), 14336 x 4096 30.4 / 26.4 (2 x 8 x 1, 2 splits), 4096 x 14336 31.6 / 29.8 (2 x 4 x 1, 4 splits); 8192 x
+    2048 10.6 / 11.6 and 2048 x 8192 17.1 / 16.8 keep the former rule, and so do 2..8 rows (8192 x 8192 24.2 / 24.9)."""
+    if m_bucket(m) <= 8 or pack == "tiles" or n < XSMEM_MIN_N or k < XSMEM_MIN_K:
+        return None
+    return XSMEM_WIDE if n >= 2 * XSMEM_MIN_N else XSMEM_HALF_WIDE
 
 
 def cta_shape(n: int, m: int, num_sms: int, forced: Optional[tuple[int, int, int]] = None, fmt: str = "nvfp4",
-              pack=False) -> CtaShape:
+              pack=False, k: Optional[int] = None) -> CtaShape:
     """The CTA shape for an n-row weight: `forced` (FA4_INDUCTOR_W4A16_CTA, tests, tuning) if given; else for NVFP4
     the widest of `auto_ctas` whose CTAs cover a quarter of the SMs (Llama-1B's 2048- and 512-row projections: 128 /
     32 CTAs of 16 rows instead of 32 / 8 of 64); int8 always narrow. H200, docs/benchmarks.md session 10 run 2:
@@ -220,11 +239,14 @@ def cta_shape(n: int, m: int, num_sms: int, forced: Optional[tuple[int, int, int
     4096 x 14336 33.9 / 40.4): x's loads serve twice the weight rows. 1 x 2 x 4 is kept where 2 x 2 x 4 CTAs would be
     too few (2048 x 8192, as measured before). The packed layout (`pack` True) takes 4 x 1 x 8 there instead (session
     37 run 5, rolling, packed on 4 x 1 x 8 / on 2 x 2 x 4: 8192 x 8192 28.5 / 34.3, 8192 x 2048 10.6 / 11.3, 14336 x
-    4096 29.8 / 34.4, 4096 x 14336 31.1 / 34.7; 212 registers without spills, 11.3 instructions a MMA)."""
+    4096 29.8 / 34.4, 4096 x 14336 31.1 / 34.7; 212 registers without spills, 11.3 instructions a MMA). `k` (the
+    padded K, given on the "auto" load path): `xsmem_cta` first."""
     if forced is not None:
         return CtaShape(*forced)
     if fmt != "nvfp4":
         return NARROW
+    if k is not None and xsmem_cta(n, m, k, pack) is not None:
+        return xsmem_cta(n, m, k, pack)
     return next(shape for shape in auto_ctas(m, pack) if shape == NARROW or 4 * -(-n // shape.rows) > num_sms)
 
 
@@ -251,13 +273,14 @@ def parse_load(spec: str) -> tuple[str, Optional[int]]:
     in_order = set(options) <= set(BULK_OPTIONS) and options == sorted(set(options), key=BULK_OPTIONS.index)
     bulk_only = (not options or in_order) and (not colon or (depth.isdigit() and int(depth) >= 1))
     rolling = base == "rolling" and options in ([], [f"{ROLLING_CTAS}ctas"])
-    xsmem = base == XSMEM and not options and (not colon or depth.isdigit() and int(depth) >= 2)
+    xsmem = base == XSMEM and options in ([], [f"{ROLLING_CTAS}ctas"]) and (
+        not colon or depth.isdigit() and int(depth) >= 2)
     if (base == "registers" and not options or rolling) and not colon or base == "bulk" and bulk_only or xsmem:
         return path, int(depth) if depth else None
     raise ValueError(f"the W4A16 decode GEMM's load path ({switches.W4A16_LOAD} or `load`) is registers, rolling, "
                      f"rolling+{ROLLING_CTAS}ctas, bulk, bulk with options "
                      f"{', '.join('+' + o for o in BULK_OPTIONS)} (in this order) and a ring depth (bulk+prefetch:4), "
-                     f"or {XSMEM} with its weights' register sets (>= 2: {XSMEM}:3); "
+                     f"or {XSMEM} (option +{ROLLING_CTAS}ctas) with its weights' register sets (>= 2: {XSMEM}:3); "
                      f"got {spec!r}")
 
 
@@ -271,7 +294,9 @@ def configured_load() -> str:
 
 def auto_load(m: int, k: int, cta: CtaShape, fmt: str) -> str:
     """The load path "auto" gives a call of m rows over K = k of `fmt` weights on CTAs of shape `cta`
-    (ROLLING_MAX_NARROW_K)."""
+    (ROLLING_MAX_NARROW_K); CTAs of one K warp take x from shared memory."""
+    if cta.warps_k == 1:
+        return XSMEM
     if m_bucket(m) > 8:
         return "rolling" if cta.row_tiles > 1 else f"rolling+{ROLLING_CTAS}ctas"
     wide_cta = cta.rows > NARROW.rows
@@ -314,8 +339,8 @@ def load_key(spec: str, m_max: int, fmt: str, cta: CtaShape) -> str:
     """The `_Key.load` of a spec for `fmt`: "registers", "rolling", or the bulk path (without the NVFP4-only
     options for int8) with its depth resolved ("bulk:5")."""
     path, depth = parse_load(spec)
-    if path == XSMEM:
-        return f"{XSMEM}:{depth or XSMEM_SETS}"
+    if path.split("+")[0] == XSMEM:
+        return f"{path}:{depth or XSMEM_SETS}"
     if not path.startswith("bulk"):
         return path
     path = "+".join(p for p in path.split("+") if fmt == "nvfp4" or p not in NVFP4_ONLY)
@@ -323,7 +348,7 @@ def load_key(spec: str, m_max: int, fmt: str, cta: CtaShape) -> str:
 
 
 def is_xsmem(spec: str) -> bool:
-    return spec != AUTO_LOAD and parse_load(spec)[0] == XSMEM
+    return spec != AUTO_LOAD and parse_load(spec)[0].split("+")[0] == XSMEM
 
 
 def xsmem_max_steps(m_max: int, fmt: str) -> int:
@@ -736,7 +761,7 @@ class _Key(NamedTuple):
     bias: bool
     arch: str
     cta: Optional[CtaShape] = None  # main only
-    pdl: bool = False  # main only
+    pdl: bool = False  # the main kernel launched as a PDL dependent, the reduce as the main kernel's
     load: str = "registers"  # main only: "registers", "rolling[+2ctas]" or "bulk[+ahead][+prefetch]:<stages>"
     scale_dtype: torch.dtype = torch.float32  # int8's per-channel scales as the caller holds them
     pack: bool = False  # main only, NVFP4: the packed layout (`pack_nvfp4`)
@@ -761,7 +786,7 @@ def _compile(key: _Key):
     if key.kernel == "reduce":
         from .cute.w4a16_splitk_reduce import W4A16SplitKReduce
 
-        kernel = W4A16SplitKReduce(dt, key.fmt, key.bias)
+        kernel = W4A16SplitKReduce(dt, key.fmt, key.bias, key.pdl)
         return compile_utils.compile_for_tvm_ffi(cute, kernel, part, scale, bias, out, row_scale)
 
     from .cute.w4a16_decode_gemm import W4A16DecodeGemm
@@ -771,8 +796,8 @@ def _compile(key: _Key):
         raise ValueError(f"no W4A16 decode GEMM with load path {key.load!r}: give the ring's depth, which "
                          f"must fit in shared memory (`load_key`)")
     options = path.split("+")[1:]
-    if path == XSMEM:
-        load = dict(load=XSMEM, sets=stages, x_steps=key.x_steps)
+    if path.split("+")[0] == XSMEM:
+        load = dict(load=XSMEM, sets=stages, x_steps=key.x_steps, min_ctas=ROLLING_CTAS if options else 0)
     elif path.startswith("bulk"):
         load = dict(load="bulk", stages=stages, ahead="ahead" in options, prefetch="prefetch" in options,
                     scales="scales" in options)
@@ -1006,7 +1031,8 @@ def keys(dtype: torch.dtype, fmt: str, m: int, split: bool, bias: bool, arch: st
                 x_steps)
     if not split:
         return [main]
-    return [main, _Key("reduce", dtype, fmt, 0, True, bias, arch, scale_dtype=scale_dtype, row_scale=row_scale)]
+    return [main, _Key("reduce", dtype, fmt, 0, True, bias, arch, pdl=pdl, scale_dtype=scale_dtype,
+                       row_scale=row_scale)]
 
 
 def warmup(dtype: torch.dtype, fmt: str, m_values=M_BUCKETS, *, bias: Optional[bool] = None,
@@ -1027,7 +1053,9 @@ def warmup(dtype: torch.dtype, fmt: str, m_values=M_BUCKETS, *, bias: Optional[b
     before = len(compiled)
     forced, pdl = switches.current().w4a16_cta, switches.current().w4a16_pdl
     for m in m_values:
-        for cta in ({CtaShape(*forced)} if forced else set(auto_ctas(m, pack))):
+        ctas = {CtaShape(*forced)} if forced else {
+            c for c in auto_ctas(m, pack) if c.warps_k > 1 or fmt == "nvfp4" and load == AUTO_LOAD}  # `xsmem_cta`
+        for cta in ctas:
             for split in (False, True):
                 for b in ((False, True) if bias is None else (bool(bias),)):
                     if fmt == "nvfp4" and b:
@@ -1068,8 +1096,9 @@ def _run(fmt: str, x2d: Tensor, words: Tensor, block: Optional[Tensor], scale: T
     out = torch.empty(m, n, dtype=x.dtype, device=device)
     num_sms = _num_sms(device.index if device.index is not None else torch.cuda.current_device())
     env = switches.current()
-    shape = cta_shape(n, m, num_sms, cta or env.w4a16_cta, fmt, pack)
-    load = resolve_load(configured_load() if load is None else load, m, kp, shape, fmt)
+    spec = configured_load() if load is None else load
+    shape = cta_shape(n, m, num_sms, cta or env.w4a16_cta, fmt, pack, kp if spec == AUTO_LOAD else None)
+    load = resolve_load(spec, m, kp, shape, fmt)
     x_steps = 0
     if is_xsmem(load):
         splits, x_steps = xsmem_plan(m, n, kp, fmt, shape, num_sms, splits)

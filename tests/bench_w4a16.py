@@ -111,6 +111,9 @@ def bench_shape(n, k, ms, splits_list=None, loads=(None,), ctas=None, int8_scale
                     for ld in loads_m:
                         if ld not in (None, w4.AUTO_LOAD) and w4.is_xsmem(ld) != (cta is not None and cta[2] == 1):
                             continue  # the xsmem path takes CTAs of one K warp, and only it
+                        if ld not in (None, w4.AUTO_LOAD) and w4.is_xsmem(ld) and s and not all(
+                                xsmem_fits(f, m, n, k, s, cta) for f in ("nvfp4", "int8")):
+                            continue
                         name = f"{_cta_label(cta)} s{s or 'auto'}{tag(ld)}"
                         for pk in packs:
                             row[f"ours nvfp4 {name}{ptag(pk)}"] = (graph_us([
@@ -178,6 +181,15 @@ def load_specs(specs, stages):
         path, _ = (spec, None) if spec == w4.AUTO_LOAD else w4.parse_load(spec)
         out += [spec] if not path.startswith("bulk") or not stages else [f"{path}:{s}" for s in stages]
     return out
+
+
+def xsmem_fits(fmt, m, n, k, splits, cta):
+    try:
+        w4.xsmem_plan(m, n, w4.padded_k(fmt, k), fmt, w4.CtaShape(*cta), w4._num_sms(0), splits)
+        return True
+    except ValueError as e:
+        print(f"{n}x{k} m{m} {fmt}: skipped {_cta_label(cta)} s{splits}: {e}")
+        return False
 
 
 def fits(spec, m):

@@ -44,7 +44,9 @@ def report(name, out, ref, pytorch):
 
 
 def plan(n, k, fmt, m, splits, cta, load, pack=False):
-    shape = w4.cta_shape(n, m, w4._num_sms(0), cta, fmt)
+    spec = load or w4.configured_load()
+    shape = w4.cta_shape(n, m, w4._num_sms(0), cta, fmt, pack, w4.padded_k(fmt, k) if spec == w4.AUTO_LOAD else None)
+    load = w4.resolve_load(spec, m, w4.padded_k(fmt, k), shape, fmt)
     if w4.is_xsmem(load):
         splits, _ = w4.xsmem_plan(m, n, w4.padded_k(fmt, k), fmt, shape, w4._num_sms(0), splits)
     splits = splits or w4.num_splits(n, w4.padded_k(fmt, k), fmt, shape, w4._num_sms(0))
@@ -197,7 +199,7 @@ def xsmem_fits(fmt, m, k, splits):
     return steps <= w4.xsmem_max_steps(w4.m_bucket(m), fmt)
 
 
-@pytest.mark.parametrize("k", [16, 200, 4096, 14336])
+@pytest.mark.parametrize("k", [16, 208, 4096, 14336])
 @pytest.mark.parametrize("splits", [None, 1, 3])
 def test_x_from_shared_memory_k_ranges_and_splits(k, splits):
     """CTA ranges shorter than a step, a partial last step, the split count raised until x's range fits shared memory
@@ -211,6 +213,14 @@ def test_x_from_shared_memory_k_ranges_and_splits(k, splits):
                 case()
         else:
             case()
+
+
+@pytest.mark.parametrize("m, n, k, pack", [(16, 4096, 14336, False), (9, 8192, 4160, True), (12, 14336, 4096, False)])
+def test_auto_takes_x_from_shared_memory_over_large_weights(m, n, k, pack):
+    """`xsmem_cta`'s calls (9..16 rows, NVFP4 weights of at least 4096 x 4096) on the default load path."""
+    assert w4.xsmem_cta(n, m, w4.padded_k("nvfp4", k), pack) is not None
+    nvfp4_case(m, n, k, torch.bfloat16, seed=m, load="auto", pack=pack)
+    nvfp4_case(m, n, k, torch.float16, seed=m + 1, load="auto", pack=pack)
 
 
 def test_x_from_shared_memory_in_a_cuda_graph(monkeypatch):

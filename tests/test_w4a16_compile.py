@@ -201,6 +201,11 @@ def test_warmup_compiles_what_auto_picks(monkeypatch):
     w4.warmup(torch.bfloat16, "nvfp4", (1,), device="cpu", load="auto", gemv=False)
     assert {(k.cta, k.load) for k in asked if k.kernel == "main"} == {(w4.NARROW, "registers"),
                                                                        (w4.WIDE, "rolling")}
+    asked.clear()
+    w4.warmup(torch.bfloat16, "nvfp4", (16,), device="cpu", load="auto", gemv=False)
+    xsmem = {(k.cta, k.load, k.x_steps, k.split) for k in asked if k.kernel == "main" and k.x_steps}
+    assert xsmem == {(cta, "xsmem:2", steps, split) for cta in (w4.XSMEM_WIDE, w4.XSMEM_HALF_WIDE)
+                     for steps in (2, 4, 8, 16) for split in (False, True)}, xsmem
 
 
 def test_rolling_keys():
@@ -395,12 +400,13 @@ def test_load_spec_is_checked(monkeypatch):
     assert w4.parse_load("rolling+2ctas") == ("rolling+2ctas", None)
     assert w4.parse_load("xsmem") == ("xsmem", None)
     assert w4.parse_load("xsmem:3") == ("xsmem", 3)
+    assert w4.parse_load("xsmem+2ctas:3") == ("xsmem+2ctas", 3)
     for bad in ("ring", "Bulk", "bulk:0", "bulk:x", "registers:2", "bulk:", "bulk+ahead:-1", "registers+ahead",
                 "bulk+prefetch+ahead", "bulk+scales+ahead", "bulk+ahead+ahead", "bulk+", "bulk-ahead", "rolling:2",
                 "rolling+ahead", "registers+2ctas", "rolling+3ctas", "rolling+2ctas+2ctas", "bulk+2ctas", "xsmem:1",
-                "xsmem+ahead", "xsmem:", "xsmem+2ctas"):
+                "xsmem+ahead", "xsmem:", "xsmem+3ctas", "xsmem+2ctas:1"):
         with pytest.raises(ValueError, match="load path .* is registers, rolling, rolling.2ctas, bulk, bulk with .* or "
-                                             "xsmem with its weights' register sets"):
+                                             "xsmem .option .2ctas. with its weights' register sets"):
             w4.parse_load(bad)
     from fa4_inductor.kernels import switches
 
@@ -924,6 +930,31 @@ def test_xsmem_plan_raises_splits_until_x_fits_shared_memory():
     assert w4.xsmem_buckets("rolling", 16, "nvfp4", w4.WIDE) == (0,)
     with pytest.raises(ValueError, match="FA4_INDUCTOR_W4A16_CTA=RTxWNx1"):
         w4.xsmem_buckets("xsmem", 16, "nvfp4", w4.WIDE)
+
+
+def test_auto_takes_x_from_shared_memory_at_9_to_16_rows_over_large_nvfp4_weights():
+    """`xsmem_cta`: NVFP4 calls of 9..16 rows on the "auto" load path over weights of at least 4096 x 4096 take CTAs of
+    one K warp and the xsmem path (2 x 8 x 1 from 8192 rows), split as `xsmem_plan` says; the rest keep their CTAs."""
+    def plan(n, k, m, fmt="nvfp4", pack=False):
+        kp = w4.padded_k(fmt, k)
+        shape = w4.cta_shape(n, m, 132, fmt=fmt, pack=pack, k=kp)
+        load = w4.auto_load(m, kp, shape, fmt)
+        splits = w4.xsmem_plan(m, n, kp, fmt, shape, 132, None)[0] if w4.is_xsmem(load) else \
+            w4.num_splits(n, kp, fmt, shape, 132)
+        return "x".join(map(str, shape)), load, splits
+
+    assert plan(8192, 8192, 16) == ("2x8x1", "xsmem", 4)
+    assert plan(8192, 8192, 9, pack=True) == ("2x8x1", "xsmem", 4)
+    assert plan(14336, 4096, 12) == ("2x8x1", "xsmem", 2)
+    assert plan(4096, 14336, 16) == ("2x4x1", "xsmem", 4)
+    assert plan(128256, 4096, 16) == ("2x8x1", "xsmem", 1)
+    assert plan(8192, 8192, 16, pack="tiles") == ("2x2x4", "rolling", 1)
+    assert plan(8192, 2048, 16) == ("2x2x4", "rolling", 1)
+    assert plan(2048, 8192, 16) == ("1x2x4", "rolling+2ctas", 2)
+    assert plan(8192, 8192, 8) == ("2x2x4", "rolling", 1)
+    assert plan(8192, 8192, 16, "int8") == ("1x1x8", "rolling+2ctas", 1)
+    # a forced load path keeps the former CTAs (`cta_shape` sees K only on "auto")
+    assert w4.cta_shape(8192, 16, 132) == w4.WIDE
 
 
 def test_xsmem_layout_reads_are_bank_conflict_free():

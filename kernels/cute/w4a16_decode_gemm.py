@@ -408,7 +408,7 @@ class W4A16DecodeGemm:
         assert not tiled or (pack and load != "bulk"), (tiled, pack, load)
         self.pack = pack
         self.tiled = tiled
-        assert min_ctas <= 1 or load == "rolling", (min_ctas, load)
+        assert min_ctas <= 1 or load in ("rolling", "xsmem"), (min_ctas, load)
         self.min_ctas = min_ctas  # > 1: registers capped so that this many CTAs fit a SM (nvvm.minctasm)
         self.x_steps = x_steps  # xsmem: the CTA's K range, in steps, that x's shared copy holds
         self.sets = sets  # xsmem: register sets of weight operands, each loaded sets - 1 steps ahead of its use
@@ -456,9 +456,10 @@ class W4A16DecodeGemm:
             stream=stream,
             use_pdl=self.pdl,
             min_blocks_per_mp=self.min_ctas,
-            # a preference that leaves L1 most of the SM's memory (x is shared through L1) and spares the DSL a
-            # device query; the driver still gives shared memory for min_ctas CTAs
-            preferred_smem_carveout=CAPPED_SMEM_CARVEOUT if self.min_ctas > 1 else None,
+            # a preference (which spares the DSL a device query) that leaves L1 most of the SM's memory where x is
+            # shared through L1, all of it to shared memory where x is copied there; the driver still gives shared
+            # memory for min_ctas CTAs
+            preferred_smem_carveout=None if self.min_ctas <= 1 else 100 if self.load == "xsmem" else CAPPED_SMEM_CARVEOUT,
         )
 
     @cute.kernel

@@ -3,7 +3,9 @@
 mPart [splits, M, N] fp32 holds each split's sums; out[m, n] = dtype(sum_s mPart[s, m, n] * scale (+ bias[n]))
 with the splits added in order (deterministic), scale = 2^E * mScale[0] for NVFP4 (the main kernel's decode
 carries 2^-E, `decode_exponent`), mScale[n] for int8, mScale[n or 0] * mRowScale[m or 0] (if given) for fp8.
-One thread per output element, splits unrolled by 4 so their loads are in flight together.
+One thread per output element, splits unrolled by 4 so their loads are in flight together. With `pdl` it is launched
+as a programmatic dependent of the main kernel (which lets dependents start at its beginning): its launch overlaps
+the main kernel's run, and it waits for the main kernel's partials (`griddepcontrol.wait`) before reading them.
 """
 
 from __future__ import annotations
@@ -21,26 +23,31 @@ UNROLL = 4
 
 
 class W4A16SplitKReduce:
-    """One compiled variant per (x dtype, format, bias or not). Call: (mPart [splits, M, N] fp32 compact,
+    """One compiled variant per (x dtype, format, bias or not, PDL or not). Call: (mPart [splits, M, N] fp32 compact,
     mScale, mBias [N] or None, mOut [M, N] (unit stride on N), mRowScale [M] or [1] or None (fp8), stream)."""
 
-    def __init__(self, dtype, fmt: str, has_bias: bool):
+    def __init__(self, dtype, fmt: str, has_bias: bool, pdl: bool = False):
         self.dtype = dtype
         self.fmt = fmt
         self.has_bias = has_bias
+        self.pdl = pdl
 
     @cute.jit
     def __call__(self, mPart: cute.Tensor, mScale: cute.Tensor, mBias: Optional[cute.Tensor], mOut: cute.Tensor,
                  mRowScale: Optional[cute.Tensor], stream):
         total = mOut.shape[0] * mOut.shape[1]
         self.kernel(mPart, mScale, mBias, mOut, mRowScale).launch(
-            grid=((total + NUM_THREADS - 1) // NUM_THREADS, 1, 1), block=(NUM_THREADS, 1, 1), stream=stream)
+            grid=((total + NUM_THREADS - 1) // NUM_THREADS, 1, 1), block=(NUM_THREADS, 1, 1), stream=stream,
+            use_pdl=self.pdl)
 
     @cute.kernel
     def kernel(self, mPart: cute.Tensor, mScale: cute.Tensor, mBias: Optional[cute.Tensor], mOut: cute.Tensor,
                mRowScale: Optional[cute.Tensor]):
         tidx, _, _ = cute.arch.thread_idx()
         bx, _, _ = cute.arch.block_idx()
+        if const_expr(self.pdl):
+            cute.arch.griddepcontrol_wait()
+            cute.arch.griddepcontrol_launch_dependents()
         n_cols = mOut.shape[1]
         e = bx * NUM_THREADS + tidx
         if e < mOut.shape[0] * n_cols:
