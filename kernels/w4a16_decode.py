@@ -31,7 +31,9 @@ is made contiguous, 16-byte aligned and zero-padded to the chunk when needed (a 
 
 Limits (`unsupported_reason`): CUDA sm90, x float16 / bfloat16 with 1..16 rows, K a multiple of 16, N >= 1.
 
-CTA shape (`cta_shape`): warps_n warps along N times warps_k along K, row_tiles tiles of 16 rows a warp.
+CTA shape (`cta_shape`): warps_n warps along N times warps_k along K, row_tiles tiles of 16 rows a warp. On the
+"auto" load path NVFP4 calls of 9..16 rows over weights of at least 4096 x 4096 take CTAs of one K warp and the xsmem
+path instead (`xsmem_cta`: 1.22-1.32x the former rule at 16 rows, H100, session 46).
 Wide (2 x 4 warps, 2 tiles a warp, 1 for M > 8, whose x takes twice the registers: 64 / 32 rows a CTA) for
 NVFP4 weights whose wide CTAs cover a quarter of the SMs; narrow (1 x 8 warps, 1 tile: 16 rows a CTA) for int8
 and for NVFP4 weights with fewer rows, which the wide shape leaves on a quarter of the SMs or less with each SM
@@ -218,10 +220,11 @@ def auto_ctas(m: int, pack=False) -> tuple[CtaShape, ...]:
 
 def xsmem_cta(n: int, m: int, k: int, pack=False) -> Optional[CtaShape]:
     """The CTA of one K warp that NVFP4 calls of 9..16 rows take on the "auto" load path over weights of at least
-    XSMEM_MIN_N x XSMEM_MIN_K (x from shared memory, `xsmem_plan`), else None. H100, docs/benchmarks.md session 46,
-    packed, us, the former rule (rolling on 4 x 1 x 8 CTAs) / xsmem: 8192 x 8192 29.3 / 26.7-27.2 (2 x 8 x 1, 4
-    splits), 14336 x 4096 30.4 / 26.4 (2 x 8 x 1, 2 splits), 4096 x 14336 31.6 / 29.8 (2 x 4 x 1, 4 splits); 8192 x
-    2048 10.6 / 11.6 and 2048 x 8192 17.1 / 16.8 keep the former rule, and so do 2..8 rows (8192 x 8192 24.2 / 24.9)."""
+    XSMEM_MIN_N x XSMEM_MIN_K (x from shared memory, `xsmem_plan`), else None. H100, docs/benchmarks.md session 46
+    run 5, us at 16 rows, this rule / the former (rolling on 2 x 2 x 4 CTAs), plain layout: 8192 x 8192 24.7 / 31.7,
+    14336 x 4096 24.7 / 32.6, 4096 x 14336 25.6 / 31.3 (packed: 26.7 / 28.3, 26.1 / 29.4, 29.9 / 29.4); run 1, packed:
+    8192 x 2048 11.6 / 10.6 and 2048 x 8192 16.8 / 17.1 keep the former rule, and so do 2..8 rows (8192 x 8192 24.9
+    / 24.2)."""
     if m_bucket(m) <= 8 or pack == "tiles" or n < XSMEM_MIN_N or k < XSMEM_MIN_K:
         return None
     return XSMEM_WIDE if n >= 2 * XSMEM_MIN_N else XSMEM_HALF_WIDE
