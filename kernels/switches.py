@@ -19,7 +19,8 @@ the split counters are the device's). W4A16 decode GEMM tuning: FA4_INDUCTOR_W4A
 "RTxWNxWK": row tiles a warp, warps along N, warps along K; default: `w4a16_decode.cta_shape`'s rule),
 FA4_INDUCTOR_W4A16_PDL (0 / false / no / off: launched without programmatic dependent launch; default on),
 FA4_INDUCTOR_W4A16_LOAD (its load path: auto, the default, `w4a16_decode.auto_load`; registers, rolling,
-rolling+2ctas, or bulk, with options and a ring depth, bulk+scales:4; `w4a16_decode.parse_load`),
+rolling+2ctas, bulk, with options and a ring depth, bulk+scales:4, or xsmem[+2ctas][:sets] on CTAs of one K
+warp; `w4a16_decode.parse_load`),
 FA4_INDUCTOR_W4A16_PACK (on: NVFP4 weights prepacked once into the
 kernel's packed layout, `w4a16_decode.pack_nvfp4`; tiles: that layout in 16-row tiles; default off),
 FA4_INDUCTOR_W4A16_GEMV (which calls of the plain layout take the CUDA-core GEMV, `cute/w4a16_gemv.py`, by

@@ -970,3 +970,18 @@ def test_xsmem_layout_reads_are_bank_conflict_free():
                 lanes = range(8 * phase, 8 * phase + 8)
                 banks = {(lane // 4 * pitch + lane % 4 * chunk) % 32 // 4 for lane in lanes}
                 assert len(banks) == 8, (x_words, steps, phase, banks)
+
+
+@pytest.mark.slow
+def test_pdl_split_call_waits_in_its_reduce_and_copies_x_after_the_wait(cute_dsl, tmp_path):
+    """A split call under PDL: the reduce kernel is a dependent too, and reads the partials only after
+    `griddepcontrol.wait`; the xsmem main kernel issues its first weight loads before its wait and copies x after it."""
+    main, reduce = w4.keys(torch.bfloat16, "nvfp4", 16, True, False, ARCH, w4.XSMEM_WIDE, True, "xsmem", x_steps=4)
+    assert reduce.kernel == "reduce" and reduce.pdl and main.pdl
+    ptx = _ptx_of(reduce, tmp_path)
+    body = ptx[ptx.index(".entry"):]
+    assert 0 <= body.find("griddepcontrol.wait") < body.find("ld.global"), body[:2000]
+    ptx = _ptx_of(main, tmp_path)
+    body = ptx[ptx.index(".entry"):]
+    assert 0 <= body.find("ld.global.v4") < body.find("griddepcontrol.wait") < body.find("cp.async.cg")
+    assert not w4.keys(torch.bfloat16, "nvfp4", 16, True, False, ARCH, w4.WIDE, False)[1].pdl
