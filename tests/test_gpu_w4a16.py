@@ -194,9 +194,12 @@ def test_x_from_shared_memory(m, cta, load):
     fp8_case(m, 700, 2080, torch.float16, bias=True, seed=m, load=load, cta=cta)
 
 
-def xsmem_fits(fmt, m, k, splits):
-    steps = -(-(-(-(w4.padded_k(fmt, k) // w4.CHUNK_VALUES[fmt]) // splits)) // w4.STEP_CHUNKS)
-    return steps <= w4.xsmem_max_steps(w4.m_bucket(m), fmt)
+def xsmem_fits(fmt, m, k, splits, cta):
+    try:
+        w4.xsmem_plan(m, 500, w4.padded_k(fmt, k), fmt, w4.CtaShape(*cta), w4._num_sms(0), splits)
+        return True
+    except ValueError:
+        return False
 
 
 @pytest.mark.parametrize("k", [16, 208, 4096, 14336])
@@ -208,7 +211,7 @@ def test_x_from_shared_memory_k_ranges_and_splits(k, splits):
         case = (lambda: nvfp4_case(m, 500, k, torch.bfloat16, splits=splits, seed=k, load=load, cta=cta)) \
             if fmt == "nvfp4" else \
             (lambda: int8_case(m, 500, k, torch.float16, bias=True, splits=splits, seed=k, load=load, cta=cta))
-        if splits is not None and not xsmem_fits(fmt, m, k, splits):
+        if splits is not None and not xsmem_fits(fmt, m, k, splits, cta):
             with pytest.raises(ValueError, match="the xsmem path holds"):
                 case()
         else:
