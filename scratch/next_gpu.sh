@@ -1,5 +1,8 @@
-# Unrun GPU work. Session 45 ran f45, n45, e45 and p45 on H100s (fp8 weights, the 16-row kernel's stalls); next e46 (fp8
-# plain buffers end to end), then as below. Session 44 ran t44 and s42a on an H100 (docs/benchmarks.md, session 44); session 43 set the int8-KV
+# Unrun GPU work. Session 46 ran d46 and x46 on H100s (the xsmem load path, now the default for NVFP4 at 9..16 rows over
+# weights of >= 4096 x 4096; the split-K reduce as a PDL dependent). Next: `h46` (the same on the H200, issue 15's rows
+# there), `y46` (xsmem at 2..8 rows with more row tiles a warp, and fp8 at 16 rows), `e46`'s last line (fp8 plain
+# buffers end to end: cut by the call's limit in x46), then as below. Session 45 ran f45, n45, e45 and p45 on H100s
+# (fp8 weights, the 16-row kernel's stalls). Session 44 ran t44 and s42a on an H100 (docs/benchmarks.md, session 44); session 43 set the int8-KV
 # split rule to one CTA a SM at head dim 128. Next, on the H200: `h43` (issue 16's rows with that rule, then its
 # end-to-end int8-KV decode), `s43` (a deeper ring at one CTA a SM), `p43` (the bf16 kernel's split rule at head dim
 # 64), `w43` (16-row CTAs for NVFP4 at 9..16 rows over 2048-row weights), then `n36`. `s43` and `p43` compare counts
@@ -32,6 +35,20 @@ e46) # session 45's fp8.from_torchao (plain buffers): the fp8 decode step end to
     run timeout 100 python3 tests/bench_fp8.py --m 1,16 --shapes 2048x2048,512x2048
     run timeout 400 python3 -m fa4_inductor bench --suite quant --quant-formats none --quant-no-prefill \
       --quant-e2e-runs bf16:default,bf16:ours,fp8:default,fp8:ours,fp8:plain --quant-prompt 4096 ;;
+h46) # session 46's xsmem default on the H200 (H100: 1.22-1.32x the former path at 16 rows, plain layout): the tests, the
+    # new rule against the former, issue 15's one-row / 16-row ratio there (H100: 1.44x on 8192 x 8192)
+    nvidia-smi -L >>$L
+    run timeout 150 $P -n 8 tests/test_gpu_w4a16.py -k "x_from_shared_memory or auto_takes"
+    run timeout 150 python3 tests/bench_w4a16.py --m 16,9 --shapes 8192x8192,14336x4096,4096x14336,2048x8192,8192x2048 \
+      --load auto,rolling --pack off,on
+    run timeout 60 python3 tests/bench_w4a16.py --m 1,16 --shapes 8192x8192,14336x4096 ;;
+y46) # xsmem where it is not the default yet: 2..8 rows with four row tiles a warp (x takes no registers there now), the
+    # 2048-row weights at 9..16 rows with more splits, and the three-register-set and +2ctas variants
+    nvidia-smi -L >>$L
+    run timeout 250 python3 tests/bench_w4a16.py --m 8,2 --shapes 8192x8192,14336x4096,4096x14336 --cta auto,4x4x1,4x2x1,2x8x1 \
+      --splits 2,4 --load auto,xsmem,xsmem+2ctas
+    run timeout 150 python3 tests/bench_w4a16.py --m 16 --shapes 2048x8192,8192x2048 --cta auto,2x4x1,1x8x1 --splits 4,8 \
+      --load auto,xsmem,xsmem+2ctas ;;
 x46) # session 46 after d46 (xsmem: 40 of 43 GPU tests passed, the 3 others a test's K of 200; 16 rows 7-13% faster
     # than rolling on the large NVFP4 shapes, H100): the new default (`xsmem_cta`), the split-K reduce as a PDL
     # dependent, both layouts; then fp8's plain-buffer decode step (e46's last line)
