@@ -886,8 +886,8 @@ XSMEM_VARIANTS = [  # (format, M bucket, pack, CTA, load, x steps)
 ]
 
 
-@pytest.mark.parametrize("variant", [pytest.param(v, marks=[pytest.mark.slow] if i else []) for i, v in
-                                     enumerate(XSMEM_VARIANTS)], ids=_ids)
+@pytest.mark.slow
+@pytest.mark.parametrize("variant", XSMEM_VARIANTS, ids=_ids)
 def test_xsmem_variant_compiles_without_spills_or_x_registers(cute_dsl, variant, tmp_path):
     """The xsmem path (x's CTA range in shared memory): its MMAs take x from 16-byte shared loads (none from global
     memory in the K loop) and it copies x with 16-byte cp.async; no local memory."""
