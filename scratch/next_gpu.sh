@@ -48,7 +48,10 @@ y46) # xsmem where it is not the default yet: 2..8 rows with four row tiles a wa
     run timeout 250 python3 tests/bench_w4a16.py --m 8,2 --shapes 8192x8192,14336x4096,4096x14336 --cta auto,4x4x1,4x2x1,2x8x1 \
       --splits 2,4 --load auto,xsmem,xsmem+2ctas
     run timeout 150 python3 tests/bench_w4a16.py --m 16 --shapes 2048x8192,8192x2048 --cta auto,2x4x1,1x8x1 --splits 4,8 \
-      --load auto,xsmem,xsmem+2ctas ;;
+      --load auto,xsmem,xsmem+2ctas
+    # two CTAs a SM (16 warps: session 46's ncu found 8 warps at 4.7 cycles an issued instruction, DRAM at 48%)
+    run timeout 150 python3 tests/bench_w4a16.py --m 16 --shapes 8192x8192,14336x4096 --cta 1x8x1,2x8x1 --splits 4,8 \
+      --load xsmem,xsmem+2ctas ;;
 x46) # session 46 after d46 (xsmem: 40 of 43 GPU tests passed, the 3 others a test's K of 200; 16 rows 7-13% faster
     # than rolling on the large NVFP4 shapes, H100): the new default (`xsmem_cta`), the split-K reduce as a PDL
     # dependent, both layouts; then fp8's plain-buffer decode step (e46's last line)
