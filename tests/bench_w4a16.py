@@ -155,9 +155,12 @@ def bench_shape(n, k, ms, splits_list=None, loads=(None,), ctas=None, int8_scale
                               / ref8.abs().max())
                         errs.append(f"{tag(ld).strip() or 'ours'}{gtag(gv)} nvfp4 "
                                     f"{'/'.join(f'{e.item():.1e}' for e in e4)} int8 {e8.item():.1e}")
-        shapes = {f: w4.cta_shape(n, m, w4._num_sms(0), fmt=f) for f in w4.FORMATS} if m <= w4.MAX_M else None
-        splits = {f: w4.num_splits(n, w4.padded_k(f, k), f, shapes[f], w4._num_sms(0)) if shapes else "-"
-                  for f in w4.FORMATS}
+        shapes, splits = {}, {f: "-" for f in w4.FORMATS}
+        for f in w4.FORMATS if m <= w4.MAX_M else ():  # what "auto" (the default load path) runs
+            shapes[f] = w4.cta_shape(n, m, w4._num_sms(0), fmt=f, k=w4.padded_k(f, k))
+            kp, sms = w4.padded_k(f, k), w4._num_sms(0)
+            splits[f] = (w4.xsmem_plan(m, n, kp, f, shapes[f], sms, None)[0] if shapes[f].warps_k == 1 else
+                         w4.num_splits(n, kp, f, shapes[f], sms))
         base = row.get("bf16", (None,))[0]
         cells = []
         for name, (us, nbytes) in row.items():
