@@ -58,9 +58,9 @@ NVFP4 options). FA4_INDUCTOR_W4A16_LOAD sets it; the matmuls' and `warmup`'s `lo
 (tests, `tests/bench_w4a16.py --load registers,bulk --stages 4,6`). On the H200 the bulk path is equal or slower
 on most rows (docs/benchmarks.md, session 10 run 3). "xsmem" (or "xsmem:<sets>", 2 or more weight register sets,
 default XSMEM_SETS; "xsmem+2ctas" caps the registers for two CTAs a SM): x's CTA range copied to shared memory
-once and read from there by the MMAs, on CTAs of one
-warp along K (a forced CTA shape RTxWNx1: FA4_INDUCTOR_W4A16_CTA or `cta`); the split count is raised until a CTA's
-range of x fits XSMEM_BUDGET (`xsmem_plan`), and variants are compiled per power of two of x's steps.
+once and read from there by the MMAs, on CTAs of one warp along K (`xsmem_cta` on "auto", else a forced CTA shape
+RTxWNx1: FA4_INDUCTOR_W4A16_CTA or `cta`); the split count is raised until a CTA's range of x fits XSMEM_BUDGET
+(`xsmem_plan`), and variants are compiled per power of two of x's steps.
 
 Packed NVFP4 (`pack`, off by default; FA4_INDUCTOR_W4A16_PACK=1 or the matmul's `pack=True`): the weight and its
 block scales are rewritten once per weight and x dtype (`pack_nvfp4`, `prepared_weights` kind ("w4a16_nvfp4_packed",
@@ -81,9 +81,9 @@ weight reads is not what holds the kernel either.
 PDL (on; FA4_INDUCTOR_W4A16_PDL=0 turns it off): the main kernel is launched as a programmatic dependent, so in
 a run of these GEMMs (q, k, v; gate, up; chains) each one's first weight loads overlap the previous one's tail
 (`W4A16DecodeGemm`'s docstring says why that is safe). H200: 2048 x 2048 at M = 1 2.9 against 4.0 us in a
-graph of back-to-back calls; Llama-1B NVFP4 decode 1.136 against 1.160 ms/token (docs/benchmarks.md). A split call's reduce kernel is
-launched as the main kernel's programmatic dependent too (`cute/w4a16_splitk_reduce.py`): its launch overlaps the main
-kernel.
+graph of back-to-back calls; Llama-1B NVFP4 decode 1.136 against 1.160 ms/token (docs/benchmarks.md). A split
+call's reduce kernel is launched as the main kernel's programmatic dependent too (`cute/w4a16_splitk_reduce.py`): its
+launch overlaps the main kernel (H100, session 46: 1.1-1.6 us less a split call).
 
 CUDA-core GEMV (`cute/w4a16_gemv.py`): calls with M <= GEMV_AUTO_ROWS (NVFP4 in the plain layout, int8) go to a
 GEMV on CUDA cores instead (FA4_INDUCTOR_W4A16_GEMV: auto, the default; on: M <= 4; off: never; the matmuls' `gemv`
@@ -145,7 +145,7 @@ register path. Session 37 (H100): NVFP4 at 16 rows on 2 x 2 x 4 CTAs, rolling / 
 42.8, 8192 x 2048 10.6 / 12.3, 14336 x 4096 32.9 / 35.0, 4096 x 14336 33.9 / 39.3."""
 XSMEM = "xsmem"
 XSMEM_SETS = 2  # "xsmem" without a depth: two register sets of weights (loaded a step ahead, as "registers")
-XSMEM_BUDGET = 200 * 1024  # x's shared copy, the CTA's K range of it (`xsmem_steps`): split K further past this
+XSMEM_BUDGET = 200 * 1024  # x's shared copy, the CTA's K range of it (`xsmem_max_steps`): split K further past this
 BULK_SMEM_BUDGET = 200 * 1024  # the bulk ring's default depth fills this (one CTA a SM: its registers)
 SMEM_LIMIT = 227 * 1024  # sm90's shared memory a CTA can opt into
 MAX_STAGES = 16
@@ -339,8 +339,8 @@ def bulk_stages(m_max: int, cta: CtaShape, requested: Optional[int] = None, scal
 
 @functools.cache
 def load_key(spec: str, m_max: int, fmt: str, cta: CtaShape) -> str:
-    """The `_Key.load` of a spec for `fmt`: "registers", "rolling", or the bulk path (without the NVFP4-only
-    options for int8) with its depth resolved ("bulk:5")."""
+    """The `_Key.load` of a spec for `fmt`: "registers", "rolling", the bulk path (without the NVFP4-only
+    options for int8) with its depth resolved ("bulk:5"), or the xsmem path with its register sets ("xsmem:2")."""
     path, depth = parse_load(spec)
     if path.split("+")[0] == XSMEM:
         return f"{path}:{depth or XSMEM_SETS}"

@@ -459,7 +459,8 @@ class W4A16DecodeGemm:
             # a preference (which spares the DSL a device query) that leaves L1 most of the SM's memory where x is
             # shared through L1, all of it to shared memory where x is copied there; the driver still gives shared
             # memory for min_ctas CTAs
-            preferred_smem_carveout=None if self.min_ctas <= 1 else 100 if self.load == "xsmem" else CAPPED_SMEM_CARVEOUT,
+            preferred_smem_carveout=(None if self.min_ctas <= 1 else 100 if self.load == "xsmem" else
+                                     CAPPED_SMEM_CARVEOUT),
         )
 
     @cute.kernel
@@ -962,9 +963,9 @@ class W4A16DecodeGemm:
 
     def word_products(self, rW: cute.Tensor, splats, x_word, rA: cute.Tensor, acc: cute.Tensor, rt: int, i: int):
         """Word i of row tile rt's two rows decoded (`splats`: the tile's `row_splats`) and multiplied with the
-        x words of the same k slots (`x_word(word, group)`: a register) into the tile's accumulators: NVFP4, two MMAs (pairs (0, 1) and (2, 3) of
-        the plain word, x words 4i + q and 4i + q + 2; pairs 2q, 2q + 1 of the packed word, x words 4i + 2q
-        and 4i + 2q + 1); int8 and fp8, one MMA (x words 2i, 2i + 1)."""
+        x words of the same k slots (`x_word(word, group)`: a register) into the tile's accumulators: NVFP4, two
+        MMAs (pairs (0, 1) and (2, 3) of the plain word, x words 4i + q and 4i + q + 2; pairs 2q, 2q + 1 of the
+        packed word, x words 4i + 2q and 4i + 2q + 1); int8 and fp8, one MMA (x words 2i, 2i + 1)."""
         f16 = self.is_f16
         words = [rW[i, 2 * rt + h] for h in range(2)]
         if self.fmt == "fp8":
