@@ -360,7 +360,7 @@ def test_training_steps_under_dynamic_true(impl):
     assert len(recorder.graphs) == 1 and recorder.count() == model.attention_layers, recorder.reasons
 
 
-@pytest.mark.parametrize("impl", [case("sdpa"), case("eager", slow=True)])
+@pytest.mark.parametrize("impl", [case("sdpa", slow=True), case("eager", slow=True)])
 def test_padded_batch_after_unpadded_ones_under_dynamic_true(impl):
     """A server's order under `dynamic=True`: one request alone, then a batch, then a padded batch. The batch size
     has one symbol in the ids (dynamic since the second graph) and a fresh one in the mask, first seen in the third;

@@ -304,6 +304,7 @@ def multihead_calls(draw):
                 need_weights=draw(st.booleans()), training=draw(st.booleans()), seed=draw(st.integers(0, 99)))
 
 
+@pytest.mark.slow
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(call=multihead_calls())
 def test_random_calls_match_eager(call):
