@@ -1,6 +1,7 @@
 """FP8 (e4m3) linears as plain buffers: torchao's `Float8DynamicActivationFloat8WeightConfig` and
-`Float8WeightOnlyConfig` weights (a `Float8Tensor` subclass per linear) turned into `Fp8Linear` layers over the same codes and scales, whose
-plain-PyTorch forward our backend rewrites into `fa4::fp8_linear` where that is measured faster.
+`Float8WeightOnlyConfig` weights (a `Float8Tensor` subclass per linear) turned into `Fp8Linear` layers over the same
+codes and scales, whose plain-PyTorch forward our backend rewrites into `fa4::fp8_linear` where that is measured
+faster.
 
     from fa4_inductor import fp8
     quantize_(model, Float8DynamicActivationFloat8WeightConfig(granularity=PerRow()))     # torchao

@@ -248,8 +248,9 @@ def cta_shape(n: int, m: int, num_sms: int, forced: Optional[tuple[int, int, int
         return CtaShape(*forced)
     if fmt != "nvfp4":
         return NARROW
-    if k is not None and xsmem_cta(n, m, k, pack) is not None:
-        return xsmem_cta(n, m, k, pack)
+    xsmem = None if k is None else xsmem_cta(n, m, k, pack)
+    if xsmem is not None:
+        return xsmem
     return next(shape for shape in auto_ctas(m, pack) if shape == NARROW or 4 * -(-n // shape.rows) > num_sms)
 
 
@@ -342,7 +343,7 @@ def load_key(spec: str, m_max: int, fmt: str, cta: CtaShape) -> str:
     """The `_Key.load` of a spec for `fmt`: "registers", "rolling", the bulk path (without the NVFP4-only
     options for int8) with its depth resolved ("bulk:5"), or the xsmem path with its register sets ("xsmem:2")."""
     path, depth = parse_load(spec)
-    if path.split("+")[0] == XSMEM:
+    if is_xsmem(spec):
         return f"{path}:{depth or XSMEM_SETS}"
     if not path.startswith("bulk"):
         return path
@@ -383,7 +384,7 @@ def xsmem_plan(m: int, n: int, k_padded: int, fmt: str, shape: CtaShape, num_sms
         raise ValueError(f"the {XSMEM} load path takes CTAs of one warp along K (RTxWNx1), not {shape}")
     chunks = k_padded // CHUNK_VALUES[fmt]
     most = xsmem_max_steps(m_bucket(m), fmt)
-    steps = lambda s: -(-(-(-chunks // s)) // STEP_CHUNKS)  # noqa: E731  (the longest CTA range, in steps)
+    steps = lambda s: math.ceil(math.ceil(chunks / s) / STEP_CHUNKS)  # noqa: E731  (the longest CTA range, in steps)
     if splits is None:
         splits = num_splits(n, k_padded, fmt, shape, num_sms)
         while steps(splits) > most:
@@ -799,7 +800,7 @@ def _compile(key: _Key):
         raise ValueError(f"no W4A16 decode GEMM with load path {key.load!r}: give the ring's depth, which "
                          f"must fit in shared memory (`load_key`)")
     options = path.split("+")[1:]
-    if path.split("+")[0] == XSMEM:
+    if is_xsmem(key.load):
         load = dict(load=XSMEM, sets=stages, x_steps=key.x_steps, min_ctas=ROLLING_CTAS if options else 0)
     elif path.startswith("bulk"):
         load = dict(load="bulk", stages=stages, ahead="ahead" in options, prefetch="prefetch" in options,
@@ -1087,6 +1088,27 @@ def warmup(dtype: torch.dtype, fmt: str, m_values=M_BUCKETS, *, bias: Optional[b
 # ---------------------------------------------------------------------------------------------
 
 
+class CallPlan(NamedTuple):
+    cta: CtaShape
+    load: str  # a `parse_load` spec, "auto" resolved
+    splits: int
+    x_steps: int  # the xsmem path's (`xsmem_plan`), else 0
+
+
+def call_plan(m: int, n: int, k_padded: int, fmt: str, num_sms: int, cta: Optional[tuple[int, int, int]] = None,
+              load: Optional[str] = None, splits: Optional[int] = None, pack=False) -> CallPlan:
+    """What a call of m rows over an [n, k_padded] weight runs on the tensor-core kernel, from the matmuls' `cta`,
+    `load` and `splits` arguments (None: as configured, or by the rules `cta_shape`, `auto_load`, `num_splits` and
+    `xsmem_plan`)."""
+    spec = configured_load() if load is None else load
+    shape = cta_shape(n, m, num_sms, cta or switches.current().w4a16_cta, fmt, pack,
+                      k_padded if spec == AUTO_LOAD else None)
+    load = resolve_load(spec, m, k_padded, shape, fmt)
+    if is_xsmem(load):
+        return CallPlan(shape, load, *xsmem_plan(m, n, k_padded, fmt, shape, num_sms, splits))
+    return CallPlan(shape, load, num_splits(n, k_padded, fmt, shape, num_sms) if splits is None else splits, 0)
+
+
 def _run(fmt: str, x2d: Tensor, words: Tensor, block: Optional[Tensor], scale: Tensor, bias: Optional[Tensor],
          n: int, k: int, splits: Optional[int], cta: Optional[tuple[int, int, int]], load: Optional[str],
          pack=False, row_scale: Optional[Tensor] = None) -> Tensor:
@@ -1098,19 +1120,12 @@ def _run(fmt: str, x2d: Tensor, words: Tensor, block: Optional[Tensor], scale: T
     device = x.device
     out = torch.empty(m, n, dtype=x.dtype, device=device)
     num_sms = _num_sms(device.index if device.index is not None else torch.cuda.current_device())
-    env = switches.current()
-    spec = configured_load() if load is None else load
-    shape = cta_shape(n, m, num_sms, cta or env.w4a16_cta, fmt, pack, kp if spec == AUTO_LOAD else None)
-    load = resolve_load(spec, m, kp, shape, fmt)
-    x_steps = 0
-    if is_xsmem(load):
-        splits, x_steps = xsmem_plan(m, n, kp, fmt, shape, num_sms, splits)
-    elif splits is None:
-        splits = num_splits(n, kp, fmt, shape, num_sms)
+    shape, load, splits, x_steps = call_plan(m, n, kp, fmt, num_sms, cta, load, splits, pack)
     split = splits > 1
     arch = compile_utils.target_arch(device)
-    variants = [compiled(key) for key in keys(x.dtype, fmt, m, split, bias is not None, arch, shape, env.w4a16_pdl,
-                                              load, scale.dtype, pack, row_scale is not None, x_steps)]
+    variants = [compiled(key) for key in keys(x.dtype, fmt, m, split, bias is not None, arch, shape,
+                                              switches.current().w4a16_pdl, load, scale.dtype, pack,
+                                              row_scale is not None, x_steps)]
     xw = x.view(torch.int32)
     with torch.cuda.device(device):
         if not split:

@@ -156,11 +156,8 @@ def bench_shape(n, k, ms, splits_list=None, loads=(None,), ctas=None, int8_scale
                         errs.append(f"{tag(ld).strip() or 'ours'}{gtag(gv)} nvfp4 "
                                     f"{'/'.join(f'{e.item():.1e}' for e in e4)} int8 {e8.item():.1e}")
         shapes, splits = {}, {f: "-" for f in w4.FORMATS}
-        for f in w4.FORMATS if m <= w4.MAX_M else ():  # what "auto" (the default load path) runs
-            shapes[f] = w4.cta_shape(n, m, w4._num_sms(0), fmt=f, k=w4.padded_k(f, k))
-            kp, sms = w4.padded_k(f, k), w4._num_sms(0)
-            splits[f] = (w4.xsmem_plan(m, n, kp, f, shapes[f], sms, None)[0] if shapes[f].warps_k == 1 else
-                         w4.num_splits(n, kp, f, shapes[f], sms))
+        for f in w4.FORMATS if m <= w4.MAX_M else ():  # what the default load path runs
+            shapes[f], _, splits[f], _ = w4.call_plan(m, n, w4.padded_k(f, k), f, w4._num_sms(0))
         base = row.get("bf16", (None,))[0]
         cells = []
         for name, (us, nbytes) in row.items():

@@ -44,12 +44,7 @@ def report(name, out, ref, pytorch):
 
 
 def plan(n, k, fmt, m, splits, cta, load, pack=False):
-    spec = load or w4.configured_load()
-    shape = w4.cta_shape(n, m, w4._num_sms(0), cta, fmt, pack, w4.padded_k(fmt, k) if spec == w4.AUTO_LOAD else None)
-    load = w4.resolve_load(spec, m, w4.padded_k(fmt, k), shape, fmt)
-    if w4.is_xsmem(load):
-        splits, _ = w4.xsmem_plan(m, n, w4.padded_k(fmt, k), fmt, shape, w4._num_sms(0), splits)
-    splits = splits or w4.num_splits(n, w4.padded_k(fmt, k), fmt, shape, w4._num_sms(0))
+    shape, load, splits, _ = w4.call_plan(m, n, w4.padded_k(fmt, k), fmt, w4._num_sms(0), cta, load, splits, pack)
     return f"cta {'x'.join(map(str, shape))} splits {splits} {load}{' packed' if pack else ''}"
 
 

@@ -936,11 +936,7 @@ def test_auto_takes_x_from_shared_memory_at_9_to_16_rows_over_large_nvfp4_weight
     """`xsmem_cta`: NVFP4 calls of 9..16 rows on the "auto" load path over weights of at least 4096 x 4096 take CTAs of
     one K warp and the xsmem path (2 x 8 x 1 from 8192 rows), split as `xsmem_plan` says; the rest keep their CTAs."""
     def plan(n, k, m, fmt="nvfp4", pack=False):
-        kp = w4.padded_k(fmt, k)
-        shape = w4.cta_shape(n, m, 132, fmt=fmt, pack=pack, k=kp)
-        load = w4.auto_load(m, kp, shape, fmt)
-        splits = w4.xsmem_plan(m, n, kp, fmt, shape, 132, None)[0] if w4.is_xsmem(load) else \
-            w4.num_splits(n, kp, fmt, shape, 132)
+        shape, load, splits, _ = w4.call_plan(m, n, w4.padded_k(fmt, k), fmt, 132, load="auto", pack=pack)
         return "x".join(map(str, shape)), load, splits
 
     assert plan(8192, 8192, 16) == ("2x8x1", "xsmem", 4)
