@@ -42,16 +42,25 @@ h46) # session 46's xsmem default on the H200 (H100: 1.22-1.32x the former path 
     run timeout 150 python3 tests/bench_w4a16.py --m 16,9 --shapes 8192x8192,14336x4096,4096x14336,2048x8192,8192x2048 \
       --load auto,rolling --pack off,on
     run timeout 60 python3 tests/bench_w4a16.py --m 1,16 --shapes 8192x8192,14336x4096 ;;
-y46) # xsmem where it is not the default yet: 2..8 rows with four row tiles a warp (x takes no registers there now), the
-    # 2048-row weights at 9..16 rows with more splits, and the three-register-set and +2ctas variants
+v47) # session 47: xsmem_cta now sends NVFP4 at 9..16 rows over weights of < 4096 rows (K >= 4096) to 1 x 8 x 1 CTAs
+    # (y46, H200: 2048 x 8192 at 16 rows 8.7 us against 15.1 on the former rule). Its tests, the rule against the former
+    # (rolling: the former CTAs), then K = 2048 weights on xsmem CTAs at the planner's splits, int8 at 5..8 rows vs quack
     nvidia-smi -L >>$L
-    run timeout 250 python3 tests/bench_w4a16.py --m 8,2 --shapes 8192x8192,14336x4096,4096x14336 --cta auto,4x4x1,4x2x1,2x8x1 \
-      --splits 2,4 --load auto,xsmem,xsmem+2ctas
-    run timeout 150 python3 tests/bench_w4a16.py --m 16 --shapes 2048x8192,8192x2048 --cta auto,2x4x1,1x8x1 --splits 4,8 \
-      --load auto,xsmem,xsmem+2ctas
-    # two CTAs a SM (16 warps: session 46's ncu found 8 warps at 4.7 cycles an issued instruction, DRAM at 48%)
+    run timeout 150 $P -n 8 tests/test_gpu_w4a16.py -k "x_from_shared_memory or auto_takes"
+    run timeout 150 python3 tests/bench_w4a16.py --m 16,9 --shapes 2048x8192,1024x4096,2048x4096,2048x14336 \
+      --load auto,rolling --pack off,on
+    run timeout 120 python3 tests/bench_w4a16.py --m 16,9 --shapes 8192x2048,2048x2048,512x2048 --cta auto,1x8x1,2x4x1 \
+      --load auto,xsmem
+    run timeout 60 python3 tests/bench_w4a16.py --m 5,6,8 --shapes 8192x8192,4096x4096 ;;
+y46) # two CTAs a SM first (16 warps: session 46's ncu found 8 warps at 4.7 cycles an issued instruction, DRAM at 48%),
+    # then xsmem where it is not the default yet: 2..8 rows, and the 2048-row weights at 16 rows with more splits
+    nvidia-smi -L >>$L
     run timeout 150 python3 tests/bench_w4a16.py --m 16 --shapes 8192x8192,14336x4096 --cta 1x8x1,2x8x1 --splits 4,8 \
-      --load xsmem,xsmem+2ctas ;;
+      --load xsmem,xsmem+2ctas
+    run timeout 150 python3 tests/bench_w4a16.py --m 8,2 --shapes 8192x8192,14336x4096 --cta auto,4x2x1,2x8x1 \
+      --splits 2,4 --load auto,xsmem,xsmem+2ctas
+    run timeout 120 python3 tests/bench_w4a16.py --m 16 --shapes 2048x8192,8192x2048 --cta auto,2x4x1,1x8x1 --splits 4,8 \
+      --load auto,xsmem,xsmem+2ctas ;;
 x46) # session 46 after d46 (xsmem: 40 of 43 GPU tests passed, the 3 others a test's K of 200; 16 rows 7-13% faster
     # than rolling on the large NVFP4 shapes, H100): the new default (`xsmem_cta`), the split-K reduce as a PDL
     # dependent, both layouts; then fp8's plain-buffer decode step (e46's last line)
