@@ -14,7 +14,8 @@ q itself is read as a 15-bit integer per packed row (two int8 digits, error <= m
 below q's own rounding) for the integer tensor cores' S = Q K^T; a NaN in q makes its row NaN.
 FA4_INDUCTOR_DISABLE_DECODE=1 turns this kernel off too.
 
-Split count: `decode.num_splits` aiming at `SPLIT_CTAS_PER_SM[head_dim]` CTAs per SM (`ctas_per_sm`). The
+Split count: `decode.num_splits` aiming at `SPLIT_CTAS_PER_SM[head_dim]` CTAs per SM (`ctas_per_sm`; two where one
+would leave a split more than `LONG_SPLIT_KEYS` keys). The
 registers allow two (CTAS_PER_SM); head dim 64 fills both (its CTAs carry half the bytes of head dim 128's for the
 same per-key work), head dim 128 measured faster at one, as the bf16 kernel does. A function of shapes only, never
 of seqused_k's contents, so a CUDA graph stays valid when cache lengths change. `splits=` (or
@@ -93,9 +94,21 @@ def ctas_per_sm(head_dim: int) -> int:
     return max(SPLIT_CTAS_PER_SM.get(head_dim, CTAS_PER_SM), switches.current().decode_min_ctas)
 
 
+LONG_SPLIT_KEYS = 8192
+"""A split of more keys than this at one CTA a SM makes the rule aim at `CTAS_PER_SM` instead (twice the splits).
+H200, docs/benchmarks.md session 47 run 4, head dim 128, us at one / two CTAs a SM: b8 x 32k (16k keys a split at one)
+142.7 / 135.0; b1 x 128k (8k keys) 72.5 / 72.4 and b1 x 32k (2k) 23.5 / 25.0 keep one. The H100 (session 43 run 4)
+tied b8 x 32k: 184.1 / 184.5."""
+
+
 def num_splits(batch: int, kv_heads: int, q_len: int, group: int, seqlen_k: int, head_dim: int, num_sms: int) -> int:
-    """`decode.num_splits` for `ctas_per_sm(head_dim)` CTAs per SM."""
-    return decode.num_splits(batch, kv_heads, q_len, group, seqlen_k, head_dim, num_sms * ctas_per_sm(head_dim))
+    """`decode.num_splits` for `ctas_per_sm(head_dim)` CTAs per SM, or `CTAS_PER_SM` where a split would otherwise
+    take more than LONG_SPLIT_KEYS keys."""
+    per_sm = ctas_per_sm(head_dim)
+    splits = decode.num_splits(batch, kv_heads, q_len, group, seqlen_k, head_dim, num_sms * per_sm)
+    if per_sm < CTAS_PER_SM and seqlen_k > LONG_SPLIT_KEYS * splits:
+        splits = decode.num_splits(batch, kv_heads, q_len, group, seqlen_k, head_dim, num_sms * CTAS_PER_SM)
+    return splits
 
 
 def _key(dtype: torch.dtype, head_dim: int, group: int, q_len: int, causal: bool, softcap: bool, seqused: bool,

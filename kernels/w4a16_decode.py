@@ -32,8 +32,9 @@ is made contiguous, 16-byte aligned and zero-padded to the chunk when needed (a 
 Limits (`unsupported_reason`): CUDA sm90, x float16 / bfloat16 with 1..16 rows, K a multiple of 16, N >= 1.
 
 CTA shape (`cta_shape`): warps_n warps along N times warps_k along K, row_tiles tiles of 16 rows a warp. On the
-"auto" load path NVFP4 calls of 9..16 rows over weights of at least 4096 x 4096 take CTAs of one K warp and the xsmem
-path instead (`xsmem_cta`: 1.22-1.32x the former rule at 16 rows, H100, session 46).
+"auto" load path NVFP4 calls of 9..16 rows over weights of at least 4096 x 4096 (or fewer rows with K >= 8192) take CTAs
+of one K warp and the xsmem path instead (`xsmem_cta`: 1.22-1.42x the former rule at 16 rows, H100 and H200, sessions
+46-47; 1.74x on 2048 x 8192).
 Wide (2 x 4 warps, 2 tiles a warp, 1 for M > 8, whose x takes twice the registers: 64 / 32 rows a CTA) for
 NVFP4 weights whose wide CTAs cover a quarter of the SMs; narrow (1 x 8 warps, 1 tile: 16 rows a CTA) for int8
 and for NVFP4 weights with fewer rows, which the wide shape leaves on a quarter of the SMs or less with each SM
@@ -206,7 +207,9 @@ HALF_WIDE = CtaShape(1, 2, 4)
 PACKED_WIDE = CtaShape(4, 1, 8)  # 8 warps along K of 4 row tiles: the packed layout at 9..16 rows
 XSMEM_WIDE = CtaShape(2, 8, 1)  # the xsmem path (one K warp: x from shared memory) at 9..16 rows, N >= 2 XSMEM_MIN_N
 XSMEM_HALF_WIDE = CtaShape(2, 4, 1)
+XSMEM_NARROW = CtaShape(1, 8, 1)  # N < XSMEM_MIN_N: 128-row CTAs, eight warps of one row tile
 XSMEM_MIN_N = XSMEM_MIN_K = 4096
+XSMEM_NARROW_MIN_K = 8192
 
 
 def auto_ctas(m: int, pack=False) -> tuple[CtaShape, ...]:
@@ -215,18 +218,22 @@ def auto_ctas(m: int, pack=False) -> tuple[CtaShape, ...]:
     if m_bucket(m) <= 8:
         return WIDE, NARROW
     return (PACKED_WIDE if pack is True else WIDE), HALF_WIDE, NARROW, *(
-        (XSMEM_WIDE, XSMEM_HALF_WIDE) if pack != "tiles" else ())
+        (XSMEM_WIDE, XSMEM_HALF_WIDE, XSMEM_NARROW) if pack != "tiles" else ())
 
 
 def xsmem_cta(n: int, m: int, k: int, pack=False) -> Optional[CtaShape]:
-    """The CTA of one K warp that NVFP4 calls of 9..16 rows take on the "auto" load path over weights of at least
-    XSMEM_MIN_N x XSMEM_MIN_K (x from shared memory, `xsmem_plan`), else None. H100, docs/benchmarks.md session 46
-    run 5, us at 16 rows, this rule / the former (rolling on 2 x 2 x 4 CTAs), plain layout: 8192 x 8192 24.7 / 31.7,
-    14336 x 4096 24.7 / 32.6, 4096 x 14336 25.6 / 31.3 (packed: 26.7 / 28.3, 26.1 / 29.4, 29.9 / 29.4); run 1, packed:
-    8192 x 2048 11.6 / 10.6 and 2048 x 8192 16.8 / 17.1 keep the former rule, and so do 2..8 rows (8192 x 8192 24.9
-    / 24.2)."""
-    if m_bucket(m) <= 8 or pack == "tiles" or n < XSMEM_MIN_N or k < XSMEM_MIN_K:
+    """The CTA of one K warp that NVFP4 calls of 9..16 rows take on the "auto" load path (x from shared memory,
+    `xsmem_plan`), else None: 2 x 8 x 1 over weights of at least 2 XSMEM_MIN_N x XSMEM_MIN_K, 2 x 4 x 1 from XSMEM_MIN_N
+    rows, 1 x 8 x 1 over fewer rows with K of at least XSMEM_NARROW_MIN_K. H100, docs/benchmarks.md session 46 run 5, us
+    at 16 rows, this rule / the former (rolling on 2 x 2 x 4 CTAs), plain layout: 8192 x 8192 24.7 / 31.7, 14336 x 4096
+    24.7 / 32.6, 4096 x 14336 25.6 / 31.3 (packed: 26.7 / 28.3, 26.1 / 29.4, 29.9 / 29.4). H200, session 47 run 2: 2048
+    x 8192 8.7 us on 1 x 8 x 1 CTAs (8 splits) against 15.2 on the former 1 x 2 x 4 (bf16 cuBLAS 13.3). K below
+    XSMEM_MIN_K (8192 x 2048: 11.6 / 10.6 packed, H100 session 46 run 1), narrow weights with K below
+    XSMEM_NARROW_MIN_K (not timed) and 2..8 rows (8192 x 8192 24.9 / 24.2) keep the former rule."""
+    if m_bucket(m) <= 8 or pack == "tiles" or k < XSMEM_MIN_K:
         return None
+    if n < XSMEM_MIN_N:
+        return XSMEM_NARROW if k >= XSMEM_NARROW_MIN_K else None
     return XSMEM_WIDE if n >= 2 * XSMEM_MIN_N else XSMEM_HALF_WIDE
 
 

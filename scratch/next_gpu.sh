@@ -44,14 +44,19 @@ h46) # session 46's xsmem default on the H200 (H100: 1.22-1.32x the former path 
     run timeout 60 python3 tests/bench_w4a16.py --m 1,16 --shapes 8192x8192,14336x4096 ;;
 v47) # session 47: xsmem_cta now sends NVFP4 at 9..16 rows over weights of < 4096 rows (K >= 4096) to 1 x 8 x 1 CTAs
     # (y46, H200: 2048 x 8192 at 16 rows 8.7 us against 15.1 on the former rule). Its tests, the rule against the former
-    # (rolling: the former CTAs), then K = 2048 weights on xsmem CTAs at the planner's splits, int8 at 5..8 rows vs quack
+    # (rolling: the former CTAs); the int8-KV rule's two CTAs a SM where a split would take > 8k keys (b8 x 32k: 4
+    # splits now) and the rows it moves; int8 at 5..8 rows vs quack; K = 2048 weights on xsmem CTAs
     nvidia-smi -L >>$L
     run timeout 150 $P -n 8 tests/test_gpu_w4a16.py -k "x_from_shared_memory or auto_takes"
     run timeout 150 python3 tests/bench_w4a16.py --m 16,9 --shapes 2048x8192,1024x4096,2048x4096,2048x14336 \
       --load auto,rolling --pack off,on
+    for row in "--b 8 --sk 32768" "--b 8 --sk 32768 --splits 2" "--b 16 --sk 32768" "--b 16 --sk 32768 --splits 1" \
+               "--b 8 --sk 131072" "--b 8 --sk 131072 --splits 2"; do
+      run timeout 40 python3 tests/bench_decode_int8kv.py $row --d 128
+    done
+    run timeout 60 python3 tests/bench_w4a16.py --m 5,6,8 --shapes 8192x8192,4096x4096
     run timeout 120 python3 tests/bench_w4a16.py --m 16,9 --shapes 8192x2048,2048x2048,512x2048 --cta auto,1x8x1,2x4x1 \
-      --load auto,xsmem
-    run timeout 60 python3 tests/bench_w4a16.py --m 5,6,8 --shapes 8192x8192,4096x4096 ;;
+      --load auto,xsmem ;;
 y46) # two CTAs a SM first (16 warps: session 46's ncu found 8 warps at 4.7 cycles an issued instruction, DRAM at 48%),
     # then xsmem where it is not the default yet: 2..8 rows, and the 2048-row weights at 16 rows with more splits
     nvidia-smi -L >>$L

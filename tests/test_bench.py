@@ -9,6 +9,7 @@ from fa4_inductor import bench, hf
 from fa4_inductor.__main__ import main
 
 
+@pytest.mark.slow
 def test_op_suite_rows_cover_every_variant():
     table = bench.op_suite("cpu", torch.float32, seqlens=(64, 128), head_dims=(64,), tokens=256, width=128)
     assert [row[:4] for row in table.rows] == [
@@ -17,6 +18,7 @@ def test_op_suite_rows_cover_every_variant():
     assert "| head dim | causal |" in table.markdown()
 
 
+@pytest.mark.slow
 def test_backward_suite_times_forward_and_backward_of_each_implementation():
     table = bench.backward_suite("cpu", torch.float32, shapes=((4, 2, 16),), seqlens=(32, 64), tokens=64)
     assert [row[:3] for row in table.rows] == [["4/2x16", 32, 2], ["4/2x16", 64, 1]]

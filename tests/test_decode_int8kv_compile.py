@@ -362,10 +362,13 @@ def test_a_register_cap_asks_ptxas_for_more_ctas(cute_dsl, cap, tmp_path):
 
 
 def test_num_splits_targets_one_wave_by_head_dim():
-    """hq32 hkv8 on 132 SMs, splits of at least 8 tiles: one wave of one CTA per SM at head dim 128, of two at head
-    dims 64 and 256."""
+    """hq32 hkv8 on 132 SMs, splits of at least 8 tiles: one wave of one CTA per SM at head dim 128 (of two where a split
+    would take more than LONG_SPLIT_KEYS keys), of two at head dims 64 and 256."""
     assert decode_int8kv.num_splits(1, 8, 1, 4, 32768, 128, 132) == 16
-    assert decode_int8kv.num_splits(8, 8, 1, 4, 32768, 128, 132) == 2
+    assert decode_int8kv.num_splits(8, 8, 1, 4, 32768, 128, 132) == 4  # 16k keys a split at one CTA a SM: two
+    assert decode_int8kv.num_splits(4, 8, 1, 4, 32768, 128, 132) == 4
+    assert decode_int8kv.num_splits(1, 8, 1, 4, 131072, 128, 132) == 16
+    assert decode_int8kv.num_splits(16, 8, 1, 4, 32768, 128, 132) == 2
     assert decode_int8kv.num_splits(64, 8, 1, 4, 32768, 128, 132) == 1
     assert decode_int8kv.num_splits(1, 8, 1, 4, 1000, 128, 132) == 1000 // 16 // decode.MIN_TILES_PER_SPLIT
     assert decode_int8kv.num_splits(1, 8, 1, 4, 32768, 64, 132) == 33

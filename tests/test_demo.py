@@ -15,6 +15,7 @@ def test_demo_command_passes():
     assert result.stdout.count("(ok, tolerance") == 2
 
 
+@pytest.mark.slow
 def test_demo_detects_a_mismatch(monkeypatch):
     """The demo must fail when the compiled output is wrong: break the op's CPU kernel and run it in-process."""
     import torch

@@ -126,6 +126,7 @@ def test_an_exported_model_compiled_with_the_backend_gets_the_rewrite():
     torch.testing.assert_close(out.double(), expected, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_an_exported_hf_model_hands_the_op_its_mask_per_query_row():
     """An HF decoder exported, then compiled: its causal mask is built of aten ops (expand, ...), which the mask
     proofs (written for Dynamo's torch-level graphs) do not read yet; with `run_time_masks` (on by default) every

@@ -204,7 +204,7 @@ def test_warmup_compiles_what_auto_picks(monkeypatch):
     asked.clear()
     w4.warmup(torch.bfloat16, "nvfp4", (16,), device="cpu", load="auto", gemv=False)
     xsmem = {(k.cta, k.load, k.x_steps, k.split) for k in asked if k.kernel == "main" and k.x_steps}
-    assert xsmem == {(cta, "xsmem:2", steps, split) for cta in (w4.XSMEM_WIDE, w4.XSMEM_HALF_WIDE)
+    assert xsmem == {(cta, "xsmem:2", steps, split) for cta in (w4.XSMEM_WIDE, w4.XSMEM_HALF_WIDE, w4.XSMEM_NARROW)
                      for steps in (2, 4, 8, 16) for split in (False, True)}, xsmem
 
 
@@ -933,8 +933,9 @@ def test_xsmem_plan_raises_splits_until_x_fits_shared_memory():
 
 
 def test_auto_takes_x_from_shared_memory_at_9_to_16_rows_over_large_nvfp4_weights():
-    """`xsmem_cta`: NVFP4 calls of 9..16 rows on the "auto" load path over weights of at least 4096 x 4096 take CTAs of
-    one K warp and the xsmem path (2 x 8 x 1 from 8192 rows), split as `xsmem_plan` says; the rest keep their CTAs."""
+    """`xsmem_cta`: NVFP4 calls of 9..16 rows on the "auto" load path over weights with K of at least 4096 take CTAs of
+    one K warp and the xsmem path (2 x 8 x 1 from 8192 rows, 2 x 4 x 1 from 4096, 1 x 8 x 1 below where K >= 8192),
+    split as `xsmem_plan` says; the rest keep their CTAs."""
     def plan(n, k, m, fmt="nvfp4", pack=False):
         shape, load, splits, _ = w4.call_plan(m, n, w4.padded_k(fmt, k), fmt, 132, load="auto", pack=pack)
         return "x".join(map(str, shape)), load, splits
@@ -946,7 +947,11 @@ def test_auto_takes_x_from_shared_memory_at_9_to_16_rows_over_large_nvfp4_weight
     assert plan(128256, 4096, 16) == ("2x8x1", "xsmem", 1)
     assert plan(8192, 8192, 16, pack="tiles") == ("2x2x4", "rolling", 1)
     assert plan(8192, 2048, 16) == ("2x2x4", "rolling", 1)
-    assert plan(2048, 8192, 16) == ("1x2x4", "rolling+2ctas", 2)
+    assert plan(2048, 8192, 16) == ("1x8x1", "xsmem", 8)
+    assert plan(2048, 14336, 9) == ("1x8x1", "xsmem", 8)
+    assert plan(1024, 4096, 16) == ("1x1x8", "rolling+2ctas", 1)
+    assert plan(2048, 2048, 16) == ("1x2x4", "rolling+2ctas", 1)
+    assert plan(2048, 8192, 8) == ("1x1x8", "registers", 1)
     assert plan(8192, 8192, 8) == ("2x2x4", "rolling", 1)
     assert plan(8192, 8192, 16, "int8") == ("1x1x8", "rolling+2ctas", 1)
     # a forced load path keeps the former CTAs (`cta_shape` sees K only on "auto")
