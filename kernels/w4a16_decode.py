@@ -58,7 +58,9 @@ the current one, "+prefetch" (NVFP4) prefetches each stage's block scales into L
 NVFP4 options). FA4_INDUCTOR_W4A16_LOAD sets it; the matmuls' and `warmup`'s `load` argument overrides it
 (tests, `tests/bench_w4a16.py --load registers,bulk --stages 4,6`). On the H200 the bulk path is equal or slower
 on most rows (docs/benchmarks.md, session 10 run 3). "xsmem" (or "xsmem:<sets>", 2 or more weight register sets,
-default XSMEM_SETS; "xsmem+2ctas" caps the registers for two CTAs a SM): x's CTA range copied to shared memory
+default XSMEM_SETS; "xsmem+2ctas" caps the registers for two CTAs a SM; "xsmem+prefetch[<steps>]" also requests
+each weight row's next XSMEM_BURST (or <steps>) steps past the register sets into L2 at once, every that many steps,
+so that they reach DRAM as one run a row): x's CTA range copied to shared memory
 once and read from there by the MMAs, on CTAs of one warp along K (`xsmem_cta` on "auto", else a forced CTA shape
 RTxWNx1: FA4_INDUCTOR_W4A16_CTA or `cta`); the split count is raised until a CTA's range of x fits XSMEM_BUDGET
 (`xsmem_plan`), and variants are compiled per power of two of x's steps.
@@ -108,6 +110,7 @@ from __future__ import annotations
 
 import functools
 import math
+import re
 from typing import NamedTuple, Optional
 
 import torch
@@ -146,6 +149,7 @@ register path. Session 37 (H100): NVFP4 at 16 rows on 2 x 2 x 4 CTAs, rolling / 
 42.8, 8192 x 2048 10.6 / 12.3, 14336 x 4096 32.9 / 35.0, 4096 x 14336 33.9 / 39.3."""
 XSMEM = "xsmem"
 XSMEM_SETS = 2  # "xsmem" without a depth: two register sets of weights (loaded a step ahead, as "registers")
+XSMEM_BURST = 4  # "xsmem+prefetch": steps of each weight row requested into L2 at once (`prefetch_burst`)
 XSMEM_BUDGET = 200 * 1024  # x's shared copy, the CTA's K range of it (`xsmem_max_steps`): split K further past this
 BULK_SMEM_BUDGET = 200 * 1024  # the bulk ring's default depth fills this (one CTA a SM: its registers)
 SMEM_LIMIT = 227 * 1024  # sm90's shared memory a CTA can opt into
@@ -284,15 +288,29 @@ def parse_load(spec: str) -> tuple[str, Optional[int]]:
     in_order = set(options) <= set(BULK_OPTIONS) and options == sorted(set(options), key=BULK_OPTIONS.index)
     bulk_only = (not options or in_order) and (not colon or (depth.isdigit() and int(depth) >= 1))
     rolling = base == "rolling" and options in ([], [f"{ROLLING_CTAS}ctas"])
-    xsmem = base == XSMEM and options in ([], [f"{ROLLING_CTAS}ctas"]) and (
-        not colon or depth.isdigit() and int(depth) >= 2)
+    xsmem = base == XSMEM and xsmem_options(options) is not None and (
+        not colon or depth.isdigit() and int(depth) >= 2) and (
+        xsmem_options(options)[1] % (int(depth) if colon else XSMEM_SETS) == 0)
     if (base == "registers" and not options or rolling) and not colon or base == "bulk" and bulk_only or xsmem:
         return path, int(depth) if depth else None
     raise ValueError(f"the W4A16 decode GEMM's load path ({switches.W4A16_LOAD} or `load`) is registers, rolling, "
                      f"rolling+{ROLLING_CTAS}ctas, bulk, bulk with options "
                      f"{', '.join('+' + o for o in BULK_OPTIONS)} (in this order) and a ring depth (bulk+prefetch:4), "
-                     f"or {XSMEM} (option +{ROLLING_CTAS}ctas) with its weights' register sets (>= 2: {XSMEM}:3); "
-                     f"got {spec!r}")
+                     f"or {XSMEM} (options +{ROLLING_CTAS}ctas, +prefetch[<steps>], a multiple of the register sets, "
+                     f"in this order) with its weights' register sets (>= 2: {XSMEM}:3); got {spec!r}")
+
+
+def xsmem_options(options: list[str]) -> Optional[tuple[bool, int]]:
+    """The xsmem path's options -> (registers capped for ROLLING_CTAS CTAs a SM, L2 burst in steps or 0), or None
+    when they are not its: "+2ctas", then "+prefetch" (XSMEM_BURST steps) or "+prefetch<steps>"."""
+    capped = options[:1] == [f"{ROLLING_CTAS}ctas"]
+    rest = options[1:] if capped else options
+    if not rest:
+        return capped, 0
+    burst = re.fullmatch(r"prefetch(\d*)", rest[0])
+    if len(rest) > 1 or burst is None or burst.group(1) == "0":
+        return None
+    return capped, int(burst.group(1) or XSMEM_BURST)
 
 
 def configured_load() -> str:
@@ -808,7 +826,9 @@ def _compile(key: _Key):
                          f"must fit in shared memory (`load_key`)")
     options = path.split("+")[1:]
     if is_xsmem(key.load):
-        load = dict(load=XSMEM, sets=stages, x_steps=key.x_steps, min_ctas=ROLLING_CTAS if options else 0)
+        capped, burst = xsmem_options(options)
+        load = dict(load=XSMEM, sets=stages, x_steps=key.x_steps, min_ctas=ROLLING_CTAS if capped else 0,
+                    l2_burst=burst)
     elif path.startswith("bulk"):
         load = dict(load="bulk", stages=stages, ahead="ahead" in options, prefetch="prefetch" in options,
                     scales="scales" in options)

@@ -42,6 +42,26 @@ h46) # session 46's xsmem default on the H200 (H100: 1.22-1.32x the former path 
     run timeout 150 python3 tests/bench_w4a16.py --m 16,9 --shapes 8192x8192,14336x4096,4096x14336,2048x8192,8192x2048 \
       --load auto,rolling --pack off,on
     run timeout 60 python3 tests/bench_w4a16.py --m 1,16 --shapes 8192x8192,14336x4096 ;;
+q47) # the first look at p47 (what a short budget allows): 16 rows with and without the L2 bursts, then their tests
+    nvidia-smi -L >>$L
+    run timeout 60 python3 tests/bench_w4a16.py --m 16 --shapes 8192x8192 --cta 2x8x1 \
+      --load xsmem,xsmem+prefetch2,xsmem+prefetch,xsmem+prefetch8
+    run timeout 50 python3 tests/bench_w4a16.py --m 16 --shapes 2048x8192 --cta 1x8x1 --load xsmem,xsmem+prefetch,xsmem+prefetch8
+    run timeout 100 $P -n 8 tests/test_gpu_w4a16.py -k "x_from_shared_memory and prefetch or auto_takes" ;;
+p47) # session 47's L2 bursts on the xsmem path ("xsmem+prefetch[<steps>]": each weight row's next steps requested into L2
+    # at once, so they reach DRAM as one run a row; CPU-compiled only): the GPU tests, then bursts of 2 / 4 / 8 steps
+    # against none on the default CTAs (16 rows: 8192 x 8192 22.5 us, H200, against 14.4 at one row)
+    nvidia-smi -L >>$L
+    run timeout 200 $P -n 8 tests/test_gpu_w4a16.py -k "x_from_shared_memory"
+    L4="xsmem,xsmem+prefetch2,xsmem+prefetch,xsmem+prefetch8"
+    run timeout 120 python3 tests/bench_w4a16.py --m 16,9 --shapes 8192x8192,14336x4096 --cta 2x8x1 --load $L4
+    run timeout 60 python3 tests/bench_w4a16.py --m 16 --shapes 4096x14336 --cta 2x4x1 --load $L4
+    run timeout 60 python3 tests/bench_w4a16.py --m 16 --shapes 2048x8192 --cta 1x8x1 --load $L4
+    run timeout 60 python3 tests/bench_w4a16.py --m 8,2 --shapes 8192x8192 --cta auto,2x8x1 --load auto,$L4 ;;
+m47) # the minimal check of session 47's narrow xsmem rule (budget left for ~2 minutes of work)
+    nvidia-smi -L >>$L
+    run timeout 100 $P -n 8 tests/test_gpu_w4a16.py -k "auto_takes"
+    run timeout 60 python3 tests/bench_w4a16.py --m 16,9 --shapes 2048x8192,2048x14336 --load auto,rolling ;;
 v47) # session 47: xsmem_cta now sends NVFP4 at 9..16 rows over weights of < 4096 rows (K >= 4096) to 1 x 8 x 1 CTAs
     # (y46, H200: 2048 x 8192 at 16 rows 8.7 us against 15.1 on the former rule). Its tests, the rule against the former
     # (rolling: the former CTAs); the int8-KV rule's two CTAs a SM where a split would take > 8k keys (b8 x 32k: 4

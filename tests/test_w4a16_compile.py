@@ -401,12 +401,16 @@ def test_load_spec_is_checked(monkeypatch):
     assert w4.parse_load("xsmem") == ("xsmem", None)
     assert w4.parse_load("xsmem:3") == ("xsmem", 3)
     assert w4.parse_load("xsmem+2ctas:3") == ("xsmem+2ctas", 3)
+    assert w4.parse_load("xsmem+prefetch") == ("xsmem+prefetch", None)
+    assert w4.parse_load("xsmem+2ctas+prefetch6:3") == ("xsmem+2ctas+prefetch6", 3)
+    assert w4.xsmem_options(["2ctas", "prefetch6"]) == (True, 6) and w4.xsmem_options(["prefetch"]) == (False, 4)
     for bad in ("ring", "Bulk", "bulk:0", "bulk:x", "registers:2", "bulk:", "bulk+ahead:-1", "registers+ahead",
                 "bulk+prefetch+ahead", "bulk+scales+ahead", "bulk+ahead+ahead", "bulk+", "bulk-ahead", "rolling:2",
                 "rolling+ahead", "registers+2ctas", "rolling+3ctas", "rolling+2ctas+2ctas", "bulk+2ctas", "xsmem:1",
-                "xsmem+ahead", "xsmem:", "xsmem+3ctas", "xsmem+2ctas:1"):
+                "xsmem+ahead", "xsmem:", "xsmem+3ctas", "xsmem+2ctas:1", "xsmem+prefetch:3", "xsmem+prefetch0",
+                "xsmem+prefetch+2ctas", "xsmem+prefetch+prefetch", "xsmem+prefetchx"):
         with pytest.raises(ValueError, match="load path .* is registers, rolling, rolling.2ctas, bulk, bulk with .* or "
-                                             "xsmem .option .2ctas. with its weights' register sets"):
+                                             "xsmem .options .2ctas, .prefetch.*. with its weights' register sets"):
             w4.parse_load(bad)
     from fa4_inductor.kernels import switches
 
@@ -903,6 +907,25 @@ def test_xsmem_variant_compiles_without_spills_or_x_registers(cute_dsl, variant,
     # one 16-byte shared load a group for each 4-word block of x, for every MMA of the block's words and row tiles
     per_block_mmas = groups * cta[0] * words_a_block * (2 if fmt == "nvfp4" else 1)
     assert mmas == x_loads * per_block_mmas // groups, (mmas, x_loads)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fmt, load, burst", [("nvfp4", "xsmem+prefetch:2", 4), ("int8", "xsmem+2ctas+prefetch6:3", 6)])
+def test_xsmem_prefetch_requests_each_rows_burst_into_l2(cute_dsl, fmt, load, burst, tmp_path):
+    """"xsmem+prefetch": the K loop asks L2 for `burst` lines (steps) of the lane's burst rows (one of the four rows
+    of its lane group at two row tiles) a burst, and NVFP4 for the line of their block scales, beside the path's own
+    loads (the same MMAs and x loads); no local memory."""
+    cta = (2, 8, 1)
+    key = lambda spec: w4._Key("main", torch.bfloat16, fmt, 16, False, False, ARCH, w4.CtaShape(*cta), False,  # noqa
+                               spec, x_steps=4)
+    ptx, plain = _ptx_of(key(load), tmp_path), _ptx_of(key(load.replace(f"+prefetch{burst if burst != 4 else ''}",
+                                                                        "")), tmp_path)
+    rows = -(-2 * cta[0] // 4)  # the lane's rows of the burst: its lane group's rows t, t + 4, ...
+    assert ptx.count("prefetch.global.L2") == rows * (burst + (fmt == "nvfp4")), ptx.count("prefetch.global.L2")
+    assert "prefetch.global.L2" not in plain
+    for op in ("mma.sync.aligned.m16n8k16", "ld.shared.v4.b32", "cp.async.cg.shared.global"):
+        assert ptx.count(op) == plain.count(op), op
+    assert "ld.local" not in ptx and "st.local" not in ptx
 
 
 def test_xsmem_plan_raises_splits_until_x_fits_shared_memory():

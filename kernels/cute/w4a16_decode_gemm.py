@@ -83,7 +83,7 @@ from cutlass._mlir import ir
 from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T, dsl_user_op
 
-from .cp_async import bulk_copy_g2s, cp_async, prefetch_l2_span
+from .cp_async import bulk_copy_g2s, cp_async, prefetch_l2_span, prefetch_line_l2
 
 FORMATS = ("nvfp4", "int8", "fp8")
 LOADS = ("registers", "bulk", "rolling", "xsmem")
@@ -380,7 +380,7 @@ class W4A16DecodeGemm:
     def __init__(self, dtype, fmt: str, groups: int, split: bool, has_bias: bool, row_tiles: int,
                  warps_n: int, warps_k: int, load: str = "registers", stages: int = 0, ahead: bool = False,
                  prefetch: bool = False, scales: bool = False, pdl: bool = False, pack: bool = False,
-                 tiled: bool = False, min_ctas: int = 0, x_steps: int = 0, sets: int = 2):
+                 tiled: bool = False, min_ctas: int = 0, x_steps: int = 0, sets: int = 2, l2_burst: int = 0):
         assert fmt in FORMATS and 1 <= groups <= MAX_GROUPS and row_tiles >= 1, (fmt, groups, row_tiles)
         assert (x_steps >= 1) == (load == "xsmem") and (load != "xsmem" or warps_k == 1 and sets >= 2 and not tiled), (
             load, x_steps, warps_k, sets, tiled)
@@ -412,6 +412,8 @@ class W4A16DecodeGemm:
         self.min_ctas = min_ctas  # > 1: registers capped so that this many CTAs fit a SM (nvvm.minctasm)
         self.x_steps = x_steps  # xsmem: the CTA's K range, in steps, that x's shared copy holds
         self.sets = sets  # xsmem: register sets of weight operands, each loaded sets - 1 steps ahead of its use
+        assert l2_burst == 0 or load == "xsmem" and l2_burst % sets == 0, (l2_burst, load, sets)
+        self.l2_burst = l2_burst  # xsmem: steps of the lane's rows prefetched into L2 at once, past the register sets'
         self.x_pitch = XSmemLayout.pitch(x_steps, self.x_words)
 
     @cute.jit
@@ -577,13 +579,47 @@ class W4A16DecodeGemm:
         chunk_words = XSmemLayout.chunk_words(self.x_words)
         lane_addr = base + 4 * ((lane // LANES_K) * self.x_pitch + t * chunk_words)
         step_words = LANES_K * chunk_words
+        burst_rows = self.burst_rows(mW, mBlock, row0, n_rows) if const_expr(self.l2_burst) else []
         for c0 in range(c_begin, c_end, self.sets * LANES_K):
+            if const_expr(self.l2_burst):
+                if (c0 - c_begin) // LANES_K % self.l2_burst == 0:
+                    self.prefetch_burst(burst_rows, c0 + LANES_K * self.sets, c_end)
             for b in cutlass.range_constexpr(self.sets):
                 if c0 + LANES_K * b < c_end:
                     s = (c0 - c_begin) // LANES_K + b
                     self.shared_x_step(rW[b], rS[b], rA, acc, lane_addr + 4 * step_words * s)
                     self.load_step(None, mW, mBlock, rW[b], rS[b], None, row0, n_rows, m_rows,
                                    c0 + LANES_K * (b + self.sets) + t, c_end)
+
+    def burst_rows(self, mW: cute.Tensor, mBlock: Optional[cute.Tensor], row0: Int32, n_rows: Int32) -> list:
+        """The rows whose L2 bursts the lane asks for (`prefetch_burst`), as (weights' address, block scales' address or
+        None) at chunk 0: lane t takes the lane group's rows r = t, t + 4, ... (mod 2 x row_tiles: with fewer than four
+        rows two lanes ask for the same lines)."""
+        t = cute.arch.lane_idx() % LANES_K
+        g = cute.arch.lane_idx() // LANES_K
+        out = []
+        for i in range((2 * self.row_tiles + LANES_K - 1) // LANES_K):
+            r = (t + LANES_K * i) % (2 * self.row_tiles)
+            n = cutlass.Int64(cutlass.min(row0 + (r // 2) * TILE_ROWS + (r % 2) * 8 + g, n_rows - 1))
+            scales = None
+            if mBlock is not None:
+                scales = mBlock.iterator.toint() + n * (cutlass.Int64(mBlock.layout.stride[0]) * 4)
+            out.append((mW.iterator.toint() + n * (cutlass.Int64(mW.layout.stride[0]) * 4), scales))
+        return out
+
+    @cute.jit
+    def prefetch_burst(self, rows: list, c: Int32, c_end: Int32):
+        """L2 prefetch of `l2_burst` steps from chunk c (the step after those the register sets hold: the K loop asks
+        every `l2_burst` steps) of the lane's `burst_rows`: one 128-byte line a step (the step's four chunks), and
+        the line of block-scale words that holds the burst's (NVFP4; 16 bytes a step). Requested together, a row's
+        lines reach DRAM as one run, where the loads a step ahead each ask for 128 bytes of 2 x row_tiles x 8 rows
+        a weight row apart. Nothing past c_end."""
+        for weights, scales in rows:
+            for j in cutlass.range_constexpr(self.l2_burst):
+                if c + LANES_K * j < c_end:
+                    prefetch_line_l2(weights + cutlass.Int64(c + LANES_K * j) * CHUNK_BYTES)
+            if const_expr(scales is not None):
+                prefetch_line_l2(scales + cutlass.Int64(cutlass.min(c, c_end - 1)) * 4)
 
     @cute.jit
     def stage_x(self, mX: cute.Tensor, base: Int32, m_rows: Int32, c_begin: Int32, c_end: Int32):
