@@ -308,9 +308,8 @@ def xsmem_options(options: list[str]) -> Optional[tuple[bool, int]]:
     if not rest:
         return capped, 0
     burst = re.fullmatch(r"prefetch(\d*)", rest[0])
-    if len(rest) > 1 or burst is None or burst.group(1) == "0":
-        return None
-    return capped, int(burst.group(1) or XSMEM_BURST)
+    steps = int(burst.group(1) or XSMEM_BURST) if burst else 0
+    return (capped, steps) if len(rest) == 1 and steps >= 1 else None
 
 
 def configured_load() -> str:
@@ -791,7 +790,8 @@ class _Key(NamedTuple):
     arch: str
     cta: Optional[CtaShape] = None  # main only
     pdl: bool = False  # the main kernel launched as a PDL dependent, the reduce as the main kernel's
-    load: str = "registers"  # main only: "registers", "rolling[+2ctas]" or "bulk[+ahead][+prefetch]:<stages>"
+    load: str = "registers"  # main only: "registers", "rolling[+2ctas]", "bulk[+ahead][+prefetch]:<stages>" or
+    # "xsmem[+2ctas][+prefetch<steps>]:<sets>"
     scale_dtype: torch.dtype = torch.float32  # int8's per-channel scales as the caller holds them
     pack: bool = False  # main only, NVFP4: the packed layout (`pack_nvfp4`)
     tiled: bool = False  # main only, packed NVFP4 in 16-row tiles (`tile_words`)

@@ -1,12 +1,8 @@
-# Unrun GPU work. Session 46 ran d46 and x46 on H100s (the xsmem load path, now the default for NVFP4 at 9..16 rows over
-# weights of >= 4096 x 4096; the split-K reduce as a PDL dependent). Next: `h46` (the same on the H200, issue 15's rows
-# there), `y46` (xsmem at 2..8 rows with more row tiles a warp, and fp8 at 16 rows), `e46`'s last line (fp8 plain
-# buffers end to end: cut by the call's limit in x46), then as below. Session 45 ran f45, n45, e45 and p45 on H100s
-# (fp8 weights, the 16-row kernel's stalls). Session 44 ran t44 and s42a on an H100 (docs/benchmarks.md, session 44); session 43 set the int8-KV
-# split rule to one CTA a SM at head dim 128. Next, on the H200: `h43` (issue 16's rows with that rule, then its
-# end-to-end int8-KV decode), `s43` (a deeper ring at one CTA a SM), `p43` (the bf16 kernel's split rule at head dim
-# 64), `w43` (16-row CTAs for NVFP4 at 9..16 rows over 2048-row weights), then `n36`. `s43` and `p43` compare counts
-# and depths on one machine: an H100 answers them too; `h43`'s rows only as a cross-check.
+# Unrun GPU work. Session 47 ran h46, y46, h43 and s43 on an H200 (docs/benchmarks.md, session 47), then could not get a
+# machine again. Next: `q47` (the L2 bursts' first look and tests: short), `p47` (the same in full), `v47` (session 47's
+# narrow xsmem rule and int8-KV rule, int8 at 5..8 rows vs quack, K = 2048 weights on xsmem CTAs); `m47` is a minimal
+# check of the narrow rule alone. Older parts still unrun: `e46`'s last line (fp8 plain buffers end to end), `w43`,
+# `p43`, `n36`. Parts of earlier sessions below keep their notes.
 # Output goes to $OUT/log.txt. Have the next call ready: the machine goes back 30 s after a call, and a fresh one needs
 # .gpu/a and .gpu/b again. Run one part a call:  bash scratch/next_gpu.sh h43
 # Never `pkill -f pytest` here: it matches this script's own command line. A pytest cut by `timeout` can leave xdist
