@@ -380,7 +380,8 @@ def test_padded_batch_after_unpadded_ones_under_dynamic_true(impl):
                for r in recorder.records[-model.attention_layers:]), recorder.records
 
 
-@pytest.mark.parametrize("name, impl, padding", [case("mistral", "sdpa", None), case("llama", "eager", None, slow=True),
+@pytest.mark.parametrize("name, impl, padding", [case("mistral", "sdpa", None, slow=True),
+                                                 case("llama", "eager", None, slow=True),
                                                  case("llama4_text", "sdpa", "left"),
                                                  case("llama4_text", "eager", "left", slow=True)])
 def test_dynamic_cache_decode_with_an_attention_mask(name, impl, padding):

@@ -99,7 +99,7 @@ CUDA = pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(not torch
                                                                          reason="needs a CUDA GPU")])
 
 
-@pytest.mark.parametrize("device", ["cpu", CUDA])
+@pytest.mark.parametrize("device", [pytest.param("cpu", marks=pytest.mark.slow), CUDA])  # 11 s on the CPU
 @pytest.mark.parametrize("option", [True, pytest.param(False, marks=pytest.mark.slow)], ids=["on", "off"])  # off: the
 # control that the trigonometric count can tell the two apart (8 s on the CPU: the slow tier)
 def test_inductor_evaluates_the_tables_once_and_the_gradients_are_eagers(option, device):
