@@ -1,7 +1,7 @@
 # Unrun GPU work. Session 47 ran h46, y46, h43 and s43 on an H200 (docs/benchmarks.md, session 47), then could not get a
 # machine again. Next: `q47` (the L2 bursts' first look and tests: short), `p47` (the same in full), `v47` (session 47's
-# narrow xsmem rule and int8-KV rule, int8 at 5..8 rows vs quack, K = 2048 weights on xsmem CTAs); `m47` is a minimal
-# check of the narrow rule alone. Older parts still unrun: `e46`'s last line (fp8 plain buffers end to end), `w43`,
+# narrow xsmem rule and int8-KV rule, int8 at 5..8 rows vs quack, K = 2048 weights on xsmem CTAs), `n47` (ncu: where the
+# xsmem kernel's warps wait at 16 rows); `m47` is a minimal check of the narrow rule alone. Older parts still unrun: `e46`'s last line (fp8 plain buffers end to end), `w43`,
 # `p43`, `n36`. Parts of earlier sessions below keep their notes.
 # Output goes to $OUT/log.txt. Have the next call ready: the machine goes back 30 s after a call, and a fresh one needs
 # .gpu/a and .gpu/b again. Run one part a call:  bash scratch/next_gpu.sh h43
@@ -38,6 +38,19 @@ h46) # session 46's xsmem default on the H200 (H100: 1.22-1.32x the former path 
     run timeout 150 python3 tests/bench_w4a16.py --m 16,9 --shapes 8192x8192,14336x4096,4096x14336,2048x8192,8192x2048 \
       --load auto,rolling --pack off,on
     run timeout 60 python3 tests/bench_w4a16.py --m 1,16 --shapes 8192x8192,14336x4096 ;;
+n47) # where the xsmem kernel's warps wait now (16 rows, 8192 x 8192, plain and packed, with and without L2 bursts):
+    # session 46's ncu had long scoreboard at 1.49 of 4.67 cycles an issued instruction, the rest not broken down; the
+    # packed layout issues fewer instructions yet runs slower (H200 24.0 against 22.5 us), so the issue rate is not it
+    nvidia-smi -L >>$L
+    S="regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio"
+    run timeout 120 ncu --clock-control none --profile-from-start off --metrics "$S" --section SpeedOfLight \
+      --section MemoryWorkloadAnalysis python3 docs/scripts/ncu_w4a16.py 8192 8192 --m 16 \
+      --mma xsmem@2x8x1,xsmem+prefetch@2x8x1
+    run timeout 150 ncu --clock-control none --profile-from-start off --set full -o $OUT/x16 \
+      python3 docs/scripts/ncu_w4a16.py 8192 8192 --m 16 --mma xsmem@2x8x1
+    ncu --import $OUT/x16.ncu-rep --page source --print-source sass --csv > $OUT/x16_sass.csv 2>>$L
+    run python3 docs/scripts/sass_hotspots.py $OUT/x16_sass.csv 30
+    rm -f $OUT/x16_sass.csv ;;
 q47) # the first look at p47 (what a short budget allows): 16 rows with and without the L2 bursts, then their tests
     nvidia-smi -L >>$L
     run timeout 60 python3 tests/bench_w4a16.py --m 16 --shapes 8192x8192 --cta 2x8x1 \
