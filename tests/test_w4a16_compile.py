@@ -910,16 +910,16 @@ def test_xsmem_variant_compiles_without_spills_or_x_registers(cute_dsl, variant,
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("fmt, load, burst", [("nvfp4", "xsmem+prefetch:2", 4), ("int8", "xsmem+2ctas+prefetch6:3", 6)])
-def test_xsmem_prefetch_requests_each_rows_burst_into_l2(cute_dsl, fmt, load, burst, tmp_path):
+@pytest.mark.parametrize("fmt, load, without, burst", [("nvfp4", "xsmem+prefetch:2", "xsmem:2", 4),
+                                                        ("int8", "xsmem+2ctas+prefetch6:3", "xsmem+2ctas:3", 6)])
+def test_xsmem_prefetch_requests_each_rows_burst_into_l2(cute_dsl, fmt, load, without, burst, tmp_path):
     """"xsmem+prefetch": the K loop asks L2 for `burst` lines (steps) of the lane's burst rows (one of the four rows
     of its lane group at two row tiles) a burst, and NVFP4 for the line of their block scales, beside the path's own
     loads (the same MMAs and x loads); no local memory."""
     cta = (2, 8, 1)
     key = lambda spec: w4._Key("main", torch.bfloat16, fmt, 16, False, False, ARCH, w4.CtaShape(*cta), False,  # noqa
                                spec, x_steps=4)
-    ptx, plain = _ptx_of(key(load), tmp_path), _ptx_of(key(load.replace(f"+prefetch{burst if burst != 4 else ''}",
-                                                                        "")), tmp_path)
+    ptx, plain = _ptx_of(key(load), tmp_path), _ptx_of(key(without), tmp_path)
     rows = -(-2 * cta[0] // 4)  # the lane's rows of the burst: its lane group's rows t, t + 4, ...
     assert ptx.count("prefetch.global.L2") == rows * (burst + (fmt == "nvfp4")), ptx.count("prefetch.global.L2")
     assert "prefetch.global.L2" not in plain
