@@ -84,6 +84,10 @@ v47) # session 47: xsmem_cta now sends NVFP4 at 9..16 rows over weights of < 409
       run timeout 40 python3 tests/bench_decode_int8kv.py $row --d 128
     done
     run timeout 60 python3 tests/bench_w4a16.py --m 5,6,8 --shapes 8192x8192,4096x4096
+    # xsmem at 5..8 rows on 2 x 8 x 1 CTAs at the planner's splits (y46, H200, 8 rows: 8192 x 8192 20.2 us against the
+    # default's 21.9, 14336 x 4096 19.2 against 23.1; the H100 in session 46 had 8192 x 8192 at 24.9 against 24.2)
+    run timeout 120 python3 tests/bench_w4a16.py --m 5,8 --shapes 8192x8192,14336x4096,128256x4096 --cta auto,2x8x1 \
+      --load auto,xsmem
     run timeout 120 python3 tests/bench_w4a16.py --m 16,9 --shapes 8192x2048,2048x2048,512x2048 --cta auto,1x8x1,2x4x1 \
       --load auto,xsmem ;;
 y46) # two CTAs a SM first (16 warps: session 46's ncu found 8 warps at 4.7 cycles an issued instruction, DRAM at 48%),
