@@ -288,9 +288,9 @@ def parse_load(spec: str) -> tuple[str, Optional[int]]:
     in_order = set(options) <= set(BULK_OPTIONS) and options == sorted(set(options), key=BULK_OPTIONS.index)
     bulk_only = (not options or in_order) and (not colon or (depth.isdigit() and int(depth) >= 1))
     rolling = base == "rolling" and options in ([], [f"{ROLLING_CTAS}ctas"])
-    xsmem = base == XSMEM and xsmem_options(options) is not None and (
-        not colon or depth.isdigit() and int(depth) >= 2) and (
-        xsmem_options(options)[1] % (int(depth) if colon else XSMEM_SETS) == 0)
+    xsmem_opts = xsmem_options(options) if base == XSMEM else None
+    xsmem = xsmem_opts is not None and (not colon or depth.isdigit() and int(depth) >= 2) and (
+        xsmem_opts[1] % (int(depth) if colon else XSMEM_SETS) == 0)
     if (base == "registers" and not options or rolling) and not colon or base == "bulk" and bulk_only or xsmem:
         return path, int(depth) if depth else None
     raise ValueError(f"the W4A16 decode GEMM's load path ({switches.W4A16_LOAD} or `load`) is registers, rolling, "

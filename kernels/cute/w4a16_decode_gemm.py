@@ -596,11 +596,9 @@ class W4A16DecodeGemm:
         None) at chunk 0: lane t takes the lane group's rows r = t, t + 4, ... (mod 2 x row_tiles: with fewer than four
         rows two lanes ask for the same lines)."""
         t = cute.arch.lane_idx() % LANES_K
-        g = cute.arch.lane_idx() // LANES_K
         out = []
         for i in range((2 * self.row_tiles + LANES_K - 1) // LANES_K):
-            r = (t + LANES_K * i) % (2 * self.row_tiles)
-            n = cutlass.Int64(cutlass.min(row0 + (r // 2) * TILE_ROWS + (r % 2) * 8 + g, n_rows - 1))
+            n = cutlass.Int64(self.weight_row(row0, (t + LANES_K * i) % (2 * self.row_tiles), n_rows))
             scales = None
             if mBlock is not None:
                 scales = mBlock.iterator.toint() + n * (cutlass.Int64(mBlock.layout.stride[0]) * 4)
@@ -937,8 +935,9 @@ class W4A16DecodeGemm:
                     if m < m_rows:
                         cute.autovec_copy(cute.local_tile(mX[m, None], (self.x_words,), (c,)), rX[None, gi])
 
-    def weight_row(self, row0: Int32, r: int, n_rows: Int32) -> Int32:
-        """Weight row r of the lane's (rows g and g + 8 of each tile); past N, row N - 1 (its products dropped)."""
+    def weight_row(self, row0: Int32, r, n_rows: Int32) -> Int32:
+        """Weight row r (an int, or a lane's Int32) of the lane's (rows g and g + 8 of each tile); past N, row N - 1
+        (its products dropped)."""
         g = cute.arch.lane_idx() // LANES_K
         return cutlass.min(row0 + (r // 2) * TILE_ROWS + (r % 2) * 8 + g, n_rows - 1)
 
