@@ -60,7 +60,8 @@ NVFP4 options). FA4_INDUCTOR_W4A16_LOAD sets it; the matmuls' and `warmup`'s `lo
 on most rows (docs/benchmarks.md, session 10 run 3). "xsmem" (or "xsmem:<sets>", 2 or more weight register sets,
 default XSMEM_SETS; "xsmem+2ctas" caps the registers for two CTAs a SM; "xsmem+prefetch[<steps>]" also requests
 each weight row's next XSMEM_BURST (or <steps>) steps past the register sets into L2 at once, every that many steps,
-so that they reach DRAM as one run a row): x's CTA range copied to shared memory
+so that they reach DRAM as one run a row; "+parts<n>" lands x's copy in n parts of whole K-loop iterations, each on
+its own mbarrier, so the first MMAs wait for the first part only, default XSMEM_PARTS): x's CTA range copied to shared memory
 once and read from there by the MMAs, on CTAs of one warp along K (`xsmem_cta` on "auto", else a forced CTA shape
 RTxWNx1: FA4_INDUCTOR_W4A16_CTA or `cta`); the split count is raised until a CTA's range of x fits XSMEM_BUDGET
 (`xsmem_plan`), and variants are compiled per power of two of x's steps.
@@ -150,6 +151,7 @@ register path. Session 37 (H100): NVFP4 at 16 rows on 2 x 2 x 4 CTAs, rolling / 
 XSMEM = "xsmem"
 XSMEM_SETS = 2  # "xsmem" without a depth: two register sets of weights (loaded a step ahead, as "registers")
 XSMEM_BURST = 4  # "xsmem+prefetch": steps of each weight row requested into L2 at once (`prefetch_burst`)
+XSMEM_PARTS = 1  # "xsmem" without "+parts<n>": x's shared copy waited for whole before the first MMA
 XSMEM_BUDGET = 200 * 1024  # x's shared copy, the CTA's K range of it (`xsmem_max_steps`): split K further past this
 BULK_SMEM_BUDGET = 200 * 1024  # the bulk ring's default depth fills this (one CTA a SM: its registers)
 SMEM_LIMIT = 227 * 1024  # sm90's shared memory a CTA can opt into
@@ -290,26 +292,36 @@ def parse_load(spec: str) -> tuple[str, Optional[int]]:
     rolling = base == "rolling" and options in ([], [f"{ROLLING_CTAS}ctas"])
     xsmem_opts = xsmem_options(options) if base == XSMEM else None
     xsmem = xsmem_opts is not None and (not colon or depth.isdigit() and int(depth) >= 2) and (
-        xsmem_opts[1] % (int(depth) if colon else XSMEM_SETS) == 0)
+        xsmem_opts.burst % (int(depth) if colon else XSMEM_SETS) == 0)
     if (base == "registers" and not options or rolling) and not colon or base == "bulk" and bulk_only or xsmem:
         return path, int(depth) if depth else None
     raise ValueError(f"the W4A16 decode GEMM's load path ({switches.W4A16_LOAD} or `load`) is registers, rolling, "
                      f"rolling+{ROLLING_CTAS}ctas, bulk, bulk with options "
                      f"{', '.join('+' + o for o in BULK_OPTIONS)} (in this order) and a ring depth (bulk+prefetch:4), "
                      f"or {XSMEM} (options +{ROLLING_CTAS}ctas, +prefetch[<steps>], a multiple of the register sets, "
-                     f"in this order) with its weights' register sets (>= 2: {XSMEM}:3); got {spec!r}")
+                     f"+parts<n>, in this order) with its weights' register sets (>= 2: {XSMEM}:3); got {spec!r}")
 
 
-def xsmem_options(options: list[str]) -> Optional[tuple[bool, int]]:
-    """The xsmem path's options -> (registers capped for ROLLING_CTAS CTAs a SM, L2 burst in steps or 0), or None
-    when they are not its: "+2ctas", then "+prefetch" (XSMEM_BURST steps) or "+prefetch<steps>"."""
+class XsmemOptions(NamedTuple):
+    capped: bool  # registers capped for ROLLING_CTAS CTAs a SM
+    burst: int  # steps of each weight row requested into L2 at once, or 0
+    parts: int  # parts x's shared copy lands in, each waited for on its own
+
+
+def xsmem_options(options: list[str]) -> Optional[XsmemOptions]:
+    """The xsmem path's options, or None when they are not its: "+2ctas", then "+prefetch" (XSMEM_BURST steps) or
+    "+prefetch<steps>", then "+parts<n>" (n >= 1; XSMEM_PARTS without it)."""
     capped = options[:1] == [f"{ROLLING_CTAS}ctas"]
     rest = options[1:] if capped else options
-    if not rest:
-        return capped, 0
-    burst = re.fullmatch(r"prefetch(\d*)", rest[0])
+    burst = re.fullmatch(r"prefetch(\d*)", rest[0]) if rest else None
     steps = int(burst.group(1) or XSMEM_BURST) if burst else 0
-    return (capped, steps) if len(rest) == 1 and steps >= 1 else None
+    rest = rest[1:] if burst else rest
+    parts = re.fullmatch(r"parts(\d+)", rest[0]) if rest else None
+    n_parts = int(parts.group(1)) if parts else XSMEM_PARTS
+    rest = rest[1:] if parts else rest
+    if rest or burst and steps < 1 or n_parts < 1:
+        return None
+    return XsmemOptions(capped, steps, n_parts)
 
 
 def configured_load() -> str:
@@ -826,9 +838,9 @@ def _compile(key: _Key):
                          f"must fit in shared memory (`load_key`)")
     options = path.split("+")[1:]
     if is_xsmem(key.load):
-        capped, burst = xsmem_options(options)
-        load = dict(load=XSMEM, sets=stages, x_steps=key.x_steps, min_ctas=ROLLING_CTAS if capped else 0,
-                    l2_burst=burst)
+        opts = xsmem_options(options)
+        load = dict(load=XSMEM, sets=stages, x_steps=key.x_steps, min_ctas=ROLLING_CTAS if opts.capped else 0,
+                    l2_burst=opts.burst, x_parts=opts.parts)
     elif path.startswith("bulk"):
         load = dict(load="bulk", stages=stages, ahead="ahead" in options, prefetch="prefetch" in options,
                     scales="scales" in options)

@@ -1,4 +1,4 @@
-# Unrun GPU work. Session 47 ran h46, y46, h43 and s43 on an H200 (docs/benchmarks.md, session 47), then could not get a
+# Unrun GPU work. Session 48 ran q47, v47 and n47 on an H100 (docs/benchmarks.md, session 48); next: `x48`. Session 47 ran h46, y46, h43 and s43 on an H200 (docs/benchmarks.md, session 47), then could not get a
 # machine again. Next: `q47` (the L2 bursts' first look and tests: short), `p47` (the same in full), `v47` (session 47's
 # narrow xsmem rule and int8-KV rule, int8 at 5..8 rows vs quack, K = 2048 weights on xsmem CTAs), `n47` (ncu: where the
 # xsmem kernel's warps wait at 16 rows); `m47` is a minimal check of the narrow rule alone. Older parts still unrun: `e46`'s last line (fp8 plain buffers end to end), `w43`,
@@ -51,6 +51,18 @@ n47) # where the xsmem kernel's warps wait now (16 rows, 8192 x 8192, plain and 
     ncu --import $OUT/x16.ncu-rep --page source --print-source sass --csv > $OUT/x16_sass.csv 2>>$L
     run python3 docs/scripts/sass_hotspots.py $OUT/x16_sass.csv 30
     rm -f $OUT/x16_sass.csv ;;
+x48) # session 48: x's shared copy in parts ("xsmem+parts<n>", each part on its own mbarrier; CPU-compiled only): n47's
+    # ncu had ~18% of the 16-row xsmem kernel's stall samples at the wait for the whole copy before the first MMA.
+    # Its GPU tests, then parts 1 / 2 / 4 / 8 on the default CTAs; then wide N at 5 / 8 rows on 2 x 8 x 1 (v47: the
+    # 128256 x 4096 lm_head 123 against 157-178 us on the H100)
+    nvidia-smi -L >>$L
+    run timeout 150 $P -n 8 tests/test_gpu_w4a16.py -k "x_from_shared_memory and parts or k_ranges"
+    XP="xsmem,xsmem+parts2,xsmem+parts4,xsmem+parts8"
+    run timeout 90 python3 tests/bench_w4a16.py --m 16,9 --shapes 8192x8192,14336x4096 --cta 2x8x1 --load $XP
+    run timeout 50 python3 tests/bench_w4a16.py --m 16 --shapes 4096x14336 --cta 2x4x1 --load $XP
+    run timeout 60 python3 tests/bench_w4a16.py --m 16,9 --shapes 2048x8192,2048x2048 --cta 1x8x1 --load $XP
+    run timeout 100 python3 tests/bench_w4a16.py --m 5,8 --shapes 128256x2048,128256x4096,4096x14336 --cta auto,2x8x1 \
+      --load auto,xsmem+parts4 ;;
 q47) # the first look at p47 (what a short budget allows): 16 rows with and without the L2 bursts, then their tests
     nvidia-smi -L >>$L
     run timeout 60 python3 tests/bench_w4a16.py --m 16 --shapes 8192x8192 --cta 2x8x1 \

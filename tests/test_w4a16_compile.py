@@ -403,12 +403,16 @@ def test_load_spec_is_checked(monkeypatch):
     assert w4.parse_load("xsmem+2ctas:3") == ("xsmem+2ctas", 3)
     assert w4.parse_load("xsmem+prefetch") == ("xsmem+prefetch", None)
     assert w4.parse_load("xsmem+2ctas+prefetch6:3") == ("xsmem+2ctas+prefetch6", 3)
-    assert w4.xsmem_options(["2ctas", "prefetch6"]) == (True, 6) and w4.xsmem_options(["prefetch"]) == (False, 4)
+    assert w4.parse_load("xsmem+2ctas+prefetch+parts4:2") == ("xsmem+2ctas+prefetch+parts4", 2)
+    assert w4.xsmem_options(["2ctas", "prefetch6"]) == (True, 6, w4.XSMEM_PARTS)
+    assert w4.xsmem_options(["prefetch"]) == (False, 4, w4.XSMEM_PARTS)
+    assert w4.xsmem_options(["parts3"]) == (False, 0, 3) and w4.xsmem_options(["parts1"]) == (False, 0, 1)
     for bad in ("ring", "Bulk", "bulk:0", "bulk:x", "registers:2", "bulk:", "bulk+ahead:-1", "registers+ahead",
                 "bulk+prefetch+ahead", "bulk+scales+ahead", "bulk+ahead+ahead", "bulk+", "bulk-ahead", "rolling:2",
                 "rolling+ahead", "registers+2ctas", "rolling+3ctas", "rolling+2ctas+2ctas", "bulk+2ctas", "xsmem:1",
                 "xsmem+ahead", "xsmem:", "xsmem+3ctas", "xsmem+2ctas:1", "xsmem+prefetch:3", "xsmem+prefetch0",
-                "xsmem+prefetch+2ctas", "xsmem+prefetch+prefetch", "xsmem+prefetchx"):
+                "xsmem+prefetch+2ctas", "xsmem+prefetch+prefetch", "xsmem+prefetchx", "xsmem+parts", "xsmem+parts0",
+                "xsmem+parts2+prefetch", "xsmem+parts2+parts2", "rolling+parts2"):
         with pytest.raises(ValueError, match="load path .* is registers, rolling, rolling.2ctas, bulk, bulk with .* or "
                                              "xsmem .options .2ctas, .prefetch.*. with its weights' register sets"):
             w4.parse_load(bad)
@@ -926,6 +930,38 @@ def test_xsmem_prefetch_requests_each_rows_burst_into_l2(cute_dsl, fmt, load, wi
     for op in ("mma.sync.aligned.m16n8k16", "ld.shared.v4.b32", "cp.async.cg.shared.global"):
         assert ptx.count(op) == plain.count(op), op
     assert "ld.local" not in ptx and "st.local" not in ptx
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fmt, load, without, parts", [("nvfp4", "xsmem+parts4:2", "xsmem:2", 4),
+                                                        ("int8", "xsmem+parts3:3", "xsmem:3", 3)])
+def test_xsmem_in_parts_waits_for_each_part_on_its_own_mbarrier(cute_dsl, fmt, load, without, parts, tmp_path):
+    """"xsmem+parts<n>": x's copy is issued part by part, every thread arriving on the part's mbarrier once its copies
+    land (`cp.async.mbarrier.arrive.noinc`), and the K loop waits on a part's mbarrier where it starts, with no
+    `cp.async.wait_group` and no CTA barrier after the copy (one before it, for the mbarriers' init); the same MMAs
+    and x loads as the path in one part; no local memory."""
+    key = lambda spec: w4._Key("main", torch.bfloat16, fmt, 16, False, False, ARCH, w4.CtaShape(2, 8, 1), False,  # noqa
+                               spec, x_steps=16)
+    ptx, whole = _ptx_of(key(load), tmp_path), _ptx_of(key(without), tmp_path)
+    assert ptx.count("cp.async.mbarrier.arrive.noinc") == parts and "cp.async.mbarrier.arrive" not in whole
+    assert ptx.count("mbarrier.init") == parts and "mbarrier.init" not in whole
+    assert "mbarrier.try_wait" in ptx
+    assert "cp.async.wait_group" not in ptx and "cp.async.wait_group" in whole
+    assert ptx.count("bar.sync") == whole.count("bar.sync"), (ptx.count("bar.sync"), whole.count("bar.sync"))
+    # each part's copy loop is its own (unrolled further by LLVM where its trip count is short)
+    assert ptx.count("cp.async.cg.shared.global") >= parts * whole.count("cp.async.cg.shared.global")
+    for op in ("mma.sync.aligned.m16n8k16", "ld.shared.v4.b32"):
+        assert ptx.count(op) == whole.count(op), op
+    assert "ld.local" not in ptx and "st.local" not in ptx
+
+
+def test_xsmem_parts_are_whole_k_loop_iterations():
+    from fa4_inductor.kernels.cute.w4a16_decode_gemm import W4A16DecodeGemm
+
+    part_steps = lambda x_steps, parts, sets: W4A16DecodeGemm(  # noqa: E731
+        None, "nvfp4", 2, True, False, 2, 8, 1, load="xsmem", x_steps=x_steps, sets=sets, x_parts=parts).part_steps
+    assert part_steps(8, 4, 2) == 2 and part_steps(16, 4, 2) == 4 and part_steps(16, 3, 3) == 6
+    assert part_steps(2, 4, 2) == 2 and part_steps(16, 1, 2) == 16 and part_steps(8, 3, 2) == 4
 
 
 def test_xsmem_plan_raises_splits_until_x_fits_shared_memory():

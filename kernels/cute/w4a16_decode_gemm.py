@@ -380,7 +380,8 @@ class W4A16DecodeGemm:
     def __init__(self, dtype, fmt: str, groups: int, split: bool, has_bias: bool, row_tiles: int,
                  warps_n: int, warps_k: int, load: str = "registers", stages: int = 0, ahead: bool = False,
                  prefetch: bool = False, scales: bool = False, pdl: bool = False, pack: bool = False,
-                 tiled: bool = False, min_ctas: int = 0, x_steps: int = 0, sets: int = 2, l2_burst: int = 0):
+                 tiled: bool = False, min_ctas: int = 0, x_steps: int = 0, sets: int = 2, l2_burst: int = 0,
+                 x_parts: int = 1):
         assert fmt in FORMATS and 1 <= groups <= MAX_GROUPS and row_tiles >= 1, (fmt, groups, row_tiles)
         assert (x_steps >= 1) == (load == "xsmem") and (load != "xsmem" or warps_k == 1 and sets >= 2 and not tiled), (
             load, x_steps, warps_k, sets, tiled)
@@ -414,6 +415,10 @@ class W4A16DecodeGemm:
         self.sets = sets  # xsmem: register sets of weight operands, each loaded sets - 1 steps ahead of its use
         assert l2_burst == 0 or load == "xsmem" and l2_burst % sets == 0, (l2_burst, load, sets)
         self.l2_burst = l2_burst  # xsmem: steps of the lane's rows prefetched into L2 at once, past the register sets'
+        assert x_parts == 1 or load == "xsmem" and x_parts >= 2, (x_parts, load)
+        self.x_parts = x_parts  # xsmem: x's copy lands in this many parts, each waited for by its own mbarrier
+        per_part = -(-max(x_steps, 1) // x_parts)
+        self.part_steps = -(-per_part // sets) * sets  # whole K-loop iterations a part
         self.x_pitch = XSmemLayout.pitch(x_steps, self.x_words)
 
     @cute.jit
@@ -444,6 +449,7 @@ class W4A16DecodeGemm:
             class SharedStorage:
                 sX: cute.struct.Align[cute.struct.MemRange[Int32, x_words], 128]
                 sRed: cute.struct.Align[cute.struct.MemRange[Float32, red_words], 16]
+                x_landed: cute.struct.Align[cute.struct.MemRange[cutlass.Int64, self.x_parts], 8]
         else:
 
             @cute.struct
@@ -559,28 +565,42 @@ class W4A16DecodeGemm:
         """The "xsmem" load path (one K warp a CTA: every warp takes the CTA's whole K range): the CTA copies its
         range of x into shared memory once (`stage_x`), then each warp streams its weights through `sets` register
         sets, each step's loads issued sets - 1 steps ahead of its use, and takes x's MMA operands from shared
-        memory as it needs them (no register set of x)."""
+        memory as it needs them (no register set of x). With `x_parts` > 1 the copy lands in parts of `part_steps`
+        steps, each completing its own mbarrier (`x_landed`), and a warp waits for a part only when its K loop reaches
+        it: the first MMAs wait for the first part alone, not for the whole range."""
         lane = cute.arch.lane_idx()
         t = lane % LANES_K
         RT = self.row_tiles
         rW = [cute.make_rmem_tensor((CHUNK_WORDS, 2 * RT), Int32) for _ in range(self.sets)]
         rS = [cute.make_rmem_tensor((2 * RT,), Int32) for _ in range(self.sets)]
         rA = cute.make_rmem_tensor((4,), Int32)
+        x_landed = storage.x_landed.data_ptr()
+        if const_expr(self.x_parts > 1):
+            if cute.arch.make_warp_uniform(cute.arch.warp_idx()) == 0:
+                if lane == 0:
+                    for p in cutlass.range_constexpr(self.x_parts):
+                        cute.arch.mbarrier_init(x_landed + p, 32 * self.warps_n)  # every thread's copies
+                    cute.arch.mbarrier_init_fence()
+            cute.arch.barrier()
         for b in cutlass.range_constexpr(self.sets):
             self.load_step(None, mW, mBlock, rW[b], rS[b], None, row0, n_rows, m_rows, c_begin + LANES_K * b + t,
                            c_end)
         if const_expr(self.pdl):
             self.dependent_wait()  # the weights' first loads may precede it (`first_loads`); x may not
         base = storage.sX.data_ptr().toint()
-        self.stage_x(mX, base, m_rows, c_begin, c_end)
-        cute.arch.cp_async_commit_group()
-        cute.arch.cp_async_wait_group(0)
-        cute.arch.barrier()
+        self.stage_x(mX, base, m_rows, c_begin, c_end, x_landed)
+        if const_expr(self.x_parts == 1):
+            cute.arch.cp_async_commit_group()
+            cute.arch.cp_async_wait_group(0)
+            cute.arch.barrier()
         chunk_words = XSmemLayout.chunk_words(self.x_words)
         lane_addr = base + 4 * ((lane // LANES_K) * self.x_pitch + t * chunk_words)
         step_words = LANES_K * chunk_words
         burst_rows = self.burst_rows(mW, mBlock, row0, n_rows) if const_expr(self.l2_burst) else []
         for c0 in range(c_begin, c_end, self.sets * LANES_K):
+            if const_expr(self.x_parts > 1):
+                if (c0 - c_begin) // LANES_K % self.part_steps == 0:
+                    cute.arch.mbarrier_wait(x_landed + (c0 - c_begin) // LANES_K // self.part_steps, 0)
             if const_expr(self.l2_burst):
                 if (c0 - c_begin) // LANES_K % self.l2_burst == 0:
                     self.prefetch_burst(burst_rows, c0 + LANES_K * self.sets, c_end)
@@ -620,11 +640,12 @@ class W4A16DecodeGemm:
                 prefetch_line_l2(scales + cutlass.Int64(cutlass.min(c, c_end - 1)) * 4)
 
     @cute.jit
-    def stage_x(self, mX: cute.Tensor, base: Int32, m_rows: Int32, c_begin: Int32, c_end: Int32):
+    def stage_x(self, mX: cute.Tensor, base: Int32, m_rows: Int32, c_begin: Int32, c_end: Int32, x_landed):
         """16-byte cp.async of x's rows (8 a group) over chunks c_begin .. c_end into `XSmemLayout` at shared address
         `base`: thread i copies piece i % pieces of chunks i // pieces, + threads / pieces, ... of every row (a warp's
         lanes: consecutive pieces of consecutive chunks); zeros past M and past the range, up to the step's end.
-        Not waited for."""
+        Part by part (`x_parts`): each part's copies, then the thread's arrive on the part's mbarrier in `x_landed`
+        (one part: no arrive). Not waited for."""
         pieces = self.x_words // 4  # a chunk's 16-byte pieces
         threads = 32 * self.warps_n
         tid = cute.arch.make_warp_uniform(cute.arch.warp_idx()) * 32 + cute.arch.lane_idx()
@@ -633,18 +654,26 @@ class W4A16DecodeGemm:
         cta_chunks = c_end - c_begin
         row_bytes = cutlass.Int64(mX.layout.stride[0]) * 4
         x_at = mX.iterator.toint() + cutlass.Int64(c_begin * pieces + e) * 16
-        for cc in range(tid // pieces, (cta_chunks + LANES_K - 1) // LANES_K * LANES_K, threads // pieces):
-            src = x_at + cutlass.Int64(cutlass.min(cc, cta_chunks - 1) * pieces) * 16
-            dst = base + 4 * (cc * chunk_words + 4 * e)
-            size = Int32(0)
-            if cc < cta_chunks:
-                size = Int32(16)
-            for m in cutlass.range_constexpr(8 * self.groups):
-                row_size = size
-                if m >= m_rows:
-                    row_size = Int32(0)
-                cp_async(dst + 4 * m * self.x_pitch, src + cutlass.Int64(cutlass.min(m, m_rows - 1)) * row_bytes, 16,
-                         row_size)
+        padded_chunks = (cta_chunks + LANES_K - 1) // LANES_K * LANES_K
+        part_chunks = padded_chunks
+        if const_expr(self.x_parts > 1):
+            part_chunks = LANES_K * self.part_steps
+        for p in cutlass.range_constexpr(self.x_parts):
+            for cc in range(p * part_chunks + tid // pieces, cutlass.min((p + 1) * part_chunks, padded_chunks),
+                            threads // pieces):
+                src = x_at + cutlass.Int64(cutlass.min(cc, cta_chunks - 1) * pieces) * 16
+                dst = base + 4 * (cc * chunk_words + 4 * e)
+                size = Int32(0)
+                if cc < cta_chunks:
+                    size = Int32(16)
+                for m in cutlass.range_constexpr(8 * self.groups):
+                    row_size = size
+                    if m >= m_rows:
+                        row_size = Int32(0)
+                    cp_async(dst + 4 * m * self.x_pitch, src + cutlass.Int64(cutlass.min(m, m_rows - 1)) * row_bytes,
+                             16, row_size)
+            if const_expr(self.x_parts > 1):
+                cute.arch.cp_async_mbarrier_arrive_noinc(x_landed + p)
 
     @cute.jit
     def shared_x_step(self, rW: cute.Tensor, rS: cute.Tensor, rA: cute.Tensor, acc: cute.Tensor, step_addr: Int32):
