@@ -32,9 +32,10 @@ is made contiguous, 16-byte aligned and zero-padded to the chunk when needed (a 
 Limits (`unsupported_reason`): CUDA sm90, x float16 / bfloat16 with 1..16 rows, K a multiple of 16, N >= 1.
 
 CTA shape (`cta_shape`): warps_n warps along N times warps_k along K, row_tiles tiles of 16 rows a warp. On the
-"auto" load path NVFP4 calls of 9..16 rows over weights of at least 4096 x 4096 (or fewer rows with K >= 8192) take CTAs
-of one K warp and the xsmem path instead (`xsmem_cta`: 1.22-1.42x the former rule at 16 rows, H100 and H200, sessions
-46-47; 1.74x on 2048 x 8192).
+"auto" load path NVFP4 calls of 9..16 rows over weights of at least 4096 x 4096 (or fewer rows with K >= 8192, or from
+2048 rows with K >= 2048), and of 5..8 rows over 14336 rows or more, take CTAs of one K warp and the xsmem path instead
+(`xsmem_cta`: 1.22-1.42x the former rule at 16 rows, H100 and H200, sessions 46-48; 1.74x on 2048 x 8192; 1.27-1.43x
+on Llama-8B's lm_head at 5..8 rows).
 Wide (2 x 4 warps, 2 tiles a warp, 1 for M > 8, whose x takes twice the registers: 64 / 32 rows a CTA) for
 NVFP4 weights whose wide CTAs cover a quarter of the SMs; narrow (1 x 8 warps, 1 tile: 16 rows a CTA) for int8
 and for NVFP4 weights with fewer rows, which the wide shape leaves on a quarter of the SMs or less with each SM
@@ -216,13 +217,15 @@ XSMEM_HALF_WIDE = CtaShape(2, 4, 1)
 XSMEM_NARROW = CtaShape(1, 8, 1)  # N < XSMEM_MIN_N: 128-row CTAs, eight warps of one row tile
 XSMEM_MIN_N = XSMEM_MIN_K = 4096
 XSMEM_NARROW_MIN_K = 8192
+XSMEM_NARROW_MIN_N = XSMEM_NARROW_SHORT_K = 2048  # from this many rows, narrow weights take 1 x 8 x 1 from this K
+XSMEM_FEW_ROWS_MIN_N = 14336  # 5..8 rows: 2 x 8 x 1 over weights of at least this many rows (K >= XSMEM_MIN_K)
 
 
 def auto_ctas(m: int, pack=False) -> tuple[CtaShape, ...]:
     """The CTA shapes `cta_shape` picks from at m rows (NVFP4 in layout `pack`), widest first, then the xsmem path's
     (`xsmem_cta`)."""
     if m_bucket(m) <= 8:
-        return WIDE, NARROW
+        return (WIDE, NARROW, XSMEM_WIDE) if m > GEMV_MAX_M and not pack else (WIDE, NARROW)
     return (PACKED_WIDE if pack is True else WIDE), HALF_WIDE, NARROW, *(
         (XSMEM_WIDE, XSMEM_HALF_WIDE, XSMEM_NARROW) if pack != "tiles" else ())
 
@@ -233,14 +236,24 @@ def xsmem_cta(n: int, m: int, k: int, pack=False) -> Optional[CtaShape]:
     rows, 1 x 8 x 1 over fewer rows with K of at least XSMEM_NARROW_MIN_K. H100, docs/benchmarks.md session 46 run 5, us
     at 16 rows, this rule / the former (rolling on 2 x 2 x 4 CTAs), plain layout: 8192 x 8192 24.7 / 31.7, 14336 x 4096
     24.7 / 32.6, 4096 x 14336 25.6 / 31.3 (packed: 26.7 / 28.3, 26.1 / 29.4, 29.9 / 29.4). H200, session 47 run 2: 2048
-    x 8192 8.7 us on 1 x 8 x 1 CTAs (8 splits) against 15.2 on the former 1 x 2 x 4 (bf16 cuBLAS 13.3). K below
-    XSMEM_MIN_K (8192 x 2048: 11.6 / 10.6 packed, H100 session 46 run 1), narrow weights with K below
-    XSMEM_NARROW_MIN_K (not timed) and 2..8 rows (8192 x 8192 24.9 / 24.2) keep the former rule."""
-    if m_bucket(m) <= 8 or pack == "tiles" or k < XSMEM_MIN_K:
+    x 8192 8.7 us on 1 x 8 x 1 CTAs (8 splits) against 15.2 on the former 1 x 2 x 4 (bf16 cuBLAS 13.3). H100, session
+    48 run 2: 2048 x 2048 at 16 / 9 rows 5.4 / 5.3 us on 1 x 8 x 1 against 7.4 / 5.8 on the former rule (bf16 6.6: the
+    former rule was slower), hence 1 x 8 x 1 from XSMEM_NARROW_MIN_N rows at K >= XSMEM_NARROW_SHORT_K; 512 x 2048 keeps
+    the former (4.6 / 3.6 against 4.8 / 4.7). K below XSMEM_MIN_K over wide weights (8192 x 2048: 11.6 / 10.6 packed,
+    H100 session 46 run 1) keeps the former rule.
+    5..8 rows (plain layout): 2 x 8 x 1 over weights of at least XSMEM_FEW_ROWS_MIN_N rows. Session 48 run 2, H100, 5 / 8
+    rows, us, 2 x 8 x 1 / the former 2 x 2 x 4: 128256 x 4096 123.1 / 157.2 and 124.2 / 177.6, 14336 x 4096 21.4 /
+    22.0 and 21.5 / 23.8 (H200 session 47, 8 rows: 19.2 / 23.1); not 8192 x 8192 (H100 23.4 / 20.8 and 23.6 / 22.0,
+    though the H200 had 8 rows at 20.2 / 21.9). 1..4 rows are the GEMV's."""
+    if pack == "tiles":
         return None
+    if m_bucket(m) <= 8:
+        few_rows_wide = m > GEMV_MAX_M and not pack and n >= XSMEM_FEW_ROWS_MIN_N and k >= XSMEM_MIN_K
+        return XSMEM_WIDE if few_rows_wide else None
     if n < XSMEM_MIN_N:
-        return XSMEM_NARROW if k >= XSMEM_NARROW_MIN_K else None
-    return XSMEM_WIDE if n >= 2 * XSMEM_MIN_N else XSMEM_HALF_WIDE
+        narrow = k >= XSMEM_NARROW_MIN_K or n >= XSMEM_NARROW_MIN_N and k >= XSMEM_NARROW_SHORT_K
+        return XSMEM_NARROW if narrow else None
+    return (XSMEM_WIDE if n >= 2 * XSMEM_MIN_N else XSMEM_HALF_WIDE) if k >= XSMEM_MIN_K else None
 
 
 def cta_shape(n: int, m: int, num_sms: int, forced: Optional[tuple[int, int, int]] = None, fmt: str = "nvfp4",

@@ -56,7 +56,7 @@ x48) # session 48: x's shared copy in parts ("xsmem+parts<n>", each part on its 
     # Its GPU tests, then parts 1 / 2 / 4 / 8 on the default CTAs; then wide N at 5 / 8 rows on 2 x 8 x 1 (v47: the
     # 128256 x 4096 lm_head 123 against 157-178 us on the H100)
     nvidia-smi -L >>$L
-    run timeout 150 $P -n 8 tests/test_gpu_w4a16.py -k "x_from_shared_memory and parts or k_ranges"
+    run timeout 150 $P -n 8 tests/test_gpu_w4a16.py -k "x_from_shared_memory and parts or k_ranges or auto_takes"
     XP="xsmem,xsmem+parts2,xsmem+parts4,xsmem+parts8"
     run timeout 90 python3 tests/bench_w4a16.py --m 16,9 --shapes 8192x8192,14336x4096 --cta 2x8x1 --load $XP
     run timeout 50 python3 tests/bench_w4a16.py --m 16 --shapes 4096x14336 --cta 2x4x1 --load $XP

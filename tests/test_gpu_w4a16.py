@@ -217,9 +217,11 @@ def test_x_from_shared_memory_k_ranges_and_splits(k, splits):
 
 
 @pytest.mark.parametrize("m, n, k, pack", [(16, 4096, 14336, False), (9, 8192, 4160, True), (12, 14336, 4096, False),
-                                           (16, 2048, 8192, True), (11, 1000, 8224, False)])
+                                           (16, 2048, 8192, True), (11, 1000, 8224, False), (16, 2048, 2048, False),
+                                           (10, 3000, 2080, True), (5, 14336, 4096, False), (8, 15000, 4160, False)])
 def test_auto_takes_x_from_shared_memory_over_large_weights(m, n, k, pack):
-    """`xsmem_cta`'s calls (9..16 rows, NVFP4 weights with K of at least 4096) on the default load path."""
+    """`xsmem_cta`'s calls (9..16 rows over NVFP4 weights with K of at least 4096 or narrow ones, 5..8 rows over
+    weights of 14336 rows or more) on the default load path."""
     assert w4.xsmem_cta(n, m, w4.padded_k("nvfp4", k), pack) is not None
     nvfp4_case(m, n, k, torch.bfloat16, seed=m, load="auto", pack=pack)
     nvfp4_case(m, n, k, torch.float16, seed=m + 1, load="auto", pack=pack)

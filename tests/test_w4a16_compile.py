@@ -993,8 +993,9 @@ def test_xsmem_plan_raises_splits_until_x_fits_shared_memory():
 
 def test_auto_takes_x_from_shared_memory_at_9_to_16_rows_over_large_nvfp4_weights():
     """`xsmem_cta`: NVFP4 calls of 9..16 rows on the "auto" load path over weights with K of at least 4096 take CTAs of
-    one K warp and the xsmem path (2 x 8 x 1 from 8192 rows, 2 x 4 x 1 from 4096, 1 x 8 x 1 below where K >= 8192),
-    split as `xsmem_plan` says; the rest keep their CTAs."""
+    one K warp and the xsmem path (2 x 8 x 1 from 8192 rows, 2 x 4 x 1 from 4096, 1 x 8 x 1 below where K >= 8192 or
+    from 2048 rows at K >= 2048), and 5..8 rows over 14336 rows or more (K >= 4096, plain layout), split as
+    `xsmem_plan` says; the rest keep their CTAs."""
     def plan(n, k, m, fmt="nvfp4", pack=False):
         shape, load, splits, _ = w4.call_plan(m, n, w4.padded_k(fmt, k), fmt, 132, load="auto", pack=pack)
         return "x".join(map(str, shape)), load, splits
@@ -1009,9 +1010,16 @@ def test_auto_takes_x_from_shared_memory_at_9_to_16_rows_over_large_nvfp4_weight
     assert plan(2048, 8192, 16) == ("1x8x1", "xsmem", 8)
     assert plan(2048, 14336, 9) == ("1x8x1", "xsmem", 8)
     assert plan(1024, 4096, 16) == ("1x1x8", "rolling+2ctas", 1)
-    assert plan(2048, 2048, 16) == ("1x2x4", "rolling+2ctas", 1)
+    assert plan(512, 2048, 16) == ("1x1x8", "rolling+2ctas", 1)
+    assert plan(2048, 2048, 16)[:2] == plan(2048, 4096, 9)[:2] == ("1x8x1", "xsmem")
+    assert plan(2048, 1024, 16) == ("1x2x4", "rolling+2ctas", 1)
     assert plan(2048, 8192, 8) == ("1x1x8", "registers", 1)
     assert plan(8192, 8192, 8) == ("2x2x4", "rolling", 1)
+    assert plan(14336, 4096, 5) == plan(14336, 4096, 8) == ("2x8x1", "xsmem", 2)
+    assert plan(128256, 4096, 8) == ("2x8x1", "xsmem", 1)
+    assert plan(14336, 4096, 4)[:2] == plan(14336, 4096, 8, pack=True)[:2] == plan(14336, 2048, 8)[:2] == (
+        "2x2x4", "rolling")
+    assert w4.XSMEM_WIDE in w4.auto_ctas(5) and w4.XSMEM_WIDE not in w4.auto_ctas(4) + w4.auto_ctas(8, pack=True)
     assert plan(8192, 8192, 16, "int8") == ("1x1x8", "rolling+2ctas", 1)
     # a forced load path keeps the former CTAs (`cta_shape` sees K only on "auto")
     assert w4.cta_shape(8192, 16, 132) == w4.WIDE
