@@ -1,10 +1,9 @@
-# Unrun GPU work. Session 48 ran q47, v47 and n47 on an H100 (docs/benchmarks.md, session 48); next: `x48`. Session 47 ran h46, y46, h43 and s43 on an H200 (docs/benchmarks.md, session 47), then could not get a
-# machine again. Next: `q47` (the L2 bursts' first look and tests: short), `p47` (the same in full), `v47` (session 47's
-# narrow xsmem rule and int8-KV rule, int8 at 5..8 rows vs quack, K = 2048 weights on xsmem CTAs), `n47` (ncu: where the
-# xsmem kernel's warps wait at 16 rows); `m47` is a minimal check of the narrow rule alone. Older parts still unrun: `e46`'s last line (fp8 plain buffers end to end), `w43`,
+# Unrun GPU work. Session 48 ran q47, v47 and n47 on an H100 (docs/benchmarks.md, session 48). Next: `x48` (x's copy in
+# parts, "xsmem+parts<n>", against one part; the new xsmem_cta rows and their tests), then `p47` (the L2 bursts in
+# full: q47 found them within 4%, low priority), `m47`, then `e46`'s last line (fp8 plain buffers end to end), `w43`,
 # `p43`, `n36`. Parts of earlier sessions below keep their notes.
 # Output goes to $OUT/log.txt. Have the next call ready: the machine goes back 30 s after a call, and a fresh one needs
-# .gpu/a and .gpu/b again. Run one part a call:  bash scratch/next_gpu.sh h43
+# .gpu/a and .gpu/b again. Run one part a call:  bash scratch/next_gpu.sh x48
 # Never `pkill -f pytest` here: it matches this script's own command line. A pytest cut by `timeout` can leave xdist
 # workers on the GPU: kill the PIDs `nvidia-smi --query-compute-apps=pid --format=csv,noheader` lists.
 P="python3 -m pytest -m gpu -q -p no:cacheprovider -p no:logging -W ignore -rf"
