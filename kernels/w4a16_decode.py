@@ -62,8 +62,8 @@ on most rows (docs/benchmarks.md, session 10 run 3). "xsmem" (or "xsmem:<sets>",
 default XSMEM_SETS; "xsmem+2ctas" caps the registers for two CTAs a SM; "xsmem+prefetch[<steps>]" also requests
 each weight row's next XSMEM_BURST (or <steps>) steps past the register sets into L2 at once, every that many steps,
 so that they reach DRAM as one run a row; "+parts<n>" lands x's copy in n parts of whole K-loop iterations, each on
-its own mbarrier, so the first MMAs wait for the first part only, default XSMEM_PARTS): x's CTA range copied to shared memory
-once and read from there by the MMAs, on CTAs of one warp along K (`xsmem_cta` on "auto", else a forced CTA shape
+its own mbarrier, so the first MMAs wait for the first part only, default XSMEM_PARTS): x's CTA range copied to shared
+memory once and read from there by the MMAs, on CTAs of one warp along K (`xsmem_cta` on "auto", else a forced CTA shape
 RTxWNx1: FA4_INDUCTOR_W4A16_CTA or `cta`); the split count is raised until a CTA's range of x fits XSMEM_BUDGET
 (`xsmem_plan`), and variants are compiled per power of two of x's steps.
 
@@ -241,8 +241,8 @@ def xsmem_cta(n: int, m: int, k: int, pack=False) -> Optional[CtaShape]:
     former rule was slower), hence 1 x 8 x 1 from XSMEM_NARROW_MIN_N rows at K >= XSMEM_NARROW_SHORT_K; 512 x 2048 keeps
     the former (4.6 / 3.6 against 4.8 / 4.7). K below XSMEM_MIN_K over wide weights (8192 x 2048: 11.6 / 10.6 packed,
     H100 session 46 run 1) keeps the former rule.
-    5..8 rows (plain layout): 2 x 8 x 1 over weights of at least XSMEM_FEW_ROWS_MIN_N rows. Session 48 run 2, H100, 5 / 8
-    rows, us, 2 x 8 x 1 / the former 2 x 2 x 4: 128256 x 4096 123.1 / 157.2 and 124.2 / 177.6, 14336 x 4096 21.4 /
+    5..8 rows (plain layout): 2 x 8 x 1 over weights of at least XSMEM_FEW_ROWS_MIN_N rows. Session 48 run 2, H100, 5 /
+    8 rows, us, 2 x 8 x 1 / the former 2 x 2 x 4: 128256 x 4096 123.1 / 157.2 and 124.2 / 177.6, 14336 x 4096 21.4 /
     22.0 and 21.5 / 23.8 (H200 session 47, 8 rows: 19.2 / 23.1); not 8192 x 8192 (H100 23.4 / 20.8 and 23.6 / 22.0,
     though the H200 had 8 rows at 20.2 / 21.9). 1..4 rows are the GEMV's."""
     if pack == "tiles":

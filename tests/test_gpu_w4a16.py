@@ -177,7 +177,8 @@ def test_forced_cta_shapes(cta, m, load, pack):
 XSMEM_CTAS = [(2, 4, 1), (1, 8, 1), (4, 2, 1)]
 
 
-@pytest.mark.parametrize("load", ["xsmem", "xsmem:3", "xsmem+2ctas", "xsmem+prefetch", "xsmem+parts4", "xsmem+parts3:3"])
+@pytest.mark.parametrize("load", ["xsmem", "xsmem:3", "xsmem+2ctas", "xsmem+prefetch", "xsmem+parts4",
+                                  "xsmem+parts3:3"])
 @pytest.mark.parametrize("cta", XSMEM_CTAS, ids=lambda c: "x".join(map(str, c)))
 @pytest.mark.parametrize("m", [1, 3, 8, 9, 16])
 def test_x_from_shared_memory(m, cta, load):
