@@ -221,26 +221,33 @@ XSMEM_NARROW_MIN_N = XSMEM_NARROW_SHORT_K = 2048  # from this many rows, narrow 
 XSMEM_FEW_ROWS_MIN_N = 14336  # 5..8 rows: 2 x 8 x 1 over weights of at least this many rows (K >= XSMEM_MIN_K)
 
 
+def xsmem_at_few_rows(m: int, pack=False) -> bool:
+    """Whether a call of m <= 8 rows may take the xsmem path on "auto" (`xsmem_cta`): 5..8 rows (1..4 are the GEMV's),
+    plain layout."""
+    return m > GEMV_MAX_M and not pack
+
+
 def auto_ctas(m: int, pack=False) -> tuple[CtaShape, ...]:
     """The CTA shapes `cta_shape` picks from at m rows (NVFP4 in layout `pack`), widest first, then the xsmem path's
     (`xsmem_cta`)."""
     if m_bucket(m) <= 8:
-        return (WIDE, NARROW, XSMEM_WIDE) if m > GEMV_MAX_M and not pack else (WIDE, NARROW)
+        return (WIDE, NARROW, XSMEM_WIDE) if xsmem_at_few_rows(m, pack) else (WIDE, NARROW)
     return (PACKED_WIDE if pack is True else WIDE), HALF_WIDE, NARROW, *(
         (XSMEM_WIDE, XSMEM_HALF_WIDE, XSMEM_NARROW) if pack != "tiles" else ())
 
 
 def xsmem_cta(n: int, m: int, k: int, pack=False) -> Optional[CtaShape]:
-    """The CTA of one K warp that NVFP4 calls of 9..16 rows take on the "auto" load path (x from shared memory,
-    `xsmem_plan`), else None: 2 x 8 x 1 over weights of at least 2 XSMEM_MIN_N x XSMEM_MIN_K, 2 x 4 x 1 from XSMEM_MIN_N
-    rows, 1 x 8 x 1 over fewer rows with K of at least XSMEM_NARROW_MIN_K. H100, docs/benchmarks.md session 46 run 5, us
-    at 16 rows, this rule / the former (rolling on 2 x 2 x 4 CTAs), plain layout: 8192 x 8192 24.7 / 31.7, 14336 x 4096
-    24.7 / 32.6, 4096 x 14336 25.6 / 31.3 (packed: 26.7 / 28.3, 26.1 / 29.4, 29.9 / 29.4). H200, session 47 run 2: 2048
-    x 8192 8.7 us on 1 x 8 x 1 CTAs (8 splits) against 15.2 on the former 1 x 2 x 4 (bf16 cuBLAS 13.3). H100, session
-    48 run 2: 2048 x 2048 at 16 / 9 rows 5.4 / 5.3 us on 1 x 8 x 1 against 7.4 / 5.8 on the former rule (bf16 6.6: the
-    former rule was slower), hence 1 x 8 x 1 from XSMEM_NARROW_MIN_N rows at K >= XSMEM_NARROW_SHORT_K; 512 x 2048 keeps
-    the former (4.6 / 3.6 against 4.8 / 4.7). K below XSMEM_MIN_K over wide weights (8192 x 2048: 11.6 / 10.6 packed,
-    H100 session 46 run 1) keeps the former rule.
+    """The CTA of one K warp that NVFP4 calls take on the "auto" load path (x from shared memory, `xsmem_plan`), else
+    None. 9..16 rows: 2 x 8 x 1 over weights of at least 2 XSMEM_MIN_N x XSMEM_MIN_K, 2 x 4 x 1 from XSMEM_MIN_N rows,
+    1 x 8 x 1 over fewer rows with K of at least XSMEM_NARROW_MIN_K, or from XSMEM_NARROW_MIN_N rows with K of at least
+    XSMEM_NARROW_SHORT_K. 5..8 rows: 2 x 8 x 1 over weights of at least XSMEM_FEW_ROWS_MIN_N x XSMEM_MIN_K. H100,
+    docs/benchmarks.md session 46 run 5, us at 16 rows, this rule / the former (rolling on 2 x 2 x 4 CTAs), plain
+    layout: 8192 x 8192 24.7 / 31.7, 14336 x 4096 24.7 / 32.6, 4096 x 14336 25.6 / 31.3 (packed: 26.7 / 28.3, 26.1 /
+    29.4, 29.9 / 29.4). H200, session 47 run 2: 2048 x 8192 8.7 us on 1 x 8 x 1 CTAs (8 splits) against 15.2 on the
+    former 1 x 2 x 4 (bf16 cuBLAS 13.3). H100, session 48 run 2: 2048 x 2048 at 16 / 9 rows 5.4 / 5.3 us on 1 x 8 x 1
+    against 7.4 / 5.8 on the former rule (bf16 6.6: the former rule was slower), hence 1 x 8 x 1 from XSMEM_NARROW_MIN_N
+    rows at K >= XSMEM_NARROW_SHORT_K; 512 x 2048 keeps the former (4.6 / 3.6 against 4.8 / 4.7). K below XSMEM_MIN_K
+    over wide weights (8192 x 2048: 11.6 / 10.6 packed, H100 session 46 run 1) keeps the former rule.
     5..8 rows (plain layout): 2 x 8 x 1 over weights of at least XSMEM_FEW_ROWS_MIN_N rows. Session 48 run 2, H100, 5 /
     8 rows, us, 2 x 8 x 1 / the former 2 x 2 x 4: 128256 x 4096 123.1 / 157.2 and 124.2 / 177.6, 14336 x 4096 21.4 /
     22.0 and 21.5 / 23.8 (H200 session 47, 8 rows: 19.2 / 23.1); not 8192 x 8192 (H100 23.4 / 20.8 and 23.6 / 22.0,
@@ -248,7 +255,7 @@ def xsmem_cta(n: int, m: int, k: int, pack=False) -> Optional[CtaShape]:
     if pack == "tiles":
         return None
     if m_bucket(m) <= 8:
-        few_rows_wide = m > GEMV_MAX_M and not pack and n >= XSMEM_FEW_ROWS_MIN_N and k >= XSMEM_MIN_K
+        few_rows_wide = xsmem_at_few_rows(m, pack) and n >= XSMEM_FEW_ROWS_MIN_N and k >= XSMEM_MIN_K
         return XSMEM_WIDE if few_rows_wide else None
     if n < XSMEM_MIN_N:
         narrow = k >= XSMEM_NARROW_MIN_K or n >= XSMEM_NARROW_MIN_N and k >= XSMEM_NARROW_SHORT_K
@@ -816,7 +823,7 @@ class _Key(NamedTuple):
     cta: Optional[CtaShape] = None  # main only
     pdl: bool = False  # the main kernel launched as a PDL dependent, the reduce as the main kernel's
     load: str = "registers"  # main only: "registers", "rolling[+2ctas]", "bulk[+ahead][+prefetch]:<stages>" or
-    # "xsmem[+2ctas][+prefetch<steps>]:<sets>"
+    # "xsmem[+2ctas][+prefetch<steps>][+parts<n>]:<sets>"
     scale_dtype: torch.dtype = torch.float32  # int8's per-channel scales as the caller holds them
     pack: bool = False  # main only, NVFP4: the packed layout (`pack_nvfp4`)
     tiled: bool = False  # main only, packed NVFP4 in 16-row tiles (`tile_words`)

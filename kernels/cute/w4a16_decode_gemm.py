@@ -598,16 +598,16 @@ class W4A16DecodeGemm:
         step_words = LANES_K * chunk_words
         burst_rows = self.burst_rows(mW, mBlock, row0, n_rows) if const_expr(self.l2_burst) else []
         for c0 in range(c_begin, c_end, self.sets * LANES_K):
+            step0 = (c0 - c_begin) // LANES_K  # the CTA range's step of register set 0
             if const_expr(self.x_parts > 1):
-                if (c0 - c_begin) // LANES_K % self.part_steps == 0:
-                    cute.arch.mbarrier_wait(x_landed + (c0 - c_begin) // LANES_K // self.part_steps, 0)
+                if step0 % self.part_steps == 0:
+                    cute.arch.mbarrier_wait(x_landed + step0 // self.part_steps, 0)
             if const_expr(self.l2_burst):
-                if (c0 - c_begin) // LANES_K % self.l2_burst == 0:
+                if step0 % self.l2_burst == 0:
                     self.prefetch_burst(burst_rows, c0 + LANES_K * self.sets, c_end)
             for b in cutlass.range_constexpr(self.sets):
                 if c0 + LANES_K * b < c_end:
-                    s = (c0 - c_begin) // LANES_K + b
-                    self.shared_x_step(rW[b], rS[b], rA, acc, lane_addr + 4 * step_words * s)
+                    self.shared_x_step(rW[b], rS[b], rA, acc, lane_addr + 4 * step_words * (step0 + b))
                     self.load_step(None, mW, mBlock, rW[b], rS[b], None, row0, n_rows, m_rows,
                                    c0 + LANES_K * (b + self.sets) + t, c_end)
 
