@@ -60,11 +60,17 @@ x48) # session 48: x's shared copy in parts ("xsmem+parts<n>", each part on its 
     run timeout 90 python3 tests/bench_w4a16.py --m 16,9 --shapes 8192x8192,14336x4096 --cta 2x8x1 --load $XP
     run timeout 50 python3 tests/bench_w4a16.py --m 16 --shapes 4096x14336 --cta 2x4x1 --load $XP
     run timeout 60 python3 tests/bench_w4a16.py --m 16,9 --shapes 2048x8192,2048x2048 --cta 1x8x1 --load $XP
+    # 16 warps a SM (1 x 16 x 1: one row tile a warp, 109 registers, the same 256 rows a CTA) against 8 (2 x 8 x 1)
+    run timeout 90 python3 tests/bench_w4a16.py --m 16,9,4 --shapes 8192x8192,14336x4096,4096x14336 --cta 1x16x1,2x8x1 \
+      --load xsmem,xsmem+parts4 ;;
+x48b) # x48's second half (one call holds the first): wide N at 5 / 8 rows, the narrow rule below K = 8192
+    nvidia-smi -L >>$L
     run timeout 100 python3 tests/bench_w4a16.py --m 5,8 --shapes 128256x2048,128256x4096,4096x14336 --cta auto,2x8x1 \
       --load auto,xsmem+parts4
     # the narrow rule below K = 8192 (v47: 2048 x 2048 at 16 rows 7.4 us on the rule, 0.89x bf16; 5.4 on 1 x 8 x 1)
     run timeout 80 python3 tests/bench_w4a16.py --m 16,9 --shapes 1024x4096,2048x4096,2048x2048,512x2048 \
-      --cta auto,1x8x1 --load auto,xsmem+parts4 ;;
+      --cta auto,1x8x1 --load auto,xsmem+parts4
+    run timeout 60 python3 tests/bench_w4a16.py --m 1,16 --shapes 8192x8192,14336x4096 ;;
 q47) # the first look at p47 (what a short budget allows): 16 rows with and without the L2 bursts, then their tests
     nvidia-smi -L >>$L
     run timeout 60 python3 tests/bench_w4a16.py --m 16 --shapes 8192x8192 --cta 2x8x1 \
