@@ -32,10 +32,11 @@ is made contiguous, 16-byte aligned and zero-padded to the chunk when needed (a 
 Limits (`unsupported_reason`): CUDA sm90, x float16 / bfloat16 with 1..16 rows, K a multiple of 16, N >= 1.
 
 CTA shape (`cta_shape`): warps_n warps along N times warps_k along K, row_tiles tiles of 16 rows a warp. On the
-"auto" load path NVFP4 calls of 9..16 rows over weights of at least 4096 x 4096 (or fewer rows with K >= 8192, or from
-2048 rows with K >= 2048), and of 5..8 rows over 14336 rows or more, take CTAs of one K warp and the xsmem path instead
-(`xsmem_cta`: 1.22-1.42x the former rule at 16 rows, H100 and H200, sessions 46-48; 1.74x on 2048 x 8192; 1.27-1.43x
-on Llama-8B's lm_head at 5..8 rows).
+"auto" load path NVFP4 calls of 9..16 rows over weights of at least 4096 x 4096 (or fewer rows with K >= 4096, or from
+2048 rows with K >= 2048, or long ones: 14336 along N or K), and of 5..8 rows over long weights, take CTAs of one K warp
+and the xsmem path instead, as do int8 calls of 9..16 rows over fewer than 4096 rows with K >= 4096 (`xsmem_cta`:
+1.22-1.42x the former rule at 16 rows, H100 and H200, sessions 46-49; 1.74x on 2048 x 8192; 1.27-1.67x on the Llama
+lm_heads at 5..8 rows).
 Wide (2 x 4 warps, 2 tiles a warp, 1 for M > 8, whose x takes twice the registers: 64 / 32 rows a CTA) for
 NVFP4 weights whose wide CTAs cover a quarter of the SMs; narrow (1 x 8 warps, 1 tile: 16 rows a CTA) for int8
 and for NVFP4 weights with fewer rows, which the wide shape leaves on a quarter of the SMs or less with each SM
@@ -212,13 +213,14 @@ NARROW = CtaShape(1, 1, 8)
 WIDE = CtaShape(2, 2, 4)  # 2 x 4 warps of 2 row tiles: x read once for 32 rows a warp
 HALF_WIDE = CtaShape(1, 2, 4)
 PACKED_WIDE = CtaShape(4, 1, 8)  # 8 warps along K of 4 row tiles: the packed layout at 9..16 rows
-XSMEM_WIDE = CtaShape(2, 8, 1)  # the xsmem path (one K warp: x from shared memory) at 9..16 rows, N >= 2 XSMEM_MIN_N
-XSMEM_HALF_WIDE = CtaShape(2, 4, 1)
+XSMEM_WIDE = CtaShape(1, 16, 1)  # the xsmem path (one K warp: x from shared memory), N >= XSMEM_MIN_N: 256-row CTAs of
+# 16 warps of one row tile (109 registers at 16 rows: 16 warps a SM, where 2 x 8 x 1 at 190 registers has 8)
+XSMEM_PACKED_WIDE = CtaShape(2, 8, 1)  # the packed layout's xsmem CTAs at 9..16 rows (1 x 16 x 1 not measured there)
+XSMEM_PACKED_HALF_WIDE = CtaShape(2, 4, 1)
 XSMEM_NARROW = CtaShape(1, 8, 1)  # N < XSMEM_MIN_N: 128-row CTAs, eight warps of one row tile
 XSMEM_MIN_N = XSMEM_MIN_K = 4096
-XSMEM_NARROW_MIN_K = 8192
 XSMEM_NARROW_MIN_N = XSMEM_NARROW_SHORT_K = 2048  # from this many rows, narrow weights take 1 x 8 x 1 from this K
-XSMEM_FEW_ROWS_MIN_N = 14336  # 5..8 rows: 2 x 8 x 1 over weights of at least this many rows (K >= XSMEM_MIN_K)
+XSMEM_LONG = 14336  # weights this long along N or K (N >= XSMEM_MIN_N) take XSMEM_WIDE at 5..8 rows, and at any K
 
 
 def xsmem_at_few_rows(m: int, pack=False) -> bool:
@@ -232,35 +234,48 @@ def auto_ctas(m: int, pack=False) -> tuple[CtaShape, ...]:
     (`xsmem_cta`)."""
     if m_bucket(m) <= 8:
         return (WIDE, NARROW, XSMEM_WIDE) if xsmem_at_few_rows(m, pack) else (WIDE, NARROW)
-    return (PACKED_WIDE if pack is True else WIDE), HALF_WIDE, NARROW, *(
-        (XSMEM_WIDE, XSMEM_HALF_WIDE, XSMEM_NARROW) if pack != "tiles" else ())
-
-
-def xsmem_cta(n: int, m: int, k: int, pack=False) -> Optional[CtaShape]:
-    """The CTA of one K warp that NVFP4 calls take on the "auto" load path (x from shared memory, `xsmem_plan`), else
-    None. 9..16 rows: 2 x 8 x 1 over weights of at least 2 XSMEM_MIN_N x XSMEM_MIN_K, 2 x 4 x 1 from XSMEM_MIN_N rows,
-    1 x 8 x 1 over fewer rows with K of at least XSMEM_NARROW_MIN_K, or from XSMEM_NARROW_MIN_N rows with K of at least
-    XSMEM_NARROW_SHORT_K. 5..8 rows: 2 x 8 x 1 over weights of at least XSMEM_FEW_ROWS_MIN_N x XSMEM_MIN_K. H100,
-    docs/benchmarks.md session 46 run 5, us at 16 rows, this rule / the former (rolling on 2 x 2 x 4 CTAs), plain
-    layout: 8192 x 8192 24.7 / 31.7, 14336 x 4096 24.7 / 32.6, 4096 x 14336 25.6 / 31.3 (packed: 26.7 / 28.3, 26.1 /
-    29.4, 29.9 / 29.4). H200, session 47 run 2: 2048 x 8192 8.7 us on 1 x 8 x 1 CTAs (8 splits) against 15.2 on the
-    former 1 x 2 x 4 (bf16 cuBLAS 13.3). H100, session 48 run 2: 2048 x 2048 at 16 / 9 rows 5.4 / 5.3 us on 1 x 8 x 1
-    against 7.4 / 5.8 on the former rule (bf16 6.6: the former rule was slower), hence 1 x 8 x 1 from XSMEM_NARROW_MIN_N
-    rows at K >= XSMEM_NARROW_SHORT_K; 512 x 2048 keeps the former (4.6 / 3.6 against 4.8 / 4.7). K below XSMEM_MIN_K
-    over wide weights (8192 x 2048: 11.6 / 10.6 packed, H100 session 46 run 1) keeps the former rule.
-    5..8 rows (plain layout): 2 x 8 x 1 over weights of at least XSMEM_FEW_ROWS_MIN_N rows. Session 48 run 2, H100, 5 /
-    8 rows, us, 2 x 8 x 1 / the former 2 x 2 x 4: 128256 x 4096 123.1 / 157.2 and 124.2 / 177.6, 14336 x 4096 21.4 /
-    22.0 and 21.5 / 23.8 (H200 session 47, 8 rows: 19.2 / 23.1); not 8192 x 8192 (H100 23.4 / 20.8 and 23.6 / 22.0,
-    though the H200 had 8 rows at 20.2 / 21.9). 1..4 rows are the GEMV's."""
     if pack == "tiles":
+        return WIDE, HALF_WIDE, NARROW
+    xsmem = (XSMEM_PACKED_WIDE, XSMEM_PACKED_HALF_WIDE) if pack else (XSMEM_WIDE,)
+    return (PACKED_WIDE if pack else WIDE), HALF_WIDE, NARROW, *xsmem, XSMEM_NARROW
+
+
+def xsmem_cta(n: int, m: int, k: int, pack=False, fmt: str = "nvfp4") -> Optional[CtaShape]:
+    """The CTA of one K warp that calls take on the "auto" load path (x from shared memory, `xsmem_plan`), else None.
+
+    NVFP4, 9..16 rows: 1 x 16 x 1 over weights of at least XSMEM_MIN_N rows with K >= XSMEM_MIN_K or either side at
+    least XSMEM_LONG (the packed layout: 2 x 8 x 1 from 2 XSMEM_MIN_N rows, 2 x 4 x 1 below, K >= XSMEM_MIN_K); 1 x 8 x 1
+    over fewer rows with K >= XSMEM_MIN_K, or from XSMEM_NARROW_MIN_N rows with K >= XSMEM_NARROW_SHORT_K. 5..8 rows
+    (plain layout): 1 x 16 x 1 over weights of at least XSMEM_MIN_N rows with either side at least XSMEM_LONG. int8,
+    9..16 rows: 1 x 8 x 1 over fewer than XSMEM_MIN_N rows with K >= XSMEM_MIN_K. 1..4 rows are the GEMV's.
+
+    Measured (CUDA-graph medians, us, plain layout; docs/benchmarks.md). H100, session 46 run 5, 16 rows, xsmem 2 x 8 x 1
+    / 2 x 4 x 1 against the rolling path on 2 x 2 x 4: 8192 x 8192 24.7 / 31.7, 14336 x 4096 24.7 / 32.6, 4096 x 14336
+    25.6 / 31.3. H100, session 49 run 2, xsmem on 1 x 16 x 1 / 2 x 8 x 1 / 2 x 4 x 1 at 16 rows: 8192 x 8192 24.0 / 24.9
+    / 28.8, 4096 x 14336 22.0 / 22.2 / 26.3, 14336 x 4096 24.1 / 24.7 / 24.9, 4096 x 4096 10.1 / 9.9 / 10.8, 128256 x
+    4096 134.6 / 138.9, 128256 x 2048 76.4 / 77.8 (int8 3-6% faster on 1 x 16 x 1 throughout); at 5 / 8 rows 1 x 16 x 1
+    against the former rule (2 x 2 x 4 rolling): 128256 x 2048 63.9 / 64.7 against 94.5 / 108.0, 4096 x 14336 19.4 /
+    19.6 against 21.4 / 22.6, 14336 x 4096 20.1 / 20.3 against 21.1 / 21.2 (2 x 8 x 1), 128256 x 4096 118.2 / 119.0
+    against 121-123. K below XSMEM_MIN_K over 8192 rows keeps the former rule (8192 x 2048: 11.6 / 10.6, H100 session 46
+    run 1). Narrow weights at 9..16 rows, 1 x 8 x 1 against the former rule (H100, session 49 runs 1-2, 16 / 9 rows):
+    NVFP4 2048 x 2048 5.5 / 5.3 against 7.4 / 5.8 (session 48; bf16 6.6), 1024 x 4096 5.4 / 5.4 against 8.0 / 6.5 (bf16
+    7.7-9.8), 512 x 4096 5.1 / 4.9 against 7.7 / 6.3 (bf16 7.6: the former rule was slower); 512 x 2048 and 1024 x 2048
+    keep the former (4.7 / 3.9 against 5.1 / 4.9). int8 1024 x 4096 5.1 / 5.0 against 6.4 / 5.7, 512 x 4096 4.4 / 4.3
+    against 5.7 / 5.2, 1024 x 14336 9.8 / 9.5 against 11.8 / 11.3; at K = 2048 even or worse (2048 x 2048 at 9 rows 4.9
+    against 4.7)."""
+    if pack == "tiles" or fmt not in ("nvfp4", "int8"):
         return None
+    if fmt == "int8":
+        return XSMEM_NARROW if m_bucket(m) > 8 and n < XSMEM_MIN_N and k >= XSMEM_MIN_K else None
+    long_weight = n >= XSMEM_MIN_N and max(n, k) >= XSMEM_LONG
     if m_bucket(m) <= 8:
-        few_rows_wide = xsmem_at_few_rows(m, pack) and n >= XSMEM_FEW_ROWS_MIN_N and k >= XSMEM_MIN_K
-        return XSMEM_WIDE if few_rows_wide else None
+        return XSMEM_WIDE if xsmem_at_few_rows(m, pack) and long_weight else None
     if n < XSMEM_MIN_N:
-        narrow = k >= XSMEM_NARROW_MIN_K or n >= XSMEM_NARROW_MIN_N and k >= XSMEM_NARROW_SHORT_K
+        narrow = k >= XSMEM_MIN_K or n >= XSMEM_NARROW_MIN_N and k >= XSMEM_NARROW_SHORT_K
         return XSMEM_NARROW if narrow else None
-    return (XSMEM_WIDE if n >= 2 * XSMEM_MIN_N else XSMEM_HALF_WIDE) if k >= XSMEM_MIN_K else None
+    if pack:
+        return (XSMEM_PACKED_WIDE if n >= 2 * XSMEM_MIN_N else XSMEM_PACKED_HALF_WIDE) if k >= XSMEM_MIN_K else None
+    return XSMEM_WIDE if k >= XSMEM_MIN_K or long_weight else None
 
 
 def cta_shape(n: int, m: int, num_sms: int, forced: Optional[tuple[int, int, int]] = None, fmt: str = "nvfp4",
@@ -279,11 +294,11 @@ def cta_shape(n: int, m: int, num_sms: int, forced: Optional[tuple[int, int, int
     padded K, given on the "auto" load path): `xsmem_cta` first."""
     if forced is not None:
         return CtaShape(*forced)
-    if fmt != "nvfp4":
-        return NARROW
-    xsmem = None if k is None else xsmem_cta(n, m, k, pack)
+    xsmem = None if k is None else xsmem_cta(n, m, k, pack, fmt)
     if xsmem is not None:
         return xsmem
+    if fmt != "nvfp4":
+        return NARROW
     return next(shape for shape in auto_ctas(m, pack) if shape == NARROW or 4 * -(-n // shape.rows) > num_sms)
 
 
@@ -1117,7 +1132,8 @@ def warmup(dtype: torch.dtype, fmt: str, m_values=M_BUCKETS, *, bias: Optional[b
     forced, pdl = switches.current().w4a16_cta, switches.current().w4a16_pdl
     for m in m_values:
         ctas = {CtaShape(*forced)} if forced else {
-            c for c in auto_ctas(m, pack) if c.warps_k > 1 or fmt == "nvfp4" and load == AUTO_LOAD}  # `xsmem_cta`
+            c for c in auto_ctas(m, pack) if c.warps_k > 1 or load == AUTO_LOAD and (  # `xsmem_cta`
+                fmt == "nvfp4" or fmt == "int8" and c == XSMEM_NARROW)}
         for cta in ctas:
             for split in (False, True):
                 for b in ((False, True) if bias is None else (bool(bias),)):

@@ -219,13 +219,23 @@ def test_x_from_shared_memory_k_ranges_and_splits(k, splits):
 
 @pytest.mark.parametrize("m, n, k, pack", [(16, 4096, 14336, False), (9, 8192, 4160, True), (12, 14336, 4096, False),
                                            (16, 2048, 8192, True), (11, 1000, 8224, False), (16, 2048, 2048, False),
-                                           (10, 3000, 2080, True), (5, 14336, 4096, False), (8, 15000, 4160, False)])
+                                           (10, 3000, 2080, True), (5, 14336, 4096, False), (8, 15000, 4160, False),
+                                           (13, 600, 4160, False), (7, 4100, 14400, False), (16, 14400, 2080, False)])
 def test_auto_takes_x_from_shared_memory_over_large_weights(m, n, k, pack):
-    """`xsmem_cta`'s calls (9..16 rows over NVFP4 weights with K of at least 4096 or narrow ones, 5..8 rows over
-    weights of 14336 rows or more) on the default load path."""
+    """`xsmem_cta`'s NVFP4 calls (9..16 rows over weights with K of at least 4096, narrow ones from 2048 rows at K >=
+    2048, long ones at any K; 5..8 rows over long weights) on the default load path."""
     assert w4.xsmem_cta(n, m, w4.padded_k("nvfp4", k), pack) is not None
     nvfp4_case(m, n, k, torch.bfloat16, seed=m, load="auto", pack=pack)
     nvfp4_case(m, n, k, torch.float16, seed=m + 1, load="auto", pack=pack)
+
+
+@pytest.mark.parametrize("m, n, k", [(16, 1024, 4096), (9, 600, 8224), (12, 2048, 14336)])
+def test_auto_takes_x_from_shared_memory_over_narrow_int8_weights(m, n, k):
+    """`xsmem_cta`'s int8 calls: 9..16 rows over fewer than 4096 rows with K of at least 4096, with and without a
+    bias, bf16 and fp16."""
+    assert w4.xsmem_cta(n, m, w4.padded_k("int8", k), fmt="int8") == w4.XSMEM_NARROW
+    int8_case(m, n, k, torch.bfloat16, True, seed=m, load="auto")
+    int8_case(m, n, k, torch.float16, False, seed=m + 1, load="auto")
 
 
 def test_x_from_shared_memory_in_a_cuda_graph(monkeypatch):

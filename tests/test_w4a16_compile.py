@@ -195,8 +195,8 @@ def test_warmup_compiles_what_auto_picks(monkeypatch):
     w4.warmup(torch.bfloat16, "int8", (1, 16), bias=False, device="cpu", load="auto", gemv=False)
     loads = {(k.m_max, k.cta, k.load) for k in asked if k.kernel == "main"}
     assert loads == {(8, w4.NARROW, "rolling"), (8, w4.NARROW, "registers"), (8, w4.WIDE, "rolling"),
-                     (16, w4.NARROW, "rolling+2ctas"), (16, w4.HALF_WIDE, "rolling+2ctas"), (16, w4.WIDE, "rolling")
-                     }, loads
+                     (16, w4.NARROW, "rolling+2ctas"), (16, w4.HALF_WIDE, "rolling+2ctas"), (16, w4.WIDE, "rolling"),
+                     (16, w4.XSMEM_NARROW, "xsmem:2")}, loads
     asked.clear()
     w4.warmup(torch.bfloat16, "nvfp4", (1,), device="cpu", load="auto", gemv=False)
     assert {(k.cta, k.load) for k in asked if k.kernel == "main"} == {(w4.NARROW, "registers"),
@@ -204,7 +204,7 @@ def test_warmup_compiles_what_auto_picks(monkeypatch):
     asked.clear()
     w4.warmup(torch.bfloat16, "nvfp4", (16,), device="cpu", load="auto", gemv=False)
     xsmem = {(k.cta, k.load, k.x_steps, k.split) for k in asked if k.kernel == "main" and k.x_steps}
-    assert xsmem == {(cta, "xsmem:2", steps, split) for cta in (w4.XSMEM_WIDE, w4.XSMEM_HALF_WIDE, w4.XSMEM_NARROW)
+    assert xsmem == {(cta, "xsmem:2", steps, split) for cta in (w4.XSMEM_WIDE, w4.XSMEM_NARROW)
                      for steps in (2, 4, 8, 16) for split in (False, True)}, xsmem
 
 
@@ -991,36 +991,44 @@ def test_xsmem_plan_raises_splits_until_x_fits_shared_memory():
         w4.xsmem_buckets("xsmem", 16, "nvfp4", w4.WIDE)
 
 
-def test_auto_takes_x_from_shared_memory_at_9_to_16_rows_over_large_nvfp4_weights():
-    """`xsmem_cta`: NVFP4 calls of 9..16 rows on the "auto" load path over weights with K of at least 4096 take CTAs of
-    one K warp and the xsmem path (2 x 8 x 1 from 8192 rows, 2 x 4 x 1 from 4096, 1 x 8 x 1 below where K >= 8192 or
-    from 2048 rows at K >= 2048), and 5..8 rows over 14336 rows or more (K >= 4096, plain layout), split as
-    `xsmem_plan` says; the rest keep their CTAs."""
+def test_auto_takes_x_from_shared_memory_over_large_weights():
+    """`xsmem_cta`: on the "auto" load path, NVFP4 calls of 9..16 rows take CTAs of one K warp and the xsmem path over
+    weights with K of at least 4096 (1 x 16 x 1 from 4096 rows, the packed layout 2 x 8 x 1 from 8192 and 2 x 4 x 1
+    below, 1 x 8 x 1 over fewer rows), from 2048 rows at K >= 2048 (1 x 8 x 1) and over long ones (14336 along N or K,
+    from 4096 rows) at any K; 5..8 rows over long ones (plain layout); int8 calls of 9..16 rows over fewer than 4096 rows
+    with K >= 4096; split as `xsmem_plan` says. The rest keep their CTAs."""
     def plan(n, k, m, fmt="nvfp4", pack=False):
         shape, load, splits, _ = w4.call_plan(m, n, w4.padded_k(fmt, k), fmt, 132, load="auto", pack=pack)
         return "x".join(map(str, shape)), load, splits
 
-    assert plan(8192, 8192, 16) == ("2x8x1", "xsmem", 4)
+    assert plan(8192, 8192, 16) == ("1x16x1", "xsmem", 4)
     assert plan(8192, 8192, 9, pack=True) == ("2x8x1", "xsmem", 4)
-    assert plan(14336, 4096, 12) == ("2x8x1", "xsmem", 2)
-    assert plan(4096, 14336, 16) == ("2x4x1", "xsmem", 4)
-    assert plan(128256, 4096, 16) == ("2x8x1", "xsmem", 1)
+    assert plan(4096, 8192, 9, pack=True) == ("2x4x1", "xsmem", 4)
+    assert plan(14336, 4096, 12) == ("1x16x1", "xsmem", 2)
+    assert plan(4096, 14336, 16) == plan(4096, 4096, 16) == ("1x16x1", "xsmem", 8)
+    assert plan(128256, 4096, 16) == plan(128256, 2048, 9) == ("1x16x1", "xsmem", 1)
+    assert plan(14336, 2048, 16) == ("1x16x1", "xsmem", 2)
     assert plan(8192, 8192, 16, pack="tiles") == ("2x2x4", "rolling", 1)
     assert plan(8192, 2048, 16) == ("2x2x4", "rolling", 1)
     assert plan(2048, 8192, 16) == ("1x8x1", "xsmem", 8)
     assert plan(2048, 14336, 9) == ("1x8x1", "xsmem", 8)
-    assert plan(1024, 4096, 16) == ("1x1x8", "rolling+2ctas", 1)
-    assert plan(512, 2048, 16) == ("1x1x8", "rolling+2ctas", 1)
+    assert plan(1024, 4096, 16)[:2] == plan(512, 4096, 9)[:2] == ("1x8x1", "xsmem")
+    assert plan(1024, 2048, 16) == plan(512, 2048, 16) == ("1x1x8", "rolling+2ctas", 1)
     assert plan(2048, 2048, 16)[:2] == plan(2048, 4096, 9)[:2] == ("1x8x1", "xsmem")
     assert plan(2048, 1024, 16) == ("1x2x4", "rolling+2ctas", 1)
     assert plan(2048, 8192, 8) == ("1x1x8", "registers", 1)
     assert plan(8192, 8192, 8) == ("2x2x4", "rolling", 1)
-    assert plan(14336, 4096, 5) == plan(14336, 4096, 8) == ("2x8x1", "xsmem", 2)
-    assert plan(128256, 4096, 8) == ("2x8x1", "xsmem", 1)
-    assert plan(14336, 4096, 4)[:2] == plan(14336, 4096, 8, pack=True)[:2] == plan(14336, 2048, 8)[:2] == (
+    assert plan(14336, 4096, 5) == plan(14336, 4096, 8) == ("1x16x1", "xsmem", 2)
+    assert plan(4096, 14336, 8) == ("1x16x1", "xsmem", 8)
+    assert plan(128256, 4096, 8) == plan(128256, 2048, 5) == ("1x16x1", "xsmem", 1)
+    assert plan(14336, 4096, 4)[:2] == plan(14336, 4096, 8, pack=True)[:2] == plan(8192, 4096, 8)[:2] == (
         "2x2x4", "rolling")
     assert w4.XSMEM_WIDE in w4.auto_ctas(5) and w4.XSMEM_WIDE not in w4.auto_ctas(4) + w4.auto_ctas(8, pack=True)
     assert plan(8192, 8192, 16, "int8") == ("1x1x8", "rolling+2ctas", 1)
+    assert plan(1024, 4096, 16, "int8")[:2] == plan(2048, 8192, 9, "int8")[:2] == ("1x8x1", "xsmem")
+    assert plan(2048, 2048, 16, "int8") == ("1x1x8", "rolling+2ctas", 1)
+    assert plan(1024, 4096, 8, "int8")[:2] == ("1x1x8", "rolling")
+    assert plan(1024, 4096, 16, "fp8")[:2] == ("1x1x8", "rolling+2ctas")
     # a forced load path keeps the former CTAs (`cta_shape` sees K only on "auto")
     assert w4.cta_shape(8192, 16, 132) == w4.WIDE
 
