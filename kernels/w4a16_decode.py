@@ -215,12 +215,10 @@ HALF_WIDE = CtaShape(1, 2, 4)
 PACKED_WIDE = CtaShape(4, 1, 8)  # 8 warps along K of 4 row tiles: the packed layout at 9..16 rows
 XSMEM_WIDE = CtaShape(1, 16, 1)  # the xsmem path (one K warp: x from shared memory), N >= XSMEM_MIN_N: 256-row CTAs of
 # 16 warps of one row tile (109 registers at 16 rows: 16 warps a SM, where 2 x 8 x 1 at 190 registers has 8)
-XSMEM_PACKED_WIDE = CtaShape(2, 8, 1)  # the packed layout's xsmem CTAs at 9..16 rows (1 x 16 x 1 not measured there)
-XSMEM_PACKED_HALF_WIDE = CtaShape(2, 4, 1)
 XSMEM_NARROW = CtaShape(1, 8, 1)  # N < XSMEM_MIN_N: 128-row CTAs, eight warps of one row tile
 XSMEM_MIN_N = XSMEM_MIN_K = 4096
 XSMEM_NARROW_MIN_N = XSMEM_NARROW_SHORT_K = 2048  # from this many rows, narrow weights take 1 x 8 x 1 from this K
-XSMEM_LONG = 14336  # weights this long along N or K (N >= XSMEM_MIN_N) take XSMEM_WIDE at 5..8 rows, and at any K
+XSMEM_LONG = 14336  # weights this long along N or K (N >= XSMEM_MIN_N) take XSMEM_WIDE at any K
 
 
 def xsmem_at_few_rows(m: int, pack=False) -> bool:
@@ -234,48 +232,54 @@ def auto_ctas(m: int, pack=False) -> tuple[CtaShape, ...]:
     (`xsmem_cta`)."""
     if m_bucket(m) <= 8:
         return (WIDE, NARROW, XSMEM_WIDE) if xsmem_at_few_rows(m, pack) else (WIDE, NARROW)
-    if pack == "tiles":
-        return WIDE, HALF_WIDE, NARROW
-    xsmem = (XSMEM_PACKED_WIDE, XSMEM_PACKED_HALF_WIDE) if pack else (XSMEM_WIDE,)
-    return (PACKED_WIDE if pack else WIDE), HALF_WIDE, NARROW, *xsmem, XSMEM_NARROW
+    return (PACKED_WIDE if pack is True else WIDE), HALF_WIDE, NARROW, *(
+        (XSMEM_WIDE, XSMEM_NARROW) if pack != "tiles" else ())
 
 
-def xsmem_cta(n: int, m: int, k: int, pack=False, fmt: str = "nvfp4") -> Optional[CtaShape]:
+def wide_ctas_fill_one_wave(n: int, num_sms: int) -> bool:
+    """Whether an n-row weight's WIDE CTAs (64 rows) make one wave of more than three quarters of the SMs, unsplit:
+    where 5..8 rows keep them (`xsmem_cta`)."""
+    return 3 * num_sms < 4 * -(-n // WIDE.rows) <= 4 * num_sms
+
+
+def xsmem_cta(n: int, m: int, k: int, num_sms: int, pack=False, fmt: str = "nvfp4") -> Optional[CtaShape]:
     """The CTA of one K warp that calls take on the "auto" load path (x from shared memory, `xsmem_plan`), else None.
 
-    NVFP4, 9..16 rows: 1 x 16 x 1 over weights of at least XSMEM_MIN_N rows with K >= XSMEM_MIN_K or either side at
-    least XSMEM_LONG (the packed layout: 2 x 8 x 1 from 2 XSMEM_MIN_N rows, 2 x 4 x 1 below, K >= XSMEM_MIN_K); 1 x 8 x 1
-    over fewer rows with K >= XSMEM_MIN_K, or from XSMEM_NARROW_MIN_N rows with K >= XSMEM_NARROW_SHORT_K. 5..8 rows
-    (plain layout): 1 x 16 x 1 over weights of at least XSMEM_MIN_N rows with either side at least XSMEM_LONG. int8,
-    9..16 rows: 1 x 8 x 1 over fewer than XSMEM_MIN_N rows with K >= XSMEM_MIN_K. 1..4 rows are the GEMV's.
+    NVFP4, 9..16 rows: 1 x 16 x 1 over weights of at least XSMEM_MIN_N rows with K >= XSMEM_MIN_K, or either side at
+    least XSMEM_LONG; 1 x 8 x 1 over fewer rows with K >= XSMEM_MIN_K, or from XSMEM_NARROW_MIN_N rows with K >=
+    XSMEM_NARROW_SHORT_K. 5..8 rows (plain layout): 1 x 16 x 1 over the same wide weights, but for those whose 64-row
+    CTAs fill one wave of the SMs (`wide_ctas_fill_one_wave`: 8192 rows on 132 SMs). int8, 9..16 rows: 1 x 8 x 1 over
+    fewer than XSMEM_MIN_N rows with K >= XSMEM_MIN_K. 1..4 rows are the GEMV's.
 
-    Measured (CUDA-graph medians, us, plain layout; docs/benchmarks.md). H100, session 46 run 5, 16 rows, xsmem 2 x 8 x 1
-    / 2 x 4 x 1 against the rolling path on 2 x 2 x 4: 8192 x 8192 24.7 / 31.7, 14336 x 4096 24.7 / 32.6, 4096 x 14336
-    25.6 / 31.3. H100, session 49 run 2, xsmem on 1 x 16 x 1 / 2 x 8 x 1 / 2 x 4 x 1 at 16 rows: 8192 x 8192 24.0 / 24.9
-    / 28.8, 4096 x 14336 22.0 / 22.2 / 26.3, 14336 x 4096 24.1 / 24.7 / 24.9, 4096 x 4096 10.1 / 9.9 / 10.8, 128256 x
-    4096 134.6 / 138.9, 128256 x 2048 76.4 / 77.8 (int8 3-6% faster on 1 x 16 x 1 throughout); at 5 / 8 rows 1 x 16 x 1
-    against the former rule (2 x 2 x 4 rolling): 128256 x 2048 63.9 / 64.7 against 94.5 / 108.0, 4096 x 14336 19.4 /
-    19.6 against 21.4 / 22.6, 14336 x 4096 20.1 / 20.3 against 21.1 / 21.2 (2 x 8 x 1), 128256 x 4096 118.2 / 119.0
-    against 121-123. K below XSMEM_MIN_K over 8192 rows keeps the former rule (8192 x 2048: 11.6 / 10.6, H100 session 46
-    run 1). Narrow weights at 9..16 rows, 1 x 8 x 1 against the former rule (H100, session 49 runs 1-2, 16 / 9 rows):
+    Measured (CUDA-graph medians, us, plain layout unless said; docs/benchmarks.md). H100, session 46 run 5, 16 rows,
+    xsmem 2 x 8 x 1 / 2 x 4 x 1 against the rolling path on 2 x 2 x 4: 8192 x 8192 24.7 / 31.7, 14336 x 4096 24.7 /
+    32.6, 4096 x 14336 25.6 / 31.3. H100, session 49 runs 3-4, xsmem on 1 x 16 x 1 / 2 x 8 x 1 / 2 x 4 x 1 at 16 rows:
+    8192 x 8192 24.0 / 24.9 / 28.8 (packed 23.4 / 27.4 / 31.9), 4096 x 14336 22.0 / 22.2 / 26.3 (packed 21.0 / 24.4 /
+    27.3), 14336 x 4096 24.1 / 24.7 / 24.9, 4096 x 4096 10.1 / 9.9 / 10.8, 128256 x 4096 134.6 / 138.9, 128256 x 2048
+    76.4 / 77.8 (int8 3-6% faster on 1 x 16 x 1 throughout); long weights at K = 2048 against the former rule (2 x 2 x
+    4 rolling), 16 / 9 rows: 128256 x 2048 77.0 / 74.7 against 155.5 / 125.7, 14336 x 2048 15.6 / 14.2 against 19.6 /
+    17.0; 8192 x 2048 keeps the former (xsmem 11.6 against 10.6, session 46). 5 / 8 rows, 1 x 16 x 1 against the
+    former rule: 128256 x 2048 63.9 / 64.7 against 94.5 / 108.0, 4096 x 14336 19.4 / 19.6 against 21.4 / 22.6, 14336 x
+    4096 20.1 / 20.3 against 21.1 / 21.2 (2 x 8 x 1), 4096 x 4096 8.5 / 9.5 against 10.1 / 10.4, 14336 x 2048 12.8 /
+    12.9 against 13.9 / 15.2; 8192 x 8192 22.1 / 23.0 against 21.2 / 22.4 and 8192 x 2048 8.7 / 8.9 against 7.6 / 8.4
+    (one wave of 128 CTAs: kept). Narrow weights at 9..16 rows, 1 x 8 x 1 against the former rule (16 / 9 rows):
     NVFP4 2048 x 2048 5.5 / 5.3 against 7.4 / 5.8 (session 48; bf16 6.6), 1024 x 4096 5.4 / 5.4 against 8.0 / 6.5 (bf16
     7.7-9.8), 512 x 4096 5.1 / 4.9 against 7.7 / 6.3 (bf16 7.6: the former rule was slower); 512 x 2048 and 1024 x 2048
     keep the former (4.7 / 3.9 against 5.1 / 4.9). int8 1024 x 4096 5.1 / 5.0 against 6.4 / 5.7, 512 x 4096 4.4 / 4.3
-    against 5.7 / 5.2, 1024 x 14336 9.8 / 9.5 against 11.8 / 11.3; at K = 2048 even or worse (2048 x 2048 at 9 rows 4.9
-    against 4.7)."""
+    against 5.7 / 5.2, 1024 x 14336 9.8 / 9.5 against 11.8 / 11.3, 2048 x 14336 17.4 / 16.6 against 18.7 / 17.8; at K =
+    2048 even or worse (2048 x 2048 at 9 rows 4.9 against 4.7)."""
     if pack == "tiles" or fmt not in ("nvfp4", "int8"):
         return None
     if fmt == "int8":
         return XSMEM_NARROW if m_bucket(m) > 8 and n < XSMEM_MIN_N and k >= XSMEM_MIN_K else None
-    long_weight = n >= XSMEM_MIN_N and max(n, k) >= XSMEM_LONG
+    wide = n >= XSMEM_MIN_N and (k >= XSMEM_MIN_K or max(n, k) >= XSMEM_LONG)
     if m_bucket(m) <= 8:
-        return XSMEM_WIDE if xsmem_at_few_rows(m, pack) and long_weight else None
+        few_rows = xsmem_at_few_rows(m, pack) and wide and not wide_ctas_fill_one_wave(n, num_sms)
+        return XSMEM_WIDE if few_rows else None
     if n < XSMEM_MIN_N:
         narrow = k >= XSMEM_MIN_K or n >= XSMEM_NARROW_MIN_N and k >= XSMEM_NARROW_SHORT_K
         return XSMEM_NARROW if narrow else None
-    if pack:
-        return (XSMEM_PACKED_WIDE if n >= 2 * XSMEM_MIN_N else XSMEM_PACKED_HALF_WIDE) if k >= XSMEM_MIN_K else None
-    return XSMEM_WIDE if k >= XSMEM_MIN_K or long_weight else None
+    return XSMEM_WIDE if wide else None
 
 
 def cta_shape(n: int, m: int, num_sms: int, forced: Optional[tuple[int, int, int]] = None, fmt: str = "nvfp4",
@@ -294,7 +298,7 @@ def cta_shape(n: int, m: int, num_sms: int, forced: Optional[tuple[int, int, int
     padded K, given on the "auto" load path): `xsmem_cta` first."""
     if forced is not None:
         return CtaShape(*forced)
-    xsmem = None if k is None else xsmem_cta(n, m, k, pack, fmt)
+    xsmem = None if k is None else xsmem_cta(n, m, k, num_sms, pack, fmt)
     if xsmem is not None:
         return xsmem
     if fmt != "nvfp4":

@@ -71,6 +71,11 @@ x48b) # x48's second half (one call holds the first): wide N at 5 / 8 rows, the 
     run timeout 80 python3 tests/bench_w4a16.py --m 16,9 --shapes 1024x4096,2048x4096,2048x2048,512x2048 \
       --cta auto,1x8x1 --load auto,xsmem+parts4
     run timeout 60 python3 tests/bench_w4a16.py --m 1,16 --shapes 8192x8192,14336x4096 ;;
+w49) # v49's follow-up rule (packed weights on 1 x 16 x 1 too; 5..8 rows keep 2 x 2 x 4 where its 64-row CTAs fill one
+    # wave): the rule's GPU tests, then issue 15's one-row / 16-row ratio on the new default
+    nvidia-smi -L >>$L
+    run timeout 150 $P -n 8 tests/test_gpu_w4a16.py -k "auto_takes or x_from_shared_memory_in_a_cuda_graph"
+    run timeout 60 python3 tests/bench_w4a16.py --m 1,16 --shapes 8192x8192,14336x4096,4096x14336 ;;
 v49) # session 49's CTA rules (x48's runs): xsmem on 1 x 16 x 1 for wide weights at 5..16 rows (long ones at any K), on
     # 1 x 8 x 1 for narrow ones with K >= 4096, int8 too. The new tests, then "auto" against the former CTAs where the
     # rule moved them without a measured row: 8192 x 8192 (not moved at 5..8 rows), 14336 x 2048, the packed layout

@@ -224,7 +224,7 @@ def test_x_from_shared_memory_k_ranges_and_splits(k, splits):
 def test_auto_takes_x_from_shared_memory_over_large_weights(m, n, k, pack):
     """`xsmem_cta`'s NVFP4 calls (9..16 rows over weights with K of at least 4096, narrow ones from 2048 rows at K >=
     2048, long ones at any K; 5..8 rows over long weights) on the default load path."""
-    assert w4.xsmem_cta(n, m, w4.padded_k("nvfp4", k), pack) is not None
+    assert w4.xsmem_cta(n, m, w4.padded_k("nvfp4", k), w4._num_sms(0), pack) is not None
     nvfp4_case(m, n, k, torch.bfloat16, seed=m, load="auto", pack=pack)
     nvfp4_case(m, n, k, torch.float16, seed=m + 1, load="auto", pack=pack)
 
@@ -233,7 +233,7 @@ def test_auto_takes_x_from_shared_memory_over_large_weights(m, n, k, pack):
 def test_auto_takes_x_from_shared_memory_over_narrow_int8_weights(m, n, k):
     """`xsmem_cta`'s int8 calls: 9..16 rows over fewer than 4096 rows with K of at least 4096, with and without a
     bias, bf16 and fp16."""
-    assert w4.xsmem_cta(n, m, w4.padded_k("int8", k), fmt="int8") == w4.XSMEM_NARROW
+    assert w4.xsmem_cta(n, m, w4.padded_k("int8", k), w4._num_sms(0), fmt="int8") == w4.XSMEM_NARROW
     int8_case(m, n, k, torch.bfloat16, True, seed=m, load="auto")
     int8_case(m, n, k, torch.float16, False, seed=m + 1, load="auto")
 

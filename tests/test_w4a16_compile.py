@@ -993,17 +993,17 @@ def test_xsmem_plan_raises_splits_until_x_fits_shared_memory():
 
 def test_auto_takes_x_from_shared_memory_over_large_weights():
     """`xsmem_cta`: on the "auto" load path, NVFP4 calls of 9..16 rows take CTAs of one K warp and the xsmem path over
-    weights with K of at least 4096 (1 x 16 x 1 from 4096 rows, the packed layout 2 x 8 x 1 from 8192 and 2 x 4 x 1
-    below, 1 x 8 x 1 over fewer rows), from 2048 rows at K >= 2048 (1 x 8 x 1) and over long ones (14336 along N or K,
-    from 4096 rows) at any K; 5..8 rows over long ones (plain layout); int8 calls of 9..16 rows over fewer than 4096 rows
-    with K >= 4096; split as `xsmem_plan` says. The rest keep their CTAs."""
+    weights with K of at least 4096 (1 x 16 x 1 from 4096 rows, 1 x 8 x 1 over fewer), from 2048 rows at K >= 2048
+    (1 x 8 x 1) and over long ones (14336 along N or K, from 4096 rows) at any K; 5..8 rows over the same wide weights
+    (plain layout) but those whose 64-row CTAs fill one wave of the SMs; int8 calls of 9..16 rows over fewer than 4096
+    rows with K >= 4096; split as `xsmem_plan` says. The rest keep their CTAs."""
     def plan(n, k, m, fmt="nvfp4", pack=False):
         shape, load, splits, _ = w4.call_plan(m, n, w4.padded_k(fmt, k), fmt, 132, load="auto", pack=pack)
         return "x".join(map(str, shape)), load, splits
 
     assert plan(8192, 8192, 16) == ("1x16x1", "xsmem", 4)
-    assert plan(8192, 8192, 9, pack=True) == ("2x8x1", "xsmem", 4)
-    assert plan(4096, 8192, 9, pack=True) == ("2x4x1", "xsmem", 4)
+    assert plan(8192, 8192, 9, pack=True) == ("1x16x1", "xsmem", 4)
+    assert plan(4096, 8192, 9, pack=True) == ("1x16x1", "xsmem", 8)
     assert plan(14336, 4096, 12) == ("1x16x1", "xsmem", 2)
     assert plan(4096, 14336, 16) == plan(4096, 4096, 16) == ("1x16x1", "xsmem", 8)
     assert plan(128256, 4096, 16) == plan(128256, 2048, 9) == ("1x16x1", "xsmem", 1)
@@ -1019,7 +1019,11 @@ def test_auto_takes_x_from_shared_memory_over_large_weights():
     assert plan(2048, 8192, 8) == ("1x1x8", "registers", 1)
     assert plan(8192, 8192, 8) == ("2x2x4", "rolling", 1)
     assert plan(14336, 4096, 5) == plan(14336, 4096, 8) == ("1x16x1", "xsmem", 2)
-    assert plan(4096, 14336, 8) == ("1x16x1", "xsmem", 8)
+    assert plan(4096, 14336, 8) == plan(4096, 4096, 5) == ("1x16x1", "xsmem", 8)
+    assert plan(14336, 2048, 8)[:2] == ("1x16x1", "xsmem")
+    assert plan(8192, 2048, 5)[:2] == ("2x2x4", "rolling")
+    assert [w4.wide_ctas_fill_one_wave(n, 132) for n in (6336, 6400, 8192, 8448, 8512)] == [
+        False, True, True, True, False]
     assert plan(128256, 4096, 8) == plan(128256, 2048, 5) == ("1x16x1", "xsmem", 1)
     assert plan(14336, 4096, 4)[:2] == plan(14336, 4096, 8, pack=True)[:2] == plan(8192, 4096, 8)[:2] == (
         "2x2x4", "rolling")
