@@ -1,7 +1,6 @@
-# Unrun GPU work. Session 48 ran q47, v47 and n47 on an H100 (docs/benchmarks.md, session 48). Next: `x48` (x's copy in
-# parts, "xsmem+parts<n>", against one part; the new xsmem_cta rows and their tests), then `p47` (the L2 bursts in
-# full: q47 found them within 4%, low priority), `m47`, then `e46`'s last line (fp8 plain buffers end to end), `w43`,
-# `p43`, `n36`. Parts of earlier sessions below keep their notes.
+# Unrun GPU work. Session 49 ran x48, x48b, v49 and w49 on H100s (docs/benchmarks.md, session 49). Next: `h49`
+# (session 49's CTA rules on an H200), then `p47` (the L2 bursts in full: q47 found them within 4%, low priority), `m47`,
+# `e46`'s last line (fp8 plain buffers end to end), `w43`, `p43`, `n36`. Parts of earlier sessions below keep their notes.
 # Output goes to $OUT/log.txt. Have the next call ready: the machine goes back 30 s after a call, and a fresh one needs
 # .gpu/a and .gpu/b again. Run one part a call:  bash scratch/next_gpu.sh x48
 # Never `pkill -f pytest` here: it matches this script's own command line. A pytest cut by `timeout` can leave xdist
@@ -71,6 +70,16 @@ x48b) # x48's second half (one call holds the first): wide N at 5 / 8 rows, the 
     run timeout 80 python3 tests/bench_w4a16.py --m 16,9 --shapes 1024x4096,2048x4096,2048x2048,512x2048 \
       --cta auto,1x8x1 --load auto,xsmem+parts4
     run timeout 60 python3 tests/bench_w4a16.py --m 1,16 --shapes 8192x8192,14336x4096 ;;
+h49) # session 49's CTA rules on the H200 (measured on H100s only): "auto" (1 x 16 x 1 wide, 1 x 8 x 1 narrow from K = 4096,
+    # 5..8 rows on 1 x 16 x 1 but for 8192-row weights) against the CTAs it replaced; issue 15's ratio; narrow weights at
+    # 5..8 rows on xsmem (H100: 2048 x 8192 at 8 rows 8.6 us on 1 x 16 x 1 against 9.9 on the rule's 1 x 1 x 8)
+    nvidia-smi -L >>$L
+    run timeout 150 $P -n 8 tests/test_gpu_w4a16.py -k "auto_takes or x_from_shared_memory_in_a_cuda_graph"
+    run timeout 120 python3 tests/bench_w4a16.py --m 16,8,5 --shapes 8192x8192,4096x14336,14336x4096,4096x4096,128256x2048 \
+      --cta auto,2x8x1,2x4x1,2x2x4 --load auto
+    run timeout 80 python3 tests/bench_w4a16.py --m 16,9 --shapes 1024x4096,512x4096,2048x4096 --cta auto,1x1x8 --load auto
+    run timeout 80 python3 tests/bench_w4a16.py --m 8,5 --shapes 2048x8192,2048x2048,1024x4096 --cta auto,1x8x1,1x16x1 --load auto
+    run timeout 60 python3 tests/bench_w4a16.py --m 1,16 --shapes 8192x8192,14336x4096,4096x14336 ;;
 w49) # v49's follow-up rule (packed weights on 1 x 16 x 1 too; 5..8 rows keep 2 x 2 x 4 where its 64-row CTAs fill one
     # wave): the rule's GPU tests, then issue 15's one-row / 16-row ratio on the new default
     nvidia-smi -L >>$L
