@@ -33,10 +33,10 @@ Limits (`unsupported_reason`): CUDA sm90, x float16 / bfloat16 with 1..16 rows, 
 
 CTA shape (`cta_shape`): warps_n warps along N times warps_k along K, row_tiles tiles of 16 rows a warp. On the
 "auto" load path NVFP4 calls of 9..16 rows over weights of at least 4096 x 4096 (or fewer rows with K >= 4096, or from
-2048 rows with K >= 2048, or long ones: 14336 along N or K), and of 5..8 rows over long weights, take CTAs of one K warp
-and the xsmem path instead, as do int8 calls of 9..16 rows over fewer than 4096 rows with K >= 4096 (`xsmem_cta`:
-1.22-1.42x the former rule at 16 rows, H100 and H200, sessions 46-49; 1.74x on 2048 x 8192; 1.27-1.67x on the Llama
-lm_heads at 5..8 rows).
+2048 rows with K >= 2048, or long ones: 14336 along N or K), and of 5..8 rows over the same wide weights but those of
+8192 rows, take CTAs of one K warp and the xsmem path instead, as do int8 calls of 9..16 rows over fewer than 4096 rows
+with K >= 4096 (`xsmem_cta`: 1.22-1.42x the former rule at 16 rows, H100 and H200, sessions 46-49; 1.74x on 2048 x
+8192; 1.27-1.67x on the Llama lm_heads at 5..8 rows).
 Wide (2 x 4 warps, 2 tiles a warp, 1 for M > 8, whose x takes twice the registers: 64 / 32 rows a CTA) for
 NVFP4 weights whose wide CTAs cover a quarter of the SMs; narrow (1 x 8 warps, 1 tile: 16 rows a CTA) for int8
 and for NVFP4 weights with fewer rows, which the wide shape leaves on a quarter of the SMs or less with each SM
@@ -286,10 +286,10 @@ def cta_shape(n: int, m: int, num_sms: int, forced: Optional[tuple[int, int, int
               pack=False, k: Optional[int] = None) -> CtaShape:
     """The CTA shape for an n-row weight: `forced` (FA4_INDUCTOR_W4A16_CTA, tests, tuning) if given; else for NVFP4
     the widest of `auto_ctas` whose CTAs cover a quarter of the SMs (Llama-1B's 2048- and 512-row projections: 128 /
-    32 CTAs of 16 rows instead of 32 / 8 of 64); int8 always narrow. H200, docs/benchmarks.md session 10 run 2:
-    narrow is 1.3-1.8x faster on 2048 x 2048, 512 x 2048 and 2048 x 8192, wide 1.3x faster for NVFP4 on 8192 x 2048
-    and 8192 x 8192 (the narrow NVFP4 CTA decodes x's columns for half the rows) and on 4096 x 14336 at M = 8; int8
-    narrow is as fast or faster on every row. At 9..16 rows (H100, session 37, the rolling load path) 2 x 2 x 4 CTAs
+    32 CTAs of 16 rows instead of 32 / 8 of 64); int8 narrow (where `xsmem_cta` gives none). H200, docs/benchmarks.md
+    session 10 run 2: narrow is 1.3-1.8x faster on 2048 x 2048, 512 x 2048 and 2048 x 8192, wide 1.3x faster for NVFP4
+    on 8192 x 2048 and 8192 x 8192 (the narrow NVFP4 CTA decodes x's columns for half the rows) and on 4096 x 14336 at
+    M = 8; int8 narrow is as fast or faster on every row. At 9..16 rows (H100, session 37, the rolling load path) 2 x 2 x 4 CTAs
     take 8192 x 8192 in 32.3 us against 46.3 on 1 x 2 x 4 ones (8192 x 2048 10.6 / 14.1, 14336 x 4096 32.9 / 46.7,
     4096 x 14336 33.9 / 40.4): x's loads serve twice the weight rows. 1 x 2 x 4 is kept where 2 x 2 x 4 CTAs would be
     too few (2048 x 8192, as measured before). The packed layout (`pack` True) takes 4 x 1 x 8 there instead (session

@@ -223,7 +223,7 @@ def test_x_from_shared_memory_k_ranges_and_splits(k, splits):
                                            (13, 600, 4160, False), (7, 4100, 14400, False), (16, 14400, 2080, False)])
 def test_auto_takes_x_from_shared_memory_over_large_weights(m, n, k, pack):
     """`xsmem_cta`'s NVFP4 calls (9..16 rows over weights with K of at least 4096, narrow ones from 2048 rows at K >=
-    2048, long ones at any K; 5..8 rows over long weights) on the default load path."""
+    2048, long ones at any K; 5..8 rows over wide weights other than 8192-row ones) on the default load path."""
     assert w4.xsmem_cta(n, m, w4.padded_k("nvfp4", k), w4._num_sms(0), pack) is not None
     nvfp4_case(m, n, k, torch.bfloat16, seed=m, load="auto", pack=pack)
     nvfp4_case(m, n, k, torch.float16, seed=m + 1, load="auto", pack=pack)
