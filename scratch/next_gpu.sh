@@ -83,7 +83,11 @@ h49) # session 49's CTA rules on the H200 (measured on H100s only): "auto" (1 x 
     # 2..4 rows: the GEMVs (the rule) against the tensor-core kernel on 1 x 16 x 1 xsmem (H100 run 1: 8192 x 8192 at 4
     # rows 21.3 us there)
     run timeout 80 python3 tests/bench_w4a16.py --m 4,2 --shapes 8192x8192,4096x14336,128256x2048 --cta auto,1x16x1 \
-      --gemv on,off ;;
+      --gemv on,off
+    # 12 warps a SM two steps ahead (1 x 12 x 1, "xsmem:3": 155 registers, no spills; 1 x 16 x 1 at three sets spills)
+    # against 16 warps one step ahead
+    run timeout 80 python3 tests/bench_w4a16.py --m 16,9 --shapes 8192x8192,14336x4096,4096x14336 --cta 1x16x1,1x12x1 \
+      --load xsmem,xsmem:3 ;;
 w49) # v49's follow-up rule (packed weights on 1 x 16 x 1 too; 5..8 rows keep 2 x 2 x 4 where its 64-row CTAs fill one
     # wave): the rule's GPU tests, then issue 15's one-row / 16-row ratio on the new default
     nvidia-smi -L >>$L
