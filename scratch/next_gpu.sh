@@ -1,5 +1,5 @@
 # Unrun GPU work. Session 49 ran x48, x48b, v49 and w49 on H100s (docs/benchmarks.md, session 49). Next: `h49`
-# (session 49's CTA rules on an H200), then `p47` (the L2 bursts in full: q47 found them within 4%, low priority), `m47`,
+# (session 49's CTA rules on an H200; two calls' worth: split it if the install shares the first), then `p47` (the L2 bursts in full: q47 found them within 4%, low priority), `m47`,
 # `e46`'s last line (fp8 plain buffers end to end), `w43`, `p43`, `n36`. Parts of earlier sessions below keep their notes.
 # Output goes to $OUT/log.txt. Have the next call ready: the machine goes back 30 s after a call, and a fresh one needs
 # .gpu/a and .gpu/b again. Run one part a call:  bash scratch/next_gpu.sh x48
@@ -87,7 +87,11 @@ h49) # session 49's CTA rules on the H200 (measured on H100s only): "auto" (1 x 
     # 12 warps a SM two steps ahead (1 x 12 x 1, "xsmem:3": 155 registers, no spills; 1 x 16 x 1 at three sets spills)
     # against 16 warps one step ahead
     run timeout 80 python3 tests/bench_w4a16.py --m 16,9 --shapes 8192x8192,14336x4096,4096x14336 --cta 1x16x1,1x12x1 \
-      --load xsmem,xsmem:3 ;;
+      --load xsmem,xsmem:3
+    # 8192-row weights at 5..8 rows (the one-wave exception: 2 x 2 x 4 rolling 21.2 / 22.4 us against 1 x 16 x 1's 22.1 /
+    # 23.0 on an H100) against xsmem CTAs with other split counts
+    run timeout 80 python3 tests/bench_w4a16.py --m 8,5 --shapes 8192x8192,8192x2048 --cta 1x8x1,1x16x1 --splits 1,2,4 \
+      --load xsmem ;;
 w49) # v49's follow-up rule (packed weights on 1 x 16 x 1 too; 5..8 rows keep 2 x 2 x 4 where its 64-row CTAs fill one
     # wave): the rule's GPU tests, then issue 15's one-row / 16-row ratio on the new default
     nvidia-smi -L >>$L
