@@ -1,5 +1,6 @@
 # Unrun GPU work. Session 49 ran x48, x48b, v49 and w49 on H100s (docs/benchmarks.md, session 49). Next: `h49`
-# (session 49's CTA rules on an H200; two calls' worth: split it if the install shares the first), then `p47` (the L2 bursts in full: q47 found them within 4%, low priority), `m47`,
+# (session 49's CTA rules on an H200; two calls' worth: split it if the install shares the first), `k49` (issue 16's
+# b8 x 32k at a 72 KB ring), then `p47` (the L2 bursts in full: q47 found them within 4%, low priority), `m47`,
 # `e46`'s last line (fp8 plain buffers end to end), `w43`, `p43`, `n36`. Parts of earlier sessions below keep their notes.
 # Output goes to $OUT/log.txt. Have the next call ready: the machine goes back 30 s after a call, and a fresh one needs
 # .gpu/a and .gpu/b again. Run one part a call:  bash scratch/next_gpu.sh x48
@@ -70,6 +71,18 @@ x48b) # x48's second half (one call holds the first): wide N at 5 / 8 rows, the 
     run timeout 80 python3 tests/bench_w4a16.py --m 16,9 --shapes 1024x4096,2048x4096,2048x2048,512x2048 \
       --cta auto,1x8x1 --load auto,xsmem+parts4
     run timeout 60 python3 tests/bench_w4a16.py --m 1,16 --shapes 8192x8192,14336x4096 ;;
+k49) # issue 16's b8 x 32k (1.81x our bf16 kernel on the H200, target 1.85x: <= 132.2 us): session 43's s43 sweep had
+    # its two-CTAs-a-SM split (4, the rule since session 47) at 132.7 us with a 72 KB ring budget against 135.0 at the
+    # default 100 KB (b64 x 32k 994.5 against 1015.8; b1 x 32k, one CTA a SM, 24.3 against 23.5). Alternating rounds,
+    # to tell a 2% step from noise; if 72 KB wins at two CTAs a SM, make `stages_for` take the split regime
+    nvidia-smi -L >>$L
+    for r in 1 2 3; do for kb in 100 72; do
+      run env FA4_INDUCTOR_DECODE_SMEM_KB=$kb timeout 60 python3 tests/bench_decode_int8kv.py --b 8 --sk 32768 --d 128
+    done; done
+    for kb in 100 72; do
+      run env FA4_INDUCTOR_DECODE_SMEM_KB=$kb timeout 60 python3 tests/bench_decode_int8kv.py --b 64 --sk 32768 --d 128
+      run env FA4_INDUCTOR_DECODE_SMEM_KB=$kb timeout 60 python3 tests/bench_decode_int8kv.py --b 1 --sk 131072 --d 128
+    done ;;
 h49) # session 49's CTA rules on the H200 (measured on H100s only): "auto" (1 x 16 x 1 wide, 1 x 8 x 1 narrow from K = 4096,
     # 5..8 rows on 1 x 16 x 1 but for 8192-row weights) against the CTAs it replaced; issue 15's ratio; narrow weights at
     # 5..8 rows on xsmem (H100: 2048 x 8192 at 8 rows 8.6 us on 1 x 16 x 1 against 9.9 on the rule's 1 x 1 x 8)
