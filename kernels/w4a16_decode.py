@@ -63,10 +63,11 @@ on most rows (docs/benchmarks.md, session 10 run 3). "xsmem" (or "xsmem:<sets>",
 default XSMEM_SETS; "xsmem+2ctas" caps the registers for two CTAs a SM; "xsmem+prefetch[<steps>]" also requests
 each weight row's next XSMEM_BURST (or <steps>) steps past the register sets into L2 at once, every that many steps,
 so that they reach DRAM as one run a row; "+parts<n>" lands x's copy in n parts of whole K-loop iterations, each on
-its own mbarrier, so the first MMAs wait for the first part only, default XSMEM_PARTS): x's CTA range copied to shared
-memory once and read from there by the MMAs, on CTAs of one warp along K (`xsmem_cta` on "auto", else a forced CTA shape
-RTxWNx1: FA4_INDUCTOR_W4A16_CTA or `cta`); the split count is raised until a CTA's range of x fits XSMEM_BUDGET
-(`xsmem_plan`), and variants are compiled per power of two of x's steps.
+its own mbarrier, so the first MMAs wait for the first part only, default XSMEM_PARTS; "+xperm" (plain NVFP4, x in
+one part) rewrites x's copy once into the MMA's operand pairs, sparing every warp two prmt a MMA): x's CTA range copied
+to shared memory once and read from there by the MMAs, on CTAs of one warp along K (`xsmem_cta` on "auto", else a forced
+CTA shape RTxWNx1: FA4_INDUCTOR_W4A16_CTA or `cta`); the split count is raised until a CTA's range of x fits
+XSMEM_BUDGET (`xsmem_plan`), and variants are compiled per power of two of x's steps.
 
 Packed NVFP4 (`pack`, off by default; FA4_INDUCTOR_W4A16_PACK=1 or the matmul's `pack=True`): the weight and its
 block scales are rewritten once per weight and x dtype (`pack_nvfp4`, `prepared_weights` kind ("w4a16_nvfp4_packed",
@@ -289,13 +290,13 @@ def cta_shape(n: int, m: int, num_sms: int, forced: Optional[tuple[int, int, int
     32 CTAs of 16 rows instead of 32 / 8 of 64); int8 narrow (where `xsmem_cta` gives none). H200, docs/benchmarks.md
     session 10 run 2: narrow is 1.3-1.8x faster on 2048 x 2048, 512 x 2048 and 2048 x 8192, wide 1.3x faster for NVFP4
     on 8192 x 2048 and 8192 x 8192 (the narrow NVFP4 CTA decodes x's columns for half the rows) and on 4096 x 14336 at
-    M = 8; int8 narrow is as fast or faster on every row. At 9..16 rows (H100, session 37, the rolling load path) 2 x 2 x 4 CTAs
-    take 8192 x 8192 in 32.3 us against 46.3 on 1 x 2 x 4 ones (8192 x 2048 10.6 / 14.1, 14336 x 4096 32.9 / 46.7,
-    4096 x 14336 33.9 / 40.4): x's loads serve twice the weight rows. 1 x 2 x 4 is kept where 2 x 2 x 4 CTAs would be
-    too few (2048 x 8192, as measured before). The packed layout (`pack` True) takes 4 x 1 x 8 there instead (session
-    37 run 5, rolling, packed on 4 x 1 x 8 / on 2 x 2 x 4: 8192 x 8192 28.5 / 34.3, 8192 x 2048 10.6 / 11.3, 14336 x
-    4096 29.8 / 34.4, 4096 x 14336 31.1 / 34.7; 212 registers without spills, 11.3 instructions a MMA). `k` (the
-    padded K, given on the "auto" load path): `xsmem_cta` first."""
+    M = 8; int8 narrow is as fast or faster on every row. At 9..16 rows (H100, session 37, the rolling load path) 2 x 2
+    x 4 CTAs take 8192 x 8192 in 32.3 us against 46.3 on 1 x 2 x 4 ones (8192 x 2048 10.6 / 14.1, 14336 x 4096 32.9 /
+    46.7, 4096 x 14336 33.9 / 40.4): x's loads serve twice the weight rows. 1 x 2 x 4 is kept where 2 x 2 x 4 CTAs
+    would be too few (2048 x 8192, as measured before). The packed layout (`pack` True) takes 4 x 1 x 8 there instead
+    (session 37 run 5, rolling, packed on 4 x 1 x 8 / on 2 x 2 x 4: 8192 x 8192 28.5 / 34.3, 8192 x 2048 10.6 / 11.3,
+    14336 x 4096 29.8 / 34.4, 4096 x 14336 31.1 / 34.7; 212 registers without spills, 11.3 instructions a MMA). `k`
+    (the padded K, given on the "auto" load path): `xsmem_cta` first."""
     if forced is not None:
         return CtaShape(*forced)
     xsmem = None if k is None else xsmem_cta(n, m, k, num_sms, pack, fmt)
@@ -338,18 +339,20 @@ def parse_load(spec: str) -> tuple[str, Optional[int]]:
                      f"rolling+{ROLLING_CTAS}ctas, bulk, bulk with options "
                      f"{', '.join('+' + o for o in BULK_OPTIONS)} (in this order) and a ring depth (bulk+prefetch:4), "
                      f"or {XSMEM} (options +{ROLLING_CTAS}ctas, +prefetch[<steps>], a multiple of the register sets, "
-                     f"+parts<n>, in this order) with its weights' register sets (>= 2: {XSMEM}:3); got {spec!r}")
+                     f"+parts<n> or +xperm, in this order) with its weights' register sets (>= 2: {XSMEM}:3); got "
+                     f"{spec!r}")
 
 
 class XsmemOptions(NamedTuple):
     capped: bool  # registers capped for ROLLING_CTAS CTAs a SM
     burst: int  # steps of each weight row requested into L2 at once, or 0
     parts: int  # parts x's shared copy lands in, each waited for on its own
+    permute: bool = False  # x's shared copy rewritten once into the MMA's operand pairs (plain NVFP4)
 
 
 def xsmem_options(options: list[str]) -> Optional[XsmemOptions]:
     """The xsmem path's options, or None when they are not its: "+2ctas", then "+prefetch" (XSMEM_BURST steps) or
-    "+prefetch<steps>", then "+parts<n>" (n >= 1; XSMEM_PARTS without it)."""
+    "+prefetch<steps>", then "+parts<n>" (n >= 1; XSMEM_PARTS without it) or "+xperm"."""
     capped = options[:1] == [f"{ROLLING_CTAS}ctas"]
     rest = options[1:] if capped else options
     burst = re.fullmatch(r"prefetch(\d*)", rest[0]) if rest else None
@@ -358,9 +361,11 @@ def xsmem_options(options: list[str]) -> Optional[XsmemOptions]:
     parts = re.fullmatch(r"parts(\d+)", rest[0]) if rest else None
     n_parts = int(parts.group(1)) if parts else XSMEM_PARTS
     rest = rest[1:] if parts else rest
+    permute = rest[:1] == ["xperm"] and n_parts == 1
+    rest = rest[1:] if permute else rest
     if rest or burst and steps < 1 or n_parts < 1:
         return None
-    return XsmemOptions(capped, steps, n_parts)
+    return XsmemOptions(capped, steps, n_parts, permute)
 
 
 def configured_load() -> str:
@@ -842,7 +847,7 @@ class _Key(NamedTuple):
     cta: Optional[CtaShape] = None  # main only
     pdl: bool = False  # the main kernel launched as a PDL dependent, the reduce as the main kernel's
     load: str = "registers"  # main only: "registers", "rolling[+2ctas]", "bulk[+ahead][+prefetch]:<stages>" or
-    # "xsmem[+2ctas][+prefetch<steps>][+parts<n>]:<sets>"
+    # "xsmem[+2ctas][+prefetch<steps>][+parts<n> | +xperm]:<sets>"
     scale_dtype: torch.dtype = torch.float32  # int8's per-channel scales as the caller holds them
     pack: bool = False  # main only, NVFP4: the packed layout (`pack_nvfp4`)
     tiled: bool = False  # main only, packed NVFP4 in 16-row tiles (`tile_words`)
@@ -879,7 +884,7 @@ def _compile(key: _Key):
     if is_xsmem(key.load):
         opts = xsmem_options(options)
         load = dict(load=XSMEM, sets=stages, x_steps=key.x_steps, min_ctas=ROLLING_CTAS if opts.capped else 0,
-                    l2_burst=opts.burst, x_parts=opts.parts)
+                    l2_burst=opts.burst, x_parts=opts.parts, x_permute=opts.permute)
     elif path.startswith("bulk"):
         load = dict(load="bulk", stages=stages, ahead="ahead" in options, prefetch="prefetch" in options,
                     scales="scales" in options)

@@ -404,15 +404,18 @@ def test_load_spec_is_checked(monkeypatch):
     assert w4.parse_load("xsmem+prefetch") == ("xsmem+prefetch", None)
     assert w4.parse_load("xsmem+2ctas+prefetch6:3") == ("xsmem+2ctas+prefetch6", 3)
     assert w4.parse_load("xsmem+2ctas+prefetch+parts4:2") == ("xsmem+2ctas+prefetch+parts4", 2)
-    assert w4.xsmem_options(["2ctas", "prefetch6"]) == (True, 6, w4.XSMEM_PARTS)
-    assert w4.xsmem_options(["prefetch"]) == (False, 4, w4.XSMEM_PARTS)
-    assert w4.xsmem_options(["parts3"]) == (False, 0, 3) and w4.xsmem_options(["parts1"]) == (False, 0, 1)
+    assert w4.xsmem_options(["2ctas", "prefetch6"]) == (True, 6, w4.XSMEM_PARTS, False)
+    assert w4.xsmem_options(["prefetch"]) == (False, 4, w4.XSMEM_PARTS, False)
+    assert w4.xsmem_options(["parts3"]) == (False, 0, 3, False) and w4.xsmem_options(["parts1"]) == (False, 0, 1, False)
+    assert w4.parse_load("xsmem+2ctas+xperm:3") == ("xsmem+2ctas+xperm", 3)
+    assert w4.xsmem_options(["xperm"]) == (False, 0, 1, True) and not w4.xsmem_options(["prefetch"]).permute
     for bad in ("ring", "Bulk", "bulk:0", "bulk:x", "registers:2", "bulk:", "bulk+ahead:-1", "registers+ahead",
                 "bulk+prefetch+ahead", "bulk+scales+ahead", "bulk+ahead+ahead", "bulk+", "bulk-ahead", "rolling:2",
                 "rolling+ahead", "registers+2ctas", "rolling+3ctas", "rolling+2ctas+2ctas", "bulk+2ctas", "xsmem:1",
                 "xsmem+ahead", "xsmem:", "xsmem+3ctas", "xsmem+2ctas:1", "xsmem+prefetch:3", "xsmem+prefetch0",
                 "xsmem+prefetch+2ctas", "xsmem+prefetch+prefetch", "xsmem+prefetchx", "xsmem+parts", "xsmem+parts0",
-                "xsmem+parts2+prefetch", "xsmem+parts2+parts2", "rolling+parts2"):
+                "xsmem+parts2+prefetch", "xsmem+parts2+parts2", "rolling+parts2", "xsmem+parts2+xperm",
+                "xsmem+xperm+parts2", "xsmem+xperm+xperm", "xsmem+xperm+2ctas", "rolling+xperm", "bulk+xperm"):
         with pytest.raises(ValueError, match="load path .* is registers, rolling, rolling.2ctas, bulk, bulk with .* or "
                                              "xsmem .options .2ctas, .prefetch.*. with its weights' register sets"):
             w4.parse_load(bad)
@@ -953,6 +956,41 @@ def test_xsmem_in_parts_waits_for_each_part_on_its_own_mbarrier(cute_dsl, fmt, l
     for op in ("mma.sync.aligned.m16n8k16", "ld.shared.v4.b32"):
         assert ptx.count(op) == whole.count(op), op
     assert "ld.local" not in ptx and "st.local" not in ptx
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("m, cta", [(16, (1, 16, 1)), (8, (2, 8, 1))])
+def test_xsmem_permuted_x_takes_the_mmas_x_operands_as_loaded(cute_dsl, m, cta, tmp_path):
+    """"xsmem+xperm" (plain NVFP4): x's shared copy is rewritten once (`permute_x`: a 16-byte load, four prmt and a
+    16-byte store a block), and the K loop feeds the MMAs x's words as loaded: two prmt a MMA of one row tile fewer, the
+    same MMAs, the rewrite's shared loads beside the loop's; no local memory. int8 and the packed layout ignore it."""
+    key = lambda spec, fmt="nvfp4", pack=False: w4._Key(  # noqa: E731
+        "main", torch.bfloat16, fmt, m, False, False, ARCH, w4.CtaShape(*cta), False, spec, pack=pack, x_steps=4)
+    ptx, plain = _ptx_of(key("xsmem+xperm:2"), tmp_path), _ptx_of(key("xsmem:2"), tmp_path)
+    mmas = plain.count("mma.sync.aligned.m16n8k16")
+    assert ptx.count("mma.sync.aligned.m16n8k16") == mmas
+    rewrites = ptx.count("st.shared.v4.b32")  # the rewrite's loop body, as many times as LLVM unrolls it
+    assert rewrites >= 1 and "st.shared.v4.b32" not in plain
+    fewer = plain.count("prmt.b32") - ptx.count("prmt.b32")
+    assert fewer == 2 * mmas // cta[0] - 4 * rewrites, (fewer, mmas, rewrites)  # a warp's row tiles share x's operands
+    assert ptx.count("ld.shared.v4.b32") == plain.count("ld.shared.v4.b32") + rewrites
+    assert ptx.count("bar.sync") == plain.count("bar.sync") + 1
+    assert "ld.local" not in ptx and "st.local" not in ptx
+    for other in (dict(fmt="int8"), dict(pack=True)):
+        assert _ptx_of(key("xsmem+xperm:2", **other), tmp_path) == _ptx_of(key("xsmem:2", **other), tmp_path)
+
+
+def test_xsmem_permuted_x_blocks_are_the_plain_words_x_operands():
+    """`permute_x`'s block order is what the plain NVFP4 word's MMAs read: block word 2q + s = prmt(x word q, x word
+    q + 2, X_PAIR_SELECTORS[s]), the operands `word_products` builds without "+xperm" (emulated prmt)."""
+    from fa4_inductor.kernels.cute.w4a16_decode_gemm import PERMUTED_X, X_PAIR_SELECTORS
+
+    g = torch.Generator().manual_seed(7)
+    w = [int(v) for v in torch.randint(0, 2 ** 32, (4,), generator=g, dtype=torch.int64)]
+    permuted = [int(w4._prmt(w[a], w[b], X_PAIR_SELECTORS[s])) for a, b, s in PERMUTED_X]
+    for q in range(2):
+        for s in range(2):
+            assert permuted[2 * q + s] == int(w4._prmt(w[q], w[q + 2], X_PAIR_SELECTORS[s]))
 
 
 def test_xsmem_parts_are_whole_k_loop_iterations():

@@ -286,6 +286,14 @@ def ld_shared_x4(addr: Int32, *, loc=None, ip=None):
     return [Int32(llvm.extractvalue(T.i32(), res, [i], loc=loc, ip=ip)) for i in range(4)]
 
 
+@dsl_user_op
+def st_shared_x4(addr: Int32, w0: Int32, w1: Int32, w2: Int32, w3: Int32, *, loc=None, ip=None):
+    """Store four words at shared address `addr` (16-byte aligned)."""
+    llvm.inline_asm(None, [_i32(v, loc, ip) for v in (addr, w0, w1, w2, w3)],
+                    "st.shared.v4.b32 [$0], {$1, $2, $3, $4};", "r,r,r,r,r", has_side_effects=True,
+                    is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT)
+
+
 # ---- the decode, as constants the CPU emulation shares ----
 
 def nvfp4_shifts(j: int, is_f16: bool) -> tuple[int, int]:
@@ -311,6 +319,7 @@ BF16_MINUS_ONE = 0xBF80BF80
 F16_ONE = 0x3C003C00
 MINUS_ZERO = 0x80008000
 X_PAIR_SELECTORS = (0x5410, 0x7632)  # (x_j, x_j+4) from words (x_j-ish, x_j+4-ish): low or high halves
+PERMUTED_X = ((0, 2, 0), (0, 2, 1), (1, 3, 0), (1, 3, 1))  # "+xperm": block word i = prmt(word a, word b, selector s)
 
 
 @cute.jit
@@ -381,7 +390,7 @@ class W4A16DecodeGemm:
                  warps_n: int, warps_k: int, load: str = "registers", stages: int = 0, ahead: bool = False,
                  prefetch: bool = False, scales: bool = False, pdl: bool = False, pack: bool = False,
                  tiled: bool = False, min_ctas: int = 0, x_steps: int = 0, sets: int = 2, l2_burst: int = 0,
-                 x_parts: int = 1):
+                 x_parts: int = 1, x_permute: bool = False):
         assert fmt in FORMATS and 1 <= groups <= MAX_GROUPS and row_tiles >= 1, (fmt, groups, row_tiles)
         assert (x_steps >= 1) == (load == "xsmem") and (load != "xsmem" or warps_k == 1 and sets >= 2 and not tiled), (
             load, x_steps, warps_k, sets, tiled)
@@ -417,6 +426,9 @@ class W4A16DecodeGemm:
         self.l2_burst = l2_burst  # xsmem: steps of the lane's rows prefetched into L2 at once, past the register sets'
         assert x_parts == 1 or load == "xsmem" and x_parts >= 2, (x_parts, load)
         self.x_parts = x_parts  # xsmem: x's copy lands in this many parts, each waited for by its own mbarrier
+        assert not x_permute or load == "xsmem" and x_parts == 1, (x_permute, load, x_parts)
+        # xsmem, plain NVFP4: x's copy rewritten once into the MMA's operand pairs (`permute_x`)
+        self.x_permuted = x_permute and fmt == "nvfp4" and not pack
         per_part = -(-max(x_steps, 1) // x_parts)
         self.part_steps = -(-per_part // sets) * sets  # whole K-loop iterations a part
         self.x_pitch = XSmemLayout.pitch(x_steps, self.x_words)
@@ -593,6 +605,9 @@ class W4A16DecodeGemm:
             cute.arch.cp_async_commit_group()
             cute.arch.cp_async_wait_group(0)
             cute.arch.barrier()
+        if const_expr(self.x_permuted):
+            self.permute_x(base, c_begin, c_end)
+            cute.arch.barrier()
         chunk_words = XSmemLayout.chunk_words(self.x_words)
         lane_addr = base + 4 * ((lane // LANES_K) * self.x_pitch + t * chunk_words)
         step_words = LANES_K * chunk_words
@@ -674,6 +689,25 @@ class W4A16DecodeGemm:
                              16, row_size)
             if const_expr(self.x_parts > 1):
                 cute.arch.cp_async_mbarrier_arrive_noinc(x_landed + p)
+
+    @cute.jit
+    def permute_x(self, base: Int32, c_begin: Int32, c_end: Int32):
+        """x's shared copy (`stage_x`'s chunks c_begin .. c_end, up to the step's end, every row) rewritten once, each
+        16-byte block (w0, w1, w2, w3) as (prmt(w0, w2, lo), prmt(w0, w2, hi), prmt(w1, w3, lo), prmt(w1, w3, hi)):
+        the x operands of the plain NVFP4 word's two MMAs (its pairs (j, j + 4) against k slots 2t, 2t + 1, 2t + 8,
+        2t + 9), which `word_products` then takes as they are loaded instead of building them with two prmt a
+        MMA in every warp. Thread i takes blocks i, i + threads, ... of the range, rows one after the other."""
+        blocks = self.x_words // 4
+        chunk_words = XSmemLayout.chunk_words(self.x_words)
+        per_row = (c_end - c_begin + LANES_K - 1) // LANES_K * LANES_K * blocks
+        tid = cute.arch.make_warp_uniform(cute.arch.warp_idx()) * 32 + cute.arch.lane_idx()
+        for i in range(tid, 8 * self.groups * per_row, 32 * self.warps_n):
+            m = i // per_row
+            cc = (i - m * per_row) // blocks
+            blk = i - m * per_row - cc * blocks
+            addr = base + 4 * (m * self.x_pitch + cc * chunk_words + 4 * blk)
+            w = ld_shared_x4(addr)
+            st_shared_x4(addr, *[prmt(w[a], w[b], X_PAIR_SELECTORS[sel]) for a, b, sel in PERMUTED_X])
 
     @cute.jit
     def shared_x_step(self, rW: cute.Tensor, rS: cute.Tensor, rA: cute.Tensor, acc: cute.Tensor, step_addr: Int32):
@@ -1074,7 +1108,7 @@ class W4A16DecodeGemm:
                         bits = select_bits(shift(words[h], mshift), shift(signs[h][j], sshift), mag)
                     rA[2 * jj + h] = fma_x2(bits, splats[h][i // 2], MINUS_ZERO, f16)
             for gi in range(self.groups):
-                if self.pack:
+                if self.pack or self.x_permuted:
                     self.mma_into(acc, rt, gi, rA, x_word(4 * i + 2 * q, gi), x_word(4 * i + 2 * q + 1, gi))
                 else:
                     x0 = x_word(4 * i + q, gi)
