@@ -64,7 +64,8 @@ default XSMEM_SETS; "xsmem+2ctas" caps the registers for two CTAs a SM; "xsmem+p
 each weight row's next XSMEM_BURST (or <steps>) steps past the register sets into L2 at once, every that many steps,
 so that they reach DRAM as one run a row; "+parts<n>" lands x's copy in n parts of whole K-loop iterations, each on
 its own mbarrier, so the first MMAs wait for the first part only, default XSMEM_PARTS; "+xperm" (plain NVFP4, x in
-one part) rewrites x's copy once into the MMA's operand pairs, sparing every warp two prmt a MMA): x's CTA range copied
+one part) rewrites x's copy once into the MMA's operand pairs, sparing every warp two prmt a MMA; "+rot" (plain NVFP4)
+decodes each pair's sign bits from one rotation of the word, two instructions a word fewer): x's CTA range copied
 to shared memory once and read from there by the MMAs, on CTAs of one warp along K (`xsmem_cta` on "auto", else a forced
 CTA shape RTxWNx1: FA4_INDUCTOR_W4A16_CTA or `cta`); the split count is raised until a CTA's range of x fits
 XSMEM_BUDGET (`xsmem_plan`), and variants are compiled per power of two of x's steps.
@@ -339,8 +340,8 @@ def parse_load(spec: str) -> tuple[str, Optional[int]]:
                      f"rolling+{ROLLING_CTAS}ctas, bulk, bulk with options "
                      f"{', '.join('+' + o for o in BULK_OPTIONS)} (in this order) and a ring depth (bulk+prefetch:4), "
                      f"or {XSMEM} (options +{ROLLING_CTAS}ctas, +prefetch[<steps>], a multiple of the register sets, "
-                     f"+parts<n> or +xperm, in this order) with its weights' register sets (>= 2: {XSMEM}:3); got "
-                     f"{spec!r}")
+                     f"+parts<n> or +xperm, +rot, in this order) with its weights' register sets (>= 2: {XSMEM}:3); "
+                     f"got {spec!r}")
 
 
 class XsmemOptions(NamedTuple):
@@ -348,11 +349,12 @@ class XsmemOptions(NamedTuple):
     burst: int  # steps of each weight row requested into L2 at once, or 0
     parts: int  # parts x's shared copy lands in, each waited for on its own
     permute: bool = False  # x's shared copy rewritten once into the MMA's operand pairs (plain NVFP4)
+    rotate: bool = False  # the plain NVFP4 decode's signs from one rotation of the word (`nvfp4_rotated_pair`)
 
 
 def xsmem_options(options: list[str]) -> Optional[XsmemOptions]:
     """The xsmem path's options, or None when they are not its: "+2ctas", then "+prefetch" (XSMEM_BURST steps) or
-    "+prefetch<steps>", then "+parts<n>" (n >= 1; XSMEM_PARTS without it) or "+xperm"."""
+    "+prefetch<steps>", then "+parts<n>" (n >= 1; XSMEM_PARTS without it) or "+xperm", then "+rot"."""
     capped = options[:1] == [f"{ROLLING_CTAS}ctas"]
     rest = options[1:] if capped else options
     burst = re.fullmatch(r"prefetch(\d*)", rest[0]) if rest else None
@@ -363,9 +365,11 @@ def xsmem_options(options: list[str]) -> Optional[XsmemOptions]:
     rest = rest[1:] if parts else rest
     permute = rest[:1] == ["xperm"] and n_parts == 1
     rest = rest[1:] if permute else rest
+    rotate = rest[:1] == ["rot"]
+    rest = rest[1:] if rotate else rest
     if rest or burst and steps < 1 or n_parts < 1:
         return None
-    return XsmemOptions(capped, steps, n_parts, permute)
+    return XsmemOptions(capped, steps, n_parts, permute, rotate)
 
 
 def configured_load() -> str:
@@ -550,10 +554,12 @@ def _rounded(v: Tensor, dtype: torch.dtype) -> Tensor:
     return v.to(dtype).double()
 
 
-def decode_nvfp4_words(words: Tensor, block_words: Tensor, k: int, dtype: torch.dtype = torch.bfloat16) -> Tensor:
+def decode_nvfp4_words(words: Tensor, block_words: Tensor, k: int, dtype: torch.dtype = torch.bfloat16,
+                       rotated: bool = False) -> Tensor:
     """float64 e2m1 * e4m3 [N, k] from the kernel's operands, decoded the kernel's way for x of `dtype`: the
-    pair bits from shifts and the lop3 merge, times the block scale splat, rounded to `dtype` (the packed
-    fma), times 2^E. Equal to the exact product iff the kernel's decode is exact."""
+    pair bits from shifts and the lop3 merge (`rotated`: the word's rotation, the lop3 and one shift or rotation,
+    `nvfp4_rotated_pair`), times the block scale splat, rounded to `dtype` (the packed fma), times 2^E. Equal to the
+    exact product iff the kernel's decode is exact."""
     from .cute import w4a16_decode_gemm as gemm
 
     f16 = dtype == torch.float16
@@ -561,9 +567,15 @@ def decode_nvfp4_words(words: Tensor, block_words: Tensor, k: int, dtype: torch.
     n = w.shape[0]
     mag = gemm.nvfp4_magnitude_field(f16)
     vals = torch.empty(n, w.shape[1], 8, dtype=torch.float64)
+    turned = gemm.rotl32(w, gemm.nvfp4_sign_rotation(f16))
     for j in range(4):
-        mshift, sshift = gemm.nvfp4_shifts(j, f16)
-        bits = (_shift(w, mshift) & mag) | (_shift(w & gemm.nvfp4_sign_mask(j, f16), sshift) & ~mag & 0xFFFFFFFF)
+        if rotated:
+            sign_mask, select, final = gemm.nvfp4_rotated_pair(j, f16)
+            merged = (w & select) | (turned & sign_mask & ~select & 0xFFFFFFFF)
+            bits = _shift(merged, final) if final > 0 else gemm.rotl32(merged, final)
+        else:
+            mshift, sshift = gemm.nvfp4_shifts(j, f16)
+            bits = (_shift(w, mshift) & mag) | (_shift(w & gemm.nvfp4_sign_mask(j, f16), sshift) & ~mag & 0xFFFFFFFF)
         vals[:, :, j], vals[:, :, j + 4] = _halves(bits, dtype).unbind(-1)
     b = _u32(block_words.view(torch.int32))
     scale_bytes = torch.stack([(b >> 8 * i) & 0xFF for i in range(4)], dim=-1).reshape(n, -1)  # [N, Kp/16]
@@ -847,7 +859,7 @@ class _Key(NamedTuple):
     cta: Optional[CtaShape] = None  # main only
     pdl: bool = False  # the main kernel launched as a PDL dependent, the reduce as the main kernel's
     load: str = "registers"  # main only: "registers", "rolling[+2ctas]", "bulk[+ahead][+prefetch]:<stages>" or
-    # "xsmem[+2ctas][+prefetch<steps>][+parts<n> | +xperm]:<sets>"
+    # "xsmem[+2ctas][+prefetch<steps>][+parts<n> | +xperm][+rot]:<sets>"
     scale_dtype: torch.dtype = torch.float32  # int8's per-channel scales as the caller holds them
     pack: bool = False  # main only, NVFP4: the packed layout (`pack_nvfp4`)
     tiled: bool = False  # main only, packed NVFP4 in 16-row tiles (`tile_words`)
@@ -884,7 +896,7 @@ def _compile(key: _Key):
     if is_xsmem(key.load):
         opts = xsmem_options(options)
         load = dict(load=XSMEM, sets=stages, x_steps=key.x_steps, min_ctas=ROLLING_CTAS if opts.capped else 0,
-                    l2_burst=opts.burst, x_parts=opts.parts, x_permute=opts.permute)
+                    l2_burst=opts.burst, x_parts=opts.parts, x_permute=opts.permute, rotate_signs=opts.rotate)
     elif path.startswith("bulk"):
         load = dict(load="bulk", stages=stages, ahead="ahead" in options, prefetch="prefetch" in options,
                     scales="scales" in options)

@@ -1,8 +1,8 @@
 # Unrun GPU work. Session 49 ran x48, x48b, v49 and w49 on H100s (docs/benchmarks.md, session 49). Next: `xp49` (x's
-# copy permuted for the MMAs, "xsmem+xperm"), `h49` (session 49's CTA rules on an H200; two calls' worth: split it if
-# the install shares the first), `k49` (issue 16's b8 x 32k at a 72 KB ring), then `p47` (the L2 bursts in full: q47
-# found them within 4%, low priority), `m47`, `e46`'s last line (fp8 plain buffers end to end), `w43`, `p43`, `n36`.
-# Parts of earlier sessions below keep their notes.
+# copy permuted for the MMAs, "xsmem+xperm", and the rotated decode, "+rot"), `h49` (session 49's CTA rules on an
+# H200; two calls' worth: split it if the install shares the first), `k49` (issue 16's b8 x 32k at a 72 KB ring),
+# then `p47` (the L2 bursts in full: q47 found them within 4%, low priority), `m47`, `e46`'s last line (fp8 plain
+# buffers end to end), `w43`, `p43`, `n36`. Parts of earlier sessions below keep their notes.
 # Output goes to $OUT/log.txt. Have the next call ready: the machine goes back 30 s after a call, and a fresh one needs
 # .gpu/a and .gpu/b again. Run one part a call:  bash scratch/next_gpu.sh x48
 # Never `pkill -f pytest` here: it matches this script's own command line. A pytest cut by `timeout` can leave xdist
@@ -72,16 +72,18 @@ x48b) # x48's second half (one call holds the first): wide N at 5 / 8 rows, the 
     run timeout 80 python3 tests/bench_w4a16.py --m 16,9 --shapes 1024x4096,2048x4096,2048x2048,512x2048 \
       --cta auto,1x8x1 --load auto,xsmem+parts4
     run timeout 60 python3 tests/bench_w4a16.py --m 1,16 --shapes 8192x8192,14336x4096 ;;
-xp49) # session 49's "xsmem+xperm" (CPU-compiled only): x's shared copy rewritten once into the plain NVFP4 MMA's
-    # operand pairs, so the K loop has no prmt for x (sm_90a: 1 x 16 x 1 at 16 rows 846 loop instructions against 964,
-    # 128 registers against 109; 8 rows 790 against 852). Its GPU tests (bit-exact operands: the same outputs), then
-    # xperm against none on the rule's CTAs; if it wins, make it the default ("auto" and plain "xsmem")
+xp49) # session 49's "xsmem+xperm" and "+rot" (CPU-compiled only): x's shared copy rewritten once into the plain NVFP4
+    # MMA's operand pairs, so the K loop has no prmt for x; the pairs' signs from one rotation of each word (two
+    # instructions a word fewer; the decode's bits checked by the CPU emulation). sm_90a, 1 x 16 x 1 at 16 rows: loop
+    # instructions 964 / 846 (+xperm) / 902 (+rot) / 774 (both), registers 109 / 128 / 110 / 128; 8 rows 852 / 790 / - /
+    # 726. Their GPU tests (the same outputs), then against none on the rule's CTAs; if they win, make them the default
+    # ("auto" and plain "xsmem"; "+rot" also fits the register and rolling paths)
     nvidia-smi -L >>$L
-    run timeout 200 $P -n 8 tests/test_gpu_w4a16.py -k "x_from_shared_memory and (xperm or k_ranges)"
-    run timeout 120 python3 tests/bench_w4a16.py --m 16,9,8,5 --shapes 8192x8192,14336x4096,4096x14336,128256x2048 \
-      --cta 1x16x1 --load xsmem,xsmem+xperm
-    run timeout 80 python3 tests/bench_w4a16.py --m 16,9 --shapes 2048x8192,1024x4096,2048x2048 --cta 1x8x1 \
-      --load xsmem,xsmem+xperm ;;
+    run timeout 200 $P -n 8 tests/test_gpu_w4a16.py -k "x_from_shared_memory and (xperm or rot or k_ranges)"
+    X4="xsmem,xsmem+xperm,xsmem+rot,xsmem+xperm+rot"
+    run timeout 150 python3 tests/bench_w4a16.py --m 16,9,8,5 --shapes 8192x8192,14336x4096,4096x14336,128256x2048 \
+      --cta 1x16x1 --load $X4
+    run timeout 80 python3 tests/bench_w4a16.py --m 16,9 --shapes 2048x8192,1024x4096,2048x2048 --cta 1x8x1 --load $X4 ;;
 k49) # issue 16's b8 x 32k (1.81x our bf16 kernel on the H200, target 1.85x: <= 132.2 us): session 43's s43 sweep had
     # its two-CTAs-a-SM split (4, the rule since session 47) at 132.7 us with a 72 KB ring budget against 135.0 at the
     # default 100 KB (b64 x 32k 994.5 against 1015.8; b1 x 32k, one CTA a SM, 24.3 against 23.5). Alternating rounds,

@@ -178,7 +178,8 @@ XSMEM_CTAS = [(2, 4, 1), (1, 8, 1), (4, 2, 1)]
 
 
 @pytest.mark.parametrize("load", ["xsmem", "xsmem:3", "xsmem+2ctas", "xsmem+prefetch", "xsmem+parts4",
-                                  "xsmem+parts3:3", "xsmem+xperm", "xsmem+prefetch6+xperm:3"])
+                                  "xsmem+parts3:3", "xsmem+xperm", "xsmem+prefetch6+xperm:3", "xsmem+rot",
+                                  "xsmem+xperm+rot"])
 @pytest.mark.parametrize("cta", XSMEM_CTAS, ids=lambda c: "x".join(map(str, c)))
 @pytest.mark.parametrize("m", [1, 3, 8, 9, 16])
 def test_x_from_shared_memory(m, cta, load):
@@ -207,7 +208,7 @@ def test_x_from_shared_memory_k_ranges_and_splits(k, splits):
     for fmt, m, load, cta in (("nvfp4", 16, "xsmem", (2, 4, 1)), ("int8", 9, "xsmem:3", (1, 8, 1)),
                               ("nvfp4", 12, "xsmem+prefetch", (1, 8, 1)), ("int8", 16, "xsmem+prefetch6:3", (2, 4, 1)),
                               ("nvfp4", 16, "xsmem+parts4", (2, 8, 1)), ("int8", 11, "xsmem+parts3:3", (1, 8, 1)),
-                              ("nvfp4", 13, "xsmem+xperm", (1, 16, 1)), ("nvfp4", 7, "xsmem+xperm:3", (1, 8, 1))):
+                              ("nvfp4", 13, "xsmem+xperm", (1, 16, 1)), ("nvfp4", 7, "xsmem+xperm+rot:3", (1, 8, 1))):
         case = (lambda: nvfp4_case(m, 500, k, torch.bfloat16, splits=splits, seed=k, load=load, cta=cta)) \
             if fmt == "nvfp4" else \
             (lambda: int8_case(m, 500, k, torch.float16, bias=True, splits=splits, seed=k, load=load, cta=cta))

@@ -404,18 +404,21 @@ def test_load_spec_is_checked(monkeypatch):
     assert w4.parse_load("xsmem+prefetch") == ("xsmem+prefetch", None)
     assert w4.parse_load("xsmem+2ctas+prefetch6:3") == ("xsmem+2ctas+prefetch6", 3)
     assert w4.parse_load("xsmem+2ctas+prefetch+parts4:2") == ("xsmem+2ctas+prefetch+parts4", 2)
-    assert w4.xsmem_options(["2ctas", "prefetch6"]) == (True, 6, w4.XSMEM_PARTS, False)
-    assert w4.xsmem_options(["prefetch"]) == (False, 4, w4.XSMEM_PARTS, False)
-    assert w4.xsmem_options(["parts3"]) == (False, 0, 3, False) and w4.xsmem_options(["parts1"]) == (False, 0, 1, False)
+    assert w4.xsmem_options(["2ctas", "prefetch6"]) == (True, 6, w4.XSMEM_PARTS, False, False)
+    assert w4.xsmem_options(["prefetch"]) == (False, 4, w4.XSMEM_PARTS, False, False)
+    assert w4.xsmem_options(["parts3"]).parts == 3 and w4.xsmem_options(["parts1"]).parts == 1
     assert w4.parse_load("xsmem+2ctas+xperm:3") == ("xsmem+2ctas+xperm", 3)
-    assert w4.xsmem_options(["xperm"]) == (False, 0, 1, True) and not w4.xsmem_options(["prefetch"]).permute
+    assert w4.xsmem_options(["xperm"]) == (False, 0, 1, True, False) and not w4.xsmem_options(["prefetch"]).permute
+    assert w4.parse_load("xsmem+xperm+rot:2") == ("xsmem+xperm+rot", 2)
+    assert w4.xsmem_options(["parts2", "rot"]) == (False, 0, 2, False, True)
     for bad in ("ring", "Bulk", "bulk:0", "bulk:x", "registers:2", "bulk:", "bulk+ahead:-1", "registers+ahead",
                 "bulk+prefetch+ahead", "bulk+scales+ahead", "bulk+ahead+ahead", "bulk+", "bulk-ahead", "rolling:2",
                 "rolling+ahead", "registers+2ctas", "rolling+3ctas", "rolling+2ctas+2ctas", "bulk+2ctas", "xsmem:1",
                 "xsmem+ahead", "xsmem:", "xsmem+3ctas", "xsmem+2ctas:1", "xsmem+prefetch:3", "xsmem+prefetch0",
                 "xsmem+prefetch+2ctas", "xsmem+prefetch+prefetch", "xsmem+prefetchx", "xsmem+parts", "xsmem+parts0",
                 "xsmem+parts2+prefetch", "xsmem+parts2+parts2", "rolling+parts2", "xsmem+parts2+xperm",
-                "xsmem+xperm+parts2", "xsmem+xperm+xperm", "xsmem+xperm+2ctas", "rolling+xperm", "bulk+xperm"):
+                "xsmem+xperm+parts2", "xsmem+xperm+xperm", "xsmem+xperm+2ctas", "rolling+xperm", "bulk+xperm",
+                "xsmem+rot+xperm", "xsmem+rot+rot", "rolling+rot"):
         with pytest.raises(ValueError, match="load path .* is registers, rolling, rolling.2ctas, bulk, bulk with .* or "
                                              "xsmem .options .2ctas, .prefetch.*. with its weights' register sets"):
             w4.parse_load(bad)
@@ -499,30 +502,32 @@ def _exact_nvfp4(w_fp4, scales):
 DTYPES = [torch.bfloat16, torch.float16]
 
 
+@pytest.mark.parametrize("rotated", [False, True], ids=["shifted", "rotated"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("n, k", [(5, 64), (3, 48), (17, 16), (2, 4096)])
-def test_nvfp4_layout_decodes_to_the_weight_exactly(n, k, dtype):
+def test_nvfp4_layout_decodes_to_the_weight_exactly(n, k, dtype, rotated):
     w_fp4, scales = _random_nvfp4(n, k, seed=n * 1000 + k)
     words, blocks = w4.nvfp4_words(w_fp4), w4.nvfp4_block_words(scales, k)
     kp = w4.padded_k("nvfp4", k)
     assert words.dtype == torch.int32 and tuple(words.shape) == (n, kp // 8)
     assert blocks.dtype == torch.int32 and tuple(blocks.shape) == (n, kp // 64)
-    assert torch.equal(w4.decode_nvfp4_words(words, blocks, k, dtype), _exact_nvfp4(w_fp4, scales))
+    assert torch.equal(w4.decode_nvfp4_words(words, blocks, k, dtype, rotated), _exact_nvfp4(w_fp4, scales))
     if kp > k:  # the padding decodes to zeros
-        assert not w4.decode_nvfp4_words(words, blocks, kp, dtype)[:, k:].any()
+        assert not w4.decode_nvfp4_words(words, blocks, kp, dtype, rotated)[:, k:].any()
 
 
+@pytest.mark.parametrize("rotated", [False, True], ids=["shifted", "rotated"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_nvfp4_decode_covers_every_code_and_finite_scale(dtype):
+def test_nvfp4_decode_covers_every_code_and_finite_scale(dtype, rotated):
     """Every e2m1 code in every position of a word against every finite e4m3 byte (subnormals, both
-    signs): the kernel's shifts, merges and scale splats (for bf16 and f16 x)."""
+    signs): the kernel's shifts, merges and scale splats (for bf16 and f16 x), and its rotated decode ("+rot")."""
     scale_bytes = torch.tensor([b for b in range(256) if b & 0x7F != 0x7F], dtype=torch.uint8)
     n = scale_bytes.numel()
     g = torch.Generator().manual_seed(0)
     codes = torch.stack([torch.randperm(16, generator=g) for _ in range(4 * n)]).reshape(n, 64).to(torch.uint8)
     w_fp4 = codes[:, 0::2] | (codes[:, 1::2] << 4)  # each row: every code 4 times, in shuffled positions
     scales = scale_bytes.repeat_interleave(4).reshape(n, 4).view(torch.float8_e4m3fn)
-    got = w4.decode_nvfp4_words(w4.nvfp4_words(w_fp4), w4.nvfp4_block_words(scales, 64), 64, dtype)
+    got = w4.decode_nvfp4_words(w4.nvfp4_words(w_fp4), w4.nvfp4_block_words(scales, 64), 64, dtype, rotated)
     assert torch.equal(got, _exact_nvfp4(w_fp4, scales))
 
 
@@ -978,6 +983,29 @@ def test_xsmem_permuted_x_takes_the_mmas_x_operands_as_loaded(cute_dsl, m, cta, 
     assert "ld.local" not in ptx and "st.local" not in ptx
     for other in (dict(fmt="int8"), dict(pack=True)):
         assert _ptx_of(key("xsmem+xperm:2", **other), tmp_path) == _ptx_of(key("xsmem:2", **other), tmp_path)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_xsmem_rotated_decode_is_two_instructions_a_word_fewer(cute_dsl, dtype, tmp_path):
+    """"+rot" (plain NVFP4): each weight word rotated once (`shf.l.wrap`) for its pairs' signs, and each pair one lop3
+    and one shift or rotation (`nvfp4_rotated_pair`): the PTX's shifts and rotations (shl, shr, shf) a word two fewer,
+    the lop3 the same, the same MMAs; no local memory. int8 ignores it. (The decode's bits: the emulation tests,
+    `decode_nvfp4_words(..., rotated=True)`.)"""
+    key = lambda spec, fmt="nvfp4": w4._Key(  # noqa: E731
+        "main", dtype, fmt, 16, False, False, ARCH, w4.CtaShape(1, 16, 1), False, spec, x_steps=4)
+    ptx, plain = _ptx_of(key("xsmem+rot:2"), tmp_path), _ptx_of(key("xsmem:2"), tmp_path)
+    mmas = plain.count("mma.sync.aligned.m16n8k16")
+    words = mmas // 2  # weight words: a word pair (rows g, g + 8) feeds two MMAs a row group, 16 rows two groups
+    shifts = lambda t: sum(t.count(op) for op in ("shl.b32", "shr.s32", "shr.u32", "shf."))  # noqa: E731
+    assert ptx.count("mma.sync.aligned.m16n8k16") == mmas
+    assert shifts(plain) - shifts(ptx) == 2 * words, (shifts(plain), shifts(ptx), words)
+    from fa4_inductor.kernels.cute.w4a16_decode_gemm import nvfp4_rotated_pair
+
+    rotations = 1 + sum(nvfp4_rotated_pair(j, dtype == torch.float16)[2] < 0 for j in range(4))  # the word's, pairs'
+    assert ptx.count("shf.l.wrap.b32") == rotations * words
+    assert "ld.local" not in ptx and "st.local" not in ptx
+    assert _ptx_of(key("xsmem+rot:2", "int8"), tmp_path) == _ptx_of(key("xsmem:2", "int8"), tmp_path)
 
 
 def test_xsmem_permuted_x_blocks_are_the_plain_words_x_operands():

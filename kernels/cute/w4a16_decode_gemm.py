@@ -195,6 +195,12 @@ def select_bits(a: Int32, b: Int32, mask: int, *, loc=None, ip=None) -> Int32:
 
 
 @dsl_user_op
+def rotate_bits(a: Int32, s: int, *, loc=None, ip=None) -> Int32:
+    """a rotated left by s bits (right for s < 0): one funnel shift with wrap."""
+    return Int32(_asm(T.i32(), [_i32(a, loc, ip)], f"shf.l.wrap.b32 $0, $1, $1, {s % 32};", "=r,r"))
+
+
+@dsl_user_op
 def and_bits(a: Int32, mask: int, *, loc=None, ip=None) -> Int32:
     """a & mask, opaque to LLVM (it would otherwise move masks across shifts, one instruction more)."""
     mask = _signed(mask)
@@ -311,6 +317,27 @@ def nvfp4_magnitude_field(is_f16: bool) -> int:
     return 0x0E000E00 if is_f16 else 0x01C001C0
 
 
+def nvfp4_sign_rotation(is_f16: bool) -> int:
+    """The "rotated" decode (`rotate_signs`): every pair's sign shift less its magnitude shift, one rotation of the
+    word a word: the pair's bits are then one lop3 of the word and the rotated signs and one shift (or rotation)."""
+    return {nvfp4_shifts(j, is_f16)[1] - nvfp4_shifts(j, is_f16)[0] for j in range(4)}.pop()
+
+
+def rotl32(v, s: int):
+    """v (an int or an int64 tensor of uint32 words) rotated left by s bits (right for s < 0)."""
+    s %= 32
+    return v if s == 0 else ((v << s) | (v >> (32 - s))) & 0xFFFFFFFF
+
+
+def nvfp4_rotated_pair(j: int, is_f16: bool) -> tuple[int, int, int]:
+    """The rotated decode of pair (j, j + 4): (the rotated word's sign mask, the lop3's select mask (bits taken from
+    the word), the final shift: a left shift if positive, else a rotation right). Left shifts lose no bit that the
+    result keeps; right ones must wrap (the word's rotation carried the top code's sign past bit 31)."""
+    mshift, _ = nvfp4_shifts(j, is_f16)
+    rot = nvfp4_sign_rotation(is_f16)
+    return rotl32(nvfp4_sign_mask(j, is_f16), rot), rotl32(nvfp4_magnitude_field(is_f16), -mshift), mshift
+
+
 INT8_SELECTORS = (0x4140, 0x4342)  # bytes (0, 1) / (2, 3) of the word under the constant's bytes
 INT8_BF16_HIGH = 0x43434343
 INT8_F16_HIGH = 0x64646464
@@ -390,7 +417,7 @@ class W4A16DecodeGemm:
                  warps_n: int, warps_k: int, load: str = "registers", stages: int = 0, ahead: bool = False,
                  prefetch: bool = False, scales: bool = False, pdl: bool = False, pack: bool = False,
                  tiled: bool = False, min_ctas: int = 0, x_steps: int = 0, sets: int = 2, l2_burst: int = 0,
-                 x_parts: int = 1, x_permute: bool = False):
+                 x_parts: int = 1, x_permute: bool = False, rotate_signs: bool = False):
         assert fmt in FORMATS and 1 <= groups <= MAX_GROUPS and row_tiles >= 1, (fmt, groups, row_tiles)
         assert (x_steps >= 1) == (load == "xsmem") and (load != "xsmem" or warps_k == 1 and sets >= 2 and not tiled), (
             load, x_steps, warps_k, sets, tiled)
@@ -429,6 +456,9 @@ class W4A16DecodeGemm:
         assert not x_permute or load == "xsmem" and x_parts == 1, (x_permute, load, x_parts)
         # xsmem, plain NVFP4: x's copy rewritten once into the MMA's operand pairs (`permute_x`)
         self.x_permuted = x_permute and fmt == "nvfp4" and not pack
+        # plain NVFP4: each pair's sign bits from one rotation of the word (`nvfp4_rotated_pair`), two instructions a
+        # word fewer
+        self.rotate_signs = rotate_signs and fmt == "nvfp4" and not pack
         per_part = -(-max(x_steps, 1) // x_parts)
         self.part_steps = -(-per_part // sets) * sets  # whole K-loop iterations a part
         self.x_pitch = XSmemLayout.pitch(x_steps, self.x_words)
@@ -1090,7 +1120,12 @@ class W4A16DecodeGemm:
             for gi in range(self.groups):
                 self.mma_into(acc, rt, gi, rA, x_word(2 * i, gi), x_word(2 * i + 1, gi))
             return
-        if not self.pack:
+        if self.rotate_signs:
+            turned = [rotate_bits(words[h], nvfp4_sign_rotation(f16)) for h in range(2)]
+            masks = [nvfp4_rotated_pair(j, f16)[0] for j in range(4)]
+            signs = [[and_bits(turned[h], masks[j]) for j in range(4 if f16 else 2)] for h in range(2)]
+            signs = [[signs[h][j if f16 else j % 2] for j in range(4)] for h in range(2)]
+        elif not self.pack:
             mag = nvfp4_magnitude_field(f16)
             if f16:
                 signs = [[and_bits(words[h], nvfp4_sign_mask(j, True)) for j in range(4)] for h in range(2)]
@@ -1103,6 +1138,10 @@ class W4A16DecodeGemm:
                 for h in range(2):
                     if self.pack:
                         bits = packed_pair_bits(words[h], j, f16)
+                    elif self.rotate_signs:
+                        _, select, final = nvfp4_rotated_pair(j, f16)
+                        merged = select_bits(words[h], signs[h][j], select)
+                        bits = shift(merged, final) if final > 0 else rotate_bits(merged, final)
                     else:
                         mshift, sshift = nvfp4_shifts(j, f16)
                         bits = select_bits(shift(words[h], mshift), shift(signs[h][j], sshift), mag)
