@@ -45,7 +45,8 @@ its codes (no global scale loads left in the consumers). "xsmem" (CTAs of one K 
 whole K range): the CTA first copies its range of x's rows into shared memory (`XSmemLayout`, 16-byte cp.async, once),
 then each warp streams its weights through `sets` register sets (loads issued sets - 1 steps ahead) and takes x's MMA
 operands from shared memory, 16 bytes a lane and group as the words need them: no register set of x (64 words a step
-at 16 rows on the register path), and x read from L2 once a CTA instead of once a warp.
+at 16 rows on the register path), and x read from L2 once a CTA instead of once a warp. `x_permute` (plain NVFP4): the
+CTA rewrites that copy once into the MMAs' operand order (`permute_x`), so the K loop builds no x operand with prmt.
 
 Decode, exact (checked bit for bit by the CPU tests' emulation, `w4a16_decode.decode_nvfp4_words` and
 `decode_int8_words`):
@@ -54,7 +55,10 @@ Decode, exact (checked bit for bit by the CPU tests' emulation, `w4a16_decode.de
   once: they are 16 bits apart), the signs with one shift of the word's sign bits, one lop3 merges them:
   e2m1 * 2^-126 (bf16; 0.5 is a subnormal) or e2m1 * 2^-14 (f16). One packed multiply by the block
   scale splat S = e4m3 * 2^119 (bf16) or e4m3 * 2^5 (f16) gives e2m1 * e4m3 * 2^-7 (2^-9): normal and
-  exact (at most 6 significant bits). The epilogue multiplies by 2^7 (2^9) * global scale.
+  exact (at most 6 significant bits). The epilogue multiplies by 2^7 (2^9) * global scale. `rotate_signs`: every
+  pair's sign shift is its magnitude shift plus one constant, so one rotation of the word lines up all four pairs'
+  signs, and a pair is one lop3 (the word's magnitude bits against the rotated, masked signs) and one shift, or a
+  rotation where a sign wrapped (`nvfp4_rotated_pair`): two instructions a word fewer, the same bits.
 - NVFP4, packed (`pack`; weights prepared once by `w4a16_decode.pack_nvfp4`): the 8 codes of a word are placed
   so that pair P of the word is codes (2P, 2P + 1), the two k slots of one x word (x goes to the MMA as it is
   loaded, no prmt), and pairs 0 and 1 need one shift (or none) and one lop3 for
