@@ -323,25 +323,27 @@ def num_splits(n: int, k_padded: int, fmt: str, shape: CtaShape, num_sms: int) -
 
 @functools.cache
 def parse_load(spec: str) -> tuple[str, Optional[int]]:
-    """A load path's spec -> (path, ring depth or None): "registers", "rolling" (option "+2ctas": registers
-    capped for ROLLING_CTAS CTAs a SM), or "bulk" with options "+ahead", "+prefetch" (in this order) and a ring
-    depth ":<stages>" ("bulk+prefetch:4"); the path keeps the options."""
+    """A load path's spec -> (path, ring depth or None): "registers" (option "+rot": the rotated NVFP4 decode,
+    `nvfp4_rotated_pair`), "rolling" (options "+2ctas": registers capped for ROLLING_CTAS CTAs a SM, then "+rot"), or
+    "bulk" with options "+ahead", "+prefetch" (in this order) and a ring depth ":<stages>" ("bulk+prefetch:4"); the
+    path keeps the options."""
     path, colon, depth = spec.strip().partition(":")
     base, *options = path.split("+")
     in_order = set(options) <= set(BULK_OPTIONS) and options == sorted(set(options), key=BULK_OPTIONS.index)
     bulk_only = (not options or in_order) and (not colon or (depth.isdigit() and int(depth) >= 1))
-    rolling = base == "rolling" and options in ([], [f"{ROLLING_CTAS}ctas"])
+    unrotated = options[:-1] if options[-1:] == ["rot"] else options
+    rolling = base == "rolling" and unrotated in ([], [f"{ROLLING_CTAS}ctas"])
     xsmem_opts = xsmem_options(options) if base == XSMEM else None
     xsmem = xsmem_opts is not None and (not colon or depth.isdigit() and int(depth) >= 2) and (
         xsmem_opts.burst % (int(depth) if colon else XSMEM_SETS) == 0)
-    if (base == "registers" and not options or rolling) and not colon or base == "bulk" and bulk_only or xsmem:
+    if (base == "registers" and not unrotated or rolling) and not colon or base == "bulk" and bulk_only or xsmem:
         return path, int(depth) if depth else None
     raise ValueError(f"the W4A16 decode GEMM's load path ({switches.W4A16_LOAD} or `load`) is registers, rolling, "
                      f"rolling+{ROLLING_CTAS}ctas, bulk, bulk with options "
                      f"{', '.join('+' + o for o in BULK_OPTIONS)} (in this order) and a ring depth (bulk+prefetch:4), "
                      f"or {XSMEM} (options +{ROLLING_CTAS}ctas, +prefetch[<steps>], a multiple of the register sets, "
                      f"+parts<n> or +xperm, +rot, in this order) with its weights' register sets (>= 2: {XSMEM}:3); "
-                     f"got {spec!r}")
+                     f"registers and rolling also take +rot; got {spec!r}")
 
 
 class XsmemOptions(NamedTuple):
@@ -858,8 +860,8 @@ class _Key(NamedTuple):
     arch: str
     cta: Optional[CtaShape] = None  # main only
     pdl: bool = False  # the main kernel launched as a PDL dependent, the reduce as the main kernel's
-    load: str = "registers"  # main only: "registers", "rolling[+2ctas]", "bulk[+ahead][+prefetch]:<stages>" or
-    # "xsmem[+2ctas][+prefetch<steps>][+parts<n> | +xperm][+rot]:<sets>"
+    load: str = "registers"  # main only: "registers[+rot]", "rolling[+2ctas][+rot]",
+    # "bulk[+ahead][+prefetch]:<stages>" or "xsmem[+2ctas][+prefetch<steps>][+parts<n> | +xperm][+rot]:<sets>"
     scale_dtype: torch.dtype = torch.float32  # int8's per-channel scales as the caller holds them
     pack: bool = False  # main only, NVFP4: the packed layout (`pack_nvfp4`)
     tiled: bool = False  # main only, packed NVFP4 in 16-row tiles (`tile_words`)
@@ -901,7 +903,8 @@ def _compile(key: _Key):
         load = dict(load="bulk", stages=stages, ahead="ahead" in options, prefetch="prefetch" in options,
                     scales="scales" in options)
     else:
-        load = dict(load=path.split("+")[0], min_ctas=ROLLING_CTAS if options else 0)
+        load = dict(load=path.split("+")[0], min_ctas=ROLLING_CTAS if f"{ROLLING_CTAS}ctas" in options else 0,
+                    rotate_signs="rot" in options)
     if key.pack:
         load["pack"] = True
         load["tiled"] = key.tiled

@@ -79,11 +79,13 @@ xp49) # session 49's "xsmem+xperm" and "+rot" (CPU-compiled only): x's shared co
     # 726. Their GPU tests (the same outputs), then against none on the rule's CTAs; if they win, make them the default
     # ("auto" and plain "xsmem"; "+rot" also fits the register and rolling paths)
     nvidia-smi -L >>$L
-    run timeout 200 $P -n 8 tests/test_gpu_w4a16.py -k "x_from_shared_memory and (xperm or rot or k_ranges)"
+    run timeout 200 $P -n 8 tests/test_gpu_w4a16.py -k "x_from_shared_memory and (xperm or rot or k_ranges) or rotated_decode"
     X4="xsmem,xsmem+xperm,xsmem+rot,xsmem+xperm+rot"
     run timeout 150 python3 tests/bench_w4a16.py --m 16,9,8,5 --shapes 8192x8192,14336x4096,4096x14336,128256x2048 \
       --cta 1x16x1 --load $X4
-    run timeout 80 python3 tests/bench_w4a16.py --m 16,9 --shapes 2048x8192,1024x4096,2048x2048 --cta 1x8x1 --load $X4 ;;
+    run timeout 80 python3 tests/bench_w4a16.py --m 16,9 --shapes 2048x8192,1024x4096,2048x2048 --cta 1x8x1 --load $X4
+    # the rolling path's "+rot" where 5..8 rows keep it (8192-row weights; sm_90a 734 loop instructions against 799)
+    run timeout 60 python3 tests/bench_w4a16.py --m 8,5 --shapes 8192x8192,8192x2048 --cta 2x2x4 --load rolling,rolling+rot ;;
 k49) # issue 16's b8 x 32k (1.81x our bf16 kernel on the H200, target 1.85x: <= 132.2 us): session 43's s43 sweep had
     # its two-CTAs-a-SM split (4, the rule since session 47) at 132.7 us with a 72 KB ring budget against 135.0 at the
     # default 100 KB (b64 x 32k 994.5 against 1015.8; b1 x 32k, one CTA a SM, 24.3 against 23.5). Alternating rounds,

@@ -240,6 +240,20 @@ def test_auto_takes_x_from_shared_memory_over_narrow_int8_weights(m, n, k):
     int8_case(m, n, k, torch.float16, False, seed=m + 1, load="auto")
 
 
+@pytest.mark.parametrize("load, cta", [("registers", (1, 1, 8)), ("rolling", (2, 2, 4)), ("rolling+2ctas", (1, 2, 4)),
+                                       ("xsmem", (1, 16, 1)), ("xsmem+xperm", (1, 8, 1))])
+@pytest.mark.parametrize("m", [1, 8, 9, 16])
+def test_rotated_decode_gives_the_same_outputs(m, load, cta):
+    """"+rot" (each word's pair signs from one rotation of it) feeds the MMAs the same operands: outputs equal, bit for
+    bit, to the same path without it (bf16 and f16, N and K off the tiles, split), and within the reference's bounds."""
+    for dtype, seed in ((torch.bfloat16, m), (torch.float16, m + 1)):
+        w_fp4, block, global_scale = random_nvfp4(1000, 4160, seed=seed, device="cuda")
+        x = torch.randn(m, 4160, dtype=dtype, device="cuda")
+        run = lambda spec: w4.nvfp4_matmul(x, w_fp4, block, global_scale, load=spec, cta=cta, gemv=False)  # noqa: E731
+        assert torch.equal(run(load + "+rot"), run(load)), (load, cta, m, dtype)
+        nvfp4_case(m, 1000, 4160, dtype, seed=seed, load=load + "+rot", cta=cta)
+
+
 def test_x_from_shared_memory_in_a_cuda_graph(monkeypatch):
     monkeypatch.setenv(switches.W4A16_CTA, "2x4x1")
     switches.reset()

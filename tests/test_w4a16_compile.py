@@ -410,6 +410,9 @@ def test_load_spec_is_checked(monkeypatch):
     assert w4.parse_load("xsmem+2ctas+xperm:3") == ("xsmem+2ctas+xperm", 3)
     assert w4.xsmem_options(["xperm"]) == (False, 0, 1, True, False) and not w4.xsmem_options(["prefetch"]).permute
     assert w4.parse_load("xsmem+xperm+rot:2") == ("xsmem+xperm+rot", 2)
+    assert w4.parse_load("rolling+2ctas+rot") == ("rolling+2ctas+rot", None)
+    assert w4.parse_load("registers+rot") == ("registers+rot", None)
+    assert w4.parse_load("rolling+rot") == ("rolling+rot", None)
     assert w4.xsmem_options(["parts2", "rot"]) == (False, 0, 2, False, True)
     for bad in ("ring", "Bulk", "bulk:0", "bulk:x", "registers:2", "bulk:", "bulk+ahead:-1", "registers+ahead",
                 "bulk+prefetch+ahead", "bulk+scales+ahead", "bulk+ahead+ahead", "bulk+", "bulk-ahead", "rolling:2",
@@ -418,7 +421,8 @@ def test_load_spec_is_checked(monkeypatch):
                 "xsmem+prefetch+2ctas", "xsmem+prefetch+prefetch", "xsmem+prefetchx", "xsmem+parts", "xsmem+parts0",
                 "xsmem+parts2+prefetch", "xsmem+parts2+parts2", "rolling+parts2", "xsmem+parts2+xperm",
                 "xsmem+xperm+parts2", "xsmem+xperm+xperm", "xsmem+xperm+2ctas", "rolling+xperm", "bulk+xperm",
-                "xsmem+rot+xperm", "xsmem+rot+rot", "rolling+rot"):
+                "xsmem+rot+xperm", "xsmem+rot+rot", "rolling+rot+2ctas", "registers+rot+rot", "registers+rot:2",
+                "bulk+rot"):
         with pytest.raises(ValueError, match="load path .* is registers, rolling, rolling.2ctas, bulk, bulk with .* or "
                                              "xsmem .options .2ctas, .prefetch.*. with its weights' register sets"):
             w4.parse_load(bad)
@@ -987,16 +991,20 @@ def test_xsmem_permuted_x_takes_the_mmas_x_operands_as_loaded(cute_dsl, m, cta, 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_xsmem_rotated_decode_is_two_instructions_a_word_fewer(cute_dsl, dtype, tmp_path):
-    """"+rot" (plain NVFP4): each weight word rotated once (`shf.l.wrap`) for its pairs' signs, and each pair one lop3
-    and one shift or rotation (`nvfp4_rotated_pair`): the PTX's shifts and rotations (shl, shr, shf) a word two fewer,
-    the lop3 the same, the same MMAs; no local memory. int8 ignores it. (The decode's bits: the emulation tests,
-    `decode_nvfp4_words(..., rotated=True)`.)"""
+@pytest.mark.parametrize("m, cta, spec, x_steps", [(16, (1, 16, 1), "xsmem:2", 4), (8, (2, 2, 4), "rolling", 0),
+                                                   (8, (1, 1, 8), "registers", 0)])
+def test_rotated_decode_is_two_instructions_a_word_fewer(cute_dsl, dtype, m, cta, spec, x_steps, tmp_path):
+    """"+rot" (plain NVFP4, on the xsmem, rolling and register paths): each weight word rotated once (`shf.l.wrap`) for
+    its pairs' signs, and each pair one lop3 and one shift or rotation (`nvfp4_rotated_pair`): the PTX's shifts and
+    rotations (shl, shr, shf) a word two fewer, the same MMAs; no local memory. int8 ignores it. (The decode's bits:
+    the emulation tests, `decode_nvfp4_words(..., rotated=True)`.)"""
     key = lambda spec, fmt="nvfp4": w4._Key(  # noqa: E731
-        "main", dtype, fmt, 16, False, False, ARCH, w4.CtaShape(1, 16, 1), False, spec, x_steps=4)
-    ptx, plain = _ptx_of(key("xsmem+rot:2"), tmp_path), _ptx_of(key("xsmem:2"), tmp_path)
+        "main", dtype, fmt, m, False, False, ARCH, w4.CtaShape(*cta), False, spec, x_steps=x_steps)
+    base, _, sets = spec.partition(":")
+    rotated = base + "+rot" + (":" + sets if sets else "")
+    ptx, plain = _ptx_of(key(rotated), tmp_path), _ptx_of(key(spec), tmp_path)
     mmas = plain.count("mma.sync.aligned.m16n8k16")
-    words = mmas // 2  # weight words: a word pair (rows g, g + 8) feeds two MMAs a row group, 16 rows two groups
+    words = 2 * mmas // (2 * (m // 8))  # a word pair (rows g, g + 8) feeds two MMAs a row group
     shifts = lambda t: sum(t.count(op) for op in ("shl.b32", "shr.s32", "shr.u32", "shf."))  # noqa: E731
     assert ptx.count("mma.sync.aligned.m16n8k16") == mmas
     assert shifts(plain) - shifts(ptx) == 2 * words, (shifts(plain), shifts(ptx), words)
@@ -1005,7 +1013,7 @@ def test_xsmem_rotated_decode_is_two_instructions_a_word_fewer(cute_dsl, dtype, 
     rotations = 1 + sum(nvfp4_rotated_pair(j, dtype == torch.float16)[2] < 0 for j in range(4))  # the word's, pairs'
     assert ptx.count("shf.l.wrap.b32") == rotations * words
     assert "ld.local" not in ptx and "st.local" not in ptx
-    assert _ptx_of(key("xsmem+rot:2", "int8"), tmp_path) == _ptx_of(key("xsmem:2", "int8"), tmp_path)
+    assert _ptx_of(key(rotated, "int8"), tmp_path) == _ptx_of(key(spec, "int8"), tmp_path)
 
 
 def test_xsmem_permuted_x_blocks_are_the_plain_words_x_operands():
