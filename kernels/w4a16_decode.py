@@ -54,9 +54,10 @@ docs/benchmarks.md session 9, and removed). "bulk": a producer warp streams the 
 of shared-memory stages with bulk copies (`cute/w4a16_decode_gemm.py`), as deep as BULK_SMEM_BUDGET allows
 (`bulk_stages`) or "bulk:<stages>"; "rolling": the register path's loads, a step ahead as well, into one
 register set refilled piece by piece as the step uses it (half the operand registers), and "rolling+2ctas"
-with the registers capped for two CTAs a SM (registers, rolling and xsmem take "+rot" last: the plain NVFP4 decode's
-signs from one rotation of each word, `nvfp4_rotated_pair`); "+ahead" also copies the next stage to registers before computing
-the current one, "+prefetch" (NVFP4) prefetches each stage's block scales into L2 from the producer,
+with the registers capped for two CTAs a SM (registers, rolling and xsmem take "+rot" last: the plain NVFP4
+decode's signs from one rotation of each word, `nvfp4_rotated_pair`); "+ahead" also copies the next stage to
+registers before computing the current one, "+prefetch" (NVFP4) prefetches each stage's block scales into L2 from the
+producer,
 "+scales" (NVFP4) moves the block scales through the ring too ("bulk+ahead+prefetch:4"; int8 drops the
 NVFP4 options). FA4_INDUCTOR_W4A16_LOAD sets it; the matmuls' and `warmup`'s `load` argument overrides it
 (tests, `tests/bench_w4a16.py --load registers,bulk --stages 4,6`). On the H200 the bulk path is equal or slower
