@@ -57,8 +57,7 @@ register set refilled piece by piece as the step uses it (half the operand regis
 with the registers capped for two CTAs a SM (registers, rolling and xsmem take "+rot" last: the plain NVFP4
 decode's signs from one rotation of each word, `nvfp4_rotated_pair`); "+ahead" also copies the next stage to
 registers before computing the current one, "+prefetch" (NVFP4) prefetches each stage's block scales into L2 from the
-producer,
-"+scales" (NVFP4) moves the block scales through the ring too ("bulk+ahead+prefetch:4"; int8 drops the
+producer, "+scales" (NVFP4) moves the block scales through the ring too ("bulk+ahead+prefetch:4"; int8 drops the
 NVFP4 options). FA4_INDUCTOR_W4A16_LOAD sets it; the matmuls' and `warmup`'s `load` argument overrides it
 (tests, `tests/bench_w4a16.py --load registers,bulk --stages 4,6`). On the H200 the bulk path is equal or slower
 on most rows (docs/benchmarks.md, session 10 run 3). "xsmem" (or "xsmem:<sets>", 2 or more weight register sets,
