@@ -570,7 +570,7 @@ def decode_nvfp4_words(words: Tensor, block_words: Tensor, k: int, dtype: torch.
     n = w.shape[0]
     mag = gemm.nvfp4_magnitude_field(f16)
     vals = torch.empty(n, w.shape[1], 8, dtype=torch.float64)
-    turned = gemm.rotl32(w, gemm.nvfp4_sign_rotation(f16))
+    turned = gemm.rotl32(w, gemm.nvfp4_sign_rotation(f16)) if rotated else None
     for j in range(4):
         if rotated:
             sign_mask, select, final = gemm.nvfp4_rotated_pair(j, f16)

@@ -324,7 +324,8 @@ def nvfp4_magnitude_field(is_f16: bool) -> int:
 def nvfp4_sign_rotation(is_f16: bool) -> int:
     """The "rotated" decode (`rotate_signs`): every pair's sign shift less its magnitude shift, one rotation of the
     word a word: the pair's bits are then one lop3 of the word and the rotated signs and one shift (or rotation)."""
-    return {nvfp4_shifts(j, is_f16)[1] - nvfp4_shifts(j, is_f16)[0] for j in range(4)}.pop()
+    (rotation,) = {nvfp4_shifts(j, is_f16)[1] - nvfp4_shifts(j, is_f16)[0] for j in range(4)}
+    return rotation
 
 
 def rotl32(v, s: int):
@@ -703,7 +704,7 @@ class W4A16DecodeGemm:
         cta_chunks = c_end - c_begin
         row_bytes = cutlass.Int64(mX.layout.stride[0]) * 4
         x_at = mX.iterator.toint() + cutlass.Int64(c_begin * pieces + e) * 16
-        padded_chunks = (cta_chunks + LANES_K - 1) // LANES_K * LANES_K
+        padded_chunks = self.staged_chunks(c_begin, c_end)
         part_chunks = padded_chunks
         if const_expr(self.x_parts > 1):
             part_chunks = LANES_K * self.part_steps
@@ -724,6 +725,10 @@ class W4A16DecodeGemm:
             if const_expr(self.x_parts > 1):
                 cute.arch.cp_async_mbarrier_arrive_noinc(x_landed + p)
 
+    def staged_chunks(self, c_begin: Int32, c_end: Int32) -> Int32:
+        """The chunks of x's shared copy `stage_x` fills for the CTA range c_begin .. c_end: up to the step's end."""
+        return (c_end - c_begin + LANES_K - 1) // LANES_K * LANES_K
+
     @cute.jit
     def permute_x(self, base: Int32, c_begin: Int32, c_end: Int32):
         """x's shared copy (`stage_x`'s chunks c_begin .. c_end, up to the step's end, every row) rewritten once, each
@@ -733,7 +738,7 @@ class W4A16DecodeGemm:
         MMA in every warp. Thread i takes blocks i, i + threads, ... of the range, rows one after the other."""
         blocks = self.x_words // 4
         chunk_words = XSmemLayout.chunk_words(self.x_words)
-        per_row = (c_end - c_begin + LANES_K - 1) // LANES_K * LANES_K * blocks
+        per_row = self.staged_chunks(c_begin, c_end) * blocks
         tid = cute.arch.make_warp_uniform(cute.arch.warp_idx()) * 32 + cute.arch.lane_idx()
         for i in range(tid, 8 * self.groups * per_row, 32 * self.warps_n):
             m = i // per_row
@@ -1124,18 +1129,15 @@ class W4A16DecodeGemm:
             for gi in range(self.groups):
                 self.mma_into(acc, rt, gi, rA, x_word(2 * i, gi), x_word(2 * i + 1, gi))
             return
-        if self.rotate_signs:
-            turned = [rotate_bits(words[h], nvfp4_sign_rotation(f16)) for h in range(2)]
-            masks = [nvfp4_rotated_pair(j, f16)[0] for j in range(4)]
-            signs = [[and_bits(turned[h], masks[j]) for j in range(4 if f16 else 2)] for h in range(2)]
-            signs = [[signs[h][j if f16 else j % 2] for j in range(4)] for h in range(2)]
-        elif not self.pack:
+        if not self.pack:
             mag = nvfp4_magnitude_field(f16)
-            if f16:
-                signs = [[and_bits(words[h], nvfp4_sign_mask(j, True)) for j in range(4)] for h in range(2)]
-            else:
-                parity = [[and_bits(words[h], nvfp4_sign_mask(j, False)) for j in range(2)] for h in range(2)]
-                signs = [[parity[h][j % 2] for j in range(4)] for h in range(2)]
+            sources, sign_mask = words, lambda j: nvfp4_sign_mask(j, f16)  # noqa: E731
+            if self.rotate_signs:
+                sources = [rotate_bits(words[h], nvfp4_sign_rotation(f16)) for h in range(2)]
+                sign_mask = lambda j: nvfp4_rotated_pair(j, f16)[0]  # noqa: E731
+            masks = 4 if f16 else 2  # bf16: one mask a parity of j (`nvfp4_sign_mask`)
+            signs = [[and_bits(sources[h], sign_mask(j)) for j in range(masks)] for h in range(2)]
+            signs = [[signs[h][j % masks] for j in range(4)] for h in range(2)]
         for q in range(2):
             for jj in range(2):
                 j = 2 * q + jj
