@@ -33,10 +33,11 @@ Limits (`unsupported_reason`): CUDA sm90, x float16 / bfloat16 with 1..16 rows, 
 
 CTA shape (`cta_shape`): warps_n warps along N times warps_k along K, row_tiles tiles of 16 rows a warp. On the
 "auto" load path NVFP4 calls of 9..16 rows over weights of at least 4096 x 4096 (or fewer rows with K >= 4096, or from
-2048 rows with K >= 2048, or long ones: 14336 along N or K), and of 5..8 rows over the same wide weights but those of
+2048 rows with K >= 2048, or long ones: 14336 along N or K), and of 2..8 rows over the same wide weights but those of
 8192 rows, take CTAs of one K warp and the xsmem path instead, as do int8 calls of 9..16 rows over fewer than 4096 rows
 with K >= 4096 (`xsmem_cta`: 1.22-1.42x the former rule at 16 rows, H100 and H200, sessions 46-49; 1.74x on 2048 x
-8192; 1.27-1.67x on the Llama lm_heads at 5..8 rows).
+8192; 1.27-1.67x on the Llama lm_heads at 5..8 rows, 1.27-1.40x at 2..4). Plain NVFP4 there takes "xsmem+xperm+rot"
+on 1 x 16 x 1 and "xsmem+rot" on 1 x 8 x 1 (`xsmem_auto_spec`).
 Wide (2 x 4 warps, 2 tiles a warp, 1 for M > 8, whose x takes twice the registers: 64 / 32 rows a CTA) for
 NVFP4 weights whose wide CTAs cover a quarter of the SMs; narrow (1 x 8 warps, 1 tile: 16 rows a CTA) for int8
 and for NVFP4 weights with fewer rows, which the wide shape leaves on a quarter of the SMs or less with each SM
@@ -225,9 +226,9 @@ XSMEM_LONG = 14336  # weights this long along N or K (N >= XSMEM_MIN_N) take XSM
 
 
 def xsmem_at_few_rows(m: int, pack=False) -> bool:
-    """Whether a call of m <= 8 rows may take the xsmem path on "auto" (`xsmem_cta`): 5..8 rows (1..4 are the GEMV's),
-    plain layout."""
-    return m > GEMV_MAX_M and not pack
+    """Whether a call of m <= 8 rows may take the xsmem path on "auto" (`xsmem_cta`): 2..8 rows (one row is the
+    GEMVs'), plain layout."""
+    return m > GEMV_AUTO_ROWS and not pack
 
 
 def auto_ctas(m: int, pack=False) -> tuple[CtaShape, ...]:
@@ -241,7 +242,7 @@ def auto_ctas(m: int, pack=False) -> tuple[CtaShape, ...]:
 
 def wide_ctas_fill_one_wave(n: int, num_sms: int) -> bool:
     """Whether an n-row weight's WIDE CTAs (64 rows) make one wave of more than three quarters of the SMs, unsplit:
-    where 5..8 rows keep them (`xsmem_cta`)."""
+    where 2..8 rows keep them (`xsmem_cta`)."""
     return 3 * num_sms < 4 * -(-n // WIDE.rows) <= 4 * num_sms
 
 
@@ -250,9 +251,9 @@ def xsmem_cta(n: int, m: int, k: int, num_sms: int, pack=False, fmt: str = "nvfp
 
     NVFP4, 9..16 rows: 1 x 16 x 1 over weights of at least XSMEM_MIN_N rows with K >= XSMEM_MIN_K, or either side at
     least XSMEM_LONG; 1 x 8 x 1 over fewer rows with K >= XSMEM_MIN_K, or from XSMEM_NARROW_MIN_N rows with K >=
-    XSMEM_NARROW_SHORT_K. 5..8 rows (plain layout): 1 x 16 x 1 over the same wide weights, but for those whose 64-row
-    CTAs fill one wave of the SMs (`wide_ctas_fill_one_wave`: 8192 rows on 132 SMs). int8, 9..16 rows: 1 x 8 x 1 over
-    fewer than XSMEM_MIN_N rows with K >= XSMEM_MIN_K. 1..4 rows are the GEMV's.
+    XSMEM_NARROW_SHORT_K. 2..8 rows (plain layout; one row is the GEMVs'): 1 x 16 x 1 over the same wide weights, but
+    for those whose 64-row CTAs fill one wave of the SMs (`wide_ctas_fill_one_wave`: 8192 rows on 132 SMs). int8,
+    9..16 rows: 1 x 8 x 1 over fewer than XSMEM_MIN_N rows with K >= XSMEM_MIN_K.
 
     Measured (CUDA-graph medians, us, plain layout unless said; docs/benchmarks.md). H100, session 46 run 5, 16 rows,
     xsmem 2 x 8 x 1 / 2 x 4 x 1 against the rolling path on 2 x 2 x 4: 8192 x 8192 24.7 / 31.7, 14336 x 4096 24.7 /
@@ -265,7 +266,10 @@ def xsmem_cta(n: int, m: int, k: int, num_sms: int, pack=False, fmt: str = "nvfp
     former rule: 128256 x 2048 63.9 / 64.7 against 94.5 / 108.0, 4096 x 14336 19.4 / 19.6 against 21.4 / 22.6, 14336 x
     4096 20.1 / 20.3 against 21.1 / 21.2 (2 x 8 x 1), 4096 x 4096 8.5 / 9.5 against 10.1 / 10.4, 14336 x 2048 12.8 /
     12.9 against 13.9 / 15.2; 8192 x 8192 22.1 / 23.0 against 21.2 / 22.4 and 8192 x 2048 8.7 / 8.9 against 7.6 / 8.4
-    (one wave of 128 CTAs: kept). Narrow weights at 9..16 rows, 1 x 8 x 1 against the former rule (16 / 9 rows):
+    (one wave of 128 CTAs: kept). 2 / 4 rows (session 50 run 4, "xsmem+xperm+rot" against the former rule's 2 x 2 x
+    4): 128256 x 2048 63.3 / 63.7 against 80.5 / 89.1, 128256 x 4096 123.2 / 118.3 against 151.2 / 156.6, 4096 x
+    14336 19.2 / 19.5 against 20.6 / 21.3, 14336 x 4096 19.6 / 19.7 against 20.4 / 21.3; 8192 x 8192 21.5 / 21.8
+    against 20.2 / 21.3 (kept). Narrow weights at 9..16 rows, 1 x 8 x 1 against the former rule (16 / 9 rows):
     NVFP4 2048 x 2048 5.5 / 5.3 against 7.4 / 5.8 (session 48; bf16 6.6), 1024 x 4096 5.4 / 5.4 against 8.0 / 6.5 (bf16
     7.7-9.8), 512 x 4096 5.1 / 4.9 against 7.7 / 6.3 (bf16 7.6: the former rule was slower); 512 x 2048 and 1024 x 2048
     keep the former (4.7 / 3.9 against 5.1 / 4.9). int8 1024 x 4096 5.1 / 5.0 against 6.4 / 5.7, 512 x 4096 4.4 / 4.3
@@ -383,20 +387,35 @@ def configured_load() -> str:
     return spec
 
 
-def auto_load(m: int, k: int, cta: CtaShape, fmt: str) -> str:
-    """The load path "auto" gives a call of m rows over K = k of `fmt` weights on CTAs of shape `cta`
-    (ROLLING_MAX_NARROW_K); CTAs of one K warp take x from shared memory."""
+def auto_load(m: int, k: int, cta: CtaShape, fmt: str, pack=False) -> str:
+    """The load path "auto" gives a call of m rows over K = k of `fmt` weights (NVFP4 in layout `pack`) on CTAs of
+    shape `cta` (ROLLING_MAX_NARROW_K); CTAs of one K warp take x from shared memory (`xsmem_auto_spec`)."""
     if cta.warps_k == 1:
-        return XSMEM
+        return xsmem_auto_spec(cta, fmt, pack)
     if m_bucket(m) > 8:
         return "rolling" if cta.row_tiles > 1 else f"rolling+{ROLLING_CTAS}ctas"
     wide_cta = cta.rows > NARROW.rows
     return "rolling" if wide_cta or fmt == "int8" and k <= ROLLING_MAX_NARROW_K else "registers"
 
 
-def resolve_load(spec: str, m: int, k: int, cta: CtaShape, fmt: str) -> str:
+def xsmem_auto_spec(cta: CtaShape, fmt: str, pack=False) -> str:
+    """The xsmem spec "auto" gives CTAs of one K warp: for plain NVFP4 the rotated decode ("+rot"), on XSMEM_WIDE
+    with x's copy permuted for the MMAs too ("+xperm"); plain "xsmem" for the others, which neither option changes.
+
+    H100, docs/benchmarks.md session 50 run 1, us, xsmem / +xperm / +rot / +xperm+rot. 1 x 16 x 1 at 16 / 9 / 8 / 5
+    rows: 8192 x 8192 at 16 rows 24.7 / 24.2 / 24.7 / 24.5 (24.7 / 24.1 in run 3), 14336 x 4096 at 9 22.3 / 21.7 /
+    22.3 / 21.4, 4096 x 14336 at 16 22.2 / 22.0 / 22.3 / 21.7, 128256 x 2048 at 16 78.6 / 75.2 / 77.9 / 74.1, at 9
+    74.2 / 72.8 / 74.4 / 71.5; at 5..8 rows "+rot" and both are 1-3% ahead, "+xperm" alone even. 1 x 8 x 1 at 16 / 9
+    rows: 2048 x 8192 10.2 / 9.9 / 9.2 / 9.5 and 8.9 / 9.1 / 8.9 / 9.1, 1024 x 4096 5.5 / 5.6 / 5.5 / 5.7 and 5.4 /
+    5.4 / 5.1 / 5.2, 2048 x 2048 5.5 / 5.5 / 5.5 / 5.6: there the permuting pass costs what it saves."""
+    if fmt != "nvfp4" or pack:
+        return XSMEM
+    return f"{XSMEM}+xperm+rot" if cta == XSMEM_WIDE else f"{XSMEM}+rot"
+
+
+def resolve_load(spec: str, m: int, k: int, cta: CtaShape, fmt: str, pack=False) -> str:
     """A call's load path: `spec`, or `auto_load`'s for "auto"."""
-    return auto_load(m, k, cta, fmt) if spec == AUTO_LOAD else spec
+    return auto_load(m, k, cta, fmt, pack) if spec == AUTO_LOAD else spec
 
 
 def _bulk_layout(m_max: int, cta: CtaShape, scales: bool = False):
@@ -1164,7 +1183,7 @@ def warmup(dtype: torch.dtype, fmt: str, m_values=M_BUCKETS, *, bias: Optional[b
                 for b in ((False, True) if bias is None else (bool(bias),)):
                     if fmt == "nvfp4" and b:
                         continue
-                    for spec in {resolve_load(load, m, k, cta, fmt) for k in short_and_long_k}:
+                    for spec in {resolve_load(load, m, k, cta, fmt, pack) for k in short_and_long_k}:
                         for r in ((False, True) if fmt == "fp8" and row_scale is None else (bool(row_scale),)):
                             for x_steps in xsmem_buckets(spec, m, fmt, cta):
                                 for key in keys(dtype, fmt, m, split, b, arch, cta, pdl, spec, scale_dtype, pack, r,
@@ -1203,7 +1222,7 @@ def call_plan(m: int, n: int, k_padded: int, fmt: str, num_sms: int, cta: Option
     spec = configured_load() if load is None else load
     shape = cta_shape(n, m, num_sms, cta or switches.current().w4a16_cta, fmt, pack,
                       k_padded if spec == AUTO_LOAD else None)
-    load = resolve_load(spec, m, k_padded, shape, fmt)
+    load = resolve_load(spec, m, k_padded, shape, fmt, pack)
     if is_xsmem(load):
         return CallPlan(shape, load, *xsmem_plan(m, n, k_padded, fmt, shape, num_sms, splits))
     return CallPlan(shape, load, num_splits(n, k_padded, fmt, shape, num_sms) if splits is None else splits, 0)

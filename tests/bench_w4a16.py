@@ -90,13 +90,13 @@ def _cta_label(cta):
 
 
 def bench_shape(n, k, ms, splits_list=None, loads=(None,), ctas=None, int8_scales=torch.float32, packs=(None,),
-                gemvs=(None,)):
+                gemvs=(None,), x_dtype=torch.bfloat16):
     fp4_bytes, int8_bytes, bf16_bytes = n * k * 9 // 16, n * k + int8_scales.itemsize * n, 2 * n * k
     c = copies(fp4_bytes)
     ws = weights(n, k, c, int8_scales=int8_scales)
-    wbf = [torch.randn(n, k, dtype=torch.bfloat16, device="cuda") for _ in range(copies(bf16_bytes))]
+    wbf = [torch.randn(n, k, dtype=x_dtype, device="cuda") for _ in range(copies(bf16_bytes))]
     for m in ms:
-        x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
+        x = torch.randn(m, k, dtype=x_dtype, device="cuda")
         row = {}
         tag = lambda ld: f" {ld}" if ld else ""  # noqa: E731
         ptag = lambda pk: "" if pk is None else {False: " plain", True: " packed", "tiles": " tiles"}[pk]  # noqa: E731
@@ -247,6 +247,8 @@ def main():
                                                      "a pass over the shapes")
     p.add_argument("--int8-scales", default="float32", choices=("float32", "bfloat16", "float16"),
                    help="the int8 weights' per-channel scale dtype")
+    p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16"),
+                   help="x's dtype (and the half-precision weights' of the cuBLAS row, labelled bf16)")
     a = p.parse_args()
     ms = [int(v) for v in a.m.split(",")]
     splits = [int(v) for v in a.splits.split(",")] if a.splits else None
@@ -266,7 +268,8 @@ def main():
             print(f"## {switches.INT_GEMV_PREFETCH}={prefetch}")
         for shape in a.shapes.split(","):
             n, k = map(int, shape.split("x"))
-            bench_shape(n, k, ms, splits, loads, ctas, getattr(torch, a.int8_scales), packs, gemvs)
+            bench_shape(n, k, ms, splits, loads, ctas, getattr(torch, a.int8_scales), packs, gemvs,
+                        getattr(torch, a.dtype))
 
 
 if __name__ == "__main__":

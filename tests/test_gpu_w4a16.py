@@ -222,10 +222,12 @@ def test_x_from_shared_memory_k_ranges_and_splits(k, splits):
 @pytest.mark.parametrize("m, n, k, pack", [(16, 4096, 14336, False), (9, 8192, 4160, True), (12, 14336, 4096, False),
                                            (16, 2048, 8192, True), (11, 1000, 8224, False), (16, 2048, 2048, False),
                                            (10, 3000, 2080, True), (5, 14336, 4096, False), (8, 15000, 4160, False),
-                                           (13, 600, 4160, False), (7, 4100, 14400, False), (16, 14400, 2080, False)])
+                                           (13, 600, 4160, False), (7, 4100, 14400, False), (16, 14400, 2080, False),
+                                           (2, 14336, 4096, False), (4, 4100, 14400, False), (3, 14400, 2080, False)])
 def test_auto_takes_x_from_shared_memory_over_large_weights(m, n, k, pack):
     """`xsmem_cta`'s NVFP4 calls (9..16 rows over weights with K of at least 4096, narrow ones from 2048 rows at K >=
-    2048, long ones at any K; 5..8 rows over wide weights other than 8192-row ones) on the default load path."""
+    2048, long ones at any K; 2..8 rows over wide weights other than 8192-row ones) on the default load path (plain
+    NVFP4: `xsmem_auto_spec`'s options)."""
     assert w4.xsmem_cta(n, m, w4.padded_k("nvfp4", k), w4._num_sms(0), pack) is not None
     nvfp4_case(m, n, k, torch.bfloat16, seed=m, load="auto", pack=pack)
     nvfp4_case(m, n, k, torch.float16, seed=m + 1, load="auto", pack=pack)
@@ -273,6 +275,24 @@ def test_x_from_shared_memory_in_a_cuda_graph(monkeypatch):
     finally:
         monkeypatch.undo()
         switches.reset()
+
+
+@pytest.mark.parametrize("m, n, k", [(16, 4096, 8192), (3, 14336, 4096), (12, 2048, 8192)])
+def test_auto_load_in_a_cuda_graph(m, n, k):
+    """The default path of `xsmem_cta`'s calls ("xsmem+xperm+rot" on 1 x 16 x 1, "xsmem+rot" on 1 x 8 x 1), warmed
+    up as a model would be, replays a captured graph with the eager call's values."""
+    w_fp4, block, global_scale = random_nvfp4(n, k, device="cuda")
+    x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
+    assert w4.call_plan(m, n, w4.padded_k("nvfp4", k), "nvfp4", w4._num_sms(0)).load.startswith("xsmem+")
+    w4.warmup(torch.bfloat16, "nvfp4", (m,), bias=False)
+    graph, out = capture(lambda: w4.nvfp4_matmul(x, w_fp4, block, global_scale))
+    wd = float64_dequantized(w_fp4, block, global_scale)
+    for i in range(2):
+        x.copy_(torch.randn_like(x))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, w4.nvfp4_matmul(x, w_fp4, block, global_scale)), f"replay {i}"
+        report(f"graph auto m{m} {n}x{k} replay {i}", out, x.double() @ wd.T, F.linear(x, wd.to(x.dtype)))
 
 
 @pytest.mark.parametrize("pack", PACKS, ids=PACK_IDS)

@@ -183,6 +183,18 @@ def test_auto_load_rule():
     assert w4.resolve_load("auto", 16, k_long, w4.HALF_WIDE, "nvfp4") == "rolling+2ctas"
 
 
+def test_auto_xsmem_options():
+    """On CTAs of one K warp "auto" gives plain NVFP4 the rotated decode, and on 1 x 16 x 1 x's copy permuted for the
+    MMAs too (`xsmem_auto_spec`, docs/benchmarks.md session 50); int8, fp8 and the packed layouts take plain xsmem."""
+    k = 8192
+    assert [w4.auto_load(m, k, w4.XSMEM_WIDE, "nvfp4") for m in (2, 8, 16)] == ["xsmem+xperm+rot"] * 3
+    assert [w4.auto_load(m, k, w4.XSMEM_NARROW, "nvfp4") for m in (8, 16)] == ["xsmem+rot"] * 2
+    assert w4.auto_load(16, k, w4.CtaShape(2, 8, 1), "nvfp4") == "xsmem+rot"
+    assert [w4.auto_load(16, k, w4.XSMEM_WIDE, fmt) for fmt in ("int8", "fp8")] == ["xsmem"] * 2
+    assert [w4.resolve_load("auto", 16, k, w4.XSMEM_WIDE, "nvfp4", pack) for pack in (True, "tiles")] == ["xsmem"] * 2
+    assert w4.resolve_load("xsmem", 16, k, w4.XSMEM_WIDE, "nvfp4") == "xsmem"
+
+
 def test_warmup_compiles_what_auto_picks(monkeypatch):
     """warmup with "auto" asks for the variants `auto_load` can give each M and CTA (both sides of the K rule)."""
     class Recorder(list):
@@ -204,8 +216,12 @@ def test_warmup_compiles_what_auto_picks(monkeypatch):
     asked.clear()
     w4.warmup(torch.bfloat16, "nvfp4", (16,), device="cpu", load="auto", gemv=False)
     xsmem = {(k.cta, k.load, k.x_steps, k.split) for k in asked if k.kernel == "main" and k.x_steps}
-    assert xsmem == {(cta, "xsmem:2", steps, split) for cta in (w4.XSMEM_WIDE, w4.XSMEM_NARROW)
+    assert xsmem == {(cta, spec, steps, split) for cta, spec in ((w4.XSMEM_WIDE, "xsmem+xperm+rot:2"),
+                                                                  (w4.XSMEM_NARROW, "xsmem+rot:2"))
                      for steps in (2, 4, 8, 16) for split in (False, True)}, xsmem
+    asked.clear()
+    w4.warmup(torch.bfloat16, "nvfp4", (16,), device="cpu", load="auto", gemv=False, pack=True)
+    assert {k.load for k in asked if k.kernel == "main" and k.x_steps} == {"xsmem:2"}
 
 
 def test_rolling_keys():
@@ -1068,40 +1084,44 @@ def test_xsmem_plan_raises_splits_until_x_fits_shared_memory():
 def test_auto_takes_x_from_shared_memory_over_large_weights():
     """`xsmem_cta`: on the "auto" load path, NVFP4 calls of 9..16 rows take CTAs of one K warp and the xsmem path over
     weights with K of at least 4096 (1 x 16 x 1 from 4096 rows, 1 x 8 x 1 over fewer), from 2048 rows at K >= 2048
-    (1 x 8 x 1) and over long ones (14336 along N or K, from 4096 rows) at any K; 5..8 rows over the same wide weights
+    (1 x 8 x 1) and over long ones (14336 along N or K, from 4096 rows) at any K; 2..8 rows over the same wide weights
     (plain layout) but those whose 64-row CTAs fill one wave of the SMs; int8 calls of 9..16 rows over fewer than 4096
-    rows with K >= 4096; split as `xsmem_plan` says. The rest keep their CTAs."""
+    rows with K >= 4096; split as `xsmem_plan` says, plain NVFP4 with `xsmem_auto_spec`'s options. The rest keep their
+    CTAs."""
+    wide, narrow = "xsmem+xperm+rot", "xsmem+rot"
     def plan(n, k, m, fmt="nvfp4", pack=False):
         shape, load, splits, _ = w4.call_plan(m, n, w4.padded_k(fmt, k), fmt, 132, load="auto", pack=pack)
         return "x".join(map(str, shape)), load, splits
 
-    assert plan(8192, 8192, 16) == ("1x16x1", "xsmem", 4)
+    assert plan(8192, 8192, 16) == ("1x16x1", wide, 4)
     assert plan(8192, 8192, 9, pack=True) == ("1x16x1", "xsmem", 4)
     assert plan(4096, 8192, 9, pack=True) == ("1x16x1", "xsmem", 8)
-    assert plan(14336, 4096, 12) == ("1x16x1", "xsmem", 2)
-    assert plan(4096, 14336, 16) == plan(4096, 4096, 16) == ("1x16x1", "xsmem", 8)
-    assert plan(128256, 4096, 16) == plan(128256, 2048, 9) == ("1x16x1", "xsmem", 1)
-    assert plan(14336, 2048, 16) == ("1x16x1", "xsmem", 2)
+    assert plan(14336, 4096, 12) == ("1x16x1", wide, 2)
+    assert plan(4096, 14336, 16) == plan(4096, 4096, 16) == ("1x16x1", wide, 8)
+    assert plan(128256, 4096, 16) == plan(128256, 2048, 9) == ("1x16x1", wide, 1)
+    assert plan(14336, 2048, 16) == ("1x16x1", wide, 2)
     assert plan(8192, 8192, 16, pack="tiles") == ("2x2x4", "rolling", 1)
     assert plan(8192, 2048, 16) == ("2x2x4", "rolling", 1)
-    assert plan(2048, 8192, 16) == ("1x8x1", "xsmem", 8)
-    assert plan(2048, 14336, 9) == ("1x8x1", "xsmem", 8)
-    assert plan(1024, 4096, 16)[:2] == plan(512, 4096, 9)[:2] == ("1x8x1", "xsmem")
+    assert plan(2048, 8192, 16) == ("1x8x1", narrow, 8)
+    assert plan(2048, 14336, 9) == ("1x8x1", narrow, 8)
+    assert plan(1024, 4096, 16)[:2] == plan(512, 4096, 9)[:2] == ("1x8x1", narrow)
     assert plan(1024, 2048, 16) == plan(512, 2048, 16) == ("1x1x8", "rolling+2ctas", 1)
-    assert plan(2048, 2048, 16)[:2] == plan(2048, 4096, 9)[:2] == ("1x8x1", "xsmem")
+    assert plan(2048, 2048, 16)[:2] == plan(2048, 4096, 9)[:2] == ("1x8x1", narrow)
     assert plan(2048, 1024, 16) == ("1x2x4", "rolling+2ctas", 1)
     assert plan(2048, 8192, 8) == ("1x1x8", "registers", 1)
     assert plan(8192, 8192, 8) == ("2x2x4", "rolling", 1)
-    assert plan(14336, 4096, 5) == plan(14336, 4096, 8) == ("1x16x1", "xsmem", 2)
-    assert plan(4096, 14336, 8) == plan(4096, 4096, 5) == ("1x16x1", "xsmem", 8)
-    assert plan(14336, 2048, 8)[:2] == ("1x16x1", "xsmem")
+    assert plan(14336, 4096, 5) == plan(14336, 4096, 8) == ("1x16x1", wide, 2)
+    assert plan(4096, 14336, 8) == plan(4096, 4096, 5) == ("1x16x1", wide, 8)
+    assert plan(14336, 2048, 8)[:2] == ("1x16x1", wide)
     assert plan(8192, 2048, 5)[:2] == ("2x2x4", "rolling")
     assert [w4.wide_ctas_fill_one_wave(n, 132) for n in (6336, 6400, 8192, 8448, 8512)] == [
         False, True, True, True, False]
-    assert plan(128256, 4096, 8) == plan(128256, 2048, 5) == ("1x16x1", "xsmem", 1)
-    assert plan(14336, 4096, 4)[:2] == plan(14336, 4096, 8, pack=True)[:2] == plan(8192, 4096, 8)[:2] == (
+    assert plan(128256, 4096, 8) == plan(128256, 2048, 5) == ("1x16x1", wide, 1)
+    assert plan(14336, 4096, 4) == plan(14336, 4096, 2) == ("1x16x1", wide, 2)
+    assert plan(128256, 2048, 3) == ("1x16x1", wide, 1)
+    assert plan(14336, 4096, 1)[:2] == plan(14336, 4096, 8, pack=True)[:2] == plan(8192, 4096, 4)[:2] == (
         "2x2x4", "rolling")
-    assert w4.XSMEM_WIDE in w4.auto_ctas(5) and w4.XSMEM_WIDE not in w4.auto_ctas(4) + w4.auto_ctas(8, pack=True)
+    assert w4.XSMEM_WIDE in w4.auto_ctas(2) and w4.XSMEM_WIDE not in w4.auto_ctas(1) + w4.auto_ctas(8, pack=True)
     assert plan(8192, 8192, 16, "int8") == ("1x1x8", "rolling+2ctas", 1)
     assert plan(1024, 4096, 16, "int8")[:2] == plan(2048, 8192, 9, "int8")[:2] == ("1x8x1", "xsmem")
     assert plan(2048, 2048, 16, "int8") == ("1x1x8", "rolling+2ctas", 1)
