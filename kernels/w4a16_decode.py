@@ -347,7 +347,7 @@ def parse_load(spec: str) -> tuple[str, Optional[int]]:
                      f"rolling+{ROLLING_CTAS}ctas, bulk, bulk with options "
                      f"{', '.join('+' + o for o in BULK_OPTIONS)} (in this order) and a ring depth (bulk+prefetch:4), "
                      f"or {XSMEM} (options +{ROLLING_CTAS}ctas, +prefetch[<steps>], a multiple of the register sets, "
-                     f"+parts<n> or +xperm, +rot, in this order) with its weights' register sets (>= 2: {XSMEM}:3); "
+                     f"+parts<n> or +xperm, +wring, +rot, in this order) with its weights' register sets (>= 2: {XSMEM}:3); "
                      f"registers and rolling also take +rot; got {spec!r}")
 
 
@@ -357,11 +357,13 @@ class XsmemOptions(NamedTuple):
     parts: int  # parts x's shared copy lands in, each waited for on its own
     permute: bool = False  # x's shared copy rewritten once into the MMA's operand pairs (plain NVFP4)
     rotate: bool = False  # the plain NVFP4 decode's signs from one rotation of the word (`nvfp4_rotated_pair`)
+    ring: bool = False  # the weights through a ring of <sets> steps a warp in shared memory (cp.async)
 
 
 def xsmem_options(options: list[str]) -> Optional[XsmemOptions]:
     """The xsmem path's options, or None when they are not its: "+2ctas", then "+prefetch" (XSMEM_BURST steps) or
-    "+prefetch<steps>", then "+parts<n>" (n >= 1; XSMEM_PARTS without it) or "+xperm", then "+rot"."""
+    "+prefetch<steps>", then "+parts<n>" (n >= 1; XSMEM_PARTS without it) or "+xperm", then "+wring" (x in one part,
+    no prefetch), then "+rot"."""
     capped = options[:1] == [f"{ROLLING_CTAS}ctas"]
     rest = options[1:] if capped else options
     burst = re.fullmatch(r"prefetch(\d*)", rest[0]) if rest else None
@@ -372,11 +374,13 @@ def xsmem_options(options: list[str]) -> Optional[XsmemOptions]:
     rest = rest[1:] if parts else rest
     permute = rest[:1] == ["xperm"] and n_parts == 1
     rest = rest[1:] if permute else rest
+    ring = rest[:1] == ["wring"] and n_parts == 1 and not burst
+    rest = rest[1:] if ring else rest
     rotate = rest[:1] == ["rot"]
     rest = rest[1:] if rotate else rest
     if rest or burst and steps < 1 or n_parts < 1:
         return None
-    return XsmemOptions(capped, steps, n_parts, permute, rotate)
+    return XsmemOptions(capped, steps, n_parts, permute, rotate, ring)
 
 
 def configured_load() -> str:
@@ -461,15 +465,28 @@ def is_xsmem(spec: str) -> bool:
     return spec != AUTO_LOAD and parse_load(spec)[0].split("+")[0] == XSMEM
 
 
-def xsmem_max_steps(m_max: int, fmt: str) -> int:
-    """The most steps (4 chunks) of x's rows a CTA on the "xsmem" path copies to shared memory (a power of two)."""
+def xsmem_max_steps(m_max: int, fmt: str, reserved: int = 0) -> int:
+    """The most steps (4 chunks) of x's rows a CTA on the "xsmem" path copies to shared memory (a power of two), beside
+    `reserved` bytes of it (`xsmem_ring_bytes`)."""
     from .cute.w4a16_decode_gemm import XSmemLayout
 
     x_words = CHUNK_VALUES[fmt] // 2
     steps = 2
-    while XSmemLayout.bytes(2 * steps, x_words, m_max // 8) <= XSMEM_BUDGET:
+    while XSmemLayout.bytes(2 * steps, x_words, m_max // 8) + reserved <= XSMEM_BUDGET:
         steps *= 2
     return steps
+
+
+def xsmem_ring_bytes(spec: str, fmt: str, cta: CtaShape) -> int:
+    """The shared memory of the weight rings of an "xsmem+wring" spec's CTA (0 for other specs)."""
+    if not is_xsmem(spec):
+        return 0
+    path, sets = parse_load(spec)
+    if not xsmem_options(path.split("+")[1:]).ring:
+        return 0
+    from .cute.w4a16_decode_gemm import weight_ring_slot_bytes
+
+    return cta.warps_n * (sets or XSMEM_SETS) * weight_ring_slot_bytes(cta.row_tiles, fmt)
 
 
 def xsmem_buckets(spec: str, m: int, fmt: str, cta: CtaShape) -> tuple[int, ...]:
@@ -479,17 +496,18 @@ def xsmem_buckets(spec: str, m: int, fmt: str, cta: CtaShape) -> tuple[int, ...]
         return (0,)
     if cta.warps_k != 1:
         raise ValueError(f"the {XSMEM} load path takes CTAs of one warp along K: set {switches.W4A16_CTA}=RTxWNx1")
-    return tuple(2 ** i for i in range(1, xsmem_max_steps(m_bucket(m), fmt).bit_length()))
+    most = xsmem_max_steps(m_bucket(m), fmt, xsmem_ring_bytes(spec, fmt, cta))
+    return tuple(2 ** i for i in range(1, most.bit_length()))
 
 
 def xsmem_plan(m: int, n: int, k_padded: int, fmt: str, shape: CtaShape, num_sms: int,
-               splits: Optional[int]) -> tuple[int, int]:
-    """(splits, x_steps) of an "xsmem" call: `splits` or `num_splits`', raised until each CTA's K range of x fits
-    `xsmem_max_steps`; x_steps the power of two (>= 2) of steps its shared copy holds."""
+               splits: Optional[int], load: str = XSMEM) -> tuple[int, int]:
+    """(splits, x_steps) of an "xsmem" call on load path `load`: `splits` or `num_splits`', raised until each CTA's K
+    range of x fits `xsmem_max_steps`; x_steps the power of two (>= 2) of steps its shared copy holds."""
     if shape.warps_k != 1:
         raise ValueError(f"the {XSMEM} load path takes CTAs of one warp along K (RTxWNx1), not {shape}")
     chunks = k_padded // CHUNK_VALUES[fmt]
-    most = xsmem_max_steps(m_bucket(m), fmt)
+    most = xsmem_max_steps(m_bucket(m), fmt, xsmem_ring_bytes(load, fmt, shape))
     steps = lambda s: math.ceil(math.ceil(chunks / s) / STEP_CHUNKS)  # noqa: E731  (the longest CTA range, in steps)
     if splits is None:
         splits = num_splits(n, k_padded, fmt, shape, num_sms)
@@ -918,7 +936,8 @@ def _compile(key: _Key):
     if is_xsmem(key.load):
         opts = xsmem_options(options)
         load = dict(load=XSMEM, sets=stages, x_steps=key.x_steps, min_ctas=ROLLING_CTAS if opts.capped else 0,
-                    l2_burst=opts.burst, x_parts=opts.parts, x_permute=opts.permute, rotate_signs=opts.rotate)
+                    l2_burst=opts.burst, x_parts=opts.parts, x_permute=opts.permute, rotate_signs=opts.rotate,
+                    w_ring=opts.ring)
     elif path.startswith("bulk"):
         load = dict(load="bulk", stages=stages, ahead="ahead" in options, prefetch="prefetch" in options,
                     scales="scales" in options)
@@ -1224,7 +1243,7 @@ def call_plan(m: int, n: int, k_padded: int, fmt: str, num_sms: int, cta: Option
                       k_padded if spec == AUTO_LOAD else None)
     load = resolve_load(spec, m, k_padded, shape, fmt, pack)
     if is_xsmem(load):
-        return CallPlan(shape, load, *xsmem_plan(m, n, k_padded, fmt, shape, num_sms, splits))
+        return CallPlan(shape, load, *xsmem_plan(m, n, k_padded, fmt, shape, num_sms, splits, load))
     return CallPlan(shape, load, num_splits(n, k_padded, fmt, shape, num_sms) if splits is None else splits, 0)
 
 

@@ -86,6 +86,17 @@ a50) # session 50's defaults: plain NVFP4 on 1 x 16 x 1 takes "xsmem+xperm+rot",
       --load auto
     run timeout 120 python3 tests/bench_w4a16.py --m 1,2,4,8,16 --shapes 8192x8192,14336x4096,4096x14336,2048x8192,\
 8192x2048,128256x4096 ;;
+r50) # session 50's "+wring" (CPU-compiled only): each warp's weights by cp.async through a ring of <sets> steps in
+    # shared memory (sets - 1 steps in flight while it computes one; one register set: 96 registers at 1 x 16 x 1, 16
+    # rows, against 128), x's copy shrunk to make room (8192 x 8192: 4 splits at :3, 8 at :4). Tests, then against
+    # the default on 1 x 16 x 1 and 1 x 8 x 1
+    nvidia-smi -L >>$L
+    run timeout 150 $P -n 8 tests/test_gpu_w4a16.py -k "weight_ring or x_from_shared_memory and wring"
+    R="xsmem+xperm+rot,xsmem+xperm+wring+rot:3,xsmem+xperm+wring+rot:4,xsmem+xperm+wring+rot:2"
+    run timeout 150 python3 tests/bench_w4a16.py --m 16,8,4 --shapes 8192x8192,14336x4096,4096x14336,128256x2048 \
+      --cta 1x16x1 --load $R
+    run timeout 60 python3 tests/bench_w4a16.py --m 16,9 --shapes 2048x8192,1024x4096 --cta 1x8x1 \
+      --load xsmem+rot,xsmem+wring+rot:3,xsmem+wring+rot:4 ;;
 xp49) # session 49's "xsmem+xperm" and "+rot" (CPU-compiled only): x's shared copy rewritten once into the plain NVFP4
     # MMA's operand pairs, so the K loop has no prmt for x; the pairs' signs from one rotation of each word (two
     # instructions a word fewer; the decode's bits checked by the CPU emulation). sm_90a, 1 x 16 x 1 at 16 rows: loop
