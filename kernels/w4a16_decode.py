@@ -158,7 +158,8 @@ XSMEM = "xsmem"
 XSMEM_SETS = 2  # "xsmem" without a depth: two register sets of weights (loaded a step ahead, as "registers")
 XSMEM_BURST = 4  # "xsmem+prefetch": steps of each weight row requested into L2 at once (`prefetch_burst`)
 XSMEM_PARTS = 1  # "xsmem" without "+parts<n>": x's shared copy waited for whole before the first MMA
-XSMEM_BUDGET = 200 * 1024  # x's shared copy, the CTA's K range of it (`xsmem_max_steps`): split K further past this
+XSMEM_BUDGET = 226 * 1024  # x's shared copy, the CTA's K range of it, and any weight rings (`xsmem_max_steps`): split K
+# further past this; the last KB of SMEM_LIMIT holds the (one-word) K-slice buffer and the mbarriers
 BULK_SMEM_BUDGET = 200 * 1024  # the bulk ring's default depth fills this (one CTA a SM: its registers)
 SMEM_LIMIT = 227 * 1024  # sm90's shared memory a CTA can opt into
 MAX_STAGES = 16

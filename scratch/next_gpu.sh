@@ -98,7 +98,7 @@ a50) # session 50's defaults: plain NVFP4 on 1 x 16 x 1 takes "xsmem+xperm+rot",
 8192x2048,128256x4096 ;;
 r50) # session 50's "+wring" (CPU-compiled only): each warp's weights by cp.async through a ring of <sets> steps in
     # shared memory (sets - 1 steps in flight while it computes one; one register set: 96 registers at 1 x 16 x 1, 16
-    # rows, against 128), x's copy shrunk to make room (8192 x 8192: 4 splits at :3, 8 at :4). Tests, then against
+    # rows, against 128), x's copy shrunk to make room where needed (8192 x 8192: 4 splits at :3 and :4, 8 at :5). Tests, then against
     # the default on 1 x 16 x 1 and 1 x 8 x 1
     nvidia-smi -L >>$L
     run timeout 150 $P -n 8 tests/test_gpu_w4a16.py -k "weight_ring or x_from_shared_memory and wring"

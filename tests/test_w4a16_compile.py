@@ -953,9 +953,10 @@ def test_weight_ring_takes_its_shared_memory_from_xs():
     assert w4.xsmem_ring_bytes("xsmem+xperm:3", "nvfp4", w4.XSMEM_WIDE) == w4.xsmem_ring_bytes("rolling", "nvfp4",
                                                                                                 w4.WIDE) == 0
     plan = lambda spec: w4.call_plan(16, 8192, 8192, "nvfp4", 132, (1, 16, 1), spec)[2:]  # noqa: E731
-    assert plan("xsmem:3") == plan("xsmem+wring:3") == (4, 8)
-    assert plan("xsmem+wring:4") == (8, 4)
-    assert w4.xsmem_buckets("xsmem+wring:4", 16, "nvfp4", w4.XSMEM_WIDE) == (2, 4)
+    assert plan("xsmem:3") == plan("xsmem+wring:3") == plan("xsmem+wring:4") == (4, 8)
+    assert plan("xsmem+wring:5") == (8, 4)
+    assert w4.xsmem_buckets("xsmem+wring:5", 16, "nvfp4", w4.XSMEM_WIDE) == (2, 4)
+    assert w4.xsmem_buckets("xsmem+wring:4", 16, "nvfp4", w4.XSMEM_WIDE) == (2, 4, 8)
 
 
 @pytest.mark.slow

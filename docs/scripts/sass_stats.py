@@ -62,7 +62,7 @@ def compile_variant(argv):
                w4.cta_shape(8192, m, 132, pack="tiles" if "--tiles" in flags else "--pack" in flags))
         load = w4.load_key(argv[3] if len(argv) > 3 else "registers", m, argv[1], cta)
         dtype = torch.float16 if "--f16" in flags else torch.bfloat16
-        x_steps = w4.xsmem_max_steps(m, argv[1]) if w4.is_xsmem(load) else 0
+        x_steps = w4.xsmem_buckets(load, m, argv[1], cta)[-1]
         w4.compiled(w4._Key("main", dtype, argv[1], m, "--split" in flags, False, "sm_90a", cta, False, load,
                             pack="--pack" in flags or "--tiles" in flags, tiled="--tiles" in flags, x_steps=x_steps))
     elif argv[0] == "gemv":
