@@ -72,16 +72,17 @@ x48b) # x48's second half (one call holds the first): wide N at 5 / 8 rows, the 
     run timeout 80 python3 tests/bench_w4a16.py --m 16,9 --shapes 1024x4096,2048x4096,2048x2048,512x2048 \
       --cta auto,1x8x1 --load auto,xsmem+parts4
     run timeout 60 python3 tests/bench_w4a16.py --m 1,16 --shapes 8192x8192,14336x4096 ;;
-c50) # a50 and r50 in one call (device time short): their tests, "+wring" against the default, f16 x, 2..4 rows
+c50) # a50 and r50 in one call (device time short), most needed first: the tests, "+wring" against the default, f16 x,
+    # 2..4 rows on 4096 x 4096, the 1 / 16-row ratio
     nvidia-smi -L >>$L
-    run timeout 180 $P -n 8 tests/test_gpu_w4a16.py -k "auto_takes or auto_load_in_a_cuda_graph or weight_ring \
+    run timeout 150 $P -n 8 tests/test_gpu_w4a16.py -k "auto_takes or auto_load_in_a_cuda_graph or weight_ring \
       or x_from_shared_memory and wring"
-    run timeout 120 python3 tests/bench_w4a16.py --m 16,8,4 --shapes 8192x8192,14336x4096,4096x14336,128256x2048 \
-      --cta 1x16x1 --load xsmem+xperm+rot,xsmem+xperm+wring+rot:3,xsmem+xperm+wring+rot:4
-    run timeout 50 python3 tests/bench_w4a16.py --dtype float16 --m 16,8 --shapes 8192x8192,4096x14336 --cta 1x16x1 \
-      --load xsmem,xsmem+rot,xsmem+xperm+rot
-    run timeout 40 python3 tests/bench_w4a16.py --m 2,4 --shapes 4096x4096,6144x4096 --cta 2x2x4,1x16x1 --load auto
-    run timeout 40 python3 tests/bench_w4a16.py --m 1,16 --shapes 8192x8192,14336x4096 ;;
+    run timeout 100 python3 tests/bench_w4a16.py --m 16,8 --shapes 8192x8192,4096x14336,128256x2048 --cta 1x16x1 \
+      --load xsmem+xperm+rot,xsmem+xperm+wring+rot:3,xsmem+xperm+wring+rot:4
+    run timeout 40 python3 tests/bench_w4a16.py --dtype float16 --m 16 --shapes 8192x8192,4096x14336 --cta 1x16x1 \
+      --load xsmem+rot,xsmem+xperm+rot
+    run timeout 30 python3 tests/bench_w4a16.py --m 2,4 --shapes 4096x4096 --cta 2x2x4,1x16x1 --load auto
+    run timeout 30 python3 tests/bench_w4a16.py --m 1,16 --shapes 8192x8192 ;;
 a50) # session 50's defaults: plain NVFP4 on 1 x 16 x 1 takes "xsmem+xperm+rot", on 1 x 8 x 1 "xsmem+rot" (xp49, H100:
     # 1-6% faster), and 2..4 rows over wide weights (not 8192-row ones) take 1 x 16 x 1 (H100: 128256 x 2048 63 against
     # 80-89 us). Their GPU tests, f16 x (the +xperm variant spills one word there), 4096 x 4096 at 2..4 rows, the table
