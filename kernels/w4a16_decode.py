@@ -348,7 +348,8 @@ def parse_load(spec: str) -> tuple[str, Optional[int]]:
                      f"rolling+{ROLLING_CTAS}ctas, bulk, bulk with options "
                      f"{', '.join('+' + o for o in BULK_OPTIONS)} (in this order) and a ring depth (bulk+prefetch:4), "
                      f"or {XSMEM} (options +{ROLLING_CTAS}ctas, +prefetch[<steps>], a multiple of the register sets, "
-                     f"+parts<n> or +xperm, +wring, +rot, in this order) with its weights' register sets (>= 2: {XSMEM}:3); "
+                     f"+parts<n> or +xperm, +wring, +rot, in this order) with its weights' register sets "
+                     f"(>= 2: {XSMEM}:3); "
                      f"registers and rolling also take +rot; got {spec!r}")
 
 

@@ -424,7 +424,8 @@ def test_load_spec_is_checked(monkeypatch):
     assert w4.xsmem_options(["prefetch"]) == (False, 4, w4.XSMEM_PARTS, False, False, False)
     assert w4.xsmem_options(["parts3"]).parts == 3 and w4.xsmem_options(["parts1"]).parts == 1
     assert w4.parse_load("xsmem+2ctas+xperm:3") == ("xsmem+2ctas+xperm", 3)
-    assert w4.xsmem_options(["xperm"]) == (False, 0, 1, True, False, False) and not w4.xsmem_options(["prefetch"]).permute
+    assert w4.xsmem_options(["xperm"]) == (False, 0, 1, True, False, False)
+    assert not w4.xsmem_options(["prefetch"]).permute
     assert w4.parse_load("xsmem+xperm+rot:2") == ("xsmem+xperm+rot", 2)
     assert w4.parse_load("rolling+2ctas+rot") == ("rolling+2ctas+rot", None)
     assert w4.parse_load("registers+rot") == ("registers+rot", None)

@@ -709,15 +709,16 @@ class W4A16DecodeGemm:
             cute.arch.cp_async_wait_group(0)  # the copies past the range (zero-filled) land before the CTA exits
 
     def ring_rows(self, mW: cute.Tensor, mBlock: Optional[cute.Tensor], row0: Int32, n_rows: Int32) -> list:
-        """The lane's rows (`weight_row`) as (weights' address, block scales' address or None) at chunk 0."""
-        out = []
-        for r in range(2 * self.row_tiles):
-            n = cutlass.Int64(self.weight_row(row0, r, n_rows))
-            scales = None
-            if mBlock is not None:
-                scales = mBlock.iterator.toint() + n * (cutlass.Int64(mBlock.layout.stride[0]) * 4)
-            out.append((mW.iterator.toint() + n * (cutlass.Int64(mW.layout.stride[0]) * 4), scales))
-        return out
+        """Every row of the lane's (`weight_row`) as `row_addresses`."""
+        return [self.row_addresses(mW, mBlock, self.weight_row(row0, r, n_rows)) for r in range(2 * self.row_tiles)]
+
+    def row_addresses(self, mW: cute.Tensor, mBlock: Optional[cute.Tensor], n: Int32) -> tuple:
+        """Weight row n's chunk 0 as (its weights' global address, its block scales' or None)."""
+        n = cutlass.Int64(n)
+        scales = None
+        if mBlock is not None:
+            scales = mBlock.iterator.toint() + n * (cutlass.Int64(mBlock.layout.stride[0]) * 4)
+        return mW.iterator.toint() + n * (cutlass.Int64(mW.layout.stride[0]) * 4), scales
 
     @cute.jit
     def ring_copy_step(self, rows: list, slot: Int32, c: Int32, c_end: Int32):
@@ -754,14 +755,8 @@ class W4A16DecodeGemm:
         None) at chunk 0: lane t takes the lane group's rows r = t, t + 4, ... (mod 2 x row_tiles: with fewer than four
         rows two lanes ask for the same lines)."""
         t = cute.arch.lane_idx() % LANES_K
-        out = []
-        for i in range((2 * self.row_tiles + LANES_K - 1) // LANES_K):
-            n = cutlass.Int64(self.weight_row(row0, (t + LANES_K * i) % (2 * self.row_tiles), n_rows))
-            scales = None
-            if mBlock is not None:
-                scales = mBlock.iterator.toint() + n * (cutlass.Int64(mBlock.layout.stride[0]) * 4)
-            out.append((mW.iterator.toint() + n * (cutlass.Int64(mW.layout.stride[0]) * 4), scales))
-        return out
+        return [self.row_addresses(mW, mBlock, self.weight_row(row0, (t + LANES_K * i) % (2 * self.row_tiles), n_rows))
+                for i in range((2 * self.row_tiles + LANES_K - 1) // LANES_K)]
 
     @cute.jit
     def prefetch_burst(self, rows: list, c: Int32, c_end: Int32):
