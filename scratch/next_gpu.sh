@@ -72,6 +72,13 @@ x48b) # x48's second half (one call holds the first): wide N at 5 / 8 rows, the 
     run timeout 80 python3 tests/bench_w4a16.py --m 16,9 --shapes 1024x4096,2048x4096,2048x2048,512x2048 \
       --cta auto,1x8x1 --load auto,xsmem+parts4
     run timeout 60 python3 tests/bench_w4a16.py --m 1,16 --shapes 8192x8192,14336x4096 ;;
+d50) # c50 cut to what little device time is left: the default's and the ring's tests, the ring at 16 rows, f16
+    nvidia-smi -L >>$L
+    run timeout 100 $P -n 8 tests/test_gpu_w4a16.py -k "auto_takes or auto_load_in_a_cuda_graph or weight_ring"
+    run timeout 60 python3 tests/bench_w4a16.py --m 16 --shapes 8192x8192,4096x14336 --cta 1x16x1 \
+      --load xsmem+xperm+rot,xsmem+xperm+wring+rot:3,xsmem+xperm+wring+rot:4
+    run timeout 30 python3 tests/bench_w4a16.py --dtype float16 --m 16 --shapes 8192x8192 --cta 1x16x1 \
+      --load xsmem+rot,xsmem+xperm+rot ;;
 c50) # a50 and r50 in one call (device time short), most needed first: the tests, "+wring" against the default, f16 x,
     # 2..4 rows on 4096 x 4096, the 1 / 16-row ratio
     nvidia-smi -L >>$L
