@@ -277,14 +277,8 @@ def test_x_from_shared_memory_in_a_cuda_graph(monkeypatch):
         w_fp4, block, global_scale = random_nvfp4(n, k, device="cuda")
         x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
         w4.warmup(torch.bfloat16, "nvfp4", (m,), bias=False, load="xsmem")
-        graph, out = capture(lambda: w4.nvfp4_matmul(x, w_fp4, block, global_scale, load="xsmem"))
-        wd = float64_dequantized(w_fp4, block, global_scale)
-        for i in range(2):
-            x.copy_(torch.randn_like(x))
-            graph.replay()
-            torch.cuda.synchronize()
-            assert torch.equal(out, w4.nvfp4_matmul(x, w_fp4, block, global_scale, load="xsmem")), f"replay {i}"
-            report(f"graph xsmem m{m} replay {i}", out, x.double() @ wd.T, F.linear(x, wd.to(x.dtype)))
+        replays_match_eager(x, lambda: w4.nvfp4_matmul(x, w_fp4, block, global_scale, load="xsmem"),
+                            float64_dequantized(w_fp4, block, global_scale), f"graph xsmem m{m}")
     finally:
         monkeypatch.undo()
         switches.reset()
@@ -298,14 +292,20 @@ def test_auto_load_in_a_cuda_graph(m, n, k):
     x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
     assert w4.call_plan(m, n, w4.padded_k("nvfp4", k), "nvfp4", w4._num_sms(0)).load.startswith("xsmem+")
     w4.warmup(torch.bfloat16, "nvfp4", (m,), bias=False)
-    graph, out = capture(lambda: w4.nvfp4_matmul(x, w_fp4, block, global_scale))
-    wd = float64_dequantized(w_fp4, block, global_scale)
+    replays_match_eager(x, lambda: w4.nvfp4_matmul(x, w_fp4, block, global_scale),
+                        float64_dequantized(w_fp4, block, global_scale), f"graph auto m{m} {n}x{k}")
+
+
+def replays_match_eager(x, call, wd, name):
+    """`call` captured in a CUDA graph, replayed on fresh values of x: the eager call's outputs, bit for bit, within
+    PyTorch's error of x @ wd^T in float64."""
+    graph, out = capture(call)
     for i in range(2):
         x.copy_(torch.randn_like(x))
         graph.replay()
         torch.cuda.synchronize()
-        assert torch.equal(out, w4.nvfp4_matmul(x, w_fp4, block, global_scale)), f"replay {i}"
-        report(f"graph auto m{m} {n}x{k} replay {i}", out, x.double() @ wd.T, F.linear(x, wd.to(x.dtype)))
+        assert torch.equal(out, call()), f"{name} replay {i}"
+        report(f"{name} replay {i}", out, x.double() @ wd.T, F.linear(x, wd.to(x.dtype)))
 
 
 @pytest.mark.parametrize("pack", PACKS, ids=PACK_IDS)
