@@ -1,8 +1,8 @@
-# Unrun GPU work. Session 49 ran x48, x48b, v49 and w49 on H100s (docs/benchmarks.md, session 49). Next: `xp49` (x's
-# copy permuted for the MMAs, "xsmem+xperm", and the rotated decode, "+rot"), `h49` (session 49's CTA rules on an
-# H200; two calls' worth: split it if the install shares the first), `k49` (issue 16's b8 x 32k at a 72 KB ring),
-# then `p47` (the L2 bursts in full: q47 found them within 4%, low priority), `m47`, `e46`'s last line (fp8 plain
-# buffers end to end), `w43`, `p43`, `n36`. Parts of earlier sessions below keep their notes.
+# Unrun GPU work. Session 50 ran xp49 and k49 on an H100 (docs/benchmarks.md, session 50), then got no machine. Next:
+# `d50` first (the new xsmem default's own GPU tests, "+wring" against it, f16 x; `c50` and `r50` are its longer
+# forms: run them when a call has the time), then `h49` (session 49's CTA rules on an H200; two calls' worth),
+# `p47` (low priority), `m47`, `e46`'s last line (fp8 plain buffers end to end), `w43`, `p43`, `n36`. `k49` ran on
+# an H100 (72 KB ring: no change); its H200 run is optional. Parts of earlier sessions below keep their notes.
 # Output goes to $OUT/log.txt. Have the next call ready: the machine goes back 30 s after a call, and a fresh one needs
 # .gpu/a and .gpu/b again. Run one part a call:  bash scratch/next_gpu.sh x48
 # Never `pkill -f pytest` here: it matches this script's own command line. A pytest cut by `timeout` can leave xdist
