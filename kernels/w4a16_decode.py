@@ -67,10 +67,12 @@ each weight row's next XSMEM_BURST (or <steps>) steps past the register sets int
 so that they reach DRAM as one run a row; "+parts<n>" lands x's copy in n parts of whole K-loop iterations, each on
 its own mbarrier, so the first MMAs wait for the first part only, default XSMEM_PARTS; "+xperm" (plain NVFP4, x in
 one part) rewrites x's copy once into the MMA's operand pairs, sparing every warp two prmt a MMA; "+rot" (plain NVFP4)
-decodes each pair's sign bits from one rotation of the word, two instructions a word fewer): x's CTA range copied
-to shared memory once and read from there by the MMAs, on CTAs of one warp along K (`xsmem_cta` on "auto", else a forced
-CTA shape RTxWNx1: FA4_INDUCTOR_W4A16_CTA or `cta`); the split count is raised until a CTA's range of x fits
-XSMEM_BUDGET (`xsmem_plan`), and variants are compiled per power of two of x's steps.
+decodes each pair's sign bits from one rotation of the word, two instructions a word fewer; "+wring", before "+rot",
+streams each warp's weights by cp.async through its own ring of <sets> steps in shared memory into one register set):
+x's CTA range copied to shared memory once and read from there by the MMAs, on CTAs of one warp along K (`xsmem_cta`
+on "auto", which gives plain NVFP4 "+xperm+rot" on 1 x 16 x 1 and "+rot" on 1 x 8 x 1, `xsmem_auto_spec`; else a
+forced CTA shape RTxWNx1: FA4_INDUCTOR_W4A16_CTA or `cta`); the split count is raised until a CTA's range of x (and
+its weight rings) fits XSMEM_BUDGET (`xsmem_plan`), and variants are compiled per power of two of x's steps.
 
 Packed NVFP4 (`pack`, off by default; FA4_INDUCTOR_W4A16_PACK=1 or the matmul's `pack=True`): the weight and its
 block scales are rewritten once per weight and x dtype (`pack_nvfp4`, `prepared_weights` kind ("w4a16_nvfp4_packed",
@@ -158,8 +160,8 @@ XSMEM = "xsmem"
 XSMEM_SETS = 2  # "xsmem" without a depth: two register sets of weights (loaded a step ahead, as "registers")
 XSMEM_BURST = 4  # "xsmem+prefetch": steps of each weight row requested into L2 at once (`prefetch_burst`)
 XSMEM_PARTS = 1  # "xsmem" without "+parts<n>": x's shared copy waited for whole before the first MMA
-XSMEM_BUDGET = 226 * 1024  # x's shared copy, the CTA's K range of it, and any weight rings (`xsmem_max_steps`): split K
-# further past this; the last KB of SMEM_LIMIT holds the (one-word) K-slice buffer and the mbarriers
+XSMEM_BUDGET = 226 * 1024  # x's shared copy, the CTA's K range of it, and any weight rings (`xsmem_max_steps`):
+# split K further past this; the last KB of SMEM_LIMIT holds the (one-word) K-slice buffer and the mbarriers
 BULK_SMEM_BUDGET = 200 * 1024  # the bulk ring's default depth fills this (one CTA a SM: its registers)
 SMEM_LIMIT = 227 * 1024  # sm90's shared memory a CTA can opt into
 MAX_STAGES = 16
