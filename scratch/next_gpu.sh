@@ -114,7 +114,14 @@ r50) # session 50's "+wring" (CPU-compiled only): each warp's weights by cp.asyn
     run timeout 150 python3 tests/bench_w4a16.py --m 16,8,4 --shapes 8192x8192,14336x4096,4096x14336,128256x2048 \
       --cta 1x16x1 --load $R
     run timeout 60 python3 tests/bench_w4a16.py --m 16,9 --shapes 2048x8192,1024x4096 --cta 1x8x1 \
-      --load xsmem+rot,xsmem+wring+rot:3,xsmem+wring+rot:4 ;;
+      --load xsmem+rot,xsmem+wring+rot:3,xsmem+wring+rot:4
+    # 8 rows: x's copy is half as large, so deeper rings fit without more splits (":5", 184 KB of rings)
+    run timeout 60 python3 tests/bench_w4a16.py --m 8,5 --shapes 8192x8192,4096x14336 --cta 1x16x1 \
+      --load xsmem+xperm+rot,xsmem+xperm+wring+rot:4,xsmem+xperm+wring+rot:5
+    # where the warps wait with and without the ring (session 45: long scoreboard over half of the cycles)
+    S="regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio"
+    run timeout 120 ncu --clock-control none --profile-from-start off --metrics "$S" --section SpeedOfLight \
+      python3 docs/scripts/ncu_w4a16.py 8192 8192 --m 16 --mma xsmem+xperm+rot@1x16x1,xsmem+xperm+wring+rot:3@1x16x1 ;;
 xp49) # session 49's "xsmem+xperm" and "+rot" (CPU-compiled only): x's shared copy rewritten once into the plain NVFP4
     # MMA's operand pairs, so the K loop has no prmt for x; the pairs' signs from one rotation of each word (two
     # instructions a word fewer; the decode's bits checked by the CPU emulation). sm_90a, 1 x 16 x 1 at 16 rows: loop
