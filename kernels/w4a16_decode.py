@@ -234,13 +234,13 @@ def xsmem_at_few_rows(m: int, pack=False) -> bool:
     return m > GEMV_AUTO_ROWS and not pack
 
 
-def auto_ctas(m: int, pack=False) -> tuple[CtaShape, ...]:
-    """The CTA shapes `cta_shape` picks from at m rows (NVFP4 in layout `pack`), widest first, then the xsmem path's
-    (`xsmem_cta`)."""
+def auto_ctas(m: int, pack=False, fmt: str = "nvfp4") -> tuple[CtaShape, ...]:
+    """The CTA shapes `cta_shape` picks from at m rows (NVFP4 in layout `pack`), widest first, then those `xsmem_cta`
+    may give calls of `fmt` weights."""
     if m_bucket(m) <= 8:
-        return (WIDE, NARROW, XSMEM_WIDE) if xsmem_at_few_rows(m, pack) else (WIDE, NARROW)
-    return (PACKED_WIDE if pack is True else WIDE), HALF_WIDE, NARROW, *(
-        (XSMEM_WIDE, XSMEM_NARROW) if pack != "tiles" else ())
+        return (WIDE, NARROW, *((XSMEM_WIDE,) if fmt == "nvfp4" and xsmem_at_few_rows(m, pack) else ()))
+    xsmem = {"nvfp4": (XSMEM_WIDE, XSMEM_NARROW) if pack != "tiles" else (), "int8": (XSMEM_NARROW,)}.get(fmt, ())
+    return (PACKED_WIDE if pack is True else WIDE), HALF_WIDE, NARROW, *xsmem
 
 
 def wide_ctas_fill_one_wave(n: int, num_sms: int) -> bool:
@@ -1199,8 +1199,7 @@ def warmup(dtype: torch.dtype, fmt: str, m_values=M_BUCKETS, *, bias: Optional[b
     forced, pdl = switches.current().w4a16_cta, switches.current().w4a16_pdl
     for m in m_values:
         ctas = {CtaShape(*forced)} if forced else {
-            c for c in auto_ctas(m, pack) if c.warps_k > 1 or load == AUTO_LOAD and (  # `xsmem_cta`
-                fmt == "nvfp4" or fmt == "int8" and c == XSMEM_NARROW)}
+            c for c in auto_ctas(m, pack, fmt) if c.warps_k > 1 or load == AUTO_LOAD}
         for cta in ctas:
             for split in (False, True):
                 for b in ((False, True) if bias is None else (bool(bias),)):

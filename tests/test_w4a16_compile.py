@@ -1156,6 +1156,9 @@ def test_auto_takes_x_from_shared_memory_over_large_weights():
     assert plan(14336, 4096, 1)[:2] == plan(14336, 4096, 8, pack=True)[:2] == plan(8192, 4096, 4)[:2] == (
         "2x2x4", "rolling")
     assert w4.XSMEM_WIDE in w4.auto_ctas(2) and w4.XSMEM_WIDE not in w4.auto_ctas(1) + w4.auto_ctas(8, pack=True)
+    assert [c for c in w4.auto_ctas(16, fmt="int8") + w4.auto_ctas(8, fmt="int8") if c.warps_k == 1] == [
+        w4.XSMEM_NARROW]
+    assert all(c.warps_k > 1 for c in w4.auto_ctas(16, fmt="fp8") + w4.auto_ctas(16, pack="tiles"))
     assert plan(8192, 8192, 16, "int8") == ("1x1x8", "rolling+2ctas", 1)
     assert plan(1024, 4096, 16, "int8")[:2] == plan(2048, 8192, 9, "int8")[:2] == ("1x8x1", "xsmem")
     assert plan(2048, 2048, 16, "int8") == ("1x1x8", "rolling+2ctas", 1)
