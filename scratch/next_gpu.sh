@@ -78,7 +78,11 @@ d50) # c50 cut to what little device time is left: the default's and the ring's 
     run timeout 60 python3 tests/bench_w4a16.py --m 16 --shapes 8192x8192,4096x14336 --cta 1x16x1 \
       --load xsmem+xperm+rot,xsmem+xperm+wring+rot:3,xsmem+xperm+wring+rot:4
     run timeout 30 python3 tests/bench_w4a16.py --dtype float16 --m 16 --shapes 8192x8192 --cta 1x16x1 \
-      --load xsmem+rot,xsmem+xperm+rot ;;
+      --load xsmem+rot,xsmem+xperm+rot
+    # 20 warps a SM on the ring's 95 registers (the register sets' 128 allow 16 at most): its own call, since the
+    # other loads cannot launch 640 threads
+    run timeout 30 python3 tests/bench_w4a16.py --m 16 --shapes 8192x8192,4096x14336 --cta 1x20x1 \
+      --load xsmem+xperm+wring+rot:3 ;;
 c50) # a50 and r50 in one call (device time short), most needed first: the tests, "+wring" against the default, f16 x,
     # 2..4 rows on 4096 x 4096, the 1 / 16-row ratio
     nvidia-smi -L >>$L
@@ -118,6 +122,8 @@ r50) # session 50's "+wring" (CPU-compiled only): each warp's weights by cp.asyn
     # 8 rows: x's copy is half as large, so deeper rings fit without more splits (":5", 184 KB of rings)
     run timeout 60 python3 tests/bench_w4a16.py --m 8,5 --shapes 8192x8192,4096x14336 --cta 1x16x1 \
       --load xsmem+xperm+rot,xsmem+xperm+wring+rot:4,xsmem+xperm+wring+rot:5
+    run timeout 40 python3 tests/bench_w4a16.py --m 16,8 --shapes 8192x8192,14336x4096,4096x14336 --cta 1x20x1 \
+      --load xsmem+xperm+wring+rot:3
     # where the warps wait with and without the ring (session 45: long scoreboard over half of the cycles)
     S="regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio"
     run timeout 120 ncu --clock-control none --profile-from-start off --metrics "$S" --section SpeedOfLight \
