@@ -192,16 +192,19 @@ def test_x_from_shared_memory(m, cta, load):
 
 
 @pytest.mark.parametrize("spec, ring", [("xsmem+xperm+rot:3", "xsmem+xperm+wring+rot:3"), ("xsmem:2", "xsmem+wring:2")])
-@pytest.mark.parametrize("cta", [(1, 16, 1), (2, 4, 1)], ids=lambda c: "x".join(map(str, c)))
+@pytest.mark.parametrize("cta, ring_cta", [((1, 16, 1), (1, 16, 1)), ((2, 4, 1), (2, 4, 1)), ((1, 16, 1), (1, 20, 1))],
+                         ids=["1x16x1", "2x4x1", "1x20x1"])
 @pytest.mark.parametrize("m", [4, 16])
-def test_weight_ring_gives_the_register_sets_outputs(m, cta, spec, ring):
+def test_weight_ring_gives_the_register_sets_outputs(m, cta, ring_cta, spec, ring):
     """"+wring" changes how the weights reach the registers, not the MMAs: the same outputs, bit for bit, at the same
-    splits (N and K off the tiles, both dtypes)."""
+    splits (N and K off the tiles, both dtypes), also on 20 warps a CTA, which only the ring's registers allow (a row's
+    products do not depend on which CTA takes it)."""
     w_fp4, block, global_scale = random_nvfp4(1000, 4160, device="cuda")
     for dtype in (torch.bfloat16, torch.float16):
         x = torch.randn(m, 4160, dtype=dtype, device="cuda")
-        run = lambda s: w4.nvfp4_matmul(x, w_fp4, block, global_scale, load=s, cta=cta, splits=2, gemv=False)  # noqa
-        assert torch.equal(run(ring), run(spec)), (ring, spec, m, cta, dtype)
+        run = lambda s, c: w4.nvfp4_matmul(x, w_fp4, block, global_scale, load=s, cta=c, splits=2,  # noqa: E731
+                                           gemv=False)
+        assert torch.equal(run(ring, ring_cta), run(spec, cta)), (ring, spec, m, ring_cta, dtype)
 
 
 def xsmem_fits(fmt, m, k, splits, cta):
