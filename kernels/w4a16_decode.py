@@ -481,6 +481,7 @@ def xsmem_max_steps(m_max: int, fmt: str, reserved: int = 0) -> int:
     return steps
 
 
+@functools.cache
 def xsmem_ring_bytes(spec: str, fmt: str, cta: CtaShape) -> int:
     """The shared memory of the weight rings of an "xsmem+wring" spec's CTA (0 for other specs)."""
     if not is_xsmem(spec):
@@ -488,9 +489,9 @@ def xsmem_ring_bytes(spec: str, fmt: str, cta: CtaShape) -> int:
     path, sets = parse_load(spec)
     if not xsmem_options(path.split("+")[1:]).ring:
         return 0
-    from .cute.w4a16_decode_gemm import weight_ring_slot_bytes
+    from .cute.w4a16_decode_gemm import WeightRingSlot
 
-    return cta.warps_n * (sets or XSMEM_SETS) * weight_ring_slot_bytes(cta.row_tiles, fmt)
+    return cta.warps_n * (sets or XSMEM_SETS) * WeightRingSlot(cta.row_tiles, fmt).bytes
 
 
 def xsmem_buckets(spec: str, m: int, fmt: str, cta: CtaShape) -> tuple[int, ...]:

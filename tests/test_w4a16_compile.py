@@ -946,7 +946,7 @@ def test_xsmem_variant_compiles_without_spills_or_x_registers(cute_dsl, variant,
 
 
 def test_weight_ring_takes_its_shared_memory_from_xs():
-    """"xsmem+wring:<sets>": the warps' weight rings (`weight_ring_slot_bytes` a step and lane of each row tile: 2304
+    """"xsmem+wring:<sets>": the warps' weight rings (`WeightRingSlot`, a step of each row tile: 2304
     bytes a warp for NVFP4, 2048 for int8) come out of XSMEM_BUDGET, so x's copy holds fewer steps and K is split
     further where needed (`xsmem_plan`)."""
     assert w4.xsmem_ring_bytes("xsmem+wring:3", "nvfp4", w4.XSMEM_WIDE) == 16 * 3 * 2304

@@ -152,10 +152,24 @@ class XSmemLayout:
         return 4 * 8 * groups * XSmemLayout.pitch(steps, x_words)
 
 
-def weight_ring_slot_bytes(row_tiles: int, fmt: str) -> int:
+class WeightRingSlot:
     """One slot of a warp's weight ring ("xsmem" with `w_ring`): the lanes' step, [row r][16-byte piece][lane] (a
     warp's reads of one piece cover the banks once), then NVFP4's block-scale words, [row r][lane]."""
-    return 2 * row_tiles * 32 * (CHUNK_BYTES + (4 if fmt == "nvfp4" else 0))
+
+    PIECES = CHUNK_BYTES // 16  # a lane's 16-byte pieces of a row's chunk
+
+    def __init__(self, row_tiles: int, fmt: str):
+        self.rows = 2 * row_tiles  # a lane's rows
+        self.scales_at = self.rows * 32 * CHUNK_BYTES
+        self.bytes = self.scales_at + (self.rows * 32 * 4 if fmt == "nvfp4" else 0)
+
+    def piece(self, r: int, p: int, lane) -> int:
+        """Bytes from the slot's start of the lane's piece p of row r."""
+        return ((r * self.PIECES + p) * 32 + lane) * 16
+
+    def scale(self, r: int, lane) -> int:
+        """Bytes from the slot's start of the lane's block-scale word of row r."""
+        return self.scales_at + (r * 32 + lane) * 4
 
 
 def register_x(rX):
@@ -481,7 +495,7 @@ class W4A16DecodeGemm:
         # xsmem: each warp streams its weights by cp.async through a ring of `sets` steps in shared memory (sets - 1
         # steps in flight while it computes one) into one register set, instead of `sets` register sets
         self.w_ring = w_ring
-        self.ring_slot = weight_ring_slot_bytes(row_tiles, fmt)
+        self.ring_slot = WeightRingSlot(row_tiles, fmt)
         per_part = -(-max(x_steps, 1) // x_parts)
         self.part_steps = -(-per_part // sets) * sets  # whole K-loop iterations a part
         self.x_pitch = XSmemLayout.pitch(x_steps, self.x_words)
@@ -509,7 +523,7 @@ class W4A16DecodeGemm:
                 empty: cute.struct.Align[cute.struct.MemRange[cutlass.Int64, self.stages], 8]
         elif const_expr(self.load == "xsmem" and self.w_ring):
             x_words = XSmemLayout.bytes(self.x_steps, self.x_words, self.groups) // 4
-            ring_words = self.warps_n * self.sets * self.ring_slot // 4
+            ring_words = self.warps_n * self.sets * self.ring_slot.bytes // 4
 
             @cute.struct
             class SharedStorage:
@@ -662,10 +676,10 @@ class W4A16DecodeGemm:
         ring_rows = []
         if const_expr(self.w_ring):
             warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
-            ring = storage.sW.data_ptr().toint() + warp * (self.sets * self.ring_slot)
+            ring = storage.sW.data_ptr().toint() + warp * (self.sets * self.ring_slot.bytes)
             ring_rows = self.ring_rows(mW, mBlock, row0, n_rows)
             for b in cutlass.range_constexpr(self.sets):
-                self.ring_copy_step(ring_rows, ring + b * self.ring_slot, c_begin + LANES_K * b + t, c_end)
+                self.ring_copy_step(ring_rows, ring + b * self.ring_slot.bytes, c_begin + LANES_K * b + t, c_end)
         else:
             for b in cutlass.range_constexpr(self.sets):
                 self.load_step(None, mW, mBlock, rW[b], rS[b], None, row0, n_rows, m_rows, c_begin + LANES_K * b + t,
@@ -697,10 +711,10 @@ class W4A16DecodeGemm:
                 if c0 + LANES_K * b < c_end:
                     if const_expr(self.w_ring):
                         cute.arch.cp_async_wait_group(self.sets - 1)  # this step's group (the lane's own copies)
-                        self.ring_read(ring + b * self.ring_slot, rW[0], rS[0])
+                        slot = ring + b * self.ring_slot.bytes
+                        self.ring_read(slot, rW[0], rS[0])
                         self.shared_x_step(rW[0], rS[0], rA, acc, lane_addr + 4 * step_words * (step0 + b))
-                        self.ring_copy_step(ring_rows, ring + b * self.ring_slot, c0 + LANES_K * (b + self.sets) + t,
-                                            c_end)
+                        self.ring_copy_step(ring_rows, slot, c0 + LANES_K * (b + self.sets) + t, c_end)
                     else:
                         self.shared_x_step(rW[b], rS[b], rA, acc, lane_addr + 4 * step_words * (step0 + b))
                         self.load_step(None, mW, mBlock, rW[b], rS[b], None, row0, n_rows, m_rows,
@@ -723,32 +737,30 @@ class W4A16DecodeGemm:
     @cute.jit
     def ring_copy_step(self, rows: list, slot: Int32, c: Int32, c_end: Int32):
         """cp.async of chunk c of the lane's `ring_rows` (and their block-scale words) into ring slot `slot`
-        (`weight_ring_slot_bytes`' layout), one commit group; zeros past the range (nothing read)."""
+        (`WeightRingSlot`), one commit group; zeros past the range (nothing read)."""
         lane = cute.arch.lane_idx()
         size = Int32(0)
         if c < c_end:
             size = Int32(16)
         at = cutlass.Int64(cutlass.min(c, c_end - 1))
         for r, (weights, scales) in enumerate(rows):
-            for p in cutlass.range_constexpr(CHUNK_BYTES // 16):
-                cp_async(slot + ((r * (CHUNK_BYTES // 16) + p) * 32 + lane) * 16, weights + at * CHUNK_BYTES + 16 * p,
-                         16, size)
+            for p in cutlass.range_constexpr(WeightRingSlot.PIECES):
+                cp_async(slot + self.ring_slot.piece(r, p, lane), weights + at * CHUNK_BYTES + 16 * p, 16, size)
             if const_expr(scales is not None):
-                cp_async(slot + 2 * self.row_tiles * 32 * CHUNK_BYTES + (r * 32 + lane) * 4, scales + at * 4, 4,
-                         size // 4)
+                cp_async(slot + self.ring_slot.scale(r, lane), scales + at * 4, 4, size // 4)
         cute.arch.cp_async_commit_group()
 
     @cute.jit
     def ring_read(self, slot: Int32, rW: cute.Tensor, rS: cute.Tensor):
         """Ring slot `slot` (`ring_copy_step`'s, landed) into the lane's register set."""
         lane = cute.arch.lane_idx()
-        for r in cutlass.range_constexpr(2 * self.row_tiles):
-            for p in cutlass.range_constexpr(CHUNK_BYTES // 16):
-                w = ld_shared_x4(slot + ((r * (CHUNK_BYTES // 16) + p) * 32 + lane) * 16)
+        for r in cutlass.range_constexpr(self.ring_slot.rows):
+            for p in cutlass.range_constexpr(WeightRingSlot.PIECES):
+                w = ld_shared_x4(slot + self.ring_slot.piece(r, p, lane))
                 for i in cutlass.range_constexpr(4):
                     rW[4 * p + i, r] = w[i]
             if const_expr(self.fmt == "nvfp4"):
-                rS[r] = ld_shared_b32(slot + 2 * self.row_tiles * 32 * CHUNK_BYTES + (r * 32 + lane) * 4)
+                rS[r] = ld_shared_b32(slot + self.ring_slot.scale(r, lane))
 
     def burst_rows(self, mW: cute.Tensor, mBlock: Optional[cute.Tensor], row0: Int32, n_rows: Int32) -> list:
         """The rows whose L2 bursts the lane asks for (`prefetch_burst`), as (weights' address, block scales' address or
