@@ -41,7 +41,7 @@ from torch.fx.experimental.symbolic_shapes import statically_known_true
 from ..kernels import crossover as kernel_crossover
 from ..kernels.sdpa_fallback import floor_additive
 from . import gqa, int8_kv
-from .spellings import ADD, CAST, LINEAR, MATMUL, SDPA, SOFTMAX, arg, guardable, shape, size_hint, value
+from .spellings import ADD, CAST, LINEAR, MATMUL, SCALED_MM, SDPA, SOFTMAX, arg, guardable, shape, size_hint, value
 
 DEVICES = ("cuda",)  # where the op's host path is the cost (tests add "cpu")
 # Below this much GPU work per attention a graph's host time is not hidden: HF models carry ~1 ms of host
@@ -69,7 +69,7 @@ class GraphWork(NamedTuple):
     """What a graph asks of the GPU, counted before any rewrite (sizes as they are: symbolic ones give expressions)."""
 
     flop: object  # matmul and attention FLOP (hand-written attention counts through its matmuls)
-    bytes: object  # the 2-D matmul operands (weights) and each SDPA call's K and V, whole buffers
+    bytes: object  # the 2-D matmul operands (weights; `_scaled_mm`'s float8 ones too) and each SDPA call's K and V
     attentions: int  # attention candidates: SDPA calls and softmaxes
 
 
@@ -87,7 +87,7 @@ def graph_work(graph, shared: dict) -> GraphWork | None:
                     nbytes = nbytes + sum(math.prod(shape(t)) * value(t).element_size() for t in node.args[1:3])
                 elif SOFTMAX(node):
                     attentions += 1
-                elif MATMUL(node) or LINEAR(node):
+                elif MATMUL(node) or LINEAR(node) or SCALED_MM(node):
                     out, a, b = shape(node), shape(node.args[0]), shape(node.args[1])
                     flop = flop + 2 * math.prod(out) * a[-1]
                     if len(b) == 2:

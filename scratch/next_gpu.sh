@@ -72,6 +72,16 @@ x48b) # x48's second half (one call holds the first): wide N at 5 / 8 rows, the 
     run timeout 80 python3 tests/bench_w4a16.py --m 16,9 --shapes 1024x4096,2048x4096,2048x2048,512x2048 \
       --cta auto,1x8x1 --load auto,xsmem+parts4
     run timeout 60 python3 tests/bench_w4a16.py --m 1,16 --shapes 8192x8192,14336x4096 ;;
+g51) # f51's finding: the fp8 plain-buffer decode step stayed on cuDNN SDPA (0.53 ms a step), as `small_decode` counted no
+    # `_scaled_mm` weight bytes; now it counts them: the step end to end against bf16 under ours
+    nvidia-smi -L >>$L
+    run timeout 200 python3 -m fa4_inductor bench --suite quant --quant-formats none --quant-no-prefill \
+      --quant-e2e-runs fp8:plain,bf16:ours,fp8:default --quant-prompt 4096 ;;
+f51) # session 51's e2e (H100): fp8 weights under ours 2.0-2.2 ms/token as plain buffers (bf16 under ours 1.66), 4.13 as
+    # torchao's subclasses against default compile's 2.52: where each step's time goes (wall against kernels, skips)
+    nvidia-smi -L >>$L
+    run timeout 330 python3 docs/scripts/decode_profile.py fp8 plain,ours,default
+    run timeout 120 python3 docs/scripts/decode_profile.py nvfp4 bf16 ;;
 d50) # c50 cut to what little device time is left: the default's and the ring's tests, the ring at 16 rows, f16
     nvidia-smi -L >>$L
     run timeout 100 $P -n 8 tests/test_gpu_w4a16.py -k "auto_takes or auto_load_in_a_cuda_graph or weight_ring"

@@ -189,6 +189,32 @@ def test_a_decode_step_in_a_host_bound_graph_stays_on_sdpa(kind):
                            "and K/V per attention, under 64): SDPA's C++ path has less host overhead than the fa4 op"]
 
 
+def test_a_decode_step_counts_float8_weights_it_reads():
+    """Float8 linears as plain buffers (`fp8.Fp8Linear`, a `_scaled_mm` over the e4m3 weight) count their weights, a
+    byte each, toward the bytes a decode step moves: a Llama-1B-shaped fp8 step, whose weights are all such calls,
+    counted only its K/V and lm_head and stayed on SDPA (0.53 ms of cuDNN attention a step, H100, session 51)."""
+    from fa4_inductor.fp8 import Fp8Linear
+
+    torch.manual_seed(0)
+    project = Fp8Linear(64, 256, bias=False, activation="row", dtype=torch.float32)
+    project.weight.copy_(torch.randn(256, 64).to(torch.float8_e4m3fn))
+    project.weight_scale.uniform_(0.5, 1.5)
+
+    def decode(q, k_cache, v_cache, offset):
+        positions = torch.arange(q.shape[2]) + offset
+        mask = torch.arange(k_cache.shape[2])[None, None, None, :] <= positions[None, None, :, None]
+        out = F.scaled_dot_product_attention(q, k_cache, v_cache, attn_mask=mask)
+        return project(out.transpose(1, 2).flatten(2))
+
+    args = torch.randn(2, 4, 1, 16), torch.randn(2, 4, 32, 16), torch.randn(2, 4, 32, 16), torch.tensor(7)
+    rec, out = compile_and_record(decode, *args)
+    torch.testing.assert_close(out, decode(*args))
+    k_and_v, weight = 2 * 2 * 4 * 32 * 16 * 4, 256 * 64
+    assert rec.count() == 0 and rec.reasons == [
+        f"a decode step in a host-bound graph ({(k_and_v + weight) / 2 ** 20:.2g} MiB of weights and K/V per attention, "
+        "under 64): SDPA's C++ path has less host overhead than the fa4 op"]
+
+
 @pytest.mark.parametrize("kind", ["static cache", "generate's mask"])
 def test_a_decode_step_that_moves_more_goes_to_the_op(kind, monkeypatch):
     """The op reads K/V un-repeated (our decode kernel): a graph over the line keeps the op."""
