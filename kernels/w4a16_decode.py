@@ -51,7 +51,8 @@ under capture) reduced by a second kernel in a fixed order (deterministic). `tes
 Load path (`load`, see `parse_load`; by default "auto", which picks "rolling", "rolling+2ctas" or "registers" per
 call, `auto_load`): "registers": each warp loads its next step straight into
 registers (a per-warp cp.async ring in shared memory was measured 1.2-2x slower on the H200 on every shape,
-docs/benchmarks.md session 9, and removed). "bulk": a producer warp streams the weight codes through a ring
+docs/benchmarks.md session 9, and removed; so was one beside x's shared copy on "xsmem", 1.3-1.7x slower on an
+H100 at 8..16 rows, session 51). "bulk": a producer warp streams the weight codes through a ring
 of shared-memory stages with bulk copies (`cute/w4a16_decode_gemm.py`), as deep as BULK_SMEM_BUDGET allows
 (`bulk_stages`) or "bulk:<stages>"; "rolling": the register path's loads, a step ahead as well, into one
 register set refilled piece by piece as the step uses it (half the operand registers), and "rolling+2ctas"
@@ -67,12 +68,11 @@ each weight row's next XSMEM_BURST (or <steps>) steps past the register sets int
 so that they reach DRAM as one run a row; "+parts<n>" lands x's copy in n parts of whole K-loop iterations, each on
 its own mbarrier, so the first MMAs wait for the first part only, default XSMEM_PARTS; "+xperm" (plain NVFP4, x in
 one part) rewrites x's copy once into the MMA's operand pairs, sparing every warp two prmt a MMA; "+rot" (plain NVFP4)
-decodes each pair's sign bits from one rotation of the word, two instructions a word fewer; "+wring", before "+rot",
-streams each warp's weights by cp.async through its own ring of <sets> steps in shared memory into one register set):
+decodes each pair's sign bits from one rotation of the word, two instructions a word fewer):
 x's CTA range copied to shared memory once and read from there by the MMAs, on CTAs of one warp along K (`xsmem_cta`
 on "auto", which gives plain NVFP4 "+xperm+rot" on 1 x 16 x 1 and "+rot" on 1 x 8 x 1, `xsmem_auto_spec`; else a
-forced CTA shape RTxWNx1: FA4_INDUCTOR_W4A16_CTA or `cta`); the split count is raised until a CTA's range of x (and
-its weight rings) fits XSMEM_BUDGET (`xsmem_plan`), and variants are compiled per power of two of x's steps.
+forced CTA shape RTxWNx1: FA4_INDUCTOR_W4A16_CTA or `cta`); the split count is raised until a CTA's range of x fits
+XSMEM_BUDGET (`xsmem_plan`), and variants are compiled per power of two of x's steps.
 
 Packed NVFP4 (`pack`, off by default; FA4_INDUCTOR_W4A16_PACK=1 or the matmul's `pack=True`): the weight and its
 block scales are rewritten once per weight and x dtype (`pack_nvfp4`, `prepared_weights` kind ("w4a16_nvfp4_packed",
@@ -160,7 +160,7 @@ XSMEM = "xsmem"
 XSMEM_SETS = 2  # "xsmem" without a depth: two register sets of weights (loaded a step ahead, as "registers")
 XSMEM_BURST = 4  # "xsmem+prefetch": steps of each weight row requested into L2 at once (`prefetch_burst`)
 XSMEM_PARTS = 1  # "xsmem" without "+parts<n>": x's shared copy waited for whole before the first MMA
-XSMEM_BUDGET = 226 * 1024  # x's shared copy, the CTA's K range of it, and any weight rings (`xsmem_max_steps`):
+XSMEM_BUDGET = 226 * 1024  # x's shared copy, the CTA's K range of it (`xsmem_max_steps`):
 # split K further past this; the last KB of SMEM_LIMIT holds the (one-word) K-slice buffer and the mbarriers
 BULK_SMEM_BUDGET = 200 * 1024  # the bulk ring's default depth fills this (one CTA a SM: its registers)
 SMEM_LIMIT = 227 * 1024  # sm90's shared memory a CTA can opt into
@@ -350,7 +350,7 @@ def parse_load(spec: str) -> tuple[str, Optional[int]]:
                      f"rolling+{ROLLING_CTAS}ctas, bulk, bulk with options "
                      f"{', '.join('+' + o for o in BULK_OPTIONS)} (in this order) and a ring depth (bulk+prefetch:4), "
                      f"or {XSMEM} (options +{ROLLING_CTAS}ctas, +prefetch[<steps>], a multiple of the register sets, "
-                     f"+parts<n> or +xperm, +wring, +rot, in this order) with its weights' register sets "
+                     f"+parts<n> or +xperm, +rot, in this order) with its weights' register sets "
                      f"(>= 2: {XSMEM}:3); "
                      f"registers and rolling also take +rot; got {spec!r}")
 
@@ -361,13 +361,11 @@ class XsmemOptions(NamedTuple):
     parts: int  # parts x's shared copy lands in, each waited for on its own
     permute: bool = False  # x's shared copy rewritten once into the MMA's operand pairs (plain NVFP4)
     rotate: bool = False  # the plain NVFP4 decode's signs from one rotation of the word (`nvfp4_rotated_pair`)
-    ring: bool = False  # the weights through a ring of <sets> steps a warp in shared memory (cp.async)
 
 
 def xsmem_options(options: list[str]) -> Optional[XsmemOptions]:
     """The xsmem path's options, or None when they are not its: "+2ctas", then "+prefetch" (XSMEM_BURST steps) or
-    "+prefetch<steps>", then "+parts<n>" (n >= 1; XSMEM_PARTS without it) or "+xperm", then "+wring" (x in one part,
-    no prefetch), then "+rot"."""
+    "+prefetch<steps>", then "+parts<n>" (n >= 1; XSMEM_PARTS without it) or "+xperm", then "+rot"."""
     capped = options[:1] == [f"{ROLLING_CTAS}ctas"]
     rest = options[1:] if capped else options
     burst = re.fullmatch(r"prefetch(\d*)", rest[0]) if rest else None
@@ -378,13 +376,11 @@ def xsmem_options(options: list[str]) -> Optional[XsmemOptions]:
     rest = rest[1:] if parts else rest
     permute = rest[:1] == ["xperm"] and n_parts == 1
     rest = rest[1:] if permute else rest
-    ring = rest[:1] == ["wring"] and n_parts == 1 and not burst
-    rest = rest[1:] if ring else rest
     rotate = rest[:1] == ["rot"]
     rest = rest[1:] if rotate else rest
     if rest or burst and steps < 1 or n_parts < 1:
         return None
-    return XsmemOptions(capped, steps, n_parts, permute, rotate, ring)
+    return XsmemOptions(capped, steps, n_parts, permute, rotate)
 
 
 def configured_load() -> str:
@@ -469,29 +465,15 @@ def is_xsmem(spec: str) -> bool:
     return spec != AUTO_LOAD and parse_load(spec)[0].split("+")[0] == XSMEM
 
 
-def xsmem_max_steps(m_max: int, fmt: str, reserved: int = 0) -> int:
-    """The most steps (4 chunks) of x's rows a CTA on the "xsmem" path copies to shared memory (a power of two), beside
-    `reserved` bytes of it (`xsmem_ring_bytes`)."""
+def xsmem_max_steps(m_max: int, fmt: str) -> int:
+    """The most steps (4 chunks) of x's rows a CTA on the "xsmem" path copies to shared memory (a power of two)."""
     from .cute.w4a16_decode_gemm import XSmemLayout
 
     x_words = CHUNK_VALUES[fmt] // 2
     steps = 2
-    while XSmemLayout.bytes(2 * steps, x_words, m_max // 8) + reserved <= XSMEM_BUDGET:
+    while XSmemLayout.bytes(2 * steps, x_words, m_max // 8) <= XSMEM_BUDGET:
         steps *= 2
     return steps
-
-
-@functools.cache
-def xsmem_ring_bytes(spec: str, fmt: str, cta: CtaShape) -> int:
-    """The shared memory of the weight rings of an "xsmem+wring" spec's CTA (0 for other specs)."""
-    if not is_xsmem(spec):
-        return 0
-    path, sets = parse_load(spec)
-    if not xsmem_options(path.split("+")[1:]).ring:
-        return 0
-    from .cute.w4a16_decode_gemm import WeightRingSlot
-
-    return cta.warps_n * (sets or XSMEM_SETS) * WeightRingSlot(cta.row_tiles, fmt).bytes
 
 
 def xsmem_buckets(spec: str, m: int, fmt: str, cta: CtaShape) -> tuple[int, ...]:
@@ -501,7 +483,7 @@ def xsmem_buckets(spec: str, m: int, fmt: str, cta: CtaShape) -> tuple[int, ...]
         return (0,)
     if cta.warps_k != 1:
         raise ValueError(f"the {XSMEM} load path takes CTAs of one warp along K: set {switches.W4A16_CTA}=RTxWNx1")
-    most = xsmem_max_steps(m_bucket(m), fmt, xsmem_ring_bytes(spec, fmt, cta))
+    most = xsmem_max_steps(m_bucket(m), fmt)
     return tuple(2 ** i for i in range(1, most.bit_length()))
 
 
@@ -512,7 +494,7 @@ def xsmem_plan(m: int, n: int, k_padded: int, fmt: str, shape: CtaShape, num_sms
     if shape.warps_k != 1:
         raise ValueError(f"the {XSMEM} load path takes CTAs of one warp along K (RTxWNx1), not {shape}")
     chunks = k_padded // CHUNK_VALUES[fmt]
-    most = xsmem_max_steps(m_bucket(m), fmt, xsmem_ring_bytes(load, fmt, shape))
+    most = xsmem_max_steps(m_bucket(m), fmt)
     steps = lambda s: math.ceil(math.ceil(chunks / s) / STEP_CHUNKS)  # noqa: E731  (the longest CTA range, in steps)
     if splits is None:
         splits = num_splits(n, k_padded, fmt, shape, num_sms)
@@ -941,8 +923,7 @@ def _compile(key: _Key):
     if is_xsmem(key.load):
         opts = xsmem_options(options)
         load = dict(load=XSMEM, sets=stages, x_steps=key.x_steps, min_ctas=ROLLING_CTAS if opts.capped else 0,
-                    l2_burst=opts.burst, x_parts=opts.parts, x_permute=opts.permute, rotate_signs=opts.rotate,
-                    w_ring=opts.ring)
+                    l2_burst=opts.burst, x_parts=opts.parts, x_permute=opts.permute, rotate_signs=opts.rotate)
     elif path.startswith("bulk"):
         load = dict(load="bulk", stages=stages, ahead="ahead" in options, prefetch="prefetch" in options,
                     scales="scales" in options)

@@ -1,8 +1,8 @@
-# Unrun GPU work. Session 50 ran xp49 and k49 on an H100 (docs/benchmarks.md, session 50), then got no machine. Next:
-# `d50` first (the new xsmem default's own GPU tests, "+wring" against it, f16 x; `c50` and `r50` are its longer
-# forms: run them when a call has the time), then `h49` (session 49's CTA rules on an H200; two calls' worth),
-# `p47` (low priority), `m47`, `e46`'s last line (fp8 plain buffers end to end), `w43`, `p43`, `n36`. `k49` ran on
-# an H100 (72 KB ring: no change); its H200 run is optional. Parts of earlier sessions below keep their notes.
+# Unrun GPU work. Session 51 ran c50 (the weight ring: 1.3-1.7x slower, removed), the fp8 decode end to end and its
+# profile (f51) on H100s, then got no machine. Next: `g51` first (the fp8 plain-buffer decode step on our attention
+# kernel now: it stayed on cuDNN SDPA), then `h49` (session 49's CTA rules on an H200; two calls' worth), `a50`'s
+# f16 and 2..4-row lines, `p47` (low priority), `m47`, `w43`, `p43`, `n36`. Parts of earlier sessions below keep
+# their notes.
 # Output goes to $OUT/log.txt. Have the next call ready: the machine goes back 30 s after a call, and a fresh one needs
 # .gpu/a and .gpu/b again. Run one part a call:  bash scratch/next_gpu.sh x48
 # Never `pkill -f pytest` here: it matches this script's own command line. A pytest cut by `timeout` can leave xdist
@@ -82,28 +82,6 @@ f51) # session 51's e2e (H100): fp8 weights under ours 2.0-2.2 ms/token as plain
     nvidia-smi -L >>$L
     run timeout 330 python3 docs/scripts/decode_profile.py fp8 plain,ours,default
     run timeout 120 python3 docs/scripts/decode_profile.py nvfp4 bf16 ;;
-d50) # c50 cut to what little device time is left: the default's and the ring's tests, the ring at 16 rows, f16
-    nvidia-smi -L >>$L
-    run timeout 100 $P -n 8 tests/test_gpu_w4a16.py -k "auto_takes or auto_load_in_a_cuda_graph or weight_ring"
-    run timeout 60 python3 tests/bench_w4a16.py --m 16 --shapes 8192x8192,4096x14336 --cta 1x16x1 \
-      --load xsmem+xperm+rot,xsmem+xperm+wring+rot:3,xsmem+xperm+wring+rot:4
-    run timeout 30 python3 tests/bench_w4a16.py --dtype float16 --m 16 --shapes 8192x8192 --cta 1x16x1 \
-      --load xsmem+rot,xsmem+xperm+rot
-    # 20 warps a SM on the ring's 95 registers (the register sets' 128 allow 16 at most): its own call, since the
-    # other loads cannot launch 640 threads
-    run timeout 30 python3 tests/bench_w4a16.py --m 16 --shapes 8192x8192,4096x14336 --cta 1x20x1 \
-      --load xsmem+xperm+wring+rot:3 ;;
-c50) # a50 and r50 in one call (device time short), most needed first: the tests, "+wring" against the default, f16 x,
-    # 2..4 rows on 4096 x 4096, the 1 / 16-row ratio
-    nvidia-smi -L >>$L
-    run timeout 150 $P -n 8 tests/test_gpu_w4a16.py -k "auto_takes or auto_load_in_a_cuda_graph or weight_ring \
-      or x_from_shared_memory and wring"
-    run timeout 100 python3 tests/bench_w4a16.py --m 16,8 --shapes 8192x8192,4096x14336,128256x2048 --cta 1x16x1 \
-      --load xsmem+xperm+rot,xsmem+xperm+wring+rot:3,xsmem+xperm+wring+rot:4
-    run timeout 40 python3 tests/bench_w4a16.py --dtype float16 --m 16 --shapes 8192x8192,4096x14336 --cta 1x16x1 \
-      --load xsmem+rot,xsmem+xperm+rot
-    run timeout 30 python3 tests/bench_w4a16.py --m 2,4 --shapes 4096x4096 --cta 2x2x4,1x16x1 --load auto
-    run timeout 30 python3 tests/bench_w4a16.py --m 1,16 --shapes 8192x8192 ;;
 a50) # session 50's defaults: plain NVFP4 on 1 x 16 x 1 takes "xsmem+xperm+rot", on 1 x 8 x 1 "xsmem+rot" (xp49, H100:
     # 1-6% faster), and 2..4 rows over wide weights (not 8192-row ones) take 1 x 16 x 1 (H100: 128256 x 2048 63 against
     # 80-89 us). Their GPU tests, f16 x (the +xperm variant spills one word there), 4096 x 4096 at 2..4 rows, the table
@@ -118,26 +96,6 @@ a50) # session 50's defaults: plain NVFP4 on 1 x 16 x 1 takes "xsmem+xperm+rot",
       --load auto
     run timeout 120 python3 tests/bench_w4a16.py --m 1,2,4,8,16 --shapes 8192x8192,14336x4096,4096x14336,2048x8192,\
 8192x2048,128256x4096 ;;
-r50) # session 50's "+wring" (CPU-compiled only): each warp's weights by cp.async through a ring of <sets> steps in
-    # shared memory (sets - 1 steps in flight while it computes one; one register set: 96 registers at 1 x 16 x 1, 16
-    # rows, against 128), x's copy shrunk to make room where needed (8192 x 8192: 4 splits at :3 and :4, 8 at :5). Tests, then against
-    # the default on 1 x 16 x 1 and 1 x 8 x 1
-    nvidia-smi -L >>$L
-    run timeout 150 $P -n 8 tests/test_gpu_w4a16.py -k "weight_ring or x_from_shared_memory and wring"
-    R="xsmem+xperm+rot,xsmem+xperm+wring+rot:3,xsmem+xperm+wring+rot:4,xsmem+xperm+wring+rot:2"
-    run timeout 150 python3 tests/bench_w4a16.py --m 16,8,4 --shapes 8192x8192,14336x4096,4096x14336,128256x2048 \
-      --cta 1x16x1 --load $R
-    run timeout 60 python3 tests/bench_w4a16.py --m 16,9 --shapes 2048x8192,1024x4096 --cta 1x8x1 \
-      --load xsmem+rot,xsmem+wring+rot:3,xsmem+wring+rot:4
-    # 8 rows: x's copy is half as large, so deeper rings fit without more splits (":5", 184 KB of rings)
-    run timeout 60 python3 tests/bench_w4a16.py --m 8,5 --shapes 8192x8192,4096x14336 --cta 1x16x1 \
-      --load xsmem+xperm+rot,xsmem+xperm+wring+rot:4,xsmem+xperm+wring+rot:5
-    run timeout 40 python3 tests/bench_w4a16.py --m 16,8 --shapes 8192x8192,14336x4096,4096x14336 --cta 1x20x1 \
-      --load xsmem+xperm+wring+rot:3
-    # where the warps wait with and without the ring (session 45: long scoreboard over half of the cycles)
-    S="regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio"
-    run timeout 120 ncu --clock-control none --profile-from-start off --metrics "$S" --section SpeedOfLight \
-      python3 docs/scripts/ncu_w4a16.py 8192 8192 --m 16 --mma xsmem+xperm+rot@1x16x1,xsmem+xperm+wring+rot:3@1x16x1 ;;
 xp49) # session 49's "xsmem+xperm" and "+rot" (CPU-compiled only): x's shared copy rewritten once into the plain NVFP4
     # MMA's operand pairs, so the K loop has no prmt for x; the pairs' signs from one rotation of each word (two
     # instructions a word fewer; the decode's bits checked by the CPU emulation). sm_90a, 1 x 16 x 1 at 16 rows: loop

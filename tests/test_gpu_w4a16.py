@@ -179,7 +179,7 @@ XSMEM_CTAS = [(2, 4, 1), (1, 8, 1), (4, 2, 1)]
 
 @pytest.mark.parametrize("load", ["xsmem", "xsmem:3", "xsmem+2ctas", "xsmem+prefetch", "xsmem+parts4",
                                   "xsmem+parts3:3", "xsmem+xperm", "xsmem+prefetch6+xperm:3", "xsmem+rot",
-                                  "xsmem+xperm+rot", "xsmem+wring", "xsmem+wring:3", "xsmem+xperm+wring+rot:4"])
+                                  "xsmem+xperm+rot"])
 @pytest.mark.parametrize("cta", XSMEM_CTAS, ids=lambda c: "x".join(map(str, c)))
 @pytest.mark.parametrize("m", [1, 3, 8, 9, 16])
 def test_x_from_shared_memory(m, cta, load):
@@ -189,22 +189,6 @@ def test_x_from_shared_memory(m, cta, load):
     nvfp4_case(m, 333, 4160, torch.float16, seed=m + 1, load=load, cta=cta, pack=True)
     int8_case(m, 1000, 2064, torch.bfloat16, bias=m % 2 == 1, seed=m, load=load, cta=cta)
     fp8_case(m, 700, 2080, torch.float16, bias=True, seed=m, load=load, cta=cta)
-
-
-@pytest.mark.parametrize("spec, ring", [("xsmem+xperm+rot:3", "xsmem+xperm+wring+rot:3"), ("xsmem:2", "xsmem+wring:2")])
-@pytest.mark.parametrize("cta, ring_cta", [((1, 16, 1), (1, 16, 1)), ((2, 4, 1), (2, 4, 1)), ((1, 16, 1), (1, 20, 1))],
-                         ids=["1x16x1", "2x4x1", "1x20x1"])
-@pytest.mark.parametrize("m", [4, 16])
-def test_weight_ring_gives_the_register_sets_outputs(m, cta, ring_cta, spec, ring):
-    """"+wring" changes how the weights reach the registers, not the MMAs: the same outputs, bit for bit, at the same
-    splits (N and K off the tiles, both dtypes), also on 20 warps a CTA, which only the ring's registers allow (a row's
-    products do not depend on which CTA takes it)."""
-    w_fp4, block, global_scale = random_nvfp4(1000, 4160, device="cuda")
-    for dtype in (torch.bfloat16, torch.float16):
-        x = torch.randn(m, 4160, dtype=dtype, device="cuda")
-        run = lambda s, c: w4.nvfp4_matmul(x, w_fp4, block, global_scale, load=s, cta=c, splits=2,  # noqa: E731
-                                           gemv=False)
-        assert torch.equal(run(ring, ring_cta), run(spec, cta)), (ring, spec, m, ring_cta, dtype)
 
 
 def xsmem_fits(fmt, m, k, splits, cta):

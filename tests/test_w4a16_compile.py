@@ -420,19 +420,17 @@ def test_load_spec_is_checked(monkeypatch):
     assert w4.parse_load("xsmem+prefetch") == ("xsmem+prefetch", None)
     assert w4.parse_load("xsmem+2ctas+prefetch6:3") == ("xsmem+2ctas+prefetch6", 3)
     assert w4.parse_load("xsmem+2ctas+prefetch+parts4:2") == ("xsmem+2ctas+prefetch+parts4", 2)
-    assert w4.xsmem_options(["2ctas", "prefetch6"]) == (True, 6, w4.XSMEM_PARTS, False, False, False)
-    assert w4.xsmem_options(["prefetch"]) == (False, 4, w4.XSMEM_PARTS, False, False, False)
+    assert w4.xsmem_options(["2ctas", "prefetch6"]) == (True, 6, w4.XSMEM_PARTS, False, False)
+    assert w4.xsmem_options(["prefetch"]) == (False, 4, w4.XSMEM_PARTS, False, False)
     assert w4.xsmem_options(["parts3"]).parts == 3 and w4.xsmem_options(["parts1"]).parts == 1
     assert w4.parse_load("xsmem+2ctas+xperm:3") == ("xsmem+2ctas+xperm", 3)
-    assert w4.xsmem_options(["xperm"]) == (False, 0, 1, True, False, False)
+    assert w4.xsmem_options(["xperm"]) == (False, 0, 1, True, False)
     assert not w4.xsmem_options(["prefetch"]).permute
     assert w4.parse_load("xsmem+xperm+rot:2") == ("xsmem+xperm+rot", 2)
     assert w4.parse_load("rolling+2ctas+rot") == ("rolling+2ctas+rot", None)
     assert w4.parse_load("registers+rot") == ("registers+rot", None)
     assert w4.parse_load("rolling+rot") == ("rolling+rot", None)
-    assert w4.xsmem_options(["parts2", "rot"]) == (False, 0, 2, False, True, False)
-    assert w4.parse_load("xsmem+xperm+wring+rot:3") == ("xsmem+xperm+wring+rot", 3)
-    assert w4.xsmem_options(["2ctas", "wring"]) == (True, 0, 1, False, False, True)
+    assert w4.xsmem_options(["parts2", "rot"]) == (False, 0, 2, False, True)
     for bad in ("ring", "Bulk", "bulk:0", "bulk:x", "registers:2", "bulk:", "bulk+ahead:-1", "registers+ahead",
                 "bulk+prefetch+ahead", "bulk+scales+ahead", "bulk+ahead+ahead", "bulk+", "bulk-ahead", "rolling:2",
                 "rolling+ahead", "registers+2ctas", "rolling+3ctas", "rolling+2ctas+2ctas", "bulk+2ctas", "xsmem:1",
@@ -441,8 +439,7 @@ def test_load_spec_is_checked(monkeypatch):
                 "xsmem+parts2+prefetch", "xsmem+parts2+parts2", "rolling+parts2", "xsmem+parts2+xperm",
                 "xsmem+xperm+parts2", "xsmem+xperm+xperm", "xsmem+xperm+2ctas", "rolling+xperm", "bulk+xperm",
                 "xsmem+rot+xperm", "xsmem+rot+rot", "rolling+rot+2ctas", "registers+rot+rot", "registers+rot:2",
-                "bulk+rot", "xsmem+parts2+wring", "xsmem+prefetch+wring", "xsmem+wring+xperm", "xsmem+wring+wring",
-                "rolling+wring", "xsmem+rot+wring"):
+                "bulk+rot", "xsmem+wring"):
         with pytest.raises(ValueError, match="load path .* is registers, rolling, rolling.2ctas, bulk, bulk with .* or "
                                              "xsmem .options .2ctas, .prefetch.*. with its weights' register sets"):
             w4.parse_load(bad)
@@ -943,36 +940,6 @@ def test_xsmem_variant_compiles_without_spills_or_x_registers(cute_dsl, variant,
     # one 16-byte shared load a group for each 4-word block of x, for every MMA of the block's words and row tiles
     per_block_mmas = groups * cta[0] * words_a_block * (2 if fmt == "nvfp4" else 1)
     assert mmas == x_loads * per_block_mmas // groups, (mmas, x_loads)
-
-
-def test_weight_ring_takes_its_shared_memory_from_xs():
-    """"xsmem+wring:<sets>": the warps' weight rings (`WeightRingSlot`, a step of each row tile: 2304
-    bytes a warp for NVFP4, 2048 for int8) come out of XSMEM_BUDGET, so x's copy holds fewer steps and K is split
-    further where needed (`xsmem_plan`)."""
-    assert w4.xsmem_ring_bytes("xsmem+wring:3", "nvfp4", w4.XSMEM_WIDE) == 16 * 3 * 2304
-    assert w4.xsmem_ring_bytes("xsmem+wring", "int8", w4.XSMEM_NARROW) == 8 * 2 * 2048
-    assert w4.xsmem_ring_bytes("xsmem+xperm:3", "nvfp4", w4.XSMEM_WIDE) == w4.xsmem_ring_bytes("rolling", "nvfp4",
-                                                                                                w4.WIDE) == 0
-    plan = lambda spec: w4.call_plan(16, 8192, 8192, "nvfp4", 132, (1, 16, 1), spec)[2:]  # noqa: E731
-    assert plan("xsmem:3") == plan("xsmem+wring:3") == plan("xsmem+wring:4") == (4, 8)
-    assert plan("xsmem+wring:5") == (8, 4)
-    assert w4.xsmem_buckets("xsmem+wring:5", 16, "nvfp4", w4.XSMEM_WIDE) == (2, 4)
-    assert w4.xsmem_buckets("xsmem+wring:4", 16, "nvfp4", w4.XSMEM_WIDE) == (2, 4, 8)
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("fmt, spec", [("nvfp4", "xsmem+xperm+wring+rot:3"), ("int8", "xsmem+wring:3")])
-def test_weight_ring_copies_the_weights_through_shared_memory(cute_dsl, fmt, spec, tmp_path):
-    """"+wring": each warp's weights (and NVFP4's block scales) reach its registers by cp.async into its ring in shared
-    memory, none by a global load in the K loop; the same MMAs and x loads as the register sets; no local memory."""
-    key = lambda s: w4._Key("main", torch.bfloat16, fmt, 16, False, False, ARCH, w4.XSMEM_WIDE, False, s,  # noqa
-                            x_steps=4)
-    ptx, plain = _ptx_of(key(spec), tmp_path), _ptx_of(key(spec.replace("+wring", "")), tmp_path)
-    assert plain.count("ld.global.v4") > 0 and "ld.global.v4" not in ptx
-    assert ptx.count("cp.async.cg.shared.global") > plain.count("cp.async.cg.shared.global")
-    assert ("cp.async.ca.shared.global" in ptx) == (fmt == "nvfp4") and "cp.async.ca" not in plain
-    assert ptx.count("mma.sync.aligned.m16n8k16") == plain.count("mma.sync.aligned.m16n8k16")
-    assert "ld.local" not in ptx and "st.local" not in ptx
 
 
 @pytest.mark.slow

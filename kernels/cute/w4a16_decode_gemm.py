@@ -152,26 +152,6 @@ class XSmemLayout:
         return 4 * 8 * groups * XSmemLayout.pitch(steps, x_words)
 
 
-class WeightRingSlot:
-    """One slot of a warp's weight ring ("xsmem" with `w_ring`): the lanes' step, [row r][16-byte piece][lane] (a
-    warp's reads of one piece cover the banks once), then NVFP4's block-scale words, [row r][lane]."""
-
-    PIECES = CHUNK_BYTES // 16  # a lane's 16-byte pieces of a row's chunk
-
-    def __init__(self, row_tiles: int, fmt: str):
-        self.rows = 2 * row_tiles  # a lane's rows
-        self.scales_at = self.rows * 32 * CHUNK_BYTES
-        self.bytes = self.scales_at + (self.rows * 32 * 4 if fmt == "nvfp4" else 0)
-
-    def piece(self, r: int, p: int, lane) -> int:
-        """Bytes from the slot's start of the lane's piece p of row r."""
-        return ((r * self.PIECES + p) * 32 + lane) * 16
-
-    def scale(self, r: int, lane) -> int:
-        """Bytes from the slot's start of the lane's block-scale word of row r."""
-        return self.scales_at + (r * 32 + lane) * 4
-
-
 def register_x(rX):
     """`word_products`' x words from a register set [word, group]."""
     return lambda w, gi: rX[w, gi]
@@ -317,13 +297,6 @@ def ld_shared_x4(addr: Int32, *, loc=None, ip=None):
 
 
 @dsl_user_op
-def ld_shared_b32(addr: Int32, *, loc=None, ip=None) -> Int32:
-    """The word at shared address `addr`."""
-    return Int32(llvm.inline_asm(T.i32(), [_i32(addr, loc, ip)], "ld.shared.b32 $0, [$1];", "=r,r",
-                                 has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT))
-
-
-@dsl_user_op
 def st_shared_x4(addr: Int32, w0: Int32, w1: Int32, w2: Int32, w3: Int32, *, loc=None, ip=None):
     """Store four words at shared address `addr` (16-byte aligned)."""
     llvm.inline_asm(None, [_i32(v, loc, ip) for v in (addr, w0, w1, w2, w3)],
@@ -449,7 +422,7 @@ class W4A16DecodeGemm:
                  warps_n: int, warps_k: int, load: str = "registers", stages: int = 0, ahead: bool = False,
                  prefetch: bool = False, scales: bool = False, pdl: bool = False, pack: bool = False,
                  tiled: bool = False, min_ctas: int = 0, x_steps: int = 0, sets: int = 2, l2_burst: int = 0,
-                 x_parts: int = 1, x_permute: bool = False, rotate_signs: bool = False, w_ring: bool = False):
+                 x_parts: int = 1, x_permute: bool = False, rotate_signs: bool = False):
         assert fmt in FORMATS and 1 <= groups <= MAX_GROUPS and row_tiles >= 1, (fmt, groups, row_tiles)
         assert (x_steps >= 1) == (load == "xsmem") and (load != "xsmem" or warps_k == 1 and sets >= 2 and not tiled), (
             load, x_steps, warps_k, sets, tiled)
@@ -491,11 +464,6 @@ class W4A16DecodeGemm:
         # plain NVFP4: each pair's sign bits from one rotation of the word (`nvfp4_rotated_pair`), two instructions a
         # word fewer
         self.rotate_signs = rotate_signs and fmt == "nvfp4" and not pack
-        assert not w_ring or load == "xsmem" and x_parts == 1 and l2_burst == 0, (w_ring, load, x_parts, l2_burst)
-        # xsmem: each warp streams its weights by cp.async through a ring of `sets` steps in shared memory (sets - 1
-        # steps in flight while it computes one) into one register set, instead of `sets` register sets
-        self.w_ring = w_ring
-        self.ring_slot = WeightRingSlot(row_tiles, fmt)
         per_part = -(-max(x_steps, 1) // x_parts)
         self.part_steps = -(-per_part // sets) * sets  # whole K-loop iterations a part
         self.x_pitch = XSmemLayout.pitch(x_steps, self.x_words)
@@ -521,16 +489,6 @@ class W4A16DecodeGemm:
                 sRed: cute.struct.Align[cute.struct.MemRange[Float32, red_words], 16]
                 full: cute.struct.Align[cute.struct.MemRange[cutlass.Int64, self.stages], 8]
                 empty: cute.struct.Align[cute.struct.MemRange[cutlass.Int64, self.stages], 8]
-        elif const_expr(self.load == "xsmem" and self.w_ring):
-            x_words = XSmemLayout.bytes(self.x_steps, self.x_words, self.groups) // 4
-            ring_words = self.warps_n * self.sets * self.ring_slot.bytes // 4
-
-            @cute.struct
-            class SharedStorage:
-                sX: cute.struct.Align[cute.struct.MemRange[Int32, x_words], 128]
-                sW: cute.struct.Align[cute.struct.MemRange[Int32, ring_words], 128]
-                sRed: cute.struct.Align[cute.struct.MemRange[Float32, red_words], 16]
-                x_landed: cute.struct.Align[cute.struct.MemRange[cutlass.Int64, self.x_parts], 8]
         elif const_expr(self.load == "xsmem"):
             x_words = XSmemLayout.bytes(self.x_steps, self.x_words, self.groups) // 4
 
@@ -660,9 +618,8 @@ class W4A16DecodeGemm:
         lane = cute.arch.lane_idx()
         t = lane % LANES_K
         RT = self.row_tiles
-        register_sets = 1 if self.w_ring else self.sets
-        rW = [cute.make_rmem_tensor((CHUNK_WORDS, 2 * RT), Int32) for _ in range(register_sets)]
-        rS = [cute.make_rmem_tensor((2 * RT,), Int32) for _ in range(register_sets)]
+        rW = [cute.make_rmem_tensor((CHUNK_WORDS, 2 * RT), Int32) for _ in range(self.sets)]
+        rS = [cute.make_rmem_tensor((2 * RT,), Int32) for _ in range(self.sets)]
         rA = cute.make_rmem_tensor((4,), Int32)
         x_landed = storage.x_landed.data_ptr()
         if const_expr(self.x_parts > 1):
@@ -672,18 +629,9 @@ class W4A16DecodeGemm:
                         cute.arch.mbarrier_init(x_landed + p, 32 * self.warps_n)  # every thread's copies
                     cute.arch.mbarrier_init_fence()
             cute.arch.barrier()
-        ring = Int32(0)
-        ring_rows = []
-        if const_expr(self.w_ring):
-            warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
-            ring = storage.sW.data_ptr().toint() + warp * (self.sets * self.ring_slot.bytes)
-            ring_rows = self.ring_rows(mW, mBlock, row0, n_rows)
-            for b in cutlass.range_constexpr(self.sets):
-                self.ring_copy_step(ring_rows, ring + b * self.ring_slot.bytes, c_begin + LANES_K * b + t, c_end)
-        else:
-            for b in cutlass.range_constexpr(self.sets):
-                self.load_step(None, mW, mBlock, rW[b], rS[b], None, row0, n_rows, m_rows, c_begin + LANES_K * b + t,
-                               c_end)
+        for b in cutlass.range_constexpr(self.sets):
+            self.load_step(None, mW, mBlock, rW[b], rS[b], None, row0, n_rows, m_rows, c_begin + LANES_K * b + t,
+                           c_end)
         if const_expr(self.pdl):
             self.dependent_wait()  # the weights' first loads may precede it (`first_loads`); x may not
         base = storage.sX.data_ptr().toint()
@@ -709,22 +657,9 @@ class W4A16DecodeGemm:
                     self.prefetch_burst(burst_rows, c0 + LANES_K * self.sets, c_end)
             for b in cutlass.range_constexpr(self.sets):
                 if c0 + LANES_K * b < c_end:
-                    if const_expr(self.w_ring):
-                        cute.arch.cp_async_wait_group(self.sets - 1)  # this step's group (the lane's own copies)
-                        slot = ring + b * self.ring_slot.bytes
-                        self.ring_read(slot, rW[0], rS[0])
-                        self.shared_x_step(rW[0], rS[0], rA, acc, lane_addr + 4 * step_words * (step0 + b))
-                        self.ring_copy_step(ring_rows, slot, c0 + LANES_K * (b + self.sets) + t, c_end)
-                    else:
-                        self.shared_x_step(rW[b], rS[b], rA, acc, lane_addr + 4 * step_words * (step0 + b))
-                        self.load_step(None, mW, mBlock, rW[b], rS[b], None, row0, n_rows, m_rows,
-                                       c0 + LANES_K * (b + self.sets) + t, c_end)
-        if const_expr(self.w_ring):
-            cute.arch.cp_async_wait_group(0)  # the copies past the range (zero-filled) land before the CTA exits
-
-    def ring_rows(self, mW: cute.Tensor, mBlock: Optional[cute.Tensor], row0: Int32, n_rows: Int32) -> list:
-        """Every row of the lane's (`weight_row`) as `row_addresses`."""
-        return [self.row_addresses(mW, mBlock, self.weight_row(row0, r, n_rows)) for r in range(2 * self.row_tiles)]
+                    self.shared_x_step(rW[b], rS[b], rA, acc, lane_addr + 4 * step_words * (step0 + b))
+                    self.load_step(None, mW, mBlock, rW[b], rS[b], None, row0, n_rows, m_rows,
+                                   c0 + LANES_K * (b + self.sets) + t, c_end)
 
     def row_addresses(self, mW: cute.Tensor, mBlock: Optional[cute.Tensor], n: Int32) -> tuple:
         """Weight row n's chunk 0 as (its weights' global address, its block scales' or None)."""
@@ -733,34 +668,6 @@ class W4A16DecodeGemm:
         if mBlock is not None:
             scales = mBlock.iterator.toint() + n * (cutlass.Int64(mBlock.layout.stride[0]) * 4)
         return mW.iterator.toint() + n * (cutlass.Int64(mW.layout.stride[0]) * 4), scales
-
-    @cute.jit
-    def ring_copy_step(self, rows: list, slot: Int32, c: Int32, c_end: Int32):
-        """cp.async of chunk c of the lane's `ring_rows` (and their block-scale words) into ring slot `slot`
-        (`WeightRingSlot`), one commit group; zeros past the range (nothing read)."""
-        lane = cute.arch.lane_idx()
-        size = Int32(0)
-        if c < c_end:
-            size = Int32(16)
-        at = cutlass.Int64(cutlass.min(c, c_end - 1))
-        for r, (weights, scales) in enumerate(rows):
-            for p in cutlass.range_constexpr(WeightRingSlot.PIECES):
-                cp_async(slot + self.ring_slot.piece(r, p, lane), weights + at * CHUNK_BYTES + 16 * p, 16, size)
-            if const_expr(scales is not None):
-                cp_async(slot + self.ring_slot.scale(r, lane), scales + at * 4, 4, size // 4)
-        cute.arch.cp_async_commit_group()
-
-    @cute.jit
-    def ring_read(self, slot: Int32, rW: cute.Tensor, rS: cute.Tensor):
-        """Ring slot `slot` (`ring_copy_step`'s, landed) into the lane's register set."""
-        lane = cute.arch.lane_idx()
-        for r in cutlass.range_constexpr(self.ring_slot.rows):
-            for p in cutlass.range_constexpr(WeightRingSlot.PIECES):
-                w = ld_shared_x4(slot + self.ring_slot.piece(r, p, lane))
-                for i in cutlass.range_constexpr(4):
-                    rW[4 * p + i, r] = w[i]
-            if const_expr(self.fmt == "nvfp4"):
-                rS[r] = ld_shared_b32(slot + self.ring_slot.scale(r, lane))
 
     def burst_rows(self, mW: cute.Tensor, mBlock: Optional[cute.Tensor], row0: Int32, n_rows: Int32) -> list:
         """The rows whose L2 bursts the lane asks for (`prefetch_burst`), as (weights' address, block scales' address or
