@@ -76,7 +76,10 @@ g51) # f51's finding: the fp8 plain-buffer decode step stayed on cuDNN SDPA (0.5
     # `_scaled_mm` weight bytes; now it counts them: the step end to end against bf16 under ours
     nvidia-smi -L >>$L
     run timeout 200 python3 -m fa4_inductor bench --suite quant --quant-formats none --quant-no-prefill \
-      --quant-e2e-runs fp8:plain,bf16:ours,fp8:default --quant-prompt 4096 ;;
+      --quant-e2e-runs fp8:plain,bf16:ours,fp8:default --quant-prompt 4096
+    # the subclass step under ours is host-bound at 2.70 ms on 1.31 ms of kernels, default compile's 2.35 on 2.19: whose
+    # host time is larger, and where (cProfile of the timed steps)
+    run timeout 250 python3 docs/scripts/decode_profile.py fp8 ours,default host=1 ;;
 f51) # session 51's e2e (H100): fp8 weights under ours 2.0-2.2 ms/token as plain buffers (bf16 under ours 1.66), 4.13 as
     # torchao's subclasses against default compile's 2.52: where each step's time goes (wall against kernels, skips)
     nvidia-smi -L >>$L

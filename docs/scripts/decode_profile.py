@@ -10,7 +10,11 @@ skips Inductor counted, and the kernels that take the most time.
     python docs/scripts/decode_profile.py int8kv   # batch 8 x 32k cache: Int8StaticCache against StaticCache
     python docs/scripts/decode_profile.py fp8      # torchao fp8 x fp8 (per row) under ours and under default compile
     python docs/scripts/decode_profile.py fp8 plain    # the same codes as plain buffers (`fp8.from_torchao`), ours
+    python docs/scripts/decode_profile.py fp8 ours,default host=1   # also the host's functions over the timed steps
 """
+import cProfile
+import io
+import pstats
 import sys
 import time
 
@@ -27,6 +31,7 @@ WALL_STEPS = 64  # timed steps (8 left a spread of ~0.06 ms/step between runs)
 OPTIONS = {}  # backend options from the command line (name=0 / name=1)
 ATTRIBUTE = []  # attribute=1: a step compiled without CUDA graphs, each kernel under the CPU op that launched it
 LM_HEAD = []  # lm_head=1: quantize lm_head too (untying it from the embedding), as torchao's default filter does
+HOST = []  # host=1: the Python functions that take the host's time over WALL_STEPS steps (cProfile, by own time)
 
 
 def step_fn(model, cache, batch, filled):
@@ -57,6 +62,13 @@ def report(label, model, cache, batch, filled, backend=None):
             compiled(token.clone(), position.clone())
         torch.cuda.synchronize()
         wall = (time.perf_counter() - start) / WALL_STEPS * 1e3
+        host = cProfile.Profile() if HOST else None
+        if host:
+            host.enable()
+            for _ in range(WALL_STEPS):
+                compiled(token.clone(), position.clone())
+            torch.cuda.synchronize()
+            host.disable()
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             for _ in range(STEPS):
                 compiled(token.clone(), position.clone())
@@ -70,6 +82,10 @@ def report(label, model, cache, batch, filled, backend=None):
           f"cudagraph skips {counters['inductor']['cudagraph_skips']}")
     for e in rows[:18]:
         print(f"  {e.device_time_total / STEPS:8.1f} us/step {e.count / STEPS:6.1f}/step  {e.key[:110]}")
+    if host:
+        text = io.StringIO()
+        pstats.Stats(host, stream=text).sort_stats("tottime").print_stats(25)
+        print(f"  host, {WALL_STEPS} steps (cProfile's own overhead included):\n{text.getvalue()}")
     if ATTRIBUTE:
         attribute(step, token, position)
 
@@ -156,4 +172,6 @@ if __name__ == "__main__":
         ATTRIBUTE.append(True)
     if OPTIONS.pop("lm_head", False):
         LM_HEAD.append(True)
+    if OPTIONS.pop("host", False):
+        HOST.append(True)
     {"nvfp4": nvfp4, "int8kv": int8kv, "fp8": fp8}[sys.argv[1]](*(a for a in sys.argv[2:] if "=" not in a))
