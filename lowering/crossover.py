@@ -41,7 +41,8 @@ from torch.fx.experimental.symbolic_shapes import statically_known_true
 from ..kernels import crossover as kernel_crossover
 from ..kernels.sdpa_fallback import floor_additive
 from . import gqa, int8_kv
-from .spellings import ADD, CAST, LINEAR, MATMUL, SCALED_MM, SDPA, SOFTMAX, arg, guardable, shape, size_hint, value
+from .spellings import (ADD, ADDMM, CAST, INT4PACK_MM, LINEAR, MATMUL, MM, SCALED_MM, SDPA, SOFTMAX, arg, guardable,
+                        shape, size_hint, value)
 
 DEVICES = ("cuda",)  # where the op's host path is the cost (tests add "cpu")
 # Below this much GPU work per attention a graph's host time is not hidden: HF models carry ~1 ms of host
@@ -69,7 +70,7 @@ class GraphWork(NamedTuple):
     """What a graph asks of the GPU, counted before any rewrite (sizes as they are: symbolic ones give expressions)."""
 
     flop: object  # matmul and attention FLOP (hand-written attention counts through its matmuls)
-    bytes: object  # the 2-D matmul operands (weights; `_scaled_mm`'s float8 ones too) and each SDPA call's K and V
+    bytes: object  # the matmuls' 2-D right operands (weights, as stored: `matmul_work`) and each SDPA call's K and V
     attentions: int  # attention candidates: SDPA calls and softmaxes
 
 
@@ -87,15 +88,31 @@ def graph_work(graph, shared: dict) -> GraphWork | None:
                     nbytes = nbytes + sum(math.prod(shape(t)) * value(t).element_size() for t in node.args[1:3])
                 elif SOFTMAX(node):
                     attentions += 1
-                elif MATMUL(node) or LINEAR(node) or SCALED_MM(node):
-                    out, a, b = shape(node), shape(node.args[0]), shape(node.args[1])
-                    flop = flop + 2 * math.prod(out) * a[-1]
-                    if len(b) == 2:
-                        nbytes = nbytes + math.prod(b) * value(node.args[1]).element_size()
-            except (TypeError, AttributeError, IndexError):
-                continue  # an operand without an example value
+                elif (work := matmul_work(node)) is not None:
+                    flop, nbytes = flop + work[0], nbytes + work[1]
+            except (TypeError, AttributeError, IndexError, KeyError):
+                continue  # an operand without an example value, or a call spelled otherwise
         shared["graph_work"] = GraphWork(flop, nbytes, attentions) if attentions else None
     return shared["graph_work"]
+
+
+def matmul_work(node) -> tuple | None:
+    """(FLOP, weight bytes) of a matmul in the spellings models use, or None for another node: `matmul`, `bmm`, `@`,
+    `linear`, `mm`, `addmm` (a 2-D right operand counts as a weight, at its dtype's size), `torch._scaled_mm` (float8:
+    a byte an element) and `_weight_int4pack_mm` (the packed weight with its scales and zeros)."""
+    if INT4PACK_MM(node):
+        x, packed, scales = arg(node, 0, "self"), arg(node, 1, "mat2"), arg(node, 3, "qScaleAndZeros")
+        stored = sum(math.prod(shape(t)) * value(t).element_size() for t in (packed, scales))
+        return 2 * math.prod(shape(node)) * shape(x)[-1], stored
+    if MATMUL(node) or LINEAR(node) or MM(node) or SCALED_MM(node):
+        a, b = node.args[0], arg(node, 1, "weight" if LINEAR(node) else "other" if MATMUL(node) else "mat2")
+    elif ADDMM(node):
+        a, b = arg(node, 1, "mat1"), arg(node, 2, "mat2")
+    else:
+        return None
+    weight = shape(b)
+    stored = math.prod(weight) * value(b).element_size() if len(weight) == 2 else 0
+    return 2 * math.prod(shape(node)) * shape(a)[-1], stored
 
 
 def small_masked_training(call) -> str | None:

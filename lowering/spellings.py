@@ -52,8 +52,13 @@ SDPA = Spelling((F.scaled_dot_product_attention, torch.ops.aten.scaled_dot_produ
 """The aten overload is what a graph exported by `torch.export` calls (then compiled: `program.module()`)."""
 MATMUL = Spelling((torch.matmul, operator.matmul, torch.bmm), ("matmul", "bmm", "__matmul__"))
 LINEAR = Spelling((F.linear, torch.nn.functional.linear), ("linear",))
+MM = Spelling((torch.mm,), ("mm",))
+ADDMM = Spelling((torch.addmm,), ("addmm",))
+"""`addmm(bias, a, b)`: HF GPT-2's `Conv1D` layers."""
 SCALED_MM = Spelling((torch._scaled_mm,))
 """A float8 matmul with its scales (torchao's fp8 weights as plain buffers: `fa4_inductor.fp8.Fp8Linear`)."""
+INT4PACK_MM = Spelling((torch.ops.aten._weight_int4pack_mm, torch.ops.aten._weight_int4pack_mm.default))
+"""`(x, packed int4 weight, group size, scales and zeros)`: gpt-fast's int4 weight-only linears."""
 SOFTMAX = Spelling((F.softmax, torch.softmax, torch.Tensor.softmax), ("softmax",))
 DROPOUT = Spelling((F.dropout, torch.dropout), ("dropout",))
 MUL = Spelling((operator.mul, torch.mul), ("mul", "__mul__", "__rmul__"))

@@ -189,16 +189,34 @@ def test_a_decode_step_in_a_host_bound_graph_stays_on_sdpa(kind):
                            "and K/V per attention, under 64): SDPA's C++ path has less host overhead than the fa4 op"]
 
 
-def test_a_decode_step_counts_float8_weights_it_reads():
-    """Float8 linears as plain buffers (`fp8.Fp8Linear`, a `_scaled_mm` over the e4m3 weight) count their weights, a
-    byte each, toward the bytes a decode step moves: a Llama-1B-shaped fp8 step, whose weights are all such calls,
-    counted only its K/V and lm_head and stayed on SDPA (0.53 ms of cuDNN attention a step, H100, session 51)."""
+def _fp8_projection():
     from fa4_inductor.fp8 import Fp8Linear
 
-    torch.manual_seed(0)
     project = Fp8Linear(64, 256, bias=False, activation="row", dtype=torch.float32)
     project.weight.copy_(torch.randn(256, 64).to(torch.float8_e4m3fn))
     project.weight_scale.uniform_(0.5, 1.5)
+    return project, 1
+
+
+def _conv1d_projection():  # HF GPT-2's Conv1D: addmm(bias, x, weight [in, out])
+    weight, bias = torch.randn(64, 256), torch.randn(256)
+    return lambda x: torch.addmm(bias, x.reshape(-1, 64), weight).reshape(*x.shape[:-1], 256), 4
+
+
+def _mm_projection():
+    weight = torch.randn(64, 256)
+    return lambda x: x.reshape(-1, 64).mm(weight), 4
+
+
+@pytest.mark.parametrize("projection", [_fp8_projection, _conv1d_projection, _mm_projection],
+                         ids=["fp8", "addmm", "mm"])
+def test_a_decode_step_counts_the_weights_of_every_matmul_spelling(projection):
+    """A decode step's weights count toward the bytes it moves however the model's linears spell their matmul, at the
+    size they are stored in: float8 linears as plain buffers (`fp8.Fp8Linear`: `torch._scaled_mm`, a byte an
+    element; a Llama-1B-shaped fp8 step counted only its K/V and lm_head and stayed on SDPA, 0.53 ms of cuDNN
+    attention a step on an H100, session 51), HF GPT-2's `Conv1D` (`addmm`), `mm`."""
+    torch.manual_seed(0)
+    project, weight_bytes = projection()
 
     def decode(q, k_cache, v_cache, offset):
         positions = torch.arange(q.shape[2]) + offset
@@ -209,10 +227,27 @@ def test_a_decode_step_counts_float8_weights_it_reads():
     args = torch.randn(2, 4, 1, 16), torch.randn(2, 4, 32, 16), torch.randn(2, 4, 32, 16), torch.tensor(7)
     rec, out = compile_and_record(decode, *args)
     torch.testing.assert_close(out, decode(*args))
-    k_and_v, weight = 2 * 2 * 4 * 32 * 16 * 4, 256 * 64
+    k_and_v, weight = 2 * 2 * 4 * 32 * 16 * 4, 256 * 64 * weight_bytes
     assert rec.count() == 0 and rec.reasons == [
-        f"a decode step in a host-bound graph ({(k_and_v + weight) / 2 ** 20:.2g} MiB of weights and K/V per attention, "
-        "under 64): SDPA's C++ path has less host overhead than the fa4 op"]
+        f"a decode step in a host-bound graph ({(k_and_v + weight) / 2 ** 20:.2g} MiB of weights and K/V per "
+        "attention, under 64): SDPA's C++ path has less host overhead than the fa4 op"]
+
+
+def test_gpt_fast_int4_weights_count_as_stored():
+    """gpt-fast's int4 linears (`_weight_int4pack_mm`, CUDA only: traced here, not run) count their packed weight and
+    its scales and zeros, and 2 x M x N x K FLOP."""
+    x, q = torch.randn(2, 256, dtype=torch.bfloat16), torch.randn(1, 4, 8, 16)
+    packed = torch.randint(0, 2 ** 31 - 1, (64 // 8, 256 // 64, 32, 4 // 2), dtype=torch.int32)  # N 64, K 256
+    scales_and_zeros = torch.randn(256 // 32, 64, 2, dtype=torch.bfloat16)
+
+    def layer(x, packed, scales_and_zeros, q, k, v):
+        out = torch.ops.aten._weight_int4pack_mm(x, packed, 32, scales_and_zeros)
+        return out, F.scaled_dot_product_attention(q, k, v)
+
+    graph = torch._dynamo.export(layer)(x, packed, scales_and_zeros, q, q.clone(), q.clone()).graph_module.graph
+    work = crossover.graph_work(graph, {})
+    kv = 2 * q.numel() * 4
+    assert work == (2 * 2 * 64 * 256 + 4 * q.numel() * 8, packed.numel() * 4 + scales_and_zeros.numel() * 2 + kv, 1)
 
 
 @pytest.mark.parametrize("kind", ["static cache", "generate's mask"])
