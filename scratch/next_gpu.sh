@@ -1,6 +1,7 @@
 # Unrun GPU work. Session 51 ran c50 (the weight ring: 1.3-1.7x slower, removed), the fp8 decode end to end and its
 # profile (f51) on H100s, then got no machine. Next: `g51` first (the fp8 plain-buffer decode step on our attention
-# kernel now: it stayed on cuDNN SDPA), then `h49` (session 49's CTA rules on an H200; two calls' worth), `a50`'s
+# kernel now: it stayed on cuDNN SDPA; the fp8 model test with plain buffers; the fp8 prefill), `h51` (where the fp8
+# subclass step's host time goes), then `h49` (session 49's CTA rules on an H200; two calls' worth), `a50`'s
 # f16 and 2..4-row lines, `p47` (low priority), `m47`, `w43`, `p43`, `n36`. Parts of earlier sessions below keep
 # their notes.
 # Output goes to $OUT/log.txt. Have the next call ready: the machine goes back 30 s after a call, and a fresh one needs
@@ -75,11 +76,15 @@ x48b) # x48's second half (one call holds the first): wide N at 5 / 8 rows, the 
 g51) # f51's finding: the fp8 plain-buffer decode step stayed on cuDNN SDPA (0.53 ms a step), as `small_decode` counted no
     # `_scaled_mm` weight bytes; now it counts them: the step end to end against bf16 under ours
     nvidia-smi -L >>$L
+    run timeout 120 $P tests/test_gpu_models.py -k "quantized_weights_generate and fp8"   # ("fp8", True) is new
     run timeout 200 python3 -m fa4_inductor bench --suite quant --quant-formats none --quant-no-prefill \
       --quant-e2e-runs fp8:plain,bf16:ours,fp8:default --quant-prompt 4096
-    # the subclass step under ours is host-bound at 2.70 ms on 1.31 ms of kernels, default compile's 2.35 on 2.19: whose
-    # host time is larger, and where (cProfile of the timed steps)
-    run timeout 250 python3 docs/scripts/decode_profile.py fp8 ours,default host=1 ;;
+    run timeout 120 python3 -m fa4_inductor bench --suite quant --quant-formats none --quant-no-e2e \
+      --quant-prefill-runs fp8:plain,fp8:default ;;
+h51) # the fp8 subclass step under ours is host-bound at 2.70 ms on 1.31 ms of kernels, default compile's 2.35 on 2.19
+    # (f51): whose host time is larger, and where (cProfile of the timed steps)
+    nvidia-smi -L >>$L
+    run timeout 300 python3 docs/scripts/decode_profile.py fp8 ours,default host=1 ;;
 f51) # session 51's e2e (H100): fp8 weights under ours 2.0-2.2 ms/token as plain buffers (bf16 under ours 1.66), 4.13 as
     # torchao's subclasses against default compile's 2.52: where each step's time goes (wall against kernels, skips)
     nvidia-smi -L >>$L
