@@ -9,8 +9,10 @@ faster.
     model = torch.compile(model, backend=fa4_inductor)
 
 Why: torch.compile guards on every tensor subclass and AOTAutograd unwraps each one around every call of the compiled
-graph. A Llama-1B-shaped fp8 decode step under `reduce-overhead` with the subclass weights runs 1.4 ms of kernels under
-our backend and takes ~2.6 ms a token (H100, docs/benchmarks.md session 45): the host, not the GPU, sets its speed.
+graph. A Llama-1B-shaped fp8 decode step under `reduce-overhead` with the subclass weights runs 1.3 ms of kernels under
+our backend and takes 2.7 ms (H100, docs/benchmarks.md session 51; default compile 2.35 on 2.2 ms of kernels): the
+host, not the GPU, sets its speed. As plain buffers it took 1.9 ms, 0.5 of it in cuDNN attention, which the crossover
+now leaves to our decode kernel (`crossover.matmul_work`; not yet timed).
 """
 
 from __future__ import annotations
