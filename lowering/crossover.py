@@ -70,7 +70,7 @@ class GraphWork(NamedTuple):
     """What a graph asks of the GPU, counted before any rewrite (sizes as they are: symbolic ones give expressions)."""
 
     flop: object  # matmul and attention FLOP (hand-written attention counts through its matmuls)
-    bytes: object  # the matmuls' 2-D right operands (weights, as stored: `matmul_work`) and each SDPA call's K and V
+    bytes: object  # the matmuls' weights (`matmul_work`) and each SDPA call's K and V, whole buffers
     attentions: int  # attention candidates: SDPA calls and softmaxes
 
 
@@ -98,21 +98,20 @@ def graph_work(graph, shared: dict) -> GraphWork | None:
 
 def matmul_work(node) -> tuple | None:
     """(FLOP, weight bytes) of a matmul in the spellings models use, or None for another node: `matmul`, `bmm`, `@`,
-    `linear`, `mm`, `addmm` (a 2-D right operand counts as a weight, at its dtype's size), `torch._scaled_mm` (float8:
-    a byte an element) and `_weight_int4pack_mm` (the packed weight with its scales and zeros)."""
+    `linear`, `mm`, `addmm` (HF GPT-2's `Conv1D`), `torch._scaled_mm` (float8) and `_weight_int4pack_mm` (gpt-fast's
+    int4). A 2-D right operand is a weight, its elements counted at the size of the output's: a quantized weight
+    counts as the same model's unquantized one would, since the lines were measured on bf16 models and what the op
+    saves at decode (SDPA's repeated K/V) does not shrink with the weights."""
     if INT4PACK_MM(node):
-        x, packed, scales = arg(node, 0, "self"), arg(node, 1, "mat2"), arg(node, 3, "qScaleAndZeros")
-        stored = sum(math.prod(shape(t)) * value(t).element_size() for t in (packed, scales))
-        return 2 * math.prod(shape(node)) * shape(x)[-1], stored
-    if MATMUL(node) or LINEAR(node) or MM(node) or SCALED_MM(node):
-        a, b = node.args[0], arg(node, 1, "weight" if LINEAR(node) else "other" if MATMUL(node) else "mat2")
-    elif ADDMM(node):
-        a, b = arg(node, 1, "mat1"), arg(node, 2, "mat2")
+        x = arg(node, 0, "self")
+        weight = shape(node)[-1] * shape(x)[-1]
+    elif MATMUL(node) or LINEAR(node) or MM(node) or SCALED_MM(node) or ADDMM(node):
+        x, b = (arg(node, 1, "mat1"), arg(node, 2, "mat2")) if ADDMM(node) else \
+            (node.args[0], arg(node, 1, "weight" if LINEAR(node) else "other" if MATMUL(node) else "mat2"))
+        weight = math.prod(shape(b)) if len(shape(b)) == 2 else 0
     else:
         return None
-    weight = shape(b)
-    stored = math.prod(weight) * value(b).element_size() if len(weight) == 2 else 0
-    return 2 * math.prod(shape(node)) * shape(a)[-1], stored
+    return 2 * math.prod(shape(node)) * shape(x)[-1], weight * value(node).element_size()
 
 
 def small_masked_training(call) -> str | None:
