@@ -350,8 +350,7 @@ def parse_load(spec: str) -> tuple[str, Optional[int]]:
                      f"rolling+{ROLLING_CTAS}ctas, bulk, bulk with options "
                      f"{', '.join('+' + o for o in BULK_OPTIONS)} (in this order) and a ring depth (bulk+prefetch:4), "
                      f"or {XSMEM} (options +{ROLLING_CTAS}ctas, +prefetch[<steps>], a multiple of the register sets, "
-                     f"+parts<n> or +xperm, +rot, in this order) with its weights' register sets "
-                     f"(>= 2: {XSMEM}:3); "
+                     f"+parts<n> or +xperm, +rot, in this order) with its weights' register sets (>= 2: {XSMEM}:3); "
                      f"registers and rolling also take +rot; got {spec!r}")
 
 
@@ -483,14 +482,13 @@ def xsmem_buckets(spec: str, m: int, fmt: str, cta: CtaShape) -> tuple[int, ...]
         return (0,)
     if cta.warps_k != 1:
         raise ValueError(f"the {XSMEM} load path takes CTAs of one warp along K: set {switches.W4A16_CTA}=RTxWNx1")
-    most = xsmem_max_steps(m_bucket(m), fmt)
-    return tuple(2 ** i for i in range(1, most.bit_length()))
+    return tuple(2 ** i for i in range(1, xsmem_max_steps(m_bucket(m), fmt).bit_length()))
 
 
 def xsmem_plan(m: int, n: int, k_padded: int, fmt: str, shape: CtaShape, num_sms: int,
-               splits: Optional[int], load: str = XSMEM) -> tuple[int, int]:
-    """(splits, x_steps) of an "xsmem" call on load path `load`: `splits` or `num_splits`', raised until each CTA's K
-    range of x fits `xsmem_max_steps`; x_steps the power of two (>= 2) of steps its shared copy holds."""
+               splits: Optional[int]) -> tuple[int, int]:
+    """(splits, x_steps) of an "xsmem" call: `splits` or `num_splits`', raised until each CTA's K range of x fits
+    `xsmem_max_steps`; x_steps the power of two (>= 2) of steps its shared copy holds."""
     if shape.warps_k != 1:
         raise ValueError(f"the {XSMEM} load path takes CTAs of one warp along K (RTxWNx1), not {shape}")
     chunks = k_padded // CHUNK_VALUES[fmt]
@@ -1228,7 +1226,7 @@ def call_plan(m: int, n: int, k_padded: int, fmt: str, num_sms: int, cta: Option
                       k_padded if spec == AUTO_LOAD else None)
     load = resolve_load(spec, m, k_padded, shape, fmt, pack)
     if is_xsmem(load):
-        return CallPlan(shape, load, *xsmem_plan(m, n, k_padded, fmt, shape, num_sms, splits, load))
+        return CallPlan(shape, load, *xsmem_plan(m, n, k_padded, fmt, shape, num_sms, splits))
     return CallPlan(shape, load, num_splits(n, k_padded, fmt, shape, num_sms) if splits is None else splits, 0)
 
 

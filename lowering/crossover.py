@@ -104,13 +104,17 @@ def matmul_work(node) -> tuple | None:
     saves at decode (SDPA's repeated K/V) does not shrink with the weights."""
     if INT4PACK_MM(node):
         x = arg(node, 0, "self")
-        weight = shape(node)[-1] * shape(x)[-1]
-    elif MATMUL(node) or LINEAR(node) or MM(node) or SCALED_MM(node) or ADDMM(node):
-        x, b = (arg(node, 1, "mat1"), arg(node, 2, "mat2")) if ADDMM(node) else \
-            (node.args[0], arg(node, 1, "weight" if LINEAR(node) else "other" if MATMUL(node) else "mat2"))
-        weight = math.prod(shape(b)) if len(shape(b)) == 2 else 0
+        weight = shape(node)[-1] * shape(x)[-1]  # N x K, whatever the packed layout
     else:
-        return None
+        if ADDMM(node):
+            x, b = arg(node, 1, "mat1"), arg(node, 2, "mat2")
+        elif LINEAR(node):
+            x, b = node.args[0], arg(node, 1, "weight")
+        elif MATMUL(node) or MM(node) or SCALED_MM(node):
+            x, b = node.args[0], arg(node, 1, "other" if MATMUL(node) else "mat2")
+        else:
+            return None
+        weight = math.prod(shape(b)) if len(shape(b)) == 2 else 0
     return 2 * math.prod(shape(node)) * shape(x)[-1], weight * value(node).element_size()
 
 
