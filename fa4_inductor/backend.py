@@ -17,6 +17,7 @@ from torch._inductor.compile_fx import compile_fx
 
 from fa4_inductor.lowering import READ_BY_VALUE, module_buffers, run_torch_ir_passes
 from fa4_inductor.lowering.post_grad import HOOK as POST_GRAD_HOOK, PostGradPasses
+from fa4_inductor.lowering.subclass_weights import InnerTensorArgs, take_inner_tensors
 
 from . import publishing
 from .fp8 import is_torchao_fp8
@@ -48,7 +49,12 @@ class Backend:
         user_pass = patches.get(POST_GRAD_HOOK, getattr(torch._inductor.config, POST_GRAD_HOOK))
         post_grad = PostGradPasses(self.options, user_pass)
         patches[POST_GRAD_HOOK] = post_grad
-        compiled = compile_fx(gm, example_inputs, config_patches=patches)
+        inner = take_inner_tensors(gm, example_inputs)
+        if inner:
+            inner_gm, inner_inputs, inner_args = inner
+            compiled = InnerTensorCall(compile_fx(inner_gm, inner_inputs, config_patches=patches), inner_args)
+        else:
+            compiled = compile_fx(gm, example_inputs, config_patches=patches)
         # After compile_fx: a restarted analysis (it raises) leaves no stale records. A backward graph's
         # post-grad records come later, when AOTAutograd compiles it.
         publishing.publish(records + post_grad.records)
@@ -140,6 +146,17 @@ def _copy(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
     graph = torch.fx.Graph()
     graph.output(graph.graph_copy(gm.graph, {}))
     return torch.fx.GraphModule(gm, graph)
+
+
+class InnerTensorCall:
+    """A compiled graph that takes its subclass weights' inner tensors (lowering/subclass_weights.py), called with
+    the weights themselves."""
+
+    def __init__(self, compiled, args: InnerTensorArgs):
+        self.compiled, self.expand = compiled, args.expand
+
+    def __call__(self, *args):
+        return self.compiled(*self.expand(args))
 
 
 class BufferGuard:

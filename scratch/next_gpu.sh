@@ -73,6 +73,15 @@ x48b) # x48's second half (one call holds the first): wide N at 5 / 8 rows, the 
     run timeout 80 python3 tests/bench_w4a16.py --m 16,9 --shapes 1024x4096,2048x4096,2048x2048,512x2048 \
       --cta auto,1x8x1 --load auto,xsmem+parts4
     run timeout 60 python3 tests/bench_w4a16.py --m 1,16 --shapes 8192x8192,14336x4096 ;;
+s52) # session 52: torchao subclass weights reach Inductor as their inner tensors (lowering/subclass_weights.py), so
+    # AOTAutograd's per-call unwrap (torch 2.11: ~3 us a weight, h51) is gone: the subclass decode step against plain
+    # buffers (fp8 subclass under ours, h51: 1.93 ms a step on 1.34 of kernels; plain 1.66 ms/token in g51)
+    nvidia-smi -L >>$L
+    run timeout 130 $P tests/test_gpu_models.py -k "quantized_weights_generate and False and not nvfp4"
+    run timeout 150 python3 -m fa4_inductor bench --suite quant --quant-formats none --quant-no-prefill \
+      --quant-e2e-runs fp8:ours,fp8:plain --quant-prompt 4096
+    run timeout 150 python3 -m fa4_inductor bench --suite quant --quant-formats none --quant-no-prefill \
+      --quant-e2e-runs nvfp4:ours,nvfp4:plain --quant-prompt 4096 ;;
 g51) # f51's finding: the fp8 plain-buffer decode step stayed on cuDNN SDPA (0.53 ms a step), as `small_decode` counted no
     # `_scaled_mm` weight bytes; now it counts them: the step end to end against bf16 under ours
     nvidia-smi -L >>$L
