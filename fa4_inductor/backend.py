@@ -118,26 +118,26 @@ _HINTED: list[bool] = []
 # (what the weights are, how to tell them, the function that keeps them as plain buffers, what it measured)
 _SUBCLASS_WEIGHTS = (
     ("NVFP4", is_torchao_nvfp4, "fa4_inductor.nvfp4.from_torchao",
-     "H200, Llama-1B-shaped decode: 1.14 against 1.99 ms/token, docs/benchmarks.md"),
+     "H100, Llama-1B-shaped decode: 1.04 against 1.55 ms/token, docs/benchmarks.md session 52"),
     ("int8", is_torchao_int8_weight_only, "fa4_inductor.int8.from_torchao", "docs/benchmarks.md"),
     ("fp8", is_torchao_fp8, "fa4_inductor.fp8.from_torchao",
-     "H100, Llama-1B-shaped fp8 decode: 2.7 ms a step on 1.3 ms of kernels with the subclasses, slower than default "
-     "compile's 2.35; 1.9 as plain buffers, docs/benchmarks.md session 51"),
+     "H100, Llama-1B-shaped fp8 decode: 1.66 against 2.38 ms/token, docs/benchmarks.md session 52"),
 )
 
 
 def _hint_plain_weights(example_inputs) -> None:
-    """Once a process: say that torchao weights reach the graph as tensor subclasses, which torch.compile guards and
-    unwraps around every call, and how to keep the same weights without that host time."""
+    """Once a process: say that torchao weights reach the graph as tensor subclasses, on which Dynamo's guards run
+    Python around every call (AOTAutograd's unwrap we spare them: lowering/subclass_weights.py), and how to keep the
+    same weights without that host time."""
     if _HINTED:
         return
     for kind, is_kind, remedy, measured in _SUBCLASS_WEIGHTS:
         count = sum(is_kind(t) for t in example_inputs)
         if count:
             _HINTED.append(True)
-            log.warning("%d torchao %s weights reach this graph as tensor subclasses, which torch.compile guards and "
-                        "unwraps around every call; `%s(model)` before compiling keeps the same weights as plain "
-                        "buffers with the same outputs (%s)", count, kind, remedy, measured)
+            log.warning("%d torchao %s weights reach this graph as tensor subclasses, whose guards run Python around "
+                        "every call; `%s(model)` before compiling keeps the same weights as plain buffers with the "
+                        "same outputs (%s)", count, kind, remedy, measured)
             return
 
 

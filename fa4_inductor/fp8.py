@@ -8,11 +8,10 @@ faster.
     fp8.from_torchao(model)                      # the same weights, bit for bit the same outputs (torch's kernels)
     model = torch.compile(model, backend=fa4_inductor)
 
-Why: torch.compile guards on every tensor subclass and AOTAutograd unwraps each one around every call of the compiled
-graph. A Llama-1B-shaped fp8 decode step under `reduce-overhead` with the subclass weights runs 1.3 ms of kernels under
-our backend and takes 2.7 ms (H100, docs/benchmarks.md session 51; default compile 2.35 on 2.2 ms of kernels): the
-host, not the GPU, sets its speed. As plain buffers it took 1.9 ms, 0.5 of it in cuDNN attention, which the crossover
-now leaves to our decode kernel (`crossover.matmul_work`; not yet timed).
+Why: Dynamo guards every tensor subclass among a graph's inputs in Python around every call (our backend spares them
+AOTAutograd's unwrap: lowering/subclass_weights.py). A Llama-1B-shaped fp8 decode step under `reduce-overhead` took
+2.38 ms/token with torchao's subclass weights under our backend and 1.66 as plain buffers, as fast as bf16 (H100,
+docs/benchmarks.md session 52); default compile took 2.5-4.1 with the subclasses.
 """
 
 from __future__ import annotations
