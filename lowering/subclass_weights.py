@@ -2,8 +2,8 @@
 
 Dynamo passes a module's parameters to the compiled graph on every call, and AOTAutograd unwraps each tensor subclass
 among them through the subclass's `__tensor_flatten__` (and, for torchao's, its `__torch_function__` on `size()` and
-`stride()`) around every call: ~3 us a weight on an H100's host, so a decode step over 112 torchao linears was
-host-bound. This rewrite makes the graph take each such weight's inner tensors instead and rebuild the subclass
+`stride()`) around every call, in Python before torch 2.13: two thirds of the profiled host time of a host-bound fp8
+decode step over 112 torchao linears (H100, torch 2.11, docs/benchmarks.md session 52). This rewrite makes the graph take each such weight's inner tensors instead and rebuild the subclass
 inside the graph, where AOTAutograd traces through it at compile time; the aten graph is the one AOTAutograd's own
 unwrapping produces. At run time `InnerTensorArgs.expand` reads the inner tensors by attribute name.
 
@@ -12,9 +12,9 @@ unwrapping produces. At run time `InnerTensorArgs.expand` reads the inner tensor
                                             linear(x, w')
 
 Taken: static inputs (parameters and buffers, Dynamo's `_dynamo_static_input_type`) that need no gradient, whose
-inner tensors are plain tensors with static shapes, and that no in-place method of the graph writes. Dynamo's guards
-on each subclass's metadata (`__tensor_flatten__`'s context, sizes, strides) hold for every call this graph serves,
-so the context read at compile time is the one every call's weight has.
+inner tensors are plain tensors with static shapes, and that the graph does not write in place. Dynamo's
+guards on each subclass's metadata (`__tensor_flatten__`'s context, sizes, strides) hold for every call this graph
+serves, so the context read at compile time is the one every call's weight has.
 """
 
 from __future__ import annotations
@@ -57,23 +57,36 @@ def _rebuilder(t: torch.Tensor, names: tuple[str, ...]) -> Callable[..., torch.T
     return rebuild
 
 
-def _writes_in_place(node: Node) -> bool:
-    return any(isinstance(user.target, str) and user.target.endswith("_") and not user.target.endswith("__")
-               or getattr(user.target, "__name__", "").endswith("_") and not user.target.__name__.endswith("__")
-               for user in node.users)
+_IN_PLACE_OPERATORS = {getattr(operator, f"i{name}") for name in (
+    "add", "sub", "mul", "matmul", "truediv", "floordiv", "mod", "pow", "and", "or", "xor", "lshift", "rshift")}
+
+
+def _writes_in_place(target) -> bool:
+    """An in-place tensor method or torch function (`mul_`, `copy_`), or Python's augmented assignment."""
+    if target in _IN_PLACE_OPERATORS:
+        return True
+    name = target if isinstance(target, str) else getattr(target, "__name__", "")
+    return name.endswith("_") and not name.endswith("__")
+
+
+def _static_shape(t: torch.Tensor) -> bool:
+    return not any(isinstance(s, torch.SymInt) for s in (*t.shape, *t.stride()))
 
 
 def _unwrappable(node: Node, t: Any) -> Optional[tuple[str, ...]]:
-    """The inner tensors' attribute names of a subclass weight this rewrite takes, else None."""
-    if not (is_traceable_wrapper_subclass(t) and not t.requires_grad
+    """The inner tensors' attribute names of a subclass weight this rewrite takes, else None. Shapes are read from
+    Dynamo's fake value, which is symbolic where the compiled graph takes any size."""
+    fake = node.meta.get("example_value")
+    if not (is_traceable_wrapper_subclass(t) and not t.requires_grad and fake is not None
             and node.meta.get("tensor_dict", {}).get("_dynamo_static_input_type")
             and getattr(node, "_dynamo_source", None) is not None):
         return None
     names, _ = t.__tensor_flatten__()
-    inner = [getattr(t, name) for name in names]
-    if not names or any(type(i) is not torch.Tensor and not isinstance(i, torch.nn.Parameter) for i in inner):
+    if not names or any(type(getattr(t, name)) not in (torch.Tensor, torch.nn.Parameter) for name in names):
         return None
-    if any(isinstance(s, torch.SymInt) for s in (*t.shape, *t.stride())) or _writes_in_place(node):
+    if not _static_shape(fake) or not all(_static_shape(getattr(fake, name)) for name in names):
+        return None
+    if any(_writes_in_place(user.target) for user in node.users):
         return None
     return tuple(names)
 

@@ -121,6 +121,22 @@ def test_the_compiled_graph_takes_plain_static_inputs(monkeypatch):
     assert set(positions) <= set(static[0]), (positions, static)
 
 
+def test_dynamic_shapes():
+    """Under `dynamic=True` the weights keep static shapes (Dynamo's `force_parameter_static_shapes`) and are taken;
+    x's rows stay symbolic, and a second row count runs the same graph."""
+    model = two_tensor_model()
+    torch._dynamo.reset()
+    counter = torch._dynamo.testing.CompileCounterWithBackend(fa4_inductor.backend())
+    compiled = torch.compile(model, backend=counter, dynamic=True)
+    with torch.no_grad():
+        for rows in (3, 5):
+            x = torch.randn(rows, 8)
+            torch.testing.assert_close(compiled(x), model(x))
+    assert counter.frame_count == 1
+    capture = captured(model, torch.randn(3, 8))
+    assert take_inner_tensors(capture.gm, capture.inputs) is not None
+
+
 def test_weights_changed_after_compiling_are_read():
     """The inner tensors are read from the weight passed on each call: a weight written in place or replaced by
     another of the same kind after compiling gives the new output, without a recompile."""
@@ -148,16 +164,23 @@ class WrittenInPlace(nn.Module):
         return x @ self.w
 
 
+class AddedInPlace(WrittenInPlace):
+    def forward(self, x):
+        w = self.w
+        w += 1
+        return x @ w
+
+
 class Activation(nn.Module):
     def forward(self, x):
         return x * 2
 
 
-@pytest.mark.parametrize("case", ["needs-gradient", "activation", "written-in-place"])
+@pytest.mark.parametrize("case", ["needs-gradient", "activation", "written-in-place", "added-in-place"])
 def test_what_stays_a_subclass(case):
     """A weight that needs its gradient (training: AOTAutograd's subclass handling builds the gradient), a subclass
-    activation (not a static input) and a weight the graph writes in place reach AOTAutograd as they are; the
-    compiled module still computes eager's output."""
+    activation (not a static input), and a weight the graph writes in place (a method, `+=`) reach
+    AOTAutograd as they are."""
     x = torch.randn(2, 8)
     if case == "needs-gradient":
         model = two_tensor_model()
@@ -165,7 +188,7 @@ def test_what_stays_a_subclass(case):
     elif case == "activation":
         model, x = Activation(), TwoTensor(torch.randn(2, 8), torch.randn(2, 8))
     else:
-        model = WrittenInPlace()
+        model = {"written-in-place": WrittenInPlace, "added-in-place": AddedInPlace}[case]()
     capture = captured(model, x)
     assert any(is_traceable_wrapper_subclass(t) for t in capture.inputs)
     assert take_inner_tensors(capture.gm, capture.inputs) is None
