@@ -49,7 +49,7 @@ class Backend:
         user_pass = patches.get(POST_GRAD_HOOK, getattr(torch._inductor.config, POST_GRAD_HOOK))
         post_grad = PostGradPasses(self.options, user_pass)
         patches[POST_GRAD_HOOK] = post_grad
-        inner = take_inner_tensors(gm, example_inputs)
+        inner = take_inner_tensors(gm, example_inputs) if self.options.subclass_weights else None
         if inner:
             inner_gm, inner_inputs, inner_args = inner
             compiled = InnerTensorCall(compile_fx(inner_gm, inner_inputs, config_patches=patches), inner_args)

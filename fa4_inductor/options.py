@@ -115,6 +115,13 @@ class Options:
     faster than the op for its weight's shape on the H200 (`int8_linear.gemv_reason`, `nvfp4_linear.gemv_reason`);
     off, every one goes to the op (what `docs/scripts/one_row_gemv.py` measures)."""
 
+    subclass_weights: bool = True
+    """Hand Inductor each tensor-subclass weight that needs no gradient (torchao's quantized weights) as its inner
+    tensors, the graph rebuilding the subclass (lowering/subclass_weights.py): a call reads them by attribute, where
+    AOTAutograd would unwrap every subclass in Python around every call (torch 2.11: two thirds of the profiled host
+    time of a host-bound fp8 decode step over 112 torchao linears, H100, docs/benchmarks.md session 52). Off: the
+    subclasses reach AOTAutograd as they are."""
+
     nvfp4_activations: bool = False
     """With `nvfp4_linear`: on Blackwell GPUs (sm100 / sm120) quantize each NVFP4 linear's activations to NVFP4 too
     (an e4m3 scale per 16 inputs, a per-row scale from the row's amax, computed on the device at every call) and

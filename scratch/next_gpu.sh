@@ -1,9 +1,9 @@
-# Unrun GPU work. Session 51 ran c50 (the weight ring: 1.3-1.7x slower, removed), the fp8 decode end to end and its
-# profile (f51) on H100s, then got no machine. Next: `g51` first (the fp8 plain-buffer decode step on our attention
-# kernel now: it stayed on cuDNN SDPA; the fp8 model test with plain buffers; the fp8 prefill), `h51` (where the fp8
-# subclass step's host time goes), then `h49` (session 49's CTA rules on an H200; two calls' worth), `a50`'s
-# f16 and 2..4-row lines, `p47` (low priority), `m47`, `w43`, `p43`, `n36`. Parts of earlier sessions below keep
-# their notes.
+# Unrun GPU work. Session 52 ran g51 and h51 (the fp8 plain-buffer step now at bf16's speed; the subclass step's host
+# time in AOTAutograd's unwrap), then s52 after the subclass-weights rewrite (lowering/subclass_weights.py). Next:
+# `ab52` first (that rewrite A/B on one machine, `subclass_weights=0` against the default, and against default
+# compile, for fp8, NVFP4 and int8 subclass weights; the two subclass GPU model tests), then `h49` (session 49's CTA
+# rules on an H200; two calls' worth), `a50`'s f16 and 2..4-row lines, `p47` (low priority), `m47`, `w43`, `p43`, `n36`.
+# Parts of earlier sessions below keep their notes.
 # Output goes to $OUT/log.txt. Have the next call ready: the machine goes back 30 s after a call, and a fresh one needs
 # .gpu/a and .gpu/b again. Run one part a call:  bash scratch/next_gpu.sh x48
 # Never `pkill -f pytest` here: it matches this script's own command line. A pytest cut by `timeout` can leave xdist
@@ -73,6 +73,16 @@ x48b) # x48's second half (one call holds the first): wide N at 5 / 8 rows, the 
     run timeout 80 python3 tests/bench_w4a16.py --m 16,9 --shapes 1024x4096,2048x4096,2048x2048,512x2048 \
       --cta auto,1x8x1 --load auto,xsmem+parts4
     run timeout 60 python3 tests/bench_w4a16.py --m 1,16 --shapes 8192x8192,14336x4096 ;;
+ab52) # session 52's subclass-weights rewrite, A/B on one machine (s52's rows came from other runs): each subclass step
+    # under ours with the rewrite off / on, then default compile (wall against kernels: the host's share); then the
+    # subclass GPU model tests (~35 s each; s52 cut the fp8 one at 130 s)
+    nvidia-smi -L >>$L
+    for k in "fp8 ours" "nvfp4 torchao"; do
+      run timeout 150 python3 docs/scripts/decode_profile.py $k subclass_weights=0
+      run timeout 150 python3 docs/scripts/decode_profile.py $k
+    done
+    run timeout 150 python3 docs/scripts/decode_profile.py fp8 default
+    run timeout 200 $P tests/test_gpu_models.py -k "quantized_weights_generate and False" ;;
 s52) # session 52: torchao subclass weights reach Inductor as their inner tensors (lowering/subclass_weights.py), so
     # AOTAutograd's per-call unwrap (torch 2.11: ~3 us a weight, h51) is gone: the subclass decode step against plain
     # buffers (fp8 subclass under ours, h51: 1.93 ms a step on 1.34 of kernels; plain 1.66 ms/token in g51)

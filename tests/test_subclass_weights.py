@@ -85,10 +85,12 @@ input_2 = linear(input_1, l_fn_modules_1_parameters_weight_, l_fn_modules_1_para
         assert summary(capture.gm).count("<-") == 4  # Dynamo's own graph is left as it was
 
 
-def test_the_compiled_graph_takes_plain_static_inputs(monkeypatch):
+@pytest.mark.parametrize("on", [True, False], ids=["on", "option-off"])
+def test_the_compiled_graph_takes_plain_static_inputs(monkeypatch, on):
     """Through the backend: Inductor gets no subclass, every inner tensor is a static input (AOTAutograd's
     `static_input_indices`, which CUDA graphs read: a non-static input is copied on every replay), and the torchao
-    int8 linears are rewritten as before, eager's outputs bit for bit."""
+    int8 linears are rewritten as before, eager's outputs bit for bit. With `subclass_weights=False` the subclasses
+    reach Inductor, the same outputs."""
     pytest.importorskip("torchao")
     from torch._functorch import aot_autograd
 
@@ -110,11 +112,14 @@ def test_the_compiled_graph_takes_plain_static_inputs(monkeypatch):
     x = torch.randn(3, 64, dtype=torch.bfloat16)
     torch._dynamo.reset()
     with torch.no_grad(), fa4_inductor.publishing.collecting() as records:
-        out = torch.compile(model, backend=fa4_inductor)(x)
+        out = torch.compile(model, backend=fa4_inductor.backend(subclass_weights=on))(x)
         expected = model(x)
     torch.testing.assert_close(out, expected, atol=0, rtol=0)
     assert sum(r.rewritten and r.family == "int8_linear" for r in records) == 2, [str(r) for r in records]
     [inputs] = compiled_inputs
+    if not on:
+        assert sum(is_traceable_wrapper_subclass(t) for t in inputs) == 2
+        return
     assert not any(is_traceable_wrapper_subclass(t) for t in inputs)
     weights = [getattr(model[i].weight, name) for i in (0, 1) for name in model[i].weight.__tensor_flatten__()[0]]
     positions = [next(p for p, t in enumerate(inputs) if t is w) for w in weights]
