@@ -16,6 +16,7 @@ import torch
 from torch._inductor.compile_fx import compile_fx
 
 from fa4_inductor.lowering import READ_BY_VALUE, module_buffers, run_torch_ir_passes
+from fa4_inductor.lowering.graph_edit import copy_of_dynamo_graph
 from fa4_inductor.lowering.post_grad import HOOK as POST_GRAD_HOOK, PostGradPasses
 from fa4_inductor.lowering.subclass_weights import InnerTensorArgs, take_inner_tensors
 
@@ -43,7 +44,7 @@ class Backend:
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs, mode: str | None = None, options: dict | None = None):
         _hint_plain_weights(example_inputs)
-        pristine = _copy(gm) if module_buffers(gm, example_inputs) else None
+        pristine = copy_of_dynamo_graph(gm) if module_buffers(gm, example_inputs) else None
         records = run_torch_ir_passes(gm, example_inputs, self.options)
         patches = inductor_config_patches(mode, options)
         user_pass = patches.get(POST_GRAD_HOOK, getattr(torch._inductor.config, POST_GRAD_HOOK))
@@ -139,13 +140,6 @@ def _hint_plain_weights(example_inputs) -> None:
                         "every call; `%s(model)` before compiling keeps the same weights as plain buffers with the "
                         "same outputs (%s)", count, kind, remedy, measured)
             return
-
-
-def _copy(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
-    """A graph module over a copy of gm's graph (the same parameters and submodules)."""
-    graph = torch.fx.Graph()
-    graph.output(graph.graph_copy(gm.graph, {}))
-    return torch.fx.GraphModule(gm, graph)
 
 
 class InnerTensorCall:

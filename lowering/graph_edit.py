@@ -75,6 +75,24 @@ def _fake_call(target, args, kwargs):
     return target(*args, **kwargs)
 
 
+def copy_of_dynamo_graph(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """A graph module over a copy of gm's graph (the same parameters and submodules), with what Dynamo hangs on a
+    graph and its placeholders for AOTAutograd: a rewrite that changes the placeholders works on a copy, as Dynamo
+    reads its own graph's placeholders again after the backend returns."""
+    graph = torch.fx.Graph()
+    copies: dict[Node, Node] = {}
+    graph.output(graph.graph_copy(gm.graph, copies))
+    for node, copy in copies.items():
+        if hasattr(node, "_dynamo_source"):
+            copy._dynamo_source = node._dynamo_source
+    new = torch.fx.GraphModule(gm, graph)
+    new.meta.update(gm.meta)
+    for name in ("_param_name_to_source", "_source_to_user_stacks"):
+        if hasattr(gm, name):
+            setattr(new, name, getattr(gm, name))
+    return new
+
+
 def erased(node: Node) -> bool:
     """Whether an earlier rewrite removed `node` from its graph (a list of nodes taken before it still holds it)."""
     return getattr(node, "_erased", False)

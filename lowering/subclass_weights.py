@@ -26,6 +26,8 @@ import torch
 from torch.fx import GraphModule, Node
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
+from .graph_edit import copy_of_dynamo_graph
+
 
 class InnerTensorArgs:
     """How a call's arguments become the rewritten graph's: the argument at each position of `inner_names` gives
@@ -91,23 +93,6 @@ def _unwrappable(node: Node, t: Any) -> Optional[tuple[str, ...]]:
     return tuple(names)
 
 
-def _copy_of_dynamo_graph(gm: GraphModule) -> GraphModule:
-    """gm over a copy of its graph, with what Dynamo hangs on a graph for AOTAutograd (Dynamo reads its own graph's
-    placeholders again after the backend returns)."""
-    graph = torch.fx.Graph()
-    copies: dict[Node, Node] = {}
-    graph.output(graph.graph_copy(gm.graph, copies))
-    for node, copy in copies.items():
-        if hasattr(node, "_dynamo_source"):
-            copy._dynamo_source = node._dynamo_source
-    new = GraphModule(gm, graph)
-    new.meta.update(gm.meta)
-    for name in ("_param_name_to_source", "_source_to_user_stacks"):
-        if hasattr(gm, name):
-            setattr(new, name, getattr(gm, name))
-    return new
-
-
 def take_inner_tensors(gm: GraphModule, example_inputs: Sequence[Any]
                        ) -> Optional[tuple[GraphModule, list, InnerTensorArgs]]:
     """A copy of gm that takes its subclass weights' inner tensors (module docstring), its example inputs, and how
@@ -120,7 +105,7 @@ def take_inner_tensors(gm: GraphModule, example_inputs: Sequence[Any]
              if (names := _unwrappable(node, t)) is not None}
     if not taken:
         return None
-    gm = _copy_of_dynamo_graph(gm)
+    gm = copy_of_dynamo_graph(gm)
     placeholders = list(gm.graph.find_nodes(op="placeholder"))
     first_op = next(n for n in gm.graph.nodes if n.op != "placeholder")
     inputs: list = []
@@ -136,8 +121,7 @@ def take_inner_tensors(gm: GraphModule, example_inputs: Sequence[Any]
                 inner = gm.graph.placeholder(f"{node.name}_{name}")
                 inner._dynamo_source = AttrSource(node._dynamo_source, name)
                 inner.meta["tensor_dict"] = dict(node.meta["tensor_dict"])
-                if fake is not None:
-                    inner.meta["example_value"] = getattr(fake, name)
+                inner.meta["example_value"] = getattr(fake, name)
                 inner_nodes.append(inner)
                 inputs.append(getattr(t, name))
         with gm.graph.inserting_before(first_op):
