@@ -3,9 +3,10 @@
 Dynamo passes a module's parameters to the compiled graph on every call, and AOTAutograd unwraps each tensor subclass
 among them through the subclass's `__tensor_flatten__` (and, for torchao's, its `__torch_function__` on `size()` and
 `stride()`) around every call, in Python before torch 2.13: two thirds of the profiled host time of a host-bound fp8
-decode step over 112 torchao linears (H100, torch 2.11, docs/benchmarks.md session 52). This rewrite makes the graph take each such weight's inner tensors instead and rebuild the subclass
-inside the graph, where AOTAutograd traces through it at compile time; the aten graph is the one AOTAutograd's own
-unwrapping produces. At run time `InnerTensorArgs.expand` reads the inner tensors by attribute name.
+decode step over 112 torchao linears (H100, torch 2.11, docs/benchmarks.md session 52). This rewrite makes the graph
+take each such weight's inner tensors instead and rebuild the subclass inside the graph, where AOTAutograd traces
+through it at compile time; the aten graph is the one AOTAutograd's own unwrapping produces. At run time
+`InnerTensorArgs.expand` reads the inner tensors by attribute name.
 
     w: Float8Tensor (placeholder)           w.qdata, w.scale (placeholders)
     linear(x, w)                   ->       w' = rebuild_Float8Tensor(w.qdata, w.scale)
@@ -27,6 +28,7 @@ from torch.fx import GraphModule, Node
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from .graph_edit import copy_of_dynamo_graph
+from .mutations import written
 
 
 class InnerTensorArgs:
@@ -59,18 +61,6 @@ def _rebuilder(t: torch.Tensor, names: tuple[str, ...]) -> Callable[..., torch.T
     return rebuild
 
 
-_IN_PLACE_OPERATORS = {getattr(operator, f"i{name}") for name in (
-    "add", "sub", "mul", "matmul", "truediv", "floordiv", "mod", "pow", "and", "or", "xor", "lshift", "rshift")}
-
-
-def _writes_in_place(target) -> bool:
-    """An in-place tensor method or torch function (`mul_`, `copy_`), or Python's augmented assignment."""
-    if target in _IN_PLACE_OPERATORS:
-        return True
-    name = target if isinstance(target, str) else getattr(target, "__name__", "")
-    return name.endswith("_") and not name.endswith("__")
-
-
 def _static_shape(t: torch.Tensor) -> bool:
     return not any(isinstance(s, torch.SymInt) for s in (*t.shape, *t.stride()))
 
@@ -88,7 +78,7 @@ def _unwrappable(node: Node, t: Any) -> Optional[tuple[str, ...]]:
         return None
     if not _static_shape(fake) or not all(_static_shape(getattr(fake, name)) for name in names):
         return None
-    if any(_writes_in_place(user.target) for user in node.users):
+    if any(written(user) for user in node.users):  # an in-place method, `+=`, `out=` or `inplace=True` on it
         return None
     return tuple(names)
 
@@ -99,9 +89,10 @@ def take_inner_tensors(gm: GraphModule, example_inputs: Sequence[Any]
     to expand a call's arguments for it; None where no input qualifies."""
     from torch._dynamo.source import AttrSource
 
-    if len(gm.graph.find_nodes(op="placeholder")) != len(example_inputs):
+    placeholders = gm.graph.find_nodes(op="placeholder")
+    if len(placeholders) != len(example_inputs):
         return None
-    taken = {i: names for i, (node, t) in enumerate(zip(gm.graph.find_nodes(op="placeholder"), example_inputs))
+    taken = {i: names for i, (node, t) in enumerate(zip(placeholders, example_inputs))
              if (names := _unwrappable(node, t)) is not None}
     if not taken:
         return None

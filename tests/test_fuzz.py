@@ -758,12 +758,17 @@ def _dynamo_failed(e: BaseException) -> bool:
 STATS: collections.Counter = collections.Counter()
 
 
-def _default_compile_raises(fn, args, case: Case) -> bool:
-    """Whether default torch.compile (Inductor without our passes) raises on the program too: an Inductor bug
-    that the backend cannot be asked to avoid (a bool mask's `fill_` through an expand, under autograd)."""
+def _default_compiled(fn, args, case: Case) -> Result:
+    """The case run under default torch.compile (Inductor without our passes)."""
     torch._dynamo.reset()
+    return run(torch.compile(fn, backend="inductor", fullgraph=True), args, case.grad, case.seed)
+
+
+def _default_compile_raises(fn, args, case: Case) -> bool:
+    """Whether default torch.compile raises on the program too: an Inductor bug that the backend cannot be asked to
+    avoid (a bool mask's `fill_` through an expand, under autograd)."""
     try:
-        run(torch.compile(fn, backend="inductor", fullgraph=True), args, case.grad, case.seed)
+        _default_compiled(fn, args, case)
     except Exception:
         return True
     return False
@@ -773,8 +778,7 @@ def _default_compile_computes(fn, args, case: Case, actual: Result) -> bool:
     """Whether default torch.compile computes what ours did, outputs and gradients alike: where nothing was
     rewritten, Inductor got the program as written, and a difference from eager both share is Inductor's (torch
     2.13 on the CPU: a softmax over a dim of size 1 before a matmul, e.g. `F.softmax(s, dim=-2)` with one query)."""
-    torch._dynamo.reset()
-    default = run(torch.compile(fn, backend="inductor", fullgraph=True), args, case.grad, case.seed)
+    default = _default_compiled(fn, args, case)
 
     def same(a, b) -> bool:
         return (a is None) == (b is None) and (a is None or torch.equal(a.nan_to_num(), b.nan_to_num())

@@ -173,8 +173,9 @@ QUANTIZED = [("int8", False), ("int8", True), ("nvfp4", False), ("nvfp4", True),
 def test_quantized_weights_generate(fmt, plain):
     """torchao weight-only int8 and NVFP4, and fp8 weights with per-token fp8 activations, on every linear but lm_head
     (the quant bench's models), as torchao's tensor subclasses or made plain buffers (`int8.from_torchao`,
-    `nvfp4.from_torchao`, `fp8.from_torchao`): generate by the rule against the float32 model with the dequantized weights (each read
-    back through its linear from an identity matrix), the quantized linears and attention on the op."""
+    `nvfp4.from_torchao`, `fp8.from_torchao`): generate by the rule against the float32 model with the dequantized
+    weights (each read back through its linear from an identity matrix), the quantized linears and attention on the
+    op."""
     pytest.importorskip("torchao")
     import torch.nn as nn
     from torchao.quantization import quantize_

@@ -3,7 +3,8 @@
 inner tensors, lowering/subclass_weights.py), called the ways `explain` calls a causal LM (prefill and decode
 over a StaticCache, a left-padded prefill, a forward without a cache) and compiled by the backend with Inductor:
 every attention layer and every quantized linear of every graph rewritten, nothing kept, outputs as eager's (the
-ops' CPU references; the GPU tier runs the same formats through `generate`, tests/test_gpu_models.py)."""
+ops' CPU references; the GPU tier runs the same formats through `generate`, tests/test_gpu_models.py); and a
+training step over frozen quantized weights against float64."""
 
 import pytest
 import torch
