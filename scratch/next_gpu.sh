@@ -10,7 +10,7 @@
 # workers on the GPU: kill the PIDs `nvidia-smi --query-compute-apps=pid --format=csv,noheader` lists.
 P="python3 -m pytest -m gpu -q -p no:cacheprovider -p no:logging -W ignore -rf"
 L=$OUT/log.txt
-run() { echo "+ $*" >>$L; PYTHONUNBUFFERED=1 "$@" >>$L 2>&1; echo "rc=$?" >>$L; }
+run() { echo "+ $*" >>$L; local t=$SECONDS; PYTHONUNBUFFERED=1 "$@" >>$L 2>&1; echo "rc=$? $((SECONDS - t))s" >>$L; }
 case "$1" in
 t44) # session 44: -inf in an additive mask hides its key on every CUDA path (decode kernel: no longer floored; SDPA
     # fallback and the hand-written rewrite's SDPA: `floor_additive`), and a hand-written softmax's mask input that
@@ -73,6 +73,21 @@ x48b) # x48's second half (one call holds the first): wide N at 5 / 8 rows, the 
     run timeout 80 python3 tests/bench_w4a16.py --m 16,9 --shapes 1024x4096,2048x4096,2048x2048,512x2048 \
       --cta auto,1x8x1 --load auto,xsmem+parts4
     run timeout 60 python3 tests/bench_w4a16.py --m 1,16 --shapes 8192x8192,14336x4096 ;;
+v53) # session 53, first call: the whole model tier (not run in full since session 39; the subclass-weights rewrite,
+    # the crossover fix and the fp8 routes changed since), then ab52's fp8 rows (rewrite off / on)
+    nvidia-smi -L >>$L
+    run timeout 220 $P -n 8 tests/test_gpu_models.py
+    run timeout 110 python3 docs/scripts/decode_profile.py fp8 ours subclass_weights=0
+    run timeout 110 python3 docs/scripts/decode_profile.py fp8 ours ;;
+v53b) # the rest of ab52: torchao NVFP4 weights under ours, the rewrite off / on, and under default compile (not timed
+    # before: the "never slower than default compile" row); default compile's fp8 step
+    nvidia-smi -L >>$L
+    run timeout 110 python3 docs/scripts/decode_profile.py quant nvfp4 ours subclass_weights=0
+    run timeout 150 python3 docs/scripts/decode_profile.py quant nvfp4 ours,default
+    run timeout 110 python3 docs/scripts/decode_profile.py fp8 default ;;
+v53c) # the quant GPU tiers (not run since the subclass-weights rewrite)
+    nvidia-smi -L >>$L
+    run timeout 200 $P -n 8 tests/test_gpu_fp8.py tests/test_gpu_nvfp4.py tests/test_gpu_int8kv.py tests/test_gpu_quant.py ;;
 ab52) # session 52's subclass-weights rewrite, A/B on one machine (s52's rows came from other runs): each subclass step
     # under ours with the rewrite off / on, then default compile (wall against kernels: the host's share); then the
     # subclass GPU model tests (~35 s each; s52 cut the fp8 one at 130 s)

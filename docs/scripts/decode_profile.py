@@ -11,6 +11,7 @@ skips Inductor counted, and the kernels that take the most time.
     python docs/scripts/decode_profile.py fp8      # torchao fp8 x fp8 (per row) under ours and under default compile
     python docs/scripts/decode_profile.py fp8 plain    # the same codes as plain buffers (`fp8.from_torchao`), ours
     python docs/scripts/decode_profile.py fp8 ours,default host=1   # also the host's functions over the timed steps
+    python docs/scripts/decode_profile.py quant nvfp4 ours,default  # torchao weights of a format, as `fp8` does
 """
 import cProfile
 import io
@@ -139,16 +140,16 @@ def nvfp4(kinds="torchao,plain,bf16", prompt=4096):
         torch.cuda.empty_cache()
 
 
-def fp8(kinds="ours,default", prompt=4096):
-    """torchao `Float8DynamicActivationFloat8WeightConfig` (per row) weights, built as the quant bench's end-to-end
-    runs build them ("ours", "default", "plain": `quant.e2e_runs`), under their backend (ours with this command's
-    options)."""
+def torchao_runs(fmt, kinds="ours,default", prompt=4096):
+    """torchao weights of `fmt` ("fp8": `Float8DynamicActivationFloat8WeightConfig` per row; "nvfp4", "int8": weight
+    only), built as the quant bench's end-to-end runs build them ("ours", "default", "plain": `quant.e2e_runs`), under
+    their backend (ours with this command's options)."""
     from transformers import StaticCache
 
     for kind in kinds.split(","):
-        _, name, backend, model = quant._llama_for(f"fp8:{kind}", "cuda", torch.bfloat16)
+        _, name, backend, model = quant._llama_for(f"{fmt}:{kind}", "cuda", torch.bfloat16)
         cache = StaticCache(config=model.config, max_cache_len=prompt + 64)
-        report(f"fp8 weights, {name}, batch 1, position {prompt}", model, cache, 1, prompt,
+        report(f"{fmt} weights, {name}, batch 1, position {prompt}", model, cache, 1, prompt,
                backend if kind == "default" else None)
         del model, cache
         torch.cuda.empty_cache()
@@ -174,4 +175,5 @@ if __name__ == "__main__":
         LM_HEAD.append(True)
     if OPTIONS.pop("host", False):
         HOST.append(True)
-    {"nvfp4": nvfp4, "int8kv": int8kv, "fp8": fp8}[sys.argv[1]](*(a for a in sys.argv[2:] if "=" not in a))
+    commands = {"nvfp4": nvfp4, "int8kv": int8kv, "fp8": lambda *a: torchao_runs("fp8", *a), "quant": torchao_runs}
+    commands[sys.argv[1]](*(a for a in sys.argv[2:] if "=" not in a))
