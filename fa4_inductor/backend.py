@@ -43,7 +43,6 @@ class Backend:
         self.options = options or Options()
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs, mode: str | None = None, options: dict | None = None):
-        _hint_plain_weights(example_inputs)
         pristine = copy_of_dynamo_graph(gm) if module_buffers(gm, example_inputs) else None
         records = run_torch_ir_passes(gm, example_inputs, self.options)
         patches = inductor_config_patches(mode, options)
@@ -51,6 +50,7 @@ class Backend:
         post_grad = PostGradPasses(self.options, user_pass)
         patches[POST_GRAD_HOOK] = post_grad
         inner = take_inner_tensors(gm, example_inputs) if self.options.subclass_weights else None
+        _hint_plain_weights(example_inputs, inner[2].inner_names if inner else {})
         if inner:
             inner_gm, inner_inputs, inner_args = inner
             compiled = InnerTensorCall(compile_fx(inner_gm, inner_inputs, config_patches=patches), inner_args)
@@ -116,30 +116,43 @@ def _quantized(t) -> bool:
 _HINTED: list[bool] = []
 
 
-# (what the weights are, how to tell them, the function that keeps them as plain buffers, what it measured)
+# (what the weights are, how to tell them, the function that keeps them as plain buffers, Llama-1B-shaped decode on
+# one H100 (docs/benchmarks.md session 53): plain buffers against subclasses compiled as their inner tensors (the
+# default) and as subclasses (subclass_weights=False or weights it does not take), ms/token)
 _SUBCLASS_WEIGHTS = (
-    ("NVFP4", is_torchao_nvfp4, "fa4_inductor.nvfp4.from_torchao",
-     "H100, Llama-1B-shaped decode: 1.04 against 1.55 ms/token, docs/benchmarks.md session 52"),
-    ("int8", is_torchao_int8_weight_only, "fa4_inductor.int8.from_torchao", "docs/benchmarks.md"),
-    ("fp8", is_torchao_fp8, "fa4_inductor.fp8.from_torchao",
-     "H100, Llama-1B-shaped fp8 decode: 1.66 against 2.38 ms/token, docs/benchmarks.md session 52"),
+    ("NVFP4", is_torchao_nvfp4, "fa4_inductor.nvfp4.from_torchao", (0.92, 0.97, 2.76)),
+    ("int8", is_torchao_int8_weight_only, "fa4_inductor.int8.from_torchao", None),
+    ("fp8", is_torchao_fp8, "fa4_inductor.fp8.from_torchao", (1.46, 1.44, 2.71)),
 )
 
 
-def _hint_plain_weights(example_inputs) -> None:
-    """Once a process: say that torchao weights reach the graph as tensor subclasses, on which Dynamo's guards run
-    Python around every call (AOTAutograd's unwrap we spare them: lowering/subclass_weights.py), and how to keep the
-    same weights without that host time."""
+def _hint_plain_weights(example_inputs, taken) -> None:
+    """Once a process: say that torchao weights reach the graph as tensor subclasses, and how to keep the same weights
+    as plain buffers. Where every such weight is compiled as its inner tensors (`taken`, the inputs' positions:
+    lowering/subclass_weights.py) only Dynamo's guards on them run Python around each call, which a GPU-bound step
+    hides: said at INFO. Otherwise AOTAutograd also unwraps each of them every call: a WARNING."""
     if _HINTED:
         return
     for kind, is_kind, remedy, measured in _SUBCLASS_WEIGHTS:
-        count = sum(is_kind(t) for t in example_inputs)
-        if count:
-            _HINTED.append(True)
-            log.warning("%d torchao %s weights reach this graph as tensor subclasses, whose guards run Python around "
-                        "every call; `%s(model)` before compiling keeps the same weights as plain buffers with the "
-                        "same outputs (%s)", count, kind, remedy, measured)
-            return
+        positions = [i for i, t in enumerate(example_inputs) if is_kind(t)]
+        if not positions:
+            continue
+        _HINTED.append(True)
+        kept = sum(i not in taken for i in positions)
+        if kept:
+            cost = ("each unwrapped by AOTAutograd on every call" if kept == len(positions) else
+                    f"{kept} of them, needing a gradient or written in place, unwrapped by AOTAutograd on every call")
+            numbers = (f"plain buffers {measured[0]} against {measured[2]} ms/token as subclasses" if measured else
+                       "docs/benchmarks.md")
+        else:
+            cost = "compiled as their inner tensors; Dynamo's guards on them still run Python on every call"
+            numbers = (f"plain buffers {measured[0]} against {measured[1]} ms/token, a GPU-bound step" if measured
+                       else "docs/benchmarks.md")
+        log.log(logging.WARNING if kept else logging.INFO,
+                "%d torchao %s weights reach this graph as tensor subclasses (%s); `%s(model)` before compiling "
+                "keeps the same weights as plain buffers with the same outputs (H100, Llama-1B-shaped decode: %s)",
+                len(positions), kind, cost, remedy, numbers)
+        return
 
 
 class InnerTensorCall:

@@ -9,9 +9,9 @@ faster.
     model = torch.compile(model, backend=fa4_inductor)
 
 Why: Dynamo guards every tensor subclass among a graph's inputs in Python around every call (our backend spares them
-AOTAutograd's unwrap: lowering/subclass_weights.py). A Llama-1B-shaped fp8 decode step under `reduce-overhead` took
-2.38 ms/token with torchao's subclass weights under our backend and 1.66 as plain buffers, as fast as bf16 (H100,
-docs/benchmarks.md session 52); default compile took 2.5-4.1 with the subclasses.
+AOTAutograd's unwrap: lowering/subclass_weights.py), host time that a host-bound step pays. A Llama-1B-shaped fp8
+decode step under `reduce-overhead` (GPU-bound) took 1.46 ms/token as plain buffers and 1.44 with torchao's subclass
+weights under our backend, 2.58 under default compile (one H100, docs/benchmarks.md session 53).
 """
 
 from __future__ import annotations

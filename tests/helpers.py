@@ -319,25 +319,31 @@ def layers_reaching_graphs(name: str, layers: int, counted: int) -> bool:
 class Messages(logging.Handler):
     """The messages of a logger (pytest's log capture is off in this suite: pyproject.toml)."""
 
-    def __init__(self):
-        super().__init__(logging.WARNING)
+    def __init__(self, level=logging.WARNING):
+        super().__init__(level)
         self.messages = []
+        self.records = []  # (level name, message)
 
     def emit(self, record):
         self.messages.append(record.getMessage())
+        self.records.append((record.levelname, record.getMessage()))
 
 
-def from_torchao_hints(monkeypatch, model, x) -> list[str]:
-    """The backend's warnings that name a `from_torchao` when `model(x)` is compiled with it (its once-a-process hint
-    re-armed first)."""
+def from_torchao_hints(monkeypatch, model, x, compiles=1, **options) -> list[tuple[str, str]]:
+    """(level name, message) of each log record of the backend that names a `from_torchao`, over `compiles` compiles
+    of `model(x)` with `fa4_inductor.backend(**options)` (its once-a-process hint re-armed first)."""
     monkeypatch.setattr(importlib.import_module("fa4_inductor.backend"), "_HINTED", [])
-    handler = Messages()
+    handler = Messages(logging.INFO)
     logger = logging.getLogger("fa4_inductor")
+    level = logger.level
+    logger.setLevel(logging.INFO)
     logger.addHandler(handler)
     try:
-        torch._dynamo.reset()
-        with torch.no_grad():
-            torch.compile(model, backend=fa4_inductor.backend())(x)
+        for _ in range(compiles):
+            torch._dynamo.reset()
+            with torch.no_grad():
+                torch.compile(model, backend=fa4_inductor.backend(**options))(x)
     finally:
         logger.removeHandler(handler)
-    return [m for m in handler.messages if "from_torchao" in m]
+        logger.setLevel(level)
+    return [(name, m) for name, m in handler.records if "from_torchao" in m]

@@ -462,8 +462,11 @@ def test_compiling_torchao_fp8_weights_hints_at_from_torchao(monkeypatch):
     model = torchao_model(torchao_fp8_configs(monkeypatch)["per-row"])
     x = torch.randn(2, K, dtype=torch.bfloat16)
     hints = from_torchao_hints(monkeypatch, model, x)
-    assert len(hints) == 1 and hints[0].startswith("1 torchao fp8 weights reach this graph") and \
-        "`fa4_inductor.fp8.from_torchao(model)`" in hints[0], hints
+    assert [level for level, _ in hints] == ["INFO"], hints  # compiled as their inner tensors: guards are what is left
+    assert hints[0][1].startswith("1 torchao fp8 weights reach this graph") and \
+        "`fa4_inductor.fp8.from_torchao(model)`" in hints[0][1] and "1.46 against 1.44 ms/token" in hints[0][1], hints
+    hints = from_torchao_hints(monkeypatch, model, x, subclass_weights=False)
+    assert [level for level, _ in hints] == ["WARNING"] and "1.46 against 2.71 ms/token" in hints[0][1], hints
     assert fp8.from_torchao(model) == ["0"] and from_torchao_hints(monkeypatch, model, x) == []
 
 

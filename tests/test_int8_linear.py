@@ -399,11 +399,17 @@ def test_from_torchao_keeps_the_weights_bit_for_bit_as_plain_buffers(bias):
 
 
 def test_compiling_torchao_int8_weights_hints_at_from_torchao(monkeypatch):
-    """torchao int8 weight-only weights reach the graph as tensor subclasses: the backend names `int8.from_torchao`."""
+    """torchao int8 weight-only weights reach the graph as tensor subclasses: the backend names `int8.from_torchao`,
+    at INFO where they are compiled as their inner tensors (the default), as a WARNING where they are not."""
     pytest.importorskip("torchao")
-    hints = from_torchao_hints(monkeypatch, torchao_int8_model(bias=False), torch.randn(2, K, dtype=torch.bfloat16))
-    assert len(hints) == 1 and hints[0].startswith("1 torchao int8 weights reach this graph") and \
-        "`fa4_inductor.int8.from_torchao(model)`" in hints[0], hints
+    model, x = torchao_int8_model(bias=False), torch.randn(2, K, dtype=torch.bfloat16)
+    for options, level, says in (({}, "INFO", "compiled as their inner tensors"),
+                                 ({"subclass_weights": False}, "WARNING", "each unwrapped by AOTAutograd")):
+        hints = from_torchao_hints(monkeypatch, model, x, **options)
+        assert len(hints) == 1 and hints[0][0] == level, hints
+        message = hints[0][1]
+        assert message.startswith("1 torchao int8 weights reach this graph") and says in message and \
+            "`fa4_inductor.int8.from_torchao(model)`" in message, message
 
 
 def test_explain_reports_the_post_grad_family():

@@ -2,7 +2,6 @@
 into a tiny HF Llama), compiled with the backend: every quantized linear runs `fa4::nvfp4_linear`."""
 
 import json
-import logging
 
 import pytest
 import torch
@@ -11,7 +10,7 @@ from safetensors.torch import save_file
 
 import fa4_inductor
 from fa4_inductor import hf, nvfp4
-from helpers import Messages, PostGradCompiled
+from helpers import PostGradCompiled, from_torchao_hints
 from test_nvfp4_linear import OP_CALL, float64_dequantized
 
 pytestmark = pytest.mark.usefixtures("without_fx_graph_cache")
@@ -220,30 +219,10 @@ def test_compiling_torchao_nvfp4_weights_hints_at_from_torchao_once(monkeypatch)
     """torchao NVFP4 weights reach the compiled graph as tensor subclasses (host time on every call): the backend
     says so once a process, with the count and the remedy; after `nvfp4.from_torchao` it has nothing to say."""
     pytest.importorskip("torchao")
-    import importlib
-
     from test_nvfp4_linear import K, torchao_model
 
-    backend_module = importlib.import_module("fa4_inductor.backend")  # the module, not the function it exports
-    monkeypatch.setattr(backend_module, "_HINTED", [])
-    handler = Messages()
-    logger = logging.getLogger("fa4_inductor")
-    logger.addHandler(handler)
-    try:
-        model = torchao_model(torch.float32, False)
-        x = torch.randn(2, K)
-        for _ in range(2):
-            torch._dynamo.reset()
-            with torch.no_grad():
-                torch.compile(model, backend=fa4_inductor.backend())(x)
-        hints = [m for m in handler.messages if "from_torchao" in m]
-        assert len(hints) == 1 and hints[0].startswith("1 torchao NVFP4 weights reach this graph"), hints
-        handler.messages.clear()
-        monkeypatch.setattr(backend_module, "_HINTED", [])
-        nvfp4.from_torchao(model)
-        torch._dynamo.reset()
-        with torch.no_grad():
-            torch.compile(model, backend=fa4_inductor.backend())(x)
-        assert not [m for m in handler.messages if "from_torchao" in m]
-    finally:
-        logger.removeHandler(handler)
+    model, x = torchao_model(torch.float32, False), torch.randn(2, K)
+    hints = from_torchao_hints(monkeypatch, model, x, compiles=2)
+    assert len(hints) == 1 and hints[0][1].startswith("1 torchao NVFP4 weights reach this graph"), hints
+    nvfp4.from_torchao(model)
+    assert from_torchao_hints(monkeypatch, model, x) == []
