@@ -142,16 +142,14 @@ def _hint_plain_weights(example_inputs, taken) -> None:
         if kept:
             cost = ("each unwrapped by AOTAutograd on every call" if kept == len(positions) else
                     f"{kept} of them, needing a gradient or written in place, unwrapped by AOTAutograd on every call")
-            numbers = (f"plain buffers {measured[0]} against {measured[2]} ms/token as subclasses" if measured else
-                       "docs/benchmarks.md")
+            numbers = f"plain buffers {measured[0]} against {measured[2]} ms/token as subclasses" if measured else ""
         else:
             cost = "compiled as their inner tensors; Dynamo's guards on them still run Python on every call"
-            numbers = (f"plain buffers {measured[0]} against {measured[1]} ms/token, a GPU-bound step" if measured
-                       else "docs/benchmarks.md")
+            numbers = f"plain buffers {measured[0]} against {measured[1]} ms/token, GPU-bound" if measured else ""
         log.log(logging.WARNING if kept else logging.INFO,
                 "%d torchao %s weights reach this graph as tensor subclasses (%s); `%s(model)` before compiling "
-                "keeps the same weights as plain buffers with the same outputs (H100, Llama-1B-shaped decode: %s)",
-                len(positions), kind, cost, remedy, numbers)
+                "keeps the same weights as plain buffers with the same outputs (%s)", len(positions), kind, cost,
+                remedy, f"H100, Llama-1B-shaped decode: {numbers}" if numbers else "docs/benchmarks.md")
         return
 
 
