@@ -17,6 +17,7 @@ from torch._inductor.compile_fx import compile_fx
 
 from fa4_inductor.lowering import READ_BY_VALUE, module_buffers, run_torch_ir_passes
 from fa4_inductor.lowering.graph_edit import copy_of_dynamo_graph
+from fa4_inductor.lowering.joint_graph import HOOK as JOINT_HOOK, JointGraphPasses, quantized_inputs_written
 from fa4_inductor.lowering.post_grad import HOOK as POST_GRAD_HOOK, PostGradPasses
 from fa4_inductor.lowering.subclass_weights import InnerTensorArgs, take_inner_tensors
 
@@ -49,6 +50,9 @@ class Backend:
         user_pass = patches.get(POST_GRAD_HOOK, getattr(torch._inductor.config, POST_GRAD_HOOK))
         post_grad = PostGradPasses(self.options, user_pass)
         patches[POST_GRAD_HOOK] = post_grad
+        user_joint_pass = patches.get(JOINT_HOOK, getattr(torch._inductor.config, JOINT_HOOK))
+        patches[JOINT_HOOK] = JointGraphPasses(self.options, user_joint_pass,
+                                               inputs_written=quantized_inputs_written(gm))
         inner = take_inner_tensors(gm, example_inputs) if self.options.subclass_weights else None
         _hint_plain_weights(example_inputs, inner[2].inner_names if inner else {})
         if inner:
@@ -73,7 +77,8 @@ class Backend:
         quantized inputs (int8 / uint8 / float8 tensors, or tensor subclasses such as torchao's) also goes
         through AOTAutograd with Inductor's decompositions, so the POST_GRAD families (quantized linears) see
         and report on the aten graph they would get under Inductor (close to it: Inductor's own passes before
-        that stage do not run, e.g. its one-row matmul decomposition on CUDA)."""
+        that stage do not run, e.g. its one-row matmul decomposition on CUDA); a training graph is split by
+        Inductor's partitioner after the joint stage (lowering/joint_graph.py)."""
         publishing.publish(run_torch_ir_passes(gm, example_inputs, self.options))
         if not any(_quantized(t) for t in example_inputs):
             return gm.forward
@@ -89,8 +94,14 @@ class Backend:
             post_grad.records = []
             return aten_gm.forward
 
+        def partition(joint_gm: torch.fx.GraphModule, joint_inputs, **kwargs):
+            from torch._functorch.partitioners import min_cut_rematerialization_partition
+
+            JointGraphPasses(self.options, inputs_written=quantized_inputs_written(gm))(joint_gm.graph)
+            return min_cut_rematerialization_partition(joint_gm, joint_inputs, compiler="inductor", **kwargs)
+
         return aot_module_simplified(gm, example_inputs, fw_compiler=post_grad_only, bw_compiler=post_grad_only,
-                                     decompositions=select_decomp_table())
+                                     partition_fn=partition, decompositions=select_decomp_table())
 
     def __repr__(self) -> str:
         return f"fa4_inductor.backend({self.options})"

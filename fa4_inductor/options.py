@@ -122,6 +122,13 @@ class Options:
     time of a host-bound fp8 decode step over 112 torchao linears, H100, docs/benchmarks.md session 52). Off: the
     subclasses reach AOTAutograd as they are."""
 
+    recompute_dequantized_weights: bool = True
+    """In training, compute each weight dequantized from frozen int8 / NVFP4 / fp8 codes again in the backward
+    instead of saving it from the forward (lowering/joint_graph.py): a compiled step then holds no copy of the
+    quantized weights in the model's dtype between its forward and backward (default torch.compile holds 2 bytes a
+    weight there; eager none), and the forward's quantized linears are rewritten as at inference. The backward
+    pays one more dequantization a weight. Off: Inductor's partitioner saves them."""
+
     nvfp4_activations: bool = False
     """With `nvfp4_linear`: on Blackwell GPUs (sm100 / sm120) quantize each NVFP4 linear's activations to NVFP4 too
     (an e4m3 scale per 16 inputs, a per-row scale from the row's amax, computed on the device at every call) and

@@ -1,0 +1,117 @@
+"""The joint stage: dequantized weights recomputed in the backward instead of saved, through Inductor's
+`joint_custom_pre_pass` (the forward and backward as one graph, before the partitioner splits them).
+
+A training step over frozen quantized weights (fine-tuning around int8 / NVFP4 / fp8 linears) computes each
+weight in the model's dtype from its codes and scales, and the backward needs it again for the input's gradient:
+
+    w = convert_element_type(codes, bf16) * scale        codes, scale: placeholders (primals), no gradient
+    out = mm(x, t(w))                                    forward
+    grad_x = mm(grad_out, w)                             backward
+
+Inductor's partitioner saves `w` for the backward (it does not recompute what the backward must materialize for
+a matmul), so a compiled step holds a copy of every quantized weight in the model's dtype from its forward to its
+backward: 2 bytes a weight beside the 1 (int8, fp8) or 0.56 (NVFP4) the codes take, where eager holds none. This
+pass marks every node computed from primals alone, with a quantized primal among them (int8, uint8, fp8), as
+MUST_RECOMPUTE (the checkpoint policy the partitioner honours): the forward saves the codes and scales (inputs,
+already held), and the backward computes `w` again, transiently, one layer at a time. The forward's
+dequantize-then-matmul then no longer escapes the forward graph, so the POST_GRAD families rewrite it as they do
+at inference. Factory calls, views and constants are recomputable leaves; random and in-place ops and
+matmuls stop a chain. Like the post-grad hook's, this object says what it does in `uuid()` for the FX graph cache.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+from torch._inductor.custom_graph_pass import CustomGraphPass
+from torch.fx import Graph, Node
+from torch.utils.checkpoint import CheckpointPolicy
+
+from .mutations import Mutations, storage
+from .post_grad import source_hash
+
+log = logging.getLogger("fa4_inductor.lowering")
+
+HOOK = "joint_custom_pre_pass"
+
+QUANTIZED_DTYPES = (torch.int8, torch.uint8, torch.float8_e4m3fn, torch.float8_e5m2)
+
+_aten = torch.ops.aten
+_MATMULS = {_aten.mm.default, _aten.bmm.default, _aten.addmm.default, _aten.baddbmm.default,
+            _aten.convolution.default, _aten._scaled_mm.default, _aten._int_mm.default}
+
+
+def _recomputable(node: Node) -> bool:
+    target = node.target
+    if target in _MATMULS:
+        return False
+    schema = getattr(target, "_schema", None)
+    if schema is not None and schema.is_mutable:
+        return False
+    tags = getattr(target, "tags", ())
+    return torch.Tag.nondeterministic_seeded not in tags
+
+
+def mark_dequantized_weights(graph: Graph) -> list[Node]:
+    """Mark the nodes of a joint graph that are computed from primals alone, with a quantized primal among their
+    inputs' ancestors, as recomputed in the backward (module docstring). Returns them."""
+    written = Mutations(graph).writes
+    from_primals: dict[Node, bool] = {}  # node -> whether a quantized primal is among its ancestors
+    marked = []
+    for node in graph.nodes:
+        if node.op in ("placeholder", "get_attr"):
+            if node.op == "placeholder" and str(node.target).startswith("tangents") or storage(node) in written:
+                continue  # a primal the graph writes (`copy_` at its end): the backward would read the new value
+            value = node.meta.get("val")
+            from_primals[node] = isinstance(value, torch.Tensor) and value.dtype in QUANTIZED_DTYPES
+            continue
+        if node.op != "call_function" or not _recomputable(node):
+            continue
+        inputs = node.all_input_nodes
+        if not all(i in from_primals for i in inputs):
+            continue
+        quantized = any(from_primals[i] for i in inputs)
+        from_primals[node] = quantized
+        if quantized:
+            node.meta["recompute"] = CheckpointPolicy.MUST_RECOMPUTE
+            marked.append(node)
+    return marked
+
+
+def quantized_inputs_written(gm) -> bool:
+    """Whether a Dynamo graph writes an input of a quantized dtype, or a tensor subclass, in place. Such a write
+    can reach AOTAutograd's epilogue instead of the joint graph (a metadata change), where the pass cannot see it:
+    the backend then leaves the joint graph as it is."""
+    from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
+    written = Mutations(gm.graph).writes
+    for node in gm.graph.find_nodes(op="placeholder"):
+        value = node.meta.get("example_value")
+        if isinstance(value, torch.Tensor) and (value.dtype in QUANTIZED_DTYPES or
+                                                is_traceable_wrapper_subclass(value)) and storage(node) in written:
+            return True
+    return False
+
+
+class JointGraphPasses(CustomGraphPass):
+    """The dequantized weights marked for recomputation (option `recompute_dequantized_weights`), then the pass
+    the user had set on the same hook (if any)."""
+
+    def __init__(self, options, user_pass=None, *, inputs_written=False):
+        self.options, self.user_pass = options, user_pass
+        self.recompute = options.recompute_dequantized_weights and not inputs_written
+        self.marked = 0  # nodes marked over the graphs this pass saw
+
+    def __call__(self, graph: Graph) -> None:
+        if self.recompute:
+            marked = mark_dequantized_weights(graph)
+            self.marked += len(marked)
+            if marked:
+                log.debug("joint graph: %d nodes of dequantized weights recomputed in the backward", len(marked))
+        if self.user_pass is not None:
+            self.user_pass(graph)
+
+    def uuid(self) -> str:
+        user = self.user_pass.uuid() if hasattr(self.user_pass, "uuid") else repr(self.user_pass)
+        return f"fa4_inductor-joint:{source_hash()}:{self.options!r}:{self.recompute}:{user}"
