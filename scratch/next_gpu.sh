@@ -1,6 +1,8 @@
 # Unrun GPU work. Session 53 ran v53 / v53b (the model tier in full: 39 passed; the subclass-weights A/B on one H100:
 # NVFP4 0.967 against 2.764 ms/token with the rewrite off, fp8 1.439 against 2.707; plain buffers 0.916 / 1.462).
-# Next: `v53c` (the quant GPU tiers, not run since that rewrite), then `h49` (session 49's CTA rules on an H200; two
+# Session 53 also added the joint stage (lowering/joint_graph.py: dequantized weights recomputed in the backward,
+# CPU-tested only). Next: `qt53` (its GPU check: a frozen-quantized-weights training step's time and peak memory
+# against default compile), `v53c` (the quant GPU tiers, not run since the subclass rewrite), then `h49` (session 49's CTA rules on an H200; two
 # calls' worth), `a50`'s f16 and 2..4-row lines, `p47` (low priority), `m47`, `w43`, `p43`, `n36`; the fp8 plain-buffer
 # prefill against default compile (`g51`'s last line, ~400 s: a call of its own).
 # Parts of earlier sessions below keep their notes.
@@ -73,6 +75,12 @@ x48b) # x48's second half (one call holds the first): wide N at 5 / 8 rows, the 
     run timeout 80 python3 tests/bench_w4a16.py --m 16,9 --shapes 1024x4096,2048x4096,2048x2048,512x2048 \
       --cta auto,1x8x1 --load auto,xsmem+parts4
     run timeout 60 python3 tests/bench_w4a16.py --m 1,16 --shapes 8192x8192,14336x4096 ;;
+qt53) # session 53's joint stage: a training step over frozen torchao int8 / NVFP4 weights (QLoRA-style: norms,
+    # embedding, lm_head trained), Llama-1B shape, 2048 tokens: ms and peak GiB, eager / default compile / ours with the
+    # stage off / on (CPU: the forward saves codes and scales instead of a float copy of each weight, ~2.4 GB here)
+    nvidia-smi -L >>$L
+    run timeout 220 python3 docs/scripts/quant_train.py int8 2048
+    run timeout 220 python3 docs/scripts/quant_train.py nvfp4 2048 ;;
 v53) # session 53, first call: the whole model tier (not run in full since session 39; the subclass-weights rewrite,
     # the crossover fix and the fp8 routes changed since), then ab52's fp8 rows (rewrite off / on)
     nvidia-smi -L >>$L
