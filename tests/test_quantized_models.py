@@ -122,9 +122,9 @@ def dequantized_tiny_llama(model, quantized: list[str]):
 def test_a_training_step_over_frozen_quantized_weights(fmt):
     """Fine-tuning around frozen quantized linears (the embedding, norms and lm_head train; `use_cache=False`,
     labels): the compiled step's loss and every gradient as eager's against float64 (`assert_as_close_as_eager`; the
-    reference holds the weights the quantized layers compute with), every attention rewritten. The quantized
-    linears keep default compile's code in training (the backward reads the dequantized weight too), with the
-    reason; torchao's weights reach the joint graph as their inner tensors."""
+    reference holds the weights the quantized layers compute with), every attention rewritten. The dequantized
+    weights are recomputed in the backward (lowering/joint_graph.py), so no quantized linear is kept for a saved
+    dequantized weight; torchao's weights reach the joint graph as their inner tensors."""
     model, quantized, family = quantized_tiny_llama(fmt)
     reference_model = dequantized_tiny_llama(model, quantized).double()
     model.model.requires_grad_(True)
@@ -149,3 +149,4 @@ def test_a_training_step_over_frozen_quantized_weights(fmt):
             assert_as_close_as_eager(name, o, e, exact[name], slack=1e-5)
     assert sum(r.rewritten and r.family == "sdpa" for r in records) == model.attention_layers, [str(r) for r in records]
     assert all(r.rewritten or r.family == family for r in records), [str(r) for r in records]
+    assert not any("saves it for the backward" in r.detail for r in records), [str(r) for r in records]
