@@ -15,8 +15,8 @@ pass marks every node computed from primals alone, with a quantized primal among
 MUST_RECOMPUTE (the checkpoint policy the partitioner honours): the forward saves the codes and scales (inputs,
 already held), and the backward computes `w` again, transiently, one layer at a time. The forward's
 dequantize-then-matmul then no longer escapes the forward graph, so the POST_GRAD families rewrite it as they do
-at inference. Factory calls, views and constants are recomputable leaves; random and in-place ops and
-matmuls stop a chain. Like the post-grad hook's, this object says what it does in `uuid()` for the FX graph cache.
+at inference. Factory calls, views and constants are recomputable leaves; random and in-place ops, matmuls,
+attention and custom ops stop a chain. Like the post-grad hook's, this object says what it does in `uuid()` for the FX graph cache.
 """
 
 from __future__ import annotations
@@ -44,8 +44,10 @@ _MATMULS = {_aten.mm.default, _aten.bmm.default, _aten.addmm.default, _aten.badd
 
 def _recomputable(node: Node) -> bool:
     target = node.target
-    if target in _MATMULS:
+    if target in _MATMULS or "attention" in str(target):
         return False
+    if isinstance(target, torch._ops.OpOverload) and target.namespace not in ("aten", "prims"):
+        return False  # custom ops (ours among them): what they cost is not known here
     schema = getattr(target, "_schema", None)
     if schema is not None and schema.is_mutable:
         return False
