@@ -17,7 +17,7 @@ from torch._inductor.compile_fx import compile_fx
 
 from fa4_inductor.lowering import READ_BY_VALUE, module_buffers, run_torch_ir_passes
 from fa4_inductor.lowering.graph_edit import copy_of_dynamo_graph
-from fa4_inductor.lowering.joint_graph import HOOK as JOINT_HOOK, JointGraphPasses, quantized_inputs_written
+from fa4_inductor.lowering.joint_graph import HOOK as JOINT_HOOK, JointGraphPasses, quantized, quantized_inputs_written
 from fa4_inductor.lowering.post_grad import HOOK as POST_GRAD_HOOK, PostGradPasses
 from fa4_inductor.lowering.subclass_weights import InnerTensorArgs, take_inner_tensors
 
@@ -80,7 +80,7 @@ class Backend:
         that stage do not run, e.g. its one-row matmul decomposition on CUDA); a training graph is split by
         Inductor's partitioner after the joint stage (lowering/joint_graph.py)."""
         publishing.publish(run_torch_ir_passes(gm, example_inputs, self.options))
-        if not any(_quantized(t) for t in example_inputs):
+        if not any(quantized(t) for t in example_inputs):
             return gm.forward
         from torch._functorch.aot_autograd import aot_module_simplified
         from torch._inductor.decomposition import select_decomp_table
@@ -113,15 +113,6 @@ class Backend:
 
     def __copy__(self):
         return self
-
-
-_QUANTIZED_DTYPES = (torch.int8, torch.uint8, torch.float8_e4m3fn, torch.float8_e5m2)
-
-
-def _quantized(t) -> bool:
-    from torch.utils._python_dispatch import is_traceable_wrapper_subclass
-
-    return isinstance(t, torch.Tensor) and (t.dtype in _QUANTIZED_DTYPES or is_traceable_wrapper_subclass(t))
 
 
 _HINTED: list[bool] = []

@@ -81,19 +81,20 @@ def mark_dequantized_weights(graph: Graph) -> list[Node]:
     return marked
 
 
-def quantized_inputs_written(gm) -> bool:
-    """Whether a Dynamo graph writes an input of a quantized dtype, or a tensor subclass, in place. Such a write
-    can reach AOTAutograd's epilogue instead of the joint graph (a metadata change), where the pass cannot see it:
-    the backend then leaves the joint graph as it is."""
+def quantized(t) -> bool:
+    """Whether t is a tensor of a quantized dtype, or a tensor subclass (torchao's quantized weights)."""
     from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
+    return isinstance(t, torch.Tensor) and (t.dtype in QUANTIZED_DTYPES or is_traceable_wrapper_subclass(t))
+
+
+def quantized_inputs_written(gm) -> bool:
+    """Whether a Dynamo graph writes a `quantized` input in place. Such a write can reach AOTAutograd's epilogue
+    instead of the joint graph (a metadata change), where the pass cannot see it: the backend then leaves the joint
+    graph as it is."""
     written = Mutations(gm.graph).writes
-    for node in gm.graph.find_nodes(op="placeholder"):
-        value = node.meta.get("example_value")
-        if isinstance(value, torch.Tensor) and (value.dtype in QUANTIZED_DTYPES or
-                                                is_traceable_wrapper_subclass(value)) and storage(node) in written:
-            return True
-    return False
+    return any(quantized(node.meta.get("example_value")) and storage(node) in written
+               for node in gm.graph.find_nodes(op="placeholder"))
 
 
 class JointGraphPasses(CustomGraphPass):

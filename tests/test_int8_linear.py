@@ -203,13 +203,21 @@ view_3: bf16[2, 3, 48] = aten.reshape(int8_linear_default, (2, 3, 48))""")
 
 
 @pytest.mark.slow
-def test_training_keeps_the_dequantized_weight_the_backward_reads():
+@pytest.mark.parametrize("recompute", [True, False])
+def test_training_rewrites_unless_the_dequantized_weight_is_saved(recompute):
+    """The backward reads the dequantized weight: by default it computes it again (lowering/joint_graph.py) and
+    the forward's linear is rewritten; with `recompute_dequantized_weights=False` the forward saves it, and the
+    linear stays as written, with that reason."""
     linear = gpt_fast_linear(torch.float32)
     x = torch.randn(2, 3, K, requires_grad=True)
-    compiled = compile_with_int8(linear, x)
-    assert OP_CALL not in compiled.code
-    assert compiled.details == [(False, "the dequantized weight (permute) is also read by permute_1, a graph output "
-                                        "(a training forward saves it for the backward)")]
+    compiled = compile_with_int8(linear, x, backend=fa4_inductor.backend(int8_linear=True,
+                                                                         recompute_dequantized_weights=recompute))
+    if recompute:
+        assert OP_CALL in compiled.code and [rewritten for rewritten, _ in compiled.details] == [True]
+    else:
+        assert OP_CALL not in compiled.code
+        assert compiled.details == [(False, "the dequantized weight (permute) is also read by permute_1, a graph "
+                                            "output (a training forward saves it for the backward)")]
     expected = linear(x)
     torch.testing.assert_close(compiled.out, expected, atol=1e-2 * expected.abs().max().item(), rtol=1e-2)  # bf16 mm
     torch.testing.assert_close(torch.autograd.grad(compiled.out.sum(), x), torch.autograd.grad(expected.sum(), x))

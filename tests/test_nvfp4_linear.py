@@ -421,13 +421,18 @@ def test_what_stays_as_written(case):
 
 
 @pytest.mark.slow
-def test_training_keeps_the_dequantized_weight_the_backward_reads():
+@pytest.mark.parametrize("recompute", [True, False])
+def test_training_rewrites_unless_the_dequantized_weight_is_saved(recompute):
+    """As the int8 family's test: by default the backward dequantizes again and the forward's linear is rewritten;
+    with `recompute_dequantized_weights=False` it stays as written, with the reason."""
     layer = nvfp4_linear_module(torch.float32)
     x = torch.randn(2, 3, K, requires_grad=True)
-    compiled = PostGradCompiled(layer, x, backend=BACKEND)
-    assert OP_CALL not in compiled.code
-    assert len(compiled.details) == 1 and not compiled.details[0][0]
-    assert "a graph output (a training forward saves it for the backward)" in compiled.details[0][1]
+    backend = fa4_inductor.backend(nvfp4_linear=True, recompute_dequantized_weights=recompute)
+    compiled = PostGradCompiled(layer, x, backend=backend)
+    assert len(compiled.details) == 1 and compiled.details[0][0] == recompute, compiled.details
+    assert (OP_CALL in compiled.code) == recompute
+    if not recompute:
+        assert "a graph output (a training forward saves it for the backward)" in compiled.details[0][1]
     expected = layer(x)
     torch.testing.assert_close(compiled.out, expected)
     torch.testing.assert_close(torch.autograd.grad(compiled.out.sum(), x), torch.autograd.grad(expected.sum(), x))
