@@ -57,7 +57,11 @@ def _recomputable(node: Node) -> bool:
 
 def mark_dequantized_weights(graph: Graph) -> list[Node]:
     """Mark the nodes of a joint graph that are computed from primals alone, with a quantized primal among their
-    inputs' ancestors, as recomputed in the backward (module docstring). Returns them."""
+    inputs' ancestors, as recomputed in the backward (module docstring). Returns them (none for a graph without
+    tangents)."""
+    placeholders = graph.find_nodes(op="placeholder")
+    if not any(str(p.target).startswith("tangents") for p in placeholders):
+        return []  # an inference graph (Inductor runs the hook on those too): nothing is saved for a backward
     written = Mutations(graph).writes
     from_primals: dict[Node, bool] = {}  # node -> whether a quantized primal is among its ancestors
     marked = []

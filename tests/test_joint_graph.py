@@ -222,3 +222,17 @@ def test_what_is_marked_in_a_joint_graph():
     assert seen.get("mul") is not None and seen.get("rand") is False and seen.get("mm") is False, seen
     assert seen.get("exp") is False, seen  # lora: a float primal
     assert seen.get("convert_element_type") is True, seen
+
+
+def test_an_inference_graph_is_left_alone():
+    """Inductor runs the joint hook on inference graphs too (no tangents): nothing is marked there."""
+    marked = []
+
+    def joint(graph):
+        marked.extend(joint_graph.mark_dequantized_weights(graph))
+
+    block, _ = quantized_block("int8")
+    torch._dynamo.reset()
+    with torch.no_grad(), torch._inductor.config.patch(joint_custom_pre_pass=joint):
+        torch.compile(block)(torch.randn(3, K))
+    assert marked == []
