@@ -79,7 +79,7 @@ def mark_dequantized_weights(graph: Graph) -> list[Node]:
             continue
         quantized = any(from_primals[i] for i in inputs)
         from_primals[node] = quantized
-        if quantized:
+        if quantized and "recompute" not in node.meta:  # a user's activation-checkpointing policy stands
             node.meta["recompute"] = CheckpointPolicy.MUST_RECOMPUTE
             marked.append(node)
     return marked

@@ -236,3 +236,24 @@ def test_an_inference_graph_is_left_alone():
     with torch.no_grad(), torch._inductor.config.patch(joint_custom_pre_pass=joint):
         torch.compile(block)(torch.randn(3, K))
     assert marked == []
+
+
+def test_under_activation_checkpointing():
+    """A block under `torch.utils.checkpoint` (its nodes carry the user's recompute policy, which stands): the
+    compiled step's gradient is eager's."""
+    from torch.utils.checkpoint import checkpoint
+
+    block, _ = quantized_block("int8")
+    torch.manual_seed(2)
+    x = torch.randn(5, K)
+
+    def step(x):
+        return checkpoint(block, x, use_reentrant=False).sin().sum()
+
+    def gradient(fn):
+        xg = x.clone().requires_grad_(True)
+        fn(xg).backward()
+        return xg.grad
+
+    torch._dynamo.reset()
+    torch.testing.assert_close(gradient(torch.compile(step, backend=fa4_inductor.backend())), gradient(step))
