@@ -16,7 +16,10 @@ MUST_RECOMPUTE (the checkpoint policy the partitioner honours): the forward save
 already held), and the backward computes `w` again, transiently, one layer at a time. The forward's
 dequantize-then-matmul then no longer escapes the forward graph, so the POST_GRAD families rewrite it as they do
 at inference. Factory calls, views and constants are recomputable leaves; random and in-place ops, matmuls,
-attention and custom ops stop a chain. Like the post-grad hook's, this object says what it does in `uuid()` for the FX graph cache.
+attention and custom ops stop a chain; a primal the graph writes is not a leaf, and a node that already carries a
+recompute policy (activation checkpointing) keeps it. Inductor runs the hook on inference graphs too (no
+tangents): those are left alone. Like the post-grad hook's, this object says what it does in `uuid()` for the FX
+graph cache.
 """
 
 from __future__ import annotations
