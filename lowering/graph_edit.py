@@ -142,3 +142,22 @@ def _reaches_output(node: Node, passthrough: tuple) -> bool:
             return False
         node = next(iter(node.users))
     return True
+
+
+def fold_identity_permutes(graph: Graph) -> int:
+    """Point the readers of `permute(permute(x, p), q)` whose dims compose to the identity at x (the same view: its
+    shape and strides are x's), erasing what that leaves dead: a training graph transposes a tensor-subclass weight
+    and its matmul transposes it back (torchao's `t()`), which would hide the weight's codes behind two views.
+    Returns how many were folded."""
+    permute = torch.ops.aten.permute.default
+    folded = []
+    for node in graph.find_nodes(op="call_function", target=permute):
+        inner = node.args[0]
+        if not (isinstance(inner, Node) and inner.op == "call_function" and inner.target is permute):
+            continue
+        p, q = list(inner.args[1]), list(node.args[1])
+        if len(p) == len(q) and [p[d] for d in q] == list(range(len(q))):
+            node.replace_all_uses_with(inner.args[0])
+            folded.append(node)
+    erase_dead(graph, folded)
+    return len(folded)

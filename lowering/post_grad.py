@@ -1,6 +1,7 @@
 """The post-grad stage: POST_GRAD families on Inductor's aten graphs, through `post_grad_custom_pre_pass`.
 
-First it points `fa4::attention` calls at `fa4::attention_forward` (no autograd layer on the host path).
+First it points `fa4::attention` calls at `fa4::attention_forward` (no autograd layer on the host path) and
+folds transposes that undo each other (`graph_edit.fold_identity_permutes`).
 Inductor calls the hook once for the forward graph and once for the backward graph of each compiled
 region, before its own post-grad patterns (which would otherwise turn a weight-only int8 linear into
 `_weight_int8pack_mm` first). The hook's object must say what it does in `uuid()`: the FX graph cache
@@ -21,6 +22,7 @@ from torch._inductor.custom_graph_pass import CustomGraphPass
 
 from ..kernels import ATTENTION, ATTENTION_FORWARD
 from .family import POST_GRAD, Context
+from .graph_edit import fold_identity_permutes
 from .records import Record
 
 log = logging.getLogger("fa4_inductor.lowering")
@@ -66,6 +68,7 @@ class PostGradPasses(CustomGraphPass):
         self.graphs += 1
         gm = graph.owning_module
         without_autograd(graph)
+        fold_identity_permutes(graph)
         fake_mode = detect_fake_mode([n.meta.get("val") for n in graph.nodes if "val" in n.meta])
         context = Context(gm, self.options, fake_mode)
         records = run_families(context, POST_GRAD, FAMILIES)

@@ -130,8 +130,7 @@ def test_a_training_step_over_frozen_quantized_weights(fmt):
         assert_as_close_as_eager(name, o, e, r, slack=1e-5)
     reasons = [str(r) for r in records if r.family == family and not r.rewritten]
     assert not any("saves it for the backward" in reason for reason in reasons), reasons
-    if fmt != "torchao nvfp4":  # whose training graph transposes the codes (torchao's `t()`): kept, with that reason
-        assert any(r.rewritten and r.family == family for r in records), [str(r) for r in records]
+    assert any(r.rewritten and r.family == family for r in records), [str(r) for r in records]
     saved = saved_for_backward(block, torch.randn(6, K, requires_grad=True), fa4_inductor.backend())
     assert not {"float32[96, 64]", "float32[64, 96]"} & set(saved), saved
 

@@ -154,3 +154,24 @@ def test_compiled_graphs_call_the_attention_twin_without_autograd():
     torch.testing.assert_close(out, expected)
     grads = torch.autograd.grad(out.sum(), (q, k, v))
     torch.testing.assert_close(grads, torch.autograd.grad(expected.sum(), (q, k, v)))
+
+
+def test_transposes_that_undo_each_other_are_folded():
+    """`permute(permute(x, p), q)` composing to the identity reads x itself (a training graph's transpose of a
+    subclass weight and its matmul's transpose back, which hid torchao NVFP4's codes from the family); other chains
+    stay."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from fa4_inductor.lowering.graph_edit import fold_identity_permutes
+
+    def f(x, y):
+        return x.permute(1, 0).permute(1, 0) + 1, y.permute(1, 2, 0).permute(2, 0, 1), y.permute(1, 0, 2).permute(0, 2, 1)
+
+    x, y = torch.randn(3, 4), torch.randn(2, 3, 4)
+    gm = make_fx(f)(x, y)
+    assert fold_identity_permutes(gm.graph) == 2
+    gm.recompile()
+    permutes = [n.args[1] for n in gm.graph.nodes if n.target is torch.ops.aten.permute.default]
+    assert permutes == [[1, 0, 2], [0, 2, 1]], permutes
+    for got, expected in zip(gm(x, y), f(x, y)):
+        assert got.shape == expected.shape and got.stride() == expected.stride() and torch.equal(got, expected)
