@@ -17,7 +17,7 @@ from torch._inductor.compile_fx import compile_fx
 
 from fa4_inductor.lowering import READ_BY_VALUE, module_buffers, run_torch_ir_passes
 from fa4_inductor.lowering.graph_edit import copy_of_dynamo_graph
-from fa4_inductor.lowering.joint_graph import HOOK as JOINT_HOOK, JointGraphPasses, quantized, quantized_inputs_written
+from fa4_inductor.lowering.joint_graph import HOOK as JOINT_HOOK, JointGraphPasses, quantized
 from fa4_inductor.lowering.post_grad import HOOK as POST_GRAD_HOOK, PostGradPasses
 from fa4_inductor.lowering.subclass_weights import InnerTensorArgs, take_inner_tensors
 
@@ -51,8 +51,7 @@ class Backend:
         post_grad = PostGradPasses(self.options, user_pass)
         patches[POST_GRAD_HOOK] = post_grad
         user_joint_pass = patches.get(JOINT_HOOK, getattr(torch._inductor.config, JOINT_HOOK))
-        patches[JOINT_HOOK] = JointGraphPasses(self.options, user_joint_pass,
-                                               inputs_written=quantized_inputs_written(gm))
+        patches[JOINT_HOOK] = JointGraphPasses(self.options, gm, user_joint_pass)
         inner = take_inner_tensors(gm, example_inputs) if self.options.subclass_weights else None
         _hint_plain_weights(example_inputs, inner[2].inner_names if inner else {})
         if inner:
@@ -97,7 +96,7 @@ class Backend:
         def partition(joint_gm: torch.fx.GraphModule, joint_inputs, **kwargs):
             from torch._functorch.partitioners import min_cut_rematerialization_partition
 
-            JointGraphPasses(self.options, inputs_written=quantized_inputs_written(gm))(joint_gm.graph)
+            JointGraphPasses(self.options, gm)(joint_gm.graph)
             return min_cut_rematerialization_partition(joint_gm, joint_inputs, compiler="inductor", **kwargs)
 
         return aot_module_simplified(gm, example_inputs, fw_compiler=post_grad_only, bw_compiler=post_grad_only,

@@ -97,26 +97,25 @@ def quantized(t) -> bool:
 
 def quantized_inputs_written(gm) -> bool:
     """Whether a Dynamo graph writes a `quantized` input in place. Such a write can reach AOTAutograd's epilogue
-    instead of the joint graph (a metadata change), where the pass cannot see it: the backend then leaves the joint
-    graph as it is."""
+    instead of the joint graph (a metadata change), where the pass cannot see it: `JointGraphPasses` then leaves
+    the joint graph as it is."""
     written = Mutations(gm.graph).writes
     return any(quantized(node.meta.get("example_value")) and storage(node) in written
                for node in gm.graph.find_nodes(op="placeholder"))
 
 
 class JointGraphPasses(CustomGraphPass):
-    """The dequantized weights marked for recomputation (option `recompute_dequantized_weights`), then the pass
-    the user had set on the same hook (if any)."""
+    """The dequantized weights marked for recomputation (option `recompute_dequantized_weights`, unless Dynamo's
+    graph `gm` writes a quantized input: `quantized_inputs_written`), then the pass the user had set on the same
+    hook (if any)."""
 
-    def __init__(self, options, user_pass=None, *, inputs_written=False):
+    def __init__(self, options, gm, user_pass=None):
         self.options, self.user_pass = options, user_pass
-        self.recompute = options.recompute_dequantized_weights and not inputs_written
-        self.marked = 0  # nodes marked over the graphs this pass saw
+        self.recompute = options.recompute_dequantized_weights and not quantized_inputs_written(gm)
 
     def __call__(self, graph: Graph) -> None:
         if self.recompute:
             marked = mark_dequantized_weights(graph)
-            self.marked += len(marked)
             if marked:
                 log.debug("joint graph: %d nodes of dequantized weights recomputed in the backward", len(marked))
         if self.user_pass is not None:

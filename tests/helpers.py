@@ -317,15 +317,14 @@ def layers_reaching_graphs(name: str, layers: int, counted: int) -> bool:
 
 
 class Messages(logging.Handler):
-    """The messages of a logger (pytest's log capture is off in this suite: pyproject.toml)."""
+    """The (level name, message) of each record of a logger (pytest's log capture is off in this suite:
+    pyproject.toml)."""
 
     def __init__(self, level=logging.WARNING):
         super().__init__(level)
-        self.messages = []
-        self.records = []  # (level name, message)
+        self.records = []
 
     def emit(self, record):
-        self.messages.append(record.getMessage())
         self.records.append((record.levelname, record.getMessage()))
 
 
