@@ -1,8 +1,8 @@
 # Unrun GPU work. Session 53 ran v53 / v53b (the model tier in full: 39 passed; the subclass-weights A/B on one H100:
 # NVFP4 0.967 against 2.764 ms/token with the rewrite off, fp8 1.439 against 2.707; plain buffers 0.916 / 1.462).
 # Session 53 also added the joint stage (lowering/joint_graph.py: dequantized weights recomputed in the backward,
-# CPU-tested only). Next: `qt53` (its GPU check: a frozen-quantized-weights training step's time and peak memory
-# against default compile), `v53c` (the quant GPU tiers, not run since the subclass rewrite), then `h49` (session 49's CTA rules on an H200; two
+# CPU-tested only). Session 54: `qt53` / `qt54` timed the int8 step on an H100 (ours 30.16 ms, 4.51 GiB against
+# default compile 31.45 / 6.52); the NVFP4 step is not established. Next: `qt55`, `qt55b`, `qt55c`, `v53c` (the quant GPU tiers, not run since the subclass rewrite), then `h49` (session 49's CTA rules on an H200; two
 # calls' worth), `a50`'s f16 and 2..4-row lines, `p47` (low priority), `m47`, `w43`, `p43`, `n36`; the fp8 plain-buffer
 # prefill against default compile (`g51`'s last line, ~400 s: a call of its own).
 # Parts of earlier sessions below keep their notes.
@@ -81,6 +81,21 @@ qt53) # session 53's joint stage: a training step over frozen torchao int8 / NVF
     nvidia-smi -L >>$L
     run timeout 220 python3 docs/scripts/quant_train.py int8 2048
     run timeout 220 python3 docs/scripts/quant_train.py nvfp4 2048 ;;
+qt55) # qt53 as it has to run, first: NVFP4, int8 and fp8 under default / off / on compiled side by side
+    # (QUANT_TRAIN_WARM: Inductor's caches filled, nothing timed; ~250 s), for `qt55b` and `qt55c` on the same machine,
+    # each format timed in one process (~270 s with the caches). Session 54 timed int8 this way; its NVFP4 rows came
+    # from processes timed side by side, which another's steps disturb: not established
+    nvidia-smi -L >>$L
+    for f in nvfp4 int8 fp8; do for w in default off on; do
+      QUANT_TRAIN_WARM=1 timeout 330 python3 docs/scripts/quant_train.py $f 2048 cuda $w > /tmp/qt_${f}_${w}.txt 2>&1 &
+    done; done; wait
+    for f in nvfp4 int8 fp8; do for w in default off on; do tail -1 /tmp/qt_${f}_${w}.txt >>$L; done; done ;;
+qt55b) # (after qt55, same machine)
+    nvidia-smi -L >>$L
+    run timeout 330 python3 docs/scripts/quant_train.py nvfp4 2048 cuda default,off,on ;;
+qt55c) # (after qt55, same machine)
+    nvidia-smi -L >>$L
+    run timeout 330 python3 docs/scripts/quant_train.py fp8 2048 cuda default,off,on ;;
 v53) # session 53, first call: the whole model tier (not run in full since session 39; the subclass-weights rewrite,
     # the crossover fix and the fp8 routes changed since), then ab52's fp8 rows (rewrite off / on)
     nvidia-smi -L >>$L
