@@ -38,6 +38,11 @@ TINY_BY_MODEL = {
                          num_kv_shared_layers=1, activation_sparsity_pattern=[0.0, 0.0], laurel_rank=8,
                          hidden_size_per_layer_input=16, vocab_size_per_layer_input=128),
 }
+# Configs with per-layer attributes (`per_layer_config`: Gemma 4's full-attention layers have heads twice as wide as
+# its sliding ones) are built again from their class with the tiny sizes and these: one sliding and one full layer.
+GEMMA4_TINY = dict(global_head_dim=32, layer_types=["sliding_attention", "full_attention"],
+                   hidden_size_per_layer_input=16, vocab_size_per_layer_input=128)
+TINY_PER_LAYER_BY_MODEL = {"gemma4_text": GEMMA4_TINY, "gemma4_unified_text": GEMMA4_TINY}
 TOKEN_IDS = ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id")
 
 
@@ -161,6 +166,21 @@ def tiny_config(name: str, attn_implementation: str = "sdpa"):
     else:
         config = transformers.AutoConfig.from_pretrained(name)
     config = language_config(config)
+    if config.model_type in TINY_PER_LAYER_BY_MODEL:
+        present = {k: v for k, v in TINY_IF_PRESENT.items() if config.to_dict().get(k) is not None}
+        config = type(config)(**TINY, **present, **TINY_PER_LAYER_BY_MODEL[config.model_type])
+    else:
+        _shrink(config)
+    for i, key in enumerate(TOKEN_IDS):
+        token = getattr(config, key, None)
+        if isinstance(token, int) and token >= config.vocab_size:
+            setattr(config, key, i)
+    config._attn_implementation = attn_implementation
+    return config
+
+
+def _shrink(config) -> None:
+    """The tiny sizes set on a default config, in place."""
     for key, v in TINY.items():
         setattr(config, key, v)
     for key, v in TINY_IF_PRESENT.items():
@@ -173,12 +193,6 @@ def tiny_config(name: str, attn_implementation: str = "sdpa"):
     for key, v in TINY_BY_MODEL.get(config.model_type, {}).items():
         setattr(config, key, v)
     _tiny_mrope(config)
-    for i, key in enumerate(TOKEN_IDS):
-        token = getattr(config, key, None)
-        if isinstance(token, int) and token >= config.vocab_size:
-            setattr(config, key, i)
-    config._attn_implementation = attn_implementation
-    return config
 
 
 MROPE_SECTIONS = (2, 3, 3)  # (time, height, width) rotary pairs of a tiny head (16 dims: 8 pairs)

@@ -69,7 +69,7 @@ class AttentionCall:
     # The one mask, added to the scores, is a floating-point graph input (`AdditiveInput`): SDPA takes it as it is.
     additive_input: Node | None = None
     additive_reason: str = ""  # why the op cannot take that mask (values unknown when compiling)
-    sink: Node | None = None  # an attention sink's logit column [..., Sq, 1] (GPT-OSS): `_with_sink`
+    sink: Node | None = None  # an attention sink's logits: [..., Sq, 1] (GPT-OSS) or as lse broadcasts (Granite SWA)
     dropout_p: float = 0.0  # the attention weights' dropout in training (a hand-written one): `_dropout_rewrite`
 
     @property
@@ -450,7 +450,9 @@ def _with_sink(make: NodeMaker, op: Node, out: Node, column: Node) -> Node:
     (lse -inf, or finfo.min for an additive mask) get 0, as the sink takes all of eager's weight there; the gradient
     reaches the sink, q and k through lse."""
     lse = make(operator.getitem, op, 1, name="attention_lse")
-    sink = make("squeeze", make("float", column, name="sink_logits"), -1)
+    sink = make("float", column, name="sink_logits")
+    if len(shape(column)) == len(shape(out)):  # [..., Sq, 1] (GPT-OSS's column); else lse's shape broadcasts with it
+        sink = make("squeeze", sink, -1)
     weight = make(torch.sigmoid, make(operator.sub, lse, sink), name="sink_weight")
     scaled = make(operator.mul, out, make("unsqueeze", weight, -1))
     return make("to", scaled, value(out).dtype, name="attention_out_sink")

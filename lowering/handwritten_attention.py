@@ -11,6 +11,9 @@
     p = softmax(s, dim=-1)         F / torch / Tensor softmax, optionally float32 and cast back
     p = dropout(p)                 p == 0 or not training
     out = p @ v
+    out = out * sigmoid(logsumexp(s, -1) - c)[..., None]
+                                   attention sinks as a scale (Granite SWA): the same as GPT-OSS's, c broadcast over
+                                   the rows (one logit a head), casts around the sigmoid
 
 found from the softmax. Not rewritten when an intermediate (the scores, the weights: `output_attentions`)
 is used elsewhere, or a step between q @ k^T and the softmax is not one of the above.
@@ -29,7 +32,8 @@ from .family import TORCH_IR, Context, Family
 from .masks import Band, MaskNotUnderstood
 from .records import Decline
 from .spellings import (ADD, AMAX, CAST, CAT, DIV, DROPOUT, GETITEM, HIDING_FILL, IN_PLACE_ADD, IN_PLACE_DIV,
-                        IN_PLACE_MUL, MASKED_FILL, MATMUL, MAX, MUL, RESHAPE, SOFTMAX, SUB, TANH, WHERE, arg,
+                        IN_PLACE_MUL, LOGSUMEXP, MASKED_FILL, MATMUL, MAX, MUL, RESHAPE, SIGMOID, SOFTMAX, SUB, TANH,
+                        UNSQUEEZE, WHERE, arg,
                         describe_node, is_zero, normalize_dim, same_size, shape, single_user, transposed_last_two,
                         value)
 
@@ -61,8 +65,8 @@ def _softcap(node: Node) -> tuple[Node, float, list] | None:
     return inner[0], abs(outer[1]), [tanh, tanh.args[0]]  # tanh is odd: c tanh(x / c) is the same for -c
 
 
-def _only_feeds(node, consumer: Node) -> None:
-    if isinstance(node, Node) and set(node.users) != {consumer}:
+def _only_feeds(node, consumer: Node, also: Node | None = None) -> None:
+    if isinstance(node, Node) and set(node.users) - {also} != {consumer}:
         raise Decline(f"an intermediate ({node.name}) is also used outside the attention")
 
 
@@ -174,6 +178,43 @@ def _sink(softmax: Node) -> Sink | None:
     return Sink(scores, column, node, nodes + [node, drop])
 
 
+@dataclass
+class ScaleSink:
+    """out * sigmoid(logsumexp(s, -1) - column)[..., None] after p @ v: an attention sink written as the scale it puts
+    on each row (Granite SWA), column [..., 1] (a logit a head) or anything `lse` broadcasts with."""
+
+    logsumexp: Node
+    column: Node
+    output: Node  # the scaled out
+    nodes: list
+
+
+def _scale_sink(scores: Node, pv: Node) -> ScaleSink | None:
+    """The sink-as-a-scale around the scores (the softmax's input) and p @ v (`ScaleSink`), None where there is none."""
+    lse = [u for u in scores.users if LOGSUMEXP(u)]
+    if len(lse) != 1 or arg(lse[0], 2, "keepdim", False) is not False:
+        return None
+    lse, ndim = lse[0], len(shape(scores))
+    dim = arg(lse, 1, "dim", None)
+    dim = dim[0] if isinstance(dim, (list, tuple)) and len(dim) == 1 else dim
+    sub = single_user(lse)
+    if not isinstance(dim, int) or normalize_dim(dim, ndim) != ndim - 1 or not SUB(sub) or sub.args[0] is not lse \
+            or not isinstance(sub.args[1], Node) or len(shape(sub.args[1])) > ndim - 1:
+        return None
+    nodes, node, seen_sigmoid = [lse, sub], sub, False
+    while (node := single_user(node)) is not None and (CAST(node) or SIGMOID(node) and not seen_sigmoid or
+                                                        UNSQUEEZE(node) and seen_sigmoid):
+        if UNSQUEEZE(node) and normalize_dim(arg(node, 1, "dim"), ndim) != ndim - 1:
+            return None
+        seen_sigmoid |= SIGMOID(node)
+        nodes.append(node)
+    weight = nodes[-1]
+    if node is None or not MUL(node) or set(node.args) != {pv, weight} or not any(UNSQUEEZE(n) for n in nodes) \
+            or set(pv.users) != {node}:
+        return None
+    return ScaleSink(lse, sub.args[1], node, nodes + [node])
+
+
 def match_handwritten(softmax: Node, constants: dict, run_time_masks: bool = False, unproven: bool = False
                       ) -> attention.AttentionCall | None:
     """The attention around a softmax node, None if the softmax is not attention at all. `run_time_masks`: an
@@ -212,6 +253,9 @@ def match_handwritten(softmax: Node, constants: dict, run_time_masks: bool = Fal
         probs = nxt
     output = pv[0]
     v = output.args[1]
+    scale_sink = None if sink else _scale_sink(softmax.args[0], output)
+    if scale_sink is not None:
+        matched += scale_sink.nodes
 
     dim = arg(softmax, 1, "dim", None)
     ndim = len(shape(softmax))
@@ -223,7 +267,7 @@ def match_handwritten(softmax: Node, constants: dict, run_time_masks: bool = Fal
     node, consumer = (sink.scores, sink.cat) if sink else (softmax.args[0], softmax)
     scores_shape = shape(node)
     while not MATMUL(node):
-        _only_feeds(node, consumer)
+        _only_feeds(node, consumer, also=scale_sink.logsumexp if scale_sink and consumer is softmax else None)
         matched.append(node)
         consumer = node
         if CAST(node):
@@ -282,6 +326,8 @@ def match_handwritten(softmax: Node, constants: dict, run_time_masks: bool = Fal
     flags, seqused_k, keys = attention.flags_for(band, scores_shape)
     if softcap:
         flags["softcap"] = softcap
+    if scale_sink is not None:
+        sink, output = scale_sink, scale_sink.output
     return attention.AttentionCall(q, k, v, output=output, scale=scale, flags=flags, matched=matched + [output],
                          seqused_k=seqused_k, padding=keys, autocast=autocast,
                          blind_rows="zeros" if sink else _blind_rows(hidden_scores, value(softmax).dtype),

@@ -107,6 +107,8 @@ builders): the same values as MUL, DIV, ADD, SUB, for the matchers that check th
 CAT = Spelling((torch.cat, torch.concat, torch.concatenate), ("cat",))
 MAX = Spelling((torch.max,), ("max",))
 AMAX = Spelling((torch.amax,), ("amax",))
+LOGSUMEXP = Spelling((torch.logsumexp,), ("logsumexp",))
+SIGMOID = Spelling((torch.sigmoid, F.sigmoid), ("sigmoid",))
 
 
 def sole_update(node: Node) -> bool:

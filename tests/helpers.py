@@ -194,12 +194,14 @@ def assert_as_close_as_eager(key: str, got: torch.Tensor, eager: torch.Tensor, r
 
 
 def tiny(name, attn_implementation):
-    """A tiny transformers model (`fa4_inductor.hf`). Skips the test where transformers is missing, or where its
-    model class declares no such attention code (`hf.unsupported`, decided before building: a model that fails
-    to build fails the test)."""
-    pytest.importorskip("transformers")
+    """A tiny transformers model (`fa4_inductor.hf`). Skips the test where transformers is missing or has no such
+    model type (Gemma 4 before 5.x), or where its model class declares no such attention code (`hf.unsupported`,
+    decided before building: a model that fails to build fails the test)."""
+    transformers = pytest.importorskip("transformers")
     from fa4_inductor import hf
 
+    if name not in transformers.models.auto.configuration_auto.CONFIG_MAPPING_NAMES:
+        pytest.skip(f"transformers {transformers.__version__} has no {name}")
     reason = hf.unsupported(name, attn_implementation)
     if reason is not None:
         pytest.skip(reason)

@@ -252,9 +252,11 @@ def assert_training_step_matches_eager(model: nn.Module, kwargs: dict, **options
 # One attention code per family, both for Llama.
 TRAINED = [*(case(name, impl) for name, impl in SHORT_LIST), *(case(name, impl, slow=True) for name, impl in (
     ("qwen3", "sdpa"), ("mistral", "sdpa"), ("qwen2", "eager"), ("phi3", "sdpa"), ("gpt_neox", "eager"),
-    ("gpt2", "sdpa"), ("gpt_oss", "eager"), ("gemma3n_text", "sdpa")))]
+    ("gpt2", "sdpa"), ("gpt_oss", "eager"), ("gemma3n_text", "sdpa"), ("gemma4_text", "sdpa"),
+    ("granite_swa", "eager")))]
 # GPT-OSS: attention sinks, whose gradient reaches them through lse; Gemma 3n: its second layer reuses the first
-# one's K/V, so K/V's gradient sums both layers' parts.
+# one's K/V, so K/V's gradient sums both layers' parts; Gemma 4: sliding and full layers of two head widths; Granite
+# SWA: sinks as a scale after @ v.
 
 
 @pytest.mark.parametrize("name, impl", TRAINED)

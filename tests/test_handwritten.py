@@ -431,6 +431,75 @@ attention_out_contiguous: f32[2, 4, 6, 16] = .contiguous(attention_out_sink)""")
         for got, want in zip(leaves, exact):
             torch.testing.assert_close(got.grad.double(), want.grad, atol=1e-5, rtol=1e-5)
 
+    def test_attention_sinks_as_a_scale_after_the_output(self):
+        """Granite SWA's sinks: eager's out scaled by sigmoid(logsumexp(scores) - sink) in float32 (GPT-OSS's sink
+        written after @ v), a logit a head broadcast over the rows; the same op call and sink weight. Training through
+        a finfo.min padding mask and a causal band: out and every gradient (the sink's too) against float64 eager,
+        rows that see no key 0."""
+        def granite(q, k, v, sinks, attention_mask):
+            n = q.shape[-2]
+            visible = torch.ones(n, n, dtype=torch.bool).tril()[None, None] & attention_mask.bool()[:, None, None, :]
+            s = torch.matmul(q, k.transpose(2, 3)) * 0.25
+            s = s + torch.zeros(visible.shape, dtype=q.dtype).masked_fill(~visible, torch.finfo(q.dtype).min)
+            lse = torch.logsumexp(s, dim=-1)
+            scale = (lse - sinks.view(1, -1, 1)).to(torch.float32).sigmoid()
+            # float32 as written for bf16 models; the float64 reference's finfo.min would be -inf there (NaN rows)
+            p = F.softmax(s, dim=-1, dtype=torch.promote_types(s.dtype, torch.float32)).to(q.dtype)
+            out = torch.matmul(F.dropout(p, p=0.0, training=False), v)
+            return out * scale.unsqueeze(-1).to(out.dtype)
+
+        attention_mask = torch.tensor([[1] * 6, [0] * 3 + [1] * 3])  # left padding: rows 0-2 of batch 1 see no key
+        q, k, v = inputs()
+        sinks = torch.randn(4)
+        rec, out = compile_and_record(granite, q, k, v, sinks, attention_mask)
+        self.assertExpectedInline(rec.summary, """\
+narrow: b8[2, 6] = narrow(.bool(attention_mask), 1, 0, 6)
+key_mask: b8[2, 6] = fa4.key_mask(narrow)
+fa4_attention: (f32[2, 4, 6, 16], f32[2, 4, 6]) = fa4.attention(q, k, v, None, key_mask, scale=0.25, causal=True)
+attention_out: f32[2, 4, 6, 16] = getitem(fa4_attention, 0)
+attention_lse: f32[2, 4, 6] = getitem(fa4_attention, 1)
+sink_logits: f32[1, 4, 1] = .float(.view(sinks, 1, -1, 1))
+sub: f32[2, 4, 6] = sub(attention_lse, sink_logits)
+sink_weight: f32[2, 4, 6] = sigmoid(sub)
+unsqueeze: f32[2, 4, 6, 1] = .unsqueeze(sink_weight, -1)
+mul: f32[2, 4, 6, 16] = mul(attention_out, unsqueeze)
+attention_out_sink: f32[2, 4, 6, 16] = .to(mul, float32)
+attention_out_contiguous: f32[2, 4, 6, 16] = .contiguous(attention_out_sink)""")
+        self.assertIn("attention sink: out * sigmoid(lse - sink)", rec.records[0].detail)
+        leaves = [t.clone().requires_grad_() for t in (q, k, v, sinks)]
+        rec, out = compile_and_record(granite, *leaves, attention_mask)
+        self.assertEqual(rec.count(), 1, rec.reasons)
+        out.square().sum().backward()
+        exact = [t.double().requires_grad_() for t in (q, k, v, sinks)]
+        expected = granite(*exact, attention_mask)
+        expected.square().sum().backward()
+        torch.testing.assert_close(out.double(), expected, atol=1e-5, rtol=1e-5)
+        self.assertEqual(out[1, :, :3].abs().max().item(), 0.0)  # rows that see no key
+        for got, want in zip(leaves, exact):
+            torch.testing.assert_close(got.grad.double(), want.grad, atol=1e-5, rtol=1e-5)
+
+    def test_a_scale_that_is_not_the_sinks_keeps_the_attention(self):
+        """The scale's logsumexp over the queries (dim -2), or the scale also read elsewhere: kept as written, eager's
+        output."""
+        sinks = torch.randn(4)
+
+        def over_queries(q, k, v):
+            s = q @ k.mT * 0.25
+            scale = (torch.logsumexp(s, dim=-2) - sinks.view(1, -1, 1)).sigmoid()
+            return (torch.softmax(s, -1) @ v) * scale.unsqueeze(-1)
+
+        def read_twice(q, k, v):
+            s = q @ k.mT * 0.25
+            scale = (torch.logsumexp(s, dim=-1) - sinks.view(1, -1, 1)).sigmoid().unsqueeze(-1)
+            return (torch.softmax(s, -1) @ v) * scale + scale
+
+        q, k, v = inputs()
+        for fn in (over_queries, read_twice):
+            rec, out = compile_and_record(fn, q, k, v)
+            self.assertEqual(rec.count(), 0)
+            self.assertEqual(rec.reasons, ["an intermediate (s) is also used outside the attention"])
+            torch.testing.assert_close(out, fn(q, k, v))
+
     def test_attention_sink_kept_where_its_column_is_not_the_last(self):
         sinks = torch.randn(4)
 

@@ -89,7 +89,7 @@ def kept_on_transformers_4(name: str, impl: str, recorder: Recorder) -> bool:
 
 MORE_DECODERS = ["gemma3_text", "cohere2", "llama4_text", "deepseek_v3", "falcon", "gptj", "gpt_bigcode", "starcoder2",
                  "olmo2", "smollm3", "gpt_oss", "opt", "codegen", "biogpt", "mixtral", "nemotron", "gemma3n_text",
-                 "granite", "phi", "stablelm", "exaone4"]
+                 "granite", "phi", "stablelm", "exaone4", "gemma4_text", "granite_swa"]
 KEPT_DECODERS = ["mpt", "bloom"]  # ALiBi's position bias; eager code only
 
 
@@ -102,7 +102,9 @@ def test_more_decoders_left_padded(name, impl):
     (GPT-J, Phi, StableLM), multi-query (GPT-BigCode), parallel blocks (Falcon), attention sinks and sliding layers
     (GPT-OSS: the softmax over the scores and a learned logit, the sink's column dropped before @ v), a layer reusing
     an earlier layer's K/V (Gemma 3n's KV sharing), a configured score scale (Granite's attention_multiplier), sliding
-    layers with q / k norms (EXAONE 4). Every layer rewritten, logits eager's; ALiBi's position bias (MPT, BLOOM) is
+    layers with q / k norms (EXAONE 4), full layers with heads twice as wide as the sliding ones (Gemma 4), sinks written as the scale they put on each
+    row (Granite SWA: out * sigmoid(logsumexp(scores) - sink)). Every
+    layer rewritten, logits eager's; ALiBi's position bias (MPT, BLOOM) is
     kept as written, each layer with its reason, logits eager's."""
     if impl == "sdpa" and hf.unsupported(name, impl):
         pytest.skip(hf.unsupported(name, impl))
@@ -530,24 +532,26 @@ def test_explain_takes_eager_code_where_a_model_has_no_sdpa_code(capsys):
 
 
 def tiny_that_runs(name: str) -> hf.Tiny:
-    """`hf.build(name, "sdpa")` (skipped where this transformers has no such model type), its forward finite."""
-    transformers = pytest.importorskip("transformers")
-    if name not in transformers.models.auto.configuration_auto.CONFIG_MAPPING_NAMES:
-        pytest.skip(f"transformers {transformers.__version__} has no {name}")
-    tiny = hf.build(name, "sdpa")
+    """`tiny(name, "sdpa")` (skipped where this transformers has no such model type), its forward finite."""
+    model = tiny(name, "sdpa")
     with torch.no_grad():
-        assert torch.isfinite(tiny.forward(**tiny.inputs())).all()
-    return tiny
+        assert torch.isfinite(model.forward(**model.inputs())).all()
+    return model
 
 
 @pytest.mark.parametrize("name, attention_layers", [("ministral", 2), ("hunyuan_v1_dense", 2), ("dots1", 2),
-                                                     ("qwen3_next", 1), ("gemma3n_text", 2)])
+                                                     ("qwen3_next", 1), ("gemma3n_text", 2), ("gemma4_text", 2)])
 def test_tiny_configs_transformers_cannot_build_as_they_come(name, attention_layers):
     """Default configs that do not build at the tiny size as they come: a head_dim left None (Ministral, Hunyuan), an
     expert count left None (dots.llm1), a hybrid whose first layers are all linear attention (Qwen3-Next: its tiny
     layers are one linear and one full attention layer, and only the full one counts as attention), per-layer lists
-    sized for 35 layers (Gemma 3n)."""
-    assert tiny_that_runs(name).attention_layers == attention_layers
+    sized for 35 layers (Gemma 3n), attributes set per layer (Gemma 4: its full layers' heads 32 wide, its sliding
+    ones' 16)."""
+    model = tiny_that_runs(name)
+    assert model.attention_layers == attention_layers
+    if name == "gemma4_text":
+        widths = [m.head_dim for n, m in model.model.named_modules() if n.endswith("self_attn")]
+        assert widths == [16, 32] and model.model.config.layer_types == ["sliding_attention", "full_attention"]
 
 
 def test_explain_says_when_a_tiny_model_cannot_be_built(capsys, monkeypatch):
