@@ -202,15 +202,17 @@ def _scale_sink(scores: Node, pv: Node) -> ScaleSink | None:
             or not isinstance(sub.args[1], Node) or len(shape(sub.args[1])) > ndim - 1:
         return None
     nodes, node, seen_sigmoid = [lse, sub], sub, False
-    while (node := single_user(node)) is not None and (CAST(node) or SIGMOID(node) and not seen_sigmoid or
-                                                        UNSQUEEZE(node) and seen_sigmoid):
+    while (node := single_user(node)) is not None and (
+            CAST(node) and value(node).dtype.is_floating_point or SIGMOID(node) and not seen_sigmoid or
+            UNSQUEEZE(node) and seen_sigmoid and not UNSQUEEZE(nodes[-1])):
         if UNSQUEEZE(node) and normalize_dim(arg(node, 1, "dim"), ndim) != ndim - 1:
             return None
         seen_sigmoid |= SIGMOID(node)
         nodes.append(node)
     weight = nodes[-1]
-    if node is None or not MUL(node) or set(node.args) != {pv, weight} or not any(UNSQUEEZE(n) for n in nodes) \
-            or set(pv.users) != {node}:
+    if node is None or not MUL(node) or set(node.args) != {pv, weight} or set(pv.users) != {node} \
+            or sum(UNSQUEEZE(n) for n in nodes) != 1 or len(shape(node)) != len(shape(pv)) \
+            or not all(same_size(a, b) for a, b in zip(shape(node), shape(pv))):
         return None
     return ScaleSink(lse, sub.args[1], node, nodes + [node])
 

@@ -479,8 +479,8 @@ attention_out_contiguous: f32[2, 4, 6, 16] = .contiguous(attention_out_sink)""")
             torch.testing.assert_close(got.grad.double(), want.grad, atol=1e-5, rtol=1e-5)
 
     def test_a_scale_that_is_not_the_sinks_keeps_the_attention(self):
-        """The scale's logsumexp over the queries (dim -2), or the scale also read elsewhere: kept as written, eager's
-        output."""
+        """The scale's logsumexp over the queries (dim -2), the scale also read elsewhere, rounded to integers or
+        unsqueezed twice: kept as written, eager's output."""
         sinks = torch.randn(4)
 
         def over_queries(q, k, v):
@@ -493,8 +493,18 @@ attention_out_contiguous: f32[2, 4, 6, 16] = .contiguous(attention_out_sink)""")
             scale = (torch.logsumexp(s, dim=-1) - sinks.view(1, -1, 1)).sigmoid().unsqueeze(-1)
             return (torch.softmax(s, -1) @ v) * scale + scale
 
+        def rounded(q, k, v):
+            s = q @ k.mT * 0.25
+            scale = (torch.logsumexp(s, dim=-1) - sinks.view(1, -1, 1)).sigmoid().unsqueeze(-1).to(torch.int64)
+            return (torch.softmax(s, -1) @ v) * scale
+
+        def unsqueezed_twice(q, k, v):
+            s = q @ k.mT * 0.25
+            scale = (torch.logsumexp(s, dim=-1) - sinks.view(1, -1, 1)).sigmoid().unsqueeze(-1).float().unsqueeze(-1)
+            return (torch.softmax(s, -1) @ v) * scale
+
         q, k, v = inputs()
-        for fn in (over_queries, read_twice):
+        for fn in (over_queries, read_twice, rounded, unsqueezed_twice):
             rec, out = compile_and_record(fn, q, k, v)
             self.assertEqual(rec.count(), 0)
             self.assertEqual(rec.reasons, ["an intermediate (s) is also used outside the attention"])
