@@ -500,7 +500,7 @@ attention_out_contiguous: f32[2, 4, 6, 16] = .contiguous(attention_out_sink)""")
 
         def unsqueezed_twice(q, k, v):
             s = q @ k.mT * 0.25
-            scale = (torch.logsumexp(s, dim=-1) - sinks.view(1, -1, 1)).sigmoid().unsqueeze(-1).float().unsqueeze(-1)
+            scale = (torch.logsumexp(s, dim=-1) - sinks.view(1, -1, 1)).sigmoid().unsqueeze(-1).float().unsqueeze(0)
             return (torch.softmax(s, -1) @ v) * scale
 
         q, k, v = inputs()
