@@ -178,6 +178,28 @@ def test_einsum_attention_under_dynamic_true_compiles_once():
     assert len(recorder.graphs) == 1 and recorder.count() == 1, recorder.reasons
 
 
+SINK_PADDING = torch.tensor([[1] * 6, [0] * 3 + [1] * 3])  # left padding: rows 0-2 of batch 1 see no key
+
+
+def assert_sinks_train_as_float64(fn):
+    """fn(q, k, v, sinks, attention_mask) compiled over `SINK_PADDING` with every input needing a gradient: one
+    attention rewritten, out and every gradient (the sinks' too) as float64 eager's, the rows that see no key 0.
+    Returns the records."""
+    q, k, v = inputs()
+    leaves = [t.clone().requires_grad_() for t in (q, k, v, torch.randn(4))]
+    rec, out = compile_and_record(fn, *leaves, SINK_PADDING)
+    assert rec.count() == 1, rec.reasons
+    out.square().sum().backward()
+    exact = [t.detach().double().requires_grad_() for t in leaves]
+    expected = fn(*exact, SINK_PADDING)
+    expected.square().sum().backward()
+    torch.testing.assert_close(out.double(), expected, atol=1e-5, rtol=1e-5)
+    assert out[1, :, :3].abs().max().item() == 0.0
+    for got, want in zip(leaves, exact):
+        torch.testing.assert_close(got.grad.double(), want.grad, atol=1e-5, rtol=1e-5)
+    return rec
+
+
 class TestHandwrittenGraphs(expecttest.TestCase):
     def test_nanogpt_buffer_mask(self):
         m = upstream.CausalSelfAttention().eval()
@@ -415,21 +437,8 @@ attention_out_contiguous: f32[2, 4, 6, 16] = .contiguous(attention_out_sink)""")
             c = c - c.max(dim=-1, keepdim=True).values
             return torch.matmul(F.softmax(c, dim=-1, dtype=c.dtype)[..., :-1], v)
 
-        attention_mask = torch.tensor([[1] * 6, [0] * 3 + [1] * 3])  # left padding: rows 0-2 of batch 1 see no key
-        q, k, v = inputs()
-        sinks = torch.randn(4)
-        leaves = [t.clone().requires_grad_() for t in (q, k, v, sinks)]
-        rec, out = compile_and_record(gpt_oss, *leaves, attention_mask)
-        self.assertEqual(rec.count(), 1, rec.reasons)
+        rec = assert_sinks_train_as_float64(gpt_oss)
         self.assertIn("key_mask=padding mask", rec.records[0].detail)
-        out.square().sum().backward()
-        exact = [t.double().requires_grad_() for t in (q, k, v, sinks)]
-        expected = gpt_oss(*exact, attention_mask)
-        expected.square().sum().backward()
-        torch.testing.assert_close(out.double(), expected, atol=1e-5, rtol=1e-5)
-        self.assertEqual(out[1, :, :3].abs().max().item(), 0.0)  # rows that see no key
-        for got, want in zip(leaves, exact):
-            torch.testing.assert_close(got.grad.double(), want.grad, atol=1e-5, rtol=1e-5)
 
     def test_attention_sinks_as_a_scale_after_the_output(self):
         """Granite SWA's sinks: eager's out scaled by sigmoid(logsumexp(scores) - sink) in float32 (GPT-OSS's sink
@@ -448,10 +457,7 @@ attention_out_contiguous: f32[2, 4, 6, 16] = .contiguous(attention_out_sink)""")
             out = torch.matmul(F.dropout(p, p=0.0, training=False), v)
             return out * scale.unsqueeze(-1).to(out.dtype)
 
-        attention_mask = torch.tensor([[1] * 6, [0] * 3 + [1] * 3])  # left padding: rows 0-2 of batch 1 see no key
-        q, k, v = inputs()
-        sinks = torch.randn(4)
-        rec, out = compile_and_record(granite, q, k, v, sinks, attention_mask)
+        rec, out = compile_and_record(granite, *inputs(), torch.randn(4), SINK_PADDING)
         self.assertExpectedInline(rec.summary, """\
 narrow: b8[2, 6] = narrow(.bool(attention_mask), 1, 0, 6)
 key_mask: b8[2, 6] = fa4.key_mask(narrow)
@@ -466,17 +472,7 @@ mul: f32[2, 4, 6, 16] = mul(attention_out, unsqueeze)
 attention_out_sink: f32[2, 4, 6, 16] = .to(mul, float32)
 attention_out_contiguous: f32[2, 4, 6, 16] = .contiguous(attention_out_sink)""")
         self.assertIn("attention sink: out * sigmoid(lse - sink)", rec.records[0].detail)
-        leaves = [t.clone().requires_grad_() for t in (q, k, v, sinks)]
-        rec, out = compile_and_record(granite, *leaves, attention_mask)
-        self.assertEqual(rec.count(), 1, rec.reasons)
-        out.square().sum().backward()
-        exact = [t.double().requires_grad_() for t in (q, k, v, sinks)]
-        expected = granite(*exact, attention_mask)
-        expected.square().sum().backward()
-        torch.testing.assert_close(out.double(), expected, atol=1e-5, rtol=1e-5)
-        self.assertEqual(out[1, :, :3].abs().max().item(), 0.0)  # rows that see no key
-        for got, want in zip(leaves, exact):
-            torch.testing.assert_close(got.grad.double(), want.grad, atol=1e-5, rtol=1e-5)
+        assert_sinks_train_as_float64(granite)
 
     def test_a_scale_that_is_not_the_sinks_keeps_the_attention(self):
         """The scale's logsumexp over the queries (dim -2), the scale also read elsewhere, rounded to integers or
