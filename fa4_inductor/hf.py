@@ -27,6 +27,7 @@ TINY_BY_MODEL = {
     "deepseek_v3": dict(num_key_value_heads=4, qk_rope_head_dim=8, qk_nope_head_dim=16, qk_head_dim=24, head_dim=8,
                         v_head_dim=16, kv_lora_rank=32, q_lora_rank=None, n_routed_experts=4, num_experts_per_tok=2,
                         moe_intermediate_size=32, first_k_dense_replace=1, n_group=1, topk_group=1, n_shared_experts=1),
+    "deepseek_v2": dict(num_experts_per_tok=2),  # None in its default config, which the model cannot run
     "gptj": dict(rotary_dim=8),
     "whisper": dict(max_source_positions=16, num_mel_bins=16),  # 32 frames of 16 mel bins (default 3000 of 80)
     "codegen": dict(rotary_dim=8),
@@ -38,6 +39,12 @@ TINY_BY_MODEL = {
                          num_kv_shared_layers=1, activation_sparsity_pattern=[0.0, 0.0], laurel_rank=8,
                          hidden_size_per_layer_input=16, vocab_size_per_layer_input=128),
 }
+# Multi-head latent attention (DeepSeek V2 / V3.2, GLM-MoE-DSA, ...): its head dims and ranks, and the experts MLA
+# models pair it with, set where the default config has them (not None); TINY_BY_MODEL's entries come after.
+TINY_MLA = dict(num_key_value_heads=4, qk_rope_head_dim=8, qk_nope_head_dim=16, qk_head_dim=24, head_dim=8,
+                v_head_dim=16, kv_lora_rank=32, q_lora_rank=32, n_routed_experts=4, num_experts=4,
+                num_experts_per_tok=2, moe_intermediate_size=32, first_k_dense_replace=1, n_group=1, topk_group=1,
+                n_shared_experts=1, index_head_dim=16, index_n_heads=4)
 # Configs with per-layer attributes (`per_layer_config`: Gemma 4's full-attention layers have heads twice as wide as
 # its sliding ones) are built again from their class with the tiny sizes and these: one sliding and one full layer.
 GEMMA4_TINY = dict(global_head_dim=32, layer_types=["sliding_attention", "full_attention"],
@@ -190,6 +197,10 @@ def _shrink(config) -> None:
     if getattr(config, "head_dim", 0) is None:  # Ministral, Hunyuan: None in the config, read as is by the model
         config.head_dim = TINY["hidden_size"] // TINY["num_attention_heads"]
     _keep_an_attention_layer(config)
+    if getattr(config, "qk_rope_head_dim", None) is not None:
+        for key, v in TINY_MLA.items():
+            if getattr(config, key, None) is not None:
+                setattr(config, key, v)
     for key, v in TINY_BY_MODEL.get(config.model_type, {}).items():
         setattr(config, key, v)
     _tiny_mrope(config)

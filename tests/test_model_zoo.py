@@ -102,8 +102,8 @@ def test_more_decoders_left_padded(name, impl):
     (GPT-J, Phi, StableLM), multi-query (GPT-BigCode), parallel blocks (Falcon), attention sinks and sliding layers
     (GPT-OSS: the softmax over the scores and a learned logit, the sink's column dropped before @ v), a layer reusing
     an earlier layer's K/V (Gemma 3n's KV sharing), a configured score scale (Granite's attention_multiplier), sliding
-    layers with q / k norms (EXAONE 4), full layers with heads twice as wide as the sliding ones (Gemma 4), sinks written as the scale they put on each
-    row (Granite SWA: out * sigmoid(logsumexp(scores) - sink)). Every
+    layers with q / k norms (EXAONE 4), full layers with heads twice as wide as the sliding ones (Gemma 4), sinks
+    written as the scale they put on each row (Granite SWA: out * sigmoid(logsumexp(scores) - sink)). Every
     layer rewritten, logits eager's; ALiBi's position bias (MPT, BLOOM) is
     kept as written, each layer with its reason, logits eager's."""
     if impl == "sdpa" and hf.unsupported(name, impl):
