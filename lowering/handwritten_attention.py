@@ -6,7 +6,7 @@
     s = c * tanh(s / c)            softcap (Gemma-2), after the scale
     s = mask(s)                    masked_fill / torch.where / + additive band (masks.py)
     s = cat([s, sink], -1)         attention sinks (GPT-OSS): one more logit a row, optionally
-    s = s - s.max(-1, True)[0]       shifted by the row max, its column dropped after the softmax:
+    s = s - s.max(-1, True)[0]       shifted by the row max (also without a sink), its column dropped after the softmax:
     p = softmax(s, dim=-1)[..., :-1] the op's out * sigmoid(lse - sink)
     p = softmax(s, dim=-1)         F / torch / Tensor softmax, optionally float32 and cast back
     p = dropout(p)                 p == 0 or not training
@@ -267,9 +267,14 @@ def match_handwritten(softmax: Node, constants: dict, run_time_masks: bool = Fal
     # Walking up from the softmax meets the steps in reverse: masks, then the softcap, then scales.
     scale, softcap, band, hidden_scores, masks, additive = 1.0, 0.0, Band(), [], [], None
     node, consumer = (sink.scores, sink.cat) if sink else (softmax.args[0], softmax)
+    also, also_of = (scale_sink.logsumexp, softmax) if scale_sink else (None, None)  # the one other reader allowed
+    if not sink and not scale_sink and (shifted := _without_row_max(node)) is not None:  # MiMo-V2's layers
+        _only_feeds(node, consumer)
+        matched += [node, *shifted[1]]
+        also, also_of, consumer, node = shifted[1][-1], node, node, shifted[0]
     scores_shape = shape(node)
     while not MATMUL(node):
-        _only_feeds(node, consumer, also=scale_sink.logsumexp if scale_sink and consumer is softmax else None)
+        _only_feeds(node, consumer, also=also if consumer is also_of else None)
         matched.append(node)
         consumer = node
         if CAST(node):

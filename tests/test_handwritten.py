@@ -440,6 +440,28 @@ attention_out_contiguous: f32[2, 4, 6, 16] = .contiguous(attention_out_sink)""")
         rec = assert_sinks_train_as_float64(gpt_oss)
         self.assertIn("key_mask=padding mask", rec.records[0].detail)
 
+    def test_a_row_max_shift_without_a_sink(self):
+        """MiMo-V2-Flash's layers without sinks shift the scores by their row max before the softmax (which changes
+        none of its values): rewritten, through a finfo.min padding mask, against float64 eager, gradients too."""
+        def shifted(q, k, v, attention_mask):
+            n = q.shape[-2]
+            visible = torch.ones(n, n, dtype=torch.bool).tril()[None, None] & attention_mask.bool()[:, None, None, :]
+            s = torch.matmul(q, k.transpose(2, 3)) * 0.25
+            s = s + torch.zeros(visible.shape, dtype=q.dtype).masked_fill(~visible, torch.finfo(q.dtype).min)
+            s = s - s.max(dim=-1, keepdim=True).values
+            return torch.matmul(F.softmax(s, dim=-1, dtype=s.dtype), v)
+
+        leaves = [t.requires_grad_() for t in inputs()]
+        rec, out = compile_and_record(shifted, *leaves, SINK_PADDING)
+        self.assertEqual(rec.count(), 1, rec.reasons)
+        out.square().sum().backward()
+        exact = [t.detach().double().requires_grad_() for t in leaves]
+        expected = shifted(*exact, SINK_PADDING)
+        expected.square().sum().backward()
+        torch.testing.assert_close(out.double(), expected, atol=1e-5, rtol=1e-5)
+        for got, want in zip(leaves, exact):
+            torch.testing.assert_close(got.grad.double(), want.grad, atol=1e-5, rtol=1e-5)
+
     def test_attention_sinks_as_a_scale_after_the_output(self):
         """Granite SWA's sinks: eager's out scaled by sigmoid(logsumexp(scores) - sink) in float32 (GPT-OSS's sink
         written after @ v), a logit a head broadcast over the rows; the same op call and sink weight. Training through

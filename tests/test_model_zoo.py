@@ -89,7 +89,8 @@ def kept_on_transformers_4(name: str, impl: str, recorder: Recorder) -> bool:
 
 MORE_DECODERS = ["gemma3_text", "cohere2", "llama4_text", "deepseek_v3", "falcon", "gptj", "gpt_bigcode", "starcoder2",
                  "olmo2", "smollm3", "gpt_oss", "opt", "codegen", "biogpt", "mixtral", "nemotron", "gemma3n_text",
-                 "granite", "phi", "stablelm", "exaone4", "gemma4_text", "granite_swa"]
+                 "granite", "phi", "stablelm", "exaone4", "gemma4_text", "granite_swa",
+                 "mimo_v2_flash"]
 KEPT_DECODERS = ["mpt", "bloom"]  # ALiBi's position bias; eager code only
 
 
@@ -103,7 +104,8 @@ def test_more_decoders_left_padded(name, impl):
     (GPT-OSS: the softmax over the scores and a learned logit, the sink's column dropped before @ v), a layer reusing
     an earlier layer's K/V (Gemma 3n's KV sharing), a configured score scale (Granite's attention_multiplier), sliding
     layers with q / k norms (EXAONE 4), full layers with heads twice as wide as the sliding ones (Gemma 4), sinks
-    written as the scale they put on each row (Granite SWA: out * sigmoid(logsumexp(scores) - sink)). Every
+    written as the scale they put on each row (Granite SWA: out * sigmoid(logsumexp(scores) - sink)), the scores
+    shifted by their row max without a sink (MiMo-V2-Flash's other layers). Every
     layer rewritten, logits eager's; ALiBi's position bias (MPT, BLOOM) is
     kept as written, each layer with its reason, logits eager's."""
     if impl == "sdpa" and hf.unsupported(name, impl):
