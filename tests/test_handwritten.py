@@ -178,23 +178,22 @@ def test_einsum_attention_under_dynamic_true_compiles_once():
     assert len(recorder.graphs) == 1 and recorder.count() == 1, recorder.reasons
 
 
-SINK_PADDING = torch.tensor([[1] * 6, [0] * 3 + [1] * 3])  # left padding: rows 0-2 of batch 1 see no key
+LEFT_PADDING = torch.tensor([[1] * 6, [0] * 3 + [1] * 3])  # left padding: rows 0-2 of batch 1 see no key
 
 
-def assert_sinks_train_as_float64(fn):
-    """fn(q, k, v, sinks, attention_mask) compiled over `SINK_PADDING` with every input needing a gradient: one
-    attention rewritten, out and every gradient (the sinks' too) as float64 eager's, the rows that see no key 0.
-    Returns the records."""
-    q, k, v = inputs()
-    leaves = [t.clone().requires_grad_() for t in (q, k, v, torch.randn(4))]
-    rec, out = compile_and_record(fn, *leaves, SINK_PADDING)
+def assert_trains_as_float64(fn, sinks: bool = True):
+    """fn(q, k, v[, sinks], attention_mask) compiled over `LEFT_PADDING` with every input needing a gradient: one
+    attention rewritten, out and every gradient (the sinks' too) as float64 eager's; with sinks, the rows that see no
+    key 0. Returns the records."""
+    leaves = [t.clone().requires_grad_() for t in (*inputs(), *([torch.randn(4)] if sinks else []))]
+    rec, out = compile_and_record(fn, *leaves, LEFT_PADDING)
     assert rec.count() == 1, rec.reasons
     out.square().sum().backward()
     exact = [t.detach().double().requires_grad_() for t in leaves]
-    expected = fn(*exact, SINK_PADDING)
+    expected = fn(*exact, LEFT_PADDING)
     expected.square().sum().backward()
     torch.testing.assert_close(out.double(), expected, atol=1e-5, rtol=1e-5)
-    assert out[1, :, :3].abs().max().item() == 0.0
+    assert not sinks or out[1, :, :3].abs().max().item() == 0.0
     for got, want in zip(leaves, exact):
         torch.testing.assert_close(got.grad.double(), want.grad, atol=1e-5, rtol=1e-5)
     return rec
@@ -437,7 +436,7 @@ attention_out_contiguous: f32[2, 4, 6, 16] = .contiguous(attention_out_sink)""")
             c = c - c.max(dim=-1, keepdim=True).values
             return torch.matmul(F.softmax(c, dim=-1, dtype=c.dtype)[..., :-1], v)
 
-        rec = assert_sinks_train_as_float64(gpt_oss)
+        rec = assert_trains_as_float64(gpt_oss)
         self.assertIn("key_mask=padding mask", rec.records[0].detail)
 
     def test_a_row_max_shift_without_a_sink(self):
@@ -451,16 +450,7 @@ attention_out_contiguous: f32[2, 4, 6, 16] = .contiguous(attention_out_sink)""")
             s = s - s.max(dim=-1, keepdim=True).values
             return torch.matmul(F.softmax(s, dim=-1, dtype=s.dtype), v)
 
-        leaves = [t.requires_grad_() for t in inputs()]
-        rec, out = compile_and_record(shifted, *leaves, SINK_PADDING)
-        self.assertEqual(rec.count(), 1, rec.reasons)
-        out.square().sum().backward()
-        exact = [t.detach().double().requires_grad_() for t in leaves]
-        expected = shifted(*exact, SINK_PADDING)
-        expected.square().sum().backward()
-        torch.testing.assert_close(out.double(), expected, atol=1e-5, rtol=1e-5)
-        for got, want in zip(leaves, exact):
-            torch.testing.assert_close(got.grad.double(), want.grad, atol=1e-5, rtol=1e-5)
+        assert_trains_as_float64(shifted, sinks=False)
 
     def test_attention_sinks_as_a_scale_after_the_output(self):
         """Granite SWA's sinks: eager's out scaled by sigmoid(logsumexp(scores) - sink) in float32 (GPT-OSS's sink
@@ -479,7 +469,7 @@ attention_out_contiguous: f32[2, 4, 6, 16] = .contiguous(attention_out_sink)""")
             out = torch.matmul(F.dropout(p, p=0.0, training=False), v)
             return out * scale.unsqueeze(-1).to(out.dtype)
 
-        rec, out = compile_and_record(granite, *inputs(), torch.randn(4), SINK_PADDING)
+        rec, out = compile_and_record(granite, *inputs(), torch.randn(4), LEFT_PADDING)
         self.assertExpectedInline(rec.summary, """\
 narrow: b8[2, 6] = narrow(.bool(attention_mask), 1, 0, 6)
 key_mask: b8[2, 6] = fa4.key_mask(narrow)
@@ -494,7 +484,7 @@ mul: f32[2, 4, 6, 16] = mul(attention_out, unsqueeze)
 attention_out_sink: f32[2, 4, 6, 16] = .to(mul, float32)
 attention_out_contiguous: f32[2, 4, 6, 16] = .contiguous(attention_out_sink)""")
         self.assertIn("attention sink: out * sigmoid(lse - sink)", rec.records[0].detail)
-        assert_sinks_train_as_float64(granite)
+        assert_trains_as_float64(granite)
 
     def test_a_scale_that_is_not_the_sinks_keeps_the_attention(self):
         """The scale's logsumexp over the queries (dim -2), the scale also read elsewhere, rounded to integers or

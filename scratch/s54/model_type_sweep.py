@@ -1,8 +1,19 @@
+"""Session 54's survey of causal LM types: python scratch/s54/model_type_sweep.py <model type> [--no-dropout]"""
 import sys, torch, traceback, warnings
 warnings.filterwarnings("ignore")
 import fa4_inductor
 from fa4_inductor import hf, publishing
 name = sys.argv[1]
+if "--no-dropout" in sys.argv:  # dropout and router jitter off (active in training, Inductor's RNG is not eager's)
+    _tiny_config = hf.tiny_config
+
+    def _without_dropout(*args, **kwargs):
+        config = _tiny_config(*args, **kwargs)
+        for key, val in list(config.to_dict().items()):
+            if isinstance(val, float) and ("dropout" in key or "jitter" in key or "pdrop" in key):
+                setattr(config, key, 0.0)
+        return config
+    hf.tiny_config = _without_dropout
 def rel(a, b):
     return ((a.float() - b.float()).abs().max() / b.float().abs().max().clamp_min(1e-6)).item()
 try:
