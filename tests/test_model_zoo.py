@@ -108,8 +108,6 @@ def test_more_decoders_left_padded(name, impl):
     shifted by their row max without a sink (MiMo-V2-Flash's other layers). Every
     layer rewritten, logits eager's; ALiBi's position bias (MPT, BLOOM) is
     kept as written, each layer with its reason, logits eager's."""
-    if impl == "sdpa" and hf.unsupported(name, impl):
-        pytest.skip(hf.unsupported(name, impl))
     model = tiny(name, impl)
     kwargs = model.inputs()
     kwargs["attention_mask"] = torch.ones_like(kwargs["input_ids"])
