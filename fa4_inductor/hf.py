@@ -174,7 +174,8 @@ def tiny_config(name: str, attn_implementation: str = "sdpa"):
         config = transformers.AutoConfig.from_pretrained(name)
     config = language_config(config)
     if config.model_type in TINY_PER_LAYER_BY_MODEL:
-        present = {k: v for k, v in TINY_IF_PRESENT.items() if config.to_dict().get(k) is not None}
+        default = config.to_dict()  # its per-layer attributes raise on getattr
+        present = {k: v for k, v in TINY_IF_PRESENT.items() if default.get(k) is not None}
         config = type(config)(**TINY, **present, **TINY_PER_LAYER_BY_MODEL[config.model_type])
     else:
         _shrink(config)

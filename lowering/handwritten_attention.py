@@ -160,11 +160,12 @@ class Sink:
     nodes: list  # the cat, the shift, the drop
 
 
-def _sink(softmax: Node) -> Sink | None:
-    """The attention sink around a softmax (`Sink`), None where there is none."""
+def _sink(softmax: Node, shifted: tuple[Node, list] | None) -> Sink | None:
+    """The attention sink around a softmax (`Sink`), None where there is none; `shifted`: the softmax's input without
+    its row-max shift (`_without_row_max`)."""
     drop = single_user(softmax)
     node, nodes = softmax.args[0], []
-    if (shifted := _without_row_max(node)) is not None:
+    if shifted is not None:
         nodes += [node, *shifted[1]]
         node = shifted[0]
     if not CAT(node) or len(arg(node, 0, "tensors")) != 2 or drop is None:
@@ -204,7 +205,7 @@ def _scale_sink(scores: Node, pv: Node) -> ScaleSink | None:
     nodes, node, seen_sigmoid = [lse, sub], sub, False
     while (node := single_user(node)) is not None and (
             CAST(node) and value(node).dtype.is_floating_point or SIGMOID(node) and not seen_sigmoid or
-            UNSQUEEZE(node) and seen_sigmoid and not UNSQUEEZE(nodes[-1])):
+            UNSQUEEZE(node) and seen_sigmoid):
         if UNSQUEEZE(node) and normalize_dim(arg(node, 1, "dim"), ndim) != ndim - 1:
             return None
         seen_sigmoid |= SIGMOID(node)
@@ -225,7 +226,8 @@ def match_handwritten(softmax: Node, constants: dict, run_time_masks: bool = Fal
     matched = [softmax]
     probs = softmax
     dropout_p = 0.0
-    sink = _sink(softmax)
+    shifted = _without_row_max(softmax.args[0])
+    sink = _sink(softmax, shifted)
     if sink is not None:
         matched += sink.nodes
         probs = sink.nodes[-1]
@@ -268,7 +270,7 @@ def match_handwritten(softmax: Node, constants: dict, run_time_masks: bool = Fal
     scale, softcap, band, hidden_scores, masks, additive = 1.0, 0.0, Band(), [], [], None
     node, consumer = (sink.scores, sink.cat) if sink else (softmax.args[0], softmax)
     also, also_of = (scale_sink.logsumexp, softmax) if scale_sink else (None, None)  # the one other reader allowed
-    if not sink and not scale_sink and (shifted := _without_row_max(node)) is not None:  # MiMo-V2's layers
+    if not sink and not scale_sink and shifted is not None:  # MiMo-V2's layers
         _only_feeds(node, consumer)
         matched += [node, *shifted[1]]
         also, also_of, consumer, node = shifted[1][-1], node, node, shifted[0]

@@ -181,6 +181,13 @@ def test_einsum_attention_under_dynamic_true_compiles_once():
 LEFT_PADDING = torch.tensor([[1] * 6, [0] * 3 + [1] * 3])  # left padding: rows 0-2 of batch 1 see no key
 
 
+def padded_causal_bias(q, attention_mask):
+    """HF eager code's additive mask: 0 where the causal band and the padding mask show a key, finfo.min elsewhere."""
+    n = q.shape[-2]
+    visible = torch.ones(n, n, dtype=torch.bool).tril()[None, None] & attention_mask.bool()[:, None, None, :]
+    return torch.zeros(visible.shape, dtype=q.dtype).masked_fill(~visible, torch.finfo(q.dtype).min)
+
+
 def assert_trains_as_float64(fn, sinks: bool = True):
     """fn(q, k, v[, sinks], attention_mask) compiled over `LEFT_PADDING` with every input needing a gradient: one
     attention rewritten, out and every gradient (the sinks' too) as float64 eager's; with sinks, the rows that see no
@@ -428,10 +435,7 @@ attention_out_contiguous: f32[2, 4, 6, 16] = .contiguous(attention_out_sink)""")
         """The sink's gradient, q's, k's and v's against float64 eager, through a finfo.min padding mask that hides
         every key from some rows (eager gives them 0: the sink takes the whole softmax) and a causal band."""
         def gpt_oss(q, k, v, sinks, attention_mask):
-            n = q.shape[-2]
-            visible = torch.ones(n, n, dtype=torch.bool).tril()[None, None] & attention_mask.bool()[:, None, None, :]
-            mask = torch.zeros(visible.shape, dtype=q.dtype).masked_fill(~visible, torch.finfo(q.dtype).min)
-            s = torch.matmul(q, k.transpose(2, 3)) * 0.25 + mask
+            s = torch.matmul(q, k.transpose(2, 3)) * 0.25 + padded_causal_bias(q, attention_mask)
             c = torch.cat([s, sinks.reshape(1, -1, 1, 1).expand(q.shape[0], -1, q.shape[-2], -1)], dim=-1)
             c = c - c.max(dim=-1, keepdim=True).values
             return torch.matmul(F.softmax(c, dim=-1, dtype=c.dtype)[..., :-1], v)
@@ -443,10 +447,7 @@ attention_out_contiguous: f32[2, 4, 6, 16] = .contiguous(attention_out_sink)""")
         """MiMo-V2-Flash's layers without sinks shift the scores by their row max before the softmax (which changes
         none of its values): rewritten, through a finfo.min padding mask, against float64 eager, gradients too."""
         def shifted(q, k, v, attention_mask):
-            n = q.shape[-2]
-            visible = torch.ones(n, n, dtype=torch.bool).tril()[None, None] & attention_mask.bool()[:, None, None, :]
-            s = torch.matmul(q, k.transpose(2, 3)) * 0.25
-            s = s + torch.zeros(visible.shape, dtype=q.dtype).masked_fill(~visible, torch.finfo(q.dtype).min)
+            s = torch.matmul(q, k.transpose(2, 3)) * 0.25 + padded_causal_bias(q, attention_mask)
             s = s - s.max(dim=-1, keepdim=True).values
             return torch.matmul(F.softmax(s, dim=-1, dtype=s.dtype), v)
 
@@ -458,10 +459,7 @@ attention_out_contiguous: f32[2, 4, 6, 16] = .contiguous(attention_out_sink)""")
         a finfo.min padding mask and a causal band: out and every gradient (the sink's too) against float64 eager,
         rows that see no key 0."""
         def granite(q, k, v, sinks, attention_mask):
-            n = q.shape[-2]
-            visible = torch.ones(n, n, dtype=torch.bool).tril()[None, None] & attention_mask.bool()[:, None, None, :]
-            s = torch.matmul(q, k.transpose(2, 3)) * 0.25
-            s = s + torch.zeros(visible.shape, dtype=q.dtype).masked_fill(~visible, torch.finfo(q.dtype).min)
+            s = torch.matmul(q, k.transpose(2, 3)) * 0.25 + padded_causal_bias(q, attention_mask)
             lse = torch.logsumexp(s, dim=-1)
             scale = (lse - sinks.view(1, -1, 1)).to(torch.float32).sigmoid()
             # float32 as written for bf16 models; the float64 reference's finfo.min would be -inf there (NaN rows)
