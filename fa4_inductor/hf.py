@@ -143,18 +143,18 @@ def _kind(config) -> str:
     if hasattr(config, "image_size"):
         return "vision"
     architectures = " ".join(getattr(config, "architectures", None) or [])
-    rotary = hasattr(config, "rope_parameters") or hasattr(config, "rope_theta")  # transformers 5 / 4
-    rope_decoder = rotary and _causal_lm(config)  # ModernBERT: rotary, an encoder
-    if getattr(config, "is_decoder", False) or "CausalLM" in architectures or rope_decoder \
-            or config.model_type in {"gpt2", "gpt_neox", "gptj", "opt", "bloom", "falcon", "xglm", "codegen", "biogpt"}:
+    if getattr(config, "is_decoder", False) or "CausalLM" in architectures or _decoder_only(config):
         return "causal-lm"
     return "encoder"
 
 
-def _causal_lm(config) -> bool:
+def _decoder_only(config) -> bool:
+    """Whether transformers builds a causal LM for `config` and no masked LM: BERT-like encoders have both (their
+    causal LM class is the encoder run as a decoder); GPT-Neo, GPT-BigCode, MPT, CTRL and DBRX only the first."""
     import transformers
 
-    return type(config) in transformers.AutoModelForCausalLM._model_mapping
+    return type(config) in transformers.AutoModelForCausalLM._model_mapping \
+        and type(config) not in transformers.AutoModelForMaskedLM._model_mapping
 
 
 def _is_model_type(name: str) -> bool:

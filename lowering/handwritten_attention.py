@@ -5,7 +5,8 @@
     s = s * c   or   s / c         on the scores (in place too), on q, or on k (any number of constant factors)
     s = c * tanh(s / c)            softcap (Gemma-2), after the scale
     s = mask(s)                    masked_fill / torch.where / + additive band (masks.py)
-    s = cat([s, sink], -1)         attention sinks (GPT-OSS): one more logit a row, optionally
+    s = cat([s, sink], -1)         attention sinks (GPT-OSS: a logit a head; Inkling 2: a logit a query, projected
+                                     from the hidden states), optionally cast to float, optionally
     s = s - s.max(-1, True)[0]       shifted by the row max (also without a sink), its column dropped after the softmax:
     p = softmax(s, dim=-1)[..., :-1] the op's out * sigmoid(lse - sink)
     p = softmax(s, dim=-1)         F / torch / Tensor softmax, optionally float32 and cast back
@@ -168,6 +169,9 @@ def _sink(softmax: Node, shifted: tuple[Node, list] | None) -> Sink | None:
     if shifted is not None:
         nodes += [node, *shifted[1]]
         node = shifted[0]
+    if CAST(node) and value(node).dtype.is_floating_point and single_user(node) is not None:  # Inkling 2's .float()
+        nodes.append(node)
+        node = node.args[0]
     if not CAT(node) or len(arg(node, 0, "tensors")) != 2 or drop is None:
         return None
     scores, column = arg(node, 0, "tensors")

@@ -224,10 +224,14 @@ def test_packed_sequences_reach_the_op_with_run_time_masks(name, impl, window_le
 
 
 def without_dropout(model: nn.Module) -> nn.Module:
-    """GPT-2's default config drops 10% of attention weights, hidden states and embeddings in training."""
+    """GPT-2's default config drops 10% of attention weights, hidden states and embeddings in training; GPT-BigCode
+    keeps its attention's rate as a float it hands SDPA."""
     for module in model.modules():
         if isinstance(module, nn.Dropout):
             module.p = 0.0
+        for key, rate in list(vars(module).items()):
+            if isinstance(rate, float) and ("dropout" in key or "pdrop" in key):
+                setattr(module, key, 0.0)
     return model
 
 
@@ -253,10 +257,10 @@ def assert_training_step_matches_eager(model: nn.Module, kwargs: dict, **options
 TRAINED = [*(case(name, impl) for name, impl in SHORT_LIST), *(case(name, impl, slow=True) for name, impl in (
     ("qwen3", "sdpa"), ("mistral", "sdpa"), ("qwen2", "eager"), ("phi3", "sdpa"), ("gpt_neox", "eager"),
     ("gpt2", "sdpa"), ("gpt_oss", "eager"), ("gemma3n_text", "sdpa"), ("gemma4_text", "sdpa"),
-    ("granite_swa", "eager")))]
+    ("granite_swa", "eager"), ("gpt_neo", "eager"), ("gpt_bigcode", "sdpa")))]
 # GPT-OSS: attention sinks, whose gradient reaches them through lse; Gemma 3n: its second layer reuses the first
 # one's K/V, so K/V's gradient sums both layers' parts; Gemma 4: sliding and full layers of two head widths; Granite
-# SWA: sinks as a scale after @ v.
+# SWA: sinks as a scale after @ v; GPT-Neo: windowed layers from a causal buffer; GPT-BigCode: multi-query.
 
 
 @pytest.mark.parametrize("name, impl", TRAINED)

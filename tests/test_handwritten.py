@@ -443,6 +443,20 @@ attention_out_contiguous: f32[2, 4, 6, 16] = .contiguous(attention_out_sink)""")
         rec = assert_trains_as_float64(gpt_oss)
         self.assertIn("key_mask=padding mask", rec.records[0].detail)
 
+    def test_a_sink_a_query_cast_to_float(self):
+        """Inkling 2's sinks: a logit a query projected from the hidden states (from q here, so its gradient reaches q
+        twice), the scores and sinks joined, cast to float, no row-max shift: the same op call and sink weight, against
+        float64 eager, gradients too."""
+        def inkling2(q, k, v, sinks, attention_mask):
+            s = torch.matmul(q, k.transpose(2, 3)) * 0.25 + padded_causal_bias(q, attention_mask)
+            per_query = q.sum(-1, keepdim=True) * 0.5 + sinks.view(1, -1, 1, 1)
+            c = torch.cat([s, per_query], dim=-1)
+            c = c.float() if c.dtype != torch.float64 else c  # the float64 reference stays float64
+            return torch.matmul(F.softmax(c, dim=-1)[..., :-1].to(q.dtype), v)
+
+        rec = assert_trains_as_float64(inkling2)
+        self.assertIn("attention sink: out * sigmoid(lse - sink)", rec.records[0].detail)
+
     def test_a_row_max_shift_without_a_sink(self):
         """MiMo-V2-Flash's layers without sinks shift the scores by their row max before the softmax (which changes
         none of its values): rewritten, through a finfo.min padding mask, against float64 eager, gradients too."""
