@@ -122,12 +122,16 @@ class Options:
     time of a host-bound fp8 decode step over 112 torchao linears, H100, docs/benchmarks.md session 52). Off: the
     subclasses reach AOTAutograd as they are."""
 
-    recompute_dequantized_weights: bool = True
-    """In training, compute each weight dequantized from frozen int8 / NVFP4 / fp8 codes again in the backward
-    instead of saving it from the forward (lowering/joint_graph.py): a compiled step then holds no copy of the
-    quantized weights in the model's dtype between its forward and backward (default torch.compile holds 2 bytes a
-    weight there; eager none), and the forward's quantized linears are rewritten as at inference. The backward
-    pays one more dequantization a weight. Off: Inductor's partitioner saves them."""
+    recompute_dequantized_weights: bool | None = None
+    """In training, compute each weight dequantized from frozen quantized codes again in the backward instead of
+    saving it from the forward (lowering/joint_graph.py): a compiled step then holds no copy of those weights in the
+    model's dtype between its forward and backward (default torch.compile holds 2 bytes a weight there; eager none),
+    and the forward's quantized linears are rewritten as at inference. The backward pays one more dequantization a
+    weight. None (the default): int8 codes, where that measured faster than default compile (H100, Llama-1B shape:
+    30.2 against 31.5 ms a step, 4.5 against 6.5 GiB), and fp8 codes (a cast and a multiply as int8's; not timed:
+    torchao's fp8 linears have no backward), not NVFP4's packed codes, where it measured slower (H200: 48.4-60.6
+    against 36.7 ms; saved: 30.9); True: every format (NVFP4's step 1.8 GiB smaller);
+    False: none, Inductor's partitioner saves them (docs/benchmarks.md sessions 54 and 55)."""
 
     nvfp4_activations: bool = False
     """With `nvfp4_linear`: on Blackwell GPUs (sm100 / sm120) quantize each NVFP4 linear's activations to NVFP4 too

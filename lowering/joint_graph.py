@@ -17,7 +17,9 @@ already held), and the backward computes `w` again, transiently, one layer at a 
 dequantize-then-matmul then no longer escapes the forward graph, so the POST_GRAD families rewrite it as they do
 at inference. Factory calls, views and constants are recomputable leaves; random and in-place ops, matmuls,
 attention and custom ops stop a chain; a primal the graph writes is not a leaf, and a node that already carries a
-recompute policy (activation checkpointing) keeps it. Inductor runs the hook on inference graphs too (no
+recompute policy (activation checkpointing) keeps it. By default (`recompute_dequantized_weights` None) chains from
+packed 4-bit codes (uint8: NVFP4) are left to the partitioner: their step measured slower recomputed than default
+compile's on the H200 (docs/benchmarks.md session 55); True marks them too. Inductor runs the hook on inference graphs too (no
 tangents): those are left alone. Like the post-grad hook's, this object says what it does in `uuid()` for the FX
 graph cache.
 """
@@ -58,31 +60,33 @@ def _recomputable(node: Node) -> bool:
     return torch.Tag.nondeterministic_seeded not in tags
 
 
-def mark_dequantized_weights(graph: Graph) -> list[Node]:
+def mark_dequantized_weights(graph: Graph, packed: bool = True) -> list[Node]:
     """Mark the nodes of a joint graph that are computed from primals alone, with a quantized primal among their
-    inputs' ancestors, as recomputed in the backward (module docstring). Returns them (none for a graph without
-    tangents)."""
+    inputs' ancestors, as recomputed in the backward (module docstring). `packed`: also those with packed 4-bit codes
+    (uint8: NVFP4's e2m1 pairs) among them. Returns them (none for a graph without tangents)."""
     placeholders = graph.find_nodes(op="placeholder")
     if not any(str(p.target).startswith("tangents") for p in placeholders):
         return []  # an inference graph (Inductor runs the hook on those too): nothing is saved for a backward
     written = Mutations(graph).writes
-    from_primals: dict[Node, bool] = {}  # node -> whether a quantized primal is among its ancestors
+    from_primals: dict[Node, frozenset] = {}  # node -> the dtypes of the quantized primals among its ancestors
     marked = []
     for node in graph.nodes:
         if node.op in ("placeholder", "get_attr"):
             if node.op == "placeholder" and str(node.target).startswith("tangents") or storage(node) in written:
                 continue  # a primal the graph writes (`copy_` at its end): the backward would read the new value
             value = node.meta.get("val")
-            from_primals[node] = isinstance(value, torch.Tensor) and value.dtype in QUANTIZED_DTYPES
+            quantized = isinstance(value, torch.Tensor) and value.dtype in QUANTIZED_DTYPES
+            from_primals[node] = frozenset([value.dtype] if quantized else [])
             continue
         if node.op != "call_function" or not _recomputable(node):
             continue
         inputs = node.all_input_nodes
         if not all(i in from_primals for i in inputs):
             continue
-        quantized = any(from_primals[i] for i in inputs)
-        from_primals[node] = quantized
-        if quantized and "recompute" not in node.meta:  # a user's activation-checkpointing policy stands
+        dtypes = frozenset().union(*(from_primals[i] for i in inputs))
+        from_primals[node] = dtypes
+        if dtypes and (packed or torch.uint8 not in dtypes) and "recompute" not in node.meta:  # a user's
+            # activation-checkpointing policy stands
             node.meta["recompute"] = CheckpointPolicy.MUST_RECOMPUTE
             marked.append(node)
     return marked
@@ -111,11 +115,12 @@ class JointGraphPasses(CustomGraphPass):
 
     def __init__(self, options, gm, user_pass=None):
         self.options, self.user_pass = options, user_pass
-        self.recompute = options.recompute_dequantized_weights and not quantized_inputs_written(gm)
+        self.recompute = options.recompute_dequantized_weights is not False and not quantized_inputs_written(gm)
+        self.packed = options.recompute_dequantized_weights is True
 
     def __call__(self, graph: Graph) -> None:
         if self.recompute:
-            marked = mark_dequantized_weights(graph)
+            marked = mark_dequantized_weights(graph, packed=self.packed)
             if marked:
                 log.debug("joint graph: %d nodes of dequantized weights recomputed in the backward", len(marked))
         if self.user_pass is not None:
@@ -123,4 +128,4 @@ class JointGraphPasses(CustomGraphPass):
 
     def uuid(self) -> str:
         user = self.user_pass.uuid() if hasattr(self.user_pass, "uuid") else repr(self.user_pass)
-        return f"fa4_inductor-joint:{source_hash()}:{self.options!r}:{self.recompute}:{user}"
+        return f"fa4_inductor-joint:{source_hash()}:{self.options!r}:{self.recompute}:{self.packed}:{user}"

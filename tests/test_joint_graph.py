@@ -108,7 +108,8 @@ def test_a_training_step_over_frozen_quantized_weights(fmt):
     """The input's and the norm's gradients and the loss of a compiled step as eager's against float64; no
     quantized linear kept because its dequantized weight is saved for the backward (the ones whose raw matmul
     output the partitioner saves, `up` before the norm, stay as written for that); nothing of a weight's shape
-    saved in the model's dtype."""
+    saved in the model's dtype. NVFP4 with the option set (its default saves them: `test_nvfp4_is_saved_by_default`)."""
+    backend = fa4_inductor.backend(recompute_dequantized_weights=True if "nvfp4" in fmt else None)
     block, family = quantized_block(fmt)
     reference = dequantized_block(block)
     torch.manual_seed(1)
@@ -125,14 +126,36 @@ def test_a_training_step_over_frozen_quantized_weights(fmt):
     exact = step(reference, torch.float64)
     torch._dynamo.reset()
     with publishing.collecting() as records:
-        ours = step(torch.compile(block, backend=fa4_inductor.backend()))
+        ours = step(torch.compile(block, backend=backend))
     for name, o, e, r in zip(["loss", "x", "norm.weight", "norm.bias"], ours, eager, exact):
         assert_as_close_as_eager(name, o, e, r, slack=1e-5)
     reasons = [str(r) for r in records if r.family == family and not r.rewritten]
     assert not any("saves it for the backward" in reason for reason in reasons), reasons
     assert any(r.rewritten and r.family == family for r in records), [str(r) for r in records]
-    saved = saved_for_backward(block, torch.randn(6, K, requires_grad=True), fa4_inductor.backend())
+    saved = saved_for_backward(block, torch.randn(6, K, requires_grad=True), backend)
     assert not {"float32[96, 64]", "float32[64, 96]"} & set(saved), saved
+
+
+@pytest.mark.parametrize("fmt", ["nvfp4", "torchao nvfp4"])
+def test_nvfp4_is_saved_by_default(fmt):
+    """NVFP4's packed codes (uint8) are not recomputed from by default (the step measured slower than default
+    compile's that way on the H200): the forward saves each weight dequantized, as with the option off; the step's
+    loss and gradients as eager's."""
+    block, _ = quantized_block(fmt)
+    x = torch.randn(5, K, requires_grad=True)
+    default = saved_for_backward(block, x, fa4_inductor.backend())
+    assert default == saved_for_backward(block, x, fa4_inductor.backend(recompute_dequantized_weights=False))
+    assert {"float32[96, 64]", "float32[64, 96]"} <= set(default), default
+    assert default != saved_for_backward(block, x, fa4_inductor.backend(recompute_dequantized_weights=True))
+    torch._dynamo.reset()
+    x.grad = None
+    got = torch.compile(block, backend=fa4_inductor.backend())(x)
+    got.sin().sum().backward()
+    grad, x.grad = x.grad, None
+    expected = block(x)
+    expected.sin().sum().backward()
+    torch.testing.assert_close(got, expected)
+    torch.testing.assert_close(grad, x.grad)
 
 
 def test_option_off_keeps_the_linears_with_the_reason():

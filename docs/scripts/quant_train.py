@@ -9,7 +9,7 @@ memory, default torch.compile against ours with and without `recompute_dequantiz
 
 Compiling the step takes minutes a backend (H100 machine: ~200 s with cold caches, ~90 s served from Inductor's
 caches). To fill the caches at once, run one process a backend with QUANT_TRAIN_WARM=1 (compile, one step, no
-timing) side by side, then time them all in one process. Never time processes side by side: another's steps run on
+timing) side by side, then time them all in one process. QUANT_TRAIN_PROFILE=1 adds each step's costliest kernels. Never time processes side by side: another's steps run on
 the same GPU (session 54: 39.1 against 30.2 ms/step for the same int8 step).
 
 Without the joint stage a compiled step holds each quantized weight dequantized to bf16 from its forward to its
@@ -66,6 +66,11 @@ def run(label: str, model, step_model, ids) -> float:
     ms = (time.perf_counter() - start) / STEPS * 1e3
     peak = torch.cuda.max_memory_allocated() / 2**30 if cuda else float("nan")
     print(f"{label:48s} {ms:8.2f} ms/step  peak {peak:6.2f} GiB  loss {loss.item():.5f}", flush=True)
+    if cuda and os.environ.get("QUANT_TRAIN_PROFILE"):  # the step's 12 costliest kernels
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            step()
+            torch.cuda.synchronize()
+        print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=12, max_name_column_width=70))
     return loss.item()
 
 
