@@ -1,8 +1,7 @@
-# Unrun GPU work. Session 53 ran v53 / v53b (the model tier in full: 39 passed; the subclass-weights A/B on one H100:
-# NVFP4 0.967 against 2.764 ms/token with the rewrite off, fp8 1.439 against 2.707; plain buffers 0.916 / 1.462).
-# Session 53 also added the joint stage (lowering/joint_graph.py: dequantized weights recomputed in the backward,
-# CPU-tested only). Session 54: `qt53` / `qt54` timed the int8 step on an H100 (ours 30.16 ms, 4.51 GiB against
-# default compile 31.45 / 6.52); the NVFP4 step is not established. Next: `qt55`, `qt55b`, `qt55c`, `v53c` (the quant GPU tiers, not run since the subclass rewrite), then `h49` (session 49's CTA rules on an H200; two
+# Unrun GPU work. Session 55 ran qt55 / qt55b (NVFP4 training alone: the stage on 48.4 ms against default compile
+# 36.7 and off 30.9, so NVFP4 is no longer recomputed by default) and v53c (the quant GPU tiers: 252 passed); fp8
+# training does not exist (torchao's _scaled_mm has no derivative). Next: `ns56` (what the host waits on in NVFP4's
+# recomputed backward: ~28 ms of wall beyond its kernels), then `h49` (session 49's CTA rules on an H200; two
 # calls' worth), `a50`'s f16 and 2..4-row lines, `p47` (low priority), `m47`, `w43`, `p43`, `n36`; the fp8 plain-buffer
 # prefill against default compile (`g51`'s last line, ~400 s: a call of its own).
 # Parts of earlier sessions below keep their notes.
@@ -81,6 +80,11 @@ qt53) # session 53's joint stage: a training step over frozen torchao int8 / NVF
     nvidia-smi -L >>$L
     run timeout 220 python3 docs/scripts/quant_train.py int8 2048
     run timeout 220 python3 docs/scripts/quant_train.py nvfp4 2048 ;;
+ns56) # session 55's open question: NVFP4's step with its weights recomputed (`all`) spends ~28 ms of wall beyond its
+    # kernels (48-61 ms against 28 ms of kernels); the host's costliest calls (CUDA API: syncs, copies, launches)
+    # against the saved step's (`on`, the default now). Fresh caches: ~200 s a backend to compile
+    nvidia-smi -L >>$L
+    QUANT_TRAIN_PROFILE=2 run timeout 500 python3 docs/scripts/quant_train.py nvfp4 2048 cuda on,all ;;
 qt55) # qt53 as it has to run, first: NVFP4, int8 and fp8 under default / off / on compiled side by side
     # (QUANT_TRAIN_WARM: Inductor's caches filled, nothing timed; ~250 s), for `qt55b` and `qt55c` on the same machine,
     # each format timed in one process (~270 s with the caches). Session 54 timed int8 this way; its NVFP4 rows came

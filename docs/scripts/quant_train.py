@@ -5,11 +5,14 @@ memory, default torch.compile against ours with and without `recompute_dequantiz
 
     python docs/scripts/quant_train.py [int8|nvfp4|fp8] [tokens]      # default: int8 2048
     python docs/scripts/quant_train.py int8 64 cpu                     # a smoke run: hidden 256 x 2 layers on the CPU
-    python docs/scripts/quant_train.py nvfp4 2048 cuda default,off,on  # some of eager, default, off, on
+    python docs/scripts/quant_train.py nvfp4 2048 cuda default,off,on  # some of eager, default, off, on, all
+
+"on" is the backend's default (int8 and fp8 recomputed, NVFP4 saved since session 55), "all" recomputes every format.
 
 Compiling the step takes minutes a backend (H100 machine: ~200 s with cold caches, ~90 s served from Inductor's
 caches). To fill the caches at once, run one process a backend with QUANT_TRAIN_WARM=1 (compile, one step, no
-timing) side by side, then time them all in one process. QUANT_TRAIN_PROFILE=1 adds each step's costliest kernels. Never time processes side by side: another's steps run on
+timing) side by side, then time them all in one process. QUANT_TRAIN_PROFILE=1 adds each step's costliest
+kernels, QUANT_TRAIN_PROFILE=2 the host's costliest calls too. Never time processes side by side: another's steps run on
 the same GPU (session 54: 39.1 against 30.2 ms/step for the same int8 step).
 
 Without the joint stage a compiled step holds each quantized weight dequantized to bf16 from its forward to its
@@ -66,11 +69,16 @@ def run(label: str, model, step_model, ids) -> float:
     ms = (time.perf_counter() - start) / STEPS * 1e3
     peak = torch.cuda.max_memory_allocated() / 2**30 if cuda else float("nan")
     print(f"{label:48s} {ms:8.2f} ms/step  peak {peak:6.2f} GiB  loss {loss.item():.5f}", flush=True)
-    if cuda and os.environ.get("QUANT_TRAIN_PROFILE"):  # the step's 12 costliest kernels
-        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+    profile = os.environ.get("QUANT_TRAIN_PROFILE")
+    if cuda and profile:  # the step's 12 costliest kernels; with "2", also the host's costliest calls (CUDA API ones)
+        activities = [torch.profiler.ProfilerActivity.CUDA] + ([torch.profiler.ProfilerActivity.CPU] if profile == "2"
+                                                              else [])
+        with torch.profiler.profile(activities=activities) as prof:
             step()
             torch.cuda.synchronize()
         print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=12, max_name_column_width=70))
+        if profile == "2":
+            print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=20, max_name_column_width=70))
     return loss.item()
 
 
@@ -87,7 +95,9 @@ def main():
     for key, label, backend in (("default", "default torch.compile", "inductor"),
                                 ("off", "fa4_inductor, recompute_dequantized_weights=False",
                                  fa4_inductor.backend(recompute_dequantized_weights=False)),
-                                ("on", "fa4_inductor", fa4_inductor.backend())):
+                                ("on", "fa4_inductor", fa4_inductor.backend()),
+                                ("all", "fa4_inductor, recompute_dequantized_weights=True",
+                                 fa4_inductor.backend(recompute_dequantized_weights=True))):
         if key not in which:
             continue
         torch._dynamo.reset()
