@@ -19,9 +19,9 @@ at inference. Factory calls, views and constants are recomputable leaves; random
 attention and custom ops stop a chain; a primal the graph writes is not a leaf, and a node that already carries a
 recompute policy (activation checkpointing) keeps it. By default (`recompute_dequantized_weights` None) chains from
 packed 4-bit codes (uint8: NVFP4) are left to the partitioner: their step measured slower recomputed than default
-compile's on the H200 (docs/benchmarks.md session 55); True marks them too. Inductor runs the hook on inference graphs too (no
-tangents): those are left alone. Like the post-grad hook's, this object says what it does in `uuid()` for the FX
-graph cache.
+compile's on the H200 (docs/benchmarks.md session 55); True marks them too. Inductor runs the hook on inference
+graphs too (no tangents): those are left alone. Like the post-grad hook's, this object says what it does in
+`uuid()` for the FX graph cache.
 """
 
 from __future__ import annotations
@@ -85,8 +85,8 @@ def mark_dequantized_weights(graph: Graph, packed: bool = True) -> list[Node]:
             continue
         dtypes = frozenset().union(*(from_primals[i] for i in inputs))
         from_primals[node] = dtypes
-        if dtypes and (packed or torch.uint8 not in dtypes) and "recompute" not in node.meta:  # a user's
-            # activation-checkpointing policy stands
+        chosen = dtypes and (packed or torch.uint8 not in dtypes)
+        if chosen and "recompute" not in node.meta:  # a user's activation-checkpointing policy stands
             node.meta["recompute"] = CheckpointPolicy.MUST_RECOMPUTE
             marked.append(node)
     return marked
