@@ -641,7 +641,7 @@ def evaluate(node, constants: dict) -> TwoValued:
         filled = cond.map(bool) if not cond.uniform else TwoValued(x.band, bool(cond.inside), bool(cond.inside))
         return _coerce(node, TwoValued(x.band, fill if filled.inside else x.inside,
                                        fill if filled.outside else x.outside))
-    if RESHAPE(node) and (keys := _key_lookup(node, constants)) is not None:
+    if (RESHAPE(node) or UNSQUEEZE(node)) and (keys := _key_lookup(node, constants)) is not None:
         return _coerce(node, TwoValued(Band(keys=keys), 1, 0))
     if CAST(node) or SAME_VALUES(node) or RESHAPE(node) or UNSQUEEZE(node) or EXPAND(node):
         source = node.args[0]
@@ -823,13 +823,17 @@ def _tensor_entries(index) -> list:
 
 def _key_lookup(node: Node, constants) -> KeyMask | None:
     """The key mask when node reads a run-time [B, Sk] mask m broadcast over queries: m[:, None, None, :]
-    (BERT-style), m reshaped to [B, 1, 1, Sk] (einops' `rearrange(m, "b j -> b 1 1 j")`) or
+    (BERT-style), m reshaped or unsqueezed to [B, 1, 1, Sk] in any number of steps (einops'
+    `rearrange(m, "b j -> b 1 1 j")`, LayoutLM's `m.unsqueeze(1).unsqueeze(2)`: each keeps the row-major order) or
     m[arange(B)[:, None, None, None], kv_positions] (HF masking_utils, m boolean; key positions from 0, or from an
     offset in a sliding-window cache: an int, or a SymInt under dynamic shapes)."""
     m = node.args[0]
+    if RESHAPE(node) or UNSQUEEZE(node):
+        while isinstance(m, Node) and (RESHAPE(m) or UNSQUEEZE(m)) and len(shape(m)) > 2:
+            m = m.args[0]
     if not isinstance(m, Node) or len(shape(m)) != 2 or len(shape(node)) != 4:
         return None
-    if RESHAPE(node):
+    if RESHAPE(node) or UNSQUEEZE(node):
         (b, sk), out = shape(m), shape(node)
         return KeyMask(m) if same_size(out[0], b) and same_size(out[1], 1) and same_size(out[2], 1) and \
             same_size(out[3], sk) else None

@@ -131,7 +131,7 @@ def test_more_decoders_left_padded(name, impl):
             assert all(r.rewritten for r in recorder.records), [str(r) for r in recorder.records]
 
 
-MORE_ENCODERS = ["modernbert", "distilbert", "electra", "clip_text_model", "dinov2", "m2m_100", "yolos"]
+MORE_ENCODERS = ["modernbert", "distilbert", "electra", "clip_text_model", "dinov2", "m2m_100", "yolos", "layoutlm"]
 
 
 @pytest.mark.slow
@@ -140,7 +140,7 @@ MORE_ENCODERS = ["modernbert", "distilbert", "electra", "clip_text_model", "dino
 def test_more_encoders_right_padded(name, impl):
     """More encoders, right-padded: ModernBERT's sliding-window and global layers (rotary), DistilBERT, ELECTRA,
     CLIP's text tower (causal and padding), DINOv2 and YOLOS (no mask; YOLOS' config sizes images per dim), M2M-100
-    (encoder, causal decoder, cross-attention).
+    (encoder, causal decoder, cross-attention), LayoutLM (BERT's extended mask built by two unsqueezes).
     Every layer rewritten, outputs eager's; ModernBERT's local layers as FA4's two-sided window (`abs(q_idx - kv_idx)
     <= w` read as a band), not a mask per query row."""
     skip_where_dynamo_fails_on_transformers_4(name, impl)

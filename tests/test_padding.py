@@ -35,6 +35,12 @@ def bert_extended_mask_handwritten(q, k, v, attention_mask):
     return scores.softmax(-1) @ v
 
 
+def layoutlm_extended_mask_sdpa(q, k, v, attention_mask):
+    """LayoutLM's extended mask: the same as BERT's, built by `unsqueeze(1).unsqueeze(2)`, handed to SDPA."""
+    extended = (1.0 - attention_mask.unsqueeze(1).unsqueeze(2).to(q.dtype)) * torch.finfo(q.dtype).min
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=extended)
+
+
 def causal_band_and_key_mask_sdpa(q, k, v, attention_mask):
     """HF decoders' SDPA mask: `causal & padding`, a causal band and a run-time key mask."""
     causal = torch.ones(S, S, dtype=torch.bool).tril()
@@ -70,7 +76,7 @@ attention_out_contiguous: f32[3, 4, 8, 16] = .contiguous(attention_out)""")
         q, k, v = qkv()
         left, empty_row = right_padding().flip(-1), right_padding((8, 5, 0))
         holes = (torch.rand(B, S, generator=torch.Generator().manual_seed(1)) > 0.4).long()
-        for fn in (hf_padding_mask_sdpa, bert_extended_mask_handwritten):
+        for fn in (hf_padding_mask_sdpa, bert_extended_mask_handwritten, layoutlm_extended_mask_sdpa):
             torch._dynamo.reset()
             recorder = Recorder()
             compiled = torch.compile(fn, backend=recorder)
@@ -107,6 +113,11 @@ attention_out_contiguous: f32[3, 4, 8, 16] = .contiguous(attention_out)""")
         self.assertIn("key_mask=padding mask, rows that see no key: mean of V, scale=0.25)", rec.records[0].detail)
         rec = self.check(bert_extended_mask_handwritten, right_padding(), checked_padding=True)
         self.assertIn("seqused_k=padding mask sum, scale=0.25)", rec.records[0].detail)
+
+    def test_a_key_mask_unsqueezed_in_steps(self):
+        rec = self.check(layoutlm_extended_mask_sdpa, right_padding())
+        self.assertEqual(rec.count(), 1)
+        self.assertIn("key_mask=padding mask", rec.records[0].detail)
 
     def test_masks_that_are_not_right_padding_raise_under_checked_padding(self):
         q, k, v = qkv()
