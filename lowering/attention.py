@@ -325,13 +325,16 @@ def flags_for(band: Band, scores_shape) -> tuple[dict, Shift | None, KeyMask | N
     return flags, shift, band.keys
 
 
-def _band_flags(band: Band, scores_shape) -> tuple[dict, Shift | None]:
+def _checked_band_args(band: Band) -> dict:
     try:
-        flags = band_args(band)
+        return band_args(band)
     except MaskNotUnderstood as e:
         raise Decline(f"mask not recognized: {e}") from None
+
+
+def _band_flags(band: Band, scores_shape) -> tuple[dict, Shift | None]:
     if band.shift is None and equal_size(scores_shape[-2], scores_shape[-1]):
-        return flags, None
+        return _checked_band_args(band), None
     # Queries over a longer cache, or at run-time positions: the band's upper bound j - i <= top (+ start)
     # is the last key in use, seqused_k = start + Sq + top, and bottom-right alignment puts it on the diagonal.
     if band.hi == INF:
@@ -346,7 +349,7 @@ def _band_flags(band: Band, scores_shape) -> tuple[dict, Shift | None]:
         if not (guard_or_false(used >= scores_shape[-2]) and guard_or_false(used <= scores_shape[-1])):
             raise Decline(f"a band with j - i <= {shift.top} (at the query positions given) over {scores_shape[-1]} "
                           f"keys for {scores_shape[-2]} queries leaves a query without keys or reaches past the last key")
-    return band_args(Band(band.lo - band.hi, 0)), shift
+    return _checked_band_args(Band(band.lo - band.hi, 0)), shift
 
 
 def constant(x) -> float | None:

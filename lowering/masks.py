@@ -726,15 +726,27 @@ def _selected(node: Node, a: TwoValued, b: TwoValued) -> TwoValued:
 
 
 def _sliced_buffer(node: Node, constants) -> TwoValued | None:
-    """A module buffer read by value through constant slices (transformers 4's GPT-2: `bias[:, :, Sk - Sq:Sk, :Sk]`,
-    the rows of a cache's last queries): the band of the slice's values; None for any other index."""
+    """A module buffer read by value through slices (transformers 4's GPT-2, GPT-Neo: `bias[:, :, Sk - Sq:Sk, :Sk]`,
+    the rows of a cache's last queries): the band of the slice's values where the bounds are numbers; where the
+    rows start at a symbolic size r0 (a decode step under dynamic shapes), the buffer's band at query positions
+    r0 + i (`Shift`); None for any other index."""
     source, index = node.args[0], node.args[1]
     index = index if isinstance(index, tuple) else (index,)
     constant = isinstance(source, Node) and source.op == "placeholder" and source in constants
-    if not constant or not all(isinstance(i, slice) and all(b is None or type(b) is int
-                                                             for b in (i.start, i.stop, i.step)) for i in index):
+    if not constant or not all(isinstance(i, slice) for i in index):
         return None
-    return _coerce(node, _band_of_values(constants[source][1][index]))
+    if all(b is None or type(b) is int for i in index for b in (i.start, i.stop, i.step)):
+        return _coerce(node, _band_of_values(constants[source][1][index]))
+    buffer = constants[source][1]
+    if len(index) != buffer.dim() or any(i != slice(None) for i in index[:-2]):
+        return None
+    rows, cols = index[-2:]
+    symbolic_start = isinstance(rows.start, Node) and isinstance(value(rows.start), torch.SymInt)
+    if not symbolic_start or rows.step not in (None, 1) or cols.start not in (None, 0) or cols.step not in (None, 1):
+        return None
+    whole = _band_of_values(buffer)  # every 2-D slice a band of the same diagonals: rows from r0 shift it by r0
+    band = Band(whole.band.lo, whole.band.hi, Shift(rows.start)) if whole.band.bounded else whole.band
+    return _coerce(node, TwoValued(band, whole.inside, whole.outside))
 
 
 def _constant(node, constants) -> TwoValued | None:

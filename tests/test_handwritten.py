@@ -696,3 +696,32 @@ def test_einsum_plans(equation, a, b, expected):
     from fa4_inductor.lowering import einsum
 
     assert einsum.plan(equation, a, b) == expected
+
+
+class LastRowsOfACausalBuffer(torch.nn.Module):
+    """GPT-Neo's masking: a causal buffer of `rows` x `cols` sliced at the last queries' rows, `[Sk - Sq:Sk, :Sk]`."""
+
+    def __init__(self, rows: int, cols: int):
+        super().__init__()
+        self.register_buffer("bias", torch.ones(rows, cols, dtype=torch.bool).tril()[None, None], persistent=False)
+
+    def forward(self, q, k, v):
+        s = q @ k.transpose(-1, -2) * 0.25
+        sq, sk = q.shape[-2], k.shape[-2]
+        s = torch.where(self.bias[:, :, sk - sq:sk, :sk], s, torch.finfo(s.dtype).min)
+        return s.softmax(-1) @ v
+
+
+def test_a_buffer_sliced_from_a_symbolic_row():
+    """A first call compiles the slice at fixed rows (7:9 of the buffer, a band off the diagonal: FA4's bottom-right
+    causal band over 9 keys); the next ones, under dynamic shapes, at the symbolic Sk - Sq, read as the buffer's band
+    at query positions Sk - Sq + i. All on the op, with eager's output."""
+    module = LastRowsOfACausalBuffer(16, 16)
+    torch._dynamo.reset()
+    recorder = Recorder()
+    compiled = torch.compile(module, backend=recorder)
+    for sq, sk in ((2, 9), (3, 11), (1, 12)):
+        q, k, v = torch.randn(2, 4, sq, 16), torch.randn(2, 4, sk, 16), torch.randn(2, 4, sk, 16)
+        torch.testing.assert_close(compiled(q, k, v), module(q, k, v), atol=1e-5, rtol=1e-5)
+    assert len(recorder.graphs) >= 2 and recorder.count() == len(recorder.graphs), recorder.records  # one query:
+    # a graph of its own (Dynamo specializes sizes 0 and 1)

@@ -752,3 +752,32 @@ def test_training_with_a_left_padded_batch_matches_eager(impl):
     assert recorder.count() == model.attention_layers, recorder.reasons
     for got, expected in zip(*grads):
         torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-4)
+
+
+def test_gpt_neo_decodes_on_the_op_past_its_window():
+    """GPT-Neo masks with its causal buffer sliced at the last queries' rows, `bias[:, :, Sk - Sq:Sk, :Sk]` (its
+    windowed layers' buffer a band): in a decode step under dynamic shapes those rows start at a symbolic size, read
+    as the buffer's band at query positions Sk - Sq + i. Greedy `generate` over a compiled forward, past the window
+    (4 here): eager's tokens and logits, every layer of every graph on the op, the windowed ones with their window."""
+    transformers = pytest.importorskip("transformers")
+    config = hf.tiny_config("gpt_neo", "eager")
+    config.window_size = 4
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager").eval()
+    model.generation_config.pad_token_id = 0
+    ids = torch.randint(3, 100, (1, 7), generator=torch.Generator().manual_seed(1))
+    kwargs = dict(max_new_tokens=6, do_sample=False, return_dict_in_generate=True, output_scores=True)
+    forward, recorder = model.forward, Recorder()
+    torch._dynamo.reset()
+    with torch.no_grad():
+        expected = model.generate(ids, **kwargs)
+        model.forward = torch.compile(forward, backend=recorder)
+        try:
+            got = model.generate(ids, **kwargs)
+        finally:
+            model.forward = forward
+    assert torch.equal(got.sequences, expected.sequences)
+    for g, e in zip(got.scores, expected.scores):
+        torch.testing.assert_close(g, e, atol=1e-5, rtol=1e-5)
+    assert not recorder.reasons and recorder.count() == 2 * len(recorder.graphs) >= 6, recorder.records
+    assert sum("window_left=3" in r.detail for r in recorder.records) == len(recorder.graphs), recorder.records
