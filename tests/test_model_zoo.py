@@ -779,5 +779,10 @@ def test_gpt_neo_decodes_on_the_op_past_its_window():
     assert torch.equal(got.sequences, expected.sequences)
     for g, e in zip(got.scores, expected.scores):
         torch.testing.assert_close(g, e, atol=1e-5, rtol=1e-5)
+    if hf.transformers_major() < 5:  # 4.57 also masks at the cache positions (a run-time tensor beside the buffer's
+        # rows; its mask updated in place): decode steps stay as written, as GPT-2's eager code there
+        # (`KEPT_ON_TRANSFORMERS_4`)
+        assert recorder.reasons and all(r.startswith("mask not recognized") for r in recorder.reasons), recorder.reasons
+        return
     assert not recorder.reasons and recorder.count() == 2 * len(recorder.graphs) >= 6, recorder.records
     assert sum("window_left=3" in r.detail for r in recorder.records) == len(recorder.graphs), recorder.records
