@@ -309,16 +309,11 @@ def test_generate_with_a_static_cache_in_eager_code_takes_its_mask_input_to_the_
             len(recorder.reasons) == layers, recorder.records
 
 
-def eager_code_static_generate(model, recorder: Recorder) -> Recorder:
-    """A left-padded batch of 2 through `generate(cache_implementation="static")` over `model.forward` compiled with
-    `recorder`: the same tokens and scores as uncompiled, two graphs (the prefill, one decode step for every step)
-    and a record per layer of each."""
-    ids = torch.randint(1, 100, (2, 7))
-    mask = torch.ones_like(ids)
-    mask[1, :3] = 0
+def assert_generates_as_eager(model, ids, recorder: Recorder, **kwargs) -> None:
+    """Greedy `model.generate(ids, **kwargs)` over its forward compiled with `recorder` (a fresh Dynamo): the same
+    tokens and scores as uncompiled."""
+    kwargs = dict(do_sample=False, return_dict_in_generate=True, output_scores=True, **kwargs)
     forward = model.forward
-    kwargs = dict(attention_mask=mask, max_new_tokens=5, do_sample=False, cache_implementation="static",
-                  pad_token_id=0, return_dict_in_generate=True, output_scores=True)
     torch._dynamo.reset()
     with torch.no_grad():
         expected = model.generate(ids, **kwargs)
@@ -333,6 +328,17 @@ def eager_code_static_generate(model, recorder: Recorder) -> Recorder:
     assert torch.equal(got.sequences, expected.sequences)
     for g, e in zip(got.scores, expected.scores):
         torch.testing.assert_close(g, e, atol=1e-5, rtol=1e-5)
+
+
+def eager_code_static_generate(model, recorder: Recorder) -> Recorder:
+    """A left-padded batch of 2 through `generate(cache_implementation="static")` over `model.forward` compiled with
+    `recorder`: the same tokens and scores as uncompiled, two graphs (the prefill, one decode step for every step)
+    and a record per layer of each."""
+    ids = torch.randint(1, 100, (2, 7))
+    mask = torch.ones_like(ids)
+    mask[1, :3] = 0
+    assert_generates_as_eager(model, ids, recorder, attention_mask=mask, max_new_tokens=5,
+                              cache_implementation="static", pad_token_id=0)
     assert len(recorder.graphs) == 2 and len(recorder.records) == 2 * model.config.num_hidden_layers
     return recorder
 
@@ -766,19 +772,8 @@ def test_gpt_neo_decodes_on_the_op_past_its_window():
     model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager").eval()
     model.generation_config.pad_token_id = 0
     ids = torch.randint(3, 100, (1, 7), generator=torch.Generator().manual_seed(1))
-    kwargs = dict(max_new_tokens=6, do_sample=False, return_dict_in_generate=True, output_scores=True)
-    forward, recorder = model.forward, Recorder()
-    torch._dynamo.reset()
-    with torch.no_grad():
-        expected = model.generate(ids, **kwargs)
-        model.forward = torch.compile(forward, backend=recorder)
-        try:
-            got = model.generate(ids, **kwargs)
-        finally:
-            model.forward = forward
-    assert torch.equal(got.sequences, expected.sequences)
-    for g, e in zip(got.scores, expected.scores):
-        torch.testing.assert_close(g, e, atol=1e-5, rtol=1e-5)
+    recorder = Recorder()
+    assert_generates_as_eager(model, ids, recorder, max_new_tokens=6)
     if hf.transformers_major() < 5:  # 4.57 also masks at the cache positions (a run-time tensor beside the buffer's
         # rows; its mask updated in place): decode steps stay as written, as GPT-2's eager code there
         # (`KEPT_ON_TRANSFORMERS_4`)
