@@ -4,20 +4,10 @@ import sys, torch, traceback, warnings
 warnings.filterwarnings("ignore")
 import fa4_inductor
 from fa4_inductor import hf, publishing
+sys.path.insert(0, "scratch")
+from survey_common import rel, tiny_configs_without_dropout
 name = sys.argv[1]
-_tiny_config = hf.tiny_config
-def _without_dropout(*args, **kwargs):
-    config = _tiny_config(*args, **kwargs)
-    for key, val in list(config.to_dict().items()):
-        if isinstance(val, float) and ("dropout" in key or "jitter" in key or "pdrop" in key):
-            try:
-                setattr(config, key, 0.0)
-            except Exception:
-                pass
-    return config
-hf.tiny_config = _without_dropout
-def rel(a, b):
-    return ((a.float() - b.float()).abs().max() / b.float().abs().max().clamp_min(1e-6)).item()
+tiny_configs_without_dropout()
 try:
     impl = "sdpa" if hf.unsupported(name, "sdpa") is None else "eager"
     why = hf.unsupported(name, impl)
