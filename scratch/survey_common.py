@@ -1,4 +1,4 @@
-"""What the model-type surveys (scratch/s54/model_type_sweep.py, scratch/s55/encoder_sweep.py) share."""
+"""What the model-type surveys (scratch/s54/model_type_sweep.py, scratch/s54/model_type_sweep.py --encoders) share."""
 from fa4_inductor import hf
 
 
