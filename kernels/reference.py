@@ -129,24 +129,22 @@ def attention_backward(
     grad_out, q, k, v, out, lse, grad_lse=None, *, scale, causal, window_left, window_right, softcap, seqused_k,
     key_mask=None
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Gradients (dq, dk, dv) in the compute dtype, from the forward's lse.
+    """Gradients (dq, dk, dv) in the compute dtype.
 
-    The row term of the softmax gradient, sum_j p_ij dp_ij (= rowsum(dout * out)), is computed from p in
-    the compute dtype rather than from `out`, which is rounded to the inputs' dtype: with a peaked softmax
-    (a large scale in bfloat16) the rounded `out` costs dq and dk several times eager's error.
-    d lse / d s = p, so a gradient on lse adds `p * grad_lse` to the score gradient."""
+    p is the softmax recomputed from the scores, normalised by its sum as eager's, not exp(s - lse): next to a row
+    max of finfo.min (an additive mask on every key) lse cannot hold log(sum), and with a peaked softmax over large
+    scores (float32 scores in the hundreds) lse's rounding moves the largest p by more than 1 - p, which the row
+    term below then cancels against (dq 100 times eager's error). The row term of the softmax gradient,
+    sum_j p_ij dp_ij (= rowsum(dout * out)), is computed from p in the compute dtype rather than from `out`, which
+    is rounded to the inputs' dtype: with a peaked softmax (a large scale in bfloat16) the rounded `out` costs dq
+    and dk several times eager's error. d lse / d s = p, so a gradient on lse adds `p * grad_lse` to the score
+    gradient. `out` and `lse` are the op's saved outputs, unused here."""
     keep = allowed_keys(q.shape[2], k.shape[2], causal=causal, window_left=window_left, window_right=window_right,
                         seqused_k=seqused_k, device=q.device, key_mask=visible_keys(key_mask))
     num_kv_heads = k.shape[1]
     s, capped = _scores(q, k, scale, softcap, keep, key_mask)
     acc = s.dtype
-    if is_additive(key_mask):
-        p = _softmax(s)[0]  # recomputed: exp(s - lse) is off where lse cannot hold log(sum) (see `_softmax`)
-    else:
-        lse5 = _grouped(lse.to(acc), num_kv_heads).unsqueeze(-1)
-        p = torch.exp(s - lse5.masked_fill(lse5 == float("-inf"), 0.0))
-        if keep is not None:
-            p = p.masked_fill(~keep, 0.0)
+    p = _softmax(s)[0]
     do = _grouped(grad_out.to(acc), num_kv_heads)
     v5 = v.to(acc).unsqueeze(2)
     k5 = k.to(acc).unsqueeze(2)

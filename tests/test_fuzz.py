@@ -942,6 +942,9 @@ REGRESSIONS = {
         hq=4, sq=1, sk=1, transpose_in=True, gqa_k="repeat_kv", gqa_v="repeat_kv", mutation="v_before_pv",
         scales=(("scores", "mul", 0.25),), grad=True,
         mask=Mask(kind="causal_padding", apply="add", fill="minus_1e9", pad_rows=((1,), (1,)))),
+    "peaked_softmax_gradient_over_scores_scaled_by_64": Case(
+        hq=2, hkv=1, sq=7, sk=7, d=64, dv=64, transpose_in=True, gqa_k="repeat_kv", gqa_v="repeat_kv",
+        scales=(("scores", "div", 0.125), ("scores", "div", 0.125)), grad=True, seed=15),
     "finfo_min_padding_scaled_by_2_is_minus_inf": Case(
         scales=(("post", "mul", 2.0),), mask=Mask(kind="padding", fill="finfo_min", pad_rows=((1, 1, 0, 0, 0, 0, 0, 0),
                                                                                           (0,) * 8))),
