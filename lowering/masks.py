@@ -727,9 +727,10 @@ def _selected(node: Node, a: TwoValued, b: TwoValued) -> TwoValued:
 
 def _sliced_buffer(node: Node, constants) -> TwoValued | None:
     """A module buffer read by value through slices (transformers 4's GPT-2, GPT-Neo: `bias[:, :, Sk - Sq:Sk, :Sk]`,
-    the rows of a cache's last queries): the band of the slice's values where the bounds are numbers; where the
-    rows start at a symbolic size r0 (a decode step under dynamic shapes), the buffer's band at query positions
-    r0 + i (`Shift`); None for any other index."""
+    the rows of a cache's last queries): the band of the slice's values where the bounds are numbers; where a bound
+    is a size (dynamic shapes), the buffer's band at query positions r0 + i for rows from r0: a fixed offset where r0
+    is known (0 for Sk - Sq in a prefill, under a guard), else a run-time one (`Shift`: a decode step); None for any
+    other index."""
     source, index = node.args[0], node.args[1]
     index = index if isinstance(index, tuple) else (index,)
     constant = isinstance(source, Node) and source.op == "placeholder" and source in constants
@@ -741,11 +742,19 @@ def _sliced_buffer(node: Node, constants) -> TwoValued | None:
     if len(index) != buffer.dim() or any(i != slice(None) for i in index[:-2]):
         return None
     rows, cols = index[-2:]
-    symbolic_start = isinstance(rows.start, Node) and isinstance(value(rows.start), torch.SymInt)
-    if not symbolic_start or rows.step not in (None, 1) or cols.start not in (None, 0) or cols.step not in (None, 1):
+    start = value(rows.start) if isinstance(rows.start, Node) else rows.start or 0
+    if not isinstance(start, (int, torch.SymInt)) or rows.step not in (None, 1) or cols.start not in (None, 0) \
+            or cols.step not in (None, 1):
         return None
+    if isinstance(start, torch.SymInt) and equal_size(start, 0):  # Sk - Sq of a prefill: guarded, as equal sizes are
+        start = 0
     whole = _band_of_values(buffer)  # every 2-D slice a band of the same diagonals: rows from r0 shift it by r0
-    band = Band(whole.band.lo, whole.band.hi, Shift(rows.start)) if whole.band.bounded else whole.band
+    if not whole.band.bounded:
+        band = whole.band
+    elif isinstance(start, int):
+        band = Band(whole.band.lo + start, whole.band.hi + start)
+    else:
+        band = Band(whole.band.lo, whole.band.hi, Shift(rows.start))
     return _coerce(node, TwoValued(band, whole.inside, whole.outside))
 
 

@@ -714,13 +714,14 @@ class LastRowsOfACausalBuffer(torch.nn.Module):
 
 def test_a_buffer_sliced_from_a_symbolic_row():
     """A first call compiles the slice at fixed rows (7:9 of the buffer, a band off the diagonal: FA4's bottom-right
-    causal band over 9 keys); the next ones, under dynamic shapes, at the symbolic Sk - Sq, read as the buffer's band
-    at query positions Sk - Sq + i. All on the op, with eager's output."""
+    causal band over 9 keys); the next ones under dynamic shapes: as many queries as keys (a prefill, Sk - Sq guarded
+    to be 0), then more keys (a decode step: the buffer's band at query positions Sk - Sq + i, Sk - Sq symbolic). All
+    on the op, with eager's output."""
     module = LastRowsOfACausalBuffer(16, 16)
     torch._dynamo.reset()
     recorder = Recorder()
     compiled = torch.compile(module, backend=recorder)
-    for sq, sk in ((2, 9), (3, 11), (1, 12)):
+    for sq, sk in ((2, 9), (5, 5), (3, 11), (1, 12), (6, 6)):
         q, k, v = torch.randn(2, 4, sq, 16), torch.randn(2, 4, sk, 16), torch.randn(2, 4, sk, 16)
         torch.testing.assert_close(compiled(q, k, v), module(q, k, v), atol=1e-5, rtol=1e-5)
     assert len(recorder.graphs) >= 2 and recorder.count() == len(recorder.graphs), recorder.records  # one query:
