@@ -128,4 +128,4 @@ class JointGraphPasses(CustomGraphPass):
 
     def uuid(self) -> str:
         user = self.user_pass.uuid() if hasattr(self.user_pass, "uuid") else repr(self.user_pass)
-        return f"fa4_inductor-joint:{source_hash()}:{self.options!r}:{self.recompute}:{self.packed}:{user}"
+        return f"fa4_inductor-joint:{source_hash()}:{self.options!r}:{self.recompute}:{user}"
