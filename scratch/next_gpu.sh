@@ -13,6 +13,15 @@ P="python3 -m pytest -m gpu -q -p no:cacheprovider -p no:logging -W ignore -rf"
 L=$OUT/log.txt
 run() { echo "+ $*" >>$L; local t=$SECONDS; PYTHONUNBUFFERED=1 "$@" >>$L 2>&1; echo "rc=$? $((SECONDS - t))s" >>$L; }
 case "$1" in
+fam56a) # session 56: HF decoder families other than Llama at their released shapes (4 layers), ours against default
+    # compile: prefill, left-padded prefill, a training step, static-cache decode (`bench --suite families`)
+    nvidia-smi -L >>$L
+    run timeout 430 python3 -m fa4_inductor bench --suite families \
+      --families gemma2,gemma3:prefill+padded+decode,gpt2:prefill+padded+decode ;;
+fam56b) # fam56a's second half
+    nvidia-smi -L >>$L
+    run timeout 560 python3 -m fa4_inductor bench --suite families \
+      --families phi3:prefill+decode,mistral:prefill+padded+decode,pythia:prefill+train,qwen3:prefill+train,olmo2:prefill ;;
 t44) # session 44: -inf in an additive mask hides its key on every CUDA path (decode kernel: no longer floored; SDPA
     # fallback and the hand-written rewrite's SDPA: `floor_additive`), and a hand-written softmax's mask input that
     # hides every key of a row compiles to eager's NaN. The decode kernel changed only where it reads an additive

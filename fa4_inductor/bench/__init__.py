@@ -1,6 +1,6 @@
 """`python -m fa4_inductor bench`: the GPU benchmarks behind `docs/benchmarks.md`.
 
-Suites (`--suite`, comma-separated; all but `crossover`, `int8kv` and `sweep` by default):
+Suites (`--suite`, comma-separated; all but `crossover`, `int8kv`, `families` and `sweep` by default):
 - `op`: prefill attention, `fa4::attention` against FA4 called directly (`flash_attn_func`) and SDPA
   (cuDNN and flash backends), 16k tokens per batch over sequence lengths 1k..16k, head dims 64 / 128,
   causal and not; TFLOP/s from GPU time (`triton.testing.do_bench`, median).
@@ -38,6 +38,10 @@ Suites (`--suite`, comma-separated; all but `crossover`, `int8kv` and `sweep` by
 - `int8kv` (only when named, ~4 compiles of the 16-layer model): static-cache decode at batch 8 x 32k keys (head
   dim 64) from a bfloat16 `StaticCache` against `fa4_inductor.Int8StaticCache`, default torch.compile against
   ours: ms per step, the K/V bytes a step reads, logits against the bfloat16 cache (`int8_kv.py`).
+- `families` (only when named; ~2 min a family on the H200): HF decoders other than Llama at their released
+  shapes with 4 layers (Qwen3, Mistral with a window, Gemma 2's eager code with its softcap, Gemma 3, Phi-3's head
+  dim 96, Pythia's partial rotary, GPT-2 small, OLMo 2): prefill, left-padded prefill, a training step and
+  static-cache decode, default `torch.compile` against ours (`families.py`); `--families` picks some.
 - `sweep` (only when named; its first H200 run spent its 450 s budget on the first model): Llama-shaped models from hidden 256 x 2 layers to
   2048 x 16 and a BERT-base encoder, prefill and static-cache decode, sequence lengths 128..8192,
   batch 1 and 8, padded and not; each row ours against default `torch.compile`, flagged below 0.98x
@@ -50,7 +54,7 @@ suite can run them on tiny shapes; numbers only mean something on a GPU.
 Modules: `timing.py` (GPU, wall-clock and host-per-call timing, also used by the demo), `tables.py`
 (`Table`, environment, plot, failure cells), `models.py` (HF model builders, `compile_model`), one
 module per suite family (`attention_op.py`: op / overhead / decode; `llama_e2e.py`: e2e / generate;
-`padded.py`; `training.py`; `sweep.py`; `int8_kv.py`), and here the suite registry and the command line.
+`padded.py`; `training.py`; `sweep.py`; `families.py`; `int8_kv.py`), and here the suite registry and the command line.
 """
 
 from __future__ import annotations
@@ -64,8 +68,9 @@ from dataclasses import asdict
 
 import torch
 
-from . import attention_op, int8_kv, llama_e2e, models, padded, quant, sweep, tables, timing, training
+from . import attention_op, families, int8_kv, llama_e2e, models, padded, quant, sweep, tables, timing, training
 from .attention_op import attention_impls, backward_suite, crossover_suite, decode_kernel_comparison, decode_suite, op_suite, overhead_suite
+from .families import families_suite
 from .int8_kv import int8_kv_suite
 from .llama_e2e import decode_tokens_per_s, e2e_suite, generate_suite, generate_times, prefill_ms
 from .models import LLAMA_1B, compile_model, padded_batch, llama
@@ -79,13 +84,13 @@ from .training import train_suite
 # `--suite` name -> function returning a Table or yielding Tables.
 SUITE_FUNCTIONS = {"op": op_suite, "backward": backward_suite, "overhead": overhead_suite, "crossover": crossover_suite, "decode": decode_suite, "e2e": e2e_suite,
                    "generate": generate_suite, "padded": padded_suite, "train": train_suite, "sweep": sweep_suite,
-                   "quant": quant_suite, "int8kv": int8_kv_suite}
+                   "families": families_suite, "quant": quant_suite, "int8kv": int8_kv_suite}
 SUITES = tuple(SUITE_FUNCTIONS)
 DEFAULT_SUITES = ("op", "overhead", "decode", "e2e", "generate", "padded", "train")  # the others when named
 
 __all__ = ["DEFAULT_SUITES", "LLAMA_1B", "SUITES", "SUITE_FUNCTIONS", "Table", "attention_impls", "attention_op", "backward_suite",
            "compile_model", "crossover_suite", "sweep_selection", "decode_kernel_comparison", "decode_suite", "decode_tokens_per_s", "e2e_suite",
-           "environment", "generate_suite", "generate_times", "gpu_ms", "host_us_per_call", "int8_kv", "int8_kv_suite",
+           "environment", "families", "families_suite", "generate_suite", "generate_times", "gpu_ms", "host_us_per_call", "int8_kv", "int8_kv_suite",
            "padded_batch",
            "llama", "llama_e2e", "main", "median_wall_ms", "models", "op_suite", "overhead_suite", "padded",
            "padded_ms", "padded_suite", "plot", "prefill_ms", "quant", "quant_selection", "quant_suite", "sweep", "sweep_suite", "tables", "timing",
@@ -105,6 +110,21 @@ def sweep_selection(models: str | None) -> dict:
     llama = tuple(tuple(int(x) for x in m.split("x")) for m in names if m != "bert")
     return dict(llama_sizes=llama, decode_sizes=tuple(size for size in sweep.DECODE_SIZES if size in llama),
                 bert="bert" in names)
+
+
+def families_selection(chosen: str | None) -> list[dict]:
+    """`families_suite` calls for `--families` ("gemma2:prefill+train,gpt2": Gemma 2's prefill and training rows,
+    every GPT-2 row), one call per family so each keeps its own cases."""
+    if not chosen:
+        return [{}]
+    calls = []
+    for item in _comma_list(chosen):
+        name, _, cases = item.partition(":")
+        unknown = {name} - set(families.FAMILIES) | set(cases.split("+") if cases else ()) - set(families.CASES)
+        if unknown:
+            raise SystemExit(f"--families: unknown {sorted(unknown)}")
+        calls.append(dict(families=(name,), **({"cases": tuple(cases.split("+"))} if cases else {})))
+    return calls
 
 
 def quant_selection(args) -> dict:
@@ -133,9 +153,12 @@ def quant_selection(args) -> dict:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m fa4_inductor bench", description=__doc__.split("\n")[0])
     parser.add_argument("--suite", default=",".join(DEFAULT_SUITES),
-                        help=f"comma-separated, from {SUITES} (default: all but crossover, sweep, quant and int8kv)")
+                        help=f"comma-separated, from {SUITES} (default: all but crossover, sweep, families, quant and int8kv)")
     parser.add_argument("--sweep-models", help="the sweep's models, e.g. '256x2,2048x16,bert' (hidden x layers "
                                                "for Llama; default: all), so the sweep can be split across runs")
+    parser.add_argument("--families", help=f"the families suite's models, from {tuple(families.FAMILIES)}; "
+                                           "optionally :cases after each, e.g. 'gemma2:prefill+train,gpt2' (cases "
+                                           f"from {families.CASES}; default: all)")
     parser.add_argument("--quant-models", help=f"the quant suite's models, from {tuple(quant.SHAPES)} (default: all)")
     parser.add_argument("--quant-formats", help=f"the quant suite's formats, from {tuple(quant.FORMATS)} (default: all)")
     parser.add_argument("--quant-rows", help=f"the quant suite's M values (default: {','.join(map(str, quant.ROWS))})")
@@ -166,9 +189,10 @@ def main(argv=None) -> int:
     produced_tables: list[Table] = []
     for suite in suites:
         started = time.perf_counter()
-        kwargs = sweep_selection(args.sweep_models) if suite == "sweep" else quant_selection(args) if suite == "quant" else {}
-        produced = SUITE_FUNCTIONS[suite](**kwargs)
-        for table in [produced] if isinstance(produced, Table) else produced:
+        kwargs = (sweep_selection(args.sweep_models) if suite == "sweep" else quant_selection(args) if suite == "quant"
+                  else families_selection(args.families) if suite == "families" else {})
+        produced = [SUITE_FUNCTIONS[suite](**k) for k in (kwargs if isinstance(kwargs, list) else [kwargs])]
+        for table in (t for p in produced for t in ([p] if isinstance(p, Table) else p)):
             produced_tables.append(table)
             print(table.markdown(), flush=True)
             if args.plot and suite == "op":

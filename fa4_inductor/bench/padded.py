@@ -34,11 +34,13 @@ def static_cache_prefill(model, tokens, mask, capacity: int) -> dict:
             "use_cache": True}
 
 
-def padded_ms(model, backend_name, tokens, mask, train: bool, labels: bool = True, static_cache: int = 0) -> float:
+def padded_ms(model, backend_name, tokens, mask, train: bool, labels: bool = True, static_cache: int = 0,
+              keep: list | None = None) -> float:
     """Median ms of a compiled forward (last-token logits) or of a training step (forward with labels, or
     without them the logits' mean as the loss; backward) of `model` on `tokens`, with `mask` as its
     attention_mask (None: no mask). `static_cache`: a prefill into a static cache of that many slots, as generate
-    makes it (`static_cache_prefill`)."""
+    makes it (`static_cache_prefill`). `keep`: a list the last call's logits (prefill) or loss (train) is put in."""
+    keep = [] if keep is None else keep
     model.train(train)
     if not train:
         compiled = models.compile_model(model, backend_name)
@@ -49,7 +51,7 @@ def padded_ms(model, backend_name, tokens, mask, train: bool, labels: bool = Tru
         def prefill():
             for cache in caches:  # empty again, as generate's is: a prefill writes from the cache's length on
                 cache.reset()
-            return compiled(tokens, **kwargs, logits_to_keep=1)
+            keep[:] = [compiled(tokens, **kwargs, logits_to_keep=1).logits]
 
         with torch.no_grad():
             return timing.median_wall_ms(prefill, repeats=7)
@@ -58,9 +60,11 @@ def padded_ms(model, backend_name, tokens, mask, train: bool, labels: bool = Tru
     def step():
         model.zero_grad(set_to_none=True)
         if labels:
-            compiled(tokens, attention_mask=mask, labels=targets, use_cache=False).loss.backward()
+            loss = compiled(tokens, attention_mask=mask, labels=targets, use_cache=False).loss
         else:
-            compiled(tokens, attention_mask=mask, use_cache=False).logits.mean().backward()
+            loss = compiled(tokens, attention_mask=mask, use_cache=False).logits.mean()
+        loss.backward()
+        keep[:] = [loss.detach()]
 
     compiled = models.compile_model(model, backend_name)
     return timing.median_wall_ms(step, repeats=5)

@@ -1,0 +1,167 @@
+"""`families`: HF decoders other than Llama, at their own head dims, windows and attention code, default
+torch.compile against ours: prefill, a left-padded prefill, a training step and static-cache decode. The sweep and
+the e2e suites time Llama shapes only; these rows are where a family's own graph (a softcap, a window, partial rotary,
+head dim 96 or 256, GPT-2's learned positions) could route a call to a slower path than default compile's.
+
+Each model is its type's default config (the released model's shape) with fewer layers (`LAYERS`, GPT-2 keeps its
+12) and a 32000-token vocabulary (the lm_head is the same GEMM on both backends), random weights, bf16."""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import torch
+
+from .. import publishing
+from . import padded
+from .llama_e2e import decode_tokens_per_s
+from .models import BACKENDS, padded_batch
+from .tables import Table, attempt, or_failed, speedup
+
+LAYERS = 4
+VOCAB = 32000
+CASES = ("prefill", "padded", "train", "decode")
+DECODE_STEPS = 32
+
+
+@dataclass(frozen=True)
+class Family:
+    """One row group: a transformers model type, the attention code it runs, the overrides over its default config,
+    and what in its graph the rows exercise."""
+
+    model_type: str
+    attention: str
+    overrides: tuple = ()
+    exercises: str = ""
+    seq: int = 4096
+
+    def config(self, scale: dict | None = None):
+        """The default config of the type with `LAYERS` layers, `VOCAB` tokens, the family's overrides, then
+        `scale` (the CPU tests' tiny sizes)."""
+        import transformers
+
+        from ..hf import TOKEN_IDS
+
+        config = transformers.AutoConfig.for_model(self.model_type)
+        settings = {"num_hidden_layers": LAYERS, "vocab_size": VOCAB, **dict(self.overrides), **(scale or {})}
+        for key, value in settings.items():
+            setattr(config, key, value)
+        types = getattr(config, "layer_types", None)
+        if isinstance(types, list) and len(types) > config.num_hidden_layers:
+            config.layer_types = types[:config.num_hidden_layers]
+        for i, key in enumerate(TOKEN_IDS):
+            token = getattr(config, key, None)
+            if isinstance(token, int) and token >= config.vocab_size:
+                setattr(config, key, i)
+        config._attn_implementation = self.attention
+        return config
+
+    def build(self, device, dtype, scale: dict | None = None):
+        from transformers import AutoModelForCausalLM
+
+        config = self.config(scale)
+        with torch.device(device):
+            model = AutoModelForCausalLM.from_config(config, attn_implementation=self.attention)
+        return model.to(dtype).eval()
+
+
+GEMMA3_LAYERS = ("sliding_attention",) * 3 + ("full_attention",)
+FAMILIES = {
+    "qwen3": Family("qwen3", "sdpa", (("num_key_value_heads", 8),), "head dim 128, q / k norms, GQA 4:1"),
+    "mistral": Family("mistral", "sdpa", (("sliding_window", 1024), ("max_position_embeddings", 8192)),
+                      "a 1024-key window over 4096 tokens, GQA 4:1"),
+    "gemma2": Family("gemma2", "eager", (("max_position_embeddings", 8192),),
+                     "eager code, head dim 256, softcap 50, 4096-key window every other layer"),
+    "gemma3": Family("gemma3_text", "sdpa", (("layer_types", list(GEMMA3_LAYERS)), ("sliding_window", 1024),
+                                             ("max_position_embeddings", 8192)),
+                     "head dim 256, three 1024-key window layers to a global one"),
+    "phi3": Family("phi3", "sdpa", (("max_position_embeddings", 8192),), "head dim 96, fused qkv"),
+    "pythia": Family("gpt_neox", "sdpa", (("hidden_size", 2048), ("intermediate_size", 8192),
+                                          ("num_attention_heads", 16), ("max_position_embeddings", 8192)),
+                     "Pythia-1.4B's shape: partial rotary (a quarter of head dim 128)"),
+    "gpt2": Family("gpt2", "sdpa", (("num_hidden_layers", 12),), "GPT-2 small, 12 layers, learned positions",
+                   seq=1024),
+    "olmo2": Family("olmo2", "sdpa", (("max_position_embeddings", 8192),), "q / k norms over the whole hidden size"),
+}
+
+
+def _pads(seq: int) -> list[int]:
+    return [0, seq // 16, seq // 4, 3 * seq // 4]
+
+
+def families_suite(device="cuda", dtype=torch.bfloat16, families=tuple(FAMILIES), cases=CASES, scale=None,
+                   seq=None, decode_steps=DECODE_STEPS):
+    """Yields one table: per family and case, default torch.compile against ours (ms), how many attention layers
+    our backend rewrote, and the largest difference of ours' output from default's (relative to default's largest
+    value; prefill: last-token logits). Rows are printed as they are measured. `scale` and `seq` shrink every model
+    (the CPU tests)."""
+    table = Table("HF decoder families, default torch.compile against ours (ms, lower is better)",
+                  ["family", "attention code", "head dim", "case", *BACKENDS, "speedup", "ours: layers rewritten / kept",
+                   "ours vs default"],
+                  note=f"{dtype}; each type's default config with {LAYERS} layers (GPT-2: 12) and a {VOCAB}-token "
+                       "vocabulary, random weights. prefill: batch 1 x seq, last-token logits, no_grad; padded: batch "
+                       "4 x seq / 2 left-padded by 0, seq / 32, seq / 8, 3 seq / 8 tokens (`attention_mask`); train: "
+                       "batch 1 x seq, `labels=` loss (`use_cache=False`) and backward; decode: static cache, a prompt "
+                       f"of seq - {decode_steps} - 8 tokens, one-token steps under mode=\"reduce-overhead\" (ms a "
+                       "step). Median of 7 / 5 calls after a compile; each backend compiled afresh.")
+    for name in families:
+        family = FAMILIES[name]
+        length = seq or family.seq
+        torch.manual_seed(0)
+        try:
+            model = family.build(device, dtype, scale)
+        except Exception as e:  # a type this transformers cannot build: the row says so
+            table.rows.append([name, family.attention, "-", "build", "failed", "failed", "n/a",
+                               f"{type(e).__name__}: {str(e)[:80]}", ""])
+            continue
+        config = model.config
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        for case in cases:
+            times, outputs, records = {}, {}, []
+            for label, backend in BACKENDS.items():
+                torch._dynamo.reset()
+                if device == "cuda":
+                    torch.cuda.empty_cache()
+                with publishing.collecting() as collected:
+                    result = attempt(f"{name} {case} {label}", functools.partial(
+                        _measure, model, backend, case, length, decode_steps, device))
+                if backend == "fa4_inductor":
+                    records = collected
+                times[label], outputs[label] = result if result is not None else (None, None)
+            base, ours = times.values()
+            attention_records = [r for r in records if r.family in ("sdpa", "handwritten")]
+            layers = f"{sum(r.rewritten for r in attention_records)} / {sum(not r.rewritten for r in attention_records)}"
+            row = [name, family.attention, head_dim, case, or_failed(base), or_failed(ours), speedup(base, ours), layers,
+                   _difference(*outputs.values())]
+            table.rows.append(row)
+            print("  " + " | ".join(str(x) if not isinstance(x, float) else f"{x:.3f}" for x in row), flush=True)
+            for reason in sorted({r.detail for r in attention_records if not r.rewritten})[:3]:
+                print(f"    kept: {reason[:200]}", flush=True)
+        del model
+    torch._dynamo.reset()
+    yield table
+
+
+def _measure(model, backend, case: str, seq: int, decode_steps: int, device):
+    """(ms, output) of one case on one backend."""
+    vocab = model.config.vocab_size
+    if case == "decode":
+        model.eval()
+        tokens_per_s, logits = decode_tokens_per_s(model, backend, seq - decode_steps - 8, decode_steps, device)
+        return 1e3 / tokens_per_s, logits[-1]
+    if case == "padded":
+        tokens, mask = padded_batch(vocab, 4, seq // 2, _pads(seq // 2), device, "left")
+    else:
+        tokens, mask = padded_batch(vocab, 1, seq, [0], device)[0], None
+    train = case == "train"
+    outputs = []
+    ms = padded.padded_ms(model, backend, tokens, mask, train, keep=outputs)
+    return ms, outputs[-1] if outputs else None
+
+
+def _difference(default, ours) -> str:
+    if default is None or ours is None:
+        return "n/a"
+    scale = default.float().abs().max().clamp_min(1e-6)
+    return f"{((ours.float() - default.float()).abs().max() / scale).item():.1e}"
