@@ -207,3 +207,45 @@ def test_per_step_timing_skips_the_warm_steps_and_freezes_the_heap(monkeypatch):
     assert seen == [(0, False), (1, False), (2, True), (3, True), (4, True), (5, True)]
     assert ms == pytest.approx(1.0)
     assert gc.get_freeze_count() == 0 and gc.isenabled()
+
+
+def test_families_are_their_types_default_configs_with_fewer_layers():
+    families = bench.families.FAMILIES
+    gemma3 = families["gemma3"].config()
+    assert gemma3.layer_types == ["sliding_attention"] * 3 + ["full_attention"]
+    assert (gemma3.num_hidden_layers, gemma3.head_dim, gemma3.sliding_window, gemma3.vocab_size) == (4, 256, 1024, 32000)
+    gemma2 = families["gemma2"].config()
+    assert gemma2.layer_types == ["sliding_attention", "full_attention"] * 2  # the default's first four
+    assert (gemma2.attn_logit_softcapping, gemma2._attn_implementation) == (50.0, "eager")
+    gpt2 = families["gpt2"].config(dict(hidden_size=64))
+    assert (gpt2.n_layer, gpt2.n_embd, gpt2.attn_pdrop, gpt2.vocab_size) == (12, 64, 0.0, 32000)
+    for family in families.values():
+        config = family.config()
+        tokens = [getattr(config, key, None) for key in hf.TOKEN_IDS]
+        assert all(t < config.vocab_size for t in tokens if isinstance(t, int)), (family.model_type, tokens)
+
+
+def test_families_selection_keeps_each_familys_cases():
+    assert bench.families_selection("gemma2:prefill+train, gpt2") == [
+        dict(families=("gemma2",), cases=("prefill", "train")), dict(families=("gpt2",))]
+    assert bench.families_selection(None) == [{}]
+    with pytest.raises(SystemExit, match="unknown"):
+        bench.families_selection("gemma2:prefil")
+
+
+@pytest.mark.slow
+def test_families_suite_rows(monkeypatch):
+    """Every case of two families (Gemma 2's eager code with its softcap and windows, GPT-2's learned positions):
+    ours rewrites every layer, and its outputs are default's."""
+    without_inductor(monkeypatch)
+    scale = dict(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                 num_hidden_layers=2)
+    (table,) = bench.families_suite("cpu", torch.float32, families=("gemma2", "gpt2"), scale=scale, seq=32,
+                                    decode_steps=5)
+    assert "failed" not in table.markdown(), table.markdown()
+    assert [row[:4] for row in table.rows] == [
+        [name, code, 16, case] for name, code in (("gemma2", "eager"), ("gpt2", "sdpa")) for case in bench.families.CASES]
+    for row in table.rows:
+        rewritten, kept = map(int, row[-2].split(" / "))
+        assert rewritten >= 2 and kept == 0, row
+        assert float(row[-1]) < 1e-4, row

@@ -80,7 +80,9 @@ FAMILIES = {
     "pythia": Family("gpt_neox", "sdpa", (("hidden_size", 2048), ("intermediate_size", 8192),
                                           ("num_attention_heads", 16), ("max_position_embeddings", 8192)),
                      "Pythia-1.4B's shape: partial rotary (a quarter of head dim 128)"),
-    "gpt2": Family("gpt2", "sdpa", (("num_hidden_layers", 12),), "GPT-2 small, 12 layers, learned positions",
+    "gpt2": Family("gpt2", "sdpa", (("num_hidden_layers", 12), ("attn_pdrop", 0.0), ("resid_pdrop", 0.0),
+                                    ("embd_pdrop", 0.0)),
+                   "GPT-2 small, 12 layers, learned positions, dropout off (at 0.1 its training stays as written)",
                    seq=1024),
     "olmo2": Family("olmo2", "sdpa", (("max_position_embeddings", 8192),), "q / k norms over the whole hidden size"),
 }
