@@ -179,12 +179,17 @@ def tiny_config(name: str, attn_implementation: str = "sdpa"):
         config = type(config)(**TINY, **present, **TINY_PER_LAYER_BY_MODEL[config.model_type])
     else:
         _shrink(config)
+    special_tokens_within_vocabulary(config)
+    config._attn_implementation = attn_implementation
+    return config
+
+
+def special_tokens_within_vocabulary(config) -> None:
+    """Pad / bos / eos / decoder-start ids past a shrunk vocabulary moved inside it, in place."""
     for i, key in enumerate(TOKEN_IDS):
         token = getattr(config, key, None)
         if isinstance(token, int) and token >= config.vocab_size:
             setattr(config, key, i)
-    config._attn_implementation = attn_implementation
-    return config
 
 
 def _shrink(config) -> None:

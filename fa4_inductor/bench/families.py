@@ -41,7 +41,7 @@ class Family:
         `scale` (the CPU tests' tiny sizes)."""
         import transformers
 
-        from ..hf import TOKEN_IDS
+        from ..hf import special_tokens_within_vocabulary
 
         config = transformers.AutoConfig.for_model(self.model_type)
         settings = {"num_hidden_layers": LAYERS, "vocab_size": VOCAB, **dict(self.overrides), **(scale or {})}
@@ -50,10 +50,7 @@ class Family:
         types = getattr(config, "layer_types", None)
         if isinstance(types, list) and len(types) > config.num_hidden_layers:
             config.layer_types = types[:config.num_hidden_layers]
-        for i, key in enumerate(TOKEN_IDS):
-            token = getattr(config, key, None)
-            if isinstance(token, int) and token >= config.vocab_size:
-                setattr(config, key, i)
+        special_tokens_within_vocabulary(config)
         config._attn_implementation = self.attention
         return config
 
