@@ -93,7 +93,7 @@ def kernel_for(q: Tensor, k: Tensor, v: Tensor, key_mask: Optional[Tensor] = Non
     cuDNN SDPA (`sdpa_cudnn`, faster there); small unmasked ones to cuDNN SDPA too ("sdpa_small"); the rest to FA4
     where it takes them, else to the SDPA fallback.
     FA4 takes no key mask (a padding mask): such calls that are not decode-shaped go to the SDPA fallback."""
-    route, why = _choose(routes.FORWARD, q, k, v, seqused_k, key_mask, flags)
+    route, why = _choose(routes.FORWARD, q, k, v, seqused_k, key_mask, device_flags(flags, k.shape[2]))
     return route.name, why
 
 
@@ -186,6 +186,17 @@ def _complete(flags: dict) -> dict:
         if len(_COMPLETED) > 256:
             _COMPLETED.clear()
         done = _COMPLETED[key] = Flags(**flags)._asdict()
+    return done
+
+
+def device_flags(flags: dict, keys: int) -> dict:
+    """`_complete`'s flags for a call over `keys` key slots, without a left window that hides no slot: a row's
+    diagonal is at most keys - 1 (a used length is at most the slots), so with window_left >= keys - 1 every window
+    starts at or before slot 0. HF's sliding-window caches hold exactly the window: each decode step over one carries
+    such a window, which the decode kernel and cuDNN do not take."""
+    done = _complete(flags)
+    if 0 <= done["window_left"] and keys - 1 <= done["window_left"]:
+        return {**done, "window_left": -1}
     return done
 
 
@@ -469,7 +480,7 @@ def _reads_mask_form(q: Tensor, k: Tensor, key_mask: Tensor, flags: dict) -> boo
 
 
 def _attention_cuda(q, k, v, seqused_k=None, key_mask=None, **flags):
-    flags = _complete(flags)
+    flags = device_flags(flags, k.shape[2])
     route = _route(q, k, v, seqused_k, key_mask, flags)
     # A mask FA4 may take after all:
     if key_mask is not None and route.name in ("sdpa", "reference") and _reads_mask_form(q, k, key_mask, flags):

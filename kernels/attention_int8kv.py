@@ -105,7 +105,7 @@ def _route(q, k, v, k_scale, v_scale, seqused_k, key_mask, flags: dict) -> route
 
 
 def _attention_int8kv_cuda(q, k, v, k_scale, v_scale, seqused_k=None, key_mask=None, **flags):
-    flags = attention._complete(flags)
+    flags = attention.device_flags(flags, k.shape[2])
     route = _route(q, k, v, k_scale, v_scale, seqused_k, key_mask, flags)
     return route.adapter.forward(q, k, v, k_scale, v_scale, seqused_k, key_mask, **flags)
 

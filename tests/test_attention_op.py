@@ -218,6 +218,38 @@ def test_device_kernels_fill_in_the_flags_a_caller_leaves_out():
     torch.testing.assert_close(lse, want_lse)
 
 
+@pytest.mark.parametrize("sq", [1, 3])
+def test_a_window_as_long_as_the_keys_is_dropped_for_the_device_kernels(sq, monkeypatch):
+    """A decode step over HF's sliding-window cache (as many slots as the window) carries window_left = slots - 1,
+    which hides no slot of any used length: the device kernels get the call without it, so the decode kernel takes
+    it. Numerics on fresh inputs and used lengths: the same as with the window; one key fewer in the window
+    differs (where a row's window starts after slot 0), so the check can fail."""
+    from fa4_inductor.kernels import decode, switches
+
+    slots = 8
+    q, k, v = qkv(b=3, hq=8, hkv=2, sq=sq, sk=slots, d=64, dtype=torch.float64)
+    used = torch.tensor([sq, 5, slots])
+    flags = dict(scale=0.125, causal=True, window_left=slots - 1)
+    assert attention_op.device_flags(flags, slots) == dict(scale=0.125, causal=True, window_left=-1,
+                                                           window_right=-1, softcap=0.0)
+    for kept in (dict(flags, window_left=slots - 2), dict(scale=0.125, window_right=slots)):
+        assert attention_op.device_flags(kept, slots) == attention_op._complete(kept)
+    with_window = torch.ops.fa4.attention(q, k, v, used, **flags)[0]
+    without = torch.ops.fa4.attention(q, k, v, used, **attention_op.device_flags(flags, slots))[0]
+    torch.testing.assert_close(with_window, without, rtol=0, atol=0)
+    torch.testing.assert_close(with_window, masked_sdpa(q, k, v, seqused_k=used, **flags))
+    narrower = torch.ops.fa4.attention(q, k, v, used, **dict(flags, window_left=slots - 2))[0]
+    assert not torch.allclose(narrower[2], with_window[2])
+
+    monkeypatch.setattr(switches, "gate", lambda kernel, switch, q, dtypes: None)
+    monkeypatch.setattr(switches, "capability", lambda index: (9, 0))
+    q, k, v = qkv(b=1, hq=32, hkv=8, sq=1, sk=1024, d=128, dtype=torch.bfloat16)
+    used = torch.tensor([1024])
+    flags = dict(scale=128 ** -0.5, causal=True, window_left=1023)
+    assert decode.unsupported_reason(q, k, v, seqused_k=used, **flags) == "the decode kernel has no local window"
+    assert decode.dispatch_reason(q, k, v, seqused_k=used, **attention_op.device_flags(flags, 1024)) is None
+
+
 @pytest.mark.parametrize("lengths", [torch.tensor([7]).expand(3), torch.tensor([5]), torch.arange(8)[::2]])
 def test_lengths_reach_kernels_with_unit_stride(lengths):
     """seqused_k often arrives expanded from one cache position (stride 0); FA4 asserts stride 1."""

@@ -228,6 +228,21 @@ def test_softcap(dtype, causal):
     check(*make_inputs(dtype, group=8, sq=2, sk=3000), **flags(128, causal, softcap=30.0, scale=1.0))
 
 
+@pytest.mark.parametrize("d, softcap", [(128, 0.0), (256, 50.0)])
+@pytest.mark.parametrize("sq", [1, 2])
+def test_a_sliding_window_cache_step_runs_the_decode_kernel(d, softcap, sq):
+    """A decode step over HF's sliding-window cache (Mistral, Gemma 2 / 3: as many slots as the window, window_left =
+    slots - 1): the window hides no slot, so fa4::attention sends it to the decode kernel without it
+    (`attention.device_flags`); outputs as the float64 reference's with the window. Used lengths below and at the
+    slots, garbage past them."""
+    q, k, v = make_inputs(b=3, hkv=4, group=2, sq=sq, sk=1024, d=d)
+    used = torch.tensor([1024, 700, sq], dtype=torch.int32, device="cuda")
+    for t in (k, v):
+        for i, n in enumerate(used.tolist()):
+            t[i, :, n:] = float("nan")
+    check(q, k, v, used, via_op=True, **dict(flags(d, causal=True, softcap=softcap), window_left=1023))
+
+
 def test_issue_shape_through_the_op(monkeypatch):
     """hq32 hkv8 d128, one token against a 32k cache: with per-sequence lengths fa4::attention sends it
     to the decode kernel; with one length for the batch to cuDNN SDPA (faster there), or to the
