@@ -93,7 +93,7 @@ def kernel_for(q: Tensor, k: Tensor, v: Tensor, key_mask: Optional[Tensor] = Non
     cuDNN SDPA (`sdpa_cudnn`, faster there); small unmasked ones to cuDNN SDPA too ("sdpa_small"); the rest to FA4
     where it takes them, else to the SDPA fallback.
     FA4 takes no key mask (a padding mask): such calls that are not decode-shaped go to the SDPA fallback."""
-    route, why = _choose(routes.FORWARD, q, k, v, seqused_k, key_mask, device_flags(flags, k.shape[2]))
+    route, why = _choose(routes.FORWARD, q, k, v, seqused_k, key_mask, flags)
     return route.name, why
 
 
@@ -109,7 +109,7 @@ def _choose(table: tuple, q: Tensor, k: Tensor, v: Tensor, seqused_k: Optional[T
             flags: dict) -> tuple[routes.Route, str]:
     if q.device.type != "cuda":
         return routes.REFERENCE, f"{q.device.type} runs the reference"
-    route, declined = routes.choose(table, q, k, v, seqused_k, key_mask, flags)
+    route, declined = routes.choose(table, q, k, v, seqused_k, key_mask, device_flags(flags, k.shape[2]))
     return route, routes.why(route, declined)
 
 
