@@ -13,15 +13,17 @@ P="python3 -m pytest -m gpu -q -p no:cacheprovider -p no:logging -W ignore -rf"
 L=$OUT/log.txt
 run() { echo "+ $*" >>$L; local t=$SECONDS; PYTHONUNBUFFERED=1 "$@" >>$L 2>&1; echo "rc=$? $((SECONDS - t))s" >>$L; }
 case "$1" in
-fam56a) # session 56: HF decoder families other than Llama at their released shapes (4 layers), ours against default
-    # compile: prefill, left-padded prefill, a training step, static-cache decode (`bench --suite families`)
+fam56a) # session 56: a decode step over a sliding-window cache (window_left = slots - 1) now runs the decode kernel
+    # (`attention.device_flags`); then HF decoder families other than Llama at their released shapes (4 layers), ours
+    # against default compile (`bench --suite families`): the sliding-window and small ones first
     nvidia-smi -L >>$L
-    run timeout 430 python3 -m fa4_inductor bench --suite families \
-      --families gemma2,gemma3:prefill+padded+decode,gpt2:prefill+padded+decode ;;
+    run timeout 100 $P -n 4 tests/test_gpu_decode.py -k "sliding_window_cache"
+    run timeout 380 python3 -m fa4_inductor bench --suite families \
+      --families gemma3:prefill+decode,mistral:prefill+padded+decode,gpt2:prefill+padded+decode,gemma2:prefill+decode ;;
 fam56b) # fam56a's second half
     nvidia-smi -L >>$L
     run timeout 560 python3 -m fa4_inductor bench --suite families \
-      --families phi3:prefill+decode,mistral:prefill+padded+decode,pythia:prefill+train,qwen3:prefill+train,olmo2:prefill ;;
+      --families gemma2:padded+train,phi3:prefill+decode,pythia:prefill+train,qwen3:prefill+train,olmo2:prefill ;;
 t44) # session 44: -inf in an additive mask hides its key on every CUDA path (decode kernel: no longer floored; SDPA
     # fallback and the hand-written rewrite's SDPA: `floor_additive`), and a hand-written softmax's mask input that
     # hides every key of a row compiles to eager's NaN. The decode kernel changed only where it reads an additive
