@@ -11,8 +11,8 @@ model = fam.build("cuda", torch.bfloat16)
 tokens = torch.randint(1, 32000, (1, 1024), device="cuda")
 for kw in (dict(), dict(use_cache=False)):
     fns = {}
+    torch._dynamo.reset()  # both backends' entries side by side after it (Dynamo guards on the backend)
     for name in ("default", "ours"):
-        torch._dynamo.reset()
         with publishing.collecting() as recs:
             c = torch.compile(model, backend=fa4_inductor.fa4_inductor) if name == "ours" else torch.compile(model)
             with torch.no_grad():
