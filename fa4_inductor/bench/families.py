@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from .. import publishing
-from . import padded
+from . import models, padded, timing
 from .llama_e2e import decode_tokens_per_s
 from .models import BACKENDS, padded_batch
 from .tables import Table, attempt, or_failed, speedup
@@ -23,6 +23,7 @@ LAYERS = 4
 VOCAB = 32000
 CASES = ("prefill", "padded", "train", "decode")
 DECODE_STEPS = 32
+PREFILL_ROUNDS = 11
 
 
 @dataclass(frozen=True)
@@ -90,20 +91,22 @@ def _pads(seq: int) -> list[int]:
 
 
 def families_suite(device="cuda", dtype=torch.bfloat16, families=tuple(FAMILIES), cases=CASES, scale=None,
-                   seq=None, decode_steps=DECODE_STEPS):
-    """Yields one table: per family and case, default torch.compile against ours (ms), how many attention layers
-    our backend rewrote, and the largest difference of ours' output from default's (relative to default's largest
-    value; prefill: last-token logits). Rows are printed as they are measured. `scale` and `seq` shrink every model
-    (the CPU tests)."""
+                   seq=None, decode_steps=DECODE_STEPS, rounds=PREFILL_ROUNDS):
+    """Yields one table: per family and case, default torch.compile against ours (ms), what ours did with each
+    attention layer (the fa4 op, an SDPA call it wrote, or kept as written), and the largest difference of ours'
+    output from default's (relative to default's largest value). Rows are printed as they are measured. `scale` and
+    `seq` shrink every model (the CPU tests)."""
     table = Table("HF decoder families, default torch.compile against ours (ms, lower is better)",
-                  ["family", "attention code", "head dim", "case", *BACKENDS, "speedup", "ours: layers rewritten / kept",
-                   "ours vs default"],
+                  ["family", "attention code", "head dim", "case", *BACKENDS, "speedup",
+                   "ours: layers on the op / SDPA / kept", "ours vs default"],
                   note=f"{dtype}; each type's default config with {LAYERS} layers (GPT-2: 12) and a {VOCAB}-token "
                        "vocabulary, random weights. prefill: batch 1 x seq, last-token logits, no_grad; padded: batch "
-                       "4 x seq / 2 left-padded by 0, seq / 32, seq / 8, 3 seq / 8 tokens (`attention_mask`); train: "
-                       "batch 1 x seq, `labels=` loss (`use_cache=False`) and backward; decode: static cache, a prompt "
-                       f"of seq - {decode_steps} - 8 tokens, one-token steps under mode=\"reduce-overhead\" (ms a "
-                       "step). Median of 7 / 5 calls after a compile; each backend compiled afresh.")
+                       "4 x seq / 2 left-padded by 0, seq / 32, seq / 8, 3 seq / 8 tokens (`attention_mask`); both "
+                       f"backends compiled side by side, then the median of {rounds} alternating rounds (host-bound "
+                       "rows drift between runs). train: batch 1 x seq, `labels=` loss (`use_cache=False`) and "
+                       "backward, median of 5 after a compile; decode: static cache, a prompt of seq - "
+                       f"{decode_steps} - 8 tokens, one-token steps under mode=\"reduce-overhead\" (ms a step). "
+                       "Outputs compared: last-token logits, the loss, the first decode step's logits.")
     for name in families:
         family = FAMILIES[name]
         length = seq or family.seq
@@ -117,46 +120,67 @@ def families_suite(device="cuda", dtype=torch.bfloat16, families=tuple(FAMILIES)
         config = model.config
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         for case in cases:
-            times, outputs, records = {}, {}, []
-            for label, backend in BACKENDS.items():
-                torch._dynamo.reset()
-                if device == "cuda":
-                    torch.cuda.empty_cache()
-                with publishing.collecting() as collected:
-                    result = attempt(f"{name} {case} {label}", functools.partial(
-                        _measure, model, backend, case, length, decode_steps, device))
-                if backend == "fa4_inductor":
-                    records = collected
-                times[label], outputs[label] = result if result is not None else (None, None)
-            base, ours = times.values()
-            attention_records = [r for r in records if r.family in ("sdpa", "handwritten")]
-            layers = f"{sum(r.rewritten for r in attention_records)} / {sum(not r.rewritten for r in attention_records)}"
-            row = [name, family.attention, head_dim, case, or_failed(base), or_failed(ours), speedup(base, ours), layers,
-                   _difference(*outputs.values())]
+            torch._dynamo.reset()
+            if device == "cuda":
+                torch.cuda.empty_cache()
+            with publishing.collecting() as records:
+                measured = attempt(f"{name} {case}", functools.partial(
+                    _measure, model, case, length, decode_steps, device, rounds, records))
+            times, outputs, ours_records = measured if measured is not None else ({}, {}, [])
+            base, ours = (times.get(label) for label in BACKENDS)
+            layers = [r for r in ours_records if r.family in ("sdpa", "handwritten")]
+            on_op = sum(r.rewritten and r.detail.startswith("fa4.") for r in layers)
+            as_sdpa = sum(r.rewritten for r in layers) - on_op
+            row = [name, family.attention, head_dim, case, or_failed(base), or_failed(ours), speedup(base, ours),
+                   f"{on_op} / {as_sdpa} / {len(layers) - on_op - as_sdpa}", _difference(*outputs.values())]
             table.rows.append(row)
             print("  " + " | ".join(str(x) if not isinstance(x, float) else f"{x:.3f}" for x in row), flush=True)
-            for reason in sorted({r.detail for r in attention_records if not r.rewritten})[:3]:
-                print(f"    kept: {reason[:200]}", flush=True)
+            for reason in sorted({r.detail for r in layers if not r.detail.startswith("fa4.")})[:3]:
+                print(f"    not on the op: {reason[:200]}", flush=True)
         del model
     torch._dynamo.reset()
     yield table
 
 
-def _measure(model, backend, case: str, seq: int, decode_steps: int, device):
-    """(ms, output) of one case on one backend."""
+def _measure(model, case: str, seq: int, decode_steps: int, device, rounds: int, records: list
+             ) -> tuple[dict, dict, list]:
+    """({backend: ms}, {backend: output}, ours' records) of one case; `records` is the list `publishing.collecting`
+    fills while it runs."""
+    times, outputs, ours = {}, {}, []
     vocab = model.config.vocab_size
-    if case == "decode":
+    if case in ("prefill", "padded"):
+        tokens, mask = (padded_batch(vocab, 4, seq // 2, _pads(seq // 2), device, "left") if case == "padded"
+                        else (padded_batch(vocab, 1, seq, [0], device)[0], None))
         model.eval()
-        tokens_per_s, logits = decode_tokens_per_s(model, backend, seq - decode_steps - 8, decode_steps, device)
-        return 1e3 / tokens_per_s, logits[-1]
-    if case == "padded":
-        tokens, mask = padded_batch(vocab, 4, seq // 2, _pads(seq // 2), device, "left")
-    else:
-        tokens, mask = padded_batch(vocab, 1, seq, [0], device)[0], None
-    train = case == "train"
-    outputs = []
-    ms = padded.padded_ms(model, backend, tokens, mask, train, keep=outputs)
-    return ms, outputs[-1] if outputs else None
+        calls = {}
+        for label, backend in BACKENDS.items():
+            compiled, first = models.compile_model(model, backend), len(records)
+            calls[label] = functools.partial(_last_logits, compiled, tokens, mask, outputs, label)
+            with torch.no_grad():
+                calls[label]()  # compiles; both backends' entries side by side (Dynamo guards on the backend)
+            if backend == "fa4_inductor":
+                ours = records[first:]
+        with torch.no_grad():
+            return timing.interleaved_median_ms(calls, rounds), outputs, ours
+    for label, backend in BACKENDS.items():
+        torch._dynamo.reset()
+        first = len(records)
+        if case == "decode":
+            model.eval()
+            tokens_per_s, logits = decode_tokens_per_s(model, backend, seq - decode_steps - 8, decode_steps, device)
+            times[label], outputs[label] = 1e3 / tokens_per_s, logits[-1]
+        else:
+            tokens = padded_batch(vocab, 1, seq, [0], device)[0]
+            kept = []
+            times[label] = padded.padded_ms(model, backend, tokens, None, True, keep=kept)
+            outputs[label] = kept[-1]
+        if backend == "fa4_inductor":
+            ours = records[first:]
+    return times, outputs, ours
+
+
+def _last_logits(compiled, tokens, mask, outputs: dict, label: str) -> None:
+    outputs[label] = compiled(tokens, attention_mask=mask, logits_to_keep=1).logits
 
 
 def _difference(default, ours) -> str:
