@@ -1,6 +1,6 @@
 # Unrun GPU work. Session 56 (an H100 after eight refused starts) ran `fam56a` (the sliding-window decode test: 4
 # passed; the families suite's first rows, docs/benchmarks.md "Session 56") and a GPT-2 prefill check. Next: `fam56b`
-# (Gemma 2's padded and training rows, Phi-3, Pythia, Qwen3, OLMo 2), then session 55's queue: `ns56` (what the host
+# (Gemma 2's padded and training rows, Phi-3, Pythia, Qwen3, OLMo 2), `fam56c` (sliding-window decode rows), then session 55's queue: `ns56` (what the host
 # waits on in NVFP4's recomputed backward: ~28 ms of wall beyond its kernels), `h49` (session 49's CTA rules on an
 # H200; two calls' worth), `a50`'s f16 and 2..4-row lines, `p47` (low priority), `m47`, `w43`, `p43`, `n36`; the fp8
 # plain-buffer prefill against default compile (`g51`'s last line, ~400 s: a call of its own).
@@ -20,6 +20,10 @@ fam56a) # session 56: a decode step over a sliding-window cache (window_left = s
     run timeout 100 $P -n 4 tests/test_gpu_decode.py -k "sliding_window_cache"
     run timeout 380 python3 -m fa4_inductor bench --suite families \
       --families gemma3:prefill+decode,mistral:prefill+padded+decode,gpt2:prefill+padded+decode,gemma2:prefill+decode ;;
+fam56c) # the sliding-window families' decode rows again, now without CUDA graphs (fam56a's recorded a graph a step
+    # under both backends: transformers' sliding cache counts tokens in a Python int)
+    nvidia-smi -L >>$L
+    run timeout 400 python3 -m fa4_inductor bench --suite families --families gemma3:decode,mistral:decode,gemma2:decode ;;
 fam56b) # fam56a's second half
     nvidia-smi -L >>$L
     run timeout 560 python3 -m fa4_inductor bench --suite families \

@@ -219,6 +219,8 @@ def test_families_are_their_types_default_configs_with_fewer_layers():
     assert (gemma2.attn_logit_softcapping, gemma2._attn_implementation) == (50.0, "eager")
     gpt2 = families["gpt2"].config(dict(hidden_size=64))
     assert (gpt2.n_layer, gpt2.n_embd, gpt2.attn_pdrop, gpt2.vocab_size) == (12, 64, 0.0, 32000)
+    sliding = {name for name, family in families.items() if bench.families._sliding_cache(family.config())}
+    assert sliding == {"mistral", "gemma2", "gemma3"}  # their StaticCache counts tokens in a Python int
     for family in families.values():
         config = family.config()
         tokens = [getattr(config, key, None) for key in hf.TOKEN_IDS]
@@ -244,7 +246,8 @@ def test_families_suite_rows(monkeypatch):
                                     decode_steps=5, rounds=3)
     assert "failed" not in table.markdown(), table.markdown()
     assert [row[:4] for row in table.rows] == [
-        [name, code, 16, case] for name, code in (("gemma2", "eager"), ("gpt2", "sdpa")) for case in bench.families.CASES]
+        [name, code, 16, "decode (no CUDA graphs)" if (name, case) == ("gemma2", "decode") else case]
+        for name, code in (("gemma2", "eager"), ("gpt2", "sdpa")) for case in bench.families.CASES]
     for row in table.rows:
         on_op, as_sdpa, kept = map(int, row[-2].split(" / "))
         assert on_op >= 2 and as_sdpa == kept == 0, row
