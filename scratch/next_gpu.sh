@@ -1,9 +1,10 @@
 # Unrun GPU work. Session 56 (an H100 after eight refused starts) ran `fam56a` (the sliding-window decode test: 4
 # passed; the families suite's first rows, docs/benchmarks.md "Session 56") and a GPT-2 prefill check. Next: `fam56b`
-# (Gemma 2's padded and training rows, Phi-3, Pythia, Qwen3, OLMo 2), `fam56c` (sliding-window decode rows), then session 55's queue: `ns56` (what the host
-# waits on in NVFP4's recomputed backward: ~28 ms of wall beyond its kernels), `h49` (session 49's CTA rules on an
-# H200; two calls' worth), `a50`'s f16 and 2..4-row lines, `p47` (low priority), `m47`, `w43`, `p43`, `n36`; the fp8
-# plain-buffer prefill against default compile (`g51`'s last line, ~400 s: a call of its own).
+# (Gemma 2's padded and training rows, Phi-3, Pythia, Qwen3, OLMo 2), `fam56c` (the sliding-window decode rows, now
+# without CUDA graphs), then session 55's queue: `ns56` (what the host waits on in NVFP4's recomputed backward: ~28 ms
+# of wall beyond its kernels), `h49` (session 49's CTA rules on an H200; two calls' worth), `a50`'s f16 and 2..4-row
+# lines, `p47` (low priority), `m47`, `w43`, `p43`, `n36`; the fp8 plain-buffer prefill against default compile
+# (`g51`'s last line, ~400 s: a call of its own).
 # Parts of earlier sessions below keep their notes.
 # Output goes to $OUT/log.txt. Have the next call ready: the machine goes back 30 s after a call, and a fresh one needs
 # .gpu/a and .gpu/b again. Run one part a call:  bash scratch/next_gpu.sh x48
