@@ -189,9 +189,10 @@ def main(argv=None) -> int:
     produced_tables: list[Table] = []
     for suite in suites:
         started = time.perf_counter()
-        kwargs = (sweep_selection(args.sweep_models) if suite == "sweep" else quant_selection(args) if suite == "quant"
-                  else families_selection(args.families) if suite == "families" else {})
-        produced = [SUITE_FUNCTIONS[suite](**k) for k in (kwargs if isinstance(kwargs, list) else [kwargs])]
+        calls = (families_selection(args.families) if suite == "families" else
+                 [sweep_selection(args.sweep_models) if suite == "sweep" else quant_selection(args) if suite == "quant"
+                  else {}])
+        produced = [SUITE_FUNCTIONS[suite](**kwargs) for kwargs in calls]
         for table in (t for p in produced for t in ([p] if isinstance(p, Table) else p)):
             produced_tables.append(table)
             print(table.markdown(), flush=True)
