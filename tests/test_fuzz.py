@@ -945,13 +945,28 @@ REGRESSIONS = {
     "peaked_softmax_gradient_over_scores_scaled_by_64": Case(
         hq=2, hkv=1, sq=7, sk=7, d=64, dv=64, transpose_in=True, gqa_k="repeat_kv", gqa_v="repeat_kv",
         scales=(("scores", "div", 0.125), ("scores", "div", 0.125)), grad=True, seed=15),
+    "causal_minus_1e9_first_row_blind_bfloat16_scores_scaled_by_8": Case(
+        dtype="bfloat16", b=1, kv_b=1, hq=1, hkv=1, sq=17, sk=17, d=8, dv=8, transpose_in=True, gqa_k="repeat_kv",
+        gqa_v="repeat_kv", scales=(("scores", "div", 0.35355339059327373), ("scores", "div", 0.35355339059327373)),
+        grad=True, mask=Mask(kind="causal", offset=-1, shape="11SS", apply="add", fill="minus_1e9")),
     "finfo_min_padding_scaled_by_2_is_minus_inf": Case(
         scales=(("post", "mul", 2.0),), mask=Mask(kind="padding", fill="finfo_min", pad_rows=((1, 1, 0, 0, 0, 0, 0, 0),
                                                                                           (0,) * 8))),
 }
 
 
-@pytest.mark.parametrize("name", REGRESSIONS)
+# Regressions the code does not pass yet, with why (strict: a fix shows as a failure until the entry is removed).
+KNOWN_GAPS = {
+    "causal_minus_1e9_first_row_blind_bfloat16_scores_scaled_by_8":
+        "a row that sees no key under a finite -1e9 additive mask: eager adds in bfloat16, which absorbs every score "
+        "(a uniform row), float64 keeps them, and the op adds in float32, which absorbs them in steps of 64, a third "
+        "answer; dq of that row 15.8 from float64 against eager's 3.25 (long fuzz, session 56; the same before "
+        "session 55's reference backward)",
+}
+
+
+@pytest.mark.parametrize("name", [pytest.param(name, marks=pytest.mark.xfail(strict=True, reason=KNOWN_GAPS[name]))
+                                  if name in KNOWN_GAPS else name for name in REGRESSIONS])
 def test_fuzz_regressions(name):
     @settings(PROFILE, max_examples=1, phases=[Phase.explicit], database=None)
     @example(case=REGRESSIONS[name])
