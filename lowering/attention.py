@@ -734,11 +734,12 @@ def _additive_on_op(call: AttentionCall) -> KeyMask | None:
     [B or 1, 1, 1, Sk] mask over at most `DECODE_MAX_Q_LEN` queries (a decode step: the decode kernel adds it), or a
     [B or 1, 1, Sq, Sk] one, a row per query, without a softcap (a prefill: FA4 where it is generate's left-padded
     causal mask, which the op reads on the host, else the SDPA fallback with it, which has no softcap: the reference
-    would run it)."""
+    would run it). Its rows are rebased to their largest values (`KeyMask.rebased`) but under a sink."""
     q = shape(call.q)
     rows = mask_rows(shape(call.additive_input), (*q[:3], shape(call.k)[2])) if len(q) == 4 else None
+    rebased = call.sink is None
     if rows == "one row" and isinstance(q[2], int) and q[2] <= DECODE_MAX_Q_LEN:
-        return KeyMask(call.additive_input, additive=True)
+        return KeyMask(call.additive_input, additive=True, rebased=rebased)
     if rows == "per query" and "softcap" not in call.flags:
-        return KeyMask(call.additive_input, additive=True, per_query=True)
+        return KeyMask(call.additive_input, additive=True, per_query=True, rebased=rebased)
     return None

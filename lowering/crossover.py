@@ -39,6 +39,7 @@ from torch.fx import Node
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from ..kernels import crossover as kernel_crossover
+from ..kernels.key_mask import rebased_additive_mask
 from ..kernels.sdpa_fallback import floor_additive
 from . import gqa, int8_kv
 from .spellings import (ADD, ADDMM, CAST, INT4PACK_MM, LINEAR, MATMUL, MM, SCALED_MM, SDPA, SOFTMAX, arg, guardable,
@@ -217,10 +218,12 @@ def _guarded(*sizes) -> str:
 def sdpa_for(make, call) -> Node:
     """The SDPA call computing `call` (see `small_attention`), on K/V as the model feeds them (an SDPA call's
     `enable_gqa` kept): without a mask (at most `is_causal`), or with the hand-written one's additive mask
-    (`mask_to_pass`) where it hides more than a causal band."""
+    (`mask_to_pass`) where it hides more than a causal band, a mask input's rows rebased (`rebased_additive_mask`)."""
     gqa = {"enable_gqa": True} if is_sdpa_call(call) and arg(call.output, 7, "enable_gqa", False) is True else {}
     if not is_sdpa_call(call) and hides_more_than_causal(call):
         mask = make(floor_additive, mask_to_pass(call), name="mask_floored")
+        if call.additive_input is not None:
+            mask = make(rebased_additive_mask, mask, name="mask_rebased")
         return make(torch.nn.functional.scaled_dot_product_attention, call.q, call.k, call.v,
                     attn_mask=mask, scale=call.scale,
                     name="sdpa_small" if call.additive_input is None else "sdpa_mask_input")

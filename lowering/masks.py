@@ -120,13 +120,15 @@ class KeyMask:
     `plane`: node is a boolean [B, 1, 1, L] graph input, read as node[:, 0, 0, :]; with `per_query`, a boolean
     [B, 1, Sq, Sk] one (HF's prefill mask built outside the forward), read as node[:, 0]: key j visible to query
     row i of sequence b when node[b, 0, i, j]. `additive`: node is a float mask as the scores add it (4-D, one for
-    every head), its values added to the op's scores."""
+    every head), its values added to the op's scores; with `rebased`, each row less its largest value first
+    (`kernels.key_mask.rebased_additive_mask`: not under an attention sink, whose logit the op's lse meets)."""
 
     node: Node
     start: Node | int | None = None
     plane: bool = False
     per_query: bool = False
     additive: bool = False
+    rebased: bool = False
 
 
 @dataclass(frozen=True)

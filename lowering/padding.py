@@ -43,6 +43,7 @@ import torch
 from torch.fx import Node
 
 from ..kernels import KEY_MASK
+from ..kernels.key_mask import rebased_additive_mask
 from .masks import KeyMask
 from .spellings import same_size, value
 
@@ -90,6 +91,8 @@ def key_mask(make, keys: KeyMask, k: Node) -> Node:
     b, sk = (s if isinstance(s, int) else make("size", k, d) for d, s in ((0, value(k).shape[0]), (2, value(k).shape[2])))
     if keys.per_query:
         m = make(operator.getitem, keys.node, (slice(None), 0))
+        if keys.rebased:
+            m = make(rebased_additive_mask, m, name="mask_rebased")
         if not same_size(value(keys.node).shape[0], value(k).shape[0]):
             sq = value(m).shape[1]
             m = make("expand", m, b, sq if isinstance(sq, int) else make("size", m, 1), sk)
@@ -107,11 +110,11 @@ def key_mask(make, keys: KeyMask, k: Node) -> Node:
 
 def additive_key_mask(make, keys: KeyMask, k: Node) -> Node:
     """The op's additive key_mask from a float mask as eager code adds it to [B, H, Sq, Sk] scores
-    ([B or 1, 1, 1, Sk]): [B, Sk] in its dtype."""
+    ([B or 1, 1, 1, Sk]): [B, Sk] in its dtype, rebased with `keys.rebased`."""
     m = make(operator.getitem, keys.node, (slice(None), 0, 0))
     if not same_size(value(m).shape[0], value(k).shape[0]):
         b = value(k).shape[0]
         m = make("expand", m, b if isinstance(b, int) else make("size", k, 0), -1)
-    return m
+    return make(rebased_additive_mask, m, name="mask_rebased") if keys.rebased else m
 
 

@@ -956,13 +956,7 @@ REGRESSIONS = {
 
 
 # Regressions the code does not pass yet, with why (strict: a fix shows as a failure until the entry is removed).
-KNOWN_GAPS = {
-    "causal_minus_1e9_first_row_blind_bfloat16_scores_scaled_by_8":
-        "a row that sees no key under a finite -1e9 additive mask: eager adds in bfloat16, which absorbs every score "
-        "(a uniform row), float64 keeps them, and the op adds in float32, which absorbs them in steps of 64, a third "
-        "answer; dq of that row 15.8 from float64 against eager's 3.25 (long fuzz, session 56; the same before "
-        "session 55's reference backward)",
-}
+KNOWN_GAPS: dict[str, str] = {}
 
 
 @pytest.mark.parametrize("name", [pytest.param(name, marks=pytest.mark.xfail(strict=True, reason=KNOWN_GAPS[name]))
