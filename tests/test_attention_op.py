@@ -9,6 +9,7 @@ import torch.nn.functional as F
 
 from fa4_inductor.kernels import attention as attention_op
 from fa4_inductor.kernels import reference
+from fa4_inductor.kernels.key_mask import rebased_additive_mask
 
 ATTENTION = torch.ops.fa4.attention.default
 BACKWARD = torch.ops.fa4.attention_backward.default
@@ -139,6 +140,38 @@ def test_key_mask_op_copies_an_additive_mask():
     assert rows.dtype == m.dtype and rows.is_contiguous() and rows.untyped_storage().data_ptr() != m.data_ptr()
     assert torch.equal(rows, m[:, 0].expand(3, 5, 8))
     torch.library.opcheck(torch.ops.fa4.key_mask.default, (m[:, 0].expand(3, 5, 8),), dict(additive=True))
+
+
+def test_rebased_additive_mask_moves_only_rows_whose_largest_value_absorbs_float32_scores():
+    """`rebased_additive_mask`: a row less its largest value m where -2^40 < m <= -128, bit-exact for values within
+    [2m, m], -inf kept; rows whose largest value is above -128, at finfo.min or below -2^40 (float64 absorbs
+    scores there too), or -inf are unchanged. The softmax of fresh scores plus each row is unchanged in float64."""
+    low = torch.finfo(torch.bfloat16).min
+    rows = torch.randn(8, 6).to(torch.bfloat16)
+    rows[0] = -1e9 - rows[0].float() * 1e6  # within [2m, m]
+    rows[1] = torch.tensor([-1e9, float("-inf"), -1.5e9, -1e9, float("-inf"), -2e9])
+    rows[2, ::2] = -1e9  # mixed with small values: largest above -128
+    rows[3] = low
+    rows[4] = -(2.0 ** 41) - rows[4].float().abs() * 2.0 ** 33
+    rows[5] = float("-inf")
+    rows[6] = -100.0 + rows[6].float()
+    rows[7] = -3e4 - rows[7].float().abs() * 1e3
+    rebased = rebased_additive_mask(rows)
+    assert rebased.dtype == torch.bfloat16
+    shifted = [0, 1, 7]
+    for i in range(8):
+        if i in shifted:
+            largest = rows[i].float().amax()
+            expected = torch.where(rows[i].isinf(), rows[i].float(), rows[i].float() - largest)
+            assert torch.equal(rebased[i].float(), expected), i
+            assert rebased[i].float().amax().item() == 0.0
+        else:
+            assert torch.equal(rebased[i], rows[i]), i
+    scores = torch.randn(3, 6, dtype=torch.float64) * 8
+    for i in shifted:
+        torch.testing.assert_close(torch.softmax(scores + rebased[i].double(), -1),
+                                   torch.softmax(scores + rows[i].double(), -1))
+    assert torch.equal(rebased_additive_mask(rebased), rebased)
 
 
 def test_attention_forward_is_attention_without_autograd():

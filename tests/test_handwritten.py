@@ -280,7 +280,8 @@ attention_out_contiguous: f32[2, 4, 9, 16] = .contiguous(attention_out)""")
                                    rtol=1e-5)
         self.assertExpectedInline(rec.summary, """\
 mask_floored: f32[6, 6] = floor_additive(m)
-sdpa_mask_input: f32[2, 4, 6, 16] = scaled_dot_product_attention(q, k, v, attn_mask=mask_floored, scale=0.25)
+mask_rebased: f32[6, 6] = rebased_additive_mask(mask_floored)
+sdpa_mask_input: f32[2, 4, 6, 16] = scaled_dot_product_attention(q, k, v, attn_mask=mask_rebased, scale=0.25)
 rows_without_keys: f32[6, 1] = nan_where_no_key(m)
 attention_out_nan_rows: f32[2, 4, 6, 16] = mul(sdpa_mask_input, rows_without_keys)
 attention_out_contiguous: f32[2, 4, 6, 16] = .contiguous(attention_out_nan_rows)""")
@@ -301,7 +302,8 @@ attention_out_contiguous: f32[2, 4, 6, 16] = .contiguous(attention_out_nan_rows)
         torch.testing.assert_close(out.double(), expected, atol=1e-5, rtol=1e-5)
         self.assertExpectedInline(rec.summary, """\
 getitem: f32[2, 9] = getitem(getitem(m, (:, :, :, :9)), (:, 0, 0))
-fa4_attention: (f32[2, 4, 1, 16], f32[2, 4, 1]) = fa4.attention(q, k, v, None, getitem, scale=0.25, softcap=30)
+mask_rebased: f32[2, 9] = rebased_additive_mask(getitem)
+fa4_attention: (f32[2, 4, 1, 16], f32[2, 4, 1]) = fa4.attention(q, k, v, None, mask_rebased, scale=0.25, softcap=30)
 attention_out: f32[2, 4, 1, 16] = getitem(fa4_attention, 0)
 rows_without_keys: f32[2, 1, 1, 1] = nan_where_no_key(getitem(m, (:, :, :, :9)))
 attention_out_nan_rows: f32[2, 4, 1, 16] = mul(attention_out, rows_without_keys)
@@ -327,7 +329,8 @@ attention_out_contiguous: f32[2, 4, 1, 16] = .contiguous(attention_out_nan_rows)
         torch.testing.assert_close(out, prefill(q, k, v, m), atol=1e-5, rtol=1e-5)
         self.assertExpectedInline(rec.summary, """\
 getitem: f32[1, 5, 8] = getitem(m, (:, 0))
-expand: f32[2, 5, 8] = .expand(getitem, 2, 5, 8)
+mask_rebased: f32[1, 5, 8] = rebased_additive_mask(getitem)
+expand: f32[2, 5, 8] = .expand(mask_rebased, 2, 5, 8)
 key_mask: f32[2, 5, 8] = fa4.key_mask(expand, additive=True)
 fa4_attention: (f32[2, 4, 5, 16], f32[2, 4, 5]) = fa4.attention(q, k, v, None, key_mask, scale=0.25)
 attention_out: f32[2, 4, 5, 16] = getitem(fa4_attention, 0)
@@ -342,6 +345,67 @@ attention_out_contiguous: f32[2, 4, 5, 16] = .contiguous(attention_out_nan_rows)
         rec, _ = compile_and_record(capped, q, k, v, m)
         self.assertEqual(rec.count(), 0)
         self.assertIn("with a softcap, which SDPA has not", rec.reasons[0])
+
+    def test_a_float_mask_inputs_rows_are_rebased_to_their_largest_values(self):
+        """A float mask input whose row adds -1e9 to every key (a query that sees no key, older code's fill): in
+        float64 that row is the softmax of its scores; next to -1e9 float32 keeps its scores only in steps of 64.
+        Each row goes to the op (prefill: per query row; decode step: one row) and to SDPA ([Sq, Sk], one for the
+        batch) less its largest value, so out and the gradients match float64 eager on every row, where eager's own
+        float32 does not. A row of finfo.min (every dtype absorbs the scores there: uniform) is kept."""
+        def attend(q, k, v, m):
+            return torch.softmax(q @ k.mT * 2.0 + m, -1) @ v
+
+        def per_query_mask():
+            m = torch.randn(1, 1, 5, 7).masked_fill(torch.rand(1, 1, 5, 7) < 0.3, -1e9)
+            m[..., 0, :] = -1e9 + torch.randn(7).round()
+            m[..., 1, :] = torch.finfo(torch.float32).min
+            return m
+
+        one_row = torch.randn(2, 1, 1, 7).masked_fill(torch.rand(2, 1, 1, 7) < 0.3, -1e9)
+        one_row[1] = -1e9
+        cases = [("per query", (2, 4, 5, 16), per_query_mask(), True, "fa4.attention(q, k, v, None, key_mask"),
+                 ("one row", (2, 4, 1, 16), one_row, False, "fa4.attention(q, k, v, None, mask_rebased"),
+                 ("sdpa", (2, 4, 5, 16), per_query_mask()[0, 0], False, "attn_mask=mask_rebased")]
+        for name, q_shape, m, grad, used in cases:
+            with self.subTest(name):
+                q = torch.randn(q_shape, requires_grad=grad)
+                k, v = (torch.randn(2, 4, 7, 16, requires_grad=grad) for _ in range(2))
+                rec, out = compile_and_record(attend, q, k, v, m)
+                self.assertIn(used, rec.summary)
+                self.assertIn("rebased_additive_mask", rec.summary)
+                exact = [t.detach().double().requires_grad_() for t in (q, k, v)]
+                expected = attend(*exact, m.double())
+                torch.testing.assert_close(out.double(), expected, atol=1e-5, rtol=1e-5)
+                eager_error = (attend(q, k, v, m).double() - expected).abs().max().item()
+                self.assertGreater(eager_error, 1e-3)  # float32's steps of 64 next to -1e9: the case is not vacuous
+                if grad:
+                    w = torch.randn(out.shape, dtype=torch.float64)
+                    got = torch.autograd.grad((out.double() * w).sum(), (q, k, v))
+                    want = torch.autograd.grad((expected * w).sum(), exact)
+                    for g, e in zip(got, want):
+                        torch.testing.assert_close(g.double(), e, atol=1e-4, rtol=1e-4)
+
+    def test_a_float_mask_input_under_a_sink_is_not_rebased(self):
+        """Under an attention sink the op's lse meets the sink's logit, so the mask input goes to the op as it is: a
+        row the mask adds -1e9 to on every key gives the sink the whole softmax (out 0), as float64 eager does."""
+        sinks = torch.randn(4, dtype=torch.float64)
+
+        def with_sinks(q, k, v, m):
+            s = q @ k.mT * 0.25 + m
+            c = torch.cat([s, sinks.to(s.dtype).reshape(1, -1, 1, 1).expand(s.shape[0], -1, s.shape[2], -1)], dim=-1)
+            c = c - c.max(dim=-1, keepdim=True).values
+            return F.softmax(c, dim=-1)[..., :-1] @ v
+
+        q, k, v = inputs()
+        m = torch.randn(1, 1, 6, 6).masked_fill(torch.rand(1, 1, 6, 6) < 0.3, -1e9)
+        m[..., 0, :] = -1e9
+        rec, out = compile_and_record(with_sinks, q, k, v, m)
+        self.assertEqual(rec.count(), 1)
+        self.assertIn("key_mask=additive mask input", rec.records[0].detail)
+        self.assertNotIn("rebased", rec.summary)
+        expected = with_sinks(q.double(), k.double(), v.double(), m.double())
+        torch.testing.assert_close(out.double(), expected, atol=1e-5, rtol=1e-5)
+        self.assertEqual(out[:, :, 0].abs().max().item(), 0.0)
 
     def test_a_float_mask_inputs_rows_without_keys_are_nan_as_in_eager(self):
         """A float mask input that is -inf on every key of a row: eager's softmax gives that row NaN (0 / 0), the op
