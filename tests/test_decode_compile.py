@@ -25,7 +25,7 @@ def cute_dsl():
     pytest.importorskip("tvm_ffi", reason="the decode kernel compiles with --enable-tvm-ffi")
 
 
-# A representative few: each main-kernel feature (both dtypes, head dims 64 / 128 / 256, GQA 1 to
+# A representative few: each main-kernel feature (both dtypes, head dims 64 / 96 / 128 / 256, GQA 1 to
 # 16, causal, softcap, seqused_k, split and one-split epilogues) appears at least once.
 MAIN_VARIANTS = [
     # dtype, head_dim, group, causal, softcap, seqused, split
@@ -33,6 +33,8 @@ MAIN_VARIANTS = [
     (torch.float16, 64, 8, True, True, False, True),
     (torch.bfloat16, 128, 16, True, False, True, False),
     (torch.bfloat16, 256, 1, True, False, True, True),
+    (torch.bfloat16, 96, 1, True, False, True, True),  # Phi-3's head dim: 8 x 32 swizzle atoms
+    (torch.float16, 96, 4, False, True, False, False),
 ]
 KEY_MASK_VARIANTS = [(torch.bfloat16, 128, 4, True, False, True, True), (torch.float16, 64, 8, True, True, True, False)]
 
@@ -56,7 +58,8 @@ def test_main_kernel_with_a_key_mask_compiles(cute_dsl, variant, additive):
 
 @pytest.mark.parametrize(
     "dtype, head_dim, group, pdl",
-    [(torch.bfloat16, 128, 4, True), (torch.float16, 64, 8, False), (torch.bfloat16, 256, 16, True)])
+    [(torch.bfloat16, 128, 4, True), (torch.float16, 64, 8, False), (torch.bfloat16, 256, 16, True),
+     (torch.bfloat16, 96, 1, True)])
 @pytest.mark.slow
 def test_combine_kernel_compiles(cute_dsl, dtype, head_dim, group, pdl):
     key = decode._Key("combine", dtype, head_dim, group, False, False, False, True, ARCH, pdl)
@@ -68,7 +71,7 @@ def test_warmup_compiles_every_variant_of_a_shape(cute_dsl):
     decode.warmup(torch.float16, 128, 2, q_len=1, device="cpu", causal=True, seqused_k=True)
     assert decode.warmup(torch.float16, 128, 2, q_len=1, device="cpu", causal=True, seqused_k=True) == 0
     with pytest.raises(ValueError):
-        decode.warmup(torch.float16, 96, 2)
+        decode.warmup(torch.float16, 80, 2)
 
 
 SHAPES = [

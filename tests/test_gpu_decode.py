@@ -68,7 +68,7 @@ def check(q, k, v, seqused_k=None, splits=None, via_op=False, key_mask=None, ker
 
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("group", [1, 4, 8, 16])
-@pytest.mark.parametrize("d", [64, 128, 256])
+@pytest.mark.parametrize("d", [64, 96, 128, 256])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_single_token(dtype, d, group, causal):
     check(*make_inputs(dtype, group=group, d=d, sk=1000), **flags(d, causal))
@@ -86,11 +86,11 @@ def test_cache_lengths_and_split_counts(sk, splits):
     check(*make_inputs(b=1, group=4, sq=2, sk=sk), splits=splits, **flags(128, causal=True))
 
 
-@pytest.mark.parametrize("d", [64, 128, 256])
+@pytest.mark.parametrize("d", [64, 96, 128, 256])
 @pytest.mark.parametrize("splits", [33, 65, 100, 128])
 def test_combine_passes(d, splits):
-    """The combine loads SLOTS splits a thread in one pass (`decode_combine.load_pass`: 128, 64 and 32 splits a pass
-    at head dim 64, 128 and 256): counts past one pass, and up to MAX_SPLITS, take further passes."""
+    """The combine loads SLOTS splits a thread in one pass (`decode_combine.load_pass`: 128, 80, 64 and 32 splits a
+    pass at head dim 64, 96, 128 and 256): counts past one pass, and up to MAX_SPLITS, take further passes."""
     check(*make_inputs(b=2, group=4, sq=1, sk=splits * 16 * 3 + 5, d=d), splits=splits, **flags(d, causal=True))
 
 

@@ -68,10 +68,26 @@ def _as_operand_a(t: cute.Tensor) -> cute.Tensor:
     return cute.make_tensor(t.iterator, layout)
 
 
-def _spread(row, col):
-    """Column of (row, col) in the fp32 merge buffer: XOR-ing row bits into the column puts the 8
-    rows an accumulator store touches on different banks (a permutation inside each 64 columns)."""
-    return col ^ ((row % 8) * 8)
+def _spread(row, col, d: int):
+    """Column of (row, col) in the fp32 merge buffer of head dim d: XOR-ing row bits into the column puts the rows
+    an accumulator store touches on different banks, a permutation inside each 64 columns (each 32 where d is an
+    odd multiple of 32: 96, whose columns past 64 would leave the row)."""
+    width = 64 if d % 64 == 0 else 32
+    return col ^ ((row % (width // 8)) * 8)
+
+
+def smem_atom(d: int):
+    """The swizzled shared-memory atom of a [rows, d] tile: 8 x 64 (128-byte rows) where d is a multiple of 64, else
+    8 x 32 (64-byte rows); either way the 8 rows of an ldmatrix read of 16 bytes each hit 8 distinct bank groups."""
+    if d % 64 == 0:
+        return cute.make_composed_layout(cute.make_swizzle(3, 3, 3), 0, cute.make_layout((8, 64), stride=(64, 1)))
+    return cute.make_composed_layout(cute.make_swizzle(2, 3, 3), 0, cute.make_layout((8, 32), stride=(32, 1)))
+
+
+def gmem_copy_threads(d: int):
+    """A warp's thread layout for cp.async copies of 16 bytes a lane into a [rows, d] tile: 4 rows x 64 columns per
+    instruction where d is a multiple of 64, else 8 rows x 32 columns."""
+    return cute.make_layout((4, 8), stride=(8, 1)) if d % 64 == 0 else cute.make_layout((8, 4), stride=(4, 1))
 
 
 def _add(a, b):
@@ -196,7 +212,7 @@ class SplitKVMerge:
                 sM[rr, warp_idx] = row_max[r]
                 sL[rr, warp_idx] = l_r
             for c in cutlass.range_constexpr(cute.size(tOcO, mode=[1])):
-                sRed[rr, _spread(rr, self.o_column(tOcO[0, c][1], D)), warp_idx] = o_mn[r, c]
+                sRed[rr, _spread(rr, self.o_column(tOcO[0, c][1], D), D), warp_idx] = o_mn[r, c]
         cute.arch.barrier()
 
         # Thread (row rr = tidx // 8, columns tidx % 8 + 8 j): the row's weights once, then its D / 8 columns (eight
@@ -222,7 +238,7 @@ class SplitKVMerge:
                 d = tidx % 8 + 8 * j
                 o = Float32(0.0)
                 for w in cutlass.range_constexpr(NUM_WARPS):
-                    o = o + sRed[rr, _spread(rr, d), w] * weights[w]
+                    o = o + sRed[rr, _spread(rr, d, D), w] * weights[w]
                 if const_expr(self.split):
                     mOpart[b, hm, split_idx, rr, d] = o * inv
                 else:
@@ -332,7 +348,7 @@ class DecodeAttentionSm90(SplitKVMerge):
     def __init__(self, dtype, head_dim: int, group: int, causal: bool, has_softcap: bool,
                  has_seqused: bool, split: bool, stages: int, has_key_mask: bool = False, additive_mask: bool = False,
                  fused_combine: bool = False):
-        assert head_dim in (64, 128, 256), head_dim
+        assert head_dim % 32 == 0 and head_dim <= 256, head_dim  # the host's HEAD_DIMS are the tested ones
         assert has_key_mask or not additive_mask
         self.set_call_shape(dtype, head_dim, group, causal, has_softcap, has_seqused, split, stages, has_key_mask,
                             fused_combine)
@@ -357,8 +373,7 @@ class DecodeAttentionSm90(SplitKVMerge):
         stream,
     ):
         D = self.head_dim
-        # 8 x 64 swizzled atoms: ldmatrix reads of 8 rows x 16 bytes hit 8 distinct bank groups.
-        atom = cute.make_composed_layout(cute.make_swizzle(3, 3, 3), 0, cute.make_layout((8, 64), stride=(64, 1)))
+        atom = smem_atom(D)
         sQ_layout = cute.tile_to_shape(atom, (TILE_M, D), (0, 1))
         sKV_layout = cute.tile_to_shape(atom, (TILE_N, D, self.stages * NUM_WARPS), (0, 1, 2))
         sRed_layout = cute.make_layout((TILE_M, D, NUM_WARPS), stride=(D, 1, TILE_M * D))
@@ -371,11 +386,10 @@ class DecodeAttentionSm90(SplitKVMerge):
             sM: cute.struct.Align[cute.struct.MemRange[Float32, NUM_WARPS * TILE_M], 16]
             sL: cute.struct.Align[cute.struct.MemRange[Float32, NUM_WARPS * TILE_M], 16]
 
-        # One warp copies a 16 x D tile: 4 rows x 64 columns per instruction, 16 bytes per lane.
+        # One warp copies a 16 x D tile, 16 bytes per lane.
         copy_atom = cute.make_copy_atom(
             cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL), self.dtype, num_bits_per_copy=128)
-        gmem_copy = cute.make_tiled_copy_tv(
-            copy_atom, cute.make_layout((4, 8), stride=(8, 1)), cute.make_layout((1, 8)))
+        gmem_copy = cute.make_tiled_copy_tv(copy_atom, gmem_copy_threads(D), cute.make_layout((1, 8)))
         tiled_mma = cute.make_tiled_mma(
             warp.MmaF16BF16Op(self.dtype, Float32, (16, 8, 16)), (1, 1, 1), permutation_mnk=(16, 16, 16))
 

@@ -122,8 +122,9 @@ class DecodeCombine:
                                num_splits)
                 self.add_pass(acc, own_lse, vals, m_use, inv)
             sPartial = storage.partial.get_tensor(cute.make_layout((D, split_groups), stride=(1, D)))
-            for v in cutlass.range_constexpr(VEC):
-                sPartial[d0 + v, sg] = acc[v]
+            if sg < split_groups:  # D = 96: 256 threads are 10 groups of 24 and 16 idle threads
+                for v in cutlass.range_constexpr(VEC):
+                    sPartial[d0 + v, sg] = acc[v]
             cute.arch.barrier()
 
             h, i = head_and_token(r, kvh, group)
