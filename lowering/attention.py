@@ -69,6 +69,9 @@ class AttentionCall:
     # The one mask, added to the scores, is a floating-point graph input (`AdditiveInput`): SDPA takes it as it is.
     additive_input: Node | None = None
     additive_reason: str = ""  # why the op cannot take that mask (values unknown when compiling)
+    softmax_rounds: bool = False
+    """The masked scores are cast on their way into the softmax (a cast, or softmax's `dtype=`): the program in float64
+    rounds the masked sum there too, so an additive mask input is added as written, not rebased (`KeyMask.rebased`)."""
     sink: Node | None = None  # an attention sink's logits: [..., Sq, 1] (GPT-OSS) or as lse broadcasts (Granite SWA)
     dropout_p: float = 0.0  # the attention weights' dropout in training (a hand-written one): `_dropout_rewrite`
 
@@ -734,10 +737,11 @@ def _additive_on_op(call: AttentionCall) -> KeyMask | None:
     [B or 1, 1, 1, Sk] mask over at most `DECODE_MAX_Q_LEN` queries (a decode step: the decode kernel adds it), or a
     [B or 1, 1, Sq, Sk] one, a row per query, without a softcap (a prefill: FA4 where it is generate's left-padded
     causal mask, which the op reads on the host, else the SDPA fallback with it, which has no softcap: the reference
-    would run it). Its rows are rebased to their largest values (`KeyMask.rebased`) but under a sink."""
+    would run it). Its rows are rebased to their largest values (`KeyMask.rebased`) but under a sink or where the
+    scores are cast on their way into the softmax (`AttentionCall.softmax_rounds`)."""
     q = shape(call.q)
     rows = mask_rows(shape(call.additive_input), (*q[:3], shape(call.k)[2])) if len(q) == 4 else None
-    rebased = call.sink is None
+    rebased = call.sink is None and not call.softmax_rounds
     if rows == "one row" and isinstance(q[2], int) and q[2] <= DECODE_MAX_Q_LEN:
         return KeyMask(call.additive_input, additive=True, rebased=rebased)
     if rows == "per query" and "softcap" not in call.flags:

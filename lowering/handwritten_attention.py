@@ -279,11 +279,13 @@ def match_handwritten(softmax: Node, constants: dict, run_time_masks: bool = Fal
         matched += [node, *shifted[1]]
         also, also_of, consumer, node = shifted[1][-1], node, node, shifted[0]
     scores_shape = shape(node)
+    softmax_rounds = _softmax_dtype(softmax) is not None
     while not MATMUL(node):
         _only_feeds(node, consumer, also=also if consumer is also_of else None)
         matched.append(node)
         consumer = node
         if CAST(node):
+            softmax_rounds = softmax_rounds or not masks
             node = node.args[0]
         elif (capped := _softcap(node)) is not None:
             if softcap or scale != 1.0:
@@ -347,7 +349,15 @@ def match_handwritten(softmax: Node, constants: dict, run_time_masks: bool = Fal
                          sink=sink.column if sink else None,
                          masks=[(m, use) for m, use in masks if isinstance(m, Node)],
                          additive_input=additive.mask if additive else None, additive_reason=str(additive or ""),
-                         dropout_p=dropout_p)
+                         softmax_rounds=softmax_rounds, dropout_p=dropout_p)
+
+
+def _softmax_dtype(softmax: Node):
+    """The dtype a softmax call casts its input to (`dtype=`, or positional: F.softmax's fourth argument, torch.softmax's
+    and Tensor.softmax's third), or None."""
+    if softmax.kwargs.get("dtype") is not None:
+        return softmax.kwargs["dtype"]
+    return next((a for a in softmax.args[2:] if isinstance(a, torch.dtype)), None)
 
 
 def _scaled_fill(hidden: float | None, scale: float, dtype) -> float | None:

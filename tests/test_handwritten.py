@@ -385,6 +385,28 @@ attention_out_contiguous: f32[2, 4, 5, 16] = .contiguous(attention_out_nan_rows)
                     for g, e in zip(got, want):
                         torch.testing.assert_close(g.double(), e, atol=1e-4, rtol=1e-4)
 
+    def test_a_float_mask_input_cast_into_the_softmax_is_not_rebased(self):
+        """Scores cast on their way into the softmax (softmax's `dtype=`, or a cast after the mask): the program in
+        float64 rounds the masked sum to float32 there, where next to -1e9 the scores vanish (a uniform row), so the
+        op adds the mask as written, which float32 rounds the same way."""
+        def cast_softmax(q, k, v, m):
+            return F.softmax(q @ k.mT * 0.25 + m, dim=-1, dtype=torch.float32).to(v.dtype) @ v
+
+        def cast_then_softmax(q, k, v, m):
+            return (q @ k.mT * 0.25 + m).float().softmax(-1).to(q.dtype) @ v
+
+        q, k, v = inputs()
+        m = torch.randn(1, 1, 6, 6).masked_fill(torch.rand(1, 1, 6, 6) < 0.3, -1e9)
+        m[..., 0, :] = -1e9
+        for fn in (cast_softmax, cast_then_softmax):
+            with self.subTest(fn.__name__):
+                rec, out = compile_and_record(fn, q, k, v, m)
+                self.assertEqual(rec.count(), 1)
+                self.assertNotIn("rebased", rec.summary)
+                expected = fn(q.double(), k.double(), v.double(), m.double())
+                torch.testing.assert_close(out.double(), expected.double(), atol=1e-5, rtol=1e-5)
+                torch.testing.assert_close(out[:, :, 0], v.mean(2).expand_as(out[:, :, 0]), atol=1e-5, rtol=1e-5)
+
     def test_a_float_mask_input_under_a_sink_is_not_rebased(self):
         """Under an attention sink the op's lse meets the sink's logit, so the mask input goes to the op as it is: a
         row the mask adds -1e9 to on every key gives the sink the whole softmax (out 0), as float64 eager does."""
