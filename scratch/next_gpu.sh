@@ -17,9 +17,9 @@ case "$1" in
 d57) # session 57: the decode kernel at head dim 96 (Phi-3; 8 x 32 swizzle atoms, CPU-compiled only), its GPU tests, the
     # phi3 decode row (0.87x default compile on FA4 before), then where Gemma 2's left-padded prefill (0.83x) goes
     nvidia-smi -L >>$L
-    run timeout 150 $P -n 8 tests/test_gpu_decode.py -k "96"
-    run timeout 150 python3 -m fa4_inductor bench --suite families --families phi3:decode
-    run timeout 200 python3 docs/scripts/family_profile.py gemma2 padded ;;
+    run timeout 100 $P -n 8 tests/test_gpu_decode.py -k "96"
+    run timeout 120 python3 -m fa4_inductor bench --suite families --families phi3:decode
+    run timeout 150 python3 docs/scripts/family_profile.py gemma2 padded ;;
 fam56a) # session 56: a decode step over a sliding-window cache (window_left = slots - 1) now runs the decode kernel
     # (`attention.device_flags`); then HF decoder families other than Llama at their released shapes (4 layers), ours
     # against default compile (`bench --suite families`): the sliding-window and small ones first
