@@ -1,4 +1,5 @@
-# Unrun GPU work. Session 56 (an H100 after eight refused starts) ran `fam56a` (the sliding-window decode test: 4
+# Unrun GPU work. Session 57 got one H100 call (docs/benchmarks.md "Session 57"); next: `d57`, then `fam56c`, the
+# rest of `fam56b` (pythia, olmo2). Session 56 (an H100 after eight refused starts) ran `fam56a` (the sliding-window decode test: 4
 # passed; the families suite's first rows, docs/benchmarks.md "Session 56") and a GPT-2 prefill check. Next: `fam56b`
 # (Gemma 2's padded and training rows, Phi-3, Pythia, Qwen3, OLMo 2), `fam56c` (the sliding-window decode rows, now
 # without CUDA graphs), then session 55's queue: `ns56` (what the host waits on in NVFP4's recomputed backward: ~28 ms
@@ -14,11 +15,12 @@ P="python3 -m pytest -m gpu -q -p no:cacheprovider -p no:logging -W ignore -rf"
 L=$OUT/log.txt
 run() { echo "+ $*" >>$L; local t=$SECONDS; PYTHONUNBUFFERED=1 "$@" >>$L 2>&1; echo "rc=$? $((SECONDS - t))s" >>$L; }
 case "$1" in
-d57) # session 57: the decode kernel at head dim 96 (Phi-3; 8 x 32 swizzle atoms, CPU-compiled only), its GPU tests, the
-    # phi3 decode row (0.87x default compile on FA4 before), then where Gemma 2's left-padded prefill (0.83x) goes
+d57) # session 57: the decode kernel at head dim 96 (Phi-3; 8 x 32 swizzle atoms, CPU-compiled only), its GPU tests
+    # (they add 96 to `decode.HEAD_DIMS`; once they pass, add it for good and time the phi3 decode row: 0.87x default
+    # compile on FA4 before), then where Gemma 2's left-padded prefill (0.83x) goes
     nvidia-smi -L >>$L
     run timeout 100 $P -n 8 tests/test_gpu_decode.py -k "96"
-    run timeout 120 python3 -m fa4_inductor bench --suite families --families phi3:decode
+    run timeout 120 python3 -m fa4_inductor bench --suite families --families phi3:decode   # FA4 until 96 is routed
     run timeout 150 python3 docs/scripts/family_profile.py gemma2 padded ;;
 fam56a) # session 56: a decode step over a sliding-window cache (window_left = slots - 1) now runs the decode kernel
     # (`attention.device_flags`); then HF decoder families other than Llama at their released shapes (4 layers), ours
