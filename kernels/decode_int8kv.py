@@ -51,6 +51,7 @@ against two's, in alternating rounds (docs/benchmarks.md session 43, H100, CUDA-
 9.9, b1 x 32k 29.8 / 31.2, b1 x 128k 95.2 / 96.4, b2 x 32k 51.8 / 52.6, b4 x 32k 95.3 / 96.4, b8 x 32k 184.1 / 184.5,
 b8 x 4k 29.8 / 30.3 (the H200 the same session, b1 x 32k: 25.1 / 27.2). Head dim 64 at two: b1 x 32k 13.5 against
 15.8 at one (b8 x 32k 99.4 against 97.4). Head dim 256 (not measured) keeps two."""
+HEAD_DIMS = (64, 128, 256)  # the int8-KV kernel's (`cute/decode_attention_int8kv.HEAD_DIMS`), within decode.HEAD_DIMS
 SCALE_BYTES = 4
 HALF_TILE_ROWS = 8  # packed query rows (q_len x group) that fill only the first half of the kernel's 16-row tile
 
@@ -65,6 +66,8 @@ def unsupported_reason(q: Tensor, k: Tensor, v: Tensor, *, k_scale: Optional[Ten
     reason = decode.unsupported_reason(q, k, v, seqused_k=seqused_k, key_mask=key_mask, **flags)
     if reason is not None:
         return reason
+    if q.shape[-1] not in HEAD_DIMS:
+        return f"the int8-KV decode kernel takes head dims {HEAD_DIMS}; got {q.shape[-1]}"
     if key_mask is not None and key_mask.dtype != torch.bool:
         return "the int8-KV decode kernel takes a boolean key mask, not an additive one"
     for name, s in (("k_scale", k_scale), ("v_scale", v_scale)):
@@ -187,6 +190,8 @@ def warmup(
     (as `decode.warmup`: None compiles both settings; split and one-split main kernels and the combine
     kernel). Returns how many variants were compiled now (0 when all were cached)."""
     arch = decode.check_warmup(dtype, head_dim, group, q_len, device)
+    if head_dim not in HEAD_DIMS:
+        raise ValueError(f"the int8-KV decode kernel takes head dims {HEAD_DIMS}; got {head_dim}")
     before = len(compiled) + len(decode.compiled)
     for c, used, masked, split in decode.warmup_variants(causal, seqused_k, key_mask):
         for fused in decode.fused_combine_choices(split, head_dim):

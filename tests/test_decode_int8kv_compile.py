@@ -326,11 +326,27 @@ def test_head_dim_256_compiles(cute_dsl):
 
 
 @pytest.mark.slow
-def test_warmup_compiles_every_variant_of_a_shape(cute_dsl):
+def test_warmup_compiles_every_variant_of_a_shape(cute_dsl, monkeypatch):
     assert decode_int8kv.warmup(torch.bfloat16, 128, 4, q_len=1, device="cpu", causal=True, seqused_k=True) > 0
     assert decode_int8kv.warmup(torch.bfloat16, 128, 4, q_len=1, device="cpu", causal=True, seqused_k=True) == 0
-    with pytest.raises(ValueError):
-        decode_int8kv.warmup(torch.bfloat16, 96, 4)
+    monkeypatch.setattr(decode, "HEAD_DIMS", decode.HEAD_DIMS + (96,))  # the bf16 kernel's 96: not the int8 one's
+    for d in (96, 80):
+        with pytest.raises(ValueError, match="head"):
+            decode_int8kv.warmup(torch.bfloat16, d, 4)
+
+
+def test_host_head_dims_are_the_kernels(kernel_module):
+    assert decode_int8kv.HEAD_DIMS == kernel_module.HEAD_DIMS
+    assert set(decode_int8kv.HEAD_DIMS) <= set(decode.HEAD_DIMS)
+
+
+def test_declines_a_head_dim_the_bf16_kernel_takes_and_the_int8_one_does_not(monkeypatch):
+    """Head dim 96 (the bf16 decode kernel's, once routed): the int8-KV kernel declines it by its own head dims."""
+    monkeypatch.setattr(decode, "unsupported_reason", lambda *args, **kwargs: None)
+    q = torch.randn(1, 8, 1, 96, dtype=torch.bfloat16)
+    k = torch.zeros(1, 2, 64, 96, dtype=torch.int8)
+    s = torch.ones(1, 2, 64)
+    assert "head dims" in decode_int8kv.unsupported_reason(q, k, k, k_scale=s, v_scale=s, scale=0.1)
 
 
 MIN_CTAS_PROBE = """
