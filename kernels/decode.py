@@ -2,7 +2,8 @@
 
 What it takes (`unsupported_reason` says why not, otherwise):
 - CUDA sm90 (Hopper; the kernel is compiled for sm_90a), float16 / bfloat16;
-- head_dim == head_dim_v in (64, 128, 256) (`HEAD_DIMS`; 96 compiles, untested on a GPU); Hq a multiple of Hkv with group Hq / Hkv <= 16;
+- head_dim == head_dim_v in (64, 128, 256) (`HEAD_DIMS`; 96 compiles, untested on a GPU);
+  Hq a multiple of Hkv with group Hq / Hkv <= 16;
   query length Sq <= 8 (packed rows Sq * group, 16 per CTA row tile);
 - no local window (causal, softcap, seqused_k and a key mask are fine);
 - K and V with a unit stride on D, a 16-byte aligned start and the other strides multiples of

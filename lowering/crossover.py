@@ -218,7 +218,8 @@ def _guarded(*sizes) -> str:
 def sdpa_for(make, call) -> Node:
     """The SDPA call computing `call` (see `small_attention`), on K/V as the model feeds them (an SDPA call's
     `enable_gqa` kept): without a mask (at most `is_causal`), or with the hand-written one's additive mask
-    (`mask_to_pass`) where it hides more than a causal band, a mask input's rows rebased as the op's (`_additive_on_op`)."""
+    (`mask_to_pass`) where it hides more than a causal band, a mask input's rows rebased as the op's
+    (`_additive_on_op`)."""
     gqa = {"enable_gqa": True} if is_sdpa_call(call) and arg(call.output, 7, "enable_gqa", False) is True else {}
     if not is_sdpa_call(call) and hides_more_than_causal(call):
         mask = make(floor_additive, mask_to_pass(call), name="mask_floored")

@@ -353,8 +353,8 @@ def match_handwritten(softmax: Node, constants: dict, run_time_masks: bool = Fal
 
 
 def _softmax_dtype(softmax: Node):
-    """The dtype a softmax call casts its input to (`dtype=`, or positional: F.softmax's fourth argument, torch.softmax's
-    and Tensor.softmax's third), or None."""
+    """The dtype a softmax call casts its input to (`dtype=`, or positional: F.softmax's fourth argument,
+    torch.softmax's and Tensor.softmax's third), or None."""
     if softmax.kwargs.get("dtype") is not None:
         return softmax.kwargs["dtype"]
     return next((a for a in softmax.args[2:] if isinstance(a, torch.dtype)), None)
