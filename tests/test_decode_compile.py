@@ -113,6 +113,22 @@ def test_host_mirrors_the_kernel_tiling(cute_dsl):
     assert decode.MAX_SPLITS == decode_combine.MAX_SPLITS
 
 
+@pytest.mark.parametrize("d", [64, 96, 128, 256])
+def test_merge_spread_stays_in_the_row_and_reads_without_bank_conflicts(cute_dsl, d):
+    """`_spread` permutes each row's d columns of the fp32 merge buffer (at 96 too, whose columns past 64 a 64-wide
+    XOR would push out of the row), and the merge's reads (thread t: row t // 8, columns t % 8 + 8 j) hit 32 distinct
+    banks a warp."""
+    from fa4_inductor.kernels.cute.decode_attention import NUM_WARPS, TILE_M, _spread
+
+    for row in range(TILE_M):
+        assert sorted(_spread(row, col, d) for col in range(d)) == list(range(d))
+    for warp in range(NUM_WARPS):
+        for j in range(d // 8):
+            threads = [32 * warp + lane for lane in range(32)]
+            banks = {((t // 8) * d + _spread(t // 8, t % 8 + 8 * j, d)) % 32 for t in threads}
+            assert len(banks) == 32, (warp, j)
+
+
 def test_stages_fit_shared_memory(monkeypatch):
     for d in decode.HEAD_DIMS:
         assert decode.stages_for(d) >= 2
