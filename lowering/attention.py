@@ -654,6 +654,7 @@ def rewrite(call: AttentionCall | None, context: Context) -> str | None:
     if getattr(context.options, "small_calls_to_sdpa", True) and call.sink is None:  # SDPA has no sink
         small = crossover.small_attention(call, context.gm.graph, context.shared)
         decode = crossover.small_decode(call, context.gm.graph, context.shared) if small is None else None
+        decode = decode or (crossover.unsplit_decode(call) if small is None else None)
         if decode is not None:
             raise Decline(decode)  # as written: SDPA's is_causal aligns a band to the first key, not the cache's end
     if small is not None and crossover.is_sdpa_call(call) and not crossover.mask_is_at_most_causal(call):

@@ -13,7 +13,8 @@ compiled, under a guard (`small_attention`).
 
 A decode step (a few queries over a KV cache) is a read of bytes, not FLOP: its SDPA call stays as the model makes it
 where the graph moves little per attention (`small_decode`, `DECODE_MIB_HOST_BOUND`), and goes to the op, which
-reads K/V un-repeated, elsewhere.
+reads K/V un-repeated, elsewhere, but at a head dim the split-KV decode kernel does not take, where any decode step
+stays as written (`unsplit_decode`).
 
 An SDPA call is kept as written, whatever its mask (the sweep's padded small-model prefill ran 0.55x on the
 op: the padding mask's form is read on the host, a sync), unless the mask is proven to be at most a causal
@@ -39,6 +40,8 @@ from torch.fx import Node
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from ..kernels import crossover as kernel_crossover
+from ..kernels import decode as kernel_decode
+from ..kernels import switches as kernel_switches
 from ..kernels.key_mask import rebased_additive_mask
 from ..kernels.sdpa_fallback import floor_additive
 from . import gqa, int8_kv
@@ -169,21 +172,25 @@ def small_attention(call, graph, shared: dict) -> str | None:
             f"overhead than the fa4 op{_guarded(b, h, sq, d, work.flop)}")
 
 
-def small_decode(call, graph, shared: dict) -> str | None:
-    """Why a decode-shaped SDPA call (at most `DECODE_MAX_QUERIES` queries over a KV cache) stays the SDPA call the
-    model makes, or None: in inference, the graph moves under `DECODE_MIB_HOST_BOUND` MiB per attention
-    (`graph_work`), so its host time is not hidden. A symbolic cache length (a DynamicCache) is decided for the call
-    being compiled, under a guard, as in `small_attention`. Hand-written attention goes to the op (the SDPA call it
-    would become reads its mask, which the op turns into seqused_k)."""
-    if value(call.q).device.type not in DEVICES or len(shape(call.q)) != 4 or not is_sdpa_call(call):
-        return None
-    if call.in_training:
-        return None  # training (a few queries over many keys there is cross-attention to a short target): by FLOP
+def _decode_step(call) -> bool:
+    """Whether `call` is a decode step in inference: at most `DECODE_MAX_QUERIES` queries over a KV cache, on a device
+    of `DEVICES`. Training is left out: a few queries over many keys there is cross-attention to a short target."""
+    if value(call.q).device.type not in DEVICES or len(shape(call.q)) != 4 or call.in_training:
+        return False
     sq, sk = shape(call.q)[-2], shape(call.k)[-2]
     if not (isinstance(sq, int) and sq <= DECODE_MAX_QUERIES):
+        return False
+    return call.seqused_k is not None or not statically_known_true(sq == sk)  # else `small_attention`'s case
+
+
+def small_decode(call, graph, shared: dict) -> str | None:
+    """Why a decode-shaped SDPA call (`_decode_step`) stays the SDPA call the model makes, or None: the graph moves
+    under `DECODE_MIB_HOST_BOUND` MiB per attention (`graph_work`), so its host time is not hidden. A symbolic cache
+    length (a DynamicCache) is decided for the call being compiled, under a guard, as in `small_attention`.
+    Hand-written attention goes to the op (the SDPA call it would become reads its mask, which the op turns into
+    seqused_k)."""
+    if not is_sdpa_call(call) or not _decode_step(call):
         return None
-    if call.seqused_k is None and statically_known_true(sq == sk):
-        return None  # not over a cache: `small_attention`'s case
     if any(int8_kv.dequantized(gqa.unrepeat(t).source) is not None for t in (call.k, call.v)):
         return None  # an int8 cache: the op reads it as int8, where SDPA reads it dequantized
     work = graph_work(graph, shared)
@@ -194,6 +201,23 @@ def small_decode(call, graph, shared: dict) -> str | None:
     return (f"a decode step in a host-bound graph ({per_attention:.2g} MiB of weights and K/V per attention, under "
             f"{DECODE_MIB_HOST_BOUND:g}): SDPA's C++ path has less host overhead than the fa4 op"
             f"{_guarded(work.bytes)}")
+
+
+def unsplit_decode(call) -> str | None:
+    """Why a decode step (`_decode_step`) whose head dim the split-KV decode kernel does not take
+    (`kernels.decode.HEAD_DIMS`) stays as the model writes it, or None. The op would run it on FA4, which on sm90
+    splits no KV: one CTA a head reads the whole cache. Phi-3's step (head dim 96, b1 over a 4k static cache) ran
+    0.87x default compile so (docs/benchmarks.md, session 57, H100). Only where the decode kernel runs (sm90,
+    `on_the_decode_kernels_arch`); elsewhere the op's route was not measured against default compile's."""
+    d = shape(call.q)[-1]
+    if not _decode_step(call) or d in kernel_decode.HEAD_DIMS or not on_the_decode_kernels_arch(value(call.q).device):
+        return None
+    return (f"a decode step at head dim {d}, which the split-KV decode kernel does not take: FA4 on sm90 splits no "
+            "KV (a CTA a head over the whole cache), slower than the attention as written")
+
+
+def on_the_decode_kernels_arch(device: torch.device) -> bool:
+    return device.type == "cuda" and kernel_switches.capability(device.index)[0] == 9
 
 
 def short_padded_training(call) -> str | None:

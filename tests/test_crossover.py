@@ -189,6 +189,36 @@ def test_a_decode_step_in_a_host_bound_graph_stays_on_sdpa(kind):
                            "and K/V per attention, under 64): SDPA's C++ path has less host overhead than the fa4 op"]
 
 
+@pytest.mark.parametrize("code", ["sdpa", "hand-written"])
+def test_a_decode_step_at_a_head_dim_the_decode_kernel_lacks_stays_as_written(monkeypatch, code):
+    """On sm90 (`on_the_decode_kernels_arch`, made true here) a decode step whose head dim the split-KV decode kernel
+    does not take would run on FA4, which splits no KV there: Phi-3's head dim 96 ran 0.87x default compile. It stays
+    as written, SDPA's or eager code's (`crossover.unsplit_decode`); head dim 128 and other archs go to the op."""
+    monkeypatch.setattr(crossover, "DECODE_MIB_HOST_BOUND", 0.0)  # not host-bound here: `small_decode` stays out
+
+    def handwritten(q, k_cache, v_cache, offset, weight):
+        positions = torch.arange(q.shape[2]) + offset
+        k_cache.index_copy_(2, positions, q[:, :k_cache.shape[1]])
+        v_cache.index_copy_(2, positions, q[:, :v_cache.shape[1]])
+        s = (q @ k_cache.transpose(-2, -1)) * q.shape[-1] ** -0.5
+        mask = torch.arange(k_cache.shape[2])[None, None, None, :] <= positions[None, None, :, None]
+        out = s.masked_fill(~mask, float("-inf")).softmax(-1) @ v_cache
+        return F.linear(out.transpose(1, 2).flatten(2), weight)
+
+    fn = static_cache_decode if code == "sdpa" else handwritten
+    for d, arch, taken in ((96, True, 0), (128, True, 1), (96, False, 1)):
+        monkeypatch.setattr(crossover, "on_the_decode_kernels_arch", lambda device, arch=arch: arch)
+        args = (torch.randn(2, 4, 1, d), torch.randn(2, 4, 32, d), torch.randn(2, 4, 32, d), torch.tensor(7),
+                torch.randn(64, 4 * d))
+        rec, out = compile_and_record(fn, *[a.clone() for a in args])
+        torch.testing.assert_close(out, fn(*[a.clone() for a in args]), atol=1e-5, rtol=1e-5)
+        assert rec.count() == taken, (d, arch, rec.reasons)
+        if not taken:
+            assert rec.reasons == [f"a decode step at head dim {d}, which the split-KV decode kernel does not take: "
+                                   "FA4 on sm90 splits no KV (a CTA a head over the whole cache), slower than the "
+                                   "attention as written"]
+
+
 def _fp8_projection():
     from fa4_inductor.fp8 import Fp8Linear
 
