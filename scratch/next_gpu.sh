@@ -21,6 +21,7 @@ d57) # session 57: the decode kernel at head dim 96 (Phi-3; 8 x 32 swizzle atoms
     nvidia-smi -L >>$L
     run timeout 100 $P -n 8 tests/test_gpu_decode.py -k "96"
     run timeout 120 python3 -m fa4_inductor bench --suite families --families phi3:decode   # FA4 until 96 is routed
+    run timeout 90 python3 docs/scripts/padded_attention.py     # one Gemma 2 attention: padded on the op vs as written
     run timeout 150 python3 docs/scripts/family_profile.py gemma2 padded ;;
 fam56a) # session 56: a decode step over a sliding-window cache (window_left = slots - 1) now runs the decode kernel
     # (`attention.device_flags`); then HF decoder families other than Llama at their released shapes (4 layers), ours
