@@ -1,6 +1,6 @@
 """Where a families-suite prefill row's time goes, under default torch.compile and ours (session 57: Gemma 2's
 left-padded prefill ran 0.83x default compile on the H100). For each backend: the wall median, the op's route per
-call signature (fa4_inductor.kernels.attention's debug log), and the CUDA kernels by total time over 3 calls.
+call signature (the "fa4_inductor.kernels" debug log), and the CUDA kernels by total time over 3 calls.
 
     python3 docs/scripts/family_profile.py gemma2 padded [seq]
 
@@ -42,7 +42,7 @@ class Routes(logging.Handler):
 
 
 routes = Routes()
-log = logging.getLogger("fa4_inductor.kernels.attention")
+log = logging.getLogger("fa4_inductor.kernels")
 log.setLevel(logging.DEBUG)
 log.addHandler(routes)
 for label, backend in models.BACKENDS.items():
