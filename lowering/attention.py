@@ -32,6 +32,7 @@ from torch.fx.experimental.symbolic_shapes import guard_or_false
 from ..kernels import (ATTENTION, ATTENTION_INT8KV, attention_int8kv_unsupported_reason, attention_unsupported_reason,
                        blind_rows_as_eagers, blind_rows_as_mean, nan_where_no_key)
 from ..kernels.decode import MAX_Q_LEN as DECODE_MAX_Q_LEN
+from ..kernels.key_mask import REBASED_ROW_MAX
 from . import crossover, gqa, int8_kv, kv_cache, padding
 from .family import Context
 from .graph_edit import NodeMaker, after_definition, erase_dead
@@ -39,7 +40,7 @@ from .mutations import Mutations, layout_free, storage
 from .masks import (INF, MaskNotUnderstood, Band, KeyMask, Shift, ValuesUnknown, band_args, broadcasts_last_two_dims,
                     keep_band)
 from .records import Decline
-from .spellings import equal_size, number, same_size, shape, value
+from .spellings import equal_size, is_large_negative, number, same_size, shape, value
 
 
 
@@ -302,11 +303,20 @@ def _check_broadcast(mshape, scores_shape) -> None:
 MEAN_ROWS = ("mean", "filled mean")  # `AttentionCall.blind_rows` whose rows that see no key are the mean of V
 
 
+def keeps_scores(added: float | None) -> bool:
+    """Whether a finite value added to hidden keys' scores (an additive mask's -1e9 or -1e4) leaves the scores' digits
+    in float64: a row that sees no key is then the softmax of its scores over every key, which the op does not give
+    (`blind_rows_of`'s "nan"). finfo.min and values below `REBASED_ROW_MAX` absorb them (a uniform row)."""
+    return added is not None and math.isfinite(added) and not is_large_negative(added) and \
+        added > REBASED_ROW_MAX[0]
+
+
 def blind_rows_of(hidden_scores: list, sdpa: bool, softmax_dtype: torch.dtype | None = None) -> str:
     """What eager gives a row whose keys are all hidden: SDPA returns zeros for a boolean or -inf mask
     (its safe softmax); a finite finfo.min score on every key of the row, from one masking step, makes
-    the softmax uniform (the mean of V over all keys); -inf in a plain softmax, or several steps mixing
-    the two, give NaN or weights over part of the keys ("nan": not reproduced)."""
+    the softmax uniform (the mean of V over all keys); -inf in a plain softmax, several steps mixing
+    the two, or a value added that keeps the scores (`keeps_scores`) give NaN or weights by the scores
+    ("nan": not reproduced; the callers, which know which steps add, check `keeps_scores`)."""
     hidden = [h for h in hidden_scores if h is not None]
     if softmax_dtype is not None:  # float64's finfo.min in a float32 softmax is -inf there
         hidden = [h if abs(h) <= torch.finfo(softmax_dtype).max else -math.inf for h in hidden]
@@ -555,8 +565,9 @@ def _encode_padding(call: AttentionCall, options) -> None:
             call.seqused_k = call.padding.node
         return
     if call.blind_rows == "nan":
-        raise Decline("a run-time padding mask where a query row that sees no key is NaN or weighted over part "
-                      "of the keys in eager (-inf fill in a hand-written softmax, or several masking steps)")
+        raise Decline("a run-time padding mask where a query row that sees no key is NaN, or weighted over part "
+                      "of the keys or by its scores, in eager (-inf fill in a hand-written softmax, several masking "
+                      "steps, or a finite value added that float64 keeps the scores next to)")
     if call.blind_rows == "mean" and "softcap" in call.flags and \
             call.in_training:
         # Eager's value there is the mean of V, and its gradient still reaches q and k through the softmax of the

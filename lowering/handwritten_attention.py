@@ -375,6 +375,8 @@ def _blind_rows(hidden_scores: list, softmax_dtype) -> str:
     overwrite with one value (masked_fill, where: lucidrains-style padding then causal fills) leave every hidden
     score that value, as one step would; such a row's mean of V is "filled mean": the fill passes no gradient to q
     and k, where an added finfo.min does."""
+    if any(not overwrites and attention.keeps_scores(h) for h, overwrites in hidden_scores):
+        return "nan"
     values = {h for h, _ in hidden_scores}
     overwritten = bool(hidden_scores) and all(overwrites for _, overwrites in hidden_scores)
     steps = [hidden_scores[0][0]] if overwritten and len(values) == 1 else [h for h, _ in hidden_scores]

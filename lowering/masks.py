@@ -909,8 +909,8 @@ def _row_gather(node: Node, constants) -> TwoValued | None:
 
 def keep_band(kind: str, mask, constants: dict, fill=None) -> tuple[Band, float | None]:
     """Visible keys of a mask used as `kind` ("masked_fill", "where", "additive" or "bool"), and the score
-    that hidden keys get (-inf or finfo.min, or a fill of at most `HIDING_FILL` that overwrites them; None for a
-    boolean SDPA mask or when nothing is hidden)."""
+    that hidden keys get (-inf or finfo.min, or a fill of at most `HIDING_FILL` that overwrites or is added to them;
+    None for a boolean SDPA mask or when nothing is hidden)."""
     if isinstance(fill, Node) and (held := number(fill)) is not None:
         fill = held
     if kind in ("masked_fill", "where") and not hides_keys(fill):
@@ -924,8 +924,9 @@ def keep_band(kind: str, mask, constants: dict, fill=None) -> tuple[Band, float 
         return tv.where(bool), None
     hidden = None
     for v in {tv.inside, tv.outside} if not tv.uniform else {tv.inside}:
-        if v != 0 and not is_large_negative(v):
-            raise MaskNotUnderstood(f"the additive mask has the value {v!r}, not 0, -inf or finfo.min")
+        if v != 0 and not is_large_negative(v) and not hides_keys(v):
+            raise MaskNotUnderstood(f"the additive mask has the value {v!r}, not 0, -inf, finfo.min or at most "
+                                    f"{HIDING_FILL:g}")
         if v != 0:
             hidden = float(v)
     return tv.where(lambda m: m == 0), hidden

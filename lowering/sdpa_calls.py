@@ -39,7 +39,8 @@ def match_sdpa(node: Node, constants: dict, run_time_masks: bool = False, unprov
         band, hidden = attention.mask_flags(kind, attn_mask, constants, scores_shape, run_time_masks=run_time_masks,
                                             unproven=unproven)
         flags, seqused_k, keys = attention.flags_for(band, scores_shape)
-        blind = attention.blind_rows_of([hidden], sdpa=True)
+        blind = "nan" if kind == "additive" and attention.keeps_scores(hidden) else \
+            attention.blind_rows_of([hidden], sdpa=True)
     if is_causal:
         attention.require_square(scores_shape, "is_causal")
         flags["causal"] = True

@@ -346,6 +346,52 @@ attention_out_contiguous: f32[2, 4, 5, 16] = .contiguous(attention_out_nan_rows)
         self.assertEqual(rec.count(), 0)
         self.assertIn("with a softcap, which SDPA has not", rec.reasons[0])
 
+    def test_a_finite_fill_added_as_a_causal_mask_is_the_causal_band(self):
+        """An additive causal mask built in the graph with -1e9 or old code's -1e4 (`(1 - keep) * -10000`), in a
+        hand-written softmax and as SDPA's float attn_mask: every row sees its diagonal, where the fill weighs nothing,
+        so the op's causal band computes it (forward and gradients against float64). Under a run-time padding mask
+        a row may see no key, which such a fill leaves the softmax of its scores over every key in float64: not the
+        band then, but the mask's values on the op, rebased (`rebased_additive_mask`), as float64 has them."""
+        def added(q, k, v):
+            keep = torch.ones(q.shape[-2], q.shape[-2], dtype=torch.bool).tril()
+            s = q @ k.mT * 0.25 + torch.zeros(keep.shape, dtype=q.dtype).masked_fill(~keep, -1e9)
+            return s.softmax(-1) @ v
+
+        def old_gpt2(q, k, v):
+            keep = torch.ones(q.shape[-2], q.shape[-2], dtype=torch.bool).tril()
+            return (q @ k.mT * 0.25 + (1.0 - keep.to(q.dtype)) * -10000.0).softmax(-1) @ v
+
+        def sdpa(q, k, v):
+            keep = torch.ones(q.shape[-2], q.shape[-2], dtype=torch.bool).tril()
+            mask = torch.zeros(keep.shape, dtype=q.dtype).masked_fill(~keep, -1e9)
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=0.25)
+
+        for fn in (added, old_gpt2, sdpa):
+            with self.subTest(fn.__name__):
+                q, k, v = (t.requires_grad_() for t in inputs())
+                rec, out = compile_and_record(fn, q, k, v)
+                self.assertEqual(rec.count(), 1)
+                self.assertIn("scale=0.25, causal=True)", rec.summary)
+                exact = [t.detach().double().requires_grad_() for t in (q, k, v)]
+                expected = fn(*exact)
+                torch.testing.assert_close(out.double(), expected, atol=1e-5, rtol=1e-5)
+                w = torch.randn(out.shape, dtype=torch.float64)
+                for g, e in zip(torch.autograd.grad((out.double() * w).sum(), (q, k, v)),
+                                torch.autograd.grad((expected * w).sum(), exact)):
+                    torch.testing.assert_close(g.double(), e, atol=1e-5, rtol=1e-5)
+
+        def padded(q, k, v, attention_mask):
+            keep = torch.ones(q.shape[-2], q.shape[-2], dtype=torch.bool).tril() & attention_mask.bool()[:, None, None]
+            return (q @ k.mT * 0.25 + torch.zeros(keep.shape, dtype=q.dtype).masked_fill(~keep, -1e9)).softmax(-1) @ v
+
+        q, k, v = inputs()
+        rec, out = compile_and_record(padded, q, k, v, LEFT_PADDING)
+        self.assertEqual(rec.count(), 1)  # taken again as a run-time mask: its values, rebased, on the op
+        self.assertIn("key_mask=additive mask input", rec.records[0].detail)
+        self.assertIn("rebased_additive_mask", rec.summary)
+        torch.testing.assert_close(out.double(), padded(q.double(), k.double(), v.double(), LEFT_PADDING),
+                                   atol=1e-5, rtol=1e-5)
+
     def test_a_float_mask_inputs_rows_are_rebased_to_their_largest_values(self):
         """A float mask input whose row adds -1e9 to every key (a query that sees no key, older code's fill): in
         float64 that row is the softmax of its scores; next to -1e9 float32 keeps its scores only in steps of 64.
