@@ -161,7 +161,7 @@ attention_out_contiguous: f32[3, 4, 8, 16] = .contiguous(attention_out)""")
 
         rec = self.check(fn, right_padding())
         self.assertEqual(rec.count(), 0)
-        self.assertIn("NaN or weighted over part of the keys in eager", rec.reasons[0])
+        self.assertIn("NaN, or weighted over part of the keys or by its scores, in eager", rec.reasons[0])
 
     def test_checked_padding_causal_band_with_an_unpadded_mask(self):
         """`backend(checked_padding=True)`: FA4's fast path, exact when the mask hides nothing, which a run-time
