@@ -77,6 +77,12 @@ class AttentionCall:
     dropout_p: float = 0.0  # the attention weights' dropout in training (a hand-written one): `_dropout_rewrite`
 
     @property
+    def rebases_mask_input(self) -> bool:
+        """Whether the additive mask input is rebased before the op or SDPA adds it (`kernels.rebased_additive_mask`):
+        not under a sink, whose logit the op's lse meets, nor where `softmax_rounds`."""
+        return self.additive_input is not None and self.sink is None and not self.softmax_rounds
+
+    @property
     def in_training(self) -> bool:
         """q, k or v requires a gradient: the graph is a training step's."""
         return any(value(t).requires_grad for t in (self.q, self.k, self.v))
@@ -664,8 +670,8 @@ def rewrite(call: AttentionCall | None, context: Context) -> str | None:
     small = None
     if getattr(context.options, "small_calls_to_sdpa", True) and call.sink is None:  # SDPA has no sink
         small = crossover.small_attention(call, context.gm.graph, context.shared)
-        decode = crossover.small_decode(call, context.gm.graph, context.shared) if small is None else None
-        decode = decode or (crossover.unsplit_decode(call) if small is None else None)
+        decode = None if small is not None else (
+            crossover.small_decode(call, context.gm.graph, context.shared) or crossover.unsplit_decode(call))
         if decode is not None:
             raise Decline(decode)  # as written: SDPA's is_causal aligns a band to the first key, not the cache's end
     if small is not None and crossover.is_sdpa_call(call) and not crossover.mask_is_at_most_causal(call):
@@ -749,13 +755,11 @@ def _additive_on_op(call: AttentionCall) -> KeyMask | None:
     [B or 1, 1, 1, Sk] mask over at most `DECODE_MAX_Q_LEN` queries (a decode step: the decode kernel adds it), or a
     [B or 1, 1, Sq, Sk] one, a row per query, without a softcap (a prefill: FA4 where it is generate's left-padded
     causal mask, which the op reads on the host, else the SDPA fallback with it, which has no softcap: the reference
-    would run it). Its rows are rebased to their largest values (`KeyMask.rebased`) but under a sink or where the
-    scores are cast on their way into the softmax (`AttentionCall.softmax_rounds`)."""
+    would run it). Its rows are rebased to their largest values where `AttentionCall.rebases_mask_input`."""
     q = shape(call.q)
     rows = mask_rows(shape(call.additive_input), (*q[:3], shape(call.k)[2])) if len(q) == 4 else None
-    rebased = call.sink is None and not call.softmax_rounds
     if rows == "one row" and isinstance(q[2], int) and q[2] <= DECODE_MAX_Q_LEN:
-        return KeyMask(call.additive_input, additive=True, rebased=rebased)
+        return KeyMask(call.additive_input, additive=True, rebased=call.rebases_mask_input)
     if rows == "per query" and "softcap" not in call.flags:
-        return KeyMask(call.additive_input, additive=True, per_query=True, rebased=rebased)
+        return KeyMask(call.additive_input, additive=True, per_query=True, rebased=call.rebases_mask_input)
     return None

@@ -247,7 +247,7 @@ def sdpa_for(make, call) -> Node:
     gqa = {"enable_gqa": True} if is_sdpa_call(call) and arg(call.output, 7, "enable_gqa", False) is True else {}
     if not is_sdpa_call(call) and hides_more_than_causal(call):
         mask = make(floor_additive, mask_to_pass(call), name="mask_floored")
-        if call.additive_input is not None and not call.softmax_rounds:
+        if call.rebases_mask_input:
             mask = make(rebased_additive_mask, mask, name="mask_rebased")
         return make(torch.nn.functional.scaled_dot_product_attention, call.q, call.k, call.v,
                     attn_mask=mask, scale=call.scale,

@@ -112,9 +112,11 @@ def additive_key_mask(make, keys: KeyMask, k: Node) -> Node:
     """The op's additive key_mask from a float mask as eager code adds it to [B, H, Sq, Sk] scores
     ([B or 1, 1, 1, Sk]): [B, Sk] in its dtype, rebased with `keys.rebased`."""
     m = make(operator.getitem, keys.node, (slice(None), 0, 0))
+    if keys.rebased:
+        m = make(rebased_additive_mask, m, name="mask_rebased")
     if not same_size(value(m).shape[0], value(k).shape[0]):
         b = value(k).shape[0]
         m = make("expand", m, b if isinstance(b, int) else make("size", k, 0), -1)
-    return make(rebased_additive_mask, m, name="mask_rebased") if keys.rebased else m
+    return m
 
 

@@ -68,26 +68,33 @@ def _as_operand_a(t: cute.Tensor) -> cute.Tensor:
     return cute.make_tensor(t.iterator, layout)
 
 
+def atom_columns(d: int) -> int:
+    """Columns of the shared-memory swizzle atom, the copy's lane rows and the merge spread at head dim d: 64 (128-byte
+    rows) where d is a multiple of 64, else 32 (64-byte rows; head dim 96)."""
+    return 64 if d % 64 == 0 else 32
+
+
 def _spread(row, col, d: int):
     """Column of (row, col) in the fp32 merge buffer of head dim d: XOR-ing row bits into the column puts the rows
-    an accumulator store touches on different banks, a permutation inside each 64 columns (each 32 where d is an
-    odd multiple of 32: 96, whose columns past 64 would leave the row)."""
-    width = 64 if d % 64 == 0 else 32
-    return col ^ ((row % (width // 8)) * 8)
+    an accumulator store touches on different banks, a permutation inside each `atom_columns(d)` columns (64 would
+    push columns of head dim 96 past its row)."""
+    return col ^ ((row % (atom_columns(d) // 8)) * 8)
 
 
 def smem_atom(d: int):
-    """The swizzled shared-memory atom of a [rows, d] tile: 8 x 64 (128-byte rows) where d is a multiple of 64, else
-    8 x 32 (64-byte rows); either way the 8 rows of an ldmatrix read of 16 bytes each hit 8 distinct bank groups."""
-    if d % 64 == 0:
-        return cute.make_composed_layout(cute.make_swizzle(3, 3, 3), 0, cute.make_layout((8, 64), stride=(64, 1)))
-    return cute.make_composed_layout(cute.make_swizzle(2, 3, 3), 0, cute.make_layout((8, 32), stride=(32, 1)))
+    """The swizzled shared-memory atom of a [rows, d] tile, 8 x `atom_columns(d)`: the 8 rows of an ldmatrix read of
+    16 bytes each hit 8 distinct bank groups (Swizzle<3,3,3> over 128-byte rows, <2,3,3> over 64-byte ones)."""
+    columns = atom_columns(d)
+    bits = (columns // 8).bit_length() - 1
+    return cute.make_composed_layout(cute.make_swizzle(bits, 3, 3), 0,
+                                     cute.make_layout((8, columns), stride=(columns, 1)))
 
 
 def gmem_copy_threads(d: int):
-    """A warp's thread layout for cp.async copies of 16 bytes a lane into a [rows, d] tile: 4 rows x 64 columns per
-    instruction where d is a multiple of 64, else 8 rows x 32 columns."""
-    return cute.make_layout((4, 8), stride=(8, 1)) if d % 64 == 0 else cute.make_layout((8, 4), stride=(4, 1))
+    """A warp's thread layout for cp.async copies of 16 bytes a lane into a [rows, d] tile: 32 / lanes rows x
+    `atom_columns(d)` columns per instruction, lanes = atom_columns(d) / 8 a row."""
+    lanes = atom_columns(d) // 8
+    return cute.make_layout((32 // lanes, lanes), stride=(lanes, 1))
 
 
 def _add(a, b):
